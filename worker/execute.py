@@ -1,0 +1,246 @@
+"""Executing one unit of work for one account: decode → decide → call the provider → publish.
+
+The consume loop guarantees that at most one unit per account runs at a time, so the code here
+reads and writes the account's record without locks. Every path ends in published outputs or
+an exception that the loop treats as fatal (the offset is then never committed and the command
+is replayed by the next owner); a bad record or a provider failure is never an exception here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import structlog
+from aiokafka.structs import ConsumerRecord
+
+from worker.catalogue import ServiceError
+from worker.flow import (
+    Decision,
+    Policy,
+    decide,
+    expire,
+    observe,
+    reschedule,
+    settle_confirm,
+)
+from worker.logs import get_logger
+from worker.messages import (
+    AccountRecord,
+    AuthError,
+    DecodeFailure,
+    ErrorBody,
+    PasskeyConfirm,
+    decode_command,
+    event_id,
+    rfc3339,
+)
+from worker.metrics import WorkerMetrics
+from worker.provider import ProviderError, ProviderRegistry
+from worker.publish import Publisher
+from worker.store import StateStore
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """Wall clock for records and events; monotonic for provider deadlines."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def to_monotonic(self, epoch_deadline: float) -> float:
+        return time.monotonic() + (epoch_deadline - time.time())
+
+
+class Executor:
+    """The seams in one place: decide (pure), provider (I/O), publish (I/O)."""
+
+    def __init__(
+        self,
+        *,
+        store: StateStore,
+        publisher: Publisher,
+        providers: ProviderRegistry,
+        policy: Policy,
+        metrics: WorkerMetrics,
+        clock: Clock | None = None,
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.providers = providers
+        self.policy = policy
+        self.metrics = metrics
+        self.clock = clock or Clock()
+
+    # -- commands ------------------------------------------------------------------------------
+
+    async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
+        """Apply one record of auth.commands; returns once every output is acknowledged."""
+        started = time.perf_counter()
+        command = decode_command(msg.key, msg.value)
+        if isinstance(command, DecodeFailure):
+            await self._dead_letter(msg, command)
+            self.metrics.commands.labels("unknown", "invalid").inc()
+            return
+        with structlog.contextvars.bound_contextvars(
+            account_id=command.account_id,
+            command_id=command.command_id,
+            request_id=getattr(command, "request_id", None),
+            partition=msg.partition,
+            offset=msg.offset,
+        ):
+            partition = msg.partition
+            record = self.store.get(partition, command.account_id)
+            if (
+                record is not None
+                and record.in_flight is not None
+                and record.in_flight.command_id != command.command_id
+            ):
+                # An intent left by a crashed owner whose command is not this one: settle it
+                # first, so this command sees the provider's real answer.
+                settled = await self._resolve(record, redrive=True)
+                await self._publish(partition, record, settled)
+                record = settled.record
+            decision = decide(record, command, now=self.clock.now(), policy=self.policy)
+            if decision.call is not None and decision.record is not None:
+                intent = decision.record
+                if decision.call == "confirm_passkey":
+                    # Write-ahead: the intent is durable before the provider hears of it.
+                    await self.publisher.persist(partition, intent)
+                    self.store.put(partition, intent)
+                decision = await self._resolve(intent, redrive=decision.call == "redrive_confirm")
+                record = intent
+            await self._publish(partition, record, decision)
+            self.metrics.commands.labels(command.type, decision.verdict).inc()
+            self.metrics.command_seconds.labels(command.type).observe(
+                time.perf_counter() - started
+            )
+            if decision.error is not None:
+                log.info("command_failed", code=decision.error.code)
+
+    async def _resolve(self, record: AccountRecord, *, redrive: bool) -> Decision:
+        """Finish the confirm recorded in ``record.in_flight``, always with its command_id as
+        the idempotency key. A re-drive asks the provider first and confirms again only if the
+        challenge is still pending there."""
+        intent = record.in_flight
+        if intent is None:
+            raise ValueError("no confirm in flight")
+        adapter = self.providers.get(record.provider or "")
+        result: tuple[str, str] | ServiceError
+        if adapter is None:
+            result = ServiceError.of("provider_adapter_not_found")
+        else:
+            deadline = self.clock.to_monotonic(intent.deadline)
+            ref = record.provider_account_ref or ""
+            try:
+                state = None
+                if redrive:
+                    state = await adapter.get_auth_state(ref, deadline=deadline)
+                    log.info("confirm_redriven", provider_status=state.status)
+                if state is None or state.status == "passkey_confirmation":
+                    state = await adapter.confirm_passkey(
+                        ref, idempotency_key=intent.command_id, deadline=deadline
+                    )
+                result = (state.status, state.auth_status)
+            except ProviderError as exc:
+                result = exc.error
+            except Exception:
+                # An unexpected fault is answered (500), not lost and not retried forever.
+                log.exception("provider_call_crashed")
+                result = ServiceError.of("run_auth_action_failed")
+        return settle_confirm(record, result, now=self.clock.now(), policy=self.policy)
+
+    # -- follow-up -----------------------------------------------------------------------------
+
+    async def follow_up(self, partition: int, account_id: str) -> None:
+        """One follow-up step: expire a flow past its deadline, or poll the provider once."""
+        record = self.store.get(partition, account_id)
+        if record is None or record.follow_up is None or record.deregistered:
+            return
+        now = self.clock.now()
+        with structlog.contextvars.bound_contextvars(account_id=account_id, partition=partition):
+            if now >= record.follow_up.deadline_at:
+                decision = expire(record, now=now, policy=self.policy)
+                if decision.record is not None:
+                    await self._publish(partition, record, decision)
+                    self.metrics.follow_up_expired.inc()
+                    log.info("follow_up_expired")
+                return
+            adapter = self.providers.get(record.provider or "")
+            if adapter is None:
+                self.store.put(partition, reschedule(record, now=now, policy=self.policy))
+                return
+            try:
+                state = await adapter.get_auth_state(
+                    record.provider_account_ref or "",
+                    deadline=time.monotonic() + self.policy.follow_up_poll_s,
+                )
+            except ProviderError as exc:
+                log.info("follow_up_poll_failed", code=exc.error.code)
+                self.store.put(partition, reschedule(record, now=now, policy=self.policy))
+                return
+            decision = observe(
+                record, state.status, state.auth_status, command_id="", now=self.clock.now(),
+                policy=self.policy,
+            )
+            if decision.record is not None:
+                await self._publish(partition, record, decision)
+            else:
+                # Poll times live in memory only: a new owner polls at once, and the deadline,
+                # which does live in the record, bounds the flow either way.
+                self.store.put(partition, reschedule(record, now=now, policy=self.policy))
+
+    # -- outputs -------------------------------------------------------------------------------
+
+    async def _publish(
+        self, partition: int, before: AccountRecord | None, decision: Decision
+    ) -> None:
+        changed = decision.record is not None and decision.record is not before
+        await self.publisher.publish(partition, decision, state_changed=changed)
+        if changed and decision.record is not None:
+            self.store.put(partition, decision.record)
+            self.metrics.store_accounts.set(len(self.store))
+        if decision.status_event is not None and decision.verdict != "duplicate":
+            self.metrics.status_changes.labels(decision.status_event.status).inc()
+        if decision.error_event is not None and decision.verdict != "duplicate":
+            e = decision.error_event
+            self.metrics.errors.labels(
+                e.error.code, str(e.error.numeric_code), str(e.http_status)
+            ).inc()
+
+    async def _dead_letter(self, msg: ConsumerRecord[bytes, bytes], failure: DecodeFailure) -> None:
+        err = ServiceError.of("invalid_request")
+        event = None
+        if failure.account_id is not None:
+            event = AuthError(
+                event_id=event_id("dlq", msg.topic, msg.partition, msg.offset),
+                account_id=failure.account_id,
+                workspace_id=failure.workspace_id,
+                command_id=failure.command_id,
+                request_id=failure.request_id,
+                http_status=err.http_status,
+                error=ErrorBody(
+                    code=err.code,
+                    numeric_code=err.numeric_code,
+                    message=f"{err.message}: {failure.detail}",
+                ),
+                occurred_at=rfc3339(msg.timestamp / 1000 if msg.timestamp else self.clock.now()),
+            )
+        await self.publisher.dead_letter(
+            key=msg.key,
+            value=msg.value,
+            source=(msg.topic, msg.partition, msg.offset),
+            failure=failure,
+            error_event=event,
+        )
+        self.metrics.dlq.labels(failure.reason).inc()
+        self.metrics.errors.labels(err.code, str(err.numeric_code), str(err.http_status)).inc()
+        log.warning(
+            "record_dead_lettered",
+            reason=failure.reason,
+            detail=failure.detail,
+            partition=msg.partition,
+            offset=msg.offset,
+        )

@@ -1,0 +1,629 @@
+"""The account flow: one ``transitions`` machine for every account, and the pure decision.
+
+The machine is built once at import (``model=None``, ``auto_transitions=False``) and only
+answers "which transition does this event take from this status"; accounts are slotted
+records, never machine models (design.md §6: a Machine per account costs ~0.9 ms and ~11 KB).
+
+``decide`` and friends are pure: (record or none, command, now) → ``Decision``. I/O (the
+provider call, publishing, committing) happens around them in ``worker.execute``. That keeps
+design.md §4's decision table directly testable, row by row and property by property.
+
+Versioning rule: ``version`` counts changes of the account's auth state (``status`` or
+``auth_status``), and every version has exactly one ``auth_status_changed`` event; bookkeeping
+(the dedup window, timers, the write-ahead intent, the provider binding) rewrites the record
+without bumping it. Consumers therefore see versions rising by exactly one per account.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from transitions import Machine
+
+from worker.catalogue import ServiceError
+from worker.messages import (
+    AccountRecord,
+    AuthData,
+    AuthError,
+    AuthStatusChanged,
+    Command,
+    DeregisterAccount,
+    ErrorBody,
+    FollowUp,
+    InFlight,
+    ObserveAuthState,
+    Outcome,
+    PasskeyConfirm,
+    RegisterAccount,
+    Reply,
+    ReplyBody,
+    event_id,
+    rfc3339,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Statuses and the machine
+# ---------------------------------------------------------------------------------------------
+
+PRE_CHALLENGE = (
+    "pending_auth",
+    "awaiting_qr_scan",
+    "awaiting_code",
+    "pending",
+    "passkey_required",
+    "passkey_pending",
+)
+CHALLENGE = "passkey_confirmation"
+SENT = "passkey_confirmation_sent"
+AUTHORIZED = "authorized"
+FAILED = "failed"
+STATUSES = (*PRE_CHALLENGE, CHALLENGE, SENT, AUTHORIZED, FAILED)
+TERMINAL = frozenset({AUTHORIZED, FAILED})
+
+_OPEN = [*PRE_CHALLENGE, CHALLENGE, SENT]
+
+TRANSITIONS: list[dict[str, object]] = [
+    # The seed's one documented transition: the caller confirms the pending challenge.
+    {"trigger": "confirm_passkey", "source": CHALLENGE, "dest": SENT},
+    # A flow left unresolved past its deadline ends in failed.
+    {"trigger": "expire", "source": SENT, "dest": FAILED},
+    # Provider-observed progress before the challenge (order not fixed by the seed), and a
+    # fresh attempt after a failure.
+    *(
+        {"trigger": f"observe_{dest}", "source": [*PRE_CHALLENGE, FAILED], "dest": dest}
+        for dest in PRE_CHALLENGE
+    ),
+    {"trigger": f"observe_{CHALLENGE}", "source": list(PRE_CHALLENGE), "dest": CHALLENGE},
+    # The provider may report the confirmation itself (e.g. a confirm re-driven after a crash).
+    {"trigger": f"observe_{SENT}", "source": CHALLENGE, "dest": SENT},
+    # The follow-up: the flow ends authorized or failed (QR/code paths may authorize directly).
+    {"trigger": f"observe_{AUTHORIZED}", "source": _OPEN, "dest": AUTHORIZED},
+    {"trigger": f"observe_{FAILED}", "source": _OPEN, "dest": FAILED},
+]
+
+MACHINE = Machine(
+    model=None,
+    states=list(STATUSES),
+    transitions=TRANSITIONS,
+    auto_transitions=False,
+    initial=None,
+)
+
+# The machine's table flattened once: (event, source) → dest. Looking it up costs a dict hit,
+# where asking the Machine per decision would cost microseconds we do not need to spend.
+_NEXT: dict[tuple[str, str], str] = {
+    (name, source): ts[0].dest
+    for name, event in MACHINE.events.items()
+    for source, ts in event.transitions.items()
+    if ts
+}
+
+
+def next_status(event: str, source: str) -> str | None:
+    """Destination of ``event`` from ``source``, or None when the machine forbids it."""
+    return _NEXT.get((event, source))
+
+
+# ---------------------------------------------------------------------------------------------
+# Decision types
+# ---------------------------------------------------------------------------------------------
+
+Call = Literal["confirm_passkey", "redrive_confirm"]
+Verdict = Literal["ok", "error", "duplicate", "ignored"]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The knobs the decision depends on; built from settings at start-up."""
+
+    providers: Container[str]
+    dedup_window: int = 8
+    follow_up_poll_s: float = 2.0
+    follow_up_deadline_s: float = 300.0
+    command_deadline_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do: the record to persist (None: unchanged), the outputs, and whether the
+    provider must be called before the command can be settled (then the outputs are empty and
+    ``record`` carries the write-ahead intent)."""
+
+    verdict: Verdict
+    record: AccountRecord | None = None
+    reply: Reply | None = None
+    status_event: AuthStatusChanged | None = None
+    error_event: AuthError | None = None
+    call: Call | None = None
+    error: ServiceError | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs, derived from an Outcome so a replay re-sends byte-identical messages
+# ---------------------------------------------------------------------------------------------
+
+
+def error_of(code: str, http_status: int, numeric_code: int | None) -> ServiceError:
+    """Rebuild a catalogued error from its compact form (message from the catalogue)."""
+    err = ServiceError.of(code, http_status=http_status)
+    if numeric_code is not None and numeric_code != err.numeric_code:
+        err = err.refine(numeric_code)
+    return err
+
+
+def outputs(
+    outcome: Outcome,
+    *,
+    account_id: str,
+    workspace_id: str | None,
+    with_reply: bool,
+) -> tuple[Reply | None, AuthStatusChanged | None, AuthError | None]:
+    """The reply and events of one outcome. Pure function of its inputs: replays match."""
+    when = rfc3339(outcome.at)
+    reply = status_event = error_event = None
+    if outcome.code is not None:
+        err = error_of(outcome.code, outcome.http_status, outcome.numeric_code)
+        body = ErrorBody(code=err.code, numeric_code=err.numeric_code, message=err.message)
+        error_event = AuthError(
+            event_id=event_id("error", account_id, outcome.command_id),
+            account_id=account_id,
+            workspace_id=workspace_id,
+            command_id=outcome.command_id,
+            request_id=outcome.request_id,
+            http_status=outcome.http_status,
+            error=body,
+            occurred_at=when,
+        )
+        reply_body = ReplyBody(request_id=outcome.request_id or "", error=body)
+    else:
+        data = AuthData(
+            account_id=account_id, status=outcome.status, auth_status=outcome.auth_status
+        )
+        reply_body = ReplyBody(request_id=outcome.request_id or "", data=data)
+    if outcome.changed and workspace_id is not None:
+        status_event = AuthStatusChanged(
+            event_id=event_id("status", account_id, outcome.version),
+            account_id=account_id,
+            workspace_id=workspace_id,
+            previous_status=outcome.previous_status,
+            status=outcome.status,
+            auth_status=outcome.auth_status,
+            version=outcome.version,
+            command_id=outcome.command_id or None,
+            request_id=outcome.request_id,
+            occurred_at=when,
+        )
+    if with_reply:
+        reply = Reply(
+            command_id=outcome.command_id,
+            request_id=outcome.request_id or "",
+            account_id=account_id,
+            http_status=outcome.http_status,
+            body=reply_body,
+        )
+    return reply, status_event, error_event
+
+
+def _remember(record: AccountRecord, outcome: Outcome, window: int) -> tuple[Outcome, ...]:
+    if not outcome.command_id:
+        return record.recent
+    return (*record.recent, outcome)[-window:]
+
+
+def _settle(
+    record: AccountRecord | None,
+    outcome: Outcome,
+    *,
+    account_id: str,
+    workspace_id: str | None,
+    with_reply: bool,
+    verdict: Verdict,
+    new_record: AccountRecord | None,
+    policy: Policy,
+) -> Decision:
+    """Package an outcome: remember it in the record's window and derive the outputs."""
+    if new_record is None and record is not None and outcome.command_id:
+        new_record = record
+    if new_record is not None:
+        new_record = replace(
+            new_record,
+            recent=_remember(new_record, outcome, policy.dedup_window),
+            updated_at=outcome.at,
+        )
+    reply, status_event, error_event = outputs(
+        outcome, account_id=account_id, workspace_id=workspace_id, with_reply=with_reply
+    )
+    err = (
+        error_of(outcome.code, outcome.http_status, outcome.numeric_code) if outcome.code else None
+    )
+    return Decision(
+        verdict=verdict,
+        record=new_record,
+        reply=reply,
+        status_event=status_event,
+        error_event=error_event,
+        error=err,
+    )
+
+
+def _workspace_of(cmd: Command, record: AccountRecord | None) -> str | None:
+    workspace: str | None = getattr(cmd, "workspace_id", None)
+    return workspace or (record.workspace_id if record is not None else None)
+
+
+def _failure(
+    record: AccountRecord | None,
+    cmd: Command,
+    err: ServiceError,
+    now: float,
+    policy: Policy,
+    *,
+    remember: bool = True,
+) -> Decision:
+    """A failed command: error reply (confirm only) and error event; state unchanged."""
+    request_id = getattr(cmd, "request_id", None)
+    outcome = Outcome(
+        command_id=cmd.command_id,
+        request_id=request_id,
+        http_status=err.http_status,
+        code=err.code,
+        numeric_code=err.numeric_code,
+        status=record.status if record else "",
+        auth_status=record.auth_status if record else "",
+        version=record.version if record else 0,
+        at=now,
+    )
+    return _settle(
+        record if remember else None,
+        outcome,
+        account_id=cmd.account_id,
+        workspace_id=_workspace_of(cmd, record),
+        with_reply=isinstance(cmd, PasskeyConfirm),
+        verdict="error",
+        new_record=None,
+        policy=policy,
+    )
+
+
+def _transition(
+    record: AccountRecord,
+    *,
+    status: str,
+    auth_status: str,
+    command_id: str,
+    request_id: str | None,
+    now: float,
+    policy: Policy,
+    with_reply: bool,
+    in_flight: InFlight | None = None,
+) -> Decision:
+    """Move the record to (status, auth_status); one version, one status event."""
+    changed = (status, auth_status) != (record.status, record.auth_status)
+    version = record.version + 1 if changed else record.version
+    follow_up = record.follow_up
+    if status == SENT and (changed or follow_up is None):
+        follow_up = FollowUp(
+            deadline_at=now + policy.follow_up_deadline_s,
+            next_poll_at=now + policy.follow_up_poll_s,
+        )
+    elif status != SENT:
+        follow_up = None
+    new = replace(
+        record,
+        status=status,
+        auth_status=auth_status,
+        version=version,
+        in_flight=in_flight,
+        follow_up=follow_up,
+    )
+    outcome = Outcome(
+        command_id=command_id,
+        request_id=request_id,
+        http_status=200,
+        previous_status=record.status or None,
+        status=status,
+        auth_status=auth_status,
+        version=version,
+        changed=changed,
+        at=now,
+    )
+    return _settle(
+        record,
+        outcome,
+        account_id=record.account_id,
+        workspace_id=record.workspace_id,
+        with_reply=with_reply,
+        verdict="ok",
+        new_record=new,
+        policy=policy,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The decisions
+# ---------------------------------------------------------------------------------------------
+
+
+def replay(record: AccountRecord, command_id: str, *, with_reply: bool) -> Decision | None:
+    """The original outputs of a command seen before, or None if it is not in the window."""
+    for outcome in record.recent:
+        if outcome.command_id == command_id:
+            reply, status_event, error_event = outputs(
+                outcome,
+                account_id=record.account_id,
+                workspace_id=record.workspace_id,
+                with_reply=with_reply,
+            )
+            return Decision(
+                verdict="duplicate",
+                reply=reply,
+                status_event=status_event,
+                error_event=error_event,
+            )
+    return None
+
+
+def decide(record: AccountRecord | None, cmd: Command, *, now: float, policy: Policy) -> Decision:
+    """Apply one command to one account record (design.md §4). Pure."""
+    if isinstance(cmd, PasskeyConfirm):
+        return _confirm(record, cmd, now, policy)
+    if isinstance(cmd, ObserveAuthState):
+        return _observe_command(record, cmd, now, policy)
+    if isinstance(cmd, RegisterAccount):
+        return _register(record, cmd, now, policy)
+    return _deregister(record, cmd, now, policy)
+
+
+def _confirm(
+    record: AccountRecord | None, cmd: PasskeyConfirm, now: float, policy: Policy
+) -> Decision:
+    # Never reveal another workspace's account: foreign and unknown answer the same 404, and
+    # the dedup window is only consulted for the owner's commands.
+    if record is None or record.workspace_id != cmd.workspace_id:
+        return _failure(None, cmd, ServiceError.of("not_found"), now, policy)
+    if record.in_flight is not None and record.in_flight.command_id == cmd.command_id:
+        # Replayed after a crash during the provider call: ask the provider, then settle.
+        return Decision(verdict="ok", record=record, call="redrive_confirm")
+    seen = replay(record, cmd.command_id, with_reply=True)
+    if seen is not None:
+        return seen
+    if record.deregistered:
+        return _failure(None, cmd, ServiceError.of("not_found"), now, policy)
+    if record.status == SENT:
+        return _transition(
+            record,
+            status=SENT,
+            auth_status=record.auth_status,
+            command_id=cmd.command_id,
+            request_id=cmd.request_id,
+            now=now,
+            policy=policy,
+            with_reply=True,
+        )
+    if record.status == AUTHORIZED:
+        return _failure(record, cmd, ServiceError.of("account_already_authorized"), now, policy)
+    if record.status != CHALLENGE:
+        return _failure(record, cmd, ServiceError.of("provider_not_ready"), now, policy)
+    if not record.provider or not record.provider_account_ref:
+        return _failure(record, cmd, ServiceError.of("account_binding_not_found"), now, policy)
+    if record.provider not in policy.providers:
+        return _failure(record, cmd, ServiceError.of("provider_adapter_not_found"), now, policy)
+    deadline = cmd.deadline.timestamp() if cmd.deadline else now + policy.command_deadline_s
+    if deadline <= now:
+        return _failure(record, cmd, ServiceError.of("run_auth_action_failed"), now, policy)
+    intent = InFlight(
+        command_id=cmd.command_id, request_id=cmd.request_id, started_at=now, deadline=deadline
+    )
+    return Decision(
+        verdict="ok",
+        record=replace(record, in_flight=intent, updated_at=now),
+        call="confirm_passkey",
+    )
+
+
+def settle_confirm(
+    record: AccountRecord,
+    result: tuple[str, str] | ServiceError,
+    *,
+    now: float,
+    policy: Policy,
+) -> Decision:
+    """Finish the in-flight confirm with the provider's answer: (status, auth_status) or a
+    catalogued error. Clears the write-ahead intent."""
+    intent = record.in_flight
+    if intent is None:
+        raise ValueError(f"account {record.account_id} has no confirm in flight")
+    cleared = replace(record, in_flight=None)
+    if isinstance(result, ServiceError):
+        outcome = Outcome(
+            command_id=intent.command_id,
+            request_id=intent.request_id,
+            http_status=result.http_status,
+            code=result.code,
+            numeric_code=result.numeric_code,
+            status=record.status,
+            auth_status=record.auth_status,
+            version=record.version,
+            at=now,
+        )
+        return _settle(
+            cleared,
+            outcome,
+            account_id=record.account_id,
+            workspace_id=record.workspace_id,
+            with_reply=True,
+            verdict="error",
+            new_record=cleared,
+            policy=policy,
+        )
+    dest = next_status("confirm_passkey", record.status) or SENT
+    _status, auth_status = result
+    return _transition(
+        cleared,
+        status=dest,
+        auth_status=auth_status or dest,
+        command_id=intent.command_id,
+        request_id=intent.request_id,
+        now=now,
+        policy=policy,
+        with_reply=True,
+    )
+
+
+def observe(
+    record: AccountRecord,
+    status: str,
+    auth_status: str,
+    *,
+    command_id: str,
+    now: float,
+    policy: Policy,
+) -> Decision:
+    """The provider reports (status, auth_status): take the machine's transition, if any.
+
+    A report of the current status only refreshes auth_status; a report the machine forbids
+    (a stale or out-of-order signal) is ignored and changes nothing.
+    """
+    if status == record.status:
+        if auth_status == record.auth_status:
+            return Decision(verdict="ignored")
+        return _transition(
+            record,
+            status=status,
+            auth_status=auth_status,
+            command_id=command_id,
+            request_id=None,
+            now=now,
+            policy=policy,
+            with_reply=False,
+        )
+    if next_status(f"observe_{status}", record.status) is None:
+        return Decision(verdict="ignored")
+    return _transition(
+        record,
+        status=status,
+        auth_status=auth_status,
+        command_id=command_id,
+        request_id=None,
+        now=now,
+        policy=policy,
+        with_reply=False,
+    )
+
+
+def _observe_command(
+    record: AccountRecord | None, cmd: ObserveAuthState, now: float, policy: Policy
+) -> Decision:
+    if record is None or record.deregistered:
+        return _failure(None, cmd, ServiceError.of("not_found"), now, policy)
+    seen = replay(record, cmd.command_id, with_reply=False)
+    if seen is not None:
+        return seen
+    if cmd.status not in STATUSES:
+        return _failure(record, cmd, ServiceError.of("invalid_request"), now, policy)
+    return observe(
+        record, cmd.status, cmd.auth_status, command_id=cmd.command_id, now=now, policy=policy
+    )
+
+
+def expire(record: AccountRecord, *, now: float, policy: Policy) -> Decision:
+    """The follow-up deadline passed without a final status: the flow ends failed."""
+    dest = next_status("expire", record.status)
+    if dest is None or record.follow_up is None or now < record.follow_up.deadline_at:
+        return Decision(verdict="ignored")
+    return _transition(
+        record,
+        status=dest,
+        auth_status=dest,
+        command_id="",
+        request_id=None,
+        now=now,
+        policy=policy,
+        with_reply=False,
+    )
+
+
+def reschedule(record: AccountRecord, *, now: float, policy: Policy) -> AccountRecord:
+    """The next follow-up poll, after one that did not resolve the flow."""
+    if record.follow_up is None:
+        return record
+    follow_up = replace(
+        record.follow_up,
+        next_poll_at=now + policy.follow_up_poll_s,
+        polls=record.follow_up.polls + 1,
+    )
+    return replace(record, follow_up=follow_up, updated_at=now)
+
+
+def _register(
+    record: AccountRecord | None, cmd: RegisterAccount, now: float, policy: Policy
+) -> Decision:
+    if record is not None and record.workspace_id != cmd.workspace_id and not record.deregistered:
+        return _failure(None, cmd, ServiceError.of("invalid_request"), now, policy)
+    if record is not None and record.workspace_id == cmd.workspace_id:
+        seen = replay(record, cmd.command_id, with_reply=False)
+        if seen is not None:
+            return seen
+    if cmd.status not in STATUSES:
+        return _failure(record, cmd, ServiceError.of("invalid_request"), now, policy)
+    base = AccountRecord(
+        account_id=cmd.account_id,
+        workspace_id=cmd.workspace_id,
+        status="",
+        auth_status="",
+        version=0,
+        updated_at=now,
+    )
+    if record is not None:
+        base = replace(
+            base,
+            status="" if record.deregistered else record.status,
+            auth_status="" if record.deregistered else record.auth_status,
+            version=record.version,
+            recent=record.recent if record.workspace_id == cmd.workspace_id else (),
+        )
+    base = replace(base, provider=cmd.provider, provider_account_ref=cmd.provider_account_ref)
+    decision = _transition(
+        base,
+        status=cmd.status,
+        auth_status=cmd.status,
+        command_id=cmd.command_id,
+        request_id=None,
+        now=now,
+        policy=policy,
+        with_reply=False,
+    )
+    return decision
+
+
+def _deregister(
+    record: AccountRecord | None, cmd: DeregisterAccount, now: float, policy: Policy
+) -> Decision:
+    if record is None or record.deregistered:
+        return Decision(verdict="ignored")
+    if record.workspace_id != cmd.workspace_id:
+        return _failure(None, cmd, ServiceError.of("not_found"), now, policy)
+    seen = replay(record, cmd.command_id, with_reply=False)
+    if seen is not None:
+        return seen
+    gone = replace(record, deregistered=True, in_flight=None, follow_up=None)
+    outcome = Outcome(
+        command_id=cmd.command_id,
+        http_status=200,
+        status=record.status,
+        auth_status=record.auth_status,
+        version=record.version,
+        at=now,
+    )
+    return _settle(
+        record,
+        outcome,
+        account_id=record.account_id,
+        workspace_id=record.workspace_id,
+        with_reply=False,
+        verdict="ok",
+        new_record=gone,
+        policy=policy,
+    )

@@ -1,0 +1,107 @@
+"""Kafka client construction and topic set-up, from settings; one place for TLS/SASL.
+
+Clients are built at start-up and passed in; nothing here is module-level state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+
+from worker.settings import Settings
+
+
+def client_options(settings: Settings) -> dict[str, Any]:
+    """Connection options shared by producers, consumers and the admin client."""
+    opts: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap,
+        "security_protocol": settings.kafka_security_protocol,
+    }
+    if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(
+            cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None
+        )
+        if settings.kafka_ssl_certfile:
+            ctx.load_cert_chain(
+                str(settings.kafka_ssl_certfile),
+                str(settings.kafka_ssl_keyfile) if settings.kafka_ssl_keyfile else None,
+            )
+        opts["ssl_context"] = ctx
+    if settings.kafka_security_protocol.startswith("SASL"):
+        opts["sasl_mechanism"] = settings.kafka_sasl_mechanism or "PLAIN"
+        opts["sasl_plain_username"] = settings.kafka_sasl_username
+        opts["sasl_plain_password"] = settings.kafka_sasl_password
+    return opts
+
+
+def build_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
+    """acks=all always; the idempotent producer only where the broker supports it (real
+    Kafka), because the embedded broker fails InitProducerId (design.md §10)."""
+    opts = client_options(settings) | {
+        "acks": "all",
+        "enable_idempotence": settings.kafka_idempotent_producer,
+        "linger_ms": 2,
+        "max_batch_size": 256 * 1024,
+    }
+    return AIOKafkaProducer(**(opts | overrides))
+
+
+def build_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKafkaConsumer:
+    """Manual commits only: an offset is committed after its effects are published."""
+    opts = client_options(settings) | {
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "isolation_level": "read_uncommitted",
+    }
+    return AIOKafkaConsumer(*topics, **(opts | overrides))
+
+
+def topic_partitions(settings: Settings) -> dict[str, int]:
+    """Commands and state share a partition count: a worker restores the state of exactly the
+    command partitions it owns (co-partitioning)."""
+    t = settings.topics
+    counts = {name: settings.other_partitions for name in t.all()}
+    counts[t.commands] = settings.commands_partitions
+    counts[t.state] = settings.commands_partitions
+    return counts
+
+
+async def ensure_topics(settings: Settings, *, attempts: int = 50) -> dict[str, int]:
+    """Create missing topics; verify the co-partitioning of existing ones."""
+    wanted = topic_partitions(settings)
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    for attempt in range(attempts):
+        try:
+            await admin.start()
+            break
+        except KafkaConnectionError:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.1)
+    try:
+        existing = set(await admin.list_topics())
+        missing = [
+            NewTopic(name, n, replication_factor=1)
+            for name, n in wanted.items()
+            if name not in existing
+        ]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass  # another process won the race; fine
+        described = await admin.describe_topics([settings.topics.commands, settings.topics.state])
+        counts = {d["topic"]: len(d["partitions"]) for d in described}
+        if counts.get(settings.topics.commands) != counts.get(settings.topics.state):
+            raise RuntimeError(
+                f"{settings.topics.commands} and {settings.topics.state} must have the same "
+                f"partition count (co-partitioned), found {counts}"
+            )
+        return wanted
+    finally:
+        await admin.close()

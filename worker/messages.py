@@ -1,0 +1,341 @@
+"""The wire contract: every record the system reads or writes, as pydantic v2 models.
+
+Values are UTF-8 JSON, record keys are the ``account_id`` (design.md §3). Field names are the
+contract other teams code against: adding optional fields is fine, renaming is a breaking change.
+The JSON Schemas in ``schemas/`` are exported from these models (``make schemas``) and a test
+fails when they drift.
+
+``decode_command`` is the one place raw bytes become a typed command; it never raises, so a
+poison record can not reach the consume loop as an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+SCHEMA_VERSION = 1
+MAX_RECORD_BYTES = 64 * 1024
+"""Commands are small; anything larger is hostile or broken and goes to the DLQ undecoded."""
+
+# Identifiers: printable, bounded, no whitespace or path separators. The front-end applies the
+# same rule to the path parameter so an id accepted over HTTP is always accepted here.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+STATUS_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+
+Identifier = Annotated[str, Field(pattern=ID_PATTERN, max_length=128)]
+StatusValue = Annotated[str, Field(pattern=STATUS_PATTERN, max_length=64)]
+ShortText = Annotated[str, Field(min_length=1, max_length=256)]
+
+# Event ids are UUIDv5 under this namespace, derived from the cause, so a replay re-sends the
+# same id and consumers can drop duplicates.
+EVENT_NAMESPACE = uuid.UUID("6f1c3b0e-2a52-4c1e-9d43-7b8f4b8f0d11")
+
+
+def event_id(*parts: object) -> str:
+    """Deterministic event id from its cause (e.g. ``"status", account_id, version``)."""
+    return str(uuid.uuid5(EVENT_NAMESPACE, ":".join(str(p) for p in parts)))
+
+
+def rfc3339(ts: float) -> str:
+    """Epoch seconds → RFC 3339 UTC with millisecond precision and a ``Z`` suffix."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, str_max_length=4096)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+# --------------------------------------------------------------------------------------------
+# Commands on auth.commands
+# --------------------------------------------------------------------------------------------
+
+
+class RegisterAccount(_Message):
+    """An account enters (or re-enters) the flow; written by the account service."""
+
+    type: Literal["register_account"] = "register_account"
+    command_id: Identifier
+    workspace_id: Identifier
+    account_id: Identifier
+    provider: Identifier | None = None
+    provider_account_ref: Identifier | None = None
+    status: StatusValue
+
+
+class ObserveAuthState(_Message):
+    """What the provider reports about the account (webhook ingester or the worker's polling)."""
+
+    type: Literal["observe_auth_state"] = "observe_auth_state"
+    command_id: Identifier
+    account_id: Identifier
+    status: StatusValue
+    auth_status: StatusValue
+    source: ShortText = "provider"
+
+
+class PasskeyConfirm(_Message):
+    """The caller confirms the pending Passkey challenge; produced by the API front-end."""
+
+    type: Literal["passkey_confirm"] = "passkey_confirm"
+    command_id: Identifier
+    request_id: Identifier
+    workspace_id: Identifier
+    account_id: Identifier
+    issued_at: datetime
+    deadline: datetime | None = None
+
+
+class DeregisterAccount(_Message):
+    """The account leaves the flow; later commands for it answer 404."""
+
+    type: Literal["deregister_account"] = "deregister_account"
+    command_id: Identifier
+    workspace_id: Identifier
+    account_id: Identifier
+
+
+Command = Annotated[
+    RegisterAccount | ObserveAuthState | PasskeyConfirm | DeregisterAccount,
+    Field(discriminator="type"),
+]
+COMMAND_TYPES = ("register_account", "observe_auth_state", "passkey_confirm", "deregister_account")
+_command_adapter: TypeAdapter[Command] = TypeAdapter(Command)
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs: reply, status event, error event
+# --------------------------------------------------------------------------------------------
+
+
+class AuthData(BaseModel):
+    """The seed's success ``data`` object."""
+
+    model_config = ConfigDict(frozen=True)
+
+    account_id: str
+    status: str
+    auth_status: str
+
+
+class ErrorBody(BaseModel):
+    """The seed's error object: branch on ``code``/``numeric_code``, never on ``message``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: str
+    numeric_code: int
+    message: str
+
+
+class ReplyBody(BaseModel):
+    """The response envelope the front-end returns unchanged."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str
+    data: AuthData | None = None
+    error: ErrorBody | None = None
+
+
+class Reply(_Message):
+    """Exactly one per ``passkey_confirm`` on auth.replies."""
+
+    type: Literal["reply"] = "reply"
+    command_id: str
+    request_id: str
+    account_id: str
+    http_status: int
+    body: ReplyBody
+
+
+class AuthStatusChanged(_Message):
+    """On auth.status, only on a real transition; ``version`` is the record version after it."""
+
+    type: Literal["auth_status_changed"] = "auth_status_changed"
+    event_id: str
+    account_id: str
+    workspace_id: str
+    previous_status: str | None
+    status: str
+    auth_status: str
+    version: int
+    command_id: str | None = None
+    request_id: str | None = None
+    occurred_at: str
+
+
+class AuthError(_Message):
+    """On auth.errors, one per failed command (and per DLQ record with a readable account)."""
+
+    type: Literal["auth_error"] = "auth_error"
+    event_id: str
+    account_id: str
+    workspace_id: str | None
+    command_id: str | None
+    request_id: str | None
+    http_status: int
+    error: ErrorBody
+    occurred_at: str
+
+
+# --------------------------------------------------------------------------------------------
+# The account record on auth.state (compacted): the state store's changelog
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """Write-ahead intent: a provider call that started and has not been settled yet."""
+
+    command_id: str
+    request_id: str
+    started_at: float
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """Timers of the flow after the challenge was confirmed (epoch seconds).
+
+    They live in the record, so a new owner resumes them after a rebalance or a crash.
+    """
+
+    deadline_at: float
+    next_poll_at: float
+    polls: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """Compact result of one command: enough to re-send its reply and events identically."""
+
+    command_id: str
+    http_status: int
+    status: str
+    auth_status: str
+    version: int
+    at: float
+    request_id: str | None = None
+    code: str | None = None
+    numeric_code: int | None = None
+    previous_status: str | None = None
+    changed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AccountRecord:
+    """Latest auth record of one account on auth.state; the worker owning its partition is
+    the single writer. Slotted, not a pydantic model: the store keeps one per account in
+    memory (design.md §6), and pydantic still validates and serialises it via a TypeAdapter.
+    """
+
+    account_id: str
+    workspace_id: str
+    status: str
+    auth_status: str
+    version: int
+    updated_at: float
+    provider: str | None = None
+    provider_account_ref: str | None = None
+    deregistered: bool = False
+    in_flight: InFlight | None = None
+    follow_up: FollowUp | None = None
+    recent: tuple[Outcome, ...] = ()
+    type: Literal["account_state"] = "account_state"
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+_record_adapter: TypeAdapter[AccountRecord] = TypeAdapter(AccountRecord)
+
+
+def decode_record(value: bytes) -> AccountRecord:
+    """Decode an ``auth.state`` value; raises ``ValidationError`` (the restore loop counts it)."""
+    return _record_adapter.validate_json(value)
+
+
+def encode_record(record: AccountRecord) -> bytes:
+    return _record_adapter.dump_json(record)
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding commands
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeFailure:
+    """Why a record could not become a command, plus whatever ids could still be read from it.
+
+    ``reason`` is a low-cardinality label for metrics and the DLQ header; ``detail`` is for
+    humans and the error event's message.
+    """
+
+    reason: Literal[
+        "too_large", "not_json", "not_object", "unknown_type", "invalid", "key_mismatch"
+    ]
+    detail: str
+    account_id: str | None = None
+    workspace_id: str | None = None
+    command_id: str | None = None
+    request_id: str | None = None
+
+
+_ID_RE = re.compile(ID_PATTERN)
+
+
+def _readable_id(obj: dict[str, Any], name: str) -> str | None:
+    value = obj.get(name)
+    return value if isinstance(value, str) and _ID_RE.match(value) else None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(p) for p in err["loc"]) or "value"
+    return f"{where}: {err['msg']}"
+
+
+def decode_command(key: bytes | None, value: bytes | None) -> Command | DecodeFailure:
+    """Bytes → typed command, or a precise failure. Never raises."""
+    if value is None:
+        return DecodeFailure("not_json", "record has no value")
+    if len(value) > MAX_RECORD_BYTES:
+        return DecodeFailure("too_large", f"record is {len(value)} bytes, limit {MAX_RECORD_BYTES}")
+    try:
+        obj = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return DecodeFailure("not_json", f"value is not UTF-8 JSON: {exc.__class__.__name__}")
+    if not isinstance(obj, dict):
+        return DecodeFailure("not_object", "value is not a JSON object")
+    ids = {
+        n: _readable_id(obj, n) for n in ("account_id", "workspace_id", "command_id", "request_id")
+    }
+    if obj.get("type") not in COMMAND_TYPES:
+        return DecodeFailure("unknown_type", f"unknown command type {obj.get('type')!r:.80}", **ids)
+    try:
+        command = _command_adapter.validate_python(obj)
+    except ValidationError as exc:
+        return DecodeFailure("invalid", _first_error(exc), **ids)
+    if key is not None and key != command.account_id.encode():
+        return DecodeFailure("key_mismatch", "record key differs from the body's account_id", **ids)
+    return command
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """Every published schema by file name, for ``make schemas`` and the drift test."""
+    models: dict[str, Any] = {
+        "command.schema.json": _command_adapter,
+        "reply.schema.json": TypeAdapter(Reply),
+        "auth-status-changed.schema.json": TypeAdapter(AuthStatusChanged),
+        "auth-error.schema.json": TypeAdapter(AuthError),
+        "account-state.schema.json": _record_adapter,
+    }
+    return {name: adapter.json_schema() for name, adapter in models.items()}

@@ -1,0 +1,110 @@
+"""Prometheus metrics of the worker: one container, built in ``main`` on an injected registry.
+
+Labels are small fixed sets (command type, outcome, catalogue code, partition); never an
+account id. The names are a contract with deploy/ (dashboard, alert rules) and are listed in
+``deploy/metrics.txt``; a test scrapes a live worker and compares.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class WorkerMetrics:
+    """Every metric the worker exports. Tests build one on a fresh registry each."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.commands = Counter(
+            "auth_commands",
+            "Commands applied, by type and outcome",
+            ["type", "outcome"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "auth_errors",
+            "Catalogued errors produced, by code",
+            ["code", "numeric_code", "http_status"],
+            registry=registry,
+        )
+        self.command_seconds = Histogram(
+            "auth_command_duration_seconds",
+            "Record fetched to all outputs acknowledged",
+            ["type"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.provider_seconds = Histogram(
+            "auth_provider_request_duration_seconds",
+            "Provider calls incl. retries",
+            ["provider", "operation", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.provider_retries = Counter(
+            "auth_provider_retries",
+            "Provider call retries after transient failures",
+            ["provider", "operation"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "auth_inflight_commands", "Commands dispatched and not yet settled", registry=registry
+        )
+        self.lag = Gauge(
+            "auth_consumer_lag",
+            "High-water mark minus committed offset",
+            ["topic", "partition"],
+            registry=registry,
+        )
+        self.store_accounts = Gauge(
+            "auth_state_store_accounts", "Account records held in memory", registry=registry
+        )
+        self.restore_seconds = Histogram(
+            "auth_state_restore_duration_seconds",
+            "Time to restore one partition's state",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=registry,
+        )
+        self.restore_records = Counter(
+            "auth_state_restore_records",
+            "auth.state records read while restoring",
+            registry=registry,
+        )
+        self.rebalances = Counter(
+            "auth_rebalances", "Partition assignment changes", ["kind"], registry=registry
+        )
+        self.dlq = Counter(
+            "auth_dlq_records",
+            "Undecodable records sent to the DLQ",
+            ["reason"],
+            registry=registry,
+        )
+        self.status_changes = Counter(
+            "auth_status_changes",
+            "Status-change events published, by new status",
+            ["status"],
+            registry=registry,
+        )
+        self.follow_up_expired = Counter(
+            "auth_follow_up_expired", "Flows failed by the follow-up deadline", registry=registry
+        )
+        self.ready = Gauge("auth_worker_ready", "1 once joined and restored", registry=registry)
+        self.heartbeat = Gauge(
+            "auth_worker_heartbeat_timestamp_seconds",
+            "Last consume-loop iteration (epoch s)",
+            registry=registry,
+        )
+
+    def beat(self) -> None:
+        self.heartbeat.set(time.time())
+
+    def provider_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None:
+        """Observer hook handed to provider adapters (they never see the registry)."""
+        self.provider_seconds.labels(provider, operation, outcome).observe(seconds)
+
+    def provider_retry(self, provider: str, operation: str) -> None:
+        self.provider_retries.labels(provider, operation).inc()

@@ -1,0 +1,102 @@
+"""Publishing: turn a decision's outputs into records and wait until the broker has them.
+
+The consume loop only marks a command's offset done after ``publish`` returns, so a crash
+between produce and ack replays the command, and the deterministic event ids let consumers
+drop the duplicate. The state record goes to the command's own partition number of
+auth.state (co-partitioning does not depend on the producer's partitioner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from pydantic import BaseModel
+
+from worker.flow import Decision
+from worker.messages import AccountRecord, AuthError, DecodeFailure, encode_record
+from worker.settings import Topics
+
+
+class Publisher:
+    """All writes of the worker go through here; one producer, built in main."""
+
+    def __init__(self, producer: AIOKafkaProducer, topics: Topics) -> None:
+        self._producer = producer
+        self._topics = topics
+
+    async def _send(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        *,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = await self._producer.send(
+            topic, value, key=key.encode(), partition=partition, headers=headers
+        )
+        return fut
+
+    async def _model(self, topic: str, key: str, model: BaseModel) -> asyncio.Future[Any]:
+        return await self._send(topic, key, model.model_dump_json(exclude_none=False).encode())
+
+    async def persist(self, partition: int, record: AccountRecord) -> None:
+        """Write one state record and wait for the ack (the write-ahead intent)."""
+        fut = await self._send(
+            self._topics.state, record.account_id, encode_record(record), partition=partition
+        )
+        await fut
+
+    async def publish(self, partition: int, decision: Decision, *, state_changed: bool) -> None:
+        """Send the record (if it changed) and every output concurrently; wait for all acks."""
+        futures: list[asyncio.Future[Any]] = []
+        if state_changed and decision.record is not None:
+            futures.append(
+                await self._send(
+                    self._topics.state,
+                    decision.record.account_id,
+                    encode_record(decision.record),
+                    partition=partition,
+                )
+            )
+        if decision.reply is not None:
+            reply = decision.reply
+            body = reply.model_dump_json(exclude_none=True).encode()
+            futures.append(await self._send(self._topics.replies, reply.account_id, body))
+        if decision.status_event is not None:
+            ev = decision.status_event
+            futures.append(await self._model(self._topics.status, ev.account_id, ev))
+        if decision.error_event is not None:
+            err = decision.error_event
+            futures.append(await self._model(self._topics.errors, err.account_id, err))
+        if futures:
+            await asyncio.gather(*futures)
+
+    async def dead_letter(
+        self,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        source: tuple[str, int, int],
+        failure: DecodeFailure,
+        error_event: AuthError | None,
+    ) -> None:
+        """Original bytes to the DLQ with the reason in headers, plus an error event when an
+        account id could be read."""
+        topic, partition, offset = source
+        headers = [
+            ("dlq.reason", failure.reason.encode()),
+            ("dlq.detail", failure.detail.encode()[:1024]),
+            ("dlq.source", f"{topic}:{partition}:{offset}".encode()),
+        ]
+        futures = [
+            await self._producer.send(self._topics.dlq, value, key=key, headers=headers)
+        ]
+        if error_event is not None:
+            futures.append(
+                await self._model(self._topics.errors, error_event.account_id, error_event)
+            )
+        await asyncio.gather(*futures)

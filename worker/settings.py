@@ -1,0 +1,118 @@
+"""The one settings object: every knob of every process, read from the environment once.
+
+Each field maps to an upper-case environment variable of the same name (``kafka_bootstrap_servers``
+→ ``KAFKA_BOOTSTRAP_SERVERS``). The README's "Settings" table is the documentation of record.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Topics(BaseSettings):
+    """Topic names; configuration, never constants in code."""
+
+    model_config = SettingsConfigDict(env_prefix="TOPIC_", extra="ignore")
+
+    commands: str = "auth.commands"
+    state: str = "auth.state"
+    status: str = "auth.status"
+    errors: str = "auth.errors"
+    replies: str = "auth.replies"
+    dlq: str = "auth.dlq"
+
+    def all(self) -> list[str]:
+        return [self.commands, self.state, self.status, self.errors, self.replies, self.dlq]
+
+
+class Settings(BaseSettings):
+    """Process configuration. Build once in ``main`` and pass it down."""
+
+    model_config = SettingsConfigDict(extra="ignore")
+
+    # --- Kafka ---------------------------------------------------------------------------
+    kafka_bootstrap_servers: str | None = Field(
+        default=None,
+        description="Kafka bootstrap servers. Unset: the dev stack starts the embedded broker.",
+    )
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = None
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
+    kafka_idempotent_producer: bool = Field(
+        default=False, description="Enable on real Kafka; the embedded broker does not support it."
+    )
+    kafka_consumer_group: str = "passkey-auth-worker"
+    kafka_session_timeout_ms: int = 10_000
+    kafka_heartbeat_interval_ms: int = 1_000
+    kafka_max_poll_records: int = 500
+    embedded_broker_port: int = 9092
+    commands_partitions: int = Field(default=12, ge=1)
+    other_partitions: int = Field(default=12, ge=1)
+
+    # --- worker --------------------------------------------------------------------------
+    worker_metrics_host: str = "127.0.0.1"
+    worker_metrics_port: int = 9100
+    worker_max_in_flight: int = Field(default=1000, ge=1)
+    worker_commit_interval_ms: int = Field(default=200, ge=10)
+    worker_shutdown_grace_s: float = Field(default=20.0, gt=0)
+    worker_dedup_window: int = Field(default=8, ge=1, le=256)
+    worker_follow_up_poll_s: float = Field(default=2.0, gt=0)
+    worker_follow_up_deadline_s: float = Field(default=300.0, gt=0)
+    worker_command_deadline_s: float = Field(default=30.0, gt=0)
+
+    # --- provider ------------------------------------------------------------------------
+    provider_urls: dict[str, str] = Field(
+        default_factory=lambda: {"simulator": "http://127.0.0.1:8090"}
+    )
+    provider_timeout_s: float = Field(default=5.0, gt=0)
+    provider_max_attempts: int = Field(default=4, ge=1)
+    provider_backoff_base_s: float = Field(default=0.05, gt=0)
+    provider_backoff_max_s: float = Field(default=2.0, gt=0)
+    provider_max_connections: int = Field(default=200, ge=1)
+    provider_breaker_threshold: int = Field(default=20, ge=1)
+    provider_breaker_reset_s: float = Field(default=5.0, gt=0)
+
+    # --- simulator -----------------------------------------------------------------------
+    simulator_host: str = "127.0.0.1"
+    simulator_port: int = 8090
+    simulator_latency_ms: float = Field(default=20.0, ge=0)
+    simulator_jitter_ms: float = Field(default=5.0, ge=0)
+    simulator_error_rate: float = Field(default=0.0, ge=0, le=1)
+    simulator_authorize_delay_s: float = Field(default=2.0, ge=0)
+
+    # --- API front-end -------------------------------------------------------------------
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    api_keys_file: Path | None = None
+    api_reply_timeout_s: float = Field(default=10.0, gt=0)
+    api_cors_origins: list[str] = Field(default_factory=list)
+
+    # --- logging -------------------------------------------------------------------------
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "console"] = "json"
+
+    @field_validator("provider_urls")
+    @classmethod
+    def _urls_are_http(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"provider {name!r}: base URL must be http(s), got {url!r}")
+        return value
+
+    @cached_property
+    def topics(self) -> Topics:
+        return Topics()
+
+    @property
+    def bootstrap(self) -> str:
+        """The bootstrap address in force: the configured cluster or the embedded broker."""
+        return self.kafka_bootstrap_servers or f"127.0.0.1:{self.embedded_broker_port}"
