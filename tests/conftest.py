@@ -3,9 +3,11 @@ factories for settings with unique topic names so tests never see each other's r
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -53,3 +55,31 @@ def make_settings(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> Se
         return settings
 
     return factory
+
+
+@pytest.fixture(scope="session")
+async def simulator() -> AsyncIterator[str]:
+    """The provider simulator over real HTTP on a free loopback port; yields its base URL.
+
+    Latency is small so tests are quick; ``sim-slow-`` refs are slow enough that ordering
+    tests can observe overtaking without depending on scheduler luck.
+    """
+    from worker.broker import free_port, wait_for_port
+    from worker.provider.simulator import serve_simulator
+
+    port = free_port()
+    settings = Settings(
+        simulator_port=port,
+        simulator_latency_ms=3.0,
+        simulator_jitter_ms=1.0,
+        simulator_authorize_delay_s=0.5,
+        simulator_slow_ms=1500.0,
+    )
+    task = asyncio.create_task(serve_simulator(settings))
+    await asyncio.to_thread(wait_for_port, "127.0.0.1", port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -267,8 +267,9 @@ def test_follow_up_to_authorized() -> None:
 
 
 def test_stale_observation_is_ignored() -> None:
-    d = observe(record(status=AUTHORIZED), "pending", "pending", command_id="x", now=NOW,
-                policy=POLICY)
+    d = observe(
+        record(status=AUTHORIZED), "pending", "pending", command_id="x", now=NOW, policy=POLICY
+    )
     assert d.verdict == "ignored" and d.record is None and d.status_event is None
 
 
@@ -284,8 +285,12 @@ def test_deadline_expires_flow_to_failed() -> None:
 
 def test_register_then_observe_challenge() -> None:
     reg = RegisterAccount(
-        command_id="r1", workspace_id="ws_a", account_id="acc_1", provider="simulator",
-        provider_account_ref="ref", status="pending_auth",
+        command_id="r1",
+        workspace_id="ws_a",
+        account_id="acc_1",
+        provider="simulator",
+        provider_account_ref="ref",
+        status="pending_auth",
     )
     d = decide(None, reg, now=NOW, policy=POLICY)
     assert d.record is not None and d.record.version == 1

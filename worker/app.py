@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable
 
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 from worker.consumer import LoopConfig, Worker
@@ -21,6 +21,7 @@ from worker.metrics import WorkerMetrics
 from worker.probes import build_probe_app
 from worker.provider import build_http_client, build_registry
 from worker.publish import Publisher
+from worker.serving import serving
 from worker.settings import Settings
 from worker.store import StateStore
 
@@ -44,6 +45,7 @@ async def run_worker(
     stop: asyncio.Event | None = None,
     install_signals: bool = True,
     serve_probes: bool = True,
+    on_start: Callable[[Worker], None] | None = None,
 ) -> None:
     """One worker of the pool, until SIGTERM/SIGINT (or ``stop``). Raises on a fatal loop
     error so the process exits non-zero."""
@@ -53,7 +55,9 @@ async def run_worker(
     topics = settings.topics
     producer = build_producer(settings)
     http = build_http_client(settings)
-    providers = build_registry(settings, http, observer=metrics)
+    providers = build_registry(
+        settings, http, on_call=metrics.provider_call, on_retry=metrics.provider_retry
+    )
     consumer = build_consumer(
         settings,
         group_id=settings.kafka_consumer_group,
@@ -69,7 +73,7 @@ async def run_worker(
         store=store,
         publisher=Publisher(producer, topics),
         providers=providers,
-        policy=policy_from(settings, set(providers.names())),
+        policy=policy_from(settings, set(providers)),
         metrics=metrics,
     )
     loop_config = LoopConfig(
@@ -88,31 +92,32 @@ async def run_worker(
         metrics=metrics,
         config=loop_config,
     )
-    server = None
-    server_task = None
+    probes: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
     if serve_probes:
-        app = build_probe_app(registry, last_beat=lambda: worker.last_beat, ready=lambda: worker.ready)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=settings.worker_metrics_host,
-                port=settings.worker_metrics_port,
-                log_level="warning",
-                lifespan="off",
-            )
+        app = build_probe_app(
+            registry, last_beat=lambda: worker.last_beat, ready=lambda: worker.ready
         )
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        server_task = asyncio.create_task(server.serve())
+        probes = serving(
+            app,
+            host=settings.worker_metrics_host,
+            port=settings.worker_metrics_port,
+            name="worker-probes",
+        )
     loop = asyncio.get_running_loop()
     if install_signals:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
     stopper = asyncio.create_task(_stop_when(stop, worker)) if stop is not None else None
-    await producer.start()
-    await consumer.start()
-    log.info("worker_started", bootstrap=settings.bootstrap, group=settings.kafka_consumer_group)
     try:
-        await worker.run()
+        async with probes:
+            await producer.start()
+            await consumer.start()
+            if on_start is not None:
+                on_start(worker)
+            log.info(
+                "worker_started", bootstrap=settings.bootstrap, group=settings.kafka_consumer_group
+            )
+            await worker.run()
     finally:
         if stopper is not None:
             stopper.cancel()
@@ -122,9 +127,6 @@ async def run_worker(
             await producer.stop()
         await providers.aclose()
         await http.aclose()
-        if server is not None and server_task is not None:
-            server.should_exit = True
-            await server_task
         log.info("worker_stopped")
 
 

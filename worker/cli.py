@@ -105,12 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("broker", help="the embedded Kafka-compatible broker alone").set_defaults(
         fn=cmd_broker
     )
-    sub.add_parser("simulator", help="the provider simulator alone").set_defaults(
-        fn=cmd_simulator
-    )
-    sub.add_parser("topics", help="create the six topics (idempotent)").set_defaults(
-        fn=cmd_topics
-    )
+    sub.add_parser("simulator", help="the provider simulator alone").set_defaults(fn=cmd_simulator)
+    sub.add_parser("topics", help="create the six topics (idempotent)").set_defaults(fn=cmd_topics)
     stack = sub.add_parser("stack", help="the whole system on this machine (make run)")
     stack.add_argument(
         "--demo-accounts", type=int, default=5, help="demo accounts to register (default 5)"

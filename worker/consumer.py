@@ -183,9 +183,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         key = msg.key.decode("utf-8", "replace") if msg.key else f"\0no-key:{tp.partition}"
         self._enqueue(key, tp.partition, msg)
 
-    def _enqueue(
-        self, key: str, partition: int, item: ConsumerRecord[bytes, bytes] | None
-    ) -> None:
+    def _enqueue(self, key: str, partition: int, item: ConsumerRecord[bytes, bytes] | None) -> None:
         self.in_flight += 1
         self.metrics.in_flight.set(self.in_flight)
         lane = self.lanes.get(key)
@@ -205,9 +203,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
                     await self.executor.follow_up(lane.partition, key)
                 else:
                     await self.executor.handle(item)
-                    self.trackers[TopicPartition(item.topic, item.partition)].finished(
-                        item.offset
-                    )
+                    self.trackers[TopicPartition(item.topic, item.partition)].finished(item.offset)
                 lane.items.popleft()
                 self._settled()
         except asyncio.CancelledError:

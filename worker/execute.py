@@ -30,7 +30,6 @@ from worker.messages import (
     AuthError,
     DecodeFailure,
     ErrorBody,
-    PasskeyConfirm,
     decode_command,
     event_id,
     rfc3339,
@@ -114,9 +113,7 @@ class Executor:
                 record = intent
             await self._publish(partition, record, decision)
             self.metrics.commands.labels(command.type, decision.verdict).inc()
-            self.metrics.command_seconds.labels(command.type).observe(
-                time.perf_counter() - started
-            )
+            self.metrics.command_seconds.labels(command.type).observe(time.perf_counter() - started)
             if decision.error is not None:
                 log.info("command_failed", code=decision.error.code)
 
@@ -182,7 +179,11 @@ class Executor:
                 self.store.put(partition, reschedule(record, now=now, policy=self.policy))
                 return
             decision = observe(
-                record, state.status, state.auth_status, command_id="", now=self.clock.now(),
+                record,
+                state.status,
+                state.auth_status,
+                command_id="",
+                now=self.clock.now(),
                 policy=self.policy,
             )
             if decision.record is not None:

@@ -64,6 +64,11 @@ TERMINAL = frozenset({AUTHORIZED, FAILED})
 
 _OPEN = [*PRE_CHALLENGE, CHALLENGE, SENT]
 
+
+def _t(trigger: str, source: str | list[str], dest: str) -> dict[str, object]:
+    return {"trigger": trigger, "source": source, "dest": dest}
+
+
 TRANSITIONS: list[dict[str, object]] = [
     # The seed's one documented transition: the caller confirms the pending challenge.
     {"trigger": "confirm_passkey", "source": CHALLENGE, "dest": SENT},
@@ -71,10 +76,7 @@ TRANSITIONS: list[dict[str, object]] = [
     {"trigger": "expire", "source": SENT, "dest": FAILED},
     # Provider-observed progress before the challenge (order not fixed by the seed), and a
     # fresh attempt after a failure.
-    *(
-        {"trigger": f"observe_{dest}", "source": [*PRE_CHALLENGE, FAILED], "dest": dest}
-        for dest in PRE_CHALLENGE
-    ),
+    *[_t(f"observe_{dest}", [*PRE_CHALLENGE, FAILED], dest) for dest in PRE_CHALLENGE],
     {"trigger": f"observe_{CHALLENGE}", "source": list(PRE_CHALLENGE), "dest": CHALLENGE},
     # The provider may report the confirmation itself (e.g. a confirm re-driven after a crash).
     {"trigger": f"observe_{SENT}", "source": CHALLENGE, "dest": SENT},
@@ -94,10 +96,10 @@ MACHINE = Machine(
 # The machine's table flattened once: (event, source) → dest. Looking it up costs a dict hit,
 # where asking the Machine per decision would cost microseconds we do not need to spend.
 _NEXT: dict[tuple[str, str], str] = {
-    (name, source): ts[0].dest
+    (name, source): str(ts[0].dest)
     for name, event in MACHINE.events.items()
     for source, ts in event.transitions.items()
-    if ts
+    if ts and ts[0].dest is not None
 }
 
 

@@ -6,6 +6,7 @@ Clients are built at start-up and passed in; nothing here is module-level state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from typing import Any
 
@@ -91,10 +92,9 @@ async def ensure_topics(settings: Settings, *, attempts: int = 50) -> dict[str, 
             if name not in existing
         ]
         if missing:
-            try:
+            # another process may win the race; that is fine
+            with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass  # another process won the race; fine
         described = await admin.describe_topics([settings.topics.commands, settings.topics.state])
         counts = {d["topic"]: len(d["partitions"]) for d in described}
         if counts.get(settings.topics.commands) != counts.get(settings.topics.state):

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 MAX_RECORD_BYTES = 64 * 1024
 """Commands are small; anything larger is hostile or broken and goes to the DLQ undecoded."""
 
@@ -304,7 +304,10 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def decode_command(key: bytes | None, value: bytes | None) -> Command | DecodeFailure:
-    """Bytes → typed command, or a precise failure. Never raises."""
+    """Bytes → typed command, or a precise failure. Never raises.
+
+    The record key must equal the body's ``account_id``.
+    """
     if value is None:
         return DecodeFailure("not_json", "record has no value")
     if len(value) > MAX_RECORD_BYTES:
@@ -324,7 +327,9 @@ def decode_command(key: bytes | None, value: bytes | None) -> Command | DecodeFa
         command = _command_adapter.validate_python(obj)
     except ValidationError as exc:
         return DecodeFailure("invalid", _first_error(exc), **ids)
-    if key is not None and key != command.account_id.encode():
+    if key != command.account_id.encode():
+        # Without the right key the record may sit in another account's partition, and
+        # per-account order could not be guaranteed.
         return DecodeFailure("key_mismatch", "record key differs from the body's account_id", **ids)
     return command
 

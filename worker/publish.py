@@ -92,9 +92,7 @@ class Publisher:
             ("dlq.detail", failure.detail.encode()[:1024]),
             ("dlq.source", f"{topic}:{partition}:{offset}".encode()),
         ]
-        futures = [
-            await self._producer.send(self._topics.dlq, value, key=key, headers=headers)
-        ]
+        futures = [await self._producer.send(self._topics.dlq, value, key=key, headers=headers)]
         if error_event is not None:
             futures.append(
                 await self._model(self._topics.errors, error_event.account_id, error_event)

@@ -88,6 +88,7 @@ class Settings(BaseSettings):
     simulator_jitter_ms: float = Field(default=5.0, ge=0)
     simulator_error_rate: float = Field(default=0.0, ge=0, le=1)
     simulator_authorize_delay_s: float = Field(default=2.0, ge=0)
+    simulator_slow_ms: float = Field(default=300.0, ge=0)
 
     # --- API front-end -------------------------------------------------------------------
     api_host: str = "127.0.0.1"

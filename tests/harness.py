@@ -1,0 +1,173 @@
+"""Test helpers around a real broker: send commands, collect outputs, run workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from worker.app import run_worker
+from worker.consumer import Worker
+from worker.kafka import build_consumer, build_producer, ensure_topics
+from worker.messages import PasskeyConfirm, RegisterAccount
+from worker.settings import Settings
+
+
+def confirm_cmd(
+    account_id: str, workspace_id: str = "ws_a", command_id: str | None = None
+) -> PasskeyConfirm:
+    cid = command_id or str(uuid.uuid4())
+    return PasskeyConfirm(
+        command_id=cid,
+        request_id=f"req-{cid}",
+        workspace_id=workspace_id,
+        account_id=account_id,
+        issued_at=datetime.now(UTC),
+    )
+
+
+def register_cmd(
+    account_id: str,
+    ref: str,
+    *,
+    workspace_id: str = "ws_a",
+    status: str = "passkey_confirmation",
+    provider: str | None = "simulator",
+) -> RegisterAccount:
+    return RegisterAccount(
+        command_id=f"reg-{account_id}-{uuid.uuid4().hex[:8]}",
+        workspace_id=workspace_id,
+        account_id=account_id,
+        provider=provider,
+        provider_account_ref=ref,
+        status=status,
+    )
+
+
+@dataclass
+class Bus:
+    """A producer for commands and a group-less reader of every output topic."""
+
+    settings: Settings
+    producer: AIOKafkaProducer
+    reader: AIOKafkaConsumer
+    seen: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    raw: dict[str, list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]] = field(
+        default_factory=dict
+    )
+
+    async def send(self, cmd: Any, *, key: str | None = None) -> None:
+        await self.send_raw((key or cmd.account_id).encode(), cmd.model_dump_json().encode())
+
+    async def send_raw(self, key: bytes | None, value: bytes | None) -> None:
+        await self.producer.send_and_wait(self.settings.topics.commands, value, key=key)
+
+    async def pump(self, timeout_ms: int = 100) -> None:
+        batch = await self.reader.getmany(timeout_ms=timeout_ms)
+        for tp, records in batch.items():
+            for msg in records:
+                self.raw.setdefault(tp.topic, []).append((msg.key, msg.value, list(msg.headers)))
+                if tp.topic == self.settings.topics.dlq or msg.value is None:
+                    continue
+                self.seen.setdefault(tp.topic, []).append(json.loads(msg.value))
+
+    def of(self, topic: str, **match: Any) -> list[dict[str, Any]]:
+        return [v for v in self.seen.get(topic, []) if all(v.get(k) == m for k, m in match.items())]
+
+    def replies(self, **match: Any) -> list[dict[str, Any]]:
+        return self.of(self.settings.topics.replies, **match)
+
+    def status_events(self, **match: Any) -> list[dict[str, Any]]:
+        return self.of(self.settings.topics.status, **match)
+
+    def errors(self, **match: Any) -> list[dict[str, Any]]:
+        return self.of(self.settings.topics.errors, **match)
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    "condition not met; seen: "
+                    + json.dumps({k: len(v) for k, v in self.seen.items()})
+                )
+            await self.pump()
+
+    async def reply_to(self, command_id: str, timeout: float = 20.0) -> dict[str, Any]:
+        await self.wait_for(lambda: bool(self.replies(command_id=command_id)), timeout)
+        return self.replies(command_id=command_id)[0]
+
+
+@contextlib.asynccontextmanager
+async def bus(settings: Settings) -> AsyncIterator[Bus]:
+    await ensure_topics(settings)
+    producer = build_producer(settings)
+    reader = build_consumer(settings)
+    await producer.start()
+    await reader.start()
+    try:
+        t = settings.topics
+        tps = []
+        for topic in (t.replies, t.status, t.errors, t.dlq, t.state):
+            parts = reader.partitions_for_topic(topic)
+            if not parts:
+                await reader._client.force_metadata_update()
+                parts = reader._client.cluster.partitions_for_topic(topic) or set()
+            tps += [TopicPartition(topic, p) for p in parts]
+        reader.assign(tps)
+        await reader.seek_to_beginning(*tps)
+        yield Bus(settings, producer, reader)
+    finally:
+        await reader.stop()
+        await producer.stop()
+
+
+@dataclass
+class RunningWorker:
+    task: asyncio.Task[None]
+    stop: asyncio.Event
+    worker: Worker
+    registry: CollectorRegistry
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    settings: Settings, *, ready_timeout: float = 30.0
+) -> AsyncIterator[RunningWorker]:
+    """A worker in this event loop; yields once it owns and restored its partitions."""
+    stop = asyncio.Event()
+    registry = CollectorRegistry()
+    holder: list[Worker] = []
+    task = asyncio.create_task(
+        run_worker(
+            settings,
+            registry=registry,
+            stop=stop,
+            install_signals=False,
+            serve_probes=False,
+            on_start=holder.append,
+        )
+    )
+    deadline = time.monotonic() + ready_timeout
+    while not (holder and holder[0].ready and holder[0].active):
+        if task.done():
+            task.result()
+        if time.monotonic() > deadline:
+            stop.set()
+            raise TimeoutError("worker did not become ready")
+        await asyncio.sleep(0.05)
+    running = RunningWorker(task, stop, holder[0], registry)
+    try:
+        yield running
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
