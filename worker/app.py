@@ -19,7 +19,7 @@ from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.metrics import WorkerMetrics
 from worker.probes import build_probe_app
-from worker.provider import build_http_client, build_registry
+from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
 from worker.serving import serving
 from worker.settings import Settings
@@ -46,18 +46,21 @@ async def run_worker(
     install_signals: bool = True,
     serve_probes: bool = True,
     on_start: Callable[[Worker], None] | None = None,
+    providers: ProviderRegistry | None = None,
 ) -> None:
     """One worker of the pool, until SIGTERM/SIGINT (or ``stop``). Raises on a fatal loop
-    error so the process exits non-zero."""
+    error so the process exits non-zero. ``providers`` replaces the HTTP adapters built from
+    ``PROVIDER_URLS`` (the benchmark's in-process provider)."""
     registry = registry or CollectorRegistry()
     metrics = WorkerMetrics(registry)
     await ensure_topics(settings)
     topics = settings.topics
     producer = build_producer(settings)
     http = build_http_client(settings)
-    providers = build_registry(
-        settings, http, on_call=metrics.provider_call, on_retry=metrics.provider_retry
-    )
+    if providers is None:  # the benchmark passes an in-process provider instead
+        providers = build_registry(
+            settings, http, on_call=metrics.provider_call, on_retry=metrics.provider_retry
+        )
     consumer = build_consumer(
         settings,
         group_id=settings.kafka_consumer_group,

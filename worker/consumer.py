@@ -35,7 +35,7 @@ from aiokafka.structs import ConsumerRecord
 from worker.execute import Executor
 from worker.logs import get_logger
 from worker.metrics import WorkerMetrics
-from worker.store import restore_partition
+from worker.store import restore_partitions
 
 log = get_logger(__name__)
 
@@ -305,22 +305,23 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         restorer = self._restore_consumer()
         await restorer.start()
         try:
-            for tp in mine:
-                state_tp = TopicPartition(self.config.state_topic, tp.partition)
-                records, stats = await restore_partition(restorer, state_tp)
-                self.store.load(tp.partition, records)
-                self.metrics.restore_seconds.observe(stats.seconds)
-                self.metrics.restore_records.inc(stats.records)
-                self.beat()
-                log.info(
-                    "partition_restored",
-                    partition=tp.partition,
-                    records=stats.records,
-                    accounts=stats.accounts,
-                    seconds=round(stats.seconds, 4),
-                )
+            state_tps = [TopicPartition(self.config.state_topic, tp.partition) for tp in mine]
+            restored = await restore_partitions(restorer, state_tps)
         finally:
             await restorer.stop()
+        for partition, (records, stats) in restored.items():
+            self.store.load(partition, records)
+            self.metrics.restore_seconds.observe(stats.seconds)
+            self.metrics.restore_records.inc(stats.records)
+            log.info(
+                "partition_restored",
+                partition=partition,
+                records=stats.records,
+                accounts=stats.accounts,
+                undecodable=stats.undecodable,
+                seconds=round(stats.seconds, 4),
+            )
+        self.beat()
         self.active |= {tp.partition for tp in mine}
         self.metrics.store_accounts.set(len(self.store))
         if not self._paused_for_backpressure:

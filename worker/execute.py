@@ -16,6 +16,8 @@ from aiokafka.structs import ConsumerRecord
 
 from worker.catalogue import ServiceError
 from worker.flow import (
+    CHALLENGE,
+    SENT,
     Decision,
     Policy,
     decide,
@@ -125,22 +127,26 @@ class Executor:
         if intent is None:
             raise ValueError("no confirm in flight")
         adapter = self.providers.get(record.provider or "")
-        result: tuple[str, str] | ServiceError
+        result: tuple[str, str] | ServiceError | None
         if adapter is None:
             result = ServiceError.of("provider_adapter_not_found")
         else:
             deadline = self.clock.to_monotonic(intent.deadline)
             ref = record.provider_account_ref or ""
             try:
-                state = None
+                result = None
                 if redrive:
-                    state = await adapter.get_auth_state(ref, deadline=deadline)
-                    log.info("confirm_redriven", provider_status=state.status)
-                if state is None or state.status == "passkey_confirmation":
+                    seen = await adapter.get_auth_state(ref, deadline=deadline)
+                    log.info("confirm_redriven", provider_status=seen.status)
+                    if seen.status != CHALLENGE:
+                        # The provider is past the challenge: our confirm was applied. Answer
+                        # as the first attempt would have; the follow-up reports what came next.
+                        result = (SENT, SENT)
+                if result is None:
                     state = await adapter.confirm_passkey(
                         ref, idempotency_key=intent.command_id, deadline=deadline
                     )
-                result = (state.status, state.auth_status)
+                    result = (state.status, state.auth_status)
             except ProviderError as exc:
                 result = exc.error
             except Exception:

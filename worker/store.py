@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
@@ -68,53 +69,71 @@ class RestoreStats:
     seconds: float
 
 
-async def restore_partition(
+async def restore_partitions(
     consumer: AIOKafkaConsumer,
-    tp: TopicPartition,
+    tps: list[TopicPartition],
     *,
-    idle_timeout_ms: int = 300,
+    idle_timeout_ms: int = 200,
     batch: int = 10_000,
-) -> tuple[dict[str, AccountRecord], RestoreStats]:
-    """Read ``tp`` of auth.state from the beginning to its high-water mark.
+) -> dict[int, tuple[dict[str, AccountRecord], RestoreStats]]:
+    """Read every partition in ``tps`` (of auth.state) from the beginning to its high-water
+    mark, all at once, keeping the last record per account.
 
     ``consumer`` is a group-less consumer used only for restoring. The embedded broker answers
-    ``end_offsets`` wrongly (design.md §10), so the end is the fetch response's high-water
-    mark, or an idle poll when the partition is empty.
+    ``end_offsets`` wrongly (design.md §10), so a partition is complete when its position
+    reaches the high-water mark of a fetch response, or when a poll comes back empty.
     """
     started = time.perf_counter()
-    consumer.assign([tp])
-    await consumer.seek_to_beginning(tp)
-    latest: dict[str, AccountRecord] = {}
-    count = bad = 0
-    while True:
-        chunk = await consumer.getmany(tp, timeout_ms=idle_timeout_ms, max_records=batch)
-        records = chunk.get(tp, [])
-        for msg in records:
-            count += 1
-            key = msg.key.decode() if msg.key else None
-            if msg.value is None:  # tombstone (written by a compacting producer, if any)
-                if key:
-                    latest.pop(key, None)
-                continue
-            try:
-                record = decode_record(msg.value)
-            except ValidationError:
-                bad += 1
-                log.error("state_record_undecodable", partition=tp.partition, offset=msg.offset)
-                continue
-            latest[record.account_id] = record
-        high = consumer.highwater(tp)
-        position = await consumer.position(tp)
-        if not records and (high is None or position >= high):
-            break
-        if high is not None and position >= high:
-            break
+    consumer.assign(tps)
+    await consumer.seek_to_beginning(*tps)
+    latest: dict[TopicPartition, dict[str, AccountRecord]] = {tp: {} for tp in tps}
+    counts = dict.fromkeys(tps, 0)
+    bad = dict.fromkeys(tps, 0)
+    finished: dict[TopicPartition, float] = {}
+    remaining = set(tps)
+    while remaining:
+        chunk = await consumer.getmany(*remaining, timeout_ms=idle_timeout_ms, max_records=batch)
+        for tp, messages in chunk.items():
+            counts[tp] += len(messages)
+            bad[tp] += _apply(latest[tp], messages, tp)
+        done = set()
+        for tp in remaining:
+            high = consumer.highwater(tp)
+            if (high is not None and await consumer.position(tp) >= high) or not chunk:
+                done.add(tp)
+        for tp in done:
+            finished[tp] = time.perf_counter() - started
+            consumer.pause(tp)
+        remaining -= done
         await asyncio.sleep(0)
-    stats = RestoreStats(
-        partition=tp.partition,
-        records=count,
-        accounts=len(latest),
-        undecodable=bad,
-        seconds=time.perf_counter() - started,
-    )
-    return latest, stats
+    return {
+        tp.partition: (
+            latest[tp],
+            RestoreStats(
+                partition=tp.partition,
+                records=counts[tp],
+                accounts=len(latest[tp]),
+                undecodable=bad[tp],
+                seconds=finished[tp],
+            ),
+        )
+        for tp in tps
+    }
+
+
+def _apply(latest: dict[str, AccountRecord], messages: list[Any], tp: TopicPartition) -> int:
+    """Fold changelog records into ``latest``; returns how many could not be decoded."""
+    bad = 0
+    for msg in messages:
+        if msg.value is None:  # a tombstone, from a compacting producer if there ever is one
+            if msg.key:
+                latest.pop(msg.key.decode(), None)
+            continue
+        try:
+            record = decode_record(msg.value)
+        except ValidationError:
+            bad += 1
+            log.error("state_record_undecodable", partition=tp.partition, offset=msg.offset)
+            continue
+        latest[record.account_id] = record
+    return bad

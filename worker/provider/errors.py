@@ -1,0 +1,143 @@
+"""The one place where upstream failures become catalogued errors.
+
+Adapters never decide an error code themselves: whatever went wrong (an HTTP answer they cannot
+use, an httpx exception, the deadline, an open circuit) goes through ``map_upstream_failure``,
+in the spirit of httpx's ``map_httpcore_exceptions``. The table, top to bottom:
+
+    upstream failure                                    catalogued error             transient
+    501, or 4xx {"error":{"type":"unsupported_operation"}}  501 unsupported_by_provider 30003   no
+    408, 429, other 5xx                                 502 provider_unavailable 30002   yes
+    timeout (httpx or deadline), connect/read/write error,
+      peer closed the connection                        502 provider_unavailable 30002   yes
+    circuit open                                        502 provider_unavailable 30002   yes
+    4xx {"error":{"type":"identity_mismatch"}}          409 provider_account_mismatch 20017  no
+    4xx {"error":{"type":"invalid_request"}}            400 provider_invalid_request 30001   no
+    4xx {"error":{"type":"operation_failed"}}           502 provider_unavailable → 30010 no
+    anything else (unknown status or type, unreadable
+      body, 2xx/3xx the adapter could not use)          502 provider_unavailable → 30010 no
+    any other httpx error (bad URL, protocol misuse)    502 provider_unavailable 30002   no
+
+"Transient" means retrying later may succeed, so the adapter retries it in place (within its
+attempt budget and the deadline) and the breaker counts it. The provider's own ``message`` is
+never passed on: it may hold internal details, and callers must not branch on text anyway.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import time
+from typing import Final
+
+import httpx
+
+from worker.catalogue import ServiceError
+from worker.provider.base import ProviderError
+from worker.provider.breaker import CircuitOpenError
+
+__all__ = ["OPERATION_FAILED", "UpstreamFailure", "invalid_call", "map_upstream_failure"]
+
+#: Everything an adapter may hand to ``map_upstream_failure``.
+UpstreamFailure = httpx.Response | httpx.HTTPError | TimeoutError | CircuitOpenError
+
+#: Numeric refinement for a provider-side operation failure (seed §7, provider-detail codes).
+OPERATION_FAILED: Final = 30010
+
+_UNAVAILABLE: Final = ServiceError.of("provider_unavailable")
+_MISMATCH: Final = ServiceError.of("provider_account_mismatch")
+_INVALID: Final = ServiceError.of("provider_invalid_request")
+_UNSUPPORTED: Final = ServiceError.of("unsupported_by_provider")
+_FAILED: Final = ServiceError.of(
+    "provider_unavailable", "The provider could not complete the operation."
+).refine(OPERATION_FAILED)
+_UNREADABLE: Final = ServiceError.of(
+    "provider_unavailable", "The provider returned an answer that could not be understood."
+).refine(OPERATION_FAILED)
+
+# Provider error ``type`` → catalogued error, for 4xx answers.
+_BY_TYPE: Final[dict[str, ServiceError]] = {
+    "identity_mismatch": _MISMATCH,
+    "invalid_request": _INVALID,
+    "unsupported_operation": _UNSUPPORTED,
+    "operation_failed": _FAILED,
+}
+
+# Failures that say nothing about the request itself: the provider (or the path to it) is
+# down or slow, or we are holding back, so the same request may succeed a moment later.
+_TRANSIENT_EXCEPTIONS: Final = (
+    CircuitOpenError,
+    TimeoutError,
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+    httpx.ProxyError,
+)
+
+
+def map_upstream_failure(failure: UpstreamFailure) -> ProviderError:
+    """Translate one upstream failure into a ``ProviderError`` carrying a catalogued error.
+
+    A ``Response`` is one the adapter could not use: any non-2xx status, or a 2xx whose body
+    does not parse (then it maps to 30010 like any unreadable answer).
+    """
+    if isinstance(failure, httpx.Response):
+        return _from_response(failure)
+    if isinstance(failure, httpx.HTTPStatusError):
+        return _from_response(failure.response)
+    if isinstance(failure, _TRANSIENT_EXCEPTIONS):
+        return ProviderError(_UNAVAILABLE, transient=True)
+    if isinstance(failure, httpx.DecodingError):
+        return ProviderError(_UNREADABLE, transient=False)
+    # Our side cannot form a valid call (bad URL, unsupported scheme, too many redirects):
+    # retrying the same call cannot help.
+    return ProviderError(_UNAVAILABLE, transient=False)
+
+
+def invalid_call(message: str) -> ProviderError:
+    """The adapter itself rejects the call's data (e.g. an empty account ref) before sending:
+    400 provider_invalid_request, which is what the seed says an adapter rejection is."""
+    return ProviderError(ServiceError.of("provider_invalid_request", message), transient=False)
+
+
+def _from_response(response: httpx.Response) -> ProviderError:
+    status = response.status_code
+    if status == 501:
+        return ProviderError(_UNSUPPORTED, transient=False)
+    if status in (408, 429) or status >= 500:
+        return ProviderError(_UNAVAILABLE, transient=True, retry_after=_retry_after(response))
+    if 400 <= status < 500:
+        known = _BY_TYPE.get(_error_type(response) or "")
+        if known is not None:
+            return ProviderError(known, transient=False)
+    return ProviderError(_UNREADABLE, transient=False)
+
+
+def _error_type(response: httpx.Response) -> str | None:
+    """``error.type`` of a provider error body, or None when the body is not that shape."""
+    try:
+        body = response.json()
+    except (ValueError, httpx.ResponseNotRead):
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds from now (delta-seconds or HTTP-date); None if absent/bad."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)

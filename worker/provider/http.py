@@ -1,0 +1,177 @@
+"""The HTTP provider adapter, on one shared ``httpx.AsyncClient``.
+
+Wire contract (what ``worker.provider.simulator`` serves, and what a real provider's gateway
+must speak):
+
+    POST {base}/v1/accounts/{ref}/passkey/confirm   header Idempotency-Key: <command_id>
+    GET  {base}/v1/accounts/{ref}/auth-state
+      200 {"status": str, "auth_status": str}
+      4xx/5xx {"error": {"type": str, "message": str}}, Retry-After honoured on 429/503
+
+The client is built once at start-up (``build_http_client``) and shared by every adapter, so
+connections are pooled across providers and commands; adapters never close it.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+import httpx
+
+from worker import __version__
+from worker.provider.base import CallObserver, ProviderAuthState, RetryObserver
+from worker.provider.breaker import CircuitBreaker
+from worker.provider.errors import invalid_call, map_upstream_failure
+from worker.provider.retry import RetryPolicy, call_with_retries
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+__all__ = ["HttpProviderAdapter", "build_http_client", "parse_auth_state"]
+
+
+def build_http_client(
+    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """The process-wide provider client: per-phase timeouts and a bounded connection pool.
+
+    The pool limit bounds sockets to providers however many commands are in flight; a call that
+    cannot get a connection within the timeout fails as transient (a pool timeout).
+    """
+    limit = settings.provider_max_connections
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.provider_timeout_s),
+        limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+        headers={"User-Agent": f"passkey-auth-worker/{__version__}"},
+        follow_redirects=False,
+        transport=transport,
+    )
+
+
+def parse_auth_state(response: httpx.Response) -> ProviderAuthState:
+    """The auth state in a 2xx answer; anything else raises the mapped ``ProviderError``."""
+    if response.is_success:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            status, auth_status = body.get("status"), body.get("auth_status")
+            if isinstance(status, str) and status and isinstance(auth_status, str) and auth_status:
+                return ProviderAuthState(status=status, auth_status=auth_status)
+    raise map_upstream_failure(response)
+
+
+class HttpProviderAdapter:
+    """A provider reached over HTTP: bounded retries, deadline, circuit breaker, error mapping.
+
+    ``breaker=None`` disables the breaker (tests); ``build_registry`` always gives one per
+    provider. ``on_call``/``on_retry`` are metric hooks, so this module needs no registry.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        client: httpx.AsyncClient,
+        *,
+        max_attempts: int = 4,
+        backoff_base_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+        retry_after_max_s: float | None = None,
+        breaker: CircuitBreaker | None = None,
+        on_call: CallObserver | None = None,
+        on_retry: RetryObserver | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.policy = RetryPolicy(max_attempts, backoff_base_s, backoff_max_s, retry_after_max_s)
+        self.breaker = breaker
+        self._client = client
+        self._on_call = on_call
+        self._on_retry = on_retry
+        self._rng = rng
+
+    @classmethod
+    def from_settings(
+        cls,
+        name: str,
+        base_url: str,
+        client: httpx.AsyncClient,
+        settings: Settings,
+        *,
+        on_call: CallObserver | None = None,
+        on_retry: RetryObserver | None = None,
+    ) -> HttpProviderAdapter:
+        """An adapter with the retry and breaker knobs of ``settings``."""
+        return cls(
+            name,
+            base_url,
+            client,
+            max_attempts=settings.provider_max_attempts,
+            backoff_base_s=settings.provider_backoff_base_s,
+            backoff_max_s=settings.provider_backoff_max_s,
+            breaker=CircuitBreaker(
+                settings.provider_breaker_threshold, settings.provider_breaker_reset_s
+            ),
+            on_call=on_call,
+            on_retry=on_retry,
+        )
+
+    async def confirm_passkey(
+        self, account_ref: str, *, idempotency_key: str, deadline: float | None = None
+    ) -> ProviderAuthState:
+        if not idempotency_key:
+            raise invalid_call("An idempotency key is required to confirm a passkey.")
+        url = f"{self._account_url(account_ref)}/passkey/confirm"
+        headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json"}
+        return await self._call("confirm_passkey", "POST", url, headers, deadline)
+
+    async def get_auth_state(
+        self, account_ref: str, *, deadline: float | None = None
+    ) -> ProviderAuthState:
+        url = f"{self._account_url(account_ref)}/auth-state"
+        return await self._call(
+            "get_auth_state", "GET", url, {"Accept": "application/json"}, deadline
+        )
+
+    async def aclose(self) -> None:
+        """Nothing to release: the shared client belongs to whoever built it."""
+
+    def _account_url(self, account_ref: str) -> str:
+        if not account_ref:
+            raise invalid_call("The account has no provider account reference.")
+        return f"{self.base_url}/v1/accounts/{quote(account_ref, safe='')}"
+
+    async def _call(
+        self,
+        operation: str,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        deadline: float | None,
+    ) -> ProviderAuthState:
+        async def attempt() -> ProviderAuthState:
+            try:
+                response = await self._client.request(method, url, headers=headers)
+            except httpx.HTTPError as exc:
+                raise map_upstream_failure(exc) from exc
+            return parse_auth_state(response)
+
+        return await call_with_retries(
+            attempt,
+            provider=self.name,
+            operation=operation,
+            policy=self.policy,
+            deadline=deadline,
+            breaker=self.breaker,
+            rng=self._rng,
+            on_call=self._on_call,
+            on_retry=self._on_retry,
+        )
+
+    def __repr__(self) -> str:
+        return f"HttpProviderAdapter({self.name!r}, {self.base_url!r})"

@@ -1,0 +1,64 @@
+"""Provider adapters by name: the account record names its provider, the registry finds it.
+
+A read-only mapping, so the decision policy can test membership (``name in registry``) and the
+executor can ``get`` an adapter without either knowing how adapters are built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import httpx
+
+from worker.provider.base import CallObserver, ProviderAdapter, RetryObserver
+from worker.provider.http import HttpProviderAdapter
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+__all__ = ["ProviderRegistry", "build_registry"]
+
+
+class ProviderRegistry(Mapping[str, ProviderAdapter]):
+    """Immutable name → adapter map; ``get(name)`` returns the adapter or None."""
+
+    def __init__(self, adapters: Iterable[ProviderAdapter] = ()) -> None:
+        self._adapters: dict[str, ProviderAdapter] = {}
+        for adapter in adapters:
+            if adapter.name in self._adapters:
+                raise ValueError(f"two provider adapters are named {adapter.name!r}")
+            self._adapters[adapter.name] = adapter
+
+    def __getitem__(self, name: str) -> ProviderAdapter:
+        return self._adapters[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._adapters)
+
+    def __len__(self) -> int:
+        return len(self._adapters)
+
+    async def aclose(self) -> None:
+        """Close every adapter. The shared HTTP client is the caller's to close, after this."""
+        for adapter in self._adapters.values():
+            await adapter.aclose()
+
+    def __repr__(self) -> str:
+        return f"ProviderRegistry({sorted(self._adapters)!r})"
+
+
+def build_registry(
+    settings: Settings,
+    client: httpx.AsyncClient,
+    *,
+    on_call: CallObserver | None = None,
+    on_retry: RetryObserver | None = None,
+) -> ProviderRegistry:
+    """One HTTP adapter (with its own circuit breaker) per entry of ``PROVIDER_URLS``."""
+    return ProviderRegistry(
+        HttpProviderAdapter.from_settings(
+            name, url, client, settings, on_call=on_call, on_retry=on_retry
+        )
+        for name, url in settings.provider_urls.items()
+    )

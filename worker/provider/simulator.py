@@ -1,0 +1,503 @@
+"""The provider simulator: a stand-in provider for the dev stack, the tests and the benchmark.
+
+It serves exactly the HTTP adapter's wire contract (see ``worker.provider.http``), so the
+adapter is tested against real HTTP, and faults are scripted per account by the
+``provider_account_ref`` prefix, so a test or a demo picks a failure by naming an account:
+
+    sim-unavailable-   every call 503 (transient)       sim-mismatch-  409 identity_mismatch
+    sim-invalid-       400 invalid_request              sim-unsupported-  confirm 501
+    sim-fail-          confirm accepted, flow ends failed
+    sim-slow-          extra latency (``slow_ms``)      anything else  succeeds, then authorized
+
+Flow per account ref: never seen → ``passkey_confirmation`` (a challenge is pending); a
+successful confirm → ``passkey_confirmation_sent``, which becomes ``authorized`` (``failed``
+for sim-fail-) ``authorize_delay_s`` later.
+
+Idempotency follows the Idempotency-Key draft: a completed answer (2xx or 4xx/501) is stored
+per key and returned again, same status and body, with no second effect; transient 503s are
+not stored, so a retry with the same key can still succeed. Every call is counted, so tests
+can check "two calls, one effect" through ``GET /_sim/stats``.
+
+Knobs (latency median and jitter, error rate, authorize delay, slow latency, ``fail_next``:
+answer the next N calls 503) start from settings and change at run time via
+``POST /_sim/config``; ``POST /_sim/reset`` forgets accounts, keys and counters.
+
+``ProviderSimulator`` holds the behaviour without any transport; the Starlette app and the
+``InProcessProvider`` (the benchmark's provider, no HTTP) are two thin fronts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, TypedDict
+
+import httpx
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from worker.provider.base import CallObserver, ProviderAuthState, RetryObserver
+from worker.provider.breaker import CircuitBreaker
+from worker.provider.errors import invalid_call, map_upstream_failure
+from worker.provider.retry import RetryPolicy, call_with_retries
+from worker.serving import serving
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+__all__ = [
+    "InProcessProvider",
+    "ProviderSimulator",
+    "SimReply",
+    "SimStats",
+    "SimulatorKnobs",
+    "build_simulator_app",
+    "running_simulator",
+    "serve_simulator",
+]
+
+log = structlog.get_logger(__name__)
+
+PENDING: Final = "passkey_confirmation"
+SENT: Final = "passkey_confirmation_sent"
+AUTHORIZED: Final = "authorized"
+FAILED: Final = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class SimReply:
+    """One answer of the simulated provider: HTTP status and JSON body."""
+
+    status_code: int
+    body: Mapping[str, object]
+
+
+def _state(status: str) -> SimReply:
+    return SimReply(200, {"status": status, "auth_status": status})
+
+
+def _error(status_code: int, kind: str, message: str) -> SimReply:
+    return SimReply(status_code, {"error": {"type": kind, "message": message}})
+
+
+# Replies are immutable and shared: the benchmark makes millions of them.
+_REPLY_STATE: Final = {s: _state(s) for s in (PENDING, SENT, AUTHORIZED, FAILED)}
+_UNAVAILABLE: Final = _error(503, "unavailable", "The provider is temporarily unavailable.")
+_MISMATCH: Final = _error(409, "identity_mismatch", "The account identity does not match.")
+_INVALID: Final = _error(400, "invalid_request", "The provider rejected the request data.")
+_UNSUPPORTED: Final = _error(501, "unsupported_operation", "Passkey confirmation unsupported.")
+_NO_KEY: Final = _error(400, "invalid_request", "The Idempotency-Key header is required.")
+_KEY_REUSED: Final = _error(
+    422, "invalid_request", "The Idempotency-Key was used for another account."
+)
+_NOT_PENDING: Final = _error(422, "operation_failed", "No passkey challenge is pending.")
+
+
+class SimulatorKnobs(BaseModel):
+    """The run-time knobs; ``POST /_sim/config`` validates a partial update against this."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    latency_ms: float = Field(default=20.0, ge=0, description="median latency of every call")
+    jitter_ms: float = Field(default=5.0, ge=0, description="std deviation around the median")
+    error_rate: float = Field(default=0.0, ge=0, le=1, description="fraction answered 503")
+    authorize_delay_s: float = Field(default=2.0, ge=0, description="sent → authorized/failed")
+    slow_ms: float = Field(default=300.0, ge=0, description="extra latency for sim-slow- refs")
+    fail_next: int = Field(default=0, ge=0, description="answer the next N calls 503")
+
+
+class SimStats(TypedDict):
+    """``GET /_sim/stats``: calls and effects per idempotency key (effects are 0 or 1)."""
+
+    confirm_calls: dict[str, int]
+    confirm_effects: dict[str, int]
+    state_calls: int
+    total_calls: int
+
+
+@dataclass(slots=True)
+class _Account:
+    settles_at: float
+    final: str
+
+
+@dataclass(slots=True)
+class _Counters:
+    confirm_calls: dict[str, int] = field(default_factory=dict)
+    confirm_effects: dict[str, int] = field(default_factory=dict)
+    state_calls: int = 0
+    total_calls: int = 0
+
+
+class ProviderSimulator:
+    """The simulated provider's behaviour and state, transport-free.
+
+    Each call sleeps its latency first and then decides without awaiting, so concurrent calls
+    with one idempotency key cannot both take effect. ``clock`` drives only the authorize
+    delay (tests advance it instead of sleeping); ``rng`` drives latency and error rate.
+    """
+
+    def __init__(
+        self,
+        *,
+        latency_ms: float = 20.0,
+        jitter_ms: float = 5.0,
+        error_rate: float = 0.0,
+        authorize_delay_s: float = 2.0,
+        slow_ms: float = 300.0,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.knobs = SimulatorKnobs(
+            latency_ms=latency_ms,
+            jitter_ms=jitter_ms,
+            error_rate=error_rate,
+            authorize_delay_s=authorize_delay_s,
+            slow_ms=slow_ms,
+        )
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._accounts: dict[str, _Account] = {}
+        self._replies: dict[str, tuple[str, SimReply]] = {}
+        self._counters = _Counters()
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> ProviderSimulator:
+        return cls(
+            latency_ms=settings.simulator_latency_ms,
+            jitter_ms=settings.simulator_jitter_ms,
+            error_rate=settings.simulator_error_rate,
+            authorize_delay_s=settings.simulator_authorize_delay_s,
+            slow_ms=settings.simulator_slow_ms,
+            rng=rng,
+            clock=clock,
+        )
+
+    # -- control -------------------------------------------------------------------------------
+
+    def configure(self, changes: Mapping[str, Any]) -> SimulatorKnobs:
+        """Apply a partial update of the knobs (raises pydantic ``ValidationError``)."""
+        self.knobs = SimulatorKnobs.model_validate({**self.knobs.model_dump(), **changes})
+        return self.knobs
+
+    def reset(self) -> None:
+        """Forget accounts, stored answers and counters; the knobs stay as they are."""
+        self._accounts.clear()
+        self._replies.clear()
+        self._counters = _Counters()
+
+    def stats(self) -> SimStats:
+        c = self._counters
+        return {
+            "confirm_calls": dict(c.confirm_calls),
+            "confirm_effects": dict(c.confirm_effects),
+            "state_calls": c.state_calls,
+            "total_calls": c.total_calls,
+        }
+
+    # -- the two provider operations -----------------------------------------------------------
+
+    async def confirm(self, ref: str, idempotency_key: str | None) -> SimReply:
+        """``POST /v1/accounts/{ref}/passkey/confirm``."""
+        counters = self._counters
+        counters.total_calls += 1
+        if idempotency_key:
+            calls = counters.confirm_calls
+            calls[idempotency_key] = calls.get(idempotency_key, 0) + 1
+            counters.confirm_effects.setdefault(idempotency_key, 0)
+        await self._latency(ref)
+        if not idempotency_key:
+            return _NO_KEY
+        fault = self._transient_fault(ref)
+        if fault is not None:
+            return fault
+        stored = self._replies.get(idempotency_key)
+        if stored is not None:
+            stored_ref, reply = stored
+            return reply if stored_ref == ref else _KEY_REUSED
+        reply = self._confirm_once(ref, idempotency_key)
+        self._replies[idempotency_key] = (ref, reply)
+        return reply
+
+    async def auth_state(self, ref: str) -> SimReply:
+        """``GET /v1/accounts/{ref}/auth-state``."""
+        self._counters.total_calls += 1
+        self._counters.state_calls += 1
+        await self._latency(ref)
+        fault = self._transient_fault(ref) or self._identity_fault(ref)
+        if fault is not None:
+            return fault
+        return _REPLY_STATE[self._status(ref)]
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _confirm_once(self, ref: str, idempotency_key: str) -> SimReply:
+        fault = self._identity_fault(ref)
+        if fault is not None:
+            return fault
+        if ref.startswith("sim-unsupported-"):
+            return _UNSUPPORTED
+        status = self._status(ref)
+        if status == PENDING:
+            final = FAILED if ref.startswith("sim-fail-") else AUTHORIZED
+            self._accounts[ref] = _Account(self._clock() + self.knobs.authorize_delay_s, final)
+            self._counters.confirm_effects[idempotency_key] = 1
+            return _REPLY_STATE[SENT]
+        if status == SENT:
+            return _REPLY_STATE[SENT]  # already confirmed under another key: no new effect
+        return _NOT_PENDING
+
+    def _status(self, ref: str) -> str:
+        account = self._accounts.get(ref)
+        if account is None:
+            return PENDING
+        return account.final if self._clock() >= account.settles_at else SENT
+
+    def _identity_fault(self, ref: str) -> SimReply | None:
+        if ref.startswith("sim-mismatch-"):
+            return _MISMATCH
+        if ref.startswith("sim-invalid-"):
+            return _INVALID
+        return None
+
+    def _transient_fault(self, ref: str) -> SimReply | None:
+        knobs = self.knobs
+        if ref.startswith("sim-unavailable-"):
+            return _UNAVAILABLE
+        if knobs.fail_next > 0:
+            self.knobs = knobs.model_copy(update={"fail_next": knobs.fail_next - 1})
+            return _UNAVAILABLE
+        if knobs.error_rate > 0 and self._rng.random() < knobs.error_rate:
+            return _UNAVAILABLE
+        return None
+
+    def sample_latency_s(self, ref: str) -> float:
+        """One call's latency: normal around the median, clipped at zero (so the median stays
+        the median), plus ``slow_ms`` for sim-slow- refs."""
+        knobs = self.knobs
+        ms = knobs.latency_ms
+        if knobs.jitter_ms > 0:
+            ms = max(0.0, self._rng.gauss(ms, knobs.jitter_ms))
+        if ref.startswith("sim-slow-"):
+            ms += knobs.slow_ms
+        return ms / 1000.0
+
+    async def _latency(self, ref: str) -> None:
+        delay = self.sample_latency_s(ref)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+# -- HTTP front ----------------------------------------------------------------------------------
+
+
+def build_simulator_app(
+    settings: Settings | None = None, *, simulator: ProviderSimulator | None = None
+) -> Starlette:
+    """The simulator as an ASGI app; ``app.state.simulator`` is the behaviour behind it."""
+    if simulator is not None:
+        sim = simulator
+    elif settings is not None:
+        sim = ProviderSimulator.from_settings(settings)
+    else:
+        sim = ProviderSimulator()
+
+    def reply(r: SimReply) -> Response:
+        return JSONResponse(r.body, status_code=r.status_code)
+
+    async def confirm(request: Request) -> Response:
+        ref = request.path_params["ref"]
+        return reply(await sim.confirm(ref, request.headers.get("idempotency-key")))
+
+    async def auth_state(request: Request) -> Response:
+        return reply(await sim.auth_state(request.path_params["ref"]))
+
+    async def config(request: Request) -> Response:
+        if request.method == "POST":
+            try:
+                changes = json.loads(await request.body() or b"{}")
+                if not isinstance(changes, dict):
+                    raise ValueError("the body must be a JSON object")
+                sim.configure(changes)
+            except (ValueError, ValidationError) as exc:
+                return reply(_error(400, "invalid_request", str(exc)))
+        return JSONResponse(sim.knobs.model_dump())
+
+    async def stats(_: Request) -> Response:
+        return JSONResponse(sim.stats())
+
+    async def reset(_: Request) -> Response:
+        sim.reset()
+        return Response(status_code=204)
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        code = exc.status_code if isinstance(exc, HTTPException) else 500
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(code, "internal_error")
+        return reply(_error(code, kind, kind.replace("_", " ")))
+
+    app = Starlette(
+        routes=[
+            Route("/v1/accounts/{ref}/passkey/confirm", confirm, methods=["POST"]),
+            Route("/v1/accounts/{ref}/auth-state", auth_state, methods=["GET"]),
+            Route("/_sim/config", config, methods=["GET", "POST"]),
+            Route("/_sim/stats", stats, methods=["GET"]),
+            Route("/_sim/reset", reset, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+    app.state.simulator = sim
+    return app
+
+
+@contextlib.asynccontextmanager
+async def running_simulator(
+    simulator: ProviderSimulator, *, host: str = "127.0.0.1", port: int = 0
+) -> AsyncIterator[str]:
+    """Serve ``simulator`` over HTTP while the block runs; yields its base URL.
+
+    ``port=0`` picks a free port (tests); a busy port fails loudly in the caller.
+    """
+    app = build_simulator_app(simulator=simulator)
+    async with serving(app, host=host, port=port, name="provider-simulator") as url:
+        yield url
+
+
+async def serve_simulator(
+    settings: Settings, *, simulator: ProviderSimulator | None = None
+) -> None:
+    """Run the simulator on ``SIMULATOR_HOST:SIMULATOR_PORT`` until cancelled."""
+    sim = simulator or ProviderSimulator.from_settings(settings)
+    async with running_simulator(
+        sim, host=settings.simulator_host, port=settings.simulator_port
+    ) as url:
+        log.info("simulator_started", url=url, **sim.knobs.model_dump())
+        await asyncio.Event().wait()
+
+
+# -- in-process front ----------------------------------------------------------------------------
+
+
+class InProcessProvider:
+    """A ``ProviderAdapter`` on a ``ProviderSimulator`` with no HTTP in between.
+
+    Same behaviour, latency, error mapping and retry loop as the HTTP adapter against the
+    simulator service, minus sockets and parsing: the benchmark measures the worker, not the
+    loopback stack.
+    """
+
+    def __init__(
+        self,
+        simulator: ProviderSimulator | None = None,
+        *,
+        name: str = "simulator",
+        max_attempts: int = 4,
+        backoff_base_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+        breaker: CircuitBreaker | None = None,
+        on_call: CallObserver | None = None,
+        on_retry: RetryObserver | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.name = name
+        self.simulator = simulator or ProviderSimulator()
+        self.policy = RetryPolicy(max_attempts, backoff_base_s, backoff_max_s)
+        self.breaker = breaker
+        self._on_call = on_call
+        self._on_retry = on_retry
+        self._rng = rng
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        name: str = "simulator",
+        on_call: CallObserver | None = None,
+        on_retry: RetryObserver | None = None,
+    ) -> InProcessProvider:
+        """Simulator knobs, retries and breaker all from ``settings``."""
+        return cls(
+            ProviderSimulator.from_settings(settings),
+            name=name,
+            max_attempts=settings.provider_max_attempts,
+            backoff_base_s=settings.provider_backoff_base_s,
+            backoff_max_s=settings.provider_backoff_max_s,
+            breaker=CircuitBreaker(
+                settings.provider_breaker_threshold, settings.provider_breaker_reset_s
+            ),
+            on_call=on_call,
+            on_retry=on_retry,
+        )
+
+    async def confirm_passkey(
+        self, account_ref: str, *, idempotency_key: str, deadline: float | None = None
+    ) -> ProviderAuthState:
+        if not account_ref:
+            raise invalid_call("The account has no provider account reference.")
+        if not idempotency_key:
+            raise invalid_call("An idempotency key is required to confirm a passkey.")
+
+        async def attempt() -> ProviderAuthState:
+            return _auth_state_of(await self.simulator.confirm(account_ref, idempotency_key))
+
+        return await self._run("confirm_passkey", attempt, deadline)
+
+    async def get_auth_state(
+        self, account_ref: str, *, deadline: float | None = None
+    ) -> ProviderAuthState:
+        if not account_ref:
+            raise invalid_call("The account has no provider account reference.")
+
+        async def attempt() -> ProviderAuthState:
+            return _auth_state_of(await self.simulator.auth_state(account_ref))
+
+        return await self._run("get_auth_state", attempt, deadline)
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+    async def _run(
+        self,
+        operation: str,
+        attempt: Callable[[], Awaitable[ProviderAuthState]],
+        deadline: float | None,
+    ) -> ProviderAuthState:
+        return await call_with_retries(
+            attempt,
+            provider=self.name,
+            operation=operation,
+            policy=self.policy,
+            deadline=deadline,
+            breaker=self.breaker,
+            rng=self._rng,
+            on_call=self._on_call,
+            on_retry=self._on_retry,
+        )
+
+
+def _auth_state_of(reply: SimReply) -> ProviderAuthState:
+    """A simulator reply as the adapter result, or the same ``ProviderError`` the HTTP adapter
+    would raise for it (the error path builds the response the HTTP front would send)."""
+    if reply.status_code == 200:
+        return ProviderAuthState(str(reply.body["status"]), str(reply.body["auth_status"]))
+    raise map_upstream_failure(httpx.Response(reply.status_code, json=reply.body))
