@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 SCHEMA_VERSION: Literal[1] = 1
 MAX_RECORD_BYTES = 64 * 1024
@@ -32,6 +33,9 @@ STATUS_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 Identifier = Annotated[str, Field(pattern=ID_PATTERN, max_length=128)]
 StatusValue = Annotated[str, Field(pattern=STATUS_PATTERN, max_length=64)]
 ShortText = Annotated[str, Field(min_length=1, max_length=256)]
+# Low-cardinality strings of the in-memory store (statuses, workspace and provider names,
+# codes) are interned on decode: a restored partition then shares one copy of each.
+Interned = Annotated[str, AfterValidator(sys.intern)]
 
 # Event ids are UUIDv5 under this namespace, derived from the cause, so a replay re-sends the
 # same id and consumers can drop duplicates.
@@ -220,14 +224,14 @@ class Outcome:
 
     command_id: str
     http_status: int
-    status: str
-    auth_status: str
+    status: Interned
+    auth_status: Interned
     version: int
     at: float
     request_id: str | None = None
-    code: str | None = None
+    code: Interned | None = None
     numeric_code: int | None = None
-    previous_status: str | None = None
+    previous_status: Interned | None = None
     changed: bool = False
 
 
@@ -239,12 +243,12 @@ class AccountRecord:
     """
 
     account_id: str
-    workspace_id: str
-    status: str
-    auth_status: str
+    workspace_id: Interned
+    status: Interned
+    auth_status: Interned
     version: int
     updated_at: float
-    provider: str | None = None
+    provider: Interned | None = None
     provider_account_ref: str | None = None
     deregistered: bool = False
     in_flight: InFlight | None = None

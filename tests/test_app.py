@@ -1,0 +1,143 @@
+"""Process-level behaviour of a worker: probes over real HTTP, a fatal lane error ends the
+loop with an exception (the CLI then exits non-zero), SIGTERM drains and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.harness import bus, confirm_cmd, register_cmd
+from worker.app import run_worker
+from worker.broker import free_port
+from worker.consumer import Worker
+from worker.probes import build_probe_app
+from worker.serving import serving
+from worker.settings import Topics
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[1]
+
+
+async def test_probes_follow_heartbeat_and_readiness() -> None:
+    beat = [time.monotonic()]
+    ready = [False]
+    app = build_probe_app(
+        CollectorRegistry(), last_beat=lambda: beat[0], ready=lambda: ready[0], stale_after_s=5
+    )
+    async with serving(app, host="127.0.0.1", port=0, name="probes") as url, httpx.AsyncClient(
+        base_url=url
+    ) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/readyz")).status_code == 503
+        ready[0] = True
+        assert (await client.get("/readyz")).status_code == 200
+        beat[0] = time.monotonic() - 60  # the loop stopped beating
+        r = await client.get("/healthz")
+        assert r.status_code == 503
+        assert r.json()["status"] == "stalled"
+        assert (await client.get("/metrics")).status_code == 200
+
+
+async def test_fatal_lane_error_stops_the_worker_with_an_exception(
+    make_settings: Any, simulator: str
+) -> None:
+    settings = make_settings(provider_urls={"simulator": simulator}, partitions=1)
+    holder: list[Worker] = []
+
+    def sabotage(worker: Worker) -> None:
+        holder.append(worker)
+
+        async def broken(*_: object) -> None:
+            raise OSError("disk on fire")
+
+        worker.executor.handle = broken  # type: ignore[method-assign]
+
+    async with bus(settings) as b:
+        task = asyncio.create_task(
+            run_worker(
+                settings,
+                registry=CollectorRegistry(),
+                stop=asyncio.Event(),
+                install_signals=False,
+                serve_probes=False,
+                on_start=sabotage,
+            )
+        )
+        await b.send(register_cmd("acc-fatal", "ok-fatal"))
+        with pytest.raises(RuntimeError, match="consume loop failed") as info:
+            await asyncio.wait_for(task, timeout=30)
+        assert isinstance(info.value.__cause__, OSError)
+        # nothing was committed past the failed record: a new worker sees it again
+        assert holder[0].trackers
+        for tracker in holder[0].trackers.values():
+            assert tracker.committed in (None, 0)
+
+
+def _env(settings: Any, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
+            "KAFKA_CONSUMER_GROUP": settings.kafka_consumer_group,
+            "KAFKA_SESSION_TIMEOUT_MS": "6000",
+            "COMMANDS_PARTITIONS": str(settings.commands_partitions),
+            "OTHER_PARTITIONS": str(settings.other_partitions),
+            "PROVIDER_URLS": json.dumps(settings.provider_urls),
+            "WORKER_METRICS_PORT": str(port),
+            "WORKER_SHUTDOWN_GRACE_S": "5",
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    env.update({f"TOPIC_{f.upper()}": getattr(settings.topics, f) for f in Topics.model_fields})
+    return env
+
+
+async def test_sigterm_drains_and_exits_zero(make_settings: Any, simulator: str) -> None:
+    settings = make_settings(provider_urls={"simulator": simulator})
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker", "run"],
+        env=_env(settings, port),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        async with bus(settings) as b, httpx.AsyncClient() as client:
+            deadline = time.monotonic() + 40
+            while True:
+                try:
+                    if (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "worker never became ready"
+                await asyncio.sleep(0.2)
+            health = await client.get(f"http://127.0.0.1:{port}/healthz")
+            assert health.status_code == 200
+            await b.send(register_cmd("acc-term", "ok-term"))
+            cmd = confirm_cmd("acc-term")
+            await b.send(cmd)
+            assert (await b.reply_to(cmd.command_id))["http_status"] == 200
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 30)
+        assert code == 0
+        assert time.monotonic() - started < 15  # left the group promptly, no session wait
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
