@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -19,7 +21,9 @@ from worker.app import run_worker
 from worker.consumer import Worker
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import PasskeyConfirm, RegisterAccount
-from worker.settings import Settings
+from worker.settings import Settings, Topics
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def confirm_cmd(
@@ -171,3 +175,25 @@ async def running_worker(
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)
+
+
+def worker_env(settings: Settings, metrics_port: int, **extra: str) -> dict[str, str]:
+    """Environment for a ``python -m worker run`` subprocess bound to ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOPIC_", "KAFKA_"))}
+    env.update(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
+            "KAFKA_CONSUMER_GROUP": settings.kafka_consumer_group,
+            "KAFKA_SESSION_TIMEOUT_MS": "6000",
+            "KAFKA_HEARTBEAT_INTERVAL_MS": "500",
+            "COMMANDS_PARTITIONS": str(settings.commands_partitions),
+            "OTHER_PARTITIONS": str(settings.other_partitions),
+            "PROVIDER_URLS": json.dumps(settings.provider_urls),
+            "WORKER_METRICS_PORT": str(metrics_port),
+            "WORKER_SHUTDOWN_GRACE_S": "5",
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    env.update({f"TOPIC_{f.upper()}": getattr(settings.topics, f) for f in Topics.model_fields})
+    env.update(extra)
+    return env

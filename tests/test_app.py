@@ -4,29 +4,24 @@ loop with an exception (the CLI then exits non-zero), SIGTERM drains and exits 0
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.harness import bus, confirm_cmd, register_cmd
+from tests.harness import REPO, bus, confirm_cmd, register_cmd, worker_env
 from worker.app import run_worker
 from worker.broker import free_port
 from worker.consumer import Worker
 from worker.probes import build_probe_app
 from worker.serving import serving
-from worker.settings import Topics
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[1]
 
 
 async def test_probes_follow_heartbeat_and_readiness() -> None:
@@ -35,9 +30,10 @@ async def test_probes_follow_heartbeat_and_readiness() -> None:
     app = build_probe_app(
         CollectorRegistry(), last_beat=lambda: beat[0], ready=lambda: ready[0], stale_after_s=5
     )
-    async with serving(app, host="127.0.0.1", port=0, name="probes") as url, httpx.AsyncClient(
-        base_url=url
-    ) as client:
+    async with (
+        serving(app, host="127.0.0.1", port=0, name="probes") as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.get("/readyz")).status_code == 503
         ready[0] = True
@@ -61,7 +57,7 @@ async def test_fatal_lane_error_stops_the_worker_with_an_exception(
         async def broken(*_: object) -> None:
             raise OSError("disk on fire")
 
-        worker.executor.handle = broken  # type: ignore[method-assign]
+        worker.executor.handle = broken  # type: ignore[method-assign, assignment]
 
     async with bus(settings) as b:
         task = asyncio.create_task(
@@ -84,31 +80,12 @@ async def test_fatal_lane_error_stops_the_worker_with_an_exception(
             assert tracker.committed in (None, 0)
 
 
-def _env(settings: Any, port: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
-            "KAFKA_CONSUMER_GROUP": settings.kafka_consumer_group,
-            "KAFKA_SESSION_TIMEOUT_MS": "6000",
-            "COMMANDS_PARTITIONS": str(settings.commands_partitions),
-            "OTHER_PARTITIONS": str(settings.other_partitions),
-            "PROVIDER_URLS": json.dumps(settings.provider_urls),
-            "WORKER_METRICS_PORT": str(port),
-            "WORKER_SHUTDOWN_GRACE_S": "5",
-            "PYTHONPATH": str(REPO),
-        }
-    )
-    env.update({f"TOPIC_{f.upper()}": getattr(settings.topics, f) for f in Topics.model_fields})
-    return env
-
-
 async def test_sigterm_drains_and_exits_zero(make_settings: Any, simulator: str) -> None:
     settings = make_settings(provider_urls={"simulator": simulator})
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", "run"],
-        env=_env(settings, port),
+        env=worker_env(settings, port),
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import Bus, bus, confirm_cmd, register_cmd
+from tests.harness import REPO, Bus, bus, confirm_cmd, register_cmd, worker_env
 from worker.broker import free_port
-from worker.settings import Settings, Topics
+from worker.settings import Settings
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -36,7 +36,6 @@ KILLS = int(os.environ.get("CHAOS_KILLS", "4"))
 SEED = int(os.environ.get("CHAOS_SEED", str(random.SystemRandom().randrange(1_000_000))))
 WORKERS = int(os.environ.get("CHAOS_WORKERS", "3"))
 RATE = float(os.environ.get("CHAOS_RATE", "150"))  # commands per second
-REPO = Path(__file__).resolve().parents[1]
 
 
 class Pool:
@@ -67,29 +66,14 @@ class Pool:
                     await asyncio.sleep(0.2)
 
     def env(self, port: int) -> dict[str, str]:
-        s = self.settings
-        t = s.topics
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TOPIC_", "KAFKA_"))}
-        env.update(
-            {
-                "KAFKA_BOOTSTRAP_SERVERS": s.bootstrap,
-                "KAFKA_CONSUMER_GROUP": s.kafka_consumer_group,
-                "KAFKA_SESSION_TIMEOUT_MS": "6000",
-                "KAFKA_HEARTBEAT_INTERVAL_MS": "500",
-                "COMMANDS_PARTITIONS": str(s.commands_partitions),
-                "OTHER_PARTITIONS": str(s.other_partitions),
-                "PROVIDER_URLS": json.dumps(s.provider_urls),
-                "PROVIDER_BACKOFF_BASE_S": "0.01",
-                "PROVIDER_MAX_ATTEMPTS": "2",
-                "WORKER_METRICS_PORT": str(port),
-                "WORKER_SHUTDOWN_GRACE_S": "5",
-                "WORKER_FOLLOW_UP_POLL_S": "0.3",
-                "LOG_LEVEL": "WARNING",
-                "PYTHONPATH": str(REPO),
-            }
+        return worker_env(
+            self.settings,
+            port,
+            PROVIDER_BACKOFF_BASE_S="0.01",
+            PROVIDER_MAX_ATTEMPTS="2",
+            WORKER_FOLLOW_UP_POLL_S="0.3",
+            LOG_LEVEL="WARNING",
         )
-        env.update({f"TOPIC_{f.upper()}": getattr(t, f) for f in Topics.model_fields})
-        return env
 
     def start(self, i: int) -> None:
         self.starts += 1
@@ -111,12 +95,14 @@ class Pool:
 
     def stop_all(self) -> list[int | None]:
         codes = []
-        for i, proc in enumerate(self.procs):
-            if proc is not None and proc.poll() is None:
-                self.kill(i, signal.SIGTERM)
-            codes.append(proc.returncode if proc is not None else None)
-        for log in self._logs:
-            log.close()
+        try:
+            for i, proc in enumerate(self.procs):
+                if proc is not None and proc.poll() is None:
+                    self.kill(i, signal.SIGTERM)
+                codes.append(proc.returncode if proc is not None else None)
+        finally:
+            for log in self._logs:
+                log.close()
         return codes
 
 

@@ -255,30 +255,48 @@ def _workspace_of(cmd: Command, record: AccountRecord | None) -> str | None:
     return workspace or (record.workspace_id if record is not None else None)
 
 
+def _standstill(
+    record: AccountRecord | None,
+    *,
+    command_id: str,
+    request_id: str | None,
+    now: float,
+    err: ServiceError | None = None,
+) -> Outcome:
+    """The outcome of a command that leaves the auth state as it is: an error, or a
+    deregistration."""
+    return Outcome(
+        command_id=command_id,
+        request_id=request_id,
+        http_status=err.http_status if err else 200,
+        code=err.code if err else None,
+        numeric_code=err.numeric_code if err else None,
+        status=record.status if record else "",
+        auth_status=record.auth_status if record else "",
+        version=record.version if record else 0,
+        at=now,
+    )
+
+
 def _failure(
     record: AccountRecord | None,
     cmd: Command,
     err: ServiceError,
     now: float,
     policy: Policy,
-    *,
-    remember: bool = True,
 ) -> Decision:
-    """A failed command: error reply (confirm only) and error event; state unchanged."""
-    request_id = getattr(cmd, "request_id", None)
-    outcome = Outcome(
+    """A failed command: error reply (confirm only) and error event; state unchanged. With a
+    record, the outcome is remembered in its window; without one (unknown or foreign
+    account) nothing is written."""
+    outcome = _standstill(
+        record,
         command_id=cmd.command_id,
-        request_id=request_id,
-        http_status=err.http_status,
-        code=err.code,
-        numeric_code=err.numeric_code,
-        status=record.status if record else "",
-        auth_status=record.auth_status if record else "",
-        version=record.version if record else 0,
-        at=now,
+        request_id=getattr(cmd, "request_id", None),
+        now=now,
+        err=err,
     )
     return _settle(
-        record if remember else None,
+        record,
         outcome,
         account_id=cmd.account_id,
         workspace_id=_workspace_of(cmd, record),
@@ -439,16 +457,12 @@ def settle_confirm(
         raise ValueError(f"account {record.account_id} has no confirm in flight")
     cleared = replace(record, in_flight=None)
     if isinstance(result, ServiceError):
-        outcome = Outcome(
+        outcome = _standstill(
+            record,
             command_id=intent.command_id,
             request_id=intent.request_id,
-            http_status=result.http_status,
-            code=result.code,
-            numeric_code=result.numeric_code,
-            status=record.status,
-            auth_status=record.auth_status,
-            version=record.version,
-            at=now,
+            now=now,
+            err=result,
         )
         return _settle(
             cleared,
@@ -611,14 +625,7 @@ def _deregister(
     if seen is not None:
         return seen
     gone = replace(record, deregistered=True, in_flight=None, follow_up=None)
-    outcome = Outcome(
-        command_id=cmd.command_id,
-        http_status=200,
-        status=record.status,
-        auth_status=record.auth_status,
-        version=record.version,
-        at=now,
-    )
+    outcome = _standstill(record, command_id=cmd.command_id, request_id=None, now=now)
     return _settle(
         record,
         outcome,
