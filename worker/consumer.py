@@ -132,6 +132,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
     async def run(self) -> None:
         """Consume until ``stop()``; raises when a lane failed (the process must exit)."""
         self.consumer.subscribe([self.config.topic], listener=self)
+        self._leave_group_on_stop()
         helpers = [
             asyncio.create_task(self._every(self.config.commit_interval_s, self._commit)),
             asyncio.create_task(self._every(self.config.timer_interval_s, self._sweep_timers)),
@@ -158,7 +159,6 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             if self._fatal is None:
                 await self._commit()
             await self._cancel_lanes()
-            await self._leave_group()
             self.ready = False
             self.metrics.ready.set(0)
         if self._fatal is not None:
@@ -368,18 +368,29 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _leave_group(self) -> None:
-        """Send LeaveGroup ourselves: aiokafka skips it for generation 0, which the embedded
-        broker uses, and the group would otherwise wait a full session timeout (design §10)."""
+    def _leave_group_on_stop(self) -> None:
+        """Make ``consumer.stop()`` send LeaveGroup also at generation 0.
+
+        aiokafka skips LeaveGroup for generation 0, which the embedded broker uses, and the
+        group would then wait a full session timeout before handing our partitions to the
+        other workers (design.md §10). Sending it ourselves while the heartbeat still runs
+        makes aiokafka rejoin; so the request is sent from inside ``stop()``, after the
+        coordinator has stopped its heartbeat, where aiokafka would have sent it.
+        """
         coordinator = getattr(self.consumer, "_coordinator", None)
-        if coordinator is None or getattr(coordinator, "generation", 1) != 0:
+        original = getattr(coordinator, "_maybe_leave_group", None)
+        if coordinator is None or original is None:
             return
-        member_id = getattr(coordinator, "member_id", "")
-        if not member_id:
-            return
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                coordinator._send_req(LeaveGroupRequest(coordinator.group_id, member_id)),
-                timeout=2,
-            )
-            log.info("left_group", member_id=member_id)
+
+        async def leave() -> None:
+            member_id = getattr(coordinator, "member_id", "")
+            if coordinator.generation == 0 and member_id:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(
+                        coordinator._send_req(LeaveGroupRequest(coordinator.group_id, member_id)),
+                        timeout=2,
+                    )
+                    log.info("left_group", member_id=member_id)
+            await original()
+
+        coordinator._maybe_leave_group = leave

@@ -17,7 +17,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -275,6 +275,12 @@ def encode_record(record: AccountRecord) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
+DecodeReason = Literal[
+    "too_large", "not_json", "not_object", "unknown_type", "invalid", "key_mismatch"
+]
+DECODE_REASONS: tuple[str, ...] = get_args(DecodeReason)
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeFailure:
     """Why a record could not become a command, plus whatever ids could still be read from it.
@@ -283,9 +289,7 @@ class DecodeFailure:
     humans and the error event's message.
     """
 
-    reason: Literal[
-        "too_large", "not_json", "not_object", "unknown_type", "invalid", "key_mismatch"
-    ]
+    reason: DecodeReason
     detail: str
     account_id: str | None = None
     workspace_id: str | None = None

@@ -11,6 +11,28 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from worker.catalogue import ServiceError
+from worker.messages import DECODE_REASONS
+
+# Every (code, http_status, numeric_code) the worker itself can produce (design.md §4).
+WORKER_ERRORS: tuple[tuple[str, int, int], ...] = tuple(
+    (e.code, e.http_status, e.numeric_code)
+    for e in (
+        ServiceError.of("invalid_request"),
+        ServiceError.of("not_found"),
+        ServiceError.of("account_already_authorized"),
+        ServiceError.of("provider_not_ready"),
+        ServiceError.of("account_binding_not_found"),
+        ServiceError.of("provider_account_mismatch"),
+        ServiceError.of("provider_invalid_request"),
+        ServiceError.of("provider_adapter_not_found"),
+        ServiceError.of("provider_unavailable"),
+        ServiceError.of("provider_unavailable").refine(30010),
+        ServiceError.of("unsupported_by_provider"),
+        ServiceError.of("run_auth_action_failed"),
+    )
+)
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -98,6 +120,18 @@ class WorkerMetrics:
             "Last consume-loop iteration (epoch s)",
             registry=registry,
         )
+
+        self._precreate()
+
+    def _precreate(self) -> None:
+        """Create the series the alerts watch at zero: ``increase()`` cannot count the first
+        sample of a series, so a DLQ record or an error right after start would go unseen."""
+        for reason in DECODE_REASONS:
+            self.dlq.labels(reason)
+        for code, http_status, numeric_code in WORKER_ERRORS:
+            self.errors.labels(code, str(numeric_code), str(http_status))
+        for kind in ("assigned", "revoked"):
+            self.rebalances.labels(kind)
 
     def beat(self) -> None:
         self.heartbeat.set(time.time())
