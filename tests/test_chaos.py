@@ -91,7 +91,11 @@ class Pool:
         proc = self.procs[i]
         if proc is not None and proc.poll() is None:
             proc.send_signal(sig)
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # never leave a worker behind; the return code tells the story
+                proc.wait(timeout=10)
 
     def stop_all(self) -> list[int | None]:
         codes = []

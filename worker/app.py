@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -109,7 +111,7 @@ async def run_worker(
     loop = asyncio.get_running_loop()
     if install_signals:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+            loop.add_signal_handler(sig, _graceful_then_forced(worker))
     stopper = asyncio.create_task(_stop_when(stop, worker)) if stop is not None else None
     try:
         async with probes:
@@ -124,13 +126,37 @@ async def run_worker(
     finally:
         if stopper is not None:
             stopper.cancel()
-        with contextlib.suppress(Exception):
-            await consumer.stop()
-        with contextlib.suppress(Exception):
-            await producer.stop()
+        # Every step is bounded: a broker that vanished must not keep the process alive.
+        await _bounded(consumer.stop(), "consumer_stop", 10.0)
+        await _bounded(producer.stop(), "producer_stop", 10.0)
         await providers.aclose()
         await http.aclose()
         log.info("worker_stopped")
+
+
+def _graceful_then_forced(worker: Worker) -> Callable[[], None]:
+    """First SIGTERM/SIGINT: drain and leave. A second one: exit at once (non-zero)."""
+    signals = 0
+
+    def handler() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            log.error("forced_exit")
+            os._exit(130)
+        log.info("stop_requested")
+        worker.stop()
+
+    return handler
+
+
+async def _bounded(step: Coroutine[Any, Any, None], what: str, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(step, timeout)
+    except TimeoutError:
+        log.error("shutdown_step_timed_out", step=what, timeout_s=timeout)
+    except Exception as exc:
+        log.warning("shutdown_step_failed", step=what, error=repr(exc))
 
 
 async def _stop_when(event: asyncio.Event, worker: Worker) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -23,8 +24,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> int:
+    """Run ``coro``; SIGTERM/SIGINT cancel it, so its clean-up (child processes, sockets)
+    runs. Commands with their own graceful stop (``run``, ``api``, ``stack``) install their
+    own handlers over these."""
+
+    async def until_signal() -> None:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
     try:
-        asyncio.run(coro)
+        asyncio.run(until_signal())
     except KeyboardInterrupt:
         return 130
     return 0

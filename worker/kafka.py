@@ -58,6 +58,7 @@ def build_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKaf
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "isolation_level": "read_uncommitted",
+        "fetch_max_wait_ms": settings.kafka_fetch_max_wait_ms,
     }
     return AIOKafkaConsumer(*topics, **(opts | overrides))
 

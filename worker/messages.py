@@ -302,7 +302,7 @@ _ID_RE = re.compile(ID_PATTERN)
 
 def _readable_id(obj: dict[str, Any], name: str) -> str | None:
     value = obj.get(name)
-    return value if isinstance(value, str) and _ID_RE.match(value) else None
+    return value if isinstance(value, str) and _ID_RE.fullmatch(value) else None
 
 
 def _first_error(exc: ValidationError) -> str:

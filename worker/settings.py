@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     kafka_session_timeout_ms: int = 10_000
     kafka_heartbeat_interval_ms: int = 1_000
     kafka_max_poll_records: int = 500
+    kafka_fetch_max_wait_ms: int = Field(
+        default=20,
+        ge=1,
+        description="Longest a fetch waits for data. The embedded broker always waits the full "
+        "time (it does not answer early when data arrives), so this is per-hop latency there.",
+    )
     embedded_broker_port: int = 9092
     commands_partitions: int = Field(default=12, ge=1)
     other_partitions: int = Field(default=12, ge=1)

@@ -53,12 +53,11 @@ async def run_stack(settings: Settings, *, demo_accounts: int = 5) -> None:
         from worker.app import run_worker
 
         tasks.append(_task("worker", run_worker(settings, stop=stop, install_signals=False)))
-        api = _api(settings)
-        if api is not None:
-            tasks.append(_task("api", api))
+        api = _api(settings, stop)
+        tasks.append(_task("api", api))
         accounts = demo_account_refs(demo_accounts)
         await register_accounts(settings, DEMO_WORKSPACE, accounts)
-        _banner(settings, accounts, api is not None)
+        _banner(settings, accounts)
         done, _ = await asyncio.wait(
             [*tasks, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
         )
@@ -66,12 +65,19 @@ async def run_stack(settings: Settings, *, demo_accounts: int = 5) -> None:
             if task in tasks and task.exception() is not None:
                 log.error("stack_component_failed", component=task.get_name())
     finally:
+        # Reverse order of dependencies: the front-end and the worker drain first (the worker
+        # may still need the simulator and the broker), then the simulator, then the broker.
         stop.set()
-        for task in reversed(tasks):
-            if task.get_name() != "worker":
-                task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        for task, result in zip(tasks, results, strict=True):
+        graceful = [t for t in tasks if t.get_name() in ("api", "worker")]
+        results = await asyncio.gather(*graceful, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        results += await asyncio.gather(
+            *(t for t in tasks if t not in graceful), return_exceptions=True
+        )
+        for task, result in zip(
+            [*graceful, *(t for t in tasks if t not in graceful)], results, strict=True
+        ):
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 log.error("stack_component_error", component=task.get_name(), error=repr(result))
         if broker is not None:
@@ -89,26 +95,22 @@ async def _simulator(settings: Settings) -> None:
     await serve_simulator(settings)
 
 
-def _api(settings: Settings) -> Coroutine[Any, Any, None] | None:
-    try:
-        from worker.api.app import serve_api
-    except ImportError:
-        return None
-    return serve_api(settings, install_signals=False)
+def _api(settings: Settings, stop: asyncio.Event) -> Coroutine[Any, Any, None]:
+    from worker.api.app import serve_api
+
+    return serve_api(settings, install_signals=False, stop=stop)
 
 
 def _with_dev_keys(settings: Settings, directory: Path) -> Settings:
     if settings.api_keys_file is not None:
         return settings
-    try:
-        from worker.api.keys import dev_keys_file
-    except ImportError:
-        return settings
+    from worker.api.keys import dev_keys_file
+
     path = dev_keys_file(directory / "api-keys.json")
     return settings.model_copy(update={"api_keys_file": path})
 
 
-def _banner(settings: Settings, accounts: list[tuple[str, str]], api: bool) -> None:
+def _banner(settings: Settings, accounts: list[tuple[str, str]]) -> None:
     lines = [
         "",
         "passkey auth-flow stack is up",
@@ -117,16 +119,15 @@ def _banner(settings: Settings, accounts: list[tuple[str, str]], api: bool) -> N
         f"  worker probes     http://{settings.worker_metrics_host}:{settings.worker_metrics_port}"
         "/metrics  /healthz  /readyz",
     ]
-    if api:
-        base = f"http://{settings.api_host}:{settings.api_port}"
-        lines += [
-            f"  API front-end     {base}  (workspace {DEMO_WORKSPACE}, key {DEMO_KEY})",
-            "",
-            "try a flow:",
-            f"  curl -s -X POST -H 'X-Api-Key: {DEMO_KEY}' "
-            f"{base}/v1/accounts/{accounts[0][0]}/auth/passkey-confirm",
-            f"  curl -s -H 'X-Api-Key: {DEMO_KEY}' {base}/v1/accounts/{accounts[0][0]}/auth",
-        ]
+    base = f"http://{settings.api_host}:{settings.api_port}"
+    lines += [
+        f"  API front-end     {base}  (workspace {DEMO_WORKSPACE}, key {DEMO_KEY})",
+        "",
+        "try a flow:",
+        f"  curl -s -X POST -H 'X-Api-Key: {DEMO_KEY}' "
+        f"{base}/v1/accounts/{accounts[0][0]}/auth/passkey-confirm",
+        f"  curl -s -H 'X-Api-Key: {DEMO_KEY}' {base}/v1/accounts/{accounts[0][0]}/auth",
+    ]
     lines += [
         "",
         "or straight through Kafka:",

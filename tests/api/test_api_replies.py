@@ -1,0 +1,294 @@
+"""Reply correlation at scale: many concurrent requests, several front-end replicas, replies
+that nobody waits for, mismatched ids, backlogs at start-up and a dying consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from aiokafka.errors import KafkaConnectionError
+
+from tests.api.conftest import ApiSettings
+from tests.api.support import headers, produce, responder, running_api, wait_until
+from worker.api.replies import ReplyError, ReplyRouter
+from worker.kafka import build_consumer, ensure_topics
+from worker.messages import Reply
+from worker.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+CONFIRM = "/v1/accounts/{}/auth/passkey-confirm"
+
+
+def reply_bytes(command_id: str, request_id: str, account_id: str = "acc_1") -> bytes:
+    return (
+        Reply(
+            command_id=command_id,
+            request_id=request_id,
+            account_id=account_id,
+            http_status=200,
+            body={
+                "request_id": request_id,
+                "data": {"account_id": account_id, "status": "s", "auth_status": "s"},
+            },
+        )
+        .model_dump_json(exclude_none=True)
+        .encode()
+    )
+
+
+async def confirm_many(
+    http: httpx.AsyncClient, n: int, tag: str
+) -> list[tuple[str, str, httpx.Response]]:
+    async def one(i: int) -> tuple[str, str, httpx.Response]:
+        account, rid = f"acc_{tag}_{i % 37}", f"req-{tag}-{i}"
+        resp = await http.post(CONFIRM.format(account), headers=headers(**{"X-Request-Id": rid}))
+        return account, rid, resp
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def assert_own_replies(results: list[tuple[str, str, httpx.Response]]) -> None:
+    for account, rid, resp in results:
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["request_id"] == rid == resp.headers["x-request-id"]
+        assert body["data"]["account_id"] == account
+
+
+async def test_200_concurrent_requests_one_front_end_then_two_replicas(
+    api_settings: ApiSettings,
+) -> None:
+    """Replies arrive in random order (the responder delays each up to 200 ms) and every
+    replica reads every reply; still each request gets exactly its own, and afterwards no
+    waiter is left anywhere."""
+    settings = api_settings(api_reply_timeout_s=20.0)
+    # A fresh client per phase: httpx's pool gets slow with hundreds of idle connections.
+    limits = httpx.Limits(max_connections=250)
+    async with (
+        responder(settings, max_delay_s=0.2) as worker,
+        running_api(settings) as one,
+        running_api(settings) as two,
+    ):
+        async with httpx.AsyncClient(base_url=one.url, limits=limits, timeout=30) as http:
+            started = time.perf_counter()
+            results = await confirm_many(http, 200, "single")
+            single_s = time.perf_counter() - started
+        assert_own_replies(results)
+        assert one.replies.pending == 0
+
+        async with (
+            httpx.AsyncClient(base_url=one.url, limits=limits, timeout=30) as http_one,
+            httpx.AsyncClient(base_url=two.url, limits=limits, timeout=30) as http_two,
+        ):
+            started = time.perf_counter()
+            both = await asyncio.gather(
+                confirm_many(http_one, 200, "a"), confirm_many(http_two, 200, "b")
+            )
+            pair_s = time.perf_counter() - started
+        for results in both:
+            assert_own_replies(results)
+        assert one.replies.pending == 0
+        assert two.replies.pending == 0
+        assert len(worker.commands) == 600
+        assert len({c.command_id for c in worker.commands}) == 600
+        # each replica delivered only its own replies, though it read all of them
+        assert one.replies.delivered == 400
+        assert two.replies.delivered == 200
+        assert one.replies.dropped_mismatch == two.replies.dropped_mismatch == 0
+        await wait_until(lambda: one.replies.records == two.replies.records == 600)
+        print(f"200 concurrent confirms: {single_s:.2f}s; 2x200 on two replicas: {pair_s:.2f}s")
+
+
+async def started_router(settings: Settings, **kw: Any) -> ReplyRouter:
+    await ensure_topics(settings)
+    router = ReplyRouter(
+        build_consumer(settings, fetch_max_wait_ms=50), settings.topics.replies, **kw
+    )
+    await router.start()
+    assert await router.wait_caught_up(20)
+    return router
+
+
+async def test_only_the_matching_request_id_is_delivered(make_settings: Any) -> None:
+    settings = make_settings()
+    router = await started_router(settings)
+    try:
+        cid = str(uuid.uuid4())
+        with router.expect(cid, "req-right") as waiter:
+            assert router.pending == 1
+            await produce(
+                settings,
+                settings.topics.replies,
+                [
+                    (b"acc_1", reply_bytes(cid, "req-wrong")),  # same command id, other request
+                    (b"acc_1", reply_bytes(str(uuid.uuid4()), "req-right")),  # other command
+                    (b"acc_1", b"not json"),
+                    (b"acc_1", b"[1, 2]"),
+                    (b"acc_1", None),
+                ],
+            )
+            assert await waiter.wait(0.5) is None
+            assert router.dropped_mismatch == 1
+            await produce(
+                settings, settings.topics.replies, [(b"acc_1", reply_bytes(cid, "req-right"))]
+            )
+            got = await waiter.wait(10)
+            assert got is not None
+            assert got.reply.command_id == cid
+            assert got.body["request_id"] == "req-right"
+            assert "error" not in got.body  # the body is returned as received
+        assert router.pending == 0
+    finally:
+        await router.stop()
+
+
+async def test_waiters_are_removed_on_timeout_cancel_and_error(make_settings: Any) -> None:
+    settings = make_settings()
+    router = await started_router(settings)
+    try:
+        with router.expect("c-timeout", "r1") as waiter:
+            assert await waiter.wait(0.05) is None
+        assert router.pending == 0
+
+        async def wait_forever() -> None:
+            with router.expect("c-cancel", "r2") as w:
+                await w.wait(3600)
+
+        task = asyncio.create_task(wait_forever())
+        await wait_until(lambda: router.pending == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert router.pending == 0
+
+        with pytest.raises(RuntimeError), router.expect("c-error", "r3"):
+            raise RuntimeError("send failed")
+        assert router.pending == 0
+
+        with router.expect("c-dup", "r4"), pytest.raises(ValueError, match="already"):
+            router.expect("c-dup", "r4")
+        assert router.pending == 0
+
+        # replies for commands nobody (or nobody any more) waits for are not kept anywhere
+        await produce(
+            settings,
+            settings.topics.replies,
+            [(b"acc_1", reply_bytes(c, r)) for c, r in (("c-timeout", "r1"), ("c-cancel", "r2"))]
+            + [(b"acc_1", reply_bytes(str(uuid.uuid4()), "x")) for _ in range(500)],
+        )
+        before = router.records
+        await wait_until(lambda: router.records >= before + 502)
+        assert router.pending == 0
+        assert router.delivered == 0
+    finally:
+        await router.stop()
+
+
+async def test_backlog_is_skipped_before_ready_and_new_replies_flow(make_settings: Any) -> None:
+    """Start-up on a topic holding 20 000 old replies: ready only after skipping them all
+    (a correct 'start at the end' without seek_to_end, which the embedded broker gets
+    wrong); a reply produced afterwards is delivered."""
+    settings = make_settings()
+    await ensure_topics(settings)
+    backlog = [
+        (f"acc_{i % 50}".encode(), reply_bytes(f"old-{i}", f"req-old-{i}")) for i in range(20_000)
+    ]
+    await produce(settings, settings.topics.replies, backlog)
+    started = time.perf_counter()
+    router = await started_router(settings)
+    took = time.perf_counter() - started
+    try:
+        assert router.ready
+        assert router.records == 20_000
+        for tp in router.partitions:
+            high = router.consumer.highwater(tp)
+            assert high is not None
+            assert await router.consumer.position(tp) >= high
+        with router.expect("new-1", "req-new-1") as waiter:
+            await produce(
+                settings, settings.topics.replies, [(b"acc_7", reply_bytes("new-1", "req-new-1"))]
+            )
+            got = await waiter.wait(10)
+        assert got is not None
+        assert got.reply.request_id == "req-new-1"
+        print(f"skipped a 20000-reply backlog in {took:.2f}s")
+    finally:
+        await router.stop()
+
+
+class _DyingConsumer:
+    """A consumer whose fetch fails after the first (empty) poll."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.stopped = False
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return {0}
+
+    def assign(self, tps: list[Any]) -> None:
+        return None
+
+    async def seek_to_beginning(self, *tps: Any) -> None:
+        return None
+
+    def highwater(self, tp: Any) -> int | None:
+        return None
+
+    async def position(self, tp: Any) -> int:
+        return 0
+
+    async def getmany(self, **_: Any) -> dict[Any, list[Any]]:
+        self.polls += 1
+        if self.polls == 1:
+            return {}
+        await asyncio.sleep(0.2)
+        raise KafkaConnectionError("broker gone")
+
+
+async def test_a_dying_consumer_fails_waiters_fast_and_turns_unready() -> None:
+    consumer = _DyingConsumer()
+    router = ReplyRouter(consumer, "replies")
+    await router.start()
+    assert await router.wait_caught_up(5)
+    with router.expect("c1", "r1") as waiter, pytest.raises(ReplyError):
+        await waiter.wait(10)
+    assert not router.ready
+    assert isinstance(router.failure, KafkaConnectionError)
+    with pytest.raises(ReplyError):
+        router.expect("c2", "r2")
+    await router.stop()
+    assert consumer.stopped
+    assert router.pending == 0
+
+
+async def test_replies_are_matched_across_partitions_and_duplicates_dropped(
+    make_settings: Any,
+) -> None:
+    settings = make_settings(partitions=6)
+    router = await started_router(settings)
+    try:
+        ids = [(str(uuid.uuid4()), f"r{i}", f"acc_{i}") for i in range(60)]
+        waiters = [router.expect(c, r) for c, r, _ in ids]
+        records = [(a.encode(), reply_bytes(c, r, a)) for c, r, a in ids]
+        await produce(settings, settings.topics.replies, records + records)  # each twice
+        got = await asyncio.gather(*(w.wait(10) for w in waiters))
+        for w in waiters:
+            w.__exit__(None, None, None)
+        assert [g.reply.account_id for g in got if g is not None] == [a for _, _, a in ids]
+        assert router.pending == 0
+        await wait_until(lambda: router.records >= 120)
+        assert router.delivered == 60
+    finally:
+        await router.stop()

@@ -1,0 +1,143 @@
+"""The OpenAPI document: committed copy without drift, the statuses the contract names, and
+examples that agree with the error catalogue and the document's own schemas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema_rs
+import pytest
+from schemathesis.core.result import Ok
+
+from worker.api.openapi import ACCOUNT_AUTH, PASSKEY_CONFIRM, openapi_document
+from worker.catalogue import ServiceError, entry
+from worker.messages import ID_PATTERN
+from worker.schemas import documents
+
+COMMITTED = Path(__file__).resolve().parents[2] / "schemas" / "openapi.json"
+REGENERATE = (
+    '.venv/bin/python -c "from worker.schemas import write_all; from pathlib import Path;'
+    " write_all(Path('schemas'))\""
+)
+
+
+def test_committed_document_has_no_drift() -> None:
+    assert COMMITTED.exists(), f"schemas/openapi.json missing; run {REGENERATE}"
+    assert json.loads(COMMITTED.read_text(encoding="utf-8")) == openapi_document(), (
+        f"schemas/openapi.json drifted from worker/api/openapi.py; run {REGENERATE}"
+    )
+    assert COMMITTED.read_text(encoding="utf-8") == documents()["openapi.json"]
+
+
+def test_document_is_deterministic() -> None:
+    assert json.dumps(openapi_document()) == json.dumps(openapi_document())
+
+
+def test_shape_servers_and_security() -> None:
+    doc = openapi_document()
+    assert doc["openapi"] == "3.1.0"
+    assert doc["servers"] == [{"url": "http://127.0.0.1:8080"}]
+    assert doc["components"]["securitySchemes"]["ApiKey"] == {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-Api-Key",
+        "description": "Server-side workspace API key; selects the workspace.",
+    }
+    post = doc["paths"][PASSKEY_CONFIRM]["post"]
+    get = doc["paths"][ACCOUNT_AUTH]["get"]
+    assert post["security"] == get["security"] == [{"ApiKey": []}]
+    assert set(post["responses"]) == {"200", "400", "401", "404", "409", "500", "501", "502"}
+    assert set(get["responses"]) == {"200", "400", "401", "404", "500"}
+    for route in (PASSKEY_CONFIRM, ACCOUNT_AUTH):
+        options = doc["paths"][route]["options"]
+        assert set(options["responses"]) == {"204", "403", "404"}
+        assert options["security"] == []
+    account_id = doc["components"]["parameters"]["AccountId"]["schema"]
+    assert account_id["pattern"] == ID_PATTERN
+    assert (account_id["minLength"], account_id["maxLength"]) == (1, 128)
+
+
+def _responses(doc: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
+    return [
+        (path, method, status, response)
+        for path, item in doc["paths"].items()
+        for method, op in item.items()
+        for status, response in op["responses"].items()
+    ]
+
+
+def test_every_response_documents_x_request_id() -> None:
+    doc = openapi_document()
+    header = doc["components"]["headers"]["X-Request-Id"]
+    assert header["required"] is True
+    for path, method, status, response in _responses(doc):
+        assert response["headers"]["X-Request-Id"] == {
+            "$ref": "#/components/headers/X-Request-Id"
+        }, (path, method, status)
+
+
+def _resolver_schema(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+
+
+def test_error_examples_match_catalogue_and_schema() -> None:
+    doc = openapi_document()
+    error_schema = _resolver_schema(doc, "ErrorResponse")
+    ok_schema = _resolver_schema(doc, "AuthResponse")
+    seen = 0
+    for path, method, status, response in _responses(doc):
+        content = response.get("content", {}).get("application/json")
+        if content is None or path in ("/healthz", "/readyz"):
+            continue
+        if status.startswith("2"):
+            if "example" in content:
+                jsonschema_rs.validate(ok_schema, content["example"])
+            continue
+        assert content["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+        assert content["examples"], (path, method, status)
+        for example in content["examples"].values():
+            value = example["value"]
+            jsonschema_rs.validate(error_schema, value)
+            err = value["error"]
+            row = entry(err["code"], int(status))
+            assert row.http_status == int(status)
+            ServiceError(err["code"], err["numeric_code"], int(status), err["message"])
+            assert f"`{err['code']}`" in response["description"]
+            seen += 1
+    assert seen >= 20
+
+
+def test_error_schema_rejects_extra_fields() -> None:
+    doc = openapi_document()
+    schema = _resolver_schema(doc, "ErrorResponse")
+    good = {
+        "request_id": "r",
+        "error": {"code": "not_found", "numeric_code": 10001, "message": "m"},
+    }
+    jsonschema_rs.validate(schema, good)
+    for bad in (
+        {**good, "data": {}},
+        {"request_id": "r", "error": {**good["error"], "extra": 1}},  # type: ignore[dict-item]
+        {"request_id": "r", "error": {"code": "x", "numeric_code": 999, "message": "m"}},
+    ):
+        with pytest.raises(jsonschema_rs.ValidationError):
+            jsonschema_rs.validate(schema, bad)
+
+
+def test_schemathesis_accepts_the_document() -> None:
+    import schemathesis
+
+    schema = schemathesis.openapi.from_dict(openapi_document())
+    operations = [op.ok() for op in schema.get_all_operations() if isinstance(op, Ok)]
+    labels = {op.label for op in operations}
+    assert labels == {
+        f"POST {PASSKEY_CONFIRM}",
+        f"OPTIONS {PASSKEY_CONFIRM}",
+        f"GET {ACCOUNT_AUTH}",
+        f"OPTIONS {ACCOUNT_AUTH}",
+        "GET /healthz",
+        "GET /readyz",
+        "GET /metrics",
+    }

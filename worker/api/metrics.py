@@ -1,0 +1,57 @@
+"""Prometheus metrics of the API front-end, on an injected registry.
+
+Names are a contract with deploy/ (dashboard, alert rules). Labels are bounded: ``route`` is the
+route template (``/v1/accounts/{account_id}/auth``) or ``unmatched``, never the raw path, and
+``method`` is one of a fixed set or ``other``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_METHODS: Final = frozenset({"GET", "POST", "OPTIONS", "HEAD", "PUT", "PATCH", "DELETE"})
+
+UNMATCHED_ROUTE: Final = "unmatched"
+
+
+def method_label(method: str) -> str:
+    """A bounded label for an HTTP method (fuzzers and scanners send anything)."""
+    return method if method in _METHODS else "other"
+
+
+class ApiMetrics:
+    """Every metric the front-end exports; tests build one per fresh registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "api_requests",
+            "HTTP requests answered, by route template, method and status",
+            ["route", "method", "status"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "api_request_duration_seconds",
+            "Request received to response sent",
+            ["route", "method"],
+            buckets=_BUCKETS,
+            registry=registry,
+        )
+        self.reply_timeouts = Counter(
+            "api_reply_timeouts",
+            "passkey-confirm requests answered 500 because no reply arrived in time",
+            registry=registry,
+        )
+        self.pending_replies = Gauge(
+            "api_pending_replies",
+            "Requests currently waiting for their reply on auth.replies",
+            registry=registry,
+        )
+        self.ready = Gauge(
+            "api_ready",
+            "1 when the auth.state view caught up and the reply consumer is positioned",
+            registry=registry,
+        )

