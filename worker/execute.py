@@ -178,7 +178,10 @@ class Executor:
             try:
                 state = await adapter.get_auth_state(
                     record.provider_account_ref or "",
-                    deadline=time.monotonic() + self.policy.follow_up_poll_s,
+                    # A poll gets the same budget as a command: a deadline tighter than the
+                    # provider's latency under load would fail polls that were fine, and
+                    # those failures would open the circuit for the confirms as well.
+                    deadline=time.monotonic() + self.policy.command_deadline_s,
                 )
             except ProviderError as exc:
                 log.info("follow_up_poll_failed", code=exc.error.code)

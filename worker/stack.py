@@ -132,7 +132,9 @@ def _banner(settings: Settings, accounts: list[tuple[str, str]]) -> None:
         "",
         "or straight through Kafka:",
         f"  python -m worker demo confirm {accounts[1][0] if len(accounts) > 1 else 'acc'}",
-        "demo accounts (status passkey_confirmation): " + ", ".join(a for a, _ in accounts),
+        "demo accounts (status passkey_confirmation): "
+        + ", ".join(a for a, _ in accounts[:8])
+        + (f" … ({len(accounts)} in all)" if len(accounts) > 8 else ""),
         "Ctrl-C stops everything.",
         "",
     ]
