@@ -92,7 +92,7 @@ async def test_stack_up_flow_and_clean_ctrl_c() -> None:
 
 async def _read_until(proc: subprocess.Popen[str], marker: str) -> str:
     assert proc.stdout is not None
-    seen = []
+    seen: list[str] = []
     while True:
         line = await asyncio.to_thread(proc.stdout.readline)
         if not line:

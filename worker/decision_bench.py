@@ -55,7 +55,9 @@ def decision_cost(n: int) -> tuple[float, float]:
         d = decide(records[i % 1000], cmd, now=now, policy=POLICY)
         assert d.record is not None
         settle_confirm(
-            d.record, ("passkey_confirmation_sent", "passkey_confirmation_sent"), now=now,
+            d.record,
+            ("passkey_confirmation_sent", "passkey_confirmation_sent"),
+            now=now,
             policy=POLICY,
         )
     full_us = (time.perf_counter() - t0) / n * 1e6
@@ -82,10 +84,15 @@ def record_bytes(n: int, *, with_outcome: bool) -> float:
                 policy=POLICY,
             )
             assert d.record is not None
-            rec = settle_confirm(
-                d.record, ("passkey_confirmation_sent", "passkey_confirmation_sent"),
-                now=now, policy=POLICY,
-            ).record or rec
+            rec = (
+                settle_confirm(
+                    d.record,
+                    ("passkey_confirmation_sent", "passkey_confirmation_sent"),
+                    now=now,
+                    policy=POLICY,
+                ).record
+                or rec
+            )
         blobs.append(encode_record(rec))
     gc.collect()
     tracemalloc.start()
