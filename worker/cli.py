@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
@@ -43,9 +44,17 @@ def _run(coro: Coroutine[Any, Any, Any]) -> int:
     return 0
 
 
+def _tune_gc(settings: Settings) -> None:
+    """Long-lived server processes: raise the young-generation threshold (see the setting)."""
+    if settings.worker_gc_threshold:
+        _, gen1, gen2 = gc.get_threshold()
+        gc.set_threshold(settings.worker_gc_threshold, gen1, gen2)
+
+
 def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.app import run_worker
 
+    _tune_gc(settings)
     return _run(run_worker(settings))
 
 
@@ -73,6 +82,7 @@ def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
 def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     from worker.api.app import serve_api
 
+    _tune_gc(settings)
     return _run(serve_api(settings))
 
 

@@ -74,6 +74,13 @@ class Settings(BaseSettings):
     worker_follow_up_poll_s: float = Field(default=2.0, gt=0)
     worker_follow_up_deadline_s: float = Field(default=300.0, gt=0)
     worker_command_deadline_s: float = Field(default=30.0, gt=0)
+    worker_gc_threshold: int = Field(
+        default=50_000,
+        ge=0,
+        description="Generation-0 threshold of Python's cyclic GC in worker and front-end "
+        "processes (0: interpreter default). Thousands of in-flight commands made the default "
+        "700 run the collector hundreds of times a second.",
+    )
 
     # --- provider ------------------------------------------------------------------------
     provider_urls: dict[str, str] = Field(
@@ -83,7 +90,12 @@ class Settings(BaseSettings):
     provider_max_attempts: int = Field(default=4, ge=1)
     provider_backoff_base_s: float = Field(default=0.05, gt=0)
     provider_backoff_max_s: float = Field(default=2.0, gt=0)
-    provider_max_connections: int = Field(default=200, ge=1)
+    provider_max_connections: int = Field(
+        default=64,
+        ge=1,
+        description="Connection pool size, and the bound on concurrent calls per provider "
+        "(64 connections carry ~3,000 calls/s at 20 ms).",
+    )
     provider_breaker_threshold: int = Field(default=20, ge=1)
     provider_breaker_reset_s: float = Field(default=5.0, gt=0)
 

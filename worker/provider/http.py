@@ -14,6 +14,7 @@ connections are pooled across providers and commands; adapters never close it.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -85,6 +86,7 @@ class HttpProviderAdapter:
         on_call: CallObserver | None = None,
         on_retry: RetryObserver | None = None,
         rng: random.Random | None = None,
+        max_concurrency: int | None = None,
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
@@ -94,6 +96,10 @@ class HttpProviderAdapter:
         self._on_call = on_call
         self._on_retry = on_retry
         self._rng = rng
+        # At most as many requests in flight as the pool has connections: requests beyond
+        # that wait here, on an O(1) semaphore, instead of in httpcore's pool, whose
+        # bookkeeping costs O(connections x queued requests) per request event.
+        self._gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
     @classmethod
     def from_settings(
@@ -119,6 +125,7 @@ class HttpProviderAdapter:
             ),
             on_call=on_call,
             on_retry=on_retry,
+            max_concurrency=settings.provider_max_connections,
         )
 
     async def confirm_passkey(
@@ -156,7 +163,11 @@ class HttpProviderAdapter:
     ) -> ProviderAuthState:
         async def attempt() -> ProviderAuthState:
             try:
-                response = await self._client.request(method, url, headers=headers)
+                if self._gate is None:
+                    response = await self._client.request(method, url, headers=headers)
+                else:
+                    async with self._gate:
+                        response = await self._client.request(method, url, headers=headers)
             except httpx.HTTPError as exc:
                 raise map_upstream_failure(exc) from exc
             return parse_auth_state(response)
