@@ -23,6 +23,7 @@ from worker.provider import (
     ProviderError,
     ProviderRegistry,
     ProviderSimulator,
+    ShardedClient,
     build_http_client,
     build_registry,
     running_simulator,
@@ -93,7 +94,7 @@ async def served() -> AsyncIterator[tuple[ProviderSimulator, str]]:
 
 
 @pytest.fixture(scope="module")
-async def client() -> AsyncIterator[httpx.AsyncClient]:
+async def client() -> AsyncIterator[ShardedClient]:
     """The shared client, built the way the worker builds it."""
     async with build_http_client(Settings(provider_timeout_s=5.0)) as shared:
         yield shared
@@ -114,7 +115,7 @@ AdapterFactory = Callable[..., HttpProviderAdapter]
 
 @pytest.fixture
 def adapter(
-    served: tuple[ProviderSimulator, str], client: httpx.AsyncClient, sim: ProviderSimulator
+    served: tuple[ProviderSimulator, str], client: ShardedClient, sim: ProviderSimulator
 ) -> AdapterFactory:
     def make(**kwargs: Any) -> HttpProviderAdapter:
         kwargs.setdefault("backoff_base_s", 0.001)
@@ -337,7 +338,7 @@ async def test_cancelled_probe_frees_the_half_open_slot(
     assert state(breaker) == "closed"
 
 
-async def test_connection_refused_is_unavailable_after_retries(client: httpx.AsyncClient) -> None:
+async def test_connection_refused_is_unavailable_after_retries(client: ShardedClient) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
@@ -489,7 +490,7 @@ async def test_build_http_client_uses_settings() -> None:
         assert built.headers["User-Agent"].startswith("passkey-auth-worker/")
 
 
-async def test_registry_from_provider_urls(client: httpx.AsyncClient) -> None:
+async def test_registry_from_provider_urls(client: ShardedClient) -> None:
     settings = Settings(
         provider_urls={"simulator": "http://127.0.0.1:8090", "other": "https://p.example/api/"},
         provider_max_attempts=2,

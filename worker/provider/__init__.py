@@ -14,7 +14,7 @@ from worker.provider.base import (
 )
 from worker.provider.breaker import BreakerState, CircuitBreaker, CircuitOpenError
 from worker.provider.errors import map_upstream_failure
-from worker.provider.http import HttpProviderAdapter, build_http_client
+from worker.provider.http import HttpProviderAdapter, ShardedClient, build_http_client
 from worker.provider.registry import ProviderRegistry, build_registry
 from worker.provider.retry import RetryPolicy
 from worker.provider.simulator import (
@@ -40,6 +40,7 @@ __all__ = [
     "ProviderSimulator",
     "RetryObserver",
     "RetryPolicy",
+    "ShardedClient",
     "build_http_client",
     "build_registry",
     "build_simulator_app",

@@ -9,10 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-import httpx
-
 from worker.provider.base import CallObserver, ProviderAdapter, RetryObserver
-from worker.provider.http import HttpProviderAdapter
+from worker.provider.http import HttpProviderAdapter, Requester
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -50,7 +48,7 @@ class ProviderRegistry(Mapping[str, ProviderAdapter]):
 
 def build_registry(
     settings: Settings,
-    client: httpx.AsyncClient,
+    client: Requester,
     *,
     on_call: CallObserver | None = None,
     on_retry: RetryObserver | None = None,
