@@ -98,9 +98,7 @@ class Progress:
         self._last = now
         elapsed = now - self.started
         rate = done / elapsed if elapsed > 0 else 0.0
-        line = (
-            f"{self.label:<34} {done:>7}/{self.total:<7} {rate:>8.0f}/s {elapsed:>6.1f}s"
-        )
+        line = f"{self.label:<34} {done:>7}/{self.total:<7} {rate:>8.0f}/s {elapsed:>6.1f}s"
         if self.tty:
             self.stream.write("\r\x1b[2K" + line)
         else:
@@ -190,7 +188,9 @@ class Outputs:
     async def open(cls, settings: Settings, topics: Topics, partitions: int) -> Outputs:
         consumer = build_consumer(settings)
         await consumer.start()
-        tps = [TopicPartition(t, p) for t in (topics.replies, topics.status) for p in range(partitions)]
+        tps = [
+            TopicPartition(t, p) for t in (topics.replies, topics.status) for p in range(partitions)
+        ]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         return cls(consumer, topics)
@@ -242,9 +242,7 @@ async def _send(
     return fut
 
 
-async def produce_registrations(
-    producer: AIOKafkaProducer, topic: str, workload: Workload
-) -> None:
+async def produce_registrations(producer: AIOKafkaProducer, topic: str, workload: Workload) -> None:
     pending: list[asyncio.Future[Any]] = []
     for key, value, outputs in workload.register_commands():
         pending.append(await _send(producer, topic, key, value, outputs))

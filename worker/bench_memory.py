@@ -2,9 +2,14 @@
 
 Memory: account records are built the way a restore builds them (``decode_record`` of their
 JSON, then ``StateStore.put``) under ``tracemalloc``; bytes per account = traced memory still
-held afterwards / accounts. The record is the one the worker holds after a register and one
-confirm (status ``passkey_confirmation_sent``, follow-up timers, two dedup outcomes), built
-through the real flow functions; ``full window`` fills the dedup window (8 outcomes by default).
+held afterwards / accounts (records, their strings and floats, the store's dicts and its
+follow-up index). Records are built through the real flow functions:
+
+* ``in-flow``: after a register and one confirm (``passkey_confirmation_sent``, follow-up
+  timers running, so also in the follow-up index; two dedup outcomes);
+* ``settled``: the same account after the provider reported ``authorized`` (no timers; the
+  state most accounts of a long-running store are in);
+* ``full window``: in-flow with the dedup window full (8 outcomes, the default window).
 
 Restore: N such records (distinct accounts) are produced to partition 0 of a fresh auth.state
 topic, then ``restore_partitions`` reads them back with the worker's own restore consumer.
@@ -21,7 +26,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from worker.flow import Policy, decide, settle_confirm
+from worker.flow import Policy, decide, observe, settle_confirm
 from worker.kafka import build_consumer, build_producer
 from worker.messages import (
     AccountRecord,
@@ -37,10 +42,13 @@ TOKEN = "000000000000"  # 12 digits, replaced by the account number in every id 
 SENT = ("passkey_confirmation_sent", "passkey_confirmation_sent")
 
 
-def sample_record(confirms: int = 1, *, dedup_window: int = 8) -> AccountRecord:
+def sample_record(
+    confirms: int = 1, *, settled: bool = False, dedup_window: int = 8
+) -> AccountRecord:
     """The record of an account after registration and ``confirms`` confirm commands (the
-    first one confirmed at the provider, later ones answered "already sent"). Ids are
-    UUID-sized, as the front-end's are, and contain ``TOKEN``."""
+    first one confirmed at the provider, later ones answered "already sent"), and with
+    ``settled`` after the provider reported ``authorized``. Ids are UUID-sized, as the
+    front-end's are, and contain ``TOKEN``."""
     policy = Policy(providers=frozenset({"simulator"}), dedup_window=dedup_window)
     now = time.time()
     account = f"acc-{TOKEN}"
@@ -53,7 +61,8 @@ def sample_record(confirms: int = 1, *, dedup_window: int = 8) -> AccountRecord:
         status="passkey_confirmation",
     )
     record = decide(None, register, now=now, policy=policy).record
-    assert record is not None
+    if record is None:
+        raise RuntimeError("register must create the record")
     for n in range(confirms):
         cid = f"9b2f7c1e-4d3a-4e8b-{n:04d}-{TOKEN}"
         cmd = PasskeyConfirm(
@@ -66,8 +75,14 @@ def sample_record(confirms: int = 1, *, dedup_window: int = 8) -> AccountRecord:
         decision = decide(record, cmd, now=now, policy=policy)
         if decision.call is not None and decision.record is not None:
             decision = settle_confirm(decision.record, SENT, now=now, policy=policy)
-        assert decision.record is not None
+        if decision.record is None:
+            raise RuntimeError("a confirm must change the record")
         record = decision.record
+    if settled:
+        done = observe(record, "authorized", "authorized", command_id="", now=now, policy=policy)
+        if done.record is None:
+            raise RuntimeError("authorized must change a confirmed record")
+        record = done.record
     return record
 
 
@@ -79,6 +94,7 @@ def record_values(template: bytes, start: int, stop: int) -> list[bytes]:
 
 @dataclass(frozen=True, slots=True)
 class MemoryResult:
+    kind: str
     accounts: int
     confirms: int
     bytes_per_account: float
@@ -87,6 +103,7 @@ class MemoryResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "record": self.kind,
             "accounts": self.accounts,
             "dedup_outcomes": self.confirms + 1,
             "bytes_per_account": round(self.bytes_per_account, 1),
@@ -95,9 +112,12 @@ class MemoryResult:
         }
 
 
-def store_memory(accounts: int, *, confirms: int = 1, chunk: int = 20_000) -> MemoryResult:
+def store_memory(
+    accounts: int, *, confirms: int = 1, settled: bool = False, chunk: int = 20_000
+) -> MemoryResult:
     """Bytes per account of a StateStore holding ``accounts`` restored records."""
-    template = encode_record(sample_record(confirms))
+    template = encode_record(sample_record(confirms, settled=settled))
+    kind = "settled" if settled else ("in-flow" if confirms == 1 else "full window")
     gc.collect()
     started = time.perf_counter()
     tracemalloc.start()
@@ -119,7 +139,7 @@ def store_memory(accounts: int, *, confirms: int = 1, chunk: int = 20_000) -> Me
         raise RuntimeError(f"expected {accounts} distinct accounts, store has {len(store)}")
     del store
     gc.collect()
-    return MemoryResult(accounts, confirms, held / accounts, len(template), seconds)
+    return MemoryResult(kind, accounts, confirms, held / accounts, len(template), seconds)
 
 
 @dataclass(frozen=True, slots=True)

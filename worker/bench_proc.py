@@ -3,7 +3,9 @@ that each one's CPU time and peak RSS can be read from ``/proc`` alone.
 
 ``python -m worker.bench_proc {ceiling,baseline,worker-inproc}``; configuration comes from the
 environment exactly as for ``python -m worker run`` (``KAFKA_*``, ``TOPIC_*``,
-``PROVIDER_URLS``, ``SIMULATOR_LATENCY_MS`` ...). SIGTERM/SIGINT stop the process cleanly.
+``PROVIDER_URLS``, ``SIMULATOR_LATENCY_MS``, ``WORKER_GC_THRESHOLD`` ...): every contender
+process gets the garbage-collector threshold ``python -m worker run`` sets for itself, so the
+comparison is between designs, not GC settings. SIGTERM/SIGINT stop the process cleanly.
 
 * ``ceiling``: a pass-through consumer (consumer group, manual commit) that decodes nothing and
   calls nothing; for every command it produces the records named in the command's
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 import time
@@ -235,6 +238,9 @@ def main(argv: list[str]) -> int:
         return 2
     settings = Settings()
     logs.configure(settings.log_level, settings.log_format)
+    if settings.worker_gc_threshold:  # as `python -m worker run` does (worker.cli)
+        _, gen1, gen2 = gc.get_threshold()
+        gc.set_threshold(settings.worker_gc_threshold, gen1, gen2)
     asyncio.run(_main(argv[0], settings))
     return 0
 

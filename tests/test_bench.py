@@ -1,0 +1,90 @@
+"""Smoke test of ``python -m worker bench``: a tiny run end to end, in its own process (it
+starts its own broker, simulator and contender processes), checked for completeness only.
+No timing thresholds: the numbers depend on the machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.bench_load import Workload, percentile
+from worker.messages import PasskeyConfirm, RegisterAccount, decode_command
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIOS = ("ceiling", "baseline", "worker-1p", "worker-inproc")
+
+
+def test_workload_commands_decode_as_the_worker_decodes_them() -> None:
+    fresh = Workload("t1", commands=4, accounts=2, mix="fresh")
+    assert fresh.registered == 4
+    spread = Workload("t1", commands=5, accounts=2, mix="spread")
+    assert spread.registered == 2
+    for key, value, _ in spread.register_commands():
+        assert isinstance(decode_command(key, value), RegisterAccount)
+    accounts = []
+    for i in range(5):
+        command_id, key, value, outputs = spread.confirm(i, 1_700_000_000.0)
+        cmd = decode_command(key, value)
+        assert isinstance(cmd, PasskeyConfirm)
+        assert cmd.command_id == command_id
+        accounts.append(cmd.account_id)
+        assert outputs.count(b"replies") == 1
+    assert accounts[0] == accounts[2] == accounts[4] != accounts[1]
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50
+    assert percentile(values, 99) == 99
+    assert percentile([3.0], 99) == 3.0
+
+
+@pytest.mark.slow
+def test_tiny_bench_run_measures_every_scenario(tmp_path: Path) -> None:
+    argv = [
+        *("--quick", "--commands", "300", "--accounts", "100"),
+        *("--scenarios", ",".join(SCENARIOS)),
+        *("--curve", "0.5", "--curve-seconds", "2"),
+        *("--memory-sizes", "2000", "--restore-records", "2000"),
+        *("--phase-timeout", "60", "--out-dir", str(tmp_path)),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", "bench", "--", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=85,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results: dict[str, Any] = json.loads((tmp_path / "results.json").read_text())
+    assert (tmp_path / "results.png").stat().st_size > 0
+
+    assert not results["failures"]
+    assert set(results["scenarios"]) == set(SCENARIOS)
+    for name, s in results["scenarios"].items():
+        assert s["complete"], name
+        assert s["replies"] == s["commands"] == 300, name
+        assert s["ok_share"] == 1.0, (name, s["http_status"])
+        assert s["throughput"] > 0, name
+        assert s["latency_ms"]["p50"] > 0, name
+        assert s["latency_ms"]["p99"] >= s["latency_ms"]["p50"], name
+        assert s["cpu_us_per_command"] > 0, name
+        assert s["peak_rss_mb"] > 0, name
+    assert results["ratios"]["worker-inproc/ceiling"] > 0
+    assert results["ratios"]["worker-1p/baseline"] > 0
+
+    [point] = results["latency_curve"]
+    assert point["fraction_of_max"] == 0.5
+    assert point["complete"] and point["latency_ms"]["p99"] > 0
+    assert all(m["bytes_per_account"] > 0 for m in results["memory"])
+    assert results["restore"]["records"] == 2000
+    assert results["restore"]["records_per_s"] > 0
+    assert {t["target"] for t in results["targets"]} and all(
+        t["measured"] is not None for t in results["targets"]
+    )
