@@ -15,6 +15,7 @@ connections are pooled across providers and commands; adapters never close it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 from collections.abc import Sequence
@@ -174,7 +175,9 @@ class HttpProviderAdapter:
         # At most as many requests in flight as the pool has connections: requests beyond
         # that wait here, on an O(1) semaphore, instead of in httpcore's pool, whose
         # bookkeeping costs O(connections x queued requests) per request event.
-        self._gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self._gate: contextlib.AbstractAsyncContextManager[object] = (
+            asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+        )
 
     @classmethod
     def from_settings(
@@ -238,11 +241,8 @@ class HttpProviderAdapter:
     ) -> ProviderAuthState:
         async def attempt() -> ProviderAuthState:
             try:
-                if self._gate is None:
+                async with self._gate:
                     response = await self._client.request(method, url, headers=headers)
-                else:
-                    async with self._gate:
-                        response = await self._client.request(method, url, headers=headers)
             except httpx.HTTPError as exc:
                 raise map_upstream_failure(exc) from exc
             return parse_auth_state(response)
