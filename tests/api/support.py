@@ -17,6 +17,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry
 
+from tests.harness import running_worker as running_worker  # re-exported for the API tests
 from worker.api.app import ApiRuntime, serve_api
 from worker.api.keys import KeyStore, hash_key
 from worker.api.tail import assign_all
@@ -259,35 +260,3 @@ async def register(
     await produce(
         settings, settings.topics.commands, [(account_id.encode(), cmd.model_dump_json().encode())]
     )
-
-
-@contextlib.asynccontextmanager
-async def running_worker(settings: Settings, *, timeout: float = 30.0) -> AsyncIterator[None]:
-    """The real worker (``worker.app.run_worker``) in this loop, once it owns its partitions."""
-    from worker.app import run_worker
-    from worker.consumer import Worker
-
-    stop = asyncio.Event()
-    holder: list[Worker] = []
-    task = asyncio.create_task(
-        run_worker(
-            settings,
-            registry=CollectorRegistry(),
-            stop=stop,
-            install_signals=False,
-            serve_probes=False,
-            on_start=holder.append,
-        )
-    )
-    try:
-        deadline = time.monotonic() + timeout
-        while not (holder and holder[0].ready and holder[0].active):
-            if task.done():
-                task.result()
-            if time.monotonic() > deadline:
-                raise TimeoutError("worker did not become ready")
-            await asyncio.sleep(0.05)
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
