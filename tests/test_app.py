@@ -15,11 +15,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.harness import REPO, bus, confirm_cmd, register_cmd, worker_env
-from worker.app import run_worker
+from worker.app import (
+    CLOSE_STEP_TIMEOUT_S,
+    _bounded,
+    _graceful_then_forced,
+    run_worker,
+    shutdown_hard_limit,
+)
 from worker.broker import free_port
 from worker.consumer import Worker
 from worker.probes import build_probe_app
 from worker.serving import serving
+from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +125,52 @@ async def test_sigterm_drains_and_exits_zero(make_settings: Any, simulator: str)
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+async def test_a_shutdown_step_that_absorbs_cancellation_is_abandoned() -> None:
+    """``_bounded`` returns at its time-out even when the step ignores the first cancel
+    (``wait_for`` would wait for it: the hang a stop in mid-rebalance can cause)."""
+    finished = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)  # clean-up that outlives the time-out
+        finished.set()
+
+    await _bounded(stubborn(), "stubborn", 0.05)
+    assert not finished.is_set(), "the bounded step was waited for past its time-out"
+    await asyncio.wait_for(finished.wait(), timeout=5)
+
+
+async def test_a_stop_that_overruns_its_hard_limit_exits_70(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exits: list[int] = []
+    exited = asyncio.Event()
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        exited.set()
+
+    class Stuck:
+        stopped = 0
+
+        def stop(self) -> None:
+            self.stopped += 1  # ... and then never finishes stopping
+
+    monkeypatch.setattr("worker.app.os._exit", fake_exit)
+    stuck = Stuck()
+    handler = _graceful_then_forced(stuck, hard_limit_s=0.05)  # type: ignore[arg-type]
+    handler()
+    assert stuck.stopped == 1
+    await asyncio.wait_for(exited.wait(), timeout=5)
+    assert exits == [70]
+    handler()  # a second signal: immediate exit
+    assert exits == [70, 130]
+
+
+def test_the_hard_limit_covers_the_drain_and_both_close_steps() -> None:
+    settings = Settings(worker_shutdown_grace_s=20)
+    assert shutdown_hard_limit(settings) > 20 + 2 * CLOSE_STEP_TIMEOUT_S

@@ -49,6 +49,8 @@ class Pool:
         self.starts = 0
         self._logs: list[Any] = []
         self.ports = [free_port() for _ in range(n)]
+        self.log_paths: list[Path | None] = [None] * n
+        self.stop_seconds: list[float] = []  # how long each SIGTERM took to end a worker
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until every worker answers /readyz with 200 (joined and restored)."""
@@ -72,12 +74,14 @@ class Pool:
             PROVIDER_BACKOFF_BASE_S="0.01",
             PROVIDER_MAX_ATTEMPTS="2",
             WORKER_FOLLOW_UP_POLL_S="0.3",
-            LOG_LEVEL="WARNING",
+            LOG_LEVEL=os.environ.get("CHAOS_WORKER_LOG_LEVEL", "INFO"),
         )
 
     def start(self, i: int) -> None:
         self.starts += 1
-        log = (self.log_dir / f"worker-{i}-{self.starts}.log").open("wb")
+        path = self.log_dir / f"worker-{i}-{self.starts}.log"
+        self.log_paths[i] = path
+        log = path.open("wb")
         self._logs.append(log)
         self.procs[i] = subprocess.Popen(
             [sys.executable, "-m", "worker", "run"],
@@ -90,12 +94,23 @@ class Pool:
     def kill(self, i: int, sig: int) -> None:
         proc = self.procs[i]
         if proc is not None and proc.poll() is None:
+            started = time.monotonic()
             proc.send_signal(sig)
             try:
-                proc.wait(timeout=30)
+                # Longer than the worker's own watchdog (grace 5 s + 25 s), so a worker that
+                # overruns shows its exit code 70 and log line instead of a SIGKILL here.
+                proc.wait(timeout=45)
             except subprocess.TimeoutExpired:
                 proc.kill()  # never leave a worker behind; the return code tells the story
                 proc.wait(timeout=10)
+            if sig == signal.SIGTERM:
+                self.stop_seconds.append(round(time.monotonic() - started, 2))
+
+    def log_tail(self, i: int, lines: int = 40) -> str:
+        path = self.log_paths[i]
+        if path is None or not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop_all(self) -> list[int | None]:
         codes = []
@@ -145,7 +160,11 @@ async def test_chaos_pool_survives_kills(make_settings: Any, simulator: str) -> 
         await b.pump(500)
         _check(b, sent, dupes, bad_values, accounts)
         await _check_simulator(simulator, sent)
-        assert all(code == 0 for code in codes), f"workers exited {codes} at the end"
+        print(f"SIGTERM to exit, seconds: {pool.stop_seconds}")
+        unclean = [i for i, code in enumerate(codes) if code != 0]
+        assert not unclean, f"workers exited {codes} at the end; last log lines:\n" + "\n".join(
+            f"--- worker {i} ---\n{pool.log_tail(i)}" for i in unclean
+        )
         print(
             f"chaos ok: commands={len(sent)} duplicates={dupes} malformed={len(bad_values)} "
             f"kills={KILLS} starts={pool.starts}"

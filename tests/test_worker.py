@@ -353,3 +353,26 @@ async def test_workers_share_partitions_and_rebalance(make_settings: Any, simula
             assert w1.worker.active.isdisjoint(w2.worker.active)
         for c in cmds:
             assert await sim_calls(simulator, c.command_id) == 1
+
+
+async def test_an_assignment_during_shutdown_is_not_restored(make_settings: Any) -> None:
+    """A rebalance that completes while the worker stops must not restore partitions it will
+    never process (``consumer.stop()`` waits for it, delaying the LeaveGroup)."""
+    settings = make_settings(partitions=2)
+    async with running_worker(settings) as running:
+        worker = running.worker
+        owned = set(worker.consumer.assignment())
+        restores: list[int] = []
+        factory = worker._restore_consumer
+
+        def counting_factory() -> Any:
+            restores.append(1)
+            return factory()
+
+        worker._restore_consumer = counting_factory
+        worker.active.clear()
+        worker.stop()
+        await worker.on_partitions_assigned(owned)
+        assert restores == []
+        assert worker.active == set()
+        assert worker.consumer.paused() >= owned

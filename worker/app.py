@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -110,8 +111,9 @@ async def run_worker(
         )
     loop = asyncio.get_running_loop()
     if install_signals:
+        handler = _graceful_then_forced(worker, hard_limit_s=shutdown_hard_limit(settings))
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, _graceful_then_forced(worker))
+            loop.add_signal_handler(sig, handler)
     stopper = asyncio.create_task(_stop_when(stop, worker)) if stop is not None else None
     try:
         async with probes:
@@ -127,16 +129,35 @@ async def run_worker(
         if stopper is not None:
             stopper.cancel()
         # Every step is bounded: a broker that vanished must not keep the process alive.
-        await _bounded(consumer.stop(), "consumer_stop", 10.0)
-        await _bounded(producer.stop(), "producer_stop", 10.0)
+        await _bounded(consumer.stop(), "consumer_stop", CLOSE_STEP_TIMEOUT_S)
+        await _bounded(producer.stop(), "producer_stop", CLOSE_STEP_TIMEOUT_S)
         await providers.aclose()
         await http.aclose()
         log.info("worker_stopped")
 
 
-def _graceful_then_forced(worker: Worker) -> Callable[[], None]:
-    """First SIGTERM/SIGINT: drain and leave. A second one: exit at once (non-zero)."""
+#: Upper bound of each client-closing step after the drain (consumer, producer).
+CLOSE_STEP_TIMEOUT_S = 10.0
+
+
+def shutdown_hard_limit(settings: Settings) -> float:
+    """Seconds from SIGTERM to a forced exit: the drain, both close steps, and a margin.
+
+    Kubernetes' ``terminationGracePeriodSeconds`` must exceed it (deploy/ uses 45 s for the
+    default 20 s grace), so the process always ends by its own hand, with a log line saying
+    why, rather than by the kubelet's SIGKILL.
+    """
+    return settings.worker_shutdown_grace_s + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
+
+
+def _graceful_then_forced(worker: Worker, *, hard_limit_s: float) -> Callable[[], None]:
+    """First SIGTERM/SIGINT: drain and leave, with a watchdog that exits (code 70) if the
+    clean stop overruns ``hard_limit_s``. A second signal: exit at once (code 130)."""
     signals = 0
+
+    def overran() -> None:
+        log.error("shutdown_overran", hard_limit_s=hard_limit_s)
+        os._exit(70)
 
     def handler() -> None:
         nonlocal signals
@@ -144,19 +165,33 @@ def _graceful_then_forced(worker: Worker) -> Callable[[], None]:
         if signals > 1:
             log.error("forced_exit")
             os._exit(130)
-        log.info("stop_requested")
+            return  # only reached when os._exit is replaced (tests)
+        log.info("stop_requested", hard_limit_s=hard_limit_s)
+        asyncio.get_running_loop().call_later(hard_limit_s, overran)
         worker.stop()
 
     return handler
 
 
 async def _bounded(step: Coroutine[Any, Any, None], what: str, timeout: float) -> None:
-    try:
-        await asyncio.wait_for(step, timeout)
-    except TimeoutError:
+    """Run a shutdown step for at most ``timeout`` seconds.
+
+    ``asyncio.wait`` rather than ``wait_for``: on time-out ``wait_for`` waits for the
+    cancelled step to finish, which a library that absorbs the cancellation (a rebalance in
+    the middle of ``consumer.stop()``) can make unbounded. Here the step is cancelled and
+    left behind; the process is about to exit.
+    """
+    started = time.monotonic()
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()
         log.error("shutdown_step_timed_out", step=what, timeout_s=timeout)
-    except Exception as exc:
+        return
+    if not task.cancelled() and (exc := task.exception()) is not None:
         log.warning("shutdown_step_failed", step=what, error=repr(exc))
+        return
+    log.info("shutdown_step_done", step=what, seconds=round(time.monotonic() - started, 3))
 
 
 async def _stop_when(event: asyncio.Event, worker: Worker) -> None:

@@ -94,6 +94,7 @@ class LoopConfig:
     shutdown_grace_s: float = 20.0
     poll_timeout_ms: int = 100
     max_poll_records: int = 500
+    final_commit_timeout_s: float = 5.0
 
 
 class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -158,7 +159,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             if self._fatal is None:
-                await self._commit()
+                await self._final_commit()
             await self._cancel_lanes()
             self.ready = False
             self.metrics.ready.set(0)
@@ -268,6 +269,19 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
                     max(0, high - tracker.committed)
                 )
 
+    async def _final_commit(self) -> None:
+        """The last commit before leaving, bounded in time and never fatal.
+
+        A commit refused because the group rebalanced (the partitions already belong to
+        someone else) or one the broker does not answer in time loses nothing: the records
+        after the last committed watermark are replayed by the next owner and answered from
+        the dedup window. Raising here would turn a clean SIGTERM into a non-zero exit.
+        """
+        try:
+            await asyncio.wait_for(self._commit(), timeout=self.config.final_commit_timeout_s)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("final_commit_failed", error=repr(exc))
+
     # -- rebalance -----------------------------------------------------------------------------
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -303,6 +317,12 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         self.ready = False
         self.metrics.ready.set(0)
         self.consumer.pause(*mine)
+        if self._stopping.is_set():
+            # A rebalance that completes while we shut down: ``consumer.stop()`` waits for it,
+            # so restoring partitions we will never process would only delay the LeaveGroup
+            # that hands them to the next owner. They stay paused and are never dispatched.
+            log.info("assignment_ignored_stopping", partitions=[tp.partition for tp in mine])
+            return
         restorer = self._restore_consumer()
         await restorer.start()
         try:
