@@ -181,7 +181,10 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
     # -- dispatch ------------------------------------------------------------------------------
 
     def _dispatch(self, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]) -> None:
-        self.trackers.setdefault(tp, OffsetTracker()).dispatched(msg.offset)
+        tracker = self.trackers.get(tp)
+        if tracker is None:  # not setdefault: that would build a tracker for every record
+            tracker = self.trackers[tp] = OffsetTracker()
+        tracker.dispatched(msg.offset)
         key = msg.key.decode("utf-8", "replace") if msg.key else f"\0no-key:{tp.partition}"
         self._enqueue(key, tp.partition, msg)
 

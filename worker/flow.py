@@ -17,12 +17,13 @@ without bumping it. Consumers therefore see versions rising by exactly one per a
 from __future__ import annotations
 
 from collections.abc import Container
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from transitions import Machine
 
 from worker.catalogue import ServiceError
+from worker.evolve import evolve
 from worker.messages import (
     AccountRecord,
     AuthData,
@@ -229,7 +230,7 @@ def _settle(
     if new_record is None and record is not None and outcome.command_id:
         new_record = record
     if new_record is not None:
-        new_record = replace(
+        new_record = evolve(
             new_record,
             recent=_remember(new_record, outcome, policy.dedup_window),
             updated_at=outcome.at,
@@ -330,7 +331,7 @@ def _transition(
         )
     elif status != SENT:
         follow_up = None
-    new = replace(
+    new = evolve(
         record,
         status=status,
         auth_status=auth_status,
@@ -438,7 +439,7 @@ def _confirm(
     )
     return Decision(
         verdict="ok",
-        record=replace(record, in_flight=intent, updated_at=now),
+        record=evolve(record, in_flight=intent, updated_at=now),
         call="confirm_passkey",
     )
 
@@ -455,7 +456,7 @@ def settle_confirm(
     intent = record.in_flight
     if intent is None:
         raise ValueError(f"account {record.account_id} has no confirm in flight")
-    cleared = replace(record, in_flight=None)
+    cleared = evolve(record, in_flight=None)
     if isinstance(result, ServiceError):
         outcome = _standstill(
             record,
@@ -565,12 +566,12 @@ def reschedule(record: AccountRecord, *, now: float, policy: Policy) -> AccountR
     """The next follow-up poll, after one that did not resolve the flow."""
     if record.follow_up is None:
         return record
-    follow_up = replace(
+    follow_up = evolve(
         record.follow_up,
         next_poll_at=now + policy.follow_up_poll_s,
         polls=record.follow_up.polls + 1,
     )
-    return replace(record, follow_up=follow_up, updated_at=now)
+    return evolve(record, follow_up=follow_up, updated_at=now)
 
 
 def _register(
@@ -593,14 +594,14 @@ def _register(
         updated_at=now,
     )
     if record is not None:
-        base = replace(
+        base = evolve(
             base,
             status="" if record.deregistered else record.status,
             auth_status="" if record.deregistered else record.auth_status,
             version=record.version,
             recent=record.recent if record.workspace_id == cmd.workspace_id else (),
         )
-    base = replace(base, provider=cmd.provider, provider_account_ref=cmd.provider_account_ref)
+    base = evolve(base, provider=cmd.provider, provider_account_ref=cmd.provider_account_ref)
     decision = _transition(
         base,
         status=cmd.status,
@@ -624,7 +625,7 @@ def _deregister(
     seen = replay(record, cmd.command_id, with_reply=False)
     if seen is not None:
         return seen
-    gone = replace(record, deregistered=True, in_flight=None, follow_up=None)
+    gone = evolve(record, deregistered=True, in_flight=None, follow_up=None)
     outcome = _standstill(record, command_id=cmd.command_id, request_id=None, now=now)
     return _settle(
         record,
