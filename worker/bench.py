@@ -737,14 +737,15 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 point["max_rate"] = max_rate
                 results["latency_curve"].append(point)
 
-            print("restore: producing and restoring one partition ...", file=sys.stderr)
-            prefix = f"bench-{tag}-restore"
-            topics = topics_named(prefix)
-            settings = bench.settings_for(topics, f"{prefix}.group")
-            await ensure_topics(settings)
-            restore = await restore_rate(settings, args.restore_records)
-            results["restore"] = restore.as_dict()
-            await bench._delete_topics(topics)
+            if args.restore_records:  # `--restore-records 0` skips the restore measurement
+                print("restore: producing and restoring one partition ...", file=sys.stderr)
+                prefix = f"bench-{tag}-restore"
+                topics = topics_named(prefix)
+                settings = bench.settings_for(topics, f"{prefix}.group")
+                await ensure_topics(settings)
+                restore = await restore_rate(settings, args.restore_records)
+                results["restore"] = restore.as_dict()
+                await bench._delete_topics(topics)
         finally:
             await bench.http.aclose()
             if bench.sim_proc is not None:
@@ -755,9 +756,10 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             kind = "settled" if settled else "in-flow"
             print(f"memory: {n:,} accounts, {kind} records ...", file=sys.stderr)
             memory.append(store_memory(n, settled=settled).as_dict())
-    n = min(args.memory_sizes)
-    print(f"memory: {n:,} accounts, full dedup window ...", file=sys.stderr)
-    memory.append(store_memory(n, confirms=WINDOW - 1).as_dict())
+    if args.memory_sizes:  # `--memory-sizes ''` skips the memory measurement
+        n = min(args.memory_sizes)
+        print(f"memory: {n:,} accounts, full dedup window ...", file=sys.stderr)
+        memory.append(store_memory(n, confirms=WINDOW - 1).as_dict())
     results["memory"] = memory
     results["ratios"] = ratios(results["scenarios"])
     results["targets"] = targets(results, args)
@@ -815,7 +817,9 @@ def targets(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
         "≤ 1024 B",
         per,
         None if per is None else per <= 1024,
-        f"in-flow records at {big:,} accounts; settled: {at.get('settled', math.nan):,.0f} B",
+        ""
+        if per is None
+        else f"in-flow records at {big:,} accounts; settled: {at.get('settled', math.nan):,.0f} B",
     )
     rate = results.get("restore", {}).get("records_per_s")
     add(
