@@ -33,13 +33,13 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not chaos"
 
 lint: $(STAMP)
-	$(BIN)/ruff check worker tests
-	$(BIN)/ruff format --check worker tests
+	$(BIN)/ruff check worker tests bench
+	$(BIN)/ruff format --check worker tests bench
 	$(BIN)/mypy
 
 fmt: $(STAMP)
-	$(BIN)/ruff format worker tests
-	$(BIN)/ruff check --fix worker tests
+	$(BIN)/ruff format worker tests bench
+	$(BIN)/ruff check --fix worker tests bench
 
 schemas: $(STAMP)
 	$(BIN)/python -m worker schemas
