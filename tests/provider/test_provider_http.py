@@ -15,12 +15,14 @@ import httpx
 import pytest
 
 from worker.provider import (
+    AiohttpClient,
     BreakerState,
     CircuitBreaker,
     HttpProviderAdapter,
     InProcessProvider,
     ProviderAdapter,
     ProviderError,
+    ProviderHttpClient,
     ProviderRegistry,
     ProviderSimulator,
     ShardedClient,
@@ -93,10 +95,12 @@ async def served() -> AsyncIterator[tuple[ProviderSimulator, str]]:
         yield simulator, url
 
 
-@pytest.fixture(scope="module")
-async def client() -> AsyncIterator[ShardedClient]:
-    """The shared client, built the way the worker builds it."""
-    async with build_http_client(Settings(provider_timeout_s=5.0)) as shared:
+@pytest.fixture(scope="module", params=["aiohttp", "httpx"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[ProviderHttpClient]:
+    """The shared client, built the way the worker builds it; every test that uses it runs
+    with both ``PROVIDER_HTTP_CLIENT`` choices."""
+    settings = Settings(provider_timeout_s=5.0, provider_http_client=request.param)
+    async with build_http_client(settings) as shared:
         yield shared
 
 
@@ -115,7 +119,7 @@ AdapterFactory = Callable[..., HttpProviderAdapter]
 
 @pytest.fixture
 def adapter(
-    served: tuple[ProviderSimulator, str], client: ShardedClient, sim: ProviderSimulator
+    served: tuple[ProviderSimulator, str], client: ProviderHttpClient, sim: ProviderSimulator
 ) -> AdapterFactory:
     def make(**kwargs: Any) -> HttpProviderAdapter:
         kwargs.setdefault("backoff_base_s", 0.001)
@@ -338,7 +342,7 @@ async def test_cancelled_probe_frees_the_half_open_slot(
     assert state(breaker) == "closed"
 
 
-async def test_connection_refused_is_unavailable_after_retries(client: ShardedClient) -> None:
+async def test_connection_refused_is_unavailable_after_retries(client: ProviderHttpClient) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
@@ -482,15 +486,20 @@ async def test_missing_ref_or_key_is_rejected_before_sending() -> None:
 # -- client and registry ---------------------------------------------------------------------------
 
 
-async def test_build_http_client_uses_settings() -> None:
-    settings = Settings(provider_timeout_s=1.5, provider_max_connections=7)
+@pytest.mark.parametrize(("kind", "cls"), [("aiohttp", AiohttpClient), ("httpx", ShardedClient)])
+async def test_build_http_client_uses_settings(kind: str, cls: type) -> None:
+    settings = Settings(
+        provider_timeout_s=1.5, provider_max_connections=7, provider_http_client=kind
+    )
     async with build_http_client(settings) as built:
+        assert isinstance(built, cls)
         assert built.timeout == httpx.Timeout(1.5)
         assert not built.follow_redirects
         assert built.headers["User-Agent"].startswith("passkey-auth-worker/")
+    assert built.is_closed
 
 
-async def test_registry_from_provider_urls(client: ShardedClient) -> None:
+async def test_registry_from_provider_urls(client: ProviderHttpClient) -> None:
     settings = Settings(
         provider_urls={"simulator": "http://127.0.0.1:8090", "other": "https://p.example/api/"},
         provider_max_attempts=2,

@@ -14,7 +14,12 @@ from worker.provider.base import (
 )
 from worker.provider.breaker import BreakerState, CircuitBreaker, CircuitOpenError
 from worker.provider.errors import map_upstream_failure
-from worker.provider.http import HttpProviderAdapter, ShardedClient, build_http_client
+from worker.provider.http import (
+    HttpProviderAdapter,
+    ProviderHttpClient,
+    ShardedClient,
+    build_http_client,
+)
 from worker.provider.registry import ProviderRegistry, build_registry
 from worker.provider.retry import RetryPolicy
 from worker.provider.simulator import (
@@ -24,8 +29,10 @@ from worker.provider.simulator import (
     running_simulator,
     serve_simulator,
 )
+from worker.provider.transport import AiohttpClient
 
 __all__ = [
+    "AiohttpClient",
     "BreakerState",
     "CallObserver",
     "CallOutcome",
@@ -36,6 +43,7 @@ __all__ = [
     "ProviderAdapter",
     "ProviderAuthState",
     "ProviderError",
+    "ProviderHttpClient",
     "ProviderRegistry",
     "ProviderSimulator",
     "RetryObserver",

@@ -1,4 +1,5 @@
-"""The HTTP provider adapter, on one shared client (``ShardedClient`` of httpx clients).
+"""The HTTP provider adapter, on one shared client (``AiohttpClient``, or ``ShardedClient`` of
+httpx clients).
 
 Wire contract (what ``worker.provider.simulator`` serves, and what a real provider's gateway
 must speak):
@@ -19,7 +20,7 @@ import contextlib
 import itertools
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 from urllib.parse import quote
 
 import httpx
@@ -29,12 +30,14 @@ from worker.provider.base import CallObserver, ProviderAuthState, RetryObserver
 from worker.provider.breaker import CircuitBreaker
 from worker.provider.errors import invalid_call, map_upstream_failure
 from worker.provider.retry import RetryPolicy, call_with_retries
+from worker.provider.transport import AiohttpClient
 
 if TYPE_CHECKING:
     from worker.settings import Settings
 
 __all__ = [
     "HttpProviderAdapter",
+    "ProviderHttpClient",
     "Requester",
     "ShardedClient",
     "build_http_client",
@@ -46,11 +49,34 @@ CONNECTIONS_PER_SHARD = 4
 
 
 class Requester(Protocol):
-    """What an adapter needs of its HTTP client: ``httpx.AsyncClient`` or ``ShardedClient``."""
+    """What an adapter needs of its HTTP client: ``httpx.AsyncClient``, ``ShardedClient`` or
+    ``AiohttpClient``."""
 
     async def request(
         self, method: str, url: str, *, headers: dict[str, str] | None = None
     ) -> httpx.Response: ...
+
+
+class ProviderHttpClient(Requester, Protocol):
+    """The process-wide provider client that ``build_http_client`` returns."""
+
+    @property
+    def timeout(self) -> httpx.Timeout: ...
+
+    @property
+    def headers(self) -> httpx.Headers: ...
+
+    @property
+    def follow_redirects(self) -> bool: ...
+
+    @property
+    def is_closed(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(self, *_: Any) -> None: ...
 
 
 class ShardedClient:
@@ -102,13 +128,21 @@ class ShardedClient:
 
 def build_http_client(
     settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
-) -> ShardedClient:
-    """The process-wide provider client: per-phase timeouts and bounded connection pools,
-    ``PROVIDER_MAX_CONNECTIONS`` in all, in shards of ``CONNECTIONS_PER_SHARD``.
+) -> ProviderHttpClient:
+    """The process-wide provider client, ``PROVIDER_HTTP_CLIENT`` (aiohttp by default): per
+    phase timeouts of ``PROVIDER_TIMEOUT_S`` and ``PROVIDER_MAX_CONNECTIONS`` connections.
 
-    The adapters gate concurrent calls at the same bound, so requests wait on a semaphore
-    rather than queue inside httpcore (see ``ShardedClient``).
+    With ``httpx`` (or a test ``transport``) the connections come in shards of
+    ``CONNECTIONS_PER_SHARD`` (see ``ShardedClient``). The adapters gate concurrent calls at
+    the same bound, so requests wait on a semaphore rather than inside a pool.
     """
+    user_agent = {"User-Agent": f"passkey-auth-worker/{__version__}"}
+    if settings.provider_http_client == "aiohttp" and transport is None:
+        return AiohttpClient(
+            timeout_s=settings.provider_timeout_s,
+            max_connections=settings.provider_max_connections,
+            headers=user_agent,
+        )
     total = settings.provider_max_connections
     per_shard = min(CONNECTIONS_PER_SHARD, total)
     shards = max(1, total // per_shard)
@@ -118,7 +152,7 @@ def build_http_client(
             httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.provider_timeout_s),
                 limits=limits,
-                headers={"User-Agent": f"passkey-auth-worker/{__version__}"},
+                headers=user_agent,
                 follow_redirects=False,
                 transport=transport,
             )

@@ -1,0 +1,107 @@
+"""The aiohttp provider client at its boundary: answers arrive as ``httpx.Response`` unchanged,
+and every aiohttp failure becomes the httpx exception that ``map_upstream_failure`` maps.
+
+Real sockets on loopback only: the simulator, a server that hangs up, a closed port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from worker.provider import (
+    AiohttpClient,
+    HttpProviderAdapter,
+    ProviderError,
+    ProviderSimulator,
+    map_upstream_failure,
+    running_simulator,
+)
+
+
+@pytest.fixture(scope="module")
+async def sim_url() -> AsyncIterator[str]:
+    simulator = ProviderSimulator(authorize_delay_s=30.0, rng=random.Random(3), slow_ms=500.0)
+    async with running_simulator(simulator) as url:
+        yield url
+
+
+async def test_answers_are_passed_through_unchanged(sim_url: str) -> None:
+    async with AiohttpClient(timeout_s=5, max_connections=2, headers={"User-Agent": "t/1"}) as c:
+        ok = await c.request("GET", f"{sim_url}/v1/accounts/acct-1/auth-state")
+        assert ok.status_code == 200
+        assert ok.json() == {
+            "status": "passkey_confirmation",
+            "auth_status": "passkey_confirmation",
+        }
+        assert ok.headers["content-type"].startswith("application/json")
+        down = await c.request(
+            "POST",
+            f"{sim_url}/v1/accounts/sim-unavailable-1/passkey/confirm",
+            headers={"Idempotency-Key": "k-1"},
+        )
+        assert down.status_code == 503
+        assert down.json()["error"]["type"]
+        assert map_upstream_failure(down).transient
+
+
+async def test_a_slow_answer_is_a_read_timeout_and_transient(sim_url: str) -> None:
+    async with AiohttpClient(timeout_s=0.1, max_connections=2) as c:
+        with pytest.raises(httpx.ReadTimeout) as caught:
+            await c.request("GET", f"{sim_url}/v1/accounts/sim-slow-1/auth-state")
+        mapped = map_upstream_failure(caught.value)
+        assert (mapped.error.code, mapped.error.numeric_code, mapped.transient) == (
+            "provider_unavailable",
+            30002,
+            True,
+        )
+
+
+async def test_a_refused_connection_is_a_connect_error() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    async with AiohttpClient(timeout_s=2, max_connections=2) as c:
+        with pytest.raises(httpx.ConnectError) as caught:
+            await c.request("GET", f"http://127.0.0.1:{port}/x")
+        assert map_upstream_failure(caught.value).transient
+
+
+async def test_a_server_that_hangs_up_is_a_transient_protocol_failure() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with AiohttpClient(timeout_s=2, max_connections=2) as c:
+            with pytest.raises(httpx.TransportError) as caught:
+                await c.request("GET", f"http://127.0.0.1:{port}/x")
+            assert isinstance(caught.value, httpx.RemoteProtocolError | httpx.ReadError)
+            assert map_upstream_failure(caught.value).transient
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_malformed_url_is_not_retried() -> None:
+    async with AiohttpClient(timeout_s=2, max_connections=2) as c:
+        adapter = HttpProviderAdapter("bad", "http://[::1", c, max_attempts=3)
+        with pytest.raises(ProviderError) as caught:
+            await adapter.get_auth_state("acct-1")
+        assert caught.value.error.code == "provider_unavailable"
+        assert not caught.value.transient
+
+
+async def test_a_closed_client_refuses_requests() -> None:
+    c = AiohttpClient(timeout_s=1, max_connections=1)
+    await c.aclose()
+    assert c.is_closed
+    with pytest.raises(RuntimeError, match="closed"):
+        await c.request("GET", "http://127.0.0.1:9/x")
