@@ -4,10 +4,12 @@ loop with an exception (the CLI then exits non-zero), SIGTERM drains and exits 0
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -87,15 +89,20 @@ async def test_fatal_lane_error_stops_the_worker_with_an_exception(
             assert tracker.committed in (None, 0)
 
 
-async def test_sigterm_drains_and_exits_zero(make_settings: Any, simulator: str) -> None:
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+async def test_sigterm_drains_and_exits_zero(
+    make_settings: Any, simulator: str, event_loop: str, tmp_path: Path
+) -> None:
+    """On either event loop (``EVENT_LOOP``; the start-up log line says which one runs)."""
     settings = make_settings(provider_urls={"simulator": simulator})
     port = free_port()
+    log_file = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", "run"],
-        env=worker_env(settings, port),
+        env=worker_env(settings, port, EVENT_LOOP=event_loop, LOG_LEVEL="INFO"),
         cwd=REPO,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log_file,
     )
     try:
         async with bus(settings) as b, httpx.AsyncClient() as client:
@@ -110,8 +117,9 @@ async def test_sigterm_drains_and_exits_zero(make_settings: Any, simulator: str)
                 await asyncio.sleep(0.2)
             health = await client.get(f"http://127.0.0.1:{port}/healthz")
             assert health.status_code == 200
-            await b.send(register_cmd("acc-term", "ok-term"))
-            cmd = confirm_cmd("acc-term")
+            # The simulator outlives the test: one account per parametrization.
+            await b.send(register_cmd(f"acc-term-{event_loop}", f"ok-term-{event_loop}"))
+            cmd = confirm_cmd(f"acc-term-{event_loop}")
             await b.send(cmd)
             assert (await b.reply_to(cmd.command_id))["http_status"] == 200
         started = time.monotonic()
@@ -119,12 +127,17 @@ async def test_sigterm_drains_and_exits_zero(make_settings: Any, simulator: str)
         code = await asyncio.to_thread(proc.wait, 30)
         assert code == 0
         assert time.monotonic() - started < 15  # left the group promptly, no session wait
+        started_lines = [
+            json.loads(line)
+            for line in (tmp_path / "worker.log").read_text().splitlines()
+            if '"worker_started"' in line
+        ]
+        assert [line["event_loop"] for line in started_lines] == [event_loop]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        log_file.close()
 
 
 async def test_a_shutdown_step_that_absorbs_cancellation_is_abandoned() -> None:

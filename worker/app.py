@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from worker.consumer import LoopConfig, Worker
+from worker.eventloop import running_loop_name
 from worker.execute import Executor
 from worker.flow import Policy
 from worker.kafka import build_consumer, build_producer, ensure_topics
@@ -122,7 +123,10 @@ async def run_worker(
             if on_start is not None:
                 on_start(worker)
             log.info(
-                "worker_started", bootstrap=settings.bootstrap, group=settings.kafka_consumer_group
+                "worker_started",
+                bootstrap=settings.bootstrap,
+                group=settings.kafka_consumer_group,
+                event_loop=running_loop_name(),
             )
             await worker.run()
     finally:

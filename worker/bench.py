@@ -53,6 +53,7 @@ from typing import Any, Literal
 import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
+from worker import eventloop
 from worker.bench_load import (
     Mix,
     Outputs,
@@ -980,7 +981,8 @@ def _clean(value: Any) -> Any:
 
 def main(settings: Settings, argv: list[str]) -> int:
     """Entry point of ``python -m worker bench ARGS``; returns the exit status."""
-    del settings  # the benchmark builds its own settings per scenario
+    # The benchmark builds its own settings per scenario; only the event loop of this process
+    # (the load generator and the collector) is taken from here.
     if argv and argv[0] == "--":  # `python -m worker bench -- --quick`
         argv = argv[1:]
     args = resolve_defaults(build_parser().parse_args(argv))
@@ -988,7 +990,7 @@ def main(settings: Settings, argv: list[str]) -> int:
     args.t0 = time.monotonic()
     log_dir = Path(tempfile.mkdtemp(prefix="worker-bench-"))
     try:
-        results = asyncio.run(run_all(args, log_dir))
+        results = eventloop.run(run_all(args, log_dir), settings.event_loop)
     except KeyboardInterrupt:
         print(f"\ninterrupted; logs in {log_dir}", file=sys.stderr)
         return 130

@@ -32,7 +32,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from worker import logs
+from worker import eventloop, logs
 from worker.app import policy_from, run_worker
 from worker.flow import decide, settle_confirm
 from worker.kafka import build_consumer, build_producer, ensure_topics
@@ -241,7 +241,7 @@ def main(argv: list[str]) -> int:
     if settings.worker_gc_threshold:  # as `python -m worker run` does (worker.cli)
         _, gen1, gen2 = gc.get_threshold()
         gc.set_threshold(settings.worker_gc_threshold, gen1, gen2)
-    asyncio.run(_main(argv[0], settings))
+    eventloop.run(_main(argv[0], settings), settings.event_loop)
     return 0
 
 

@@ -18,16 +18,16 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker import logs
+from worker import eventloop, logs
 from worker.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(coro: Coroutine[Any, Any, Any]) -> int:
-    """Run ``coro``; SIGTERM/SIGINT cancel it, so its clean-up (child processes, sockets)
-    runs. Commands with their own graceful stop (``run``, ``api``, ``stack``) install their
-    own handlers over these."""
+def _run(coro: Coroutine[Any, Any, Any], settings: Settings) -> int:
+    """Run ``coro`` on the configured event loop (``EVENT_LOOP``); SIGTERM/SIGINT cancel it,
+    so its clean-up (child processes, sockets) runs. Commands with their own graceful stop
+    (``run``, ``api``, ``stack``) install their own handlers over these."""
 
     async def until_signal() -> None:
         task = asyncio.ensure_future(coro)
@@ -38,7 +38,7 @@ def _run(coro: Coroutine[Any, Any, Any]) -> int:
             await task
 
     try:
-        asyncio.run(until_signal())
+        eventloop.run(until_signal(), settings.event_loop)
     except KeyboardInterrupt:
         return 130
     return 0
@@ -55,25 +55,25 @@ def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.app import run_worker
 
     _tune_gc(settings)
-    return _run(run_worker(settings))
+    return _run(run_worker(settings), settings)
 
 
 def cmd_broker(settings: Settings, _: argparse.Namespace) -> int:
     from worker.broker import serve_broker
 
-    return _run(serve_broker(settings.embedded_broker_port))
+    return _run(serve_broker(settings.embedded_broker_port), settings)
 
 
 def cmd_simulator(settings: Settings, _: argparse.Namespace) -> int:
     from worker.provider.simulator import serve_simulator
 
-    return _run(serve_simulator(settings))
+    return _run(serve_simulator(settings), settings)
 
 
 def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
     from worker.kafka import ensure_topics
 
-    counts = asyncio.run(ensure_topics(settings))
+    counts = eventloop.run(ensure_topics(settings), settings.event_loop)
     for name, n in counts.items():
         print(f"{name}\t{n} partitions")
     return 0
@@ -83,19 +83,19 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     from worker.api.app import serve_api
 
     _tune_gc(settings)
-    return _run(serve_api(settings))
+    return _run(serve_api(settings), settings)
 
 
 def cmd_stack(settings: Settings, args: argparse.Namespace) -> int:
     from worker.stack import run_stack
 
-    return _run(run_stack(settings, demo_accounts=args.demo_accounts))
+    return _run(run_stack(settings, demo_accounts=args.demo_accounts), settings)
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     from worker.demo import run_demo
 
-    return _run(run_demo(settings, args))
+    return _run(run_demo(settings, args), settings)
 
 
 def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:

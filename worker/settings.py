@@ -120,6 +120,13 @@ class Settings(BaseSettings):
     api_reply_timeout_s: float = Field(default=10.0, gt=0)
     api_cors_origins: list[str] = Field(default_factory=list)
 
+    # --- process -------------------------------------------------------------------------
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="uvloop",
+        description="Event loop of every `python -m worker` process (worker/eventloop.py): "
+        "uvloop does the loop's socket and callback work in C; asyncio is the standard one.",
+    )
+
     # --- logging -------------------------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "console"] = "json"

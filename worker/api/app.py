@@ -41,6 +41,7 @@ from worker.api.openapi import ACCOUNT_AUTH, API_ROUTES, PASSKEY_CONFIRM, openap
 from worker.api.replies import ReplyError, ReplyRouter
 from worker.api.view import AuthStateView
 from worker.catalogue import ServiceError
+from worker.eventloop import running_loop_name
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.messages import ID_PATTERN, PasskeyConfirm
@@ -598,7 +599,12 @@ async def _serve(
         if server.started:
             port = server.servers[0].sockets[0].getsockname()[1]
             runtime.base_url = f"http://{settings.api_host}:{port}"
-            log.info("api_started", url=runtime.base_url, bootstrap=settings.bootstrap)
+            log.info(
+                "api_started",
+                url=runtime.base_url,
+                bootstrap=settings.bootstrap,
+                event_loop=running_loop_name(),
+            )
             if on_started is not None:
                 on_started(runtime)
         await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
