@@ -238,16 +238,19 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             self._paused_for_backpressure = False
 
     async def _sweep_timers(self) -> None:
-        """Enqueue a follow-up step for every idle account whose poll or deadline is due."""
+        """Enqueue a follow-up step for every idle account whose poll or deadline is due.
+
+        An account that is busy (its lane runs) or on a partition not yet active is retried
+        one interval later, as is everything still due when the in-flight limit is reached.
+        """
         now = time.time()
-        for account_id, partition in list(self.store.following.items()):
-            if self.in_flight >= self.config.max_in_flight:
+        retry_at = now + self.config.timer_interval_s
+        while self.in_flight < self.config.max_in_flight:
+            due = self.store.pop_due(now, retry_at=retry_at)
+            if due is None:
                 return
-            if partition not in self.active or account_id in self.lanes:
-                continue
-            record = self.store.get(partition, account_id)
-            fu = record.follow_up if record is not None else None
-            if fu is not None and (fu.next_poll_at <= now or fu.deadline_at <= now):
+            account_id, partition = due
+            if partition in self.active and account_id not in self.lanes:
                 self._enqueue(account_id, partition, None)
 
     # -- commit --------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import heapq
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,22 +24,59 @@ from worker.messages import AccountRecord, decode_record
 log = get_logger(__name__)
 
 
+_Timer = tuple[float, str, int]
+"""A follow-up timer in the queue: (due epoch seconds, account id, partition)."""
+
+
 class StateStore:
-    """Records by partition, and the index of accounts whose follow-up timers are running."""
+    """Records by partition, and the queue of follow-up timers of the accounts in flow.
+
+    The timers are a heap ordered by due time, so finding the due ones costs O(log n) each
+    instead of a scan of every account in flow (a scan of 100,000 took ~50 ms, four times a
+    second). ``following`` maps each account in flow to its one live heap entry; an entry that
+    is no longer that account's live one (the record moved on, settled or was dropped) is
+    stale and skipped when it reaches the top.
+    """
 
     def __init__(self) -> None:
         self._parts: dict[int, dict[str, AccountRecord]] = {}
-        self.following: dict[str, int] = {}
+        self.following: dict[str, _Timer] = {}
+        self._timers: list[_Timer] = []
 
     def get(self, partition: int, account_id: str) -> AccountRecord | None:
         return self._parts.get(partition, {}).get(account_id)
 
     def put(self, partition: int, record: AccountRecord) -> None:
         self._parts.setdefault(partition, {})[record.account_id] = record
-        if record.follow_up is not None and not record.deregistered:
-            self.following[record.account_id] = partition
+        fu = record.follow_up
+        if fu is not None and not record.deregistered:
+            self._arm(record.account_id, partition, min(fu.next_poll_at, fu.deadline_at))
         else:
             self.following.pop(record.account_id, None)
+
+    def _arm(self, account_id: str, partition: int, due: float) -> None:
+        live = self.following.get(account_id)
+        if live is not None and live[0] == due and live[2] == partition:
+            return
+        timer = (due, account_id, partition)
+        self.following[account_id] = timer
+        heapq.heappush(self._timers, timer)
+
+    def pop_due(self, now: float, *, retry_at: float) -> tuple[str, int] | None:
+        """The next account (and its partition) whose timer is due at ``now``, or ``None``.
+
+        Its timer is re-armed at ``retry_at``: if the caller cannot run the follow-up now, or
+        the step changes nothing, the account comes back then; a step that stores a new record
+        re-arms it from that record instead.
+        """
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            timer = heapq.heappop(timers)
+            _, account_id, partition = timer
+            if self.following.get(account_id) is timer:
+                self._arm(account_id, partition, retry_at)
+                return account_id, partition
+        return None
 
     def load(self, partition: int, records: dict[str, AccountRecord]) -> None:
         """Install a restored partition (replacing whatever was there)."""
@@ -50,6 +88,10 @@ class StateStore:
     def drop(self, partition: int) -> None:
         for account_id in self._parts.pop(partition, {}):
             self.following.pop(account_id, None)
+        if len(self._timers) > 2 * len(self.following) + 1024:
+            # Mostly stale entries now (a partition was revoked): rebuild the heap.
+            self._timers = list(self.following.values())
+            heapq.heapify(self._timers)
 
     def partitions(self) -> set[int]:
         return set(self._parts)
