@@ -148,6 +148,18 @@ async def test_unknown_route_or_method_404(
         assert "allow" not in resp.headers
 
 
+@pytest.mark.parametrize("path", ["/v1/accounts/acc_1/auth", "/healthz", "/openapi.json"])
+async def test_head_is_not_a_method_of_any_route(api_settings: ApiSettings, path: str) -> None:
+    """HEAD is "any other method" (404, with no body as HEAD has none), not GET's twin."""
+    async with (
+        running_api(api_settings()) as api,
+        httpx.AsyncClient(base_url=api.url) as http,
+    ):
+        resp = await http.head(path, headers=headers())
+        assert resp.status_code == 404
+        assert resp.headers["x-request-id"]
+
+
 @pytest.mark.parametrize(
     "content",
     [b"[1]", b"not json", b"null", b'"text"', b"42", b"\xff\xfe\x00", b"{" * 5000, b"{}" * 40000],
