@@ -147,9 +147,9 @@ CLOSE_STEP_TIMEOUT_S = 10.0
 def shutdown_hard_limit(settings: Settings) -> float:
     """Seconds from SIGTERM to a forced exit: the drain, both close steps, and a margin.
 
-    Kubernetes' ``terminationGracePeriodSeconds`` must exceed it (deploy/ uses 45 s for the
-    default 20 s grace), so the process always ends by its own hand, with a log line saying
-    why, rather than by the kubelet's SIGKILL.
+    Kubernetes' ``terminationGracePeriodSeconds`` must exceed it (deploy/ uses 60 s; the
+    limit is 45 s for the default 20 s grace), so the process always ends by its own hand,
+    with a log line saying why, rather than by the kubelet's SIGKILL.
     """
     return settings.worker_shutdown_grace_s + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
 
