@@ -192,8 +192,9 @@ async def _bounded(step: Coroutine[Any, Any, None], what: str, timeout: float) -
         task.cancel()
         log.error("shutdown_step_timed_out", step=what, timeout_s=timeout)
         return
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.warning("shutdown_step_failed", step=what, error=repr(exc))
+    if task.cancelled() or (exc := task.exception()) is not None:
+        error = "cancelled" if task.cancelled() else repr(exc)
+        log.warning("shutdown_step_failed", step=what, error=error)
         return
     log.info("shutdown_step_done", step=what, seconds=round(time.monotonic() - started, 3))
 
