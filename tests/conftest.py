@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from worker.broker import EmbeddedBroker
+from devstack.broker import EmbeddedBroker
+from devstack.settings import DevSettings
 from worker.settings import Settings, Topics
 
 _seq = itertools.count()
@@ -64,11 +65,11 @@ async def simulator() -> AsyncIterator[str]:
     Latency is small so tests are quick; ``sim-slow-`` refs are slow enough that ordering
     tests can observe overtaking without depending on scheduler luck.
     """
-    from worker.broker import free_port, wait_for_port
-    from worker.provider.simulator import serve_simulator
+    from devstack.broker import free_port, wait_for_port
+    from devstack.simulator import serve_simulator
 
     port = free_port()
-    settings = Settings(
+    settings = DevSettings(
         simulator_port=port,
         simulator_latency_ms=3.0,
         simulator_jitter_ms=1.0,

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from devstack.broker import free_port
 from tests.harness import REPO, bus, confirm_cmd, register_cmd, worker_env
 from worker.app import (
     CLOSE_STEP_TIMEOUT_S,
@@ -24,7 +25,6 @@ from worker.app import (
     run_worker,
     shutdown_hard_limit,
 )
-from worker.broker import free_port
 from worker.consumer import Worker
 from worker.probes import build_probe_app
 from worker.serving import serving

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.broker import free_port
 from tests.harness import REPO, Bus, bus, confirm_cmd, register_cmd, worker_env
-from worker.broker import free_port
 from worker.settings import Settings
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]

@@ -6,12 +6,13 @@ Each field maps to an upper-case environment variable of the same name (``kafka_
 
 from __future__ import annotations
 
-from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
 class Topics(BaseSettings):
@@ -35,10 +36,13 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(extra="ignore")
 
+    topics: Topics = Field(default_factory=Topics, description="Topic names (TOPIC_*).")
+
     # --- Kafka ---------------------------------------------------------------------------
     kafka_bootstrap_servers: str | None = Field(
         default=None,
-        description="Kafka bootstrap servers. Unset: the dev stack starts the embedded broker.",
+        description="Kafka bootstrap servers. Unset: 127.0.0.1:9092 (the dev stack starts its "
+        "embedded broker there).",
     )
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None
@@ -60,7 +64,6 @@ class Settings(BaseSettings):
         description="Longest a fetch waits for data. The embedded broker always waits the full "
         "time (it does not answer early when data arrives), so this is per-hop latency there.",
     )
-    embedded_broker_port: int = 9092
     commands_partitions: int = Field(default=12, ge=1)
     other_partitions: int = Field(default=12, ge=1)
 
@@ -104,15 +107,6 @@ class Settings(BaseSettings):
     provider_breaker_threshold: int = Field(default=20, ge=1)
     provider_breaker_reset_s: float = Field(default=5.0, gt=0)
 
-    # --- simulator -----------------------------------------------------------------------
-    simulator_host: str = "127.0.0.1"
-    simulator_port: int = 8090
-    simulator_latency_ms: float = Field(default=20.0, ge=0)
-    simulator_jitter_ms: float = Field(default=5.0, ge=0)
-    simulator_error_rate: float = Field(default=0.0, ge=0, le=1)
-    simulator_authorize_delay_s: float = Field(default=2.0, ge=0)
-    simulator_slow_ms: float = Field(default=300.0, ge=0)
-
     # --- API front-end -------------------------------------------------------------------
     api_host: str = "127.0.0.1"
     api_port: int = 8080
@@ -139,11 +133,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"provider {name!r}: base URL must be http(s), got {url!r}")
         return value
 
-    @cached_property
-    def topics(self) -> Topics:
-        return Topics()
-
     @property
     def bootstrap(self) -> str:
-        """The bootstrap address in force: the configured cluster or the embedded broker."""
-        return self.kafka_bootstrap_servers or f"127.0.0.1:{self.embedded_broker_port}"
+        """The bootstrap address in force: the configured cluster, or a broker on this host."""
+        return self.kafka_bootstrap_servers or DEFAULT_BOOTSTRAP

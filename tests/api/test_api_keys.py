@@ -12,13 +12,10 @@ import pytest
 
 from tests.api.support import KEY_A, KEY_B, KEY_DISABLED, write_keys
 from worker.api.keys import (
-    DEV_KEY,
-    DEV_WORKSPACE,
     KeyEntry,
     KeyStore,
     add_key,
     cli_create_key,
-    dev_keys_file,
     generate_key,
     hash_key,
 )
@@ -90,15 +87,6 @@ def test_cli_refuses_without_file_bad_workspace_or_malformed_file(
     assert broken.read_text() == '{"keys": [{"workspace_id": "ws_a"}]}'
     out = capsys.readouterr()
     assert "pk_" not in out.out
-
-
-def test_dev_keys_file(tmp_path: Path) -> None:
-    path = dev_keys_file(tmp_path / "dev" / "keys.json")
-    assert path == tmp_path / "dev" / "keys.json"
-    assert DEV_KEY not in path.read_text()
-    store = KeyStore.from_file(path)
-    assert store.resolve(DEV_KEY) == DEV_WORKSPACE == "ws_demo"
-    assert DEV_KEY == "dev-key-ws-demo"
 
 
 def test_malformed_file_is_refused_at_start_without_echoing_it(tmp_path: Path) -> None:

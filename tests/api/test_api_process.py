@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devstack.broker import free_port
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_A, headers, running_api
 from worker.api.app import serve_api
 from worker.api.keys import KeyStore
-from worker.broker import free_port
 from worker.kafka import ensure_topics
 
 pytestmark = pytest.mark.integration

@@ -29,8 +29,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from devstack.broker import EmbeddedBroker, free_port
 from worker.app import run_worker
-from worker.broker import EmbeddedBroker, free_port
 from worker.consumer import Worker
 from worker.settings import Settings, Topics
 

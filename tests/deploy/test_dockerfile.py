@@ -73,16 +73,12 @@ def test_entry_point_is_python_m_worker_run() -> None:
 def test_exposes_the_default_ports() -> None:
     exposed = {int(p) for args in final("EXPOSE") for p in args.split()}
     defaults = Settings.model_fields
-    assert exposed == {
-        defaults["worker_metrics_port"].default,
-        defaults["api_port"].default,
-        defaults["simulator_port"].default,
-    }
+    assert exposed == {defaults["worker_metrics_port"].default, defaults["api_port"].default}
 
 
 def test_listens_on_all_interfaces_in_the_container() -> None:
     env = " ".join(final("ENV"))
-    for variable in ("WORKER_METRICS_HOST", "API_HOST", "SIMULATOR_HOST"):
+    for variable in ("WORKER_METRICS_HOST", "API_HOST"):
         assert f"{variable}=0.0.0.0" in env
         assert variable.lower() in Settings.model_fields
 
@@ -117,3 +113,18 @@ def test_dependencies_are_pinned_by_the_lock() -> None:
     for requirement in project["dependencies"]:
         name = re.split(r"[=<>!~ ;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
         assert name in locked, f"{name} is not pinned in requirements.lock"
+
+
+def test_the_product_image_holds_no_development_tool() -> None:
+    copied = [args.split()[0] for k, args in instructions() if k == "COPY"]
+    assert "devstack" not in copied and "bench" not in copied and "tests" not in copied
+    allowed = DOCKERIGNORE.read_text()
+    for tool in ("devstack", "bench", "tests", "requirements-dev.lock"):
+        assert f"!{tool}" not in allowed
+
+
+def test_the_simulator_image_adds_only_the_dev_tools_to_the_product_image() -> None:
+    text = (REPO / "deploy" / "Dockerfile.simulator").read_text()
+    assert "FROM ${BASE_IMAGE}" in text
+    assert 'ENTRYPOINT ["python", "-m", "devstack"]' in text
+    assert 'CMD ["simulator"]' in text

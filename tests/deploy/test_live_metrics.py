@@ -27,6 +27,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devstack.broker import EmbeddedBroker
 from tests.deploy.conftest import (
     API_KEY,
     api_app,
@@ -47,7 +48,6 @@ from tests.deploy.test_metric_names import (
     scan,
 )
 from tests.harness import Bus, bus, confirm_cmd, register_cmd
-from worker.broker import EmbeddedBroker
 
 pytestmark = pytest.mark.integration
 

@@ -31,8 +31,10 @@ TARGETS = ["base", *(f"overlays/{name}" for name in OVERLAYS)]
 KUBE_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 # API groups of custom resources: not in the Kubernetes schemas, checked by dedicated tests.
 CRD_GROUPS = frozenset({"keda.sh"})
-# The commands of `python -m worker` that run as long-lived processes (design §11).
-PROCESS_COMMANDS = frozenset({"run", "api", "simulator"})
+# The commands of `python -m worker` that run as long-lived processes (README, "Command line"),
+# and of the simulator image (deploy/Dockerfile.simulator, `python -m devstack`), dev only.
+PROCESS_COMMANDS = frozenset({"run", "api"})
+SIMULATOR_IMAGE = "passkey-auth-simulator"
 CONSUMER_GROUP = "passkey-auth-worker"
 COMMANDS_TOPIC = "auth.commands"
 
@@ -445,6 +447,10 @@ def test_containers_run_the_worker_entry_point(kubectl: str, target: str) -> Non
         for container in containers(deployment):
             assert "command" not in container, "the image's ENTRYPOINT is `python -m worker`"
             assert len(container["args"]) == 1
+            if container["image"].startswith(SIMULATOR_IMAGE):
+                assert target == "overlays/dev", "the simulator is a development tool"
+                assert container["args"] == ["simulator"]
+                continue
             assert container["args"][0] in PROCESS_COMMANDS
             images.add(container["image"])
-    assert len(images) == 1, f"one image for every process, got {images}"
+    assert len(images) == 1, f"one image for every production process, got {images}"

@@ -56,6 +56,7 @@ import httpx
 import pytest
 import yaml
 
+from devstack.broker import free_port
 from tests.deploy.conftest import (
     api_app,
     serving_api,
@@ -63,7 +64,6 @@ from tests.deploy.conftest import (
     write_api_keys,
 )
 from tests.harness import Bus, bus, confirm_cmd, register_cmd
-from worker.broker import free_port
 from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,21 +14,19 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.simulator import ProviderSimulator, in_process_provider, running_simulator
 from worker.provider import (
     AiohttpClient,
     BreakerState,
     CircuitBreaker,
     HttpProviderAdapter,
-    InProcessProvider,
     ProviderAdapter,
     ProviderError,
     ProviderHttpClient,
     ProviderRegistry,
-    ProviderSimulator,
     ShardedClient,
     build_http_client,
     build_registry,
-    running_simulator,
 )
 from worker.settings import Settings
 
@@ -527,10 +525,10 @@ async def test_registry_from_provider_urls(client: ProviderHttpClient) -> None:
 
 
 async def test_registry_holds_any_adapter_and_rejects_duplicates() -> None:
-    bench: ProviderAdapter = InProcessProvider(name="bench")
+    bench: ProviderAdapter = in_process_provider(name="bench")
     registry = ProviderRegistry([bench])
     assert registry.get("bench") is bench
     assert len(registry) == 1
     with pytest.raises(ValueError, match="bench"):
-        ProviderRegistry([bench, InProcessProvider(name="bench")])
+        ProviderRegistry([bench, in_process_provider(name="bench")])
     await registry.aclose()

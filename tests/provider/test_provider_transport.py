@@ -14,13 +14,12 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from devstack.simulator import ProviderSimulator, running_simulator
 from worker.provider import (
     AiohttpClient,
     HttpProviderAdapter,
     ProviderError,
-    ProviderSimulator,
     map_upstream_failure,
-    running_simulator,
 )
 
 

@@ -41,9 +41,6 @@ from worker.settings import Settings
 log = get_logger(__name__)
 
 KEY_PREFIX: Final = "pk_"
-DEV_WORKSPACE: Final = "ws_demo"
-DEV_KEY: Final = "dev-key-ws-demo"
-"""The dev stack's well-known key (design.md §11); never use it outside a laptop."""
 
 MAX_KEY_LENGTH: Final = 512
 _ID_RE: Final = re.compile(ID_PATTERN)
@@ -198,8 +195,11 @@ def _entry_document(workspace_id: str, key_id: str, raw_key: str) -> dict[str, A
     }
 
 
-def add_key(path: Path, workspace_id: str) -> tuple[str, str]:
-    """Append a new key for ``workspace_id`` to ``path`` (created if missing).
+def add_key(
+    path: Path, workspace_id: str, *, raw_key: str | None = None, key_id: str | None = None
+) -> tuple[str, str]:
+    """Append a key for ``workspace_id`` to ``path`` (created if missing): a new random one
+    unless ``raw_key`` is given (the dev stack's well-known key).
 
     Returns ``(key_id, raw_key)``; the raw key exists only in the return value.
     """
@@ -210,8 +210,8 @@ def add_key(path: Path, workspace_id: str) -> tuple[str, str]:
         load_keys(path)  # refuse to append to a malformed file
         document = json.loads(path.read_text(encoding="utf-8"))
         document.setdefault("keys", [])
-    raw_key = generate_key()
-    key_id = f"key_{secrets.token_hex(6)}"
+    raw_key = raw_key or generate_key()
+    key_id = key_id or f"key_{secrets.token_hex(6)}"
     document["keys"].append(_entry_document(workspace_id, key_id, raw_key))
     _write_atomic(path, document)
     return key_id, raw_key
@@ -234,21 +234,3 @@ def cli_create_key(settings: Settings, *, workspace_id: str, file: Path | None) 
         file=sys.stderr,
     )
     return 0
-
-
-def dev_keys_file(path: Path) -> Path:
-    """Write the dev stack's keys file: workspace ``ws_demo``, key ``dev-key-ws-demo``."""
-    _write_atomic(
-        path,
-        {
-            "keys": [
-                {
-                    "workspace_id": DEV_WORKSPACE,
-                    "key_id": "key_dev_demo",
-                    "sha256": hash_key(DEV_KEY),
-                    "active": True,
-                }
-            ]
-        },
-    )
-    return path

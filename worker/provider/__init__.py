@@ -1,4 +1,4 @@
-"""Provider adapters: the protocol, the HTTP adapter, the registry, and the simulator.
+"""Provider adapters: the protocol, the HTTP adapter, the registry and the error mapping.
 
 The worker depends on ``ProviderAdapter`` and ``ProviderError`` only; which provider answers,
 and how its failures map to catalogued errors, stays inside this package.
@@ -22,13 +22,6 @@ from worker.provider.http import (
 )
 from worker.provider.registry import ProviderRegistry, build_registry
 from worker.provider.retry import RetryPolicy
-from worker.provider.simulator import (
-    InProcessProvider,
-    ProviderSimulator,
-    build_simulator_app,
-    running_simulator,
-    serve_simulator,
-)
 from worker.provider.transport import AiohttpClient
 
 __all__ = [
@@ -39,20 +32,15 @@ __all__ = [
     "CircuitBreaker",
     "CircuitOpenError",
     "HttpProviderAdapter",
-    "InProcessProvider",
     "ProviderAdapter",
     "ProviderAuthState",
     "ProviderError",
     "ProviderHttpClient",
     "ProviderRegistry",
-    "ProviderSimulator",
     "RetryObserver",
     "RetryPolicy",
     "ShardedClient",
     "build_http_client",
     "build_registry",
-    "build_simulator_app",
     "map_upstream_failure",
-    "running_simulator",
-    "serve_simulator",
 ]

@@ -1,8 +1,8 @@
 """The HTTP provider adapter, on one shared client (``AiohttpClient``, or ``ShardedClient`` of
 httpx clients).
 
-Wire contract (what ``worker.provider.simulator`` serves, and what a real provider's gateway
-must speak):
+Wire contract (what a real provider's gateway must speak, and what the development
+simulator, ``devstack.simulator``, serves):
 
     POST {base}/v1/accounts/{ref}/passkey/confirm   header Idempotency-Key: <command_id>
     GET  {base}/v1/accounts/{ref}/auth-state

@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m worker bench``: a tiny run end to end, in its own process (it
+"""Smoke test of ``python -m bench``: a tiny run end to end, in its own process (it
 starts its own broker, simulator and contender processes), checked for completeness only.
 No timing thresholds: the numbers depend on the machine."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from worker.bench_load import Workload, percentile
+from bench.load import Workload, percentile
 from worker.messages import PasskeyConfirm, RegisterAccount, decode_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def test_tiny_bench_run_measures_every_scenario(tmp_path: Path) -> None:
         *("--phase-timeout", "60", "--out-dir", str(tmp_path)),
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "worker", "bench", "--", *argv],
+        [sys.executable, "-m", "bench", *argv],
         cwd=REPO,
         capture_output=True,
         text=True,

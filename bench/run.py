@@ -1,17 +1,17 @@
-"""``python -m worker bench`` (``make bench``): throughput, latency, CPU, memory and restore.
+"""``python -m bench`` (``make bench``): throughput, latency, CPU, memory and restore.
 
 Everything runs on this machine, over loopback: an embedded broker, the provider simulator
-(``python -m worker simulator``, its own process), and one scenario after another, each on
+(``python -m devstack simulator``, its own process), and one scenario after another, each on
 fresh topics and a fresh consumer group, each contender in its own process(es):
 
 ==================  ======================================================================
 ceiling             pass-through consumer: decodes nothing, calls nothing, produces the same
-                    records per command as the worker (``worker.bench_proc``)
+                    records per command as the worker (``bench.proc``)
 baseline            partition-ordered loop: one record at a time per partition, partitions
-                    concurrent, HTTP provider (``worker.bench_proc``)
+                    concurrent, HTTP provider (``bench.proc``)
 worker-1p           ``python -m worker run``, HTTP provider
 worker-2p           two ``python -m worker run`` in one consumer group, HTTP provider
-worker-inproc       the worker with ``InProcessProvider`` (same latency, no HTTP)
+worker-inproc       the HTTP adapter on the in-process simulator transport (no sockets)
 baseline-spread     the baseline, ``spread`` mix (repeat confirms per account)
 worker-1p-spread    worker-1p, ``spread`` mix
 ==================  ======================================================================
@@ -53,8 +53,7 @@ from typing import Any, Literal
 import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
-from worker import eventloop
-from worker.bench_load import (
+from bench.load import (
     Mix,
     Outputs,
     Progress,
@@ -66,12 +65,14 @@ from worker.bench_load import (
     produce_confirms,
     produce_registrations,
 )
-from worker.bench_memory import restore_rate, store_memory
-from worker.broker import EmbeddedBroker, free_port, wait_for_port
+from bench.memory import restore_rate, store_memory
+from devstack.broker import EmbeddedBroker, free_port, wait_for_port
+from worker import eventloop
 from worker.kafka import build_producer, client_options, ensure_topics
 from worker.settings import Settings, Topics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The repository: the benchmark is a repo-level tool, run from a checkout (never installed)."""
 WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].default
 WINDOW: int = Settings.model_fields["worker_dedup_window"].default
 HTTP_WORKERS_1P = ("worker-1p",)
@@ -149,7 +150,7 @@ def _names(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m worker bench",
+        prog="python -m bench",
         description="Throughput/latency benchmark of the worker against a ceiling and a "
         "partition-ordered baseline, on an embedded broker and the provider simulator.",
     )
@@ -355,17 +356,14 @@ class Bench:
     # -- settings --------------------------------------------------------------------------
 
     def settings_for(self, topics: Topics, group: str) -> Settings:
-        settings = Settings(
+        return Settings(
             kafka_bootstrap_servers=self.bootstrap,
             kafka_consumer_group=group,
             commands_partitions=self.args.partitions,
             other_partitions=self.args.partitions,
             provider_urls={"simulator": self.sim_url or "http://127.0.0.1:1"},
+            topics=topics,
         )
-        # Topic names are configuration (TOPIC_* in the environment); the benchmark process
-        # drives many scenarios, so it pins each scenario's names on its own settings object.
-        settings.__dict__["topics"] = topics
-        return settings
 
     def env_for(
         self, settings: Settings, probes_port: int | None, max_in_flight: int | None
@@ -411,7 +409,7 @@ class Bench:
             "SIMULATOR_LATENCY_MS": str(self.args.latency_ms),
             "SIMULATOR_JITTER_MS": str(self.args.jitter_ms),
         }
-        self.sim_proc = start_proc("simulator", ["-m", "worker", "simulator"], env, self.log_dir)
+        self.sim_proc = start_proc("simulator", ["-m", "devstack", "simulator"], env, self.log_dir)
         await asyncio.to_thread(wait_for_port, "127.0.0.1", port, 30.0)
         self.sim_url = f"http://127.0.0.1:{port}"
         (await self.http.get(f"{self.sim_url}/healthz")).raise_for_status()
@@ -433,9 +431,9 @@ class Bench:
             if sc.kind == "worker" and sc.provider == "http":
                 argv = ["-m", "worker", "run"]
             elif sc.kind == "worker":
-                argv = ["-m", "worker.bench_proc", "worker-inproc"]
+                argv = ["-m", "bench.proc", "worker-inproc"]
             else:
-                argv = ["-m", "worker.bench_proc", sc.kind]
+                argv = ["-m", "bench.proc", sc.kind]
             proc = start_proc(f"{settings.kafka_consumer_group}-{i}", argv, env, self.log_dir)
             proc.port = port if sc.kind == "worker" else None
             procs.append(proc)
@@ -679,9 +677,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     tag = datetime.now(UTC).strftime("%H%M%S")
     results: dict[str, Any] = {
         "meta": {
-            "command": " ".join(
-                ["python -m worker bench", *(["--", *args.argv] if args.argv else [])]
-            ),
+            "command": " ".join(["python -m bench", *args.argv]),
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": machine(),
             "params": {
@@ -980,11 +976,9 @@ def _clean(value: Any) -> Any:
 
 
 def main(settings: Settings, argv: list[str]) -> int:
-    """Entry point of ``python -m worker bench ARGS``; returns the exit status."""
+    """Entry point of ``python -m bench ARGS``; returns the exit status."""
     # The benchmark builds its own settings per scenario; only the event loop of this process
     # (the load generator and the collector) is taken from here.
-    if argv and argv[0] == "--":  # `python -m worker bench -- --quick`
-        argv = argv[1:]
     args = resolve_defaults(build_parser().parse_args(argv))
     args.argv = argv
     args.t0 = time.monotonic()
@@ -1008,11 +1002,3 @@ def main(settings: Settings, argv: list[str]) -> int:
     else:
         shutil.rmtree(log_dir, ignore_errors=True)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":  # python -m worker.bench ARGS (same as python -m worker bench -- ARGS)
-    from worker import logs
-
-    _settings = Settings()
-    logs.configure(_settings.log_level, _settings.log_format)
-    sys.exit(main(_settings, sys.argv[1:]))

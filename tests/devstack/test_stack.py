@@ -1,4 +1,4 @@
-"""``python -m worker stack`` (what ``make run`` runs): comes up, serves a flow, and Ctrl-C
+"""``python -m devstack stack`` (what ``make run`` runs): comes up, serves a flow, and Ctrl-C
 stops every component with no process or listening port left behind."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from worker.broker import free_port
+from devstack.broker import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ async def test_stack_up_flow_and_clean_ctrl_c() -> None:
         }
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "worker", "stack", "--demo-accounts", "2"],
+        [sys.executable, "-m", "devstack", "stack", "--demo-accounts", "2"],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,

@@ -12,15 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from worker.provider import (
-    InProcessProvider,
-    ProviderAdapter,
-    ProviderError,
+from devstack.settings import DevSettings
+from devstack.simulator import (
     ProviderSimulator,
+    in_process_provider,
     running_simulator,
     serve_simulator,
 )
-from worker.settings import Settings
+from worker.provider import HttpProviderAdapter, ProviderAdapter, ProviderError
 
 QUIET = {"latency_ms": 0.0, "jitter_ms": 0.0, "error_rate": 0.0, "fail_next": 0}
 
@@ -266,7 +265,7 @@ def test_latency_is_never_negative_and_slow_refs_add_slow_ms() -> None:
 
 
 def test_knobs_default_from_settings() -> None:
-    settings = Settings(
+    settings = DevSettings(
         simulator_latency_ms=3.0,
         simulator_jitter_ms=1.0,
         simulator_error_rate=0.1,
@@ -282,7 +281,7 @@ async def test_serve_simulator_runs_until_cancelled() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    settings = Settings(simulator_host="127.0.0.1", simulator_port=port)
+    settings = DevSettings(simulator_host="127.0.0.1", simulator_port=port)
     task = asyncio.create_task(serve_simulator(settings))
     url = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(base_url=url, trust_env=False) as client:
@@ -305,10 +304,10 @@ async def test_serve_simulator_runs_until_cancelled() -> None:
 # -- the in-process provider -----------------------------------------------------------------------
 
 
-def in_process(sim: ProviderSimulator, **kwargs: Any) -> InProcessProvider:
+def in_process(sim: ProviderSimulator, **kwargs: Any) -> HttpProviderAdapter:
     kwargs.setdefault("backoff_base_s", 0.001)
     kwargs.setdefault("backoff_max_s", 0.002)
-    return InProcessProvider(sim, **kwargs)
+    return in_process_provider(sim, **kwargs)
 
 
 @pytest.mark.parametrize(

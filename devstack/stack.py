@@ -1,7 +1,8 @@
 """``make run``: the whole system on one machine for development, in the production shape.
 
 The embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` is set), then one process each for
-the provider simulator, a worker and the front-end (``python -m worker simulator|run|api``),
+the provider simulator (``python -m devstack simulator``), a worker and the front-end
+(``python -m worker run|api``),
 so the stack uses every core and each process stops the way it does in production. Ctrl-C
 (or SIGTERM) stops them in reverse order of dependency: front-end and worker drain first,
 then the simulator, then the broker. Children get SIGTERM if this process dies.
@@ -21,12 +22,13 @@ from pathlib import Path
 
 import httpx
 
-from worker.api.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
-from worker.broker import EmbeddedBroker, die_with_parent, wait_for_port
-from worker.demo import register_accounts
+from devstack.broker import EmbeddedBroker, die_with_parent, wait_for_port
+from devstack.demo import register_accounts
+from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
+from devstack.settings import DevSettings
 from worker.kafka import ensure_topics
 from worker.logs import get_logger
-from worker.settings import Settings
+from worker.process import on_stop_signals
 
 log = get_logger(__name__)
 
@@ -44,16 +46,20 @@ def demo_account_refs(n: int) -> list[tuple[str, str]]:
     return accounts
 
 
+#: The repository root: children find ``devstack`` here whatever their working directory.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
 @dataclass
 class Component:
     name: str
-    command: str
+    argv: list[str]
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", self.command],
+            [sys.executable, "-m", *self.argv],
             env=self.env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches the stack only; it stops us in order
@@ -78,11 +84,13 @@ class Component:
         return self.proc.returncode
 
 
-async def run_stack(settings: Settings, *, demo_accounts: int = 5) -> None:
+async def run_stack(settings: DevSettings, *, demo_accounts: int = 5) -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    with on_stop_signals(stop.set):
+        await _run_stack(settings, stop, demo_accounts)
+
+
+async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: int) -> None:
     broker: EmbeddedBroker | None = None
     if settings.kafka_bootstrap_servers is None:
         broker = EmbeddedBroker(port=settings.embedded_broker_port).start()
@@ -90,9 +98,10 @@ async def run_stack(settings: Settings, *, demo_accounts: int = 5) -> None:
     keys = settings.api_keys_file or dev_keys_file(keys_dir / "api-keys.json")
     env = dict(os.environ)
     env.update({"KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap, "API_KEYS_FILE": str(keys)})
-    simulator = Component("simulator", "simulator", env=env)
-    worker = Component("worker", "run", env=env)
-    api = Component("api", "api", env=env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    simulator = Component("simulator", ["devstack", "simulator"], env=env)
+    worker = Component("worker", ["worker", "run"], env=env)
+    api = Component("api", ["worker", "api"], env=env)
     components = [simulator, worker, api]
     try:
         await ensure_topics(settings)
@@ -125,7 +134,7 @@ async def run_stack(settings: Settings, *, demo_accounts: int = 5) -> None:
 
 
 async def _until_ready(
-    settings: Settings, components: list[Component], stop: asyncio.Event
+    settings: DevSettings, components: list[Component], stop: asyncio.Event
 ) -> None:
     """Until the simulator listens and the worker and the front-end answer /readyz 200."""
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -151,7 +160,7 @@ async def _until_ready(
                 await asyncio.sleep(0.2)
 
 
-def _banner(settings: Settings, accounts: list[tuple[str, str]]) -> None:
+def _banner(settings: DevSettings, accounts: list[tuple[str, str]]) -> None:
     base = f"http://{settings.api_host}:{settings.api_port}"
     first = accounts[0][0]
     lines = [
@@ -168,7 +177,7 @@ def _banner(settings: Settings, accounts: list[tuple[str, str]]) -> None:
         f"{base}/v1/accounts/{first}/auth/passkey-confirm",
         f"  curl -s -H 'X-Api-Key: {DEV_KEY}' {base}/v1/accounts/{first}/auth",
         "or straight through Kafka:",
-        f"  .venv/bin/python -m worker demo confirm {accounts[1][0]}",
+        f"  .venv/bin/python -m devstack demo confirm {accounts[1][0]}",
         "demo accounts (status passkey_confirmation): "
         + ", ".join(a for a, _ in accounts[:8])
         + (f" … ({len(accounts)} in all)" if len(accounts) > 8 else ""),

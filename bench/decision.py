@@ -1,6 +1,6 @@
 """Micro-benchmark of the pure decision and of the state record's memory (issue 2).
 
-``python -m worker.decision_bench``: the cost of one ``passkey_confirm`` decision through the
+``python -m bench.decision``: the cost of one ``passkey_confirm`` decision through the
 shared machine (decide + settle), and the bytes per account record for 100,000 records built
 the way a restore builds them (decoded from their JSON). Reports numbers; asserts nothing.
 """

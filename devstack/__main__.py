@@ -1,0 +1,81 @@
+"""``python -m devstack <command>``: the development tools.
+
+Commands: ``stack`` (everything on this machine; what ``make run`` runs), ``broker`` (the
+embedded broker alone), ``simulator`` (the provider simulator alone) and ``demo`` (send
+commands straight to Kafka and print what comes back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Sequence
+
+from devstack.settings import DevSettings
+from worker import logs
+from worker.process import run_until_signal
+
+
+def cmd_stack(settings: DevSettings, args: argparse.Namespace) -> int:
+    from devstack.stack import run_stack
+
+    return run_until_signal(run_stack(settings, demo_accounts=args.demo_accounts), settings)
+
+
+def cmd_broker(settings: DevSettings, _: argparse.Namespace) -> int:
+    from devstack.broker import serve_broker
+
+    return run_until_signal(serve_broker(settings.embedded_broker_port), settings)
+
+
+def cmd_simulator(settings: DevSettings, _: argparse.Namespace) -> int:
+    from devstack.simulator import serve_simulator
+
+    return run_until_signal(serve_simulator(settings), settings)
+
+
+def cmd_demo(settings: DevSettings, args: argparse.Namespace) -> int:
+    from devstack.demo import run_demo
+
+    return run_until_signal(run_demo(settings, args), settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m devstack", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    stack = sub.add_parser("stack", help="the whole system on this machine (make run)")
+    stack.add_argument(
+        "--demo-accounts", type=int, default=5, help="demo accounts to register (default 5)"
+    )
+    stack.set_defaults(fn=cmd_stack)
+    sub.add_parser("broker", help="the embedded Kafka-compatible broker alone").set_defaults(
+        fn=cmd_broker
+    )
+    sub.add_parser("simulator", help="the provider simulator alone").set_defaults(fn=cmd_simulator)
+    demo = sub.add_parser(
+        "demo", help="send commands straight to Kafka and print replies and status events"
+    )
+    demo.add_argument("action", choices=["confirm", "register", "watch"])
+    demo.add_argument("account_id")
+    demo.add_argument("--workspace", default="ws_demo")
+    demo.add_argument("--provider", default="simulator")
+    demo.add_argument("--ref", default=None, help="provider_account_ref (default: the account)")
+    demo.add_argument("--status", default="passkey_confirmation")
+    demo.add_argument("--timeout", type=float, default=15.0)
+    demo.set_defaults(fn=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(None if argv is None else list(argv))
+    settings = DevSettings()
+    logs.configure(settings.log_level, settings.log_format)
+    with contextlib.suppress(BrokenPipeError):
+        code: int = args.fn(settings, args)
+        return code
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

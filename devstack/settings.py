@@ -1,0 +1,33 @@
+"""Settings of the development tools: the product's ``Settings`` plus the embedded broker's port
+and the provider simulator's knobs, which production processes have no use for.
+
+Each field maps to the upper-case environment variable of its name, like every other setting
+(README, "Settings").
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from worker.settings import Settings
+
+__all__ = ["DevSettings"]
+
+
+class DevSettings(Settings):
+    """``Settings`` for ``python -m devstack`` processes and the tests that start them."""
+
+    embedded_broker_port: int = 9092
+
+    simulator_host: str = "127.0.0.1"
+    simulator_port: int = 8090
+    simulator_latency_ms: float = Field(default=20.0, ge=0)
+    simulator_jitter_ms: float = Field(default=5.0, ge=0)
+    simulator_error_rate: float = Field(default=0.0, ge=0, le=1)
+    simulator_authorize_delay_s: float = Field(default=2.0, ge=0)
+    simulator_slow_ms: float = Field(default=300.0, ge=0)
+
+    @property
+    def bootstrap(self) -> str:
+        """The configured cluster, or the embedded broker on ``EMBEDDED_BROKER_PORT``."""
+        return self.kafka_bootstrap_servers or f"127.0.0.1:{self.embedded_broker_port}"

