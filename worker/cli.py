@@ -1,9 +1,9 @@
 """``python -m worker <command>``: the entry point of every production process.
 
 Commands: ``run`` (one worker of the pool), ``api`` (one front-end), ``topics`` (create the
-topics), ``keys`` (API keys) and ``schemas`` (re-export ``schemas/``). The development tools
-(the embedded broker, the simulator, ``make run``'s stack, the demo) are ``python -m
-devstack``, and the benchmark is ``python -m bench``; neither is part of this package.
+topics), ``keys`` (API keys) and ``schemas`` (re-export ``schemas/`` and ``docs/flow.md``).
+The development tools (the embedded broker, the simulator, ``make run``'s stack, the demo) are
+``python -m devstack``, and the benchmark is ``python -m bench``; neither is in this package.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
 def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
     from worker.schemas import write_all
 
-    for path in write_all(Path(args.out)):
+    for path in write_all(Path(args.out), Path(args.docs)):
         print(f"wrote {path}")
     return 0
 
@@ -64,8 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("api", help="one API front-end process").set_defaults(fn=cmd_api)
     sub.add_parser("topics", help="create the six topics (idempotent)").set_defaults(fn=cmd_topics)
-    schemas = sub.add_parser("schemas", help="export JSON Schemas, catalogue and OpenAPI")
+    schemas = sub.add_parser(
+        "schemas", help="export JSON Schemas, catalogue and OpenAPI; the flow diagram to docs/"
+    )
     schemas.add_argument("--out", default="schemas", help="directory (default ./schemas)")
+    schemas.add_argument("--docs", default="docs", help="directory of docs/flow.md (./docs)")
     schemas.set_defaults(fn=cmd_schemas)
     keys = sub.add_parser("keys", help="create an API key for a workspace (printed once)")
     keys.add_argument("workspace")

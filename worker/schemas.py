@@ -1,4 +1,5 @@
-"""Export everything in ``schemas/`` from the code that defines it; the drift tests compare."""
+"""Export everything in ``schemas/`` and the generated pages of ``docs/`` from the code that
+defines them; the drift tests compare the committed files with these."""
 
 from __future__ import annotations
 
@@ -27,11 +28,22 @@ def documents() -> dict[str, str]:
     return docs
 
 
-def write_all(out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
+def pages() -> dict[str, str]:
+    """File name → exact content of the generated pages of ``docs/`` (the flow diagram)."""
+    from worker.flowchart import flow_page
+
+    return {"flow.md": flow_page()}
+
+
+def write_all(out: Path, docs: Path | None = None) -> list[Path]:
+    """Write ``documents()`` to ``out`` and ``pages()`` to ``docs`` (default: ``out``'s
+    sibling ``docs/``, which is the repository's for the default ``schemas/``)."""
+    docs = docs if docs is not None else out.parent / "docs"
     written = []
-    for name, text in documents().items():
-        path = out / name
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
+    for directory, files in ((out, documents()), (docs, pages())):
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            path = directory / name
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
     return written
