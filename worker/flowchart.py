@@ -124,8 +124,9 @@ def flow_page(machine: Machine = MACHINE) -> str:
         "\n"
         "The statuses of one account and the transitions the shared `transitions` machine in\n"
         "`worker/flow.py` allows between them. Bold statuses end a flow; a flow that `failed`\n"
-        "may start again from a status before the challenge. See `docs/architecture.md`,\n"
-        '"The account flow", for the confirm decision table.\n'
+        "may start again from a status before the challenge. How the machine is used:\n"
+        '[`docs/architecture.md`](architecture.md), "The account flow"; what a confirm answers:\n'
+        '"The confirm decision table" there.\n'
         "\n"
         "```mermaid\n"
         f"{diagram}"
