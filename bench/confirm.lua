@@ -1,7 +1,7 @@
 -- wrk script: POST passkey-confirm, each request to the next demo account, so every request is
 -- a first confirm (one provider call). Use one thread (-t1): the account counter is per thread.
 --   wrk -t1 -c20 -d10s --latency -s bench/confirm.lua http://127.0.0.1:8080 -- FIRST [KEY]
--- Start the stack with enough accounts: python -m worker stack --demo-accounts N.
+-- Start the stack with enough accounts: python -m devstack stack --demo-accounts N.
 -- wrk prints "Non-2xx or 3xx responses" when any answer was not 200.
 local threads = {}
 

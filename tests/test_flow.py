@@ -1,4 +1,5 @@
-"""design.md §4, row by row, against the pure decision; plus the machine's shape."""
+"""The confirm decision table (docs/architecture.md), row by row, against the pure decision;
+plus the machine's shape."""
 
 from __future__ import annotations
 

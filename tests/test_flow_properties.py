@@ -1,5 +1,6 @@
 """Hypothesis over random command sequences applied through the pure decision, with a model
-provider: the invariants of design.md §4-§6 hold for every sequence."""
+provider: the invariants of the flow hold for every sequence (docs/architecture.md, "The
+account flow", "The confirm decision table" and "Guarantees")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The worker on a real broker: every row of design.md §4 through Kafka, poison input, order
-under concurrency, and a restart that restores state from auth.state."""
+"""The worker on a real broker: every row of the confirm decision table (docs/architecture.md)
+through Kafka, poison input, order under concurrency, and a restart that restores state from
+auth.state."""
 
 from __future__ import annotations
 

@@ -339,7 +339,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         for partition, (records, _) in restored.items():
             self.store.load(partition, records)
         # Restored records live as long as the partition; keep them out of every future
-        # full collection (one took 0.86 s with 1M accounts: bench/README.md).
+        # full collection, which otherwise re-scans all of them (bench/README.md, "Open issues").
         gc.freeze()
         for partition, (_, stats) in restored.items():
             self.metrics.restore_seconds.observe(stats.seconds)
@@ -404,9 +404,10 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
 
         aiokafka skips LeaveGroup for generation 0, which the embedded broker uses, and the
         group would then wait a full session timeout before handing our partitions to the
-        other workers (design.md §10). Sending it ourselves while the heartbeat still runs
-        makes aiokafka rejoin; so the request is sent from inside ``stop()``, after the
-        coordinator has stopped its heartbeat, where aiokafka would have sent it.
+        other workers (docs/architecture.md, "The embedded broker"). Sending it ourselves
+        while the heartbeat still runs makes aiokafka rejoin; so the request is sent from
+        inside ``stop()``, after the coordinator has stopped its heartbeat, where aiokafka
+        would have sent it.
         """
         coordinator = getattr(self.consumer, "_coordinator", None)
         original = getattr(coordinator, "_maybe_leave_group", None)

@@ -42,7 +42,8 @@ def client_options(settings: Settings) -> dict[str, Any]:
 
 def build_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     """acks=all always; the idempotent producer only where the broker supports it (real
-    Kafka), because the embedded broker fails InitProducerId (design.md §10)."""
+    Kafka), because the embedded broker fails InitProducerId (docs/architecture.md, "The
+    embedded broker")."""
     opts = client_options(settings) | {
         "acks": "all",
         "enable_idempotence": settings.kafka_idempotent_producer,

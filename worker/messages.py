@@ -1,7 +1,8 @@
 """The wire contract: every record the system reads or writes, as pydantic v2 models.
 
-Values are UTF-8 JSON, record keys are the ``account_id`` (design.md §3). Field names are the
-contract other teams code against: adding optional fields is fine, renaming is a breaking change.
+Values are UTF-8 JSON, record keys are the ``account_id`` (docs/architecture.md, "Topics and
+messages"). Field names are the contract other teams code against: adding optional fields is
+fine, renaming is a breaking change.
 The JSON Schemas in ``schemas/`` are exported from these models (``make schemas``) and a test
 fails when they drift.
 
@@ -239,7 +240,8 @@ class Outcome:
 class AccountRecord:
     """Latest auth record of one account on auth.state; the worker owning its partition is
     the single writer. Slotted, not a pydantic model: the store keeps one per account in
-    memory (design.md §6), and pydantic still validates and serialises it via a TypeAdapter.
+    memory (bench/README.md, the memory table), and pydantic still validates and serialises it
+    via a TypeAdapter.
     """
 
     account_id: str

@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from worker.catalogue import ServiceError
 from worker.messages import DECODE_REASONS
 
-# Every (code, http_status, numeric_code) the worker itself can produce (design.md §4).
+# Every (code, http_status, numeric_code) the worker itself can produce (docs/architecture.md,
+# "The confirm decision table", plus invalid_request for undecodable input).
 WORKER_ERRORS: tuple[tuple[str, int, int], ...] = tuple(
     (e.code, e.http_status, e.numeric_code)
     for e in (
