@@ -1,0 +1,318 @@
+"""One webhook delivery attempt over aiohttp, to vetted addresses only.
+
+The session comes from ``open_session``: its connector resolves names through
+``VettingResolver``, which makes ONE lookup, refuses the name unless the policy accepts every
+address (``worker/webhooks/targets.py``), and hands aiohttp exactly those addresses to dial.
+There is no second lookup between the check and the connection, so DNS rebinding cannot
+swap in a private address. aiohttp bypasses resolvers for literal IP hosts; ``validate_url``
+judges those before each attempt. TLS still verifies the certificate against the host name
+(SNI and hostname checking use the URL's name, not the dialled address).
+
+``Sender.post`` never raises for the network's failures: every outcome is a
+``DeliveryResult``, which the dispatcher turns into retry decisions and delivery logs.
+Redirects are not followed (a 3xx is just a non-2xx answer: following one would dial an
+unvetted URL), at most ``body_cap`` bytes of the answer are read, and proxies from the
+environment are ignored (a proxy would dial the target for us, unvetted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from enum import StrEnum
+from typing import Final
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.connector import SocketFactoryType
+from yarl import URL
+
+from worker.webhooks.targets import (
+    BlockedTarget,
+    Lookup,
+    TargetPolicy,
+    resolve_target,
+    system_lookup,
+    validate_url,
+)
+
+__all__ = [
+    "DEFAULT_BODY_CAP",
+    "DEFAULT_TIMEOUT_S",
+    "DeliveryResult",
+    "ErrorKind",
+    "Sender",
+    "VettingResolver",
+    "open_session",
+    "parse_retry_after",
+]
+
+DEFAULT_TIMEOUT_S: Final = 15.0
+DEFAULT_BODY_CAP: Final = 4096
+_RETRY_AFTER_STATUSES: Final = frozenset({429, 503})
+
+
+class ErrorKind(StrEnum):
+    """Why no HTTP status came back (``DeliveryResult.error``); compares equal to its value."""
+
+    BLOCKED = "blocked"  # the policy refused the URL or an address (``detail``: the reason)
+    DNS = "dns"  # the name did not resolve
+    CONNECT = "connect"  # refused, unreachable, reset while connecting
+    TLS = "tls"  # handshake or certificate verification failed
+    TIMEOUT = "timeout"  # the attempt's total time ran out
+    PROTOCOL = "protocol"  # the peer disconnected or answered something not HTTP
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryResult:
+    """The outcome of one attempt: a status, or an ``error`` kind, never both.
+
+    ``body`` is at most the sender's cap (``truncated`` says whether more was sent);
+    ``retry_after_s`` is the answer's ``Retry-After`` for 429 and 503, in seconds from now;
+    ``detail`` is a short, secret-free explanation (a block reason or an exception type).
+    """
+
+    status: int | None
+    elapsed_s: float
+    error: ErrorKind | None = None
+    detail: str | None = None
+    retry_after_s: float | None = None
+    body: bytes = b""
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """A 2xx answer: the only kind of success in the Standard Webhooks sense."""
+        return self.status is not None and 200 <= self.status < 300
+
+
+class VettingResolver(AbstractResolver):
+    """An aiohttp resolver that returns only addresses the policy accepts.
+
+    ``lookup`` is injectable so tests can answer differently on each call (rebinding)
+    without a DNS server.
+    """
+
+    def __init__(self, policy: TargetPolicy, lookup: Lookup = system_lookup) -> None:
+        self._policy = policy
+        self._lookup = lookup
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        addresses = await resolve_target(host, port, self._policy, self._lookup)
+        results: list[ResolveResult] = []
+        for ip in addresses:
+            ip_family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+            if family not in (socket.AF_UNSPEC, ip_family):
+                continue
+            results.append(
+                ResolveResult(
+                    hostname=host,
+                    host=str(ip),
+                    port=port,
+                    family=ip_family,
+                    proto=0,
+                    flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+                )
+            )
+        if not results:
+            raise OSError(f"no address of the requested family for {host!r}")
+        return results
+
+    async def close(self) -> None:
+        """Nothing to release: the lookup owns no resources."""
+
+
+# Sessions built by ``open_session``, with their policy: ``Sender`` refuses any other,
+# since a plain session would dial whatever DNS says.
+_VETTED: weakref.WeakKeyDictionary[aiohttp.ClientSession, TargetPolicy] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def open_session(
+    policy: TargetPolicy,
+    *,
+    lookup: Lookup = system_lookup,
+    max_connections: int = 100,
+    max_connections_per_host: int = 10,
+    ssl_context: ssl.SSLContext | None = None,
+    socket_factory: SocketFactoryType | None = None,
+) -> aiohttp.ClientSession:
+    """The dispatcher's one pooled session (its owner closes it), dialling vetted addresses only.
+
+    Call inside the running event loop. ``ssl_context`` replaces the default trust store
+    (certificate and hostname verification stay on); ``socket_factory`` is aiohttp's hook
+    for creating the sockets (tests use it to see what is dialled without dialling).
+    """
+    connector = aiohttp.TCPConnector(
+        resolver=VettingResolver(policy, lookup),
+        limit=max_connections,
+        limit_per_host=max_connections_per_host,
+        ssl=ssl_context if ssl_context is not None else True,
+        socket_factory=socket_factory,
+    )
+    session = aiohttp.ClientSession(
+        connector=connector,
+        trust_env=False,  # no HTTP(S)_PROXY: a proxy would reach the target unvetted
+        cookie_jar=aiohttp.DummyCookieJar(),  # integrators must not share state through us
+        auto_decompress=False,  # the capped body is kept as sent; no decompression bombs
+        headers={"User-Agent": "passkey-auth-worker-webhooks"},
+    )
+    _VETTED[session] = policy
+    return session
+
+
+class Sender:
+    """POSTs one signed webhook and reports what happened (``DeliveryResult``)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        body_cap: int = DEFAULT_BODY_CAP,
+    ) -> None:
+        policy = _VETTED.get(session)
+        if policy is None:
+            raise ValueError("the session must come from open_session (it vets addresses)")
+        if timeout_s <= 0 or body_cap < 0:
+            raise ValueError("timeout_s must be positive and body_cap not negative")
+        self._session = session
+        self._policy = policy
+        self._timeout_s = timeout_s
+        self._body_cap = body_cap
+
+    @property
+    def policy(self) -> TargetPolicy:
+        return self._policy
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout_s: float | None = None,
+    ) -> DeliveryResult:
+        """One attempt, bounded by ``timeout_s`` (the sender's default when None) in total."""
+        started = time.monotonic()
+        limit = self._timeout_s if timeout_s is None else timeout_s
+        try:
+            target = validate_url(url, self._policy)
+            async with asyncio.timeout(limit):
+                return await self._attempt(target, body, headers, started, limit)
+        except BlockedTarget as exc:
+            return _failure(started, ErrorKind.BLOCKED, exc.reason)
+        except (aiohttp.ClientError, OSError) as exc:  # TimeoutError is an OSError
+            blocked = _blocked_cause(exc)
+            if blocked is not None:
+                return _failure(started, ErrorKind.BLOCKED, blocked.reason)
+            return _failure(started, _error_kind(exc), type(exc).__name__)
+
+    async def _attempt(
+        self,
+        target: URL,
+        body: bytes,
+        headers: Mapping[str, str],
+        started: float,
+        limit: float,
+    ) -> DeliveryResult:
+        async with self._session.post(
+            target,  # the URL validate_url parsed, not parsed again
+            data=body,
+            headers=dict(headers),
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=limit),
+            read_bufsize=max(self._body_cap, 1024),
+        ) as answer:
+            content, truncated = await _read_capped(answer, self._body_cap)
+            if truncated:
+                answer.close()  # drop the connection rather than drain what we will not read
+            retry_after = None
+            if answer.status in _RETRY_AFTER_STATUSES:
+                retry_after = parse_retry_after(answer.headers.get("Retry-After"))
+            return DeliveryResult(
+                status=answer.status,
+                elapsed_s=time.monotonic() - started,
+                retry_after_s=retry_after,
+                body=content,
+                truncated=truncated,
+            )
+
+
+async def _read_capped(answer: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool]:
+    """At most ``cap`` bytes of the body, and whether more followed."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < cap:
+        chunk = await answer.content.read(cap - size)
+        if not chunk:
+            return b"".join(chunks), False
+        chunks.append(chunk)
+        size += len(chunk)
+    more = not answer.content.at_eof() and bool(await answer.content.read(1))
+    return b"".join(chunks), more
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """``Retry-After`` in seconds from ``now``: delta-seconds or an HTTP-date (RFC 9110 §10.2.3).
+
+    None when absent or unreadable; a date in the past is 0.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(int(value))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # "-0000" in the date: RFC 9110 dates are always GMT
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def _failure(started: float, kind: ErrorKind, detail: str) -> DeliveryResult:
+    return DeliveryResult(
+        status=None, elapsed_s=time.monotonic() - started, error=kind, detail=detail
+    )
+
+
+def _blocked_cause(exc: BaseException) -> BlockedTarget | None:
+    """The ``BlockedTarget`` raised by the resolver, however aiohttp wrapped it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, BlockedTarget):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _error_kind(exc: BaseException) -> ErrorKind:
+    """Which ``ErrorKind`` a network exception is (order matters: subclasses first)."""
+    if isinstance(exc, TimeoutError):  # includes aiohttp's ServerTimeoutError and friends
+        return ErrorKind.TIMEOUT
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return ErrorKind.DNS
+    if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
+        return ErrorKind.TLS
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return ErrorKind.CONNECT
+    if isinstance(
+        exc,
+        aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientResponseError,
+    ):
+        return ErrorKind.PROTOCOL
+    return ErrorKind.CONNECT
