@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -26,9 +26,18 @@ class Topics(BaseSettings):
     errors: str = "auth.errors"
     replies: str = "auth.replies"
     dlq: str = "auth.dlq"
+    webhook_endpoints: str = "webhook.endpoints"
 
     def all(self) -> list[str]:
-        return [self.commands, self.state, self.status, self.errors, self.replies, self.dlq]
+        return [
+            self.commands,
+            self.state,
+            self.status,
+            self.errors,
+            self.replies,
+            self.dlq,
+            self.webhook_endpoints,
+        ]
 
 
 class Settings(BaseSettings):
@@ -113,6 +122,17 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = None
     api_reply_timeout_s: float = Field(default=10.0, gt=0)
     api_cors_origins: list[str] = Field(default_factory=list)
+
+    # --- webhooks ------------------------------------------------------------------------
+    webhook_secrets_key: SecretStr | None = Field(
+        default=None,
+        description="Base64 of 32 bytes: the AES-GCM key that encrypts endpoint secrets at rest "
+        "in the endpoints topic. Required by the front-end and the dispatcher.",
+    )
+    webhook_secret_overlap_s: float = Field(default=86_400.0, ge=0)
+    webhook_store_timeout_s: float = Field(default=5.0, gt=0)
+    webhook_allow_http: bool = False
+    webhook_allow_private_targets: bool = False
 
     # --- process -------------------------------------------------------------------------
     event_loop: Literal["uvloop", "asyncio"] = Field(

@@ -1,0 +1,123 @@
+"""The pure delivery decisions: dedup of replays, order, the retry schedule, 410, Retry-After."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from worker.webhooks.delivery import (
+    DEFAULT_SCHEDULE_S,
+    JITTER,
+    AttemptResult,
+    DeliveryState,
+    Pending,
+    enqueue,
+    fail_head,
+    parse_schedule,
+    settle,
+    state_key,
+    webhook_id,
+)
+
+NOW = 1_800_000_000.0
+
+
+def pending(version: int, *, replay: str | None = None, at: float = NOW) -> Pending:
+    return Pending(
+        webhook_id=webhook_id(f"ev-{version}", "ep_1"),
+        event_type="account.auth_status_changed",
+        event_id=f"ev-{version}",
+        version=version,
+        body=f'{{"v":{version}}}',
+        occurred_at="2026-11-23T00:00:00.000Z",
+        enqueued_at=at,
+        next_attempt_at=at,
+        replay=replay,
+    )
+
+
+def empty() -> DeliveryState:
+    return DeliveryState(endpoint_id="ep_1", account_id="acc_1", workspace_id="ws_a")
+
+
+def test_webhook_id_is_one_per_event_and_endpoint() -> None:
+    assert webhook_id("ev", "ep_1") == webhook_id("ev", "ep_1")
+    assert webhook_id("ev", "ep_1") != webhook_id("ev", "ep_2")
+    assert webhook_id("ev", "ep_1") != webhook_id("ev2", "ep_1")
+    assert webhook_id("ev", "ep_1").startswith("msg_")
+    assert state_key("ep_1", "acc_1") == "ep_1/acc_1"
+
+
+def test_a_replayed_event_is_taken_in_once_a_replay_request_once_more() -> None:
+    state, taken = enqueue(empty(), pending(1))
+    assert taken
+    state, taken = enqueue(state, pending(1))
+    assert not taken and len(state.queue) == 1
+    delivered = settle(state, AttemptResult(200), now=NOW).state
+    _, taken = enqueue(delivered, pending(1))
+    assert not taken, "a replay after delivery is dropped: seen keeps its webhook-id"
+    replayed, taken = enqueue(delivered, pending(1, replay="rp_1"))
+    assert taken and replayed.queue[0].webhook_id == pending(1).webhook_id
+    assert not enqueue(replayed, pending(1, replay="rp_1"))[1]
+
+
+def test_only_the_head_is_attempted_and_the_next_is_due_when_it_ends() -> None:
+    state = empty()
+    for v in (1, 2, 3):
+        state = enqueue(state, pending(v))[0]
+    retried = settle(state, AttemptResult(500), now=NOW, rng=random.Random(1))
+    assert retried.outcome == "retry"
+    assert [p.version for p in retried.state.queue] == [1, 2, 3], "order is kept while retrying"
+    assert retried.state.due_at() == retried.retry_at
+    done = settle(retried.state, AttemptResult(204), now=NOW + 10)
+    assert done.outcome == "delivered"
+    assert done.finished is not None and done.finished.attempts == 2
+    assert [p.version for p in done.state.queue] == [2, 3]
+    assert done.state.due_at() == NOW  # it was already due
+
+
+def test_the_schedule_is_followed_with_jitter_then_the_delivery_fails() -> None:
+    state = enqueue(empty(), pending(1))[0]
+    rng = random.Random(7)
+    now = NOW
+    for wait in DEFAULT_SCHEDULE_S:
+        step = settle(state, AttemptResult(None, "timeout"), now=now, rng=rng)
+        assert step.outcome == "retry" and step.retry_at is not None
+        assert wait * (1 - JITTER) <= step.retry_at - now <= wait * (1 + JITTER)
+        state, now = step.state, step.retry_at
+    assert state.queue[0].attempts == len(DEFAULT_SCHEDULE_S)
+    assert state.queue[0].first_failed_at == NOW
+    last = settle(state, AttemptResult(502), now=now)
+    assert last.outcome == "failed" and last.state.queue == ()
+    assert last.finished is not None
+    assert (last.finished.state, last.finished.attempts) == ("failed", 8)
+
+
+def test_gone_fails_at_once_and_retry_after_is_honoured() -> None:
+    state = enqueue(empty(), pending(1))[0]
+    assert settle(state, AttemptResult(410), now=NOW).outcome == "gone"
+    slow = settle(state, AttemptResult(429, retry_after_s=600.0), now=NOW, schedule=(5.0,))
+    assert slow.retry_at == NOW + 600.0
+    ignored = settle(state, AttemptResult(500, retry_after_s=600.0), now=NOW, schedule=(5.0,))
+    assert ignored.retry_at is not None and ignored.retry_at < NOW + 10
+
+
+def test_fail_head_records_the_reason_and_failing_since_spans_deliveries() -> None:
+    state = empty()
+    for v in range(3):
+        state = enqueue(state, pending(v))[0]
+    state = settle(state, AttemptResult(503), now=NOW).state
+    assert state.failing_since == NOW
+    failed = fail_head(state, "endpoint_inactive", now=NOW + 50)
+    assert failed.finished is not None
+    assert (failed.finished.state, failed.finished.last_error) == ("failed", "endpoint_inactive")
+    assert failed.state.failing_since == NOW, "a failure does not reset the clock"
+    ok = settle(failed.state, AttemptResult(200), now=NOW + 60)
+    assert ok.state.failing_since is None, "a success does"
+
+
+def test_parse_schedule() -> None:
+    assert parse_schedule("5,300, 1800") == (5.0, 300.0, 1800.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        parse_schedule("5,-1")

@@ -1,0 +1,230 @@
+"""Delivery state of one (endpoint, account) pair and the pure decisions over it.
+
+The dispatcher keeps one ``DeliveryState`` per (endpoint, account): the deliveries waiting in
+version order, a window of webhook-ids already taken in (so a replay after a crash is dropped)
+and since when deliveries of the pair have failed without a success in between. Like the
+worker's account records, these states live in a compacted changelog topic and are restored on
+assignment, so a waiting or retrying delivery is a record in Kafka with a due time, never a
+sleeping task (docs/architecture.md, "Webhook fan-out").
+
+Everything here is pure: the caller does the HTTP attempt and the writes, then asks
+``settle`` what the attempt means. Order holds because only the head of the queue is ever
+attempted; a later event waits until the earlier one is delivered or has failed for good.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+DeliveryStateName = Literal["pending", "delivered", "failed"]
+Outcome = Literal["delivered", "retry", "failed", "gone"]
+
+SEEN_KEPT: Final = 64
+"""Webhook-ids remembered per (endpoint, account) to drop replays of the same event."""
+JITTER: Final = 0.2
+"""Each retry delay is scaled by a uniform factor in [1 - JITTER, 1 + JITTER]."""
+
+DEFAULT_SCHEDULE_S: Final = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
+"""Svix's retry schedule: the waits after the 1st, 2nd, ... failed attempt."""
+
+
+def webhook_id(event_id: str, endpoint_id: str) -> str:
+    """One id per (event, endpoint), for ever: every retry, replay and redelivery reuses it."""
+    digest = hashlib.sha256(f"{event_id}\0{endpoint_id}".encode()).hexdigest()
+    return f"msg_{digest[:32]}"
+
+
+def state_key(endpoint_id: str, account_id: str) -> str:
+    """The record key of a (endpoint, account) pair; ``/`` never occurs in an id."""
+    return f"{endpoint_id}/{account_id}"
+
+
+class Pending(BaseModel):
+    """A delivery waiting for its (next) attempt. ``body`` is the exact JSON that is signed."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    webhook_id: str
+    event_type: str
+    event_id: str
+    version: int | None = None
+    body: str
+    occurred_at: str
+    enqueued_at: float
+    attempts: int = 0
+    next_attempt_at: float
+    first_failed_at: float | None = None
+    last_status: int | None = None
+    last_error: str | None = None
+    replay: str | None = None
+
+
+class Finished(BaseModel):
+    """A delivery that ended: delivered, or failed for good."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    webhook_id: str
+    event_type: str
+    version: int | None = None
+    attempts: int
+    state: Literal["delivered", "failed"]
+    last_status: int | None = None
+    last_error: str | None = None
+    finished_at: float
+
+
+class DeliveryState(BaseModel):
+    """The value on the delivery-state topic (key: ``state_key``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["webhook_delivery_state"] = "webhook_delivery_state"
+    schema_version: Literal[1] = 1
+    endpoint_id: str
+    account_id: str
+    workspace_id: str
+    queue: tuple[Pending, ...] = ()
+    seen: tuple[str, ...] = ()
+    failing_since: float | None = None
+
+    @property
+    def key(self) -> str:
+        return state_key(self.endpoint_id, self.account_id)
+
+    def head(self) -> Pending | None:
+        return self.queue[0] if self.queue else None
+
+    def due_at(self) -> float | None:
+        """When the head is due, or ``None`` when nothing waits."""
+        return self.queue[0].next_attempt_at if self.queue else None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """What one HTTP attempt came back with (``worker.webhooks.sender`` builds it)."""
+
+    status: int | None
+    error: str | None = None
+    retry_after_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The next state after an attempt, and what it meant."""
+
+    state: DeliveryState
+    outcome: Outcome
+    finished: Finished | None = None
+    retry_at: float | None = None
+
+
+def enqueue(state: DeliveryState, delivery: Pending) -> tuple[DeliveryState, bool]:
+    """Append ``delivery`` unless its webhook-id was taken in already (a replay of the same
+    event after a crash or rebalance). A ``/replay`` request carries its own ``replay`` id and
+    is taken in once per request, under the event's original webhook-id."""
+    marker = _marker(delivery)
+    if marker in state.seen or any(_marker(p) == marker for p in state.queue):
+        return state, False
+    seen = (*state.seen, marker)[-SEEN_KEPT:]
+    return state.model_copy(update={"queue": (*state.queue, delivery), "seen": seen}), True
+
+
+def _marker(delivery: Pending) -> str:
+    return (
+        delivery.webhook_id
+        if delivery.replay is None
+        else f"{delivery.webhook_id}#{delivery.replay}"
+    )
+
+
+def settle(
+    state: DeliveryState,
+    result: AttemptResult,
+    *,
+    now: float,
+    schedule: Sequence[float] = DEFAULT_SCHEDULE_S,
+    rng: random.Random | None = None,
+) -> Settled:
+    """Apply the result of the head's attempt.
+
+    2xx: delivered. 410: the endpoint is gone (the caller disables it); the delivery fails.
+    Anything else: retry after the schedule's next wait (jittered; a longer ``Retry-After``
+    on 429/503 wins), or fail once the schedule is used up.
+    """
+    head = state.queue[0]
+    attempts = head.attempts + 1
+    if result.ok:
+        return _finish(state, head, attempts, "delivered", result, now, "delivered")
+    if result.status == 410:
+        return _finish(state, head, attempts, "failed", result, now, "gone")
+    failures = attempts  # every attempt so far failed
+    if failures > len(schedule):
+        return _finish(state, head, attempts, "failed", result, now, "failed")
+    wait = schedule[failures - 1] * (rng or random).uniform(1 - JITTER, 1 + JITTER)
+    if result.retry_after_s is not None and result.status in (429, 503):
+        wait = max(wait, result.retry_after_s)
+    since = state.failing_since or now
+    retried = head.model_copy(
+        update={
+            "attempts": attempts,
+            "next_attempt_at": now + wait,
+            "first_failed_at": head.first_failed_at or now,
+            "last_status": result.status,
+            "last_error": result.error,
+        }
+    )
+    nxt = state.model_copy(update={"queue": (retried, *state.queue[1:]), "failing_since": since})
+    return Settled(nxt, "retry", retry_at=now + wait)
+
+
+def fail_head(state: DeliveryState, reason: str, *, now: float) -> Settled:
+    """The head fails without an attempt (its endpoint was deactivated, disabled or deleted)."""
+    head = state.queue[0]
+    return _finish(state, head, head.attempts, "failed", AttemptResult(None, reason), now, "failed")
+
+
+def _finish(
+    state: DeliveryState,
+    head: Pending,
+    attempts: int,
+    final: Literal["delivered", "failed"],
+    result: AttemptResult,
+    now: float,
+    outcome: Outcome,
+) -> Settled:
+    done = Finished(
+        webhook_id=head.webhook_id,
+        event_type=head.event_type,
+        version=head.version,
+        attempts=attempts,
+        state=final,
+        last_status=result.status,
+        last_error=result.error,
+        finished_at=now,
+    )
+    rest = state.queue[1:]
+    if rest and rest[0].next_attempt_at > now:
+        # The next one waited behind this one: it is due now, not at its old time.
+        rest = (rest[0].model_copy(update={"next_attempt_at": now}), *rest[1:])
+    since = None if final == "delivered" else (state.failing_since or now)
+    nxt = state.model_copy(update={"queue": rest, "failing_since": since})
+    return Settled(nxt, outcome, finished=done)
+
+
+def parse_schedule(text: str) -> tuple[float, ...]:
+    """``WEBHOOK_RETRY_SCHEDULE_S``: comma-separated seconds, e.g. ``5,300,1800``."""
+    waits = tuple(float(part) for part in text.split(",") if part.strip())
+    if any(w < 0 for w in waits):
+        raise ValueError("retry waits must be >= 0 seconds")
+    return waits

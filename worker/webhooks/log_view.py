@@ -1,0 +1,60 @@
+"""The front-end's read model of the delivery log, behind ``GET .../deliveries``.
+
+Every replica tails the log (group-less, every partition) and keeps, per endpoint, the latest
+entry of its most recent deliveries, at most ``per_endpoint`` of them; older ones fall out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ValidationError
+
+from worker.api.tail import TopicTail
+from worker.logs import get_logger
+from worker.webhooks.publish import DeliveryLogEntry
+
+log = get_logger(__name__)
+
+
+class DeliveryLogView(TopicTail):
+    """Recent deliveries by endpoint, newest last."""
+
+    def __init__(
+        self, consumer: Any, topic: str, *, per_endpoint: int = 100, idle_timeout_ms: int = 200
+    ) -> None:
+        super().__init__(
+            consumer, topic, name="webhook-delivery-log", idle_timeout_ms=idle_timeout_ms
+        )
+        self._per_endpoint = per_endpoint
+        self._recent: dict[str, OrderedDict[str, DeliveryLogEntry]] = {}
+        self.undecodable = 0
+
+    def handle(self, records: Iterable[Any]) -> None:
+        for msg in records:
+            try:
+                entry = DeliveryLogEntry.model_validate_json(msg.value or b"")
+            except ValidationError:
+                self.undecodable += 1
+                log.error("delivery_log_undecodable", partition=msg.partition, offset=msg.offset)
+                continue
+            self.add(entry)
+
+    def add(self, entry: DeliveryLogEntry) -> None:
+        recent = self._recent.setdefault(entry.endpoint_id, OrderedDict())
+        recent.pop(entry.webhook_id, None)
+        recent[entry.webhook_id] = entry
+        while len(recent) > self._per_endpoint:
+            recent.popitem(last=False)
+
+    def of_endpoint(self, endpoint_id: str, *, limit: int = 100) -> list[DeliveryLogEntry]:
+        """The endpoint's recent deliveries, most recently changed first."""
+        recent = self._recent.get(endpoint_id)
+        if not recent:
+            return []
+        return list(reversed(recent.values()))[:limit]
+
+    def forget(self, endpoint_id: str) -> None:
+        self._recent.pop(endpoint_id, None)

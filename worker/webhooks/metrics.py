@@ -1,0 +1,150 @@
+"""Prometheus metrics of the webhook dispatcher, on an injected registry.
+
+Labels are small fixed sets (result, HTTP status class); never an endpoint URL, an endpoint id
+or an account id. The consume loop's own series (in flight, lag, restore, rebalances,
+readiness, heartbeat) have the same meaning as the worker's, under the ``webhook_`` prefix.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from worker.webhooks.delivery import AttemptResult
+
+_ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0)
+_LATENCY_BUCKETS = (
+    *(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    *(300.0, 1800.0, 7200.0, 36000.0, 86400.0),
+)
+RESULTS = ("delivered", "rejected", "error")
+STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "none")
+ERROR_KINDS = ("timeout", "connect", "dns", "tls", "protocol", "blocked", "other")
+
+
+def status_class(status: int | None) -> str:
+    return "none" if status is None else f"{min(max(status // 100, 2), 5)}xx"
+
+
+class WebhookMetrics:
+    """Every metric the dispatcher exports."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.attempts = Counter(
+            "webhook_attempts",
+            "Delivery attempts by result (delivered: 2xx; rejected: another status; error: "
+            "no answer) and HTTP status class",
+            ["result", "status_class"],
+            registry=registry,
+        )
+        self.attempt_errors = Counter(
+            "webhook_attempt_errors",
+            "Attempts without an HTTP answer, by kind",
+            ["kind"],
+            registry=registry,
+        )
+        self.attempt_seconds = Histogram(
+            "webhook_attempt_duration_seconds",
+            "One delivery attempt, request to answer",
+            buckets=_ATTEMPT_BUCKETS,
+            registry=registry,
+        )
+        self.delivery_latency = Histogram(
+            "webhook_delivery_latency_seconds",
+            "Event occurred to delivered (incl. retries)",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.taken_in = Counter(
+            "webhook_deliveries_taken_in", "Deliveries scheduled from events", registry=registry
+        )
+        self.retries = Counter(
+            "webhook_retries_scheduled", "Failed attempts scheduled for a retry", registry=registry
+        )
+        self.failed = Counter(
+            "webhook_deliveries_failed",
+            "Deliveries failed for good (retries used up, 410, endpoint inactive)",
+            registry=registry,
+        )
+        self.disabled = Counter(
+            "webhook_endpoints_disabled",
+            "Endpoints disabled by the dispatcher (410 or continuous failure)",
+            registry=registry,
+        )
+        self.undecodable = Counter(
+            "webhook_undecodable_events",
+            "Event or replay records that could not be read (skipped)",
+            registry=registry,
+        )
+        self.in_flight_attempts = Gauge(
+            "webhook_inflight_attempts", "HTTP attempts under way", registry=registry
+        )
+        # The consume loop's series (worker.consumer.LoopMetrics).
+        self.in_flight = Gauge(
+            "webhook_inflight_work", "Records and due deliveries not yet settled", registry=registry
+        )
+        self.lag = Gauge(
+            "webhook_consumer_lag",
+            "High-water mark minus committed offset",
+            ["topic", "partition"],
+            registry=registry,
+        )
+        self.store_accounts = Gauge(
+            "webhook_state_store_accounts",
+            "Delivery-state records held in memory",
+            registry=registry,
+        )
+        self.restore_seconds = Histogram(
+            "webhook_state_restore_duration_seconds",
+            "Time to restore one partition's delivery states",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=registry,
+        )
+        self.restore_records = Counter(
+            "webhook_state_restore_records",
+            "Delivery-state records read while restoring",
+            registry=registry,
+        )
+        self.rebalances = Counter(
+            "webhook_rebalances", "Partition assignment changes", ["kind"], registry=registry
+        )
+        self.ready = Gauge(
+            "webhook_dispatcher_ready", "1 once joined and restored", registry=registry
+        )
+        self.heartbeat = Gauge(
+            "webhook_dispatcher_heartbeat_timestamp_seconds",
+            "Last consume-loop iteration (epoch s)",
+            registry=registry,
+        )
+        for result in RESULTS:
+            for cls in STATUS_CLASSES:
+                self.attempts.labels(result, cls)
+        for kind in ERROR_KINDS:
+            self.attempt_errors.labels(kind)
+        for kind in ("assigned", "revoked"):
+            self.rebalances.labels(kind)
+
+    def beat(self) -> None:
+        self.heartbeat.set(time.time())
+
+    def attempt(self, result: AttemptResult, seconds: float) -> None:
+        if result.ok:
+            outcome = "delivered"
+        elif result.status is not None:
+            outcome = "rejected"
+        else:
+            outcome = "error"
+            kind = result.error if result.error in ERROR_KINDS else "other"
+            self.attempt_errors.labels(kind).inc()
+        self.attempts.labels(outcome, status_class(result.status)).inc()
+        self.attempt_seconds.observe(seconds)
+
+    def delivered(self, occurred_at: str, now: float) -> None:
+        try:
+            occurred = datetime.fromisoformat(occurred_at.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return
+        self.delivery_latency.observe(max(0.0, now - occurred))

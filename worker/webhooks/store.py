@@ -1,0 +1,173 @@
+"""The write side of webhook endpoints: every change the API makes, as a new record on the
+compacted endpoints topic, acknowledged before the caller hears of it.
+
+A change is computed from the registry's current record, produced (key = endpoint id), awaited
+within ``timeout_s`` and then applied to the same registry, so the replica that made a change
+reads it back at once. A produce that fails or times out becomes the route's catalogued 500
+(``create_webhook_endpoint_failed`` ...); nothing is applied then.
+
+Secrets: ``create`` and ``rotate`` return the new secret in clear exactly once; the record
+holds it encrypted and bound to the endpoint id. A rotation keeps the previous secret signing
+for ``overlap_s`` beside the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from aiokafka.errors import KafkaError
+
+from worker.catalogue import ServiceError
+from worker.logs import get_logger
+from worker.webhooks.endpoints import (
+    EndpointRecord,
+    EndpointRegistry,
+    EventType,
+    StoredSecret,
+    new_endpoint_id,
+    now_rfc3339,
+)
+from worker.webhooks.signing import generate_secret
+
+log = get_logger(__name__)
+
+
+class SecretCipher(Protocol):
+    """What the store needs of ``worker.webhooks.secrets_box``."""
+
+    def encrypt(self, plaintext: str, associated_data: bytes) -> str: ...
+
+    def decrypt(self, token: str, associated_data: bytes) -> str: ...
+
+
+class Producer(Protocol):
+    async def send_and_wait(self, topic: str, value: bytes | None, *, key: bytes) -> Any: ...
+
+
+class EndpointStore:
+    """Creates, changes and deletes endpoints; reads go to ``registry`` directly."""
+
+    def __init__(
+        self,
+        *,
+        producer: Producer,
+        topic: str,
+        registry: EndpointRegistry,
+        cipher: SecretCipher,
+        timeout_s: float = 5.0,
+        overlap_s: float = 86_400.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._producer = producer
+        self._topic = topic
+        self.registry = registry
+        self._cipher = cipher
+        self._timeout_s = timeout_s
+        self._overlap_s = overlap_s
+        self._clock = clock
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def create(
+        self,
+        workspace_id: str,
+        *,
+        url: str,
+        event_types: tuple[EventType, ...] | None,
+        description: str | None,
+    ) -> tuple[EndpointRecord, str]:
+        """A new active endpoint and its first secret (in clear, for the response only)."""
+        endpoint_id = new_endpoint_id()
+        secret = generate_secret()
+        stamp = now_rfc3339()
+        record = EndpointRecord(
+            id=endpoint_id,
+            workspace_id=workspace_id,
+            url=url,
+            event_types=event_types,
+            description=description,
+            created_at=stamp,
+            updated_at=stamp,
+            revision=1,
+            secrets=(self._seal(endpoint_id, secret, stamp),),
+        )
+        await self._write(record, "create_webhook_endpoint_failed")
+        return record, secret
+
+    async def update(self, current: EndpointRecord, **fields: Any) -> EndpointRecord:
+        """PATCH: any of url, event_types, description."""
+        if not fields:
+            return current
+        record = current.changed(**fields)
+        await self._write(record, "update_webhook_endpoint_failed")
+        return record
+
+    async def set_status(self, current: EndpointRecord, status: str) -> EndpointRecord:
+        """activate / deactivate; activating also clears a dispatcher's disable."""
+        code = (
+            "deactivate_webhook_endpoint_failed"
+            if status == "inactive"
+            else "update_webhook_endpoint_failed"
+        )
+        if current.status == status:
+            return current
+        record = current.changed(status=status, disabled_reason=None)
+        await self._write(record, code)
+        return record
+
+    async def disable(self, current: EndpointRecord, reason: str) -> EndpointRecord:
+        """The dispatcher's one write: stop deliveries to an endpoint that is gone (410) or
+        has failed continuously; ``activate`` undoes it."""
+        record = current.changed(status="disabled", disabled_reason=reason)
+        await self._write(record, "update_webhook_endpoint_failed")
+        return record
+
+    async def rotate(self, current: EndpointRecord) -> tuple[EndpointRecord, str]:
+        """A new secret; the ones signing today keep signing for ``overlap_s`` more."""
+        now = self._clock()
+        secret = generate_secret()
+        stamp = now_rfc3339()
+        kept = tuple(
+            s.model_copy(update={"expires_at": now + self._overlap_s})
+            if s.expires_at is None
+            else s
+            for s in current.live_secrets(now)
+        )
+        record = current.changed(secrets=(self._seal(current.id, secret, stamp), *kept))
+        await self._write(record, "update_webhook_endpoint_failed")
+        return record, secret
+
+    async def delete(self, current: EndpointRecord) -> None:
+        await self._send(current.id, None, "delete_webhook_endpoint_failed")
+        self.registry.delete(current.id, revision=current.revision + 1)
+
+    # -- secrets -----------------------------------------------------------------------------
+
+    def signing_secrets(self, record: EndpointRecord) -> list[str]:
+        """The secrets in clear that sign a delivery now, newest first."""
+        return [
+            self._cipher.decrypt(s.ciphertext, record.id.encode())
+            for s in record.live_secrets(self._clock())
+        ]
+
+    def _seal(self, endpoint_id: str, secret: str, stamp: str) -> StoredSecret:
+        return StoredSecret(
+            ciphertext=self._cipher.encrypt(secret, endpoint_id.encode()), created_at=stamp
+        )
+
+    # -- I/O ---------------------------------------------------------------------------------
+
+    async def _write(self, record: EndpointRecord, failure_code: str) -> None:
+        await self._send(record.id, record.model_dump_json().encode(), failure_code)
+        self.registry.apply(record)
+
+    async def _send(self, endpoint_id: str, value: bytes | None, failure_code: str) -> None:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._producer.send_and_wait(self._topic, value, key=endpoint_id.encode())
+        except (KafkaError, TimeoutError) as exc:
+            log.error("endpoint_write_failed", endpoint_id=endpoint_id, error=repr(exc))
+            raise ServiceError.of(failure_code) from exc
