@@ -11,7 +11,8 @@ import jsonschema_rs
 import pytest
 from schemathesis.core.result import Ok
 
-from worker.api.openapi import ACCOUNT_AUTH, PASSKEY_CONFIRM, openapi_document
+from worker.api.openapi import openapi_document
+from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.catalogue import ServiceError, entry
 from worker.messages import ID_PATTERN
 from worker.schemas import documents

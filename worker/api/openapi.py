@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.catalogue import ServiceError
 from worker.messages import ID_PATTERN
 
-PASSKEY_CONFIRM: Final = "/v1/accounts/{account_id}/auth/passkey-confirm"
-ACCOUNT_AUTH: Final = "/v1/accounts/{account_id}/auth"
-API_ROUTES: Final = (PASSKEY_CONFIRM, ACCOUNT_AUTH)
+OPENAPI_PATH: Final = "/openapi.json"
 SERVER_URL: Final = "http://127.0.0.1:8080"
 
 _JSON: Final = "application/json"
@@ -465,3 +468,13 @@ def openapi_document() -> dict[str, Any]:
             },
         },
     }
+
+
+def openapi_route() -> Route:
+    """``GET /openapi.json``: the document, built once."""
+    document = openapi_document()
+
+    async def openapi_json(_: Request) -> Response:
+        return JSONResponse(document)
+
+    return Route(OPENAPI_PATH, openapi_json, methods=["GET"])
