@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -23,6 +22,7 @@ from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.metrics import WorkerMetrics
 from worker.probes import build_probe_app
+from worker.process import on_stop_signals
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
 from worker.serving import serving
@@ -110,34 +110,33 @@ async def run_worker(
             port=settings.worker_metrics_port,
             name="worker-probes",
         )
-    loop = asyncio.get_running_loop()
-    if install_signals:
-        handler = _graceful_then_forced(worker, hard_limit_s=shutdown_hard_limit(settings))
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, handler)
-    stopper = asyncio.create_task(_stop_when(stop, worker)) if stop is not None else None
-    try:
-        async with probes:
-            await producer.start()
-            await consumer.start()
-            if on_start is not None:
-                on_start(worker)
-            log.info(
-                "worker_started",
-                bootstrap=settings.bootstrap,
-                group=settings.kafka_consumer_group,
-                event_loop=running_loop_name(),
-            )
-            await worker.run()
-    finally:
-        if stopper is not None:
-            stopper.cancel()
-        # Every step is bounded: a broker that vanished must not keep the process alive.
-        await _bounded(consumer.stop(), "consumer_stop", CLOSE_STEP_TIMEOUT_S)
-        await _bounded(producer.stop(), "producer_stop", CLOSE_STEP_TIMEOUT_S)
-        await providers.aclose()
-        await http.aclose()
-        log.info("worker_stopped")
+    # Installed for the whole run, close steps included: a second signal during them still
+    # exits at once (130).
+    on_signal = _graceful_then_forced(worker, hard_limit_s=shutdown_hard_limit(settings))
+    with on_stop_signals(on_signal, enabled=install_signals):
+        stopper = asyncio.create_task(_stop_when(stop, worker)) if stop is not None else None
+        try:
+            async with probes:
+                await producer.start()
+                await consumer.start()
+                if on_start is not None:
+                    on_start(worker)
+                log.info(
+                    "worker_started",
+                    bootstrap=settings.bootstrap,
+                    group=settings.kafka_consumer_group,
+                    event_loop=running_loop_name(),
+                )
+                await worker.run()
+        finally:
+            if stopper is not None:
+                stopper.cancel()
+            # Every step is bounded: a broker that vanished must not keep the process alive.
+            await _bounded(consumer.stop(), "consumer_stop", CLOSE_STEP_TIMEOUT_S)
+            await _bounded(producer.stop(), "producer_stop", CLOSE_STEP_TIMEOUT_S)
+            await providers.aclose()
+            await http.aclose()
+            log.info("worker_stopped")
 
 
 #: Upper bound of each client-closing step after the drain (consumer, producer).

@@ -1,16 +1,70 @@
-"""The worker's HTTP side door: ``/metrics``, ``/healthz`` (the loop's own heartbeat) and
-``/readyz`` (group joined and every owned partition restored)."""
+"""The probe routes every process serves: ``/metrics``, ``/healthz`` and ``/readyz``.
+
+One implementation for the worker's side door (``build_probe_app``) and the API front-end,
+which mounts ``Probes.routes()`` next to its own. Each process supplies its own checks: a
+check returns whether the probe passes (200, else 503) and the JSON body to answer with.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+ProbeCheck = Callable[[], tuple[bool, BaseModel]]
+"""Whether the probe passes, and the body it answers with."""
+
+
+class Probes:
+    """The three probe handlers over a registry and two checks."""
+
+    def __init__(
+        self, registry: CollectorRegistry, *, health: ProbeCheck, readiness: ProbeCheck
+    ) -> None:
+        self.registry = registry
+        self._health = health
+        self._readiness = readiness
+
+    def routes(self) -> list[Route]:
+        """``GET`` routes (Starlette adds ``HEAD`` to them; the front-end takes it off)."""
+        return [
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+        ]
+
+    async def metrics(self, _: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(self, _: Request) -> Response:
+        return _answer(*self._health())
+
+    async def readyz(self, _: Request) -> Response:
+        return _answer(*self._readiness())
+
+
+def _answer(ok: bool, body: BaseModel) -> Response:
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if ok else 503)
+
+
+class WorkerHealth(BaseModel):
+    """``/healthz`` of a worker: the consume loop's heartbeat and its age."""
+
+    status: Literal["ok", "stalled"]
+    heartbeat_age_s: float
+
+
+class WorkerReadiness(BaseModel):
+    """``/readyz`` of a worker: group joined and every owned partition restored."""
+
+    ready: bool
 
 
 def build_probe_app(
@@ -20,27 +74,16 @@ def build_probe_app(
     ready: Callable[[], bool],
     stale_after_s: float = 15.0,
 ) -> Starlette:
-    """``last_beat`` returns the loop's last ``time.monotonic()`` heartbeat."""
+    """The worker's side door. ``last_beat`` returns the loop's last ``time.monotonic()``
+    heartbeat; ``/healthz`` fails once it is ``stale_after_s`` old."""
 
-    async def metrics(_: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    async def healthz(_: Request) -> Response:
+    def health() -> tuple[bool, BaseModel]:
         age = time.monotonic() - last_beat()
         ok = age < stale_after_s
-        return JSONResponse(
-            {"status": "ok" if ok else "stalled", "heartbeat_age_s": round(age, 3)},
-            status_code=200 if ok else 503,
-        )
+        return ok, WorkerHealth(status="ok" if ok else "stalled", heartbeat_age_s=round(age, 3))
 
-    async def readyz(_: Request) -> Response:
+    def readiness() -> tuple[bool, BaseModel]:
         ok = ready()
-        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+        return ok, WorkerReadiness(ready=ok)
 
-    return Starlette(
-        routes=[
-            Route("/metrics", metrics),
-            Route("/healthz", healthz),
-            Route("/readyz", readyz),
-        ]
-    )
+    return Starlette(routes=Probes(registry, health=health, readiness=readiness).routes())

@@ -34,7 +34,7 @@ from schemathesis.core.result import Ok
 
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_A, register, running_api, running_worker
-from worker.api.openapi import ACCOUNT_AUTH, PASSKEY_CONFIRM
+from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.settings import Settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

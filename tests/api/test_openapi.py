@@ -11,7 +11,10 @@ import jsonschema_rs
 import pytest
 from schemathesis.core.result import Ok
 
-from worker.api.openapi import ACCOUNT_AUTH, PASSKEY_CONFIRM, openapi_document
+from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
+from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_MAX_AGE_S
+from worker.api.openapi import openapi_document
+from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.catalogue import ServiceError, entry
 from worker.messages import ID_PATTERN
 from worker.schemas import documents
@@ -141,3 +144,18 @@ def test_schemathesis_accepts_the_document() -> None:
         "GET /readyz",
         "GET /metrics",
     }
+
+
+def test_document_states_the_constants_and_models_the_code_uses() -> None:
+    """Generated, not copied: the preflight headers are the CORS constants and the body
+    schemas are the response models' own JSON Schemas."""
+    doc = openapi_document()
+    headers = doc["paths"][ACCOUNT_AUTH]["options"]["responses"]["204"]["headers"]
+    assert headers["Access-Control-Allow-Methods"]["schema"]["const"] == ALLOW_METHODS
+    assert headers["Access-Control-Allow-Headers"]["schema"]["const"] == ALLOW_HEADERS
+    assert headers["Access-Control-Max-Age"]["schema"]["const"] == str(CORS_MAX_AGE_S)
+    schemas = doc["components"]["schemas"]
+    for model in (AuthResponse, ErrorResponse, ApiHealth, ApiReadiness):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schema.pop("$defs", None)
+        assert schemas[model.__name__] == schema, model.__name__

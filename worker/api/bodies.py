@@ -1,0 +1,100 @@
+"""Every JSON body the front-end answers, as pydantic models, and the request-id rule.
+
+The handlers answer with these models and ``worker.api.openapi`` publishes their JSON Schemas,
+so the contract and the responses can not disagree. Success and failure share the seed's
+envelope: ``{request_id, data}`` or ``{request_id, error: {code, numeric_code, message}}``.
+The ``data`` object is the worker's own ``AuthData``: the confirm route returns the worker's
+reply body unchanged, so both routes answer the same shape.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Annotated, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
+
+from worker.catalogue import ServiceError
+from worker.messages import ID_PATTERN, AuthData, ErrorBody, Identifier
+
+_ID_RE: Final = re.compile(ID_PATTERN)
+
+
+def valid_id(value: str) -> bool:
+    """The identifier rule (``worker.messages.ID_PATTERN``) of account ids and caller request
+    ids, matched against the whole value."""
+    return _ID_RE.fullmatch(value) is not None
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+# The models' docstrings are their descriptions in the OpenAPI document: written for callers.
+
+
+class AuthResponse(BaseModel):
+    """Success: the account's current status."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: Identifier
+    data: AuthData
+
+
+# The worker's ErrorBody, with the bounds the HTTP contract promises on top.
+class ErrorObject(ErrorBody):
+    """The error: branch on ``code`` / ``numeric_code``, never on ``message``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: Annotated[
+        str,
+        Field(pattern="^[a-z][a-z0-9_]*$", description="Legacy snake_case code; branch on it."),
+    ]
+    numeric_code: Annotated[
+        int,
+        Field(ge=10000, le=99999, description="5-digit code refining the cause; branch on it."),
+    ]
+    message: Annotated[str, Field(description="Human-readable; do not branch on it.")]
+
+
+class ErrorResponse(BaseModel):
+    """Every failure, exactly this shape: no ``data``, no other field."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request_id: Identifier
+    error: ErrorObject
+
+    @classmethod
+    def of(cls, request_id: str, err: ServiceError) -> ErrorResponse:
+        return cls(
+            request_id=request_id,
+            error=ErrorObject(code=err.code, numeric_code=err.numeric_code, message=err.message),
+        )
+
+
+class ApiHealth(BaseModel):
+    """Liveness: ``ok`` while both Kafka readers run."""
+
+    status: Literal["ok", "failed"]
+
+
+class ApiReadiness(BaseModel):
+    """Readiness: the ``auth.state`` view caught up and the reply consumer is positioned."""
+
+    ready: bool
+    state_view: bool
+    replies: bool
+
+
+def json_response(body: BaseModel, status_code: int = 200) -> JSONResponse:
+    return JSONResponse(body.model_dump(mode="json"), status_code=status_code)
+
+
+def error_response(request_id: str, err: ServiceError) -> JSONResponse:
+    """The seed's failure envelope with the error's HTTP status."""
+    return json_response(ErrorResponse.of(request_id, err), err.http_status)

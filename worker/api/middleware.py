@@ -1,0 +1,130 @@
+"""``FrontDoor``: the pure ASGI middleware every request passes first.
+
+It picks the request id (a valid caller ``X-Request-Id`` or ``req_<uuid4 hex>``), answers CORS
+preflights, stamps ``X-Request-Id`` (and CORS headers) on every response, turns unexpected
+exceptions into the seed's 500 error body, and records the request metrics. Doing this in one
+layer around the app, rather than per handler, covers 404s, probes and crashes alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from worker.api.bodies import error_response, new_request_id, valid_id
+from worker.api.cors import EXPOSE_HEADERS, CorsPolicy
+from worker.api.metrics import UNMATCHED_ROUTE, ApiMetrics, method_label
+from worker.catalogue import ServiceError
+from worker.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class FrontDoor:
+    """Around the whole app (see the module docstring).
+
+    ``routes`` are the app's routes: a request's metrics label is the template of the one its
+    path matches (``unmatched`` otherwise), never the raw path. Preflights are answered for the
+    templates in ``preflight_routes`` only.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        metrics: ApiMetrics,
+        cors: CorsPolicy,
+        routes: Sequence[Route],
+        preflight_routes: Collection[str],
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.cors = cors
+        self._templates = tuple((route.path, route.path_regex) for route in routes)
+        self._preflight_routes = frozenset(preflight_routes)
+
+    def route_template(self, path: str) -> str | None:
+        """The route template ``path`` belongs to (the metrics label), or ``None``."""
+        for template, pattern in self._templates:
+            if pattern.match(path):
+                return template
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers = Headers(scope=scope)
+        caller_rid = headers.get("x-request-id")
+        request_id = caller_rid if caller_rid and valid_id(caller_rid) else new_request_id()
+        scope.setdefault("state", {})["request_id"] = request_id
+        template = self.route_template(scope["path"])
+        method: str = scope["method"]
+        origin = headers.get("origin")
+        request_method = headers.get("access-control-request-method")
+        # Actual cross-origin requests from allowed origins may read the response; a
+        # preflight sets its own headers (none when refused).
+        preflight = method == "OPTIONS" and origin is not None and request_method is not None
+        cors_origin = (
+            origin if origin and not preflight and self.cors.origin_allowed(origin) else None
+        )
+        status = 500
+        response_started = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+                status = message["status"]
+                out = MutableHeaders(scope=message)
+                out["X-Request-Id"] = request_id
+                if self.cors.enabled:
+                    out.add_vary_header("Origin")
+                if cors_origin is not None and "access-control-allow-origin" not in out:
+                    out["Access-Control-Allow-Origin"] = cors_origin
+                    out["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
+            await send(message)
+
+        try:
+            if preflight:
+                assert origin is not None and request_method is not None
+                response = self._preflight(template, request_id, origin, request_method, headers)
+                await response(scope, receive, send_wrapper)
+            else:
+                await self.app(scope, receive, send_wrapper)
+        except Exception:
+            log.exception("api_unhandled_error", request_id=request_id, route=template)
+            if response_started:
+                raise
+            code = "get_auth_state_failed" if method == "GET" else "run_auth_action_failed"
+            await error_response(request_id, ServiceError.of(code))(scope, receive, send_wrapper)
+        finally:
+            route = template or UNMATCHED_ROUTE
+            mlabel = method_label(method)
+            self.metrics.requests.labels(route, mlabel, str(status)).inc()
+            self.metrics.duration.labels(route, mlabel).observe(time.perf_counter() - started)
+
+    def _preflight(
+        self,
+        template: str | None,
+        request_id: str,
+        origin: str,
+        request_method: str,
+        headers: Headers,
+    ) -> Response:
+        if template not in self._preflight_routes:
+            return error_response(request_id, ServiceError.of("not_found"))
+        refusal = self.cors.preflight_refusal(
+            origin, request_method, headers.get("access-control-request-headers")
+        )
+        if refusal is not None:
+            return error_response(
+                request_id, ServiceError.of("cors_forbidden", f"CORS preflight refused: {refusal}")
+            )
+        return Response(status_code=204, headers=self.cors.preflight_headers(origin))

@@ -1,0 +1,283 @@
+"""The two routes of the contract and the checks they run, in the contract's order: route
+(404, by the router), API key (401), ``account_id`` format (400), body (400), then the work.
+
+``ApiRoutes`` holds the clients the handlers need; the composition root (``worker.api.app``)
+builds it. Starlette, not FastAPI: every check is explicit here and the OpenAPI document is
+generated from the body models (``worker.api.openapi``), so FastAPI's dependency solving and
+extra middleware layers were pure per-request cost (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from aiokafka.errors import KafkaError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from worker.api.bodies import (
+    ApiHealth,
+    ApiReadiness,
+    AuthResponse,
+    error_response,
+    json_response,
+    valid_id,
+)
+from worker.api.keys import KeyStore
+from worker.api.metrics import ApiMetrics
+from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
+from worker.api.view import AuthStateView
+from worker.catalogue import ServiceError
+from worker.logs import get_logger
+from worker.messages import AuthData, PasskeyConfirm
+
+log = get_logger(__name__)
+
+PASSKEY_CONFIRM: Final = "/v1/accounts/{account_id}/auth/passkey-confirm"
+ACCOUNT_AUTH: Final = "/v1/accounts/{account_id}/auth"
+API_ROUTES: Final = (PASSKEY_CONFIRM, ACCOUNT_AUTH)
+MAX_BODY_BYTES: Final = 64 * 1024
+ACCOUNT_ID_RULE: Final = (
+    "account_id must be 1-128 characters: a letter or digit, then letters, digits,"
+    " '.', '_', ':', '@' or '-'"
+)
+
+
+def without_head(routes: Iterable[Route]) -> list[Route]:
+    """Starlette adds HEAD to every GET route; the contract (and the OpenAPI document) has
+    none, so HEAD stays "any other method": 404 not_found."""
+    out = list(routes)
+    for route in out:
+        assert route.methods is not None
+        route.methods.discard("HEAD")
+    return out
+
+
+def request_id_of(request: Request) -> str:
+    """The id ``FrontDoor`` chose for this request."""
+    rid: str = request.state.request_id
+    return rid
+
+
+async def on_service_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServiceError)
+    return error_response(request_id_of(request), exc)
+
+
+async def on_http_error(request: Request, exc: Exception) -> Response:
+    """Routing raises 404 (no route) and 405 (route without this method); the seed has one
+    answer for both: 404 not_found, "the route does not exist"."""
+    assert isinstance(exc, StarletteHTTPException)
+    code = "invalid_request" if exc.status_code == 400 else "not_found"
+    return error_response(request_id_of(request), ServiceError.of(code))
+
+
+EXCEPTION_HANDLERS: Final[dict[Any, Callable[[Request, Exception], Awaitable[Response]]]] = {
+    ServiceError: on_service_error,
+    StarletteHTTPException: on_http_error,
+}
+
+
+def check_account_id(account_id: str) -> None:
+    if not valid_id(account_id):
+        raise ServiceError.of("invalid_request", f"Invalid path parameter: {ACCOUNT_ID_RULE}.")
+
+
+async def check_body(request: Request) -> None:
+    """No body is required; an empty body, or any JSON object (ignored), is accepted."""
+    size = 0
+    chunks: list[bytes] = []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ServiceError.of(
+                "invalid_request", f"The request body exceeds {MAX_BODY_BYTES} bytes."
+            )
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        return
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ServiceError.of(
+            "invalid_request", "The request body cannot be decoded as JSON."
+        ) from None
+    if not isinstance(value, dict):
+        raise ServiceError.of("invalid_request", "The request body must be a JSON object or empty.")
+
+
+def _not_ready_message(what: str) -> str:
+    return f"The service is starting or degraded ({what} not ready); nothing was changed."
+
+
+class ApiRoutes:
+    """The handlers of both routes and the front-end's probe checks, over started clients.
+
+    ``producer`` is a started ``AIOKafkaProducer``; ``replies`` and ``view`` are started by
+    the caller too.
+    """
+
+    def __init__(
+        self,
+        *,
+        producer: Any,
+        replies: ReplyRouter,
+        view: AuthStateView,
+        keys: KeyStore,
+        metrics: ApiMetrics,
+        commands_topic: str,
+        reply_timeout_s: float,
+    ) -> None:
+        self.producer = producer
+        self.replies = replies
+        self.view = view
+        self.keys = keys
+        self.metrics = metrics
+        self.commands_topic = commands_topic
+        self.reply_timeout_s = reply_timeout_s
+
+    def routes(self) -> list[Route]:
+        return without_head(
+            [
+                Route(PASSKEY_CONFIRM, self.passkey_confirm, methods=["POST"]),
+                Route(ACCOUNT_AUTH, self.account_auth, methods=["GET"]),
+            ]
+        )
+
+    # -- probes ------------------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, ApiHealth]:
+        ok = self.replies.running and self.view.running
+        return ok, ApiHealth(status="ok" if ok else "failed")
+
+    def readiness(self) -> tuple[bool, ApiReadiness]:
+        state_view = self.view.caught_up and self.view.running
+        replies = self.replies.ready
+        ok = state_view and replies
+        return ok, ApiReadiness(ready=ok, state_view=state_view, replies=replies)
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def authenticate(self, request: Request) -> str:
+        """The key's workspace; the workspace never comes from anywhere else."""
+        raw = request.headers.get("x-api-key")
+        if raw is None or not raw.strip():
+            raise ServiceError.of("missing_api_key", "The X-Api-Key request header is missing.")
+        workspace_id = self.keys.resolve(raw.strip())
+        if workspace_id is None:
+            raise ServiceError.of(
+                "invalid_api_key", "The API key is not recognised or has been disabled."
+            )
+        return workspace_id
+
+    # -- POST /v1/accounts/{account_id}/auth/passkey-confirm ---------------------------------
+
+    async def passkey_confirm(self, request: Request) -> Response:
+        account_id: str = request.path_params["account_id"]
+        deadline = time.monotonic() + self.reply_timeout_s
+        request_id = request_id_of(request)
+        workspace_id = self.authenticate(request)
+        check_account_id(account_id)
+        await check_body(request)
+        replies = self.replies
+        if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
+            raise ServiceError.of("run_auth_action_failed", _not_ready_message("reply consumer"))
+        now = datetime.now(UTC)
+        command = PasskeyConfirm(
+            command_id=str(uuid.uuid4()),
+            request_id=request_id,
+            workspace_id=workspace_id,
+            account_id=account_id,
+            issued_at=now,
+            deadline=now + timedelta(seconds=self.reply_timeout_s),
+        )
+        check_hint = (
+            f"Check GET /v1/accounts/{account_id}/auth before retrying: the confirmation may"
+            " still be applied."
+        )
+        reply = await self._round_trip(command, deadline, check_hint)
+        if reply is None:
+            self.metrics.reply_timeouts.inc()
+            log.warning(
+                "api_reply_timeout",
+                request_id=request_id,
+                command_id=command.command_id,
+                account_id=account_id,
+                timeout_s=self.reply_timeout_s,
+            )
+            raise ServiceError.of(
+                "run_auth_action_failed",
+                f"No outcome within {self.reply_timeout_s:g} s. {check_hint}",
+            )
+        if not 200 <= reply.http_status <= 599:
+            log.error("api_reply_bad_status", request_id=request_id, status=reply.http_status)
+            raise ServiceError.of("run_auth_action_failed", check_hint)
+        # The worker's reply, unchanged: it already is the contract's envelope.
+        return JSONResponse(reply.body, status_code=reply.http_status)
+
+    async def _round_trip(
+        self, command: PasskeyConfirm, deadline: float, check_hint: str
+    ) -> CorrelatedReply | None:
+        """Produce ``command`` and wait for its reply until ``deadline``; ``None`` on time-out.
+        The waiter is registered before the command is produced, so the reply can not be
+        missed."""
+        try:
+            with self.replies.expect(command.command_id, command.request_id) as pending:
+                try:
+                    await asyncio.wait_for(
+                        self.producer.send_and_wait(
+                            self.commands_topic,
+                            command.model_dump_json().encode(),
+                            key=command.account_id.encode(),
+                        ),
+                        timeout=max(deadline - time.monotonic(), 0.001),
+                    )
+                except (KafkaError, TimeoutError) as exc:
+                    log.error(
+                        "api_command_send_failed",
+                        request_id=command.request_id,
+                        command_id=command.command_id,
+                        error=repr(exc),
+                    )
+                    raise ServiceError.of(
+                        "run_auth_action_failed",
+                        f"The confirmation could not be queued in time. {check_hint}",
+                    ) from None
+                return await pending.wait(deadline - time.monotonic())
+        except ReplyError as exc:
+            log.error("api_reply_failed", request_id=command.request_id, error=str(exc))
+            raise ServiceError.of(
+                "run_auth_action_failed", f"The confirmation outcome is unknown. {check_hint}"
+            ) from None
+
+    # -- GET /v1/accounts/{account_id}/auth --------------------------------------------------
+
+    async def account_auth(self, request: Request) -> Response:
+        account_id: str = request.path_params["account_id"]
+        request_id = request_id_of(request)
+        workspace_id = self.authenticate(request)
+        check_account_id(account_id)
+        view = self.view
+        if not view.caught_up and not await view.wait_caught_up(self.reply_timeout_s):
+            raise ServiceError.of(
+                "get_auth_state_failed",
+                "The authentication state is not available yet; retry shortly.",
+            )
+        if not view.running:
+            raise ServiceError.of(
+                "get_auth_state_failed", "The authentication state is not available."
+            )
+        entry = view.lookup(account_id, workspace_id)
+        if entry is None:
+            raise ServiceError.of("not_found", "The account does not exist in this workspace.")
+        data = AuthData(account_id=account_id, status=entry.status, auth_status=entry.auth_status)
+        return json_response(AuthResponse(request_id=request_id, data=data))

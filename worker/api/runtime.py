@@ -1,0 +1,113 @@
+"""What one running front-end process holds (``ApiRuntime``) and its HTTP server loop.
+
+``serve_runtime`` serves the app under uvicorn until ``stop`` is set or a Kafka reader dies,
+then lets in-flight requests finish (up to the reply timeout + 2 s). Raising when a reader
+died makes the process exit non-zero rather than serve stale data. uvicorn's own signal
+capture is off (``worker.serving.EmbeddedServer``): ``serve_api`` owns SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+
+from worker.api.keys import KeyStore
+from worker.api.replies import ReplyRouter
+from worker.api.view import AuthStateView
+from worker.eventloop import running_loop_name
+from worker.logs import get_logger
+from worker.serving import EmbeddedServer
+from worker.settings import Settings
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ApiRuntime:
+    """Everything one front-end process runs; ``base_url`` is set once the server listens."""
+
+    settings: Settings
+    app: Starlette
+    producer: Any
+    replies: ReplyRouter
+    view: AuthStateView
+    keys: KeyStore
+    registry: CollectorRegistry
+    base_url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """``base_url`` of a listening front-end."""
+        if self.base_url is None:
+            raise RuntimeError("the front-end is not listening yet")
+        return self.base_url
+
+
+async def _listen(server: uvicorn.Server, settings: Settings) -> None:
+    """``server.serve()``, with uvicorn's ``sys.exit`` on a bind failure turned into an error
+    (a ``SystemExit`` escaping a task would stop the whole event loop)."""
+    try:
+        await server.serve()
+    except SystemExit:
+        raise RuntimeError(
+            f"the API could not listen on {settings.api_host}:{settings.api_port}"
+        ) from None
+
+
+async def serve_runtime(
+    runtime: ApiRuntime, stop: asyncio.Event, on_started: Callable[[ApiRuntime], None] | None
+) -> None:
+    """Serve ``runtime.app`` until ``stop``, a server failure or a Kafka reader's end."""
+    settings = runtime.settings
+    server = EmbeddedServer(
+        uvicorn.Config(
+            runtime.app,
+            host=settings.api_host,
+            port=settings.api_port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=int(settings.api_reply_timeout_s) + 2,
+        )
+    )
+    serving = asyncio.create_task(_listen(server, settings), name="api-http")
+    stopping = asyncio.create_task(stop.wait(), name="api-stop")
+    watched: set[asyncio.Future[Any]] = {
+        serving,
+        stopping,
+        runtime.replies.task,
+        runtime.view.task,
+    }
+    try:
+        while not server.started:
+            if serving.done():
+                break
+            await asyncio.sleep(0.01)
+        if server.started:
+            port = server.servers[0].sockets[0].getsockname()[1]
+            runtime.base_url = f"http://{settings.api_host}:{port}"
+            log.info(
+                "api_started",
+                url=runtime.base_url,
+                bootstrap=settings.bootstrap,
+                event_loop=running_loop_name(),
+            )
+            if on_started is not None:
+                on_started(runtime)
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        server.should_exit = True
+        try:
+            await serving
+        finally:
+            log.info("api_stopped")
+    for tail in (runtime.replies, runtime.view):
+        if tail.failure is not None:
+            raise RuntimeError(f"{tail.name} failed") from tail.failure
