@@ -11,7 +11,6 @@ import asyncio
 import gc
 import heapq
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,12 +91,6 @@ class StateStore:
             # Mostly stale entries now (a partition was revoked): rebuild the heap.
             self._timers = list(self.following.values())
             heapq.heapify(self._timers)
-
-    def partitions(self) -> set[int]:
-        return set(self._parts)
-
-    def records(self, partition: int) -> Iterator[AccountRecord]:
-        yield from self._parts.get(partition, {}).values()
 
     def __len__(self) -> int:
         return sum(len(p) for p in self._parts.values())
