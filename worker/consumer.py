@@ -404,9 +404,10 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
 
         aiokafka skips LeaveGroup for generation 0, which the embedded broker uses, and the
         group would then wait a full session timeout before handing our partitions to the
-        other workers (design.md §10). Sending it ourselves while the heartbeat still runs
-        makes aiokafka rejoin; so the request is sent from inside ``stop()``, after the
-        coordinator has stopped its heartbeat, where aiokafka would have sent it.
+        other workers (``docs/architecture.md``, "The embedded broker"). Sending it ourselves
+        while the heartbeat still runs makes aiokafka rejoin; so the request is sent from inside
+        ``stop()``, after the coordinator has stopped its heartbeat, where aiokafka would have
+        sent it.
         """
         coordinator = getattr(self.consumer, "_coordinator", None)
         original = getattr(coordinator, "_maybe_leave_group", None)

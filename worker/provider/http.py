@@ -83,8 +83,8 @@ class ShardedClient:
     """Several ``httpx.AsyncClient``s with small pools, used round-robin.
 
     httpcore looks at every connection of a pool on each request event (idle and expiry
-    checks, one readability poll per idle socket): with one pool of 64 connections the worker
-    spent ~40% of its CPU there (bench/README.md). Sixteen pools of four keep the capacity and
+    checks, one readability poll per idle socket): with one large pool that was most of the
+    worker's CPU (bench/README.md, hot spot #1). Sixteen pools of four keep the capacity and
     cut that work sixteenfold.
     """
 
