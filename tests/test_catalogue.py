@@ -12,10 +12,10 @@ import json
 import pickle
 import re
 from collections.abc import Iterator
-from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
+from attrs.exceptions import FrozenInstanceError
 
 from worker.catalogue import (
     ENTRIES,

@@ -9,20 +9,22 @@ A code may appear under more than one status (``contact_not_found`` under 404 an
 a row: ``entry()`` takes an optional status. Provider-detail rows have no HTTP status of their
 own; they only refine the ``numeric_code`` of another error (``ServiceError.refine``).
 
-``ServiceError`` is both the value carried in decisions/replies and a raisable exception. A
-plain ``@dataclass(frozen=True, slots=True)`` exception breaks as soon as the interpreter's own
-Python code touches exception state (``contextlib`` assigns ``__traceback__``, ``add_note``
-sets ``__notes__``): the generated ``__setattr__`` raises ``TypeError``. ``_exception_safe``
-therefore lets exactly those dunder attributes through while the fields stay frozen.
+``ServiceError`` is both the value carried in decisions/replies and a raisable exception, so it
+is an ``attrs.frozen`` class rather than a frozen dataclass: a frozen dataclass exception
+breaks as soon as the interpreter's own Python code touches exception state (``contextlib``
+assigns ``__traceback__``, ``add_note`` sets ``__notes__``), while attrs (>= 24.3) lets exactly
+those attributes through and keeps the fields frozen.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import FrozenInstanceError, dataclass
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Final, Literal, TypeVar
+from typing import Final, Literal
+
+import attrs
 
 __all__ = [
     "ENTRIES",
@@ -411,34 +413,9 @@ def _default_message(row: CatalogueEntry) -> str:
     return text
 
 
-_E = TypeVar("_E", bound=BaseException)
-
-# Exception state that the interpreter and stdlib assign from Python code.
-_EXCEPTION_STATE: Final[frozenset[str]] = frozenset(
-    {"__traceback__", "__cause__", "__context__", "__suppress_context__", "__notes__"}
-)
-
-
-def _exception_safe(cls: type[_E]) -> type[_E]:
-    """Let a frozen dataclass exception accept exception-state writes; all else stays frozen."""
-
-    def __setattr__(self: object, name: str, value: object) -> None:
-        if name not in _EXCEPTION_STATE:
-            raise FrozenInstanceError(f"cannot assign to {name!r}: {cls.__name__} is frozen")
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self: object, name: str) -> None:
-        if name not in _EXCEPTION_STATE:
-            raise FrozenInstanceError(f"cannot delete {name!r}: {cls.__name__} is frozen")
-        object.__delattr__(self, name)
-
-    setattr(cls, "__setattr__", __setattr__)  # noqa: B010 - mypy forbids method assignment
-    setattr(cls, "__delattr__", __delattr__)  # noqa: B010
-    return cls
-
-
-@_exception_safe
-@dataclass(frozen=True, slots=True)
+# auto_exc=False: attrs would otherwise compare and hash exceptions by identity; a
+# ServiceError is a value (decisions and replays compare them).
+@attrs.frozen(auto_exc=False)
 class ServiceError(Exception):
     """A catalogued failure: the seed's error object plus its HTTP status.
 
@@ -452,7 +429,7 @@ class ServiceError(Exception):
     http_status: int
     message: str
 
-    def __post_init__(self) -> None:
+    def __attrs_post_init__(self) -> None:
         row = entry(self.code, self.http_status)
         if self.numeric_code != row.numeric_code and self.numeric_code not in PROVIDER_DETAIL_CODES:
             raise ValueError(

@@ -7,11 +7,8 @@ record per key, so a broker that never compacts (the embedded one) only costs re
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import heapq
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +17,7 @@ from pydantic import ValidationError
 
 from worker.logs import get_logger
 from worker.messages import AccountRecord, decode_record
+from worker.replay import replay_to_highwater
 
 log = get_logger(__name__)
 
@@ -32,8 +30,8 @@ class StateStore:
     """Records by partition, and the queue of follow-up timers of the accounts in flow.
 
     The timers are a heap ordered by due time, so finding the due ones costs O(log n) each
-    instead of a scan of every account in flow (a scan of 100,000 took ~50 ms, four times a
-    second). ``following`` maps each account in flow to its one live heap entry; an entry that
+    instead of a scan of every account in flow four times a second (bench/README.md, hot spot
+    #8). ``following`` maps each account in flow to its one live heap entry; an entry that
     is no longer that account's live one (the record moved on, settled or was dropped) is
     stale and skipped when it reaches the top.
     """
@@ -93,12 +91,6 @@ class StateStore:
             self._timers = list(self.following.values())
             heapq.heapify(self._timers)
 
-    def partitions(self) -> set[int]:
-        return set(self._parts)
-
-    def records(self, partition: int) -> Iterator[AccountRecord]:
-        yield from self._parts.get(partition, {}).values()
-
     def __len__(self) -> int:
         return sum(len(p) for p in self._parts.values())
 
@@ -122,41 +114,24 @@ async def restore_partitions(
     """Read every partition in ``tps`` (of auth.state) from the beginning to its high-water
     mark, all at once, keeping the last record per account.
 
-    ``consumer`` is a group-less consumer used only for restoring. The embedded broker answers
-    ``end_offsets`` wrongly (design.md §10), so a partition is complete when its position
-    reaches the high-water mark of a fetch response, or when a poll comes back empty.
+    ``consumer`` is a group-less consumer used only for restoring; where a partition ends is
+    ``worker.replay``'s rule, the one the front-end's tails use too.
     """
-    started = time.perf_counter()
-    consumer.assign(tps)
-    await consumer.seek_to_beginning(*tps)
     latest: dict[TopicPartition, dict[str, AccountRecord]] = {tp: {} for tp in tps}
-    counts = dict.fromkeys(tps, 0)
     bad = dict.fromkeys(tps, 0)
-    finished: dict[TopicPartition, float] = {}
-    remaining = set(tps)
+
+    def fold(tp: TopicPartition, messages: list[Any]) -> None:
+        bad[tp] += _apply(latest[tp], messages, tp)
+
     # Restored records hold no reference cycles, but each is a handful of GC-tracked objects,
     # and the cyclic collector would re-scan the growing pile over and over while it is built
-    # (~30% of the restore time: bench/README.md). Paused for the loop, re-enabled after.
+    # (bench/README.md, hot spot #4). Paused for the replay, re-enabled after.
     collector_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        while remaining:
-            chunk = await consumer.getmany(
-                *remaining, timeout_ms=idle_timeout_ms, max_records=batch
-            )
-            for tp, messages in chunk.items():
-                counts[tp] += len(messages)
-                bad[tp] += _apply(latest[tp], messages, tp)
-            done = set()
-            for tp in remaining:
-                high = consumer.highwater(tp)
-                if (high is not None and await consumer.position(tp) >= high) or not chunk:
-                    done.add(tp)
-            for tp in done:
-                finished[tp] = time.perf_counter() - started
-                consumer.pause(tp)
-            remaining -= done
-            await asyncio.sleep(0)
+        replayed = await replay_to_highwater(
+            consumer, tps, fold, idle_timeout_ms=idle_timeout_ms, max_records=batch
+        )
     finally:
         if collector_was_enabled:
             gc.enable()
@@ -165,10 +140,10 @@ async def restore_partitions(
             latest[tp],
             RestoreStats(
                 partition=tp.partition,
-                records=counts[tp],
+                records=replayed[tp].records,
                 accounts=len(latest[tp]),
                 undecodable=bad[tp],
-                seconds=finished[tp],
+                seconds=replayed[tp].seconds,
             ),
         )
         for tp in tps

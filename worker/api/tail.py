@@ -4,13 +4,9 @@ Both read models of the front-end (``ReplyRouter`` on auth.replies, ``AuthStateV
 auth.state) are one replica-local consumer without a consumer group: it is *assigned* every
 partition, so each front-end replica sees every record and replicas never rebalance.
 
-Where the end is. The embedded broker (Tansu) answers ``end_offsets()``, ``seek_to_end()`` and
-``auto_offset_reset="latest"`` wrongly (the last batch's first offset + 1, design.md §10), so
-none of them is used. A tail starts at the beginning of each partition and reads (or skips)
-forward; a partition is *caught up* once ``position >= highwater`` for the high-water mark that
-came back with a fetch response (correct on Tansu and on Kafka), or, for a partition whose
-high-water mark is still unknown, once a poll came back empty. The same code is correct on a
-real cluster, where retention keeps the replay short.
+Where the end is. A tail starts at the beginning of each partition and is *caught up* once
+``worker.replay`` read every partition to its high-water mark (the rule the state store's
+restore uses too; that module says why ``end_offsets()`` and ``seek_to_end()`` are not used).
 """
 
 from __future__ import annotations
@@ -24,6 +20,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from worker.logs import get_logger
+from worker.replay import replay_to_highwater
 
 log = get_logger(__name__)
 
@@ -125,36 +122,36 @@ class TopicTail:
     def on_failure(self, exc: BaseException) -> None:
         """Called once when the loop dies. Overridden by subclasses."""
 
+    def _take(self, tp: TopicPartition, records: list[Any]) -> None:
+        self.records += len(records)
+        self.handle(records)
+
     async def _run(self) -> None:
-        behind = set(self._tps)
         started = time.perf_counter()
         try:
+            await replay_to_highwater(
+                self.consumer,
+                self._tps,
+                self._take,
+                idle_timeout_ms=self._idle_timeout_ms,
+                max_records=self._max_records,
+                assign=False,  # start() did
+            )
+            self._caught_up.set()
+            log.info(
+                "tail_caught_up",
+                tail=self.name,
+                topic=self.topic,
+                partitions=len(self._tps),
+                records=self.records,
+                seconds=round(time.perf_counter() - started, 4),
+            )
             while True:
                 batch = await self.consumer.getmany(
                     timeout_ms=self._idle_timeout_ms, max_records=self._max_records
                 )
-                for records in batch.values():
-                    self.records += len(records)
-                    self.handle(records)
-                if behind:
-                    for tp in list(behind):
-                        high = self.consumer.highwater(tp)
-                        if high is None:
-                            if not batch:
-                                behind.discard(tp)  # nothing fetched, nothing known: empty
-                            continue
-                        if await self.consumer.position(tp) >= high:
-                            behind.discard(tp)
-                    if not behind:
-                        self._caught_up.set()
-                        log.info(
-                            "tail_caught_up",
-                            tail=self.name,
-                            topic=self.topic,
-                            partitions=len(self._tps),
-                            records=self.records,
-                            seconds=round(time.perf_counter() - started, 4),
-                        )
+                for tp, records in batch.items():
+                    self._take(tp, records)
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise

@@ -83,8 +83,8 @@ class ShardedClient:
     """Several ``httpx.AsyncClient``s with small pools, used round-robin.
 
     httpcore looks at every connection of a pool on each request event (idle and expiry
-    checks, one readability poll per idle socket): with one pool of 64 connections the worker
-    spent ~40% of its CPU there (bench/README.md). Sixteen pools of four keep the capacity and
+    checks, one readability poll per idle socket): with one large pool that was most of the
+    worker's CPU (bench/README.md, hot spot #1). Sixteen pools of four keep the capacity and
     cut that work sixteenfold.
     """
 
@@ -178,8 +178,11 @@ def parse_auth_state(response: httpx.Response) -> ProviderAuthState:
 class HttpProviderAdapter:
     """A provider reached over HTTP: bounded retries, deadline, circuit breaker, error mapping.
 
-    ``breaker=None`` disables the breaker (tests); ``build_registry`` always gives one per
-    provider. ``on_call``/``on_retry`` are metric hooks, so this module needs no registry.
+    ``policy`` is the retry policy (``RetryPolicy.from_settings`` in production, its defaults
+    otherwise); each retry keyword that is given overrides that field of it, so a test can
+    change one knob. ``breaker=None`` disables the breaker (tests); ``build_registry`` always
+    gives one per provider. ``on_call``/``on_retry`` are metric hooks, so this module needs no
+    registry.
     """
 
     def __init__(
@@ -188,9 +191,10 @@ class HttpProviderAdapter:
         base_url: str,
         client: Requester,
         *,
-        max_attempts: int = 4,
-        backoff_base_s: float = 0.05,
-        backoff_max_s: float = 2.0,
+        policy: RetryPolicy | None = None,
+        max_attempts: int | None = None,
+        backoff_base_s: float | None = None,
+        backoff_max_s: float | None = None,
         retry_after_max_s: float | None = None,
         breaker: CircuitBreaker | None = None,
         on_call: CallObserver | None = None,
@@ -200,7 +204,15 @@ class HttpProviderAdapter:
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
-        self.policy = RetryPolicy(max_attempts, backoff_base_s, backoff_max_s, retry_after_max_s)
+        base = policy or RetryPolicy()
+        self.policy = RetryPolicy(
+            max_attempts=base.max_attempts if max_attempts is None else max_attempts,
+            backoff_base_s=base.backoff_base_s if backoff_base_s is None else backoff_base_s,
+            backoff_max_s=base.backoff_max_s if backoff_max_s is None else backoff_max_s,
+            retry_after_max_s=(
+                base.retry_after_max_s if retry_after_max_s is None else retry_after_max_s
+            ),
+        )
         self.breaker = breaker
         self._client = client
         self._on_call = on_call
@@ -229,9 +241,7 @@ class HttpProviderAdapter:
             name,
             base_url,
             client,
-            max_attempts=settings.provider_max_attempts,
-            backoff_base_s=settings.provider_backoff_base_s,
-            backoff_max_s=settings.provider_backoff_max_s,
+            policy=RetryPolicy.from_settings(settings),
             breaker=CircuitBreaker(
                 settings.provider_breaker_threshold, settings.provider_breaker_reset_s
             ),

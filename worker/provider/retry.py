@@ -50,6 +50,8 @@ class RetryPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:
+        """The policy of ``PROVIDER_MAX_ATTEMPTS`` / ``PROVIDER_BACKOFF_*``: the one place the
+        settings become a policy (``HttpProviderAdapter.from_settings`` uses it)."""
         return cls(
             max_attempts=settings.provider_max_attempts,
             backoff_base_s=settings.provider_backoff_base_s,

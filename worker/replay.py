@@ -1,0 +1,82 @@
+"""Replay partitions from their beginning to their high-water mark: the one catch-up loop.
+
+The worker's state store restores ``auth.state`` with it (``worker.store.restore_partitions``)
+and the front-end's tails catch up on ``auth.replies`` and ``auth.state`` with it
+(``worker.api.tail``), so both agree on when a partition has been read to its end.
+
+Where the end is. The embedded broker (Tansu) answers ``end_offsets()``, ``seek_to_end()`` and
+``auto_offset_reset="latest"`` wrongly (the last batch's first offset + 1; see
+``docs/architecture.md``, "The embedded broker"), so none of them is used. The high-water mark
+that comes back with a fetch response is right on Tansu and on Kafka: a partition is complete
+once its position reaches ``consumer.highwater(tp)``, or, while its high-water mark is still
+unknown (nothing was fetched for it yet), once a poll came back empty. A known high-water mark
+is never cut short by an empty poll: a slow fetch must not end a restore early. The same code
+is correct on a real cluster, where retention (or compaction) keeps the replay short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+__all__ = ["BatchHandler", "Replayed", "replay_to_highwater"]
+
+BatchHandler = Callable[[TopicPartition, list[Any]], object]
+"""Takes one partition's records (``ConsumerRecord``s, in offset order) as they arrive."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """One partition at the moment its replay was complete: its position, the records handed
+    over until then, and the seconds since the replay started."""
+
+    position: int
+    records: int
+    seconds: float
+
+
+async def replay_to_highwater(
+    consumer: AIOKafkaConsumer,
+    tps: Sequence[TopicPartition],
+    on_batch: BatchHandler,
+    *,
+    idle_timeout_ms: int = 200,
+    max_records: int = 10_000,
+    assign: bool = True,
+) -> dict[TopicPartition, Replayed]:
+    """Assign ``tps`` to the started, group-less ``consumer`` (replacing whatever it had), seek
+    each to its beginning and hand every batch to ``on_batch`` until each partition reached
+    its high-water mark (see the module docstring).
+
+    ``assign=False`` skips the assignment and the seek, for a caller that already did both
+    (a tail does it when it starts, so its consumer fetches before the replay task runs).
+    All partitions are read at once and none is paused: a partition that is complete early
+    keeps handing over whatever arrives on it until the others are, so a caller that keeps
+    reading afterwards (a tail) sees every record, in order, and continues where this ended.
+    """
+    started = time.perf_counter()
+    if assign:
+        consumer.assign(list(tps))
+        await consumer.seek_to_beginning(*tps)
+    counts = dict.fromkeys(tps, 0)
+    done: dict[TopicPartition, Replayed] = {}
+    while len(done) < len(counts):
+        chunk = await consumer.getmany(timeout_ms=idle_timeout_ms, max_records=max_records)
+        for tp, records in chunk.items():
+            counts[tp] += len(records)
+            on_batch(tp, records)
+        for tp in counts.keys() - done.keys():
+            high = consumer.highwater(tp)
+            if high is None and chunk:
+                continue  # nothing known of this one yet, and the poll was not empty
+            position = await consumer.position(tp)
+            if high is not None and position < high:
+                continue
+            done[tp] = Replayed(position, counts[tp], time.perf_counter() - started)
+        await asyncio.sleep(0)
+    return {tp: done[tp] for tp in tps}
