@@ -18,15 +18,15 @@ from prometheus_client import CollectorRegistry
 
 from devstack.broker import free_port
 from tests.harness import REPO, bus, confirm_cmd, register_cmd, worker_env
-from worker.app import (
+from worker.app import run_worker
+from worker.consumer import Worker
+from worker.probes import build_probe_app
+from worker.runner import (
     CLOSE_STEP_TIMEOUT_S,
     _bounded,
     _graceful_then_forced,
-    run_worker,
     shutdown_hard_limit,
 )
-from worker.consumer import Worker
-from worker.probes import build_probe_app
 from worker.serving import serving
 from worker.settings import Settings
 

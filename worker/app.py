@@ -6,26 +6,19 @@ Nothing else in the package builds a Kafka client, an HTTP client or a metrics r
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
 from worker.consumer import LoopConfig, Worker
-from worker.eventloop import running_loop_name
 from worker.execute import Executor
 from worker.flow import Policy
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.metrics import WorkerMetrics
-from worker.probes import build_probe_app
-from worker.process import on_stop_signals
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
-from worker.serving import serving
+from worker.runner import ProbeAddress, run_consume_loop
 from worker.settings import Settings
 from worker.store import StateStore
 
@@ -84,7 +77,7 @@ async def run_worker(
         metrics=metrics,
     )
     loop_config = LoopConfig(
-        topic=topics.commands,
+        topics=(topics.commands,),
         state_topic=topics.state,
         max_in_flight=settings.worker_max_in_flight,
         commit_interval_s=settings.worker_commit_interval_ms / 1000,
@@ -99,105 +92,22 @@ async def run_worker(
         metrics=metrics,
         config=loop_config,
     )
-    probes: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
+    probes = None
     if serve_probes:
-        app = build_probe_app(
-            registry, last_beat=lambda: worker.last_beat, ready=lambda: worker.ready
+        probes = ProbeAddress(
+            settings.worker_metrics_host, settings.worker_metrics_port, "worker-probes"
         )
-        probes = serving(
-            app,
-            host=settings.worker_metrics_host,
-            port=settings.worker_metrics_port,
-            name="worker-probes",
-        )
-    # Installed for the whole run, close steps included: a second signal during them still
-    # exits at once (130).
-    on_signal = _graceful_then_forced(worker, hard_limit_s=shutdown_hard_limit(settings))
-    with on_stop_signals(on_signal, enabled=install_signals):
-        stopper = asyncio.create_task(_stop_when(stop, worker)) if stop is not None else None
-        try:
-            async with probes:
-                await producer.start()
-                await consumer.start()
-                if on_start is not None:
-                    on_start(worker)
-                log.info(
-                    "worker_started",
-                    bootstrap=settings.bootstrap,
-                    group=settings.kafka_consumer_group,
-                    event_loop=running_loop_name(),
-                )
-                await worker.run()
-        finally:
-            if stopper is not None:
-                stopper.cancel()
-            # Every step is bounded: a broker that vanished must not keep the process alive.
-            await _bounded(consumer.stop(), "consumer_stop", CLOSE_STEP_TIMEOUT_S)
-            await _bounded(producer.stop(), "producer_stop", CLOSE_STEP_TIMEOUT_S)
-            await providers.aclose()
-            await http.aclose()
-            log.info("worker_stopped")
-
-
-#: Upper bound of each client-closing step after the drain (consumer, producer).
-CLOSE_STEP_TIMEOUT_S = 10.0
-
-
-def shutdown_hard_limit(settings: Settings) -> float:
-    """Seconds from SIGTERM to a forced exit: the drain, both close steps, and a margin.
-
-    Kubernetes' ``terminationGracePeriodSeconds`` must exceed it (deploy/ uses 60 s; the
-    limit is 45 s for the default 20 s grace), so the process always ends by its own hand,
-    with a log line saying why, rather than by the kubelet's SIGKILL.
-    """
-    return settings.worker_shutdown_grace_s + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
-
-
-def _graceful_then_forced(worker: Worker, *, hard_limit_s: float) -> Callable[[], None]:
-    """First SIGTERM/SIGINT: drain and leave, with a watchdog that exits (code 70) if the
-    clean stop overruns ``hard_limit_s``. A second signal: exit at once (code 130)."""
-    signals = 0
-
-    def overran() -> None:
-        log.error("shutdown_overran", hard_limit_s=hard_limit_s)
-        os._exit(70)
-
-    def handler() -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:
-            log.error("forced_exit")
-            os._exit(130)
-            return  # only reached when os._exit is replaced (tests)
-        log.info("stop_requested", hard_limit_s=hard_limit_s)
-        asyncio.get_running_loop().call_later(hard_limit_s, overran)
-        worker.stop()
-
-    return handler
-
-
-async def _bounded(step: Coroutine[Any, Any, None], what: str, timeout: float) -> None:
-    """Run a shutdown step for at most ``timeout`` seconds.
-
-    ``asyncio.wait`` rather than ``wait_for``: on time-out ``wait_for`` waits for the
-    cancelled step to finish, which a library that absorbs the cancellation (a rebalance in
-    the middle of ``consumer.stop()``) can make unbounded. Here the step is cancelled and
-    left behind; the process is about to exit.
-    """
-    started = time.monotonic()
-    task = asyncio.ensure_future(step)
-    done, _ = await asyncio.wait({task}, timeout=timeout)
-    if not done:
-        task.cancel()
-        log.error("shutdown_step_timed_out", step=what, timeout_s=timeout)
-        return
-    if task.cancelled() or (exc := task.exception()) is not None:
-        error = "cancelled" if task.cancelled() else repr(exc)
-        log.warning("shutdown_step_failed", step=what, error=error)
-        return
-    log.info("shutdown_step_done", step=what, seconds=round(time.monotonic() - started, 3))
-
-
-async def _stop_when(event: asyncio.Event, worker: Worker) -> None:
-    await event.wait()
-    worker.stop()
+    await run_consume_loop(
+        worker,
+        name="worker",
+        settings=settings,
+        consumer=consumer,
+        producer=producer,
+        registry=registry,
+        probes=probes,
+        install_signals=install_signals,
+        stop=stop,
+        on_start=on_start,
+        closers=(providers.aclose, http.aclose),
+        group=settings.kafka_consumer_group,
+    )

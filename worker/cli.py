@@ -1,7 +1,7 @@
 """``python -m worker <command>``: the entry point of every production process.
 
-Commands: ``run`` (one worker of the pool), ``api`` (one front-end), ``topics`` (create the
-topics), ``keys`` (API keys) and ``schemas`` (re-export ``schemas/`` and ``docs/flow.md``).
+Commands: ``run`` (one worker of the pool), ``api`` (one front-end), ``webhooks`` (one
+webhook dispatcher), ``topics`` (create the topics), ``keys`` (API keys) and ``schemas`` (re-export ``schemas/`` and ``docs/flow.md``).
 The development tools (the embedded broker, the simulator, ``make run``'s stack, the demo) are
 ``python -m devstack``, and the benchmark is ``python -m bench``; neither is in this package.
 """
@@ -42,6 +42,13 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     return run_until_signal(serve_api(settings), settings)
 
 
+def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
+    from worker.webhooks.app import run_dispatcher
+
+    tune_gc(settings)
+    return run_until_signal(run_dispatcher(settings), settings)
+
+
 def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
     from worker.schemas import write_all
 
@@ -63,7 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
         fn=cmd_run
     )
     sub.add_parser("api", help="one API front-end process").set_defaults(fn=cmd_api)
-    sub.add_parser("topics", help="create the six topics (idempotent)").set_defaults(fn=cmd_topics)
+    sub.add_parser(
+        "webhooks", help="one webhook dispatcher of the pool (delivers events to endpoints)"
+    ).set_defaults(fn=cmd_webhooks)
+    sub.add_parser("topics", help="create every topic (idempotent)").set_defaults(fn=cmd_topics)
     schemas = sub.add_parser(
         "schemas", help="export JSON Schemas, catalogue and OpenAPI; the flow diagram to docs/"
     )

@@ -1,19 +1,25 @@
-"""The consume loop: fetch → dispatch to per-account lanes → reap → commit the watermark.
+"""The consume loop: fetch → dispatch to per-key lanes → reap → commit the watermark.
 
-Read top to bottom:
+One engine for every consuming process: the worker runs it over auth.commands with the
+account records of auth.state; the webhook dispatcher over auth.status, auth.errors and the
+replay topic with its delivery states. What a record means is the ``Handler``'s business; the
+loop owns order, concurrency, offsets, timers, restore and rebalances. Read top to bottom:
 
-* ``run`` polls auth.commands and hands each record to the lane of its key (the account id).
+* ``run`` polls the input topics and hands each record to the lane of its key (the account id).
   A lane is one task working through one account's records strictly in order; different
   accounts, even of one partition, run concurrently (key-level concurrency), bounded by
   ``max_in_flight`` through partition pause/resume (backpressure, not an unbounded queue).
 * ``OffsetTracker`` keeps, per partition, the offsets dispatched in fetch order; the committed
   offset only advances over a contiguous run of finished records (the completion watermark),
   and a record is finished only when its outputs are acknowledged by the broker.
-* On assignment the partitions are paused, their state restored from auth.state, then resumed;
+* On assignment the partitions are paused, their state restored from the changelog topic
+  (auth.state for the worker), then resumed;
   on revocation dispatch stops, running work gets ``rebalance_budget_s`` to finish, the
   watermark is committed and the state dropped.
-* A timer task drives the follow-up of confirmed flows (poll / expire) through the same lanes,
-  so nothing ever runs twice at once for one account.
+* A timer task drives what the store says is due (the worker: polls and deadlines of confirmed
+  flows; the dispatcher: deliveries and their retries) through the same lanes, so nothing
+  ever runs twice at once for one key. ``Handler.handle`` may also name keys that are due at
+  once; they are queued on their lanes right after the record.
 * Any unexpected exception in a lane is fatal: the loop stops, commits nothing further and
   ``run`` raises, so the process exits non-zero instead of living on as a zombie consumer.
 """
@@ -25,22 +31,64 @@ import contextlib
 import gc
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.group import LeaveGroupRequest
 from aiokafka.structs import ConsumerRecord
 
-from worker.execute import Executor
 from worker.logs import get_logger
-from worker.metrics import WorkerMetrics
 from worker.store import restore_partitions
 
 log = get_logger(__name__)
 
 RestoreConsumerFactory = Callable[[], AIOKafkaConsumer]
+
+
+class LoopStore(Protocol):
+    """What the loop needs of a state store (``worker.store.PartitionedStore``)."""
+
+    @staticmethod
+    def decode(value: bytes) -> tuple[str, Any]: ...
+
+    def load(self, partition: int, records: dict[str, Any]) -> None: ...
+
+    def drop(self, partition: int) -> None: ...
+
+    def pop_due(self, now: float, *, retry_at: float) -> tuple[str, int] | None: ...
+
+    def __len__(self) -> int: ...
+
+
+class Handler(Protocol):
+    """One unit of work per record or due key: the worker's ``Executor``, the dispatcher's
+    ``Dispatcher``. An exception from either is fatal for the process."""
+
+    @property
+    def store(self) -> LoopStore: ...
+
+    async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> Iterable[str] | None:
+        """Apply one record; may return keys (of the record's partition) due at once."""
+
+    async def follow_up(self, partition: int, key: str) -> None:
+        """Act on a key the store said is due."""
+
+
+class LoopMetrics(Protocol):
+    """The loop's own series (``WorkerMetrics``, ``WebhookMetrics``)."""
+
+    in_flight: Any
+    lag: Any
+    store_accounts: Any
+    restore_seconds: Any
+    restore_records: Any
+    rebalances: Any
+    ready: Any
+
+    def beat(self) -> None: ...
 
 
 class OffsetTracker:
@@ -85,7 +133,11 @@ class Lane:
 
 @dataclass(frozen=True, slots=True)
 class LoopConfig:
-    topic: str
+    """``topics`` are co-partitioned inputs (a key lands on the same partition number of each,
+    and a range assignor gives one member the same numbers of all); ``state_topic`` is their
+    changelog, restored per owned partition number."""
+
+    topics: tuple[str, ...]
     state_topic: str
     max_in_flight: int = 1000
     commit_interval_s: float = 0.2
@@ -98,15 +150,15 @@ class LoopConfig:
 
 
 class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
-    """One worker process's consume loop. Build the clients outside and pass them in."""
+    """One process's consume loop. Build the clients outside and pass them in."""
 
     def __init__(
         self,
         *,
         consumer: AIOKafkaConsumer,
         restore_consumer: RestoreConsumerFactory,
-        executor: Executor,
-        metrics: WorkerMetrics,
+        executor: Handler,
+        metrics: LoopMetrics,
         config: LoopConfig,
     ) -> None:
         self.consumer = consumer
@@ -133,7 +185,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def run(self) -> None:
         """Consume until ``stop()``; raises when a lane failed (the process must exit)."""
-        self.consumer.subscribe([self.config.topic], listener=self)
+        self.consumer.subscribe(list(self.config.topics), listener=self)
         self._leave_group_on_stop()
         helpers = [
             asyncio.create_task(self._every(self.config.commit_interval_s, self._commit)),
@@ -207,8 +259,10 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
                 if item is None:
                     await self.executor.follow_up(lane.partition, key)
                 else:
-                    await self.executor.handle(item)
+                    due = await self.executor.handle(item)
                     self.trackers[TopicPartition(item.topic, item.partition)].finished(item.offset)
+                    for due_key in due or ():
+                        self._enqueue(due_key, lane.partition, None)
                 lane.items.popleft()
                 self._settled()
         except asyncio.CancelledError:
@@ -229,7 +283,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def _apply_backpressure(self) -> None:
         """Pause fetching while too much is in flight; resume at half the limit."""
-        owned = [TopicPartition(self.config.topic, p) for p in self.active]
+        owned = self._owned()
         if not self._paused_for_backpressure and self.in_flight >= self.config.max_in_flight:
             self.consumer.pause(*owned)
             self._paused_for_backpressure = True
@@ -290,8 +344,13 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
 
     # -- rebalance -----------------------------------------------------------------------------
 
+    def _owned(self, partitions: Iterable[int] | None = None) -> list[TopicPartition]:
+        """The input topic-partitions of ``partitions`` (default: every active one)."""
+        numbers = self.active if partitions is None else partitions
+        return [TopicPartition(t, p) for p in numbers for t in self.config.topics]
+
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        mine = {tp for tp in revoked if tp.topic == self.config.topic}
+        mine = {tp for tp in revoked if tp.topic in self.config.topics}
         if not mine:
             return
         self.metrics.rebalances.labels("revoked").inc()
@@ -313,7 +372,8 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         mine = sorted(
-            (tp for tp in assigned if tp.topic == self.config.topic), key=lambda t: t.partition
+            (tp for tp in assigned if tp.topic in self.config.topics),
+            key=lambda t: (t.partition, t.topic),
         )
         if not mine:
             self.ready = True
@@ -332,8 +392,9 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         restorer = self._restore_consumer()
         await restorer.start()
         try:
-            state_tps = [TopicPartition(self.config.state_topic, tp.partition) for tp in mine]
-            restored = await restore_partitions(restorer, state_tps)
+            numbers = sorted({tp.partition for tp in mine})
+            state_tps = [TopicPartition(self.config.state_topic, p) for p in numbers]
+            restored = await restore_partitions(restorer, state_tps, decode=self.store.decode)
         finally:
             await restorer.stop()
         for partition, (records, _) in restored.items():
@@ -388,7 +449,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def _drain(self, grace: float) -> None:
         log.info("draining", in_flight=self.in_flight, grace_s=grace)
-        owned = [TopicPartition(self.config.topic, p) for p in self.active]
+        owned = self._owned()
         if owned:
             self.consumer.pause(*owned)
         await self._wait_lanes(None, grace)

@@ -74,6 +74,16 @@ def topic_partitions(settings: Settings) -> dict[str, int]:
     return counts
 
 
+def co_partitioned(settings: Settings) -> list[tuple[str, ...]]:
+    """Topics whose partition numbers must line up: the worker's commands and its state; the
+    dispatcher's inputs (events, replays) and its delivery states."""
+    t = settings.topics
+    return [
+        (t.commands, t.state),
+        (t.status, t.errors, t.webhook_replays, t.webhook_state),
+    ]
+
+
 async def ensure_topics(settings: Settings, *, attempts: int = 50) -> dict[str, int]:
     """Create missing topics; verify the co-partitioning of existing ones."""
     wanted = topic_partitions(settings)
@@ -97,13 +107,14 @@ async def ensure_topics(settings: Settings, *, attempts: int = 50) -> dict[str, 
             # another process may win the race; that is fine
             with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(missing)
-        described = await admin.describe_topics([settings.topics.commands, settings.topics.state])
-        counts = {d["topic"]: len(d["partitions"]) for d in described}
-        if counts.get(settings.topics.commands) != counts.get(settings.topics.state):
-            raise RuntimeError(
-                f"{settings.topics.commands} and {settings.topics.state} must have the same "
-                f"partition count (co-partitioned), found {counts}"
-            )
+        for group in co_partitioned(settings):
+            described = await admin.describe_topics(list(group))
+            counts = {d["topic"]: len(d["partitions"]) for d in described}
+            if len(set(counts.values())) != 1:
+                raise RuntimeError(
+                    f"{', '.join(group)} must have the same partition count (co-partitioned), "
+                    f"found {counts}"
+                )
         return wanted
     finally:
         await admin.close()

@@ -27,6 +27,10 @@ class Topics(BaseSettings):
     replies: str = "auth.replies"
     dlq: str = "auth.dlq"
     webhook_endpoints: str = "webhook.endpoints"
+    webhook_deliveries: str = "webhook.deliveries"
+    webhook_state: str = "webhook.delivery-state"
+    webhook_replays: str = "webhook.replays"
+    webhook_dlq: str = "webhook.dlq"
 
     def all(self) -> list[str]:
         return [
@@ -37,6 +41,10 @@ class Topics(BaseSettings):
             self.replies,
             self.dlq,
             self.webhook_endpoints,
+            self.webhook_deliveries,
+            self.webhook_state,
+            self.webhook_replays,
+            self.webhook_dlq,
         ]
 
 
@@ -133,6 +141,18 @@ class Settings(BaseSettings):
     webhook_store_timeout_s: float = Field(default=5.0, gt=0)
     webhook_allow_http: bool = False
     webhook_allow_private_targets: bool = False
+    webhook_consumer_group: str = "passkey-webhook-dispatcher"
+    webhook_metrics_host: str = "127.0.0.1"
+    webhook_metrics_port: int = 9101
+    webhook_timeout_s: float = Field(default=15.0, gt=0)
+    webhook_retry_schedule_s: str = Field(
+        default="5,300,1800,7200,18000,36000,36000",
+        pattern=r"^\s*\d+(\.\d+)?(\s*,\s*\d+(\.\d+)?)*\s*$",
+        description="Seconds to wait after each failed attempt (Svix's schedule); one attempt "
+        "more than there are waits.",
+    )
+    webhook_disable_after_s: float = Field(default=5 * 86_400.0, gt=0)
+    webhook_max_in_flight: int = Field(default=1000, ge=1)
 
     # --- process -------------------------------------------------------------------------
     event_loop: Literal["uvloop", "asyncio"] = Field(

@@ -8,9 +8,10 @@ record per key, so a broker that never compacts (the embedded one) only costs re
 from __future__ import annotations
 
 import gc
-import heapq
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
@@ -18,65 +19,55 @@ from pydantic import ValidationError
 from worker.logs import get_logger
 from worker.messages import AccountRecord, decode_record
 from worker.replay import replay_to_highwater
+from worker.timers import Timer, TimerQueue
 
 log = get_logger(__name__)
 
+R = TypeVar("R")
+Decoder = Callable[[bytes], tuple[str, R]]
+"""A changelog value → (key, record); raises ``pydantic.ValidationError`` when it is not one."""
 
-_Timer = tuple[float, str, int]
-"""A follow-up timer in the queue: (due epoch seconds, account id, partition)."""
 
+class PartitionedStore(ABC, Generic[R]):
+    """Records by owned partition and key, plus a ``TimerQueue`` of what is due when.
 
-class StateStore:
-    """Records by partition, and the queue of follow-up timers of the accounts in flow.
-
-    The timers are a heap ordered by due time, so finding the due ones costs O(log n) each
-    instead of a scan of every account in flow four times a second (bench/README.md, hot spot
-    #8). ``following`` maps each account in flow to its one live heap entry; an entry that
-    is no longer that account's live one (the record moved on, settled or was dropped) is
-    stale and skipped when it reaches the top.
+    Subclasses say what a record's key is and which timers a record arms (``_arm``) and owns
+    (``_timer_keys``); loading and dropping partitions and handing out due keys is shared, so
+    the worker's and the dispatcher's stores behave alike under the consume loop.
     """
 
     def __init__(self) -> None:
-        self._parts: dict[int, dict[str, AccountRecord]] = {}
-        self.following: dict[str, _Timer] = {}
-        self._timers: list[_Timer] = []
+        self._parts: dict[int, dict[str, R]] = {}
+        self.timers = TimerQueue()
 
-    def get(self, partition: int, account_id: str) -> AccountRecord | None:
-        return self._parts.get(partition, {}).get(account_id)
+    @staticmethod
+    @abstractmethod
+    def decode(value: bytes) -> tuple[str, R]:
+        """A changelog value as (key, record); raises ``ValidationError`` for anything else."""
 
-    def put(self, partition: int, record: AccountRecord) -> None:
-        self._parts.setdefault(partition, {})[record.account_id] = record
-        fu = record.follow_up
-        if fu is not None and not record.deregistered:
-            self._arm(record.account_id, partition, min(fu.next_poll_at, fu.deadline_at))
-        else:
-            self.following.pop(record.account_id, None)
+    @abstractmethod
+    def key_of(self, record: R) -> str: ...
 
-    def _arm(self, account_id: str, partition: int, due: float) -> None:
-        live = self.following.get(account_id)
-        if live is not None and live[0] == due and live[2] == partition:
-            return
-        timer = (due, account_id, partition)
-        self.following[account_id] = timer
-        heapq.heappush(self._timers, timer)
+    @abstractmethod
+    def _arm(self, partition: int, record: R) -> None:
+        """Arm (or cancel) the timers ``record`` implies."""
+
+    @abstractmethod
+    def _timer_keys(self, record: R) -> list[str]:
+        """Every timer key ``record`` may have armed."""
+
+    def get(self, partition: int, key: str) -> R | None:
+        return self._parts.get(partition, {}).get(key)
+
+    def put(self, partition: int, record: R) -> None:
+        self._parts.setdefault(partition, {})[self.key_of(record)] = record
+        self._arm(partition, record)
 
     def pop_due(self, now: float, *, retry_at: float) -> tuple[str, int] | None:
-        """The next account (and its partition) whose timer is due at ``now``, or ``None``.
+        """The next timer key (and its partition) that is due (``TimerQueue.pop_due``)."""
+        return self.timers.pop_due(now, retry_at=retry_at)
 
-        Its timer is re-armed at ``retry_at``: if the caller cannot run the follow-up now, or
-        the step changes nothing, the account comes back then; a step that stores a new record
-        re-arms it from that record instead.
-        """
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            timer = heapq.heappop(timers)
-            _, account_id, partition = timer
-            if self.following.get(account_id) is timer:
-                self._arm(account_id, partition, retry_at)
-                return account_id, partition
-        return None
-
-    def load(self, partition: int, records: dict[str, AccountRecord]) -> None:
+    def load(self, partition: int, records: dict[str, R]) -> None:
         """Install a restored partition (replacing whatever was there)."""
         self.drop(partition)
         self._parts[partition] = {}
@@ -84,15 +75,49 @@ class StateStore:
             self.put(partition, record)
 
     def drop(self, partition: int) -> None:
-        for account_id in self._parts.pop(partition, {}):
-            self.following.pop(account_id, None)
-        if len(self._timers) > 2 * len(self.following) + 1024:
-            # Mostly stale entries now (a partition was revoked): rebuild the heap.
-            self._timers = list(self.following.values())
-            heapq.heapify(self._timers)
+        for record in self._parts.pop(partition, {}).values():
+            for key in self._timer_keys(record):
+                self.timers.cancel(key)
+        self.timers.compact()
 
     def __len__(self) -> int:
         return sum(len(p) for p in self._parts.values())
+
+
+class StateStore(PartitionedStore[AccountRecord]):
+    """The worker's account records, and the follow-up timers of the accounts in flow.
+
+    The timers are a heap by due time, so finding the due ones costs O(log n) each instead
+    of a scan of every account in flow four times a second (bench/README.md, hot spot #8). A
+    record in flow arms its account's timer; a settled or deregistered one cancels it.
+    """
+
+    @property
+    def following(self) -> dict[str, Timer]:
+        """Each account in flow and its live timer."""
+        return self.timers.live
+
+    @property
+    def _timers(self) -> list[Timer]:
+        return self.timers.heap
+
+    @staticmethod
+    def decode(value: bytes) -> tuple[str, AccountRecord]:
+        record = decode_record(value)
+        return record.account_id, record
+
+    def key_of(self, record: AccountRecord) -> str:
+        return record.account_id
+
+    def _arm(self, partition: int, record: AccountRecord) -> None:
+        fu = record.follow_up
+        if fu is not None and not record.deregistered:
+            self.timers.arm(record.account_id, partition, min(fu.next_poll_at, fu.deadline_at))
+        else:
+            self.timers.cancel(record.account_id)
+
+    def _timer_keys(self, record: AccountRecord) -> list[str]:
+        return [record.account_id]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,24 +129,47 @@ class RestoreStats:
     seconds: float
 
 
+@overload
 async def restore_partitions(
     consumer: AIOKafkaConsumer,
     tps: list[TopicPartition],
     *,
+    idle_timeout_ms: int = ...,
+    batch: int = ...,
+) -> dict[int, tuple[dict[str, AccountRecord], RestoreStats]]: ...
+
+
+@overload
+async def restore_partitions(
+    consumer: AIOKafkaConsumer,
+    tps: list[TopicPartition],
+    *,
+    decode: Decoder[R],
+    idle_timeout_ms: int = ...,
+    batch: int = ...,
+) -> dict[int, tuple[dict[str, R], RestoreStats]]: ...
+
+
+async def restore_partitions(
+    consumer: AIOKafkaConsumer,
+    tps: list[TopicPartition],
+    *,
+    decode: Decoder[Any] = StateStore.decode,
     idle_timeout_ms: int = 200,
     batch: int = 10_000,
-) -> dict[int, tuple[dict[str, AccountRecord], RestoreStats]]:
-    """Read every partition in ``tps`` (of auth.state) from the beginning to its high-water
-    mark, all at once, keeping the last record per account.
+) -> dict[int, tuple[dict[str, Any], RestoreStats]]:
+    """Read every partition in ``tps`` (of a changelog: auth.state, or the dispatcher's
+    delivery states) from the beginning to its high-water mark, all at once, keeping the last
+    record per key. ``decode`` turns a value into (key, record) or raises ``ValidationError``.
 
     ``consumer`` is a group-less consumer used only for restoring; where a partition ends is
     ``worker.replay``'s rule, the one the front-end's tails use too.
     """
-    latest: dict[TopicPartition, dict[str, AccountRecord]] = {tp: {} for tp in tps}
+    latest: dict[TopicPartition, dict[str, Any]] = {tp: {} for tp in tps}
     bad = dict.fromkeys(tps, 0)
 
     def fold(tp: TopicPartition, messages: list[Any]) -> None:
-        bad[tp] += _apply(latest[tp], messages, tp)
+        bad[tp] += _apply(latest[tp], messages, tp, decode)
 
     # Restored records hold no reference cycles, but each is a handful of GC-tracked objects,
     # and the cyclic collector would re-scan the growing pile over and over while it is built
@@ -150,7 +198,9 @@ async def restore_partitions(
     }
 
 
-def _apply(latest: dict[str, AccountRecord], messages: list[Any], tp: TopicPartition) -> int:
+def _apply(
+    latest: dict[str, R], messages: list[Any], tp: TopicPartition, decode: Decoder[R]
+) -> int:
     """Fold changelog records into ``latest``; returns how many could not be decoded."""
     bad = 0
     for msg in messages:
@@ -159,10 +209,10 @@ def _apply(latest: dict[str, AccountRecord], messages: list[Any], tp: TopicParti
                 latest.pop(msg.key.decode(), None)
             continue
         try:
-            record = decode_record(msg.value)
+            key, record = decode(msg.value)
         except ValidationError:
             bad += 1
             log.error("state_record_undecodable", partition=tp.partition, offset=msg.offset)
             continue
-        latest[record.account_id] = record
+        latest[key] = record
     return bad

@@ -17,11 +17,11 @@ Timer = tuple[float, str, int]
 class TimerQueue:
     """One live timer per key; ``pop_due`` hands out due keys one at a time."""
 
-    __slots__ = ("_heap", "live")
+    __slots__ = ("heap", "live")
 
     def __init__(self) -> None:
         self.live: dict[str, Timer] = {}
-        self._heap: list[Timer] = []
+        self.heap: list[Timer] = []
 
     def __len__(self) -> int:
         return len(self.live)
@@ -32,7 +32,7 @@ class TimerQueue:
             return
         timer = (due, key, partition)
         self.live[key] = timer
-        heapq.heappush(self._heap, timer)
+        heapq.heappush(self.heap, timer)
 
     def cancel(self, key: str) -> None:
         self.live.pop(key, None)
@@ -43,7 +43,7 @@ class TimerQueue:
         Its timer is re-armed at ``retry_at``: if the caller cannot act now, or acting changes
         nothing, the key comes back then; acting re-arms it from the new state instead.
         """
-        heap = self._heap
+        heap = self.heap
         while heap and heap[0][0] <= now:
             timer = heapq.heappop(heap)
             _, key, partition = timer
@@ -54,6 +54,6 @@ class TimerQueue:
 
     def compact(self) -> None:
         """Drop stale entries once they outnumber the live ones (after a partition left)."""
-        if len(self._heap) > 2 * len(self.live) + 1024:
-            self._heap = list(self.live.values())
-            heapq.heapify(self._heap)
+        if len(self.heap) > 2 * len(self.live) + 1024:
+            self.heap = list(self.live.values())
+            heapq.heapify(self.heap)

@@ -12,6 +12,7 @@ from worker.webhooks.delivery import (
     AttemptResult,
     DeliveryState,
     Pending,
+    carry_over,
     enqueue,
     fail_head,
     parse_schedule,
@@ -115,6 +116,22 @@ def test_fail_head_records_the_reason_and_failing_since_spans_deliveries() -> No
     assert failed.state.failing_since == NOW, "a failure does not reset the clock"
     ok = settle(failed.state, AttemptResult(200), now=NOW + 60)
     assert ok.state.failing_since is None, "a success does"
+
+
+def test_an_outcome_carries_over_onto_what_was_taken_in_meanwhile() -> None:
+    state = enqueue(empty(), pending(1))[0]
+    retried = settle(state, AttemptResult(500), now=NOW, rng=random.Random(2))
+    grown = enqueue(state, pending(2))[0]  # the account's lane, during the attempt
+    merged = carry_over(grown, retried)
+    assert [p.version for p in merged.queue] == [1, 2]
+    assert merged.queue[0].attempts == 1 and merged.failing_since == NOW
+    assert merged.seen == grown.seen
+    done = settle(merged, AttemptResult(200), now=NOW + 9)
+    later = enqueue(merged, pending(3))[0]
+    final = carry_over(later, done)
+    assert [p.version for p in final.queue] == [2, 3]
+    assert final.queue[0].next_attempt_at <= NOW + 9
+    assert final.failing_since is None
 
 
 def test_parse_schedule() -> None:

@@ -222,6 +222,22 @@ def _finish(
     return Settled(nxt, outcome, finished=done)
 
 
+def carry_over(current: DeliveryState, settled: Settled) -> DeliveryState:
+    """``settled`` applied onto ``current``: the state may have changed while the outcome was
+    being written (the account's lane appends deliveries and webhook-ids behind the head), but
+    only the attempting lane ever changes the head, so its transition carries over as is."""
+    if settled.finished is None:
+        queue = (settled.state.queue[0], *current.queue[1:])
+    else:
+        queue = current.queue[1:]
+        if queue and queue[0].next_attempt_at > settled.finished.finished_at:
+            queue = (
+                queue[0].model_copy(update={"next_attempt_at": settled.finished.finished_at}),
+                *queue[1:],
+            )
+    return current.model_copy(update={"queue": queue, "failing_since": settled.state.failing_since})
+
+
 def parse_schedule(text: str) -> tuple[float, ...]:
     """``WEBHOOK_RETRY_SCHEDULE_S``: comma-separated seconds, e.g. ``5,300,1800``."""
     waits = tuple(float(part) for part in text.split(",") if part.strip())

@@ -30,6 +30,7 @@ from worker.webhooks.delivery import (
     AttemptResult,
     Pending,
     Settled,
+    carry_over,
     enqueue,
     fail_head,
     settle,
@@ -207,8 +208,6 @@ class Dispatcher:
             result: AttemptResult | None = None
             if endpoint is not None and endpoint.status == "active":
                 result = await self._attempt(endpoint, head)
-            # Settle against the state as it is now: the account's lane may have appended
-            # deliveries behind the head meanwhile; only this lane ever removes the head.
             record = self.store.get(partition, account_id) or record
             state = record.of(endpoint_id)
             now = self._clock()
@@ -219,7 +218,7 @@ class Dispatcher:
                 settled = settle(
                     state, result, now=now, schedule=self.config.schedule, rng=self._rng
                 )
-            await self._apply(partition, record.with_state(settled.state), endpoint, settled, head)
+            await self._apply(partition, account_id, record, endpoint, settled, head)
 
     async def _attempt(self, endpoint: EndpointRecord, head: Pending) -> AttemptResult:
         body = head.body.encode()
@@ -239,6 +238,7 @@ class Dispatcher:
     async def _apply(
         self,
         partition: int,
+        account_id: str,
         record: AccountDeliveries,
         endpoint: EndpointRecord | None,
         settled: Settled,
@@ -260,7 +260,11 @@ class Dispatcher:
             else:
                 self.metrics.failed.inc()
                 await self._publisher.dead_letter(record, endpoint_id, head, finished)
-        await self._publisher.persist(partition, record, store=self.store)
+        # The account's lane may have taken deliveries in while the outcome was written: read
+        # the record again and store it with no await in between (``persist`` stores first).
+        current = self.store.get(partition, account_id) or record
+        merged = current.with_state(carry_over(current.of(endpoint_id), settled))
+        await self._publisher.persist(partition, merged, store=self.store)
         if endpoint is not None and endpoint.status == "active":
             await self._maybe_disable(endpoint, settled, now)
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from worker.timers import TimerQueue
+from worker.store import PartitionedStore
 from worker.webhooks.delivery import DeliveryState, state_key
 
 
@@ -45,18 +45,18 @@ def decode_deliveries(value: bytes) -> AccountDeliveries:
     return AccountDeliveries.model_validate_json(value)
 
 
-class DeliveryStore:
-    """Records by partition, and a timer per (endpoint, account) whose queue is not empty."""
+class DeliveryStore(PartitionedStore[AccountDeliveries]):
+    """Delivery states by account, and a timer per (endpoint, account) whose queue waits."""
 
-    def __init__(self) -> None:
-        self._parts: dict[int, dict[str, AccountDeliveries]] = {}
-        self.timers = TimerQueue()
+    @staticmethod
+    def decode(value: bytes) -> tuple[str, AccountDeliveries]:
+        record = decode_deliveries(value)
+        return record.account_id, record
 
-    def get(self, partition: int, account_id: str) -> AccountDeliveries | None:
-        return self._parts.get(partition, {}).get(account_id)
+    def key_of(self, record: AccountDeliveries) -> str:
+        return record.account_id
 
-    def put(self, partition: int, record: AccountDeliveries) -> None:
-        self._parts.setdefault(partition, {})[record.account_id] = record
+    def _arm(self, partition: int, record: AccountDeliveries) -> None:
         for endpoint_id, state in record.endpoints.items():
             key = state_key(endpoint_id, record.account_id)
             due = state.due_at()
@@ -65,21 +65,5 @@ class DeliveryStore:
             else:
                 self.timers.arm(key, partition, due)
 
-    def load(self, partition: int, records: dict[str, AccountDeliveries]) -> None:
-        """Install a restored partition (replacing whatever was there)."""
-        self.drop(partition)
-        self._parts[partition] = {}
-        for record in records.values():
-            self.put(partition, record)
-
-    def drop(self, partition: int) -> None:
-        for record in self._parts.pop(partition, {}).values():
-            for endpoint_id in record.endpoints:
-                self.timers.cancel(state_key(endpoint_id, record.account_id))
-        self.timers.compact()
-
-    def pop_due(self, now: float, *, retry_at: float) -> tuple[str, int] | None:
-        return self.timers.pop_due(now, retry_at=retry_at)
-
-    def __len__(self) -> int:
-        return sum(len(p) for p in self._parts.values())
+    def _timer_keys(self, record: AccountDeliveries) -> list[str]:
+        return [state_key(e, record.account_id) for e in record.endpoints]

@@ -1,0 +1,126 @@
+"""The dispatcher on a real broker, delivering to a real receiver on loopback that verifies
+every request with ``standardwebhooks``: signed, in version order per account, one webhook-id
+per (event, endpoint) across retries, a failing endpoint delays nobody else, 410 disables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import SettingsFactory
+from tests.webhooks.support import (
+    Receiver,
+    create_endpoint,
+    endpoint_store,
+    new_account,
+    publish_events,
+    receiving,
+    running_dispatcher,
+    status_event,
+    wait_until,
+)
+from worker.webhooks.delivery import webhook_id
+from worker.webhooks.secrets_box import generate_key
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def settings_for(make_settings: SettingsFactory) -> SettingsFactory:
+    def factory(**overrides: Any) -> Any:
+        values: dict[str, Any] = {
+            "webhook_secrets_key": generate_key(),
+            "webhook_allow_http": True,
+            "webhook_allow_private_targets": True,
+            "webhook_retry_schedule_s": "0.2,0.2,0.2",
+            "webhook_timeout_s": 2.0,
+        }
+        values.update(overrides)
+        settings = make_settings(**values)
+        return settings.model_copy(
+            update={"webhook_consumer_group": f"{settings.kafka_consumer_group}.webhooks"}
+        )
+
+    return factory
+
+
+async def test_signed_ordered_deliveries_with_retries_under_one_id(
+    settings_for: SettingsFactory,
+) -> None:
+    settings = settings_for()
+    flaky = Receiver(answer=lambda body, tries: 500 if tries == 0 else 200)
+    steady = Receiver()
+    accounts = [new_account() for _ in range(4)]
+    async with receiving(flaky), receiving(steady), endpoint_store(settings) as store:
+        ep_flaky, secret_flaky = await create_endpoint(store, "ws_a", flaky.url)
+        ep_steady, secret_steady = await create_endpoint(
+            store, "ws_a", steady.url, event_types=("account.auth_status_changed",)
+        )
+        await create_endpoint(store, "ws_other", steady.url)  # another workspace's
+        flaky.secrets.append(secret_flaky)
+        steady.secrets.append(secret_steady)
+        async with running_dispatcher(settings):
+            events = [status_event(a, v) for a in accounts for v in (1, 2, 3)]
+            await publish_events(settings, events)
+            want = len(events)
+            await wait_until(lambda: len(flaky.verified_once()) == want, timeout=30)
+            await wait_until(lambda: len(steady.verified_once()) == want, timeout=30)
+
+    for receiver, endpoint in ((flaky, ep_flaky), (steady, ep_steady)):
+        assert all(d.verified for d in receiver.seen), "every request carries a valid signature"
+        delivered = receiver.verified_once()
+        expected_ids = {webhook_id(ev.event_id, endpoint.id) for ev in events}
+        assert set(delivered) == expected_ids, "one webhook-id per (event, endpoint)"
+        for account in accounts:
+            versions = [
+                d.body["data"]["version"]
+                for d in receiver.seen
+                if d.body["data"]["account_id"] == account and 200 <= d.status < 300
+            ]
+            assert versions == [1, 2, 3], "in version order per (endpoint, account)"
+        body = next(iter(delivered.values())).body
+        assert body["type"] == "account.auth_status_changed"
+        assert set(body) == {"type", "timestamp", "data"}
+        assert body["data"]["workspace_id"] == "ws_a"
+    retried = [d for d in flaky.seen if d.status == 500]
+    assert len(retried) == want, "each first attempt failed and was retried"
+    assert {d.webhook_id for d in retried} == set(flaky.verified_once())
+    assert len(steady.seen) == want, "the other workspace's endpoint got nothing"
+
+
+async def test_a_failing_endpoint_delays_no_one_and_gone_disables(
+    settings_for: SettingsFactory,
+) -> None:
+    settings = settings_for(webhook_retry_schedule_s="30")
+    gone = Receiver(answer=lambda body, tries: 410)
+    down = Receiver(answer=lambda body, tries: 503)
+    healthy = Receiver()
+    account = new_account()
+    async with (
+        receiving(gone),
+        receiving(down),
+        receiving(healthy),
+        endpoint_store(settings) as store,
+    ):
+        ep_gone, s1 = await create_endpoint(store, "ws_a", gone.url)
+        _, s2 = await create_endpoint(store, "ws_a", down.url)
+        _, s3 = await create_endpoint(store, "ws_a", healthy.url)
+        gone.secrets.append(s1)
+        down.secrets.append(s2)
+        healthy.secrets.append(s3)
+        async with running_dispatcher(settings):
+            await publish_events(settings, [status_event(account, v) for v in (1, 2)])
+            await wait_until(lambda: len(healthy.verified_once()) == 2)
+            await wait_until(lambda: len(down.seen) == 1 and len(gone.seen) == 1)
+            await wait_until(
+                lambda: (
+                    (r := store.registry.get("ws_a", ep_gone.id)) is not None
+                    and r.status == "disabled"
+                )
+            )
+        disabled = store.registry.get("ws_a", ep_gone.id)
+        assert disabled is not None and disabled.disabled_reason is not None
+        assert "410" in disabled.disabled_reason
+    # The 503 endpoint's second event waits behind its first (retry in 30 s): not attempted.
+    assert [d.body["data"]["version"] for d in down.seen] == [1]

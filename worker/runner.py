@@ -1,0 +1,151 @@
+"""The life of a consuming process, shared by the worker and the webhook dispatcher: serve the
+probes, start the clients, run the consume loop until a stop signal, then close every client
+within a bound.
+
+Stopping: the first SIGTERM/SIGINT drains the loop (``Worker.stop``) and arms a watchdog that
+exits with code 70 if the clean stop overruns ``shutdown_hard_limit``; a second signal exits
+at once with 130. Every close step is bounded, so a broker that vanished cannot keep the
+process alive past its pod's termination grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from prometheus_client import CollectorRegistry
+
+from worker.consumer import Worker
+from worker.eventloop import running_loop_name
+from worker.logs import get_logger
+from worker.probes import build_probe_app
+from worker.process import on_stop_signals
+from worker.serving import serving
+from worker.settings import Settings
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAddress:
+    host: str
+    port: int
+    name: str
+
+
+async def run_consume_loop(
+    loop: Worker,
+    *,
+    name: str,
+    settings: Settings,
+    consumer: AIOKafkaConsumer,
+    producer: AIOKafkaProducer,
+    registry: CollectorRegistry,
+    probes: ProbeAddress | None,
+    install_signals: bool,
+    stop: asyncio.Event | None,
+    on_start: Callable[[Worker], None] | None,
+    closers: Sequence[Callable[[], Awaitable[None]]] = (),
+    group: str,
+) -> None:
+    """Run ``loop`` with its clients until it stops; raises when the loop failed."""
+    served: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
+    if probes is not None:
+        app = build_probe_app(registry, last_beat=lambda: loop.last_beat, ready=lambda: loop.ready)
+        served = serving(app, host=probes.host, port=probes.port, name=probes.name)
+    # Installed for the whole run, close steps included: a second signal during them still
+    # exits at once (130).
+    on_signal = _graceful_then_forced(loop, hard_limit_s=shutdown_hard_limit(settings))
+    with on_stop_signals(on_signal, enabled=install_signals):
+        stopper = asyncio.create_task(_stop_when(stop, loop)) if stop is not None else None
+        try:
+            async with served:
+                await producer.start()
+                await consumer.start()
+                if on_start is not None:
+                    on_start(loop)
+                log.info(
+                    f"{name}_started",
+                    bootstrap=settings.bootstrap,
+                    group=group,
+                    event_loop=running_loop_name(),
+                )
+                await loop.run()
+        finally:
+            if stopper is not None:
+                stopper.cancel()
+            await _bounded(consumer.stop(), "consumer_stop", CLOSE_STEP_TIMEOUT_S)
+            await _bounded(producer.stop(), "producer_stop", CLOSE_STEP_TIMEOUT_S)
+            for close in closers:
+                await close()
+            log.info(f"{name}_stopped")
+
+
+#: Upper bound of each client-closing step after the drain (consumer, producer).
+CLOSE_STEP_TIMEOUT_S = 10.0
+
+
+def shutdown_hard_limit(settings: Settings) -> float:
+    """Seconds from SIGTERM to a forced exit: the drain, both close steps, and a margin.
+
+    Kubernetes' ``terminationGracePeriodSeconds`` must exceed it (deploy/ uses 60 s; the
+    limit is 45 s for the default 20 s grace), so the process always ends by its own hand,
+    with a log line saying why, rather than by the kubelet's SIGKILL.
+    """
+    return settings.worker_shutdown_grace_s + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
+
+
+def _graceful_then_forced(worker: Worker, *, hard_limit_s: float) -> Callable[[], None]:
+    """First SIGTERM/SIGINT: drain and leave, with a watchdog that exits (code 70) if the
+    clean stop overruns ``hard_limit_s``. A second signal: exit at once (code 130)."""
+    signals = 0
+
+    def overran() -> None:
+        log.error("shutdown_overran", hard_limit_s=hard_limit_s)
+        os._exit(70)
+
+    def handler() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            log.error("forced_exit")
+            os._exit(130)
+            return  # only reached when os._exit is replaced (tests)
+        log.info("stop_requested", hard_limit_s=hard_limit_s)
+        asyncio.get_running_loop().call_later(hard_limit_s, overran)
+        worker.stop()
+
+    return handler
+
+
+async def _bounded(step: Coroutine[Any, Any, None], what: str, timeout: float) -> None:
+    """Run a shutdown step for at most ``timeout`` seconds.
+
+    ``asyncio.wait`` rather than ``wait_for``: on time-out ``wait_for`` waits for the
+    cancelled step to finish, which a library that absorbs the cancellation (a rebalance in
+    the middle of ``consumer.stop()``) can make unbounded. Here the step is cancelled and
+    left behind; the process is about to exit.
+    """
+    started = time.monotonic()
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()
+        log.error("shutdown_step_timed_out", step=what, timeout_s=timeout)
+        return
+    if task.cancelled() or (exc := task.exception()) is not None:
+        error = "cancelled" if task.cancelled() else repr(exc)
+        log.warning("shutdown_step_failed", step=what, error=error)
+        return
+    log.info("shutdown_step_done", step=what, seconds=round(time.monotonic() - started, 3))
+
+
+async def _stop_when(event: asyncio.Event, loop: Worker) -> None:
+    await event.wait()
+    loop.stop()

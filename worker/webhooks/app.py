@@ -1,0 +1,161 @@
+"""Composition root of a webhook dispatcher process (``python -m worker webhooks``).
+
+Builds every client from settings and runs the shared consume loop (``worker.consumer``)
+over auth.status, auth.errors and the replay topic, with the delivery states of
+``webhook.delivery-state`` as its restored store. The endpoints registry is read to its end
+before the first event is taken in, so no event is fanned out against a partial view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from prometheus_client import CollectorRegistry
+
+from worker.consumer import LoopConfig, Worker
+from worker.kafka import build_consumer, build_producer, ensure_topics
+from worker.logs import get_logger
+from worker.runner import ProbeAddress, run_consume_loop
+from worker.settings import Settings
+from worker.webhooks.delivery import parse_schedule
+from worker.webhooks.dispatcher import DispatchConfig, Dispatcher, Sender
+from worker.webhooks.endpoints import EndpointsTail
+from worker.webhooks.metrics import WebhookMetrics
+from worker.webhooks.publish import DeliveryPublisher
+from worker.webhooks.secrets_box import SecretsBox
+from worker.webhooks.sender import Sender as HttpSender
+from worker.webhooks.sender import open_session
+from worker.webhooks.signing import headers as signed_headers
+from worker.webhooks.state import DeliveryStore
+from worker.webhooks.store import EndpointStore
+from worker.webhooks.targets import TargetPolicy
+
+log = get_logger(__name__)
+
+#: How long start-up waits for the endpoints registry to be read to its end.
+ENDPOINTS_CATCH_UP_S = 60.0
+
+
+def secrets_box(settings: Settings) -> SecretsBox:
+    """The endpoint-secret cipher; ``WEBHOOK_SECRETS_KEY`` is required."""
+    if settings.webhook_secrets_key is None:
+        raise RuntimeError("WEBHOOK_SECRETS_KEY is not set (base64 of 32 random bytes)")
+    return SecretsBox(settings.webhook_secrets_key.get_secret_value())
+
+
+def target_policy(settings: Settings) -> TargetPolicy:
+    return TargetPolicy(
+        allow_http=settings.webhook_allow_http,
+        allow_private=settings.webhook_allow_private_targets,
+    )
+
+
+async def run_dispatcher(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    stop: asyncio.Event | None = None,
+    install_signals: bool = True,
+    serve_probes: bool = True,
+    on_start: Callable[[Worker], None] | None = None,
+    sender: Sender | None = None,
+) -> None:
+    """One dispatcher of the pool, until SIGTERM/SIGINT (or ``stop``); raises on a fatal loop
+    error. ``sender`` replaces the HTTP sender built from settings (tests)."""
+    registry = registry or CollectorRegistry()
+    metrics = WebhookMetrics(registry)
+    box = secrets_box(settings)
+    await ensure_topics(settings)
+    topics = settings.topics
+    producer = build_producer(settings)
+    tail = EndpointsTail(
+        build_consumer(settings, enable_auto_commit=False), topics.webhook_endpoints
+    )
+    session = None
+    if sender is None:
+        session = open_session(target_policy(settings))
+        sender = HttpSender(session, timeout_s=settings.webhook_timeout_s)
+    writer = EndpointStore(
+        producer=producer,
+        topic=topics.webhook_endpoints,
+        registry=tail.registry,
+        cipher=box,
+        timeout_s=settings.webhook_store_timeout_s,
+        overlap_s=settings.webhook_secret_overlap_s,
+    )
+    dispatcher = Dispatcher(
+        store=DeliveryStore(),
+        endpoints=tail.registry,
+        writer=writer,
+        sender=sender,
+        sign=signed_headers,
+        publisher=DeliveryPublisher(
+            producer,
+            state_topic=topics.webhook_state,
+            log_topic=topics.webhook_deliveries,
+            dlq_topic=topics.webhook_dlq,
+        ),
+        config=DispatchConfig(
+            status_topic=topics.status,
+            errors_topic=topics.errors,
+            replay_topic=topics.webhook_replays,
+            schedule=parse_schedule(settings.webhook_retry_schedule_s),
+            disable_after_s=settings.webhook_disable_after_s,
+        ),
+        metrics=metrics,
+    )
+    consumer = build_consumer(
+        settings,
+        group_id=settings.webhook_consumer_group,
+        # The same partition number of every input topic to one member: an account's events
+        # and replays, and its delivery state, live on one partition number.
+        partition_assignment_strategy=(RangePartitionAssignor,),
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
+        max_poll_interval_ms=max(300_000, int(settings.worker_shutdown_grace_s * 2000)),
+        rebalance_timeout_ms=max(
+            settings.kafka_session_timeout_ms, int(settings.worker_shutdown_grace_s * 1000)
+        ),
+    )
+    loop = Worker(
+        consumer=consumer,
+        restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),
+        executor=dispatcher,
+        metrics=metrics,
+        config=LoopConfig(
+            topics=(topics.status, topics.errors, topics.webhook_replays),
+            state_topic=topics.webhook_state,
+            max_in_flight=settings.webhook_max_in_flight,
+            commit_interval_s=settings.worker_commit_interval_ms / 1000,
+            rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
+            shutdown_grace_s=settings.worker_shutdown_grace_s,
+            max_poll_records=settings.kafka_max_poll_records,
+        ),
+    )
+    await tail.start()
+    try:
+        if not await tail.wait_caught_up(ENDPOINTS_CATCH_UP_S):
+            raise RuntimeError("the webhook endpoints topic could not be read to its end")
+        probes = None
+        if serve_probes:
+            probes = ProbeAddress(
+                settings.webhook_metrics_host, settings.webhook_metrics_port, "webhook-probes"
+            )
+        await run_consume_loop(
+            loop,
+            name="dispatcher",
+            settings=settings,
+            consumer=consumer,
+            producer=producer,
+            registry=registry,
+            probes=probes,
+            install_signals=install_signals,
+            stop=stop,
+            on_start=on_start,
+            closers=() if session is None else (session.close,),
+            group=settings.webhook_consumer_group,
+        )
+    finally:
+        await tail.stop()
