@@ -1,6 +1,12 @@
 """Every metric the dashboard, the Prometheus rules and ``deploy/metrics.txt`` name is really
 exported by a running process: ``auth_*`` by the worker, ``api_*`` by the front-end.
 
+``webhook_*`` families belong to the webhook dispatcher (``python -m worker webhooks``), which
+is built on another branch and not run here yet: they are checked against the list only
+(tests/deploy/test_metric_names.py), and every comparison below with a live scrape covers the
+``auth_``/``api_`` prefixes alone. Add the dispatcher to the ``live`` fixture once it is in the
+tree.
+
 tests/deploy/test_metric_names.py checks the names against the list in ``deploy/metrics.txt``;
 this module checks the list against the processes. A real worker (``run_worker`` with its
 probes served) and the real front-end (``serve_api``) run against the session broker. A few
@@ -39,8 +45,8 @@ from tests.deploy.conftest import (
     write_api_keys,
 )
 from tests.deploy.test_metric_names import (
-    CONTRACT_LABELS,
     METRICS_FILE,
+    WORKER_API_LABELS,
     dashboard_expressions,
     exported,
     recorded,
@@ -53,6 +59,7 @@ pytestmark = pytest.mark.integration
 
 WORKER_PREFIX = "auth_"
 API_PREFIX = "api_"
+WEBHOOK_PREFIX = "webhook_"  # not scraped live yet (module docstring)
 SCRAPE_TIMEOUT_S = 20.0
 # Labels the client library adds itself: histogram buckets.
 LIBRARY_LABELS = frozenset({"le"})
@@ -243,9 +250,10 @@ async def live(
 # --------------------------------------------------------------------------------------------
 
 
-def test_every_name_belongs_to_the_worker_or_the_front_end() -> None:
+def test_every_name_belongs_to_a_process() -> None:
     names = named_in_deploy()
-    assert {n: s for n, s in names.items() if not n.startswith((WORKER_PREFIX, API_PREFIX))} == {}
+    prefixes = (WORKER_PREFIX, API_PREFIX, WEBHOOK_PREFIX)
+    assert {n: s for n, s in names.items() if not n.startswith(prefixes)} == {}
 
 
 def test_worker_exports_every_auth_metric_deploy_names(live: Live) -> None:
@@ -271,7 +279,9 @@ def test_front_end_exports_every_api_metric_deploy_names(live: Live) -> None:
 
 def test_metrics_file_lists_exactly_what_the_processes_export(live: Live) -> None:
     """The other direction: a family added to the code must be added to deploy/metrics.txt
-    (and so, by test_metric_names, to the dashboard); each process exports its prefix only."""
+    (and so, by test_metric_names, to the dashboard); each process exports its prefix only.
+    Compares the auth_ and api_ families only: the dispatcher's webhook_ families are not
+    scraped here yet."""
     listed = exported()
     worker = live.worker.listed_names()
     assert {n for n in worker if not n.startswith(WORKER_PREFIX)} == set()
@@ -285,11 +295,14 @@ def test_metrics_file_lists_exactly_what_the_processes_export(live: Live) -> Non
 
 
 def test_metrics_file_spells_each_family_by_its_type(live: Live) -> None:
-    """Counters by their ``_total`` name, histograms by their base, gauges as they are."""
+    """Counters by their ``_total`` name, histograms by their base, gauges as they are (the
+    live families: auth_ and api_)."""
     types = dict(live.worker.types)
     if live.api is not None:
         types.update(live.api.types)
     for name in exported():
+        if name.startswith(WEBHOOK_PREFIX):
+            continue
         if name.endswith("_total"):
             assert types.get(name.removesuffix("_total")) == "counter", name
         else:
@@ -297,11 +310,12 @@ def test_metrics_file_spells_each_family_by_its_type(live: Live) -> None:
 
 
 def test_label_contract_is_what_the_processes_use(live: Live) -> None:
-    """CONTRACT_LABELS (test_metric_names.py), which the rules and the dashboard may group and
-    filter by, are the labels the processes really put on their series, no more, no less."""
+    """WORKER_API_LABELS (test_metric_names.py), which the rules and the dashboard may group
+    and filter by, are the labels the worker and the front-end really put on their series, no
+    more, no less (the dispatcher's WEBHOOK_LABELS are not scraped here yet)."""
     require_api()
     assert live.api is not None
-    assert live.worker.label_names | live.api.label_names == CONTRACT_LABELS
+    assert live.worker.label_names | live.api.label_names == WORKER_API_LABELS
 
 
 def test_scrape_counts_what_was_done(live: Live) -> None:

@@ -12,6 +12,7 @@ import functools
 import json
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -33,10 +34,53 @@ KUBE_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 CRD_GROUPS = frozenset({"keda.sh"})
 # The commands of `python -m worker` that run as long-lived processes (README, "Command line"),
 # and of the simulator image (deploy/Dockerfile.simulator, `python -m devstack`), dev only.
-PROCESS_COMMANDS = frozenset({"run", "api"})
+PROCESS_COMMANDS = frozenset({"run", "api", "webhooks"})
 SIMULATOR_IMAGE = "passkey-auth-simulator"
-CONSUMER_GROUP = "passkey-auth-worker"
-COMMANDS_TOPIC = "auth.commands"
+# Every production Deployment; each has a PodDisruptionBudget of the same name.
+DEPLOYMENTS = ("passkey-worker", "passkey-api", "passkey-webhooks")
+# The consumer-group pools, each drained like the worker on SIGTERM (WORKER_SHUTDOWN_GRACE_S).
+POOLS = ("passkey-worker", "passkey-webhooks")
+# Deployments that read WEBHOOK_SECRETS_KEY: the dispatcher opens endpoint secrets, the
+# front-end's endpoint routes seal them.
+WEBHOOK_KEY_SECRET = "passkey-webhook-secrets"
+WEBHOOK_KEY_READERS = ("passkey-webhooks", "passkey-api")
+# Settings of the webhook dispatcher (`python -m worker webhooks`) that deploy/ sets before they
+# are fields of worker/settings.py on this branch (the dispatcher is built elsewhere). Accepted
+# only while Settings has no webhook_* field at all: once the dispatcher's settings land, every
+# WEBHOOK_* key of the ConfigMap must be a real field, so a renamed setting fails here.
+PENDING_WEBHOOK_SETTINGS = frozenset(
+    {
+        "WEBHOOK_CONSUMER_GROUP",
+        "WEBHOOK_METRICS_HOST",
+        "WEBHOOK_METRICS_PORT",
+        "WEBHOOK_ALLOW_HTTP",
+        "WEBHOOK_ALLOW_PRIVATE_TARGETS",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A KEDA-scaled consumer-group pool: where its group and topic live in the ConfigMap, what
+    they must be, and which ConfigMap key holds the partition count of its topic."""
+
+    group_key: str
+    group: str
+    topic_key: str
+    topic: str
+    partitions_key: str
+
+
+SCALED_POOLS = {
+    "passkey-worker": Pool(
+        "KAFKA_CONSUMER_GROUP", "passkey-auth-worker", "TOPIC_COMMANDS", "auth.commands",
+        "COMMANDS_PARTITIONS",
+    ),
+    "passkey-webhooks": Pool(
+        "WEBHOOK_CONSUMER_GROUP", "passkey-webhook-dispatcher", "TOPIC_STATUS", "auth.status",
+        "OTHER_PARTITIONS",
+    ),
+}  # fmt: skip
 
 Obj = dict[str, Any]
 
@@ -236,11 +280,15 @@ def test_renders_the_whole_deployment(kubectl: str, target: str) -> None:
     for kind, name in [
         ("Deployment", "passkey-worker"),
         ("Deployment", "passkey-api"),
+        ("Deployment", "passkey-webhooks"),
         ("PodDisruptionBudget", "passkey-worker"),
         ("PodDisruptionBudget", "passkey-api"),
+        ("PodDisruptionBudget", "passkey-webhooks"),
         ("ScaledObject", "passkey-worker"),
+        ("ScaledObject", "passkey-webhooks"),
         ("Service", "passkey-api"),
         ("Service", "passkey-worker"),
+        ("Service", "passkey-webhooks"),
     ]:
         find(objs, kind, name)
     config(objs)
@@ -274,29 +322,33 @@ def test_custom_resources_are_known_kinds(kubectl: str, target: str) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_worker_pool_scales_on_consumer_lag_up_to_the_partition_count(
-    kubectl: str, target: str
+@pytest.mark.parametrize("name", sorted(SCALED_POOLS))
+def test_pool_scales_on_consumer_lag_up_to_the_partition_count(
+    kubectl: str, target: str, name: str
 ) -> None:
+    pool = SCALED_POOLS[name]
     objs = render(kubectl, target)
     data = config(objs)
-    partitions = int(data["COMMANDS_PARTITIONS"])
-    scaled = find(objs, "ScaledObject", "passkey-worker")
+    partitions = int(data[pool.partitions_key])
+    scaled = find(objs, "ScaledObject", name)
     assert scaled_object_problems(scaled, partitions) == []
 
     spec = scaled["spec"]
+    assert spec["scaleTargetRef"]["name"] == name
     deployment = find(objs, "Deployment", spec["scaleTargetRef"]["name"])
     assert "replicas" not in deployment["spec"], "KEDA owns the replica count"
     hpas = [o for o in objs if o["kind"] == "HorizontalPodAutoscaler"]
-    assert all(h["spec"]["scaleTargetRef"]["name"] != "passkey-worker" for h in hpas)
-    # Never scaled to zero: a cold worker is slower than the front-end's reply timeout.
+    assert all(h["spec"]["scaleTargetRef"]["name"] != name for h in hpas)
+    # Never scaled to zero: a cold member needs a group join and a state restore (longer than
+    # the front-end's reply timeout for the worker; due webhook retries for the dispatcher).
     assert spec["minReplicaCount"] >= 1
 
-    # The scaler measures the group and topic the workers actually use.
+    # The scaler measures the group and topic the pool actually uses.
     (trigger,) = spec["triggers"]
     metadata = trigger["metadata"]
     assert metadata["bootstrapServers"] == data["KAFKA_BOOTSTRAP_SERVERS"]
-    assert metadata["consumerGroup"] == data["KAFKA_CONSUMER_GROUP"] == CONSUMER_GROUP
-    assert metadata["topic"] == data["TOPIC_COMMANDS"] == COMMANDS_TOPIC
+    assert metadata["consumerGroup"] == data[pool.group_key] == pool.group
+    assert metadata["topic"] == data[pool.topic_key] == pool.topic
 
     if "authenticationRef" in trigger:
         auth = find(objs, "TriggerAuthentication", trigger["authenticationRef"]["name"])
@@ -304,14 +356,23 @@ def test_worker_pool_scales_on_consumer_lag_up_to_the_partition_count(
 
 
 @pytest.mark.parametrize("target", ["base", "overlays/prod"])
-def test_production_pool_reaches_the_partition_count(kubectl: str, target: str) -> None:
+@pytest.mark.parametrize("name", sorted(SCALED_POOLS))
+def test_production_pool_reaches_the_partition_count(kubectl: str, target: str, name: str) -> None:
     objs = render(kubectl, target)
-    scaled = find(objs, "ScaledObject", "passkey-worker")
-    assert scaled["spec"]["maxReplicaCount"] == int(config(objs)["COMMANDS_PARTITIONS"]) == 12
+    scaled = find(objs, "ScaledObject", name)
+    partitions = int(config(objs)[SCALED_POOLS[name].partitions_key])
+    assert scaled["spec"]["maxReplicaCount"] == partitions == 12
+
+
+def test_the_groups_of_the_pools_differ(kubectl: str) -> None:
+    """Worker and dispatcher in one group would steal each other's partitions."""
+    for target in TARGETS:
+        data = config(render(kubectl, target))
+        assert len({data[pool.group_key] for pool in SCALED_POOLS.values()}) == len(SCALED_POOLS)
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", ["passkey-worker", "passkey-api"])
+@pytest.mark.parametrize("name", DEPLOYMENTS)
 def test_probes_resources_and_security(kubectl: str, target: str, name: str) -> None:
     deployment = find(render(kubectl, target), "Deployment", name)
     pod = deployment["spec"]["template"]["spec"]
@@ -337,13 +398,15 @@ def test_probes_resources_and_security(kubectl: str, target: str, name: str) -> 
 def test_termination_grace_outlasts_the_drain(kubectl: str, target: str) -> None:
     objs = render(kubectl, target)
     data = config(objs)
-    worker = find(objs, "Deployment", "passkey-worker")["spec"]["template"]["spec"]
     default_drain = Settings.model_fields["worker_shutdown_grace_s"].default
     drain = float(data.get("WORKER_SHUTDOWN_GRACE_S", default_drain))
-    # The worker's own watchdog (drain, final commit, LeaveGroup, closing) must fire before
-    # the kubelet's SIGKILL, so an overrun is logged by the worker rather than silent.
+    # The pool's own watchdog (drain, final commit, LeaveGroup, closing) must fire before
+    # the kubelet's SIGKILL, so an overrun is logged by the process rather than silent. The
+    # webhook dispatcher stops like the worker, within the same WORKER_SHUTDOWN_GRACE_S.
     hard_limit = shutdown_hard_limit(Settings(worker_shutdown_grace_s=drain))
-    assert worker["terminationGracePeriodSeconds"] > hard_limit
+    for name in POOLS:
+        pool = find(objs, "Deployment", name)["spec"]["template"]["spec"]
+        assert pool["terminationGracePeriodSeconds"] > hard_limit, name
 
     api_deployment = find(objs, "Deployment", "passkey-api")
     api = api_deployment["spec"]["template"]["spec"]
@@ -355,9 +418,9 @@ def test_termination_grace_outlasts_the_drain(kubectl: str, target: str) -> None
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_disruption_budgets_cover_both_deployments(kubectl: str, target: str) -> None:
+def test_disruption_budgets_cover_every_deployment(kubectl: str, target: str) -> None:
     objs = render(kubectl, target)
-    for name in ("passkey-worker", "passkey-api"):
+    for name in DEPLOYMENTS:
         pdb = find(objs, "PodDisruptionBudget", name)
         labels = pod_labels(find(objs, "Deployment", name))
         assert selects(pdb["spec"]["selector"]["matchLabels"], labels)
@@ -383,7 +446,7 @@ def test_configuration_comes_from_the_configmap(kubectl: str, target: str) -> No
     objs = render(kubectl, target)
     data = config(objs)
     config_name = config_map(objs)["metadata"]["name"]
-    for name in ("passkey-worker", "passkey-api"):
+    for name in DEPLOYMENTS:
         (container,) = containers(find(objs, "Deployment", name))
         refs = [e["configMapRef"]["name"] for e in container.get("envFrom", [])]
         assert refs == [config_name]
@@ -392,6 +455,8 @@ def test_configuration_comes_from_the_configmap(kubectl: str, target: str) -> No
     known = {f.upper() for f in Settings.model_fields} | {
         f"TOPIC_{f.upper()}" for f in Topics.model_fields
     }
+    if not any(f.startswith("webhook_") for f in Settings.model_fields):
+        known |= PENDING_WEBHOOK_SETTINGS
     assert set(data) - known == set()
     # PROVIDER_URLS is JSON: a quoting slip in an overlay would only show at start-up.
     urls = json.loads(data["PROVIDER_URLS"])
@@ -408,9 +473,7 @@ def test_secrets_are_referenced_never_inlined(kubectl: str, target: str) -> None
         assert not any(word in key for word in ("PASSWORD", "USERNAME", "SECRET")), key
 
     protocol = data["KAFKA_SECURITY_PROTOCOL"]
-    scaled = find(objs, "ScaledObject", "passkey-worker")
-    (trigger,) = scaled["spec"]["triggers"]
-    for name in ("passkey-worker", "passkey-api"):
+    for name in DEPLOYMENTS:
         deployment = find(objs, "Deployment", name)
         (container,) = containers(deployment)
         env = {e["name"]: e for e in container.get("env", [])}
@@ -426,11 +489,52 @@ def test_secrets_are_referenced_never_inlined(kubectl: str, target: str) -> None
             mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
             volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
             assert "secret" in volumes[mounts[ca_dir]], "CA file must come from a Secret volume"
-    if protocol.startswith("SASL"):
-        assert trigger["metadata"]["sasl"].startswith("scram_sha")
-        assert "authenticationRef" in trigger
-    if protocol in {"SSL", "SASL_SSL"}:
-        assert trigger["metadata"]["tls"] == "enable"
+        if name in WEBHOOK_KEY_READERS:
+            key = env["WEBHOOK_SECRETS_KEY"]["valueFrom"]["secretKeyRef"]
+            assert key["name"] == WEBHOOK_KEY_SECRET, name
+            assert key.get("optional", False) is False, "the key is required: no key, no start"
+        else:
+            assert "WEBHOOK_SECRETS_KEY" not in env, f"{name} has no use for the webhook key"
+    for name in SCALED_POOLS:
+        (trigger,) = find(objs, "ScaledObject", name)["spec"]["triggers"]
+        if protocol.startswith("SASL"):
+            assert trigger["metadata"]["sasl"].startswith("scram_sha"), name
+            assert "authenticationRef" in trigger, name
+        if protocol in {"SSL", "SASL_SSL"}:
+            assert trigger["metadata"]["tls"] == "enable", name
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_webhook_dispatcher_serves_its_probes_on_its_metrics_port(
+    kubectl: str, target: str
+) -> None:
+    """The dispatcher listens on WEBHOOK_METRICS_HOST:WEBHOOK_METRICS_PORT (default loopback,
+    unreachable from the kubelet), so the ConfigMap must open it on all interfaces and the
+    container port, probes and scrape Service must agree with the configured port."""
+    objs = render(kubectl, target)
+    data = config(objs)
+    assert data["WEBHOOK_METRICS_HOST"] == "0.0.0.0"
+    port = int(data["WEBHOOK_METRICS_PORT"])
+    deployment = find(objs, "Deployment", "passkey-webhooks")
+    (container,) = containers(deployment)
+    assert container["args"] == ["webhooks"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": port}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] in ("metrics", port), probe
+    service = find(objs, "Service", "passkey-webhooks")
+    assert service["spec"].get("clusterIP") == "None", "headless: one DNS record per pod"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(port, "metrics")]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_webhook_ssrf_guards_stay_on(kubectl: str, target: str) -> None:
+    """No overlay lets the dispatcher call plain-http or private/cluster addresses: there is no
+    webhook receiver inside the cluster that would need it."""
+    data = config(render(kubectl, target))
+    for key in ("WEBHOOK_ALLOW_HTTP", "WEBHOOK_ALLOW_PRIVATE_TARGETS"):
+        assert data.get(key, "false").lower() == "false", key
 
 
 def test_production_talks_sasl_ssl_to_kafka(kubectl: str) -> None:

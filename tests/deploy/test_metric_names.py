@@ -26,13 +26,17 @@ RULE_FILES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
 DASHBOARD = REPO / "deploy" / "grafana" / "passkey-worker.json"
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
-# Labels of the metric contract (worker/metrics.py and the front-end's metrics).
-CONTRACT_LABELS = frozenset(
+# Labels of the metric contract: the worker's and the front-end's (worker/metrics.py,
+# worker/api/metrics.py), and those of the webhook dispatcher (`python -m worker webhooks`,
+# webhook_* families, built on another branch: result, status_class, kind, topic, partition).
+WORKER_API_LABELS = frozenset(
     {
         "type", "outcome", "code", "numeric_code", "http_status", "provider", "operation",
         "topic", "partition", "kind", "reason", "status", "route", "method",
     }
 )  # fmt: skip
+WEBHOOK_LABELS = frozenset({"result", "status_class", "kind", "topic", "partition"})
+CONTRACT_LABELS = WORKER_API_LABELS | WEBHOOK_LABELS
 # Labels that scraping adds (deploy/prometheus/prometheus.yml) and histogram buckets carry.
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "le"})
 
@@ -247,6 +251,26 @@ def test_dashboard_is_well_formed() -> None:
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}", panel["title"]
             assert 'namespace=~"$namespace"' in target["expr"], panel["title"]
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    """Rows and panels each have a place of their own on the 24-column grid (a collapsed row's
+    panels are laid out when it opens, so they are checked among themselves)."""
+
+    def overlap(a: dict[str, int], b: dict[str, int]) -> bool:
+        return (
+            a["x"] < b["x"] + b["w"]
+            and b["x"] < a["x"] + a["w"]
+            and a["y"] < b["y"] + b["h"]
+            and b["y"] < a["y"] + a["h"]
+        )
+
+    layers = [dashboard().get("panels", [])]
+    layers += [p["panels"] for p in dashboard().get("panels", []) if p.get("panels")]
+    for layer in layers:
+        for i, a in enumerate(layer):
+            for b in layer[i + 1 :]:
+                assert not overlap(a["gridPos"], b["gridPos"]), (a["title"], b["title"])
 
 
 def test_dashboard_queries_are_valid_promql(promtool: str, tmp_path: Path) -> None:
