@@ -1,7 +1,8 @@
 """``python -m worker <command>``: the entry point of every production process.
 
 Commands: ``run`` (one worker of the pool), ``api`` (one front-end), ``webhooks`` (one
-webhook dispatcher), ``topics`` (create the topics), ``keys`` (API keys) and ``schemas`` (re-export ``schemas/`` and ``docs/flow.md``).
+webhook dispatcher), ``topics`` (create the topics), ``keys`` (API keys) and ``schemas``
+(re-export ``schemas/`` and ``docs/flow.md``).
 The development tools (the embedded broker, the simulator, ``make run``'s stack, the demo) are
 ``python -m devstack``, and the benchmark is ``python -m bench``; neither is in this package.
 """
