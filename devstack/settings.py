@@ -27,6 +27,9 @@ class DevSettings(Settings):
     simulator_authorize_delay_s: float = Field(default=2.0, ge=0)
     simulator_slow_ms: float = Field(default=300.0, ge=0)
 
+    receiver_host: str = "127.0.0.1"
+    receiver_port: int = 8070
+
     @property
     def bootstrap(self) -> str:
         """The configured cluster, or the embedded broker on ``EMBEDDED_BROKER_PORT``."""

@@ -21,14 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from pydantic import SecretStr
 
 from devstack.broker import EmbeddedBroker, die_with_parent, wait_for_port
 from devstack.demo import register_accounts
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
 from devstack.settings import DevSettings
-from worker.kafka import ensure_topics
+from worker.kafka import build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.process import on_stop_signals
+from worker.webhooks.app import secrets_box
+from worker.webhooks.endpoints import EndpointRegistry
+from worker.webhooks.secrets_box import generate_key
+from worker.webhooks.store import EndpointStore
 
 log = get_logger(__name__)
 
@@ -96,22 +101,40 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
         broker = EmbeddedBroker(port=settings.embedded_broker_port).start()
     keys_dir = Path(tempfile.mkdtemp(prefix="passkey-stack-"))
     keys = settings.api_keys_file or dev_keys_file(keys_dir / "api-keys.json")
+    settings = _with_webhooks(settings)
     env = dict(os.environ)
-    env.update({"KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap, "API_KEYS_FILE": str(keys)})
+    env.update(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
+            "API_KEYS_FILE": str(keys),
+            # The demo receiver listens on loopback over plain HTTP: relaxed for this stack
+            # only (the defaults allow public https targets alone).
+            "WEBHOOK_ALLOW_HTTP": "true",
+            "WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
+        }
+    )
+    assert settings.webhook_secrets_key is not None
+    env["WEBHOOK_SECRETS_KEY"] = settings.webhook_secrets_key.get_secret_value()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     simulator = Component("simulator", ["devstack", "simulator"], env=env)
     worker = Component("worker", ["worker", "run"], env=env)
+    dispatcher = Component("dispatcher", ["worker", "webhooks"], env=env)
     api = Component("api", ["worker", "api"], env=env)
-    components = [simulator, worker, api]
+    components = [simulator, worker, dispatcher, api]
     try:
         await ensure_topics(settings)
+        endpoint_id, secret = await create_demo_endpoint(settings)
+        receiver = Component(
+            "receiver", ["devstack", "receiver"], env=env | {"RECEIVER_SECRET": secret}
+        )
+        components.insert(0, receiver)
         for component in components:
             component.start()
         await _until_ready(settings, components, stop)
         if not stop.is_set():
             accounts = demo_account_refs(demo_accounts)
             await register_accounts(settings, DEV_WORKSPACE, accounts)
-            _banner(settings, accounts)
+            _banner(settings, accounts, endpoint_id)
         while not stop.is_set():
             dead = [c for c in components if not c.running()]
             if dead:
@@ -125,9 +148,12 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     finally:
         grace = settings.worker_shutdown_grace_s + 10
         await asyncio.gather(
-            asyncio.to_thread(api.stop, grace), asyncio.to_thread(worker.stop, grace)
+            asyncio.to_thread(api.stop, grace),
+            asyncio.to_thread(worker.stop, grace),
+            asyncio.to_thread(dispatcher.stop, grace),
         )
-        await asyncio.to_thread(simulator.stop, 10)
+        support = [c for c in components if c not in (api, worker, dispatcher)]
+        await asyncio.gather(*(asyncio.to_thread(c.stop, 10) for c in support))
         if broker is not None:
             broker.stop()
         print("stack stopped", flush=True)
@@ -138,11 +164,14 @@ async def _until_ready(
 ) -> None:
     """Until the simulator listens and the worker and the front-end answer /readyz 200."""
     deadline = time.monotonic() + READY_TIMEOUT_S
-    await asyncio.to_thread(
-        wait_for_port, settings.simulator_host, settings.simulator_port, READY_TIMEOUT_S
-    )
+    for host, port in (
+        (settings.simulator_host, settings.simulator_port),
+        (settings.receiver_host, settings.receiver_port),
+    ):
+        await asyncio.to_thread(wait_for_port, host, port, READY_TIMEOUT_S)
     probes = [
         f"http://{settings.worker_metrics_host}:{settings.worker_metrics_port}/readyz",
+        f"http://{settings.webhook_metrics_host}:{settings.webhook_metrics_port}/readyz",
         f"http://{settings.api_host}:{settings.api_port}/readyz",
     ]
     async with httpx.AsyncClient(timeout=2) as client:
@@ -160,7 +189,42 @@ async def _until_ready(
                 await asyncio.sleep(0.2)
 
 
-def _banner(settings: DevSettings, accounts: list[tuple[str, str]]) -> None:
+def _with_webhooks(settings: DevSettings) -> DevSettings:
+    """The stack's settings with a webhook secrets key (generated for this run unless one
+    is configured) and the loopback receiver allowed."""
+    key = settings.webhook_secrets_key
+    return settings.model_copy(
+        update={
+            "webhook_secrets_key": key or SecretStr(generate_key()),
+            "webhook_allow_http": True,
+            "webhook_allow_private_targets": True,
+        }
+    )
+
+
+async def create_demo_endpoint(settings: DevSettings) -> tuple[str, str]:
+    """Register the demo receiver for the demo workspace; returns its id and secret."""
+    producer = build_producer(settings)
+    await producer.start()
+    try:
+        store = EndpointStore(
+            producer=producer,
+            topic=settings.topics.webhook_endpoints,
+            registry=EndpointRegistry(),
+            cipher=secrets_box(settings),
+        )
+        record, secret = await store.create(
+            DEV_WORKSPACE,
+            url=f"http://{settings.receiver_host}:{settings.receiver_port}/webhooks",
+            event_types=None,
+            description="make run's demo receiver (devstack/receiver.py)",
+        )
+    finally:
+        await producer.stop()
+    return record.id, secret
+
+
+def _banner(settings: DevSettings, accounts: list[tuple[str, str]], endpoint_id: str) -> None:
     base = f"http://{settings.api_host}:{settings.api_port}"
     first = accounts[0][0]
     lines = [
@@ -171,6 +235,10 @@ def _banner(settings: DevSettings, accounts: list[tuple[str, str]]) -> None:
         f"  worker probes     http://{settings.worker_metrics_host}:{settings.worker_metrics_port}"
         "/metrics  /healthz  /readyz",
         f"  API front-end     {base}  (workspace {DEV_WORKSPACE}, key {DEV_KEY})",
+        f"  webhooks          dispatcher http://{settings.webhook_metrics_host}:"
+        f"{settings.webhook_metrics_port}/metrics; demo endpoint {endpoint_id} ->"
+        f" http://{settings.receiver_host}:{settings.receiver_port}/webhooks"
+        " (each delivery is printed below)",
         "",
         "try a flow:",
         f"  curl -s -X POST -H 'X-Api-Key: {DEV_KEY}' "

@@ -15,7 +15,7 @@ import pytest
 from bench.load import Workload, percentile
 from worker.messages import PasskeyConfirm, RegisterAccount, decode_command
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ("ceiling", "baseline", "worker-1p", "worker-inproc")
 
 

@@ -1,5 +1,6 @@
-"""``python -m devstack stack`` (what ``make run`` runs): comes up, serves a flow, and Ctrl-C
-stops every component with no process or listening port left behind."""
+"""``python -m devstack stack`` (what ``make run`` runs): comes up, serves a flow whose status
+changes reach the demo receiver as signed webhooks, and Ctrl-C stops every component with no
+process or listening port left behind."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from devstack.broker import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def listening(port: int) -> bool:
@@ -33,6 +34,8 @@ async def test_stack_up_flow_and_clean_ctrl_c() -> None:
         "SIMULATOR_PORT": free_port(),
         "WORKER_METRICS_PORT": free_port(),
         "API_PORT": free_port(),
+        "WEBHOOK_METRICS_PORT": free_port(),
+        "RECEIVER_PORT": free_port(),
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "TOPIC_"))}
     env.update({k: str(v) for k, v in ports.items()})
@@ -77,6 +80,11 @@ async def test_stack_up_flow_and_clean_ctrl_c() -> None:
                     break
                 assert time.monotonic() < deadline, poll.text
                 await asyncio.sleep(0.3)
+        # The demo receiver verified and printed the account's status changes as webhooks.
+        printed = await asyncio.wait_for(_read_until(proc, "acc_demo_1 v3"), 30)
+        lines = [line for line in printed.splitlines() if "acc_demo_1" in line]
+        assert all("[signature ok]" in line for line in lines), lines
+        assert any("-> passkey_confirmation_sent" in line for line in lines), lines
         proc.send_signal(signal.SIGINT)
         code = await asyncio.to_thread(proc.wait, 40)
         assert code in (0, 130)
