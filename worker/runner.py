@@ -53,11 +53,17 @@ async def run_consume_loop(
     on_start: Callable[[Worker], None] | None,
     closers: Sequence[Callable[[], Awaitable[None]]] = (),
     group: str,
+    also_ready: Callable[[], bool] = lambda: True,
 ) -> None:
-    """Run ``loop`` with its clients until it stops; raises when the loop failed."""
+    """Run ``loop`` with its clients until it stops; raises when the loop failed.
+    ``also_ready`` adds the process's other conditions to ``/readyz``."""
     served: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
     if probes is not None:
-        app = build_probe_app(registry, last_beat=lambda: loop.last_beat, ready=lambda: loop.ready)
+        app = build_probe_app(
+            registry,
+            last_beat=lambda: loop.last_beat,
+            ready=lambda: loop.ready and also_ready(),
+        )
         served = serving(app, host=probes.host, port=probes.port, name=probes.name)
     # Installed for the whole run, close steps included: a second signal during them still
     # exits at once (130).

@@ -38,6 +38,18 @@ log = get_logger(__name__)
 ENDPOINTS_CATCH_UP_S = 60.0
 
 
+async def _stop_when_done(task: asyncio.Task[None], loop: Worker) -> None:
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            raise  # this watcher was cancelled: the dispatcher is stopping anyway
+    except Exception:  # the tail logged it and keeps it in ``failure``
+        pass
+    log.error("endpoints_tail_stopped")
+    loop.stop()
+
+
 def secrets_box(settings: Settings) -> SecretsBox:
     """The endpoint-secret cipher; ``WEBHOOK_SECRETS_KEY`` is required."""
     if settings.webhook_secrets_key is None:
@@ -135,6 +147,9 @@ async def run_dispatcher(
         ),
     )
     await tail.start()
+    # Without a current registry, events would be fanned out to a stale set of endpoints:
+    # a dead tail stops the dispatcher, which then exits non-zero (restarted by Kubernetes).
+    watcher = asyncio.create_task(_stop_when_done(tail.task, loop))
     try:
         if not await tail.wait_caught_up(ENDPOINTS_CATCH_UP_S):
             raise RuntimeError("the webhook endpoints topic could not be read to its end")
@@ -156,6 +171,10 @@ async def run_dispatcher(
             on_start=on_start,
             closers=() if session is None else (session.close,),
             group=settings.webhook_consumer_group,
+            also_ready=lambda: tail.running,
         )
     finally:
+        watcher.cancel()
         await tail.stop()
+    if tail.failure is not None:
+        raise RuntimeError("the webhook endpoints tail failed") from tail.failure
