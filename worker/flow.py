@@ -208,6 +208,7 @@ def outputs(
             account_id=account_id,
             http_status=outcome.http_status,
             body=reply_body,
+            version=outcome.version,
         )
     return reply, status_event, error_event
 

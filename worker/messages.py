@@ -152,7 +152,9 @@ class ReplyBody(BaseModel):
 
 
 class Reply(_Message):
-    """Exactly one per ``passkey_confirm`` on auth.replies."""
+    """Exactly one per ``passkey_confirm`` on auth.replies. ``version`` is the account
+    record's version the reply reflects, so a front-end can keep its reads at least that new
+    (read-your-writes); absent in replies written before it existed."""
 
     type: Literal["reply"] = "reply"
     command_id: str
@@ -160,6 +162,7 @@ class Reply(_Message):
     account_id: str
     http_status: int
     body: ReplyBody
+    version: int | None = None
 
 
 class AuthStatusChanged(_Message):

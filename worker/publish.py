@@ -51,17 +51,25 @@ class Publisher:
         await fut
 
     async def publish(self, partition: int, decision: Decision, *, state_changed: bool) -> None:
-        """Send the record (if it changed) and every output concurrently; wait for all acks."""
+        """Send the record (if it changed) and wait for its ack, then every output
+        concurrently; wait for all acks.
+
+        The record first: a caller that was answered can read its write back from any
+        front-end replica as soon as that replica's view has read this far (read-your-writes;
+        docs/architecture.md, "Guarantees"), never find the reply ahead of the state.
+        """
         futures: list[asyncio.Future[Any]] = []
         if state_changed and decision.record is not None:
-            futures.append(
-                await self._send(
-                    self._topics.state,
-                    decision.record.account_id,
-                    encode_record(decision.record),
-                    partition=partition,
-                )
+            written = await self._send(
+                self._topics.state,
+                decision.record.account_id,
+                encode_record(decision.record),
+                partition=partition,
             )
+            if decision.reply is not None:
+                await written
+            else:
+                futures.append(written)
         if decision.reply is not None:
             reply = decision.reply
             body = reply.model_dump_json(exclude_none=True).encode()

@@ -34,7 +34,7 @@ from worker.api.bodies import (
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
-from worker.api.view import AuthStateView
+from worker.api.view import AccountView, AuthStateView
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
 from worker.messages import AuthData, PasskeyConfirm
@@ -221,6 +221,7 @@ class ApiRoutes:
         if not 200 <= reply.http_status <= 599:
             log.error("api_reply_bad_status", request_id=request_id, status=reply.http_status)
             raise ServiceError.of("run_auth_action_failed", check_hint)
+        self._remember(workspace_id, reply)
         # The worker's reply, unchanged: it already is the contract's envelope.
         return JSONResponse(reply.body, status_code=reply.http_status)
 
@@ -258,6 +259,22 @@ class ApiRoutes:
             raise ServiceError.of(
                 "run_auth_action_failed", f"The confirmation outcome is unknown. {check_hint}"
             ) from None
+
+    def _remember(self, workspace_id: str, correlated: CorrelatedReply) -> None:
+        """Read-your-writes: a later GET here shows this outcome or a newer one."""
+        reply = correlated.reply
+        data = reply.body.data
+        if reply.version is None or data is None:
+            return
+        self.view.remember(
+            reply.account_id,
+            AccountView(
+                workspace_id=workspace_id,
+                status=data.status,
+                auth_status=data.auth_status,
+                version=reply.version,
+            ),
+        )
 
     # -- GET /v1/accounts/{account_id}/auth --------------------------------------------------
 
