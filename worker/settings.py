@@ -27,6 +27,10 @@ class Topics(BaseSettings):
     replies: str = "auth.replies"
     dlq: str = "auth.dlq"
     webhook_endpoints: str = "webhook.endpoints"
+    webhook_deliveries: str = "webhook.deliveries"
+    webhook_state: str = "webhook.delivery-state"
+    webhook_replays: str = "webhook.replays"
+    webhook_dlq: str = "webhook.dlq"
 
     def all(self) -> list[str]:
         return [
@@ -37,6 +41,10 @@ class Topics(BaseSettings):
             self.replies,
             self.dlq,
             self.webhook_endpoints,
+            self.webhook_deliveries,
+            self.webhook_state,
+            self.webhook_replays,
+            self.webhook_dlq,
         ]
 
 
