@@ -1,8 +1,9 @@
 """The webhook-endpoint management routes (docs/api.md, "Webhook endpoints").
 
 Checks in the contract's order: route (404, by the router), API key (401), webhooks
-configured (500), body (400), the endpoints registry caught up (500), the endpoint in the
-key's workspace (404, the same answer for "missing" and "another workspace's"), the work.
+configured (500), ``endpoint_id`` format (400, the account-id rule), body (400), the endpoints
+registry caught up (500), the endpoint in the key's workspace (404, the same answer for
+"missing" and "another workspace's"), the work.
 
 Reads come from the replica's registry (``EndpointsTail``) and delivery log
 (``DeliveryLogView``); writes go through ``EndpointStore``, which produces the new record,
