@@ -103,7 +103,7 @@ async def running_api(
         runtime = started[0]
         if ready:
             await wait_until(
-                lambda: runtime.replies.ready and runtime.view.caught_up,
+                lambda: runtime.replies.ready and all(t.caught_up for t in runtime.tails),
                 what="front-end ready",
             )
         yield runtime

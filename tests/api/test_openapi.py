@@ -15,6 +15,15 @@ from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorRespon
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_MAX_AGE_S
 from worker.api.openapi import openapi_document
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
+from worker.api.webhook_routes import (
+    WEBHOOK_ACTIVATE,
+    WEBHOOK_DEACTIVATE,
+    WEBHOOK_DELIVERIES,
+    WEBHOOK_ENDPOINT,
+    WEBHOOK_ENDPOINTS,
+    WEBHOOK_REPLAY,
+    WEBHOOK_ROTATE,
+)
 from worker.catalogue import ServiceError, entry
 from worker.messages import ID_PATTERN
 from worker.schemas import documents
@@ -143,6 +152,57 @@ def test_schemathesis_accepts_the_document() -> None:
         "GET /healthz",
         "GET /readyz",
         "GET /metrics",
+        *WEBHOOK_OPERATIONS,
+        *(f"OPTIONS {path}" for path in WEBHOOK_PATHS),
+    }
+
+
+WEBHOOK_PATHS = (
+    WEBHOOK_ENDPOINTS,
+    WEBHOOK_ENDPOINT,
+    WEBHOOK_DEACTIVATE,
+    WEBHOOK_ACTIVATE,
+    WEBHOOK_ROTATE,
+    WEBHOOK_DELIVERIES,
+    WEBHOOK_REPLAY,
+)
+WEBHOOK_OPERATIONS = {
+    f"POST {WEBHOOK_ENDPOINTS}": {"201", "400", "401", "500"},
+    f"GET {WEBHOOK_ENDPOINTS}": {"200", "401", "500"},
+    f"GET {WEBHOOK_ENDPOINT}": {"200", "400", "401", "404", "500"},
+    f"PATCH {WEBHOOK_ENDPOINT}": {"200", "400", "401", "404", "500"},
+    f"DELETE {WEBHOOK_ENDPOINT}": {"204", "400", "401", "404", "500"},
+    f"POST {WEBHOOK_DEACTIVATE}": {"200", "400", "401", "404", "500"},
+    f"POST {WEBHOOK_ACTIVATE}": {"200", "400", "401", "404", "500"},
+    f"POST {WEBHOOK_ROTATE}": {"200", "400", "401", "404", "500"},
+    f"GET {WEBHOOK_DELIVERIES}": {"200", "400", "401", "404", "500"},
+    f"POST {WEBHOOK_REPLAY}": {"202", "400", "401", "404", "500"},
+}
+
+
+def test_webhook_operations_and_their_500s() -> None:
+    """Each webhook route lists its statuses and exactly its one catalogued 500."""
+    doc = openapi_document()
+    five_hundreds = {}
+    for label, statuses in WEBHOOK_OPERATIONS.items():
+        method, path = label.split(" ", 1)
+        op = doc["paths"][path][method.lower()]
+        assert set(op["responses"]) == statuses, label
+        assert op["security"] == [{"ApiKey": []}]
+        five_hundreds[label] = set(
+            op["responses"]["500"]["content"]["application/json"]["examples"]
+        )
+    assert five_hundreds == {
+        f"POST {WEBHOOK_ENDPOINTS}": {"create_webhook_endpoint_failed"},
+        f"GET {WEBHOOK_ENDPOINTS}": {"list_webhook_endpoints_failed"},
+        f"GET {WEBHOOK_ENDPOINT}": {"get_webhook_endpoint_failed"},
+        f"PATCH {WEBHOOK_ENDPOINT}": {"update_webhook_endpoint_failed"},
+        f"DELETE {WEBHOOK_ENDPOINT}": {"delete_webhook_endpoint_failed"},
+        f"POST {WEBHOOK_DEACTIVATE}": {"deactivate_webhook_endpoint_failed"},
+        f"POST {WEBHOOK_ACTIVATE}": {"update_webhook_endpoint_failed"},
+        f"POST {WEBHOOK_ROTATE}": {"update_webhook_endpoint_failed"},
+        f"GET {WEBHOOK_DELIVERIES}": {"get_webhook_endpoint_failed"},
+        f"POST {WEBHOOK_REPLAY}": {"update_webhook_endpoint_failed"},
     }
 
 

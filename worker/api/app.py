@@ -4,7 +4,8 @@ Kafka (docs/architecture.md, "The front-end"; docs/api.md).
 ``build_app`` wires the Starlette app from clients built elsewhere; ``api_runtime`` builds and
 starts those clients from settings; ``serve_api`` runs everything under uvicorn until
 SIGTERM/SIGINT (``python -m worker api``). The parts: ``routes`` (the two routes and their
-checks), ``middleware`` (request id, CORS, error safety net, metrics), ``cors``, ``bodies``
+checks), ``webhook_routes`` / ``webhook_bodies`` / ``webhook_replay`` (the webhook-endpoint
+management API), ``middleware`` (request id, CORS, error safety net, metrics), ``cors``, ``bodies``
 (response models), ``openapi`` (the generated contract), ``runtime`` (the HTTP server loop),
 and the probes shared with the worker (``worker.probes``).
 """
@@ -35,11 +36,18 @@ from worker.api.routes import (
 )
 from worker.api.runtime import ApiRuntime, serve_runtime
 from worker.api.view import AuthStateView
+from worker.api.webhook_replay import ReplayRunner
+from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.probes import Probes
 from worker.process import on_stop_signals
 from worker.settings import Settings
+from worker.webhooks.endpoints import EndpointsTail
+from worker.webhooks.log_view import DeliveryLogView
+from worker.webhooks.secrets_box import SecretsBox
+from worker.webhooks.store import EndpointStore
+from worker.webhooks.targets import TargetPolicy
 
 __all__ = ["ACCOUNT_ID_RULE", "ApiRuntime", "api_runtime", "build_app", "serve_api"]
 
@@ -61,15 +69,17 @@ def build_app(
     view: AuthStateView,
     keys: KeyStore,
     registry: CollectorRegistry,
+    webhooks: WebhookClients | None = None,
 ) -> Starlette:
     """The front-end app over clients built (and started) by the caller.
 
-    ``producer`` is a started ``AIOKafkaProducer``; ``replies`` and ``view`` are started by the
-    caller too. Metrics are registered on ``registry`` (one app per registry).
+    ``producer`` is a started ``AIOKafkaProducer``; ``replies``, ``view`` and ``webhooks``
+    are started by the caller too (``webhooks`` ``None``: the webhook routes answer 500, the
+    service is not configured for them). Metrics are registered on ``registry`` (one app per
+    registry).
     """
     metrics = ApiMetrics(registry)
     metrics.pending_replies.set_function(lambda: float(replies.pending))
-    metrics.ready.set_function(lambda: 1.0 if replies.ready and view.caught_up else 0.0)
     api = ApiRoutes(
         producer=producer,
         replies=replies,
@@ -78,20 +88,73 @@ def build_app(
         metrics=metrics,
         commands_topic=settings.topics.commands,
         reply_timeout_s=settings.api_reply_timeout_s,
+        webhook_tails=None if webhooks is None else webhooks.tails,
+    )
+    metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
+    hooks = WebhookRoutes(
+        clients=webhooks,
+        authenticate=api.authenticate,
+        policy=TargetPolicy(
+            allow_http=settings.webhook_allow_http,
+            allow_private=settings.webhook_allow_private_targets,
+        ),
+        wait_s=settings.webhook_store_timeout_s,
     )
     probes = Probes(registry, health=api.health, readiness=api.readiness)
-    routes = [*api.routes(), *without_head([*probes.routes(), openapi_route()])]
+    routes = [
+        *api.routes(),
+        *hooks.routes(),
+        *without_head([*probes.routes(), openapi_route()]),
+    ]
     front_door = Middleware(
         FrontDoor,
         metrics=metrics,
         cors=CorsPolicy(frozenset(settings.api_cors_origins)),
         routes=routes,
-        preflight_routes=API_ROUTES,
+        preflight_routes=(*API_ROUTES, *WEBHOOK_ROUTES),
     )
     app = Starlette(routes=routes, middleware=[front_door], exception_handlers=EXCEPTION_HANDLERS)
     # "/v1/accounts/x/auth/" is not a route: 404, never a redirect.
     app.router.redirect_slashes = False
     return app
+
+
+def webhook_clients(settings: Settings, producer: Any) -> WebhookClients | None:
+    """The unstarted webhook clients, or ``None`` (logged) without ``WEBHOOK_SECRETS_KEY``:
+    the endpoints' secrets can be neither sealed nor opened then. A malformed key raises
+    ``InvalidSecretsKey``, stopping the process (the key is never shown)."""
+    key = settings.webhook_secrets_key
+    if key is None:
+        log.error(
+            "api_webhooks_not_configured",
+            detail="WEBHOOK_SECRETS_KEY is unset; the webhook-endpoint routes answer 500",
+        )
+        return None
+    topics = settings.topics
+    endpoints = EndpointsTail(
+        build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS),
+        topics.webhook_endpoints,
+    )
+    store = EndpointStore(
+        producer=producer,
+        topic=topics.webhook_endpoints,
+        registry=endpoints.registry,
+        cipher=SecretsBox(key.get_secret_value()),
+        timeout_s=settings.webhook_store_timeout_s,
+        overlap_s=settings.webhook_secret_overlap_s,
+    )
+    deliveries = DeliveryLogView(
+        build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS),
+        topics.webhook_deliveries,
+    )
+    replays = ReplayRunner(
+        consumer_factory=lambda: build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS),
+        producer=producer,
+        status_topic=topics.status,
+        errors_topic=topics.errors,
+        replays_topic=topics.webhook_replays,
+    )
+    return WebhookClients(endpoints=endpoints, store=store, deliveries=deliveries, replays=replays)
 
 
 @contextlib.asynccontextmanager
@@ -115,8 +178,15 @@ async def api_runtime(
     view = AuthStateView(
         build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS), topics.state
     )
+    webhooks = webhook_clients(settings, producer)
     app = build_app(
-        settings, producer=producer, replies=replies, view=view, keys=keys, registry=registry
+        settings,
+        producer=producer,
+        replies=replies,
+        view=view,
+        keys=keys,
+        registry=registry,
+        webhooks=webhooks,
     )
     started: list[Callable[[], Any]] = []
     try:
@@ -126,7 +196,12 @@ async def api_runtime(
         started.append(replies.stop)
         await view.start()
         started.append(view.stop)
-        yield ApiRuntime(settings, app, producer, replies, view, keys, registry)
+        if webhooks is not None:
+            for tail in webhooks.tails:
+                await tail.start()
+                started.append(tail.stop)
+            started.append(webhooks.replays.stop)  # stopped first: it produces
+        yield ApiRuntime(settings, app, producer, replies, view, keys, registry, webhooks)
     finally:
         for stop in reversed(started):
             with contextlib.suppress(Exception):

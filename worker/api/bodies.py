@@ -78,17 +78,21 @@ class ErrorResponse(BaseModel):
 
 
 class ApiHealth(BaseModel):
-    """Liveness: ``ok`` while both Kafka readers run."""
+    """Liveness: ``ok`` while every Kafka reader runs."""
 
     status: Literal["ok", "failed"]
 
 
 class ApiReadiness(BaseModel):
-    """Readiness: the ``auth.state`` view caught up and the reply consumer is positioned."""
+    """Readiness: the ``auth.state`` view caught up, the reply consumer positioned and, when
+    webhooks are configured, the endpoints registry and delivery log caught up."""
 
     ready: bool
     state_view: bool
     replies: bool
+    webhooks: bool | None = Field(
+        description="`null` when webhooks are not configured (no secrets key)."
+    )
 
 
 def json_response(body: BaseModel, status_code: int = 200) -> JSONResponse:

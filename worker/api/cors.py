@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-CORS_METHODS: Final = ("GET", "POST")
+CORS_METHODS: Final = ("GET", "POST", "PATCH", "DELETE")
 CORS_HEADERS: Final = ("X-Api-Key", "Content-Type", "X-Request-Id")
 CORS_MAX_AGE_S: Final = 600
 ALLOW_METHODS: Final = ", ".join(CORS_METHODS)

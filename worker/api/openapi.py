@@ -22,6 +22,26 @@ from starlette.routing import Route
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_HEADERS, CORS_MAX_AGE_S, CORS_METHODS
 from worker.api.routes import ACCOUNT_AUTH, ACCOUNT_ID_RULE, MAX_BODY_BYTES, PASSKEY_CONFIRM
+from worker.api.webhook_bodies import (
+    CreateEndpointBody,
+    DeliveryListResponse,
+    EndpointListResponse,
+    EndpointResponse,
+    EndpointSecretResponse,
+    ReplayAcceptedResponse,
+    ReplayBody,
+    UpdateEndpointBody,
+)
+from worker.api.webhook_routes import (
+    ENDPOINT_ID_RULE,
+    WEBHOOK_ACTIVATE,
+    WEBHOOK_DEACTIVATE,
+    WEBHOOK_DELIVERIES,
+    WEBHOOK_ENDPOINT,
+    WEBHOOK_ENDPOINTS,
+    WEBHOOK_REPLAY,
+    WEBHOOK_ROTATE,
+)
 from worker.catalogue import ServiceError, by_numeric, entry
 from worker.messages import AuthData, Identifier
 from worker.settings import Settings
@@ -41,6 +61,14 @@ _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
     ErrorResponse,
     ApiHealth,
     ApiReadiness,
+    CreateEndpointBody,
+    UpdateEndpointBody,
+    ReplayBody,
+    EndpointResponse,
+    EndpointSecretResponse,
+    EndpointListResponse,
+    DeliveryListResponse,
+    ReplayAcceptedResponse,
 )
 
 
@@ -104,6 +132,34 @@ _PREFLIGHT_FAILURES: Final = (
         " does not exist.",
     ),
 )
+
+
+_WEBHOOK_NOT_FOUND: Final = Failure(
+    "not_found",
+    "The endpoint does not exist in the key's workspace (unknown, deleted or another"
+    " workspace's: the answers are the same), or the route does not exist.",
+)
+_NOT_CONFIGURED: Final = (
+    "the service is not configured for webhooks, or the endpoints could not be read or"
+    " written in time; {extra}"
+)
+
+
+def _webhook_failures(
+    failure: str, *, bad_request: str | None, not_found: bool = True, extra: str = ""
+) -> tuple[Failure, ...]:
+    """What a webhook route can answer besides success: its 400 (when it reads input), 401,
+    404 (routes on one endpoint) and its one catalogued 500."""
+    when = _NOT_CONFIGURED.format(extra=extra or "nothing was changed.")
+    return (
+        *((Failure("invalid_request", bad_request),) if bad_request else ()),
+        *_UNAUTHORIZED,
+        *((_WEBHOOK_NOT_FOUND,) if not_found else ()),
+        Failure(failure, when[0].upper() + when[1:]),
+    )
+
+
+_OPTIONAL_BODY: Final = "Malformed `endpoint_id`, or a body that is not empty or a JSON object."
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -171,7 +227,7 @@ def _header(schema: dict[str, Any], description: str | None = None) -> dict[str,
     return header
 
 
-def _preflight(operation_id: str) -> dict[str, Any]:
+def _preflight(operation_id: str, parameter: str | None = "AccountId") -> dict[str, Any]:
     methods = ", ".join(f"`{m}`" for m in CORS_METHODS)
     headers = ", ".join(f"`{h}`" for h in CORS_HEADERS)
     return {
@@ -186,7 +242,7 @@ def _preflight(operation_id: str) -> dict[str, Any]:
         "tags": ["cors"],
         "security": [],
         "parameters": [
-            {"$ref": "#/components/parameters/AccountId"},
+            *(() if parameter is None else ({"$ref": f"#/components/parameters/{parameter}"},)),
             *(
                 {"name": name, "in": "header", "required": required, "schema": {"type": "string"}}
                 for name, required in (
@@ -237,6 +293,218 @@ def _probe(
     }
 
 
+def _json_body(model: type[BaseModel], description: str, *, required: bool) -> dict[str, Any]:
+    return {
+        "required": required,
+        "description": description,
+        "content": {_JSON: {"schema": _ref(model)}},
+    }
+
+
+_EMPTY_BODY: Final = {
+    "required": False,
+    "description": f"Optional; ignored when it is a JSON object of at most {MAX_BODY_BYTES} bytes.",
+    "content": {_JSON: {"schema": {"type": "object"}}},
+}
+
+
+def _webhook_operation(
+    operation_id: str,
+    summary: str,
+    description: str,
+    *,
+    one_endpoint: bool,
+    ok_status: str,
+    ok: dict[str, Any],
+    failures: tuple[Failure, ...],
+    body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    parameters = [
+        *(({"$ref": "#/components/parameters/EndpointId"},) if one_endpoint else ()),
+        {"$ref": "#/components/parameters/RequestId"},
+    ]
+    operation: dict[str, Any] = {
+        "operationId": operation_id,
+        "summary": summary,
+        "description": description,
+        "tags": ["webhooks"],
+        "security": [{"ApiKey": []}],
+        "parameters": parameters,
+    }
+    if body is not None:
+        operation["requestBody"] = body
+    operation["responses"] = {ok_status: ok, **_error_responses(failures)}
+    return operation
+
+
+def _webhook_paths() -> dict[str, Any]:
+    """The webhook-endpoint management routes (``worker.api.webhook_routes``)."""
+    url_rule = (
+        "`url` must be an absolute `https` URL (no user or password) whose host is not a"
+        " loopback, private, link-local or otherwise special address (checked again, on every"
+        " address the name resolves to, when delivering)."
+    )
+    body_400 = (
+        "The body is missing, not JSON, not an object, has unknown fields or invalid values"
+        " (an unknown event type, a `url` that is not allowed: the message names the reason)."
+    )
+    endpoint = _json_response("The endpoint.", EndpointResponse)
+    with_secret = "The endpoint and its signing secret (`whsec_...`): store it now."
+    return {
+        WEBHOOK_ENDPOINTS: {
+            "post": _webhook_operation(
+                "createWebhookEndpoint",
+                "Create a webhook endpoint",
+                f"{url_rule} Absent or `null` `event_types` subscribes to every event type."
+                " The answer is the only time the signing secret is shown (until a rotation).",
+                one_endpoint=False,
+                ok_status="201",
+                ok=_json_response(f"Created. {with_secret}", EndpointSecretResponse),
+                failures=_webhook_failures(
+                    "create_webhook_endpoint_failed", bad_request=body_400, not_found=False
+                ),
+                body=_json_body(CreateEndpointBody, "The new endpoint.", required=True),
+            ),
+            "get": _webhook_operation(
+                "listWebhookEndpoints",
+                "List the workspace's webhook endpoints",
+                "Oldest first; secrets are never listed.",
+                one_endpoint=False,
+                ok_status="200",
+                ok=_json_response("The endpoints.", EndpointListResponse),
+                failures=_webhook_failures(
+                    "list_webhook_endpoints_failed", bad_request=None, not_found=False
+                ),
+            ),
+            "options": _preflight("preflightWebhookEndpoints", None),
+        },
+        WEBHOOK_ENDPOINT: {
+            "get": _webhook_operation(
+                "getWebhookEndpoint",
+                "A webhook endpoint",
+                "Its signing secret is not shown.",
+                one_endpoint=True,
+                ok_status="200",
+                ok=endpoint,
+                failures=_webhook_failures(
+                    "get_webhook_endpoint_failed", bad_request="Malformed `endpoint_id`."
+                ),
+            ),
+            "patch": _webhook_operation(
+                "updateWebhookEndpoint",
+                "Change a webhook endpoint",
+                f"Send at least one of `url`, `event_types`, `description`. {url_rule}"
+                " `event_types: null` subscribes to every event type; `description: null`"
+                " clears it.",
+                one_endpoint=True,
+                ok_status="200",
+                ok=endpoint,
+                failures=_webhook_failures(
+                    "update_webhook_endpoint_failed",
+                    bad_request="Malformed `endpoint_id`; or: " + body_400 + " An empty object.",
+                ),
+                body=_json_body(UpdateEndpointBody, "The fields to change.", required=True),
+            ),
+            "delete": _webhook_operation(
+                "deleteWebhookEndpoint",
+                "Delete a webhook endpoint",
+                "Deliveries to it stop; its id answers 404 from then on.",
+                one_endpoint=True,
+                ok_status="204",
+                ok={"description": "Deleted; no body.", "headers": dict(_RID_HEADER)},
+                failures=_webhook_failures(
+                    "delete_webhook_endpoint_failed", bad_request=_OPTIONAL_BODY
+                ),
+                body=_EMPTY_BODY,
+            ),
+            "options": _preflight("preflightWebhookEndpoint", "EndpointId"),
+        },
+        WEBHOOK_DEACTIVATE: {
+            "post": _webhook_operation(
+                "deactivateWebhookEndpoint",
+                "Stop deliveries to an endpoint",
+                "`status` becomes `inactive`; events that occur meanwhile are not delivered"
+                " (replay them after activating).",
+                one_endpoint=True,
+                ok_status="200",
+                ok=endpoint,
+                failures=_webhook_failures(
+                    "deactivate_webhook_endpoint_failed", bad_request=_OPTIONAL_BODY
+                ),
+                body=_EMPTY_BODY,
+            ),
+            "options": _preflight("preflightDeactivateWebhookEndpoint", "EndpointId"),
+        },
+        WEBHOOK_ACTIVATE: {
+            "post": _webhook_operation(
+                "activateWebhookEndpoint",
+                "Resume deliveries to an endpoint",
+                "`status` becomes `active`, also after the dispatcher disabled it.",
+                one_endpoint=True,
+                ok_status="200",
+                ok=endpoint,
+                failures=_webhook_failures(
+                    "update_webhook_endpoint_failed", bad_request=_OPTIONAL_BODY
+                ),
+                body=_EMPTY_BODY,
+            ),
+            "options": _preflight("preflightActivateWebhookEndpoint", "EndpointId"),
+        },
+        WEBHOOK_ROTATE: {
+            "post": _webhook_operation(
+                "rotateWebhookEndpointSecret",
+                "Rotate the signing secret",
+                "A new secret signs every delivery from now on; the previous one keeps signing"
+                " beside it (two `v1,` signatures) for `WEBHOOK_SECRET_OVERLAP_S` (default 24"
+                " h), so receivers can switch without losing a delivery.",
+                one_endpoint=True,
+                ok_status="200",
+                ok=_json_response(f"Rotated. {with_secret}", EndpointSecretResponse),
+                failures=_webhook_failures(
+                    "update_webhook_endpoint_failed", bad_request=_OPTIONAL_BODY
+                ),
+                body=_EMPTY_BODY,
+            ),
+            "options": _preflight("preflightRotateWebhookEndpointSecret", "EndpointId"),
+        },
+        WEBHOOK_DELIVERIES: {
+            "get": _webhook_operation(
+                "listWebhookDeliveries",
+                "Recent deliveries to an endpoint",
+                "The latest state of each of the endpoint's most recent deliveries (up to 100),"
+                " most recently changed first.",
+                one_endpoint=True,
+                ok_status="200",
+                ok=_json_response("The deliveries.", DeliveryListResponse),
+                failures=_webhook_failures(
+                    "get_webhook_endpoint_failed", bad_request="Malformed `endpoint_id`."
+                ),
+            ),
+            "options": _preflight("preflightWebhookDeliveries", "EndpointId"),
+        },
+        WEBHOOK_REPLAY: {
+            "post": _webhook_operation(
+                "replayWebhookEvents",
+                "Re-send the endpoint's events since a time",
+                "Accepted at once; the events of the endpoint's types that occurred at or after"
+                " `since` are delivered again in the background, with their original"
+                " `webhook-id` (receivers de-duplicate on it).",
+                one_endpoint=True,
+                ok_status="202",
+                ok=_json_response("Accepted.", ReplayAcceptedResponse),
+                failures=_webhook_failures(
+                    "update_webhook_endpoint_failed",
+                    bad_request="Malformed `endpoint_id`; a missing or invalid body (`since`"
+                    " not an RFC 3339 date-time, unknown fields).",
+                    extra="or too many replays are in progress; nothing was started.",
+                ),
+                body=_json_body(ReplayBody, "Where to start.", required=True),
+            ),
+            "options": _preflight("preflightReplayWebhookEvents", "EndpointId"),
+        },
+    }
+
+
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of the front-end (deterministic: equal on every call)."""
     identifier = TypeAdapter(Identifier).json_schema()
@@ -251,8 +519,9 @@ def openapi_document() -> dict[str, Any]:
             "title": "Passkey auth-flow front-end",
             "version": "1.0.0",
             "description": (
-                "Passkey confirmation and the authentication-state polling route of the"
-                " messaging gateway. Every response carries `X-Request-Id`; failures return"
+                "Passkey confirmation, the authentication-state polling route and the"
+                " webhook-endpoint management of the messaging gateway. Every response"
+                " carries `X-Request-Id`; failures return"
                 " `{request_id, error: {code, numeric_code, message}}`. Branch on `code` /"
                 " `numeric_code`, never on `message`. Unknown routes and unsupported methods"
                 f" answer 404 `{not_found.code}` ({not_found.numeric_code})."
@@ -261,6 +530,7 @@ def openapi_document() -> dict[str, Any]:
         "servers": [{"url": SERVER_URL}],
         "tags": [
             {"name": "auth", "description": "Account authorization flow."},
+            {"name": "webhooks", "description": "Webhook endpoints of the key's workspace."},
             {"name": "cors", "description": "Browser preflights."},
             {"name": "operations", "description": "Probes and metrics (no API key)."},
         ],
@@ -317,6 +587,7 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "options": _preflight("preflightAuth"),
             },
+            **_webhook_paths(),
             "/healthz": _probe(
                 "healthz",
                 "Liveness: the process and its Kafka readers run",
@@ -377,6 +648,16 @@ def openapi_document() -> dict[str, Any]:
                         " an account of another workspace answers 404 like an unknown one."
                     ),
                     # minLength is implied by the pattern; stated for generators that skip it.
+                    "schema": {**identifier, "minLength": 1},
+                },
+                "EndpointId": {
+                    "name": "endpoint_id",
+                    "in": "path",
+                    "required": True,
+                    "description": (
+                        f"The endpoint's `id` (`ep_...`); {ENDPOINT_ID_RULE}. An endpoint of"
+                        " another workspace answers 404 like an unknown one."
+                    ),
                     "schema": {**identifier, "minLength": 1},
                 },
                 "RequestId": {

@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -34,6 +34,7 @@ from worker.api.bodies import (
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
+from worker.api.tail import TopicTail
 from worker.api.view import AccountView, AuthStateView
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
@@ -91,8 +92,8 @@ def check_account_id(account_id: str) -> None:
         raise ServiceError.of("invalid_request", f"Invalid path parameter: {ACCOUNT_ID_RULE}.")
 
 
-async def check_body(request: Request) -> None:
-    """No body is required; an empty body, or any JSON object (ignored), is accepted."""
+async def read_body(request: Request) -> bytes:
+    """The raw body; 400 when larger than ``MAX_BODY_BYTES``."""
     size = 0
     chunks: list[bytes] = []
     async for chunk in request.stream():
@@ -102,16 +103,23 @@ async def check_body(request: Request) -> None:
                 "invalid_request", f"The request body exceeds {MAX_BODY_BYTES} bytes."
             )
         chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw.strip():
-        return
+    return b"".join(chunks)
+
+
+def decode_json(raw: bytes) -> Any:
+    """``raw`` as JSON; 400 when it is not."""
     try:
-        value = json.loads(raw)
+        return json.loads(raw)
     except (ValueError, RecursionError):
         raise ServiceError.of(
             "invalid_request", "The request body cannot be decoded as JSON."
         ) from None
-    if not isinstance(value, dict):
+
+
+async def check_body(request: Request) -> None:
+    """No body is required; an empty body, or any JSON object (ignored), is accepted."""
+    raw = await read_body(request)
+    if raw.strip() and not isinstance(decode_json(raw), dict):
         raise ServiceError.of("invalid_request", "The request body must be a JSON object or empty.")
 
 
@@ -136,6 +144,7 @@ class ApiRoutes:
         metrics: ApiMetrics,
         commands_topic: str,
         reply_timeout_s: float,
+        webhook_tails: Sequence[TopicTail] | None = None,
     ) -> None:
         self.producer = producer
         self.replies = replies
@@ -144,6 +153,7 @@ class ApiRoutes:
         self.metrics = metrics
         self.commands_topic = commands_topic
         self.reply_timeout_s = reply_timeout_s
+        self.webhook_tails = webhook_tails
 
     def routes(self) -> list[Route]:
         return without_head(
@@ -156,14 +166,20 @@ class ApiRoutes:
     # -- probes ------------------------------------------------------------------------------
 
     def health(self) -> tuple[bool, ApiHealth]:
-        ok = self.replies.running and self.view.running
+        tails = [self.replies, self.view, *(self.webhook_tails or ())]
+        ok = all(tail.running for tail in tails)
         return ok, ApiHealth(status="ok" if ok else "failed")
 
     def readiness(self) -> tuple[bool, ApiReadiness]:
         state_view = self.view.caught_up and self.view.running
         replies = self.replies.ready
-        ok = state_view and replies
-        return ok, ApiReadiness(ready=ok, state_view=state_view, replies=replies)
+        webhooks = (
+            None
+            if self.webhook_tails is None
+            else all(t.caught_up and t.running for t in self.webhook_tails)
+        )
+        ok = state_view and replies and webhooks is not False
+        return ok, ApiReadiness(ready=ok, state_view=state_view, replies=replies, webhooks=webhooks)
 
     # -- checks ------------------------------------------------------------------------------
 

@@ -19,7 +19,9 @@ from starlette.applications import Starlette
 
 from worker.api.keys import KeyStore
 from worker.api.replies import ReplyRouter
+from worker.api.tail import TopicTail
 from worker.api.view import AuthStateView
+from worker.api.webhook_routes import WebhookClients
 from worker.eventloop import running_loop_name
 from worker.logs import get_logger
 from worker.serving import EmbeddedServer
@@ -30,7 +32,8 @@ log = get_logger(__name__)
 
 @dataclass
 class ApiRuntime:
-    """Everything one front-end process runs; ``base_url`` is set once the server listens."""
+    """Everything one front-end process runs; ``base_url`` is set once the server listens.
+    ``webhooks`` is ``None`` when the service has no webhook secrets key."""
 
     settings: Settings
     app: Starlette
@@ -39,7 +42,14 @@ class ApiRuntime:
     view: AuthStateView
     keys: KeyStore
     registry: CollectorRegistry
+    webhooks: WebhookClients | None = None
     base_url: str | None = None
+
+    @property
+    def tails(self) -> tuple[TopicTail, ...]:
+        """Every Kafka reader whose end stops the process."""
+        extra = () if self.webhooks is None else self.webhooks.tails
+        return (self.replies, self.view, *extra)
 
     @property
     def url(self) -> str:
@@ -78,12 +88,7 @@ async def serve_runtime(
     )
     serving = asyncio.create_task(_listen(server, settings), name="api-http")
     stopping = asyncio.create_task(stop.wait(), name="api-stop")
-    watched: set[asyncio.Future[Any]] = {
-        serving,
-        stopping,
-        runtime.replies.task,
-        runtime.view.task,
-    }
+    watched: set[asyncio.Future[Any]] = {serving, stopping, *(t.task for t in runtime.tails)}
     try:
         while not server.started:
             if serving.done():
@@ -108,6 +113,6 @@ async def serve_runtime(
             await serving
         finally:
             log.info("api_stopped")
-    for tail in (runtime.replies, runtime.view):
+    for tail in runtime.tails:
         if tail.failure is not None:
             raise RuntimeError(f"{tail.name} failed") from tail.failure

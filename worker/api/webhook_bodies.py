@@ -1,0 +1,265 @@
+"""The bodies of the webhook-endpoint routes, as pydantic models (requests and responses).
+
+Like ``worker.api.bodies``, these are what the handlers validate and answer with and what
+``worker.api.openapi`` publishes, so the document and the behaviour can not disagree. Request
+models forbid unknown fields: a misspelt ``event_type`` must fail loudly, not subscribe the
+endpoint to everything. ``since`` is parsed by hand (``parse_rfc3339``) because pydantic's
+datetime also accepts epoch numbers and other forms that are not RFC 3339.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+)
+
+from worker.catalogue import ServiceError
+from worker.messages import Identifier
+from worker.webhooks.endpoints import EndpointRecord, EndpointStatus, EventType
+from worker.webhooks.publish import DeliveryLogEntry
+from worker.webhooks.signing import SECRET_PREFIX
+
+MAX_URL_CHARS: Final = 2048
+MAX_DESCRIPTION_CHARS: Final = 512
+
+_RFC3339: Final = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+
+
+def parse_rfc3339(value: object) -> datetime:
+    """An RFC 3339 date-time (``Z`` or an offset required) as an aware datetime.
+
+    Raises ``ValueError``. A leap second (``:60``) is read as the last microsecond before it.
+    """
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 date-time string")
+    match = _RFC3339.fullmatch(value)  # ASCII digits only, no trailing newline
+    if match is None:
+        raise ValueError("must be an RFC 3339 date-time such as 2026-01-01T00:00:00Z")
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    leap = second == "60"
+    micros = (fraction or "").ljust(6, "0")[:6]
+    text = (
+        f"{year}-{month}-{day}T{hour}:{minute}:{'59' if leap else second}.{micros}"
+        f"{'+00:00' if offset in ('Z', 'z') else offset}"
+    )
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError("must be an RFC 3339 date-time such as 2026-01-01T00:00:00Z") from None
+    if leap:
+        parsed = parsed.replace(microsecond=999_999)
+    return parsed.astimezone(UTC)
+
+
+Rfc3339 = Annotated[
+    datetime,
+    BeforeValidator(parse_rfc3339),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
+UrlField = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_URL_CHARS,
+        description=(
+            "Absolute `https` URL with a public host (no user or password). `http` and private"
+            " or loopback targets only where the deployment allows them."
+        ),
+    ),
+]
+EventTypes = Annotated[
+    Annotated[list[EventType], Field(min_length=1)] | None,
+    Field(description="Event types to deliver; `null` (or absent on create) means all."),
+]
+Description = Annotated[str | None, Field(max_length=MAX_DESCRIPTION_CHARS)]
+
+
+def invalid_body(exc: ValidationError) -> ServiceError:
+    """400 naming each bad field and why, never the value (a URL may carry a token)."""
+    problems = []
+    for err in exc.errors(include_url=False, include_input=False)[:5]:
+        where = ".".join(str(part) for part in err["loc"]) or "body"
+        problems.append(f"{where}: {err['msg']}")
+    return ServiceError.of("invalid_request", "Invalid request body: " + "; ".join(problems) + ".")
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+class CreateEndpointBody(BaseModel):
+    """Create a webhook endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: UrlField
+    event_types: EventTypes = None
+    description: Description = None
+
+
+class UpdateEndpointBody(BaseModel):
+    """Change any of `url`, `event_types`, `description` (at least one). `event_types: null`
+    subscribes to all event types; `description: null` clears it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"minProperties": 1})
+
+    # Optional but never null: the default only marks "not sent" (``model_fields_set``).
+    url: UrlField = Field(default=None, json_schema_extra=_no_default)  # type: ignore[assignment]
+    event_types: EventTypes = None
+    description: Description = None
+
+    def changes(self) -> dict[str, Any]:
+        """The fields the caller sent, with ``event_types`` as the record's tuple."""
+        out: dict[str, Any] = {}
+        for name in sorted(self.model_fields_set):
+            value = getattr(self, name)
+            if name == "event_types" and value is not None:
+                value = tuple(dict.fromkeys(value))  # the record holds a tuple, no repeats
+            out[name] = value
+        return out
+
+
+class ReplayBody(BaseModel):
+    """Re-send the endpoint's events that occurred at or after `since`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    since: Rfc3339
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+class EndpointData(BaseModel):
+    """A webhook endpoint. Its signing secret is shown only when created or rotated."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: Identifier
+    workspace_id: Identifier
+    url: str
+    event_types: list[EventType] | None
+    description: str | None
+    status: EndpointStatus = Field(
+        description="`disabled`: stopped by the dispatcher (see `disabled_reason`); `activate`"
+        " re-enables it."
+    )
+    disabled_reason: str | None
+    created_at: str
+    updated_at: str
+
+    @classmethod
+    def of(cls, record: EndpointRecord) -> EndpointData:
+        return cls.model_validate(record.public())
+
+
+class EndpointWithSecret(EndpointData):
+    """A webhook endpoint with its new signing secret: store it now, it is not shown again."""
+
+    secret: Annotated[str, Field(pattern=f"^{SECRET_PREFIX}[A-Za-z0-9+/=]+$")]
+
+
+class EndpointResponse(BaseModel):
+    """Success: one endpoint."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: Identifier
+    data: EndpointData
+
+
+class EndpointSecretResponse(BaseModel):
+    """Success: one endpoint and its new signing secret."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: Identifier
+    data: EndpointWithSecret
+
+
+class EndpointListResponse(BaseModel):
+    """Success: the workspace's endpoints, oldest first."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: Identifier
+    data: list[EndpointData]
+
+
+class DeliveryData(BaseModel):
+    """The latest state of one delivery to the endpoint."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    webhook_id: str = Field(description="The `webhook-id` header; the same on every attempt.")
+    event_id: str
+    event_type: str
+    account_id: str
+    version: int | None
+    attempts: int
+    state: Literal["pending", "delivered", "failed"]
+    last_status: int | None
+    last_error: str | None
+    next_attempt_at: str | None
+    updated_at: str
+    replay_id: str | None = Field(description="Set when the delivery came from a replay.")
+
+    @classmethod
+    def of(cls, entry: DeliveryLogEntry) -> DeliveryData:
+        return cls(
+            webhook_id=entry.webhook_id,
+            event_id=entry.event_id,
+            event_type=entry.event_type,
+            account_id=entry.account_id,
+            version=entry.version,
+            attempts=entry.attempts,
+            state=entry.state,
+            last_status=entry.last_status,
+            last_error=entry.last_error,
+            next_attempt_at=entry.next_attempt_at,
+            updated_at=entry.updated_at,
+            replay_id=entry.replay,
+        )
+
+
+class DeliveryListResponse(BaseModel):
+    """Success: the endpoint's recent deliveries, most recently changed first."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: Identifier
+    data: list[DeliveryData]
+
+
+class ReplayData(BaseModel):
+    """The replay that was started."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    replay_id: str
+    endpoint_id: Identifier
+    since: str
+
+
+class ReplayAcceptedResponse(BaseModel):
+    """Accepted: the replay runs in the background."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: Identifier
+    data: ReplayData

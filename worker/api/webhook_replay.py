@@ -1,0 +1,288 @@
+"""``POST /v1/webhook-endpoints/{endpoint_id}/replay``: re-send an endpoint's past events.
+
+The front-end does not deliver webhooks; it turns a replay request into ``Replay`` records on
+the replay topic and the dispatcher delivers them like live events, under the webhook-ids the
+events had the first time (the id derives from the event and the endpoint). So a replay is a
+bounded scan, in the background: read auth.status and auth.errors from the beginning to their
+high-water marks (group-less, like the views), keep the events of the endpoint's workspace and
+types that occurred at or after ``since``, and produce one ``Replay`` each, keyed by account
+and on the event's own partition number, so it lands on the same dispatcher lane as the event.
+
+Bounds, per process: ``max_running`` scans at a time, ``max_queued`` more waiting (a request
+beyond both is refused, nothing is started), and ``timeout_s`` per scan (a scan cut short
+logs how far it got; replaying again is harmless for receivers that de-duplicate on
+webhook-id, which Standard Webhooks asks of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from aiokafka import TopicPartition
+from pydantic import ValidationError
+
+from worker.api.tail import assign_all
+from worker.api.webhook_bodies import parse_rfc3339
+from worker.catalogue import ServiceError
+from worker.logs import get_logger
+from worker.webhooks.endpoints import EndpointRecord
+from worker.webhooks.events import WebhookEvent, from_error, from_status
+from worker.webhooks.publish import Replay
+
+log = get_logger(__name__)
+
+MAX_RUNNING: Final = 2
+MAX_QUEUED: Final = 8
+REPLAY_TIMEOUT_S: Final = 300.0
+_KEPT_OUTCOMES: Final = 256
+
+
+def new_replay_id() -> str:
+    """``rp_`` + 32 hex characters: one per request, carried by every record it produces."""
+    return f"rp_{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOutcome:
+    """How one replay ended: ``replayed`` records produced out of ``scanned`` events read."""
+
+    replay_id: str
+    endpoint_id: str
+    state: Literal["finished", "timed_out", "failed", "cancelled"]
+    replayed: int
+    scanned: int
+    seconds: float
+
+
+class ReplayRunner:
+    """Runs replays as background tasks of this process (see the module docstring).
+
+    ``consumer_factory`` builds an unstarted, group-less consumer per scan; ``producer`` is
+    the front-end's started producer.
+    """
+
+    def __init__(
+        self,
+        *,
+        consumer_factory: Callable[[], Any],
+        producer: Any,
+        status_topic: str,
+        errors_topic: str,
+        replays_topic: str,
+        max_running: int = MAX_RUNNING,
+        max_queued: int = MAX_QUEUED,
+        timeout_s: float = REPLAY_TIMEOUT_S,
+    ) -> None:
+        self._consumer_factory = consumer_factory
+        self._producer = producer
+        self._status_topic = status_topic
+        self._errors_topic = errors_topic
+        self._replays_topic = replays_topic
+        self._slots = asyncio.Semaphore(max_running)
+        self._capacity = max_running + max_queued
+        self._timeout_s = timeout_s
+        self._tasks: dict[str, asyncio.Task[ReplayOutcome]] = {}
+        self._outcomes: OrderedDict[str, ReplayOutcome] = OrderedDict()
+
+    @property
+    def active(self) -> int:
+        """Replays running or waiting for a slot."""
+        return len(self._tasks)
+
+    def start(self, endpoint: EndpointRecord, since: datetime) -> str:
+        """Queue a replay of ``endpoint``'s events since ``since``; its id.
+
+        Refused with the route's catalogued 500 when this process already has its fill: the
+        catalogue has no "busy" status for webhooks, and this is the server's limit, not a
+        fault of the request, so retrying later is the right reaction.
+        """
+        if len(self._tasks) >= self._capacity:
+            raise ServiceError.of(
+                "update_webhook_endpoint_failed",
+                "Too many replays are in progress on this service; retry shortly."
+                " Nothing was started.",
+            )
+        replay_id = new_replay_id()
+        task = asyncio.create_task(self._run(replay_id, endpoint, since), name=replay_id)
+        self._tasks[replay_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(replay_id, None))
+        return replay_id
+
+    async def wait(self, replay_id: str, timeout: float | None = None) -> ReplayOutcome | None:
+        """The outcome of a replay of this process, waiting for it when it still runs;
+        ``None`` when unknown (or forgotten: only the last few are kept)."""
+        task = self._tasks.get(replay_id)
+        if task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+        return self._outcomes.get(replay_id)
+
+    async def stop(self) -> None:
+        """Cancel every replay (shutdown: before the producer closes)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one replay ---------------------------------------------------------------------------
+
+    async def _run(
+        self, replay_id: str, endpoint: EndpointRecord, since: datetime
+    ) -> ReplayOutcome:
+        counts = [0, 0]  # replayed, scanned: kept outside the scan so a time-out can tell
+        started = time.perf_counter()
+        state: Literal["finished", "timed_out", "failed", "cancelled"] = "failed"
+        try:
+            async with self._slots:
+                try:
+                    async with asyncio.timeout(self._timeout_s):
+                        await self._scan(replay_id, endpoint, since, counts)
+                    state = "finished"
+                except TimeoutError:
+                    state = "timed_out"
+        except asyncio.CancelledError:
+            state = "cancelled"
+            raise
+        except Exception as exc:
+            log.error(
+                "webhook_replay_failed",
+                replay_id=replay_id,
+                endpoint_id=endpoint.id,
+                error=repr(exc),
+            )
+        finally:
+            outcome = ReplayOutcome(
+                replay_id=replay_id,
+                endpoint_id=endpoint.id,
+                state=state,
+                replayed=counts[0],
+                scanned=counts[1],
+                seconds=round(time.perf_counter() - started, 3),
+            )
+            self._remember(outcome)
+            log.info(
+                "webhook_replay_ended",
+                replay_id=replay_id,
+                endpoint_id=endpoint.id,
+                workspace_id=endpoint.workspace_id,
+                state=state,
+                events_replayed=outcome.replayed,
+                events_scanned=outcome.scanned,
+                seconds=outcome.seconds,
+            )
+        return outcome
+
+    def _remember(self, outcome: ReplayOutcome) -> None:
+        self._outcomes[outcome.replay_id] = outcome
+        while len(self._outcomes) > _KEPT_OUTCOMES:
+            self._outcomes.popitem(last=False)
+
+    async def _scan(
+        self, replay_id: str, endpoint: EndpointRecord, since: datetime, counts: list[int]
+    ) -> None:
+        # TODO(worker.replay): use worker.replay.replay_to_highwater once that module exists
+        # on this branch; this is the same read: every partition, from the beginning, up to
+        # the high-water mark seen on the first fetch of each partition. One consumer per
+        # topic: ``assign_all`` assigns one topic, and a consumer assigned to one topic does
+        # not learn another's metadata.
+        for topic in (self._status_topic, self._errors_topic):
+            consumer = self._consumer_factory()
+            await consumer.start()
+            try:
+                await self._scan_topic(consumer, topic, replay_id, endpoint, since, counts)
+            finally:
+                await consumer.stop()
+
+    async def _scan_topic(
+        self,
+        consumer: Any,
+        topic: str,
+        replay_id: str,
+        endpoint: EndpointRecord,
+        since: datetime,
+        counts: list[int],
+    ) -> None:
+        behind = set(await assign_all(consumer, topic))
+        targets: dict[TopicPartition, int] = {}
+        while behind:
+            batch = await consumer.getmany(timeout_ms=200, max_records=2000)
+            for tp, records in batch.items():
+                counts[1] += len(records)
+                counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, records)
+            for tp in list(behind):
+                if tp not in targets:
+                    high = consumer.highwater(tp)
+                    if high is None:
+                        if not batch:
+                            behind.discard(tp)  # nothing fetched, nothing known: empty
+                        continue
+                    targets[tp] = high
+                if await consumer.position(tp) >= targets[tp]:
+                    behind.discard(tp)
+
+    async def _replay_batch(
+        self,
+        replay_id: str,
+        endpoint: EndpointRecord,
+        since: datetime,
+        tp: TopicPartition,
+        records: list[Any],
+    ) -> int:
+        """Produce a ``Replay`` for each record of ``endpoint`` since ``since``; wait for
+        the acks (a lost record would be a silently missing delivery)."""
+        source: Literal["status", "errors"] = (
+            "status" if tp.topic == self._status_topic else "errors"
+        )
+        decode = from_status if source == "status" else from_error
+        futures = []
+        for msg in records:
+            if msg.value is None:
+                continue
+            event = _event(decode, msg.value)
+            if (
+                event is None
+                or event.workspace_id != endpoint.workspace_id
+                or not endpoint.subscribes(event.event_type)
+                or not _since(event, since)
+            ):
+                continue
+            replay = Replay(
+                replay_id=replay_id,
+                endpoint_id=endpoint.id,
+                workspace_id=endpoint.workspace_id,
+                source=source,
+                event=msg.value.decode("utf-8", "replace"),
+            )
+            futures.append(
+                await self._producer.send(
+                    self._replays_topic,
+                    replay.model_dump_json().encode(),
+                    key=event.account_id.encode(),
+                    partition=msg.partition,
+                )
+            )
+        if futures:
+            await asyncio.gather(*futures)
+        return len(futures)
+
+
+def _event(decode: Callable[[bytes], WebhookEvent], value: bytes) -> WebhookEvent | None:
+    try:
+        return decode(value)
+    except ValidationError:
+        return None  # not an event (the dispatcher skips it too)
+
+
+def _since(event: WebhookEvent, since: datetime) -> bool:
+    try:
+        return parse_rfc3339(event.occurred_at) >= since
+    except ValueError:
+        return False

@@ -1,0 +1,398 @@
+"""The webhook-endpoint management routes (docs/api.md, "Webhook endpoints").
+
+Checks in the contract's order: route (404, by the router), API key (401), webhooks
+configured (500), ``endpoint_id`` format (400, the account-id rule), body (400), the endpoints
+registry caught up (500), the endpoint in the key's workspace (404, the same answer for
+"missing" and "another workspace's"), the work.
+
+Reads come from the replica's registry (``EndpointsTail``) and delivery log
+(``DeliveryLogView``); writes go through ``EndpointStore``, which produces the new record,
+waits for the ack and applies it to the same registry, so this replica reads its own writes at
+once. Writes to one endpoint are serialised per replica (a lock per id), so two concurrent
+PATCHes here cannot both build on the same revision; across replicas the last write wins.
+
+Every route has one catalogued 500 code; an unexpected exception in a handler becomes that
+code (logged), never another route's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from worker.api.bodies import json_response, valid_id
+from worker.api.routes import (
+    ACCOUNT_ID_RULE,
+    check_body,
+    decode_json,
+    read_body,
+    request_id_of,
+    without_head,
+)
+from worker.api.tail import TopicTail
+from worker.api.webhook_bodies import (
+    CreateEndpointBody,
+    DeliveryData,
+    DeliveryListResponse,
+    EndpointData,
+    EndpointListResponse,
+    EndpointResponse,
+    EndpointSecretResponse,
+    EndpointWithSecret,
+    ReplayAcceptedResponse,
+    ReplayBody,
+    ReplayData,
+    UpdateEndpointBody,
+    invalid_body,
+)
+from worker.api.webhook_replay import ReplayRunner
+from worker.catalogue import ServiceError
+from worker.logs import get_logger
+from worker.webhooks.endpoints import EndpointRecord, EndpointsTail
+from worker.webhooks.log_view import DeliveryLogView
+from worker.webhooks.store import EndpointStore
+from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
+
+log = get_logger(__name__)
+
+WEBHOOK_ENDPOINTS: Final = "/v1/webhook-endpoints"
+WEBHOOK_ENDPOINT: Final = "/v1/webhook-endpoints/{endpoint_id}"
+WEBHOOK_DEACTIVATE: Final = "/v1/webhook-endpoints/{endpoint_id}/deactivate"
+WEBHOOK_ACTIVATE: Final = "/v1/webhook-endpoints/{endpoint_id}/activate"
+WEBHOOK_ROTATE: Final = "/v1/webhook-endpoints/{endpoint_id}/rotate-secret"
+WEBHOOK_DELIVERIES: Final = "/v1/webhook-endpoints/{endpoint_id}/deliveries"
+WEBHOOK_REPLAY: Final = "/v1/webhook-endpoints/{endpoint_id}/replay"
+WEBHOOK_ROUTES: Final = (
+    WEBHOOK_ENDPOINTS,
+    WEBHOOK_ENDPOINT,
+    WEBHOOK_DEACTIVATE,
+    WEBHOOK_ACTIVATE,
+    WEBHOOK_ROTATE,
+    WEBHOOK_DELIVERIES,
+    WEBHOOK_REPLAY,
+)
+NOT_CONFIGURED: Final = "The service is not configured for webhooks; nothing was changed."
+NOT_FOUND: Final = "The webhook endpoint does not exist in this workspace."
+ENDPOINT_ID_RULE: Final = ACCOUNT_ID_RULE.replace("account_id", "endpoint_id", 1)
+
+UNCONFIRMED: Final = (
+    "The change was not confirmed in time and may still be applied; read the webhook"
+    " endpoints before retrying."
+)
+
+Body = TypeVar("Body", bound=BaseModel)
+Written = TypeVar("Written")
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class WebhookClients:
+    """The started clients behind the routes, present only when webhooks are configured."""
+
+    endpoints: EndpointsTail
+    store: EndpointStore
+    deliveries: DeliveryLogView
+    replays: ReplayRunner
+
+    @property
+    def tails(self) -> tuple[TopicTail, ...]:
+        return (self.endpoints, self.deliveries)
+
+
+class WebhookRoutes:
+    """The handlers; ``clients`` is ``None`` when the service has no secrets key, and every
+    route then answers its 500. ``authenticate`` is the front-end's key check;
+    ``wait_s`` bounds how long a request waits for the registry to catch up at start-up."""
+
+    def __init__(
+        self,
+        *,
+        clients: WebhookClients | None,
+        authenticate: Callable[[Request], str],
+        policy: TargetPolicy,
+        wait_s: float,
+    ) -> None:
+        self.clients = clients
+        self.authenticate = authenticate
+        self.policy = policy
+        self.wait_s = wait_s
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    def routes(self) -> list[Route]:
+        def route(path: str, handler: Handler, method: str, failure: str) -> Route:
+            return Route(path, _guarded(handler, failure, path), methods=[method])
+
+        return without_head(
+            [
+                route(WEBHOOK_ENDPOINTS, self.create, "POST", "create_webhook_endpoint_failed"),
+                route(
+                    WEBHOOK_ENDPOINTS, self.list_endpoints, "GET", "list_webhook_endpoints_failed"
+                ),
+                route(WEBHOOK_ENDPOINT, self.get, "GET", "get_webhook_endpoint_failed"),
+                route(WEBHOOK_ENDPOINT, self.update, "PATCH", "update_webhook_endpoint_failed"),
+                route(WEBHOOK_ENDPOINT, self.delete, "DELETE", "delete_webhook_endpoint_failed"),
+                route(
+                    WEBHOOK_DEACTIVATE,
+                    self.deactivate,
+                    "POST",
+                    "deactivate_webhook_endpoint_failed",
+                ),
+                route(WEBHOOK_ACTIVATE, self.activate, "POST", "update_webhook_endpoint_failed"),
+                route(WEBHOOK_ROTATE, self.rotate, "POST", "update_webhook_endpoint_failed"),
+                route(WEBHOOK_DELIVERIES, self.deliveries, "GET", "get_webhook_endpoint_failed"),
+                route(WEBHOOK_REPLAY, self.replay, "POST", "update_webhook_endpoint_failed"),
+            ]
+        )
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def _configured(self, failure: str) -> WebhookClients:
+        if self.clients is None:
+            raise ServiceError.of(failure, NOT_CONFIGURED)
+        return self.clients
+
+    async def _ready(self, failure: str, *tails: TopicTail) -> None:
+        """The read models are caught up (waiting up to ``wait_s`` at start-up) and alive."""
+        for tail in tails:
+            if not tail.caught_up and not await tail.wait_caught_up(self.wait_s):
+                raise ServiceError.of(
+                    failure, "The webhook endpoints are not available yet; retry shortly."
+                )
+            if not tail.running:
+                raise ServiceError.of(failure, "The webhook endpoints are not available.")
+
+    def _check_url(self, url: str) -> None:
+        """The SSRF check of ``worker.webhooks.targets``; the message names the reason, never
+        the URL (it may hold a token)."""
+        try:
+            validate_url(url, self.policy)
+        except BlockedTarget as exc:
+            raise ServiceError.of(
+                "invalid_request", f"The url is not allowed as a webhook target: {exc.reason}."
+            ) from None
+
+    @staticmethod
+    async def _body(request: Request, model: type[Body]) -> Body:
+        raw = await read_body(request)
+        if not raw.strip():
+            raise ServiceError.of("invalid_request", "A JSON object request body is required.")
+        value = decode_json(raw)
+        if not isinstance(value, dict):
+            raise ServiceError.of("invalid_request", "The request body must be a JSON object.")
+        try:
+            return model.model_validate(value)
+        except ValidationError as exc:
+            raise invalid_body(exc) from None
+
+    @staticmethod
+    def _endpoint_id(request: Request) -> str:
+        """The path's endpoint id, in the identifier format (400 otherwise, like account ids)."""
+        endpoint_id: str = request.path_params["endpoint_id"]
+        if not valid_id(endpoint_id):
+            raise ServiceError.of("invalid_request", f"Invalid path parameter: {ENDPOINT_ID_RULE}.")
+        return endpoint_id
+
+    @staticmethod
+    def _find(clients: WebhookClients, workspace_id: str, endpoint_id: str) -> EndpointRecord:
+        record = clients.store.registry.get(workspace_id, endpoint_id)
+        if record is None:
+            raise ServiceError.of("not_found", NOT_FOUND)
+        return record
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, endpoint_id: str) -> AsyncIterator[None]:
+        """One write at a time per endpoint in this replica; the lock lives while used."""
+        lock = self._locks.get(endpoint_id)
+        if lock is None:
+            lock = self._locks[endpoint_id] = asyncio.Lock()
+        async with lock:
+            yield
+
+    async def _current(
+        self, request: Request, failure: str, *, body: bool = False
+    ) -> tuple[WebhookClients, str, str]:
+        """The common head of the routes on one endpoint: key, configured, optional body,
+        registry ready. The caller looks the endpoint up (under the write lock for writes)."""
+        workspace_id = self.authenticate(request)
+        clients = self._configured(failure)
+        endpoint_id = self._endpoint_id(request)
+        if body:
+            await check_body(request)
+        await self._ready(failure, clients.endpoints)
+        return clients, workspace_id, endpoint_id
+
+    # -- collection --------------------------------------------------------------------------
+
+    async def create(self, request: Request) -> Response:
+        workspace_id = self.authenticate(request)
+        clients = self._configured("create_webhook_endpoint_failed")
+        body = await self._body(request, CreateEndpointBody)
+        self._check_url(body.url)
+        event_types = None if body.event_types is None else tuple(dict.fromkeys(body.event_types))
+        record, secret = await _confirmed(
+            clients.store.create(
+                workspace_id, url=body.url, event_types=event_types, description=body.description
+            )
+        )
+        log.info("webhook_endpoint_created", endpoint_id=record.id, workspace_id=workspace_id)
+        return _with_secret(request, record, secret, status_code=201)
+
+    async def list_endpoints(self, request: Request) -> Response:
+        workspace_id = self.authenticate(request)
+        clients = self._configured("list_webhook_endpoints_failed")
+        await self._ready("list_webhook_endpoints_failed", clients.endpoints)
+        records = clients.store.registry.of_workspace(workspace_id)
+        return json_response(
+            EndpointListResponse(
+                request_id=request_id_of(request), data=[EndpointData.of(r) for r in records]
+            )
+        )
+
+    # -- one endpoint ------------------------------------------------------------------------
+
+    async def get(self, request: Request) -> Response:
+        clients, workspace_id, endpoint_id = await self._current(
+            request, "get_webhook_endpoint_failed"
+        )
+        record = self._find(clients, workspace_id, endpoint_id)
+        return _endpoint(request, record)
+
+    async def update(self, request: Request) -> Response:
+        failure = "update_webhook_endpoint_failed"
+        workspace_id = self.authenticate(request)
+        clients = self._configured(failure)
+        endpoint_id = self._endpoint_id(request)
+        body = await self._body(request, UpdateEndpointBody)
+        changes = body.changes()
+        if not changes:
+            raise ServiceError.of(
+                "invalid_request",
+                "The request body must change at least one of url, event_types, description.",
+            )
+        if "url" in changes:
+            self._check_url(changes["url"])
+        await self._ready(failure, clients.endpoints)
+        async with self._exclusive(endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            record = await _confirmed(clients.store.update(current, **changes))
+        log.info("webhook_endpoint_updated", endpoint_id=record.id, fields=sorted(changes))
+        return _endpoint(request, record)
+
+    async def deactivate(self, request: Request) -> Response:
+        return await self._set_status(request, "inactive", "deactivate_webhook_endpoint_failed")
+
+    async def activate(self, request: Request) -> Response:
+        return await self._set_status(request, "active", "update_webhook_endpoint_failed")
+
+    async def _set_status(self, request: Request, status: str, failure: str) -> Response:
+        clients, workspace_id, endpoint_id = await self._current(request, failure, body=True)
+        async with self._exclusive(endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            record = await _confirmed(clients.store.set_status(current, status))
+        log.info("webhook_endpoint_status_set", endpoint_id=record.id, status=record.status)
+        return _endpoint(request, record)
+
+    async def delete(self, request: Request) -> Response:
+        clients, workspace_id, endpoint_id = await self._current(
+            request, "delete_webhook_endpoint_failed", body=True
+        )
+        async with self._exclusive(endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            await _confirmed(clients.store.delete(current))
+        clients.deliveries.forget(endpoint_id)
+        log.info("webhook_endpoint_deleted", endpoint_id=endpoint_id, workspace_id=workspace_id)
+        return Response(status_code=204)
+
+    async def rotate(self, request: Request) -> Response:
+        clients, workspace_id, endpoint_id = await self._current(
+            request, "update_webhook_endpoint_failed", body=True
+        )
+        async with self._exclusive(endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            record, secret = await _confirmed(clients.store.rotate(current))
+        log.info("webhook_secret_rotated", endpoint_id=record.id, workspace_id=workspace_id)
+        return _with_secret(request, record, secret, status_code=200)
+
+    async def deliveries(self, request: Request) -> Response:
+        failure = "get_webhook_endpoint_failed"
+        clients, workspace_id, endpoint_id = await self._current(request, failure)
+        record = self._find(clients, workspace_id, endpoint_id)
+        await self._ready(failure, clients.deliveries)
+        entries = clients.deliveries.of_endpoint(record.id)
+        return json_response(
+            DeliveryListResponse(
+                request_id=request_id_of(request), data=[DeliveryData.of(e) for e in entries]
+            )
+        )
+
+    async def replay(self, request: Request) -> Response:
+        failure = "update_webhook_endpoint_failed"
+        workspace_id = self.authenticate(request)
+        clients = self._configured(failure)
+        endpoint_id = self._endpoint_id(request)
+        body = await self._body(request, ReplayBody)
+        await self._ready(failure, clients.endpoints)
+        record = self._find(clients, workspace_id, endpoint_id)
+        replay_id = clients.replays.start(record, body.since)
+        since = body.since.isoformat(timespec="microseconds").replace("+00:00", "Z")
+        log.info("webhook_replay_started", replay_id=replay_id, endpoint_id=record.id, since=since)
+        data = ReplayData(replay_id=replay_id, endpoint_id=record.id, since=since)
+        return json_response(
+            ReplayAcceptedResponse(request_id=request_id_of(request), data=data), 202
+        )
+
+
+async def _confirmed(write: Awaitable[Written]) -> Written:
+    """``write``, with the store's catalogued 500 told the way the caller needs it: a produce
+    that timed out may still reach the topic (the producer keeps the record), so the outcome
+    is unknown, not "nothing happened"."""
+    try:
+        return await write
+    except ServiceError as exc:
+        raise ServiceError.of(exc.code, UNCONFIRMED) from None
+
+
+def _endpoint(request: Request, record: EndpointRecord) -> Response:
+    return json_response(
+        EndpointResponse(request_id=request_id_of(request), data=EndpointData.of(record))
+    )
+
+
+def _with_secret(
+    request: Request, record: EndpointRecord, secret: str, *, status_code: int
+) -> Response:
+    data = EndpointWithSecret(**EndpointData.of(record).model_dump(), secret=secret)
+    body = EndpointSecretResponse(request_id=request_id_of(request), data=data)
+    return json_response(body, status_code)
+
+
+def _guarded(handler: Handler, failure: str, template: str) -> Handler:
+    """``handler`` with any unexpected exception turned into the route's catalogued 500."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ServiceError:
+            raise
+        except Exception as exc:
+            log.error(
+                "webhook_route_failed",
+                request_id=request_id_of(request),
+                route=template,
+                error=type(exc).__name__,
+            )
+            raise ServiceError.of(failure) from None
+
+    return endpoint
+
+
+__all__ = ["WEBHOOK_ROUTES", "WebhookClients", "WebhookRoutes"]
