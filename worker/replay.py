@@ -17,6 +17,7 @@ is correct on a real cluster, where retention (or compaction) keeps the replay s
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 __all__ = ["BatchHandler", "Replayed", "replay_to_highwater"]
 
 BatchHandler = Callable[[TopicPartition, list[Any]], object]
-"""Takes one partition's records (``ConsumerRecord``s, in offset order) as they arrive."""
+"""Takes one partition's records (``ConsumerRecord``s, in offset order) as they arrive; when it
+returns an awaitable, the replay waits for it before fetching more (backpressure for a
+handler that writes, such as the webhook replay)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,9 @@ async def replay_to_highwater(
         chunk = await consumer.getmany(timeout_ms=idle_timeout_ms, max_records=max_records)
         for tp, records in chunk.items():
             counts[tp] += len(records)
-            on_batch(tp, records)
+            handled = on_batch(tp, records)
+            if inspect.isawaitable(handled):
+                await handled
         for tp in counts.keys() - done.keys():
             high = consumer.highwater(tp)
             if high is None and chunk:

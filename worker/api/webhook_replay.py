@@ -33,6 +33,7 @@ from worker.api.tail import assign_all
 from worker.api.webhook_bodies import parse_rfc3339
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
+from worker.replay import replay_to_highwater
 from worker.webhooks.endpoints import EndpointRecord
 from worker.webhooks.events import WebhookEvent, from_error, from_status
 from worker.webhooks.publish import Replay
@@ -188,11 +189,8 @@ class ReplayRunner:
     async def _scan(
         self, replay_id: str, endpoint: EndpointRecord, since: datetime, counts: list[int]
     ) -> None:
-        # TODO(worker.replay): use worker.replay.replay_to_highwater once that module exists
-        # on this branch; this is the same read: every partition, from the beginning, up to
-        # the high-water mark seen on the first fetch of each partition. One consumer per
-        # topic: ``assign_all`` assigns one topic, and a consumer assigned to one topic does
-        # not learn another's metadata.
+        # One consumer per topic: ``assign_all`` assigns one topic, and a consumer assigned
+        # to one topic does not learn another's metadata.
         for topic in (self._status_topic, self._errors_topic):
             consumer = self._consumer_factory()
             await consumer.start()
@@ -210,23 +208,12 @@ class ReplayRunner:
         since: datetime,
         counts: list[int],
     ) -> None:
-        behind = set(await assign_all(consumer, topic))
-        targets: dict[TopicPartition, int] = {}
-        while behind:
-            batch = await consumer.getmany(timeout_ms=200, max_records=2000)
-            for tp, records in batch.items():
-                counts[1] += len(records)
-                counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, records)
-            for tp in list(behind):
-                if tp not in targets:
-                    high = consumer.highwater(tp)
-                    if high is None:
-                        if not batch:
-                            behind.discard(tp)  # nothing fetched, nothing known: empty
-                        continue
-                    targets[tp] = high
-                if await consumer.position(tp) >= targets[tp]:
-                    behind.discard(tp)
+        async def replay(tp: TopicPartition, records: list[Any]) -> None:
+            counts[1] += len(records)
+            counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, records)
+
+        tps = await assign_all(consumer, topic)
+        await replay_to_highwater(consumer, tps, replay, max_records=2000, assign=False)
 
     async def _replay_batch(
         self,
