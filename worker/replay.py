@@ -2,7 +2,7 @@
 
 The worker's state store restores ``auth.state`` with it (``worker.store.restore_partitions``)
 and the front-end's tails catch up on ``auth.replies`` and ``auth.state`` with it
-(``worker.api.tail``), so both agree on when a partition has been read to its end.
+(``worker.tail``), so both agree on when a partition has been read to its end.
 
 Where the end is. The embedded broker (Tansu) answers ``end_offsets()``, ``seek_to_end()`` and
 ``auto_offset_reset="latest"`` wrongly (the last batch's first offset + 1; see

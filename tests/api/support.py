@@ -20,7 +20,6 @@ from prometheus_client import CollectorRegistry
 from tests.harness import running_worker as running_worker  # re-exported for the API tests
 from worker.api.app import ApiRuntime, serve_api
 from worker.api.keys import KeyStore, hash_key
-from worker.api.tail import assign_all
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import (
     AccountRecord,
@@ -31,6 +30,7 @@ from worker.messages import (
     encode_record,
 )
 from worker.settings import Settings
+from worker.tail import assign_all
 
 KEY_A = "pk_test-key-workspace-a"
 KEY_B = "pk_test-key-workspace-b"

@@ -26,11 +26,11 @@ from tests.api.support import (
 )
 from tests.api.test_api_http import assert_error
 from worker.api.app import ApiRuntime
-from worker.api.tail import assign_all
 from worker.api.webhook_routes import UNCONFIRMED, WebhookClients
 from worker.kafka import build_consumer
 from worker.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
 from worker.settings import Settings
+from worker.tail import assign_all
 from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED
 from worker.webhooks.publish import DeliveryLogEntry, Replay, decode_replay
 from worker.webhooks.secrets_box import SecretsBox, generate_key

@@ -16,7 +16,7 @@ How it scales:
   is dropped.
 * A reply can not be missed: the waiter is registered *before* the command is produced, and the
   consumer's position is at or before the end of every partition from the moment it is
-  assigned (it starts at the beginning, see ``worker.api.tail``), so every reply produced after
+  assigned (it starts at the beginning, see ``worker.tail``), so every reply produced after
   the command is read. Readiness (``ready``) additionally waits until the router skipped the
   replies that existed at start-up, so the first requests are not delayed behind the backlog;
   the front-end sends no command before that.
@@ -35,9 +35,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from worker.api.tail import TopicTail
 from worker.logs import get_logger
 from worker.messages import Reply
+from worker.tail import TopicTail
 
 log = get_logger(__name__)
 

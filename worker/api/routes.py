@@ -34,11 +34,11 @@ from worker.api.bodies import (
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
-from worker.api.tail import TopicTail
 from worker.api.view import AccountView, AuthStateView
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
 from worker.messages import AuthData, PasskeyConfirm
+from worker.tail import TopicTail
 
 log = get_logger(__name__)
 

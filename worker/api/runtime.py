@@ -19,13 +19,13 @@ from starlette.applications import Starlette
 
 from worker.api.keys import KeyStore
 from worker.api.replies import ReplyRouter
-from worker.api.tail import TopicTail
 from worker.api.view import AuthStateView
 from worker.api.webhook_routes import WebhookClients
 from worker.eventloop import running_loop_name
 from worker.logs import get_logger
 from worker.serving import EmbeddedServer
 from worker.settings import Settings
+from worker.tail import TopicTail
 
 log = get_logger(__name__)
 

@@ -1,7 +1,7 @@
 """The front-end's read model of auth.state, behind ``GET /v1/accounts/{account_id}/auth``.
 
 Every replica tails all partitions of auth.state from the beginning (group-less, see
-``worker.api.tail``) into a dict ``account_id → AccountView``; the last record of an account
+``worker.tail``) into a dict ``account_id → AccountView``; the last record of an account
 wins, as in the worker's own restore. Deregistered accounts and tombstones are removed, so
 they answer 404 like unknown ones. Only the four fields the route needs are kept (about 200
 bytes per account), not the whole record.
@@ -22,9 +22,9 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from worker.api.tail import TopicTail
 from worker.logs import get_logger
 from worker.messages import decode_record
+from worker.tail import TopicTail
 
 log = get_logger(__name__)
 

@@ -29,11 +29,11 @@ from typing import Any, Final, Literal
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
-from worker.api.tail import assign_all
 from worker.api.webhook_bodies import parse_rfc3339
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
 from worker.replay import replay_to_highwater
+from worker.tail import assign_all
 from worker.webhooks.endpoints import EndpointRecord
 from worker.webhooks.events import WebhookEvent, from_error, from_status
 from worker.webhooks.publish import Replay

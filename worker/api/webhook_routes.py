@@ -38,7 +38,6 @@ from worker.api.routes import (
     request_id_of,
     without_head,
 )
-from worker.api.tail import TopicTail
 from worker.api.webhook_bodies import (
     CreateEndpointBody,
     DeliveryData,
@@ -57,6 +56,7 @@ from worker.api.webhook_bodies import (
 from worker.api.webhook_replay import ReplayRunner
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
+from worker.tail import TopicTail
 from worker.webhooks.endpoints import EndpointRecord, EndpointsTail
 from worker.webhooks.log_view import DeliveryLogView
 from worker.webhooks.store import EndpointStore

@@ -22,9 +22,9 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from worker.api.tail import TopicTail
 from worker.logs import get_logger
 from worker.messages import ID_PATTERN, Identifier
+from worker.tail import TopicTail
 
 log = get_logger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from worker.api.tail import TopicTail
 from worker.logs import get_logger
+from worker.tail import TopicTail
 from worker.webhooks.publish import DeliveryLogEntry
 
 log = get_logger(__name__)
