@@ -241,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--keep-logs", action="store_true", help="keep contender logs (temp dir)")
     p.add_argument(
+        "--webhooks",
+        action="store_true",
+        help="run the webhook delivery benchmark instead (bench.webhooks); every other flag is "
+        "then one of its flags (python -m bench.webhooks --help)",
+    )
+    p.add_argument(
         "--log-level",
         default="WARNING",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -979,6 +985,10 @@ def main(settings: Settings, argv: list[str]) -> int:
     """Entry point of ``python -m bench ARGS``; returns the exit status."""
     # The benchmark builds its own settings per scenario; only the event loop of this process
     # (the load generator and the collector) is taken from here.
+    if "--webhooks" in argv:  # a benchmark of its own, with its own flags
+        from bench import webhooks
+
+        return webhooks.main([a for a in argv if a != "--webhooks"])
     args = resolve_defaults(build_parser().parse_args(argv))
     args.argv = argv
     args.t0 = time.monotonic()

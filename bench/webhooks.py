@@ -1,0 +1,755 @@
+"""``python -m bench.webhooks`` (or ``python -m bench --webhooks``): webhook delivery benchmark.
+
+One dispatcher PROCESS (``python -m worker webhooks``) delivers signed webhooks to one endpoint
+of the workspace: a local receiver process (``bench.webhook_receiver``) answering 204 and
+recording when each ``webhook-id`` arrived. Everything runs on loopback next to a fresh
+embedded broker started here, so the dispatcher's own cost is what is measured: no provider,
+no network, a receiver that does nothing.
+
+1. *Max rate*: ``--events`` status events (``--versions`` per account, accounts interleaved)
+   are produced to auth.status first, then the dispatcher starts; deliveries/s from the first
+   to the last arrival at the receiver, and the dispatcher's user and system CPU per delivery
+   (``/proc/<pid>/stat``, from the first delivery seen to the last), with the receiver's, the
+   broker's and this process's CPU for context.
+2. *Latency curve*: open-loop arrivals at ``--fractions`` of that rate for ``--seconds`` each,
+   fresh accounts per point; ``occurred_at`` is the scheduled send time and latency is the
+   receiver's arrival time minus it (so a generator that falls behind shows as latency).
+
+Every phase is bounded in count and time (``--phase-timeout``). Writes ``--out`` (JSON) and
+prints the measured figures next to the aims: ≥ 2,000 signed deliveries/s per process and
+p99 ≤ 100 ms at 50 % of the max rate. Method and measured numbers: ``bench/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiokafka import AIOKafkaProducer
+
+from bench.load import Progress, percentile, proc_cpu_s, proc_peak_rss
+from bench.run import REPO_ROOT, Proc, machine, start_proc, stop_procs
+from bench.webhook_receiver import SECRET_ENV
+from devstack.broker import EmbeddedBroker, free_port, wait_for_port
+from worker import eventloop
+from worker.kafka import build_producer, ensure_topics
+from worker.messages import AuthStatusChanged, event_id
+from worker.settings import Settings, Topics
+from worker.webhooks.delivery import webhook_id
+from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
+from worker.webhooks.secrets_box import SecretsBox, generate_key
+from worker.webhooks.store import EndpointStore
+
+WORKSPACE = "ws_bench_hooks"
+STATUSES = ("passkey_confirmation", "passkey_confirmation_sent", "authorized", "failed")
+AIM_RATE = 2000.0  # signed deliveries/s per dispatcher process
+AIM_P99_MS = 100.0  # at 50 % of the measured max rate
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+# --------------------------------------------------------------------------------------------
+# arguments
+# --------------------------------------------------------------------------------------------
+
+
+def _fractions(text: str) -> list[float]:
+    values = [float(x) for x in text.split(",") if x.strip()]
+    if not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError("fractions must be in (0, 1]")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.webhooks",
+        description="Webhook delivery benchmark: one dispatcher process, one local endpoint.",
+    )
+    p.add_argument("--events", type=int, default=20_000, help="events of the max-rate run")
+    p.add_argument("--versions", type=int, default=4, help="status versions per account (4)")
+    p.add_argument(
+        "--fractions",
+        type=_fractions,
+        default=[0.5],
+        help="open-loop rates as fractions of the measured max (0.5; e.g. 0.1,0.5,0.9; '' skips)",
+    )
+    p.add_argument("--seconds", type=float, default=10.0, help="length of each curve point (10)")
+    p.add_argument(
+        "--max-rate", type=float, default=None, help="use this max rate; skips the max-rate run"
+    )
+    p.add_argument("--partitions", type=int, default=12, help="partitions per topic (12)")
+    p.add_argument(
+        "--max-in-flight", type=int, default=None, help="WEBHOOK_MAX_IN_FLIGHT (worker default)"
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="the receiver verifies every signature with standardwebhooks (costs its CPU)",
+    )
+    p.add_argument("--phase-timeout", type=float, default=180.0, help="bound of each phase (s)")
+    p.add_argument(
+        "--out", type=Path, default=REPO_ROOT / "bench" / "webhooks-results.json", help="JSON"
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="py-spy raw collapsed stacks of the dispatcher over the max-rate run (a file)",
+    )
+    p.add_argument("--keep-logs", action="store_true", help="keep the process logs (temp dir)")
+    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+class PhaseFailed(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# events
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Events:
+    """``count`` status events over ``count / versions`` accounts, interleaved: event ``i`` is
+    version ``i // accounts + 1`` of account ``i % accounts``, so one account's versions are
+    spread over the stream (the dispatcher sends one account's deliveries one at a time)."""
+
+    tag: str
+    count: int
+    versions: int
+
+    @property
+    def accounts(self) -> int:
+        return max(1, math.ceil(self.count / self.versions))
+
+    def at(self, i: int, occurred_at: float) -> tuple[str, bytes, bytes]:
+        """(event_id, key, value) of event ``i``."""
+        account = f"acc-{self.tag}-{i % self.accounts:07d}"
+        version = i // self.accounts + 1
+        status = STATUSES[min(version, len(STATUSES) - 1)]
+        stamp = datetime.fromtimestamp(occurred_at, UTC).isoformat(timespec="milliseconds")
+        event = AuthStatusChanged(
+            event_id=event_id("status", account, version),
+            account_id=account,
+            workspace_id=WORKSPACE,
+            previous_status=STATUSES[min(version - 1, len(STATUSES) - 1)],
+            status=status,
+            auth_status=status,
+            version=version,
+            occurred_at=stamp.replace("+00:00", "Z"),
+        )
+        return event.event_id, account.encode(), event.model_dump_json().encode()
+
+    def ids(self) -> Iterator[str]:
+        for i in range(self.count):
+            account = f"acc-{self.tag}-{i % self.accounts:07d}"
+            yield event_id("status", account, i // self.accounts + 1)
+
+
+# --------------------------------------------------------------------------------------------
+# /proc
+# --------------------------------------------------------------------------------------------
+
+
+def proc_user_sys_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a live process; zeros when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            stat = f.read()
+    except OSError:
+        return 0.0, 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+def host_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores, /proc/stat), to see how much of
+    the two cores other processes took during a window."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            cpu = f.readline().split()[1:]
+    except OSError:
+        return math.nan
+    ticks = [int(x) for x in cpu]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / _TICK
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """CPU seconds of every process at one instant, with the receiver's delivery count."""
+
+    wall: float
+    delivered: int
+    user: float
+    system: float
+    receiver: float
+    broker: float
+    bench: float
+    host: float
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------
+
+
+def topics_named(prefix: str) -> Topics:
+    return Topics.model_validate({name: f"{prefix}.{name}" for name in Topics.model_fields})
+
+
+@dataclass
+class HookBench:
+    args: argparse.Namespace
+    settings: Settings
+    broker_pid: int | None
+    log_dir: Path
+    receiver_url: str = ""
+    endpoint: EndpointRecord | None = None
+    secret: str = ""
+    receiver: Proc | None = None
+    dispatcher: Proc | None = None
+    dispatcher_port: int = 0
+    http: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        assert self.http is not None
+        return self.http
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    async def create_endpoint(self, url: str) -> None:
+        """One endpoint for the workspace, every event type, written before the dispatcher
+        starts (it reads the endpoints topic to its end first)."""
+        producer = build_producer(self.settings)
+        await producer.start()
+        try:
+            key = self.settings.webhook_secrets_key
+            assert key is not None
+            store = EndpointStore(
+                producer=producer,
+                topic=self.settings.topics.webhook_endpoints,
+                registry=EndpointRegistry(),
+                cipher=SecretsBox(key.get_secret_value()),
+            )
+            self.endpoint, self.secret = await store.create(
+                WORKSPACE, url=url, event_types=None, description="bench.webhooks"
+            )
+        finally:
+            await producer.stop()
+
+    def start_receiver(self, port: int) -> None:
+        """The receiver on the port the endpoint was created with."""
+        self.receiver_url = f"http://127.0.0.1:{port}"
+        argv = ["-m", "bench.webhook_receiver", "--port", str(port)]
+        if self.args.verify:
+            argv.append("--verify")
+        env = _base_env(self.args.log_level) | {SECRET_ENV: self.secret}
+        self.receiver = start_proc("receiver", argv, env, self.log_dir)
+        wait_for_port("127.0.0.1", port, 30.0)
+
+    def dispatcher_env(self) -> dict[str, str]:
+        s = self.settings
+        key = s.webhook_secrets_key
+        assert key is not None
+        env = _base_env(self.args.log_level) | {
+            "KAFKA_BOOTSTRAP_SERVERS": s.bootstrap,
+            "KAFKA_SESSION_TIMEOUT_MS": "6000",
+            "KAFKA_HEARTBEAT_INTERVAL_MS": "500",
+            "COMMANDS_PARTITIONS": str(s.commands_partitions),
+            "OTHER_PARTITIONS": str(s.other_partitions),
+            "WEBHOOK_SECRETS_KEY": key.get_secret_value(),
+            "WEBHOOK_ALLOW_HTTP": "true",
+            "WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
+            "WEBHOOK_CONSUMER_GROUP": s.webhook_consumer_group,
+            "WEBHOOK_METRICS_HOST": "127.0.0.1",
+            "WEBHOOK_METRICS_PORT": str(self.dispatcher_port),
+            "WORKER_SHUTDOWN_GRACE_S": "5",
+        }
+        if self.args.max_in_flight is not None:
+            env["WEBHOOK_MAX_IN_FLIGHT"] = str(self.args.max_in_flight)
+        env.update({f"TOPIC_{f.upper()}": getattr(s.topics, f) for f in Topics.model_fields})
+        return env
+
+    def start_dispatcher(self) -> None:
+        self.dispatcher_port = free_port()
+        argv = ["-m", "worker", "webhooks"]
+        self.dispatcher = start_proc("dispatcher", argv, self.dispatcher_env(), self.log_dir)
+
+    async def wait_dispatcher_ready(self, timeout: float = 90.0) -> None:
+        """/readyz 200: joined, partitions assigned and restored."""
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.dispatcher_port}/readyz"
+        while True:
+            self.check_alive()
+            with contextlib.suppress(httpx.HTTPError):
+                if (await self.client.get(url)).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise PhaseFailed("the dispatcher was not ready in time")
+            await asyncio.sleep(0.2)
+
+    def check_alive(self) -> None:
+        for proc in (self.dispatcher, self.receiver):
+            if proc is not None and not proc.alive():
+                raise PhaseFailed(f"{proc.name} exited:\n{proc.tail()}")
+
+    # -- measuring ---------------------------------------------------------------------------
+
+    async def receiver_counts(self) -> dict[str, Any]:
+        answer = await self.client.get(f"{self.receiver_url}/_stats")
+        answer.raise_for_status()
+        counts: dict[str, Any] = answer.json()
+        return counts
+
+    async def take_arrivals(self) -> dict[str, Any]:
+        answer = await self.client.post(f"{self.receiver_url}/_take")
+        answer.raise_for_status()
+        taken: dict[str, Any] = answer.json()
+        return taken
+
+    def snapshot(self, delivered: int) -> Snapshot:
+        assert self.dispatcher is not None and self.receiver is not None
+        user, system = proc_user_sys_s(self.dispatcher.pid)
+        return Snapshot(
+            wall=time.monotonic(),
+            delivered=delivered,
+            user=user,
+            system=system,
+            receiver=proc_cpu_s(self.receiver.pid),
+            broker=proc_cpu_s(self.broker_pid) if self.broker_pid else math.nan,
+            bench=time.process_time(),
+            host=host_busy_s(),
+        )
+
+    async def wait_delivered(
+        self, want: int, progress: Progress, deadline: float
+    ) -> tuple[Snapshot | None, Snapshot]:
+        """Poll the receiver until ``want`` unique deliveries; returns the snapshots at the
+        first poll that saw a delivery and at the end."""
+        first: Snapshot | None = None
+        while True:
+            self.check_alive()
+            unique = int((await self.receiver_counts())["unique"])
+            if first is None and unique > 0:
+                first = self.snapshot(unique)
+            progress.update(unique)
+            if unique >= want or time.monotonic() > deadline:
+                progress.close(unique)
+                return first, self.snapshot(unique)
+            await asyncio.sleep(0.05)
+
+    # -- phases ------------------------------------------------------------------------------
+
+    async def preload(self, events: Events) -> None:
+        producer = build_producer(self.settings)
+        await producer.start()
+        try:
+            pending: list[asyncio.Future[Any]] = []
+            now = time.time()
+            for i in range(events.count):
+                _, key, value = events.at(i, now)
+                pending.append(await producer.send(self.settings.topics.status, value, key=key))
+                if len(pending) >= 2000:
+                    await asyncio.gather(*pending)
+                    pending.clear()
+            await asyncio.gather(*pending)
+        finally:
+            await producer.stop()
+
+    async def max_rate(self) -> dict[str, Any]:
+        """Pre-loaded events, then the dispatcher starts: the rate it drains them at."""
+        a = self.args
+        events = Events("max", a.events, a.versions)
+        print(f"max rate: producing {events.count:,} events ...", file=sys.stderr)
+        await self.preload(events)
+        self.start_dispatcher()
+        assert self.dispatcher is not None
+        profiler = self._start_profiler() if a.profile is not None else None
+        try:
+            progress = Progress("[max rate] delivered", events.count)
+            deadline = time.monotonic() + a.phase_timeout
+            first, last = await self.wait_delivered(events.count, progress, deadline)
+        finally:
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(profiler.wait, 30)
+        taken = await self.take_arrivals()
+        arrivals: dict[str, float] = taken["arrivals"]
+        wanted = self._webhook_ids(events)
+        times = sorted(arrivals[w] for w in wanted if w in arrivals)
+        window = times[-1] - times[0] if len(times) > 1 else math.nan
+        out: dict[str, Any] = {
+            "events": events.count,
+            "accounts": events.accounts,
+            "versions": events.versions,
+            "delivered": len(times),
+            "complete": len(times) == events.count,
+            "requests": taken["requests"],
+            "duplicates": taken["duplicates"],
+            "verified": taken["verified"],
+            "verify_failed": taken["verify_failed"],
+            "seconds": round(window, 3),
+            "deliveries_per_s": round((len(times) - 1) / window, 1) if window > 0 else 0.0,
+        }
+        out |= self._cpu(first, last)
+        out["dispatcher_peak_rss_mb"] = round(proc_peak_rss(self.dispatcher.pid) / 2**20, 1)
+        return out
+
+    async def curve_point(self, fraction: float, max_rate: float, index: int) -> dict[str, Any]:
+        """Open-loop arrivals at ``fraction`` of ``max_rate`` for ``--seconds``."""
+        a = self.args
+        rate = fraction * max_rate
+        count = max(20, int(rate * a.seconds))
+        events = Events(f"c{index}", count, a.versions)
+        producer = build_producer(self.settings)
+        await producer.start()
+        scheduled: dict[str, float] = {}
+        behind = 0.0
+        try:
+            progress = Progress(f"[{fraction:.0%} of max] delivered", count)
+            before = self.snapshot(0)
+            deadline = time.monotonic() + a.seconds + a.phase_timeout
+            sender = asyncio.create_task(
+                self._send_open_loop(producer, events, rate, scheduled, deadline)
+            )
+            _, after = await self.wait_delivered(count, progress, deadline)
+            behind = await sender
+        finally:
+            await producer.stop()
+        taken = await self.take_arrivals()
+        arrivals: dict[str, float] = taken["arrivals"]
+        assert self.endpoint is not None
+        lat = [
+            (arrivals[w] - sent) * 1000.0
+            for e, sent in scheduled.items()
+            if (w := webhook_id(e, self.endpoint.id)) in arrivals
+        ]
+        times = sorted(arrivals[webhook_id(e, self.endpoint.id)] for e in scheduled)
+        first_sent = min(scheduled.values(), default=math.nan)
+        window = (times[-1] - first_sent) if times else math.nan
+        out: dict[str, Any] = {
+            "fraction_of_max": fraction,
+            "max_rate": round(max_rate, 1),
+            "offered_rate": round(rate, 1),
+            "events": count,
+            "sent": len(scheduled),
+            "delivered": len(lat),
+            "complete": len(lat) == count,
+            "duplicates": taken["duplicates"],
+            "verified": taken["verified"],
+            "verify_failed": taken["verify_failed"],
+            "achieved_per_s": round(len(lat) / window, 1) if window > 0 else 0.0,
+            "generator_behind_max_ms": round(behind * 1000.0, 1),
+            "latency_ms": {
+                q: round(percentile(lat, n), 1) for q, n in (("p50", 50), ("p90", 90), ("p99", 99))
+            }
+            | {"max": round(max(lat), 1) if lat else math.nan},
+        }
+        return out | self._cpu(before, after)
+
+    async def _send_open_loop(
+        self,
+        producer: AIOKafkaProducer,
+        events: Events,
+        rate: float,
+        scheduled: dict[str, float],
+        deadline: float,
+    ) -> float:
+        """Send event ``i`` at ``start + i / rate`` with that time as its ``occurred_at``;
+        returns how far behind its schedule the generator got at worst (seconds)."""
+        pending: list[asyncio.Future[Any]] = []
+        start = time.time() + 0.05
+        behind = 0.0
+        for i in range(events.count):
+            if time.monotonic() > deadline:
+                break
+            when = start + i / rate
+            delay = when - time.time()
+            if delay > 0.001:
+                await asyncio.sleep(delay)
+            behind = max(behind, time.time() - when)
+            ev, key, value = events.at(i, when)
+            scheduled[ev] = when
+            pending.append(await producer.send(self.settings.topics.status, value, key=key))
+            if len(pending) >= 500:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+        return behind
+
+    def _webhook_ids(self, events: Events) -> list[str]:
+        assert self.endpoint is not None
+        return [webhook_id(e, self.endpoint.id) for e in events.ids()]
+
+    def _cpu(self, first: Snapshot | None, last: Snapshot) -> dict[str, Any]:
+        """CPU per delivery of the dispatcher (user, system) and cores of every process over
+        the window between two snapshots."""
+        if first is None or last.delivered <= first.delivered or last.wall <= first.wall:
+            return {"cpu_window_deliveries": 0, "cpu_us_per_delivery": None, "cpu_cores": None}
+        n = last.delivered - first.delivered
+        wall = last.wall - first.wall
+        user = last.user - first.user
+        system = last.system - first.system
+        return {
+            "cpu_window_deliveries": n,
+            "cpu_window_s": round(wall, 3),
+            "cpu_us_per_delivery": {
+                "user": round(user / n * 1e6, 1),
+                "system": round(system / n * 1e6, 1),
+                "total": round((user + system) / n * 1e6, 1),
+            },
+            "cpu_cores": {
+                "dispatcher": round((user + system) / wall, 2),
+                "receiver": round((last.receiver - first.receiver) / wall, 2),
+                "broker": round((last.broker - first.broker) / wall, 2),
+                "bench": round((last.bench - first.bench) / wall, 2),
+                # everything else on the machine (other users of the shared cores)
+                "others": round(
+                    (
+                        (last.host - first.host)
+                        - (user + system)
+                        - (last.receiver - first.receiver)
+                        - (last.broker - first.broker)
+                        - (last.bench - first.bench)
+                    )
+                    / wall,
+                    2,
+                ),
+            },
+        }
+
+    def _start_profiler(self) -> subprocess.Popen[bytes] | None:
+        assert self.dispatcher is not None and self.args.profile is not None
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not Path(spy).exists():
+            print("py-spy not found; --profile ignored", file=sys.stderr)
+            return None
+        out: Path = self.args.profile
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return subprocess.Popen(
+            [
+                *(spy, "record", "--pid", str(self.dispatcher.pid), "--rate", "200"),
+                *("--format", "raw", "--nonblocking", "--output", str(out)),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
+def _base_env(log_level: str) -> dict[str, str]:
+    """This environment without any of the project's settings, so only what is set here
+    reaches the processes."""
+    drop = ("TOPIC_", "KAFKA_", "PROVIDER_", "SIMULATOR_", "WORKER_", "API_", "WEBHOOK_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    env["LOG_LEVEL"] = log_level
+    env["LOG_FORMAT"] = "json"
+    return env
+
+
+async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    tag = datetime.now(UTC).strftime("%H%M%S")
+    results: dict[str, Any] = {
+        "meta": {
+            "command": " ".join(["python -m bench.webhooks", *args.argv]),
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": machine(),
+            "params": {
+                "events": args.events,
+                "versions": args.versions,
+                "fractions": args.fractions,
+                "seconds": args.seconds,
+                "partitions": args.partitions,
+                "max_in_flight": args.max_in_flight
+                or Settings.model_fields["webhook_max_in_flight"].default,
+                "verify": args.verify,
+                "endpoints": 1,
+            },
+        },
+        "max_rate": None,
+        "latency_curve": [],
+        "failures": {},
+    }
+    with EmbeddedBroker() as broker:
+        prefix = f"hooks-{tag}"
+        settings = Settings(
+            kafka_bootstrap_servers=broker.bootstrap,
+            commands_partitions=args.partitions,
+            other_partitions=args.partitions,
+            webhook_secrets_key=generate_key(),
+            webhook_consumer_group=f"{prefix}.dispatchers",
+            topics=topics_named(prefix),
+        )
+        bench = HookBench(
+            args,
+            settings,
+            broker._proc.pid if broker._proc is not None else None,
+            log_dir,
+            http=httpx.AsyncClient(timeout=30),
+        )
+        try:
+            await ensure_topics(settings)
+            port = free_port()
+            await bench.create_endpoint(f"http://127.0.0.1:{port}/hooks")
+            await asyncio.to_thread(bench.start_receiver, port)
+            max_rate = args.max_rate
+            if max_rate is None:
+                try:
+                    results["max_rate"] = await bench.max_rate()
+                    max_rate = results["max_rate"]["deliveries_per_s"]
+                except PhaseFailed as exc:
+                    print(f"\n[max rate] FAILED: {exc}", file=sys.stderr)
+                    results["failures"]["max_rate"] = str(exc)
+            else:
+                bench.start_dispatcher()
+            if max_rate and bench.dispatcher is not None:
+                await bench.wait_dispatcher_ready()
+                for i, fraction in enumerate(args.fractions):
+                    try:
+                        point = await bench.curve_point(fraction, max_rate, i)
+                    except PhaseFailed as exc:
+                        print(f"\n[{fraction:.0%}] FAILED: {exc}", file=sys.stderr)
+                        results["failures"][f"curve-{round(fraction * 100)}"] = str(exc)
+                        break
+                    results["latency_curve"].append(point)
+        finally:
+            procs = [p for p in (bench.dispatcher, bench.receiver) if p is not None]
+            await asyncio.to_thread(stop_procs, procs)
+            await bench.client.aclose()
+    results["aims"] = aims(results)
+    results["meta"]["seconds"] = round(time.monotonic() - args.t0, 1)
+    return results
+
+
+def aims(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The aims next to what was measured (None: not measured in this run)."""
+    rate = (results["max_rate"] or {}).get("deliveries_per_s")
+    half = [p for p in results["latency_curve"] if p["fraction_of_max"] == 0.5]
+    p99 = half[0]["latency_ms"]["p99"] if half else None
+    return [
+        {
+            "aim": "signed deliveries/s per dispatcher process",
+            "wanted": f"≥ {AIM_RATE:,.0f}/s",
+            "measured": rate,
+            "met": None if rate is None else rate >= AIM_RATE,
+        },
+        {
+            "aim": "p99 latency at 50 % of the max rate",
+            "wanted": f"≤ {AIM_P99_MS:g} ms",
+            "measured": p99,
+            "met": None if p99 is None else p99 <= AIM_P99_MS,
+        },
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# output
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any, spec: str = ",.0f") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def table(results: dict[str, Any]) -> str:
+    rows = [
+        "| phase | events | delivered | deliveries/s | p50 ms | p99 ms "
+        "| CPU µs/delivery user+sys | cores: dispatcher/receiver/broker/bench/others |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    phases: list[tuple[str, dict[str, Any]]] = []
+    if results["max_rate"]:
+        phases.append(("max rate (pre-loaded)", results["max_rate"]))
+    for p in results["latency_curve"]:
+        phases.append((f"{p['fraction_of_max']:.0%} of max ({p['offered_rate']:,.0f}/s)", p))
+    for name, p in phases:
+        lat = p.get("latency_ms", {})
+        rate = p.get("deliveries_per_s", p.get("achieved_per_s"))
+        cpu = p.get("cpu_us_per_delivery")
+        cores = p.get("cpu_cores")
+        rows.append(
+            f"| {name} | {p['events']:,} | {p['delivered']:,} | {_fmt(rate)} "
+            f"| {_fmt(lat.get('p50'), ',.1f')} | {_fmt(lat.get('p99'), ',.1f')} "
+            + (
+                f"| {cpu['user']:,.0f}+{cpu['system']:,.0f} = {cpu['total']:,.0f} "
+                if cpu
+                else "| - "
+            )
+            + (
+                f"| {cores['dispatcher']:.2f}/{cores['receiver']:.2f}/{cores['broker']:.2f}"
+                f"/{cores['bench']:.2f}/{cores['others']:.2f} |"
+                if cores
+                else "| - |"
+            )
+        )
+    out = ["\n".join(rows)]
+    aim_rows = ["| aim | wanted | measured | met |", "|---|---|---:|---|"]
+    for a in results["aims"]:
+        met = {True: "yes", False: "**no**", None: "not measured"}[a["met"]]
+        aim_rows.append(f"| {a['aim']} | {a['wanted']} | {_fmt(a['measured'], ',.1f')} | {met} |")
+    out.append("\n".join(aim_rows))
+    for name, why in results["failures"].items():
+        out.append(f"{name} FAILED: {why.strip().splitlines()[-1] if why.strip() else ''}")
+    return "\n\n".join(out)
+
+
+def _clean(value: Any) -> Any:
+    """JSON without NaN (null instead)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point; returns the exit status (1 when a phase failed or lost deliveries)."""
+    args = build_parser().parse_args([a for a in argv if a != "--"])
+    args.argv = list(argv)
+    args.t0 = time.monotonic()
+    log_dir = Path(tempfile.mkdtemp(prefix="webhook-bench-"))
+    try:
+        results = eventloop.run(run_all(args, log_dir), "uvloop")
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; logs in {log_dir}", file=sys.stderr)
+        return 130
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(_clean(results), indent=2) + "\n")
+    print(table(results))
+    print(f"\nwrote {args.out}")
+    phases = [*([results["max_rate"]] if results["max_rate"] else []), *results["latency_curve"]]
+    failed = bool(results["failures"]) or not all(p["complete"] for p in phases)
+    if failed or args.keep_logs:
+        print(f"process logs: {log_dir}", file=sys.stderr)
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

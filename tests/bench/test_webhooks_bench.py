@@ -1,0 +1,72 @@
+"""Smoke test of ``python -m bench.webhooks``: a tiny run end to end in its own process (its
+own broker, dispatcher and receiver processes), with the receiver verifying every signature.
+Checked for completeness only: no timing thresholds, the numbers depend on the machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.webhooks import Events
+from worker.messages import AuthStatusChanged
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_events_interleave_accounts_and_count_versions_up() -> None:
+    events = Events("t", count=6, versions=3)
+    assert events.accounts == 2
+    decoded = [AuthStatusChanged.model_validate_json(events.at(i, 1.7e9)[2]) for i in range(6)]
+    assert [(e.account_id[-1], e.version) for e in decoded] == [
+        ("0", 1),
+        ("1", 1),
+        ("0", 2),
+        ("1", 2),
+        ("0", 3),
+        ("1", 3),
+    ]
+    assert [e.event_id for e in decoded] == list(events.ids())
+    assert decoded[0].occurred_at.endswith("Z")
+
+
+@pytest.mark.slow
+def test_tiny_webhook_bench_run_delivers_everything(tmp_path: Path) -> None:
+    out = tmp_path / "webhooks-results.json"
+    argv = [
+        *("--events", "500", "--seconds", "2", "--fractions", "0.5"),
+        *("--verify", "--phase-timeout", "60", "--out", str(out)),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.webhooks", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results: dict[str, Any] = json.loads(out.read_text())
+    assert not results["failures"]
+
+    top = results["max_rate"]
+    assert top["complete"] and top["delivered"] == top["events"] == 500
+    assert top["verified"] == top["requests"] >= 500 and top["verify_failed"] == 0
+    assert top["deliveries_per_s"] > 0
+    assert set(top["cpu_us_per_delivery"]) == {"user", "system", "total"}
+    assert top["cpu_us_per_delivery"]["total"] > 0
+    assert set(top["cpu_cores"]) == {"dispatcher", "receiver", "broker", "bench", "others"}
+
+    [point] = results["latency_curve"]
+    assert point["fraction_of_max"] == 0.5
+    assert point["complete"] and point["delivered"] == point["events"] == point["sent"]
+    assert point["verify_failed"] == 0 and point["verified"] >= point["events"]
+    assert point["latency_ms"]["p99"] >= point["latency_ms"]["p50"] > 0
+    assert point["cpu_us_per_delivery"]["total"] > 0
+
+    assert [a["measured"] is not None for a in results["aims"]] == [True, True]
+    assert "deliveries/s" in done.stdout and "p99" in done.stdout
