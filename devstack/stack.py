@@ -103,6 +103,8 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     keys = settings.api_keys_file or dev_keys_file(keys_dir / "api-keys.json")
     settings = _with_webhooks(settings)
     env = dict(os.environ)
+    # Readable logs for a person at a terminal; production's default stays JSON.
+    env.setdefault("LOG_FORMAT", "console")
     env.update(
         {
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,

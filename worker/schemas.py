@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from worker.asyncapi import asyncapi_document
 from worker.catalogue import export as export_catalogue
 from worker.messages import json_schemas
 
@@ -19,6 +20,7 @@ def documents() -> dict[str, str]:
     """File name → exact file content, for every generated schema document."""
     docs = {name: _dump(schema) for name, schema in json_schemas().items()}
     docs["error-catalogue.json"] = _dump(export_catalogue())
+    docs["asyncapi.json"] = _dump(asyncapi_document())
     try:
         from worker.api.openapi import openapi_document
     except ImportError:  # the front-end is optional for the worker's own schemas
