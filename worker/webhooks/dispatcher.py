@@ -16,6 +16,7 @@ or five days of failures disable the endpoint.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -182,14 +183,19 @@ class Dispatcher:
         if not taken:
             return []
         await self._publisher.persist(partition, record, store=self.store)
-        await self._publisher.log_pending(record, taken, now=now)
         self.metrics.taken_in.inc(len(taken))
-        # Only pairs whose new delivery is at the head are due now; the others wait behind.
-        return [
-            state_key(endpoint_id, event.account_id)
-            for endpoint_id, delivery in taken
-            if record.endpoints[endpoint_id].queue[0].webhook_id == delivery.webhook_id
-        ]
+        # Pairs whose new delivery is at the head are attempted at once: their first log entry
+        # is the attempt's outcome. The others wait behind an earlier one: say so in the log.
+        due, waiting = [], []
+        for endpoint_id, delivery in taken:
+            head = record.endpoints[endpoint_id].queue[0]
+            if head.webhook_id == delivery.webhook_id and head.replay == delivery.replay:
+                due.append(state_key(endpoint_id, event.account_id))
+            else:
+                waiting.append((endpoint_id, delivery))
+        if waiting:
+            await self._publisher.log_pending(record, waiting, now=now)
+        return due
 
     # -- attempting deliveries ---------------------------------------------------------------
 
@@ -247,24 +253,34 @@ class Dispatcher:
         now = self._clock()
         endpoint_id = settled.state.endpoint_id
         finished = settled.finished
-        # The outcome is acknowledged before the state that drops the delivery: a crash in
-        # between repeats the attempt (same webhook-id) instead of losing the outcome.
-        if finished is None:
-            self.metrics.retries.inc()
-            await self._publisher.log_retry(record, endpoint_id, settled.state.queue[0], now=now)
-        else:
+        if finished is not None and finished.state == "failed":
+            # A failure's record (DLQ copy, log entry) is acknowledged before the state that
+            # drops the delivery: a crash in between repeats the attempt under the same
+            # webhook-id instead of losing the failure.
+            self.metrics.failed.inc()
+            await self._publisher.dead_letter(record, endpoint_id, head, finished)
             await self._publisher.log_finished(record, endpoint_id, head, finished)
-            if finished.state == "delivered":
-                self._last_success[endpoint_id] = now
-                self.metrics.delivered(head.occurred_at, now)
-            else:
-                self.metrics.failed.inc()
-                await self._publisher.dead_letter(record, endpoint_id, head, finished)
-        # The account's lane may have taken deliveries in while the outcome was written: read
-        # the record again and store it with no await in between (``persist`` stores first).
+        # The account's lane may have taken deliveries in meanwhile: carry the outcome over
+        # onto the record as it is now, stored with no await in between.
         current = self.store.get(partition, account_id) or record
         merged = current.with_state(carry_over(current.of(endpoint_id), settled))
-        await self._publisher.persist(partition, merged, store=self.store)
+        self.store.put(partition, merged)
+        written = await self._publisher.send_state(partition, merged)
+        if finished is None:
+            # A retry or a delivery: its log entry only informs ``GET .../deliveries``, so it
+            # goes out beside the state instead of before it.
+            self.metrics.retries.inc()
+            logged = self._publisher.log_retry(
+                record, endpoint_id, merged.of(endpoint_id).queue[0], now=now
+            )
+            await asyncio.gather(written, logged)
+        elif finished.state == "delivered":
+            self._last_success[endpoint_id] = now
+            self.metrics.delivered(head.occurred_at, now)
+            logged = self._publisher.log_finished(record, endpoint_id, head, finished)
+            await asyncio.gather(written, logged)
+        else:
+            await written
         if endpoint is not None and endpoint.status == "active":
             await self._maybe_disable(endpoint, settled, now)
 

@@ -83,8 +83,15 @@ class DeliveryPublisher:
     async def persist(
         self, partition: int, record: AccountDeliveries, *, store: DeliveryStore
     ) -> None:
-        """Store ``record`` and write it to its partition of the changelog; wait for the ack."""
+        """Store ``record`` and write it to its partition of the changelog; wait for the ack.
+        The store is updated before the first await, so a caller that computed ``record``
+        from the store's current one loses no concurrent change."""
         store.put(partition, record)
+        await (await self.send_state(partition, record))
+
+    async def send_state(self, partition: int, record: AccountDeliveries) -> asyncio.Future[Any]:
+        """Hand a record already stored to the producer; returns its ack. Await it right
+        after ``store.put``: the FIFO lock keeps the changelog in the order of the puts."""
         value = record.model_dump_json().encode()
         lock = self._locks.get(partition)
         if lock is None:
@@ -93,7 +100,7 @@ class DeliveryPublisher:
             fut: asyncio.Future[Any] = await self._producer.send(
                 self._state_topic, value, key=record.account_id.encode(), partition=partition
             )
-        await fut
+        return fut
 
     async def log_pending(
         self, record: AccountDeliveries, taken: list[tuple[str, Pending]], *, now: float

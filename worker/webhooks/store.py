@@ -34,6 +34,9 @@ from worker.webhooks.signing import generate_secret
 
 log = get_logger(__name__)
 
+#: Opened (decrypted) secrets kept per process; past this the cache starts over.
+OPENED_MAX = 10_000
+
 
 class SecretCipher(Protocol):
     """What the store needs of ``worker.webhooks.secrets_box``."""
@@ -68,6 +71,7 @@ class EndpointStore:
         self._timeout_s = timeout_s
         self._overlap_s = overlap_s
         self._clock = clock
+        self._opened: dict[tuple[str, str], str] = {}
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -147,11 +151,19 @@ class EndpointStore:
     # -- secrets -----------------------------------------------------------------------------
 
     def signing_secrets(self, record: EndpointRecord) -> list[str]:
-        """The secrets in clear that sign a delivery now, newest first."""
-        return [
-            self._cipher.decrypt(s.ciphertext, record.id.encode())
-            for s in record.live_secrets(self._clock())
-        ]
+        """The secrets in clear that sign a delivery now, newest first. Each ciphertext is
+        opened once per process: the dispatcher signs every attempt with them."""
+        opened = []
+        for sealed in record.live_secrets(self._clock()):
+            key = (record.id, sealed.ciphertext)
+            secret = self._opened.get(key)
+            if secret is None:
+                secret = self._cipher.decrypt(sealed.ciphertext, record.id.encode())
+                if len(self._opened) >= OPENED_MAX:
+                    self._opened.clear()
+                self._opened[key] = secret
+            opened.append(secret)
+        return opened
 
     def _seal(self, endpoint_id: str, secret: str, stamp: str) -> StoredSecret:
         return StoredSecret(
