@@ -173,7 +173,7 @@ async def test_a_stop_that_overruns_its_hard_limit_exits_70(
         def stop(self) -> None:
             self.stopped += 1  # ... and then never finishes stopping
 
-    monkeypatch.setattr("worker.app.os._exit", fake_exit)
+    monkeypatch.setattr("worker.runner.os._exit", fake_exit)
     stuck = Stuck()
     handler = _graceful_then_forced(stuck, hard_limit_s=0.05)  # type: ignore[arg-type]
     handler()
