@@ -6,8 +6,9 @@ Module map (docs/architecture.md, "Where each concept lives in the code", has th
     deciding     flow.py (the transitions machine, the pure decision), evolve.py, flowchart.py
     consuming    consumer.py (lanes, watermark commits, rebalances), store.py (state stores,
                  restore), replay.py (read to the high-water mark), timers.py
-    doing        execute.py (decode → decide → provider → publish), provider/ (adapters, the
-                 one error mapping), publish.py (every write, acknowledged)
+    doing        execute.py (decode → decide → provider → publish), route.py (a key's home
+                 partition; off it, forward), provider/ (adapters, the one error mapping),
+                 publish.py (every write, acknowledged)
     processes    app.py (worker), api/ (front-end), webhooks/ (endpoints, dispatcher,
                  signing, SSRF-safe sender), runner.py (a consuming process's life),
                  process.py (signals), eventloop.py, serving.py, probes.py, kafka.py

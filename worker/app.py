@@ -18,6 +18,7 @@ from worker.logs import get_logger
 from worker.metrics import WorkerMetrics
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
+from worker.route import Router
 from worker.runner import ProbeAddress, run_consume_loop
 from worker.settings import Settings
 from worker.store import StateStore
@@ -75,6 +76,11 @@ async def run_worker(
         providers=providers,
         policy=policy_from(settings, set(providers)),
         metrics=metrics,
+        router=Router(
+            topics.commands,
+            partitions_for_topic=consumer.partitions_for_topic,
+            fallback=settings.commands_partitions,
+        ),
     )
     loop_config = LoopConfig(
         topics=(topics.commands,),

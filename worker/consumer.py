@@ -5,10 +5,13 @@ account records of auth.state; the webhook dispatcher over auth.status, auth.err
 replay topic with its delivery states. What a record means is the ``Handler``'s business; the
 loop owns order, concurrency, offsets, timers, restore and rebalances. Read top to bottom:
 
-* ``run`` polls the input topics and hands each record to the lane of its key (the account id).
-  A lane is one task working through one account's records strictly in order; different
-  accounts, even of one partition, run concurrently (key-level concurrency), bounded by
-  ``max_in_flight`` through partition pause/resume (backpressure, not an unbounded queue).
+* ``run`` polls the input topics and hands each record to the lane of its partition and key
+  (the account id). A lane is one task working through one account's records strictly in
+  order; different accounts, even of one partition, run concurrently (key-level concurrency),
+  bounded by ``max_in_flight`` through partition pause/resume (backpressure, not an unbounded
+  queue). The partition is part of the lane's identity because a key's state lives in one
+  partition only: the worker forwards a key arriving elsewhere (``worker.route``), and that
+  record's lane must belong to (and be revoked with) the partition it arrived on.
 * ``OffsetTracker`` keeps, per partition, the offsets dispatched in fetch order; the committed
   offset only advances over a contiguous run of finished records (the completion watermark),
   and a record is finished only when its outputs are acknowledged by the broker.
@@ -124,7 +127,7 @@ class OffsetTracker:
 
 @dataclass(slots=True)
 class Lane:
-    """One account's queue of work; at most one task drains it."""
+    """One account's queue of work on one partition; at most one task drains it."""
 
     partition: int
     items: deque[ConsumerRecord[bytes, bytes] | None] = field(default_factory=deque)
@@ -167,7 +170,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         self.store = executor.store
         self.metrics = metrics
         self.config = config
-        self.lanes: dict[str, Lane] = {}
+        self.lanes: dict[tuple[int, str], Lane] = {}
         self.trackers: dict[TopicPartition, OffsetTracker] = {}
         self.active: set[int] = set()
         self.in_flight = 0
@@ -243,9 +246,9 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
     def _enqueue(self, key: str, partition: int, item: ConsumerRecord[bytes, bytes] | None) -> None:
         self.in_flight += 1
         self.metrics.in_flight.set(self.in_flight)
-        lane = self.lanes.get(key)
+        lane = self.lanes.get((partition, key))
         if lane is None:
-            lane = self.lanes[key] = Lane(partition)
+            lane = self.lanes[(partition, key)] = Lane(partition)
         lane.items.append(item)
         if lane.task is None:
             lane.task = asyncio.create_task(self._drain_lane(key, lane))
@@ -274,8 +277,8 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         finally:
             self.in_flight -= len(lane.items)
             self.metrics.in_flight.set(self.in_flight)
-            if self.lanes.get(key) is lane:
-                del self.lanes[key]
+            if self.lanes.get((lane.partition, key)) is lane:
+                del self.lanes[(lane.partition, key)]
 
     def _settled(self) -> None:
         self.in_flight -= 1
@@ -304,7 +307,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             if due is None:
                 return
             account_id, partition = due
-            if partition in self.active and account_id not in self.lanes:
+            if partition in self.active and (partition, account_id) not in self.lanes:
                 self._enqueue(account_id, partition, None)
 
     # -- commit --------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Executing one unit of work for one account: decode → decide → call the provider → publish.
 
+A command that arrived off its key's home partition (a producer with another partitioner) is
+only forwarded home (``worker.route``): the account's state lives there.
+
 The consume loop guarantees that at most one unit per account runs at a time, so the code here
 reads and writes the account's record without locks. Every path ends in published outputs or
 an exception that the loop treats as fatal (the offset is then never committed and the command
@@ -30,6 +33,7 @@ from worker.logs import get_logger
 from worker.messages import (
     AccountRecord,
     AuthError,
+    Command,
     DecodeFailure,
     ErrorBody,
     decode_command,
@@ -39,6 +43,7 @@ from worker.messages import (
 from worker.metrics import WorkerMetrics
 from worker.provider import ProviderError, ProviderRegistry
 from worker.publish import Publisher
+from worker.route import Router, forwarded_from
 from worker.store import StateStore
 
 log = get_logger(__name__)
@@ -66,9 +71,11 @@ class Executor:
         providers: ProviderRegistry,
         policy: Policy,
         metrics: WorkerMetrics,
+        router: Router,
         clock: Clock | None = None,
     ) -> None:
         self.store = store
+        self.router = router
         self.publisher = publisher
         self.providers = providers
         self.policy = policy
@@ -80,7 +87,11 @@ class Executor:
     async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
         """Apply one record of auth.commands; returns once every output is acknowledged."""
         started = time.perf_counter()
+        home = msg.partition if msg.key is None else self.router.home(msg.key)
         command = decode_command(msg.key, msg.value)
+        if home != msg.partition and not isinstance(command, DecodeFailure):
+            await self._route_home(msg, command, home)
+            return
         if isinstance(command, DecodeFailure):
             await self._dead_letter(msg, command)
             self.metrics.commands.labels("unknown", "invalid").inc()
@@ -118,6 +129,40 @@ class Executor:
             self.metrics.command_seconds.labels(command.type).observe(time.perf_counter() - started)
             if decision.error is not None:
                 log.info("command_failed", code=decision.error.code)
+
+    async def _route_home(
+        self, msg: ConsumerRecord[bytes, bytes], command: Command, home: int
+    ) -> None:
+        """A command off its key's home partition: this partition does not hold the account,
+        so nothing is decided here. It is forwarded home once (the forward is its output, so
+        its offset is committed only after the ack; a crash in between forwards it again and
+        the home partition's dedup window absorbs the copy). One that was forwarded already
+        and still is not home (the partition count changed between the hops) is dead-lettered
+        rather than sent round again."""
+        origin = forwarded_from(msg.headers)
+        if origin is not None:
+            failure = DecodeFailure(
+                "misrouted",
+                f"forwarded from {origin} to partition {msg.partition}, but the key's home "
+                f"partition is {home} of {self.router.partitions()}",
+                account_id=command.account_id,
+                workspace_id=getattr(command, "workspace_id", None),
+                command_id=command.command_id,
+                request_id=getattr(command, "request_id", None),
+            )
+            await self._dead_letter(msg, failure)
+            self.metrics.commands.labels(command.type, "invalid").inc()
+            return
+        await self.publisher.forward(msg, home)
+        self.metrics.forwarded.labels(command.type).inc()
+        log.debug(
+            "command_forwarded",
+            account_id=command.account_id,
+            command_id=command.command_id,
+            partition=msg.partition,
+            offset=msg.offset,
+            home=home,
+        )
 
     async def _resolve(self, record: AccountRecord, *, redrive: bool) -> Decision:
         """Finish the confirm recorded in ``record.in_flight``, always with its command_id as

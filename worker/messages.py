@@ -280,8 +280,10 @@ def encode_record(record: AccountRecord) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
+# ``misrouted``: a command forwarded to its key's home partition that still arrived elsewhere
+# (the partition count changed between the two hops); forwarding again could ping-pong.
 DecodeReason = Literal[
-    "too_large", "not_json", "not_object", "unknown_type", "invalid", "key_mismatch"
+    "too_large", "not_json", "not_object", "unknown_type", "invalid", "key_mismatch", "misrouted"
 ]
 DECODE_REASONS: tuple[str, ...] = get_args(DecodeReason)
 

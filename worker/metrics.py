@@ -12,7 +12,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from worker.catalogue import ServiceError
-from worker.messages import DECODE_REASONS
+from worker.messages import COMMAND_TYPES, DECODE_REASONS
 
 # Every (code, http_status, numeric_code) the worker itself can produce (docs/architecture.md,
 # "The confirm decision table", plus invalid_request for undecodable input).
@@ -106,6 +106,12 @@ class WorkerMetrics:
             ["reason"],
             registry=registry,
         )
+        self.forwarded = Counter(
+            "auth_commands_forwarded",
+            "Commands that arrived off their key's home partition and were forwarded there",
+            ["type"],
+            registry=registry,
+        )
         self.status_changes = Counter(
             "auth_status_changes",
             "Status-change events published, by new status",
@@ -129,6 +135,8 @@ class WorkerMetrics:
         sample of a series, so a DLQ record or an error right after start would go unseen."""
         for reason in DECODE_REASONS:
             self.dlq.labels(reason)
+        for command_type in COMMAND_TYPES:
+            self.forwarded.labels(command_type)
         for code, http_status, numeric_code in WORKER_ERRORS:
             self.errors.labels(code, str(numeric_code), str(http_status))
         for kind in ("assigned", "revoked"):

@@ -12,10 +12,12 @@ import asyncio
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 from pydantic import BaseModel
 
 from worker.flow import Decision
 from worker.messages import AccountRecord, AuthError, DecodeFailure, encode_record
+from worker.route import FORWARDED_FROM
 from worker.settings import Topics
 
 
@@ -82,6 +84,23 @@ class Publisher:
             futures.append(await self._model(self._topics.errors, err.account_id, err))
         if futures:
             await asyncio.gather(*futures)
+
+    async def forward(self, msg: ConsumerRecord[bytes, bytes], partition: int) -> None:
+        """Re-produce a command unchanged to ``partition`` of its own topic, with a header
+        naming the original, and wait for the ack: the forward is the record's only output."""
+        headers = [
+            *msg.headers,
+            (FORWARDED_FROM, f"{msg.topic}:{msg.partition}:{msg.offset}".encode()),
+        ]
+        fut = await self._producer.send(
+            msg.topic,
+            msg.value,
+            key=msg.key,
+            partition=partition,
+            headers=headers,
+            timestamp_ms=msg.timestamp if msg.timestamp_type == 0 else None,
+        )
+        await fut
 
     async def dead_letter(
         self,

@@ -1,0 +1,62 @@
+"""Where a command belongs: its key's home partition of auth.commands.
+
+An account's state lives on one partition, the one the Java client (and aiokafka, which the
+front-end uses) picks for its key: murmur2 of the key bytes, sign bit cleared, modulo the
+partition count. Other clients default to other partitioners (librdkafka's CRC32
+``consistent_random``: confluent-kafka, node-rdkafka; Sarama's FNV-1a), so a command can
+arrive elsewhere; the worker then forwards it home instead of answering from a partition that
+does not hold the account (``worker.execute``). The hash is aiokafka's own function, so the
+worker and the front-end can never disagree on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+from aiokafka.partitioner import murmur2
+
+FORWARDED_FROM = "forwarded-from"
+"""Header added to a forwarded command: ``<topic>:<partition>:<offset>`` of the original."""
+
+
+def home_partition(key: bytes, partitions: int) -> int:
+    """The partition the Java client's default partitioner gives ``key`` (``toPositive(murmur2
+    (key)) % partitions``, as aiokafka's ``DefaultPartitioner`` with partitions 0..n-1)."""
+    digest: int = murmur2(key)
+    return (digest & 0x7FFFFFFF) % partitions
+
+
+def forwarded_from(headers: Collection[tuple[str, bytes]]) -> str | None:
+    """Where a forwarded command came from, or None for one that was produced here first."""
+    for name, value in headers:
+        if name == FORWARDED_FROM:
+            return value.decode("utf-8", "replace")
+    return None
+
+
+class Router:
+    """Home partitions of one topic's keys.
+
+    The partition count comes from the consumer's metadata first: that is the count the
+    producers' partitioners used (they read the same metadata), and it follows partitions added
+    to the topic, where ``COMMANDS_PARTITIONS`` may be stale (it only sizes topics that do not
+    exist yet). The setting is the fallback for the moment before metadata is known.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        partitions_for_topic: Callable[[str], Collection[int] | None],
+        fallback: int,
+    ) -> None:
+        self.topic = topic
+        self._partitions_for_topic = partitions_for_topic
+        self._fallback = fallback
+
+    def partitions(self) -> int:
+        known = self._partitions_for_topic(self.topic)
+        return len(known) if known else self._fallback
+
+    def home(self, key: bytes) -> int:
+        return home_partition(key, self.partitions())
