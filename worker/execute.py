@@ -43,7 +43,7 @@ from worker.messages import (
 from worker.metrics import WorkerMetrics
 from worker.provider import ProviderError, ProviderRegistry
 from worker.publish import Publisher
-from worker.route import Router, forwarded_from
+from worker.route import Router, forwarded_from, reply_partition
 from worker.store import StateStore
 
 log = get_logger(__name__)
@@ -124,7 +124,7 @@ class Executor:
                     self.store.put(partition, intent)
                 decision = await self._resolve(intent, redrive=decision.call == "redrive_confirm")
                 record = intent
-            await self._publish(partition, record, decision)
+            await self._publish(partition, record, decision, reply_to=reply_partition(msg.headers))
             self.metrics.commands.labels(command.type, decision.verdict).inc()
             self.metrics.command_seconds.labels(command.type).observe(time.perf_counter() - started)
             if decision.error is not None:
@@ -250,10 +250,15 @@ class Executor:
     # -- outputs -------------------------------------------------------------------------------
 
     async def _publish(
-        self, partition: int, before: AccountRecord | None, decision: Decision
+        self,
+        partition: int,
+        before: AccountRecord | None,
+        decision: Decision,
+        *,
+        reply_to: int | None = None,
     ) -> None:
         changed = decision.record is not None and decision.record is not before
-        await self.publisher.publish(partition, decision, state_changed=changed)
+        await self.publisher.publish(partition, decision, state_changed=changed, reply_to=reply_to)
         if changed and decision.record is not None:
             self.store.put(partition, decision.record)
             self.metrics.store_accounts.set(len(self.store))

@@ -27,6 +27,7 @@ class Publisher:
     def __init__(self, producer: AIOKafkaProducer, topics: Topics) -> None:
         self._producer = producer
         self._topics = topics
+        self._reply_partitions: frozenset[int] | None = None
 
     async def _send(
         self,
@@ -52,7 +53,14 @@ class Publisher:
         )
         await fut
 
-    async def publish(self, partition: int, decision: Decision, *, state_changed: bool) -> None:
+    async def publish(
+        self,
+        partition: int,
+        decision: Decision,
+        *,
+        state_changed: bool,
+        reply_to: int | None = None,
+    ) -> None:
         """Send the record (if it changed) and wait for its ack, then every output
         concurrently; wait for all acks.
 
@@ -75,7 +83,10 @@ class Publisher:
         if decision.reply is not None:
             reply = decision.reply
             body = reply.model_dump_json(exclude_none=True).encode()
-            futures.append(await self._send(self._topics.replies, reply.account_id, body))
+            target = await self._reply_partition(reply_to)
+            futures.append(
+                await self._send(self._topics.replies, reply.account_id, body, partition=target)
+            )
         if decision.status_event is not None:
             ev = decision.status_event
             futures.append(await self._model(self._topics.status, ev.account_id, ev))
@@ -84,6 +95,19 @@ class Publisher:
             futures.append(await self._model(self._topics.errors, err.account_id, err))
         if futures:
             await asyncio.gather(*futures)
+
+    async def _reply_partition(self, wanted: int | None) -> int | None:
+        """``wanted`` when auth.replies has that partition; otherwise ``None`` (keyed): a
+        sender's stale or bad header must not fail the command."""
+        if wanted is None:
+            return None
+        if self._reply_partitions is None:
+            self._reply_partitions = frozenset(
+                await self._producer.partitions_for(self._topics.replies)
+            )
+        if wanted in self._reply_partitions:
+            return wanted
+        return None
 
     async def forward(self, msg: ConsumerRecord[bytes, bytes], partition: int) -> None:
         """Re-produce a command unchanged to ``partition`` of its own topic, with a header

@@ -19,6 +19,24 @@ FORWARDED_FROM = "forwarded-from"
 """Header added to a forwarded command: ``<topic>:<partition>:<offset>`` of the original."""
 
 
+REPLY_PARTITION = "reply-partition"
+"""Header of a command naming the auth.replies partition its sender reads (decimal ASCII);
+absent: the reply is keyed by the account like every other record (docs/architecture.md,
+"Replies to the waiting replica")."""
+
+
+def reply_partition(headers: Collection[tuple[str, bytes]]) -> int | None:
+    """The partition a command's reply goes to, when its sender named one it can use."""
+    for name, value in headers:
+        if name == REPLY_PARTITION:
+            try:
+                wanted = int(value)
+            except ValueError:
+                return None
+            return wanted if wanted >= 0 else None
+    return None
+
+
 def home_partition(key: bytes, partitions: int) -> int:
     """The partition the Java client's default partitioner gives ``key`` (``toPositive(murmur2
     (key)) % partitions``, as aiokafka's ``DefaultPartitioner`` with partitions 0..n-1)."""

@@ -129,6 +129,12 @@ class Settings(BaseSettings):
     api_port: int = 8080
     api_keys_file: Path | None = None
     api_reply_timeout_s: float = Field(default=10.0, gt=0)
+    api_reply_partition: int | None = Field(
+        default=None,
+        ge=0,
+        description="The auth.replies partition this front-end replica reads its replies on "
+        "(every command it sends names it). Unset: one picked at random at start-up.",
+    )
     api_cors_origins: list[str] = Field(default_factory=list)
 
     # --- webhooks ------------------------------------------------------------------------

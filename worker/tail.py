@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -26,8 +26,15 @@ from worker.replay import replay_to_highwater
 log = get_logger(__name__)
 
 
-async def assign_all(consumer: Any, topic: str, *, timeout_s: float = 30.0) -> list[TopicPartition]:
-    """Assign every partition of ``topic`` to the started, group-less ``consumer``."""
+async def assign_all(
+    consumer: Any,
+    topic: str,
+    *,
+    timeout_s: float = 30.0,
+    only: Callable[[list[int]], list[int]] | None = None,
+) -> list[TopicPartition]:
+    """Assign every partition of ``topic`` (or those ``only`` picks from them) to the started,
+    group-less ``consumer``, at the beginning."""
     deadline = time.monotonic() + timeout_s
     while True:
         parts = consumer.partitions_for_topic(topic)
@@ -40,7 +47,8 @@ async def assign_all(consumer: Any, topic: str, *, timeout_s: float = 30.0) -> l
         await consumer._client.force_metadata_update()
         if not consumer.partitions_for_topic(topic):
             await asyncio.sleep(0.1)
-    tps = [TopicPartition(topic, p) for p in sorted(parts)]
+    numbers = sorted(parts)
+    tps = [TopicPartition(topic, p) for p in (only(numbers) if only else numbers)]
     consumer.assign(tps)
     await consumer.seek_to_beginning(*tps)
     return tps
@@ -63,9 +71,11 @@ class TopicTail:
         name: str,
         idle_timeout_ms: int = 200,
         max_records: int = 2000,
+        only: Callable[[list[int]], list[int]] | None = None,
     ) -> None:
         self.consumer = consumer
         self.topic = topic
+        self._only = only
         self.name = name
         self._idle_timeout_ms = idle_timeout_ms
         self._max_records = max_records
@@ -107,7 +117,7 @@ class TopicTail:
 
     async def start(self) -> None:
         await self.consumer.start()
-        self._tps = await assign_all(self.consumer, self.topic)
+        self._tps = await assign_all(self.consumer, self.topic, only=self._only)
         self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def stop(self) -> None:

@@ -29,6 +29,7 @@ from worker.messages import (
     decode_command,
     encode_record,
 )
+from worker.route import reply_partition
 from worker.settings import Settings
 from worker.tail import assign_all
 
@@ -152,7 +153,7 @@ async def responder(
     state = Responder()
     sends: set[asyncio.Task[None]] = set()
 
-    async def reply(cmd: PasskeyConfirm, status: int, body: dict[str, Any]) -> None:
+    async def reply(cmd: PasskeyConfirm, status: int, body: dict[str, Any], to: int | None) -> None:
         if max_delay_s:
             await asyncio.sleep(random.uniform(0, max_delay_s))
         message = Reply(
@@ -166,6 +167,7 @@ async def responder(
             settings.topics.replies,
             message.model_dump_json(exclude_none=True).encode(),
             key=cmd.account_id.encode(),
+            partition=to,
         )
 
     async def loop() -> None:
@@ -181,7 +183,8 @@ async def responder(
                     state.keys.append(msg.key)
                     answered = answer(cmd)
                     if answered is not None:
-                        task = asyncio.create_task(reply(cmd, *answered))
+                        to = reply_partition(msg.headers)  # as the worker does
+                        task = asyncio.create_task(reply(cmd, *answered, to))
                         sends.add(task)
                         task.add_done_callback(sends.discard)
 
@@ -220,13 +223,20 @@ def state_record(
 
 
 async def produce(
-    settings: Settings, topic: str, records: Sequence[tuple[bytes | None, bytes | None]]
+    settings: Settings,
+    topic: str,
+    records: Sequence[tuple[bytes | None, bytes | None]],
+    *,
+    partition: int | None = None,
 ) -> None:
     await ensure_topics(settings)
     producer: AIOKafkaProducer = build_producer(settings)
     await producer.start()
     try:
-        futures = [await producer.send(topic, value, key=key) for key, value in records]
+        futures = [
+            await producer.send(topic, value, key=key, partition=partition)
+            for key, value in records
+        ]
         await asyncio.gather(*futures)
     finally:
         await producer.stop()

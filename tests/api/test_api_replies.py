@@ -22,6 +22,7 @@ from worker.settings import Settings
 pytestmark = pytest.mark.integration
 
 CONFIRM = "/v1/accounts/{}/auth/passkey-confirm"
+REPLIES_PARTITION = 0
 
 
 def reply_bytes(command_id: str, request_id: str, account_id: str = "acc_1") -> bytes:
@@ -63,16 +64,16 @@ def assert_own_replies(results: list[tuple[str, str, httpx.Response]]) -> None:
 async def test_200_concurrent_requests_one_front_end_then_two_replicas(
     api_settings: ApiSettings,
 ) -> None:
-    """Replies arrive in random order (the responder delays each up to 200 ms) and every
-    replica reads every reply; still each request gets exactly its own, and afterwards no
-    waiter is left anywhere."""
+    """Replies arrive in random order (the responder delays each up to 200 ms); each replica
+    reads only the replies of its own commands, on its own partition; each request gets
+    exactly its own, and afterwards no waiter is left anywhere."""
     settings = api_settings(api_reply_timeout_s=20.0)
     # A fresh client per phase: httpx's pool gets slow with hundreds of idle connections.
     limits = httpx.Limits(max_connections=250)
     async with (
         responder(settings, max_delay_s=0.2) as worker,
-        running_api(settings) as one,
-        running_api(settings) as two,
+        running_api(settings.model_copy(update={"api_reply_partition": 0})) as one,
+        running_api(settings.model_copy(update={"api_reply_partition": 1})) as two,
     ):
         async with httpx.AsyncClient(base_url=one.url, limits=limits, timeout=30) as http:
             started = time.perf_counter()
@@ -96,16 +97,21 @@ async def test_200_concurrent_requests_one_front_end_then_two_replicas(
         assert two.replies.pending == 0
         assert len(worker.commands) == 600
         assert len({c.command_id for c in worker.commands}) == 600
-        # each replica delivered only its own replies, though it read all of them
+        # each replica read and delivered only its own replies (the change of the "front-end
+        # at scale" issue: before it, each read all 600)
         assert one.replies.delivered == 400
         assert two.replies.delivered == 200
         assert one.replies.dropped_mismatch == two.replies.dropped_mismatch == 0
-        await wait_until(lambda: one.replies.records == two.replies.records == 600)
+        assert [tp.partition for tp in one.replies.partitions] == [0]
+        assert [tp.partition for tp in two.replies.partitions] == [1]
+        await wait_until(lambda: (one.replies.records, two.replies.records) == (400, 200))
         print(f"200 concurrent confirms: {single_s:.2f}s; 2x200 on two replicas: {pair_s:.2f}s")
 
 
 async def started_router(settings: Settings, **kw: Any) -> ReplyRouter:
+    """A router on partition 0 of the replies topic; the tests produce there."""
     await ensure_topics(settings)
+    kw.setdefault("partition", REPLIES_PARTITION)
     router = ReplyRouter(
         build_consumer(settings, fetch_max_wait_ms=50), settings.topics.replies, **kw
     )
@@ -124,7 +130,8 @@ async def test_only_the_matching_request_id_is_delivered(make_settings: Any) -> 
             await produce(
                 settings,
                 settings.topics.replies,
-                [
+                partition=REPLIES_PARTITION,
+                records=[
                     (b"acc_1", reply_bytes(cid, "req-wrong")),  # same command id, other request
                     (b"acc_1", reply_bytes(str(uuid.uuid4()), "req-right")),  # other command
                     (b"acc_1", b"not json"),
@@ -135,7 +142,10 @@ async def test_only_the_matching_request_id_is_delivered(make_settings: Any) -> 
             assert await waiter.wait(0.5) is None
             assert router.dropped_mismatch == 1
             await produce(
-                settings, settings.topics.replies, [(b"acc_1", reply_bytes(cid, "req-right"))]
+                settings,
+                settings.topics.replies,
+                partition=REPLIES_PARTITION,
+                records=[(b"acc_1", reply_bytes(cid, "req-right"))],
             )
             got = await waiter.wait(10)
             assert got is not None
@@ -181,7 +191,10 @@ async def test_waiters_are_removed_on_timeout_cancel_and_error(make_settings: An
         await produce(
             settings,
             settings.topics.replies,
-            [(b"acc_1", reply_bytes(c, r)) for c, r in (("c-timeout", "r1"), ("c-cancel", "r2"))]
+            partition=REPLIES_PARTITION,
+            records=[
+                (b"acc_1", reply_bytes(c, r)) for c, r in (("c-timeout", "r1"), ("c-cancel", "r2"))
+            ]
             + [(b"acc_1", reply_bytes(str(uuid.uuid4()), "x")) for _ in range(500)],
         )
         await wait_until(lambda: router.records >= before + 502)
@@ -200,7 +213,7 @@ async def test_backlog_is_skipped_before_ready_and_new_replies_flow(make_setting
     backlog = [
         (f"acc_{i % 50}".encode(), reply_bytes(f"old-{i}", f"req-old-{i}")) for i in range(20_000)
     ]
-    await produce(settings, settings.topics.replies, backlog)
+    await produce(settings, settings.topics.replies, partition=REPLIES_PARTITION, records=backlog)
     started = time.perf_counter()
     router = await started_router(settings)
     took = time.perf_counter() - started
@@ -213,7 +226,10 @@ async def test_backlog_is_skipped_before_ready_and_new_replies_flow(make_setting
             assert await router.consumer.position(tp) >= high
         with router.expect("new-1", "req-new-1") as waiter:
             await produce(
-                settings, settings.topics.replies, [(b"acc_7", reply_bytes("new-1", "req-new-1"))]
+                settings,
+                settings.topics.replies,
+                partition=REPLIES_PARTITION,
+                records=[(b"acc_7", reply_bytes("new-1", "req-new-1"))],
             )
             got = await waiter.wait(10)
         assert got is not None
@@ -275,7 +291,7 @@ async def test_a_dying_consumer_fails_waiters_fast_and_turns_unready() -> None:
     assert router.pending == 0
 
 
-async def test_replies_are_matched_across_partitions_and_duplicates_dropped(
+async def test_replies_are_matched_and_duplicates_dropped(
     make_settings: Any,
 ) -> None:
     settings = make_settings(partitions=6)
@@ -284,7 +300,12 @@ async def test_replies_are_matched_across_partitions_and_duplicates_dropped(
         ids = [(str(uuid.uuid4()), f"r{i}", f"acc_{i}") for i in range(60)]
         waiters = [router.expect(c, r) for c, r, _ in ids]
         records = [(a.encode(), reply_bytes(c, r, a)) for c, r, a in ids]
-        await produce(settings, settings.topics.replies, records + records)  # each twice
+        await produce(
+            settings,
+            settings.topics.replies,
+            partition=REPLIES_PARTITION,
+            records=records + records,
+        )  # each twice
         got = await asyncio.gather(*(w.wait(10) for w in waiters))
         for w in waiters:
             w.__exit__(None, None, None)

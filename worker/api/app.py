@@ -173,7 +173,9 @@ async def api_runtime(
     topics = settings.topics
     producer = build_producer(settings)
     replies = ReplyRouter(
-        build_consumer(settings, fetch_max_wait_ms=REPLY_FETCH_MAX_WAIT_MS), topics.replies
+        build_consumer(settings, fetch_max_wait_ms=REPLY_FETCH_MAX_WAIT_MS),
+        topics.replies,
+        partition=settings.api_reply_partition,
     )
     view = AuthStateView(
         build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS), topics.state

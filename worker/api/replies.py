@@ -4,9 +4,11 @@ How it scales:
 
 * One ``ReplyRouter`` per front-end replica, however many requests are in flight: a dict
   ``command_id → waiter``, one future per request, O(1) per reply.
-* Several replicas at once: each replica tails *every* partition of auth.replies with a
-  group-less consumer (no rebalances, no coordination) and keeps only the replies of commands
-  it sent itself. A reply for another replica's command finds no waiter here and is dropped.
+* Several replicas at once: each replica reads *one* partition of auth.replies, its own,
+  with a group-less consumer (no rebalances, no coordination), and names it in every command
+  it sends (header ``reply-partition``, ``worker.route``); the worker sends the reply there.
+  So a replica's reply reading grows with its own load, not with the number of replicas. Two
+  replicas that picked the same partition each skip the other's replies (no waiter here).
 * Never another request's reply: a waiter is keyed by its fresh ``command_id`` (uuid4) and a
   reply is delivered only if its ``request_id`` also matches; a mismatch is logged and dropped.
 * No memory growth from replies nobody waits for: nothing is buffered. Only registered waiters
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -117,6 +120,8 @@ class ReplyRouter(TopicTail):
         *,
         idle_timeout_ms: int = 200,
         max_records: int = 2000,
+        partition: int | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         super().__init__(
             consumer,
@@ -124,11 +129,33 @@ class ReplyRouter(TopicTail):
             name="reply-router",
             idle_timeout_ms=idle_timeout_ms,
             max_records=max_records,
+            only=self._pick,
         )
+        self._wanted = partition
+        self._rng = rng or random.SystemRandom()
         self._waiters: dict[str, PendingReply] = {}
         self.delivered = 0
         self.dropped_mismatch = 0
         self.dropped_invalid = 0
+
+    def _pick(self, partitions: list[int]) -> list[int]:
+        """The one partition this replica reads: the configured one, or one at random (a
+        fresh pick per process; see docs/architecture.md, "Replies to the waiting
+        replica")."""
+        if self._wanted is None:
+            return [self._rng.choice(partitions)]
+        if self._wanted not in partitions:
+            raise ValueError(
+                f"API_REPLY_PARTITION={self._wanted}, but {self.topic} has partitions "
+                f"{partitions[0]}..{partitions[-1]}"
+            )
+        return [self._wanted]
+
+    @property
+    def partition(self) -> int:
+        """The partition replies to this replica's commands go to (once started)."""
+        partition: int = self.partitions[0].partition
+        return partition
 
     @property
     def ready(self) -> bool:

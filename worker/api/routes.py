@@ -38,6 +38,7 @@ from worker.api.view import AccountView, AuthStateView
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
 from worker.messages import AuthData, PasskeyConfirm
+from worker.route import REPLY_PARTITION
 from worker.tail import TopicTail
 
 log = get_logger(__name__)
@@ -255,6 +256,7 @@ class ApiRoutes:
                             self.commands_topic,
                             command.model_dump_json().encode(),
                             key=command.account_id.encode(),
+                            headers=[(REPLY_PARTITION, b"%d" % self.replies.partition)],
                         ),
                         timeout=max(deadline - time.monotonic(), 0.001),
                     )
