@@ -390,7 +390,9 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             # A rebalance that completes while we shut down: ``consumer.stop()`` waits for it,
             # so restoring partitions we will never process would only delay the LeaveGroup
             # that hands them to the next owner. They stay paused and are never dispatched.
-            log.info("assignment_ignored_stopping", partitions=[tp.partition for tp in mine])
+            log.info(
+                "assignment_ignored_stopping", partitions=sorted({tp.partition for tp in mine})
+            )
             return
         restorer = self._restore_consumer()
         await restorer.start()

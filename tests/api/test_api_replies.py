@@ -315,3 +315,26 @@ async def test_replies_are_matched_and_duplicates_dropped(
         assert router.delivered == 60
     finally:
         await router.stop()
+
+
+async def test_a_replica_started_and_stopped_under_load_loses_no_reply(
+    api_settings: ApiSettings,
+) -> None:
+    """Replica one serves a steady stream of confirms while replica two comes and goes (as
+    an autoscaler or a rolling update does): every request of either gets its own reply, and
+    nothing is left waiting."""
+    settings = api_settings(api_reply_timeout_s=20.0)
+    async with (
+        responder(settings, max_delay_s=0.05),
+        running_api(settings) as one,
+        httpx.AsyncClient(base_url=one.url, timeout=30) as http_one,
+    ):
+        load = asyncio.create_task(confirm_many(http_one, 300, "steady"))
+        for round_ in range(2):
+            async with (
+                running_api(settings) as two,
+                httpx.AsyncClient(base_url=two.url, timeout=30) as http_two,
+            ):
+                assert_own_replies(await confirm_many(http_two, 40, f"visitor{round_}"))
+        assert_own_replies(await load)
+        assert one.replies.pending == 0
