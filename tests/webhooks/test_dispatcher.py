@@ -4,6 +4,7 @@ per (event, endpoint) across retries, a failing endpoint delays nobody else, 410
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -124,3 +125,30 @@ async def test_a_failing_endpoint_delays_no_one_and_gone_disables(
         assert "410" in disabled.disabled_reason
     # The 503 endpoint's second event waits behind its first (retry in 30 s): not attempted.
     assert [d.body["data"]["version"] for d in down.seen] == [1]
+
+
+async def test_an_endpoint_failing_without_a_success_for_the_limit_is_disabled(
+    settings_for: SettingsFactory,
+) -> None:
+    settings = settings_for(
+        webhook_retry_schedule_s="0.2,0.2,0.2,0.2,0.2,0.2,0.2,0.2", webhook_disable_after_s=0.6
+    )
+    down = Receiver(answer=lambda body, tries: 503)
+    async with receiving(down), endpoint_store(settings) as store:
+        endpoint, secret = await create_endpoint(store, "ws_a", down.url)
+        down.secrets.append(secret)
+        async with running_dispatcher(settings):
+            await publish_events(settings, [status_event(new_account(), 1)])
+            await wait_until(
+                lambda: (
+                    (r := store.registry.get("ws_a", endpoint.id)) is not None
+                    and r.status == "disabled"
+                )
+            )
+            attempts = len(down.seen)
+            await asyncio.sleep(0.6)  # a disabled endpoint gets no more attempts
+            assert len(down.seen) == attempts
+        disabled = store.registry.get("ws_a", endpoint.id)
+        assert disabled is not None and disabled.disabled_reason is not None
+        assert "failing for" in disabled.disabled_reason
+    assert attempts >= 3 and all(d.verified for d in down.seen)
