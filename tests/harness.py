@@ -8,7 +8,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,21 +144,27 @@ class RunningWorker:
 
 
 @contextlib.asynccontextmanager
-async def running_worker(
-    settings: Settings, *, ready_timeout: float = 30.0
+async def running_loop(
+    run: Callable[..., Coroutine[Any, Any, None]],
+    settings: Settings,
+    *,
+    ready_timeout: float = 30.0,
+    **options: Any,
 ) -> AsyncIterator[RunningWorker]:
-    """A worker in this event loop; yields once it owns and restored its partitions."""
+    """A consuming process's main (``run_worker``, ``run_dispatcher``) in this event loop;
+    yields once its loop owns and restored its partitions, stops it on exit."""
     stop = asyncio.Event()
     registry = CollectorRegistry()
     holder: list[Worker] = []
     task = asyncio.create_task(
-        run_worker(
+        run(
             settings,
             registry=registry,
             stop=stop,
             install_signals=False,
             serve_probes=False,
             on_start=holder.append,
+            **options,
         )
     )
     deadline = time.monotonic() + ready_timeout
@@ -167,7 +173,7 @@ async def running_worker(
             task.result()
         if time.monotonic() > deadline:
             stop.set()
-            raise TimeoutError("worker did not become ready")
+            raise TimeoutError(f"{run.__name__} did not become ready")
         await asyncio.sleep(0.05)
     running = RunningWorker(task, stop, holder[0], registry)
     try:
@@ -175,6 +181,13 @@ async def running_worker(
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)
+
+
+def running_worker(
+    settings: Settings, *, ready_timeout: float = 30.0
+) -> contextlib.AbstractAsyncContextManager[RunningWorker]:
+    """A worker in this event loop; yields once it owns and restored its partitions."""
+    return running_loop(run_worker, settings, ready_timeout=ready_timeout)
 
 
 def worker_env(settings: Settings, metrics_port: int, **extra: str) -> dict[str, str]:

@@ -10,16 +10,16 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from worker.consumer import LoopConfig, Worker
+from worker.consumer import Worker
 from worker.execute import Executor
 from worker.flow import Policy
-from worker.kafka import build_consumer, build_producer, ensure_topics
+from worker.kafka import build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.metrics import WorkerMetrics
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
 from worker.route import Router
-from worker.runner import ProbeAddress, run_consume_loop
+from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
 from worker.store import StateStore
 
@@ -59,16 +59,7 @@ async def run_worker(
         providers = build_registry(
             settings, http, on_call=metrics.provider_call, on_retry=metrics.provider_retry
         )
-    consumer = build_consumer(
-        settings,
-        group_id=settings.kafka_consumer_group,
-        session_timeout_ms=settings.kafka_session_timeout_ms,
-        heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
-        max_poll_interval_ms=max(300_000, int(settings.worker_shutdown_grace_s * 2000)),
-        rebalance_timeout_ms=max(
-            settings.kafka_session_timeout_ms, int(settings.worker_shutdown_grace_s * 1000)
-        ),
-    )
+    consumer = group_consumer(settings, settings.kafka_consumer_group)
     store = StateStore()
     executor = Executor(
         store=store,
@@ -82,21 +73,14 @@ async def run_worker(
             fallback=settings.commands_partitions,
         ),
     )
-    loop_config = LoopConfig(
+    worker = consume_loop(
+        settings,
+        consumer=consumer,
+        handler=executor,
+        metrics=metrics,
         topics=(topics.commands,),
         state_topic=topics.state,
         max_in_flight=settings.worker_max_in_flight,
-        commit_interval_s=settings.worker_commit_interval_ms / 1000,
-        rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
-        shutdown_grace_s=settings.worker_shutdown_grace_s,
-        max_poll_records=settings.kafka_max_poll_records,
-    )
-    worker = Worker(
-        consumer=consumer,
-        restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),
-        executor=executor,
-        metrics=metrics,
-        config=loop_config,
     )
     probes = None
     if serve_probes:

@@ -37,11 +37,71 @@ WORKER_ERRORS: tuple[tuple[str, int, int], ...] = tuple(
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-class WorkerMetrics:
+class LoopSeries:
+    """The consume loop's own series (``worker.consumer.LoopMetrics``), named per process:
+    ``{prefix}_consumer_lag``, ``{prefix}_{role}_ready`` ... The worker's are ``auth_*``, the
+    webhook dispatcher's ``webhook_*``; the meanings are the same."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        prefix: str,
+        role: str,
+        in_flight: tuple[str, str],
+        records: str,
+    ) -> None:
+        self.registry = registry
+        self.in_flight = Gauge(f"{prefix}_{in_flight[0]}", in_flight[1], registry=registry)
+        self.lag = Gauge(
+            f"{prefix}_consumer_lag",
+            "High-water mark minus committed offset",
+            ["topic", "partition"],
+            registry=registry,
+        )
+        self.store_accounts = Gauge(
+            f"{prefix}_state_store_accounts", f"{records} held in memory", registry=registry
+        )
+        self.restore_seconds = Histogram(
+            f"{prefix}_state_restore_duration_seconds",
+            "Time to restore one partition's state",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=registry,
+        )
+        self.restore_records = Counter(
+            f"{prefix}_state_restore_records",
+            f"{records} read while restoring",
+            registry=registry,
+        )
+        self.rebalances = Counter(
+            f"{prefix}_rebalances", "Partition assignment changes", ["kind"], registry=registry
+        )
+        self.ready = Gauge(
+            f"{prefix}_{role}_ready", "1 once joined and restored", registry=registry
+        )
+        self.heartbeat = Gauge(
+            f"{prefix}_{role}_heartbeat_timestamp_seconds",
+            "Last consume-loop iteration (epoch s)",
+            registry=registry,
+        )
+        for kind in ("assigned", "revoked"):
+            self.rebalances.labels(kind)
+
+    def beat(self) -> None:
+        self.heartbeat.set(time.time())
+
+
+class WorkerMetrics(LoopSeries):
     """Every metric the worker exports. Tests build one on a fresh registry each."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
+        super().__init__(
+            registry,
+            prefix="auth",
+            role="worker",
+            in_flight=("inflight_commands", "Commands dispatched and not yet settled"),
+            records="Account records",
+        )
         self.commands = Counter(
             "auth_commands",
             "Commands applied, by type and outcome",
@@ -74,32 +134,6 @@ class WorkerMetrics:
             ["provider", "operation"],
             registry=registry,
         )
-        self.in_flight = Gauge(
-            "auth_inflight_commands", "Commands dispatched and not yet settled", registry=registry
-        )
-        self.lag = Gauge(
-            "auth_consumer_lag",
-            "High-water mark minus committed offset",
-            ["topic", "partition"],
-            registry=registry,
-        )
-        self.store_accounts = Gauge(
-            "auth_state_store_accounts", "Account records held in memory", registry=registry
-        )
-        self.restore_seconds = Histogram(
-            "auth_state_restore_duration_seconds",
-            "Time to restore one partition's state",
-            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-            registry=registry,
-        )
-        self.restore_records = Counter(
-            "auth_state_restore_records",
-            "auth.state records read while restoring",
-            registry=registry,
-        )
-        self.rebalances = Counter(
-            "auth_rebalances", "Partition assignment changes", ["kind"], registry=registry
-        )
         self.dlq = Counter(
             "auth_dlq_records",
             "Undecodable records sent to the DLQ",
@@ -121,12 +155,6 @@ class WorkerMetrics:
         self.follow_up_expired = Counter(
             "auth_follow_up_expired", "Flows failed by the follow-up deadline", registry=registry
         )
-        self.ready = Gauge("auth_worker_ready", "1 once joined and restored", registry=registry)
-        self.heartbeat = Gauge(
-            "auth_worker_heartbeat_timestamp_seconds",
-            "Last consume-loop iteration (epoch s)",
-            registry=registry,
-        )
 
         self._precreate()
 
@@ -139,11 +167,6 @@ class WorkerMetrics:
             self.forwarded.labels(command_type)
         for code, http_status, numeric_code in WORKER_ERRORS:
             self.errors.labels(code, str(numeric_code), str(http_status))
-        for kind in ("assigned", "revoked"):
-            self.rebalances.labels(kind)
-
-    def beat(self) -> None:
-        self.heartbeat.set(time.time())
 
     def provider_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None:
         """Observer hook handed to provider adapters (they never see the registry)."""

@@ -21,8 +21,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import CollectorRegistry
 
-from worker.consumer import Worker
+from worker.consumer import Handler, LoopConfig, LoopMetrics, Worker
 from worker.eventloop import running_loop_name
+from worker.kafka import build_consumer
 from worker.logs import get_logger
 from worker.probes import build_probe_app
 from worker.process import on_stop_signals
@@ -155,3 +156,48 @@ async def _bounded(step: Coroutine[Any, Any, None], what: str, timeout: float) -
 async def _stop_when(event: asyncio.Event, loop: Worker) -> None:
     await event.wait()
     loop.stop()
+
+
+def group_consumer(settings: Settings, group_id: str, **extra: Any) -> AIOKafkaConsumer:
+    """The consumer of a consume loop: the group's liveness and rebalance timeouts are sized
+    from the drain grace, so a member that drains on revocation is not thrown out for it."""
+    return build_consumer(
+        settings,
+        group_id=group_id,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
+        max_poll_interval_ms=max(300_000, int(settings.worker_shutdown_grace_s * 2000)),
+        rebalance_timeout_ms=max(
+            settings.kafka_session_timeout_ms, int(settings.worker_shutdown_grace_s * 1000)
+        ),
+        **extra,
+    )
+
+
+def consume_loop(
+    settings: Settings,
+    *,
+    consumer: AIOKafkaConsumer,
+    handler: Handler,
+    metrics: LoopMetrics,
+    topics: tuple[str, ...],
+    state_topic: str,
+    max_in_flight: int,
+) -> Worker:
+    """The consume loop over ``topics`` with ``state_topic`` as its changelog, its commit,
+    drain and rebalance budgets from the settings."""
+    return Worker(
+        consumer=consumer,
+        restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),
+        executor=handler,
+        metrics=metrics,
+        config=LoopConfig(
+            topics=topics,
+            state_topic=state_topic,
+            max_in_flight=max_in_flight,
+            commit_interval_s=settings.worker_commit_interval_ms / 1000,
+            rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
+            shutdown_grace_s=settings.worker_shutdown_grace_s,
+            max_poll_records=settings.kafka_max_poll_records,
+        ),
+    )

@@ -15,10 +15,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 from standardwebhooks.webhooks import Webhook
 
-from worker.consumer import Worker
+from tests.harness import RunningWorker, running_loop
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import AuthStatusChanged, event_id
 from worker.settings import Settings
@@ -146,45 +145,11 @@ async def publish_events(settings: Settings, events: list[AuthStatusChanged]) ->
         await producer.stop()
 
 
-@dataclass
-class RunningDispatcher:
-    task: asyncio.Task[None]
-    stop: asyncio.Event
-    loop: Worker
-    registry: CollectorRegistry
-
-
-@contextlib.asynccontextmanager
-async def running_dispatcher(
+def running_dispatcher(
     settings: Settings, *, ready_timeout: float = 30.0
-) -> AsyncIterator[RunningDispatcher]:
+) -> contextlib.AbstractAsyncContextManager[RunningWorker]:
     """A dispatcher in this event loop; yields once it owns and restored its partitions."""
-    stop = asyncio.Event()
-    registry = CollectorRegistry()
-    holder: list[Worker] = []
-    task = asyncio.create_task(
-        run_dispatcher(
-            settings,
-            registry=registry,
-            stop=stop,
-            install_signals=False,
-            serve_probes=False,
-            on_start=holder.append,
-        )
-    )
-    deadline = time.monotonic() + ready_timeout
-    while not (holder and holder[0].ready and holder[0].active):
-        if task.done():
-            task.result()
-        if time.monotonic() > deadline:
-            stop.set()
-            raise TimeoutError("dispatcher did not become ready")
-        await asyncio.sleep(0.05)
-    try:
-        yield RunningDispatcher(task, stop, holder[0], registry)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=30)
+    return running_loop(run_dispatcher, settings, ready_timeout=ready_timeout)
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:

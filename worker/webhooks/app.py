@@ -14,10 +14,10 @@ from collections.abc import Callable
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from prometheus_client import CollectorRegistry
 
-from worker.consumer import LoopConfig, Worker
+from worker.consumer import Worker
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.logs import get_logger
-from worker.runner import ProbeAddress, run_consume_loop
+from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
 from worker.webhooks.delivery import parse_schedule
 from worker.webhooks.dispatcher import DispatchConfig, Dispatcher, Sender
@@ -118,33 +118,21 @@ async def run_dispatcher(
         ),
         metrics=metrics,
     )
-    consumer = build_consumer(
+    consumer = group_consumer(
         settings,
-        group_id=settings.webhook_consumer_group,
+        settings.webhook_consumer_group,
         # The same partition number of every input topic to one member: an account's events
         # and replays, and its delivery state, live on one partition number.
         partition_assignment_strategy=(RangePartitionAssignor,),
-        session_timeout_ms=settings.kafka_session_timeout_ms,
-        heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
-        max_poll_interval_ms=max(300_000, int(settings.worker_shutdown_grace_s * 2000)),
-        rebalance_timeout_ms=max(
-            settings.kafka_session_timeout_ms, int(settings.worker_shutdown_grace_s * 1000)
-        ),
     )
-    loop = Worker(
+    loop = consume_loop(
+        settings,
         consumer=consumer,
-        restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),
-        executor=dispatcher,
+        handler=dispatcher,
         metrics=metrics,
-        config=LoopConfig(
-            topics=(topics.status, topics.errors, topics.webhook_replays),
-            state_topic=topics.webhook_state,
-            max_in_flight=settings.webhook_max_in_flight,
-            commit_interval_s=settings.worker_commit_interval_ms / 1000,
-            rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
-            shutdown_grace_s=settings.worker_shutdown_grace_s,
-            max_poll_records=settings.kafka_max_poll_records,
-        ),
+        topics=(topics.status, topics.errors, topics.webhook_replays),
+        state_topic=topics.webhook_state,
+        max_in_flight=settings.webhook_max_in_flight,
     )
     await tail.start()
     # Without a current registry, events would be fanned out to a stale set of endpoints:

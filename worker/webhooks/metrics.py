@@ -7,11 +7,11 @@ readiness, heartbeat) have the same meaning as the worker's, under the ``webhook
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from worker.metrics import LoopSeries
 from worker.webhooks.delivery import AttemptResult
 
 _ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0)
@@ -28,11 +28,17 @@ def status_class(status: int | None) -> str:
     return "none" if status is None else f"{min(max(status // 100, 2), 5)}xx"
 
 
-class WebhookMetrics:
+class WebhookMetrics(LoopSeries):
     """Every metric the dispatcher exports."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
+        super().__init__(
+            registry,
+            prefix="webhook",
+            role="dispatcher",
+            in_flight=("inflight_work", "Records and due deliveries not yet settled"),
+            records="Delivery-state records",
+        )
         self.attempts = Counter(
             "webhook_attempts",
             "Delivery attempts by result (delivered: 2xx; rejected: another status; error: "
@@ -82,53 +88,11 @@ class WebhookMetrics:
         self.in_flight_attempts = Gauge(
             "webhook_inflight_attempts", "HTTP attempts under way", registry=registry
         )
-        # The consume loop's series (worker.consumer.LoopMetrics).
-        self.in_flight = Gauge(
-            "webhook_inflight_work", "Records and due deliveries not yet settled", registry=registry
-        )
-        self.lag = Gauge(
-            "webhook_consumer_lag",
-            "High-water mark minus committed offset",
-            ["topic", "partition"],
-            registry=registry,
-        )
-        self.store_accounts = Gauge(
-            "webhook_state_store_accounts",
-            "Delivery-state records held in memory",
-            registry=registry,
-        )
-        self.restore_seconds = Histogram(
-            "webhook_state_restore_duration_seconds",
-            "Time to restore one partition's delivery states",
-            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-            registry=registry,
-        )
-        self.restore_records = Counter(
-            "webhook_state_restore_records",
-            "Delivery-state records read while restoring",
-            registry=registry,
-        )
-        self.rebalances = Counter(
-            "webhook_rebalances", "Partition assignment changes", ["kind"], registry=registry
-        )
-        self.ready = Gauge(
-            "webhook_dispatcher_ready", "1 once joined and restored", registry=registry
-        )
-        self.heartbeat = Gauge(
-            "webhook_dispatcher_heartbeat_timestamp_seconds",
-            "Last consume-loop iteration (epoch s)",
-            registry=registry,
-        )
         for result in RESULTS:
             for cls in STATUS_CLASSES:
                 self.attempts.labels(result, cls)
         for kind in ERROR_KINDS:
             self.attempt_errors.labels(kind)
-        for kind in ("assigned", "revoked"):
-            self.rebalances.labels(kind)
-
-    def beat(self) -> None:
-        self.heartbeat.set(time.time())
 
     def attempt(self, result: AttemptResult, seconds: float) -> None:
         if result.ok:
