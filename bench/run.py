@@ -53,6 +53,7 @@ from typing import Any, Literal
 import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
+from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, topics_named
 from bench.load import (
     Mix,
     Outputs,
@@ -71,8 +72,6 @@ from worker import eventloop
 from worker.kafka import build_producer, client_options, ensure_topics
 from worker.settings import Settings, Topics
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-"""The repository: the benchmark is a repo-level tool, run from a checkout (never installed)."""
 WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].default
 WINDOW: int = Settings.model_fields["worker_dedup_window"].default
 HTTP_WORKERS_1P = ("worker-1p",)
@@ -108,18 +107,6 @@ SCENARIOS: dict[str, Scenario] = {
 QUICK_SCENARIOS = ("ceiling", "baseline", "worker-1p", "worker-2p", "worker-inproc")
 
 
-def topics_named(prefix: str) -> Topics:
-    """A fresh set of the six topics, ``<prefix>.commands`` and so on."""
-    return Topics(
-        commands=f"{prefix}.commands",
-        state=f"{prefix}.state",
-        status=f"{prefix}.status",
-        errors=f"{prefix}.errors",
-        replies=f"{prefix}.replies",
-        dlq=f"{prefix}.dlq",
-    )
-
-
 class ScenarioFailed(RuntimeError):
     pass
 
@@ -127,13 +114,6 @@ class ScenarioFailed(RuntimeError):
 # --------------------------------------------------------------------------------------------
 # arguments
 # --------------------------------------------------------------------------------------------
-
-
-def _fractions(text: str) -> list[float]:
-    values = [float(x) for x in text.split(",") if x.strip()]
-    if not all(0 < v <= 1 for v in values):
-        raise argparse.ArgumentTypeError("fractions must be in (0, 1]")
-    return values
 
 
 def _ints(text: str) -> list[int]:
@@ -173,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--curve",
-        type=_fractions,
+        type=fractions,
         default=None,
         help="open-loop rates as fractions of worker-1p's max (0.1,0.25,0.5,0.75); '' skips",
     )
@@ -297,15 +277,6 @@ class Proc:
         return ""
 
 
-def _base_env(log_level: str = "WARNING") -> dict[str, str]:
-    drop = ("TOPIC_", "KAFKA_", "PROVIDER_", "SIMULATOR_", "WORKER_", "API_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    env["LOG_LEVEL"] = log_level
-    env["LOG_FORMAT"] = "json"
-    return env
-
-
 def start_proc(name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> Proc:
     log = log_dir / f"{name}.log"
     with log.open("wb") as out:
@@ -375,7 +346,7 @@ class Bench:
         self, settings: Settings, probes_port: int | None, max_in_flight: int | None
     ) -> dict[str, str]:
         a = self.args
-        env = _base_env(a.log_level)
+        env = base_env(a.log_level)
         env.update(
             {
                 "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
@@ -409,7 +380,7 @@ class Bench:
 
     async def start_simulator(self) -> None:
         port = free_port()
-        env = _base_env() | {
+        env = base_env() | {
             "SIMULATOR_HOST": "127.0.0.1",
             "SIMULATOR_PORT": str(port),
             "SIMULATOR_LATENCY_MS": str(self.args.latency_ms),
@@ -839,12 +810,6 @@ def targets(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
 # --------------------------------------------------------------------------------------------
 
 
-def _fmt(value: Any, spec: str = ",.0f") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, spec)
-
-
 def table(results: dict[str, Any]) -> str:
     rows = [
         "| scenario | ok cmd/s | ok % | p50 ms | p95 ms | p99 ms | CPU µs/cmd | peak RSS MB "
@@ -860,12 +825,12 @@ def table(results: dict[str, Any]) -> str:
         x_ceiling = next((v for k, v in r.items() if k.startswith(f"{name}/ceiling")), None)
         x_base = next((v for k, v in r.items() if k.startswith(f"{name}/baseline")), None)
         rows.append(
-            f"| {name}{'' if s['complete'] else ' (incomplete)'} | {_fmt(tp)} "
-            f"| {_fmt(100 * s['ok_share'], '.1f')} "
-            f"| {_fmt(lat['p50'], ',.1f')} | {_fmt(lat['p95'], ',.1f')} "
-            f"| {_fmt(lat['p99'], ',.1f')} | {_fmt(s['cpu_us_per_command'])} "
-            f"| {_fmt(s['peak_rss_mb'], '.0f')} | {_fmt(x_ceiling, '.2f')} "
-            f"| {_fmt(x_base, '.2f')} "
+            f"| {name}{'' if s['complete'] else ' (incomplete)'} | {fmt(tp)} "
+            f"| {fmt(100 * s['ok_share'], '.1f')} "
+            f"| {fmt(lat['p50'], ',.1f')} | {fmt(lat['p95'], ',.1f')} "
+            f"| {fmt(lat['p99'], ',.1f')} | {fmt(s['cpu_us_per_command'])} "
+            f"| {fmt(s['peak_rss_mb'], '.0f')} | {fmt(x_ceiling, '.2f')} "
+            f"| {fmt(x_base, '.2f')} "
             f"| {c['contender']:.2f}/{c['broker']:.2f}/{c['simulator']:.2f}"
             f"/{c['load_generator']:.2f} |"
         )
@@ -882,9 +847,9 @@ def table(results: dict[str, Any]) -> str:
             lat = p["latency_ms"]
             curve.append(
                 f"| {p['fraction_of_max']:.0%} of {p['max_rate']:,.0f} "
-                f"| {p['offered_rate']:,.0f} | {_fmt(p['throughput'])} "
-                f"| {_fmt(lat['p50'], ',.1f')} | {_fmt(lat['p95'], ',.1f')} "
-                f"| {_fmt(lat['p99'], ',.1f')} | {_fmt(lat['max'], ',.1f')} |"
+                f"| {p['offered_rate']:,.0f} | {fmt(p['throughput'])} "
+                f"| {fmt(lat['p50'], ',.1f')} | {fmt(lat['p95'], ',.1f')} "
+                f"| {fmt(lat['p99'], ',.1f')} | {fmt(lat['max'], ',.1f')} |"
             )
         out.append("\n".join(curve))
     mem = [
@@ -907,7 +872,7 @@ def table(results: dict[str, Any]) -> str:
     for t in results.get("targets", []):
         met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
         tg.append(
-            f"| {t['target']} | {t['wanted']} | {_fmt(t['measured'], ',.2f')} | {met} "
+            f"| {t['target']} | {t['wanted']} | {fmt(t['measured'], ',.2f')} | {met} "
             f"| {t['note']} |"
         )
     out.append("\n".join(tg))
@@ -970,17 +935,6 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _clean(value: Any) -> Any:
-    """JSON without NaN (null instead), so any JSON parser reads results.json."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
 def main(settings: Settings, argv: list[str]) -> int:
     """Entry point of ``python -m bench ARGS``; returns the exit status."""
     # The benchmark builds its own settings per scenario; only the event loop of this process
@@ -999,7 +953,7 @@ def main(settings: Settings, argv: list[str]) -> int:
         print(f"\ninterrupted; logs in {log_dir}", file=sys.stderr)
         return 130
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "results.json").write_text(json.dumps(_clean(results), indent=2) + "\n")
+    (args.out_dir / "results.json").write_text(json.dumps(clean(results), indent=2) + "\n")
     if not args.no_plot:
         plot(results, args.out_dir / "results.png")
     print(table(results))

@@ -43,8 +43,9 @@ from typing import Any
 import httpx
 from aiokafka import AIOKafkaProducer
 
+from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, topics_named
 from bench.load import Progress, percentile, proc_cpu_s, proc_peak_rss
-from bench.run import REPO_ROOT, Proc, machine, start_proc, stop_procs
+from bench.run import Proc, machine, start_proc, stop_procs
 from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from worker import eventloop
@@ -68,13 +69,6 @@ _TICK = os.sysconf("SC_CLK_TCK")
 # --------------------------------------------------------------------------------------------
 
 
-def _fractions(text: str) -> list[float]:
-    values = [float(x) for x in text.split(",") if x.strip()]
-    if not all(0 < v <= 1 for v in values):
-        raise argparse.ArgumentTypeError("fractions must be in (0, 1]")
-    return values
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.webhooks",
@@ -84,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--versions", type=int, default=4, help="status versions per account (4)")
     p.add_argument(
         "--fractions",
-        type=_fractions,
+        type=fractions,
         default=[0.5],
         help="open-loop rates as fractions of the measured max (0.5; e.g. 0.1,0.5,0.9; '' skips)",
     )
@@ -211,10 +205,6 @@ class Snapshot:
 # --------------------------------------------------------------------------------------------
 
 
-def topics_named(prefix: str) -> Topics:
-    return Topics.model_validate({name: f"{prefix}.{name}" for name in Topics.model_fields})
-
-
 @dataclass
 class HookBench:
     args: argparse.Namespace
@@ -262,7 +252,7 @@ class HookBench:
         argv = ["-m", "bench.webhook_receiver", "--port", str(port)]
         if self.args.verify:
             argv.append("--verify")
-        env = _base_env(self.args.log_level) | {SECRET_ENV: self.secret}
+        env = base_env(self.args.log_level) | {SECRET_ENV: self.secret}
         self.receiver = start_proc("receiver", argv, env, self.log_dir)
         wait_for_port("127.0.0.1", port, 30.0)
 
@@ -270,7 +260,7 @@ class HookBench:
         s = self.settings
         key = s.webhook_secrets_key
         assert key is not None
-        env = _base_env(self.args.log_level) | {
+        env = base_env(self.args.log_level) | {
             "KAFKA_BOOTSTRAP_SERVERS": s.bootstrap,
             "KAFKA_SESSION_TIMEOUT_MS": "6000",
             "KAFKA_HEARTBEAT_INTERVAL_MS": "500",
@@ -557,17 +547,6 @@ class HookBench:
         )
 
 
-def _base_env(log_level: str) -> dict[str, str]:
-    """This environment without any of the project's settings, so only what is set here
-    reaches the processes."""
-    drop = ("TOPIC_", "KAFKA_", "PROVIDER_", "SIMULATOR_", "WORKER_", "API_", "WEBHOOK_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    env["LOG_LEVEL"] = log_level
-    env["LOG_FORMAT"] = "json"
-    return env
-
-
 async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     tag = datetime.now(UTC).strftime("%H%M%S")
     results: dict[str, Any] = {
@@ -668,12 +647,6 @@ def aims(results: dict[str, Any]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------
 
 
-def _fmt(value: Any, spec: str = ",.0f") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, spec)
-
-
 def table(results: dict[str, Any]) -> str:
     rows = [
         "| phase | events | delivered | deliveries/s | p50 ms | p99 ms "
@@ -691,8 +664,8 @@ def table(results: dict[str, Any]) -> str:
         cpu = p.get("cpu_us_per_delivery")
         cores = p.get("cpu_cores")
         rows.append(
-            f"| {name} | {p['events']:,} | {p['delivered']:,} | {_fmt(rate)} "
-            f"| {_fmt(lat.get('p50'), ',.1f')} | {_fmt(lat.get('p99'), ',.1f')} "
+            f"| {name} | {p['events']:,} | {p['delivered']:,} | {fmt(rate)} "
+            f"| {fmt(lat.get('p50'), ',.1f')} | {fmt(lat.get('p99'), ',.1f')} "
             + (
                 f"| {cpu['user']:,.0f}+{cpu['system']:,.0f} = {cpu['total']:,.0f} "
                 if cpu
@@ -709,22 +682,11 @@ def table(results: dict[str, Any]) -> str:
     aim_rows = ["| aim | wanted | measured | met |", "|---|---|---:|---|"]
     for a in results["aims"]:
         met = {True: "yes", False: "**no**", None: "not measured"}[a["met"]]
-        aim_rows.append(f"| {a['aim']} | {a['wanted']} | {_fmt(a['measured'], ',.1f')} | {met} |")
+        aim_rows.append(f"| {a['aim']} | {a['wanted']} | {fmt(a['measured'], ',.1f')} | {met} |")
     out.append("\n".join(aim_rows))
     for name, why in results["failures"].items():
         out.append(f"{name} FAILED: {why.strip().splitlines()[-1] if why.strip() else ''}")
     return "\n\n".join(out)
-
-
-def _clean(value: Any) -> Any:
-    """JSON without NaN (null instead)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
 
 
 def main(argv: Sequence[str]) -> int:
@@ -739,7 +701,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"\ninterrupted; logs in {log_dir}", file=sys.stderr)
         return 130
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_clean(results), indent=2) + "\n")
+    args.out.write_text(json.dumps(clean(results), indent=2) + "\n")
     print(table(results))
     print(f"\nwrote {args.out}")
     phases = [*([results["max_rate"]] if results["max_rate"] else []), *results["latency_curve"]]

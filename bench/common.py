@@ -1,0 +1,57 @@
+"""What the benchmark's programs share: argument parsing, output formatting and the clean
+environment their child processes start from."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from worker.settings import Topics
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The repository: the benchmark is a repo-level tool, run from a checkout (never installed)."""
+
+
+def fractions(text: str) -> list[float]:
+    """``--curve``-style lists: comma-separated fractions in (0, 1]."""
+    values = [float(x) for x in text.split(",") if x.strip()]
+    if not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError("fractions must be in (0, 1]")
+    return values
+
+
+def fmt(value: Any, spec: str = ",.0f") -> str:
+    """A table cell: ``-`` for a missing or NaN figure."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def clean(value: Any) -> Any:
+    """JSON without NaN (null instead)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
+
+
+def base_env(log_level: str = "WARNING") -> dict[str, str]:
+    """This environment without any of the project's settings, so only what a benchmark sets
+    reaches its processes."""
+    drop = ("TOPIC_", "KAFKA_", "PROVIDER_", "SIMULATOR_", "WORKER_", "API_", "WEBHOOK_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    env["LOG_LEVEL"] = log_level
+    env["LOG_FORMAT"] = "json"
+    return env
+
+
+def topics_named(prefix: str) -> Topics:
+    """A fresh set of every topic, ``<prefix>.commands`` and so on."""
+    return Topics.model_validate({name: f"{prefix}.{name}" for name in Topics.model_fields})
