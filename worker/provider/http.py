@@ -182,6 +182,15 @@ def parse_auth_state(response: httpx.Response) -> ProviderAuthState:
     raise map_upstream_failure(response)
 
 
+def _host_port(url: str) -> tuple[str, int | None]:
+    """Host and port for the CLIENT span; a malformed URL fails at the call, not here."""
+    try:
+        parts = urlsplit(url)
+        return parts.hostname or "", parts.port
+    except ValueError:
+        return "", None
+
+
 class HttpProviderAdapter:
     """A provider reached over HTTP: bounded retries, deadline, circuit breaker, error mapping.
 
@@ -222,9 +231,7 @@ class HttpProviderAdapter:
         )
         self.breaker = breaker
         self._client = client
-        parts = urlsplit(self.base_url)
-        self._host = parts.hostname or ""
-        self._port = parts.port
+        self._host, self._port = _host_port(self.base_url)
         self._on_call = on_call
         self._on_retry = on_retry
         self._rng = rng
