@@ -16,7 +16,9 @@ for sim-fail-) ``authorize_delay_s`` later.
 Idempotency follows the Idempotency-Key draft: a completed answer (2xx or 4xx/501) is stored
 per key and returned again, same status and body, with no second effect; transient 503s are
 not stored, so a retry with the same key can still succeed. Every call is counted, so tests
-can check "two calls, one effect" through ``GET /_sim/stats``.
+can check "two calls, one effect" through ``GET /_sim/stats``; the stats also keep the last
+W3C ``traceparent`` received per idempotency key (``confirm_traceparents``), so a test can
+check that the worker's trace reaches the provider.
 
 Knobs (latency median and jitter, error rate, authorize delay, slow latency, ``fail_next``:
 answer the next N calls 503) start from settings and change at run time via
@@ -123,6 +125,7 @@ class SimStats(TypedDict):
 
     confirm_calls: dict[str, int]
     confirm_effects: dict[str, int]
+    confirm_traceparents: dict[str, str]
     state_calls: int
     total_calls: int
 
@@ -137,6 +140,7 @@ class _Account:
 class _Counters:
     confirm_calls: dict[str, int] = field(default_factory=dict)
     confirm_effects: dict[str, int] = field(default_factory=dict)
+    confirm_traceparents: dict[str, str] = field(default_factory=dict)
     state_calls: int = 0
     total_calls: int = 0
 
@@ -209,13 +213,16 @@ class ProviderSimulator:
         return {
             "confirm_calls": dict(c.confirm_calls),
             "confirm_effects": dict(c.confirm_effects),
+            "confirm_traceparents": dict(c.confirm_traceparents),
             "state_calls": c.state_calls,
             "total_calls": c.total_calls,
         }
 
     # -- the two provider operations -----------------------------------------------------------
 
-    async def confirm(self, ref: str, idempotency_key: str | None) -> SimReply:
+    async def confirm(
+        self, ref: str, idempotency_key: str | None, traceparent: str | None = None
+    ) -> SimReply:
         """``POST /v1/accounts/{ref}/passkey/confirm``."""
         counters = self._counters
         counters.total_calls += 1
@@ -223,6 +230,8 @@ class ProviderSimulator:
             calls = counters.confirm_calls
             calls[idempotency_key] = calls.get(idempotency_key, 0) + 1
             counters.confirm_effects.setdefault(idempotency_key, 0)
+            if traceparent:
+                counters.confirm_traceparents[idempotency_key] = traceparent
         await self._latency(ref)
         if not idempotency_key:
             return _NO_KEY
@@ -325,7 +334,11 @@ def build_simulator_app(
 
     async def confirm(request: Request) -> Response:
         ref = request.path_params["ref"]
-        return reply(await sim.confirm(ref, request.headers.get("idempotency-key")))
+        return reply(
+            await sim.confirm(
+                ref, request.headers.get("idempotency-key"), request.headers.get("traceparent")
+            )
+        )
 
     async def auth_state(request: Request) -> Response:
         return reply(await sim.auth_state(request.path_params["ref"]))
@@ -429,7 +442,7 @@ class InProcessTransport:
         ref = unquote(ref)
         if method == "POST" and operation == "passkey/confirm":
             key = next((v for k, v in headers.items() if k.lower() == "idempotency-key"), None)
-            return await self.simulator.confirm(ref, key)
+            return await self.simulator.confirm(ref, key, headers.get("traceparent"))
         if method == "GET" and operation == "auth-state":
             return await self.simulator.auth_state(ref)
         return _NOT_FOUND

@@ -27,6 +27,7 @@ from devstack.broker import EmbeddedBroker, die_with_parent, wait_for_port
 from devstack.demo import register_accounts
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
 from devstack.settings import DevSettings
+from worker import tracing
 from worker.kafka import build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.process import on_stop_signals
@@ -226,6 +227,17 @@ async def create_demo_endpoint(settings: DevSettings) -> tuple[str, str]:
     return record.id, secret
 
 
+def _traces_line() -> list[str]:
+    """One banner line when OTEL_* sends traces somewhere (the children inherit it)."""
+    try:
+        targets = tracing.export_targets()
+    except ValueError as exc:
+        return [f"  traces            not exported: {exc}"]
+    if not targets:
+        return []
+    return [f"  traces            {', '.join(targets)} (OTEL_* of this shell)"]
+
+
 def _banner(settings: DevSettings, accounts: list[tuple[str, str]], endpoint_id: str) -> None:
     base = f"http://{settings.api_host}:{settings.api_port}"
     first = accounts[0][0]
@@ -237,6 +249,7 @@ def _banner(settings: DevSettings, accounts: list[tuple[str, str]], endpoint_id:
         f"  worker probes     http://{settings.worker_metrics_host}:{settings.worker_metrics_port}"
         "/metrics  /healthz  /readyz",
         f"  API front-end     {base}  (workspace {DEV_WORKSPACE}, key {DEV_KEY})",
+        *_traces_line(),
         f"  webhooks          dispatcher http://{settings.webhook_metrics_host}:"
         f"{settings.webhook_metrics_port}/metrics; demo endpoint {endpoint_id} ->"
         f" http://{settings.receiver_host}:{settings.receiver_port}/webhooks"

@@ -52,12 +52,15 @@ TRACE_HEADERS: Final[dict[str, Any]] = {
         "type": "string",
         "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$",
         "description": "W3C Trace Context `traceparent` (version-traceid-parentid-flags) of "
-        "the span that produced the record. Optional.",
+        "the span that produced the record; from a service that records no spans (no "
+        "exporter configured), the context it received, passed on unchanged. Every record "
+        "our services write has it. Optional for other producers.",
     },
     "tracestate": {
         "type": "string",
         "maxLength": 512,
-        "description": "W3C Trace Context `tracestate` (vendor-specific trace data). Optional.",
+        "description": "W3C Trace Context `tracestate` (vendor-specific trace data), the "
+        "caller's passed on, cut to 512 characters by the W3C rules. Optional.",
     },
 }
 

@@ -15,15 +15,27 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from worker import eventloop, logs
+from worker import eventloop, logs, tracing
 from worker.process import run_until_signal, tune_gc
 from worker.settings import Settings
+
+
+def _trace(service: str) -> None:
+    """Tracing of a serving process, from OTEL_* (``worker.tracing``); says where spans go."""
+    setup = tracing.configure(service)
+    logs.get_logger(__name__).info(
+        "tracing_configured",
+        service=setup.service,
+        exporters=list(setup.targets) or None,
+        mode="exporting" if setup.recording else "propagating only",
+    )
 
 
 def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.app import run_worker
 
     tune_gc(settings)
+    _trace(tracing.SERVICE_WORKER)
     return run_until_signal(run_worker(settings), settings)
 
 
@@ -40,6 +52,7 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     from worker.api.app import serve_api
 
     tune_gc(settings)
+    _trace(tracing.SERVICE_API)
     return run_until_signal(serve_api(settings), settings)
 
 
@@ -47,6 +60,7 @@ def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
     from worker.webhooks.app import run_dispatcher
 
     tune_gc(settings)
+    _trace(tracing.SERVICE_WEBHOOKS)
     return run_until_signal(run_dispatcher(settings), settings)
 
 

@@ -7,6 +7,11 @@ The consume loop guarantees that at most one unit per account runs at a time, so
 reads and writes the account's record without locks. Every path ends in published outputs or
 an exception that the loop treats as fatal (the offset is then never committed and the command
 is replayed by the next owner); a bad record or a provider failure is never an exception here.
+
+Tracing (``worker.tracing``): a command continues the trace in its ``traceparent`` header in a
+CONSUMER span ``process <topic>``; ``decide``, the provider's CLIENT spans and the PRODUCER
+span ``send`` of the outputs are its children, and every record written carries the context.
+A follow-up step (poll, expiry) has no incoming context: it starts a trace of its own.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ from dataclasses import dataclass
 
 import structlog
 from aiokafka.structs import ConsumerRecord
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
+from worker import tracing
 from worker.catalogue import ServiceError
 from worker.flow import (
     CHALLENGE,
@@ -86,6 +94,21 @@ class Executor:
 
     async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
         """Apply one record of auth.commands; returns once every output is acknowledged."""
+        with tracing.span(
+            f"process {msg.topic}",
+            kind=SpanKind.CONSUMER,
+            parent=tracing.context_from_headers(msg.headers),
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": msg.topic,
+                "messaging.destination.partition.id": str(msg.partition),
+                "messaging.kafka.offset": msg.offset,
+            },
+        ):
+            await self._handle(msg)
+
+    async def _handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
         started = time.perf_counter()
         home = msg.partition if msg.key is None else self.router.home(msg.key)
         command = decode_command(msg.key, msg.value)
@@ -96,6 +119,15 @@ class Executor:
             await self._dead_letter(msg, command)
             self.metrics.commands.labels("unknown", "invalid").inc()
             return
+        current = trace.get_current_span()
+        if current.is_recording():
+            current.set_attributes(
+                {
+                    "passkey.command.type": command.type,
+                    "passkey.account_id": command.account_id,
+                    "passkey.command_id": command.command_id,
+                }
+            )
         with structlog.contextvars.bound_contextvars(
             account_id=command.account_id,
             command_id=command.command_id,
@@ -115,7 +147,12 @@ class Executor:
                 settled = await self._resolve(record, redrive=True)
                 await self._publish(partition, record, settled)
                 record = settled.record
-            decision = decide(record, command, now=self.clock.now(), policy=self.policy)
+            with tracing.span("decide") as deciding:
+                decision = decide(record, command, now=self.clock.now(), policy=self.policy)
+                if deciding.is_recording():
+                    deciding.set_attribute("passkey.verdict", decision.verdict)
+                    if decision.call is not None:
+                        deciding.set_attribute("passkey.provider_call", decision.call)
             if decision.call is not None and decision.record is not None:
                 intent = decision.record
                 if decision.call == "confirm_passkey":
@@ -125,6 +162,10 @@ class Executor:
                 decision = await self._resolve(intent, redrive=decision.call == "redrive_confirm")
                 record = intent
             await self._publish(partition, record, decision, reply_to=reply_partition(msg.headers))
+            if current.is_recording():
+                current.set_attribute("passkey.verdict", decision.verdict)
+                if decision.error is not None:
+                    current.set_attribute("passkey.error.code", decision.error.code)
             self.metrics.commands.labels(command.type, decision.verdict).inc()
             self.metrics.command_seconds.labels(command.type).observe(time.perf_counter() - started)
             if decision.error is not None:
@@ -207,6 +248,17 @@ class Executor:
         record = self.store.get(partition, account_id)
         if record is None or record.follow_up is None or record.deregistered:
             return
+        with tracing.span(
+            "follow_up",
+            parent=tracing.ROOT,
+            attributes={"passkey.account_id": account_id},
+        ):
+            await self._follow_up(partition, account_id)
+
+    async def _follow_up(self, partition: int, account_id: str) -> None:
+        record = self.store.get(partition, account_id)
+        if record is None or record.follow_up is None or record.deregistered:
+            return
         now = self.clock.now()
         with structlog.contextvars.bound_contextvars(account_id=account_id, partition=partition):
             if now >= record.follow_up.deadline_at:
@@ -258,7 +310,29 @@ class Executor:
         reply_to: int | None = None,
     ) -> None:
         changed = decision.record is not None and decision.record is not before
-        await self.publisher.publish(partition, decision, state_changed=changed, reply_to=reply_to)
+        with tracing.span("send", kind=SpanKind.PRODUCER) as sending:
+            if sending.is_recording():
+                outputs = [
+                    name
+                    for name, present in (
+                        ("state", changed),
+                        ("reply", decision.reply is not None),
+                        ("status", decision.status_event is not None),
+                        ("error", decision.error_event is not None),
+                    )
+                    if present
+                ]
+                sending.set_attributes(
+                    {
+                        "messaging.system": "kafka",
+                        "messaging.operation.type": "send",
+                        "messaging.batch.message_count": len(outputs),
+                        "passkey.outputs": outputs,
+                    }
+                )
+            await self.publisher.publish(
+                partition, decision, state_changed=changed, reply_to=reply_to
+            )
         if changed and decision.record is not None:
             self.store.put(partition, decision.record)
             self.metrics.store_accounts.set(len(self.store))

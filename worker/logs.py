@@ -1,4 +1,5 @@
-"""structlog configuration: JSON lines with per-record context bound through contextvars.
+"""structlog configuration: JSON lines with per-record context bound through contextvars, and
+the current span's ``trace_id``/``span_id`` (``worker.tracing``), so a line joins its trace.
 
 Secrets never reach a log line: API keys and provider credentials are not bound anywhere, and
 the ``_redact`` processor drops any key that looks like one, in case a future call site does.
@@ -12,6 +13,8 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
+
+from worker.tracing import add_trace_ids
 
 _SECRET_KEYS = frozenset({"api_key", "x_api_key", "password", "authorization", "secret", "token"})
 
@@ -33,6 +36,7 @@ def configure(level: str = "INFO", fmt: str = "json") -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_trace_ids,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             _redact,

@@ -3,7 +3,9 @@
 The consume loop only marks a command's offset done after ``publish`` returns, so a crash
 between produce and ack replays the command, and the deterministic event ids let consumers
 drop the duplicate. The state record goes to the command's own partition number of
-auth.state (co-partitioning does not depend on the producer's partitioner).
+auth.state (co-partitioning does not depend on the producer's partitioner). Every record
+carries the current span's trace context (``traceparent``/``tracestate`` headers); a forward
+keeps the original's headers, context included.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from pydantic import BaseModel
 
+from worker import tracing
 from worker.flow import Decision
 from worker.messages import AccountRecord, AuthError, DecodeFailure, encode_record
 from worker.route import FORWARDED_FROM
@@ -39,7 +42,11 @@ class Publisher:
         headers: list[tuple[str, bytes]] | None = None,
     ) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = await self._producer.send(
-            topic, value, key=key.encode(), partition=partition, headers=headers
+            topic,
+            value,
+            key=key.encode(),
+            partition=partition,
+            headers=tracing.kafka_headers() if headers is None else headers,
         )
         return fut
 
@@ -142,6 +149,7 @@ class Publisher:
             ("dlq.reason", failure.reason.encode()),
             ("dlq.detail", failure.detail.encode()[:1024]),
             ("dlq.source", f"{topic}:{partition}:{offset}".encode()),
+            *tracing.kafka_headers(),
         ]
         futures = [await self._producer.send(self._topics.dlq, value, key=key, headers=headers)]
         if error_event is not None:

@@ -240,6 +240,7 @@ async def test_reset_forgets_accounts_keys_and_counters(http: httpx.AsyncClient)
     assert await stats(http) == {
         "confirm_calls": {},
         "confirm_effects": {},
+        "confirm_traceparents": {},
         "state_calls": 0,
         "total_calls": 0,
     }

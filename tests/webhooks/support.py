@@ -32,6 +32,7 @@ class Delivery:
     body: dict[str, Any]
     verified: bool
     status: int
+    traceparent: str | None = None
 
 
 @dataclass
@@ -62,7 +63,9 @@ class Receiver:
         body = json.loads(raw)
         tries = sum(1 for d in self.seen if d.webhook_id == headers["webhook-id"])
         status = self.answer(body, tries) if verified else 401
-        self.seen.append(Delivery(headers["webhook-id"], body, verified, status))
+        self.seen.append(
+            Delivery(headers["webhook-id"], body, verified, status, headers.get("traceparent"))
+        )
         return web.Response(status=status)
 
 

@@ -2,25 +2,32 @@
 
 It picks the request id (a valid caller ``X-Request-Id`` or ``req_<uuid4 hex>``), answers CORS
 preflights, stamps ``X-Request-Id`` (and CORS headers) on every response, turns unexpected
-exceptions into the seed's 500 error body, and records the request metrics. Doing this in one
+exceptions into the seed's 500 error body, records the request metrics, and continues the
+caller's W3C ``traceparent`` (or starts a trace) in a SERVER span for the API's routes
+(``worker.tracing``; probes and unmatched paths are not traced). Doing this in one
 layer around the app, rather than per handler, covers 404s, probes and crashes alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Collection, Sequence
 
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from worker import tracing
 from worker.api.bodies import error_response, new_request_id, valid_id
 from worker.api.cors import EXPOSE_HEADERS, CorsPolicy
 from worker.api.metrics import UNMATCHED_ROUTE, ApiMetrics, method_label
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
+
+_UNTRACED: contextlib.nullcontext[Span] = contextlib.nullcontext(INVALID_SPAN)
 
 log = get_logger(__name__)
 
@@ -47,6 +54,8 @@ class FrontDoor:
         self.cors = cors
         self._templates = tuple((route.path, route.path_regex) for route in routes)
         self._preflight_routes = frozenset(preflight_routes)
+        # The API's own routes get a SERVER span; probe scrapes would only add noise.
+        self._traced_routes = self._preflight_routes
 
     def route_template(self, path: str) -> str | None:
         """The route template ``path`` belongs to (the metrics label), or ``None``."""
@@ -91,24 +100,50 @@ class FrontDoor:
                     out["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
             await send(message)
 
-        try:
-            if preflight:
-                assert origin is not None and request_method is not None
-                response = self._preflight(template, request_id, origin, request_method, headers)
-                await response(scope, receive, send_wrapper)
-            else:
-                await self.app(scope, receive, send_wrapper)
-        except Exception:
-            log.exception("api_unhandled_error", request_id=request_id, route=template)
-            if response_started:
-                raise
-            code = "get_auth_state_failed" if method == "GET" else "run_auth_action_failed"
-            await error_response(request_id, ServiceError.of(code))(scope, receive, send_wrapper)
-        finally:
-            route = template or UNMATCHED_ROUTE
-            mlabel = method_label(method)
-            self.metrics.requests.labels(route, mlabel, str(status)).inc()
-            self.metrics.duration.labels(route, mlabel).observe(time.perf_counter() - started)
+        traced = template in self._traced_routes and not preflight
+        active = (
+            tracing.span(
+                f"{method} {template}",
+                kind=SpanKind.SERVER,
+                parent=tracing.context_from_traceparent(
+                    headers.get(tracing.TRACEPARENT), headers.get(tracing.TRACESTATE)
+                ),
+                attributes={
+                    "http.request.method": method,
+                    "http.route": template or "",
+                    "passkey.request_id": request_id,
+                },
+            )
+            if traced
+            else _UNTRACED
+        )
+        with active as span:
+            try:
+                if preflight:
+                    assert origin is not None and request_method is not None
+                    response = self._preflight(
+                        template, request_id, origin, request_method, headers
+                    )
+                    await response(scope, receive, send_wrapper)
+                else:
+                    await self.app(scope, receive, send_wrapper)
+            except Exception:
+                log.exception("api_unhandled_error", request_id=request_id, route=template)
+                if response_started:
+                    raise
+                code = "get_auth_state_failed" if method == "GET" else "run_auth_action_failed"
+                await error_response(request_id, ServiceError.of(code))(
+                    scope, receive, send_wrapper
+                )
+            finally:
+                route = template or UNMATCHED_ROUTE
+                mlabel = method_label(method)
+                self.metrics.requests.labels(route, mlabel, str(status)).inc()
+                self.metrics.duration.labels(route, mlabel).observe(time.perf_counter() - started)
+                if span.is_recording():
+                    span.set_attribute("http.response.status_code", status)
+                    if status >= 500:
+                        span.set_status(Status(StatusCode.ERROR))
 
     def _preflight(
         self,

@@ -18,11 +18,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from aiokafka.errors import KafkaError
+from opentelemetry.trace import SpanKind
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from worker import tracing
 from worker.api.bodies import (
     ApiHealth,
     ApiReadiness,
@@ -247,19 +249,34 @@ class ApiRoutes:
     ) -> CorrelatedReply | None:
         """Produce ``command`` and wait for its reply until ``deadline``; ``None`` on time-out.
         The waiter is registered before the command is produced, so the reply can not be
-        missed."""
+        missed. The command carries the trace context of its PRODUCER span (``traceparent``,
+        ``tracestate`` headers); the wait is a span of its own."""
         try:
             with self.replies.expect(command.command_id, command.request_id) as pending:
                 try:
-                    await asyncio.wait_for(
-                        self.producer.send_and_wait(
-                            self.commands_topic,
-                            command.model_dump_json().encode(),
-                            key=command.account_id.encode(),
-                            headers=[(REPLY_PARTITION, b"%d" % self.replies.partition)],
-                        ),
-                        timeout=max(deadline - time.monotonic(), 0.001),
-                    )
+                    with tracing.span(
+                        f"send {self.commands_topic}",
+                        kind=SpanKind.PRODUCER,
+                        attributes={
+                            "messaging.system": "kafka",
+                            "messaging.operation.type": "send",
+                            "messaging.destination.name": self.commands_topic,
+                            "passkey.command_id": command.command_id,
+                            "passkey.account_id": command.account_id,
+                        },
+                    ):
+                        await asyncio.wait_for(
+                            self.producer.send_and_wait(
+                                self.commands_topic,
+                                command.model_dump_json().encode(),
+                                key=command.account_id.encode(),
+                                headers=[
+                                    (REPLY_PARTITION, b"%d" % self.replies.partition),
+                                    *tracing.kafka_headers(),
+                                ],
+                            ),
+                            timeout=max(deadline - time.monotonic(), 0.001),
+                        )
                 except (KafkaError, TimeoutError) as exc:
                     log.error(
                         "api_command_send_failed",
@@ -271,7 +288,21 @@ class ApiRoutes:
                         "run_auth_action_failed",
                         f"The confirmation could not be queued in time. {check_hint}",
                     ) from None
-                return await pending.wait(deadline - time.monotonic())
+                with tracing.span(
+                    f"receive {self.replies.topic}",
+                    kind=SpanKind.CONSUMER,
+                    attributes={
+                        "messaging.system": "kafka",
+                        "messaging.operation.type": "receive",
+                        "messaging.destination.name": self.replies.topic,
+                    },
+                ) as waiting:
+                    reply = await pending.wait(deadline - time.monotonic())
+                    if waiting.is_recording():
+                        waiting.set_attribute("passkey.reply.received", reply is not None)
+                        if reply is not None:
+                            waiting.set_attribute("passkey.reply.http_status", reply.http_status)
+                    return reply
         except ReplyError as exc:
             log.error("api_reply_failed", request_id=command.request_id, error=str(exc))
             raise ServiceError.of(

@@ -11,6 +11,10 @@ simulator, ``devstack.simulator``, serves):
 
 The client is built once at start-up (``build_http_client``) and shared by every adapter, so
 connections are pooled across providers and commands; adapters never close it.
+
+Each attempt is a CLIENT span (``worker.tracing``) and sends the W3C ``traceparent`` (and
+``tracestate``): written here, at the adapter, rather than by instrumenting aiohttp, so the
+httpx and in-process clients carry it too and a process that exports nothing pays no span.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ import itertools
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Self
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from worker import __version__
+from worker import __version__, tracing
 from worker.provider.base import CallObserver, ProviderAuthState, RetryObserver
 from worker.provider.breaker import CircuitBreaker
 from worker.provider.errors import invalid_call, map_upstream_failure
@@ -46,6 +51,8 @@ __all__ = [
 
 
 CONNECTIONS_PER_SHARD = 4
+_CONFIRM_PATH = "/v1/accounts/{ref}/passkey/confirm"
+_STATE_PATH = "/v1/accounts/{ref}/auth-state"
 
 
 class Requester(Protocol):
@@ -175,6 +182,15 @@ def parse_auth_state(response: httpx.Response) -> ProviderAuthState:
     raise map_upstream_failure(response)
 
 
+def _host_port(url: str) -> tuple[str, int | None]:
+    """Host and port for the CLIENT span; a malformed URL fails at the call, not here."""
+    try:
+        parts = urlsplit(url)
+        return parts.hostname or "", parts.port
+    except ValueError:
+        return "", None
+
+
 class HttpProviderAdapter:
     """A provider reached over HTTP: bounded retries, deadline, circuit breaker, error mapping.
 
@@ -215,6 +231,7 @@ class HttpProviderAdapter:
         )
         self.breaker = breaker
         self._client = client
+        self._host, self._port = _host_port(self.base_url)
         self._on_call = on_call
         self._on_retry = on_retry
         self._rng = rng
@@ -257,14 +274,14 @@ class HttpProviderAdapter:
             raise invalid_call("An idempotency key is required to confirm a passkey.")
         url = f"{self._account_url(account_ref)}/passkey/confirm"
         headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json"}
-        return await self._call("confirm_passkey", "POST", url, headers, deadline)
+        return await self._call("confirm_passkey", "POST", url, headers, deadline, _CONFIRM_PATH)
 
     async def get_auth_state(
         self, account_ref: str, *, deadline: float | None = None
     ) -> ProviderAuthState:
         url = f"{self._account_url(account_ref)}/auth-state"
         return await self._call(
-            "get_auth_state", "GET", url, {"Accept": "application/json"}, deadline
+            "get_auth_state", "GET", url, {"Accept": "application/json"}, deadline, _STATE_PATH
         )
 
     async def aclose(self) -> None:
@@ -282,14 +299,33 @@ class HttpProviderAdapter:
         url: str,
         headers: dict[str, str],
         deadline: float | None,
+        template: str,
     ) -> ProviderAuthState:
+        attempts = 0
+
         async def attempt() -> ProviderAuthState:
-            try:
-                async with self._gate:
-                    response = await self._client.request(method, url, headers=headers)
-            except httpx.HTTPError as exc:
-                raise map_upstream_failure(exc) from exc
-            return parse_auth_state(response)
+            nonlocal attempts
+            attempts += 1
+            with tracing.span(
+                f"{method} {template}",
+                kind=SpanKind.CLIENT,
+                attributes=self._span_attributes(operation, method, template, attempts),
+            ) as client_span:
+                sent = {**headers, **tracing.http_headers()}
+                try:
+                    async with self._gate:
+                        response = await self._client.request(method, url, headers=sent)
+                except httpx.HTTPError as exc:
+                    if client_span.is_recording():
+                        client_span.set_attribute("error.type", type(exc).__name__)
+                        client_span.set_status(Status(StatusCode.ERROR))
+                    raise map_upstream_failure(exc) from exc
+                if client_span.is_recording():
+                    client_span.set_attribute("http.response.status_code", response.status_code)
+                    if response.status_code >= 400:
+                        client_span.set_attribute("error.type", str(response.status_code))
+                        client_span.set_status(Status(StatusCode.ERROR))
+                return parse_auth_state(response)
 
         return await call_with_retries(
             attempt,
@@ -302,6 +338,26 @@ class HttpProviderAdapter:
             on_call=self._on_call,
             on_retry=self._on_retry,
         )
+
+    def _span_attributes(
+        self, operation: str, method: str, template: str, attempt: int
+    ) -> dict[str, str | int] | None:
+        """The CLIENT span's attributes; none are built when nothing is recorded. The URL is
+        the template: the account's provider reference stays out of the span."""
+        if not tracing.recording():
+            return None
+        attributes: dict[str, str | int] = {
+            "http.request.method": method,
+            "url.template": template,
+            "server.address": self._host,
+            "passkey.provider": self.name,
+            "passkey.provider.operation": operation,
+        }
+        if self._port is not None:
+            attributes["server.port"] = self._port
+        if attempt > 1:
+            attributes["http.request.resend_count"] = attempt - 1
+        return attributes
 
     def __repr__(self) -> str:
         return f"HttpProviderAdapter({self.name!r}, {self.base_url!r})"

@@ -46,7 +46,9 @@ def state_key(endpoint_id: str, account_id: str) -> str:
 
 
 class Pending(BaseModel):
-    """A delivery waiting for its (next) attempt. ``body`` is the exact JSON that is signed."""
+    """A delivery waiting for its (next) attempt. ``body`` is the exact JSON that is signed.
+    ``traceparent``/``tracestate`` are the trace context it was taken in under: every attempt,
+    even days later or on another dispatcher, continues that trace."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -63,6 +65,8 @@ class Pending(BaseModel):
     last_status: int | None = None
     last_error: str | None = None
     replay: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class Finished(BaseModel):

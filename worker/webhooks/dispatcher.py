@@ -12,6 +12,12 @@ may be committed ("durably scheduled"). Attempting: the head of the pair's queue
 (Standard Webhooks) and sent; ``delivery.settle`` says what the answer means; the new state is
 written, the delivery log gets the outcome, a failed delivery goes to the webhook DLQ, a 410
 or five days of failures disable the endpoint.
+
+Tracing (``worker.tracing``): taking an event in is a CONSUMER span continuing the event
+record's ``traceparent``; each delivery stores that span's context, and each attempt is a
+CLIENT span under it that sends ``traceparent`` to the endpoint (beside the signature headers,
+which it does not touch). The records written meanwhile carry the context of the span they
+are written under.
 """
 
 from __future__ import annotations
@@ -22,10 +28,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from aiokafka.structs import ConsumerRecord
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import ValidationError
 
+from worker import tracing
 from worker.logs import get_logger
 from worker.webhooks.delivery import (
     AttemptResult,
@@ -110,6 +120,24 @@ class Dispatcher:
 
     async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> list[str]:
         """Take one record in; returns the (endpoint, account) keys due at once."""
+        with tracing.span(
+            f"process {msg.topic}",
+            kind=SpanKind.CONSUMER,
+            parent=tracing.context_from_headers(msg.headers),
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": msg.topic,
+                "messaging.destination.partition.id": str(msg.partition),
+                "messaging.kafka.offset": msg.offset,
+            },
+        ) as taking:
+            due = await self._handle(msg)
+            if taking.is_recording():
+                taking.set_attribute("passkey.webhook.due", len(due))
+            return due
+
+    async def _handle(self, msg: ConsumerRecord[bytes, bytes]) -> list[str]:
         if msg.topic == self.config.replay_topic:
             return await self._take_in_replay(msg)
         decode = from_status if msg.topic == self.config.status_topic else from_error
@@ -163,6 +191,12 @@ class Dispatcher:
         record = self.store.get(partition, event.account_id) or AccountDeliveries(
             account_id=event.account_id, workspace_id=event.workspace_id
         )
+        traceparent, tracestate = tracing.current_traceparent()
+        current = trace.get_current_span()
+        if current.is_recording():
+            current.set_attributes(
+                {"passkey.account_id": event.account_id, "passkey.event_id": event.event_id}
+            )
         taken: list[tuple[str, Pending]] = []
         for endpoint in targets:
             delivery = Pending(
@@ -175,6 +209,8 @@ class Dispatcher:
                 enqueued_at=now,
                 next_attempt_at=now,
                 replay=replay,
+                traceparent=traceparent,
+                tracestate=tracestate,
             )
             state, accepted = enqueue(record.of(endpoint.id), delivery)
             if accepted:
@@ -211,25 +247,38 @@ class Dispatcher:
                 self.store.put(partition, record)  # re-arm at the head's own time
                 return
             endpoint = self.endpoints.get(record.workspace_id, endpoint_id)
-            result: AttemptResult | None = None
-            if endpoint is not None and endpoint.status == "active":
-                result = await self._attempt(endpoint, head)
-            record = self.store.get(partition, account_id) or record
-            state = record.of(endpoint_id)
-            now = self._clock()
-            if result is None:
-                reason = "endpoint_deleted" if endpoint is None else f"endpoint_{endpoint.status}"
-                settled = fail_head(state, reason, now=now)
-            else:
-                settled = settle(
-                    state, result, now=now, schedule=self.config.schedule, rng=self._rng
-                )
-            await self._apply(partition, account_id, record, endpoint, settled, head)
+            with tracing.span(
+                "POST webhook",
+                kind=SpanKind.CLIENT,
+                parent=tracing.context_from_traceparent(head.traceparent, head.tracestate),
+                attributes=_attempt_attributes(endpoint_id, account_id, head),
+            ) as attempt:
+                result: AttemptResult | None = None
+                if endpoint is not None and endpoint.status == "active":
+                    result = await self._attempt(endpoint, head)
+                record = self.store.get(partition, account_id) or record
+                state = record.of(endpoint_id)
+                now = self._clock()
+                if result is None:
+                    reason = (
+                        "endpoint_deleted" if endpoint is None else f"endpoint_{endpoint.status}"
+                    )
+                    settled = fail_head(state, reason, now=now)
+                else:
+                    settled = settle(
+                        state, result, now=now, schedule=self.config.schedule, rng=self._rng
+                    )
+                if attempt.is_recording():
+                    _attempt_outcome(attempt, endpoint, result, settled)
+                await self._apply(partition, account_id, record, endpoint, settled, head)
 
     async def _attempt(self, endpoint: EndpointRecord, head: Pending) -> AttemptResult:
         body = head.body.encode()
         secrets = self._writer.signing_secrets(endpoint)
-        headers = self._sign(secrets, head.webhook_id, int(self._clock()), body)
+        headers = {
+            **self._sign(secrets, head.webhook_id, int(self._clock()), body),
+            **tracing.http_headers(),
+        }
         started = time.perf_counter()
         self.metrics.in_flight_attempts.inc()
         try:
@@ -303,6 +352,45 @@ class Dispatcher:
             return
         self.metrics.disabled.inc()
         log.warning("endpoint_disabled", endpoint_id=endpoint.id, reason=reason)
+
+
+def _attempt_attributes(
+    endpoint_id: str, account_id: str, head: Pending
+) -> dict[str, str | int] | None:
+    """The attempt span's attributes (none built when nothing is recorded). The endpoint's
+    URL is not among them: integrators put tokens in query strings."""
+    if not tracing.recording():
+        return None
+    return {
+        "http.request.method": "POST",
+        "passkey.endpoint_id": endpoint_id,
+        "passkey.account_id": account_id,
+        "passkey.webhook_id": head.webhook_id,
+        "passkey.webhook.event_type": head.event_type,
+        "passkey.webhook.attempt": head.attempts + 1,
+    }
+
+
+def _attempt_outcome(
+    span: trace.Span,
+    endpoint: EndpointRecord | None,
+    result: AttemptResult | None,
+    settled: Settled,
+) -> None:
+    span.set_attribute("passkey.webhook.outcome", settled.outcome)
+    if endpoint is not None:
+        url = urlsplit(endpoint.url)
+        span.set_attribute("server.address", url.hostname or "")
+        if url.port is not None:
+            span.set_attribute("server.port", url.port)
+    if result is None or result.status is None:
+        span.set_attribute("error.type", (result.error if result else None) or "not_attempted")
+        span.set_status(Status(StatusCode.ERROR))
+        return
+    span.set_attribute("http.response.status_code", result.status)
+    if not result.ok:
+        span.set_attribute("error.type", str(result.status))
+        span.set_status(Status(StatusCode.ERROR))
 
 
 __all__ = ["DispatchConfig", "Dispatcher", "EndpointWriter", "Sender", "Signer"]

@@ -5,7 +5,8 @@ Order of writes, so that a crash at any point loses nothing: a delivery's outcom
 DLQ copy) is acknowledged before the state that drops it from its queue; a crash in between
 repeats the attempt under the same webhook-id. State records of one partition are handed to
 the producer in the order they were stored (a FIFO lock per partition), so the changelog's
-last record of an account is always the store's latest.
+last record of an account is always the store's latest. Every record carries the current
+span's trace context (``traceparent``/``tracestate`` headers, ``worker.tracing``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Literal
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel, ConfigDict
 
+from worker import tracing
 from worker.messages import rfc3339
 from worker.webhooks.delivery import Finished, Pending
 from worker.webhooks.state import AccountDeliveries, DeliveryStore
@@ -98,7 +100,11 @@ class DeliveryPublisher:
             lock = self._locks[partition] = asyncio.Lock()
         async with lock:
             fut: asyncio.Future[Any] = await self._producer.send(
-                self._state_topic, value, key=record.account_id.encode(), partition=partition
+                self._state_topic,
+                value,
+                key=record.account_id.encode(),
+                partition=partition,
+                headers=tracing.kafka_headers(),
             )
         return fut
 
@@ -141,6 +147,7 @@ class DeliveryPublisher:
             ("webhook.attempts", str(finished.attempts).encode()),
             ("webhook.last_status", str(finished.last_status or "").encode()),
             ("webhook.last_error", (finished.last_error or "").encode()[:512]),
+            *tracing.kafka_headers(),
         ]
         fut = await self._producer.send(
             self._dlq_topic, head.body.encode(), key=record.account_id.encode(), headers=headers
@@ -176,7 +183,10 @@ class DeliveryPublisher:
     async def _log(self, entries: list[DeliveryLogEntry]) -> None:
         futures = [
             await self._producer.send(
-                self._log_topic, e.model_dump_json().encode(), key=e.endpoint_id.encode()
+                self._log_topic,
+                e.model_dump_json().encode(),
+                key=e.endpoint_id.encode(),
+                headers=tracing.kafka_headers(),
             )
             for e in entries
         ]

@@ -1,0 +1,441 @@
+"""OpenTelemetry tracing: one trace from the caller's HTTP request through Kafka to the
+provider call and every webhook delivery (docs/operations.md, "Tracing").
+
+Two modes, chosen once per process by ``configure`` from the standard ``OTEL_*`` variables:
+
+* **Exporting** (``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set,
+  or ``OTEL_TRACES_EXPORTER=otlp|console``): an SDK ``TracerProvider`` whose sampler comes from
+  ``OTEL_TRACES_SAMPLER`` (default: parent-based, always on), a ``BatchSpanProcessor`` and the
+  OTLP/HTTP exporter. Spans are recorded, and each hop writes its own span's context on.
+* **Propagating only** (the default): no span is recorded. Every hop passes the incoming
+  ``traceparent``/``tracestate`` on unchanged (sampled flag included, so a caller that samples
+  still gets the provider's and the receivers' spans, attached to its own span), and a request
+  without one gets a fresh trace id, so log lines of all services can be joined by it. This
+  costs a header parse and a format per hop, not a span (bench/README.md, "Tracing").
+
+The ``TracerProvider`` is built in both modes (the SDK's id generator makes the root ids, and
+libraries that look up the global provider find a real one); only the exporter is optional.
+Call sites use ``span`` (a context manager that makes the span current, for children and the
+log processor) and ``kafka_headers`` / ``http_headers`` / ``context_from_*`` to cross process
+boundaries with the W3C TraceContext propagator of the API.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from contextvars import Token
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from worker import __version__
+
+__all__ = [
+    "SERVICE_API",
+    "SERVICE_WEBHOOKS",
+    "SERVICE_WORKER",
+    "TRACEPARENT",
+    "TRACESTATE",
+    "Tracing",
+    "add_trace_ids",
+    "configure",
+    "context_from_headers",
+    "context_from_traceparent",
+    "current_traceparent",
+    "export_targets",
+    "http_headers",
+    "kafka_headers",
+    "new_root",
+    "recording",
+    "reset",
+    "span",
+]
+
+SERVICE_WORKER: Final = "passkey-worker"
+SERVICE_API: Final = "passkey-api"
+SERVICE_WEBHOOKS: Final = "passkey-webhooks"
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+TRACESTATE_MAX: Final = 512
+"""W3C: propagate at least 512 characters of ``tracestate``; longer ones are cut to that (the
+AsyncAPI document promises at most 512)."""
+BENCH_EXPORTER_ENV: Final = "TRACING_BENCH_EXPORTER"
+"""``discard``: record and batch every span like an exporter would, then drop it. Only for
+measuring the recording cost offline (bench/README.md); never set in production."""
+
+_propagator: Final = TraceContextTextMapPropagator()
+_ids: Final = RandomIdGenerator()
+ROOT: Final = Context()
+"""An explicit empty parent: the span starts a new trace (not the current context's)."""
+
+
+class DiscardingExporter(SpanExporter):
+    """Takes every batch and drops it (``TRACING_BENCH_EXPORTER=discard``); counts spans."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tracing:
+    """What ``configure`` set up: the service name and where spans go (empty: nowhere)."""
+
+    service: str
+    targets: tuple[str, ...]
+    provider: TracerProvider
+
+    @property
+    def recording(self) -> bool:
+        return bool(self.targets)
+
+
+@dataclass(slots=True)
+class _State:
+    recording: bool = False
+    tracer: trace.Tracer | None = None
+    setup: Tracing | None = None
+
+
+_state = _State()
+
+
+def _otlp_endpoint(environ: Mapping[str, str]) -> str:
+    """The URL the OTLP/HTTP exporter posts to, as the exporter itself resolves it."""
+    explicit = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if explicit:
+        return explicit
+    base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
+    return base.rstrip("/") + "/v1/traces"
+
+
+def export_targets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Where spans go under ``environ`` (default ``os.environ``), e.g.
+    ``("otlp http://collector:4318/v1/traces",)``; empty when nothing is exported.
+
+    Unlike the SDK's auto-configuration, an unset ``OTEL_TRACES_EXPORTER`` means "OTLP only if
+    an endpoint is set": a service without a collector must not retry localhost:4318 forever.
+    Raises ``ValueError`` for an exporter or protocol this package does not ship.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return ()
+    targets: list[str] = []
+    bench = env.get(BENCH_EXPORTER_ENV, "").strip().lower()
+    if bench:
+        if bench != "discard":
+            raise ValueError(f"{BENCH_EXPORTER_ENV}={bench!r}: only 'discard' is known")
+        targets.append("discard")
+    raw = env.get("OTEL_TRACES_EXPORTER")
+    if raw is None:
+        endpoint_set = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        names = ["otlp"] if endpoint_set else []
+    else:
+        names = [n.strip().lower() for n in raw.split(",") if n.strip()]
+        if "none" in names:
+            names = []
+    for name in names:
+        if name == "otlp":
+            protocol = (
+                env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "http/protobuf"
+            )
+            if protocol != "http/protobuf":
+                raise ValueError(
+                    f"OTLP protocol {protocol!r} is not installed; use http/protobuf (port 4318)"
+                )
+            targets.append(f"otlp {_otlp_endpoint(env)}")
+        elif name == "console":
+            targets.append("console (stdout)")
+        else:
+            raise ValueError(f"OTEL_TRACES_EXPORTER={name!r}: use otlp, console or none")
+    return tuple(targets)
+
+
+def _processor(target: str) -> SpanProcessor:
+    exporter: SpanExporter
+    if target == "discard":
+        exporter = DiscardingExporter()
+    elif target.startswith("otlp "):
+        # Imported here: the exporter pulls in protobuf and requests, which a process that
+        # exports nothing never needs.
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()  # endpoint, headers, timeout, TLS: OTEL_EXPORTER_OTLP_*
+    else:
+        exporter = ConsoleSpanExporter()
+    return BatchSpanProcessor(exporter)  # queue and batch sizes: OTEL_BSP_*
+
+
+def configure(
+    default_service: str,
+    *,
+    environ: Mapping[str, str] | None = None,
+    exporter: SpanExporter | None = None,
+    set_global: bool = True,
+) -> Tracing:
+    """Set up tracing for this process (call once at start, before any client is built).
+
+    ``OTEL_SERVICE_NAME`` overrides ``default_service``; ``OTEL_RESOURCE_ATTRIBUTES`` adds to
+    the resource. ``exporter`` (tests: the SDK's ``InMemorySpanExporter``) is added with a
+    synchronous processor, so a span is readable as soon as it ends. ``set_global`` also makes
+    the provider the API's global one (only once per process; tests pass ``False``).
+    """
+    env = os.environ if environ is None else environ
+    service = env.get("OTEL_SERVICE_NAME") or default_service
+    targets = export_targets(env)
+    processors = [_processor(t) for t in targets]
+    if exporter is not None:
+        processors.append(SimpleSpanProcessor(exporter))
+        targets = (*targets, f"in-process {type(exporter).__name__}")
+    resource = Resource.create({"service.name": service, "service.version": __version__})
+    provider = TracerProvider(
+        resource=resource,
+        # Nothing to export: no span is recorded (see ``span``); otherwise OTEL_TRACES_SAMPLER,
+        # parent-based always-on by default, so the caller's sampled flag is honoured.
+        sampler=None if targets else ALWAYS_OFF,
+        shutdown_on_exit=True,
+    )
+    for processor in processors:
+        provider.add_span_processor(processor)
+    if set_global:
+        trace.set_tracer_provider(provider)
+    setup = Tracing(service, targets, provider)
+    _state.recording = bool(targets)
+    _state.tracer = provider.get_tracer("passkey-auth-worker", __version__)
+    _state.setup = setup
+    return setup
+
+
+def reset() -> None:
+    """Back to propagating only (tests); flushes and stops the previous provider."""
+    if _state.setup is not None:
+        _state.setup.provider.shutdown()
+    _state.recording = False
+    _state.tracer = None
+    _state.setup = None
+
+
+def recording() -> bool:
+    """Whether spans are recorded (an exporter is configured)."""
+    return _state.recording
+
+
+# -- spans -------------------------------------------------------------------------------------
+
+
+def new_root() -> SpanContext:
+    """A fresh trace and span id, not sampled: the non-recording start of a trace."""
+    return SpanContext(
+        _ids.generate_trace_id(),
+        _ids.generate_span_id(),
+        is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.DEFAULT),
+    )
+
+
+class _Active:
+    """Makes ``span`` current for the block; ends it (if ``end``) and records an escaping
+    exception on it. A class rather than ``@contextmanager``: this runs per command."""
+
+    __slots__ = ("_end", "_token", "span")
+
+    def __init__(self, span: Span, *, end: bool) -> None:
+        self.span = span
+        self._end = end
+        self._token: Token[Context] | None = None
+
+    def __enter__(self) -> Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._token is not None:
+            otel_context.detach(self._token)
+        if self._end:
+            if isinstance(e, Exception) and self.span.is_recording():
+                self.span.record_exception(e)
+                self.span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+            self.span.end()
+
+
+class _Current:
+    """The current span, unchanged: the non-recording child of a span in this process."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Span:
+        return trace.get_current_span()
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+_CURRENT: Final = _Current()
+
+
+def span(
+    name: str,
+    *,
+    kind: SpanKind = SpanKind.INTERNAL,
+    parent: Context | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> _Active | _Current:
+    """A span named ``name`` (low-cardinality: never an id), current inside the block.
+
+    ``parent`` is the extracted context of an incoming message (``context_from_*``; ``ROOT``
+    for a new trace); ``None`` means a child of the current span. Not recording: a child in
+    this process is the current span itself (nothing to do), and a span with an incoming
+    ``parent`` carries that parent's context on unchanged (a new root when it has none).
+    """
+    if not _state.recording:
+        if parent is None:
+            return _CURRENT
+        incoming = trace.get_current_span(parent).get_span_context()
+        carried = incoming if incoming.is_valid else new_root()
+        return _Active(NonRecordingSpan(carried), end=False)
+    assert _state.tracer is not None
+    started = _state.tracer.start_span(
+        name,
+        context=parent,
+        kind=kind,
+        attributes=attributes,
+        record_exception=False,  # ``_Active`` records it once
+        set_status_on_exception=False,
+    )
+    return _Active(started, end=True)
+
+
+# -- crossing process boundaries ---------------------------------------------------------------
+
+
+def _tracestate(span_context: SpanContext) -> str | None:
+    state = span_context.trace_state
+    if not state:
+        return None
+    header = state.to_header()
+    if len(header) <= TRACESTATE_MAX:
+        return header
+    # W3C truncation: drop entries over 128 characters first, then from the right.
+    entries = [e for e in header.split(",") if len(e) <= 128]
+    while entries and len(",".join(entries)) > TRACESTATE_MAX:
+        entries.pop()
+    return ",".join(entries) or None
+
+
+def _carried(span_context: SpanContext) -> list[tuple[str, str]]:
+    if not span_context.is_valid:
+        return []
+    out = [
+        (
+            TRACEPARENT,
+            f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
+            f"{span_context.trace_flags:02x}",
+        )
+    ]
+    state = _tracestate(span_context)
+    if state is not None:
+        out.append((TRACESTATE, state))
+    return out
+
+
+_last_kafka: tuple[SpanContext, list[tuple[str, bytes]]] = (
+    INVALID_SPAN.get_span_context(),
+    [],
+)
+
+
+def kafka_headers(span_context: SpanContext | None = None) -> list[tuple[str, bytes]]:
+    """``traceparent``/``tracestate`` Kafka headers of ``span_context`` (default: the current
+    span's); empty without a valid context. The last answer is reused while the context is the
+    same (one command writes several records under one span); callers must not mutate it."""
+    global _last_kafka
+    ctx = trace.get_current_span().get_span_context() if span_context is None else span_context
+    if _last_kafka[0] is ctx:
+        return _last_kafka[1]
+    headers = [(k, v.encode("ascii")) for k, v in _carried(ctx)]
+    _last_kafka = (ctx, headers)
+    return headers
+
+
+def http_headers(span_context: SpanContext | None = None) -> dict[str, str]:
+    """The same as HTTP request headers."""
+    ctx = trace.get_current_span().get_span_context() if span_context is None else span_context
+    return dict(_carried(ctx))
+
+
+def current_traceparent() -> tuple[str | None, str | None]:
+    """(traceparent, tracestate) of the current span, for storing with deferred work."""
+    carried = dict(_carried(trace.get_current_span().get_span_context()))
+    return carried.get(TRACEPARENT), carried.get(TRACESTATE)
+
+
+def context_from_traceparent(traceparent: str | None, tracestate: str | None = None) -> Context:
+    """The parent context of W3C header values; ``ROOT`` when absent or malformed."""
+    if not traceparent:
+        return ROOT
+    carrier = {TRACEPARENT: traceparent}
+    if tracestate:
+        carrier[TRACESTATE] = tracestate
+    return _propagator.extract(carrier, context=Context())
+
+
+def context_from_headers(headers: Iterable[tuple[str, bytes]] | None) -> Context:
+    """The parent context in a Kafka record's headers (``ROOT`` when it has none)."""
+    traceparent = tracestate = None
+    for key, value in headers or ():
+        if key == TRACEPARENT:
+            traceparent = value.decode("latin-1")
+        elif key == TRACESTATE:
+            tracestate = value.decode("latin-1")
+    return context_from_traceparent(traceparent, tracestate)
+
+
+# -- logs --------------------------------------------------------------------------------------
+
+
+def add_trace_ids(_: Any, __: str, event: Any) -> Any:
+    """structlog processor: ``trace_id`` and ``span_id`` of the current span, when valid."""
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.is_valid:
+        event.setdefault("trace_id", f"{ctx.trace_id:032x}")
+        event.setdefault("span_id", f"{ctx.span_id:016x}")
+    return event
