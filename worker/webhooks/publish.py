@@ -6,17 +6,22 @@ DLQ copy) is acknowledged before the state that drops it from its queue; a crash
 repeats the attempt under the same webhook-id. State records of one partition are handed to
 the producer in the order they were stored (a FIFO lock per partition), so the changelog's
 last record of an account is always the store's latest.
+
+While Kafka is unreachable every write is sent again until acknowledged (``worker.outage``);
+a state record is re-sent as the store's latest record of its account, under the same lock,
+so a late re-send never puts an older state after a newer one.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from typing import Literal
 
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel, ConfigDict
 
 from worker.messages import rfc3339
+from worker.outage import BrokerHealth, acknowledged, enqueue
 from worker.webhooks.delivery import Finished, Pending
 from worker.webhooks.state import AccountDeliveries, DeliveryStore
 
@@ -73,8 +78,10 @@ class DeliveryPublisher:
         state_topic: str,
         log_topic: str,
         dlq_topic: str,
+        health: BrokerHealth | None = None,
     ) -> None:
         self._producer = producer
+        self._health = health or BrokerHealth()
         self._state_topic = state_topic
         self._log_topic = log_topic
         self._dlq_topic = dlq_topic
@@ -89,11 +96,18 @@ class DeliveryPublisher:
         lock = self._locks.get(partition)
         if lock is None:
             lock = self._locks[partition] = asyncio.Lock()
-        async with lock:
-            fut: asyncio.Future[Any] = await self._producer.send(
-                self._state_topic, value, key=record.account_id.encode(), partition=partition
-            )
-        await fut
+        key = record.account_id.encode()
+        attempt = 0
+        while True:
+            async with lock:
+                sent = await enqueue(
+                    self._producer, self._state_topic, value, key=key, partition=partition
+                )
+            if await sent.acked(self._health):
+                return
+            await self._health.pause(attempt)
+            attempt += 1
+            value = (store.get(partition, record.account_id) or record).model_dump_json().encode()
 
     async def log_pending(
         self, record: AccountDeliveries, taken: list[tuple[str, Pending]], *, now: float
@@ -135,10 +149,14 @@ class DeliveryPublisher:
             ("webhook.last_status", str(finished.last_status or "").encode()),
             ("webhook.last_error", (finished.last_error or "").encode()[:512]),
         ]
-        fut = await self._producer.send(
-            self._dlq_topic, head.body.encode(), key=record.account_id.encode(), headers=headers
+        sent = await enqueue(
+            self._producer,
+            self._dlq_topic,
+            head.body.encode(),
+            key=record.account_id.encode(),
+            headers=headers,
         )
-        await fut
+        await acknowledged(self._producer, self._health, [sent])
 
     def _entry(
         self,
@@ -167,11 +185,13 @@ class DeliveryPublisher:
         )
 
     async def _log(self, entries: list[DeliveryLogEntry]) -> None:
-        futures = [
-            await self._producer.send(
-                self._log_topic, e.model_dump_json().encode(), key=e.endpoint_id.encode()
+        sent = [
+            await enqueue(
+                self._producer,
+                self._log_topic,
+                e.model_dump_json().encode(),
+                key=e.endpoint_id.encode(),
             )
             for e in entries
         ]
-        if futures:
-            await asyncio.gather(*futures)
+        await acknowledged(self._producer, self._health, sent)
