@@ -196,7 +196,7 @@ class NodeDown(KafkaConnectionError):  # type: ignore[misc]
 # --- the process test -----------------------------------------------------------------------
 
 FREEZE_S = float(os.environ.get("OUTAGE_FREEZE_S", "9"))
-REQUEST_TIMEOUT_MS = 3000
+REQUEST_TIMEOUT_MS = int(os.environ.get("OUTAGE_REQUEST_TIMEOUT_MS", "3000"))
 ACCOUNTS = 120
 COMMANDS = 240
 REPLY_TIMEOUT_S = 4.0
@@ -309,9 +309,17 @@ async def test_processes_ride_out_a_frozen_broker(
                 for n in range(COMMANDS):
                     cmd = confirm_cmd(accounts[n % ACCOUNTS], workspace_id=DEV_WORKSPACE)
                     sent[cmd.command_id] = cmd.account_id
-                    await b.send(cmd)
+                    # The test's own producer rides the outage out the same way.
+                    await send_retrying(
+                        b.producer,
+                        loader,
+                        settings.topics.commands,
+                        cmd.model_dump_json().encode(),
+                        key=cmd.account_id.encode(),
+                    )
                     await asyncio.sleep(1 / 60)
 
+            loader = BrokerHealth(name="test-load")
             producing = asyncio.create_task(load())
             await asyncio.sleep(1.0)
             os.kill(own_broker.pid, signal.SIGSTOP)
