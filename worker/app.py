@@ -16,6 +16,7 @@ from worker.flow import Policy
 from worker.kafka import build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.metrics import WorkerMetrics
+from worker.outage import BrokerHealth
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
 from worker.route import Router
@@ -51,6 +52,8 @@ async def run_worker(
     ``PROVIDER_URLS`` (the benchmark's in-process provider)."""
     registry = registry or CollectorRegistry()
     metrics = WorkerMetrics(registry)
+    health = BrokerHealth(settings.kafka_outage_tolerance_s, name="worker")
+    health.export(registry, "auth_")
     await ensure_topics(settings)
     topics = settings.topics
     producer = build_producer(settings)
@@ -63,7 +66,7 @@ async def run_worker(
     store = StateStore()
     executor = Executor(
         store=store,
-        publisher=Publisher(producer, topics),
+        publisher=Publisher(producer, topics, health),
         providers=providers,
         policy=policy_from(settings, set(providers)),
         metrics=metrics,
@@ -100,4 +103,5 @@ async def run_worker(
         on_start=on_start,
         closers=(providers.aclose, http.aclose),
         group=settings.kafka_consumer_group,
+        health=health,
     )

@@ -22,6 +22,7 @@ def client_options(settings: Settings) -> dict[str, Any]:
     opts: dict[str, Any] = {
         "bootstrap_servers": settings.bootstrap,
         "security_protocol": settings.kafka_security_protocol,
+        "request_timeout_ms": settings.kafka_request_timeout_ms,
     }
     if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
         ctx = ssl.create_default_context(
@@ -54,13 +55,24 @@ def build_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
 
 
 def build_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKafkaConsumer:
-    """Manual commits only: an offset is committed after its effects are published."""
+    """Manual commits only: an offset is committed after its effects are published.
+
+    A group member's JoinGroup request is held by the coordinator until the rebalance
+    completes (up to ``rebalance_timeout_ms``), and aiokafka bounds it by the request timeout:
+    for a member the request timeout is never below the rebalance timeout + 5 s (the Java
+    client's rule), however short ``KAFKA_REQUEST_TIMEOUT_MS`` is.
+    """
     opts = client_options(settings) | {
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "isolation_level": "read_uncommitted",
         "fetch_max_wait_ms": settings.kafka_fetch_max_wait_ms,
     }
+    if "group_id" in overrides:
+        rebalance_ms = overrides.get("rebalance_timeout_ms") or overrides.get(
+            "session_timeout_ms", settings.kafka_session_timeout_ms
+        )
+        opts["request_timeout_ms"] = max(opts["request_timeout_ms"], int(rebalance_ms) + 5_000)
     return AIOKafkaConsumer(*topics, **(opts | overrides))
 
 

@@ -6,12 +6,12 @@ drop the duplicate. The state record goes to the command's own partition number 
 auth.state (co-partitioning does not depend on the producer's partitioner). Every record
 carries the current span's trace context (``traceparent``/``tracestate`` headers); a forward
 keeps the original's headers, context included.
+
+A write that fails because Kafka is unreachable is sent again until it is acknowledged
+(``worker.outage``): the lane waits through the outage instead of failing the process.
 """
 
 from __future__ import annotations
-
-import asyncio
-from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from worker import tracing
 from worker.flow import Decision
 from worker.messages import AccountRecord, AuthError, DecodeFailure, encode_record
+from worker.outage import BrokerHealth, Sent, acknowledged, enqueue, send_retrying
 from worker.route import FORWARDED_FROM
 from worker.settings import Topics
 
@@ -27,10 +28,13 @@ from worker.settings import Topics
 class Publisher:
     """All writes of the worker go through here; one producer, built in main."""
 
-    def __init__(self, producer: AIOKafkaProducer, topics: Topics) -> None:
+    def __init__(
+        self, producer: AIOKafkaProducer, topics: Topics, health: BrokerHealth | None = None
+    ) -> None:
         self._producer = producer
         self._topics = topics
         self._reply_partitions: frozenset[int] | None = None
+        self.health = health or BrokerHealth()
 
     async def _send(
         self,
@@ -40,25 +44,30 @@ class Publisher:
         *,
         partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = await self._producer.send(
+    ) -> Sent:
+        return await enqueue(
+            self._producer,
             topic,
             value,
             key=key.encode(),
             partition=partition,
             headers=tracing.kafka_headers() if headers is None else headers,
         )
-        return fut
 
-    async def _model(self, topic: str, key: str, model: BaseModel) -> asyncio.Future[Any]:
+    async def _model(self, topic: str, key: str, model: BaseModel) -> Sent:
         return await self._send(topic, key, model.model_dump_json(exclude_none=False).encode())
 
     async def persist(self, partition: int, record: AccountRecord) -> None:
         """Write one state record and wait for the ack (the write-ahead intent)."""
-        fut = await self._send(
-            self._topics.state, record.account_id, encode_record(record), partition=partition
+        await send_retrying(
+            self._producer,
+            self.health,
+            self._topics.state,
+            encode_record(record),
+            key=record.account_id.encode(),
+            partition=partition,
+            headers=tracing.kafka_headers(),
         )
-        await fut
 
     async def publish(
         self,
@@ -75,7 +84,7 @@ class Publisher:
         front-end replica as soon as that replica's view has read this far (read-your-writes;
         docs/architecture.md, "Guarantees"), never find the reply ahead of the state.
         """
-        futures: list[asyncio.Future[Any]] = []
+        futures: list[Sent] = []
         if state_changed and decision.record is not None:
             written = await self._send(
                 self._topics.state,
@@ -84,7 +93,7 @@ class Publisher:
                 partition=partition,
             )
             if decision.reply is not None:
-                await written
+                await acknowledged(self._producer, self.health, [written])
             else:
                 futures.append(written)
         if decision.reply is not None:
@@ -100,8 +109,7 @@ class Publisher:
         if decision.error_event is not None:
             err = decision.error_event
             futures.append(await self._model(self._topics.errors, err.account_id, err))
-        if futures:
-            await asyncio.gather(*futures)
+        await acknowledged(self._producer, self.health, futures)
 
     async def _reply_partition(self, wanted: int | None) -> int | None:
         """``wanted`` when auth.replies has that partition; otherwise ``None`` (keyed): a
@@ -123,7 +131,9 @@ class Publisher:
             *msg.headers,
             (FORWARDED_FROM, f"{msg.topic}:{msg.partition}:{msg.offset}".encode()),
         ]
-        fut = await self._producer.send(
+        await send_retrying(
+            self._producer,
+            self.health,
             msg.topic,
             msg.value,
             key=msg.key,
@@ -131,7 +141,6 @@ class Publisher:
             headers=headers,
             timestamp_ms=msg.timestamp if msg.timestamp_type == 0 else None,
         )
-        await fut
 
     async def dead_letter(
         self,
@@ -151,9 +160,9 @@ class Publisher:
             ("dlq.source", f"{topic}:{partition}:{offset}".encode()),
             *tracing.kafka_headers(),
         ]
-        futures = [await self._producer.send(self._topics.dlq, value, key=key, headers=headers)]
+        futures = [await enqueue(self._producer, self._topics.dlq, value, key=key, headers=headers)]
         if error_event is not None:
             futures.append(
                 await self._model(self._topics.errors, error_event.account_id, error_event)
             )
-        await asyncio.gather(*futures)
+        await acknowledged(self._producer, self.health, futures)

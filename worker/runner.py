@@ -6,6 +6,12 @@ Stopping: the first SIGTERM/SIGINT drains the loop (``Worker.stop``) and arms a 
 exits with code 70 if the clean stop overruns ``shutdown_hard_limit``; a second signal exits
 at once with 130. Every close step is bounded, so a broker that vanished cannot keep the
 process alive past its pod's termination grace period.
+
+A Kafka outage: the loop keeps beating (``/healthz`` green) while fetches come back empty and
+writes are re-sent (``worker.outage``); ``/readyz`` is red while the process's
+``BrokerHealth`` knows of an outage, and once it outlasts ``KAFKA_OUTAGE_TOLERANCE_S`` the loop
+is cancelled (nothing can be written anyway; unfinished work is replayed from the last
+committed offset) and ``BrokerOutageExceeded`` makes the process exit non-zero.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from worker.consumer import Handler, LoopConfig, LoopMetrics, Worker
 from worker.eventloop import running_loop_name
 from worker.kafka import build_consumer
 from worker.logs import get_logger
+from worker.outage import BrokerHealth, metadata_probe
 from worker.probes import build_probe_app
 from worker.process import on_stop_signals
 from worker.serving import serving
@@ -55,15 +62,19 @@ async def run_consume_loop(
     closers: Sequence[Callable[[], Awaitable[None]]] = (),
     group: str,
     also_ready: Callable[[], bool] = lambda: True,
+    health: BrokerHealth | None = None,
 ) -> None:
-    """Run ``loop`` with its clients until it stops; raises when the loop failed.
-    ``also_ready`` adds the process's other conditions to ``/readyz``."""
+    """Run ``loop`` with its clients until it stops; raises when the loop failed or Kafka
+    stayed unreachable past the tolerance. ``also_ready`` adds the process's other
+    conditions to ``/readyz``; ``health`` (the one the process's writers report to) is
+    probed through the producer's client and turns ``/readyz`` red during an outage."""
+    health = health or BrokerHealth(settings.kafka_outage_tolerance_s, name=name)
     served: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
     if probes is not None:
         app = build_probe_app(
             registry,
             last_beat=lambda: loop.last_beat,
-            ready=lambda: loop.ready and also_ready(),
+            ready=lambda: loop.ready and health.reachable and also_ready(),
         )
         served = serving(app, host=probes.host, port=probes.port, name=probes.name)
     # Installed for the whole run, close steps included: a second signal during them still
@@ -83,7 +94,8 @@ async def run_consume_loop(
                     group=group,
                     event_loop=running_loop_name(),
                 )
-                await loop.run()
+                probe = metadata_probe(producer.client, loop.config.topics[0])
+                await _run_watched(loop, health.monitor(probe))
         finally:
             if stopper is not None:
                 stopper.cancel()
@@ -92,6 +104,26 @@ async def run_consume_loop(
             for close in closers:
                 await close()
             log.info(f"{name}_stopped")
+
+
+async def _run_watched(loop: Worker, monitor: Coroutine[Any, Any, None]) -> None:
+    """``loop.run()`` beside the outage ``monitor``: when the monitor raises (the outage
+    outlasted the tolerance), the loop is cancelled rather than drained, since none of its
+    writes could be acknowledged, and the monitor's error is raised."""
+    running = asyncio.ensure_future(loop.run())
+    watching = asyncio.ensure_future(monitor)
+    try:
+        await asyncio.wait({running, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if watching.done() and not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+            watching.result()  # BrokerOutageExceeded
+        await running
+    finally:
+        for task in (running, watching):
+            task.cancel()
+        await asyncio.gather(running, watching, return_exceptions=True)
 
 
 #: Upper bound of each client-closing step after the drain (consumer, producer).

@@ -81,6 +81,18 @@ class Settings(BaseSettings):
         description="Longest a fetch waits for data. The embedded broker always waits the full "
         "time (it does not answer early when data arrives), so this is per-hop latency there.",
     )
+    kafka_request_timeout_ms: int = Field(
+        default=40_000,
+        ge=100,
+        description="Request timeout of every Kafka client (aiokafka's default); a produce not "
+        "acknowledged in time is sent again while the outage lasts (worker/outage.py).",
+    )
+    kafka_outage_tolerance_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a process rides out an unreachable or hung Kafka cluster (not "
+        "ready, writes retried) before it exits non-zero; Kafka Streams' task.timeout.ms.",
+    )
     commands_partitions: int = Field(default=12, ge=1)
     other_partitions: int = Field(default=12, ge=1)
 

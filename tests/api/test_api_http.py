@@ -464,6 +464,7 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
             "state_view": True,
             "replies": True,
             "webhooks": None,
+            "kafka": True,
         }
         await http.get(AUTH.format("acc_secret_1"), headers=headers())
         await http.get(AUTH.format("acc_secret_2"))
@@ -482,6 +483,8 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
             "api_reply_timeouts_total",
             "api_pending_replies",
             "api_ready",
+            "api_kafka_outage_seconds",
+            "api_kafka_broker_reachable",
         }
         samples = set(re.findall(r"^(api_[a-z_]+)[{ ]", text, flags=re.MULTILINE))
         assert {

@@ -597,6 +597,7 @@ async def test_readiness_covers_the_webhook_readers(hook_settings: Callable[...,
             "state_view": True,
             "replies": True,
             "webhooks": True,
+            "kafka": True,
         }
         assert len(api.tails) == 4
         await asyncio.sleep(0)

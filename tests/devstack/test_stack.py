@@ -108,3 +108,41 @@ async def _read_until(proc: subprocess.Popen[str], marker: str) -> str:
         seen.append(line)
         if marker in line:
             return "".join(seen)
+
+
+def test_an_exited_component_is_restarted_with_a_doubling_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``make run`` supervises like Kubernetes: restart after 1 s, 2 s, 4 s … up to 30 s,
+    and from 1 s again after a component ran for a minute."""
+    from devstack import stack
+
+    starts: list[float] = []
+    now = 100.0
+
+    class Exited:
+        returncode = 1
+
+        def poll(self) -> int:
+            return 1
+
+    def start(self: stack.Component) -> None:
+        starts.append(now)
+        self.started_at = now
+        self.proc = Exited()  # type: ignore[assignment]
+
+    monkeypatch.setattr(stack.Component, "start", start)
+    worker = stack.Component("worker", ["worker", "run"])
+    start(worker)
+    starts.clear()
+    waits = []
+    for _ in range(7):
+        stack.supervise([worker], now)  # notices the exit
+        waits.append(worker.backoff_s)
+        now = worker.restart_at or now
+        stack.supervise([worker], now)  # restarts
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert len(starts) == 7 and worker.restarts == 7
+    now += stack.STABLE_AFTER_S  # it ran for a minute this time
+    stack.supervise([worker], now)
+    assert worker.backoff_s == 1.0

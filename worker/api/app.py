@@ -40,6 +40,7 @@ from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.logs import get_logger
+from worker.outage import BrokerHealth
 from worker.probes import Probes
 from worker.process import on_stop_signals
 from worker.settings import Settings
@@ -70,6 +71,7 @@ def build_app(
     keys: KeyStore,
     registry: CollectorRegistry,
     webhooks: WebhookClients | None = None,
+    broker: BrokerHealth | None = None,
 ) -> Starlette:
     """The front-end app over clients built (and started) by the caller.
 
@@ -89,6 +91,7 @@ def build_app(
         commands_topic=settings.topics.commands,
         reply_timeout_s=settings.api_reply_timeout_s,
         webhook_tails=None if webhooks is None else webhooks.tails,
+        broker=broker,
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
     hooks = WebhookRoutes(
@@ -119,7 +122,9 @@ def build_app(
     return app
 
 
-def webhook_clients(settings: Settings, producer: Any) -> WebhookClients | None:
+def webhook_clients(
+    settings: Settings, producer: Any, broker: BrokerHealth | None = None
+) -> WebhookClients | None:
     """The unstarted webhook clients, or ``None`` (logged) without ``WEBHOOK_SECRETS_KEY``:
     the endpoints' secrets can be neither sealed nor opened then. A malformed key raises
     ``InvalidSecretsKey``, stopping the process (the key is never shown)."""
@@ -142,6 +147,7 @@ def webhook_clients(settings: Settings, producer: Any) -> WebhookClients | None:
         cipher=SecretsBox(key.get_secret_value()),
         timeout_s=settings.webhook_store_timeout_s,
         overlap_s=settings.webhook_secret_overlap_s,
+        health=broker,
     )
     deliveries = DeliveryLogView(
         build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS),
@@ -170,6 +176,8 @@ async def api_runtime(
     if not len(keys):
         log.warning("api_no_keys", keys_file=str(settings.api_keys_file))
     registry = registry if registry is not None else CollectorRegistry()
+    broker = BrokerHealth(settings.kafka_outage_tolerance_s, name="api")
+    broker.export(registry, "api_")
     topics = settings.topics
     producer = build_producer(settings)
     replies = ReplyRouter(
@@ -180,7 +188,7 @@ async def api_runtime(
     view = AuthStateView(
         build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS), topics.state
     )
-    webhooks = webhook_clients(settings, producer)
+    webhooks = webhook_clients(settings, producer, broker)
     app = build_app(
         settings,
         producer=producer,
@@ -189,6 +197,7 @@ async def api_runtime(
         keys=keys,
         registry=registry,
         webhooks=webhooks,
+        broker=broker,
     )
     started: list[Callable[[], Any]] = []
     try:
@@ -203,7 +212,9 @@ async def api_runtime(
                 await tail.start()
                 started.append(tail.stop)
             started.append(webhooks.replays.stop)  # stopped first: it produces
-        yield ApiRuntime(settings, app, producer, replies, view, keys, registry, webhooks)
+        yield ApiRuntime(
+            settings, app, producer, replies, view, keys, registry, webhooks, broker=broker
+        )
     finally:
         for stop in reversed(started):
             with contextlib.suppress(Exception):

@@ -84,14 +84,19 @@ class ApiHealth(BaseModel):
 
 
 class ApiReadiness(BaseModel):
-    """Readiness: the ``auth.state`` view caught up, the reply consumer positioned and, when
-    webhooks are configured, the endpoints registry and delivery log caught up."""
+    """Readiness: the ``auth.state`` view caught up, the reply consumer positioned, when
+    webhooks are configured the endpoints registry and delivery log caught up, and no Kafka
+    outage in progress."""
 
     ready: bool
     state_view: bool
     replies: bool
     webhooks: bool | None = Field(
         description="`null` when webhooks are not configured (no secrets key)."
+    )
+    kafka: bool = Field(
+        default=True,
+        description="`false` while the Kafka cluster is unreachable (an outage in progress).",
     )
 
 

@@ -40,6 +40,7 @@ from worker.api.view import AccountView, AuthStateView
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
 from worker.messages import AuthData, PasskeyConfirm
+from worker.outage import BrokerHealth, send_retrying
 from worker.route import REPLY_PARTITION
 from worker.tail import TopicTail
 
@@ -148,8 +149,10 @@ class ApiRoutes:
         commands_topic: str,
         reply_timeout_s: float,
         webhook_tails: Sequence[TopicTail] | None = None,
+        broker: BrokerHealth | None = None,
     ) -> None:
         self.producer = producer
+        self.broker = broker or BrokerHealth()
         self.replies = replies
         self.view = view
         self.keys = keys
@@ -181,8 +184,11 @@ class ApiRoutes:
             if self.webhook_tails is None
             else all(t.caught_up and t.running for t in self.webhook_tails)
         )
-        ok = state_view and replies and webhooks is not False
-        return ok, ApiReadiness(ready=ok, state_view=state_view, replies=replies, webhooks=webhooks)
+        kafka = self.broker.reachable
+        ok = state_view and replies and webhooks is not False and kafka
+        return ok, ApiReadiness(
+            ready=ok, state_view=state_view, replies=replies, webhooks=webhooks, kafka=kafka
+        )
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -250,7 +256,9 @@ class ApiRoutes:
         """Produce ``command`` and wait for its reply until ``deadline``; ``None`` on time-out.
         The waiter is registered before the command is produced, so the reply can not be
         missed. The command carries the trace context of its PRODUCER span (``traceparent``,
-        ``tracestate`` headers); the wait is a span of its own."""
+        ``tracestate`` headers); the wait is a span of its own. While Kafka is unreachable the
+        produce is retried until the deadline; the caller is then told to poll before retrying,
+        since a command handed to the producer may still reach the broker once it is back."""
         try:
             with self.replies.expect(command.command_id, command.request_id) as pending:
                 try:
@@ -266,7 +274,9 @@ class ApiRoutes:
                         },
                     ):
                         await asyncio.wait_for(
-                            self.producer.send_and_wait(
+                            send_retrying(
+                                self.producer,
+                                self.broker,
                                 self.commands_topic,
                                 command.model_dump_json().encode(),
                                 key=command.account_id.encode(),

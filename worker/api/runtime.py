@@ -2,15 +2,17 @@
 
 ``serve_runtime`` serves the app under uvicorn until ``stop`` is set or a Kafka reader dies,
 then lets in-flight requests finish (up to the reply timeout + 2 s). Raising when a reader
-died makes the process exit non-zero rather than serve stale data. uvicorn's own signal
-capture is off (``worker.serving.EmbeddedServer``): ``serve_api`` owns SIGTERM/SIGINT.
+died makes the process exit non-zero rather than serve stale data. A Kafka outage longer than
+``KAFKA_OUTAGE_TOLERANCE_S`` ends it the same way (``worker.outage``; shorter ones only turn
+``/readyz`` red). uvicorn's own signal capture is off (``worker.serving.EmbeddedServer``):
+``serve_api`` owns SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
@@ -23,6 +25,7 @@ from worker.api.view import AuthStateView
 from worker.api.webhook_routes import WebhookClients
 from worker.eventloop import running_loop_name
 from worker.logs import get_logger
+from worker.outage import BrokerHealth, metadata_probe
 from worker.serving import EmbeddedServer
 from worker.settings import Settings
 from worker.tail import TopicTail
@@ -44,6 +47,7 @@ class ApiRuntime:
     registry: CollectorRegistry
     webhooks: WebhookClients | None = None
     base_url: str | None = None
+    broker: BrokerHealth = field(default_factory=BrokerHealth)
 
     @property
     def tails(self) -> tuple[TopicTail, ...]:
@@ -88,7 +92,14 @@ async def serve_runtime(
     )
     serving = asyncio.create_task(_listen(server, settings), name="api-http")
     stopping = asyncio.create_task(stop.wait(), name="api-stop")
-    watched: set[asyncio.Future[Any]] = {serving, stopping, *(t.task for t in runtime.tails)}
+    probe = metadata_probe(runtime.producer.client, settings.topics.commands)
+    outage = asyncio.create_task(runtime.broker.monitor(probe), name="api-kafka-monitor")
+    watched: set[asyncio.Future[Any]] = {
+        serving,
+        stopping,
+        outage,
+        *(t.task for t in runtime.tails),
+    }
     try:
         while not server.started:
             if serving.done():
@@ -108,6 +119,7 @@ async def serve_runtime(
         await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
+        outage.cancel()
         server.should_exit = True
         try:
             await serving
@@ -116,3 +128,5 @@ async def serve_runtime(
     for tail in runtime.tails:
         if tail.failure is not None:
             raise RuntimeError(f"{tail.name} failed") from tail.failure
+    if outage.done() and not outage.cancelled() and outage.exception() is not None:
+        outage.result()  # BrokerOutageExceeded

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from worker.consumer import Worker
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.logs import get_logger
+from worker.outage import BrokerHealth
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
 from worker.webhooks.delivery import parse_schedule
@@ -78,6 +79,8 @@ async def run_dispatcher(
     error. ``sender`` replaces the HTTP sender built from settings (tests)."""
     registry = registry or CollectorRegistry()
     metrics = WebhookMetrics(registry)
+    health = BrokerHealth(settings.kafka_outage_tolerance_s, name="dispatcher")
+    health.export(registry, "webhook_")
     box = secrets_box(settings)
     await ensure_topics(settings)
     topics = settings.topics
@@ -96,6 +99,7 @@ async def run_dispatcher(
         cipher=box,
         timeout_s=settings.webhook_store_timeout_s,
         overlap_s=settings.webhook_secret_overlap_s,
+        health=health,
     )
     dispatcher = Dispatcher(
         store=DeliveryStore(),
@@ -108,6 +112,7 @@ async def run_dispatcher(
             state_topic=topics.webhook_state,
             log_topic=topics.webhook_deliveries,
             dlq_topic=topics.webhook_dlq,
+            health=health,
         ),
         config=DispatchConfig(
             status_topic=topics.status,
@@ -160,6 +165,7 @@ async def run_dispatcher(
             closers=() if session is None else (session.close,),
             group=settings.webhook_consumer_group,
             also_ready=lambda: tail.running,
+            health=health,
         )
     finally:
         watcher.cancel()

@@ -314,7 +314,7 @@ class Dispatcher:
         current = self.store.get(partition, account_id) or record
         merged = current.with_state(carry_over(current.of(endpoint_id), settled))
         self.store.put(partition, merged)
-        written = await self._publisher.send_state(partition, merged)
+        written = await self._publisher.send_state(partition, merged, store=self.store)
         if finished is None:
             # A retry or a delivery: its log entry only informs ``GET .../deliveries``, so it
             # goes out beside the state instead of before it.

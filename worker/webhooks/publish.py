@@ -7,18 +7,24 @@ repeats the attempt under the same webhook-id. State records of one partition ar
 the producer in the order they were stored (a FIFO lock per partition), so the changelog's
 last record of an account is always the store's latest. Every record carries the current
 span's trace context (``traceparent``/``tracestate`` headers, ``worker.tracing``).
+
+While Kafka is unreachable every write is sent again until acknowledged (``worker.outage``);
+a state record is re-sent as the store's latest record of its account, under the same lock,
+so a late re-send never puts an older state after a newer one.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from collections.abc import Awaitable
+from typing import Literal
 
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel, ConfigDict
 
 from worker import tracing
 from worker.messages import rfc3339
+from worker.outage import BrokerHealth, Sent, acknowledged, enqueue
 from worker.webhooks.delivery import Finished, Pending
 from worker.webhooks.state import AccountDeliveries, DeliveryStore
 
@@ -75,8 +81,10 @@ class DeliveryPublisher:
         state_topic: str,
         log_topic: str,
         dlq_topic: str,
+        health: BrokerHealth | None = None,
     ) -> None:
         self._producer = producer
+        self._health = health or BrokerHealth()
         self._state_topic = state_topic
         self._log_topic = log_topic
         self._dlq_topic = dlq_topic
@@ -89,24 +97,47 @@ class DeliveryPublisher:
         The store is updated before the first await, so a caller that computed ``record``
         from the store's current one loses no concurrent change."""
         store.put(partition, record)
-        await (await self.send_state(partition, record))
+        await (await self.send_state(partition, record, store=store))
 
-    async def send_state(self, partition: int, record: AccountDeliveries) -> asyncio.Future[Any]:
-        """Hand a record already stored to the producer; returns its ack. Await it right
-        after ``store.put``: the FIFO lock keeps the changelog in the order of the puts."""
-        value = record.model_dump_json().encode()
+    async def send_state(
+        self, partition: int, record: AccountDeliveries, *, store: DeliveryStore
+    ) -> Awaitable[None]:
+        """Hand a record already stored to the producer; returns what waits for its ack. Call
+        it right after ``store.put``: the partition's FIFO lock keeps the changelog in the
+        order of the puts. During an outage the wait re-sends the store's latest record of
+        the account, under the same lock."""
         lock = self._locks.get(partition)
         if lock is None:
             lock = self._locks[partition] = asyncio.Lock()
         async with lock:
-            fut: asyncio.Future[Any] = await self._producer.send(
-                self._state_topic,
-                value,
-                key=record.account_id.encode(),
-                partition=partition,
-                headers=tracing.kafka_headers(),
-            )
-        return fut
+            sent = await self._enqueue_state(partition, record)
+        return self._acked_state(sent, partition, record, store, lock)
+
+    async def _enqueue_state(self, partition: int, record: AccountDeliveries) -> Sent:
+        return await enqueue(
+            self._producer,
+            self._state_topic,
+            record.model_dump_json().encode(),
+            key=record.account_id.encode(),
+            partition=partition,
+            headers=tracing.kafka_headers(),
+        )
+
+    async def _acked_state(
+        self,
+        sent: Sent,
+        partition: int,
+        record: AccountDeliveries,
+        store: DeliveryStore,
+        lock: asyncio.Lock,
+    ) -> None:
+        attempt = 0
+        while not await sent.acked(self._health):
+            await self._health.pause(attempt)
+            attempt += 1
+            async with lock:
+                latest = store.get(partition, record.account_id) or record
+                sent = await self._enqueue_state(partition, latest)
 
     async def log_pending(
         self, record: AccountDeliveries, taken: list[tuple[str, Pending]], *, now: float
@@ -149,10 +180,14 @@ class DeliveryPublisher:
             ("webhook.last_error", (finished.last_error or "").encode()[:512]),
             *tracing.kafka_headers(),
         ]
-        fut = await self._producer.send(
-            self._dlq_topic, head.body.encode(), key=record.account_id.encode(), headers=headers
+        sent = await enqueue(
+            self._producer,
+            self._dlq_topic,
+            head.body.encode(),
+            key=record.account_id.encode(),
+            headers=headers,
         )
-        await fut
+        await acknowledged(self._producer, self._health, [sent])
 
     def _entry(
         self,
@@ -181,8 +216,9 @@ class DeliveryPublisher:
         )
 
     async def _log(self, entries: list[DeliveryLogEntry]) -> None:
-        futures = [
-            await self._producer.send(
+        sent = [
+            await enqueue(
+                self._producer,
                 self._log_topic,
                 e.model_dump_json().encode(),
                 key=e.endpoint_id.encode(),
@@ -190,5 +226,4 @@ class DeliveryPublisher:
             )
             for e in entries
         ]
-        if futures:
-            await asyncio.gather(*futures)
+        await acknowledged(self._producer, self._health, sent)

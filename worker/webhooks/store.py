@@ -4,7 +4,8 @@ compacted endpoints topic, acknowledged before the caller hears of it.
 A change is computed from the registry's current record, produced (key = endpoint id), awaited
 within ``timeout_s`` and then applied to the same registry, so the replica that made a change
 reads it back at once. A produce that fails or times out becomes the route's catalogued 500
-(``create_webhook_endpoint_failed`` ...); nothing is applied then.
+(``create_webhook_endpoint_failed`` ...); nothing is applied then. Within that time a write
+that fails because Kafka is unreachable is sent again (``worker.outage``).
 
 Secrets: ``create`` and ``rotate`` return the new secret in clear exactly once; the record
 holds it encrypted and bound to the endpoint id. A rotation keeps the previous secret signing
@@ -22,6 +23,7 @@ from aiokafka.errors import KafkaError
 
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
+from worker.outage import BrokerHealth, send_retrying
 from worker.webhooks.endpoints import (
     EndpointRecord,
     EndpointRegistry,
@@ -47,7 +49,15 @@ class SecretCipher(Protocol):
 
 
 class Producer(Protocol):
-    async def send_and_wait(self, topic: str, value: bytes | None, *, key: bytes) -> Any: ...
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Any: ...
 
 
 class EndpointStore:
@@ -63,8 +73,10 @@ class EndpointStore:
         timeout_s: float = 5.0,
         overlap_s: float = 86_400.0,
         clock: Callable[[], float] = time.time,
+        health: BrokerHealth | None = None,
     ) -> None:
         self._producer = producer
+        self._health = health or BrokerHealth()
         self._topic = topic
         self.registry = registry
         self._cipher = cipher
@@ -179,7 +191,9 @@ class EndpointStore:
     async def _send(self, endpoint_id: str, value: bytes | None, failure_code: str) -> None:
         try:
             async with asyncio.timeout(self._timeout_s):
-                await self._producer.send_and_wait(self._topic, value, key=endpoint_id.encode())
+                await send_retrying(
+                    self._producer, self._health, self._topic, value, key=endpoint_id.encode()
+                )
         except (KafkaError, TimeoutError) as exc:
             log.error("endpoint_write_failed", endpoint_id=endpoint_id, error=repr(exc))
             raise ServiceError.of(failure_code) from exc
