@@ -455,7 +455,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await counter.start()
         idle = CpuWindow(stack.pids)
         idle.start()
-        await asyncio.sleep(args.settle_s)
+        await asyncio.sleep(args.idle_s)
         idle.stop()
         ceiling_runs: list[dict[str, Any]] = []
         frontend_runs: list[dict[str, Any]] = []
@@ -498,7 +498,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             )
         max_rate = statistics.median(r["rate"] for r in frontend_runs)
         latency = []
-        for fraction in args.fractions:
+        for fraction in args.fractions if args.latency_s > 0 else []:
             left = accounts - next(numbers) + 1
             point = await open_loop(
                 api, numbers, max_rate * fraction, args.latency_s, DEV_KEY, limit=left
@@ -582,11 +582,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--ceiling-requests", type=int, default=5000)
     parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--idle-s", type=float, default=10.0, help="idle window (fetch loops)")
     parser.add_argument("--settle-s", type=float, default=3.0)
     parser.add_argument(
         "--fractions", type=lambda s: [float(x) for x in s.split(",")], default=[0.1, 0.5, 0.9]
     )
-    parser.add_argument("--latency-s", type=float, default=8.0)
+    parser.add_argument("--latency-s", type=float, default=8.0, help="0: no latency points")
     parser.add_argument(
         "--max-rate-guess",
         type=float,

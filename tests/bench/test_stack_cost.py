@@ -20,7 +20,7 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "stack-cost.json"
     argv = [
         *("--rounds", "1", "--requests", "60", "--ceiling-requests", "60"),
-        *("--connections", "5", "--settle-s", "0.5", "--latency-s", "0.5"),
+        *("--connections", "5", "--settle-s", "0.5", "--latency-s", "0.5", "--idle-s", "0.5"),
         *("--max-rate-guess", "100", "--out", str(out)),
     ]
     done = subprocess.run(
