@@ -171,3 +171,169 @@ class TopicTail:
             log.error("tail_failed", tail=self.name, topic=self.topic, error=repr(exc))
             self.on_failure(exc)
             raise
+
+
+class SharedConsumer:
+    """One group-less consumer, and so one fetch loop, under several tails.
+
+    Each tail gets a ``share()`` in place of its own consumer: the share is assigned the
+    tail's partitions, and one task fetches for all of them and hands each share the records
+    of its partitions. Tails that tolerate the same fetch wait share one: every consumer is a
+    fetch request per ``fetch_max_wait_ms`` even when idle (on the embedded broker, every
+    fetch is held for the full wait), for the process and the broker alike.
+
+    ``consumer`` is an unstarted, group-less consumer; the first share's ``start`` starts
+    it and the last share's ``stop`` closes it. A fetch failure fails every share's
+    ``getmany``, so every tail on it ends with the error.
+    """
+
+    def __init__(self, consumer: Any, *, idle_timeout_ms: int = 200, max_records: int = 5000):
+        self.consumer = consumer
+        self._idle_timeout_ms = idle_timeout_ms
+        self._max_records = max_records
+        self._owner: dict[TopicPartition, ConsumerShare] = {}
+        self._lock = asyncio.Lock()
+        self._users = 0
+        self._started = False
+        self._task: asyncio.Task[None] | None = None
+
+    def share(self) -> ConsumerShare:
+        return ConsumerShare(self)
+
+    async def _start(self) -> None:
+        self._users += 1
+        if not self._started:
+            self._started = True
+            await self.consumer.start()
+
+    async def _stop(self, share: ConsumerShare) -> None:
+        self._owner = {tp: s for tp, s in self._owner.items() if s is not share}
+        self._users -= 1
+        if self._users > 0:
+            return
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self.consumer.stop()
+
+    async def _assign(self, share: ConsumerShare, tps: Sequence[TopicPartition]) -> None:
+        """Add ``tps`` (at the beginning) to the assignment, the others kept where they are
+        (``assign`` replaces the whole assignment and forgets positions)."""
+        async with self._lock:
+            kept = {tp: await self.consumer.position(tp) for tp in self._owner}
+            for tp in tps:
+                self._owner[tp] = share
+            self.consumer.assign(list(self._owner))
+            for tp, offset in kept.items():
+                self.consumer.seek(tp, offset)
+            await self.consumer.seek_to_beginning(*tps)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="shared-consumer")
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                async with self._lock:
+                    batch = await self.consumer.getmany(
+                        timeout_ms=self._idle_timeout_ms, max_records=self._max_records
+                    )
+                for tp, records in batch.items():
+                    share = self._owner.get(tp)
+                    if share is not None:
+                        share._put(tp, records)
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            for share in set(self._owner.values()):
+                share._fail(exc)
+            raise
+
+
+class ConsumerShare:
+    """The part of a ``SharedConsumer`` one tail reads: the consumer calls ``TopicTail`` and
+    ``replay_to_highwater`` make, answered from the shared fetch loop."""
+
+    def __init__(self, hub: SharedConsumer) -> None:
+        self._hub = hub
+        self._pending: dict[TopicPartition, list[Any]] = {}
+        self._arrived = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._tps: list[TopicPartition] = []
+        self._paused: set[TopicPartition] = set()
+
+    @property
+    def _client(self) -> Any:
+        return self._hub.consumer._client
+
+    async def start(self) -> None:
+        await self._hub._start()
+
+    async def stop(self) -> None:
+        await self._hub._stop(self)
+
+    def partitions_for_topic(self, topic: str) -> Any:
+        """As the consumer's; an assigned consumer's metadata covers only its assigned
+        topics, so an unknown topic is added to what the client tracks (``assign_all``'s
+        next metadata update then fetches it)."""
+        parts = self._hub.consumer.partitions_for_topic(topic)
+        if not parts:
+            update = self._client.add_topic(topic)
+            update.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return parts
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self._tps = list(tps)
+
+    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        await self._hub._assign(self, tps or self._tps)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        """As the consumer's: nothing more is fetched for ``tps``, nor handed over."""
+        self._paused.update(tps)
+        self._hub.consumer.pause(*tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self._paused.difference_update(tps)
+        self._hub.consumer.resume(*tps)
+        if self._pending:
+            self._arrived.set()
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        high: int | None = self._hub.consumer.highwater(tp)
+        return high
+
+    async def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record this share hands over (records fetched but not yet
+        taken count as unread)."""
+        queued = self._pending.get(tp)
+        if queued:
+            offset: int = queued[0].offset
+            return offset
+        position: int = await self._hub.consumer.position(tp)
+        return position
+
+    async def getmany(self, *, timeout_ms: int, max_records: int | None = None) -> Any:
+        """Every record fetched for this share since the last call (``max_records`` is the
+        shared loop's); waits up to ``timeout_ms`` for some."""
+        if not self._arrived.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), timeout_ms / 1000)
+        if self._failure is not None:
+            raise self._failure
+        self._arrived.clear()
+        if not self._paused:
+            batch, self._pending = self._pending, {}
+            return batch
+        batch = {tp: rs for tp, rs in self._pending.items() if tp not in self._paused}
+        self._pending = {tp: rs for tp, rs in self._pending.items() if tp in self._paused}
+        return batch
+
+    def _put(self, tp: TopicPartition, records: list[Any]) -> None:
+        self._pending.setdefault(tp, []).extend(records)
+        self._arrived.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failure = exc
+        self._arrived.set()

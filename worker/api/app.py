@@ -44,6 +44,7 @@ from worker.outage import BrokerHealth
 from worker.probes import Probes
 from worker.process import on_stop_signals
 from worker.settings import Settings
+from worker.tail import SharedConsumer
 from worker.webhooks.endpoints import EndpointsTail
 from worker.webhooks.log_view import DeliveryLogView
 from worker.webhooks.secrets_box import SecretsBox
@@ -59,7 +60,17 @@ REPLY_FETCH_MAX_WAIT_MS: Final = 10
 as data arrives, so this only bounds idle polling there; the embedded broker (Tansu) holds
 every fetch for the full wait, so it adds to each reply's latency (figures: bench/README.md)."""
 VIEW_FETCH_MAX_WAIT_MS: Final = 50
-"""The same for auth.state: the polling route tolerates a few more milliseconds of lag."""
+"""The same for auth.state, webhook.endpoints and webhook.deliveries, read by one shared
+consumer (``worker.tail.SharedConsumer``: one fetch loop, not three): the polling route and
+the webhook routes tolerate a few more milliseconds of lag."""
+
+
+def view_consumer(settings: Settings) -> SharedConsumer:
+    """The consumer the front-end's read models share (the replies keep their own, with the
+    shorter wait that bounds each POST's latency)."""
+    return SharedConsumer(
+        build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS), idle_timeout_ms=200
+    )
 
 
 def build_app(
@@ -123,11 +134,15 @@ def build_app(
 
 
 def webhook_clients(
-    settings: Settings, producer: Any, broker: BrokerHealth | None = None
+    settings: Settings,
+    producer: Any,
+    broker: BrokerHealth | None = None,
+    shared: SharedConsumer | None = None,
 ) -> WebhookClients | None:
     """The unstarted webhook clients, or ``None`` (logged) without ``WEBHOOK_SECRETS_KEY``:
     the endpoints' secrets can be neither sealed nor opened then. A malformed key raises
-    ``InvalidSecretsKey``, stopping the process (the key is never shown)."""
+    ``InvalidSecretsKey``, stopping the process (the key is never shown). The two tails read
+    through ``shared`` when given, else each through a consumer of its own."""
     key = settings.webhook_secrets_key
     if key is None:
         log.error(
@@ -136,10 +151,8 @@ def webhook_clients(
         )
         return None
     topics = settings.topics
-    endpoints = EndpointsTail(
-        build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS),
-        topics.webhook_endpoints,
-    )
+    shared = shared or view_consumer(settings)
+    endpoints = EndpointsTail(shared.share(), topics.webhook_endpoints)
     store = EndpointStore(
         producer=producer,
         topic=topics.webhook_endpoints,
@@ -149,10 +162,7 @@ def webhook_clients(
         overlap_s=settings.webhook_secret_overlap_s,
         health=broker,
     )
-    deliveries = DeliveryLogView(
-        build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS),
-        topics.webhook_deliveries,
-    )
+    deliveries = DeliveryLogView(shared.share(), topics.webhook_deliveries)
     replays = ReplayRunner(
         consumer_factory=lambda: build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS),
         producer=producer,
@@ -185,10 +195,9 @@ async def api_runtime(
         topics.replies,
         partition=settings.api_reply_partition,
     )
-    view = AuthStateView(
-        build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS), topics.state
-    )
-    webhooks = webhook_clients(settings, producer, broker)
+    shared = view_consumer(settings)
+    view = AuthStateView(shared.share(), topics.state)
+    webhooks = webhook_clients(settings, producer, broker, shared)
     app = build_app(
         settings,
         producer=producer,

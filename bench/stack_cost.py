@@ -1,0 +1,610 @@
+"""What a confirm through the front-end costs: per POST against the HTTP-only ceiling, per
+process of the whole stack, in Kafka records and provider requests, and its latency.
+
+``python -m bench.stack_cost`` starts the dev stack (``python -m devstack stack``: embedded
+broker, simulator, worker, dispatcher, receiver, front-end) on spare loopback ports and the
+ceiling (``bench.api_ceiling``) next to it, then:
+
+1. closed loop, ``--connections`` keep-alive connections, ``--requests`` POSTs per phase,
+   ``--rounds`` times ceiling then front-end, back to back: CPU per POST of each from
+   ``/proc/<pid>/stat`` (user and system apart); for the front-end phases also every stack
+   process's CPU per confirm (the phase plus ``--settle-s`` for the asynchronous tail: status
+   events, webhook deliveries), the records each topic gained per confirm (counted by a
+   group-less consumer, paused while a phase runs) and the provider calls per confirm
+   (``/_sim/stats``);
+2. open loop at ``--fractions`` of the front-end's closed-loop rate, ``--latency-s`` each:
+   p50/p99 from each request's scheduled time (no coordinated omission).
+
+Bounded in requests and time; stops the stack itself. Writes ``--out`` (JSON, every figure)
+and prints the figures against the targets (figures: bench/README.md, "Front-end cost").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from bench.common import REPO_ROOT, base_env
+from devstack.broker import free_port, wait_for_port
+from devstack.keys import DEV_KEY, dev_keys_file
+from worker import eventloop
+from worker.settings import Topics
+
+TICK: Final = os.sysconf("SC_CLK_TCK")
+ROUTE: Final = "/v1/accounts/acc_demo_{n}/auth/passkey-confirm"
+TARGET_RATIO: Final = 3.0
+TARGET_STACK_MS: Final = 2.5
+TARGET_P99_SLACK_MS: Final = 30.0
+#: Which stack process is which, by its command line.
+ROLES: Final = {
+    "devstack simulator": "simulator",
+    "devstack receiver": "receiver",
+    "worker run": "worker",
+    "worker webhooks": "dispatcher",
+    "worker api": "front-end",
+    "broker --listener-url": "broker",
+}
+
+
+# -- CPU of processes --------------------------------------------------------------------------
+
+
+def cpu_of(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``pid`` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as f:
+            if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def role_of(pid: int) -> str | None:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+    return next((role for marker, role in ROLES.items() if marker in cmdline), None)
+
+
+@dataclass
+class CpuWindow:
+    """CPU seconds (user, system) each of ``pids`` spent between ``start`` and ``stop``."""
+
+    pids: dict[str, int]
+    before: dict[str, tuple[float, float]] = field(default_factory=dict)
+    spent: dict[str, tuple[float, float]] = field(default_factory=dict)
+    wall: float = 0.0
+
+    def start(self) -> None:
+        self.before = {name: cpu_of(pid) for name, pid in self.pids.items()}
+        self.wall = time.perf_counter()
+
+    def stop(self) -> None:
+        self.wall = time.perf_counter() - self.wall
+        for name, pid in self.pids.items():
+            u, s = cpu_of(pid)
+            bu, bs = self.before[name]
+            self.spent[name] = (u - bu, s - bs)
+
+
+# -- HTTP load ---------------------------------------------------------------------------------
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection speaking just enough HTTP for this route: cheap, so
+    the generator takes little of the two cores the stack runs on."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int) -> Connection:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer)
+
+    async def post(self, path: str, key: str) -> tuple[int, bytes]:
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Api-Key: {key}\r\n"
+            "Content-Length: 0\r\n\r\n".encode()
+        )
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        body = await self.reader.readexactly(length)
+        return int(head[9:12]), body
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+async def closed_loop(
+    port: int, numbers: Iterator[int], requests: int, connections: int, key: str
+) -> dict[str, Any]:
+    """``requests`` POSTs over ``connections`` connections, each sending its next request when
+    the previous one was answered."""
+    conns = [await Connection.open(port) for _ in range(connections)]
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    left = iter(range(requests))
+
+    async def run(conn: Connection) -> None:
+        for _ in left:
+            t = time.perf_counter()
+            status, _body = await conn.post(ROUTE.format(n=next(numbers)), key)
+            latencies.append(time.perf_counter() - t)
+            statuses[status] += 1
+
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(run(c) for c in conns))
+    finally:
+        for c in conns:
+            c.close()
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "requests": requests,
+        "seconds": elapsed,
+        "rate": requests / elapsed,
+        "p50_ms": percentile(latencies, 0.5) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+        "statuses": {str(k): v for k, v in statuses.items()},
+    }
+
+
+async def open_loop(
+    port: int,
+    numbers: Iterator[int],
+    rate: float,
+    seconds: float,
+    key: str,
+    *,
+    limit: int,
+    cap: int = 400,
+) -> dict[str, Any]:
+    """Arrivals every ``1/rate`` s for ``seconds``, whatever the answers do; each request on an
+    idle connection (a new one when none is idle, at most ``cap``). Latency counts from the
+    scheduled arrival, so a stall is charged to every request it delays. At most ``limit``
+    requests (the demo accounts left)."""
+    idle: list[Connection] = []
+    opened = 0
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    total = max(1, min(int(rate * seconds), limit))
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.05
+    slots = asyncio.Semaphore(cap)
+
+    async def one(scheduled: float) -> None:
+        nonlocal opened
+        async with slots:
+            if idle:
+                conn = idle.pop()
+            else:
+                opened += 1
+                conn = await Connection.open(port)
+            status, _ = await conn.post(ROUTE.format(n=next(numbers)), key)
+            latencies.append(loop.time() - scheduled)
+            statuses[status] += 1
+            idle.append(conn)
+
+    tasks = []
+    for i in range(total):
+        at = start + i / rate
+        delay = at - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(at)))
+    await asyncio.gather(*tasks)
+    elapsed = loop.time() - start
+    for c in idle:
+        c.close()
+    latencies.sort()
+    return {
+        "offered_rate": rate,
+        "achieved_rate": total / elapsed,
+        "requests": total,
+        "connections": opened,
+        "p50_ms": percentile(latencies, 0.5) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+        "max_ms": latencies[-1] * 1000,
+        "statuses": {str(k): v for k, v in statuses.items()},
+    }
+
+
+# -- Kafka records -----------------------------------------------------------------------------
+
+
+class RecordCounter:
+    """Counts the records every topic gains, with one group-less consumer that is paused
+    (fetches nothing, costs the broker nothing) except while it counts."""
+
+    def __init__(self, bootstrap: str, topics: list[str]) -> None:
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=100
+        )
+        self.topics = topics
+        self.tps: list[TopicPartition] = []
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        await self.consumer._client.force_metadata_update()
+        self.tps = [
+            TopicPartition(t, p)
+            for t in self.topics
+            for p in sorted(self.consumer.partitions_for_topic(t) or ())
+        ]
+        self.consumer.assign(self.tps)
+        await self.consumer.seek_to_beginning(*self.tps)
+        await self.count()
+
+    async def count(self, quiet_polls: int = 2) -> Counter[str]:
+        """Records per topic since the last count: reads until every partition is at its
+        high-water mark and ``quiet_polls`` polls in a row were empty."""
+        self.consumer.resume(*self.tps)
+        got: Counter[str] = Counter()
+        quiet = 0
+        while quiet < quiet_polls:
+            chunk = await self.consumer.getmany(timeout_ms=300, max_records=10_000)
+            for tp, records in chunk.items():
+                got[tp.topic] += len(records)
+            behind = False
+            for tp in self.tps:
+                high = self.consumer.highwater(tp)
+                if high is not None and await self.consumer.position(tp) < high:
+                    behind = True
+            quiet = 0 if chunk or behind else quiet + 1
+        self.consumer.pause(*self.tps)
+        return got
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+
+
+# -- the stack ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    proc: subprocess.Popen[bytes]
+    pids: dict[str, int]
+    ports: dict[str, int]
+    log: Path
+
+
+def start_stack(accounts: int, workdir: Path, keys: Path, timeout_s: float) -> Stack:
+    ports = {
+        name: free_port()
+        for name in ("broker", "simulator", "receiver", "api", "worker", "webhooks")
+    }
+    env = base_env() | {
+        "EMBEDDED_BROKER_PORT": str(ports["broker"]),
+        "SIMULATOR_PORT": str(ports["simulator"]),
+        "RECEIVER_PORT": str(ports["receiver"]),
+        "API_PORT": str(ports["api"]),
+        "WORKER_METRICS_PORT": str(ports["worker"]),
+        "WEBHOOK_METRICS_PORT": str(ports["webhooks"]),
+        "API_KEYS_FILE": str(keys),
+        "PROVIDER_URLS": json.dumps({"simulator": f"http://127.0.0.1:{ports['simulator']}"}),
+    }
+    log = workdir / "stack.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "devstack", "stack", "--demo-accounts", str(accounts)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + timeout_s
+    while b"stack is up" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the stack did not start; see {log}")
+        time.sleep(0.2)
+    pids = {}
+    for pid in children_of(proc.pid):
+        role = role_of(pid)
+        if role is not None:
+            pids[role] = pid
+    return Stack(proc, pids, ports, log)
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def until_registered(port: int, account: int, timeout_s: float) -> None:
+    """Until the front-end knows the last demo account (the worker registered them all)."""
+    deadline = time.monotonic() + timeout_s
+    url = f"http://127.0.0.1:{port}/v1/accounts/acc_demo_{account}/auth"
+    async with httpx.AsyncClient(timeout=5) as client:
+        while (await client.get(url, headers={"X-Api-Key": DEV_KEY})).status_code != 200:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"acc_demo_{account} not registered after {timeout_s}s")
+            await asyncio.sleep(0.5)
+
+
+async def sim_calls(port: int) -> int:
+    async with httpx.AsyncClient(timeout=5) as client:
+        stats = (await client.get(f"http://127.0.0.1:{port}/_sim/stats")).json()
+    return int(stats["total_calls"])
+
+
+def profiler(out_dir: Path | None, pid: int, run: int) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling ``pid`` (collapsed stacks, idle frames left out) until SIGINT."""
+    if out_dir is None:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen(
+        [
+            str(spy),
+            "record",
+            "-p",
+            str(pid),
+            "-f",
+            "raw",
+            "-r",
+            "200",
+            "--nonblocking",
+            "-o",
+            str(out_dir / f"front-end-{run}.txt"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def per_request(window: CpuWindow, n: int) -> dict[str, dict[str, float]]:
+    """µs of CPU per request of each process: user, system, total."""
+    return {
+        name: {
+            "user_us": u / n * 1e6,
+            "system_us": s / n * 1e6,
+            "total_us": (u + s) / n * 1e6,
+        }
+        for name, (u, s) in window.spent.items()
+    }
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {
+        "min": min(values),
+        "median": statistics.median(values),
+        "max": max(values),
+    }
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="stack-cost-"))
+    keys = dev_keys_file(workdir / "api-keys.json")
+    latency_total = int(sum(args.fractions) * args.max_rate_guess * args.latency_s * 1.6)
+    accounts = args.rounds * args.requests + latency_total + 200
+    stack = start_stack(accounts, workdir, keys, args.start_timeout_s)
+    ceiling_port = free_port()
+    ceiling = subprocess.Popen(  # noqa: ASYNC220 - started once, before any measurement
+        [
+            sys.executable,
+            "-m",
+            "bench.api_ceiling",
+            "--port",
+            str(ceiling_port),
+            "--keys-file",
+            str(keys),
+        ],
+        cwd=REPO_ROOT,
+        env=base_env(),
+        stdin=subprocess.DEVNULL,
+    )
+    counter: RecordCounter | None = None
+    try:
+        await asyncio.to_thread(wait_for_port, "127.0.0.1", ceiling_port, 30)
+        api = stack.ports["api"]
+        await until_registered(api, accounts, args.start_timeout_s)
+        numbers = iter(range(1, accounts + 1))
+        # Warm both up (imports, first connections) outside every window.
+        await closed_loop(ceiling_port, iter(range(10**9, 10**9 + 200)), 200, 10, DEV_KEY)
+        await closed_loop(api, numbers, 50, 10, DEV_KEY)
+        topics = Topics().all()
+        counter = RecordCounter(f"127.0.0.1:{stack.ports['broker']}", topics)
+        await counter.start()
+        idle = CpuWindow(stack.pids)
+        idle.start()
+        await asyncio.sleep(args.idle_s)
+        idle.stop()
+        ceiling_runs: list[dict[str, Any]] = []
+        frontend_runs: list[dict[str, Any]] = []
+        fake = iter(range(10**9, 2 * 10**9))
+        for _ in range(args.rounds):
+            window = CpuWindow({"ceiling": ceiling.pid})
+            window.start()
+            n = args.ceiling_requests
+            load = await closed_loop(ceiling_port, fake, n, args.connections, DEV_KEY)
+            window.stop()
+            ceiling_runs.append(load | {"cpu": per_request(window, n)["ceiling"]})
+
+            calls = await sim_calls(stack.ports["simulator"])
+            spy = profiler(args.profile, stack.pids["front-end"], len(frontend_runs))
+            window = CpuWindow(stack.pids)
+            loadavg = os.getloadavg()[0]
+            window.start()
+            load = await closed_loop(api, numbers, args.requests, args.connections, DEV_KEY)
+            await asyncio.sleep(args.settle_s)
+            window.stop()
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                await asyncio.to_thread(spy.wait, 30)
+            records = await counter.count()
+            calls = await sim_calls(stack.ports["simulator"]) - calls
+            cpu = per_request(window, args.requests)
+            frontend_runs.append(
+                load
+                | {
+                    "cpu": cpu,
+                    "stack_total_us": sum(c["total_us"] for c in cpu.values()),
+                    "window_s": window.wall,
+                    "records_per_confirm": {
+                        t: n / args.requests for t, n in sorted(records.items())
+                    },
+                    "records_total_per_confirm": sum(records.values()) / args.requests,
+                    "provider_calls_per_confirm": calls / args.requests,
+                    "loadavg_1m": loadavg,
+                }
+            )
+        max_rate = statistics.median(r["rate"] for r in frontend_runs)
+        latency = []
+        for fraction in args.fractions if args.latency_s > 0 else []:
+            left = accounts - next(numbers) + 1
+            point = await open_loop(
+                api, numbers, max_rate * fraction, args.latency_s, DEV_KEY, limit=left
+            )
+            latency.append(point | {"fraction": fraction})
+    finally:
+        if counter is not None:
+            await counter.stop()
+        stop_process(ceiling)
+        stop_process(stack.proc, 60)
+    ratios = [
+        f["cpu"]["front-end"]["total_us"] / c["cpu"]["total_us"]
+        for c, f in zip(ceiling_runs, frontend_runs, strict=True)
+    ]
+    return {
+        "parameters": vars(args) | {"out": str(args.out)},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_end": os.getloadavg(),
+        },
+        "pids": stack.pids,
+        "idle_cores": {name: (u + s) / idle.wall for name, (u, s) in idle.spent.items()},
+        "ceiling": ceiling_runs,
+        "frontend": frontend_runs,
+        "ratio": ratios,
+        "ratio_spread": spread(ratios),
+        "ceiling_us_spread": spread([c["cpu"]["total_us"] for c in ceiling_runs]),
+        "frontend_us_spread": spread([f["cpu"]["front-end"]["total_us"] for f in frontend_runs]),
+        "stack_us_spread": spread([f["stack_total_us"] for f in frontend_runs]),
+        "max_rate": max_rate,
+        "latency": latency,
+        "provider_latency_ms": args.provider_latency_ms,
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    ratio = result["ratio_spread"]
+    stack = result["stack_us_spread"]
+    last = result["frontend"][-1]
+    lines = [
+        "ceiling CPU/POST µs  "
+        + " / ".join(f"{c['cpu']['total_us']:,.0f}" for c in result["ceiling"]),
+        "front-end CPU/POST µs "
+        + " / ".join(
+            f"{f['cpu']['front-end']['total_us']:,.0f} "
+            f"(u {f['cpu']['front-end']['user_us']:,.0f}"
+            f" s {f['cpu']['front-end']['system_us']:,.0f})"
+            for f in result["frontend"]
+        ),
+        f"front-end ÷ ceiling  {ratio['min']:.2f}-{ratio['max']:.2f}x"
+        f"  target ≤ {TARGET_RATIO}x  {'OK' if ratio['median'] <= TARGET_RATIO else 'MISS'}",
+        f"stack CPU/confirm    {stack['min'] / 1000:.2f}-{stack['max'] / 1000:.2f} ms"
+        f"  target ≤ {TARGET_STACK_MS} ms"
+        f"  {'OK' if stack['median'] / 1000 <= TARGET_STACK_MS else 'MISS'}",
+        "  per process (last run, µs): "
+        + ", ".join(f"{k} {v['total_us']:,.0f}" for k, v in last["cpu"].items()),
+        f"  records/confirm {last['records_total_per_confirm']:.2f}: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in last["records_per_confirm"].items()),
+        f"  provider calls/confirm {last['provider_calls_per_confirm']:.2f}",
+        f"max rate (closed loop, {result['parameters']['connections']} conns) "
+        f"{result['max_rate']:,.0f}/s",
+    ]
+    limit = result["provider_latency_ms"] + TARGET_P99_SLACK_MS
+    for point in result["latency"]:
+        verdict = ""
+        if point["fraction"] == 0.5:
+            verdict = (
+                f"  target p99 ≤ {limit:.0f} ms {'OK' if point['p99_ms'] <= limit else 'MISS'}"
+            )
+        lines.append(
+            f"open loop {point['fraction']:.0%} ({point['offered_rate']:,.0f}/s): "
+            f"p50 {point['p50_ms']:.1f} ms p99 {point['p99_ms']:.1f} ms{verdict}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.stack_cost", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--ceiling-requests", type=int, default=5000)
+    parser.add_argument("--connections", type=int, default=50)
+    parser.add_argument("--idle-s", type=float, default=10.0, help="idle window (fetch loops)")
+    parser.add_argument("--settle-s", type=float, default=3.0)
+    parser.add_argument(
+        "--fractions", type=lambda s: [float(x) for x in s.split(",")], default=[0.1, 0.5, 0.9]
+    )
+    parser.add_argument("--latency-s", type=float, default=8.0, help="0: no latency points")
+    parser.add_argument(
+        "--max-rate-guess",
+        type=float,
+        default=600.0,
+        help="sizes the demo accounts registered for the open-loop points",
+    )
+    parser.add_argument("--provider-latency-ms", type=float, default=20.0)
+    parser.add_argument("--start-timeout-s", type=float, default=120.0)
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy the front-end")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "stack-cost.json")
+    args = parser.parse_args(argv)
+    result = eventloop.run(measure(args), "uvloop")
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(report(result))
+    print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""Smoke test of ``python -m bench.stack_cost``: a tiny run end to end in its own process
+(it starts the dev stack and the ceiling itself), checked for completeness only. No timing
+thresholds: the numbers depend on the machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = {"broker", "simulator", "worker", "dispatcher", "front-end", "receiver"}
+
+
+@pytest.mark.slow
+def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "stack-cost.json"
+    argv = [
+        *("--rounds", "1", "--requests", "60", "--ceiling-requests", "60"),
+        *("--connections", "5", "--settle-s", "0.5", "--latency-s", "0.5", "--idle-s", "0.5"),
+        *("--max-rate-guess", "100", "--out", str(out)),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.stack_cost", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert set(result["pids"]) == ROLES
+    (ceiling,) = result["ceiling"]
+    (front,) = result["frontend"]
+    assert ceiling["statuses"] == {"200": 60}
+    assert front["statuses"] == {"200": 60}
+    assert {"user_us", "system_us", "total_us"} <= set(ceiling["cpu"])
+    assert set(front["cpu"]) == ROLES
+    assert front["records_per_confirm"]["auth.commands"] == 1.0
+    assert front["records_per_confirm"]["auth.replies"] == 1.0
+    assert front["provider_calls_per_confirm"] >= 1.0
+    assert len(result["ratio"]) == 1 and result["stack_us_spread"]["median"] > 0
+    assert [p["fraction"] for p in result["latency"]] == [0.1, 0.5, 0.9]
+    for point in result["latency"]:
+        assert {"p50_ms", "p99_ms", "offered_rate", "achieved_rate"} <= set(point)
+    assert "front-end" in done.stdout and "target" in done.stdout
