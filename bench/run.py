@@ -70,7 +70,7 @@ from bench.memory import restore_rate, store_memory
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from worker import eventloop
 from worker.kafka import build_producer, client_options, ensure_topics
-from worker.settings import Settings, Topics
+from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings, Topics
 
 _TICK = os.sysconf("SC_CLK_TCK")
 WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].default
@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--fetch-max-wait-ms",
         type=int,
         default=None,
-        help="KAFKA_FETCH_MAX_WAIT_MS of the contenders (default: the worker's default)",
+        help="KAFKA_FETCH_MAX_WAIT_MS of the contenders (default 20: the embedded broker holds "
+        "every fetch for the full wait, so the production default of 500 would be latency)",
     )
     p.add_argument(
         "--follow-up-poll-s",
@@ -368,6 +369,7 @@ class Bench:
                 "KAFKA_CONSUMER_GROUP": settings.kafka_consumer_group,
                 "KAFKA_SESSION_TIMEOUT_MS": "6000",
                 "KAFKA_HEARTBEAT_INTERVAL_MS": "500",
+                "KAFKA_FETCH_MAX_WAIT_MS": str(a.fetch_max_wait_ms or EMBEDDED_FETCH_MAX_WAIT_MS),
                 "COMMANDS_PARTITIONS": str(a.partitions),
                 "OTHER_PARTITIONS": str(a.partitions),
                 "PROVIDER_URLS": json.dumps(settings.provider_urls),
@@ -383,8 +385,6 @@ class Bench:
             env["WORKER_MAX_IN_FLIGHT"] = str(max_in_flight)
         if a.gc_threshold is not None:
             env["WORKER_GC_THRESHOLD"] = str(a.gc_threshold)
-        if a.fetch_max_wait_ms is not None:
-            env["KAFKA_FETCH_MAX_WAIT_MS"] = str(a.fetch_max_wait_ms)
         if a.provider_max_connections is not None:
             env["PROVIDER_MAX_CONNECTIONS"] = str(a.provider_max_connections)
         topics = settings.topics
@@ -693,8 +693,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 "gc_threshold": Settings.model_fields["worker_gc_threshold"].default
                 if args.gc_threshold is None
                 else args.gc_threshold,
-                "fetch_max_wait_ms": args.fetch_max_wait_ms
-                or Settings.model_fields["kafka_fetch_max_wait_ms"].default,
+                "fetch_max_wait_ms": args.fetch_max_wait_ms or EMBEDDED_FETCH_MAX_WAIT_MS,
             },
         },
         "scenarios": {},
