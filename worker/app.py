@@ -32,6 +32,7 @@ def policy_from(settings: Settings, providers: set[str]) -> Policy:
         providers=frozenset(providers),
         dedup_window=settings.worker_dedup_window,
         follow_up_poll_s=settings.worker_follow_up_poll_s,
+        follow_up_poll_max_s=settings.worker_follow_up_poll_max_s,
         follow_up_deadline_s=settings.worker_follow_up_deadline_s,
         command_deadline_s=settings.worker_command_deadline_s,
     )

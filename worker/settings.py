@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     worker_shutdown_grace_s: float = Field(default=20.0, gt=0)
     worker_dedup_window: int = Field(default=8, ge=1, le=256)
     worker_follow_up_poll_s: float = Field(default=2.0, gt=0)
+    worker_follow_up_poll_max_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Polls back off from WORKER_FOLLOW_UP_POLL_S, doubling up to this.",
+    )
     worker_follow_up_deadline_s: float = Field(default=300.0, gt=0)
     worker_command_deadline_s: float = Field(default=30.0, gt=0)
     worker_gc_threshold: int = Field(
