@@ -19,7 +19,7 @@ from worker.metrics import WorkerMetrics
 from worker.outage import BrokerHealth
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
-from worker.route import Router
+from worker.route import KeyPartitioner, Router
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
 from worker.store import StateStore
@@ -57,7 +57,7 @@ async def run_worker(
     health.export(registry, "auth_")
     await ensure_topics(settings)
     topics = settings.topics
-    producer = build_producer(settings)
+    producer = build_producer(settings, partitioner=KeyPartitioner())
     http = build_http_client(settings)
     if providers is None:  # the benchmark passes an in-process provider instead
         providers = build_registry(
