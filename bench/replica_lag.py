@@ -31,7 +31,7 @@ from worker.api.runtime import ApiRuntime
 from worker.app import run_worker
 from worker.kafka import build_producer, ensure_topics
 from worker.messages import RegisterAccount
-from worker.settings import Settings
+from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings
 
 SENT = "passkey_confirmation_sent"
 
@@ -88,6 +88,7 @@ async def measure(accounts: int, timeout_s: float, keys_dir: str) -> list[float]
         async with running_simulator(ProviderSimulator(latency_ms=5, jitter_ms=1)) as sim:
             settings = Settings(
                 kafka_bootstrap_servers=broker.bootstrap,
+                kafka_fetch_max_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
                 provider_urls={"simulator": sim},
                 api_port=0,
                 api_keys_file=dev_keys_file(Path(keys_dir) / "keys.json"),

@@ -51,7 +51,7 @@ from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from worker import eventloop
 from worker.kafka import build_producer, ensure_topics
 from worker.messages import AuthStatusChanged, event_id
-from worker.settings import Settings, Topics
+from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings, Topics
 from worker.webhooks.delivery import webhook_id
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
 from worker.webhooks.secrets_box import SecretsBox, generate_key
@@ -264,6 +264,7 @@ class HookBench:
             "KAFKA_BOOTSTRAP_SERVERS": s.bootstrap,
             "KAFKA_SESSION_TIMEOUT_MS": "6000",
             "KAFKA_HEARTBEAT_INTERVAL_MS": "500",
+            "KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_FETCH_MAX_WAIT_MS),
             "COMMANDS_PARTITIONS": str(s.commands_partitions),
             "OTHER_PARTITIONS": str(s.other_partitions),
             "WEBHOOK_SECRETS_KEY": key.get_secret_value(),
@@ -574,6 +575,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         prefix = f"hooks-{tag}"
         settings = Settings(
             kafka_bootstrap_servers=broker.bootstrap,
+            kafka_fetch_max_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
             commands_partitions=args.partitions,
             other_partitions=args.partitions,
             webhook_secrets_key=generate_key(),

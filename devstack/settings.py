@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from worker.settings import Settings
+from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings
 
 __all__ = ["DevSettings"]
 
@@ -18,6 +18,8 @@ class DevSettings(Settings):
     """``Settings`` for ``python -m devstack`` processes and the tests that start them."""
 
     embedded_broker_port: int = 9092
+    # The development tools talk to the embedded broker, which holds a fetch for the full wait.
+    kafka_fetch_max_wait_ms: int = Field(default=EMBEDDED_FETCH_MAX_WAIT_MS, ge=1)
 
     simulator_host: str = "127.0.0.1"
     simulator_port: int = 8090

@@ -156,6 +156,10 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     )
     assert settings.webhook_secrets_key is not None
     env["WEBHOOK_SECRETS_KEY"] = settings.webhook_secrets_key.get_secret_value()
+    if broker is not None:
+        # The embedded broker holds every fetch for the full wait (the production default is
+        # long: Kafka answers early); a short one keeps the stack responsive.
+        env.setdefault("KAFKA_FETCH_MAX_WAIT_MS", str(settings.kafka_fetch_max_wait_ms))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     simulator = Component("simulator", ["devstack", "simulator"], env=env)
     worker = Component("worker", ["worker", "run"], env=env)

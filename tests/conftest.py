@@ -13,7 +13,7 @@ import pytest
 
 from devstack.broker import EmbeddedBroker
 from devstack.settings import DevSettings
-from worker.settings import Settings, Topics
+from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings, Topics
 
 _seq = itertools.count()
 
@@ -42,6 +42,7 @@ def make_settings(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> Se
             "kafka_consumer_group": f"{prefix}.workers",
             "kafka_session_timeout_ms": 6000,
             "kafka_heartbeat_interval_ms": 300,
+            "kafka_fetch_max_wait_ms": EMBEDDED_FETCH_MAX_WAIT_MS,
             "commands_partitions": partitions,
             "other_partitions": partitions,
             "worker_metrics_port": 0,

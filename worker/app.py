@@ -19,7 +19,7 @@ from worker.metrics import WorkerMetrics
 from worker.outage import BrokerHealth
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
-from worker.route import Router
+from worker.route import KeyPartitioner, Router
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
 from worker.store import StateStore
@@ -32,6 +32,7 @@ def policy_from(settings: Settings, providers: set[str]) -> Policy:
         providers=frozenset(providers),
         dedup_window=settings.worker_dedup_window,
         follow_up_poll_s=settings.worker_follow_up_poll_s,
+        follow_up_poll_max_s=settings.worker_follow_up_poll_max_s,
         follow_up_deadline_s=settings.worker_follow_up_deadline_s,
         command_deadline_s=settings.worker_command_deadline_s,
     )
@@ -56,7 +57,7 @@ async def run_worker(
     health.export(registry, "auth_")
     await ensure_topics(settings)
     topics = settings.topics
-    producer = build_producer(settings)
+    producer = build_producer(settings, partitioner=KeyPartitioner())
     http = build_http_client(settings)
     if providers is None:  # the benchmark passes an in-process provider instead
         providers = build_registry(

@@ -166,8 +166,11 @@ class Executor:
                 current.set_attribute("passkey.verdict", decision.verdict)
                 if decision.error is not None:
                     current.set_attribute("passkey.error.code", decision.error.code)
-            self.metrics.commands.labels(command.type, decision.verdict).inc()
-            self.metrics.command_seconds.labels(command.type).observe(time.perf_counter() - started)
+            metrics = self.metrics
+            metrics.child(metrics.commands, command.type, decision.verdict).inc()
+            metrics.child(metrics.command_seconds, command.type).observe(
+                time.perf_counter() - started
+            )
             if decision.error is not None:
                 log.info("command_failed", code=decision.error.code)
 
@@ -337,11 +340,11 @@ class Executor:
             self.store.put(partition, decision.record)
             self.metrics.store_accounts.set(len(self.store))
         if decision.status_event is not None and decision.verdict != "duplicate":
-            self.metrics.status_changes.labels(decision.status_event.status).inc()
+            self.metrics.child(self.metrics.status_changes, decision.status_event.status).inc()
         if decision.error_event is not None and decision.verdict != "duplicate":
             e = decision.error_event
-            self.metrics.errors.labels(
-                e.error.code, str(e.error.numeric_code), str(e.http_status)
+            self.metrics.child(
+                self.metrics.errors, e.error.code, str(e.error.numeric_code), str(e.http_status)
             ).inc()
 
     async def _dead_letter(self, msg: ConsumerRecord[bytes, bytes], failure: DecodeFailure) -> None:

@@ -19,6 +19,7 @@ without bumping it. Consumers therefore see versions rising by exactly one per a
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Container
 from dataclasses import dataclass
 from typing import Literal
@@ -127,6 +128,7 @@ class Policy:
     providers: Container[str]
     dedup_window: int = 8
     follow_up_poll_s: float = 2.0
+    follow_up_poll_max_s: float = 30.0
     follow_up_deadline_s: float = 300.0
     command_deadline_s: float = 30.0
 
@@ -571,12 +573,25 @@ def reschedule(record: AccountRecord, *, now: float, policy: Policy) -> AccountR
     """The next follow-up poll, after one that did not resolve the flow."""
     if record.follow_up is None:
         return record
+    polls = record.follow_up.polls + 1
     follow_up = evolve(
         record.follow_up,
-        next_poll_at=now + policy.follow_up_poll_s,
-        polls=record.follow_up.polls + 1,
+        next_poll_at=now + poll_interval(record.account_id, polls, policy),
+        polls=polls,
     )
     return evolve(record, follow_up=follow_up, updated_at=now)
+
+
+def poll_interval(account_id: str, polls: int, policy: Policy) -> float:
+    """Seconds to the next poll after ``polls`` unresolved ones: the poll interval doubling
+    up to ``follow_up_poll_max_s``, minus up to a quarter of jitter. A flow the user leaves
+    open costs a handful of calls instead of one per interval until the deadline, and
+    accounts confirmed together spread out. The jitter is a hash of (account, poll), not a
+    random draw, so the decision stays pure and a replay schedules the same poll."""
+    ceiling = max(policy.follow_up_poll_s, policy.follow_up_poll_max_s)
+    interval = min(ceiling, policy.follow_up_poll_s * 2.0 ** min(polls, 32))
+    spread = zlib.crc32(f"{account_id}:{polls}".encode()) / 2**32
+    return interval * (1.0 - 0.25 * spread)
 
 
 def _register(

@@ -12,6 +12,7 @@ poison record can not reach the consume loop as an exception.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -43,9 +44,21 @@ Interned = Annotated[str, AfterValidator(sys.intern)]
 EVENT_NAMESPACE = uuid.UUID("6f1c3b0e-2a52-4c1e-9d43-7b8f4b8f0d11")
 
 
+_NAMESPACE_BYTES = EVENT_NAMESPACE.bytes
+
+
 def event_id(*parts: object) -> str:
-    """Deterministic event id from its cause (e.g. ``"status", account_id, version``)."""
-    return str(uuid.uuid5(EVENT_NAMESPACE, ":".join(str(p) for p in parts)))
+    """Deterministic event id from its cause (e.g. ``"status", account_id, version``).
+
+    ``str(uuid.uuid5(EVENT_NAMESPACE, name))``, spelt out: the same SHA-1, version and variant
+    bits, without building a ``UUID`` object (a third of the time, on every output).
+    """
+    name = ":".join(str(p) for p in parts).encode()
+    h = bytearray(hashlib.sha1(_NAMESPACE_BYTES + name).digest()[:16])
+    h[6] = (h[6] & 0x0F) | 0x50  # version 5
+    h[8] = (h[8] & 0x3F) | 0x80  # RFC 4122 variant
+    x = h.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
 
 def rfc3339(ts: float) -> str:
@@ -327,6 +340,15 @@ def decode_command(key: bytes | None, value: bytes | None) -> Command | DecodeFa
         return DecodeFailure("not_json", "record has no value")
     if len(value) > MAX_RECORD_BYTES:
         return DecodeFailure("too_large", f"record is {len(value)} bytes, limit {MAX_RECORD_BYTES}")
+    # The common case in one pass of pydantic's JSON parser; anything it rejects takes the
+    # path below, which names the failure exactly as before.
+    try:
+        fast = _command_adapter.validate_json(value)
+    except ValidationError:
+        pass
+    else:
+        if key == fast.account_id.encode():
+            return fast
     try:
         obj = json.loads(value)
     except (ValueError, UnicodeDecodeError) as exc:

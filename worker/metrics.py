@@ -8,8 +8,10 @@ account id. The names are a contract with deploy/ (dashboard, alert rules) and a
 from __future__ import annotations
 
 import time
+from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from worker.catalogue import ServiceError
 from worker.messages import COMMAND_TYPES, DECODE_REASONS
@@ -33,6 +35,8 @@ WORKER_ERRORS: tuple[tuple[str, int, int], ...] = tuple(
         ServiceError.of("run_auth_action_failed"),
     )
 )
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -156,7 +160,17 @@ class WorkerMetrics(LoopSeries):
             "auth_follow_up_expired", "Flows failed by the follow-up deadline", registry=registry
         )
 
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._precreate()
+
+    def child(self, metric: M, *values: str) -> M:
+        """``metric.labels(*values)``, looked up once per label set: ``labels()`` validates
+        and locks on every call, and the hot path asks for the same few series per command."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return cast(M, found)
 
     def _precreate(self) -> None:
         """Create the series the alerts watch at zero: ``increase()`` cannot count the first
@@ -170,7 +184,7 @@ class WorkerMetrics(LoopSeries):
 
     def provider_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None:
         """Observer hook handed to provider adapters (they never see the registry)."""
-        self.provider_seconds.labels(provider, operation, outcome).observe(seconds)
+        self.child(self.provider_seconds, provider, operation, outcome).observe(seconds)
 
     def provider_retry(self, provider: str, operation: str) -> None:
         self.provider_retries.labels(provider, operation).inc()

@@ -7,7 +7,7 @@ Each field maps to an upper-case environment variable of the same name (``kafka_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -48,6 +48,11 @@ class Topics(BaseSettings):
         ]
 
 
+#: ``KAFKA_FETCH_MAX_WAIT_MS`` for processes on the embedded broker, which holds every fetch for
+#: the full wait: there the wait is per-hop latency.
+EMBEDDED_FETCH_MAX_WAIT_MS: Final = 20
+
+
 class Settings(BaseSettings):
     """Process configuration. Build once in ``main`` and pass it down."""
 
@@ -76,10 +81,12 @@ class Settings(BaseSettings):
     kafka_heartbeat_interval_ms: int = 1_000
     kafka_max_poll_records: int = 500
     kafka_fetch_max_wait_ms: int = Field(
-        default=20,
+        default=500,
         ge=1,
-        description="Longest a fetch waits for data. The embedded broker always waits the full "
-        "time (it does not answer early when data arrives), so this is per-hop latency there.",
+        description="Longest a fetch waits for data. Kafka answers a fetch as soon as data "
+        "arrives, so a long wait costs no latency there and keeps idle consumers quiet; the "
+        "embedded broker always waits the full time, so whatever runs against it (devstack, "
+        "the bench, the tests) sets a short one (EMBEDDED_FETCH_MAX_WAIT_MS).",
     )
     kafka_request_timeout_ms: int = Field(
         default=40_000,
@@ -104,6 +111,11 @@ class Settings(BaseSettings):
     worker_shutdown_grace_s: float = Field(default=20.0, gt=0)
     worker_dedup_window: int = Field(default=8, ge=1, le=256)
     worker_follow_up_poll_s: float = Field(default=2.0, gt=0)
+    worker_follow_up_poll_max_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Polls back off from WORKER_FOLLOW_UP_POLL_S, doubling up to this.",
+    )
     worker_follow_up_deadline_s: float = Field(default=300.0, gt=0)
     worker_command_deadline_s: float = Field(default=30.0, gt=0)
     worker_gc_threshold: int = Field(

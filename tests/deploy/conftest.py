@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from devstack.broker import EmbeddedBroker, free_port
 from worker.app import run_worker
 from worker.consumer import Worker
-from worker.settings import Settings, Topics
+from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings, Topics
 
 
 def require_tool(name: str, install_hint: str, path: str | None = None) -> str:
@@ -96,6 +96,7 @@ def live_settings(broker: EmbeddedBroker, prefix: str, **overrides: object) -> S
         "kafka_consumer_group": f"{prefix}.workers",
         "kafka_session_timeout_ms": 6000,
         "kafka_heartbeat_interval_ms": 300,
+        "kafka_fetch_max_wait_ms": EMBEDDED_FETCH_MAX_WAIT_MS,
         "commands_partitions": 3,
         "other_partitions": 3,
         "worker_metrics_host": "127.0.0.1",

@@ -57,6 +57,7 @@ def dispatcher_env(settings: Settings, metrics_port: int, **extra: str) -> dict[
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
             "KAFKA_SESSION_TIMEOUT_MS": str(settings.kafka_session_timeout_ms),
             "KAFKA_HEARTBEAT_INTERVAL_MS": str(settings.kafka_heartbeat_interval_ms),
+            "KAFKA_FETCH_MAX_WAIT_MS": str(settings.kafka_fetch_max_wait_ms),
             "COMMANDS_PARTITIONS": str(settings.commands_partitions),
             "OTHER_PARTITIONS": str(settings.other_partitions),
             "WEBHOOK_CONSUMER_GROUP": settings.webhook_consumer_group,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Self
@@ -35,7 +36,7 @@ from worker.provider.base import CallObserver, ProviderAuthState, RetryObserver
 from worker.provider.breaker import CircuitBreaker
 from worker.provider.errors import invalid_call, map_upstream_failure
 from worker.provider.retry import RetryPolicy, call_with_retries
-from worker.provider.transport import AiohttpClient
+from worker.provider.transport import AiohttpClient, RawAnswer
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -175,10 +176,33 @@ def parse_auth_state(response: httpx.Response) -> ProviderAuthState:
             body = response.json()
         except ValueError:
             body = None
-        if isinstance(body, dict):
-            status, auth_status = body.get("status"), body.get("auth_status")
-            if isinstance(status, str) and status and isinstance(auth_status, str) and auth_status:
-                return ProviderAuthState(status=status, auth_status=auth_status)
+        state = _auth_state(body)
+        if state is not None:
+            return state
+    raise map_upstream_failure(response)
+
+
+def _auth_state(body: object) -> ProviderAuthState | None:
+    if isinstance(body, dict):
+        status, auth_status = body.get("status"), body.get("auth_status")
+        if isinstance(status, str) and status and isinstance(auth_status, str) and auth_status:
+            return ProviderAuthState(status=status, auth_status=auth_status)
+    return None
+
+
+def parse_raw_auth_state(answer: RawAnswer) -> ProviderAuthState:
+    """``parse_auth_state`` of an aiohttp answer: the body is parsed straight from its bytes;
+    an ``httpx.Response`` is built only for the error mapping of an answer that is unusable."""
+    status, content, headers = answer
+    if 200 <= status < 300:
+        try:
+            body = json.loads(content)
+        except ValueError:
+            body = None
+        state = _auth_state(body)
+        if state is not None:
+            return state
+    response = httpx.Response(status, headers=list(headers.items()), content=content)
     raise map_upstream_failure(response)
 
 
@@ -231,6 +255,8 @@ class HttpProviderAdapter:
         )
         self.breaker = breaker
         self._client = client
+        # The aiohttp client answers raw (status, body, headers): no httpx.Response per call.
+        self._raw = client.request_raw if isinstance(client, AiohttpClient) else None
         self._host, self._port = _host_port(self.base_url)
         self._on_call = on_call
         self._on_retry = on_retry
@@ -312,19 +338,27 @@ class HttpProviderAdapter:
                 attributes=self._span_attributes(operation, method, template, attempts),
             ) as client_span:
                 sent = {**headers, **tracing.http_headers()}
+                raw: RawAnswer | None = None
                 try:
                     async with self._gate:
-                        response = await self._client.request(method, url, headers=sent)
+                        if self._raw is not None:
+                            raw = await self._raw(method, url, headers=sent)
+                            status = raw[0]
+                        else:
+                            response = await self._client.request(method, url, headers=sent)
+                            status = response.status_code
                 except httpx.HTTPError as exc:
                     if client_span.is_recording():
                         client_span.set_attribute("error.type", type(exc).__name__)
                         client_span.set_status(Status(StatusCode.ERROR))
                     raise map_upstream_failure(exc) from exc
                 if client_span.is_recording():
-                    client_span.set_attribute("http.response.status_code", response.status_code)
-                    if response.status_code >= 400:
-                        client_span.set_attribute("error.type", str(response.status_code))
+                    client_span.set_attribute("http.response.status_code", status)
+                    if status >= 400:
+                        client_span.set_attribute("error.type", str(status))
                         client_span.set_status(Status(StatusCode.ERROR))
+                if raw is not None:
+                    return parse_raw_auth_state(raw)
                 return parse_auth_state(response)
 
         return await call_with_retries(
