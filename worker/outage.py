@@ -233,8 +233,10 @@ async def enqueue(
     """Hand one record to the producer (which keeps the order of hand-overs per partition)
     without waiting for the broker."""
     try:
+        # A create time only where the record keeps one (a forward): the producer stamps others.
+        stamp = {} if timestamp_ms is None else {"timestamp_ms": timestamp_ms}
         future = await producer.send(
-            topic, value, key=key, partition=partition, headers=headers, timestamp_ms=timestamp_ms
+            topic, value, key=key, partition=partition, headers=headers, **stamp
         )
     except KafkaError as exc:
         if not is_outage(exc):
