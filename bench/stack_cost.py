@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import signal
@@ -42,7 +43,7 @@ from typing import Any, Final
 import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bench.common import REPO_ROOT, base_env
+from bench.common import REPO_ROOT, base_env, clean
 from devstack.broker import free_port, wait_for_port
 from devstack.keys import DEV_KEY, dev_keys_file
 from worker import eventloop
@@ -413,6 +414,9 @@ def per_request(window: CpuWindow, n: int) -> dict[str, dict[str, float]]:
 
 
 def spread(values: list[float]) -> dict[str, float]:
+    """min/median/max; NaN for each when nothing was measurable."""
+    if not values:
+        return dict.fromkeys(("min", "median", "max"), math.nan)
     return {
         "min": min(values),
         "median": statistics.median(values),
@@ -509,8 +513,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             await counter.stop()
         stop_process(ceiling)
         stop_process(stack.proc, 60)
+    # A run too short for the ceiling to use one clock tick of CPU has no ratio (None), not
+    # an infinite one: /proc counts CPU in 10 ms ticks.
     ratios = [
-        f["cpu"]["front-end"]["total_us"] / c["cpu"]["total_us"]
+        f["cpu"]["front-end"]["total_us"] / c["cpu"]["total_us"] if c["cpu"]["total_us"] else None
         for c, f in zip(ceiling_runs, frontend_runs, strict=True)
     ]
     return {
@@ -525,7 +531,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "ceiling": ceiling_runs,
         "frontend": frontend_runs,
         "ratio": ratios,
-        "ratio_spread": spread(ratios),
+        "ratio_spread": spread([r for r in ratios if r is not None]),
         "ceiling_us_spread": spread([c["cpu"]["total_us"] for c in ceiling_runs]),
         "frontend_us_spread": spread([f["cpu"]["front-end"]["total_us"] for f in frontend_runs]),
         "stack_us_spread": spread([f["stack_total_us"] for f in frontend_runs]),
@@ -600,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "stack-cost.json")
     args = parser.parse_args(argv)
     result = eventloop.run(measure(args), "uvloop")
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    args.out.write_text(json.dumps(clean(result), indent=2, default=str) + "\n")
     print(report(result))
     print(f"written: {args.out}")
     return 0
