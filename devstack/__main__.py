@@ -9,13 +9,11 @@ and print what comes back).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from collections.abc import Sequence
 
 from devstack.settings import DevSettings
-from worker import logs
-from worker.process import run_until_signal
+from worker.process import run_command, run_until_signal
 
 
 def cmd_stack(settings: DevSettings, args: argparse.Namespace) -> int:
@@ -79,12 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(None if argv is None else list(argv))
-    settings = DevSettings()
-    logs.configure(settings.log_level, settings.log_format)
-    with contextlib.suppress(BrokenPipeError):
-        code: int = args.fn(settings, args)
-        return code
-    return 1
+    return run_command(args, DevSettings())
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ The development tools (the embedded broker, the simulator, ``make run``'s stack,
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from worker import eventloop, logs, tracing
-from worker.process import run_until_signal, tune_gc
+from worker.process import run_command, run_until_signal, tune_gc
 from worker.settings import Settings
 
 
@@ -104,12 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(None if argv is None else list(argv))
-    settings = Settings()
-    logs.configure(settings.log_level, settings.log_format)
-    with contextlib.suppress(BrokenPipeError):
-        code: int = args.fn(settings, args)
-        return code
-    return 1
+    return run_command(args, Settings())
 
 
 if __name__ == "__main__":

@@ -94,18 +94,7 @@ class Executor:
 
     async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
         """Apply one record of auth.commands; returns once every output is acknowledged."""
-        with tracing.span(
-            f"process {msg.topic}",
-            kind=SpanKind.CONSUMER,
-            parent=tracing.context_from_headers(msg.headers),
-            attributes={
-                "messaging.system": "kafka",
-                "messaging.operation.type": "process",
-                "messaging.destination.name": msg.topic,
-                "messaging.destination.partition.id": str(msg.partition),
-                "messaging.kafka.offset": msg.offset,
-            },
-        ):
+        with tracing.consume_span(msg):
             await self._handle(msg)
 
     async def _handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:

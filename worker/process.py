@@ -19,7 +19,7 @@ from worker import eventloop
 if TYPE_CHECKING:
     from worker.settings import Settings
 
-__all__ = ["STOP_SIGNALS", "on_stop_signals", "run_until_signal", "tune_gc"]
+__all__ = ["STOP_SIGNALS", "on_stop_signals", "run_command", "run_until_signal", "tune_gc"]
 
 STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 """What Kubernetes (SIGTERM) and a terminal (Ctrl-C) send to ask for a graceful stop."""
@@ -56,6 +56,18 @@ def run_until_signal(coro: Coroutine[Any, Any, Any], settings: Settings) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def run_command(args: Any, settings: Settings) -> int:
+    """The body of every ``main``: configure logs, run the chosen command's ``fn``, and treat
+    a closed stdout (``| head``) as the end rather than an error."""
+    from worker import logs
+
+    logs.configure(settings.log_level, settings.log_format)
+    with contextlib.suppress(BrokenPipeError):
+        code: int = args.fn(settings, args)
+        return code
+    return 1
 
 
 def tune_gc(settings: Settings) -> None:

@@ -429,6 +429,23 @@ def context_from_headers(headers: Iterable[tuple[str, bytes]] | None) -> Context
     return context_from_traceparent(traceparent, tracestate)
 
 
+def consume_span(msg: Any) -> _Active | _Current:
+    """The CONSUMER span of processing one Kafka record, continuing the trace in its headers
+    (the worker's commands, the dispatcher's events)."""
+    return span(
+        f"process {msg.topic}",
+        kind=SpanKind.CONSUMER,
+        parent=context_from_headers(msg.headers),
+        attributes={
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": msg.topic,
+            "messaging.destination.partition.id": str(msg.partition),
+            "messaging.kafka.offset": msg.offset,
+        },
+    )
+
+
 # -- logs --------------------------------------------------------------------------------------
 
 

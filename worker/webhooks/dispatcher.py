@@ -120,18 +120,7 @@ class Dispatcher:
 
     async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> list[str]:
         """Take one record in; returns the (endpoint, account) keys due at once."""
-        with tracing.span(
-            f"process {msg.topic}",
-            kind=SpanKind.CONSUMER,
-            parent=tracing.context_from_headers(msg.headers),
-            attributes={
-                "messaging.system": "kafka",
-                "messaging.operation.type": "process",
-                "messaging.destination.name": msg.topic,
-                "messaging.destination.partition.id": str(msg.partition),
-                "messaging.kafka.offset": msg.offset,
-            },
-        ) as taking:
+        with tracing.consume_span(msg) as taking:
             due = await self._handle(msg)
             if taking.is_recording():
                 taking.set_attribute("passkey.webhook.due", len(due))
