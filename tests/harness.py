@@ -8,7 +8,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -109,6 +109,19 @@ class Bus:
     async def reply_to(self, command_id: str, timeout: float = 20.0) -> dict[str, Any]:
         await self.wait_for(lambda: bool(self.replies(command_id=command_id)), timeout)
         return self.replies(command_id=command_id)[0]
+
+    async def until_answered(self, command_ids: Iterable[str], timeout: float) -> None:
+        """Pump until every one of ``command_ids`` has a reply; fail naming a few missing."""
+        wanted = list(command_ids)
+        deadline = time.monotonic() + timeout
+        while True:
+            await self.pump(200)
+            answered = {r["command_id"] for r in self.replies()}
+            missing = [c for c in wanted if c not in answered]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(missing)} commands never answered, e.g. {missing[:3]}")
 
 
 @contextlib.asynccontextmanager

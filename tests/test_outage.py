@@ -358,7 +358,7 @@ async def test_processes_ride_out_a_frozen_broker(
             }
             print(f"ready again after SIGCONT, seconds: {ready_after}")
             await producing
-            await _answered(b, sent, timeout=60)
+            await b.until_answered(sent, timeout=60)
             alive: dict[str, int] = {
                 f"worker-{i}": p.pid
                 for i, p in enumerate(pool.procs)
@@ -392,18 +392,6 @@ async def test_processes_ride_out_a_frozen_broker(
     logs = "".join(pool.log_tail(i, 100_000) for i in range(len(pool.ports)))
     assert "kafka_unreachable" in logs and "kafka_reachable_again" in logs
     assert "lane_failed" not in logs
-
-
-async def _answered(b: Any, sent: dict[str, str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        await b.pump(200)
-        answered = {r["command_id"] for r in b.replies()}
-        missing = [c for c in sent if c not in answered]
-        if not missing:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{len(missing)} commands never answered, e.g. {missing[:3]}")
 
 
 @pytest.mark.slow
