@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from devstack.broker import free_port
 from tests.harness import REPO, bus, confirm_cmd, register_cmd, worker_env
 from worker.app import run_worker
-from worker.consumer import Worker
+from worker.consumer import FINAL_COMMIT_TIMEOUT_S, Worker
 from worker.probes import build_probe_app
 from worker.runner import (
     CLOSE_STEP_TIMEOUT_S,
@@ -184,6 +184,6 @@ async def test_a_stop_that_overruns_its_hard_limit_exits_70(
     assert exits == [70, 130]
 
 
-def test_the_hard_limit_covers_the_drain_and_both_close_steps() -> None:
+def test_the_hard_limit_covers_the_drain_the_final_commit_and_both_close_steps() -> None:
     settings = Settings(worker_shutdown_grace_s=20)
-    assert shutdown_hard_limit(settings) > 20 + 2 * CLOSE_STEP_TIMEOUT_S
+    assert shutdown_hard_limit(settings) > 20 + FINAL_COMMIT_TIMEOUT_S + 2 * CLOSE_STEP_TIMEOUT_S

@@ -6,12 +6,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from aiokafka import TopicPartition
+import pytest
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
+from tests.conftest import SettingsFactory
 from worker.consumer import LoopConfig, OffsetTracker, Worker
+from worker.kafka import build_consumer, ensure_topics
+from worker.metrics import WorkerMetrics
+from worker.runner import consume_loop, group_consumer
+from worker.store import StateStore
 
 
 def test_watermark_waits_for_the_oldest_unfinished_record() -> None:
@@ -107,3 +114,97 @@ async def test_a_key_on_two_partitions_has_a_lane_on_each() -> None:
     await asyncio.gather(*(lane.task for lane in list(worker.lanes.values()) if lane.task))
     assert worker.lanes == {}
     assert worker.in_flight == 0
+
+
+# --- stopping during a rebalance ----------------------------------------------------------
+
+
+class _Idle:
+    """A handler for a loop that is only started and stopped."""
+
+    def __init__(self) -> None:
+        self.store = StateStore()
+
+    async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
+        pass
+
+    async def follow_up(self, partition: int, key: str) -> None:
+        pass
+
+
+class _RevokeHeld(ConsumerRebalanceListener):  # type: ignore[misc]
+    """A group member whose revocation waits until released: the group's rebalance cannot
+    complete while it waits, as with a member that drains slowly or died mid-rebalance."""
+
+    def __init__(self) -> None:
+        self.assigned = asyncio.Event()
+        self.revoking = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        if self.assigned.is_set():
+            self.revoking.set()
+            await self.release.wait()
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        if assigned:
+            self.assigned.set()
+
+
+@pytest.mark.integration
+async def test_stop_does_not_wait_for_a_rebalance_another_member_holds_up(
+    make_settings: SettingsFactory,
+) -> None:
+    """aiokafka's fetch blocks until a rebalance in progress completes; a SIGTERM that
+    arrives then must still stop the loop at once, not when the slowest member rejoins (a
+    chaos run saw a worker overrun its shutdown hard limit this way)."""
+    settings = make_settings(partitions=2)
+    await ensure_topics(settings)
+    group = settings.kafka_consumer_group
+    holder_listener = _RevokeHeld()
+    holder = build_consumer(
+        settings,
+        group_id=group,
+        session_timeout_ms=6_000,
+        heartbeat_interval_ms=300,
+        rebalance_timeout_ms=60_000,
+        max_poll_interval_ms=300_000,
+    )
+    holder.subscribe([settings.topics.commands], listener=holder_listener)
+    await holder.start()
+    polling = asyncio.create_task(_poll_forever(holder))
+    loop = consume_loop(
+        settings,
+        consumer=group_consumer(settings, group),
+        handler=_Idle(),
+        metrics=WorkerMetrics(CollectorRegistry()),
+        topics=(settings.topics.commands,),
+        state_topic=settings.topics.state,
+        max_in_flight=10,
+    )
+    running: asyncio.Task[None] | None = None
+    try:
+        await asyncio.wait_for(holder_listener.assigned.wait(), 30)
+        await loop.consumer.start()
+        running = asyncio.create_task(loop.run())
+        # The loop's join starts a rebalance, which the holder's revocation holds up.
+        await asyncio.wait_for(holder_listener.revoking.wait(), 30)
+        assert not loop.ready
+        loop.stop()
+        done, _ = await asyncio.wait({running}, timeout=15)
+        assert done, "the loop waited for the rebalance to complete"
+        assert not holder_listener.release.is_set()  # the rebalance was still held up
+        running.result()
+    finally:
+        holder_listener.release.set()
+        if running is not None and not running.done():
+            running.cancel()
+        polling.cancel()
+        await asyncio.gather(*(t for t in (running, polling) if t), return_exceptions=True)
+        await asyncio.wait({asyncio.ensure_future(holder.stop())}, timeout=10)
+        await asyncio.wait({asyncio.ensure_future(loop.consumer.stop())}, timeout=10)
+
+
+async def _poll_forever(consumer: AIOKafkaConsumer) -> None:
+    while True:
+        await consumer.getmany(timeout_ms=100)

@@ -134,6 +134,10 @@ class Lane:
     task: asyncio.Task[None] | None = None
 
 
+#: Upper bound of the last commit after the drain; part of ``runner.shutdown_hard_limit``.
+FINAL_COMMIT_TIMEOUT_S = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class LoopConfig:
     """``topics`` are co-partitioned inputs (a key lands on the same partition number of each,
@@ -149,7 +153,7 @@ class LoopConfig:
     shutdown_grace_s: float = 20.0
     poll_timeout_ms: int = 100
     max_poll_records: int = 500
-    final_commit_timeout_s: float = 5.0
+    final_commit_timeout_s: float = FINAL_COMMIT_TIMEOUT_S
 
 
 class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -194,13 +198,11 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             asyncio.create_task(self._every(self.config.commit_interval_s, self._commit)),
             asyncio.create_task(self._every(self.config.timer_interval_s, self._sweep_timers)),
         ]
+        stop_requested = asyncio.ensure_future(self._stopping.wait())
         try:
             while not self._stopping.is_set():
                 self.beat()
-                batch = await self.consumer.getmany(
-                    timeout_ms=self.config.poll_timeout_ms,
-                    max_records=self.config.max_poll_records,
-                )
+                batch = await self._poll(stop_requested)
                 for tp, records in batch.items():
                     if tp.partition not in self.active:
                         continue  # revoked while the fetch was in flight; the next owner has it
@@ -210,9 +212,9 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             if self._fatal is None:
                 await self._drain(self.config.shutdown_grace_s)
         finally:
-            for task in helpers:
+            for task in (*helpers, stop_requested):
                 task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await asyncio.gather(*helpers, stop_requested, return_exceptions=True)
             if self._fatal is None:
                 await self._final_commit()
             await self._cancel_lanes()
@@ -220,6 +222,31 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             self.metrics.ready.set(0)
         if self._fatal is not None:
             raise RuntimeError("consume loop failed") from self._fatal
+
+    async def _poll(
+        self, stop_requested: asyncio.Future[Any]
+    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        """One fetch, given up as soon as ``stop()`` is called.
+
+        aiokafka's fetch waits without bound while a rebalance is in progress
+        (``Fetcher.fetched_records`` awaits the new assignment), and a rebalance lasts until
+        the slowest member rejoins: up to the group's rebalance timeout, or a session timeout
+        for a member that died. A SIGTERM must not wait for that. Giving up loses nothing:
+        records leave aiokafka's buffer only after that wait, in the step that returns them, and
+        the offsets of records never dispatched are never committed.
+        """
+        fetch = asyncio.ensure_future(
+            self.consumer.getmany(
+                timeout_ms=self.config.poll_timeout_ms,
+                max_records=self.config.max_poll_records,
+            )
+        )
+        try:
+            await asyncio.wait((fetch, stop_requested), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not fetch.done():
+                fetch.cancel()
+        return {} if fetch.cancelled() or not fetch.done() else fetch.result()
 
     def beat(self) -> None:
         self.last_beat = time.monotonic()

@@ -27,7 +27,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import CollectorRegistry
 
-from worker.consumer import Handler, LoopConfig, LoopMetrics, Worker
+from worker.consumer import FINAL_COMMIT_TIMEOUT_S, Handler, LoopConfig, LoopMetrics, Worker
 from worker.eventloop import running_loop_name
 from worker.kafka import build_consumer
 from worker.logs import get_logger
@@ -131,13 +131,16 @@ CLOSE_STEP_TIMEOUT_S = 10.0
 
 
 def shutdown_hard_limit(settings: Settings) -> float:
-    """Seconds from SIGTERM to a forced exit: the drain, both close steps, and a margin.
+    """Seconds from SIGTERM to a forced exit: the drain, the final commit, both close steps,
+    and a margin; each of them is bounded on its own, so only a hung event loop reaches it.
 
     Kubernetes' ``terminationGracePeriodSeconds`` must exceed it (deploy/ uses 60 s; the
-    limit is 45 s for the default 20 s grace), so the process always ends by its own hand,
+    limit is 50 s for the default 20 s grace), so the process always ends by its own hand,
     with a log line saying why, rather than by the kubelet's SIGKILL.
     """
-    return settings.worker_shutdown_grace_s + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
+    return (
+        settings.worker_shutdown_grace_s + FINAL_COMMIT_TIMEOUT_S + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
+    )
 
 
 def _graceful_then_forced(worker: Worker, *, hard_limit_s: float) -> Callable[[], None]:
