@@ -36,6 +36,7 @@ from worker import tracing
 from worker.kafka import build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.process import on_stop_signals
+from worker.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS
 from worker.webhooks.app import secrets_box
 from worker.webhooks.endpoints import EndpointRegistry
 from worker.webhooks.secrets_box import generate_key
@@ -164,7 +165,11 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     simulator = Component("simulator", ["devstack", "simulator"], env=env)
     worker = Component("worker", ["worker", "run"], env=env)
     dispatcher = Component("dispatcher", ["worker", "webhooks"], env=env)
-    api = Component("api", ["worker", "api"], env=env)
+    api_env = env
+    if broker is not None:
+        # Each POST waits for its reply's fetch, which the embedded broker holds in full.
+        api_env = env | {"KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_API_FETCH_MAX_WAIT_MS)}
+    api = Component("api", ["worker", "api"], env=api_env)
     components = [simulator, worker, dispatcher, api]
     try:
         await ensure_topics(settings)

@@ -51,6 +51,8 @@ class Topics(BaseSettings):
 #: ``KAFKA_FETCH_MAX_WAIT_MS`` for processes on the embedded broker, which holds every fetch for
 #: the full wait: there the wait is per-hop latency.
 EMBEDDED_FETCH_MAX_WAIT_MS: Final = 20
+#: The front-end's on the embedded broker: each POST waits for its reply's fetch.
+EMBEDDED_API_FETCH_MAX_WAIT_MS: Final = 10
 
 
 class Settings(BaseSettings):

@@ -9,11 +9,12 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import RequestTimedOutError
 
 from tests.api.conftest import ApiSettings
 from tests.api.support import (
@@ -26,12 +27,13 @@ from tests.api.support import (
 )
 from tests.api.test_api_http import assert_error
 from worker.api.app import ApiRuntime
+from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_routes import UNCONFIRMED, WebhookClients
-from worker.kafka import build_consumer
+from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
 from worker.settings import Settings
 from worker.tail import assign_all
-from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED
+from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EndpointRecord
 from worker.webhooks.publish import DeliveryLogEntry, Replay, decode_replay
 from worker.webhooks.secrets_box import SecretsBox, generate_key
 from worker.webhooks.store import EndpointStore
@@ -563,6 +565,69 @@ async def test_replay_produces_the_endpoints_events_since(
         ("errors", error_new.event_id)
     }
     assert sum(len(v) for v in by_endpoint.values()) == 9
+
+
+class _AcksLostOnce:
+    """A started producer whose first ``lost`` acknowledgements fail with an outage error
+    (the record never reached the broker), as during a broker blip."""
+
+    def __init__(self, producer: Any, lost: int) -> None:
+        self._producer = producer
+        self.lost = lost
+
+    async def send(self, topic: str, value: bytes | None, **kwargs: Any) -> asyncio.Future[Any]:
+        if self.lost > 0:
+            self.lost -= 1
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(RequestTimedOutError())
+            return failed
+        return cast("asyncio.Future[Any]", await self._producer.send(topic, value, **kwargs))
+
+
+async def test_a_replay_sends_again_what_an_outage_failed(
+    hook_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("worker.outage.RESEND_BACKOFF_S", (0.01, 0.02))
+    settings = hook_settings()
+    await ensure_topics(settings)
+    now = datetime.now(UTC)
+    events = [status_event(f"acc_{i}", "ws_a", now, version=1) for i in range(3)]
+    await produce(
+        settings,
+        settings.topics.status,
+        [(e.account_id.encode(), e.model_dump_json().encode()) for e in events],
+    )
+    endpoint = EndpointRecord(
+        id="we_replay",
+        workspace_id="ws_a",
+        url=URL,
+        event_types=(EVENT_STATUS_CHANGED,),
+        created_at="2026-01-01T00:00:00Z",
+        updated_at="2026-01-01T00:00:00Z",
+        revision=1,
+    )
+    real = build_producer(settings)
+    await real.start()
+    try:
+        producer = _AcksLostOnce(real, lost=2)
+        runner = ReplayRunner(
+            consumer_factory=lambda: build_consumer(settings, fetch_max_wait_ms=50),
+            producer=producer,
+            status_topic=settings.topics.status,
+            errors_topic=settings.topics.errors,
+            replays_topic=settings.topics.webhook_replays,
+        )
+        outcome = await runner.wait(runner.start(endpoint, now - timedelta(hours=1)), timeout=60)
+    finally:
+        await real.stop()
+    assert outcome is not None and (outcome.state, outcome.replayed) == ("finished", 3)
+    assert producer.lost == 0
+    replayed = [
+        decode_replay(m.value) for m in await read_all(settings, settings.topics.webhook_replays)
+    ]
+    assert sorted(
+        AuthStatusChanged.model_validate_json(r.event).event_id for r in replayed
+    ) == sorted(e.event_id for e in events)
 
 
 async def test_cors_preflight_allows_patch_and_delete(

@@ -55,22 +55,26 @@ __all__ = ["ACCOUNT_ID_RULE", "ApiRuntime", "api_runtime", "build_app", "serve_a
 
 log = get_logger(__name__)
 
-REPLY_FETCH_MAX_WAIT_MS: Final = 10
-"""How long the broker may hold an empty fetch of auth.replies. Kafka answers a fetch as soon
-as data arrives, so this only bounds idle polling there; the embedded broker (Tansu) holds
-every fetch for the full wait, so it adds to each reply's latency (figures: bench/README.md)."""
-VIEW_FETCH_MAX_WAIT_MS: Final = 50
-"""The same for auth.state, webhook.endpoints and webhook.deliveries, read by one shared
-consumer (``worker.tail.SharedConsumer``: one fetch loop, not three): the polling route and
-the webhook routes tolerate a few more milliseconds of lag."""
+VIEW_FETCH_MIN_WAIT_MS: Final = 50
+"""The shortest fetch wait of the consumer the read models share (auth.state,
+webhook.endpoints and webhook.deliveries: ``worker.tail.SharedConsumer``, one fetch loop, not
+three). Replies wait ``KAFKA_FETCH_MAX_WAIT_MS``, which Kafka cuts short when a reply arrives;
+the embedded broker holds every fetch for the full wait, so the dev stack sets a short one for
+the front-end, and the read models, which tolerate a few more milliseconds of lag, poll less
+often than that (figures: bench/README.md)."""
 
 
 def view_consumer(settings: Settings) -> SharedConsumer:
     """The consumer the front-end's read models share (the replies keep their own, with the
     shorter wait that bounds each POST's latency)."""
     return SharedConsumer(
-        build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS), idle_timeout_ms=200
+        build_consumer(settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)),
+        idle_timeout_ms=200,
     )
+
+
+def _view_fetch_wait_ms(settings: Settings) -> int:
+    return max(settings.kafka_fetch_max_wait_ms, VIEW_FETCH_MIN_WAIT_MS)
 
 
 def build_app(
@@ -164,11 +168,14 @@ def webhook_clients(
     )
     deliveries = DeliveryLogView(shared.share(), topics.webhook_deliveries)
     replays = ReplayRunner(
-        consumer_factory=lambda: build_consumer(settings, fetch_max_wait_ms=VIEW_FETCH_MAX_WAIT_MS),
+        consumer_factory=lambda: build_consumer(
+            settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)
+        ),
         producer=producer,
         status_topic=topics.status,
         errors_topic=topics.errors,
         replays_topic=topics.webhook_replays,
+        health=broker,
     )
     return WebhookClients(endpoints=endpoints, store=store, deliveries=deliveries, replays=replays)
 
@@ -191,7 +198,7 @@ async def api_runtime(
     topics = settings.topics
     producer = build_producer(settings)
     replies = ReplyRouter(
-        build_consumer(settings, fetch_max_wait_ms=REPLY_FETCH_MAX_WAIT_MS),
+        build_consumer(settings),
         topics.replies,
         partition=settings.api_reply_partition,
     )

@@ -11,7 +11,9 @@ and on the event's own partition number, so it lands on the same dispatcher lane
 Bounds, per process: ``max_running`` scans at a time, ``max_queued`` more waiting (a request
 beyond both is refused, nothing is started), and ``timeout_s`` per scan (a scan cut short
 logs how far it got; replaying again is harmless for receivers that de-duplicate on
-webhook-id, which Standard Webhooks asks of them).
+webhook-id, which Standard Webhooks asks of them). A record not acknowledged for an outage
+reason is sent again (``worker.outage.acknowledged``) within that bound, so a broker blip does
+not end a replay half done.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pydantic import ValidationError
 from worker.api.webhook_bodies import parse_rfc3339
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
+from worker.outage import BrokerHealth, acknowledged, enqueue
 from worker.replay import replay_to_highwater
 from worker.tail import assign_all
 from worker.webhooks.endpoints import EndpointRecord
@@ -67,7 +70,7 @@ class ReplayRunner:
     """Runs replays as background tasks of this process (see the module docstring).
 
     ``consumer_factory`` builds an unstarted, group-less consumer per scan; ``producer`` is
-    the front-end's started producer.
+    the front-end's started producer, ``health`` the process's broker health its sends report to.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class ReplayRunner:
         status_topic: str,
         errors_topic: str,
         replays_topic: str,
+        health: BrokerHealth | None = None,
         max_running: int = MAX_RUNNING,
         max_queued: int = MAX_QUEUED,
         timeout_s: float = REPLAY_TIMEOUT_S,
@@ -87,6 +91,7 @@ class ReplayRunner:
         self._status_topic = status_topic
         self._errors_topic = errors_topic
         self._replays_topic = replays_topic
+        self._health = health or BrokerHealth()
         self._slots = asyncio.Semaphore(max_running)
         self._capacity = max_running + max_queued
         self._timeout_s = timeout_s
@@ -224,12 +229,13 @@ class ReplayRunner:
         records: list[Any],
     ) -> int:
         """Produce a ``Replay`` for each record of ``endpoint`` since ``since``; wait for
-        the acks (a lost record would be a silently missing delivery)."""
+        the acks, sending again what an outage failed (a lost record would be a silently
+        missing delivery)."""
         source: Literal["status", "errors"] = (
             "status" if tp.topic == self._status_topic else "errors"
         )
         decode = from_status if source == "status" else from_error
-        futures = []
+        sent = []
         for msg in records:
             if msg.value is None:
                 continue
@@ -248,17 +254,17 @@ class ReplayRunner:
                 source=source,
                 event=msg.value.decode("utf-8", "replace"),
             )
-            futures.append(
-                await self._producer.send(
+            sent.append(
+                await enqueue(
+                    self._producer,
                     self._replays_topic,
                     replay.model_dump_json().encode(),
                     key=event.account_id.encode(),
                     partition=msg.partition,
                 )
             )
-        if futures:
-            await asyncio.gather(*futures)
-        return len(futures)
+        await acknowledged(self._producer, self._health, sent)
+        return len(sent)
 
 
 def _event(decode: Callable[[bytes], WebhookEvent], value: bytes) -> WebhookEvent | None:
