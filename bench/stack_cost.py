@@ -6,8 +6,10 @@ broker, simulator, worker, dispatcher, receiver, front-end) on spare loopback po
 ceiling (``bench.api_ceiling``) next to it, then:
 
 1. closed loop, ``--connections`` keep-alive connections, ``--requests`` POSTs per phase,
-   ``--rounds`` times ceiling then front-end, back to back: CPU per POST of each from
-   ``/proc/<pid>/stat`` (user and system apart); for the front-end phases also every stack
+   ``--rounds`` times ceiling, Kafka floor, front-end, back to back: CPU per POST of each from
+   ``/proc/<pid>/stat`` (user and system apart); the Kafka floor (``bench.kafka_floor``, on
+   the stack's broker) is the same count of requests, as many in flight, doing only a POST's
+   Kafka part, with its requester's CPU per request; for the front-end phases also every stack
    process's CPU per confirm (the phase plus ``--settle-s`` for the asynchronous tail: status
    events, webhook deliveries), the records each topic gained per confirm (counted by a
    group-less consumer, paused while a phase runs) and the provider calls per confirm
@@ -44,10 +46,12 @@ import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bench.common import REPO_ROOT, base_env, clean
+from bench.kafka_floor import Floor
 from devstack.broker import free_port, wait_for_port
 from devstack.keys import DEV_KEY, dev_keys_file
 from worker import eventloop
-from worker.settings import Topics
+from worker.api.app import REPLY_FETCH_MAX_WAIT_MS
+from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Topics
 
 TICK: Final = os.sysconf("SC_CLK_TCK")
 ROUTE: Final = "/v1/accounts/acc_demo_{n}/auth/passkey-confirm"
@@ -446,14 +450,30 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         stdin=subprocess.DEVNULL,
     )
     counter: RecordCounter | None = None
+    floor: Floor | None = None
+    floor_n = args.floor_requests or args.requests
     try:
         await asyncio.to_thread(wait_for_port, "127.0.0.1", ceiling_port, 30)
         api = stack.ports["api"]
         await until_registered(api, accounts, args.start_timeout_s)
+        if not args.no_floor:
+            # The fetch waits the stack gives the worker (the echo's part) and the front-end's
+            # reply consumer on the embedded broker.
+            floor = await Floor.start(
+                f"127.0.0.1:{stack.ports['broker']}",
+                echo_fetch_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
+                reply_fetch_wait_ms=REPLY_FETCH_MAX_WAIT_MS,
+                in_flight=args.connections,
+                size=args.floor_size,
+                delay_ms=args.floor_delay_ms,
+                timeout_s=args.start_timeout_s,
+            )
         numbers = iter(range(1, accounts + 1))
-        # Warm both up (imports, first connections) outside every window.
+        # Warm them up (imports, first connections) outside every window.
         await closed_loop(ceiling_port, iter(range(10**9, 10**9 + 200)), 200, 10, DEV_KEY)
         await closed_loop(api, numbers, 50, 10, DEV_KEY)
+        if floor is not None:
+            await floor_phase(floor, 200)
         topics = Topics().all()
         counter = RecordCounter(f"127.0.0.1:{stack.ports['broker']}", topics)
         await counter.start()
@@ -462,15 +482,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(args.idle_s)
         idle.stop()
         ceiling_runs: list[dict[str, Any]] = []
+        floor_runs: list[dict[str, Any]] = []
         frontend_runs: list[dict[str, Any]] = []
         fake = iter(range(10**9, 2 * 10**9))
         for _ in range(args.rounds):
             window = CpuWindow({"ceiling": ceiling.pid})
+            loadavg = os.getloadavg()[0]
             window.start()
             n = args.ceiling_requests
             load = await closed_loop(ceiling_port, fake, n, args.connections, DEV_KEY)
             window.stop()
-            ceiling_runs.append(load | {"cpu": per_request(window, n)["ceiling"]})
+            ceiling_runs.append(
+                load | {"cpu": per_request(window, n)["ceiling"], "loadavg_1m": loadavg}
+            )
+
+            if floor is not None:
+                pids = floor.pids | {"broker": stack.pids["broker"]}
+                floor_runs.append(await floor_phase(floor, floor_n, CpuWindow(pids)))
 
             calls = await sim_calls(stack.ports["simulator"])
             spy = profiler(args.profile, stack.pids["front-end"], len(frontend_runs))
@@ -511,6 +539,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if counter is not None:
             await counter.stop()
+        if floor is not None:
+            await floor.stop()
         stop_process(ceiling)
         stop_process(stack.proc, 60)
     # A run too short for the ceiling to use one clock tick of CPU has no ratio (None), not
@@ -518,6 +548,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     ratios = [
         f["cpu"]["front-end"]["total_us"] / c["cpu"]["total_us"] if c["cpu"]["total_us"] else None
         for c, f in zip(ceiling_runs, frontend_runs, strict=True)
+    ]
+    floor_us = [f["cpu"]["total_us"] for f in floor_runs]
+    # (ceiling + floor) ÷ ceiling: what a front-end costing only HTTP and Kafka would score.
+    floor_ratios = [
+        (c["cpu"]["total_us"] + f) / c["cpu"]["total_us"] if c["cpu"]["total_us"] else None
+        for c, f in zip(ceiling_runs, floor_us, strict=False)
     ]
     return {
         "parameters": vars(args) | {"out": str(args.out)},
@@ -529,16 +565,43 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "pids": stack.pids,
         "idle_cores": {name: (u + s) / idle.wall for name, (u, s) in idle.spent.items()},
         "ceiling": ceiling_runs,
+        "floor": floor_runs,
         "frontend": frontend_runs,
         "ratio": ratios,
         "ratio_spread": spread([r for r in ratios if r is not None]),
+        "floor_us": floor_us,
+        "floor_ratio": floor_ratios,
+        "floor_ratio_spread": spread([r for r in floor_ratios if r is not None]),
+        "frontend_minus_floor_us": [
+            f["cpu"]["front-end"]["total_us"] - u
+            for f, u in zip(frontend_runs, floor_us, strict=False)
+        ],
         "ceiling_us_spread": spread([c["cpu"]["total_us"] for c in ceiling_runs]),
+        "floor_us_spread": spread(floor_us),
         "frontend_us_spread": spread([f["cpu"]["front-end"]["total_us"] for f in frontend_runs]),
         "stack_us_spread": spread([f["stack_total_us"] for f in frontend_runs]),
         "max_rate": max_rate,
         "latency": latency,
         "provider_latency_ms": args.provider_latency_ms,
     }
+
+
+async def floor_phase(floor: Floor, n: int, window: CpuWindow | None = None) -> dict[str, Any]:
+    """One Kafka-floor phase of ``n`` requests; with ``window`` (the requester, the echo, the
+    broker), the CPU per request of each: ``cpu`` is the requester's, ``processes`` all of
+    them (the echo stands in for the worker; neither it nor the broker is the floor)."""
+    await floor.resume_echo()
+    loadavg = os.getloadavg()[0]
+    if window is not None:
+        window.start()
+    load = await floor.run(n)
+    if window is not None:
+        window.stop()
+    await floor.pause_echo()
+    if window is None:
+        return load
+    cpu = per_request(window, n)
+    return load | {"cpu": cpu["requester"], "processes": cpu, "loadavg_1m": loadavg}
 
 
 def report(result: dict[str, Any]) -> str:
@@ -557,6 +620,7 @@ def report(result: dict[str, Any]) -> str:
         ),
         f"front-end ÷ ceiling  {ratio['min']:.2f}-{ratio['max']:.2f}x"
         f"  target ≤ {TARGET_RATIO}x  {'OK' if ratio['median'] <= TARGET_RATIO else 'MISS'}",
+        *floor_lines(result),
         f"stack CPU/confirm    {stack['min'] / 1000:.2f}-{stack['max'] / 1000:.2f} ms"
         f"  target ≤ {TARGET_STACK_MS} ms"
         f"  {'OK' if stack['median'] / 1000 <= TARGET_STACK_MS else 'MISS'}",
@@ -582,6 +646,29 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def floor_lines(result: dict[str, Any]) -> list[str]:
+    """The Kafka floor beside the front-end (nothing when the run had no floor phases)."""
+    if not result["floor"]:
+        return []
+    ratio = result["floor_ratio_spread"]
+    if math.isnan(ratio["median"]):
+        verdict = "no ratio: the ceiling used no CPU tick"
+    else:
+        side = "above" if ratio["median"] > TARGET_RATIO else "within"
+        verdict = f"{side} the {TARGET_RATIO}x target with no front-end code at all"
+    return [
+        "Kafka floor CPU/req µs "
+        + " / ".join(
+            f"{f['cpu']['total_us']:,.0f} (u {f['cpu']['user_us']:,.0f}"
+            f" s {f['cpu']['system_us']:,.0f}; {f['rate']:,.0f}/s)"
+            for f in result["floor"]
+        ),
+        f"(ceiling + floor) ÷ ceiling  {ratio['min']:.2f}-{ratio['max']:.2f}x  ({verdict})",
+        "front-end - floor µs  "
+        + " / ".join(f"{x:,.0f}" for x in result["frontend_minus_floor_us"]),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.stack_cost", description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
@@ -603,6 +690,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--provider-latency-ms", type=float, default=20.0)
     parser.add_argument("--start-timeout-s", type=float, default=120.0)
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the front-end")
+    parser.add_argument("--no-floor", action="store_true", help="no Kafka-floor phases")
+    parser.add_argument(
+        "--floor-requests", type=int, default=None, help="per floor phase (default --requests)"
+    )
+    parser.add_argument("--floor-size", type=int, default=400, help="bytes per floor record")
+    parser.add_argument(
+        "--floor-delay-ms",
+        type=float,
+        default=0.0,
+        help="the floor's echo holds each batch this long (a floor at a lower rate)",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "stack-cost.json")
     args = parser.parse_args(argv)
     result = eventloop.run(measure(args), "uvloop")

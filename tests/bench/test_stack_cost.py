@@ -19,7 +19,8 @@ ROLES = {"broker", "simulator", "worker", "dispatcher", "front-end", "receiver"}
 def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "stack-cost.json"
     argv = [
-        *("--rounds", "1", "--requests", "60", "--ceiling-requests", "60"),
+        *("--rounds", "1", "--requests", "60", "--ceiling-requests", "600"),
+        *("--floor-requests", "300"),  # enough CPU ticks for a floor and a ratio
         *("--connections", "5", "--settle-s", "0.5", "--latency-s", "0.5", "--idle-s", "0.5"),
         *("--max-rate-guess", "100", "--out", str(out)),
     ]
@@ -35,7 +36,7 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     assert set(result["pids"]) == ROLES
     (ceiling,) = result["ceiling"]
     (front,) = result["frontend"]
-    assert ceiling["statuses"] == {"200": 60}
+    assert ceiling["statuses"] == {"200": 600}
     assert front["statuses"] == {"200": 60}
     assert {"user_us", "system_us", "total_us"} <= set(ceiling["cpu"])
     assert set(front["cpu"]) == ROLES
@@ -43,7 +44,15 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     assert front["records_per_confirm"]["auth.replies"] == 1.0
     assert front["provider_calls_per_confirm"] >= 1.0
     assert len(result["ratio"]) == 1 and result["stack_us_spread"]["median"] > 0
+    (floor,) = result["floor"]
+    assert floor["answered"] == 300 and floor["rate"] > 0
+    assert floor["cpu"]["total_us"] > 0 and {"user_us", "system_us"} <= set(floor["cpu"])
+    assert result["floor_us"] == [floor["cpu"]["total_us"]]
+    (floor_ratio,) = result["floor_ratio"]
+    assert floor_ratio is not None and floor_ratio > 1
+    assert len(result["frontend_minus_floor_us"]) == 1
     assert [p["fraction"] for p in result["latency"]] == [0.1, 0.5, 0.9]
     for point in result["latency"]:
         assert {"p50_ms", "p99_ms", "offered_rate", "achieved_rate"} <= set(point)
     assert "front-end" in done.stdout and "target" in done.stdout
+    assert "Kafka floor" in done.stdout and "(ceiling + floor)" in done.stdout

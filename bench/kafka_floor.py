@@ -1,0 +1,438 @@
+"""The Kafka floor of a front-end POST: the Kafka part of a confirm alone, with no HTTP, no
+front-end layers and no worker, so "front-end ÷ ceiling" can be set beside "(ceiling + this)
+÷ ceiling" in the same run (``bench.stack_cost``; figures: bench/README.md, "Kafka floor").
+
+Two roles, one process each, so that only the requester's CPU is counted:
+
+* ``python -m bench.kafka_floor echo``: a group-less consumer of every partition of
+  ``floor.requests`` producing each record's value to ``floor.replies``, on the partition the
+  record's ``reply-partition`` header names (the worker's rule for replies); a batch's
+  records are handed to the producer together and their acknowledgements awaited together,
+  so aiokafka batches them. ``--delay-ms`` holds each batch that long first (a slower
+  "worker", for a floor at a lower rate).
+* ``python -m bench.kafka_floor requester``: what a front-end POST does in Kafka and nothing
+  else. ``--in-flight`` lanes, each in turn: register a waiter under a fresh correlation id,
+  produce one ``--size``-byte record (keyed, with the ``reply-partition`` header) with the
+  front-end's producer (``build_producer``), await its acknowledgement, await its reply. The
+  replies are read as the front-end reads them: one group-less consumer
+  (``build_consumer``, fetch wait ``KAFKA_FETCH_MAX_WAIT_MS``) assigned one partition of
+  ``floor.replies``, in a ``worker.tail.TopicTail`` loop like ``ReplyRouter``'s; a reply is
+  matched by the id in its first bytes (no JSON: that is the front-end's, not Kafka's). Left
+  out, being the front-end's own and not Kafka's: the command model and its JSON,
+  ``send_retrying``'s outage bookkeeping, the per-request ``wait_for`` and spans.
+
+Both print ``floor ready`` once set up and then obey one line of stdin at a time: the echo
+``resume`` / ``pause`` (answered ``floor resume`` / ``floor pause``), the requester a request
+count (answered ``floor result {json}``). Between commands both consumers are paused, so they
+cost the broker nothing while the other phases run. Stdin's end (the driver stopped or died),
+SIGTERM, or ``--max-s`` stop either; a requester phase ends after ``--phase-timeout-s`` at the
+latest, answering how many replies arrived. ``Floor`` drives both from another process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from bench.common import REPO_ROOT, base_env
+from bench.load import percentile
+from worker import eventloop, logs
+from worker.kafka import build_consumer, build_producer, client_options
+from worker.process import on_stop_signals, tune_gc
+from worker.route import REPLY_PARTITION, reply_partition
+from worker.settings import Settings
+from worker.tail import TopicTail, assign_all
+
+REQUESTS: Final = "floor.requests"
+REPLIES: Final = "floor.replies"
+ID_BYTES: Final = 16
+"""A record's value starts with its correlation id: a counter, zero-padded to this width."""
+MARK: Final = b"floor "
+"""Prefix of every line the roles answer on stdout (a log line never starts with it)."""
+
+
+async def ensure_floor_topics(settings: Settings) -> None:
+    """Create both topics (if missing) with the partition counts of auth.commands and
+    auth.replies, so a request is spread like a command and a reply lands like one."""
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [
+            NewTopic(name, count, replication_factor=1)
+            for name, count in (
+                (REQUESTS, settings.commands_partitions),
+                (REPLIES, settings.other_partitions),
+            )
+            if name not in existing
+        ]
+        if missing:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics(missing)
+    finally:
+        await admin.close()
+
+
+async def stdin_lines() -> asyncio.StreamReader:
+    """Stdin as a stream the loop reads without a thread (a read is cancellable)."""
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+def say(text: str) -> None:
+    sys.stdout.buffer.write(MARK + text.encode() + b"\n")
+    sys.stdout.buffer.flush()
+
+
+# -- echo ----------------------------------------------------------------------------------------
+
+
+async def echo(settings: Settings, stop: asyncio.Event, delay_s: float) -> None:
+    await ensure_floor_topics(settings)
+    producer = build_producer(settings)
+    consumer = build_consumer(settings)
+    held: set[asyncio.Task[None]] = set()
+
+    async def answer(records: list[Any]) -> None:
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        acks = []
+        for msg in records:
+            wanted = reply_partition(msg.headers)
+            partition = 0 if wanted is None else wanted
+            acks.append(await producer.send(REPLIES, msg.value, partition=partition))
+        await asyncio.gather(*acks)
+
+    await producer.start()
+    await consumer.start()
+    try:
+        tps = await assign_all(consumer, REQUESTS)
+        consumer.pause(*tps)
+        say("ready")
+
+        async def obey() -> None:
+            control = await stdin_lines()
+            while line := (await control.readline()).strip():
+                if line == b"resume":
+                    consumer.resume(*tps)
+                elif line == b"pause":
+                    consumer.pause(*tps)
+                say(line.decode())
+            stop.set()
+
+        control = asyncio.create_task(obey())
+        while not stop.is_set() and not control.done():
+            batch = await consumer.getmany(
+                timeout_ms=100, max_records=settings.kafka_max_poll_records
+            )
+            records = [msg for part in batch.values() for msg in part]
+            if not records:
+                continue
+            if delay_s > 0:
+                task = asyncio.create_task(answer(records))
+                held.add(task)
+                task.add_done_callback(held.discard)
+            else:
+                await answer(records)
+        control.cancel()
+        await asyncio.gather(control, *held, return_exceptions=True)
+    finally:
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        await producer.stop()
+
+
+# -- requester -----------------------------------------------------------------------------------
+
+
+class FloorReplies(TopicTail):
+    """The requester's reply consumer: the front-end's reply loop (``TopicTail``, one
+    partition, ``ReplyRouter``'s defaults), matching a reply by the id its value starts with."""
+
+    def __init__(self, consumer: Any, partition: int) -> None:
+        super().__init__(consumer, REPLIES, name="floor-replies", only=self._pick)
+        self.wanted = partition
+        self.waiters: dict[bytes, asyncio.Future[None]] = {}
+
+    def _pick(self, partitions: list[int]) -> list[int]:
+        if self.wanted not in partitions:
+            raise ValueError(f"{REPLIES} has partitions {partitions[0]}..{partitions[-1]}")
+        return [self.wanted]
+
+    def handle(self, records: list[Any]) -> None:
+        waiters = self.waiters
+        if not waiters:
+            return
+        for msg in records:
+            if msg.value is None:
+                continue
+            waiter = waiters.pop(msg.value[:ID_BYTES], None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+
+@dataclass
+class Requester:
+    producer: Any
+    replies: FloorReplies
+    in_flight: int
+    size: int
+    timeout_s: float
+    numbers: itertools.count[int]
+
+    async def run(self, n: int) -> dict[str, Any]:
+        """``n`` requests over ``in_flight`` lanes (closed loop), within ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        waiters = self.replies.waiters
+        headers = [(REPLY_PARTITION, b"%d" % self.replies.wanted)]
+        filler = b"x" * max(0, self.size - ID_BYTES)
+        latencies: list[float] = []
+        left = iter(range(n))
+
+        async def lane() -> None:
+            for _ in left:
+                number = next(self.numbers)
+                cid = b"%0*d" % (ID_BYTES, number)
+                waiter: asyncio.Future[None] = loop.create_future()
+                waiters[cid] = waiter
+                started = time.perf_counter()
+                try:
+                    ack = await self.producer.send(
+                        REQUESTS, cid + filler, key=b"acc_floor_%d" % number, headers=headers
+                    )
+                    await ack
+                    await waiter
+                finally:
+                    waiters.pop(cid, None)
+                latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.timeout_s):
+                await asyncio.gather(*(lane() for _ in range(self.in_flight)))
+        elapsed = time.perf_counter() - started
+        ms = [x * 1000 for x in latencies]
+        return {
+            "requests": n,
+            "answered": len(latencies),
+            "seconds": elapsed,
+            "rate": len(latencies) / elapsed,
+            "p50_ms": percentile(ms, 50),
+            "p99_ms": percentile(ms, 99),
+        }
+
+
+async def requester(settings: Settings, stop: asyncio.Event, args: argparse.Namespace) -> None:
+    producer = build_producer(settings)
+    replies = FloorReplies(build_consumer(settings), args.partition)
+    await producer.start()
+    try:
+        await replies.start()
+        if not await replies.wait_caught_up(args.phase_timeout_s):
+            raise RuntimeError(f"{REPLIES} not caught up in {args.phase_timeout_s}s")
+        tps: list[TopicPartition] = list(replies.partitions)
+        replies.consumer.pause(*tps)
+        say("ready")
+        control = await stdin_lines()
+        run = Requester(
+            producer, replies, args.in_flight, args.size, args.phase_timeout_s, itertools.count()
+        )
+        while not stop.is_set() and (line := (await control.readline()).strip()):
+            replies.consumer.resume(*tps)
+            result = await run.run(int(line))
+            replies.consumer.pause(*tps)
+            say("result " + json.dumps(result))
+    finally:
+        with contextlib.suppress(Exception):
+            await replies.stop()
+        await producer.stop()
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+
+class Floor:
+    """Starts both roles against ``bootstrap`` and drives them from another process
+    (``bench.stack_cost``): ``run(n)`` is one phase; ``pids`` for ``CpuWindow``."""
+
+    def __init__(
+        self,
+        echo: asyncio.subprocess.Process,
+        requester: asyncio.subprocess.Process,
+        phase_timeout_s: float,
+    ) -> None:
+        self.echo = echo
+        self.requester = requester
+        self.phase_timeout_s = phase_timeout_s
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {"requester": self.requester.pid, "echo": self.echo.pid}
+
+    @classmethod
+    async def start(
+        cls,
+        bootstrap: str,
+        *,
+        echo_fetch_wait_ms: int,
+        reply_fetch_wait_ms: int,
+        in_flight: int,
+        size: int = 400,
+        delay_ms: float = 0.0,
+        timeout_s: float = 60.0,
+        max_s: float = 3600.0,
+    ) -> Floor:
+        """``echo_fetch_wait_ms``: the worker's fetch wait; ``reply_fetch_wait_ms``: the
+        front-end's reply consumer's; both as the stack under test gives them."""
+        env = base_env() | {"KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+        limit = ("--max-s", str(max_s))
+        echo = await _spawn(
+            env | {"KAFKA_FETCH_MAX_WAIT_MS": str(echo_fetch_wait_ms)},
+            "echo",
+            *limit,
+            "--delay-ms",
+            str(delay_ms),
+        )
+        try:
+            await _expect(echo, "ready", timeout_s)
+            req = await _spawn(
+                env | {"KAFKA_FETCH_MAX_WAIT_MS": str(reply_fetch_wait_ms)},
+                "requester",
+                *limit,
+                *("--in-flight", str(in_flight), "--size", str(size)),
+                *("--phase-timeout-s", str(timeout_s)),
+            )
+        except BaseException:
+            await _stop(echo)
+            raise
+        floor = cls(echo, req, timeout_s)
+        try:
+            await _expect(req, "ready", timeout_s)
+        except BaseException:
+            await floor.stop()
+            raise
+        return floor
+
+    async def resume_echo(self) -> None:
+        await _tell(self.echo, "resume")
+
+    async def pause_echo(self) -> None:
+        await _tell(self.echo, "pause")
+
+    async def run(self, n: int) -> dict[str, Any]:
+        """One phase of ``n`` requests (the echo resumed by the caller); raises unless every
+        request was answered."""
+        assert self.requester.stdin is not None
+        self.requester.stdin.write(b"%d\n" % n)
+        answer = await _expect(self.requester, "result", self.phase_timeout_s + 30)
+        result: dict[str, Any] = json.loads(answer)
+        if result["answered"] != n:
+            raise RuntimeError(f"Kafka floor: {result['answered']} of {n} requests answered")
+        return result
+
+    async def stop(self) -> None:
+        await asyncio.gather(_stop(self.requester), _stop(self.echo))
+
+
+async def _spawn(env: dict[str, str], *argv: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.kafka_floor",
+        *argv,
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+
+
+async def _expect(proc: asyncio.subprocess.Process, word: str, timeout_s: float) -> str:
+    """The rest of ``proc``'s next ``floor <word>`` line; other lines (logs) are skipped."""
+    assert proc.stdout is not None
+    prefix = MARK + word.encode()
+    async with asyncio.timeout(timeout_s):
+        while line := await proc.stdout.readline():
+            if line.startswith(prefix):
+                return line[len(prefix) :].decode().strip()
+    raise RuntimeError(f"bench.kafka_floor exited ({await proc.wait()}) before {word!r}")
+
+
+async def _tell(proc: asyncio.subprocess.Process, word: str, timeout_s: float = 10.0) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(word.encode() + b"\n")
+    await _expect(proc, word, timeout_s)
+
+
+async def _stop(proc: asyncio.subprocess.Process, grace_s: float = 30.0) -> None:
+    """Close its stdin (the role stops by itself), SIGKILL after ``grace_s``."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), grace_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+# -- command line --------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.kafka_floor", description=__doc__)
+    parser.add_argument("role", choices=("echo", "requester"))
+    parser.add_argument("--max-s", type=float, default=3600.0, help="lifetime limit")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="echo: hold each batch")
+    parser.add_argument("--in-flight", type=int, default=50, help="requester: lanes")
+    parser.add_argument("--size", type=int, default=400, help="requester: record bytes")
+    parser.add_argument("--partition", type=int, default=0, help="requester: reply partition")
+    parser.add_argument("--phase-timeout-s", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    settings = Settings()
+    logs.configure(settings.log_level, settings.log_format)
+    tune_gc(settings)  # as `python -m worker api` does
+
+    async def role(stop: asyncio.Event) -> None:
+        if args.role == "echo":
+            await echo(settings, stop, args.delay_ms / 1000)
+        else:
+            await requester(settings, stop, args)
+
+    eventloop.run(_bounded(role, args.max_s), settings.event_loop)
+    return 0
+
+
+async def _bounded(
+    role: Callable[[asyncio.Event], Coroutine[Any, Any, None]], max_s: float
+) -> None:
+    """``role`` until it ends, SIGTERM/SIGINT, or ``max_s``."""
+    stop = asyncio.Event()
+    with on_stop_signals(stop.set):
+        task = asyncio.create_task(role(stop))
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, timeout=max_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
