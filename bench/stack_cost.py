@@ -50,8 +50,7 @@ from bench.kafka_floor import Floor
 from devstack.broker import free_port, wait_for_port
 from devstack.keys import DEV_KEY, dev_keys_file
 from worker import eventloop
-from worker.api.app import REPLY_FETCH_MAX_WAIT_MS
-from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Topics
+from worker.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS, EMBEDDED_FETCH_MAX_WAIT_MS, Topics
 
 TICK: Final = os.sysconf("SC_CLK_TCK")
 ROUTE: Final = "/v1/accounts/acc_demo_{n}/auth/passkey-confirm"
@@ -462,7 +461,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             floor = await Floor.start(
                 f"127.0.0.1:{stack.ports['broker']}",
                 echo_fetch_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
-                reply_fetch_wait_ms=REPLY_FETCH_MAX_WAIT_MS,
+                reply_fetch_wait_ms=EMBEDDED_API_FETCH_MAX_WAIT_MS,
                 in_flight=args.connections,
                 size=args.floor_size,
                 delay_ms=args.floor_delay_ms,
