@@ -13,11 +13,16 @@ follow-up index). Records are built through the real flow functions:
 
 Restore: N such records (distinct accounts) are produced to partition 0 of a fresh auth.state
 topic, then ``restore_partitions`` reads them back with the worker's own restore consumer.
+
+``python -m bench.memory`` runs the memory part alone (``--help`` for the knobs), one JSON
+line per measurement; ``python -m bench`` runs both as part of the whole benchmark.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
+import json
 import time
 import tracemalloc
 from dataclasses import dataclass
@@ -192,3 +197,30 @@ async def restore_rate(settings: Settings, records: int) -> RestoreResult:
         await consumer.stop()
     latest, stats = restored[0]
     return RestoreResult(stats.records, stats.seconds, produced, len(latest))
+
+
+KINDS = {"in-flow": (1, False), "settled": (1, True), "full-window": (7, False)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--accounts", default="1000000", help="comma-separated store sizes (1000000)"
+    )
+    parser.add_argument(
+        "--records",
+        default="in-flow,settled,full-window",
+        help=f"comma-separated record kinds, of {', '.join(KINDS)} (all)",
+    )
+    args = parser.parse_args()
+    for n in (int(a) for a in args.accounts.split(",")):
+        for kind in args.records.split(","):
+            confirms, settled = KINDS[kind]
+            result = store_memory(n, confirms=confirms, settled=settled)
+            print(json.dumps(result.as_dict()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
