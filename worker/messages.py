@@ -281,7 +281,26 @@ _record_adapter: TypeAdapter[AccountRecord] = TypeAdapter(AccountRecord)
 
 def decode_record(value: bytes) -> AccountRecord:
     """Decode an ``auth.state`` value; raises ``ValidationError`` (the restore loop counts it)."""
-    return _record_adapter.validate_json(value)
+    record = _record_adapter.validate_json(value)
+    _share_timestamps(record)
+    return record
+
+
+def _share_timestamps(record: AccountRecord) -> None:
+    """The flow stamps a record and the outcome (or intent) that changed it with one ``now``
+    object; decoding gives each its own float. Re-share equal ones, before the record is
+    handed out (hence the writes past ``frozen``). Zero is skipped: 0.0 == -0.0, but they
+    encode differently."""
+    at = record.updated_at
+    if not at:
+        return
+    share = object.__setattr__
+    for outcome in record.recent:
+        if outcome.at == at:
+            share(outcome, "at", at)
+    intent = record.in_flight
+    if intent is not None and intent.started_at == at:
+        share(intent, "started_at", at)
 
 
 def encode_record(record: AccountRecord) -> bytes:
