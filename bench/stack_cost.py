@@ -29,7 +29,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ from typing import Any, Final
 import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bench.common import REPO_ROOT, base_env, clean
+from bench.common import REPO_ROOT, base_env, clean, machine
 from bench.kafka_floor import Floor
 from devstack.broker import free_port, wait_for_port
 from devstack.keys import DEV_KEY, dev_keys_file
@@ -556,11 +555,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     ]
     return {
         "parameters": vars(args) | {"out": str(args.out)},
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_end": os.getloadavg(),
-        },
+        "machine": machine() | {"loadavg_end": os.getloadavg()},
         "pids": stack.pids,
         "idle_cores": {name: (u + s) / idle.wall for name, (u, s) in idle.spent.items()},
         "ceiling": ceiling_runs,

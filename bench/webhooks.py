@@ -43,9 +43,9 @@ from typing import Any
 import httpx
 from aiokafka import AIOKafkaProducer
 
-from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, topics_named
+from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, run_meta, topics_named
 from bench.load import Progress, percentile, proc_cpu_s, proc_peak_rss
-from bench.run import Proc, machine, start_proc, stop_procs
+from bench.run import Proc, start_proc, stop_procs
 from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from worker import eventloop
@@ -551,11 +551,10 @@ class HookBench:
 async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     tag = datetime.now(UTC).strftime("%H%M%S")
     results: dict[str, Any] = {
-        "meta": {
-            "command": " ".join(["python -m bench.webhooks", *args.argv]),
-            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": machine(),
-            "params": {
+        "meta": run_meta(
+            "python -m bench.webhooks",
+            args.argv,
+            {
                 "events": args.events,
                 "versions": args.versions,
                 "fractions": args.fractions,
@@ -566,7 +565,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 "verify": args.verify,
                 "endpoints": 1,
             },
-        },
+        ),
         "max_rate": None,
         "latency_curve": [],
         "failures": {},
