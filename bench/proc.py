@@ -25,10 +25,11 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from devstack.settings import DevSettings
 from devstack.simulator import ProviderSimulator, in_process_provider
@@ -64,9 +65,18 @@ def _group_consumer(settings: Settings) -> AIOKafkaConsumer:
     )
 
 
-def _announce_assignment(consumer: AIOKafkaConsumer) -> None:
-    """Print ``assigned N`` once the group gave us partitions (the orchestrator waits on it)."""
-    print(f"assigned {len(consumer.assignment())}", flush=True)
+async def _batches(
+    consumer: AIOKafkaConsumer, settings: Settings, stop: asyncio.Event
+) -> AsyncIterator[dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]]:
+    """Fetched batches until ``stop``; prints ``assigned N`` once the group gave us
+    partitions (the orchestrator waits on that line)."""
+    announced = False
+    while not stop.is_set():
+        batch = await consumer.getmany(timeout_ms=100, max_records=settings.kafka_max_poll_records)
+        if not announced and consumer.assignment():
+            print(f"assigned {len(consumer.assignment())}", flush=True)
+            announced = True
+        yield batch
 
 
 async def run_ceiling(settings: Settings, stop: asyncio.Event) -> None:
@@ -76,15 +86,8 @@ async def run_ceiling(settings: Settings, stop: asyncio.Event) -> None:
     consumer = _group_consumer(settings)
     await producer.start()
     await consumer.start()
-    announced = False
     try:
-        while not stop.is_set():
-            batch = await consumer.getmany(
-                timeout_ms=100, max_records=settings.kafka_max_poll_records
-            )
-            if not announced and consumer.assignment():
-                _announce_assignment(consumer)
-                announced = True
+        async for batch in _batches(consumer, settings, stop):
             futures: list[asyncio.Future[Any]] = []
             offsets: dict[TopicPartition, int] = {}
             for tp, records in batch.items():
@@ -171,15 +174,8 @@ async def run_baseline(settings: Settings, stop: asyncio.Event) -> None:
     await producer.start()
     await consumer.start()
     workers.append(asyncio.create_task(committer()))
-    announced = False
     try:
-        while not stop.is_set():
-            batch = await consumer.getmany(
-                timeout_ms=100, max_records=settings.kafka_max_poll_records
-            )
-            if not announced and consumer.assignment():
-                _announce_assignment(consumer)
-                announced = True
+        async for batch in _batches(consumer, settings, stop):
             for tp, records in batch.items():
                 queue = queues.get(tp)
                 if queue is None:
