@@ -219,6 +219,18 @@ class Sent:
         health.succeeded()
         return True
 
+    async def again(self, producer: Any) -> Sent:
+        """Hand the same record to the producer once more."""
+        return await enqueue(
+            producer,
+            self.topic,
+            self.value,
+            key=self.key,
+            partition=self.partition,
+            headers=self.headers,
+            timestamp_ms=self.timestamp_ms,
+        )
+
 
 async def enqueue(
     producer: Any,
@@ -259,21 +271,25 @@ async def send_retrying(
     """Send one record and wait for its acknowledgement, sending it again after every outage
     error for as long as it takes: the process's ``monitor`` ends the process past the
     tolerance, and a caller with a deadline of its own bounds this with a time-out."""
+    sent = await enqueue(
+        producer,
+        topic,
+        value,
+        key=key,
+        partition=partition,
+        headers=headers,
+        timestamp_ms=timestamp_ms,
+    )
+    await _until_acked(producer, health, sent)
+
+
+async def _until_acked(producer: Any, health: BrokerHealth, sent: Sent) -> None:
+    """Wait for ``sent``, handing it over again after each outage error, with a pause."""
     attempt = 0
-    while True:
-        sent = await enqueue(
-            producer,
-            topic,
-            value,
-            key=key,
-            partition=partition,
-            headers=headers,
-            timestamp_ms=timestamp_ms,
-        )
-        if await sent.acked(health):
-            return
+    while not await sent.acked(health):
         await health.pause(attempt)
         attempt += 1
+        sent = await sent.again(producer)
 
 
 async def acknowledged(producer: Any, health: BrokerHealth, sent: Sequence[Sent]) -> None:
@@ -288,18 +304,6 @@ async def acknowledged(producer: Any, health: BrokerHealth, sent: Sequence[Sent]
             health.succeeded()
             return
     retry = [s for s in sent if not await s.acked(health)]
-    await asyncio.gather(
-        *(
-            send_retrying(
-                producer,
-                health,
-                s.topic,
-                s.value,
-                key=s.key,
-                partition=s.partition,
-                headers=s.headers,
-                timestamp_ms=s.timestamp_ms,
-            )
-            for s in retry
-        )
-    )
+    # Handed over again at once, in their order; pauses only between later attempts.
+    again = [await s.again(producer) for s in retry]
+    await asyncio.gather(*(_until_acked(producer, health, s) for s in again))
