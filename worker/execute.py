@@ -315,12 +315,8 @@ class Executor:
                     if present
                 ]
                 sending.set_attributes(
-                    {
-                        "messaging.system": "kafka",
-                        "messaging.operation.type": "send",
-                        "messaging.batch.message_count": len(outputs),
-                        "passkey.outputs": outputs,
-                    }
+                    tracing.messaging("send")
+                    | {"messaging.batch.message_count": len(outputs), "passkey.outputs": outputs}
                 )
             await self.publisher.publish(
                 partition, decision, state_changed=changed, reply_to=reply_to

@@ -429,6 +429,15 @@ def context_from_headers(headers: Iterable[tuple[str, bytes]] | None) -> Context
     return context_from_traceparent(traceparent, tracestate)
 
 
+def messaging(operation: str, topic: str | None = None) -> dict[str, Any]:
+    """OpenTelemetry's messaging attributes of a Kafka ``operation`` (``send``, ``receive``,
+    ``process``) on ``topic``: one spelling of the semantic conventions for every span."""
+    attributes = {"messaging.system": "kafka", "messaging.operation.type": operation}
+    if topic is not None:
+        attributes["messaging.destination.name"] = topic
+    return attributes
+
+
 def consume_span(msg: Any) -> _Active | _Current:
     """The CONSUMER span of processing one Kafka record, continuing the trace in its headers
     (the worker's commands, the dispatcher's events)."""
@@ -436,10 +445,8 @@ def consume_span(msg: Any) -> _Active | _Current:
         f"process {msg.topic}",
         kind=SpanKind.CONSUMER,
         parent=context_from_headers(msg.headers),
-        attributes={
-            "messaging.system": "kafka",
-            "messaging.operation.type": "process",
-            "messaging.destination.name": msg.topic,
+        attributes=messaging("process", msg.topic)
+        | {
             "messaging.destination.partition.id": str(msg.partition),
             "messaging.kafka.offset": msg.offset,
         },

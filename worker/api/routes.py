@@ -265,10 +265,8 @@ class ApiRoutes:
                     with tracing.span(
                         f"send {self.commands_topic}",
                         kind=SpanKind.PRODUCER,
-                        attributes={
-                            "messaging.system": "kafka",
-                            "messaging.operation.type": "send",
-                            "messaging.destination.name": self.commands_topic,
+                        attributes=tracing.messaging("send", self.commands_topic)
+                        | {
                             "passkey.command_id": command.command_id,
                             "passkey.account_id": command.account_id,
                         },
@@ -301,11 +299,7 @@ class ApiRoutes:
                 with tracing.span(
                     f"receive {self.replies.topic}",
                     kind=SpanKind.CONSUMER,
-                    attributes={
-                        "messaging.system": "kafka",
-                        "messaging.operation.type": "receive",
-                        "messaging.destination.name": self.replies.topic,
-                    },
+                    attributes=tracing.messaging("receive", self.replies.topic),
                 ) as waiting:
                     reply = await pending.wait(deadline - time.monotonic())
                     if waiting.is_recording():
