@@ -43,13 +43,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
 
 from bench.common import REPO_ROOT, base_env
 from bench.load import percentile
 from worker import eventloop, logs
-from worker.kafka import build_consumer, build_producer, client_options
+from worker.kafka import build_consumer, build_producer, create_topics
 from worker.process import on_stop_signals, tune_gc
 from worker.route import REPLY_PARTITION, reply_partition
 from worker.settings import Settings
@@ -61,28 +59,6 @@ ID_BYTES: Final = 16
 """A record's value starts with its correlation id: a counter, zero-padded to this width."""
 MARK: Final = b"floor "
 """Prefix of every line the roles answer on stdout (a log line never starts with it)."""
-
-
-async def ensure_floor_topics(settings: Settings) -> None:
-    """Create both topics (if missing) with the partition counts of auth.commands and
-    auth.replies, so a request is spread like a command and a reply lands like one."""
-    admin = AIOKafkaAdminClient(**client_options(settings))
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [
-            NewTopic(name, count, replication_factor=1)
-            for name, count in (
-                (REQUESTS, settings.commands_partitions),
-                (REPLIES, settings.other_partitions),
-            )
-            if name not in existing
-        ]
-        if missing:
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(missing)
-    finally:
-        await admin.close()
 
 
 async def stdin_lines() -> asyncio.StreamReader:
@@ -102,7 +78,11 @@ def say(text: str) -> None:
 
 
 async def echo(settings: Settings, stop: asyncio.Event, delay_s: float) -> None:
-    await ensure_floor_topics(settings)
+    # Partitioned as auth.commands and auth.replies: a request spreads like a command and a
+    # reply lands like one.
+    await create_topics(
+        settings, {REQUESTS: settings.commands_partitions, REPLIES: settings.other_partitions}
+    )
     producer = build_producer(settings)
     consumer = build_consumer(settings)
     held: set[asyncio.Task[None]] = set()

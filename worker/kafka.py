@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -99,6 +100,30 @@ def co_partitioned(settings: Settings) -> list[tuple[str, ...]]:
 async def ensure_topics(settings: Settings, *, attempts: int = 50) -> dict[str, int]:
     """Create missing topics; verify the co-partitioning of existing ones."""
     wanted = topic_partitions(settings)
+    async with _admin(settings, attempts) as admin:
+        await _create_missing(admin, wanted)
+        for group in co_partitioned(settings):
+            described = await admin.describe_topics(list(group))
+            counts = {d["topic"]: len(d["partitions"]) for d in described}
+            if len(set(counts.values())) != 1:
+                raise RuntimeError(
+                    f"{', '.join(group)} must have the same partition count (co-partitioned), "
+                    f"found {counts}"
+                )
+    return wanted
+
+
+async def create_topics(
+    settings: Settings, wanted: Mapping[str, int], *, attempts: int = 50
+) -> None:
+    """Create those of ``wanted`` (name → partition count) that are missing."""
+    async with _admin(settings, attempts) as admin:
+        await _create_missing(admin, wanted)
+
+
+@contextlib.asynccontextmanager
+async def _admin(settings: Settings, attempts: int) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started admin client; the broker may still be coming up, so connecting is retried."""
     admin = AIOKafkaAdminClient(**client_options(settings))
     for attempt in range(attempts):
         try:
@@ -109,24 +134,19 @@ async def ensure_topics(settings: Settings, *, attempts: int = 50) -> dict[str, 
                 raise
             await asyncio.sleep(0.1)
     try:
-        existing = set(await admin.list_topics())
-        missing = [
-            NewTopic(name, n, replication_factor=1)
-            for name, n in wanted.items()
-            if name not in existing
-        ]
-        if missing:
-            # another process may win the race; that is fine
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(missing)
-        for group in co_partitioned(settings):
-            described = await admin.describe_topics(list(group))
-            counts = {d["topic"]: len(d["partitions"]) for d in described}
-            if len(set(counts.values())) != 1:
-                raise RuntimeError(
-                    f"{', '.join(group)} must have the same partition count (co-partitioned), "
-                    f"found {counts}"
-                )
-        return wanted
+        yield admin
     finally:
         await admin.close()
+
+
+async def _create_missing(admin: AIOKafkaAdminClient, wanted: Mapping[str, int]) -> None:
+    existing = set(await admin.list_topics())
+    missing = [
+        NewTopic(name, n, replication_factor=1)
+        for name, n in wanted.items()
+        if name not in existing
+    ]
+    if missing:
+        # another process may win the race; that is fine
+        with contextlib.suppress(TopicAlreadyExistsError):
+            await admin.create_topics(missing)
