@@ -194,11 +194,12 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         """Consume until ``stop()``; raises when a lane failed (the process must exit)."""
         self.consumer.subscribe(list(self.config.topics), listener=self)
         self._leave_group_on_stop()
+        stop_requested = asyncio.ensure_future(self._stopping.wait())
         helpers = [
             asyncio.create_task(self._every(self.config.commit_interval_s, self._commit)),
             asyncio.create_task(self._every(self.config.timer_interval_s, self._sweep_timers)),
+            stop_requested,
         ]
-        stop_requested = asyncio.ensure_future(self._stopping.wait())
         try:
             while not self._stopping.is_set():
                 self.beat()
@@ -212,9 +213,9 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             if self._fatal is None:
                 await self._drain(self.config.shutdown_grace_s)
         finally:
-            for task in (*helpers, stop_requested):
+            for task in helpers:
                 task.cancel()
-            await asyncio.gather(*helpers, stop_requested, return_exceptions=True)
+            await asyncio.gather(*helpers, return_exceptions=True)
             if self._fatal is None:
                 await self._final_commit()
             await self._cancel_lanes()

@@ -65,8 +65,8 @@ often than that (figures: bench/README.md)."""
 
 
 def view_consumer(settings: Settings) -> SharedConsumer:
-    """The consumer the front-end's read models share (the replies keep their own, with the
-    shorter wait that bounds each POST's latency)."""
+    """The consumer the front-end's read models share (the replies keep their own, whose
+    fetches bound each POST's latency on the embedded broker)."""
     return SharedConsumer(
         build_consumer(settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)),
         idle_timeout_ms=200,
