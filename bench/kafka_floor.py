@@ -20,6 +20,11 @@ Two roles, one process each, so that only the requester's CPU is counted:
   matched by the id in its first bytes (no JSON: that is the front-end's, not Kafka's). Left
   out, being the front-end's own and not Kafka's: the command model and its JSON,
   ``send_retrying``'s outage bookkeeping, the per-request ``wait_for`` and spans.
+  ``--client confluent`` does the same on librdkafka (confluent-kafka, a C client) instead of
+  aiokafka, on topics of its own (``floor-confluent.*``): librdkafka's threads do the
+  protocol and the socket I/O, one thread serves the producer's acknowledgements and one
+  reads the replies, each handing results to the event loop with ``call_soon_threadsafe``.
+  It asks what the same round trip costs when the Kafka client is not Python.
 
 Both print ``floor ready`` once set up and then obey one line of stdin at a time: the echo
 ``resume`` / ``pause`` (answered ``floor resume`` / ``floor pause``), the requester a request
@@ -37,11 +42,13 @@ import contextlib
 import itertools
 import json
 import sys
+import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
+import confluent_kafka
 from aiokafka import TopicPartition
 
 from bench.common import REPO_ROOT, base_env
@@ -53,8 +60,7 @@ from worker.route import REPLY_PARTITION, reply_partition
 from worker.settings import Settings
 from worker.tail import TopicTail, assign_all
 
-REQUESTS: Final = "floor.requests"
-REPLIES: Final = "floor.replies"
+CLIENTS: Final = ("aiokafka", "confluent")
 ID_BYTES: Final = 16
 """A record's value starts with its correlation id: a counter, zero-padded to this width."""
 MARK: Final = b"floor "
@@ -69,6 +75,13 @@ async def stdin_lines() -> asyncio.StreamReader:
     return reader
 
 
+def topics(client: str) -> tuple[str, str]:
+    """(requests, replies) of one client's floor: each client has its own, so one floor's
+    records never reach the other's consumers."""
+    prefix = "floor" if client == "aiokafka" else f"floor-{client}"
+    return f"{prefix}.requests", f"{prefix}.replies"
+
+
 def say(text: str) -> None:
     sys.stdout.buffer.write(MARK + text.encode() + b"\n")
     sys.stdout.buffer.flush()
@@ -77,11 +90,13 @@ def say(text: str) -> None:
 # -- echo ----------------------------------------------------------------------------------------
 
 
-async def echo(settings: Settings, stop: asyncio.Event, delay_s: float) -> None:
+async def echo(settings: Settings, stop: asyncio.Event, delay_s: float, client: str) -> None:
+    """The echo is aiokafka for every requester's client: it stands in for the worker."""
+    requests, replies = topics(client)
     # Partitioned as auth.commands and auth.replies: a request spreads like a command and a
     # reply lands like one.
     await create_topics(
-        settings, {REQUESTS: settings.commands_partitions, REPLIES: settings.other_partitions}
+        settings, {requests: settings.commands_partitions, replies: settings.other_partitions}
     )
     producer = build_producer(settings)
     consumer = build_consumer(settings)
@@ -94,13 +109,13 @@ async def echo(settings: Settings, stop: asyncio.Event, delay_s: float) -> None:
         for msg in records:
             wanted = reply_partition(msg.headers)
             partition = 0 if wanted is None else wanted
-            acks.append(await producer.send(REPLIES, msg.value, partition=partition))
+            acks.append(await producer.send(replies, msg.value, partition=partition))
         await asyncio.gather(*acks)
 
     await producer.start()
     await consumer.start()
     try:
-        tps = await assign_all(consumer, REQUESTS)
+        tps = await assign_all(consumer, requests)
         consumer.pause(*tps)
         say("ready")
 
@@ -143,32 +158,153 @@ class FloorReplies(TopicTail):
     """The requester's reply consumer: the front-end's reply loop (``TopicTail``, one
     partition, ``ReplyRouter``'s defaults), matching a reply by the id its value starts with."""
 
-    def __init__(self, consumer: Any, partition: int) -> None:
-        super().__init__(consumer, REPLIES, name="floor-replies", only=self._pick)
+    def __init__(self, consumer: Any, topic: str, partition: int) -> None:
+        super().__init__(consumer, topic, name="floor-replies", only=self._pick)
         self.wanted = partition
         self.waiters: dict[bytes, asyncio.Future[None]] = {}
 
     def _pick(self, partitions: list[int]) -> list[int]:
         if self.wanted not in partitions:
-            raise ValueError(f"{REPLIES} has partitions {partitions[0]}..{partitions[-1]}")
+            raise ValueError(f"{self.topic} has partitions {partitions[0]}..{partitions[-1]}")
         return [self.wanted]
 
     def handle(self, records: list[Any]) -> None:
-        waiters = self.waiters
-        if not waiters:
-            return
-        for msg in records:
-            if msg.value is None:
+        if self.waiters:
+            answer(self.waiters, [msg.value for msg in records])
+
+
+def answer(waiters: dict[bytes, asyncio.Future[None]], values: list[bytes | None]) -> None:
+    """Wake the waiter of each reply, matched by the id its value starts with."""
+    for value in values:
+        if value is None:
+            continue
+        waiter = waiters.pop(value[:ID_BYTES], None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+Send = Callable[[bytes, bytes, list[tuple[str, bytes]]], Awaitable[None]]
+"""Produce (value, key, headers) to the requests topic and wait for the acknowledgement."""
+
+
+class ConfluentProducer:
+    """A librdkafka producer for an asyncio caller: ``send`` returns a future of the
+    acknowledgement, which a poll thread hands to the loop (``call_soon_threadsafe``).
+    Configured as ``build_producer``: acks=all, ``linger_ms`` 2 unless told, no idempotence
+    on the embedded broker; murmur2, as aiokafka partitions."""
+
+    def __init__(
+        self, settings: Settings, loop: asyncio.AbstractEventLoop, *, linger_ms: float = 2
+    ) -> None:
+        self.loop = loop
+        self.producer = confluent_kafka.Producer(
+            {
+                "bootstrap.servers": settings.bootstrap,
+                "acks": "all",
+                "linger.ms": linger_ms,
+                "enable.idempotence": settings.kafka_idempotent_producer,
+                "partitioner": "murmur2_random",
+            }
+        )
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._acks, name="confluent-acks", daemon=True)
+        self.thread.start()
+
+    def send(
+        self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> Awaitable[None]:
+        done: asyncio.Future[None] = self.loop.create_future()
+        call = self.loop.call_soon_threadsafe
+
+        def acked(err: Any, _msg: Any) -> None:
+            call(_settle, done, err)
+
+        wire: list[tuple[str, str | bytes | None]] = list(headers or ())
+        self.producer.produce(topic, value, key, headers=wire, on_delivery=acked)
+        return done
+
+    def _acks(self) -> None:
+        while not self.closing.is_set():
+            self.producer.poll(0.05)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.thread.join(5)
+        self.producer.flush(5)
+
+
+class ConfluentSide:
+    """The requester's Kafka on librdkafka: a ``ConfluentProducer`` and a consumer of the one
+    reply partition read by a thread of its own (what is there at each wake-up, one
+    ``call_soon_threadsafe`` per batch). Outside a phase the consumer is paused, as the
+    aiokafka side's is."""
+
+    def __init__(self, settings: Settings, partition: int, loop: asyncio.AbstractEventLoop):
+        self.requests, replies = topics("confluent")
+        self.loop = loop
+        self.waiters: dict[bytes, asyncio.Future[None]] = {}
+        self.producer = ConfluentProducer(settings, loop)
+        # A group id is required by the client's configuration; assign() never joins it.
+        self.consumer = confluent_kafka.Consumer(
+            {
+                "bootstrap.servers": settings.bootstrap,
+                "group.id": "floor-confluent",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": settings.kafka_fetch_max_wait_ms,
+            }
+        )
+        self.tp = confluent_kafka.TopicPartition(replies, partition)
+        _, high = self.consumer.get_watermark_offsets(self.tp, timeout=30)
+        self.consumer.assign([confluent_kafka.TopicPartition(replies, partition, high)])
+        self.consumer.pause([self.tp])
+        self.active = threading.Event()
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._replies, name="floor-replies", daemon=True)
+        self.thread.start()
+
+    def send(self, value: bytes, key: bytes, headers: list[tuple[str, bytes]]) -> Awaitable[None]:
+        return self.producer.send(self.requests, value, key, headers)
+
+    def _replies(self) -> None:
+        paused = True
+        while not self.closing.is_set():
+            if self.active.is_set() == paused:
+                (self.consumer.resume if paused else self.consumer.pause)([self.tp])
+                paused = not paused
+            if paused:
+                self.active.wait(0.05)
                 continue
-            waiter = waiters.pop(msg.value[:ID_BYTES], None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+            # consume(n, timeout) waits for n records or the timeout: wait for the first
+            # record only, then take what else is already there.
+            first = self.consumer.poll(0.05)
+            if first is None:
+                continue
+            batch = [first, *self.consumer.consume(1000, 0)]
+            values = [m.value() for m in batch if m.error() is None]
+            if values:
+                self.loop.call_soon_threadsafe(answer, self.waiters, values)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.thread.join(5)
+        self.consumer.close()
+        self.producer.close()
+
+
+def _settle(done: asyncio.Future[None], err: Any) -> None:
+    if done.done():
+        return
+    if err is None:
+        done.set_result(None)
+    else:
+        done.set_exception(RuntimeError(f"not acknowledged: {err}"))
 
 
 @dataclass
 class Requester:
-    producer: Any
-    replies: FloorReplies
+    send: Send
+    waiters: dict[bytes, asyncio.Future[None]]
+    reply_partition: int
     in_flight: int
     size: int
     timeout_s: float
@@ -177,8 +313,8 @@ class Requester:
     async def run(self, n: int) -> dict[str, Any]:
         """``n`` requests over ``in_flight`` lanes (closed loop), within ``timeout_s``."""
         loop = asyncio.get_running_loop()
-        waiters = self.replies.waiters
-        headers = [(REPLY_PARTITION, b"%d" % self.replies.wanted)]
+        waiters = self.waiters
+        headers = [(REPLY_PARTITION, b"%d" % self.reply_partition)]
         filler = b"x" * max(0, self.size - ID_BYTES)
         latencies: list[float] = []
         left = iter(range(n))
@@ -191,10 +327,7 @@ class Requester:
                 waiters[cid] = waiter
                 started = time.perf_counter()
                 try:
-                    ack = await self.producer.send(
-                        REQUESTS, cid + filler, key=b"acc_floor_%d" % number, headers=headers
-                    )
-                    await ack
+                    await self.send(cid + filler, b"acc_floor_%d" % number, headers)
                     await waiter
                 finally:
                     waiters.pop(cid, None)
@@ -217,29 +350,68 @@ class Requester:
 
 
 async def requester(settings: Settings, stop: asyncio.Event, args: argparse.Namespace) -> None:
+    if args.client == "confluent":
+        await confluent_requester(settings, stop, args)
+        return
+    requests, reply_topic = topics("aiokafka")
     producer = build_producer(settings)
-    replies = FloorReplies(build_consumer(settings), args.partition)
+    replies = FloorReplies(build_consumer(settings), reply_topic, args.partition)
+
+    async def send(value: bytes, key: bytes, headers: list[tuple[str, bytes]]) -> None:
+        await (await producer.send(requests, value, key=key, headers=headers))
+
     await producer.start()
     try:
         await replies.start()
         if not await replies.wait_caught_up(args.phase_timeout_s):
-            raise RuntimeError(f"{REPLIES} not caught up in {args.phase_timeout_s}s")
+            raise RuntimeError(f"{reply_topic} not caught up in {args.phase_timeout_s}s")
         tps: list[TopicPartition] = list(replies.partitions)
         replies.consumer.pause(*tps)
-        say("ready")
-        control = await stdin_lines()
-        run = Requester(
-            producer, replies, args.in_flight, args.size, args.phase_timeout_s, itertools.count()
+        run = Requester(send, replies.waiters, args.partition, *_lanes(args))
+        await _obey(
+            stop,
+            run,
+            lambda: replies.consumer.resume(*tps),
+            lambda: replies.consumer.pause(*tps),
         )
-        while not stop.is_set() and (line := (await control.readline()).strip()):
-            replies.consumer.resume(*tps)
-            result = await run.run(int(line))
-            replies.consumer.pause(*tps)
-            say("result " + json.dumps(result))
     finally:
         with contextlib.suppress(Exception):
             await replies.stop()
         await producer.stop()
+
+
+async def confluent_requester(
+    settings: Settings, stop: asyncio.Event, args: argparse.Namespace
+) -> None:
+    side = await asyncio.to_thread(
+        ConfluentSide, settings, args.partition, asyncio.get_running_loop()
+    )
+    try:
+        run = Requester(side.send, side.waiters, args.partition, *_lanes(args))
+        await _obey(stop, run, side.active.set, side.active.clear)
+    finally:
+        await asyncio.to_thread(side.close)
+
+
+def _lanes(args: argparse.Namespace) -> tuple[int, int, float, itertools.count[int]]:
+    return args.in_flight, args.size, args.phase_timeout_s, itertools.count()
+
+
+async def _obey(
+    stop: asyncio.Event,
+    run: Requester,
+    resume: Callable[[], None],
+    pause: Callable[[], None],
+) -> None:
+    """Say ready, then run one phase per request count read from stdin, the reply consumer
+    resumed only during a phase."""
+    say("ready")
+    control = await stdin_lines()
+    while not stop.is_set() and (line := (await control.readline()).strip()):
+        resume()
+        result = await run.run(int(line))
+        pause()
+        say("result " + json.dumps(result))
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -275,11 +447,13 @@ class Floor:
         delay_ms: float = 0.0,
         timeout_s: float = 60.0,
         max_s: float = 3600.0,
+        client: str = "aiokafka",
     ) -> Floor:
         """``echo_fetch_wait_ms``: the worker's fetch wait; ``reply_fetch_wait_ms``: the
-        front-end's reply consumer's; both as the stack under test gives them."""
+        front-end's reply consumer's; both as the stack under test gives them. ``client``:
+        the requester's Kafka client (the echo is aiokafka either way)."""
         env = base_env() | {"KAFKA_BOOTSTRAP_SERVERS": bootstrap}
-        limit = ("--max-s", str(max_s))
+        limit = ("--max-s", str(max_s), "--client", client)
         echo = await _spawn(
             env | {"KAFKA_FETCH_MAX_WAIT_MS": str(echo_fetch_wait_ms)},
             "echo",
@@ -380,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=50, help="requester: lanes")
     parser.add_argument("--size", type=int, default=400, help="requester: record bytes")
     parser.add_argument("--partition", type=int, default=0, help="requester: reply partition")
+    parser.add_argument(
+        "--client", choices=CLIENTS, default="aiokafka", help="the requester's Kafka client"
+    )
     parser.add_argument("--phase-timeout-s", type=float, default=60.0)
     args = parser.parse_args(argv)
     settings = Settings()
@@ -388,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def role(stop: asyncio.Event) -> None:
         if args.role == "echo":
-            await echo(settings, stop, args.delay_ms / 1000)
+            await echo(settings, stop, args.delay_ms / 1000, args.client)
         else:
             await requester(settings, stop, args)
 

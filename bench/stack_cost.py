@@ -45,7 +45,7 @@ import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bench.common import REPO_ROOT, base_env, clean, machine
-from bench.kafka_floor import Floor
+from bench.kafka_floor import CLIENTS, Floor
 from devstack.broker import free_port, wait_for_port
 from devstack.keys import DEV_KEY, dev_keys_file
 from worker import eventloop
@@ -448,16 +448,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         stdin=subprocess.DEVNULL,
     )
     counter: RecordCounter | None = None
-    floor: Floor | None = None
+    floors: dict[str, Floor] = {}
     floor_n = args.floor_requests or args.requests
     try:
         await asyncio.to_thread(wait_for_port, "127.0.0.1", ceiling_port, 30)
         api = stack.ports["api"]
         await until_registered(api, accounts, args.start_timeout_s)
-        if not args.no_floor:
+        for client in [] if args.no_floor else args.floor_clients:
             # The fetch waits the stack gives the worker (the echo's part) and the front-end's
             # reply consumer on the embedded broker.
-            floor = await Floor.start(
+            floors[client] = await Floor.start(
                 f"127.0.0.1:{stack.ports['broker']}",
                 echo_fetch_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
                 reply_fetch_wait_ms=EMBEDDED_API_FETCH_MAX_WAIT_MS,
@@ -465,12 +465,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 size=args.floor_size,
                 delay_ms=args.floor_delay_ms,
                 timeout_s=args.start_timeout_s,
+                client=client,
             )
         numbers = iter(range(1, accounts + 1))
         # Warm them up (imports, first connections) outside every window.
         await closed_loop(ceiling_port, iter(range(10**9, 10**9 + 200)), 200, 10, DEV_KEY)
         await closed_loop(api, numbers, 50, 10, DEV_KEY)
-        if floor is not None:
+        for floor in floors.values():
             await floor_phase(floor, 200)
         topics = Topics().all()
         counter = RecordCounter(f"127.0.0.1:{stack.ports['broker']}", topics)
@@ -480,7 +481,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(args.idle_s)
         idle.stop()
         ceiling_runs: list[dict[str, Any]] = []
-        floor_runs: list[dict[str, Any]] = []
+        floor_runs: dict[str, list[dict[str, Any]]] = {client: [] for client in floors}
         frontend_runs: list[dict[str, Any]] = []
         fake = iter(range(10**9, 2 * 10**9))
         for _ in range(args.rounds):
@@ -494,9 +495,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 load | {"cpu": per_request(window, n)["ceiling"], "loadavg_1m": loadavg}
             )
 
-            if floor is not None:
+            for client, floor in floors.items():
                 pids = floor.pids | {"broker": stack.pids["broker"]}
-                floor_runs.append(await floor_phase(floor, floor_n, CpuWindow(pids)))
+                floor_runs[client].append(await floor_phase(floor, floor_n, CpuWindow(pids)))
 
             calls = await sim_calls(stack.ports["simulator"])
             spy = profiler(args.profile, stack.pids["front-end"], len(frontend_runs))
@@ -537,8 +538,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if counter is not None:
             await counter.stop()
-        if floor is not None:
-            await floor.stop()
+        await asyncio.gather(*(floor.stop() for floor in floors.values()))
         stop_process(ceiling)
         stop_process(stack.proc, 60)
     # A run too short for the ceiling to use one clock tick of CPU has no ratio (None), not
@@ -547,6 +547,40 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         f["cpu"]["front-end"]["total_us"] / c["cpu"]["total_us"] if c["cpu"]["total_us"] else None
         for c, f in zip(ceiling_runs, frontend_runs, strict=True)
     ]
+    aiokafka_floor = floor_figures(ceiling_runs, frontend_runs, floor_runs.get("aiokafka", []))
+    return {
+        "parameters": vars(args) | {"out": str(args.out)},
+        "machine": machine() | {"loadavg_end": os.getloadavg()},
+        "pids": stack.pids,
+        "idle_cores": {name: (u + s) / idle.wall for name, (u, s) in idle.spent.items()},
+        "ceiling": ceiling_runs,
+        "floor": floor_runs.get("aiokafka", []),
+        "frontend": frontend_runs,
+        "ratio": ratios,
+        "ratio_spread": spread([r for r in ratios if r is not None]),
+        **aiokafka_floor,
+        # The same floor with the requester on librdkafka: what a C client would leave.
+        "floor_confluent": {
+            "runs": runs,
+            **floor_figures(ceiling_runs, frontend_runs, runs),
+        }
+        if (runs := floor_runs.get("confluent"))
+        else None,
+        "ceiling_us_spread": spread([c["cpu"]["total_us"] for c in ceiling_runs]),
+        "frontend_us_spread": spread([f["cpu"]["front-end"]["total_us"] for f in frontend_runs]),
+        "stack_us_spread": spread([f["stack_total_us"] for f in frontend_runs]),
+        "max_rate": max_rate,
+        "latency": latency,
+        "provider_latency_ms": args.provider_latency_ms,
+    }
+
+
+def floor_figures(
+    ceiling_runs: list[dict[str, Any]],
+    frontend_runs: list[dict[str, Any]],
+    floor_runs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A floor's CPU per request beside the ceiling's and the front-end's, round by round."""
     floor_us = [f["cpu"]["total_us"] for f in floor_runs]
     # (ceiling + floor) ÷ ceiling: what a front-end costing only HTTP and Kafka would score.
     floor_ratios = [
@@ -554,15 +588,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         for c, f in zip(ceiling_runs, floor_us, strict=False)
     ]
     return {
-        "parameters": vars(args) | {"out": str(args.out)},
-        "machine": machine() | {"loadavg_end": os.getloadavg()},
-        "pids": stack.pids,
-        "idle_cores": {name: (u + s) / idle.wall for name, (u, s) in idle.spent.items()},
-        "ceiling": ceiling_runs,
-        "floor": floor_runs,
-        "frontend": frontend_runs,
-        "ratio": ratios,
-        "ratio_spread": spread([r for r in ratios if r is not None]),
         "floor_us": floor_us,
         "floor_ratio": floor_ratios,
         "floor_ratio_spread": spread([r for r in floor_ratios if r is not None]),
@@ -570,13 +595,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             f["cpu"]["front-end"]["total_us"] - u
             for f, u in zip(frontend_runs, floor_us, strict=False)
         ],
-        "ceiling_us_spread": spread([c["cpu"]["total_us"] for c in ceiling_runs]),
         "floor_us_spread": spread(floor_us),
-        "frontend_us_spread": spread([f["cpu"]["front-end"]["total_us"] for f in frontend_runs]),
-        "stack_us_spread": spread([f["stack_total_us"] for f in frontend_runs]),
-        "max_rate": max_rate,
-        "latency": latency,
-        "provider_latency_ms": args.provider_latency_ms,
     }
 
 
@@ -614,7 +633,13 @@ def report(result: dict[str, Any]) -> str:
         ),
         f"front-end ÷ ceiling  {ratio['min']:.2f}-{ratio['max']:.2f}x"
         f"  target ≤ {TARGET_RATIO}x  {'OK' if ratio['median'] <= TARGET_RATIO else 'MISS'}",
-        *floor_lines(result),
+        *floor_lines(result["floor"], result, "Kafka floor"),
+        *floor_lines(
+            (result["floor_confluent"] or {}).get("runs", []),
+            result["floor_confluent"],
+            "Kafka floor, librdkafka",
+            with_rest=False,
+        ),
         f"stack CPU/confirm    {stack['min'] / 1000:.2f}-{stack['max'] / 1000:.2f} ms"
         f"  target ≤ {TARGET_STACK_MS} ms"
         f"  {'OK' if stack['median'] / 1000 <= TARGET_STACK_MS else 'MISS'}",
@@ -640,26 +665,33 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def floor_lines(result: dict[str, Any]) -> list[str]:
-    """The Kafka floor beside the front-end (nothing when the run had no floor phases)."""
-    if not result["floor"]:
+def floor_lines(
+    runs: list[dict[str, Any]], figures: Any, name: str, *, with_rest: bool = True
+) -> list[str]:
+    """A Kafka floor beside the front-end (nothing when the run had no such phases);
+    ``with_rest``: what the front-end spends above it (only meaningful for the front-end's
+    own client)."""
+    if not runs:
         return []
-    ratio = result["floor_ratio_spread"]
+    ratio = figures["floor_ratio_spread"]
     if math.isnan(ratio["median"]):
         verdict = "no ratio: the ceiling used no CPU tick"
     else:
         side = "above" if ratio["median"] > TARGET_RATIO else "within"
         verdict = f"{side} the {TARGET_RATIO}x target with no front-end code at all"
     return [
-        "Kafka floor CPU/req µs "
+        f"{name} CPU/req µs "
         + " / ".join(
             f"{f['cpu']['total_us']:,.0f} (u {f['cpu']['user_us']:,.0f}"
             f" s {f['cpu']['system_us']:,.0f}; {f['rate']:,.0f}/s)"
-            for f in result["floor"]
+            for f in runs
         ),
-        f"(ceiling + floor) ÷ ceiling  {ratio['min']:.2f}-{ratio['max']:.2f}x  ({verdict})",
-        "front-end - floor µs  "
-        + " / ".join(f"{x:,.0f}" for x in result["frontend_minus_floor_us"]),
+        f"  (ceiling + floor) ÷ ceiling  {ratio['min']:.2f}-{ratio['max']:.2f}x  ({verdict})",
+        *(
+            ["  front-end - floor µs  " + " / ".join(f"{x:,.0f}" for x in rest)]
+            if (rest := figures["frontend_minus_floor_us"]) and with_rest
+            else []
+        ),
     ]
 
 
@@ -686,6 +718,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the front-end")
     parser.add_argument("--no-floor", action="store_true", help="no Kafka-floor phases")
     parser.add_argument(
+        "--floor-clients",
+        type=lambda s: [c for c in s.split(",") if c],
+        default=list(CLIENTS),
+        help="the floor requester's Kafka clients, one floor phase each per round "
+        f"(default {','.join(CLIENTS)}: aiokafka is the front-end's; librdkafka asks what a "
+        "C client would leave)",
+    )
+    parser.add_argument(
         "--floor-requests", type=int, default=None, help="per floor phase (default --requests)"
     )
     parser.add_argument("--floor-size", type=int, default=400, help="bytes per floor record")
@@ -697,6 +737,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "stack-cost.json")
     args = parser.parse_args(argv)
+    if unknown := set(args.floor_clients) - set(CLIENTS):
+        parser.error(f"--floor-clients: unknown {sorted(unknown)}; known: {', '.join(CLIENTS)}")
     result = eventloop.run(measure(args), "uvloop")
     args.out.write_text(json.dumps(clean(result), indent=2, default=str) + "\n")
     print(report(result))

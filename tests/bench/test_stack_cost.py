@@ -51,8 +51,14 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     (floor_ratio,) = result["floor_ratio"]
     assert floor_ratio is not None and floor_ratio > 1
     assert len(result["frontend_minus_floor_us"]) == 1
+    confluent = result["floor_confluent"]
+    (floor,) = confluent["runs"]
+    assert floor["answered"] == 300 and floor["cpu"]["total_us"] > 0
+    assert confluent["floor_us"] == [floor["cpu"]["total_us"]]
+    assert len(confluent["floor_ratio"]) == 1 and len(confluent["frontend_minus_floor_us"]) == 1
     assert [p["fraction"] for p in result["latency"]] == [0.1, 0.5, 0.9]
     for point in result["latency"]:
         assert {"p50_ms", "p99_ms", "offered_rate", "achieved_rate"} <= set(point)
     assert "front-end" in done.stdout and "target" in done.stdout
     assert "Kafka floor" in done.stdout and "(ceiling + floor)" in done.stdout
+    assert "Kafka floor, librdkafka" in done.stdout
