@@ -1,16 +1,29 @@
 """The auth.state record: what is on the topic decodes and re-encodes byte for byte, while
-memory holds equal timestamps shared."""
+memory holds outcome command ids compacted and equal timestamps shared."""
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.flow import Policy, decide, settle_confirm
 from worker.messages import (
     AccountRecord,
+    FollowUp,
+    InFlight,
     Outcome,
+    PasskeyConfirm,
+    compact_id,
     decode_record,
     encode_record,
+    expand_id,
 )
 
-# Written by the code before timestamps were shared (commit 5846526): canonical,
+# Written by the code before command ids were compacted (commit 5846526): canonical,
 # upper-case and non-UUID command ids, an error outcome, a timer outcome at -0.0.
 ON_THE_TOPIC = (
     b'{"account_id":"acc_1","workspace_id":"ws_a","status":"passkey_confirmation_sent",'
@@ -38,7 +51,11 @@ ON_THE_TOPIC = (
 def test_a_record_on_the_topic_round_trips_byte_for_byte() -> None:
     record = decode_record(ON_THE_TOPIC)
     assert encode_record(record) == ON_THE_TOPIC
-    first, upper, _timer, plain = record.recent
+    first, upper, timer, plain = record.recent
+    assert first.cid == 0x5D0C6A340B7E4A0F9A51000000000000
+    assert first.command_id == "5d0c6a34-0b7e-4a0f-9a51-000000000000"
+    assert upper.cid == upper.command_id == "9B2F7C1E-4D3A-4E8B-9A51-0000000000AA"
+    assert timer.cid == "" and plain.cid == "cmd-1"
     # Equal timestamps are one object, as the flow made them.
     assert upper.at is plain.at is record.updated_at
     assert record.in_flight is not None and record.in_flight.started_at is record.updated_at
@@ -54,11 +71,112 @@ def test_zero_timestamps_keep_their_sign() -> None:
         version=1,
         updated_at=0.0,
         recent=(
-            Outcome(
-                command_id="c", http_status=200, status="x", auth_status="x", version=1, at=-0.0
-            ),
+            Outcome(cid="c", http_status=200, status="x", auth_status="x", version=1, at=-0.0),
         ),
     )
     value = encode_record(record)
     assert b'"at":-0.0' in value
     assert encode_record(decode_record(value)) == value
+
+
+uuids = st.uuids().map(str)
+ids = (
+    uuids
+    | uuids.map(str.upper)
+    | uuids.map(lambda u: u.replace("-", ""))
+    | st.text(alphabet="0123456789abcdefx-_.:@AF", max_size=40)
+)
+
+
+@given(ids)
+def test_compact_id_is_exactly_reversible(value: str) -> None:
+    compacted = compact_id(value)
+    assert expand_id(compacted) == value
+    assert isinstance(compacted, int) == _canonical_uuid(value)
+
+
+def _canonical_uuid(value: str) -> bool:
+    try:
+        return str(uuid.UUID(value)) == value
+    except ValueError:
+        return False
+
+
+floats = st.floats(min_value=-1e10, max_value=4e9, allow_nan=False)
+statuses = st.sampled_from(["passkey_confirmation", "passkey_confirmation_sent", "authorized"])
+outcomes = st.builds(
+    Outcome,
+    cid=ids.map(compact_id),
+    http_status=st.sampled_from([200, 404, 409]),
+    status=statuses,
+    auth_status=statuses,
+    version=st.integers(0, 10**6),
+    at=floats,
+    request_id=st.none() | ids,
+    code=st.none() | st.just("account_already_authorized"),
+    numeric_code=st.none() | st.integers(10000, 99999),
+    previous_status=st.none() | statuses,
+    changed=st.booleans(),
+)
+records = st.builds(
+    AccountRecord,
+    account_id=st.just("acc_1"),
+    workspace_id=st.just("ws_a"),
+    status=statuses,
+    auth_status=statuses,
+    version=st.integers(0, 10**6),
+    updated_at=floats,
+    provider=st.none() | st.just("simulator"),
+    provider_account_ref=st.none() | ids,
+    deregistered=st.booleans(),
+    in_flight=st.none() | st.builds(InFlight, ids, ids, floats, floats),
+    follow_up=st.none() | st.builds(FollowUp, floats, floats, st.integers(0, 100)),
+    recent=st.lists(outcomes, max_size=8).map(tuple),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(records, st.data())
+def test_records_round_trip_exactly(record: AccountRecord, data: st.DataObject) -> None:
+    # Some outcomes stamped with the record's own time, as the flow does.
+    recent = tuple(
+        replace(o, at=record.updated_at) if data.draw(st.booleans()) else o for o in record.recent
+    )
+    record = replace(record, recent=recent)
+    value = encode_record(record)
+    decoded = decode_record(value)
+    assert decoded == record
+    assert encode_record(decoded) == value
+    assert [o.command_id for o in decoded.recent] == [expand_id(o.cid) for o in record.recent]
+
+
+def test_a_uuid_command_is_deduplicated_across_a_restore() -> None:
+    policy = Policy(providers=frozenset({"simulator"}))
+    now = 1_800_000_000.0
+    record = AccountRecord(
+        account_id="acc_1",
+        workspace_id="ws_a",
+        status="passkey_confirmation",
+        auth_status="passkey_confirmation",
+        version=1,
+        updated_at=now,
+        provider="simulator",
+        provider_account_ref="ref-1",
+    )
+    cmd = PasskeyConfirm(
+        command_id=str(uuid.uuid4()),
+        request_id=f"req_{uuid.uuid4().hex}",
+        workspace_id="ws_a",
+        account_id="acc_1",
+        issued_at=datetime.fromtimestamp(now, UTC),
+    )
+    intent = decide(record, cmd, now=now, policy=policy).record
+    assert intent is not None
+    sent = ("passkey_confirmation_sent", "passkey_confirmation_sent")
+    done = settle_confirm(intent, sent, now=now + 1, policy=policy)
+    assert done.record is not None and isinstance(done.record.recent[-1].cid, int)
+    restored = decode_record(encode_record(done.record))
+    again = decide(restored, cmd, now=now + 50, policy=policy)
+    assert again.verdict == "duplicate"
+    assert again.reply == done.reply and again.status_event == done.status_event
+    assert again.reply is not None and again.reply.command_id == cmd.command_id

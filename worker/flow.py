@@ -44,6 +44,7 @@ from worker.messages import (
     RegisterAccount,
     Reply,
     ReplyBody,
+    compact_id,
     event_id,
     rfc3339,
 )
@@ -170,26 +171,27 @@ def outputs(
 ) -> tuple[Reply | None, AuthStatusChanged | None, AuthError | None]:
     """The reply and events of one outcome. Pure function of its inputs: replays match."""
     when = rfc3339(outcome.at)
+    command_id, request_id = outcome.command_id, outcome.request_id  # expanded once
     reply = status_event = error_event = None
     if outcome.code is not None:
         err = error_of(outcome.code, outcome.http_status, outcome.numeric_code)
         body = ErrorBody(code=err.code, numeric_code=err.numeric_code, message=err.message)
         error_event = AuthError(
-            event_id=event_id("error", account_id, outcome.command_id),
+            event_id=event_id("error", account_id, command_id),
             account_id=account_id,
             workspace_id=workspace_id,
-            command_id=outcome.command_id,
-            request_id=outcome.request_id,
+            command_id=command_id,
+            request_id=request_id,
             http_status=outcome.http_status,
             error=body,
             occurred_at=when,
         )
-        reply_body = ReplyBody(request_id=outcome.request_id or "", error=body)
+        reply_body = ReplyBody(request_id=request_id or "", error=body)
     else:
         data = AuthData(
             account_id=account_id, status=outcome.status, auth_status=outcome.auth_status
         )
-        reply_body = ReplyBody(request_id=outcome.request_id or "", data=data)
+        reply_body = ReplyBody(request_id=request_id or "", data=data)
     if outcome.changed and workspace_id is not None:
         status_event = AuthStatusChanged(
             event_id=event_id("status", account_id, outcome.version),
@@ -199,14 +201,14 @@ def outputs(
             status=outcome.status,
             auth_status=outcome.auth_status,
             version=outcome.version,
-            command_id=outcome.command_id or None,
-            request_id=outcome.request_id,
+            command_id=command_id or None,
+            request_id=request_id,
             occurred_at=when,
         )
     if with_reply:
         reply = Reply(
-            command_id=outcome.command_id,
-            request_id=outcome.request_id or "",
+            command_id=command_id,
+            request_id=request_id or "",
             account_id=account_id,
             http_status=outcome.http_status,
             body=reply_body,
@@ -216,7 +218,7 @@ def outputs(
 
 
 def _remember(record: AccountRecord, outcome: Outcome, window: int) -> tuple[Outcome, ...]:
-    if not outcome.command_id:
+    if outcome.cid == "":
         return record.recent
     return (*record.recent, outcome)[-window:]
 
@@ -233,7 +235,7 @@ def _settle(
     policy: Policy,
 ) -> Decision:
     """Package an outcome: remember it in the record's window and derive the outputs."""
-    if new_record is None and record is not None and outcome.command_id:
+    if new_record is None and record is not None and outcome.cid != "":
         new_record = record
     if new_record is not None:
         new_record = evolve(
@@ -273,7 +275,7 @@ def _standstill(
     """The outcome of a command that leaves the auth state as it is: an error, or a
     deregistration."""
     return Outcome(
-        command_id=command_id,
+        cid=compact_id(command_id),
         request_id=request_id,
         http_status=err.http_status if err else 200,
         code=err.code if err else None,
@@ -346,7 +348,7 @@ def _transition(
         follow_up=follow_up,
     )
     outcome = Outcome(
-        command_id=command_id,
+        cid=compact_id(command_id),
         request_id=request_id,
         http_status=200,
         previous_status=record.status or None,
@@ -375,8 +377,9 @@ def _transition(
 
 def replay(record: AccountRecord, command_id: str, *, with_reply: bool) -> Decision | None:
     """The original outputs of a command seen before, or None if it is not in the window."""
+    cid = compact_id(command_id)
     for outcome in record.recent:
-        if outcome.command_id == command_id:
+        if outcome.cid == cid:
             reply, status_event, error_event = outputs(
                 outcome,
                 account_id=record.account_id,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 import sys
 import uuid
@@ -21,7 +22,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetPydanticSchema,
+    TypeAdapter,
+    ValidationError,
+)
+from pydantic_core import core_schema
 
 SCHEMA_VERSION: Literal[1] = 1
 MAX_RECORD_BYTES = 64 * 1024
@@ -235,11 +245,51 @@ class FollowUp:
     polls: int = 0
 
 
+_is_uuid = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
+
+
+def compact_id(value: str) -> int | str:
+    """A canonical UUID (lowercase, hyphenated: the front-end's command ids) as its 128-bit
+    int, anything else as it is. Outcomes keep ids this way: the dedup window holds one per
+    remembered command, and the int is half the size of the str. ``expand_id`` inverts it."""
+    if len(value) == 36 and _is_uuid(value):
+        return int(value.replace("-", ""), 16)
+    return value
+
+
+_uuid_groups = operator.itemgetter(
+    slice(8), slice(8, 12), slice(12, 16), slice(16, 20), slice(20, 32)
+)
+
+
+def expand_id(value: int | str) -> str:
+    """The id ``compact_id`` was given, exactly (it runs on every encode of an outcome, hence
+    the C-level slicing)."""
+    if isinstance(value, str):
+        return value
+    return "-".join(_uuid_groups("%032x" % value))  # noqa: UP031 (faster than format here)
+
+
+_COMPACT_ID_SCHEMA = core_schema.no_info_after_validator_function(
+    compact_id,
+    core_schema.str_schema(),
+    serialization=core_schema.plain_serializer_function_ser_schema(
+        expand_id, return_schema=core_schema.str_schema()
+    ),
+)
+CompactId = Annotated[int | str, GetPydanticSchema(lambda _t, _h: _COMPACT_ID_SCHEMA)]
+"""An id that is a string on the wire (and in the JSON Schema) and ``compact_id``'s form in
+memory."""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """Compact result of one command: enough to re-send its reply and events identically."""
 
-    command_id: str
+    # The docstring is the schema's description. ``cid`` is the command id in
+    # ``compact_id``'s form (``command_id`` on the wire): read it as a string through the
+    # ``command_id`` property, compare it compacted.
+    cid: Annotated[CompactId, Field(alias="command_id")]
     http_status: int
     status: Interned
     auth_status: Interned
@@ -250,6 +300,10 @@ class Outcome:
     numeric_code: int | None = None
     previous_status: Interned | None = None
     changed: bool = False
+
+    @property
+    def command_id(self) -> str:
+        return expand_id(self.cid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +358,7 @@ def _share_timestamps(record: AccountRecord) -> None:
 
 
 def encode_record(record: AccountRecord) -> bytes:
-    return _record_adapter.dump_json(record)
+    return _record_adapter.dump_json(record, by_alias=True)
 
 
 # --------------------------------------------------------------------------------------------
