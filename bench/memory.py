@@ -52,8 +52,8 @@ def sample_record(
 ) -> AccountRecord:
     """The record of an account after registration and ``confirms`` confirm commands (the
     first one confirmed at the provider, later ones answered "already sent"), and with
-    ``settled`` after the provider reported ``authorized``. Ids are UUID-sized, as the
-    front-end's are, and contain ``TOKEN``."""
+    ``settled`` after the provider reported ``authorized``. Ids have the front-end's forms
+    (a UUID command id, a ``req_`` + 32 hex digits request id) and contain ``TOKEN``."""
     policy = Policy(providers=frozenset({"simulator"}), dedup_window=dedup_window)
     now = time.time()
     account = f"acc-{TOKEN}"
@@ -72,7 +72,7 @@ def sample_record(
         cid = f"9b2f7c1e-4d3a-4e8b-{n:04d}-{TOKEN}"
         cmd = PasskeyConfirm(
             command_id=cid,
-            request_id=f"req-{cid}",
+            request_id=f"req_{cid.replace('-', '')}",  # the front-end's form
             workspace_id="ws_bench",
             account_id=account,
             issued_at=datetime.fromtimestamp(now, UTC),

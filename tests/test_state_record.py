@@ -84,7 +84,10 @@ ids = (
     uuids
     | uuids.map(str.upper)
     | uuids.map(lambda u: u.replace("-", ""))
-    | st.text(alphabet="0123456789abcdefx-_.:@AF", max_size=40)
+    | uuids.map(lambda u: "req_" + u.replace("-", ""))  # the front-end's request ids
+    | uuids.map(lambda u: "req_" + u.replace("-", "").upper())
+    | uuids.map(lambda u: "req_" + u)
+    | st.text(alphabet="0123456789abcdefx-_.:@AFrq", max_size=40)
 )
 
 
@@ -92,7 +95,7 @@ ids = (
 def test_compact_id_is_exactly_reversible(value: str) -> None:
     compacted = compact_id(value)
     assert expand_id(compacted) == value
-    assert isinstance(compacted, int) == _canonical_uuid(value)
+    assert isinstance(compacted, int) == (_canonical_uuid(value) or _request_id(value))
 
 
 def _canonical_uuid(value: str) -> bool:
@@ -100,6 +103,24 @@ def _canonical_uuid(value: str) -> bool:
         return str(uuid.UUID(value)) == value
     except ValueError:
         return False
+
+
+def _request_id(value: str) -> bool:
+    """``req_`` + a UUID's 32 lowercase hex digits: what the front-end makes."""
+    hex_part = value.removeprefix("req_")
+    return (
+        value.startswith("req_")
+        and len(hex_part) == 32
+        and all(c in "0123456789abcdef" for c in hex_part)
+    )
+
+
+def test_the_two_compacted_forms_never_meet() -> None:
+    hex_id = "0123456789abcdef0123456789abcdef"
+    as_uuid = str(uuid.UUID(hex_id))
+    assert compact_id(as_uuid) != compact_id("req_" + hex_id)
+    assert expand_id(compact_id("req_" + hex_id)) == "req_" + hex_id
+    assert expand_id(compact_id("req_" + "0" * 32)) == "req_" + "0" * 32
 
 
 floats = st.floats(min_value=-1e10, max_value=4e9, allow_nan=False)
@@ -112,7 +133,7 @@ outcomes = st.builds(
     auth_status=statuses,
     version=st.integers(0, 10**6),
     at=floats,
-    request_id=st.none() | ids,
+    rid=st.none() | ids.map(compact_id),
     code=st.none() | st.just("account_already_authorized"),
     numeric_code=st.none() | st.integers(10000, 99999),
     previous_status=st.none() | statuses,
@@ -148,6 +169,9 @@ def test_records_round_trip_exactly(record: AccountRecord, data: st.DataObject) 
     assert decoded == record
     assert encode_record(decoded) == value
     assert [o.command_id for o in decoded.recent] == [expand_id(o.cid) for o in record.recent]
+    assert [o.request_id for o in decoded.recent] == [
+        None if o.rid is None else expand_id(o.rid) for o in record.recent
+    ]
 
 
 def test_a_uuid_command_is_deduplicated_across_a_restore() -> None:
@@ -175,8 +199,10 @@ def test_a_uuid_command_is_deduplicated_across_a_restore() -> None:
     sent = ("passkey_confirmation_sent", "passkey_confirmation_sent")
     done = settle_confirm(intent, sent, now=now + 1, policy=policy)
     assert done.record is not None and isinstance(done.record.recent[-1].cid, int)
+    assert isinstance(done.record.recent[-1].rid, int)
     restored = decode_record(encode_record(done.record))
     again = decide(restored, cmd, now=now + 50, policy=policy)
     assert again.verdict == "duplicate"
     assert again.reply == done.reply and again.status_event == done.status_event
     assert again.reply is not None and again.reply.command_id == cmd.command_id
+    assert again.reply.request_id == cmd.request_id

@@ -276,7 +276,7 @@ def _standstill(
     deregistration."""
     return Outcome(
         cid=compact_id(command_id),
-        request_id=request_id,
+        rid=None if request_id is None else compact_id(request_id),
         http_status=err.http_status if err else 200,
         code=err.code if err else None,
         numeric_code=err.numeric_code if err else None,
@@ -349,7 +349,7 @@ def _transition(
     )
     outcome = Outcome(
         cid=compact_id(command_id),
-        request_id=request_id,
+        rid=None if request_id is None else compact_id(request_id),
         http_status=200,
         previous_status=record.status or None,
         status=status,

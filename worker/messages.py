@@ -246,14 +246,22 @@ class FollowUp:
 
 
 _is_uuid = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
+_is_request_id = re.compile(r"req_[0-9a-f]{32}").fullmatch
+_REQUEST_ID_FLAG = 1 << 128
+"""Set on a compacted ``req_<hex>`` id: a UUID's int is below it, so the two never meet."""
 
 
 def compact_id(value: str) -> int | str:
-    """A canonical UUID (lowercase, hyphenated: the front-end's command ids) as its 128-bit
-    int, anything else as it is. Outcomes keep ids this way: the dedup window holds one per
-    remembered command, and the int is half the size of the str. ``expand_id`` inverts it."""
-    if len(value) == 36 and _is_uuid(value):
-        return int(value.replace("-", ""), 16)
+    """The front-end's ids as ints, anything else as it is: a canonical UUID (lowercase,
+    hyphenated: its command ids) as its 128-bit int, a ``req_`` + 32 lowercase hex digits (its
+    request ids) as that number with bit 128 set. Outcomes keep ids this way: the dedup window
+    holds two per remembered command, and the int (44 B) is half the size of the str (85 B).
+    ``expand_id`` inverts it."""
+    if len(value) == 36:
+        if _is_uuid(value):
+            return int(value.replace("-", ""), 16)
+        if _is_request_id(value):
+            return int(value[4:], 16) | _REQUEST_ID_FLAG
     return value
 
 
@@ -267,6 +275,8 @@ def expand_id(value: int | str) -> str:
     the C-level slicing)."""
     if isinstance(value, str):
         return value
+    if value >= _REQUEST_ID_FLAG:
+        return "req_%032x" % (value ^ _REQUEST_ID_FLAG)
     return "-".join(_uuid_groups("%032x" % value))  # noqa: UP031 (faster than format here)
 
 
@@ -286,16 +296,16 @@ memory."""
 class Outcome:
     """Compact result of one command: enough to re-send its reply and events identically."""
 
-    # The docstring is the schema's description. ``cid`` is the command id in
-    # ``compact_id``'s form (``command_id`` on the wire): read it as a string through the
-    # ``command_id`` property, compare it compacted.
+    # The docstring is the schema's description. ``cid`` and ``rid`` are the command and
+    # request ids in ``compact_id``'s form (``command_id``, ``request_id`` on the wire): read
+    # them as strings through the properties of those names, compare them compacted.
     cid: Annotated[CompactId, Field(alias="command_id")]
     http_status: int
     status: Interned
     auth_status: Interned
     version: int
     at: float
-    request_id: str | None = None
+    rid: Annotated[CompactId | None, Field(alias="request_id")] = None
     code: Interned | None = None
     numeric_code: int | None = None
     previous_status: Interned | None = None
@@ -304,6 +314,10 @@ class Outcome:
     @property
     def command_id(self) -> str:
         return expand_id(self.cid)
+
+    @property
+    def request_id(self) -> str | None:
+        return None if self.rid is None else expand_id(self.rid)
 
 
 @dataclass(frozen=True, slots=True)
