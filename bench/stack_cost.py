@@ -645,6 +645,10 @@ def report(result: dict[str, Any]) -> str:
         f"  {'OK' if stack['median'] / 1000 <= TARGET_STACK_MS else 'MISS'}",
         "  per process (last run, µs): "
         + ", ".join(f"{k} {v['total_us']:,.0f}" for k, v in last["cpu"].items()),
+        # The embedded broker's fetches cost more as a partition's history grows
+        # (bench/README.md, "The embedded broker slows with history"): round by round.
+        "  broker per round (µs): "
+        + " / ".join(f"{f['cpu']['broker']['total_us']:,.0f}" for f in result["frontend"]),
         f"  records/confirm {last['records_total_per_confirm']:.2f}: "
         + ", ".join(f"{k} {v:.2f}" for k, v in last["records_per_confirm"].items()),
         f"  provider calls/confirm {last['provider_calls_per_confirm']:.2f}",
