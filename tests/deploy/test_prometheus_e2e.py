@@ -374,6 +374,14 @@ async def registered_accounts(b: Bus, n: int, *, provider: str = "simulator") ->
     return accounts
 
 
+async def api_scrapes(prom: PromApi) -> dict[str, Any]:
+    """Whether a scrape of the front-end failed, and whether it ever reported not ready, over
+    the test's span: what tells a missed scrape from a front-end that was not ready."""
+    missed = await prom.query('min_over_time(up{job="passkey-api"}[10m]) == 0')
+    not_ready = await prom.query('min_over_time(api_ready{job="passkey-api"}[10m]) == 0')
+    return {"missed": missed, "not_ready": not_ready}
+
+
 def dlq_reason(b: Bus) -> str:
     """The ``dlq.reason`` header of the records the worker dead-lettered (one reason)."""
     reasons = {
@@ -516,7 +524,13 @@ async def test_failing_commands_fire_the_alerts_in_prometheus(
             allowed = EXPECTED_ALERTS | DISPATCHER_ABSENT_ALERTS
             if not with_api:
                 allowed |= API_ALERTS
-            assert active - allowed == set(), alerts
+            scrapes = await api_scrapes(prom) if with_api else {}
+            if scrapes.get("missed") and not scrapes.get("not_ready"):
+                # A scrape of the in-process front-end that overran the 1 s timeout leaves
+                # api_ready absent for a moment, and the rule's absent() arm goes pending on
+                # that alone; the front-end itself never reported not ready.
+                allowed |= {"PasskeyApiNoReadyInstances"}
+            assert active - allowed == set(), (alerts, scrapes)
 
         assert server.process.returncode is not None
         assert not server.directory.exists()
