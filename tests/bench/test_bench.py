@@ -5,17 +5,15 @@ No timing thresholds: the numbers depend on the machine."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.load import Workload, percentile
+from tests.bench import run_bench
 from worker.messages import PasskeyConfirm, RegisterAccount, decode_command
 
-REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = ("ceiling", "baseline", "worker-1p", "worker-inproc")
 
 
@@ -53,15 +51,7 @@ def test_tiny_bench_run_measures_every_scenario(tmp_path: Path) -> None:
         *("--memory-sizes", "2000", "--restore-records", "2000"),
         *("--phase-timeout", "60", "--out-dir", str(tmp_path)),
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", *argv],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=85,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_bench("bench", *argv, timeout=85)
     results: dict[str, Any] = json.loads((tmp_path / "results.json").read_text())
     assert (tmp_path / "results.png").stat().st_size > 0
 

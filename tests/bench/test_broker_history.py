@@ -4,26 +4,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.bench import run_bench
 
 
 @pytest.mark.slow
 def test_every_window_of_every_topic_is_measured() -> None:
     argv = ["--topics", "2", "--steps", "2", "--records", "200", "--partitions", "3"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.broker_history", *argv],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_bench("bench.broker_history", *argv, timeout=120)
     windows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [(w["topic"], w["history"]) for w in windows] == [
         (f"history-{t}", n) for t in range(2) for n in (200, 400)

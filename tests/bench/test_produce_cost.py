@@ -4,27 +4,18 @@ broker, a process per trial), checked for completeness only; no timing threshold
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.bench import run_bench
 
 
 @pytest.mark.slow
 def test_every_client_and_lane_count_is_measured(tmp_path: Path) -> None:
     out = tmp_path / "produce-cost.json"
     argv = ["--records", "100", "--rounds", "1", "--lingers", "0", "--in-flight", "1,5"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.produce_cost", *argv, "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_bench("bench.produce_cost", *argv, "--out", str(out), timeout=180)
     trials = json.loads(out.read_text())["trials"]
     seen = {(t["client"], t["in_flight"]): t for t in trials}
     assert set(seen) == {(c, n) for c in ("aiokafka", "confluent") for n in (1, 5)}

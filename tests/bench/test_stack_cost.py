@@ -5,13 +5,12 @@ thresholds: the numbers depend on the machine."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.bench import run_bench
+
 ROLES = {"broker", "simulator", "worker", "dispatcher", "front-end", "receiver"}
 
 
@@ -24,14 +23,7 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
         *("--connections", "5", "--settle-s", "0.5", "--latency-s", "0.5", "--idle-s", "0.5"),
         *("--max-rate-guess", "100", "--out", str(out)),
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.stack_cost", *argv],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_bench("bench.stack_cost", *argv, timeout=240)
     result = json.loads(out.read_text())
     assert set(result["pids"]) == ROLES
     (ceiling,) = result["ceiling"]

@@ -5,17 +5,14 @@ Checked for completeness only: no timing thresholds, the numbers depend on the m
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.webhooks import Events
+from tests.bench import run_bench
 from worker.messages import AuthStatusChanged
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_events_interleave_accounts_and_count_versions_up() -> None:
@@ -41,15 +38,7 @@ def test_tiny_webhook_bench_run_delivers_everything(tmp_path: Path) -> None:
         *("--events", "500", "--seconds", "2", "--fractions", "0.5"),
         *("--verify", "--phase-timeout", "60", "--out", str(out)),
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.webhooks", *argv],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_bench("bench.webhooks", *argv, timeout=150)
     results: dict[str, Any] = json.loads(out.read_text())
     assert not results["failures"]
 
