@@ -92,3 +92,18 @@ def test_the_view_never_goes_below_a_remembered_write_and_forgets_it_once_caught
     assert view.lookup("acc_1", "ws_a") == held
     view.handle([_msg(_record(4, "authorized", deregistered=True))])
     assert view.lookup("acc_1", "ws_a") is None
+
+
+def test_the_view_skips_a_record_it_cannot_read_and_keeps_the_rest() -> None:
+    view = AuthStateView(consumer=None, topic="t")
+    other_schema = encode_record(_record(2, "authorized")).replace(
+        b'"schema_version":1', b'"schema_version":2'
+    )
+    bad = [
+        SimpleNamespace(value=b"not json", key=b"acc_1", partition=0, offset=0),
+        SimpleNamespace(value=other_schema, key=b"acc_1", partition=0, offset=1),
+    ]
+    view.handle([_msg(_record(1, BEFORE)), *bad])
+    assert view.undecodable == 2
+    held = view.lookup("acc_1", "ws_a")
+    assert held is not None and (held.status, held.version) == (BEFORE, 1)

@@ -4,7 +4,8 @@ Every replica tails all partitions of auth.state from the beginning (group-less,
 ``worker.tail``) into a dict ``account_id → AccountView``; the last record of an account
 wins, as in the worker's own restore. Deregistered accounts and tombstones are removed, so
 they answer 404 like unknown ones. Only the four fields the route needs are kept (about 200
-bytes per account), not the whole record.
+bytes per account), not the whole record, and only those are decoded and validated
+(``decode_state_summary``).
 
 Read-your-writes. The worker writes an account's state record, and waits for its ack, before
 it replies; the reply carries the record's version. When this replica answers a POST it
@@ -23,7 +24,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from worker.logs import get_logger
-from worker.messages import decode_record
+from worker.messages import decode_state_summary
 from worker.tail import TopicTail
 
 log = get_logger(__name__)
@@ -108,7 +109,7 @@ class AuthStateView(TopicTail):
                     accounts.pop(msg.key.decode("utf-8", "replace"), None)
                 continue
             try:
-                record = decode_record(msg.value)
+                record = decode_state_summary(msg.value)
             except ValidationError:
                 self.undecodable += 1
                 log.error("state_record_undecodable", partition=msg.partition, offset=msg.offset)
