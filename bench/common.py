@@ -8,7 +8,7 @@ import contextlib
 import math
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -20,9 +20,38 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 """The repository: the benchmark is a repo-level tool, run from a checkout (never installed)."""
 
 
+def _items(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def ints(text: str) -> list[int]:
+    """A comma-separated list of integers (an argparse ``type``)."""
+    return [int(x) for x in _items(text)]
+
+
+def floats(text: str) -> list[float]:
+    """A comma-separated list of numbers (an argparse ``type``)."""
+    return [float(x) for x in _items(text)]
+
+
+def names(known: Iterable[str], what: str) -> Callable[[str], list[str]]:
+    """An argparse ``type``: a comma-separated list of ``known`` names, ``what`` naming them
+    in the error for any other."""
+    allowed = tuple(known)
+
+    def parse(text: str) -> list[str]:
+        given = _items(text)
+        unknown = [n for n in given if n not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; known: {list(allowed)}")
+        return given
+
+    return parse
+
+
 def fractions(text: str) -> list[float]:
     """``--curve``-style lists: comma-separated fractions in (0, 1]."""
-    values = [float(x) for x in text.split(",") if x.strip()]
+    values = floats(text)
     if not all(0 < v <= 1 for v in values):
         raise argparse.ArgumentTypeError("fractions must be in (0, 1]")
     return values

@@ -52,7 +52,17 @@ from typing import Any, Literal
 import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
-from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, run_meta, topics_named
+from bench.common import (
+    REPO_ROOT,
+    base_env,
+    clean,
+    fmt,
+    fractions,
+    ints,
+    names,
+    run_meta,
+    topics_named,
+)
 from bench.load import (
     Mix,
     Outputs,
@@ -116,18 +126,6 @@ class ScenarioFailed(RuntimeError):
 # --------------------------------------------------------------------------------------------
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _names(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    unknown = [n for n in names if n not in SCENARIOS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown scenarios {unknown}; known: {list(SCENARIOS)}")
-    return names
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench",
@@ -149,7 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-ms", type=float, default=20.0, help="provider median latency (20)")
     p.add_argument("--jitter-ms", type=float, default=5.0, help="provider latency std dev (5)")
     p.add_argument(
-        "--scenarios", type=_names, default=None, help=f"comma list of {','.join(SCENARIOS)}"
+        "--scenarios",
+        type=names(SCENARIOS, "scenarios"),
+        default=None,
+        help=f"comma list of {','.join(SCENARIOS)}",
     )
     p.add_argument(
         "--curve",
@@ -168,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--memory-sizes",
-        type=_ints,
+        type=ints,
         default=None,
         help="accounts for the state memory measurement (100000,1000000)",
     )

@@ -44,7 +44,7 @@ from typing import Any, Final
 import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bench.common import REPO_ROOT, base_env, clean, machine
+from bench.common import REPO_ROOT, base_env, clean, machine, names
 from bench.kafka_floor import CLIENTS, Floor
 from devstack.broker import free_port, wait_for_port
 from devstack.keys import DEV_KEY, dev_keys_file
@@ -723,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-floor", action="store_true", help="no Kafka-floor phases")
     parser.add_argument(
         "--floor-clients",
-        type=lambda s: [c for c in s.split(",") if c],
+        type=names(CLIENTS, "clients"),
         default=list(CLIENTS),
         help="the floor requester's Kafka clients, one floor phase each per round "
         f"(default {','.join(CLIENTS)}: aiokafka is the front-end's; librdkafka asks what a "
@@ -741,8 +741,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "stack-cost.json")
     args = parser.parse_args(argv)
-    if unknown := set(args.floor_clients) - set(CLIENTS):
-        parser.error(f"--floor-clients: unknown {sorted(unknown)}; known: {', '.join(CLIENTS)}")
     result = eventloop.run(measure(args), "uvloop")
     args.out.write_text(json.dumps(clean(result), indent=2, default=str) + "\n")
     print(report(result))
