@@ -19,12 +19,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-
 from bench.load import proc_cpu_s
 from devstack.broker import EmbeddedBroker
 from worker import eventloop
-from worker.kafka import build_producer, create_topics
+from worker.kafka import build_consumer, build_producer, create_topics
 from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings
 
 
@@ -32,13 +30,7 @@ async def one_topic(
     settings: Settings, pid: int, topic: str, steps: int, records: int, lanes: int
 ) -> list[dict[str, Any]]:
     producer = build_producer(settings)
-    tail = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=settings.bootstrap,
-        group_id=None,
-        fetch_max_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
-        auto_offset_reset="earliest",
-    )
+    tail = build_consumer(settings, topic)  # group-less, from the earliest offset
     await producer.start()
     await tail.start()
 
@@ -81,7 +73,10 @@ async def one_topic(
 async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     windows: list[dict[str, Any]] = []
     with EmbeddedBroker() as broker:
-        settings = Settings(kafka_bootstrap_servers=broker.bootstrap)
+        settings = Settings(
+            kafka_bootstrap_servers=broker.bootstrap,
+            kafka_fetch_max_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
+        )
         names = [f"history-{i}" for i in range(args.topics)]
         await create_topics(settings, dict.fromkeys(names, args.partitions))
         for name in names:
