@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.structs import ConsumerRecord
 from pydantic import TypeAdapter
 
 from worker.asyncapi import SCHEMA_REF, WIRE_MODELS, asyncapi_document
-from worker.messages import ID_PATTERN, DecodeFailure
+from worker.faults import Fault
+from worker.messages import ID_PATTERN
 from worker.publish import Publisher
 from worker.settings import Topics
 from worker.webhooks.delivery import Finished, Pending
@@ -188,16 +190,43 @@ def _assert_headers_match(written: list[tuple[str, bytes]], schema: dict[str, An
 
 async def test_auth_dlq_headers_are_what_the_worker_writes(doc: dict[str, Any]) -> None:
     producer = _CapturingProducer()
+    record = ConsumerRecord("auth.commands", 3, 17, 0, 0, b"acc_1", b"not json", None, 5, 8, [])
     await Publisher(producer, Topics.model_construct()).dead_letter(
-        key=b"acc_1",
-        value=b"not json",
-        source=("auth.commands", 3, 17),
-        failure=DecodeFailure("not_json", "value is not UTF-8 JSON"),
-        error_event=None,
+        record, Fault("not_json", "value is not UTF-8 JSON"), error_event=None
     )
     [(topic, headers)] = producer.sent
     assert topic == doc["channels"]["dlq"]["address"]
     _assert_headers_match(headers, doc["components"]["schemas"]["AuthDeadLetterHeaders"])
+
+
+async def test_a_failed_command_keeps_its_headers_and_adds_the_faults(
+    doc: dict[str, Any],
+) -> None:
+    """A command whose handling failed: its own headers first, then the required ``dlq.*``
+    ones and the optional exception and fingerprint, each valid for its schema."""
+    producer = _CapturingProducer()
+    original = [("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")]
+    record = ConsumerRecord("auth.commands", 0, 4, 0, 0, b"acc_1", b"{}", None, 5, 2, original)
+    try:
+        raise KeyError("boom")
+    except KeyError as exc:
+        fault = Fault.of(exc, attempts=3)
+    await Publisher(producer, Topics.model_construct()).dead_letter(record, fault, error_event=None)
+    [(_, headers)] = producer.sent
+    assert headers[0] == original[0]
+    schema = doc["components"]["schemas"]["AuthDeadLetterHeaders"]
+    written = dict(headers[1:])
+    assert set(schema["required"]) <= set(written)
+    assert set(written) <= set(schema["properties"])
+    for name, raw in written.items():
+        prop = schema["properties"][name]
+        if "pattern" in prop:
+            assert re.search(prop["pattern"], raw.decode()), (name, raw)
+        if "enum" in prop:
+            assert raw.decode() in prop["enum"], (name, raw)
+    assert written["dlq.reason"] == b"handler_failed"
+    assert written["dlq.exception"] == b"KeyError"
+    assert written["dlq.attempts"] == b"3"
 
 
 async def test_webhook_dlq_headers_are_what_the_dispatcher_writes(doc: dict[str, Any]) -> None:

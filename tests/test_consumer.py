@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import SettingsFactory
 from worker.consumer import LoopConfig, OffsetTracker, Worker
+from worker.faults import Fault
 from worker.kafka import build_consumer, ensure_topics
 from worker.metrics import WorkerMetrics
 from worker.runner import consume_loop, group_consumer
@@ -84,6 +85,12 @@ class _HoldPartitionOne:
     async def follow_up(self, partition: int, key: str) -> None:
         pass
 
+    async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
+        raise AssertionError(f"nothing fails here: {fault}")
+
+    async def give_up(self, partition: int, key: str, fault: Fault) -> None:
+        raise AssertionError(f"nothing fails here: {fault}")
+
 
 def _record(partition: int, offset: int, key: bytes) -> ConsumerRecord[bytes, bytes]:
     return ConsumerRecord("t", partition, offset, 0, 0, key, b"{}", None, len(key), 2, [])
@@ -130,6 +137,12 @@ class _Idle:
 
     async def follow_up(self, partition: int, key: str) -> None:
         pass
+
+    async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
+        raise AssertionError(f"nothing fails here: {fault}")
+
+    async def give_up(self, partition: int, key: str, fault: Fault) -> None:
+        raise AssertionError(f"nothing fails here: {fault}")
 
 
 class _RevokeHeld(ConsumerRebalanceListener):  # type: ignore[misc]

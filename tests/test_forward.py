@@ -288,7 +288,9 @@ async def test_a_forwarded_command_off_its_home_again_is_dead_lettered(
         )
         assert origin in dict(misrouted)["dlq.detail"]
         await b.wait_for(lambda: bool(b.errors(command_id=confirm.command_id)))
-        assert b.replies(command_id=confirm.command_id) == []
+        # Its caller is answered (not left to time out), with the catalogued refusal.
+        reply = await b.reply_to(confirm.command_id)
+        assert (reply["http_status"], reply["body"]["error"]["code"]) == (400, "invalid_request")
         assert await sim_calls(simulator, confirm.command_id) == 0
         assert forwards(running.registry, "passkey_confirm") == 0
         assert [e["status"] for e in b.status_events(account_id=acc)] == ["passkey_confirmation"]

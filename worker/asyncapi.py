@@ -18,6 +18,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import JsonSchemaMode
 
+from worker.faults import FAULT_REASONS
 from worker.kafka import co_partitioned
 from worker.messages import (
     DECODE_REASONS,
@@ -64,21 +65,42 @@ TRACE_HEADERS: Final[dict[str, Any]] = {
     },
 }
 
-#: Headers of ``auth.dlq`` (worker/publish.py ``Publisher.dead_letter``).
+#: Headers of ``auth.dlq`` (worker/faults.py ``Fault.headers``), after the original record's.
 AUTH_DLQ_HEADERS: Final[dict[str, Any]] = {
     "dlq.reason": {
         "type": "string",
-        "enum": list(DECODE_REASONS),
-        "description": "Why the record could not become a command (a metrics label).",
+        "enum": [*DECODE_REASONS, *FAULT_REASONS[:3]],
+        "description": "Why the record could not become a command, or why its handling "
+        "failed for good (a metrics label).",
     },
     "dlq.detail": {
         "type": "string",
-        "description": "The decoder's explanation for humans, at most 1024 bytes (UTF-8).",
+        "description": "The explanation for humans, at most 1024 bytes (UTF-8).",
     },
+
     "dlq.source": {
         "type": "string",
         "pattern": "^.+:[0-9]+:[0-9]+$",
         "description": "Where the original record was: `topic:partition:offset`.",
+    },
+    "dlq.attempts": {
+        "type": "string",
+        "pattern": "^[0-9]+$",
+        "description": "How many times the record was tried before it was dead-lettered.",
+    },
+}
+
+#: Headers of a dead letter whose handling failed (not of an undecodable record).
+DLQ_FAULT_HEADERS: Final[dict[str, Any]] = {
+    "dlq.exception": {
+        "type": "string",
+        "description": "The exception class of the last attempt.",
+    },
+    "dlq.fingerprint": {
+        "type": "string",
+        "pattern": "^[0-9a-f]{16}$",
+        "description": "Where and how the last attempt failed (class and call stack, no "
+        "message): one bug, one fingerprint.",
     },
 }
 
@@ -228,17 +250,22 @@ def component_schemas() -> dict[str, Any]:
     }
     schemas |= _webhook_body_schemas(schemas)
     schemas["TraceContextHeaders"] = _headers("TraceContextHeaders", {})
-    schemas["AuthDeadLetterHeaders"] = _headers("AuthDeadLetterHeaders", AUTH_DLQ_HEADERS)
+    schemas["AuthDeadLetterHeaders"] = _headers(
+        "AuthDeadLetterHeaders", AUTH_DLQ_HEADERS, DLQ_FAULT_HEADERS
+    )
     schemas["WebhookDeadLetterHeaders"] = _headers("WebhookDeadLetterHeaders", WEBHOOK_DLQ_HEADERS)
     return dict(sorted(schemas.items()))
 
 
-def _headers(title: str, required: dict[str, Any]) -> dict[str, Any]:
-    """Kafka headers as a schema: ``required`` ones plus the optional trace context."""
+def _headers(
+    title: str, required: dict[str, Any], optional: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Kafka headers as a schema: ``required`` ones plus ``optional`` ones and the trace
+    context."""
     schema: dict[str, Any] = {
         "title": title,
         "type": "object",
-        "properties": {**required, **TRACE_HEADERS},
+        "properties": {**required, **(optional or {}), **TRACE_HEADERS},
     }
     if required:
         schema["required"] = list(required)

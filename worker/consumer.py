@@ -23,8 +23,13 @@ loop owns order, concurrency, offsets, timers, restore and rebalances. Read top 
   flows; the dispatcher: deliveries and their retries) through the same lanes, so nothing
   ever runs twice at once for one key. ``Handler.handle`` may also name keys that are due at
   once; they are queued on their lanes right after the record.
-* Any unexpected exception in a lane is fatal: the loop stops, commits nothing further and
-  ``run`` raises, so the process exits non-zero instead of living on as a zombie consumer.
+* A fault stays with its record (docs/architecture.md, "Failure handling"): a unit of work
+  that raises is retried ``record_attempts`` times with a doubling pause, on its own lane
+  only, then handed to the handler's ``recover`` (a record: dead-lettered, its waiter
+  answered) or ``give_up`` (a due key: postponed). Its offset then counts as finished and the
+  key's later records go on in order. Only a fault of the process (``worker.faults``) stops
+  the loop: it commits nothing further and ``run`` raises, so the process exits non-zero
+  instead of living on as a zombie consumer.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.group import LeaveGroupRequest
 from aiokafka.structs import ConsumerRecord
 
+from worker.faults import Fault, is_permanent, is_process_fault
 from worker.logs import get_logger
 from worker.store import restore_partitions
 
@@ -68,7 +74,8 @@ class LoopStore(Protocol):
 
 class Handler(Protocol):
     """One unit of work per record or due key: the worker's ``Executor``, the dispatcher's
-    ``Dispatcher``. An exception from either is fatal for the process."""
+    ``Dispatcher``. A unit that raises is retried, then recovered or given up; only a process
+    fault (``worker.faults.is_process_fault``), here or in ``recover``, ends the process."""
 
     @property
     def store(self) -> LoopStore: ...
@@ -79,6 +86,13 @@ class Handler(Protocol):
     async def follow_up(self, partition: int, key: str) -> None:
         """Act on a key the store said is due."""
 
+    async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
+        """Dead-letter a record whose handling failed for good (acknowledged before the
+        offset is committed). Raising here ends the process: the record cannot be let go."""
+
+    async def give_up(self, partition: int, key: str, fault: Fault) -> None:
+        """Set aside a due key whose follow-up failed for good (postpone it)."""
+
 
 class LoopMetrics(Protocol):
     """The loop's own series (``WorkerMetrics``, ``WebhookMetrics``)."""
@@ -88,8 +102,10 @@ class LoopMetrics(Protocol):
     store_accounts: Any
     restore_seconds: Any
     restore_records: Any
+    restore_undecodable: Any
     rebalances: Any
     ready: Any
+    unit_failures: Any
 
     def beat(self) -> None: ...
 
@@ -154,6 +170,17 @@ class LoopConfig:
     poll_timeout_ms: int = 100
     max_poll_records: int = 500
     final_commit_timeout_s: float = FINAL_COMMIT_TIMEOUT_S
+    record_attempts: int = 3
+    retry_backoff_s: tuple[float, float] = (0.2, 2.0)
+
+    def backoff(self, attempt: int) -> float:
+        """The pause after failed attempt ``attempt`` (1-based): doubling, capped."""
+        first, cap = self.retry_backoff_s
+        return float(min(cap, first * 2 ** (attempt - 1)))
+
+
+class _Revoked(Exception):
+    """The partition of a unit being retried was revoked: its next owner retries it."""
 
 
 class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -287,10 +314,8 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
                 item = lane.items[0]
                 if lane.partition not in self.active:
                     break  # revoked: the new owner replays what we did not finish
-                if item is None:
-                    await self.executor.follow_up(lane.partition, key)
-                else:
-                    due = await self.executor.handle(item)
+                due = await self._contained(key, lane.partition, item)
+                if item is not None:
                     self.trackers[TopicPartition(item.topic, item.partition)].finished(item.offset)
                     for due_key in due or ():
                         self._enqueue(due_key, lane.partition, None)
@@ -298,6 +323,8 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
                 self._settled()
         except asyncio.CancelledError:
             raise
+        except _Revoked:
+            pass  # the next owner replays what was not finished
         except BaseException as exc:
             log.exception("lane_failed", account_id=key)
             self._fatal = exc
@@ -307,6 +334,65 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             self.metrics.in_flight.set(self.in_flight)
             if self.lanes.get((lane.partition, key)) is lane:
                 del self.lanes[(lane.partition, key)]
+
+    async def _contained(
+        self, key: str, partition: int, item: ConsumerRecord[bytes, bytes] | None
+    ) -> Iterable[str] | None:
+        """Run one unit of work (a record, or a due key when ``item`` is None) so that a fault
+        about it stays with it: retried with a pause, then recovered or given up. A process
+        fault propagates (the lane then stops the loop)."""
+        stage = "follow_up" if item is None else "record"
+        attempt = 1
+        while True:
+            try:
+                if item is None:
+                    await self.executor.follow_up(partition, key)
+                    return None
+                return await self.executor.handle(item)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                if is_process_fault(exc):
+                    raise
+                where = {"stage": stage, "key": key, "partition": partition, "attempt": attempt}
+                if item is not None:
+                    where["offset"] = item.offset
+                if attempt < self.config.record_attempts and not is_permanent(exc):
+                    log.warning("unit_failed_retrying", error=repr(exc)[:300], **where)
+                    self.metrics.unit_failures.labels(stage, "retried").inc()
+                    await asyncio.sleep(self.config.backoff(attempt))
+                    if partition not in self.active:
+                        raise _Revoked from exc
+                    attempt += 1
+                    continue
+                fault = Fault.of(exc, attempts=attempt)
+                log.error(
+                    "unit_failed",
+                    reason=fault.reason,
+                    exception=fault.exception,
+                    fingerprint=fault.fingerprint,
+                    exc_info=exc,
+                    **where,
+                )
+                if item is not None:
+                    await self.executor.recover(item, fault)
+                    self.metrics.unit_failures.labels(stage, "dead_lettered").inc()
+                else:
+                    await self._give_up(partition, key, fault)
+                return None
+
+    async def _give_up(self, partition: int, key: str, fault: Fault) -> None:
+        """Postpone a due key that keeps failing; a failure to postpone is only logged (the
+        timer brings the key back, and nothing is committed for a due key)."""
+        self.metrics.unit_failures.labels("follow_up", "given_up").inc()
+        try:
+            await self.executor.give_up(partition, key, fault)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            if is_process_fault(exc):
+                raise
+            log.error("give_up_failed", key=key, partition=partition, error=repr(exc)[:300])
 
     def _settled(self) -> None:
         self.in_flight -= 1
@@ -438,6 +524,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         for partition, (_, stats) in restored.items():
             self.metrics.restore_seconds.observe(stats.seconds)
             self.metrics.restore_records.inc(stats.records)
+            self.metrics.restore_undecodable.inc(stats.undecodable)
             log.info(
                 "partition_restored",
                 partition=partition,

@@ -26,6 +26,7 @@ from opentelemetry.trace import SpanKind
 
 from worker import tracing
 from worker.catalogue import ServiceError
+from worker.faults import Fault
 from worker.flow import (
     CHALLENGE,
     SENT,
@@ -44,6 +45,8 @@ from worker.messages import (
     Command,
     DecodeFailure,
     ErrorBody,
+    Reply,
+    ReplyBody,
     decode_command,
     event_id,
     rfc3339,
@@ -105,7 +108,10 @@ class Executor:
             await self._route_home(msg, command, home)
             return
         if isinstance(command, DecodeFailure):
-            await self._dead_letter(msg, command)
+            fault = Fault(reason=command.reason, detail=command.detail)
+            await self._dead_letter(
+                msg, fault, _Ids.of(command), ServiceError.of("invalid_request")
+            )
             self.metrics.commands.labels("unknown", "invalid").inc()
             return
         current = trace.get_current_span()
@@ -174,16 +180,14 @@ class Executor:
         rather than sent round again."""
         origin = forwarded_from(msg.headers)
         if origin is not None:
-            failure = DecodeFailure(
-                "misrouted",
-                f"forwarded from {origin} to partition {msg.partition}, but the key's home "
-                f"partition is {home} of {self.router.partitions()}",
-                account_id=command.account_id,
-                workspace_id=getattr(command, "workspace_id", None),
-                command_id=command.command_id,
-                request_id=getattr(command, "request_id", None),
+            fault = Fault(
+                reason="misrouted",
+                detail=f"forwarded from {origin} to partition {msg.partition}, but the key's "
+                f"home partition is {home} of {self.router.partitions()}",
             )
-            await self._dead_letter(msg, failure)
+            await self._dead_letter(
+                msg, fault, _Ids.of(command), ServiceError.of("invalid_request")
+            )
             self.metrics.commands.labels(command.type, "invalid").inc()
             return
         await self.publisher.forward(msg, home)
@@ -332,37 +336,84 @@ class Executor:
                 self.metrics.errors, e.error.code, str(e.error.numeric_code), str(e.http_status)
             ).inc()
 
-    async def _dead_letter(self, msg: ConsumerRecord[bytes, bytes], failure: DecodeFailure) -> None:
-        err = ServiceError.of("invalid_request")
-        event = None
-        if failure.account_id is not None:
+    # -- faults ---------------------------------------------------------------------------------
+
+    async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
+        """A command whose handling failed for good (the consume loop retried it): to the DLQ,
+        with a catalogued 500 to its caller and in auth.errors, so nobody waits it out."""
+        command = decode_command(msg.key, msg.value)
+        ids = _Ids.of(command)
+        await self._dead_letter(msg, fault, ids, ServiceError.of("run_auth_action_failed"))
+        label = command.type if not isinstance(command, DecodeFailure) else "unknown"
+        self.metrics.commands.labels(label, "failed").inc()
+
+    async def give_up(self, partition: int, account_id: str, fault: Fault) -> None:
+        """A follow-up that keeps failing waits for the next poll of the policy's back-off;
+        the flow's deadline still ends it."""
+        record = self.store.get(partition, account_id)
+        if record is not None and record.follow_up is not None:
+            self.store.put(partition, reschedule(record, now=self.clock.now(), policy=self.policy))
+
+    async def _dead_letter(
+        self,
+        msg: ConsumerRecord[bytes, bytes],
+        fault: Fault,
+        ids: _Ids,
+        err: ServiceError,
+    ) -> None:
+        """The record to the DLQ; an error event when its account id could be read, and a
+        reply when its caller (command and request ids) could be read too."""
+        event = reply = None
+        body = ErrorBody(
+            code=err.code, numeric_code=err.numeric_code, message=f"{err.message}: {fault.detail}"
+        )
+        if ids.account_id is not None:
             event = AuthError(
                 event_id=event_id("dlq", msg.topic, msg.partition, msg.offset),
-                account_id=failure.account_id,
-                workspace_id=failure.workspace_id,
-                command_id=failure.command_id,
-                request_id=failure.request_id,
+                account_id=ids.account_id,
+                workspace_id=ids.workspace_id,
+                command_id=ids.command_id,
+                request_id=ids.request_id,
                 http_status=err.http_status,
-                error=ErrorBody(
-                    code=err.code,
-                    numeric_code=err.numeric_code,
-                    message=f"{err.message}: {failure.detail}",
-                ),
+                error=body,
                 occurred_at=rfc3339(msg.timestamp / 1000 if msg.timestamp else self.clock.now()),
             )
+            if ids.command_id is not None and ids.request_id is not None:
+                reply = Reply(
+                    command_id=ids.command_id,
+                    request_id=ids.request_id,
+                    account_id=ids.account_id,
+                    http_status=err.http_status,
+                    body=ReplyBody(request_id=ids.request_id, error=body),
+                )
         await self.publisher.dead_letter(
-            key=msg.key,
-            value=msg.value,
-            source=(msg.topic, msg.partition, msg.offset),
-            failure=failure,
-            error_event=event,
+            msg, fault, error_event=event, reply=reply, reply_to=reply_partition(msg.headers)
         )
-        self.metrics.dlq.labels(failure.reason).inc()
+        self.metrics.dlq.labels(fault.reason).inc()
         self.metrics.errors.labels(err.code, str(err.numeric_code), str(err.http_status)).inc()
         log.warning(
             "record_dead_lettered",
-            reason=failure.reason,
-            detail=failure.detail,
+            reason=fault.reason,
+            detail=fault.detail,
             partition=msg.partition,
             offset=msg.offset,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Ids:
+    """What a dead-lettered command still names: where its error event and reply go."""
+
+    account_id: str | None = None
+    workspace_id: str | None = None
+    command_id: str | None = None
+    request_id: str | None = None
+
+    @classmethod
+    def of(cls, command: Command | DecodeFailure) -> _Ids:
+        return cls(
+            account_id=command.account_id,
+            workspace_id=getattr(command, "workspace_id", None),
+            command_id=command.command_id,
+            request_id=getattr(command, "request_id", None),
         )

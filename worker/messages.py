@@ -13,7 +13,6 @@ poison record can not reach the consume loop as an exception.
 from __future__ import annotations
 
 import hashlib
-import json
 import operator
 import re
 import sys
@@ -31,7 +30,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
 )
-from pydantic_core import core_schema
+from pydantic_core import core_schema, from_json
 
 SCHEMA_VERSION: Literal[1] = 1
 MAX_RECORD_BYTES = 64 * 1024
@@ -445,10 +444,17 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def decode_command(key: bytes | None, value: bytes | None) -> Command | DecodeFailure:
-    """Bytes → typed command, or a precise failure. Never raises.
+    """Bytes → typed command, or a precise failure. Never raises, whatever the bytes.
 
     The record key must equal the body's ``account_id``.
     """
+    try:
+        return _decode_command(key, value)
+    except Exception as exc:  # a net under the checks below: any bytes must give an answer
+        return DecodeFailure("invalid", f"undecodable: {type(exc).__name__}")
+
+
+def _decode_command(key: bytes | None, value: bytes | None) -> Command | DecodeFailure:
     if value is None:
         return DecodeFailure("not_json", "record has no value")
     if len(value) > MAX_RECORD_BYTES:
@@ -463,9 +469,11 @@ def decode_command(key: bytes | None, value: bytes | None) -> Command | DecodeFa
         if key == fast.account_id.encode():
             return fast
     try:
-        obj = json.loads(value)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return DecodeFailure("not_json", f"value is not UTF-8 JSON: {exc.__class__.__name__}")
+        # pydantic's parser bounds nesting depth (a ValueError past it), where json.loads
+        # would raise RecursionError on a deeply nested array.
+        obj = from_json(value)
+    except ValueError as exc:
+        return DecodeFailure("not_json", f"value is not UTF-8 JSON: {str(exc)[:120]}")
     if not isinstance(obj, dict):
         return DecodeFailure("not_object", "value is not a JSON object")
     ids = {

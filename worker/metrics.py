@@ -8,12 +8,16 @@ account id. The names are a contract with deploy/ (dashboard, alert rules) and a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
 
 from worker.catalogue import ServiceError
+from worker.faults import FAULT_REASONS
 from worker.messages import COMMAND_TYPES, DECODE_REASONS
 
 # Every (code, http_status, numeric_code) the worker itself can produce (docs/architecture.md,
@@ -37,6 +41,24 @@ WORKER_ERRORS: tuple[tuple[str, int, int], ...] = tuple(
 )
 
 M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class TailSkips(Collector):
+    """``{prefix}_tail_records_skipped_total{tail}``: records a read model (a ``TopicTail``)
+    could not apply and skipped, read from the tails at scrape time."""
+
+    def __init__(self, prefix: str, tails: Callable[[], Iterable[Any]]) -> None:
+        self._name = f"{prefix}_tail_records_skipped"
+        self._tails = tails
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            self._name, "Records a read model could not apply, skipped", labels=["tail"]
+        )
+        for tail in self._tails():
+            family.add_metric([tail.name], tail.skipped)
+        yield family
+
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -80,6 +102,18 @@ class LoopSeries:
         self.rebalances = Counter(
             f"{prefix}_rebalances", "Partition assignment changes", ["kind"], registry=registry
         )
+        self.restore_undecodable = Counter(
+            f"{prefix}_state_restore_undecodable",
+            f"{records} skipped while restoring because they could not be decoded",
+            registry=registry,
+        )
+        self.unit_failures = Counter(
+            f"{prefix}_unit_failures",
+            "Units of work (a record, or a due key's follow-up) that raised: retried, then "
+            "dead-lettered (records) or given up (follow-ups)",
+            ["stage", "outcome"],
+            registry=registry,
+        )
         self.ready = Gauge(
             f"{prefix}_{role}_ready", "1 once joined and restored", registry=registry
         )
@@ -90,6 +124,13 @@ class LoopSeries:
         )
         for kind in ("assigned", "revoked"):
             self.rebalances.labels(kind)
+        for stage, outcome in (
+            ("record", "retried"),
+            ("record", "dead_lettered"),
+            ("follow_up", "retried"),
+            ("follow_up", "given_up"),
+        ):
+            self.unit_failures.labels(stage, outcome)
 
     def beat(self) -> None:
         self.heartbeat.set(time.time())
@@ -140,7 +181,7 @@ class WorkerMetrics(LoopSeries):
         )
         self.dlq = Counter(
             "auth_dlq_records",
-            "Undecodable records sent to the DLQ",
+            "Commands sent to the DLQ: undecodable, or their handling failed for good",
             ["reason"],
             registry=registry,
         )
@@ -175,7 +216,7 @@ class WorkerMetrics(LoopSeries):
     def _precreate(self) -> None:
         """Create the series the alerts watch at zero: ``increase()`` cannot count the first
         sample of a series, so a DLQ record or an error right after start would go unseen."""
-        for reason in DECODE_REASONS:
+        for reason in (*DECODE_REASONS, *FAULT_REASONS[:3]):
             self.dlq.labels(reason)
         for command_type in COMMAND_TYPES:
             self.forwarded.labels(command_type)

@@ -25,10 +25,19 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from aiokafka.client import ConnectionGroup
-from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from aiokafka.errors import (
+    CorruptRecordException,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
 from aiokafka.protocol.metadata import MetadataRequest
 from prometheus_client import CollectorRegistry, Gauge
 
+from worker.faults import ProcessFault, RecordRejected
 from worker.logs import get_logger
 
 log = get_logger(__name__)
@@ -36,6 +45,17 @@ log = get_logger(__name__)
 #: How often the monitor asks the cluster, and how long an answer may take.
 PROBE_INTERVAL_S: Final = 2.0
 PROBE_TIMEOUT_S: Final = 3.0
+#: The largest record (value, key and headers) any process writes: below the producer's
+#: ``max_request_size`` (aiokafka's default, 1 MiB) with room for the batch's framing. Checked
+#: before producing, so no caller, and no tenant, can make a write fail at the broker.
+MAX_RECORD_BYTES: Final = 1_000_000
+#: Errors that say the record itself is wrong: sending it again fails again.
+_REJECTED: Final = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    RecordListTooLargeError,
+    CorruptRecordException,
+)
 #: Pause before re-sending after a failed produce: doubling from the first to the last.
 RESEND_BACKOFF_S: Final = (0.1, 1.0)
 
@@ -54,7 +74,7 @@ def is_outage(exc: BaseException) -> bool:
     )
 
 
-class BrokerOutageExceeded(RuntimeError):
+class BrokerOutageExceeded(ProcessFault):
     """The cluster has been unreachable for longer than the tolerance: the process ends."""
 
 
@@ -211,6 +231,8 @@ class Sent:
             return False
         try:
             await self.future
+        except _REJECTED as exc:
+            raise RecordRejected("rejected", f"{type(exc).__name__} from {self.topic}") from exc
         except KafkaError as exc:
             if not is_outage(exc):
                 raise
@@ -243,18 +265,35 @@ async def enqueue(
     timestamp_ms: int | None = None,
 ) -> Sent:
     """Hand one record to the producer (which keeps the order of hand-overs per partition)
-    without waiting for the broker."""
+    without waiting for the broker. A record over ``MAX_RECORD_BYTES``, or one the producer
+    refuses as malformed, raises ``RecordRejected``: it fails its unit of work, never the
+    process."""
+    size = record_size(value, key, headers)
+    if size > MAX_RECORD_BYTES:
+        raise RecordRejected(
+            "too_large", f"a record of {size} bytes for {topic}, limit {MAX_RECORD_BYTES}"
+        )
     try:
         # A create time only where the record keeps one (a forward): the producer stamps others.
         stamp = {} if timestamp_ms is None else {"timestamp_ms": timestamp_ms}
         future = await producer.send(
             topic, value, key=key, partition=partition, headers=headers, **stamp
         )
+    except _REJECTED as exc:
+        raise RecordRejected("rejected", f"{type(exc).__name__} from {topic}") from exc
     except KafkaError as exc:
         if not is_outage(exc):
             raise
         return Sent(None, topic, value, key, partition, headers, exc, timestamp_ms)
     return Sent(future, topic, value, key, partition, headers, None, timestamp_ms)
+
+
+def record_size(
+    value: bytes | None, key: bytes | None, headers: Sequence[tuple[str, bytes]] | None
+) -> int:
+    """What a record weighs against ``MAX_RECORD_BYTES``."""
+    extra = sum(len(k) + len(v) for k, v in headers) if headers else 0
+    return len(value or b"") + len(key or b"") + extra
 
 
 async def send_retrying(

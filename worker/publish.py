@@ -13,14 +13,25 @@ A write that fails because Kafka is unreachable is sent again until it is acknow
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from pydantic import BaseModel
 
 from worker import tracing
+from worker.faults import Fault, RecordRejected, dead_letter_headers
 from worker.flow import Decision
-from worker.messages import AccountRecord, AuthError, DecodeFailure, encode_record
-from worker.outage import BrokerHealth, Sent, acknowledged, enqueue, send_retrying
+from worker.messages import AccountRecord, AuthError, Reply, encode_record
+from worker.outage import (
+    MAX_RECORD_BYTES,
+    BrokerHealth,
+    Sent,
+    acknowledged,
+    enqueue,
+    record_size,
+    send_retrying,
+)
 from worker.route import FORWARDED_FROM
 from worker.settings import Topics
 
@@ -144,25 +155,46 @@ class Publisher:
 
     async def dead_letter(
         self,
+        msg: ConsumerRecord[bytes, bytes],
+        fault: Fault,
         *,
-        key: bytes | None,
-        value: bytes | None,
-        source: tuple[str, int, int],
-        failure: DecodeFailure,
         error_event: AuthError | None,
+        reply: Reply | None = None,
+        reply_to: int | None = None,
     ) -> None:
-        """Original bytes to the DLQ with the reason in headers, plus an error event when an
-        account id could be read."""
-        topic, partition, offset = source
-        headers = [
-            ("dlq.reason", failure.reason.encode()),
-            ("dlq.detail", failure.detail.encode()[:1024]),
-            ("dlq.source", f"{topic}:{partition}:{offset}".encode()),
-            *tracing.kafka_headers(),
-        ]
-        futures = [await enqueue(self._producer, self._topics.dlq, value, key=key, headers=headers)]
+        """The original record to the DLQ (its key, value and headers, then the fault's
+        ``dlq.*`` headers), plus the error event and the waiting caller's reply when the
+        record's ids could be read; returns once all are acknowledged."""
+        futures = [await dead_letter(self._producer, self._topics.dlq, msg, fault)]
         if error_event is not None:
             futures.append(
                 await self._model(self._topics.errors, error_event.account_id, error_event)
             )
+        if reply is not None:
+            body = reply.model_dump_json(exclude_none=True).encode()
+            target = await self._reply_partition(reply_to)
+            futures.append(
+                await self._send(self._topics.replies, reply.account_id, body, partition=target)
+            )
         await acknowledged(self._producer, self.health, futures)
+
+
+async def dead_letter(
+    producer: AIOKafkaProducer, topic: str, msg: ConsumerRecord[bytes, bytes], fault: Fault
+) -> Sent:
+    """Hand ``msg`` to the dead-letter ``topic`` with ``fault`` in its headers.
+
+    The value is kept whole. Only a value that is itself over the record bound (a record that
+    reached us over a larger broker limit) is left out, with a detail that says so: the
+    ``dlq.source`` header still names it in its topic.
+    """
+    source = (msg.topic, msg.partition, msg.offset)
+    room = MAX_RECORD_BYTES - record_size(msg.value, msg.key, None)
+    headers = dead_letter_headers(msg.headers, fault, source, room=room)
+    try:
+        return await enqueue(producer, topic, msg.value, key=msg.key, headers=headers)
+    except RecordRejected:
+        size = len(msg.value or b"")
+        left_out = replace(fault, detail=f"{fault.detail} (value of {size} bytes left out)")
+        headers = dead_letter_headers(None, left_out, source, room=MAX_RECORD_BYTES)
+        return await enqueue(producer, topic, None, key=msg.key, headers=headers)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from pydantic import ValidationError
 
 from worker.logs import get_logger
 from worker.messages import AccountRecord, decode_record
@@ -25,7 +24,7 @@ log = get_logger(__name__)
 
 R = TypeVar("R")
 Decoder = Callable[[bytes], tuple[str, R]]
-"""A changelog value → (key, record); raises ``pydantic.ValidationError`` when it is not one."""
+"""A changelog value → (key, record); raises when it is not one (restore skips it)."""
 
 
 class PartitionedStore(ABC, Generic[R]):
@@ -43,7 +42,7 @@ class PartitionedStore(ABC, Generic[R]):
     @staticmethod
     @abstractmethod
     def decode(value: bytes) -> tuple[str, R]:
-        """A changelog value as (key, record); raises ``ValidationError`` for anything else."""
+        """A changelog value as (key, record); raises for anything else."""
 
     @abstractmethod
     def key_of(self, record: R) -> str: ...
@@ -160,7 +159,7 @@ async def restore_partitions(
 ) -> dict[int, tuple[dict[str, Any], RestoreStats]]:
     """Read every partition in ``tps`` (of a changelog: auth.state, or the dispatcher's
     delivery states) from the beginning to its high-water mark, all at once, keeping the last
-    record per key. ``decode`` turns a value into (key, record) or raises ``ValidationError``.
+    record per key. ``decode`` turns a value into (key, record) or raises (the record is skipped).
 
     ``consumer`` is a group-less consumer used only for restoring; where a partition ends is
     ``worker.replay``'s rule, the one the front-end's tails use too.
@@ -206,13 +205,18 @@ def _apply(
     for msg in messages:
         if msg.value is None:  # a tombstone, from a compacting producer if there ever is one
             if msg.key:
-                latest.pop(msg.key.decode(), None)
+                latest.pop(msg.key.decode("utf-8", "replace"), None)
             continue
         try:
             key, record = decode(msg.value)
-        except ValidationError:
+        except Exception as exc:  # whatever the bytes: counted and skipped, never fatal
             bad += 1
-            log.error("state_record_undecodable", partition=tp.partition, offset=msg.offset)
+            log.error(
+                "state_record_undecodable",
+                partition=tp.partition,
+                offset=msg.offset,
+                error=type(exc).__name__,
+            )
             continue
         latest[key] = record
     return bad

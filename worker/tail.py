@@ -84,6 +84,8 @@ class TopicTail:
         self._tps: list[TopicPartition] = []
         self.failure: BaseException | None = None
         self.records = 0
+        #: Records ``handle`` raised on, skipped (exported as ``*_tail_records_skipped_total``).
+        self.skipped = 0
 
     @property
     def partitions(self) -> Sequence[TopicPartition]:
@@ -134,8 +136,28 @@ class TopicTail:
         """Called once when the loop dies. Overridden by subclasses."""
 
     def _take(self, tp: TopicPartition, records: list[Any]) -> None:
+        """Hand a batch to ``handle``; a record that makes it raise is skipped, never fatal.
+
+        A read model keeps the last record per key, so applying the batch again record by
+        record, after a failure part-way, changes nothing for the records already applied.
+        """
         self.records += len(records)
-        self.handle(records)
+        try:
+            self.handle(records)
+        except Exception:
+            for record in records:
+                try:
+                    self.handle([record])
+                except Exception as exc:
+                    self.skipped += 1
+                    log.error(
+                        "tail_record_skipped",
+                        tail=self.name,
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        offset=getattr(record, "offset", None),
+                        error=type(exc).__name__,
+                    )
 
     async def _run(self) -> None:
         started = time.perf_counter()

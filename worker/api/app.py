@@ -40,6 +40,7 @@ from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.logs import get_logger
+from worker.metrics import TailSkips
 from worker.outage import BrokerHealth
 from worker.probes import Probes
 from worker.process import on_stop_signals
@@ -228,9 +229,11 @@ async def api_runtime(
                 await tail.start()
                 started.append(tail.stop)
             started.append(webhooks.replays.stop)  # stopped first: it produces
-        yield ApiRuntime(
+        runtime = ApiRuntime(
             settings, app, producer, replies, view, keys, registry, webhooks, broker=broker
         )
+        registry.register(TailSkips("api", lambda: runtime.tails))
+        yield runtime
     finally:
         for stop in reversed(started):
             with contextlib.suppress(Exception):

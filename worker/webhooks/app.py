@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from worker.consumer import Worker
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.logs import get_logger
+from worker.metrics import TailSkips
 from worker.outage import BrokerHealth
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
@@ -88,6 +89,7 @@ async def run_dispatcher(
     tail = EndpointsTail(
         build_consumer(settings, enable_auto_commit=False), topics.webhook_endpoints
     )
+    registry.register(TailSkips("webhook", lambda: (tail,)))
     session = None
     if sender is None:
         session = open_session(target_policy(settings))

@@ -33,9 +33,9 @@ from urllib.parse import urlsplit
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from pydantic import ValidationError
 
 from worker import tracing
+from worker.faults import Fault
 from worker.logs import get_logger
 from worker.webhooks.delivery import (
     AttemptResult,
@@ -134,17 +134,9 @@ class Dispatcher:
             if msg.value is None:
                 raise ValueError("no value")
             event = decode(msg.value)
-        except (ValidationError, ValueError) as exc:
-            # The worker writes these topics; an unreadable record is skipped with a trace,
-            # never fatal: nothing can be delivered from it.
-            self.metrics.undecodable.inc()
-            log.error(
-                "event_undecodable",
-                topic=msg.topic,
-                partition=msg.partition,
-                offset=msg.offset,
-                error=type(exc).__name__,
-            )
+        except Exception as exc:
+            # Nothing can be delivered from it: to the DLQ as it came, never fatal.
+            await self._undecodable(msg, exc)
             return []
         if event.workspace_id is None:
             return []
@@ -157,14 +149,45 @@ class Dispatcher:
             event = (from_status if replay.source == "status" else from_error)(
                 replay.event.encode()
             )
-        except (ValidationError, ValueError):
-            self.metrics.undecodable.inc()
-            log.error("replay_undecodable", partition=msg.partition, offset=msg.offset)
+        except Exception as exc:
+            await self._undecodable(msg, exc)
             return []
         endpoint = self.endpoints.get(replay.workspace_id, replay.endpoint_id)
         if endpoint is None or event.workspace_id != replay.workspace_id:
             return []
         return await self._take_in(msg.partition, event, [endpoint], replay=replay.replay_id)
+
+    async def _undecodable(self, msg: ConsumerRecord[bytes, bytes], exc: Exception) -> None:
+        self.metrics.undecodable.inc()
+        log.error(
+            "event_undecodable",
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            error=type(exc).__name__,
+        )
+        detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+        await self._publisher.dead_letter_record(msg, Fault("undecodable", detail))
+
+    # -- faults (worker.consumer retried these first) ------------------------------------------
+
+    async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
+        """A record whose taking-in failed for good: to the DLQ as it came."""
+        await self._publisher.dead_letter_record(msg, fault)
+
+    async def give_up(self, partition: int, key: str, fault: Fault) -> None:
+        """A pair whose attempt keeps failing inside the dispatcher: its head delivery fails
+        (to the DLQ and the delivery log, replayable), so the deliveries behind it go on."""
+        endpoint_id, _, account_id = key.partition("/")
+        record = self.store.get(partition, account_id)
+        head = None if record is None else record.of(endpoint_id).head()
+        if record is None or head is None:
+            return
+        settled = fail_head(
+            record.of(endpoint_id), f"internal_error: {fault.exception}", now=self._clock()
+        )
+        endpoint = self.endpoints.get(record.workspace_id, endpoint_id)
+        await self._apply(partition, account_id, record, endpoint, settled, head)
 
     async def _take_in(
         self,

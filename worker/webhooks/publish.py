@@ -20,11 +20,14 @@ from collections.abc import Awaitable
 from typing import Literal
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 from pydantic import BaseModel, ConfigDict
 
 from worker import tracing
+from worker.faults import Fault
 from worker.messages import rfc3339
 from worker.outage import BrokerHealth, Sent, acknowledged, enqueue
+from worker.publish import dead_letter
 from worker.webhooks.delivery import Finished, Pending
 from worker.webhooks.state import AccountDeliveries, DeliveryStore
 
@@ -187,6 +190,12 @@ class DeliveryPublisher:
             key=record.account_id.encode(),
             headers=headers,
         )
+        await acknowledged(self._producer, self._health, [sent])
+
+    async def dead_letter_record(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
+        """An input record (an event, a replay) that could not be processed, to the DLQ as it
+        came, with ``fault`` in its ``dlq.*`` headers; waits for the ack."""
+        sent = await dead_letter(self._producer, self._dlq_topic, msg, fault)
         await acknowledged(self._producer, self._health, [sent])
 
     def _entry(
