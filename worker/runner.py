@@ -234,5 +234,10 @@ def consume_loop(
             rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
             shutdown_grace_s=settings.worker_shutdown_grace_s,
             max_poll_records=settings.kafka_max_poll_records,
+            record_attempts=settings.record_max_attempts,
+            retry_backoff_s=(
+                settings.record_retry_backoff_s,
+                settings.record_retry_backoff_s * 10,
+            ),
         ),
     )

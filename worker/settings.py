@@ -102,6 +102,20 @@ class Settings(BaseSettings):
         description="How long a process rides out an unreachable or hung Kafka cluster (not "
         "ready, writes retried) before it exits non-zero; Kafka Streams' task.timeout.ms.",
     )
+    # --- fault containment (docs/architecture.md, "Failure handling") ---------------------
+    record_max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=20,
+        description="Attempts at a record (or a due key's follow-up) whose handling raises, "
+        "before it is dead-lettered (or postponed); the key's lane waits meanwhile.",
+    )
+    record_retry_backoff_s: float = Field(
+        default=0.2,
+        gt=0,
+        le=10,
+        description="Pause after a record's first failed attempt, doubling up to 10x.",
+    )
     commands_partitions: int = Field(default=12, ge=1)
     other_partitions: int = Field(default=12, ge=1)
 

@@ -5,18 +5,15 @@ process or listening port left behind."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from devstack.broker import free_port
+from tests.devstack.running_stack import running_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -29,85 +26,35 @@ def listening(port: int) -> bool:
 
 
 async def test_stack_up_flow_and_clean_ctrl_c() -> None:
-    ports = {
-        "EMBEDDED_BROKER_PORT": free_port(),
-        "SIMULATOR_PORT": free_port(),
-        "WORKER_METRICS_PORT": free_port(),
-        "API_PORT": free_port(),
-        "WEBHOOK_METRICS_PORT": free_port(),
-        "RECEIVER_PORT": free_port(),
-    }
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "TOPIC_"))}
-    env.update({k: str(v) for k, v in ports.items()})
-    env.update(
-        {
-            "PROVIDER_URLS": f'{{"simulator": "http://127.0.0.1:{ports["SIMULATOR_PORT"]}"}}',
-            "COMMANDS_PARTITIONS": "3",
-            "OTHER_PARTITIONS": "3",
-            "SIMULATOR_AUTHORIZE_DELAY_S": "0.5",
-            "WORKER_FOLLOW_UP_POLL_S": "0.3",
-            "PYTHONPATH": str(REPO),
-        }
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "devstack", "stack", "--demo-accounts", "2"],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        banner = await asyncio.wait_for(_read_until(proc, "Ctrl-C stops everything."), 60)
-        assert "dev-key-ws-demo" in banner
-        worker = f"http://127.0.0.1:{ports['WORKER_METRICS_PORT']}"
-        api = f"http://127.0.0.1:{ports['API_PORT']}"
+    async with running_stack("--demo-accounts", "2") as stack:
+        assert "dev-key-ws-demo" in stack.banner
+        await stack.until_worker_ready()
+        deadline = time.monotonic() + 60
         async with httpx.AsyncClient() as client:
-            deadline = time.monotonic() + 60
-            while (await client.get(f"{worker}/readyz")).status_code != 200:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.3)
             headers = {"X-Api-Key": "dev-key-ws-demo"}
             confirm = await client.post(
-                f"{api}/v1/accounts/acc_demo_1/auth/passkey-confirm", headers=headers, timeout=30
+                f"{stack.api}/v1/accounts/acc_demo_1/auth/passkey-confirm",
+                headers=headers,
+                timeout=30,
             )
             assert confirm.status_code == 200, confirm.text
             assert confirm.json()["data"]["status"] == "passkey_confirmation_sent"
             while True:
-                poll = await client.get(f"{api}/v1/accounts/acc_demo_1/auth", headers=headers)
+                poll = await client.get(f"{stack.api}/v1/accounts/acc_demo_1/auth", headers=headers)
                 if poll.json().get("data", {}).get("status") == "authorized":
                     break
                 assert time.monotonic() < deadline, poll.text
                 await asyncio.sleep(0.3)
         # The demo receiver verified and printed the account's status changes as webhooks.
-        printed = await asyncio.wait_for(_read_until(proc, "acc_demo_1 v3"), 30)
+        printed = await asyncio.wait_for(stack.read_until("acc_demo_1 v3"), 30)
         lines = [line for line in printed.splitlines() if "acc_demo_1" in line]
         assert all("[signature ok]" in line for line in lines), lines
         assert any("-> passkey_confirmation_sent" in line for line in lines), lines
-        proc.send_signal(signal.SIGINT)
-        code = await asyncio.to_thread(proc.wait, 40)
+        stack.proc.send_signal(signal.SIGINT)
+        code = await asyncio.to_thread(stack.proc.wait, 40)
         assert code in (0, 130)
-        for name, port in ports.items():
+        for name, port in stack.ports.items():
             assert not listening(port), f"{name} {port} still listening after Ctrl-C"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
-async def _read_until(proc: subprocess.Popen[str], marker: str) -> str:
-    assert proc.stdout is not None
-    seen: list[str] = []
-    while True:
-        line = await asyncio.to_thread(proc.stdout.readline)
-        if not line:
-            raise AssertionError("stack exited before it was up:\n" + "".join(seen))
-        seen.append(line)
-        if marker in line:
-            return "".join(seen)
 
 
 def test_an_exited_component_is_restarted_with_a_doubling_backoff(

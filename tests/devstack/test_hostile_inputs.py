@@ -1,0 +1,94 @@
+"""Hostile input against the whole stack (``make run``'s processes): poison records on
+auth.commands, then ordinary flows on the same partitions. Every flow is answered, the poison
+is in auth.dlq with its reason, and no component exits (docs/architecture.md, "Failure
+handling")."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from devstack.demo import register_accounts
+from devstack.keys import DEV_WORKSPACE
+from tests.devstack.running_stack import running_stack
+from worker.settings import Settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.chaos]
+
+ACCOUNTS = [f"acc_hostile_{i}" for i in range(12)]
+
+
+def _poison() -> list[tuple[bytes, bytes | None]]:
+    """What a writer of auth.commands with bad intent sends, keyed onto the accounts' own
+    partitions."""
+    deep_array = b"[" * 20_000 + b"]" * 20_000  # 40 KB: under the size limit
+    deep_object = b'{"a":' * 9_000 + b"1" + b"}" * 9_000
+    nested_field = (
+        b'{"type":"passkey_confirm","account_id":"acc_hostile_2","workspace_id":'
+        + b"[" * 10_000
+        + b"]" * 10_000
+        + b"}"
+    )
+    huge_number = b'{"type":"passkey_confirm","account_id":"acc_hostile_3","command_id":1' + (
+        b"0" * 4_000 + b"}"
+    )
+    return [
+        (b"acc_hostile_0", deep_array),
+        (b"acc_hostile_1", deep_object),
+        (b"acc_hostile_2", nested_field),
+        (b"acc_hostile_3", huge_number),
+        (b"acc_hostile_4", b"\xff\xfe\x00 not json at all"),
+        (b"acc_hostile_5", None),
+    ]
+
+
+async def test_poison_records_stop_nothing_and_the_next_flows_are_answered() -> None:
+    async with running_stack("--demo-accounts", "1") as stack:
+        await stack.until_worker_ready()
+        settings = Settings(kafka_bootstrap_servers=stack.bootstrap)
+        await register_accounts(settings, DEV_WORKSPACE, [(a, f"sim-ok-{a}") for a in ACCOUNTS])
+        producer = AIOKafkaProducer(bootstrap_servers=stack.bootstrap)
+        await producer.start()
+        try:
+            for key, value in _poison():
+                await producer.send_and_wait(settings.topics.commands, value, key=key)
+        finally:
+            await producer.stop()
+        headers = {"X-Api-Key": "dev-key-ws-demo"}
+        async with httpx.AsyncClient(base_url=stack.api, headers=headers, timeout=30) as client:
+            answers = await asyncio.gather(
+                *(client.post(f"/v1/accounts/{a}/auth/passkey-confirm") for a in ACCOUNTS)
+            )
+        assert [r.status_code for r in answers] == [200] * len(ACCOUNTS), [
+            r.text for r in answers if r.status_code != 200
+        ]
+        reasons = await _dead_letter_reasons(stack.bootstrap, settings.topics.dlq, len(_poison()))
+        assert sorted(reasons) == ["invalid", *["not_json"] * 5], reasons
+        log = stack.log()
+        assert "component_exited" not in log, log[-3000:]
+        assert "lane_failed" not in log
+
+
+async def _dead_letter_reasons(bootstrap: str, topic: str, expected: int) -> list[str]:
+    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await reader.start()
+    try:
+        parts = reader.partitions_for_topic(topic)
+        if not parts:
+            await reader._client.force_metadata_update()
+            parts = reader._client.cluster.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in parts]
+        reader.assign(tps)
+        await reader.seek_to_beginning(*tps)
+        reasons: list[str] = []
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(reasons) < expected and asyncio.get_running_loop().time() < deadline:
+            batch = await reader.getmany(timeout_ms=500)
+            for records in batch.values():
+                reasons += [dict(r.headers)["dlq.reason"].decode() for r in records]
+        return reasons
+    finally:
+        await reader.stop()
