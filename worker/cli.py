@@ -81,12 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="one worker of the pool (production entry point)").set_defaults(
-        fn=cmd_run
+        fn=cmd_run, service=tracing.SERVICE_WORKER
     )
-    sub.add_parser("api", help="one API front-end process").set_defaults(fn=cmd_api)
+    sub.add_parser("api", help="one API front-end process").set_defaults(
+        fn=cmd_api, service=tracing.SERVICE_API
+    )
     sub.add_parser(
         "webhooks", help="one webhook dispatcher of the pool (delivers events to endpoints)"
-    ).set_defaults(fn=cmd_webhooks)
+    ).set_defaults(fn=cmd_webhooks, service=tracing.SERVICE_WEBHOOKS)
     sub.add_parser("topics", help="create every topic (idempotent)").set_defaults(fn=cmd_topics)
     schemas = sub.add_parser(
         "schemas", help="export JSON Schemas, catalogue and OpenAPI; the flow diagram to docs/"

@@ -63,7 +63,13 @@ def run_command(args: Any, settings: Settings) -> int:
     a closed stdout (``| head``) as the end rather than an error."""
     from worker import logs
 
-    logs.configure(settings.log_level, settings.log_format)
+    logs.configure(
+        settings.log_level,
+        settings.log_format,
+        service=getattr(args, "service", None) or str(getattr(args, "command", "passkey")),
+        library_level=settings.log_library_level,
+        access_log=settings.api_access_log,
+    )
     with contextlib.suppress(BrokenPipeError):
         code: int = args.fn(settings, args)
         return code

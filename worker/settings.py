@@ -210,6 +210,14 @@ class Settings(BaseSettings):
     # --- logging -------------------------------------------------------------------------
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "console"] = "json"
+    log_library_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="WARNING",
+        description="Level of the libraries' records (aiokafka, uvicorn, asyncio), rendered "
+        "like the service's own lines.",
+    )
+    api_access_log: bool = Field(
+        default=False, description="One log line per HTTP request of the front-end (uvicorn's)."
+    )
 
     @field_validator("provider_urls")
     @classmethod

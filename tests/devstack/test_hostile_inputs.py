@@ -1,11 +1,13 @@
 """Hostile input against the whole stack (``make run``'s processes): poison records on
 auth.commands, then ordinary flows on the same partitions. Every flow is answered, the poison
 is in auth.dlq with its reason, and no component exits (docs/architecture.md, "Failure
-handling")."""
+handling"). The stack runs with ``LOG_FORMAT=json``: its components' log lines, the
+libraries' included, are all JSON."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -46,7 +48,7 @@ def _poison() -> list[tuple[bytes, bytes | None]]:
 
 
 async def test_poison_records_stop_nothing_and_the_next_flows_are_answered() -> None:
-    async with running_stack("--demo-accounts", "1") as stack:
+    async with running_stack("--demo-accounts", "1", LOG_FORMAT="json") as stack:
         await stack.until_worker_ready()
         settings = Settings(kafka_bootstrap_servers=stack.bootstrap)
         await register_accounts(settings, DEV_WORKSPACE, [(a, f"sim-ok-{a}") for a in ACCOUNTS])
@@ -70,6 +72,10 @@ async def test_poison_records_stop_nothing_and_the_next_flows_are_answered() -> 
         log = stack.log()
         assert "component_exited" not in log, log[-3000:]
         assert "lane_failed" not in log
+        # One log stream: every line of every component (the libraries' included) is JSON
+        # that names its service.
+        for line in filter(str.strip, log.splitlines()):
+            assert "service" in json.loads(line), line
 
 
 async def _dead_letter_reasons(bootstrap: str, topic: str, expected: int) -> list[str]:

@@ -84,8 +84,9 @@ async def serve_runtime(
             runtime.app,
             host=settings.api_host,
             port=settings.api_port,
-            log_level="warning",
-            access_log=False,
+            log_config=None,  # uvicorn's records go through worker.logs like every other
+            log_level="info" if settings.api_access_log else "warning",
+            access_log=settings.api_access_log,
             lifespan="off",
             timeout_graceful_shutdown=int(settings.api_reply_timeout_s) + 2,
         )
