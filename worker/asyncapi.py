@@ -77,7 +77,6 @@ AUTH_DLQ_HEADERS: Final[dict[str, Any]] = {
         "type": "string",
         "description": "The explanation for humans, at most 1024 bytes (UTF-8).",
     },
-
     "dlq.source": {
         "type": "string",
         "pattern": "^.+:[0-9]+:[0-9]+$",
