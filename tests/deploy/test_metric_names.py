@@ -32,10 +32,12 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 WORKER_API_LABELS = frozenset(
     {
         "type", "outcome", "code", "numeric_code", "http_status", "provider", "operation",
-        "topic", "partition", "kind", "reason", "status", "route", "method",
+        "topic", "partition", "kind", "reason", "status", "route", "method", "stage", "tail",
     }
 )  # fmt: skip
-WEBHOOK_LABELS = frozenset({"result", "status_class", "kind", "topic", "partition"})
+WEBHOOK_LABELS = frozenset(
+    {"result", "status_class", "kind", "topic", "partition", "stage", "outcome", "tail"}
+)
 CONTRACT_LABELS = WORKER_API_LABELS | WEBHOOK_LABELS
 # Labels that scraping adds (deploy/prometheus/prometheus.yml) and histogram buckets carry.
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "le"})
