@@ -7,11 +7,12 @@ and the front-end's tails catch up on ``auth.replies`` and ``auth.state`` with i
 Where the end is. The embedded broker (Tansu) answers ``end_offsets()``, ``seek_to_end()`` and
 ``auto_offset_reset="latest"`` wrongly (the last batch's first offset + 1; see
 ``docs/architecture.md``, "The embedded broker"), so none of them is used. The high-water mark
-that comes back with a fetch response is right on Tansu and on Kafka: a partition is complete
-once its position reaches ``consumer.highwater(tp)``, or, while its high-water mark is still
-unknown (nothing was fetched for it yet), once a poll came back empty. A known high-water mark
-is never cut short by an empty poll: a slow fetch must not end a restore early. The same code
-is correct on a real cluster, where retention (or compaction) keeps the replay short.
+that comes back with a fetch response is right on Tansu and on Kafka, and every response sets
+it, an empty partition's included: a partition is complete once that mark is known and its
+position reached it. An empty poll never ends a replay: before the first response arrives
+(a slow broker, a TLS handshake, a loaded host) it says nothing of the partition, and taking it
+for "empty" would restore a partition as if it held no accounts. The same code is correct on
+a real cluster, where retention (or compaction) keeps the replay short.
 """
 
 from __future__ import annotations
@@ -77,10 +78,10 @@ async def replay_to_highwater(
                 await handled
         for tp in counts.keys() - done.keys():
             high = consumer.highwater(tp)
-            if high is None and chunk:
-                continue  # nothing known of this one yet, and the poll was not empty
+            if high is None:
+                continue  # no fetch response for it yet
             position = await consumer.position(tp)
-            if high is not None and position < high:
+            if position < high:
                 continue
             done[tp] = Replayed(position, counts[tp], time.perf_counter() - started)
         await asyncio.sleep(0)
