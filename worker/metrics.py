@@ -36,6 +36,16 @@ WORKER_ERRORS: tuple[tuple[str, int, int], ...] = tuple(
     )
 )
 
+# ``dlq.reason`` of the record-fault dead letters of the worker and the dispatcher: the decode
+# reasons, a handler that kept failing, an output over its size bound, bytes no decoder reads.
+# Their series are created at zero so the DLQ alerts see the first one.
+DLQ_REASONS: tuple[str, ...] = (
+    *DECODE_REASONS,
+    "handler_failed",
+    "output_too_large",
+    "undecodable",
+)
+
 M = TypeVar("M", bound=MetricWrapperBase)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -140,7 +150,7 @@ class WorkerMetrics(LoopSeries):
         )
         self.dlq = Counter(
             "auth_dlq_records",
-            "Undecodable records sent to the DLQ",
+            "Records sent to the DLQ, by dlq.reason",
             ["reason"],
             registry=registry,
         )
@@ -175,7 +185,7 @@ class WorkerMetrics(LoopSeries):
     def _precreate(self) -> None:
         """Create the series the alerts watch at zero: ``increase()`` cannot count the first
         sample of a series, so a DLQ record or an error right after start would go unseen."""
-        for reason in DECODE_REASONS:
+        for reason in DLQ_REASONS:
             self.dlq.labels(reason)
         for command_type in COMMAND_TYPES:
             self.forwarded.labels(command_type)
