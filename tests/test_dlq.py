@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+import structlog
 
 from devstack.broker import EmbeddedBroker, free_port
 from tests.harness import REPO
@@ -204,6 +205,16 @@ async def data(module_env: tuple[pytest.MonkeyPatch, Settings]) -> DataSet:
 async def fresh(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> DataSet:
     """The data set in a namespace of its own, for a test that redrives."""
     return await seed(env_settings(monkeypatch, broker))
+
+
+@pytest.fixture(autouse=True)
+def _session_log_config() -> Iterator[None]:
+    """``main`` configures structlog for its process, printing to the ``sys.stderr`` of the
+    moment (the capture of this test): the session's configuration is put back after each
+    test, so later tests do not log into a closed capture."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @dataclass(frozen=True)
