@@ -251,6 +251,17 @@ async def test_list_reads_every_dead_letter_partition_by_partition(
     assert await listed(data, capsys, "--topic", "webhook") == ["delivery", "event"]
 
 
+async def test_a_slow_first_fetch_is_not_an_empty_partition(
+    data: DataSet, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded broker holds every fetch for the full wait: with a wait longer than a
+    replay's idle poll, no partition has answered when the first poll comes back empty."""
+    monkeypatch.setenv("KAFKA_FETCH_MAX_WAIT_MS", "700")
+    assert await listed(data, capsys, "--topic", "webhook") == ["delivery", "event"]
+    run = await cli(capsys, "show", "--topic", "webhook", data.pos("event"))
+    assert run.code == 0, run.err
+
+
 async def test_list_json_fields(data: DataSet, capsys: pytest.CaptureFixture[str]) -> None:
     run = await cli(capsys, "list", "--json")
     by_name = {data.name(o["topic"], o["partition"], o["offset"]): o for o in run.json_lines()}

@@ -9,7 +9,8 @@ dead letter. The records are streamed, one partition and one fetch at a time, an
 ``--limit`` bounds what is printed or sent, never what may be read.
 
 Reading is a group-less consumer (no offsets committed, nothing for the workers to notice),
-caught up by ``worker.replay``'s rule for where a partition ends. Redrive writes with the
+caught up by ``worker.replay``'s rule for where a partition ends, made sure of where a
+partition whose first fetch is slow ends (``_read_to_end``). Redrive writes with the
 processes' producer (acks=all; idempotent where ``KAFKA_IDEMPOTENT_PRODUCER`` is on) and only
 to the topics the worker and the dispatcher consume: ``dlq.source`` is as hostile as the rest
 of a dead letter, and must not steer an operator's redrive into ``auth.state``. A failed
@@ -39,7 +40,7 @@ from worker.dead_letter import (
     show_text,
 )
 from worker.kafka import build_consumer, build_producer, partition_counts
-from worker.replay import replay_to_highwater
+from worker.replay import BatchHandler, replay_to_highwater
 from worker.settings import Settings
 from worker.tail import assign_all
 
@@ -69,6 +70,8 @@ SENDS_IN_FLIGHT: Final = 100
 PENDING_BYTES: Final = 8 * 1024 * 1024
 """A redrive waits for its acknowledgements after this many sends or bytes."""
 METADATA_TIMEOUT_S: Final = 10.0
+END_CHECKS: Final = 100
+"""Polls (of 200 ms when idle) a partition gets to answer its first fetch."""
 REPLAY_HINT: Final = (
     "a failed webhook delivery: replay it with POST /v1/webhook-endpoints/{endpoint_id}/replay "
     "(docs/api.md, Webhook endpoints)"
@@ -137,9 +140,33 @@ async def scan(consumer: AIOKafkaConsumer, topic: str, visit: Visit) -> None:
 
     for tp in tps:
         try:
-            await replay_to_highwater(consumer, [tp], on_batch, max_records=BATCH_RECORDS)
+            await _read_to_end(consumer, tp, on_batch, assign=True, batch=BATCH_RECORDS)
         except _Stop:
             return
+
+
+async def _read_to_end(
+    consumer: AIOKafkaConsumer,
+    tp: TopicPartition,
+    on_batch: BatchHandler,
+    *,
+    assign: bool,
+    batch: int,
+) -> None:
+    """``replay_to_highwater`` on one partition, made sure of its end: the replay also ends
+    on an empty poll while no fetch of the partition has come back (a slow broker, or a
+    loaded host), which must not pass for an empty partition here. So unless a high-water
+    mark is known, the partition is read on until its position reaches ``end_offsets()``
+    (exact on Kafka; on the embedded broker a lower bound of the end, 0 only when empty)."""
+    for _ in range(END_CHECKS):
+        await replay_to_highwater(consumer, [tp], on_batch, max_records=batch, assign=assign)
+        assign = False
+        if consumer.highwater(tp) is not None:
+            return
+        end = (await consumer.end_offsets([tp]))[tp]
+        if await consumer.position(tp) >= end:
+            return
+    raise RuntimeError(f"no fetch of {tp.topic}:{tp.partition} came back")
 
 
 async def fetch(
@@ -163,7 +190,7 @@ async def fetch(
                 raise _Stop
 
     with contextlib.suppress(_Stop):
-        await replay_to_highwater(consumer, [tp], on_batch, max_records=50, assign=False)
+        await _read_to_end(consumer, tp, on_batch, assign=False, batch=50)
     return found[0] if found else None
 
 
