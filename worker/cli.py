@@ -1,8 +1,9 @@
 """``python -m worker <command>``: the entry point of every production process.
 
 Commands: ``run`` (one worker of the pool), ``api`` (one front-end), ``webhooks`` (one
-webhook dispatcher), ``topics`` (create the topics), ``keys`` (API keys) and ``schemas``
-(re-export ``schemas/`` and ``docs/flow.md``).
+webhook dispatcher), ``topics`` (create the topics), ``keys`` (API keys), ``schemas``
+(re-export ``schemas/`` and ``docs/flow.md``) and ``dlq`` (list, show and redrive dead
+letters).
 The development tools (the embedded broker, the simulator, ``make run``'s stack, the demo) are
 ``python -m devstack``, and the benchmark is ``python -m bench``; neither is in this package.
 """
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from worker import eventloop, logs, tracing
 from worker.process import run_command, run_until_signal, tune_gc
@@ -77,6 +80,111 @@ def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
     return cli_create_key(settings, workspace_id=args.workspace, file=args.file)
 
 
+# --- dlq: list, show and redrive dead letters (worker/dlq.py) -------------------------------
+
+
+def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
+    from worker import dlq
+    from worker.dead_letter import Filter
+
+    topic = dlq.dlq_topic(settings, args.topic)
+    command: Coroutine[Any, Any, int]
+    if args.dlq_command == "show":
+        command = dlq.show_letter(
+            settings,
+            topic,
+            args.at,
+            full=args.full,
+            as_json=args.json,
+            out=sys.stdout,
+            err=sys.stderr,
+        )
+    else:
+        select = Filter.of(
+            reasons=args.reason,
+            keys=args.key,
+            since=args.since,
+            until=args.until,
+            source_topics=[dlq.source_topic(settings, t) for t in args.source_topic],
+        )
+        query = dlq.Query(topic, select, args.limit)
+        if args.dlq_command == "list":
+            command = dlq.list_letters(
+                settings, query, as_json=args.json, out=sys.stdout, err=sys.stderr
+            )
+        else:
+            command = dlq.redrive(
+                settings, query, dry_run=args.dry_run, out=sys.stdout, err=sys.stderr
+            )
+    code: int = eventloop.run(dlq.run(command, topic, sys.stderr), settings.event_loop)
+    return code
+
+
+def _when(text: str) -> datetime:
+    from worker.dead_letter import parse_when
+
+    try:
+        return parse_when(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _at(text: str) -> tuple[int, int]:
+    from worker.dead_letter import parse_at
+
+    try:
+        return parse_at(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"expected 1 to 1000000, got {text[:20]!r}")
+    return int(text)
+
+
+def add_dlq_parser(sub: Any) -> None:
+    topic_help = "auth (TOPIC_DLQ, the default), webhook (TOPIC_WEBHOOK_DLQ) or a topic name"
+    select = argparse.ArgumentParser(add_help=False)
+    select.add_argument("--topic", default="auth", help=topic_help)
+    select.add_argument(
+        "--reason", action="append", default=[], help="dlq.reason (repeat for any of several; "
+        "delivery_failed: failed webhook deliveries)",
+    )  # fmt: skip
+    select.add_argument("--key", action="append", default=[], help="record key (repeatable)")
+    select.add_argument(
+        "--since", type=_when, help="dead-lettered at or after: ISO-8601 (UTC if no zone) or "
+        "a duration ago (30m, 1h, 2d)",
+    )  # fmt: skip
+    select.add_argument("--until", type=_when, help="dead-lettered before; same forms")
+    select.add_argument(
+        "--source-topic", action="append", default=[], help="topic of dlq.source, by name or "
+        "as its setting (commands, status, errors, webhook_replays); repeatable",
+    )  # fmt: skip
+    select.add_argument(
+        "--limit", type=_limit, default=100, help="records listed or redriven at most (100)"
+    )
+    dlq = sub.add_parser("dlq", help="dead letters: list, show one, redrive to the source")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    listing = dlq_sub.add_parser(
+        "list", parents=[select], help="one line per dead letter, oldest first per partition"
+    )
+    listing.add_argument("--json", action="store_true", help="one JSON object a line")
+    show = dlq_sub.add_parser("show", help="headers and value of one dead letter")
+    show.add_argument("at", type=_at, help="<partition>:<offset>, as list prints it")
+    show.add_argument("--topic", default="auth", help=topic_help)
+    show.add_argument("--full", action="store_true", help="do not cut key, headers or value")
+    show.add_argument("--json", action="store_true", help="as one JSON object")
+    redrive = dlq_sub.add_parser(
+        "redrive", parents=[select], help="re-produce dead letters to their source topic"
+    )
+    confirm = redrive.add_mutually_exclusive_group(required=True)
+    confirm.add_argument("--dry-run", action="store_true", help="say what would be sent")
+    confirm.add_argument("--yes", action="store_true", help="send them")
+    dlq.set_defaults(fn=cmd_dlq)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("workspace")
     keys.add_argument("--file", type=Path, default=None, help="keys file (default API_KEYS_FILE)")
     keys.set_defaults(fn=cmd_keys)
+    add_dlq_parser(sub)
     return parser
 
 

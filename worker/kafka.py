@@ -121,6 +121,19 @@ async def create_topics(
         await _create_missing(admin, wanted)
 
 
+async def partition_counts(
+    settings: Settings, topics: list[str], *, attempts: int = 5
+) -> dict[str, int]:
+    """The partition count of each of ``topics`` that exists (missing ones are left out)."""
+    async with _admin(settings, attempts) as admin:
+        described = await admin.describe_topics(topics)
+    return {
+        d["topic"]: len(d["partitions"])
+        for d in described
+        if d.get("error_code") == 0 and d.get("partitions")
+    }
+
+
 @contextlib.asynccontextmanager
 async def _admin(settings: Settings, attempts: int) -> AsyncIterator[AIOKafkaAdminClient]:
     """A started admin client; the broker may still be coming up, so connecting is retried."""

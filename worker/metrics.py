@@ -40,6 +40,11 @@ WORKER_ERRORS: tuple[tuple[str, int, int], ...] = tuple(
     )
 )
 
+# ``dlq.reason`` of the record-fault dead letters of the worker and the dispatcher: the decode
+# reasons, a handler that kept failing, an output over its size bound, bytes no decoder reads.
+# Their series are created at zero so the DLQ alerts see the first one.
+DLQ_REASONS: tuple[str, ...] = (*DECODE_REASONS, *FAULT_REASONS)
+
 M = TypeVar("M", bound=MetricWrapperBase)
 
 
@@ -181,7 +186,8 @@ class WorkerMetrics(LoopSeries):
         )
         self.dlq = Counter(
             "auth_dlq_records",
-            "Commands sent to the DLQ: undecodable, or their handling failed for good",
+            "Records sent to the DLQ, by dlq.reason: undecodable, or their handling failed "
+            "for good",
             ["reason"],
             registry=registry,
         )
@@ -216,7 +222,7 @@ class WorkerMetrics(LoopSeries):
     def _precreate(self) -> None:
         """Create the series the alerts watch at zero: ``increase()`` cannot count the first
         sample of a series, so a DLQ record or an error right after start would go unseen."""
-        for reason in (*DECODE_REASONS, *FAULT_REASONS[:3]):
+        for reason in DLQ_REASONS:
             self.dlq.labels(reason)
         for command_type in COMMAND_TYPES:
             self.forwarded.labels(command_type)

@@ -28,7 +28,7 @@ DASHBOARD = REPO / "deploy" / "grafana" / "passkey-worker.json"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels of the metric contract: the worker's and the front-end's (worker/metrics.py,
 # worker/api/metrics.py), and those of the webhook dispatcher (`python -m worker webhooks`,
-# webhook_* families, built on another branch: result, status_class, kind, topic, partition).
+# webhook_* families: result, status_class, kind, topic, partition, and the DLQ's reason).
 WORKER_API_LABELS = frozenset(
     {
         "type", "outcome", "code", "numeric_code", "http_status", "provider", "operation",
@@ -36,7 +36,7 @@ WORKER_API_LABELS = frozenset(
     }
 )  # fmt: skip
 WEBHOOK_LABELS = frozenset(
-    {"result", "status_class", "kind", "topic", "partition", "stage", "outcome", "tail"}
+    {"result", "status_class", "kind", "topic", "partition", "stage", "outcome", "tail", "reason"}
 )
 CONTRACT_LABELS = WORKER_API_LABELS | WEBHOOK_LABELS
 # Labels that scraping adds (deploy/prometheus/prometheus.yml) and histogram buckets carry.

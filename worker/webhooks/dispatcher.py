@@ -168,12 +168,14 @@ class Dispatcher:
         )
         detail = f"{type(exc).__name__}: {str(exc)[:200]}"
         await self._publisher.dead_letter_record(msg, Fault("undecodable", detail))
+        self.metrics.dlq.labels("undecodable").inc()
 
     # -- faults (worker.consumer retried these first) ------------------------------------------
 
     async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
         """A record whose taking-in failed for good: to the DLQ as it came."""
         await self._publisher.dead_letter_record(msg, fault)
+        self.metrics.dlq.labels(fault.reason).inc()
 
     async def give_up(self, partition: int, key: str, fault: Fault) -> None:
         """A pair whose attempt keeps failing inside the dispatcher: its head delivery fails

@@ -1,8 +1,9 @@
 """Prometheus metrics of the webhook dispatcher, on an injected registry.
 
-Labels are small fixed sets (result, HTTP status class); never an endpoint URL, an endpoint id
-or an account id. The consume loop's own series (in flight, lag, restore, rebalances,
-readiness, heartbeat) have the same meaning as the worker's, under the ``webhook_`` prefix.
+Labels are small fixed sets (result, HTTP status class, dead-letter reason); never an
+endpoint URL, an endpoint id or an account id. The consume loop's own series (in flight, lag,
+restore, rebalances, readiness, heartbeat) have the same meaning as the worker's, under the
+``webhook_`` prefix.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from worker.metrics import LoopSeries
+from worker.metrics import DLQ_REASONS, LoopSeries
 from worker.webhooks.delivery import AttemptResult
 
 _ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0)
@@ -85,6 +86,12 @@ class WebhookMetrics(LoopSeries):
             "Event or replay records that could not be read (skipped)",
             registry=registry,
         )
+        self.dlq = Counter(
+            "webhook_dlq_records",
+            "Input records (events, replay requests) sent to the webhook DLQ, by dlq.reason",
+            ["reason"],
+            registry=registry,
+        )
         self.in_flight_attempts = Gauge(
             "webhook_inflight_attempts", "HTTP attempts under way", registry=registry
         )
@@ -93,6 +100,8 @@ class WebhookMetrics(LoopSeries):
                 self.attempts.labels(result, cls)
         for kind in ERROR_KINDS:
             self.attempt_errors.labels(kind)
+        for reason in DLQ_REASONS:
+            self.dlq.labels(reason)
 
     def attempt(self, result: AttemptResult, seconds: float) -> None:
         if result.ok:
