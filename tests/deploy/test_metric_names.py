@@ -32,7 +32,7 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 WORKER_API_LABELS = frozenset(
     {
         "type", "outcome", "code", "numeric_code", "http_status", "provider", "operation",
-        "topic", "partition", "kind", "reason", "status", "route", "method",
+        "topic", "partition", "kind", "reason", "status", "route", "method", "quota",
     }
 )  # fmt: skip
 WEBHOOK_LABELS = frozenset({"result", "status_class", "kind", "topic", "partition"})
