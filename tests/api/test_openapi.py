@@ -180,7 +180,7 @@ WEBHOOK_OPERATIONS = {
     f"POST {WEBHOOK_ROTATE}": {"200", "400", "401", "404", "500"},
     f"POST {WEBHOOK_EXPIRE_PREVIOUS}": {"200", "400", "401", "404", "500"},
     f"GET {WEBHOOK_DELIVERIES}": {"200", "400", "401", "404", "500"},
-    f"POST {WEBHOOK_REPLAY}": {"202", "400", "401", "404", "429", "500"},
+    f"POST {WEBHOOK_REPLAY}": {"202", "400", "401", "404", "500"},
 }
 
 
@@ -191,7 +191,9 @@ def test_webhook_operations_and_their_500s() -> None:
     for label, statuses in WEBHOOK_OPERATIONS.items():
         method, path = label.split(" ", 1)
         op = doc["paths"][path][method.lower()]
-        assert set(op["responses"]) == statuses, label
+        # The front door's 408/429 are checked for every operation in
+        # test_shape_servers_and_security.
+        assert set(op["responses"]) - {"408", "429"} == statuses, label
         assert op["security"] == [{"ApiKey": []}]
         five_hundreds[label] = set(
             op["responses"]["500"]["content"]["application/json"]["examples"]
@@ -230,7 +232,7 @@ def test_the_replay_quota_refusal_is_429_with_retry_after() -> None:
     doc = openapi_document()
     refused = doc["paths"][WEBHOOK_REPLAY]["post"]["responses"]["429"]
     assert set(refused["content"]["application/json"]["examples"]) == {TOO_MANY}
-    assert refused["headers"]["Retry-After"]["required"] is True
+    assert refused["headers"]["Retry-After"]["schema"] == {"type": "integer", "minimum": 1}
     assert "WEBHOOK_REPLAYS_PER_WORKSPACE" in refused["description"]
     created = doc["paths"][WEBHOOK_ENDPOINTS]["post"]["responses"]["500"]["description"]
     assert "quota of webhook endpoints" in created

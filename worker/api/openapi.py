@@ -229,7 +229,7 @@ def _error_responses(failures: tuple[Failure, ...]) -> dict[str, dict[str, Any]]
         response = _json_response(description, ErrorResponse, examples=examples)
         if status == 429:
             response["headers"]["Retry-After"] = _header(
-                {"type": "string", "pattern": "^[0-9]+$"}, "Seconds to wait before retrying."
+                {"type": "integer", "minimum": 1}, "Seconds to wait before retrying."
             )
         responses[str(status)] = response
     return responses
