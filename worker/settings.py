@@ -12,6 +12,12 @@ from typing import Final, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker.webhooks.limits import (
+    DESCRIPTION_MAX_CHARS_CEILING,
+    EVENT_TYPES_MAX_ITEMS_CEILING,
+    URL_MAX_CHARS_CEILING,
+)
+
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
@@ -199,6 +205,34 @@ class Settings(BaseSettings):
     )
     webhook_disable_after_s: float = Field(default=5 * 86_400.0, gt=0)
     webhook_max_in_flight: int = Field(default=1000, ge=1)
+
+    # --- quotas per workspace (webhook endpoints, replays, field sizes) ------------------
+    webhook_endpoints_per_workspace: int = Field(
+        default=16,
+        ge=1,
+        description="Webhook endpoints a workspace may have (deleted ones do not count); "
+        "Stripe's limit. A create beyond it answers create_webhook_endpoint_failed (40001).",
+    )
+    webhook_replays_per_workspace: int = Field(
+        default=2,
+        ge=1,
+        description="Replays a workspace may have in flight (running or waiting) per "
+        "front-end process; its replays run one at a time.",
+    )
+    webhook_replay_max_running: int = Field(
+        default=2, ge=1, description="Replays running at once per front-end process."
+    )
+    webhook_replay_max_queued: int = Field(
+        default=8, ge=0, description="Replays waiting for a slot per front-end process."
+    )
+    webhook_url_max_chars: int = Field(default=2048, ge=16, le=URL_MAX_CHARS_CEILING)
+    webhook_description_max_chars: int = Field(default=512, ge=0, le=DESCRIPTION_MAX_CHARS_CEILING)
+    webhook_event_types_max_items: int = Field(
+        default=16,
+        ge=1,
+        le=EVENT_TYPES_MAX_ITEMS_CEILING,
+        description="Entries an endpoint's event_types list may have (repeats included).",
+    )
 
     # --- process -------------------------------------------------------------------------
     event_loop: Literal["uvloop", "asyncio"] = Field(

@@ -143,7 +143,7 @@ async def test_schemathesis_finds_no_undocumented_behaviour(
             for method in ("POST" if route == PASSKEY_CONFIRM else "GET", "OPTIONS"):
                 assert per_operation[f"{method} {route}"] >= MAX_EXAMPLES // 2, per_operation
         webhook_operations = [op for op in per_operation if "/v1/webhook-endpoints" in op]
-        assert len(webhook_operations) == 17, per_operation  # 10 operations, 7 preflights
+        assert len(webhook_operations) == 19, per_operation  # 11 operations, 8 preflights
         assert all(per_operation[op] >= MAX_EXAMPLES // 2 for op in webhook_operations)
         # all generated accounts are unknown or healthy: not even a documented 5xx may appear
         assert not [key for key in statuses if key.rsplit(" ", 1)[1].startswith("5")], statuses
@@ -156,6 +156,6 @@ def test_strategy_smoke() -> None:
     """The committed document loads and yields cases for every operation (fast, no server)."""
     schema = load_schema("http://127.0.0.1:9")
     ops = [op.ok() for op in schema.get_all_operations() if isinstance(op, Ok)]
-    assert len(ops) == 24  # 7 auth/probe operations, 10 webhook ones and their 7 preflights
+    assert len(ops) == 26  # 7 auth/probe operations, 11 webhook ones and their 8 preflights
     example = st.one_of([op.as_strategy() for op in ops])
     assert example is not None

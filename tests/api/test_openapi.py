@@ -14,6 +14,7 @@ from schemathesis.core.result import Ok
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_MAX_AGE_S
 from worker.api.openapi import openapi_document
+from worker.api.quotas import TOO_MANY, EndpointLimits
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.api.webhook_routes import (
     WEBHOOK_ACTIVATE,
@@ -21,6 +22,7 @@ from worker.api.webhook_routes import (
     WEBHOOK_DELIVERIES,
     WEBHOOK_ENDPOINT,
     WEBHOOK_ENDPOINTS,
+    WEBHOOK_EXPIRE_PREVIOUS,
     WEBHOOK_REPLAY,
     WEBHOOK_ROTATE,
 )
@@ -163,6 +165,7 @@ WEBHOOK_PATHS = (
     WEBHOOK_DEACTIVATE,
     WEBHOOK_ACTIVATE,
     WEBHOOK_ROTATE,
+    WEBHOOK_EXPIRE_PREVIOUS,
     WEBHOOK_DELIVERIES,
     WEBHOOK_REPLAY,
 )
@@ -175,6 +178,7 @@ WEBHOOK_OPERATIONS = {
     f"POST {WEBHOOK_DEACTIVATE}": {"200", "400", "401", "404", "500"},
     f"POST {WEBHOOK_ACTIVATE}": {"200", "400", "401", "404", "500"},
     f"POST {WEBHOOK_ROTATE}": {"200", "400", "401", "404", "500"},
+    f"POST {WEBHOOK_EXPIRE_PREVIOUS}": {"200", "400", "401", "404", "500"},
     f"GET {WEBHOOK_DELIVERIES}": {"200", "400", "401", "404", "500"},
     f"POST {WEBHOOK_REPLAY}": {"202", "400", "401", "404", "500"},
 }
@@ -187,7 +191,9 @@ def test_webhook_operations_and_their_500s() -> None:
     for label, statuses in WEBHOOK_OPERATIONS.items():
         method, path = label.split(" ", 1)
         op = doc["paths"][path][method.lower()]
-        assert set(op["responses"]) == statuses, label
+        # The front door's 408/429 are checked for every operation in
+        # test_shape_servers_and_security.
+        assert set(op["responses"]) - {"408", "429"} == statuses, label
         assert op["security"] == [{"ApiKey": []}]
         five_hundreds[label] = set(
             op["responses"]["500"]["content"]["application/json"]["examples"]
@@ -201,6 +207,7 @@ def test_webhook_operations_and_their_500s() -> None:
         f"POST {WEBHOOK_DEACTIVATE}": {"deactivate_webhook_endpoint_failed"},
         f"POST {WEBHOOK_ACTIVATE}": {"update_webhook_endpoint_failed"},
         f"POST {WEBHOOK_ROTATE}": {"update_webhook_endpoint_failed"},
+        f"POST {WEBHOOK_EXPIRE_PREVIOUS}": {"update_webhook_endpoint_failed"},
         f"GET {WEBHOOK_DELIVERIES}": {"get_webhook_endpoint_failed"},
         f"POST {WEBHOOK_REPLAY}": {"update_webhook_endpoint_failed"},
     }
@@ -219,3 +226,34 @@ def test_document_states_the_constants_and_models_the_code_uses() -> None:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schema.pop("$defs", None)
         assert schemas[model.__name__] == schema, model.__name__
+
+
+def test_the_replay_quota_refusal_is_429_with_retry_after() -> None:
+    doc = openapi_document()
+    refused = doc["paths"][WEBHOOK_REPLAY]["post"]["responses"]["429"]
+    assert set(refused["content"]["application/json"]["examples"]) == {TOO_MANY}
+    assert refused["headers"]["Retry-After"]["schema"] == {"type": "integer", "minimum": 1}
+    assert "WEBHOOK_REPLAYS_PER_WORKSPACE" in refused["description"]
+    created = doc["paths"][WEBHOOK_ENDPOINTS]["post"]["responses"]["500"]["description"]
+    assert "quota of webhook endpoints" in created
+
+
+def _limits_of(doc: dict[str, Any], body: str) -> tuple[int, int, int]:
+    props = doc["components"]["schemas"][body]["properties"]
+    (text,) = (b for b in props["description"]["anyOf"] if b.get("type") == "string")
+    (array,) = (b for b in props["event_types"]["anyOf"] if b.get("type") == "array")
+    return props["url"]["maxLength"], text["maxLength"], array["maxItems"]
+
+
+def test_the_body_schemas_state_the_configured_limits() -> None:
+    """The committed document states the settings' defaults; a front-end configured
+    otherwise publishes its own limits."""
+    defaults = openapi_document()
+    for body in ("CreateEndpointBody", "UpdateEndpointBody"):
+        assert _limits_of(defaults, body) == (2048, 512, 16)
+    custom = openapi_document(
+        EndpointLimits(url_max_chars=300, description_max_chars=40, event_types_max_items=2)
+    )
+    for body in ("CreateEndpointBody", "UpdateEndpointBody"):
+        assert _limits_of(custom, body) == (300, 40, 2)
+    assert defaults == openapi_document()  # building a custom document changed nothing shared

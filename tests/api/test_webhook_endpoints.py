@@ -296,15 +296,13 @@ async def test_rotation_keeps_the_old_secret_for_the_overlap(
             clock=lambda: time.time() + overlap + 1,
         )
         assert later.signing_secrets(record) == [rotated["secret"]]
-        # rotating twice inside the overlap: three secrets sign, the newest first
+        # rotating again inside the overlap: the new one and the previous one sign, the
+        # first secret no longer (it is dropped from the record)
         again = ok(await http.post(ONE.format(created["id"]) + "/rotate-secret", headers=headers()))
         record = store.registry.get("ws_a", created["id"])
         assert record is not None
-        assert store.signing_secrets(record) == [
-            again["secret"],
-            rotated["secret"],
-            created["secret"],
-        ]
+        assert store.signing_secrets(record) == [again["secret"], rotated["secret"]]
+        assert len(record.secrets) == 2
 
     async with (
         running_api(hook_settings(webhook_secret_overlap_s=0)) as api,

@@ -3,7 +3,13 @@ wins whatever order the writer and the tail deliver records in, and deletions st
 
 from __future__ import annotations
 
-from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry, new_endpoint_id
+from worker.webhooks.endpoints import (
+    MAX_SIGNING_SECRETS,
+    EndpointRecord,
+    EndpointRegistry,
+    StoredSecret,
+    new_endpoint_id,
+)
 
 
 def record(
@@ -72,3 +78,39 @@ def test_subscribers_are_active_and_subscribed() -> None:
     }
     public = registry.of_workspace("ws_a")[0].public()
     assert "secrets" not in public and "revision" not in public
+
+
+def secret(name: str, expires_at: float | None = None) -> StoredSecret:
+    return StoredSecret(
+        ciphertext=name, created_at="2026-11-23T00:00:00.000Z", expires_at=expires_at
+    )
+
+
+def test_at_most_the_current_and_the_previous_secret_sign() -> None:
+    now = 1_000.0
+    # the unbounded form an earlier version wrote: newest first, all inside their overlap
+    many = record(
+        "ep_a", 41, secrets=[secret("s0"), *(secret(f"s{i}", now + i) for i in range(1, 41))]
+    )
+    assert [s.ciphertext for s in many.live_secrets(now)] == ["s0", "s1"]
+    trimmed = many.trimmed(now)
+    assert [s.ciphertext for s in trimmed.secrets] == ["s0", "s1"]
+    assert trimmed.revision == many.revision  # trimming is part of the next write, not one
+    # a previous secret past its expiry neither signs nor is kept
+    expired = record("ep_a", 2, secrets=[secret("s0"), secret("s1", now - 1)])
+    assert [s.ciphertext for s in expired.live_secrets(now)] == ["s0"]
+    assert [s.ciphertext for s in expired.trimmed(now).secrets] == ["s0"]
+    bounded = record("ep_a", 2, secrets=[secret("s0"), secret("s1", now + 1)])
+    assert bounded.trimmed(now) is bounded
+    assert MAX_SIGNING_SECRETS == 2
+
+
+def test_count_is_per_workspace_and_forgets_deleted_endpoints() -> None:
+    registry = EndpointRegistry()
+    for i in range(3):
+        registry.apply(record(f"ep_{i}", 1))
+    registry.apply(record("ep_b", 1, workspace="ws_b"))
+    assert (registry.count("ws_a"), registry.count("ws_b"), registry.count("ws_c")) == (3, 1, 0)
+    registry.delete("ep_0", revision=2)
+    registry.delete("ep_1")
+    assert registry.count("ws_a") == 1

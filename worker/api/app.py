@@ -26,6 +26,7 @@ from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.middleware import FrontDoor
 from worker.api.openapi import openapi_route
+from worker.api.quotas import EndpointLimits
 from worker.api.replies import ReplyRouter
 from worker.api.routes import (
     ACCOUNT_ID_RULE,
@@ -118,12 +119,18 @@ def build_app(
             allow_private=settings.webhook_allow_private_targets,
         ),
         wait_s=settings.webhook_store_timeout_s,
+        limits=EndpointLimits.of(settings),
+        endpoints_per_workspace=settings.webhook_endpoints_per_workspace,
+        metrics=metrics,
     )
+    if webhooks is not None:
+        replays = webhooks.replays
+        metrics.replays_in_flight.set_function(lambda: float(replays.active))
     probes = Probes(registry, health=api.health, readiness=api.readiness)
     routes = [
         *api.routes(),
         *hooks.routes(),
-        *without_head([*probes.routes(), openapi_route()]),
+        *without_head([*probes.routes(), openapi_route(EndpointLimits.of(settings))]),
     ]
     front_door = Middleware(
         FrontDoor,
@@ -177,6 +184,9 @@ def webhook_clients(
         errors_topic=topics.errors,
         replays_topic=topics.webhook_replays,
         health=broker,
+        max_running=settings.webhook_replay_max_running,
+        max_queued=settings.webhook_replay_max_queued,
+        per_workspace=settings.webhook_replays_per_workspace,
     )
     return WebhookClients(endpoints=endpoints, store=store, deliveries=deliveries, replays=replays)
 

@@ -11,6 +11,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from worker.api.quotas import QUOTAS
+
 _BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _METHODS: Final = frozenset({"GET", "POST", "OPTIONS", "HEAD", "PUT", "PATCH", "DELETE"})
 
@@ -53,5 +55,29 @@ class ApiMetrics:
         self.ready = Gauge(
             "api_ready",
             "1 when the auth.state view caught up and the reply consumer is positioned",
+            registry=registry,
+        )
+        # Quotas per workspace (worker/api/quotas.py); every label value exported from start.
+        self.quota_refusals = Counter(
+            "api_quota_refusals",
+            "Webhook requests refused by a per-workspace quota or field limit, by quota",
+            ["quota"],
+            registry=registry,
+        )
+        for quota in QUOTAS:
+            self.quota_refusals.labels(quota)
+        self.secrets_dropped = Counter(
+            "api_webhook_secrets_dropped",
+            "Signing secrets that stopped signing before their expiry: older than the previous"
+            " one at a rotation (rotated), on request (expired), or of a record written before"
+            " the bound (trimmed)",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("rotated", "expired", "trimmed"):
+            self.secrets_dropped.labels(reason)
+        self.replays_in_flight = Gauge(
+            "api_webhook_replays_in_flight",
+            "Webhook replays running or waiting for a slot in this process",
             registry=registry,
         )

@@ -4,7 +4,9 @@ Nothing here is a second copy: bodies are the JSON Schemas of ``worker.api.bodie
 referenced as ``#/components/schemas/...``); error responses come from the error catalogue
 (each operation lists the codes it can answer, the catalogue gives their status, numeric code
 and example message); the identifier rule, the CORS values and the body limit are the
-constants the handlers use. ``schemas/openapi.json`` is this document exported by
+constants the handlers use, and the endpoint fields' length limits are the settings the
+handlers check (``with_limits``; the committed copy has the defaults, a running front-end
+serves its own). ``schemas/openapi.json`` is this document exported by
 ``python -m worker schemas``; a test fails when it drifts, schemathesis fuzzes the live app
 against it, and the app serves it at ``/openapi.json``.
 """
@@ -21,6 +23,7 @@ from starlette.routing import Route
 
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_HEADERS, CORS_MAX_AGE_S, CORS_METHODS
+from worker.api.quotas import TOO_MANY, EndpointLimits
 from worker.api.routes import ACCOUNT_AUTH, ACCOUNT_ID_RULE, MAX_BODY_BYTES, PASSKEY_CONFIRM
 from worker.api.webhook_bodies import (
     CreateEndpointBody,
@@ -39,6 +42,7 @@ from worker.api.webhook_routes import (
     WEBHOOK_DELIVERIES,
     WEBHOOK_ENDPOINT,
     WEBHOOK_ENDPOINTS,
+    WEBHOOK_EXPIRE_PREVIOUS,
     WEBHOOK_REPLAY,
     WEBHOOK_ROTATE,
 )
@@ -166,14 +170,32 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": _REF.format(model=model.__name__)}
 
 
-def _component_schemas() -> dict[str, Any]:
+def _component_schemas(limits: EndpointLimits) -> dict[str, Any]:
     """The models' JSON Schemas, nested models included, keyed by model name."""
     schemas: dict[str, Any] = {}
     for model in _COMPONENT_MODELS:
         schema = model.model_json_schema(ref_template=_REF, mode="serialization")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
+    for body in (CreateEndpointBody, UpdateEndpointBody):
+        with_limits(schemas[body.__name__], limits)
     return dict(sorted(schemas.items()))
+
+
+def with_limits(schema: dict[str, Any], limits: EndpointLimits) -> None:
+    """State ``limits`` in an endpoint body's schema: ``maxLength`` on the string of ``url``
+    and ``description``, ``maxItems`` on the array of ``event_types`` (inside ``anyOf`` where
+    the field is nullable)."""
+    bounds = {
+        "url": ("string", "maxLength", limits.url_max_chars),
+        "description": ("string", "maxLength", limits.description_max_chars),
+        "event_types": ("array", "maxItems", limits.event_types_max_items),
+    }
+    for name, (kind, keyword, value) in bounds.items():
+        prop = schema["properties"][name]
+        for branch in prop.get("anyOf", [prop]):
+            if branch.get("type") == kind:
+                branch[keyword] = value
 
 
 def _json_response(description: str, model: type[BaseModel], **content: Any) -> dict[str, Any]:
@@ -204,7 +226,12 @@ def _error_responses(failures: tuple[Failure, ...]) -> dict[str, dict[str, Any]]
                     err.refine(numeric), f"{err.code} refined to {numeric}"
                 )
         description = "\n".join(f"* {failure.describe()}" for failure in group)
-        responses[str(status)] = _json_response(description, ErrorResponse, examples=examples)
+        response = _json_response(description, ErrorResponse, examples=examples)
+        if status == 429:
+            response["headers"]["Retry-After"] = _header(
+                {"type": "integer", "minimum": 1}, "Seconds to wait before retrying."
+            )
+        responses[str(status)] = response
     return responses
 
 
@@ -337,7 +364,11 @@ def _webhook_operation(
     return operation
 
 
-def _webhook_paths() -> dict[str, Any]:
+_ENDPOINT_QUOTA: Final = Settings.model_fields["webhook_endpoints_per_workspace"].default
+_REPLAY_QUOTA: Final = Settings.model_fields["webhook_replays_per_workspace"].default
+
+
+def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
     """The webhook-endpoint management routes (``worker.api.webhook_routes``)."""
     url_rule = (
         "`url` must be an absolute `https` URL (no user or password) whose host is not a"
@@ -346,7 +377,10 @@ def _webhook_paths() -> dict[str, Any]:
     )
     body_400 = (
         "The body is missing, not JSON, not an object, has unknown fields or invalid values"
-        " (an unknown event type, a `url` that is not allowed: the message names the reason)."
+        " (an unknown event type, a `url` that is not allowed: the message names the reason),"
+        f" or a field over its limit (`url` {limits.url_max_chars} characters, `description`"
+        f" {limits.description_max_chars}, `event_types` {limits.event_types_max_items} entries:"
+        " the message names the field and the limit)."
     )
     endpoint = _json_response("The endpoint.", EndpointResponse)
     with_secret = "The endpoint and its signing secret (`whsec_...`): store it now."
@@ -356,12 +390,18 @@ def _webhook_paths() -> dict[str, Any]:
                 "createWebhookEndpoint",
                 "Create a webhook endpoint",
                 f"{url_rule} Absent or `null` `event_types` subscribes to every event type."
-                " The answer is the only time the signing secret is shown (until a rotation).",
+                " The answer is the only time the signing secret is shown (until a rotation)."
+                " A workspace has at most `WEBHOOK_ENDPOINTS_PER_WORKSPACE` endpoints (default"
+                f" {_ENDPOINT_QUOTA}; deleted ones do not count).",
                 one_endpoint=False,
                 ok_status="201",
                 ok=_json_response(f"Created. {with_secret}", EndpointSecretResponse),
                 failures=_webhook_failures(
-                    "create_webhook_endpoint_failed", bad_request=body_400, not_found=False
+                    "create_webhook_endpoint_failed",
+                    bad_request=body_400,
+                    not_found=False,
+                    extra="or the workspace has reached its quota of webhook endpoints (the"
+                    " message says so: delete one first). Nothing was created.",
                 ),
                 body=_json_body(CreateEndpointBody, "The new endpoint.", required=True),
             ),
@@ -456,7 +496,9 @@ def _webhook_paths() -> dict[str, Any]:
                 "Rotate the signing secret",
                 "A new secret signs every delivery from now on; the previous one keeps signing"
                 " beside it (two `v1,` signatures) for `WEBHOOK_SECRET_OVERLAP_S` (default 24"
-                " h), so receivers can switch without losing a delivery.",
+                " h), so receivers can switch without losing a delivery. Any older secret"
+                " stops signing: at most two ever sign. `expire-previous-secret` ends the"
+                " overlap early.",
                 one_endpoint=True,
                 ok_status="200",
                 ok=_json_response(f"Rotated. {with_secret}", EndpointSecretResponse),
@@ -466,6 +508,24 @@ def _webhook_paths() -> dict[str, Any]:
                 body=_EMPTY_BODY,
             ),
             "options": _preflight("preflightRotateWebhookEndpointSecret", "EndpointId"),
+        },
+        WEBHOOK_EXPIRE_PREVIOUS: {
+            "post": _webhook_operation(
+                "expirePreviousWebhookEndpointSecret",
+                "Stop the previous signing secret now",
+                "Ends a rotation's overlap early: from now on only the current secret signs"
+                " (one `v1,` signature). Call it once receivers verify with the new secret, or"
+                " right after rotating a leaked one. Answers the endpoint (without a secret);"
+                " nothing changes when only the current secret signs already.",
+                one_endpoint=True,
+                ok_status="200",
+                ok=endpoint,
+                failures=_webhook_failures(
+                    "update_webhook_endpoint_failed", bad_request=_OPTIONAL_BODY
+                ),
+                body=_EMPTY_BODY,
+            ),
+            "options": _preflight("preflightExpirePreviousWebhookEndpointSecret", "EndpointId"),
         },
         WEBHOOK_DELIVERIES: {
             "get": _webhook_operation(
@@ -492,11 +552,21 @@ def _webhook_paths() -> dict[str, Any]:
                 one_endpoint=True,
                 ok_status="202",
                 ok=_json_response("Accepted.", ReplayAcceptedResponse),
-                failures=_webhook_failures(
-                    "update_webhook_endpoint_failed",
-                    bad_request="Malformed `endpoint_id`; a missing or invalid body (`since`"
-                    " not an RFC 3339 date-time, unknown fields).",
-                    extra="or too many replays are in progress; nothing was started.",
+                failures=(
+                    *_webhook_failures(
+                        "update_webhook_endpoint_failed",
+                        bad_request="Malformed `endpoint_id`; a missing or invalid body (`since`"
+                        " not an RFC 3339 date-time, unknown fields).",
+                    ),
+                    Failure(
+                        TOO_MANY,
+                        "The workspace already has `WEBHOOK_REPLAYS_PER_WORKSPACE` replays"
+                        f" (default {_REPLAY_QUOTA}) in progress on this front-end, or the"
+                        " front-end has as many as it runs and queues"
+                        " (`WEBHOOK_REPLAY_MAX_RUNNING` + `WEBHOOK_REPLAY_MAX_QUEUED`); the"
+                        " message says which. Nothing was started; retry after `Retry-After`"
+                        " seconds.",
+                    ),
                 ),
                 body=_json_body(ReplayBody, "Where to start.", required=True),
             ),
@@ -505,8 +575,10 @@ def _webhook_paths() -> dict[str, Any]:
     }
 
 
-def openapi_document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the front-end (deterministic: equal on every call)."""
+def openapi_document(limits: EndpointLimits | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the front-end (deterministic: equal on every call), with
+    ``limits`` (the settings' defaults unless given) in the endpoint bodies' schemas."""
+    limits = limits or EndpointLimits.defaults()
     identifier = TypeAdapter(Identifier).json_schema()
     not_found = ServiceError.of("not_found")
     auth_parameters = [
@@ -587,7 +659,7 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "options": _preflight("preflightAuth"),
             },
-            **_webhook_paths(),
+            **_webhook_paths(limits),
             "/healthz": _probe(
                 "healthz",
                 "Liveness: the process and its Kafka readers run",
@@ -672,14 +744,14 @@ def openapi_document() -> dict[str, Any]:
                     "schema": {"type": "string"},
                 },
             },
-            "schemas": _component_schemas(),
+            "schemas": _component_schemas(limits),
         },
     }
 
 
-def openapi_route() -> Route:
-    """``GET /openapi.json``: the document, built once."""
-    document = openapi_document()
+def openapi_route(limits: EndpointLimits | None = None) -> Route:
+    """``GET /openapi.json``: the document with this front-end's ``limits``, built once."""
+    document = openapi_document(limits)
 
     async def openapi_json(_: Request) -> Response:
         return JSONResponse(document)

@@ -5,6 +5,10 @@ Like ``worker.api.bodies``, these are what the handlers validate and answer with
 models forbid unknown fields: a misspelt ``event_type`` must fail loudly, not subscribe the
 endpoint to everything. ``since`` is parsed by hand (``parse_rfc3339``) because pydantic's
 datetime also accepts epoch numbers and other forms that are not RFC 3339.
+
+The lengths of ``url``, ``description`` and ``event_types`` are settings, so they are not in
+the models: the handlers check them (``worker.api.quotas.EndpointLimits``) and
+``worker.api.openapi`` writes them into the published schemas (``with_limits``).
 """
 
 from __future__ import annotations
@@ -27,9 +31,6 @@ from worker.messages import Identifier
 from worker.webhooks.endpoints import EndpointRecord, EndpointStatus, EventType
 from worker.webhooks.publish import DeliveryLogEntry
 from worker.webhooks.signing import SECRET_PREFIX
-
-MAX_URL_CHARS: Final = 2048
-MAX_DESCRIPTION_CHARS: Final = 512
 
 _RFC3339: Final = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
@@ -72,7 +73,6 @@ UrlField = Annotated[
     str,
     Field(
         min_length=1,
-        max_length=MAX_URL_CHARS,
         description=(
             "Absolute `https` URL with a public host (no user or password). `http` and private"
             " or loopback targets only where the deployment allows them."
@@ -83,7 +83,7 @@ EventTypes = Annotated[
     Annotated[list[EventType], Field(min_length=1)] | None,
     Field(description="Event types to deliver; `null` (or absent on create) means all."),
 ]
-Description = Annotated[str | None, Field(max_length=MAX_DESCRIPTION_CHARS)]
+Description = str | None
 
 
 def invalid_body(exc: ValidationError) -> ServiceError:

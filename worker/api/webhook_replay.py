@@ -8,12 +8,15 @@ high-water marks (group-less, like the views), keep the events of the endpoint's
 types that occurred at or after ``since``, and produce one ``Replay`` each, keyed by account
 and on the event's own partition number, so it lands on the same dispatcher lane as the event.
 
-Bounds, per process: ``max_running`` scans at a time, ``max_queued`` more waiting (a request
-beyond both is refused, nothing is started), and ``timeout_s`` per scan (a scan cut short
-logs how far it got; replaying again is harmless for receivers that de-duplicate on
-webhook-id, which Standard Webhooks asks of them). A record not acknowledged for an outage
-reason is sent again (``worker.outage.acknowledged``) within that bound, so a broker blip does
-not end a replay half done.
+Bounds, per process: ``per_workspace`` replays of one workspace in flight, run one at a time
+(so a workspace holds at most one of the running slots and others' replays are not queued
+behind its own), ``max_running`` scans at a time, ``max_queued`` more waiting, and
+``timeout_s`` per scan (a scan cut short logs how far it got; replaying again is harmless for
+receivers that de-duplicate on webhook-id, which Standard Webhooks asks of them). A request
+beyond the workspace's quota or the process's capacity is refused with 429 and
+``Retry-After`` (``worker.api.quotas.Refused``); nothing is started. A record not
+acknowledged for an outage reason is sent again (``worker.outage.acknowledged``) within that
+bound, so a broker blip does not end a replay half done.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, Final, Literal
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
+from worker.api.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
 from worker.api.webhook_bodies import parse_rfc3339
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
@@ -45,6 +49,9 @@ log = get_logger(__name__)
 
 MAX_RUNNING: Final = 2
 MAX_QUEUED: Final = 8
+PER_WORKSPACE: Final = 2
+#: ``Retry-After`` of a refusal: a replay takes seconds to minutes (``timeout_s`` at most).
+RETRY_AFTER_S: Final = 30
 REPLAY_TIMEOUT_S: Final = 300.0
 _KEPT_OUTCOMES: Final = 256
 
@@ -84,6 +91,7 @@ class ReplayRunner:
         health: BrokerHealth | None = None,
         max_running: int = MAX_RUNNING,
         max_queued: int = MAX_QUEUED,
+        per_workspace: int = PER_WORKSPACE,
         timeout_s: float = REPLAY_TIMEOUT_S,
     ) -> None:
         self._consumer_factory = consumer_factory
@@ -94,33 +102,63 @@ class ReplayRunner:
         self._health = health or BrokerHealth()
         self._slots = asyncio.Semaphore(max_running)
         self._capacity = max_running + max_queued
+        self._per_workspace = per_workspace
         self._timeout_s = timeout_s
         self._tasks: dict[str, asyncio.Task[ReplayOutcome]] = {}
         self._outcomes: OrderedDict[str, ReplayOutcome] = OrderedDict()
+        # Per workspace with a replay in flight: how many, and the lock they run under.
+        self._workspaces: dict[str, tuple[int, asyncio.Lock]] = {}
 
     @property
     def active(self) -> int:
         """Replays running or waiting for a slot."""
         return len(self._tasks)
 
+    def in_flight(self, workspace_id: str) -> int:
+        """The workspace's replays running or waiting on this process."""
+        return self._workspaces.get(workspace_id, (0, None))[0]
+
     def start(self, endpoint: EndpointRecord, since: datetime) -> str:
         """Queue a replay of ``endpoint``'s events since ``since``; its id.
 
-        Refused with the route's catalogued 500 when this process already has its fill: the
-        catalogue has no "busy" status for webhooks, and this is the server's limit, not a
-        fault of the request, so retrying later is the right reaction.
+        Raises ``Refused`` (429, ``Retry-After``) when the workspace already has
+        ``per_workspace`` replays in flight, or this process ``max_running + max_queued``:
+        a limit, not a fault of the request, so retrying later is the right reaction.
         """
+        workspace_id = endpoint.workspace_id
+        count, lock = self._workspaces.get(workspace_id, (0, asyncio.Lock()))
+        if count >= self._per_workspace:
+            raise Refused(
+                REPLAYS,
+                ServiceError.of(
+                    TOO_MANY,
+                    f"The workspace already has {count} replays in progress, its quota;"
+                    " retry when one has ended. Nothing was started.",
+                ),
+                RETRY_AFTER_S,
+            )
         if len(self._tasks) >= self._capacity:
-            raise ServiceError.of(
-                "update_webhook_endpoint_failed",
-                "Too many replays are in progress on this service; retry shortly."
-                " Nothing was started.",
+            raise Refused(
+                REPLAY_CAPACITY,
+                ServiceError.of(
+                    TOO_MANY,
+                    "Too many replays are in progress on this service; retry shortly."
+                    " Nothing was started.",
+                ),
+                RETRY_AFTER_S,
             )
         replay_id = new_replay_id()
-        task = asyncio.create_task(self._run(replay_id, endpoint, since), name=replay_id)
+        self._workspaces[workspace_id] = (count + 1, lock)
+        task = asyncio.create_task(self._run(replay_id, endpoint, since, lock), name=replay_id)
         self._tasks[replay_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(replay_id, None))
+        task.add_done_callback(lambda _: self._ended(replay_id, workspace_id))
         return replay_id
+
+    def _ended(self, replay_id: str, workspace_id: str) -> None:
+        self._tasks.pop(replay_id, None)
+        count, lock = self._workspaces.pop(workspace_id, (1, None))
+        if count > 1 and lock is not None:
+            self._workspaces[workspace_id] = (count - 1, lock)
 
     async def wait(self, replay_id: str, timeout: float | None = None) -> ReplayOutcome | None:
         """The outcome of a replay of this process, waiting for it when it still runs;
@@ -141,13 +179,13 @@ class ReplayRunner:
     # -- one replay ---------------------------------------------------------------------------
 
     async def _run(
-        self, replay_id: str, endpoint: EndpointRecord, since: datetime
+        self, replay_id: str, endpoint: EndpointRecord, since: datetime, turn: asyncio.Lock
     ) -> ReplayOutcome:
         counts = [0, 0]  # replayed, scanned: kept outside the scan so a time-out can tell
         started = time.perf_counter()
         state: Literal["finished", "timed_out", "failed", "cancelled"] = "failed"
         try:
-            async with self._slots:
+            async with turn, self._slots:
                 try:
                     async with asyncio.timeout(self._timeout_s):
                         await self._scan(replay_id, endpoint, since, counts)

@@ -1,9 +1,10 @@
 """The webhook-endpoint management routes (docs/api.md, "Webhook endpoints").
 
 Checks in the contract's order: route (404, by the router), API key (401), webhooks
-configured (500), ``endpoint_id`` format (400, the account-id rule), body (400), the endpoints
-registry caught up (500), the endpoint in the key's workspace (404, the same answer for
-"missing" and "another workspace's"), the work.
+configured (500), ``endpoint_id`` format (400, the account-id rule), body (400, field lengths
+included), the endpoints registry caught up (500), the endpoint in the key's workspace (404,
+the same answer for "missing" and "another workspace's"), the workspace's quotas
+(``worker.api.quotas``: endpoints per workspace, replays in flight), the work.
 
 Reads come from the replica's registry (``EndpointsTail``) and delivery log
 (``DeliveryLogView``); writes go through ``EndpointStore``, which produces the new record,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -29,7 +31,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from worker.api.bodies import json_response, valid_id
+from worker.api.bodies import error_response, json_response, valid_id
+from worker.api.metrics import ApiMetrics
+from worker.api.quotas import EndpointLimits, EndpointQuota, Refused
 from worker.api.routes import (
     ACCOUNT_ID_RULE,
     check_body,
@@ -57,7 +61,7 @@ from worker.api.webhook_replay import ReplayRunner
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
 from worker.tail import TopicTail
-from worker.webhooks.endpoints import EndpointRecord, EndpointsTail
+from worker.webhooks.endpoints import EndpointRecord, EndpointsTail, new_endpoint_id
 from worker.webhooks.log_view import DeliveryLogView
 from worker.webhooks.store import EndpointStore
 from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
@@ -69,6 +73,7 @@ WEBHOOK_ENDPOINT: Final = "/v1/webhook-endpoints/{endpoint_id}"
 WEBHOOK_DEACTIVATE: Final = "/v1/webhook-endpoints/{endpoint_id}/deactivate"
 WEBHOOK_ACTIVATE: Final = "/v1/webhook-endpoints/{endpoint_id}/activate"
 WEBHOOK_ROTATE: Final = "/v1/webhook-endpoints/{endpoint_id}/rotate-secret"
+WEBHOOK_EXPIRE_PREVIOUS: Final = "/v1/webhook-endpoints/{endpoint_id}/expire-previous-secret"
 WEBHOOK_DELIVERIES: Final = "/v1/webhook-endpoints/{endpoint_id}/deliveries"
 WEBHOOK_REPLAY: Final = "/v1/webhook-endpoints/{endpoint_id}/replay"
 WEBHOOK_ROUTES: Final = (
@@ -77,6 +82,7 @@ WEBHOOK_ROUTES: Final = (
     WEBHOOK_DEACTIVATE,
     WEBHOOK_ACTIVATE,
     WEBHOOK_ROTATE,
+    WEBHOOK_EXPIRE_PREVIOUS,
     WEBHOOK_DELIVERIES,
     WEBHOOK_REPLAY,
 )
@@ -111,7 +117,9 @@ class WebhookClients:
 class WebhookRoutes:
     """The handlers; ``clients`` is ``None`` when the service has no secrets key, and every
     route then answers its 500. ``authenticate`` is the front-end's key check;
-    ``wait_s`` bounds how long a request waits for the registry to catch up at start-up."""
+    ``wait_s`` bounds how long a request waits for the registry to catch up at start-up;
+    ``limits`` and ``endpoints_per_workspace`` are the quotas (``worker.api.quotas``), whose
+    refusals ``metrics`` counts."""
 
     def __init__(
         self,
@@ -120,16 +128,26 @@ class WebhookRoutes:
         authenticate: Callable[[Request], str],
         policy: TargetPolicy,
         wait_s: float,
+        limits: EndpointLimits | None = None,
+        endpoints_per_workspace: int = 16,
+        metrics: ApiMetrics | None = None,
     ) -> None:
         self.clients = clients
         self.authenticate = authenticate
         self.policy = policy
         self.wait_s = wait_s
+        self.limits = limits or EndpointLimits.defaults()
+        self.metrics = metrics
+        self.quota = (
+            None
+            if clients is None
+            else EndpointQuota(clients.store.registry, endpoints_per_workspace)
+        )
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def routes(self) -> list[Route]:
         def route(path: str, handler: Handler, method: str, failure: str) -> Route:
-            return Route(path, _guarded(handler, failure, path), methods=[method])
+            return Route(path, _guarded(handler, failure, path, self._refused), methods=[method])
 
         return without_head(
             [
@@ -148,12 +166,34 @@ class WebhookRoutes:
                 ),
                 route(WEBHOOK_ACTIVATE, self.activate, "POST", "update_webhook_endpoint_failed"),
                 route(WEBHOOK_ROTATE, self.rotate, "POST", "update_webhook_endpoint_failed"),
+                route(
+                    WEBHOOK_EXPIRE_PREVIOUS,
+                    self.expire_previous,
+                    "POST",
+                    "update_webhook_endpoint_failed",
+                ),
                 route(WEBHOOK_DELIVERIES, self.deliveries, "GET", "get_webhook_endpoint_failed"),
                 route(WEBHOOK_REPLAY, self.replay, "POST", "update_webhook_endpoint_failed"),
             ]
         )
 
     # -- checks ------------------------------------------------------------------------------
+
+    def _refused(self, quota: str) -> None:
+        if self.metrics is not None:
+            self.metrics.quota_refusals.labels(quota).inc()
+
+    def _secrets_dropped(self, reason: str, before: EndpointRecord, after: EndpointRecord) -> None:
+        """Count the secrets ``before`` held unexpired that ``after`` no longer holds."""
+        now = time.time()
+        kept = {s.ciphertext for s in after.secrets}
+        dropped = sum(
+            1
+            for s in before.secrets
+            if (s.expires_at is None or s.expires_at > now) and s.ciphertext not in kept
+        )
+        if dropped and self.metrics is not None:
+            self.metrics.secrets_dropped.labels(reason).inc(dropped)
 
     def _configured(self, failure: str) -> WebhookClients:
         if self.clients is None:
@@ -233,16 +273,27 @@ class WebhookRoutes:
     # -- collection --------------------------------------------------------------------------
 
     async def create(self, request: Request) -> Response:
+        failure = "create_webhook_endpoint_failed"
         workspace_id = self.authenticate(request)
-        clients = self._configured("create_webhook_endpoint_failed")
+        clients = self._configured(failure)
         body = await self._body(request, CreateEndpointBody)
+        self.limits.check(url=body.url, description=body.description, event_types=body.event_types)
         self._check_url(body.url)
         event_types = None if body.event_types is None else tuple(dict.fromkeys(body.event_types))
-        record, secret = await _confirmed(
-            clients.store.create(
-                workspace_id, url=body.url, event_types=event_types, description=body.description
+        # The quota counts the registry: a replica still reading it would count too few.
+        await self._ready(failure, clients.endpoints)
+        assert self.quota is not None  # built with the clients
+        endpoint_id = new_endpoint_id()
+        with self.quota.slot(workspace_id, endpoint_id):
+            record, secret = await _confirmed(
+                clients.store.create(
+                    workspace_id,
+                    url=body.url,
+                    event_types=event_types,
+                    description=body.description,
+                    endpoint_id=endpoint_id,
+                )
             )
-        )
         log.info("webhook_endpoint_created", endpoint_id=record.id, workspace_id=workspace_id)
         return _with_secret(request, record, secret, status_code=201)
 
@@ -278,12 +329,18 @@ class WebhookRoutes:
                 "invalid_request",
                 "The request body must change at least one of url, event_types, description.",
             )
+        self.limits.check(
+            url=changes.get("url"),
+            description=changes.get("description"),
+            event_types=body.event_types if "event_types" in changes else None,
+        )
         if "url" in changes:
             self._check_url(changes["url"])
         await self._ready(failure, clients.endpoints)
         async with self._exclusive(endpoint_id):
             current = self._find(clients, workspace_id, endpoint_id)
             record = await _confirmed(clients.store.update(current, **changes))
+        self._secrets_dropped("trimmed", current, record)
         log.info("webhook_endpoint_updated", endpoint_id=record.id, fields=sorted(changes))
         return _endpoint(request, record)
 
@@ -298,6 +355,7 @@ class WebhookRoutes:
         async with self._exclusive(endpoint_id):
             current = self._find(clients, workspace_id, endpoint_id)
             record = await _confirmed(clients.store.set_status(current, status))
+        self._secrets_dropped("trimmed", current, record)
         log.info("webhook_endpoint_status_set", endpoint_id=record.id, status=record.status)
         return _endpoint(request, record)
 
@@ -319,8 +377,23 @@ class WebhookRoutes:
         async with self._exclusive(endpoint_id):
             current = self._find(clients, workspace_id, endpoint_id)
             record, secret = await _confirmed(clients.store.rotate(current))
+        self._secrets_dropped("rotated", current, record)
         log.info("webhook_secret_rotated", endpoint_id=record.id, workspace_id=workspace_id)
         return _with_secret(request, record, secret, status_code=200)
+
+    async def expire_previous(self, request: Request) -> Response:
+        """Only the current secret signs from now on (ends a rotation's overlap early)."""
+        clients, workspace_id, endpoint_id = await self._current(
+            request, "update_webhook_endpoint_failed", body=True
+        )
+        async with self._exclusive(endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            record = await _confirmed(clients.store.expire_previous(current))
+        self._secrets_dropped("expired", current, record)
+        log.info(
+            "webhook_previous_secret_expired", endpoint_id=record.id, workspace_id=workspace_id
+        )
+        return _endpoint(request, record)
 
     async def deliveries(self, request: Request) -> Response:
         failure = "get_webhook_endpoint_failed"
@@ -375,12 +448,27 @@ def _with_secret(
     return json_response(body, status_code)
 
 
-def _guarded(handler: Handler, failure: str, template: str) -> Handler:
-    """``handler`` with any unexpected exception turned into the route's catalogued 500."""
+def _guarded(
+    handler: Handler, failure: str, template: str, refused: Callable[[str], None]
+) -> Handler:
+    """``handler`` with a quota's refusal answered (and told to ``refused``) and any
+    unexpected exception turned into the route's catalogued 500."""
 
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
+        except Refused as exc:
+            refused(exc.quota)
+            log.info(
+                "webhook_quota_refused",
+                request_id=request_id_of(request),
+                route=template,
+                quota=exc.quota,
+            )
+            response = error_response(request_id_of(request), exc.error)
+            if exc.retry_after_s is not None:
+                response.headers["Retry-After"] = str(exc.retry_after_s)
+            return response
         except ServiceError:
             raise
         except Exception as exc:

@@ -10,6 +10,10 @@ that later replays an older record cannot move it back.
 
 Every read and write names a workspace: an endpoint of another workspace is reported exactly
 like a missing one.
+
+Signing secrets are bounded: the current one and the previous one (until its ``expires_at``)
+sign. Records written before that bound may hold many more; they decode as they are, only the
+two newest live ones sign, and the next write keeps just those (``trimmed``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from worker.logs import get_logger
 from worker.messages import ID_PATTERN, Identifier
 from worker.tail import TopicTail
+from worker.webhooks.limits import DESCRIPTION_MAX_CHARS_CEILING, URL_MAX_CHARS_CEILING
 
 log = get_logger(__name__)
 
@@ -34,8 +39,11 @@ EVENT_TYPES: Final = (EVENT_STATUS_CHANGED, EVENT_ERROR)
 
 EventType = Literal["account.auth_status_changed", "account.auth_error"]
 EndpointStatus = Literal["active", "inactive", "disabled"]
-DescriptionText = Annotated[str, Field(max_length=512)]
-UrlText = Annotated[str, Field(min_length=1, max_length=2048)]
+#: The current secret and the previous one.
+MAX_SIGNING_SECRETS: Final = 2
+# The record accepts up to the ceilings; the configured (lower) limits apply to API input.
+DescriptionText = Annotated[str, Field(max_length=DESCRIPTION_MAX_CHARS_CEILING)]
+UrlText = Annotated[str, Field(min_length=1, max_length=URL_MAX_CHARS_CEILING)]
 
 
 def now_rfc3339() -> str:
@@ -81,8 +89,16 @@ class EndpointRecord(BaseModel):
         return self.event_types is None or event_type in self.event_types
 
     def live_secrets(self, now: float) -> list[StoredSecret]:
-        """The secrets that sign now: the newest, plus any still inside its overlap window."""
-        return [s for s in self.secrets if s.expires_at is None or s.expires_at > now]
+        """The secrets that sign now, newest first: the current one and the previous one while
+        inside its overlap window; never more than ``MAX_SIGNING_SECRETS``, whatever an older
+        record holds."""
+        live = [s for s in self.secrets if s.expires_at is None or s.expires_at > now]
+        return live[:MAX_SIGNING_SECRETS]
+
+    def trimmed(self, now: float) -> EndpointRecord:
+        """This record holding only its ``live_secrets`` (itself when it already does)."""
+        live = tuple(self.live_secrets(now))
+        return self if live == self.secrets else self.model_copy(update={"secrets": live})
 
     def public(self) -> dict[str, Any]:
         """The API's view: every field but the secrets and the bookkeeping."""
@@ -160,6 +176,10 @@ class EndpointRegistry:
             return None
         return record
 
+    def count(self, workspace_id: str) -> int:
+        """How many endpoints the workspace has (deleted ones are gone from the registry)."""
+        return len(self._by_workspace.get(workspace_id, {}))
+
     def of_workspace(self, workspace_id: str) -> list[EndpointRecord]:
         """The workspace's endpoints, oldest first."""
         held = self._by_workspace.get(workspace_id, {}).values()
@@ -215,6 +235,7 @@ __all__ = [
     "EVENT_STATUS_CHANGED",
     "EVENT_TYPES",
     "ID_PATTERN",
+    "MAX_SIGNING_SECRETS",
     "EndpointRecord",
     "EndpointRegistry",
     "EndpointStatus",

@@ -9,7 +9,10 @@ that fails because Kafka is unreachable is sent again (``worker.outage``).
 
 Secrets: ``create`` and ``rotate`` return the new secret in clear exactly once; the record
 holds it encrypted and bound to the endpoint id. A rotation keeps the previous secret signing
-for ``overlap_s`` beside the new one.
+for ``overlap_s`` beside the new one and drops any older one, so a record holds at most two
+secrets however often it is rotated; ``expire_previous`` ends the overlap at once. Every write
+stores the record ``trimmed`` to its live secrets, which is how records of the unbounded form
+shrink.
 """
 
 from __future__ import annotations
@@ -94,9 +97,11 @@ class EndpointStore:
         url: str,
         event_types: tuple[EventType, ...] | None,
         description: str | None,
+        endpoint_id: str | None = None,
     ) -> tuple[EndpointRecord, str]:
-        """A new active endpoint and its first secret (in clear, for the response only)."""
-        endpoint_id = new_endpoint_id()
+        """A new active endpoint and its first secret (in clear, for the response only);
+        ``endpoint_id`` when the caller chose it (a fresh ``new_endpoint_id()``)."""
+        endpoint_id = endpoint_id or new_endpoint_id()
         secret = generate_secret()
         stamp = now_rfc3339()
         record = EndpointRecord(
@@ -110,16 +115,13 @@ class EndpointStore:
             revision=1,
             secrets=(self._seal(endpoint_id, secret, stamp),),
         )
-        await self._write(record, "create_webhook_endpoint_failed")
-        return record, secret
+        return await self._write(record, "create_webhook_endpoint_failed"), secret
 
     async def update(self, current: EndpointRecord, **fields: Any) -> EndpointRecord:
         """PATCH: any of url, event_types, description."""
         if not fields:
             return current
-        record = current.changed(**fields)
-        await self._write(record, "update_webhook_endpoint_failed")
-        return record
+        return await self._write(current.changed(**fields), "update_webhook_endpoint_failed")
 
     async def set_status(self, current: EndpointRecord, status: str) -> EndpointRecord:
         """activate / deactivate; activating also clears a dispatcher's disable."""
@@ -130,31 +132,37 @@ class EndpointStore:
         )
         if current.status == status:
             return current
-        record = current.changed(status=status, disabled_reason=None)
-        await self._write(record, code)
-        return record
+        return await self._write(current.changed(status=status, disabled_reason=None), code)
 
     async def disable(self, current: EndpointRecord, reason: str) -> EndpointRecord:
         """The dispatcher's one write: stop deliveries to an endpoint that is gone (410) or
         has failed continuously; ``activate`` undoes it."""
         record = current.changed(status="disabled", disabled_reason=reason)
-        await self._write(record, "update_webhook_endpoint_failed")
-        return record
+        return await self._write(record, "update_webhook_endpoint_failed")
 
     async def rotate(self, current: EndpointRecord) -> tuple[EndpointRecord, str]:
-        """A new secret; the ones signing today keep signing for ``overlap_s`` more."""
+        """A new secret; the current one keeps signing beside it for ``overlap_s`` more (or
+        less, when it was already expiring), and every older one stops signing now."""
         now = self._clock()
         secret = generate_secret()
         stamp = now_rfc3339()
-        kept = tuple(
-            s.model_copy(update={"expires_at": now + self._overlap_s})
-            if s.expires_at is None
-            else s
-            for s in current.live_secrets(now)
-        )
-        record = current.changed(secrets=(self._seal(current.id, secret, stamp), *kept))
-        await self._write(record, "update_webhook_endpoint_failed")
-        return record, secret
+        previous: tuple[StoredSecret, ...] = ()
+        live = current.live_secrets(now)
+        if live and self._overlap_s > 0:
+            until = now + self._overlap_s
+            held = live[0].expires_at
+            previous = (live[0].model_copy(update={"expires_at": min(until, held or until)}),)
+        record = current.changed(secrets=(self._seal(current.id, secret, stamp), *previous))
+        return await self._write(record, "update_webhook_endpoint_failed"), secret
+
+    async def expire_previous(self, current: EndpointRecord) -> EndpointRecord:
+        """Only the current secret signs from now on; nothing is written when it is the
+        only one held already."""
+        live = current.live_secrets(self._clock())
+        if len(current.secrets) <= 1 or not live:
+            return current
+        record = current.changed(secrets=(live[0],))
+        return await self._write(record, "update_webhook_endpoint_failed")
 
     async def delete(self, current: EndpointRecord) -> None:
         await self._send(current.id, None, "delete_webhook_endpoint_failed")
@@ -184,9 +192,12 @@ class EndpointStore:
 
     # -- I/O ---------------------------------------------------------------------------------
 
-    async def _write(self, record: EndpointRecord, failure_code: str) -> None:
+    async def _write(self, record: EndpointRecord, failure_code: str) -> EndpointRecord:
+        """Produce ``record`` trimmed to its live secrets, apply it here, and return it."""
+        record = record.trimmed(self._clock())
         await self._send(record.id, record.model_dump_json().encode(), failure_code)
         self.registry.apply(record)
+        return record
 
     async def _send(self, endpoint_id: str, value: bytes | None, failure_code: str) -> None:
         try:

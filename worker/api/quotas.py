@@ -1,0 +1,158 @@
+"""Per-workspace quotas and field limits of the webhook routes (docs/operations.md, "Quotas").
+
+One workspace must not be able to exhaust what every workspace shares: the dispatcher's work
+grows with the endpoints a workspace has, replay scans hold the front-end's slots, and an
+endpoint's fields are copied into every record and log line that names it. So each has a
+bound, set in ``Settings`` (``WEBHOOK_ENDPOINTS_PER_WORKSPACE`` ...), and a request beyond one
+is refused with a ``Refused`` naming the quota: the route answers the error (with
+``Retry-After`` when waiting helps) and counts it in ``api_quota_refusals{quota}``.
+
+The endpoint count is checked against this replica's registry plus the creates it has in
+flight, so concurrent creates on one replica never pass the quota. Replicas do not coordinate:
+a create on another replica is counted once this replica's registry has read it (normally
+within a fetch wait), so simultaneous creates on N replicas can overshoot by at most what the
+other N-1 have in flight in that window; docs/operations.md states the bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from worker.catalogue import ServiceError
+from worker.settings import Settings
+from worker.webhooks.endpoints import EndpointRegistry
+
+#: The ``quota`` label values of ``api_quota_refusals``.
+ENDPOINTS: Final = "webhook_endpoints"
+REPLAYS: Final = "webhook_replays"
+REPLAY_CAPACITY: Final = "webhook_replay_capacity"
+URL_LENGTH: Final = "webhook_url_length"
+DESCRIPTION_LENGTH: Final = "webhook_description_length"
+EVENT_TYPES_ITEMS: Final = "webhook_event_types_items"
+QUOTAS: Final = (
+    ENDPOINTS,
+    REPLAYS,
+    REPLAY_CAPACITY,
+    URL_LENGTH,
+    DESCRIPTION_LENGTH,
+    EVENT_TYPES_ITEMS,
+)
+
+#: The catalogue's 429 row (a service extension: the seed shows no rate limits).
+TOO_MANY: Final = "rate_limited"
+
+
+class Refused(Exception):
+    """A request beyond a quota: ``error`` is the answer, ``retry_after_s`` (when waiting
+    can help) becomes ``Retry-After``, ``quota`` the metric's label."""
+
+    def __init__(self, quota: str, error: ServiceError, retry_after_s: int | None = None) -> None:
+        super().__init__(quota)
+        self.quota = quota
+        self.error = error
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointLimits:
+    """The configured limits of an endpoint create/update body."""
+
+    url_max_chars: int
+    description_max_chars: int
+    event_types_max_items: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> EndpointLimits:
+        return cls(
+            url_max_chars=settings.webhook_url_max_chars,
+            description_max_chars=settings.webhook_description_max_chars,
+            event_types_max_items=settings.webhook_event_types_max_items,
+        )
+
+    @classmethod
+    def defaults(cls) -> EndpointLimits:
+        """The settings' defaults, whatever the environment says (the published document)."""
+        fields = Settings.model_fields
+        return cls(
+            url_max_chars=fields["webhook_url_max_chars"].default,
+            description_max_chars=fields["webhook_description_max_chars"].default,
+            event_types_max_items=fields["webhook_event_types_max_items"].default,
+        )
+
+    def check(
+        self,
+        *,
+        url: str | None = None,
+        description: str | None = None,
+        event_types: Sequence[str] | None = None,
+    ) -> None:
+        """Raise ``Refused`` (400 ``invalid_request``) for the first field over its limit;
+        ``None`` means "not sent". The message names the field and the limit, never the
+        value (a URL may carry a token)."""
+        if url is not None and len(url) > self.url_max_chars:
+            raise _too_long(URL_LENGTH, f"url is longer than {self.url_max_chars} characters")
+        if description is not None and len(description) > self.description_max_chars:
+            raise _too_long(
+                DESCRIPTION_LENGTH,
+                f"description is longer than {self.description_max_chars} characters",
+            )
+        if event_types is not None and len(event_types) > self.event_types_max_items:
+            raise _too_long(
+                EVENT_TYPES_ITEMS,
+                f"event_types has more than {self.event_types_max_items} entries",
+            )
+
+
+def _too_long(quota: str, what: str) -> Refused:
+    return Refused(quota, ServiceError.of("invalid_request", f"Invalid request body: {what}."))
+
+
+@dataclass
+class EndpointQuota:
+    """Endpoints per workspace: what ``registry`` holds of the workspace plus the creates in
+    flight on this replica that it does not hold yet (each counted once, by id)."""
+
+    registry: EndpointRegistry
+    limit: int = 16
+    _creating: dict[str, set[str]] = field(default_factory=dict)
+
+    def held(self, workspace_id: str) -> int:
+        creating = self._creating.get(workspace_id, set())
+        unseen = sum(1 for i in creating if self.registry.get(workspace_id, i) is None)
+        return self.registry.count(workspace_id) + unseen
+
+    @contextlib.contextmanager
+    def slot(self, workspace_id: str, endpoint_id: str) -> Iterator[None]:
+        """Hold a place for ``endpoint_id`` while it is written, or raise ``Refused``."""
+        if self.held(workspace_id) >= self.limit:
+            raise Refused(
+                ENDPOINTS,
+                ServiceError.of(
+                    "create_webhook_endpoint_failed",
+                    f"The workspace has reached its quota of {self.limit} webhook endpoints;"
+                    " delete one before creating another. Nothing was created.",
+                ),
+            )
+        creating = self._creating.setdefault(workspace_id, set())
+        creating.add(endpoint_id)
+        try:
+            yield
+        finally:
+            creating.discard(endpoint_id)
+            if not creating:
+                self._creating.pop(workspace_id, None)
+
+
+__all__ = [
+    "ENDPOINTS",
+    "QUOTAS",
+    "REPLAYS",
+    "REPLAY_CAPACITY",
+    "TOO_MANY",
+    "EndpointLimits",
+    "EndpointQuota",
+    "Refused",
+]
