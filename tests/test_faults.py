@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import SettingsFactory
 from tests.harness import bus, confirm_cmd, register_cmd, running_worker
+from tests.unparsable import produce_unparsable
 from worker import flow
 from worker.consumer import Worker
 from worker.faults import (
@@ -28,7 +29,7 @@ from worker.faults import (
     is_permanent,
     is_process_fault,
 )
-from worker.kafka import build_producer, ensure_topics
+from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.metrics import WorkerMetrics
 from worker.outage import MAX_RECORD_BYTES, BrokerOutageExceeded, enqueue
 from worker.runner import consume_loop, group_consumer
@@ -124,6 +125,47 @@ def test_a_read_model_skips_the_record_it_cannot_apply_and_keeps_the_rest() -> N
     assert tail.applied[-2:] == [b"a", b"c"]  # "a" may be applied twice: last write wins
 
 
+class _Collecting(TopicTail):
+    def __init__(self, consumer: Any, topic: str) -> None:
+        super().__init__(consumer, topic, name="collecting", idle_timeout_ms=50)
+        self.values: list[bytes] = []
+
+    def handle(self, records: list[Any]) -> None:
+        self.values += [r.value for r in records]
+
+
+@pytest.mark.integration
+async def test_a_tail_reads_past_a_record_the_client_cannot_parse(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = make_settings(partitions=1)
+    await ensure_topics(settings)
+    topic = settings.topics.status
+    producer = build_producer(settings)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"before", key=b"k", partition=0)
+        await produce_unparsable(settings.bootstrap, topic, 0, "k")
+        await producer.send_and_wait(topic, b"caught-up", key=b"k", partition=0)
+        tail = _Collecting(build_consumer(settings), topic)
+        await tail.start()
+        try:
+            assert await tail.wait_caught_up(20)
+            await produce_unparsable(settings.bootstrap, topic, 0, "k")  # while tailing
+            await producer.send_and_wait(topic, b"after", key=b"k", partition=0)
+            for _ in range(200):
+                if b"after" in tail.values:
+                    break
+                await asyncio.sleep(0.05)
+            assert tail.values == [b"before", b"caught-up", b"after"]
+            assert tail.running
+            assert tail.skipped == 2  # one met catching up, one while tailing
+        finally:
+            await tail.stop()
+    finally:
+        await producer.stop()
+
+
 def _record(key: str, value: bytes | None, offset: int, partition: int = 0) -> Any:
     return ConsumerRecord(
         "t", partition, offset, 0, 0, key.encode(), value, None, len(key), len(value or b""), []
@@ -154,10 +196,14 @@ class _Flaky:
         pass
 
     async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
-        self.recovered.append((msg.key.decode(), msg.offset, fault))
+        self.recovered.append(((msg.key or b"").decode(), msg.offset, fault))
 
     async def give_up(self, partition: int, key: str, fault: Fault) -> None:
         pass
+
+
+#: In ``_loop``'s records: a record the Kafka client cannot parse (tests/unparsable.py).
+UNPARSABLE = b"<unparsable>"
 
 
 @contextlib.asynccontextmanager
@@ -172,7 +218,11 @@ async def _loop(
     await producer.start()
     try:
         for key, value in records:
-            await producer.send_and_wait(settings.topics.commands, value, key=key.encode())
+            if value is UNPARSABLE:
+                topic = settings.topics.commands
+                await produce_unparsable(settings.bootstrap, topic, 0, key)
+            else:
+                await producer.send_and_wait(settings.topics.commands, value, key=key.encode())
     finally:
         await producer.stop()
     loop = consume_loop(
@@ -238,6 +288,23 @@ async def test_a_record_that_raises_is_retried_then_dead_lettered_and_its_key_go
         failures = loop.metrics.unit_failures
         assert failures.labels("record", "retried")._value.get() == loop.config.record_attempts - 1
         assert failures.labels("record", "dead_lettered")._value.get() == 1
+
+
+@pytest.mark.integration
+async def test_a_record_the_client_cannot_parse_is_dead_lettered_by_offset(
+    make_settings: SettingsFactory,
+) -> None:
+    """aiokafka raises on every fetch that covers a record whose header key is not UTF-8:
+    the loop reads past it, dead-letters it by offset, and its neighbours are handled."""
+    handler = _Flaky({})
+    records = [("a", b"1"), ("b", UNPARSABLE), ("a", b"2"), ("c", b"3")]
+    async with _loop(make_settings, handler, records) as (_, task, committed):
+        await _until(lambda: committed() == 4, task, 30)
+        assert [v for _, v in handler.handled] == [b"1", b"2", b"3"]
+        [(key, offset, fault)] = handler.recovered
+        assert (key, offset) == ("", 1)  # its key could not be read either
+        assert fault.reason == "unreadable"
+        assert "UnicodeDecodeError" in fault.detail
 
 
 @pytest.mark.integration

@@ -69,7 +69,7 @@ TRACE_HEADERS: Final[dict[str, Any]] = {
 AUTH_DLQ_HEADERS: Final[dict[str, Any]] = {
     "dlq.reason": {
         "type": "string",
-        "enum": [*DECODE_REASONS, *FAULT_REASONS[:3]],
+        "enum": [*DECODE_REASONS, *FAULT_REASONS],
         "description": "Why the record could not become a command, or why its handling "
         "failed for good (a metrics label).",
     },

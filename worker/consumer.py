@@ -49,6 +49,7 @@ from aiokafka.protocol.group import LeaveGroupRequest
 from aiokafka.structs import ConsumerRecord
 
 from worker.faults import Fault, is_permanent, is_process_fault
+from worker.fetch import getmany as fetch_records
 from worker.logs import get_logger
 from worker.store import restore_partitions
 
@@ -139,6 +140,32 @@ class OffsetTracker:
     @property
     def pending(self) -> int:
         return len(self._order)
+
+
+@dataclass
+class Unreadable(ConsumerRecord[bytes, bytes]):  # type: ignore[misc]
+    """Stands in a batch for a record the Kafka client could not parse (``worker.fetch``): it
+    takes the record's place on a lane and its offset in the watermark, and is dead-lettered
+    (by offset: its bytes could not be read) instead of handled."""
+
+    error: str = ""
+
+    @classmethod
+    def of(cls, tp: TopicPartition, offset: int, exc: BaseException) -> Unreadable:
+        return cls(
+            tp.topic,
+            tp.partition,
+            offset,
+            -1,
+            -1,
+            None,
+            None,
+            None,
+            -1,
+            -1,
+            [],
+            error=f"the Kafka client cannot parse the record: {type(exc).__name__}: {exc}",
+        )
 
 
 @dataclass(slots=True)
@@ -264,9 +291,11 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         the offsets of records never dispatched are never committed.
         """
         fetch = asyncio.ensure_future(
-            self.consumer.getmany(
+            fetch_records(
+                self.consumer,
                 timeout_ms=self.config.poll_timeout_ms,
                 max_records=self.config.max_poll_records,
+                on_unreadable=Unreadable.of,
             )
         )
         try:
@@ -342,6 +371,13 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         about it stays with it: retried with a pause, then recovered or given up. A process
         fault propagates (the lane then stops the loop)."""
         stage = "follow_up" if item is None else "record"
+        if isinstance(item, Unreadable):
+            log.error(
+                "record_unreadable", partition=partition, offset=item.offset, error=item.error
+            )
+            await self.executor.recover(item, Fault("unreadable", item.error[:300]))
+            self.metrics.unit_failures.labels(stage, "dead_lettered").inc()
+            return None
         attempt = 1
         while True:
             try:

@@ -44,8 +44,15 @@ REDRIVEN: Final = "dlq.redriven"
 PREFIX: Final = "dlq."
 
 #: ``dlq.reason`` of a record whose handling failed (the decode reasons are
-#: ``worker.messages.DECODE_REASONS``; the dispatcher's undecodable events are ``undecodable``).
-FAULT_REASONS: Final = ("handler_failed", "output_too_large", "output_rejected", "undecodable")
+#: ``worker.messages.DECODE_REASONS``; the dispatcher's undecodable events are ``undecodable``;
+#: a record the Kafka client itself cannot parse is ``unreadable``, kept by offset only).
+FAULT_REASONS: Final = (
+    "handler_failed",
+    "output_too_large",
+    "output_rejected",
+    "undecodable",
+    "unreadable",
+)
 
 #: Room left for the headers a dead letter adds, below the largest record the system writes.
 _HEADER_ROOM: Final = 4096

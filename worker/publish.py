@@ -191,10 +191,15 @@ async def dead_letter(
     source = (msg.topic, msg.partition, msg.offset)
     room = MAX_RECORD_BYTES - record_size(msg.value, msg.key, None)
     headers = dead_letter_headers(msg.headers, fault, source, room=room)
+    # A record with neither key nor value (or one whose bytes could not be read) is kept as an
+    # empty value: the producer refuses a record with neither.
+    value = b"" if msg.key is None and msg.value is None else msg.value
     try:
-        return await enqueue(producer, topic, msg.value, key=msg.key, headers=headers)
+        return await enqueue(producer, topic, value, key=msg.key, headers=headers)
     except RecordRejected:
         size = len(msg.value or b"")
         left_out = replace(fault, detail=f"{fault.detail} (value of {size} bytes left out)")
         headers = dead_letter_headers(None, left_out, source, room=MAX_RECORD_BYTES)
-        return await enqueue(producer, topic, None, key=msg.key, headers=headers)
+        return await enqueue(
+            producer, topic, None if msg.key else b"", key=msg.key, headers=headers
+        )

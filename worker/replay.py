@@ -26,6 +26,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from worker.fetch import OnUnreadable, skipping
+from worker.fetch import getmany as fetch_records
+from worker.logs import get_logger
+
+log = get_logger(__name__)
+
 __all__ = ["BatchHandler", "Replayed", "replay_to_highwater"]
 
 BatchHandler = Callable[[TopicPartition, list[Any]], object]
@@ -52,6 +58,7 @@ async def replay_to_highwater(
     idle_timeout_ms: int = 200,
     max_records: int = 10_000,
     assign: bool = True,
+    on_unreadable: OnUnreadable | None = None,
 ) -> dict[TopicPartition, Replayed]:
     """Assign ``tps`` to the started, group-less ``consumer`` (replacing whatever it had), seek
     each to its beginning and hand every batch to ``on_batch`` until each partition reached
@@ -64,13 +71,20 @@ async def replay_to_highwater(
     reading afterwards (a tail) sees every record, in order, and continues where this ended.
     """
     started = time.perf_counter()
+    skip = on_unreadable or skipping("replay", log)
     if assign:
         consumer.assign(list(tps))
         await consumer.seek_to_beginning(*tps)
     counts = dict.fromkeys(tps, 0)
     done: dict[TopicPartition, Replayed] = {}
     while len(done) < len(counts):
-        chunk = await consumer.getmany(timeout_ms=idle_timeout_ms, max_records=max_records)
+        chunk = await fetch_records(
+            consumer,
+            timeout_ms=idle_timeout_ms,
+            max_records=max_records,
+            on_unreadable=skip,
+            owned=tps,
+        )
         for tp, records in chunk.items():
             counts[tp] += len(records)
             handled = on_batch(tp, records)

@@ -20,6 +20,8 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from worker.fetch import getmany as fetch_records
+from worker.fetch import skipping
 from worker.logs import get_logger
 from worker.replay import replay_to_highwater
 
@@ -135,6 +137,9 @@ class TopicTail:
     def on_failure(self, exc: BaseException) -> None:
         """Called once when the loop dies. Overridden by subclasses."""
 
+    def _count_skip(self) -> None:
+        self.skipped += 1
+
     def _take(self, tp: TopicPartition, records: list[Any]) -> None:
         """Hand a batch to ``handle``; a record that makes it raise is skipped, never fatal.
 
@@ -161,6 +166,7 @@ class TopicTail:
 
     async def _run(self) -> None:
         started = time.perf_counter()
+        skip = skipping(self.name, log, self._count_skip)
         try:
             await replay_to_highwater(
                 self.consumer,
@@ -169,6 +175,7 @@ class TopicTail:
                 idle_timeout_ms=self._idle_timeout_ms,
                 max_records=self._max_records,
                 assign=False,  # start() did
+                on_unreadable=skip,
             )
             self._caught_up.set()
             log.info(
@@ -180,8 +187,12 @@ class TopicTail:
                 seconds=round(time.perf_counter() - started, 4),
             )
             while True:
-                batch = await self.consumer.getmany(
-                    timeout_ms=self._idle_timeout_ms, max_records=self._max_records
+                batch = await fetch_records(
+                    self.consumer,
+                    timeout_ms=self._idle_timeout_ms,
+                    max_records=self._max_records,
+                    on_unreadable=skip,
+                    owned=self._tps,
                 )
                 for tp, records in batch.items():
                     self._take(tp, records)
@@ -254,11 +265,15 @@ class SharedConsumer:
             self._task = asyncio.create_task(self._run(), name="shared-consumer")
 
     async def _run(self) -> None:
+        skip = skipping("shared-consumer", log)
         try:
             while True:
                 async with self._lock:
-                    batch = await self.consumer.getmany(
-                        timeout_ms=self._idle_timeout_ms, max_records=self._max_records
+                    batch = await fetch_records(
+                        self.consumer,
+                        timeout_ms=self._idle_timeout_ms,
+                        max_records=self._max_records,
+                        on_unreadable=skip,
                     )
                 for tp, records in batch.items():
                     share = self._owner.get(tp)

@@ -262,7 +262,7 @@ class _DyingConsumer:
         return None
 
     def highwater(self, tp: Any) -> int | None:
-        return None
+        return 0 if self.polls else None  # an empty partition, once a fetch answered
 
     async def position(self, tp: Any) -> int:
         return 0

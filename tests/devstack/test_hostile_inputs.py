@@ -12,10 +12,12 @@ import json
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from confluent_kafka import Producer
 
 from devstack.demo import register_accounts
 from devstack.keys import DEV_WORKSPACE
 from tests.devstack.running_stack import running_stack
+from tests.unparsable import produce_unparsable
 from worker.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.chaos]
@@ -59,16 +61,22 @@ async def test_poison_records_stop_nothing_and_the_next_flows_are_answered() -> 
                 await producer.send_and_wait(settings.topics.commands, value, key=key)
         finally:
             await producer.stop()
+        # A record the Kafka client cannot parse (a header key that is not UTF-8), and one
+        # with neither key nor value (aiokafka will not write one; librdkafka will).
+        await produce_unparsable(stack.bootstrap, settings.topics.commands, 0, "acc_hostile_6")
+        rd = Producer({"bootstrap.servers": stack.bootstrap})
+        rd.produce(settings.topics.commands, value=None, key=None, partition=1)
+        assert await asyncio.to_thread(rd.flush, 10) == 0
         headers = {"X-Api-Key": "dev-key-ws-demo"}
         async with httpx.AsyncClient(base_url=stack.api, headers=headers, timeout=30) as client:
             answers = await asyncio.gather(
                 *(client.post(f"/v1/accounts/{a}/auth/passkey-confirm") for a in ACCOUNTS)
             )
-        assert [r.status_code for r in answers] == [200] * len(ACCOUNTS), [
-            r.text for r in answers if r.status_code != 200
-        ]
-        reasons = await _dead_letter_reasons(stack.bootstrap, settings.topics.dlq, len(_poison()))
-        assert sorted(reasons) == ["invalid", *["not_json"] * 5], reasons
+        assert [r.status_code for r in answers] == [200] * len(ACCOUNTS), stack.log()[-6000:]
+        reasons = await _dead_letter_reasons(
+            stack.bootstrap, settings.topics.dlq, len(_poison()) + 2
+        )
+        assert sorted(reasons) == ["invalid", *["not_json"] * 6, "unreadable"], reasons
         log = stack.log()
         assert "component_exited" not in log, log[-3000:]
         assert "lane_failed" not in log
