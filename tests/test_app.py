@@ -20,6 +20,7 @@ from devstack.broker import free_port
 from tests.harness import REPO, bus, confirm_cmd, register_cmd, worker_env
 from worker.app import run_worker
 from worker.consumer import FINAL_COMMIT_TIMEOUT_S, Worker
+from worker.faults import ProcessFault
 from worker.probes import build_probe_app
 from worker.runner import (
     CLOSE_STEP_TIMEOUT_S,
@@ -64,7 +65,9 @@ async def test_fatal_lane_error_stops_the_worker_with_an_exception(
         holder.append(worker)
 
         async def broken(*_: object) -> None:
-            raise OSError("disk on fire")
+            # A fault of the process, not of the record (a record's own fault is retried and
+            # dead-lettered instead: tests/test_faults.py).
+            raise ProcessFault("the state directory is gone")
 
         worker.executor.handle = broken  # type: ignore[method-assign, assignment]
 
@@ -82,7 +85,7 @@ async def test_fatal_lane_error_stops_the_worker_with_an_exception(
         await b.send(register_cmd("acc-fatal", "ok-fatal"))
         with pytest.raises(RuntimeError, match="consume loop failed") as info:
             await asyncio.wait_for(task, timeout=30)
-        assert isinstance(info.value.__cause__, OSError)
+        assert isinstance(info.value.__cause__, ProcessFault)
         # nothing was committed past the failed record: a new worker sees it again
         assert holder[0].trackers
         for tracker in holder[0].trackers.values():
