@@ -112,7 +112,7 @@ def lazily(raw: Callable[[], bytes]) -> Script:
 
 MB = 1024 * 1024
 
-UNREADABLE_2XX = {
+UNREADABLE_2XX: dict[str, bytes | Script] = {
     "nested-100k": http(b"200 OK", DEEP),
     "nested-within-cap": http(b"200 OK", DEEP_IN_CAP),
     "nested-under-a-usable-object": http(
@@ -145,7 +145,7 @@ async def test_an_unusable_answer_is_a_catalogued_operation_failure(
     operation: str,
 ) -> None:
     answer = UNREADABLE_2XX[name]
-    provider.script = answer if callable(answer) else written(answer)
+    provider.script = written(answer) if isinstance(answer, bytes) else answer
     result = await outcome(adapter(), operation)
     assert isinstance(result, ProviderError)
     assert triple(result) == OPERATION_FAILED and not result.transient
@@ -187,7 +187,7 @@ async def test_a_usable_answer_still_gives_the_state(
     assert result == ProviderAuthState("passkey_confirmation_sent", "passkey_confirmation_sent")
 
 
-TRANSIENT = {
+TRANSIENT: dict[str, bytes | Script] = {
     "503-huge-retry-after": http(b"503 Busy", b"", b"Retry-After: " + b"9" * 400),
     "429-1e12-retry-after": http(b"429 Slow", b"", b"Retry-After: 1000000000000"),
     "503-far-future-date": http(b"503 Busy", b"", b"Retry-After: Fri, 31 Dec 9999 23:59:59 GMT"),
@@ -204,7 +204,7 @@ async def test_an_unavailable_answer_with_a_hostile_body_or_header_is_still_tran
     adapter: Callable[..., HttpProviderAdapter], provider: HostileProvider, name: str
 ) -> None:
     answer = TRANSIENT[name]
-    provider.script = answer if callable(answer) else written(answer)
+    provider.script = written(answer) if isinstance(answer, bytes) else answer
     result = await outcome(adapter(), "confirm")
     assert isinstance(result, ProviderError)
     assert triple(result) == UNAVAILABLE and result.transient
@@ -268,7 +268,7 @@ async def test_a_dripped_body_ends_at_the_deadline(
 
 FIXED = {"state": STATE, "deep": DEEP, "deep-in-cap": DEEP_IN_CAP}
 json_trees = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=50),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=50),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
     max_leaves=30,
 )
@@ -316,3 +316,40 @@ def settled(parse: Callable[[], ProviderAuthState]) -> ProviderAuthState | Provi
 @given(body=bodies)
 def test_load_json_never_raises(body: bytes) -> None:
     load_json(body)
+
+
+def depth(tree: object) -> int:
+    if isinstance(tree, list):
+        return 1 + max((depth(item) for item in tree), default=0)
+    if isinstance(tree, dict):
+        return 1 + max((depth(item) for item in tree.values()), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=json_trees, limit=st.integers(min_value=0, max_value=6))
+def test_the_depth_bound_is_exact_on_json(tree: object, limit: int) -> None:
+    """Brackets inside strings (escaped quotes included) do not count; nesting does."""
+    body = json.dumps(tree).encode()
+    parsed = load_json(body, max_depth=limit)
+    if depth(tree) > limit:
+        assert parsed is None
+    else:
+        assert parsed == tree
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'"\\' * 500_000 + b"[" * 40,  # every quote an unterminated string's start
+        b'"' * 1_000_000 + b"[" * 40,
+        b'"\\"' * 300_000 + b"[" * 40,
+        b"[" * 500_000,
+    ],
+    ids=["quote-backslash", "quotes", "escaped-quotes", "open-brackets"],
+)
+def test_the_depth_check_is_linear_on_hostile_strings(body: bytes) -> None:
+    """A megabyte built to make a string scanner backtrack from every quote is checked in one
+    pass (a quadratic scan of it takes hours, past the timeout)."""
+    assert load_json(body) is None

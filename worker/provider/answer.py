@@ -38,7 +38,9 @@ BODY_HEADERS: Final = frozenset({"content-encoding", "content-length", "transfer
 
 _ZLIB_OR_GZIP: Final = 32 + zlib.MAX_WBITS  # detects a zlib or a gzip header
 _RAW_DEFLATE: Final = -zlib.MAX_WBITS  # "deflate" sent without the zlib wrapper, as some do
-_JSON_NESTING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# A string (its closing quote optional, so an unterminated one is consumed, not retried from
+# every later quote: linear time on any input), or a bracket.
+_JSON_NESTING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 
 
 async def read_capped(chunks: AsyncIterator[bytes], cap: int) -> tuple[bytes, bool]:
