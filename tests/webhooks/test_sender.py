@@ -645,3 +645,21 @@ async def test_odd_header_bytes_still_give_the_answers_status(raw: bytes) -> Non
         result = await hostile_post(url)
     assert (result.status, result.error) == (429, None)
     assert result.retry_after_s is None or 0 <= result.retry_after_s <= RETRY_AFTER_MAX
+
+
+async def test_anything_an_attempt_raises_is_an_internal_failure() -> None:
+    """Not only the network's exceptions: whatever breaks inside one attempt (here the socket
+    hook itself) is a result with a reason, never an exception out of ``post``."""
+
+    def exploding(addr_info: AddrInfoType) -> socket.socket:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    async with open_session(LAX, socket_factory=exploding) as session:
+        result = await Sender(session, timeout_s=2.0).post(
+            f"http://127.0.0.1:{_free_port()}/", BODY, {}
+        )
+    assert (result.status, result.error, result.detail) == (
+        None,
+        ErrorKind.INTERNAL,
+        "RecursionError",
+    )

@@ -75,7 +75,7 @@ class ErrorKind(StrEnum):
     TLS = "tls"  # handshake or certificate verification failed
     TIMEOUT = "timeout"  # the attempt's total time ran out
     PROTOCOL = "protocol"  # the peer disconnected or answered something not HTTP
-    INTERNAL = "internal"  # reading the answer raised something unforeseen (``detail``: its type)
+    INTERNAL = "internal"  # the attempt raised something unforeseen (``detail``: its type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +233,7 @@ class Sender:
         except Exception as exc:
             # One receiver's answer must not reach the dispatcher's loop, whatever it broke:
             # the attempt failed, and is retried on the schedule like any other failure.
-            log.warning("webhook_attempt_crashed", error=type(exc).__name__)
+            log.warning("webhook_attempt_raised", error=type(exc).__name__)
             return _failure(started, ErrorKind.INTERNAL, type(exc).__name__)
 
     async def _attempt(
