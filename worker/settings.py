@@ -169,6 +169,14 @@ class Settings(BaseSettings):
     )
     provider_breaker_threshold: int = Field(default=20, ge=1)
     provider_breaker_reset_s: float = Field(default=5.0, gt=0)
+    # bounded remote answers (docs/architecture.md, "Bounded remote answers")
+    provider_body_cap_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Bytes of a provider answer read off the wire, and the most it may inflate "
+        "to (gzip/deflate); a longer body is unusable and only its status counts.",
+    )
 
     # --- API front-end -------------------------------------------------------------------
     api_host: str = "127.0.0.1"

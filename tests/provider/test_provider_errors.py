@@ -114,10 +114,22 @@ def test_status_error_maps_its_response() -> None:
 
 @pytest.mark.parametrize(
     ("header", "expected"),
-    [("3", 3.0), ("0.5", 0.5), ("-4", 0.0), ("soon", None), ("", None), ("nan", None)],
+    [
+        ("3", 3.0),
+        ("0.5", 0.5),
+        ("-4", None),  # not delta-seconds: no hint, the backoff decides
+        ("soon", None),
+        ("", None),
+        ("nan", None),
+        ("\uff11\uff12", None),  # full-width digits are not delta-seconds either
+        ("9" * 400, 86_400.0),  # clamped to RETRY_AFTER_CEILING_S, still past any policy cap
+        ("1000000000000", 86_400.0),
+        ("Fri, 31 Dec 9999 23:59:59 GMT", 86_400.0),
+        ("Fri, 31 Dec 99999 23:59:59 GMT", None),
+    ],
 )
 def test_retry_after_seconds(header: str, expected: float | None) -> None:
-    response = httpx.Response(503, headers={"Retry-After": header})
+    response = httpx.Response(503, headers=[(b"Retry-After", header.encode())])
     assert map_upstream_failure(response).retry_after == expected
 
 

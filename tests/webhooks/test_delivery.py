@@ -98,10 +98,21 @@ def test_the_schedule_is_followed_with_jitter_then_the_delivery_fails() -> None:
 def test_gone_fails_at_once_and_retry_after_is_honoured() -> None:
     state = enqueue(empty(), pending(1))[0]
     assert settle(state, AttemptResult(410), now=NOW).outcome == "gone"
-    slow = settle(state, AttemptResult(429, retry_after_s=600.0), now=NOW, schedule=(5.0,))
+    slow = settle(state, AttemptResult(429, retry_after_s=600.0), now=NOW, schedule=(5.0, 900.0))
     assert slow.retry_at == NOW + 600.0
     ignored = settle(state, AttemptResult(500, retry_after_s=600.0), now=NOW, schedule=(5.0,))
     assert ignored.retry_at is not None and ignored.retry_at < NOW + 10
+
+
+@pytest.mark.parametrize("hint", [1e12, 1e300, float("inf"), float("nan"), -5.0])
+def test_retry_after_never_waits_past_the_schedules_longest_step(hint: float) -> None:
+    state = enqueue(empty(), pending(1))[0]
+    for status in (429, 503):
+        step = settle(
+            state, AttemptResult(status, retry_after_s=hint), now=NOW, schedule=(5.0, 900.0)
+        )
+        assert step.outcome == "retry" and step.retry_at is not None
+        assert NOW + 5.0 * (1 - JITTER) <= step.retry_at <= NOW + 900.0
 
 
 def test_fail_head_records_the_reason_and_failing_since_spans_deliveries() -> None:
@@ -138,3 +149,5 @@ def test_parse_schedule() -> None:
     assert parse_schedule("5,300, 1800") == (5.0, 300.0, 1800.0)
     with pytest.raises(ValueError, match=">= 0"):
         parse_schedule("5,-1")
+    with pytest.raises(ValueError, match="<= 2592000"):
+        parse_schedule("5," + "9" * 40)  # a due time that far out is no date at all

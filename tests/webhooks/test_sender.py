@@ -4,13 +4,15 @@ injected DNS lookup (rebinding, mixed answers) so those cases need no network.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import errno
 import ipaddress
+import re
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from email.utils import format_datetime
 from pathlib import Path
@@ -30,7 +32,6 @@ from worker.webhooks.sender import (
     Sender,
     VettingResolver,
     open_session,
-    parse_retry_after,
 )
 from worker.webhooks.signing import generate_secret, headers
 from worker.webhooks.targets import BlockedTarget, Lookup, TargetPolicy, system_lookup
@@ -456,29 +457,209 @@ async def test_tls_uses_the_system_trust_store_by_default(tls_receiver: Receiver
     assert result.error == ErrorKind.TLS
 
 
-# --- Retry-After parsing ------------------------------------------------------------------------
+# --- hostile receivers: raw bytes on loopback ---------------------------------------------------
 
-NOW = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
+RETRY_AFTER_MAX = 900.0
+Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def raw_receiver(script: Script) -> AsyncIterator[str]:
+    """A receiver that reads one request and answers whatever bytes ``script`` writes (no HTTP
+    server library in between, so it can break the protocol); yields its URL."""
+    handlers: set[asyncio.Task[None]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            await reader.readexactly(int(length.group(1)) if length else 0)
+            await script(writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # the sender hung up, or the test is over
+        finally:
+            writer.close()
+            handlers.discard(task)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/hook"
+    finally:
+        server.close()
+        for task in list(handlers):
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()
+
+
+def answer(head: bytes, body: bytes = b"") -> Script:
+    async def script(writer: asyncio.StreamWriter) -> None:
+        writer.write(head + body)
+        await writer.drain()
+
+    return script
+
+
+async def hostile_post(url: str, *, timeout_s: float = 5.0) -> DeliveryResult:
+    async with open_session(LAX) as session:
+        sender = Sender(
+            session, timeout_s=timeout_s, body_cap=CAP, retry_after_max_s=RETRY_AFTER_MAX
+        )
+        return await sender.post(url, BODY, {"Content-Type": "application/json"})
+
+
+def too_many(retry_after: bytes, status: bytes = b"429 Too Many Requests") -> bytes:
+    return (
+        b"HTTP/1.1 " + status + b"\r\nRetry-After: " + retry_after + b"\r\n"
+        b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
 
 
 @pytest.mark.parametrize(
-    ("value", "seconds"),
+    ("retry_after", "seconds"),
     [
-        (None, None),
-        ("", None),
-        ("0", 0.0),
-        ("120", 120.0),
-        (" 30 ", 30.0),
-        ("-5", None),
-        ("1.5", None),
-        ("soon", None),
-        ("١٢", None),  # non-ASCII digits are not delta-seconds
-        ("Sun, 01 Mar 2026 12:01:30 GMT", 90.0),
-        ("Sun, 01 Mar 2026 11:00:00 GMT", 0.0),  # in the past: retry now
-        ("Sunday, 01-Mar-26 12:00:10 GMT", 10.0),  # RFC 850, obsolete but allowed
-        ("Sun Mar  1 12:00:20 2026", 20.0),  # asctime
-        ("Sun, 32 Mar 2026 12:00:00 GMT", None),
+        (b"9" * 400, RETRY_AFTER_MAX),  # OverflowError in float(int()) before
+        (b"1000000000000", RETRY_AFTER_MAX),  # a due time in the year 33715 before
+        (b"-5", None),
+        ("\uff11\uff12".encode(), None),  # full-width digits
+        (b"Fri, 31 Dec 9999 23:59:59 GMT", RETRY_AFTER_MAX),
+        (b"Fri, 31 Dec 99999 23:59:59 GMT", None),
+        (b"Thu, 01 Jan 1970 00:00:00 GMT", 0.0),
+        (b"\xff\xfe 12", None),  # not UTF-8
+        (b"\x01\x7f12", None),  # control bytes
+        (b"  42  ", 42.0),
     ],
 )
-def test_parse_retry_after(value: str | None, seconds: float | None) -> None:
-    assert parse_retry_after(value, NOW) == seconds
+@pytest.mark.parametrize("status", [b"429 Too Many Requests", b"503 Service Unavailable"])
+async def test_a_hostile_retry_after_is_bounded_or_ignored(
+    retry_after: bytes, seconds: float | None, status: bytes
+) -> None:
+    async with raw_receiver(answer(too_many(retry_after, status))) as url:
+        result = await hostile_post(url)
+    assert (result.status, result.error) == (int(status[:3]), None)
+    assert result.retry_after_s == seconds
+
+
+async def test_a_50_mb_body_is_capped_and_the_connection_dropped() -> None:
+    total = 50 * 1024 * 1024
+    sent: list[int] = []
+
+    async def flood(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+        chunk = b"x" * 65536
+        count = 0
+        try:
+            while count < total:
+                writer.write(chunk)
+                await writer.drain()
+                count += len(chunk)
+        finally:
+            sent.append(count)
+
+    async with raw_receiver(flood) as url:
+        result = await hostile_post(url)
+        for _ in range(100):  # the script ends once the sender has dropped the connection
+            if sent:
+                break
+            await asyncio.sleep(0.05)
+    assert (result.status, result.error) == (200, None)
+    assert result.truncated and result.body == b"x" * CAP
+    assert sent and sent[0] < total, "the sender stopped reading; the receiver could not finish"
+
+
+async def test_a_body_dripped_a_byte_at_a_time_ends_with_the_attempts_time_limit() -> None:
+    dripped: list[int] = []
+
+    async def drip(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        for _ in range(100):  # bounded; the sender gives up long before
+            writer.write(b"z")
+            await writer.drain()
+            dripped.append(1)
+            await asyncio.sleep(0.1)
+
+    async with raw_receiver(drip) as url:
+        result = await hostile_post(url, timeout_s=0.5)
+    assert (result.status, result.error) == (None, ErrorKind.TIMEOUT)
+    assert 2 <= len(dripped) < 100, "bytes kept coming, yet the attempt ended"
+
+
+async def test_a_status_line_dripped_a_byte_at_a_time_ends_with_the_time_limit() -> None:
+    async def drip(writer: asyncio.StreamWriter) -> None:
+        for byte in b"HTTP/1.1 200 OK\r\n" * 10:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async with raw_receiver(drip) as url:
+        result = await hostile_post(url, timeout_s=0.5)
+    assert (result.status, result.error) == (None, ErrorKind.TIMEOUT)
+
+
+CLOSE = b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 abc OK\r\n" + CLOSE,
+        b"HTTP/1.1 99999 Huge\r\n" + CLOSE,
+        b"HTTP/1.1 042 Low\r\n" + CLOSE,  # three digits, no HTTP status
+        b"HTTP/1.1 600 High\r\n" + CLOSE,
+        b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+        b"HTTP/1.1\r\n" + CLOSE,
+        b"\x00\xff\xfe\x80garbage\r\n\r\n",
+        b"HTTP/1.1 429 Too\r\nRetry-After 12\r\n" + CLOSE,  # no colon
+        b"HTTP/1.1 429 Too\r\nRetry-After: 1\x002\r\n" + CLOSE,  # NUL in a value
+        b"HTTP/1.1 200 OK\r\nX-\x80\x81: \xc3\x28\r\n" + CLOSE,  # non-ASCII name
+        b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 100_000 + b"\r\n" + CLOSE,
+        b"HTTP/1.1 200 OK\r\n" + b"X-Many: a\r\n" * 50_000 + CLOSE,
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\nConnection: close\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\nshort",
+        b"",
+    ],
+)
+async def test_a_malformed_answer_is_a_failed_attempt_with_a_reason(raw: bytes) -> None:
+    async with raw_receiver(answer(raw)) as url:
+        result = await hostile_post(url)
+    assert result.status is None and not result.ok
+    assert result.error == ErrorKind.PROTOCOL
+    assert result.detail
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 429 Too\r\nX-Odd: \xc3\x28\xff\r\n" + CLOSE,  # not UTF-8 in a value
+        b"HTTP/1.1 429 Too\r\nRetry-After: \xef\xbc\x91\xef\xbc\x92\r\n" + CLOSE,
+        b"HTTP/1.1 429 Too\r\nRetry-After: 12\r\nRetry-After: " + b"9" * 400 + b"\r\n" + CLOSE,
+    ],
+)
+async def test_odd_header_bytes_still_give_the_answers_status(raw: bytes) -> None:
+    async with raw_receiver(answer(raw)) as url:
+        result = await hostile_post(url)
+    assert (result.status, result.error) == (429, None)
+    assert result.retry_after_s is None or 0 <= result.retry_after_s <= RETRY_AFTER_MAX
+
+
+async def test_anything_an_attempt_raises_is_an_internal_failure() -> None:
+    """Not only the network's exceptions: whatever breaks inside one attempt (here the socket
+    hook itself) is a result with a reason, never an exception out of ``post``."""
+
+    def exploding(addr_info: AddrInfoType) -> socket.socket:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    async with open_session(LAX, socket_factory=exploding) as session:
+        result = await Sender(session, timeout_s=2.0).post(
+            f"http://127.0.0.1:{_free_port()}/", BODY, {}
+        )
+    assert (result.status, result.error, result.detail) == (
+        None,
+        ErrorKind.INTERNAL,
+        "RecursionError",
+    )

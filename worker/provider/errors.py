@@ -16,32 +16,48 @@ in the spirit of httpx's ``map_httpcore_exceptions``. The table, top to bottom:
     anything else (unknown status or type, unreadable
       body, 2xx/3xx the adapter could not use)          502 provider_unavailable → 30010 no
     any other httpx error (bad URL, protocol misuse)    502 provider_unavailable 30002   no
+    any other exception inside one attempt (an answer
+      that broke something while it was read)           502 provider_unavailable → 30010 no
 
 "Transient" means retrying later may succeed, so the adapter retries it in place (within its
 attempt budget and the deadline) and the breaker counts it. The provider's own ``message`` is
 never passed on: it may hold internal details, and callers must not branch on text anyway.
+Bodies are parsed with ``load_json`` (bounded depth, never raises) and ``Retry-After`` with
+``parse_retry_after`` (never raises, at most ``RETRY_AFTER_CEILING_S``): mapping a hostile
+answer cannot fail.
 """
 
 from __future__ import annotations
 
-import email.utils
-import math
-import time
 from typing import Final
 
 import httpx
 
 from worker.catalogue import ServiceError
+from worker.provider.answer import load_json
 from worker.provider.base import ProviderError
 from worker.provider.breaker import CircuitOpenError
+from worker.retry_after import parse_retry_after
 
-__all__ = ["OPERATION_FAILED", "UpstreamFailure", "invalid_call", "map_upstream_failure"]
+__all__ = [
+    "OPERATION_FAILED",
+    "RETRY_AFTER_CEILING_S",
+    "UpstreamFailure",
+    "invalid_call",
+    "map_answer",
+    "map_unexpected",
+    "map_upstream_failure",
+]
 
 #: Everything an adapter may hand to ``map_upstream_failure``.
 UpstreamFailure = httpx.Response | httpx.HTTPError | TimeoutError | CircuitOpenError
 
 #: Numeric refinement for a provider-side operation failure (seed §7, provider-detail codes).
 OPERATION_FAILED: Final = 30010
+
+#: The longest ``Retry-After`` read from a provider: longer than any retry policy waits, so a
+#: hint clamped to it still ends the retries (``RetryPolicy.delay_s``).
+RETRY_AFTER_CEILING_S: Final = 86_400.0
 
 _UNAVAILABLE: Final = ServiceError.of("provider_unavailable")
 _MISMATCH: Final = ServiceError.of("provider_account_mismatch")
@@ -93,6 +109,33 @@ def map_upstream_failure(failure: UpstreamFailure) -> ProviderError:
     return ProviderError(_UNAVAILABLE, transient=False)
 
 
+def map_answer(status: int, body: bytes, retry_after: str | None) -> ProviderError:
+    """``map_upstream_failure`` of an answer given by its parts: the status, the decoded
+    (bounded) body and the ``Retry-After`` header. The aiohttp path maps with it, building
+    no ``httpx.Response``."""
+    if status == 501:
+        return ProviderError(_UNSUPPORTED, transient=False)
+    if status in (408, 429) or status >= 500:
+        hint = parse_retry_after(retry_after, max_s=RETRY_AFTER_CEILING_S)
+        return ProviderError(_UNAVAILABLE, transient=True, retry_after=hint)
+    if 400 <= status < 500:
+        known = _BY_TYPE.get(_error_type(body) or "")
+        if known is not None:
+            return ProviderError(known, transient=False)
+    return ProviderError(_UNREADABLE, transient=False)
+
+
+def map_unexpected(exc: Exception) -> ProviderError:
+    """Any exception one attempt raised: a ``ProviderError`` as it is, an httpx error or a
+    timeout through the table, anything else (a fault while reading or parsing an answer) as
+    an unreadable answer, not retried: the same answer would fail again."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, httpx.HTTPError | TimeoutError | CircuitOpenError):
+        return map_upstream_failure(exc)
+    return ProviderError(_UNREADABLE, transient=False)
+
+
 def invalid_call(message: str) -> ProviderError:
     """The adapter itself rejects the call's data (e.g. an empty account ref) before sending:
     400 provider_invalid_request, which is what the seed says an adapter rejection is."""
@@ -100,44 +143,16 @@ def invalid_call(message: str) -> ProviderError:
 
 
 def _from_response(response: httpx.Response) -> ProviderError:
-    status = response.status_code
-    if status == 501:
-        return ProviderError(_UNSUPPORTED, transient=False)
-    if status in (408, 429) or status >= 500:
-        return ProviderError(_UNAVAILABLE, transient=True, retry_after=_retry_after(response))
-    if 400 <= status < 500:
-        known = _BY_TYPE.get(_error_type(response) or "")
-        if known is not None:
-            return ProviderError(known, transient=False)
-    return ProviderError(_UNREADABLE, transient=False)
-
-
-def _error_type(response: httpx.Response) -> str | None:
-    """``error.type`` of a provider error body, or None when the body is not that shape."""
     try:
-        body = response.json()
-    except (ValueError, httpx.ResponseNotRead):
-        return None
-    error = body.get("error") if isinstance(body, dict) else None
+        body = response.content
+    except httpx.ResponseNotRead:
+        body = b""
+    return map_answer(response.status_code, body, response.headers.get("retry-after"))
+
+
+def _error_type(body: bytes) -> str | None:
+    """``error.type`` of a provider error body, or None when the body is not that shape."""
+    parsed = load_json(body)
+    error = parsed.get("error") if isinstance(parsed, dict) else None
     kind = error.get("type") if isinstance(error, dict) else None
     return kind if isinstance(kind, str) else None
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    """``Retry-After`` in seconds from now (delta-seconds or HTTP-date); None if absent/bad."""
-    value = response.headers.get("retry-after", "").strip()
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = when.timestamp() - time.time()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)

@@ -10,7 +10,10 @@ simulator, ``devstack.simulator``, serves):
       4xx/5xx {"error": {"type": str, "message": str}}, Retry-After honoured on 429/503
 
 The client is built once at start-up (``build_http_client``) and shared by every adapter, so
-connections are pooled across providers and commands; adapters never close it.
+connections are pooled across providers and commands; adapters never close it. Both clients
+bound every answer (``worker.provider.answer``: ``PROVIDER_BODY_CAP_BYTES`` read and
+decompressed, JSON depth), and an attempt raises nothing but a catalogued ``ProviderError``:
+whatever a provider sends, the confirm and the follow-up poll get an auth state or an error.
 
 Each attempt is a CLIENT span (``worker.tracing``) and sends the W3C ``traceparent`` (and
 ``tracestate``): written here, at the adapter, rather than by instrumenting aiohttp, so the
@@ -22,19 +25,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Self
 from urllib.parse import quote, urlsplit
 
 import httpx
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from worker import __version__, tracing
-from worker.provider.base import CallObserver, ProviderAuthState, RetryObserver
+from worker.logs import get_logger
+from worker.provider.answer import (
+    ACCEPT_ENCODING,
+    BODY_HEADERS,
+    DEFAULT_BODY_CAP,
+    decoded_body,
+    load_json,
+    read_capped,
+)
+from worker.provider.base import CallObserver, ProviderAuthState, ProviderError, RetryObserver
 from worker.provider.breaker import CircuitBreaker
-from worker.provider.errors import invalid_call, map_upstream_failure
+from worker.provider.errors import invalid_call, map_answer, map_unexpected, map_upstream_failure
 from worker.provider.retry import RetryPolicy, call_with_retries
 from worker.provider.transport import AiohttpClient, RawAnswer
 
@@ -50,8 +61,11 @@ __all__ = [
     "parse_auth_state",
 ]
 
+log = get_logger(__name__)
+
 
 CONNECTIONS_PER_SHARD = 4
+_BODY_HEADERS = frozenset(name.encode() for name in BODY_HEADERS)
 _CONFIRM_PATH = "/v1/accounts/{ref}/passkey/confirm"
 _STATE_PATH = "/v1/accounts/{ref}/auth-state"
 
@@ -94,18 +108,33 @@ class ShardedClient:
     checks, one readability poll per idle socket): with one large pool that was most of the
     worker's CPU (bench/README.md, hot spot #1). Sixteen pools of four keep the capacity and
     cut that work sixteenfold.
+
+    Each answer is streamed and bounded (``worker.provider.answer``): at most ``body_cap``
+    bytes are read, gzip/deflate inflated up to the same cap by us, not by httpx; the
+    ``httpx.Response`` returned holds the decoded body (empty when unusable).
     """
 
-    def __init__(self, clients: Sequence[httpx.AsyncClient]) -> None:
+    def __init__(
+        self, clients: Sequence[httpx.AsyncClient], *, body_cap: int = DEFAULT_BODY_CAP
+    ) -> None:
         if not clients:
             raise ValueError("at least one client")
+        if body_cap < 1:
+            raise ValueError("body_cap must be positive")
         self.clients = tuple(clients)
+        self.body_cap = body_cap
         self._next = itertools.cycle(self.clients)
 
     async def request(
         self, method: str, url: str, *, headers: dict[str, str] | None = None
     ) -> httpx.Response:
-        return await next(self._next).request(method, url, headers=headers)
+        client = next(self._next)
+        async with client.stream(method, url, headers=headers) as answer:
+            raw, truncated = await read_capped(answer.aiter_raw(), self.body_cap)
+            coding = answer.headers.get("content-encoding")
+            fields = [(k, v) for k, v in answer.headers.raw if k.lower() not in _BODY_HEADERS]
+            body = decoded_body(raw, truncated=truncated, coding=coding, cap=self.body_cap)
+            return httpx.Response(answer.status_code, headers=fields, content=body)
 
     @property
     def timeout(self) -> httpx.Timeout:
@@ -142,14 +171,17 @@ def build_http_client(
 
     With ``httpx`` (or a test ``transport``) the connections come in shards of
     ``CONNECTIONS_PER_SHARD`` (see ``ShardedClient``). The adapters gate concurrent calls at
-    the same bound, so requests wait on a semaphore rather than inside a pool.
+    the same bound, so requests wait on a semaphore rather than inside a pool. Either way an
+    answer is read up to ``PROVIDER_BODY_CAP_BYTES`` (decompressed too).
     """
     user_agent = {"User-Agent": f"passkey-auth-worker/{__version__}"}
+    cap = settings.provider_body_cap_bytes
     if settings.provider_http_client == "aiohttp" and transport is None:
         return AiohttpClient(
             timeout_s=settings.provider_timeout_s,
             max_connections=settings.provider_max_connections,
             headers=user_agent,
+            body_cap=cap,
         )
     total = settings.provider_max_connections
     per_shard = min(CONNECTIONS_PER_SHARD, total)
@@ -160,12 +192,13 @@ def build_http_client(
             httpx.AsyncClient(
                 timeout=httpx.Timeout(settings.provider_timeout_s),
                 limits=limits,
-                headers=user_agent,
+                headers={**user_agent, "Accept-Encoding": ACCEPT_ENCODING},
                 follow_redirects=False,
                 transport=transport,
             )
             for _ in range(shards)
-        ]
+        ],
+        body_cap=cap,
     )
 
 
@@ -173,10 +206,10 @@ def parse_auth_state(response: httpx.Response) -> ProviderAuthState:
     """The auth state in a 2xx answer; anything else raises the mapped ``ProviderError``."""
     if response.is_success:
         try:
-            body = response.json()
-        except ValueError:
-            body = None
-        state = _auth_state(body)
+            content = response.content
+        except httpx.ResponseNotRead:
+            content = b""
+        state = _auth_state(load_json(content))
         if state is not None:
             return state
     raise map_upstream_failure(response)
@@ -191,19 +224,14 @@ def _auth_state(body: object) -> ProviderAuthState | None:
 
 
 def parse_raw_auth_state(answer: RawAnswer) -> ProviderAuthState:
-    """``parse_auth_state`` of an aiohttp answer: the body is parsed straight from its bytes;
-    an ``httpx.Response`` is built only for the error mapping of an answer that is unusable."""
+    """``parse_auth_state`` of an aiohttp answer, straight from its parts (no
+    ``httpx.Response`` is built, not even for the error mapping)."""
     status, content, headers = answer
     if 200 <= status < 300:
-        try:
-            body = json.loads(content)
-        except ValueError:
-            body = None
-        state = _auth_state(body)
+        state = _auth_state(load_json(content))
         if state is not None:
             return state
-    response = httpx.Response(status, headers=list(headers.items()), content=content)
-    raise map_upstream_failure(response)
+    raise map_answer(status, content, headers.get("Retry-After"))
 
 
 def _host_port(url: str) -> tuple[str, int | None]:
@@ -337,41 +365,63 @@ class HttpProviderAdapter:
                 kind=SpanKind.CLIENT,
                 attributes=self._span_attributes(operation, method, template, attempts),
             ) as client_span:
-                sent = {**headers, **tracing.http_headers()}
-                raw: RawAnswer | None = None
                 try:
-                    async with self._gate:
-                        if self._raw is not None:
-                            raw = await self._raw(method, url, headers=sent)
-                            status = raw[0]
-                        else:
-                            response = await self._client.request(method, url, headers=sent)
-                            status = response.status_code
-                except httpx.HTTPError as exc:
+                    return await self._attempt(method, url, headers, client_span)
+                except ProviderError:
+                    raise
+                except Exception as exc:
+                    # Nothing but a catalogued error leaves an attempt, whatever the answer
+                    # broke: the confirm and the follow-up poll catch ProviderError only.
                     if client_span.is_recording():
                         client_span.set_attribute("error.type", type(exc).__name__)
                         client_span.set_status(Status(StatusCode.ERROR))
-                    raise map_upstream_failure(exc) from exc
-                if client_span.is_recording():
-                    client_span.set_attribute("http.response.status_code", status)
-                    if status >= 400:
-                        client_span.set_attribute("error.type", str(status))
-                        client_span.set_status(Status(StatusCode.ERROR))
-                if raw is not None:
-                    return parse_raw_auth_state(raw)
-                return parse_auth_state(response)
+                    if not isinstance(exc, httpx.HTTPError | TimeoutError):
+                        log.warning(
+                            "provider_answer_unusable",
+                            provider=self.name,
+                            operation=operation,
+                            error=type(exc).__name__,
+                        )
+                    raise map_unexpected(exc) from exc
 
-        return await call_with_retries(
-            attempt,
-            provider=self.name,
-            operation=operation,
-            policy=self.policy,
-            deadline=deadline,
-            breaker=self.breaker,
-            rng=self._rng,
-            on_call=self._on_call,
-            on_retry=self._on_retry,
-        )
+        try:
+            return await call_with_retries(
+                attempt,
+                provider=self.name,
+                operation=operation,
+                policy=self.policy,
+                deadline=deadline,
+                breaker=self.breaker,
+                rng=self._rng,
+                on_call=self._on_call,
+                on_retry=self._on_retry,
+            )
+        except ProviderError:
+            raise
+        except Exception as exc:  # a metric hook or the breaker: still the call's failure
+            raise map_unexpected(exc) from exc
+
+    async def _attempt(
+        self, method: str, url: str, headers: dict[str, str], client_span: Span
+    ) -> ProviderAuthState:
+        """One request and its answer read; raises ``ProviderError`` or whatever broke."""
+        sent = {**headers, **tracing.http_headers()}
+        raw: RawAnswer | None = None
+        async with self._gate:
+            if self._raw is not None:
+                raw = await self._raw(method, url, headers=sent)
+                status = raw[0]
+            else:
+                response = await self._client.request(method, url, headers=sent)
+                status = response.status_code
+        if client_span.is_recording():
+            client_span.set_attribute("http.response.status_code", status)
+            if status >= 400:
+                client_span.set_attribute("error.type", str(status))
+                client_span.set_status(Status(StatusCode.ERROR))
+        if raw is not None:
+            return parse_raw_auth_state(raw)
+        return parse_auth_state(response)
 
     def _span_attributes(
         self, operation: str, method: str, template: str, attempt: int

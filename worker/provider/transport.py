@@ -12,6 +12,10 @@ means the same thing, in one place (``_translate``), the way httpx's own
 ``map_httpcore_exceptions`` does for httpcore. Retries, deadlines, the breaker and the error
 table stay exactly as they are for both clients.
 
+Answers are bounded here, as ``ShardedClient`` bounds them (``worker.provider.answer``): at most
+``body_cap`` bytes are read, aiohttp decompresses nothing, and gzip/deflate are inflated up to
+the same cap; a body past either bound arrives empty, so only its status is used.
+
 Exception tree translated (aiohttp → httpx):
 
     asyncio/built-in TimeoutError, aiohttp.ServerTimeoutError
@@ -34,9 +38,19 @@ from types import TracebackType
 import aiohttp
 import httpx
 
+from worker.provider.answer import (
+    ACCEPT_ENCODING,
+    BODY_HEADERS,
+    DEFAULT_BODY_CAP,
+    decoded_body,
+    read_capped,
+)
+
 __all__ = ["AiohttpClient", "RawAnswer"]
 
-#: Status, body and headers of one answer, as aiohttp read them (``AiohttpClient.request_raw``).
+#: Status, decoded body (at most the cap; empty when unusable) and headers of one answer, as
+#: ``AiohttpClient.request_raw`` read them. The headers are as sent: ``Content-Encoding`` and
+#: ``Content-Length`` describe the wire, not the body beside them.
 RawAnswer = tuple[int, bytes, Mapping[str, str]]
 
 
@@ -54,10 +68,15 @@ class AiohttpClient:
         timeout_s: float,
         max_connections: int,
         headers: dict[str, str] | None = None,
+        body_cap: int = DEFAULT_BODY_CAP,
     ) -> None:
+        if body_cap < 1:
+            raise ValueError("body_cap must be positive")
         self.timeout = httpx.Timeout(timeout_s)
         self.headers = httpx.Headers(headers or {})
+        self.headers["Accept-Encoding"] = ACCEPT_ENCODING
         self.follow_redirects = False
+        self.body_cap = body_cap
         self._max_connections = max_connections
         # No total: the adapter's deadline bounds a call; these bound each phase, as
         # httpx.Timeout(timeout_s) does (connect, and each read of the socket).
@@ -79,18 +98,24 @@ class AiohttpClient:
                 connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
                 timeout=self._timeout,
                 headers=dict(self.headers),
-                auto_decompress=True,
+                auto_decompress=False,  # decoded_body inflates, up to the cap
             )
         return self._session
 
     async def request(
         self, method: str, url: str, *, headers: dict[str, str] | None = None
     ) -> httpx.Response:
-        """Send one request; the whole body is read before returning (answers are small)."""
+        """Send one request; the body (bounded, decoded) is read before returning."""
         status, content, answer_headers = await self.request_raw(method, url, headers=headers)
         # No ``request=``: nothing downstream reads it, and building an httpx.Request
-        # (URL parsing) tripled the cost of this wrapper (68 against 20 us each).
-        return httpx.Response(status, headers=list(answer_headers.items()), content=content)
+        # (URL parsing) tripled the cost of this wrapper (68 against 20 us each). Headers go
+        # as bytes, as aiohttp decoded them: httpx would refuse a non-ASCII str.
+        fields = [
+            (name.encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape"))
+            for name, value in answer_headers.items()
+            if name.lower() not in BODY_HEADERS
+        ]
+        return httpx.Response(status, headers=fields, content=content)
 
     async def request_raw(
         self, method: str, url: str, *, headers: dict[str, str] | None = None
@@ -102,7 +127,12 @@ class AiohttpClient:
             async with session.request(
                 method, url, headers=headers, allow_redirects=False
             ) as answer:
-                return answer.status, await answer.read(), answer.headers
+                raw, truncated = await read_capped(answer.content.iter_any(), self.body_cap)
+                if truncated:
+                    answer.close()  # drop the connection rather than drain what is not read
+                coding = answer.headers.get("Content-Encoding")
+                body = decoded_body(raw, truncated=truncated, coding=coding, cap=self.body_cap)
+                return answer.status, body, answer.headers
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _translate(exc) from exc
 

@@ -90,10 +90,16 @@ async def run_dispatcher(
         build_consumer(settings, enable_auto_commit=False), topics.webhook_endpoints
     )
     registry.register(TailSkips("webhook", lambda: (tail,)))
+    schedule = parse_schedule(settings.webhook_retry_schedule_s)
     session = None
     if sender is None:
         session = open_session(target_policy(settings))
-        sender = HttpSender(session, timeout_s=settings.webhook_timeout_s)
+        sender = HttpSender(
+            session,
+            timeout_s=settings.webhook_timeout_s,
+            # A receiver's Retry-After never asks for more than the schedule's longest step.
+            retry_after_max_s=max(schedule, default=0.0),
+        )
     writer = EndpointStore(
         producer=producer,
         topic=topics.webhook_endpoints,
@@ -120,7 +126,7 @@ async def run_dispatcher(
             status_topic=topics.status,
             errors_topic=topics.errors,
             replay_topic=topics.webhook_replays,
-            schedule=parse_schedule(settings.webhook_retry_schedule_s),
+            schedule=schedule,
             disable_after_s=settings.webhook_disable_after_s,
         ),
         metrics=metrics,

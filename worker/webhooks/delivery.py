@@ -15,6 +15,7 @@ attempted; a later event waits until the earlier one is delivered or has failed 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ JITTER: Final = 0.2
 
 DEFAULT_SCHEDULE_S: Final = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
 """Svix's retry schedule: the waits after the 1st, 2nd, ... failed attempt."""
+MAX_WAIT_S: Final = 30 * 86_400.0
+"""The longest wait a schedule may name: due times stay dates a timestamp can hold."""
 
 
 def webhook_id(event_id: str, endpoint_id: str) -> str:
@@ -164,7 +167,9 @@ def settle(
 
     2xx: delivered. 410: the endpoint is gone (the caller disables it); the delivery fails.
     Anything else: retry after the schedule's next wait (jittered; a longer ``Retry-After``
-    on 429/503 wins), or fail once the schedule is used up.
+    on 429/503 wins, up to the schedule's longest step: a receiver cannot push a retry past
+    the schedule, nor a due time past what a timestamp holds), or fail once the schedule is
+    used up.
     """
     head = state.queue[0]
     attempts = head.attempts + 1
@@ -176,8 +181,9 @@ def settle(
     if failures > len(schedule):
         return _finish(state, head, attempts, "failed", result, now, "failed")
     wait = schedule[failures - 1] * (rng or random).uniform(1 - JITTER, 1 + JITTER)
-    if result.retry_after_s is not None and result.status in (429, 503):
-        wait = max(wait, result.retry_after_s)
+    hint = result.retry_after_s
+    if hint is not None and result.status in (429, 503) and math.isfinite(hint):
+        wait = max(wait, min(hint, max(schedule)))
     since = state.failing_since or now
     retried = head.model_copy(
         update={
@@ -245,6 +251,6 @@ def carry_over(current: DeliveryState, settled: Settled) -> DeliveryState:
 def parse_schedule(text: str) -> tuple[float, ...]:
     """``WEBHOOK_RETRY_SCHEDULE_S``: comma-separated seconds, e.g. ``5,300,1800``."""
     waits = tuple(float(part) for part in text.split(",") if part.strip())
-    if any(w < 0 for w in waits):
-        raise ValueError("retry waits must be >= 0 seconds")
+    if any(not 0 <= w <= MAX_WAIT_S for w in waits):
+        raise ValueError(f"retry waits must be >= 0 and <= {MAX_WAIT_S:.0f} seconds")
     return waits

@@ -52,7 +52,7 @@ from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
 from worker.webhooks.events import WebhookEvent, from_error, from_status
 from worker.webhooks.metrics import WebhookMetrics
 from worker.webhooks.publish import DeliveryPublisher, Replay, decode_replay
-from worker.webhooks.sender import DeliveryResult
+from worker.webhooks.sender import DeliveryResult, ErrorKind
 from worker.webhooks.state import AccountDeliveries, DeliveryStore
 
 log = get_logger(__name__)
@@ -287,20 +287,25 @@ class Dispatcher:
                 await self._apply(partition, account_id, record, endpoint, settled, head)
 
     async def _attempt(self, endpoint: EndpointRecord, head: Pending) -> AttemptResult:
-        body = head.body.encode()
-        secrets = self._writer.signing_secrets(endpoint)
-        headers = {
-            **self._sign(secrets, head.webhook_id, int(self._clock()), body),
-            **tracing.http_headers(),
-        }
         started = time.perf_counter()
         self.metrics.in_flight_attempts.inc()
         try:
+            body = head.body.encode()
+            secrets = self._writer.signing_secrets(endpoint)
+            headers = {
+                **self._sign(secrets, head.webhook_id, int(self._clock()), body),
+                **tracing.http_headers(),
+            }
             answer = await self._sender.post(endpoint.url, body, headers)
+            error = None if answer.error is None else str(answer.error)
+            result = AttemptResult(answer.status, error, answer.retry_after_s)
+        except Exception as exc:
+            # Whatever one attempt raises (an answer that broke the sender, a secret that does
+            # not decrypt) fails that attempt, retried on the schedule; never the loop.
+            log.error("webhook_attempt_crashed", endpoint_id=endpoint.id, error=type(exc).__name__)
+            result = AttemptResult(None, str(ErrorKind.INTERNAL))
         finally:
             self.metrics.in_flight_attempts.dec()
-        error = None if answer.error is None else str(answer.error)
-        result = AttemptResult(answer.status, error, answer.retry_after_s)
         self.metrics.attempt(result, time.perf_counter() - started)
         return result
 

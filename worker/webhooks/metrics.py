@@ -22,7 +22,7 @@ _LATENCY_BUCKETS = (
 )
 RESULTS = ("delivered", "rejected", "error")
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "none")
-ERROR_KINDS = ("timeout", "connect", "dns", "tls", "protocol", "blocked", "other")
+ERROR_KINDS = ("timeout", "connect", "dns", "tls", "protocol", "blocked", "internal", "other")
 
 
 def status_class(status: int | None) -> str:

@@ -8,11 +8,14 @@ swap in a private address. aiohttp bypasses resolvers for literal IP hosts; ``va
 judges those before each attempt. TLS still verifies the certificate against the host name
 (SNI and hostname checking use the URL's name, not the dialled address).
 
-``Sender.post`` never raises for the network's failures: every outcome is a
-``DeliveryResult``, which the dispatcher turns into retry decisions and delivery logs.
-Redirects are not followed (a 3xx is just a non-2xx answer: following one would dial an
-unvetted URL), at most ``body_cap`` bytes of the answer are read, and proxies from the
-environment are ignored (a proxy would dial the target for us, unvetted).
+``Sender.post`` never raises: every outcome, a network failure or an answer that breaks
+something while it is read, is a ``DeliveryResult``, which the dispatcher turns into retry
+decisions and delivery logs. The receiver is hostile until bounded: redirects are not followed
+(a 3xx is just a non-2xx answer: following one would dial an unvetted URL), at most
+``body_cap`` bytes of the answer are read, nothing is decompressed, the whole attempt has one
+time limit (a body dripped a byte a second ends with it), ``Retry-After`` is clamped to
+``retry_after_max_s`` (the retry schedule's longest step), and proxies from the environment
+are ignored (a proxy would dial the target for us, unvetted).
 """
 
 from __future__ import annotations
@@ -24,8 +27,6 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Final
 
@@ -34,6 +35,9 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.connector import SocketFactoryType
 from yarl import URL
 
+from worker.logs import get_logger
+from worker.retry_after import parse_retry_after
+from worker.webhooks.delivery import DEFAULT_SCHEDULE_S
 from worker.webhooks.targets import (
     BlockedTarget,
     Lookup,
@@ -45,17 +49,20 @@ from worker.webhooks.targets import (
 
 __all__ = [
     "DEFAULT_BODY_CAP",
+    "DEFAULT_RETRY_AFTER_MAX_S",
     "DEFAULT_TIMEOUT_S",
     "DeliveryResult",
     "ErrorKind",
     "Sender",
     "VettingResolver",
     "open_session",
-    "parse_retry_after",
 ]
+
+log = get_logger(__name__)
 
 DEFAULT_TIMEOUT_S: Final = 15.0
 DEFAULT_BODY_CAP: Final = 4096
+DEFAULT_RETRY_AFTER_MAX_S: Final = max(DEFAULT_SCHEDULE_S)
 _RETRY_AFTER_STATUSES: Final = frozenset({429, 503})
 
 
@@ -68,6 +75,7 @@ class ErrorKind(StrEnum):
     TLS = "tls"  # handshake or certificate verification failed
     TIMEOUT = "timeout"  # the attempt's total time ran out
     PROTOCOL = "protocol"  # the peer disconnected or answered something not HTTP
+    INTERNAL = "internal"  # the attempt raised something unforeseen (``detail``: its type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +83,8 @@ class DeliveryResult:
     """The outcome of one attempt: a status, or an ``error`` kind, never both.
 
     ``body`` is at most the sender's cap (``truncated`` says whether more was sent);
-    ``retry_after_s`` is the answer's ``Retry-After`` for 429 and 503, in seconds from now;
+    ``retry_after_s`` is the answer's ``Retry-After`` for 429 and 503, in seconds from now,
+    at most the sender's ``retry_after_max_s``;
     ``detail`` is a short, secret-free explanation (a block reason or an exception type).
     """
 
@@ -180,16 +189,20 @@ class Sender:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         body_cap: int = DEFAULT_BODY_CAP,
+        retry_after_max_s: float = DEFAULT_RETRY_AFTER_MAX_S,
     ) -> None:
         policy = _VETTED.get(session)
         if policy is None:
             raise ValueError("the session must come from open_session (it vets addresses)")
-        if timeout_s <= 0 or body_cap < 0:
-            raise ValueError("timeout_s must be positive and body_cap not negative")
+        if timeout_s <= 0 or body_cap < 0 or not 0 <= retry_after_max_s < float("inf"):
+            raise ValueError(
+                "timeout_s must be positive, body_cap and retry_after_max_s finite, not negative"
+            )
         self._session = session
         self._policy = policy
         self._timeout_s = timeout_s
         self._body_cap = body_cap
+        self._retry_after_max_s = retry_after_max_s
 
     @property
     def policy(self) -> TargetPolicy:
@@ -217,6 +230,11 @@ class Sender:
             if blocked is not None:
                 return _failure(started, ErrorKind.BLOCKED, blocked.reason)
             return _failure(started, _error_kind(exc), type(exc).__name__)
+        except Exception as exc:
+            # One receiver's answer must not reach the dispatcher's loop, whatever it broke:
+            # the attempt failed, and is retried on the schedule like any other failure.
+            log.warning("webhook_attempt_raised", error=type(exc).__name__)
+            return _failure(started, ErrorKind.INTERNAL, type(exc).__name__)
 
     async def _attempt(
         self,
@@ -234,12 +252,17 @@ class Sender:
             timeout=aiohttp.ClientTimeout(total=limit),
             read_bufsize=max(self._body_cap, 1024),
         ) as answer:
+            if not 100 <= answer.status <= 599:  # three digits, yet no HTTP status (RFC 9110)
+                answer.close()
+                return _failure(started, ErrorKind.PROTOCOL, "status_out_of_range")
             content, truncated = await _read_capped(answer, self._body_cap)
             if truncated:
                 answer.close()  # drop the connection rather than drain what we will not read
             retry_after = None
             if answer.status in _RETRY_AFTER_STATUSES:
-                retry_after = parse_retry_after(answer.headers.get("Retry-After"))
+                retry_after = parse_retry_after(
+                    answer.headers.get("Retry-After"), max_s=self._retry_after_max_s
+                )
             return DeliveryResult(
                 status=answer.status,
                 elapsed_s=time.monotonic() - started,
@@ -261,25 +284,6 @@ async def _read_capped(answer: aiohttp.ClientResponse, cap: int) -> tuple[bytes,
         size += len(chunk)
     more = not answer.content.at_eof() and bool(await answer.content.read(1))
     return b"".join(chunks), more
-
-
-def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """``Retry-After`` in seconds from ``now``: delta-seconds or an HTTP-date (RFC 9110 §10.2.3).
-
-    None when absent or unreadable; a date in the past is 0.
-    """
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():
-        return float(int(value))
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # "-0000" in the date: RFC 9110 dates are always GMT
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def _failure(started: float, kind: ErrorKind, detail: str) -> DeliveryResult:

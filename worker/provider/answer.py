@@ -1,0 +1,119 @@
+"""A provider's answer, bounded before anything reads it.
+
+The provider is a remote party: whatever it sends must end as an auth state or a catalogued
+``ProviderError``, never as an exception out of the attempt (docs/architecture.md, "Bounded
+remote answers"). So the clients read at most ``body_cap`` bytes off the wire (more: the body
+is unusable, and the connection is dropped rather than drained), decompress only gzip and
+deflate, themselves, and only up to the same cap (a few KB of gzip can hold gigabytes of
+zeros), and JSON is parsed only within ``MAX_JSON_DEPTH`` levels with every parser error
+caught. An unusable body is empty: the status alone then decides what the answer means.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections.abc import AsyncIterator
+from typing import Final
+
+__all__ = [
+    "ACCEPT_ENCODING",
+    "BODY_HEADERS",
+    "DEFAULT_BODY_CAP",
+    "MAX_JSON_DEPTH",
+    "decoded_body",
+    "load_json",
+    "read_capped",
+]
+
+DEFAULT_BODY_CAP: Final = 64 * 1024
+"""Bytes of a provider answer read, and decompressed (``PROVIDER_BODY_CAP_BYTES``)."""
+MAX_JSON_DEPTH: Final = 32
+"""Nesting levels a provider's JSON may have; the contract's bodies have two."""
+ACCEPT_ENCODING: Final = "gzip, deflate"
+"""The only content codings asked for, and the only ones decoded."""
+BODY_HEADERS: Final = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+"""Headers that describe the body as sent, not as decoded: dropped with the decoding."""
+
+_ZLIB_OR_GZIP: Final = 32 + zlib.MAX_WBITS  # detects a zlib or a gzip header
+_RAW_DEFLATE: Final = -zlib.MAX_WBITS  # "deflate" sent without the zlib wrapper, as some do
+# A string (its closing quote optional, so an unterminated one is consumed, not retried from
+# every later quote: linear time on any input), or a bracket.
+_JSON_NESTING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
+
+
+async def read_capped(chunks: AsyncIterator[bytes], cap: int) -> tuple[bytes, bool]:
+    """At most ``cap`` bytes of a body, and whether more followed (then the body is cut).
+
+    ``chunks`` as they arrive (aiohttp's ``iter_any``, httpx's ``aiter_raw``): no more than
+    ``cap`` plus one chunk is ever held, however much the peer sends.
+    """
+    kept: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        kept.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            return b"".join(kept)[:cap], True
+    return b"".join(kept), False
+
+
+def decoded_body(raw: bytes, *, truncated: bool, coding: str | None, cap: int) -> bytes:
+    """The body the adapter may parse, at most ``cap`` bytes; empty when unusable.
+
+    Unusable: cut at the cap, a content coding other than gzip/deflate/identity (or a chain of
+    them), a corrupt or incomplete stream, or more than ``cap`` bytes once decompressed.
+    """
+    if truncated or len(raw) > cap:
+        return b""
+    name = (coding or "").strip().lower()
+    if name in ("", "identity"):
+        return raw
+    if name not in ("gzip", "x-gzip", "deflate"):
+        return b""
+    decoded = _inflate(raw, _ZLIB_OR_GZIP, cap)
+    if decoded is None and name == "deflate":
+        decoded = _inflate(raw, _RAW_DEFLATE, cap)
+    return decoded or b""
+
+
+def _inflate(raw: bytes, wbits: int, cap: int) -> bytes | None:
+    try:
+        stream = zlib.decompressobj(wbits)
+        out = stream.decompress(raw, cap + 1)  # never more than the cap plus one byte
+    except zlib.error:
+        return None
+    if len(out) > cap or not stream.eof:
+        return None
+    return out
+
+
+def load_json(data: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> object:
+    """``data`` parsed as JSON, or None when it is not JSON within ``max_depth`` levels.
+
+    Never raises: invalid UTF-8, bad syntax and nesting deep enough to exhaust the parser's
+    recursion (``RecursionError``) are all just "not usable". The depth is checked before
+    parsing, cheaply when there are fewer brackets than allowed levels (every real answer).
+    """
+    try:
+        if _too_deep(data, max_depth):
+            return None
+        return json.loads(data)
+    except Exception:  # a hostile body is only ever "unreadable"
+        return None
+
+
+def _too_deep(data: bytes, max_depth: int) -> bool:
+    if data.count(b"[") + data.count(b"{") <= max_depth:
+        return False
+    depth = 0
+    for token in _JSON_NESTING.finditer(data):
+        mark = token.group()
+        if mark in (b"[", b"{"):
+            depth += 1
+            if depth > max_depth:
+                return True
+        elif mark in (b"]", b"}"):
+            depth -= 1
+    return False
