@@ -1,7 +1,9 @@
 """The error catalogue against the seed contract, its exported JSON, and its API.
 
 The seed is parsed rather than re-typed here, so a row missing, changed or invented in
-``worker.catalogue`` (or in the committed schemas/error-catalogue.json) fails a test.
+``worker.catalogue`` (or in the committed schemas/error-catalogue.json) fails a test. The
+service's extensions (answers the seed leaves "not shown") are checked apart: marked, after the
+seed's rows, and never a seed code or numeric code.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from attrs.exceptions import FrozenInstanceError
 
 from worker.catalogue import (
     ENTRIES,
+    EXTENSIONS,
     PROVIDER_DETAIL_CODES,
     CatalogueEntry,
     ServiceError,
@@ -123,10 +126,22 @@ def test_entries_equal_seed_rows(seed_rows: list[Row]) -> None:
 
 
 def test_committed_json_equals_seed_rows(seed_rows: list[Row]) -> None:
+    """Every row not marked as an extension is a seed row, exactly: no extra key, seed order."""
     data = json.loads(CATALOGUE_JSON.read_text(encoding="utf-8"))
     assert isinstance(data, list)
-    actual = [(d["code"], d["numeric_code"], d["http_status"], d["condition"]) for d in data]
+    seed = [d for d in data if d.get("extension") is not True]
+    assert all(list(d) == ["code", "numeric_code", "http_status", "condition"] for d in seed)
+    actual = [(d["code"], d["numeric_code"], d["http_status"], d["condition"]) for d in seed]
     assert actual == seed_rows
+
+
+def test_extensions_are_not_seed_rows(seed_rows: list[Row]) -> None:
+    seed_codes = {code for code, _, _, _ in seed_rows}
+    seed_numbers = {num for _, num, _, _ in seed_rows}
+    for e in EXTENSIONS:
+        assert e.extension
+        assert e.code not in seed_codes
+        assert e.numeric_code not in seed_numbers
 
 
 def test_seed_statuses_and_auth_rows(seed_rows: list[Row]) -> None:
@@ -155,9 +170,13 @@ def test_write_catalogue_json_is_byte_identical_to_committed(tmp_path: Path) -> 
 
 def test_export_shape() -> None:
     rows = export()
-    assert len(rows) == len(ENTRIES)
-    for row in rows:
+    assert len(rows) == len(ENTRIES) + len(EXTENSIONS)
+    for row in rows[: len(ENTRIES)]:
         assert list(row) == ["code", "numeric_code", "http_status", "condition"]
+    for row in rows[len(ENTRIES) :]:
+        assert list(row) == ["code", "numeric_code", "http_status", "condition", "extension"]
+        assert row["extension"] is True
+    for row in rows:
         assert isinstance(row["numeric_code"], int)
         assert 10000 <= row["numeric_code"] <= 99999
         assert row["http_status"] is None or isinstance(row["http_status"], int)
@@ -169,8 +188,25 @@ def test_export_shape() -> None:
 
 
 def test_code_status_pairs_are_unique() -> None:
-    pairs = [(e.code, e.http_status) for e in ENTRIES]
+    pairs = [(e.code, e.http_status) for e in (*ENTRIES, *EXTENSIONS)]
     assert len(pairs) == len(set(pairs))
+
+
+def test_extension_rows() -> None:
+    """The front door's refusals: 408 (a body too slow) and 429 (a workspace's rate limit),
+    in a 90000 block, as real rows ``ServiceError.of`` builds."""
+    assert [(e.code, e.numeric_code, e.http_status) for e in EXTENSIONS] == [
+        ("request_timeout", 90001, 408),
+        ("rate_limited", 90002, 429),
+    ]
+    assert not any(e.extension for e in ENTRIES)
+    assert {e.numeric_code for e in EXTENSIONS}.isdisjoint(e.numeric_code for e in ENTRIES)
+    for e in EXTENSIONS:
+        assert entry(e.code) is e
+        assert by_numeric(e.numeric_code) == (e,)
+        err = ServiceError.of(e.code)
+        assert (err.numeric_code, err.http_status) == (e.numeric_code, e.http_status)
+        assert "`" not in err.message
 
 
 def test_provider_detail_codes() -> None:

@@ -1,8 +1,13 @@
-"""The error catalogue: every row of the seed contract's error tables, and nothing else.
+"""The error catalogue: every row of the seed contract's error tables, plus the service's own
+extensions, kept apart.
 
-The seed (§7, plus the §5 authentication rows, which §7 repeats) is the only source of error
-codes; ``tests/test_catalogue.py`` parses it and fails if a row here is missing, changed or
-invented, and ``schemas/error-catalogue.json`` is the exported copy for non-Python consumers.
+The seed (§7, plus the §5 authentication rows, which §7 repeats) is the source of error codes;
+``ENTRIES`` holds its rows and nothing else, and ``tests/test_catalogue.py`` parses the seed and
+fails if a row there is missing, changed or invented. The seed leaves rate limits and time-outs
+"not shown"; the few answers the service needs there are ``EXTENSIONS``, rows marked
+``extension`` (in ``schemas/error-catalogue.json`` too, the exported copy for non-Python
+consumers), with numeric codes in a 90000 block the seed does not use (docs/api.md, "Service
+extensions").
 
 A code may appear under more than one status (``contact_not_found`` under 404 and 422,
 ``group_not_found`` under 404 and the provider-detail list), so a code alone does not identify
@@ -28,6 +33,7 @@ import attrs
 
 __all__ = [
     "ENTRIES",
+    "EXTENSIONS",
     "PROVIDER_DETAIL_CODES",
     "CatalogueEntry",
     "ServiceError",
@@ -40,12 +46,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class CatalogueEntry:
-    """One seed row. ``http_status`` is None only for provider-detail refinements."""
+    """One row. ``http_status`` is None only for provider-detail refinements; ``extension``
+    marks a row the service adds where the seed says nothing."""
 
     code: str
     numeric_code: int
     http_status: int | None
     condition: str
+    extension: bool = False
 
 
 def _table(http_status: int | None, *rows: tuple[str, int, str]) -> tuple[CatalogueEntry, ...]:
@@ -328,6 +336,25 @@ ENTRIES: Final[tuple[CatalogueEntry, ...]] = (
     ),
 )
 
+# The service's own rows: answers the seed leaves "not shown" (rate limits, time-outs).
+EXTENSIONS: Final[tuple[CatalogueEntry, ...]] = (
+    CatalogueEntry(
+        "request_timeout",
+        90001,
+        408,
+        "The request body did not arrive within the front-end's body time-out.",
+        extension=True,
+    ),
+    CatalogueEntry(
+        "rate_limited",
+        90002,
+        429,
+        "The workspace sent more requests than its rate limit allows; retry after"
+        " `Retry-After` seconds.",
+        extension=True,
+    ),
+)
+
 PROVIDER_DETAIL_CODES: Final[frozenset[int]] = frozenset(
     e.numeric_code for e in ENTRIES if e.http_status is None
 )
@@ -341,7 +368,7 @@ def _sort_key(e: CatalogueEntry) -> tuple[bool, int]:
 def _index() -> tuple[dict[str, tuple[CatalogueEntry, ...]], dict[int, tuple[CatalogueEntry, ...]]]:
     by_code: dict[str, list[CatalogueEntry]] = {}
     by_num: dict[int, list[CatalogueEntry]] = {}
-    for e in ENTRIES:
+    for e in (*ENTRIES, *EXTENSIONS):
         rows = by_code.setdefault(e.code, [])
         if any(r.http_status == e.http_status for r in rows):
             raise RuntimeError(f"catalogue lists {e.code!r} twice under {e.http_status}")
@@ -488,16 +515,21 @@ class ServiceError(Exception):
 
 
 def export() -> list[dict[str, object]]:
-    """The catalogue as JSON-ready rows, in seed order (what schemas/error-catalogue.json holds)."""
-    return [
-        {
+    """The catalogue as JSON-ready rows (what schemas/error-catalogue.json holds): the seed's
+    rows in seed order, exactly as the seed has them, then the extensions, each with
+    ``"extension": true``."""
+    rows: list[dict[str, object]] = []
+    for e in (*ENTRIES, *EXTENSIONS):
+        row: dict[str, object] = {
             "code": e.code,
             "numeric_code": e.numeric_code,
             "http_status": e.http_status,
             "condition": e.condition,
         }
-        for e in ENTRIES
-    ]
+        if e.extension:
+            row["extension"] = True
+        rows.append(row)
+    return rows
 
 
 def write_catalogue_json(path: Path) -> None:

@@ -34,6 +34,7 @@ async def test_stack_up_flow_and_clean_ctrl_c() -> None:
         "SIMULATOR_PORT": free_port(),
         "WORKER_METRICS_PORT": free_port(),
         "API_PORT": free_port(),
+        "API_METRICS_PORT": free_port(),
         "WEBHOOK_METRICS_PORT": free_port(),
         "RECEIVER_PORT": free_port(),
     }
