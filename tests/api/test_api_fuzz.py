@@ -156,6 +156,6 @@ def test_strategy_smoke() -> None:
     """The committed document loads and yields cases for every operation (fast, no server)."""
     schema = load_schema("http://127.0.0.1:9")
     ops = [op.ok() for op in schema.get_all_operations() if isinstance(op, Ok)]
-    assert len(ops) == 24  # 7 auth/probe operations, 10 webhook ones and their 7 preflights
+    assert len(ops) == 23  # 6 auth/probe operations, 10 webhook ones and their 7 preflights
     example = st.one_of([op.as_strategy() for op in ops])
     assert example is not None

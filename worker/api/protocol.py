@@ -122,13 +122,15 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser, a head never more than the head budget at a time."""
-        view = memoryview(data)
+        view: bytes | memoryview = data
         while view and not self._refused:
             if self._in_body or len(view) <= self._head_left:
                 if not self._in_body:
                     self._head_left -= len(view)
                 self._feed(view)
                 break
+            # Over the budget: feed up to it; if the head ends in there, go on with the rest.
+            view = memoryview(view)
             chunk, view = view[: self._head_left], view[self._head_left :]
             self._head_left = 0
             heads = self._heads_read
@@ -139,7 +141,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if not self._refused:
             self._arm_timer()
 
-    def _feed(self, data: memoryview) -> None:
+    def _feed(self, data: bytes | memoryview) -> None:
         """``HttpToolsProtocol.data_received`` with a 431 for a head with too many fields."""
         if self.transport.is_closing():
             return
