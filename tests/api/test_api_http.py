@@ -410,7 +410,7 @@ async def test_cors_preflight(api_settings: ApiSettings) -> None:
         resp = await http.get(AUTH.format("acc_1"), headers=headers(Origin=ALLOWED_ORIGIN))
         assert resp.status_code == 404
         assert resp.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
-        assert resp.headers["access-control-expose-headers"] == "X-Request-Id"
+        assert resp.headers["access-control-expose-headers"] == "X-Request-Id, Retry-After"
         resp = await http.get(AUTH.format("acc_1"), headers=headers(Origin="https://evil.example"))
         assert "access-control-allow-origin" not in resp.headers
 
