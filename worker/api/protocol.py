@@ -4,8 +4,8 @@ uvicorn bounds neither the request head (httptools accumulates a header value in
 long as it keeps coming) nor the time a client takes to send a head or a body (its keep-alive
 timer is cancelled by every byte received), and its ``limit_concurrency`` answers 503 only once
 a head is complete, so it does not bound open connections. (Its h11 protocol has a head-size
-bound, ``h11_max_incomplete_event_size``, but no time-outs either.) ``LimitedHttpProtocol`` adds, per
-connection (docs/operations.md, "Front-door limits"):
+bound, ``h11_max_incomplete_event_size``, but no time-outs either.) ``LimitedHttpProtocol``
+adds, per connection (docs/operations.md, "Front-door limits"):
 
 * head size: bytes are counted before the parser sees them, so an oversized head costs at most
   ``max_head_bytes`` (plus, on a connection that pipelines, the part of one read that follows
