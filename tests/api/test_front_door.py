@@ -149,7 +149,8 @@ async def test_a_64_mib_header_is_refused_at_the_limit_without_reading_it(
 
 async def test_too_many_header_fields_are_refused(api_settings: ApiSettings) -> None:
     async with running_api(api_settings(api_max_headers=20)) as api:
-        for fields, status in ((20, 200), (21, 431), (5_000, 431)):
+        # 1,000 fields of 10 bytes fit in the head's 16 KiB: refused by count, not size.
+        for fields, status in ((20, 200), (21, 431), (1_000, 431)):
             extra = "".join(f"X-F{i}: v\r\n" for i in range(fields - 1))
             async with connection(api.url) as (reader, writer):
                 writer.write(f"GET /healthz HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())

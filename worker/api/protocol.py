@@ -10,7 +10,8 @@ adds, per connection (docs/operations.md, "Front-door limits"):
 * head size: bytes are counted before the parser sees them, so an oversized head costs at most
   ``max_head_bytes`` (plus, on a connection that pipelines, the part of one read that follows
   the previous body): 431;
-* header count: 431;
+* header count, checked when the head is complete (the byte bound already bounds the fields
+  held until then): 431;
 * head time-out, from the connection's opening (or the first byte of a later request) to the
   end of the head: 408;
 * body time-out, from the end of the head to the end of the body. The app reads the body
@@ -53,6 +54,10 @@ class ConnectionLimits:
     max_connections: int
 
 
+class _Refused(Exception):
+    """Raised in a parser callback to stop parsing a refused head."""
+
+
 Refusal = Callable[[str], None]
 """Called with the reason of each refusal (the metric's label)."""
 
@@ -61,10 +66,6 @@ Refusal = Callable[[str], None]
 class _Policy:
     limits: ConnectionLimits
     on_refusal: Refusal
-
-
-class _TooManyHeaders(Exception):
-    """Raised in the parser's header callback to stop parsing a head with too many fields."""
 
 
 def plain_response(status: int, *, retry_after_s: int | None = None) -> bytes:
@@ -98,12 +99,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         self.limits = self.policy.limits
         self._head_left = self.limits.max_head_bytes
-        self._header_count = 0
         self._heads_read = 0
-        self._too_many_headers = False
+        # What is being read: a head (from the connection's start or a request's first byte),
+        # a body (from the end of its head), or nothing. The phase's deadline is armed at the
+        # end of the first read that leaves it unfinished, so a request read in one go costs
+        # no timer.
+        self._reading_head = False
         self._in_body = False
-        self._head_since: float | None = None
-        self._body_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._refused = False
 
@@ -114,7 +116,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, "connection_limit")
             return
-        self._head_since = self.loop.time()
+        self._reading_head = True
         self._arm_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -143,15 +145,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._arm_timer()
 
     def _feed(self, data: bytes | memoryview) -> None:
-        """``HttpToolsProtocol.data_received`` with a 431 for a head with too many fields."""
-        if self.transport.is_closing():
+        """``HttpToolsProtocol.data_received``, minus what a refusal already answered."""
+        if self.transport.is_closing() or self._refused:
             return
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            if self._too_many_headers:
-                self._refuse(431, "too_many_headers")
+            if self._refused:  # the head was refused in a callback
                 return
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
@@ -166,29 +167,21 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._header_count = 0
-        if self._head_since is None:
-            self._head_since = self.loop.time()
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self.limits.max_headers:
-            self._too_many_headers = True
-            raise _TooManyHeaders
-        super().on_header(name, value)
+        self._reading_head = True
 
     def on_headers_complete(self) -> None:
         self._cancel_timer()
         self._heads_read += 1
-        self._head_since = None
+        self._reading_head = False
         self._in_body = True
-        self._body_since = self.loop.time()
+        if len(self.headers) > self.limits.max_headers:
+            self._refuse(431, "too_many_headers")
+            raise _Refused  # stops the parser: no app is started for this head
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._cancel_timer()
         self._in_body = False
-        self._body_since = None
         self._head_left = self.limits.max_head_bytes
         super().on_message_complete()
         idle = self.cycle.response_complete and not self.pipeline
@@ -205,13 +198,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         """One timer at a time: the head's deadline while a head is read, else the body's."""
         if self._timer is not None:
             return
-        if self._head_since is not None:
-            deadline = self._head_since + self.limits.head_timeout_s
-        elif self._body_since is not None:
-            deadline = self._body_since + self.limits.body_timeout_s
-        else:
-            return
-        self._timer = self.loop.call_at(deadline, self._expired)
+        if self._reading_head:
+            self._timer = self.loop.call_later(self.limits.head_timeout_s, self._expired)
+        elif self._in_body:
+            self._timer = self.loop.call_later(self.limits.body_timeout_s, self._expired)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -222,7 +212,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._timer = None
         if self.transport.is_closing() or self._refused:
             return
-        if self._head_since is not None:
+        if not self._reading_head and not self._in_body:
+            return
+        if self._reading_head:
             self._refuse(408, "head_timeout")
             return
         # The body is late. An app still reading it answers 408 at its own deadline (now);
