@@ -91,6 +91,8 @@ async def measure(accounts: int, timeout_s: float, keys_dir: str) -> list[float]
                 kafka_fetch_max_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
                 provider_urls={"simulator": sim},
                 api_port=0,
+                api_metrics_port=0,
+                api_rate_limit_per_s=0,  # one workspace's confirms and polls, as fast as they go
                 api_keys_file=dev_keys_file(Path(keys_dir) / "keys.json"),
                 commands_partitions=6,
                 other_partitions=6,

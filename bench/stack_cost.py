@@ -312,13 +312,14 @@ class Stack:
 def start_stack(accounts: int, workdir: Path, keys: Path, timeout_s: float) -> Stack:
     ports = {
         name: free_port()
-        for name in ("broker", "simulator", "receiver", "api", "worker", "webhooks")
+        for name in ("broker", "simulator", "receiver", "api", "api_metrics", "worker", "webhooks")
     }
     env = base_env() | {
         "EMBEDDED_BROKER_PORT": str(ports["broker"]),
         "SIMULATOR_PORT": str(ports["simulator"]),
         "RECEIVER_PORT": str(ports["receiver"]),
         "API_PORT": str(ports["api"]),
+        "API_METRICS_PORT": str(ports["api_metrics"]),
         "WORKER_METRICS_PORT": str(ports["worker"]),
         "WEBHOOK_METRICS_PORT": str(ports["webhooks"]),
         "API_KEYS_FILE": str(keys),

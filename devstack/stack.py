@@ -165,10 +165,13 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     simulator = Component("simulator", ["devstack", "simulator"], env=env)
     worker = Component("worker", ["worker", "run"], env=env)
     dispatcher = Component("dispatcher", ["worker", "webhooks"], env=env)
-    api_env = env
+    # The dev stack is what the load benchmarks drive (bench/api_load.py, bench.stack_cost):
+    # thousands of requests a second from one workspace. Its front-end has no per-workspace
+    # rate limit unless API_RATE_LIMIT_PER_S is set.
+    api_env = {"API_RATE_LIMIT_PER_S": "0"} | env
     if broker is not None:
         # Each POST waits for its reply's fetch, which the embedded broker holds in full.
-        api_env = env | {"KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_API_FETCH_MAX_WAIT_MS)}
+        api_env = api_env | {"KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_API_FETCH_MAX_WAIT_MS)}
     api = Component("api", ["worker", "api"], env=api_env)
     components = [simulator, worker, dispatcher, api]
     try:
@@ -288,7 +291,8 @@ def _banner(settings: DevSettings, accounts: list[tuple[str, str]], endpoint_id:
         f"  provider sim      http://{settings.simulator_host}:{settings.simulator_port}",
         f"  worker probes     http://{settings.worker_metrics_host}:{settings.worker_metrics_port}"
         "/metrics  /healthz  /readyz",
-        f"  API front-end     {base}  (workspace {DEV_WORKSPACE}, key {DEV_KEY})",
+        f"  API front-end     {base}  (workspace {DEV_WORKSPACE}, key {DEV_KEY});"
+        f" metrics http://{settings.api_metrics_host}:{settings.api_metrics_port}/metrics",
         *_traces_line(),
         f"  webhooks          dispatcher http://{settings.webhook_metrics_host}:"
         f"{settings.webhook_metrics_port}/metrics; demo endpoint {endpoint_id} ->"

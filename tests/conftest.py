@@ -46,6 +46,7 @@ def make_settings(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> Se
             "commands_partitions": partitions,
             "other_partitions": partitions,
             "worker_metrics_port": 0,
+            "api_metrics_port": 0,
             "worker_shutdown_grace_s": 5.0,
             "worker_follow_up_poll_s": 0.2,
             "log_format": "console",

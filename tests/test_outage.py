@@ -276,6 +276,7 @@ async def test_processes_ride_out_a_frozen_broker(
             base
             | {
                 "API_PORT": str(api_port),
+                "API_METRICS_PORT": str(free_port()),
                 "API_KEYS_FILE": str(dev_keys_file(tmp_path / "keys.json")),
                 "API_REPLY_TIMEOUT_S": str(REPLY_TIMEOUT_S),
             },

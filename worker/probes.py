@@ -1,8 +1,9 @@
 """The probe routes every process serves: ``/metrics``, ``/healthz`` and ``/readyz``.
 
 One implementation for the worker's side door (``build_probe_app``) and the API front-end,
-which mounts ``Probes.routes()`` next to its own. Each process supplies its own checks: a
-check returns whether the probe passes (200, else 503) and the JSON body to answer with.
+which serves ``Probes.routes()`` on its own side door too and mounts ``health_routes()`` (no
+``/metrics``) next to its API routes. Each process supplies its own checks: a check returns
+whether the probe passes (200, else 503) and the JSON body to answer with.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ class Probes:
 
     def routes(self) -> list[Route]:
         """``GET`` routes (Starlette adds ``HEAD`` to them; the front-end takes it off)."""
+        return [Route("/metrics", self.metrics, methods=["GET"]), *self.health_routes()]
+
+    def health_routes(self) -> list[Route]:
+        """``/healthz`` and ``/readyz`` alone."""
         return [
-            Route("/metrics", self.metrics, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
         ]

@@ -191,6 +191,51 @@ class Settings(BaseSettings):
     )
     api_cors_origins: list[str] = Field(default_factory=list)
 
+    # --- API front door: connection limits, rate limit, metrics listener -----------------
+    # docs/operations.md, "Front-door limits".
+    api_metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Listen address of the front-end's side door: /metrics, /healthz, /readyz "
+        "(never on the public API port).",
+    )
+    api_metrics_port: int = Field(default=9102, ge=0, description="Side-door port (0: any free).")
+    api_max_header_bytes: int = Field(
+        default=16_384,
+        ge=1024,
+        description="Largest request head (request line and headers) read; larger: 431 and the "
+        "connection closed.",
+    )
+    api_max_headers: int = Field(
+        default=100, ge=8, description="Most header fields in one request; more: 431."
+    )
+    api_head_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest a connection may take from opening (or from the first byte of a "
+        "later request) to the end of the request head; slower: 408 and the connection closed.",
+    )
+    api_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest a request body may take after its head; slower: 408 "
+        "request_timeout, and the connection closed.",
+    )
+    api_max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="Open connections one front-end process serves at once; more: 503 and "
+        "closed at once.",
+    )
+    api_rate_limit_per_s: float = Field(
+        default=100.0,
+        ge=0,
+        description="Per-workspace token-bucket refill rate, in requests per second, per "
+        "front-end process (0: no rate limit). Over it: 429 rate_limited with Retry-After.",
+    )
+    api_rate_limit_burst: int = Field(
+        default=200, ge=1, description="Per-workspace bucket size: requests allowed at once."
+    )
+
     # --- webhooks ------------------------------------------------------------------------
     webhook_secrets_key: SecretStr | None = Field(
         default=None,

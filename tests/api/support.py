@@ -79,7 +79,7 @@ async def running_api(
 ) -> AsyncIterator[ApiRuntime]:
     """``serve_api`` as a task of this loop on a free loopback port; stopped on exit."""
     assert settings.api_host == "127.0.0.1"
-    settings = settings.model_copy(update={"api_port": 0})
+    settings = settings.model_copy(update={"api_port": 0, "api_metrics_port": 0})
     stop = asyncio.Event()
     started: list[ApiRuntime] = []
     task = asyncio.create_task(

@@ -410,7 +410,7 @@ async def test_cors_preflight(api_settings: ApiSettings) -> None:
         resp = await http.get(AUTH.format("acc_1"), headers=headers(Origin=ALLOWED_ORIGIN))
         assert resp.status_code == 404
         assert resp.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
-        assert resp.headers["access-control-expose-headers"] == "X-Request-Id"
+        assert resp.headers["access-control-expose-headers"] == "X-Request-Id, Retry-After"
         resp = await http.get(AUTH.format("acc_1"), headers=headers(Origin="https://evil.example"))
         assert "access-control-allow-origin" not in resp.headers
 
@@ -470,7 +470,8 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
         await http.get(AUTH.format("acc_secret_2"))
         await http.get("/v1/some/raw/path")
         await http.request("BREW", "/metrics")
-        text = (await http.get("/metrics")).text
+        assert (await http.get("/metrics")).status_code == 404  # not on the public port
+        text = (await http.get(f"{api.metrics_url}/metrics")).text
         assert text.startswith("# HELP")
         names = {
             m.group(1)
@@ -486,6 +487,7 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
             "api_kafka_outage_seconds",
             "api_kafka_broker_reachable",
             "api_tail_records_skipped_total",
+            "api_refusals_total",
         }
         samples = set(re.findall(r"^(api_[a-z_]+)[{ ]", text, flags=re.MULTILINE))
         assert {
@@ -500,7 +502,6 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
         assert routes <= {
             "/v1/accounts/{account_id}/auth",
             "/v1/accounts/{account_id}/auth/passkey-confirm",
-            "/metrics",
             "/healthz",
             "/readyz",
             "/openapi.json",

@@ -32,10 +32,11 @@ async def test_python_m_worker_api_serves_and_stops_on_sigterm(api_settings: Api
     after the 1 s reply timeout, nothing is cut off), then the process exits 0."""
     settings = api_settings(api_reply_timeout_s=1.0)
     await ensure_topics(settings)
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = os.environ | {
         "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
         "API_PORT": str(port),
+        "API_METRICS_PORT": str(metrics_port),
         "API_KEYS_FILE": str(settings.api_keys_file),
         "API_REPLY_TIMEOUT_S": "1.0",
         "COMMANDS_PARTITIONS": "3",
@@ -64,6 +65,10 @@ async def test_python_m_worker_api_serves_and_stops_on_sigterm(api_settings: Api
                 assert time.monotonic() < deadline, "the API process never became ready"
                 await asyncio.sleep(0.1)
             assert (await http.get("/v1/accounts/acc_1/auth", headers=headers())).status_code == 404
+            # /metrics is on the side door, not the public port.
+            assert (await http.get("/metrics")).status_code == 404
+            scrape = await http.get(f"http://127.0.0.1:{metrics_port}/metrics")
+            assert scrape.status_code == 200 and "api_refusals_total" in scrape.text
 
             in_flight = asyncio.create_task(
                 http.post("/v1/accounts/acc_1/auth/passkey-confirm", headers=headers())

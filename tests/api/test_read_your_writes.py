@@ -25,7 +25,11 @@ BEFORE = "passkey_confirmation"
 async def test_a_poll_right_after_a_confirm_never_shows_the_status_before_it(
     api_settings: ApiSettings, simulator: str
 ) -> None:
-    settings = api_settings(provider_urls={"simulator": simulator}, api_reply_timeout_s=10.0)
+    settings = api_settings(
+        provider_urls={"simulator": simulator},
+        api_reply_timeout_s=10.0,
+        api_rate_limit_per_s=0,  # hundreds of polls at once from one workspace: a load test
+    )
     accounts = [f"acc_{uuid.uuid4().hex[:8]}" for _ in range(60)]
     async with (
         running_worker(settings),

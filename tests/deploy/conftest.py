@@ -21,6 +21,7 @@ import shutil
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -205,13 +206,27 @@ def write_api_keys(path: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class ApiUrls:
+    """A served front-end: the public API and the side door with ``/metrics``."""
+
+    api: str
+    metrics: str
+
+
 @contextlib.asynccontextmanager
-async def serving_api(settings: Settings, keys_file: Path) -> AsyncIterator[str]:
-    """The front-end (``worker.api.app.serve_api``) on a free loopback port with its own
-    registry; yields its base URL once /readyz answers 200."""
+async def serving_api(settings: Settings, keys_file: Path) -> AsyncIterator[ApiUrls]:
+    """The front-end (``worker.api.app.serve_api``) on free loopback ports with its own
+    registry; yields its URLs once /readyz answers 200."""
     serve_api = require_api().serve_api
     settings = settings.model_copy(
-        update={"api_host": "127.0.0.1", "api_port": 0, "api_keys_file": keys_file}
+        update={
+            "api_host": "127.0.0.1",
+            "api_port": 0,
+            "api_metrics_host": "127.0.0.1",
+            "api_metrics_port": 0,
+            "api_keys_file": keys_file,
+        }
     )
     stop = asyncio.Event()
     started: list[Any] = []
@@ -229,7 +244,7 @@ async def serving_api(settings: Settings, keys_file: Path) -> AsyncIterator[str]
         await _until(lambda: bool(started), task, "front-end")
         base = str(started[0].base_url)
         await _get_ok(f"{base}/readyz", task, "front-end")
-        yield base
+        yield ApiUrls(api=base, metrics=str(started[0].metrics_url))
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=STOP_TIMEOUT_S)

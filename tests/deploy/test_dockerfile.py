@@ -83,13 +83,13 @@ def default(field: str) -> object:
 
 def test_exposes_the_default_ports() -> None:
     exposed = {int(p) for args in final("EXPOSE") for p in args.split()}
-    ports = ("worker_metrics_port", "api_port", "webhook_metrics_port")
+    ports = ("worker_metrics_port", "api_port", "webhook_metrics_port", "api_metrics_port")
     assert exposed == {default(port) for port in ports}
 
 
 def test_listens_on_all_interfaces_in_the_container() -> None:
     env = " ".join(final("ENV"))
-    for variable in ("WORKER_METRICS_HOST", "API_HOST", "WEBHOOK_METRICS_HOST"):
+    for variable in ("WORKER_METRICS_HOST", "API_HOST", "WEBHOOK_METRICS_HOST", "API_METRICS_HOST"):
         assert f"{variable}=0.0.0.0" in env
         field = variable.lower()
         assert field in Settings.model_fields or field in PENDING_WEBHOOK_DEFAULTS

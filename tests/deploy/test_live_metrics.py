@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devstack.broker import EmbeddedBroker
 from tests.deploy.conftest import (
     API_KEY,
+    ApiUrls,
     api_app,
     live_settings,
     require_api,
@@ -235,15 +236,19 @@ async def live(
         async with contextlib.AsyncExitStack() as stack:
             b = await stack.enter_async_context(bus(settings))
             worker_url = await stack.enter_async_context(serving_worker(settings))
-            api_url: str | None = None
+            api_urls: ApiUrls | None = None
             if api_app() is not None:
                 keys: Path = write_api_keys(tmp_path_factory.mktemp("live-api") / "keys.json")
-                api_url = await stack.enter_async_context(serving_api(settings, keys))
+                api_urls = await stack.enter_async_context(serving_api(settings, keys))
             await drive_worker(b)
-            if api_url is not None:
-                await drive_api(b, api_url)
+            if api_urls is not None:
+                await drive_api(b, api_urls.api)
             worker = await scrape_until_complete(worker_url, WORKER_PREFIX)
-            api = None if api_url is None else await scrape_until_complete(api_url, API_PREFIX)
+            api = (
+                None
+                if api_urls is None
+                else await scrape_until_complete(api_urls.metrics, API_PREFIX)
+            )
             yield Live(worker, api)
 
 

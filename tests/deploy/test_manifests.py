@@ -24,6 +24,7 @@ from worker.runner import shutdown_hard_limit
 from worker.settings import Settings, Topics
 
 REPO = Path(__file__).resolve().parents[2]
+PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml"))
 TARGETS = ["base", *(f"overlays/{name}" for name in OVERLAYS)]
@@ -526,6 +527,37 @@ def test_webhook_dispatcher_serves_its_probes_on_its_metrics_port(
     assert service["spec"].get("clusterIP") == "None", "headless: one DNS record per pod"
     assert service["spec"]["publishNotReadyAddresses"] is True
     assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(port, "metrics")]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_front_end_serves_metrics_and_probes_on_its_side_door(kubectl: str, target: str) -> None:
+    """``/metrics`` is not on the public API port: the front-end serves it, with the probes,
+    on API_METRICS_HOST:API_METRICS_PORT (default loopback), so the ConfigMap opens it on all
+    interfaces, and the container port, the probes and the scrape Service use it; the public
+    Service exposes the API port alone."""
+    objs = render(kubectl, target)
+    data = config(objs)
+    assert data["API_METRICS_HOST"] == "0.0.0.0"
+    port = int(data["API_METRICS_PORT"])
+    api_port = int(data["API_PORT"])
+    assert port != api_port
+    (container,) = containers(find(objs, "Deployment", "passkey-api"))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": api_port, "metrics": port}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] in ("metrics", port), probe
+    scrape = find(objs, "Service", "passkey-api-metrics")
+    assert scrape["spec"].get("clusterIP") == "None", "headless: one DNS record per pod"
+    assert [(p["port"], p["targetPort"]) for p in scrape["spec"]["ports"]] == [(port, "metrics")]
+    public = find(objs, "Service", "passkey-api")
+    assert [p["targetPort"] for p in public["spec"]["ports"]] == ["http"]
+    jobs = {
+        job["job_name"]: job
+        for job in yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))["scrape_configs"]
+    }
+    (sd,) = jobs["passkey-api"]["dns_sd_configs"]
+    assert sd["port"] == port
+    assert all(name.startswith("passkey-api-metrics.") for name in sd["names"])
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -414,8 +414,8 @@ async def test_failing_commands_fire_the_alerts_in_prometheus(
         targets = {"passkey-worker": worker_url.removeprefix("http://")}
         if with_api:
             keys = write_api_keys(tmp_path / "keys.json")
-            api_url = await stack.enter_async_context(serving_api(settings, keys))
-            targets["passkey-api"] = api_url.removeprefix("http://")
+            api = await stack.enter_async_context(serving_api(settings, keys))
+            targets["passkey-api"] = api.metrics.removeprefix("http://")
         down = await registered_accounts(b, DOWN_ACCOUNTS)
         unknown = await registered_accounts(b, UNKNOWN_PROVIDER_ACCOUNTS, provider=UNKNOWN_PROVIDER)
 

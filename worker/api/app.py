@@ -1,13 +1,15 @@
 """Composition root of a front-end process: the seed's §4/§5 contract over HTTP, backed by
 Kafka (docs/architecture.md, "The front-end"; docs/api.md).
 
-``build_app`` wires the Starlette app from clients built elsewhere; ``api_runtime`` builds and
+``build_app`` wires the Starlette apps (the public API, and the side door serving ``/metrics``
+and the probes on another port) from clients built elsewhere; ``api_runtime`` builds and
 starts those clients from settings; ``serve_api`` runs everything under uvicorn until
 SIGTERM/SIGINT (``python -m worker api``). The parts: ``routes`` (the two routes and their
 checks), ``webhook_routes`` / ``webhook_bodies`` / ``webhook_replay`` (the webhook-endpoint
-management API), ``middleware`` (request id, CORS, error safety net, metrics), ``cors``, ``bodies``
-(response models), ``openapi`` (the generated contract), ``runtime`` (the HTTP server loop),
-and the probes shared with the worker (``worker.probes``).
+management API), ``middleware`` (request id, CORS, error safety net, body deadline, metrics),
+``protocol`` (the connection limits), ``ratelimit`` (per-workspace token buckets), ``cors``,
+``bodies`` (response models), ``openapi`` (the generated contract), ``runtime`` (the HTTP
+server loop), and the probes shared with the worker (``worker.probes``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
@@ -27,6 +30,7 @@ from worker.api.metrics import ApiMetrics
 from worker.api.middleware import FrontDoor
 from worker.api.openapi import openapi_route
 from worker.api.quotas import EndpointLimits
+from worker.api.ratelimit import RateLimiter
 from worker.api.replies import ReplyRouter
 from worker.api.routes import (
     ACCOUNT_ID_RULE,
@@ -53,7 +57,15 @@ from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.store import EndpointStore
 from worker.webhooks.targets import TargetPolicy
 
-__all__ = ["ACCOUNT_ID_RULE", "ApiRuntime", "api_runtime", "build_app", "serve_api"]
+__all__ = [
+    "ACCOUNT_ID_RULE",
+    "ApiRuntime",
+    "FrontEndApps",
+    "api_runtime",
+    "build_app",
+    "rate_limiter",
+    "serve_api",
+]
 
 log = get_logger(__name__)
 
@@ -79,6 +91,23 @@ def _view_fetch_wait_ms(settings: Settings) -> int:
     return max(settings.kafka_fetch_max_wait_ms, VIEW_FETCH_MIN_WAIT_MS)
 
 
+@dataclass(frozen=True)
+class FrontEndApps:
+    """What one front-end serves: ``api`` on the public port, ``side_door`` (``/metrics``,
+    ``/healthz``, ``/readyz``) on ``API_METRICS_PORT``, and the metrics both record to."""
+
+    api: Starlette
+    side_door: Starlette
+    metrics: ApiMetrics
+
+
+def rate_limiter(settings: Settings) -> RateLimiter | None:
+    """The per-workspace token buckets, or ``None`` when ``API_RATE_LIMIT_PER_S`` is 0."""
+    if settings.api_rate_limit_per_s <= 0:
+        return None
+    return RateLimiter(settings.api_rate_limit_per_s, settings.api_rate_limit_burst)
+
+
 def build_app(
     settings: Settings,
     *,
@@ -89,8 +118,8 @@ def build_app(
     registry: CollectorRegistry,
     webhooks: WebhookClients | None = None,
     broker: BrokerHealth | None = None,
-) -> Starlette:
-    """The front-end app over clients built (and started) by the caller.
+) -> FrontEndApps:
+    """The front-end's apps over clients built (and started) by the caller.
 
     ``producer`` is a started ``AIOKafkaProducer``; ``replies``, ``view`` and ``webhooks``
     are started by the caller too (``webhooks`` ``None``: the webhook routes answer 500, the
@@ -109,6 +138,7 @@ def build_app(
         reply_timeout_s=settings.api_reply_timeout_s,
         webhook_tails=None if webhooks is None else webhooks.tails,
         broker=broker,
+        limiter=rate_limiter(settings),
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
     hooks = WebhookRoutes(
@@ -130,7 +160,7 @@ def build_app(
     routes = [
         *api.routes(),
         *hooks.routes(),
-        *without_head([*probes.routes(), openapi_route(EndpointLimits.of(settings))]),
+        *without_head([*probes.health_routes(), openapi_route(EndpointLimits.of(settings))]),
     ]
     front_door = Middleware(
         FrontDoor,
@@ -138,11 +168,12 @@ def build_app(
         cors=CorsPolicy(frozenset(settings.api_cors_origins)),
         routes=routes,
         preflight_routes=(*API_ROUTES, *WEBHOOK_ROUTES),
+        body_timeout_s=settings.api_body_timeout_s,
     )
     app = Starlette(routes=routes, middleware=[front_door], exception_handlers=EXCEPTION_HANDLERS)
     # "/v1/accounts/x/auth/" is not a route: 404, never a redirect.
     app.router.redirect_slashes = False
-    return app
+    return FrontEndApps(api=app, side_door=Starlette(routes=probes.routes()), metrics=metrics)
 
 
 def webhook_clients(
@@ -216,7 +247,7 @@ async def api_runtime(
     shared = view_consumer(settings)
     view = AuthStateView(shared.share(), topics.state)
     webhooks = webhook_clients(settings, producer, broker, shared)
-    app = build_app(
+    apps = build_app(
         settings,
         producer=producer,
         replies=replies,
@@ -240,7 +271,17 @@ async def api_runtime(
                 started.append(tail.stop)
             started.append(webhooks.replays.stop)  # stopped first: it produces
         runtime = ApiRuntime(
-            settings, app, producer, replies, view, keys, registry, webhooks, broker=broker
+            settings,
+            apps.api,
+            producer,
+            replies,
+            view,
+            keys,
+            registry,
+            webhooks,
+            broker=broker,
+            side_door=apps.side_door,
+            metrics=apps.metrics,
         )
         registry.register(TailSkips("api", lambda: runtime.tails))
         yield runtime
@@ -264,7 +305,8 @@ async def serve_api(
     Shutdown: stop accepting connections, let in-flight requests finish (up to the reply
     timeout), then close the Kafka clients. Raises if a Kafka tail dies, so the process exits
     non-zero rather than serving stale data. ``settings.api_port`` 0 picks a free port; the
-    address is in ``runtime.base_url`` when ``on_started`` is called. ``keys`` replaces the
+    address is in ``runtime.base_url`` when ``on_started`` is called (the side door's in
+    ``runtime.metrics_url``). ``keys`` replaces the
     store read from ``settings.api_keys_file``. ``install_signals=False`` leaves the signals
     to the caller (in-process tests).
     """

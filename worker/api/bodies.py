@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -100,10 +101,14 @@ class ApiReadiness(BaseModel):
     )
 
 
-def json_response(body: BaseModel, status_code: int = 200) -> JSONResponse:
-    return JSONResponse(body.model_dump(mode="json"), status_code=status_code)
+def json_response(
+    body: BaseModel, status_code: int = 200, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(body.model_dump(mode="json"), status_code=status_code, headers=headers)
 
 
-def error_response(request_id: str, err: ServiceError) -> JSONResponse:
+def error_response(
+    request_id: str, err: ServiceError, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     """The seed's failure envelope with the error's HTTP status."""
-    return json_response(ErrorResponse.of(request_id, err), err.http_status)
+    return json_response(ErrorResponse.of(request_id, err), err.http_status, headers)

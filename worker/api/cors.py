@@ -17,8 +17,9 @@ ALLOW_METHODS: Final = ", ".join(CORS_METHODS)
 """``Access-Control-Allow-Methods`` of an allowed preflight."""
 ALLOW_HEADERS: Final = ", ".join(CORS_HEADERS)
 """``Access-Control-Allow-Headers`` of an allowed preflight."""
-EXPOSE_HEADERS: Final = "X-Request-Id"
-"""``Access-Control-Expose-Headers`` of an actual request from an allowed origin."""
+EXPOSE_HEADERS: Final = "X-Request-Id, Retry-After"
+"""``Access-Control-Expose-Headers`` of an actual request from an allowed origin (a 429's
+``Retry-After`` is not a CORS-safelisted response header)."""
 
 
 @dataclass(frozen=True, slots=True)

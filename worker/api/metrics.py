@@ -18,6 +18,17 @@ _METHODS: Final = frozenset({"GET", "POST", "OPTIONS", "HEAD", "PUT", "PATCH", "
 
 UNMATCHED_ROUTE: Final = "unmatched"
 
+REFUSAL_REASONS: Final = (
+    "connection_limit",
+    "header_too_large",
+    "too_many_headers",
+    "head_timeout",
+    "body_timeout",
+    "rate_limited",
+)
+"""``api_refusals_total{reason}``: what the front door refuses (docs/operations.md,
+"Front-door limits"). Never labelled by workspace: the label set stays this small."""
+
 
 def method_label(method: str) -> str:
     """A bounded label for an HTTP method (fuzzers and scanners send anything)."""
@@ -52,6 +63,14 @@ class ApiMetrics:
             "Requests currently waiting for their reply on auth.replies",
             registry=registry,
         )
+        self.refusals = Counter(
+            "api_refusals",
+            "Connections and requests the front door refused, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in REFUSAL_REASONS:
+            self.refusals.labels(reason)
         self.ready = Gauge(
             "api_ready",
             "1 when the auth.state view caught up and the reply consumer is positioned",

@@ -2,7 +2,9 @@
 
 It picks the request id (a valid caller ``X-Request-Id`` or ``req_<uuid4 hex>``), answers CORS
 preflights, stamps ``X-Request-Id`` (and CORS headers) on every response, turns unexpected
-exceptions into the seed's 500 error body, records the request metrics, and continues the
+exceptions into the seed's 500 error body, bounds the time the app waits for the request body
+(408 ``request_timeout``; the connection side is ``worker.api.protocol``), records the request
+metrics, and continues the
 caller's W3C ``traceparent`` (or starts a trace) in a SERVER span for the API's routes
 (``worker.tracing``; probes and unmatched paths are not traced). Doing this in one
 layer around the app, rather than per handler, covers 404s, probes and crashes alike.
@@ -10,6 +12,7 @@ layer around the app, rather than per handler, covers 404s, probes and crashes a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Collection, Sequence
@@ -37,7 +40,8 @@ class FrontDoor:
 
     ``routes`` are the app's routes: a request's metrics label is the template of the one its
     path matches (``unmatched`` otherwise), never the raw path. Preflights are answered for the
-    templates in ``preflight_routes`` only.
+    templates in ``preflight_routes`` only. ``body_timeout_s`` bounds, from the request's
+    start, how long reading its body may take (``None``: unbounded).
     """
 
     def __init__(
@@ -48,8 +52,10 @@ class FrontDoor:
         cors: CorsPolicy,
         routes: Sequence[Route],
         preflight_routes: Collection[str],
+        body_timeout_s: float | None = None,
     ) -> None:
         self.app = app
+        self.body_timeout_s = body_timeout_s
         self.metrics = metrics
         self.cors = cors
         self._templates = tuple((route.path, route.path_regex) for route in routes)
@@ -69,6 +75,8 @@ class FrontDoor:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        if self.body_timeout_s is not None:
+            receive = _receive_until(receive, self.body_timeout_s)
         headers = Headers(scope=scope)
         caller_rid = headers.get("x-request-id")
         request_id = caller_rid if caller_rid and valid_id(caller_rid) else new_request_id()
@@ -163,3 +171,20 @@ class FrontDoor:
                 request_id, ServiceError.of("cors_forbidden", f"CORS preflight refused: {refusal}")
             )
         return Response(status_code=204, headers=self.cors.preflight_headers(origin))
+
+
+def _receive_until(receive: Receive, timeout_s: float) -> Receive:
+    """``receive`` that raises 408 ``request_timeout`` once ``timeout_s`` have passed since
+    now (the request's start): a body sent a byte at a time must not hold a handler."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+
+    async def receive_in_time() -> Message:
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await receive()
+        except TimeoutError:
+            raise ServiceError.of(
+                "request_timeout", f"The request body did not arrive within {timeout_s:g} s."
+            ) from None
+
+    return receive_in_time

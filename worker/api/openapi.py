@@ -99,7 +99,15 @@ class Failure:
         return f"`{err.code}` ({numeric}): {self.when or entry(err.code).condition}"
 
 
-_UNAUTHORIZED: Final = (Failure("missing_api_key"), Failure("invalid_api_key"))
+# What every operation with an API key can answer at the key check: 401, and the workspace's
+# rate limit (429, a service extension).
+_KEY_CHECK: Final = (
+    Failure("missing_api_key"),
+    Failure("invalid_api_key"),
+    Failure("rate_limited"),
+)
+# Operations that read a body: the body's deadline (408, a service extension).
+_BODY_TIMEOUT: Final = Failure("request_timeout")
 _NOT_FOUND: Final = Failure(
     "not_found",
     "The account does not exist in the key's workspace (unknown, deregistered or another"
@@ -108,7 +116,7 @@ _NOT_FOUND: Final = Failure(
 _CONFIRM_FAILURES: Final = (
     Failure("invalid_request", "Malformed `account_id` or body."),
     Failure("provider_invalid_request"),
-    *_UNAUTHORIZED,
+    *_KEY_CHECK,
     _NOT_FOUND,
     Failure("account_already_authorized"),
     Failure("provider_not_ready", "The status is before the challenge, or `failed`."),
@@ -121,10 +129,11 @@ _CONFIRM_FAILURES: Final = (
     Failure("unsupported_by_provider", "The account's provider has no Passkey confirmation."),
     Failure("provider_unavailable", refined=(30010,)),
     Failure("provider_adapter_not_found"),
+    _BODY_TIMEOUT,
 )
 _AUTH_FAILURES: Final = (
     Failure("invalid_request", "Malformed `account_id`."),
-    *_UNAUTHORIZED,
+    *_KEY_CHECK,
     _NOT_FOUND,
     Failure("get_auth_state_failed", "The state is not available yet (the front-end is starting)."),
 )
@@ -157,7 +166,7 @@ def _webhook_failures(
     when = _NOT_CONFIGURED.format(extra=extra or "nothing was changed.")
     return (
         *((Failure("invalid_request", bad_request),) if bad_request else ()),
-        *_UNAUTHORIZED,
+        *_KEY_CHECK,
         *((_WEBHOOK_NOT_FOUND,) if not_found else ()),
         Failure(failure, when[0].upper() + when[1:]),
     )
@@ -360,6 +369,7 @@ def _webhook_operation(
     }
     if body is not None:
         operation["requestBody"] = body
+        failures = (*failures, _BODY_TIMEOUT)
     operation["responses"] = {ok_status: ok, **_error_responses(failures)}
     return operation
 
@@ -604,7 +614,10 @@ def openapi_document(limits: EndpointLimits | None = None) -> dict[str, Any]:
             {"name": "auth", "description": "Account authorization flow."},
             {"name": "webhooks", "description": "Webhook endpoints of the key's workspace."},
             {"name": "cors", "description": "Browser preflights."},
-            {"name": "operations", "description": "Probes and metrics (no API key)."},
+            {
+                "name": "operations",
+                "description": "Probes (no API key; metrics are on the side door).",
+            },
         ],
         "paths": {
             PASSKEY_CONFIRM: {
@@ -674,21 +687,6 @@ def openapi_document(limits: EndpointLimits | None = None) -> dict[str, Any]:
                 "Ready.",
                 "Not ready.",
             ),
-            "/metrics": {
-                "get": {
-                    "operationId": "metrics",
-                    "summary": "Prometheus metrics",
-                    "tags": ["operations"],
-                    "security": [],
-                    "responses": {
-                        "200": {
-                            "description": "Prometheus text exposition format.",
-                            "headers": dict(_RID_HEADER),
-                            "content": {"text/plain": {"schema": {"type": "string"}}},
-                        }
-                    },
-                }
-            },
         },
         "components": {
             "securitySchemes": {

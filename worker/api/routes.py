@@ -1,5 +1,6 @@
 """The two routes of the contract and the checks they run, in the contract's order: route
-(404, by the router), API key (401), ``account_id`` format (400), body (400), then the work.
+(404, by the router), API key (401), the workspace's rate limit (429), ``account_id`` format
+(400), body (400), then the work.
 
 ``ApiRoutes`` holds the clients the handlers need; the composition root (``worker.api.app``)
 builds it. Starlette, not FastAPI: every check is explicit here and the OpenAPI document is
@@ -35,6 +36,7 @@ from worker.api.bodies import (
 )
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
+from worker.api.ratelimit import RateLimited, RateLimiter
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
 from worker.api.view import AccountView, AuthStateView
 from worker.catalogue import ServiceError
@@ -74,7 +76,16 @@ def request_id_of(request: Request) -> str:
 
 async def on_service_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServiceError)
-    return error_response(request_id_of(request), exc)
+    return error_response(request_id_of(request), exc, headers=_error_headers(exc))
+
+
+def _error_headers(err: ServiceError) -> dict[str, str] | None:
+    """``Retry-After`` on a 429; ``Connection: close`` on a 408, whose body was not read."""
+    if isinstance(err, RateLimited):
+        return {"Retry-After": str(err.retry_after_s)}
+    if err.code == "request_timeout":
+        return {"Connection": "close"}
+    return None
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -150,8 +161,10 @@ class ApiRoutes:
         reply_timeout_s: float,
         webhook_tails: Sequence[TopicTail] | None = None,
         broker: BrokerHealth | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.producer = producer
+        self.limiter = limiter
         self.broker = broker or BrokerHealth()
         self.replies = replies
         self.view = view
@@ -193,7 +206,8 @@ class ApiRoutes:
     # -- checks ------------------------------------------------------------------------------
 
     def authenticate(self, request: Request) -> str:
-        """The key's workspace; the workspace never comes from anywhere else."""
+        """The key's workspace (the workspace never comes from anywhere else), once the
+        workspace's rate limit lets the request through (429 otherwise)."""
         raw = request.headers.get("x-api-key")
         if raw is None or not raw.strip():
             raise ServiceError.of("missing_api_key", "The X-Api-Key request header is missing.")
@@ -202,6 +216,11 @@ class ApiRoutes:
             raise ServiceError.of(
                 "invalid_api_key", "The API key is not recognised or has been disabled."
             )
+        if self.limiter is not None:
+            wait_s = self.limiter.take(workspace_id)
+            if wait_s > 0:
+                self.metrics.refusals.labels("rate_limited").inc()
+                raise RateLimited.after(wait_s)
         return workspace_id
 
     # -- POST /v1/accounts/{account_id}/auth/passkey-confirm ---------------------------------

@@ -1,7 +1,10 @@
 """What one running front-end process holds (``ApiRuntime``) and its HTTP server loop.
 
 ``serve_runtime`` serves the app under uvicorn until ``stop`` is set or a Kafka reader dies,
-then lets in-flight requests finish (up to the reply timeout + 2 s). Raising when a reader
+then lets in-flight requests finish (up to the reply timeout + 2 s). The public port speaks
+``worker.api.protocol``'s limited HTTP/1.1; ``/metrics`` and the probes are served on a side
+door of their own (``API_METRICS_HOST``/``API_METRICS_PORT``, ``worker.serving``), out of the
+public port's reach and unaffected by its connection limit. Raising when a reader
 died makes the process exit non-zero rather than serve stale data. A Kafka outage longer than
 ``KAFKA_OUTAGE_TOLERANCE_S`` ends it the same way (``worker.outage``; shorter ones only turn
 ``/readyz`` red). uvicorn's own signal capture is off (``worker.serving.EmbeddedServer``):
@@ -20,13 +23,15 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
 from worker.api.keys import KeyStore
+from worker.api.metrics import ApiMetrics
+from worker.api.protocol import ConnectionLimits, limited_protocol
 from worker.api.replies import ReplyRouter
 from worker.api.view import AuthStateView
 from worker.api.webhook_routes import WebhookClients
 from worker.eventloop import running_loop_name
 from worker.logs import get_logger
 from worker.outage import BrokerHealth, metadata_probe
-from worker.serving import EmbeddedServer
+from worker.serving import EmbeddedServer, serving
 from worker.settings import Settings
 from worker.tail import TopicTail
 
@@ -35,8 +40,9 @@ log = get_logger(__name__)
 
 @dataclass
 class ApiRuntime:
-    """Everything one front-end process runs; ``base_url`` is set once the server listens.
-    ``webhooks`` is ``None`` when the service has no webhook secrets key."""
+    """Everything one front-end process runs; ``base_url`` (and ``metrics_url``, the side
+    door's) is set once the server listens. ``webhooks`` is ``None`` when the service has no
+    webhook secrets key; ``side_door`` serves ``/metrics`` and the probes."""
 
     settings: Settings
     app: Starlette
@@ -48,6 +54,9 @@ class ApiRuntime:
     webhooks: WebhookClients | None = None
     base_url: str | None = None
     broker: BrokerHealth = field(default_factory=BrokerHealth)
+    side_door: Starlette | None = None
+    metrics: ApiMetrics | None = None
+    metrics_url: str | None = None
 
     @property
     def tails(self) -> tuple[TopicTail, ...]:
@@ -74,16 +83,51 @@ async def _listen(server: uvicorn.Server, settings: Settings) -> None:
         ) from None
 
 
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    return ConnectionLimits(
+        max_head_bytes=settings.api_max_header_bytes,
+        max_headers=settings.api_max_headers,
+        head_timeout_s=settings.api_head_timeout_s,
+        body_timeout_s=settings.api_body_timeout_s,
+        max_connections=settings.api_max_connections,
+    )
+
+
 async def serve_runtime(
     runtime: ApiRuntime, stop: asyncio.Event, on_started: Callable[[ApiRuntime], None] | None
 ) -> None:
-    """Serve ``runtime.app`` until ``stop``, a server failure or a Kafka reader's end."""
+    """Serve ``runtime.app`` (and its side door) until ``stop``, a server failure or a Kafka
+    reader's end."""
     settings = runtime.settings
+    if runtime.side_door is None:
+        await _serve_api(runtime, stop, on_started)
+        return
+    async with serving(
+        runtime.side_door,
+        host=settings.api_metrics_host,
+        port=settings.api_metrics_port,
+        name="api-metrics",
+    ) as metrics_url:
+        runtime.metrics_url = metrics_url
+        await _serve_api(runtime, stop, on_started)
+
+
+async def _serve_api(
+    runtime: ApiRuntime, stop: asyncio.Event, on_started: Callable[[ApiRuntime], None] | None
+) -> None:
+    settings = runtime.settings
+    metrics = runtime.metrics
+    refusals = None if metrics is None else metrics.refusals
     server = EmbeddedServer(
         uvicorn.Config(
             runtime.app,
             host=settings.api_host,
             port=settings.api_port,
+            http=limited_protocol(
+                connection_limits(settings),
+                lambda reason: None if refusals is None else refusals.labels(reason).inc(),
+            ),
+            ws="none",
             log_config=None,  # uvicorn's records go through worker.logs like every other
             log_level="info" if settings.api_access_log else "warning",
             access_log=settings.api_access_log,
@@ -112,6 +156,7 @@ async def serve_runtime(
             log.info(
                 "api_started",
                 url=runtime.base_url,
+                metrics_url=runtime.metrics_url,
                 bootstrap=settings.bootstrap,
                 event_loop=running_loop_name(),
             )
