@@ -488,6 +488,9 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
             "api_kafka_broker_reachable",
             "api_tail_records_skipped_total",
             "api_refusals_total",
+            "api_quota_refusals_total",
+            "api_webhook_secrets_dropped_total",
+            "api_webhook_replays_in_flight",
         }
         samples = set(re.findall(r"^(api_[a-z_]+)[{ ]", text, flags=re.MULTILINE))
         assert {
