@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from worker import eventloop, logs, tracing
+from worker import eventloop, logs, preflight, tracing
 from worker.process import run_command, run_until_signal, tune_gc
 from worker.settings import Settings
 
@@ -33,6 +33,8 @@ def _trace(service: str) -> None:
 def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.app import run_worker
 
+    if (refused := preflight.refuse(settings, "run", providers=True)) is not None:
+        return refused
     tune_gc(settings)
     _trace(tracing.SERVICE_WORKER)
     return run_until_signal(run_worker(settings), settings)
@@ -41,6 +43,8 @@ def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
 def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
     from worker.kafka import ensure_topics
 
+    if (refused := preflight.refuse(settings, "topics")) is not None:
+        return refused
     counts = eventloop.run(ensure_topics(settings), settings.event_loop)
     for name, n in counts.items():
         print(f"{name}\t{n} partitions")
@@ -50,6 +54,8 @@ def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
 def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     from worker.api.app import serve_api
 
+    if (refused := preflight.refuse(settings, "api")) is not None:
+        return refused
     tune_gc(settings)
     _trace(tracing.SERVICE_API)
     return run_until_signal(serve_api(settings), settings)
@@ -58,6 +64,8 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
 def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
     from worker.webhooks.app import run_dispatcher
 
+    if (refused := preflight.refuse(settings, "webhooks")) is not None:
+        return refused
     tune_gc(settings)
     _trace(tracing.SERVICE_WEBHOOKS)
     return run_until_signal(run_dispatcher(settings), settings)

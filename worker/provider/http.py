@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import json
 import random
+import ssl
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Self
 from urllib.parse import quote, urlsplit
@@ -34,6 +35,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from worker import __version__, tracing
 from worker.provider.base import CallObserver, ProviderAuthState, RetryObserver
 from worker.provider.breaker import CircuitBreaker
+from worker.provider.credentials import Credential
 from worker.provider.errors import invalid_call, map_upstream_failure
 from worker.provider.retry import RetryPolicy, call_with_retries
 from worker.provider.transport import AiohttpClient, RawAnswer
@@ -135,7 +137,12 @@ class ShardedClient:
 
 
 def build_http_client(
-    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    tls: ssl.SSLContext | None = None,
+    timeout_s: float | None = None,
+    connect_timeout_s: float | None = None,
 ) -> ProviderHttpClient:
     """The process-wide provider client, ``PROVIDER_HTTP_CLIENT`` (aiohttp by default): per
     phase timeouts of ``PROVIDER_TIMEOUT_S`` and ``PROVIDER_MAX_CONNECTIONS`` connections.
@@ -143,13 +150,20 @@ def build_http_client(
     With ``httpx`` (or a test ``transport``) the connections come in shards of
     ``CONNECTIONS_PER_SHARD`` (see ``ShardedClient``). The adapters gate concurrent calls at
     the same bound, so requests wait on a semaphore rather than inside a pool.
+
+    A provider with TLS material or timeouts of its own (``PROVIDER_<NAME>_*``) gets a client
+    of its own: ``tls`` (CA bundle, client certificate) and the timeouts replace the defaults.
     """
     user_agent = {"User-Agent": f"passkey-auth-worker/{__version__}"}
+    read_s = settings.provider_timeout_s if timeout_s is None else timeout_s
+    connect_s = read_s if connect_timeout_s is None else connect_timeout_s
     if settings.provider_http_client == "aiohttp" and transport is None:
         return AiohttpClient(
-            timeout_s=settings.provider_timeout_s,
+            timeout_s=read_s,
+            connect_timeout_s=connect_s,
             max_connections=settings.provider_max_connections,
             headers=user_agent,
+            tls=tls,
         )
     total = settings.provider_max_connections
     per_shard = min(CONNECTIONS_PER_SHARD, total)
@@ -158,11 +172,12 @@ def build_http_client(
     return ShardedClient(
         [
             httpx.AsyncClient(
-                timeout=httpx.Timeout(settings.provider_timeout_s),
+                timeout=httpx.Timeout(read_s, connect=connect_s),
                 limits=limits,
                 headers=user_agent,
                 follow_redirects=False,
                 transport=transport,
+                verify=True if tls is None else tls,
             )
             for _ in range(shards)
         ]
@@ -222,7 +237,8 @@ class HttpProviderAdapter:
     otherwise); each retry keyword that is given overrides that field of it, so a test can
     change one knob. ``breaker=None`` disables the breaker (tests); ``build_registry`` always
     gives one per provider. ``on_call``/``on_retry`` are metric hooks, so this module needs no
-    registry.
+    registry. ``credential`` (``PROVIDER_<NAME>_TOKEN[_FILE]``) adds its header to every
+    request.
     """
 
     def __init__(
@@ -241,6 +257,7 @@ class HttpProviderAdapter:
         on_retry: RetryObserver | None = None,
         rng: random.Random | None = None,
         max_concurrency: int | None = None,
+        credential: Credential | None = None,
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
@@ -255,6 +272,7 @@ class HttpProviderAdapter:
         )
         self.breaker = breaker
         self._client = client
+        self._credential = credential
         # The aiohttp client answers raw (status, body, headers): no httpx.Response per call.
         self._raw = client.request_raw if isinstance(client, AiohttpClient) else None
         self._host, self._port = _host_port(self.base_url)
@@ -278,6 +296,7 @@ class HttpProviderAdapter:
         *,
         on_call: CallObserver | None = None,
         on_retry: RetryObserver | None = None,
+        credential: Credential | None = None,
     ) -> HttpProviderAdapter:
         """An adapter with the retry and breaker knobs of ``settings``."""
         return cls(
@@ -291,6 +310,7 @@ class HttpProviderAdapter:
             on_call=on_call,
             on_retry=on_retry,
             max_concurrency=settings.provider_max_connections,
+            credential=credential,
         )
 
     async def confirm_passkey(
@@ -338,6 +358,8 @@ class HttpProviderAdapter:
                 attributes=self._span_attributes(operation, method, template, attempts),
             ) as client_span:
                 sent = {**headers, **tracing.http_headers()}
+                if self._credential is not None:
+                    sent.update(self._credential.headers())
                 raw: RawAnswer | None = None
                 try:
                     async with self._gate:

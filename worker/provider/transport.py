@@ -28,6 +28,7 @@ Exception tree translated (aiohttp → httpx):
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Mapping
 from types import TracebackType
 
@@ -54,15 +55,19 @@ class AiohttpClient:
         timeout_s: float,
         max_connections: int,
         headers: dict[str, str] | None = None,
+        connect_timeout_s: float | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        self.timeout = httpx.Timeout(timeout_s)
+        connect_s = timeout_s if connect_timeout_s is None else connect_timeout_s
+        self.timeout = httpx.Timeout(timeout_s, connect=connect_s)
         self.headers = httpx.Headers(headers or {})
         self.follow_redirects = False
         self._max_connections = max_connections
+        self._tls = tls
         # No total: the adapter's deadline bounds a call; these bound each phase, as
         # httpx.Timeout(timeout_s) does (connect, and each read of the socket).
         self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=timeout_s, sock_connect=timeout_s, sock_read=timeout_s
+            total=None, connect=connect_s, sock_connect=connect_s, sock_read=timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -76,7 +81,11 @@ class AiohttpClient:
             raise RuntimeError("the provider client is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_connections,
+                    limit_per_host=0,
+                    ssl=True if self._tls is None else self._tls,
+                ),
                 timeout=self._timeout,
                 headers=dict(self.headers),
                 auto_decompress=True,
