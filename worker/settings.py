@@ -269,6 +269,13 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     api_keys_file: Path | None = None
+    # API key lifecycle (worker/api/keys.py): how soon an edit of the keys file is in force.
+    api_keys_reload_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="The front-end checks the keys file's modification time at most this "
+        "often; a disabled, rotated or deleted key answers 401 within it.",
+    )
     api_reply_timeout_s: float = Field(default=10.0, gt=0)
     api_reply_partition: int | None = Field(
         default=None,

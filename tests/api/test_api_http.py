@@ -485,6 +485,7 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
             "api_ready",
             "api_kafka_outage_seconds",
             "api_kafka_broker_reachable",
+            "api_key_last_used_timestamp_seconds",
         }
         samples = set(re.findall(r"^(api_[a-z_]+)[{ ]", text, flags=re.MULTILINE))
         assert {

@@ -7,14 +7,40 @@ route template (``/v1/accounts/{account_id}/auth``) or ``unmatched``, never the 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _METHODS: Final = frozenset({"GET", "POST", "OPTIONS", "HEAD", "PUT", "PATCH", "DELETE"})
 
 UNMATCHED_ROUTE: Final = "unmatched"
+
+
+#: ``(key_id, workspace_id, unix time)`` of each key presented (``KeyStore.last_used``).
+KeyUsage = Callable[[], Iterable[tuple[str, str, float]]]
+
+
+class KeyUsageCollector(Collector):
+    """``api_key_last_used_timestamp_seconds{key_id,workspace_id}``, read from the key store
+    at scrape time: one series per key id of the keys file (operator-created, so bounded);
+    a deleted key's series goes with it. Key ids only, never a key."""
+
+    def __init__(self, usage: KeyUsage) -> None:
+        self._usage = usage
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "api_key_last_used_timestamp_seconds",
+            "Unix time this front-end last saw each API key presented (accepted or not)",
+            labels=["key_id", "workspace_id"],
+        )
+        for key_id, workspace_id, seen_at in self._usage():
+            family.add_metric([key_id, workspace_id], seen_at)
+        yield family
 
 
 def method_label(method: str) -> str:
@@ -55,3 +81,7 @@ class ApiMetrics:
             "1 when the auth.state view caught up and the reply consumer is positioned",
             registry=registry,
         )
+
+    def export_key_usage(self, usage: KeyUsage) -> None:
+        """Export the last-used time of each API key (``KeyUsageCollector``)."""
+        self.registry.register(KeyUsageCollector(usage))
