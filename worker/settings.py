@@ -61,6 +61,11 @@ class Topics(BaseSettings):
 
 #: An HTTP header name or auth scheme: RFC 9110 ``token`` characters only.
 _HTTP_TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$")
+#: Headers the adapter or the HTTP client write themselves: a credential may not replace them.
+_RESERVED_HEADERS: Final = frozenset(
+    {"accept", "content-length", "host", "idempotency-key", "traceparent", "tracestate",
+     "transfer-encoding", "user-agent"}
+)  # fmt: skip
 
 
 def provider_env_prefix(name: str) -> str:
@@ -111,6 +116,8 @@ class ProviderConnection(BaseModel):
             raise ValueError("set TOKEN or TOKEN_FILE, not both")
         if not _HTTP_TOKEN.fullmatch(self.auth_header):
             raise ValueError("AUTH_HEADER must be an HTTP header name")
+        if self.auth_header.lower() in _RESERVED_HEADERS:
+            raise ValueError(f"AUTH_HEADER cannot be {self.auth_header}: the adapter sets it")
         if self.auth_scheme and not _HTTP_TOKEN.fullmatch(self.auth_scheme):
             raise ValueError("AUTH_SCHEME must be one HTTP token (e.g. Bearer)")
         if self.client_key_file is not None and self.client_cert_file is None:

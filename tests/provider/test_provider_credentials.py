@@ -154,6 +154,7 @@ async def test_the_token_never_reaches_logs_reprs_or_errors(
         for bad, problem in (
             ({"token": SecretStr(TOKEN), "token_file": tmp_path / "t"}, "not both"),
             ({"token": SecretStr(TOKEN), "auth_header": "bad header"}, "header name"),
+            ({"token": SecretStr(TOKEN), "auth_header": "Idempotency-Key"}, "the adapter sets"),
         ):
             with pytest.raises(ValueError, match=problem) as refused:
                 ProviderConnection(**bad)
