@@ -113,6 +113,7 @@ def base_env(log_level: str = "WARNING") -> dict[str, str]:
     drop = ("TOPIC_", "KAFKA_", "PROVIDER_", "SIMULATOR_", "WORKER_", "API_", "WEBHOOK_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["PYTHONPATH"] = str(REPO_ROOT)
+    env["ENVIRONMENT"] = "development"  # loopback broker and simulator (worker/preflight.py)
     env["LOG_LEVEL"] = log_level
     env["LOG_FORMAT"] = "json"
     return env

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-from worker.api.keys import add_key
+from worker.api.keyfile import create_key
 
 __all__ = ["DEV_KEY", "DEV_WORKSPACE", "dev_keys_file"]
 
@@ -20,5 +20,5 @@ DEV_KEY: Final = "dev-key-ws-demo"
 def dev_keys_file(path: Path) -> Path:
     """Write a fresh keys file holding only the hash of the dev key."""
     path.unlink(missing_ok=True)
-    add_key(path, DEV_WORKSPACE, raw_key=DEV_KEY, key_id="key_dev_demo")
+    create_key(path, DEV_WORKSPACE, raw_key=DEV_KEY, key_id="key_dev_demo")
     return path

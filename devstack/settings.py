@@ -7,7 +7,7 @@ Each field maps to the upper-case environment variable of its name, like every o
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings
 
@@ -28,6 +28,14 @@ class DevSettings(Settings):
     simulator_error_rate: float = Field(default=0.0, ge=0, le=1)
     simulator_authorize_delay_s: float = Field(default=2.0, ge=0)
     simulator_slow_ms: float = Field(default=300.0, ge=0)
+    simulator_token: SecretStr | None = Field(
+        default=None, description="Required credential of every provider call (unset: none)."
+    )
+    simulator_auth_header: str = Field(
+        default="Authorization",
+        description="Where the credential is expected: Authorization (as Bearer) or an "
+        "API-key header (the bare value).",
+    )
 
     receiver_host: str = "127.0.0.1"
     receiver_port: int = 8070

@@ -24,6 +24,13 @@ Knobs (latency median and jitter, error rate, authorize delay, slow latency, ``f
 answer the next N calls 503) start from settings and change at run time via
 ``POST /_sim/config``; ``POST /_sim/reset`` forgets accounts, keys and counters.
 
+Credentials: given a token (``SIMULATOR_TOKEN``), every provider call must carry it, as
+``Authorization: Bearer <token>`` or, with ``SIMULATOR_AUTH_HEADER`` set to another header, as
+that header's bare value (what ``PROVIDER_<NAME>_TOKEN`` / ``_AUTH_HEADER`` send); a call
+without it answers 401 ``{"error": {"type": "unauthorized"}}`` and is counted in
+``unauthorized_calls``, with no effect. The dev stack configures both sides, so every call of
+``make run`` and of the tests that give a token proves the worker sends its credential.
+
 ``ProviderSimulator`` holds the behaviour without any transport; the Starlette app and the
 ``InProcessTransport`` (the benchmark's provider, the HTTP adapter with no sockets below it)
 are two thin fronts on it.
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import random
 import time
@@ -43,7 +51,7 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -105,6 +113,7 @@ _KEY_REUSED: Final = _error(
     422, "invalid_request", "The Idempotency-Key was used for another account."
 )
 _NOT_PENDING: Final = _error(422, "operation_failed", "No passkey challenge is pending.")
+_UNAUTHORIZED: Final = _error(401, "unauthorized", "Missing or wrong credentials.")
 
 
 class SimulatorKnobs(BaseModel):
@@ -128,6 +137,7 @@ class SimStats(TypedDict):
     confirm_traceparents: dict[str, str]
     state_calls: int
     total_calls: int
+    unauthorized_calls: int
 
 
 @dataclass(slots=True)
@@ -143,6 +153,7 @@ class _Counters:
     confirm_traceparents: dict[str, str] = field(default_factory=dict)
     state_calls: int = 0
     total_calls: int = 0
+    unauthorized_calls: int = 0
 
 
 class ProviderSimulator:
@@ -151,6 +162,7 @@ class ProviderSimulator:
     Each call sleeps its latency first and then decides without awaiting, so concurrent calls
     with one idempotency key cannot both take effect. ``clock`` drives only the authorize
     delay (tests advance it instead of sleeping); ``rng`` drives latency and error rate.
+    ``token`` makes every call present it in ``auth_header`` (``admits``).
     """
 
     def __init__(
@@ -163,7 +175,15 @@ class ProviderSimulator:
         slow_ms: float = 300.0,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        token: SecretStr | None = None,
+        auth_header: str = "Authorization",
     ) -> None:
+        self.auth_header = auth_header
+        self._expected: bytes | None = None
+        if token is not None:
+            value = token.get_secret_value()
+            bearer = auth_header.lower() == "authorization"
+            self._expected = (f"Bearer {value}" if bearer else value).encode()
         self.knobs = SimulatorKnobs(
             latency_ms=latency_ms,
             jitter_ms=jitter_ms,
@@ -193,6 +213,8 @@ class ProviderSimulator:
             slow_ms=settings.simulator_slow_ms,
             rng=rng,
             clock=clock,
+            token=settings.simulator_token,
+            auth_header=settings.simulator_auth_header,
         )
 
     # -- control -------------------------------------------------------------------------------
@@ -216,7 +238,18 @@ class ProviderSimulator:
             "confirm_traceparents": dict(c.confirm_traceparents),
             "state_calls": c.state_calls,
             "total_calls": c.total_calls,
+            "unauthorized_calls": c.unauthorized_calls,
         }
+
+    def admits(self, presented: str | None) -> SimReply | None:
+        """None when the call may proceed; the 401 to answer when a token is required and
+        ``presented`` (the value of ``auth_header``) is not it."""
+        if self._expected is None:
+            return None
+        if presented is not None and hmac.compare_digest(presented.encode(), self._expected):
+            return None
+        self._counters.unauthorized_calls += 1
+        return _UNAUTHORIZED
 
     # -- the two provider operations -----------------------------------------------------------
 
@@ -333,6 +366,9 @@ def build_simulator_app(
         return JSONResponse(r.body, status_code=r.status_code)
 
     async def confirm(request: Request) -> Response:
+        refused = sim.admits(request.headers.get(sim.auth_header))
+        if refused is not None:
+            return reply(refused)
         ref = request.path_params["ref"]
         return reply(
             await sim.confirm(
@@ -341,6 +377,9 @@ def build_simulator_app(
         )
 
     async def auth_state(request: Request) -> Response:
+        refused = sim.admits(request.headers.get(sim.auth_header))
+        if refused is not None:
+            return reply(refused)
         return reply(await sim.auth_state(request.path_params["ref"]))
 
     async def config(request: Request) -> Response:
@@ -438,6 +477,12 @@ class InProcessTransport:
     async def _route(self, method: str, path: str, headers: dict[str, str]) -> SimReply:
         if not path.startswith(_ACCOUNT_PREFIX):
             return _NOT_FOUND
+        wanted = self.simulator.auth_header.lower()
+        refused = self.simulator.admits(
+            next((v for k, v in headers.items() if k.lower() == wanted), None)
+        )
+        if refused is not None:
+            return refused
         ref, _, operation = path[len(_ACCOUNT_PREFIX) :].partition("/")
         ref = unquote(ref)
         if method == "POST" and operation == "passkey/confirm":

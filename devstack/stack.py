@@ -11,12 +11,18 @@ While it runs, the stack supervises its components as Kubernetes would: one that
 unexpectedly (a worker past ``KAFKA_OUTAGE_TOLERANCE_S``, a crash) is restarted after a
 back-off of 1 s doubling to 30 s (reset once it ran for a minute), with a log line each time,
 instead of the whole stack stopping.
+
+The children run with ``ENVIRONMENT=development`` (loopback addresses allowed), and the stack
+configures both sides of the provider credential: a token generated for the run (or
+``SIMULATOR_TOKEN``) that the simulator requires and the worker reads from a file
+(``PROVIDER_SIMULATOR_TOKEN_FILE``), so every provider call of the stack carries it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -145,9 +151,12 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     env = dict(os.environ)
     # Readable logs for a person at a terminal; production's default stays JSON.
     env.setdefault("LOG_FORMAT", "console")
+    env.pop("PROVIDER_SIMULATOR_TOKEN", None)  # the file below is the worker's credential
     env.update(
         {
+            "ENVIRONMENT": "development",
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
+            **provider_credential(settings, keys_dir),
             "API_KEYS_FILE": str(keys),
             # The demo receiver listens on loopback over plain HTTP: relaxed for this stack
             # only (the defaults allow public https targets alone).
@@ -235,6 +244,17 @@ async def _until_ready(
                 await asyncio.sleep(0.2)
 
 
+def provider_credential(settings: DevSettings, directory: Path) -> dict[str, str]:
+    """Both sides of the simulator's credential: ``SIMULATOR_TOKEN`` for the simulator and
+    ``PROVIDER_SIMULATOR_TOKEN_FILE`` (written here, mode 0600) for the worker."""
+    configured = settings.simulator_token
+    token = configured.get_secret_value() if configured else secrets.token_urlsafe(24)
+    path = directory / "provider-simulator.token"
+    path.touch(mode=0o600)
+    path.write_text(token + "\n", encoding="ascii")
+    return {"SIMULATOR_TOKEN": token, "PROVIDER_SIMULATOR_TOKEN_FILE": str(path)}
+
+
 def _with_webhooks(settings: DevSettings) -> DevSettings:
     """The stack's settings with a webhook secrets key (generated for this run unless one
     is configured) and the loopback receiver allowed."""
@@ -288,7 +308,8 @@ def _banner(settings: DevSettings, accounts: list[tuple[str, str]], endpoint_id:
         "",
         "passkey auth-flow stack is up",
         f"  kafka bootstrap   {settings.bootstrap}",
-        f"  provider sim      http://{settings.simulator_host}:{settings.simulator_port}",
+        f"  provider sim      http://{settings.simulator_host}:{settings.simulator_port}"
+        " (bearer token required: SIMULATOR_TOKEN, PROVIDER_SIMULATOR_TOKEN_FILE)",
         f"  worker probes     http://{settings.worker_metrics_host}:{settings.worker_metrics_port}"
         "/metrics  /healthz  /readyz",
         f"  API front-end     {base}  (workspace {DEV_WORKSPACE}, key {DEV_KEY});"

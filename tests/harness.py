@@ -208,6 +208,7 @@ def worker_env(settings: Settings, metrics_port: int, **extra: str) -> dict[str,
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOPIC_", "KAFKA_"))}
     env.update(
         {
+            "ENVIRONMENT": "development",
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
             "KAFKA_CONSUMER_GROUP": settings.kafka_consumer_group,
             "KAFKA_SESSION_TIMEOUT_MS": "6000",

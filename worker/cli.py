@@ -1,9 +1,9 @@
 """``python -m worker <command>``: the entry point of every production process.
 
 Commands: ``run`` (one worker of the pool), ``api`` (one front-end), ``webhooks`` (one
-webhook dispatcher), ``topics`` (create the topics), ``keys`` (API keys), ``schemas``
-(re-export ``schemas/`` and ``docs/flow.md``) and ``dlq`` (list, show and redrive dead
-letters).
+webhook dispatcher), ``topics`` (create the topics), ``keys`` (the API key lifecycle),
+``schemas`` (re-export ``schemas/`` and ``docs/flow.md``) and ``dlq`` (list, show and redrive
+dead letters).
 The development tools (the embedded broker, the simulator, ``make run``'s stack, the demo) are
 ``python -m devstack``, and the benchmark is ``python -m bench``; neither is in this package.
 """
@@ -17,7 +17,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from worker import eventloop, logs, tracing
+from worker import eventloop, logs, preflight, tracing
+from worker.api import keys_cli
 from worker.process import run_command, run_until_signal, tune_gc
 from worker.settings import Settings
 
@@ -36,6 +37,8 @@ def _trace(service: str) -> None:
 def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     from worker.app import run_worker
 
+    if (refused := preflight.refuse(settings, "run", providers=True)) is not None:
+        return refused
     tune_gc(settings)
     _trace(tracing.SERVICE_WORKER)
     return run_until_signal(run_worker(settings), settings)
@@ -44,6 +47,8 @@ def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
 def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
     from worker.kafka import ensure_topics
 
+    if (refused := preflight.refuse(settings, "topics")) is not None:
+        return refused
     counts = eventloop.run(ensure_topics(settings), settings.event_loop)
     for name, n in counts.items():
         print(f"{name}\t{n} partitions")
@@ -53,6 +58,8 @@ def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
 def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     from worker.api.app import serve_api
 
+    if (refused := preflight.refuse(settings, "api")) is not None:
+        return refused
     tune_gc(settings)
     _trace(tracing.SERVICE_API)
     return run_until_signal(serve_api(settings), settings)
@@ -61,6 +68,8 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
 def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
     from worker.webhooks.app import run_dispatcher
 
+    if (refused := preflight.refuse(settings, "webhooks")) is not None:
+        return refused
     tune_gc(settings)
     _trace(tracing.SERVICE_WEBHOOKS)
     return run_until_signal(run_dispatcher(settings), settings)
@@ -75,9 +84,17 @@ def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
-    from worker.api.keys import cli_create_key
+    return keys_cli.run(settings, args)
 
-    return cli_create_key(settings, workspace_id=args.workspace, file=args.file)
+
+def _legacy_keys(argv: list[str]) -> list[str]:
+    """``keys WORKSPACE [--file F]`` (before the lifecycle commands) → ``keys create
+    WORKSPACE [--file F]``, with a deprecation note on stderr."""
+    legacy = len(argv) >= 2 and argv[0] == "keys" and argv[1] not in keys_cli.COMMANDS
+    if legacy and not argv[1].startswith("-"):
+        print("`keys WORKSPACE` is deprecated: use `keys create WORKSPACE`", file=sys.stderr)
+        return ["keys", "create", *argv[1:]]
+    return argv
 
 
 # --- dlq: list, show and redrive dead letters (worker/dlq.py) -------------------------------
@@ -204,16 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
     schemas.add_argument("--out", default="schemas", help="directory (default ./schemas)")
     schemas.add_argument("--docs", default="docs", help="directory of docs/flow.md (./docs)")
     schemas.set_defaults(fn=cmd_schemas)
-    keys = sub.add_parser("keys", help="create an API key for a workspace (printed once)")
-    keys.add_argument("workspace")
-    keys.add_argument("--file", type=Path, default=None, help="keys file (default API_KEYS_FILE)")
+    keys = sub.add_parser(
+        "keys", help="API keys: list, create, disable, enable, rotate, delete (docs/api.md)"
+    )
+    keys_cli.add_arguments(keys)
     keys.set_defaults(fn=cmd_keys)
     add_dlq_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(None if argv is None else list(argv))
+    args = build_parser().parse_args(_legacy_keys(list(sys.argv[1:] if argv is None else argv)))
     return run_command(args, Settings())
 
 

@@ -6,10 +6,19 @@ Each field maps to an upper-case environment variable of the same name (``kafka_
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, Self
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from worker.webhooks.limits import (
@@ -54,6 +63,106 @@ class Topics(BaseSettings):
         ]
 
 
+# --- provider connections (credentials, mTLS, timeouts): PROVIDER_<NAME>_* ---------------------
+
+#: An HTTP header name or auth scheme: RFC 9110 ``token`` characters only.
+_HTTP_TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$")
+#: Headers the adapter or the HTTP client write themselves: a credential may not replace them.
+_RESERVED_HEADERS: Final = frozenset(
+    {"accept", "content-length", "host", "idempotency-key", "traceparent", "tracestate",
+     "transfer-encoding", "user-agent"}
+)  # fmt: skip
+
+
+def provider_env_prefix(name: str) -> str:
+    """``PROVIDER_<NAME>_``: the provider name upper-cased, every other character ``_``."""
+    return "PROVIDER_" + re.sub(r"[^A-Z0-9]", "_", name.upper()) + "_"
+
+
+class ProviderConnection(BaseModel):
+    """How to reach one provider beyond its base URL: credentials, client certificate, timeouts.
+
+    Read from ``PROVIDER_<NAME>_*`` for every name in ``PROVIDER_URLS`` (docs/operations.md,
+    "Provider configuration"). Secrets are ``SecretStr`` (masked in any repr) or file paths;
+    a token file is read by ``worker.provider.credentials`` when the client is built.
+    """
+
+    # No input in validation errors: it would echo the credential.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    token: SecretStr | None = Field(default=None, description="Credential value (prefer _FILE).")
+    token_file: Path | None = Field(
+        default=None, description="File holding the credential; re-read when it changes."
+    )
+    auth_header: str = Field(
+        default="Authorization", description="Header that carries the credential."
+    )
+    auth_scheme: str | None = Field(
+        default=None,
+        description="Scheme before the credential: default `Bearer` on Authorization, none on "
+        "any other header (an API-key header carries the bare value); empty: none.",
+    )
+    client_cert_file: Path | None = Field(default=None, description="mTLS certificate (PEM).")
+    client_key_file: Path | None = Field(
+        default=None, description="Its unencrypted private key (PEM); unset: in the cert file."
+    )
+    ca_file: Path | None = Field(
+        default=None, description="CA bundle that verifies the provider (unset: system CAs)."
+    )
+    timeout_s: float | None = Field(
+        default=None, gt=0, description="Per-phase timeout; unset: PROVIDER_TIMEOUT_S."
+    )
+    connect_timeout_s: float | None = Field(
+        default=None, gt=0, description="Connect timeout; unset: the timeout above."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set TOKEN or TOKEN_FILE, not both")
+        if not _HTTP_TOKEN.fullmatch(self.auth_header):
+            raise ValueError("AUTH_HEADER must be an HTTP header name")
+        if self.auth_header.lower() in _RESERVED_HEADERS:
+            raise ValueError(f"AUTH_HEADER cannot be {self.auth_header}: the adapter sets it")
+        if self.auth_scheme and not _HTTP_TOKEN.fullmatch(self.auth_scheme):
+            raise ValueError("AUTH_SCHEME must be one HTTP token (e.g. Bearer)")
+        if self.client_key_file is not None and self.client_cert_file is None:
+            raise ValueError("CLIENT_KEY_FILE needs CLIENT_CERT_FILE")
+        return self
+
+    @classmethod
+    def from_env(cls, name: str) -> ProviderConnection:
+        """The ``PROVIDER_<NAME>_*`` variables of provider ``name``."""
+        read = _ProviderEnv(_env_prefix=provider_env_prefix(name))
+        return cls.model_validate(read.model_dump())
+
+    @property
+    def has_credential(self) -> bool:
+        return self.token is not None or self.token_file is not None
+
+    @property
+    def scheme(self) -> str:
+        """The scheme in force ("" for none)."""
+        if self.auth_scheme is not None:
+            return self.auth_scheme
+        return "Bearer" if self.auth_header.lower() == "authorization" else ""
+
+    @property
+    def needs_own_client(self) -> bool:
+        """TLS material or timeouts of its own: a connection pool of its own."""
+        return any(
+            v is not None
+            for v in (self.client_cert_file, self.ca_file, self.timeout_s, self.connect_timeout_s)
+        )
+
+
+class _ProviderEnv(BaseSettings, ProviderConnection):
+    """``ProviderConnection`` read from the environment under a per-provider prefix (a plain
+    ``ProviderConnection(...)`` in code reads nothing)."""
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True, hide_input_in_errors=True)
+
+
 #: ``KAFKA_FETCH_MAX_WAIT_MS`` for processes on the embedded broker, which holds every fetch for
 #: the full wait: there the wait is per-hop latency.
 EMBEDDED_FETCH_MAX_WAIT_MS: Final = 20
@@ -64,7 +173,8 @@ EMBEDDED_API_FETCH_MAX_WAIT_MS: Final = 10
 class Settings(BaseSettings):
     """Process configuration. Build once in ``main`` and pass it down."""
 
-    model_config = SettingsConfigDict(extra="ignore")
+    # Validation errors name the setting, never echo its value (it may be a credential).
+    model_config = SettingsConfigDict(extra="ignore", hide_input_in_errors=True)
 
     topics: Topics = Field(default_factory=Topics, description="Topic names (TOPIC_*).")
 
@@ -177,11 +287,30 @@ class Settings(BaseSettings):
         description="Bytes of a provider answer read off the wire, and the most it may inflate "
         "to (gzip/deflate); a longer body is unusable and only its status counts.",
     )
+    # Provider connections and the production guard (docs/operations.md, "Provider
+    # configuration"; worker/startup.py).
+    providers: dict[str, ProviderConnection] = Field(
+        default_factory=dict,
+        description="Per-provider credentials, client certificate and timeouts: read from "
+        "PROVIDER_<NAME>_* for each name of PROVIDER_URLS (code may pass them directly).",
+    )
+    environment: Literal["production", "development"] = Field(
+        default="production",
+        description="production (the default) refuses to start a process whose Kafka or "
+        "provider addresses are unset or loopback; the dev stack and the tests say development.",
+    )
 
     # --- API front-end -------------------------------------------------------------------
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     api_keys_file: Path | None = None
+    # API key lifecycle (worker/api/keys.py): how soon an edit of the keys file is in force.
+    api_keys_reload_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="The front-end checks the keys file's modification time at most this "
+        "often; a disabled, rotated or deleted key answers 401 within it.",
+    )
     api_reply_timeout_s: float = Field(default=10.0, gt=0)
     api_reply_partition: int | None = Field(
         default=None,
@@ -313,6 +442,35 @@ class Settings(BaseSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"provider {name!r}: base URL must be http(s), got {url!r}")
         return value
+
+    @model_validator(mode="after")
+    def _provider_connections(self) -> Self:
+        """Every provider of ``PROVIDER_URLS`` gets its ``PROVIDER_<NAME>_*`` connection."""
+        unknown = sorted(set(self.providers) - set(self.provider_urls))
+        if unknown:
+            raise ValueError(f"providers {unknown} have no base URL in PROVIDER_URLS")
+        prefixes: dict[str, str] = {}
+        for name in self.provider_urls:
+            other = prefixes.setdefault(provider_env_prefix(name), name)
+            if other != name:
+                raise ValueError(
+                    f"providers {other!r} and {name!r} share the variables "
+                    f"{provider_env_prefix(name)}*; rename one"
+                )
+            if name not in self.providers:
+                try:
+                    self.providers[name] = ProviderConnection.from_env(name)
+                except ValidationError as exc:
+                    problems = "; ".join(
+                        f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
+                        for e in exc.errors(include_url=False, include_input=False)
+                    )
+                    raise ValueError(f"{provider_env_prefix(name)}*: {problems}") from None
+        return self
+
+    def provider_connection(self, name: str) -> ProviderConnection:
+        """The connection settings of provider ``name`` (defaults if none were read)."""
+        return self.providers.get(name) or ProviderConnection()
 
     @property
     def bootstrap(self) -> str:

@@ -491,6 +491,7 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
             "api_quota_refusals_total",
             "api_webhook_secrets_dropped_total",
             "api_webhook_replays_in_flight",
+            "api_key_last_used_timestamp_seconds",
         }
         samples = set(re.findall(r"^(api_[a-z_]+)[{ ]", text, flags=re.MULTILINE))
         assert {

@@ -34,6 +34,7 @@ async def test_python_m_worker_api_serves_and_stops_on_sigterm(api_settings: Api
     await ensure_topics(settings)
     port, metrics_port = free_port(), free_port()
     env = os.environ | {
+        "ENVIRONMENT": "development",
         "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
         "API_PORT": str(port),
         "API_METRICS_PORT": str(metrics_port),

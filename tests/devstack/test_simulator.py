@@ -243,6 +243,7 @@ async def test_reset_forgets_accounts_keys_and_counters(http: httpx.AsyncClient)
         "confirm_traceparents": {},
         "state_calls": 0,
         "total_calls": 0,
+        "unauthorized_calls": 0,
     }
     assert (await http.get(f"/v1/accounts/{account}/auth-state")).json() == PENDING
 

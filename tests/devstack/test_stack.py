@@ -1,6 +1,7 @@
 """``python -m devstack stack`` (what ``make run`` runs): comes up, serves a flow whose status
-changes reach the demo receiver as signed webhooks, and Ctrl-C stops every component with no
-process or listening port left behind."""
+changes reach the demo receiver as signed webhooks, every provider call carries the token the
+simulator requires, and Ctrl-C stops every component with no process or listening port left
+behind."""
 
 from __future__ import annotations
 
@@ -45,6 +46,13 @@ async def test_stack_up_flow_and_clean_ctrl_c() -> None:
                     break
                 assert time.monotonic() < deadline, poll.text
                 await asyncio.sleep(0.3)
+            # The simulator requires the stack's generated token: every provider call of the
+            # flow (confirm, follow-up polls) carried it.
+            sim = f"http://127.0.0.1:{stack.ports['SIMULATOR_PORT']}"
+            stats = (await client.get(f"{sim}/_sim/stats")).json()
+            assert stats["total_calls"] >= 2 and stats["unauthorized_calls"] == 0, stats
+            bare = await client.get(f"{sim}/v1/accounts/demo-1/auth-state")
+            assert bare.status_code == 401  # and it does require one
         # The demo receiver verified and printed the account's status changes as webhooks.
         printed = await asyncio.wait_for(stack.read_until("acc_demo_1 v3"), 30)
         lines = [line for line in printed.splitlines() if "acc_demo_1" in line]

@@ -54,6 +54,7 @@ def dispatcher_env(settings: Settings, metrics_port: int, **extra: str) -> dict[
     key = settings.webhook_secrets_key
     env.update(
         {
+            "ENVIRONMENT": "development",
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
             "KAFKA_SESSION_TIMEOUT_MS": str(settings.kafka_session_timeout_ms),
             "KAFKA_HEARTBEAT_INTERVAL_MS": str(settings.kafka_heartbeat_interval_ms),

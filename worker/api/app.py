@@ -128,6 +128,7 @@ def build_app(
     """
     metrics = ApiMetrics(registry)
     metrics.pending_replies.set_function(lambda: float(replies.pending))
+    metrics.export_key_usage(keys.last_used)
     api = ApiRoutes(
         producer=producer,
         replies=replies,
@@ -231,7 +232,13 @@ async def api_runtime(
 ) -> AsyncIterator[ApiRuntime]:
     """Build and start the front-end's clients from ``settings``; stop them on exit."""
     await ensure_topics(settings)
-    keys = keys if keys is not None else KeyStore.from_file(settings.api_keys_file)
+    keys = (
+        keys
+        if keys is not None
+        else KeyStore.from_file(
+            settings.api_keys_file, reload_interval_s=settings.api_keys_reload_s
+        )
+    )
     if not len(keys):
         log.warning("api_no_keys", keys_file=str(settings.api_keys_file))
     registry = registry if registry is not None else CollectorRegistry()

@@ -3,12 +3,19 @@
 The keys file (``API_KEYS_FILE``) is JSON::
 
     {"keys": [{"workspace_id": "ws_a", "key_id": "key_1f2e3d4c5b6a",
-               "sha256": "<64 hex chars>", "active": true, "created_at": "..."}]}
+               "sha256": "<64 hex chars>", "active": true, "created_at": "...",
+               "expires_at": null, "replaced_by": null}]}
 
-A raw key never touches the disk or a log line: ``python -m worker keys WORKSPACE`` generates
-``pk_<urlsafe token>``, appends its hash to the file and prints the key once. Setting ``active``
-to false disables a key (401 invalid_api_key). The front-end re-reads the file when its
-modification time changes, so new and disabled keys take effect without a restart.
+A raw key never touches the disk or a log line: ``python -m worker keys create WORKSPACE``
+generates ``pk_<urlsafe token>``, appends its hash to the file and prints the key once
+(``worker.api.keyfile`` edits the file, ``worker.api.keys_cli`` is the command). A key is valid
+while ``active`` is true and ``expires_at`` (set by ``keys rotate --grace``) has not passed;
+otherwise it answers 401 invalid_api_key. The front-end re-reads the file when its
+modification time changes (``API_KEYS_RELOAD_S``), so edits take effect without a restart.
+
+The store remembers when each key id was last presented (``last_used``), exported as the
+``api_key_last_used_timestamp_seconds{key_id,workspace_id}`` gauge: operators see which keys
+are still in use without any key reaching a log.
 
 API keys are high-entropy random tokens, so a plain SHA-256 is the right hash (a slow password
 hash buys nothing against a 256-bit secret and would cost every request).
@@ -16,34 +23,28 @@ hash buys nothing against a 256-bit secret and would cost every request).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
-import json
-import os
 import re
 import secrets
-import sys
-import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from worker.logs import get_logger
 from worker.messages import ID_PATTERN
-from worker.settings import Settings
 
 log = get_logger(__name__)
 
 KEY_PREFIX: Final = "pk_"
 
 MAX_KEY_LENGTH: Final = 512
-_ID_RE: Final = re.compile(ID_PATTERN)
+ID_RE: Final = re.compile(ID_PATTERN)
 
 
 def hash_key(raw_key: str) -> str:
@@ -56,41 +57,69 @@ def generate_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-class _FileEntry(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+class FileEntry(BaseModel):
+    """One entry of the keys file as stored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, hide_input_in_errors=True)
 
     workspace_id: Annotated[str, Field(pattern=ID_PATTERN, max_length=128)]
     key_id: Annotated[str, Field(pattern=ID_PATTERN, max_length=128)]
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     active: bool = True
+    created_at: AwareDatetime | None = None
+    expires_at: AwareDatetime | None = None
+    replaced_by: Annotated[str, Field(pattern=ID_PATTERN, max_length=128)] | None = None
 
 
-class _KeysFile(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+class KeysFile(BaseModel):
+    """The whole keys file; key ids are unique."""
 
-    keys: list[_FileEntry] = Field(default_factory=list)
+    model_config = ConfigDict(extra="ignore", frozen=True, hide_input_in_errors=True)
+
+    keys: list[FileEntry] = Field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
 class KeyEntry:
-    """One stored key: the workspace it selects and the digest of the raw key."""
+    """One stored key: the workspace it selects, the digest of the raw key and its state."""
 
     workspace_id: str
     key_id: str
     digest: bytes
     active: bool = True
+    expires_at: float | None = None  # Unix time; the key is refused from then on
+
+    def valid_at(self, now: float) -> bool:
+        return self.active and (self.expires_at is None or now < self.expires_at)
 
 
-def load_keys(path: Path) -> list[KeyEntry]:
-    """Parse a keys file; raises ``ValueError`` on malformed content (never echoing it)."""
+def _timestamp(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def parse_keys_file(path: Path) -> KeysFile:
+    """The keys file, validated; raises ``ValueError`` on malformed content (never echoing it)."""
     try:
-        parsed = _KeysFile.model_validate_json(path.read_bytes())
+        parsed = KeysFile.model_validate_json(path.read_bytes())
     except ValidationError as exc:
         err = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(p) for p in err["loc"])
         raise ValueError(f"{path}: invalid keys file at {where}: {err['msg']}") from None
+    seen: set[str] = set()
+    for entry in parsed.keys:
+        if entry.key_id in seen:
+            raise ValueError(f"{path}: invalid keys file: key id {entry.key_id} appears twice")
+        seen.add(entry.key_id)
+    return parsed
+
+
+def load_keys(path: Path) -> list[KeyEntry]:
+    """The entries of a keys file; raises ``ValueError`` on malformed content."""
     return [
-        KeyEntry(e.workspace_id, e.key_id, bytes.fromhex(e.sha256), e.active) for e in parsed.keys
+        KeyEntry(
+            e.workspace_id, e.key_id, bytes.fromhex(e.sha256), e.active, _timestamp(e.expires_at)
+        )
+        for e in parse_keys_file(path).keys
     ]
 
 
@@ -102,6 +131,9 @@ class KeyStore:
     not depend on which entry (if any) matched. Built from a file, the store reloads it when
     its modification time or size changes (checked at most every ``reload_interval_s``); a
     file that became malformed is logged and the previous keys stay in force.
+
+    Every presentation of a stored key, accepted or not, updates its ``last_used`` time: a
+    disabled key that is still presented shows a client that has not switched yet.
     """
 
     def __init__(
@@ -110,8 +142,11 @@ class KeyStore:
         *,
         path: Path | None = None,
         reload_interval_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._entries: tuple[KeyEntry, ...] = tuple(entries)
+        self._last_used: dict[str, float] = {}
+        self._clock = clock
         self._path = path
         self._reload_interval_s = reload_interval_s
         self._checked_at = time.monotonic()
@@ -128,26 +163,38 @@ class KeyStore:
         return len(self._entries)
 
     def resolve(self, raw_key: str) -> str | None:
-        """The workspace id of an active key, else ``None``."""
+        """The workspace id of an active, unexpired key, else ``None``."""
         self._maybe_reload()
         if not raw_key or len(raw_key) > MAX_KEY_LENGTH:
             return None
         digest = hashlib.sha256(raw_key.encode("utf-8")).digest()
-        found: str | None = None
+        found: KeyEntry | None = None
         for entry in self._entries:
-            matched = hmac.compare_digest(digest, entry.digest)
-            if matched and entry.active and found is None:
-                found = entry.workspace_id
-        return found
+            if hmac.compare_digest(digest, entry.digest) and found is None:
+                found = entry
+        if found is None:
+            return None
+        now = self._clock()
+        self._last_used[found.key_id] = now
+        return found.workspace_id if found.valid_at(now) else None
 
-    def _file_stamp(self) -> tuple[int, int] | None:
+    def last_used(self) -> list[tuple[str, str, float]]:
+        """``(key_id, workspace_id, unix time)`` of each stored key presented since start."""
+        return [
+            (e.key_id, e.workspace_id, self._last_used[e.key_id])
+            for e in self._entries
+            if e.key_id in self._last_used
+        ]
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        """Inode, modification time and size: an atomic rewrite always changes the inode."""
         if self._path is None:
             return None
         try:
             st = self._path.stat()
         except OSError:
             return None
-        return (st.st_mtime_ns, st.st_size)
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _maybe_reload(self) -> None:
         if self._path is None:
@@ -166,71 +213,6 @@ class KeyStore:
             return
         self._entries = tuple(entries)
         self._stamp = stamp
+        kept = {e.key_id for e in self._entries}
+        self._last_used = {k: t for k, t in self._last_used.items() if k in kept}
         log.info("api_keys_reloaded", path=str(self._path), keys=len(entries))
-
-
-def _write_atomic(path: Path, document: dict[str, Any]) -> None:
-    """Write JSON to ``path`` via a temporary file and rename; owner read/write only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(document, fh, indent=2)
-            fh.write("\n")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _entry_document(workspace_id: str, key_id: str, raw_key: str) -> dict[str, Any]:
-    return {
-        "workspace_id": workspace_id,
-        "key_id": key_id,
-        "sha256": hash_key(raw_key),
-        "active": True,
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-    }
-
-
-def add_key(
-    path: Path, workspace_id: str, *, raw_key: str | None = None, key_id: str | None = None
-) -> tuple[str, str]:
-    """Append a key for ``workspace_id`` to ``path`` (created if missing): a new random one
-    unless ``raw_key`` is given (the dev stack's well-known key).
-
-    Returns ``(key_id, raw_key)``; the raw key exists only in the return value.
-    """
-    if not _ID_RE.fullmatch(workspace_id):
-        raise ValueError(f"workspace id {workspace_id!r} does not match {ID_PATTERN}")
-    document: dict[str, Any] = {"keys": []}
-    if path.exists():
-        load_keys(path)  # refuse to append to a malformed file
-        document = json.loads(path.read_text(encoding="utf-8"))
-        document.setdefault("keys", [])
-    raw_key = raw_key or generate_key()
-    key_id = key_id or f"key_{secrets.token_hex(6)}"
-    document["keys"].append(_entry_document(workspace_id, key_id, raw_key))
-    _write_atomic(path, document)
-    return key_id, raw_key
-
-
-def cli_create_key(settings: Settings, *, workspace_id: str, file: Path | None) -> int:
-    """``python -m worker keys WORKSPACE [--file PATH]``: the key goes to stdout, once."""
-    path = file or settings.api_keys_file
-    if path is None:
-        print("no keys file: pass --file or set API_KEYS_FILE", file=sys.stderr)
-        return 2
-    try:
-        key_id, raw_key = add_key(path, workspace_id)
-    except (OSError, ValueError) as exc:
-        print(f"could not add a key: {exc}", file=sys.stderr)
-        return 1
-    print(raw_key, flush=True)
-    print(
-        f"created {key_id} for workspace {workspace_id} in {path}; the key is shown only once",
-        file=sys.stderr,
-    )
-    return 0

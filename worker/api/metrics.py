@@ -7,9 +7,12 @@ route template (``/v1/accounts/{account_id}/auth``) or ``unmatched``, never the 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from worker.api.quotas import QUOTAS
 
@@ -28,6 +31,29 @@ REFUSAL_REASONS: Final = (
 )
 """``api_refusals_total{reason}``: what the front door refuses (docs/operations.md,
 "Front-door limits"). Never labelled by workspace: the label set stays this small."""
+
+
+#: ``(key_id, workspace_id, unix time)`` of each key presented (``KeyStore.last_used``).
+KeyUsage = Callable[[], Iterable[tuple[str, str, float]]]
+
+
+class KeyUsageCollector(Collector):
+    """``api_key_last_used_timestamp_seconds{key_id,workspace_id}``, read from the key store
+    at scrape time: one series per key id of the keys file (operator-created, so bounded);
+    a deleted key's series goes with it. Key ids only, never a key."""
+
+    def __init__(self, usage: KeyUsage) -> None:
+        self._usage = usage
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "api_key_last_used_timestamp_seconds",
+            "Unix time this front-end last saw each API key presented (accepted or not)",
+            labels=["key_id", "workspace_id"],
+        )
+        for key_id, workspace_id, seen_at in self._usage():
+            family.add_metric([key_id, workspace_id], seen_at)
+        yield family
 
 
 def method_label(method: str) -> str:
@@ -100,3 +126,7 @@ class ApiMetrics:
             "Webhook replays running or waiting for a slot in this process",
             registry=registry,
         )
+
+    def export_key_usage(self, usage: KeyUsage) -> None:
+        """Export the last-used time of each API key (``KeyUsageCollector``)."""
+        self.registry.register(KeyUsageCollector(usage))

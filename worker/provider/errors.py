@@ -13,6 +13,7 @@ in the spirit of httpx's ``map_httpcore_exceptions``. The table, top to bottom:
     4xx {"error":{"type":"identity_mismatch"}}          409 provider_account_mismatch 20017  no
     4xx {"error":{"type":"invalid_request"}}            400 provider_invalid_request 30001   no
     4xx {"error":{"type":"operation_failed"}}           502 provider_unavailable → 30010 no
+    401/403 otherwise (our credentials are refused)     502 provider_unavailable → 30010 no
     anything else (unknown status or type, unreadable
       body, 2xx/3xx the adapter could not use)          502 provider_unavailable → 30010 no
     any other httpx error (bad URL, protocol misuse)    502 provider_unavailable 30002   no

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import random
+import ssl
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Self
 from urllib.parse import quote, urlsplit
@@ -45,6 +46,7 @@ from worker.provider.answer import (
 )
 from worker.provider.base import CallObserver, ProviderAuthState, ProviderError, RetryObserver
 from worker.provider.breaker import CircuitBreaker
+from worker.provider.credentials import Credential
 from worker.provider.errors import invalid_call, map_answer, map_unexpected, map_upstream_failure
 from worker.provider.retry import RetryPolicy, call_with_retries
 from worker.provider.transport import AiohttpClient, RawAnswer
@@ -164,7 +166,12 @@ class ShardedClient:
 
 
 def build_http_client(
-    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    tls: ssl.SSLContext | None = None,
+    timeout_s: float | None = None,
+    connect_timeout_s: float | None = None,
 ) -> ProviderHttpClient:
     """The process-wide provider client, ``PROVIDER_HTTP_CLIENT`` (aiohttp by default): per
     phase timeouts of ``PROVIDER_TIMEOUT_S`` and ``PROVIDER_MAX_CONNECTIONS`` connections.
@@ -173,15 +180,22 @@ def build_http_client(
     ``CONNECTIONS_PER_SHARD`` (see ``ShardedClient``). The adapters gate concurrent calls at
     the same bound, so requests wait on a semaphore rather than inside a pool. Either way an
     answer is read up to ``PROVIDER_BODY_CAP_BYTES`` (decompressed too).
+
+    A provider with TLS material or timeouts of its own (``PROVIDER_<NAME>_*``) gets a client
+    of its own: ``tls`` (CA bundle, client certificate) and the timeouts replace the defaults.
     """
     user_agent = {"User-Agent": f"passkey-auth-worker/{__version__}"}
     cap = settings.provider_body_cap_bytes
+    read_s = settings.provider_timeout_s if timeout_s is None else timeout_s
+    connect_s = read_s if connect_timeout_s is None else connect_timeout_s
     if settings.provider_http_client == "aiohttp" and transport is None:
         return AiohttpClient(
-            timeout_s=settings.provider_timeout_s,
+            timeout_s=read_s,
+            connect_timeout_s=connect_s,
             max_connections=settings.provider_max_connections,
             headers=user_agent,
             body_cap=cap,
+            tls=tls,
         )
     total = settings.provider_max_connections
     per_shard = min(CONNECTIONS_PER_SHARD, total)
@@ -190,11 +204,12 @@ def build_http_client(
     return ShardedClient(
         [
             httpx.AsyncClient(
-                timeout=httpx.Timeout(settings.provider_timeout_s),
+                timeout=httpx.Timeout(read_s, connect=connect_s),
                 limits=limits,
                 headers={**user_agent, "Accept-Encoding": ACCEPT_ENCODING},
                 follow_redirects=False,
                 transport=transport,
+                verify=True if tls is None else tls,
             )
             for _ in range(shards)
         ],
@@ -250,7 +265,8 @@ class HttpProviderAdapter:
     otherwise); each retry keyword that is given overrides that field of it, so a test can
     change one knob. ``breaker=None`` disables the breaker (tests); ``build_registry`` always
     gives one per provider. ``on_call``/``on_retry`` are metric hooks, so this module needs no
-    registry.
+    registry. ``credential`` (``PROVIDER_<NAME>_TOKEN[_FILE]``) adds its header to every
+    request.
     """
 
     def __init__(
@@ -269,6 +285,7 @@ class HttpProviderAdapter:
         on_retry: RetryObserver | None = None,
         rng: random.Random | None = None,
         max_concurrency: int | None = None,
+        credential: Credential | None = None,
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
@@ -283,6 +300,7 @@ class HttpProviderAdapter:
         )
         self.breaker = breaker
         self._client = client
+        self._credential = credential
         # The aiohttp client answers raw (status, body, headers): no httpx.Response per call.
         self._raw = client.request_raw if isinstance(client, AiohttpClient) else None
         self._host, self._port = _host_port(self.base_url)
@@ -306,6 +324,7 @@ class HttpProviderAdapter:
         *,
         on_call: CallObserver | None = None,
         on_retry: RetryObserver | None = None,
+        credential: Credential | None = None,
     ) -> HttpProviderAdapter:
         """An adapter with the retry and breaker knobs of ``settings``."""
         return cls(
@@ -319,6 +338,7 @@ class HttpProviderAdapter:
             on_call=on_call,
             on_retry=on_retry,
             max_concurrency=settings.provider_max_connections,
+            credential=credential,
         )
 
     async def confirm_passkey(
@@ -406,6 +426,8 @@ class HttpProviderAdapter:
     ) -> ProviderAuthState:
         """One request and its answer read; raises ``ProviderError`` or whatever broke."""
         sent = {**headers, **tracing.http_headers()}
+        if self._credential is not None:
+            sent.update(self._credential.headers())
         raw: RawAnswer | None = None
         async with self._gate:
             if self._raw is not None:

@@ -10,7 +10,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from worker.provider.base import CallObserver, ProviderAdapter, RetryObserver
-from worker.provider.http import HttpProviderAdapter, Requester
+from worker.provider.credentials import Credential, client_tls
+from worker.provider.http import (
+    HttpProviderAdapter,
+    ProviderHttpClient,
+    Requester,
+    build_http_client,
+)
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -21,7 +27,13 @@ __all__ = ["ProviderRegistry", "build_registry"]
 class ProviderRegistry(Mapping[str, ProviderAdapter]):
     """Immutable name → adapter map; ``get(name)`` returns the adapter or None."""
 
-    def __init__(self, adapters: Iterable[ProviderAdapter] = ()) -> None:
+    def __init__(
+        self,
+        adapters: Iterable[ProviderAdapter] = (),
+        *,
+        clients: Iterable[ProviderHttpClient] = (),
+    ) -> None:
+        self._clients = tuple(clients)
         self._adapters: dict[str, ProviderAdapter] = {}
         for adapter in adapters:
             if adapter.name in self._adapters:
@@ -38,9 +50,12 @@ class ProviderRegistry(Mapping[str, ProviderAdapter]):
         return len(self._adapters)
 
     async def aclose(self) -> None:
-        """Close every adapter. The shared HTTP client is the caller's to close, after this."""
+        """Close every adapter and the clients the registry built for single providers. The
+        shared HTTP client is the caller's to close, after this."""
         for adapter in self._adapters.values():
             await adapter.aclose()
+        for client in self._clients:
+            await client.aclose()
 
     def __repr__(self) -> str:
         return f"ProviderRegistry({sorted(self._adapters)!r})"
@@ -53,10 +68,37 @@ def build_registry(
     on_call: CallObserver | None = None,
     on_retry: RetryObserver | None = None,
 ) -> ProviderRegistry:
-    """One HTTP adapter (with its own circuit breaker) per entry of ``PROVIDER_URLS``."""
-    return ProviderRegistry(
-        HttpProviderAdapter.from_settings(
-            name, url, client, settings, on_call=on_call, on_retry=on_retry
+    """One HTTP adapter (with its own circuit breaker) per entry of ``PROVIDER_URLS``.
+
+    Each carries its provider's credential (``PROVIDER_<NAME>_*``); a provider with a client
+    certificate, a CA bundle or timeouts of its own gets a client of its own, which the
+    registry closes. Raises ``ProviderConfigError`` when a credential or certificate cannot be
+    loaded (``worker.preflight`` reports the same before a worker starts).
+    """
+    adapters: list[HttpProviderAdapter] = []
+    owned: list[ProviderHttpClient] = []  # open no connection until their first request
+    for name, url in settings.provider_urls.items():
+        connection = settings.provider_connection(name)
+        credential = Credential.for_provider(name, connection)
+        requester: Requester = client
+        if connection.needs_own_client:
+            own = build_http_client(
+                settings,
+                tls=client_tls(name, connection),
+                timeout_s=connection.timeout_s,
+                connect_timeout_s=connection.connect_timeout_s,
+            )
+            owned.append(own)
+            requester = own
+        adapters.append(
+            HttpProviderAdapter.from_settings(
+                name,
+                url,
+                requester,
+                settings,
+                on_call=on_call,
+                on_retry=on_retry,
+                credential=credential,
+            )
         )
-        for name, url in settings.provider_urls.items()
-    )
+    return ProviderRegistry(adapters, clients=owned)

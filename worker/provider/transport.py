@@ -32,6 +32,7 @@ Exception tree translated (aiohttp → httpx):
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Mapping
 from types import TracebackType
 
@@ -69,19 +70,23 @@ class AiohttpClient:
         max_connections: int,
         headers: dict[str, str] | None = None,
         body_cap: int = DEFAULT_BODY_CAP,
+        connect_timeout_s: float | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if body_cap < 1:
             raise ValueError("body_cap must be positive")
-        self.timeout = httpx.Timeout(timeout_s)
+        connect_s = timeout_s if connect_timeout_s is None else connect_timeout_s
+        self.timeout = httpx.Timeout(timeout_s, connect=connect_s)
         self.headers = httpx.Headers(headers or {})
         self.headers["Accept-Encoding"] = ACCEPT_ENCODING
         self.follow_redirects = False
         self.body_cap = body_cap
         self._max_connections = max_connections
+        self._tls = tls
         # No total: the adapter's deadline bounds a call; these bound each phase, as
         # httpx.Timeout(timeout_s) does (connect, and each read of the socket).
         self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=timeout_s, sock_connect=timeout_s, sock_read=timeout_s
+            total=None, connect=connect_s, sock_connect=connect_s, sock_read=timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -95,7 +100,11 @@ class AiohttpClient:
             raise RuntimeError("the provider client is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0),
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_connections,
+                    limit_per_host=0,
+                    ssl=True if self._tls is None else self._tls,
+                ),
                 timeout=self._timeout,
                 headers=dict(self.headers),
                 auto_decompress=False,  # decoded_body inflates, up to the cap
