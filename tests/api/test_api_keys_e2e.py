@@ -87,13 +87,18 @@ async def test_key_lifecycle_through_a_running_front_end(
             keys_cli(capsys, path, "enable", "key_live")
             await until_status(with_key(first), 404)
 
-            metrics = (await http.get("/metrics")).text
-            assert 'api_key_last_used_timestamp_seconds{key_id="key_live",workspace_id="ws_a"}' in (
-                metrics
-            )
+            assert api.metrics_url is not None  # the side door (API_METRICS_PORT)
+            metrics = (await http.get(f"{api.metrics_url}/metrics")).text
+            assert 'api_key_last_used_timestamp_seconds{key_id="key_live"}' in (metrics)
             # in a thread: the front-end it scrapes answers on this event loop
             listed = await asyncio.to_thread(
-                keys_cli, capsys, path, "list", "--json", "--metrics-url", f"{api.url}/metrics"
+                keys_cli,
+                capsys,
+                path,
+                "list",
+                "--json",
+                "--metrics-url",
+                f"{api.metrics_url}/metrics",
             )
             (row,) = [json.loads(line) for line in listed.splitlines()]
             assert row["key_id"] == "key_live" and row["state"] == "active"
@@ -113,7 +118,8 @@ async def test_key_lifecycle_through_a_running_front_end(
             assert invalid_key(await until_status(with_key(second), 401))
             assert (await with_key(first)()).status_code == 401  # still disabled
 
-            metrics = (await http.get("/metrics")).text
+            assert api.metrics_url is not None  # the side door (API_METRICS_PORT)
+            metrics = (await http.get(f"{api.metrics_url}/metrics")).text
             assert f'key_id="{new_id}"' not in metrics  # a deleted key's series goes with it
             assert 'key_id="key_live"' in metrics
 

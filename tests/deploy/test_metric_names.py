@@ -33,7 +33,7 @@ WORKER_API_LABELS = frozenset(
     {
         "type", "outcome", "code", "numeric_code", "http_status", "provider", "operation",
         "topic", "partition", "kind", "reason", "status", "route", "method", "stage", "tail",
-        "quota", "key_id", "workspace_id",
+        "quota", "key_id",
     }
 )  # fmt: skip
 WEBHOOK_LABELS = frozenset(

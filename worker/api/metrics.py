@@ -38,9 +38,10 @@ KeyUsage = Callable[[], Iterable[tuple[str, str, float]]]
 
 
 class KeyUsageCollector(Collector):
-    """``api_key_last_used_timestamp_seconds{key_id,workspace_id}``, read from the key store
-    at scrape time: one series per key id of the keys file (operator-created, so bounded);
-    a deleted key's series goes with it. Key ids only, never a key."""
+    """``api_key_last_used_timestamp_seconds{key_id}``, read from the key store at scrape time:
+    one series per key id of the keys file (operator-created, so bounded); a deleted key's
+    series goes with it. Key ids only, never a key, and no workspace id: which workspace a key
+    belongs to is in the keys file (``keys list``), not in every scrape."""
 
     def __init__(self, usage: KeyUsage) -> None:
         self._usage = usage
@@ -49,10 +50,10 @@ class KeyUsageCollector(Collector):
         family = GaugeMetricFamily(
             "api_key_last_used_timestamp_seconds",
             "Unix time this front-end last saw each API key presented (accepted or not)",
-            labels=["key_id", "workspace_id"],
+            labels=["key_id"],
         )
-        for key_id, workspace_id, seen_at in self._usage():
-            family.add_metric([key_id, workspace_id], seen_at)
+        for key_id, _, seen_at in self._usage():
+            family.add_metric([key_id], seen_at)
         yield family
 
 
