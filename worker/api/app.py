@@ -38,13 +38,14 @@ from worker.api.runtime import ApiRuntime, serve_runtime
 from worker.api.view import AuthStateView
 from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
-from worker.kafka import build_consumer, build_producer, ensure_topics
+from worker.kafka import build_consumer, build_producer, verify_topics
 from worker.logs import get_logger
 from worker.outage import BrokerHealth
 from worker.probes import Probes
 from worker.process import on_stop_signals
 from worker.settings import Settings
 from worker.tail import SharedConsumer
+from worker.topics import used_by
 from worker.webhooks.endpoints import EndpointsTail
 from worker.webhooks.log_view import DeliveryLogView
 from worker.webhooks.secrets_box import SecretsBox
@@ -188,7 +189,7 @@ async def api_runtime(
     keys: KeyStore | None = None,
 ) -> AsyncIterator[ApiRuntime]:
     """Build and start the front-end's clients from ``settings``; stop them on exit."""
-    await ensure_topics(settings)
+    await verify_topics(settings, used_by(settings, "api"))
     keys = keys if keys is not None else KeyStore.from_file(settings.api_keys_file)
     if not len(keys):
         log.warning("api_no_keys", keys_file=str(settings.api_keys_file))
