@@ -4,9 +4,10 @@ broker: an ``AIOKafkaConsumer`` that also leaves its group when the broker says 
 The broker numbers a group's first generation 0 (Kafka starts at 1), so members that joined a
 new group together (a pool started at once) are at generation 0 until the next rebalance, and
 aiokafka skips LeaveGroup there: a cleanly stopped member would hold its partitions for a full
-session timeout before the others get them (docs/architecture.md, "The embedded broker"). Sending LeaveGroup while the heartbeat
-still runs makes aiokafka rejoin, so it is sent from inside ``stop()``, after the coordinator
-stopped its heartbeat, where aiokafka would have sent it. That reaches into aiokafka's
+session timeout before the others get them (docs/architecture.md, "The embedded broker").
+Sending LeaveGroup while the heartbeat still runs makes aiokafka rejoin, so it is sent from
+inside ``stop()``, after the coordinator stopped its heartbeat, where aiokafka would have sent
+it. That reaches into aiokafka's
 coordinator, which is why it lives here and not in the product: the worker and the dispatcher
 take it as ``consumer_class`` (``python -m devstack worker|webhooks``, the tests' harness).
 
