@@ -7,9 +7,9 @@ aiokafka skips LeaveGroup there: a cleanly stopped member would hold its partiti
 session timeout before the others get them (docs/architecture.md, "The embedded broker").
 Sending LeaveGroup while the heartbeat still runs makes aiokafka rejoin, so it is sent from
 inside ``stop()``, after the coordinator stopped its heartbeat, where aiokafka would have sent
-it. That reaches into aiokafka's
-coordinator, which is why it lives here and not in the product: the worker and the dispatcher
-take it as ``consumer_class`` (``python -m devstack worker|webhooks``, the tests' harness).
+it. That reaches into aiokafka's coordinator, which is why it lives here and not in the
+product: the worker and the dispatcher take it as ``consumer_class`` (``python -m devstack
+worker|webhooks``, the tests' harness).
 
 On Kafka a joined member is never at generation 0, so there this changes nothing.
 """
