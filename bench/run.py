@@ -77,9 +77,10 @@ from bench.load import (
 )
 from bench.memory import restore_rate, store_memory
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from worker import eventloop
 from worker.kafka import build_producer, client_options, ensure_topics
-from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings, Topics
+from worker.settings import Settings, Topics
 
 _TICK = os.sysconf("SC_CLK_TCK")
 WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].default

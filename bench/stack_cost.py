@@ -48,8 +48,9 @@ from bench.common import REPO_ROOT, base_env, clean, machine, names
 from bench.kafka_floor import CLIENTS, Floor
 from devstack.broker import free_port, wait_for_port
 from devstack.keys import DEV_KEY, dev_keys_file
+from devstack.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS, EMBEDDED_FETCH_MAX_WAIT_MS
 from worker import eventloop
-from worker.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS, EMBEDDED_FETCH_MAX_WAIT_MS, Topics
+from worker.settings import Topics
 
 TICK: Final = os.sysconf("SC_CLK_TCK")
 ROUTE: Final = "/v1/accounts/acc_demo_{n}/auth/passkey-confirm"
@@ -60,6 +61,8 @@ TARGET_P99_SLACK_MS: Final = 30.0
 ROLES: Final = {
     "devstack simulator": "simulator",
     "devstack receiver": "receiver",
+    "devstack worker": "worker",
+    "devstack webhooks": "dispatcher",
     "worker run": "worker",
     "worker webhooks": "dispatcher",
     "worker api": "front-end",

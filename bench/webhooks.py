@@ -48,10 +48,11 @@ from bench.load import Progress, percentile, proc_cpu_s, proc_peak_rss
 from bench.run import Proc, start_proc, stop_procs
 from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from worker import eventloop
 from worker.kafka import build_producer, ensure_topics
 from worker.messages import AuthStatusChanged, event_id
-from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings, Topics
+from worker.settings import Settings, Topics
 from worker.webhooks.delivery import webhook_id
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
 from worker.webhooks.secrets_box import SecretsBox, generate_key

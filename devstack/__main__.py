@@ -1,9 +1,10 @@
 """``python -m devstack <command>``: the development tools.
 
 Commands: ``stack`` (everything on this machine; what ``make run`` runs), ``broker`` (the
-embedded broker alone), ``simulator`` (the provider simulator alone), ``receiver`` (a webhook
-receiver that verifies and prints each delivery) and ``demo`` (send commands straight to Kafka
-and print what comes back).
+embedded broker alone), ``worker`` and ``webhooks`` (the product's ``python -m worker run`` and
+``webhooks`` with the embedded broker's group consumer, ``devstack.consumer``), ``simulator``
+(the provider simulator alone), ``receiver`` (a webhook receiver that verifies and prints each
+delivery) and ``demo`` (send commands straight to Kafka and print what comes back).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from devstack.settings import DevSettings
-from worker.process import run_command, run_until_signal
+from worker.process import run_command, run_until_signal, tune_gc
 
 
 def cmd_stack(settings: DevSettings, args: argparse.Namespace) -> int:
@@ -26,6 +27,28 @@ def cmd_broker(settings: DevSettings, _: argparse.Namespace) -> int:
     from devstack.broker import serve_broker
 
     return run_until_signal(serve_broker(settings.embedded_broker_port), settings)
+
+
+def cmd_worker(settings: DevSettings, _: argparse.Namespace) -> int:
+    from devstack.consumer import EmbeddedBrokerConsumer
+    from worker import tracing
+    from worker.app import run_worker
+
+    tune_gc(settings)
+    tracing.configure(tracing.SERVICE_WORKER)
+    worker = run_worker(settings, consumer_class=EmbeddedBrokerConsumer)
+    return run_until_signal(worker, settings)
+
+
+def cmd_webhooks(settings: DevSettings, _: argparse.Namespace) -> int:
+    from devstack.consumer import EmbeddedBrokerConsumer
+    from worker import tracing
+    from worker.webhooks.app import run_dispatcher
+
+    tune_gc(settings)
+    tracing.configure(tracing.SERVICE_WEBHOOKS)
+    dispatcher = run_dispatcher(settings, consumer_class=EmbeddedBrokerConsumer)
+    return run_until_signal(dispatcher, settings)
 
 
 def cmd_simulator(settings: DevSettings, _: argparse.Namespace) -> int:
@@ -57,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("broker", help="the embedded Kafka-compatible broker alone").set_defaults(
         fn=cmd_broker
     )
+    sub.add_parser(
+        "worker", help="`python -m worker run` with the embedded broker's group consumer"
+    ).set_defaults(fn=cmd_worker)
+    sub.add_parser(
+        "webhooks", help="`python -m worker webhooks` with the embedded broker's group consumer"
+    ).set_defaults(fn=cmd_webhooks)
     sub.add_parser("simulator", help="the provider simulator alone").set_defaults(fn=cmd_simulator)
     sub.add_parser(
         "receiver", help="a webhook receiver that verifies and prints each delivery"

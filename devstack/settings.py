@@ -7,11 +7,19 @@ Each field maps to the upper-case environment variable of its name, like every o
 
 from __future__ import annotations
 
+from typing import Final
+
 from pydantic import Field, SecretStr
 
-from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings
+from worker.settings import Settings
 
-__all__ = ["DevSettings"]
+__all__ = ["EMBEDDED_API_FETCH_MAX_WAIT_MS", "EMBEDDED_FETCH_MAX_WAIT_MS", "DevSettings"]
+
+#: ``KAFKA_FETCH_MAX_WAIT_MS`` for processes on the embedded broker, which holds every fetch for
+#: the full wait: there the wait is per-hop latency.
+EMBEDDED_FETCH_MAX_WAIT_MS: Final = 20
+#: The front-end's on the embedded broker: each POST waits for its reply's fetch.
+EMBEDDED_API_FETCH_MAX_WAIT_MS: Final = 10
 
 
 class DevSettings(Settings):
@@ -20,6 +28,10 @@ class DevSettings(Settings):
     embedded_broker_port: int = 9092
     # The development tools talk to the embedded broker, which holds a fetch for the full wait.
     kafka_fetch_max_wait_ms: int = Field(default=EMBEDDED_FETCH_MAX_WAIT_MS, ge=1)
+    # One broker, topics made on demand: the stack and the tests create what they use.
+    kafka_auto_create_topics: bool = True
+    kafka_replication_factor: int = Field(default=1, ge=1)
+    kafka_min_insync_replicas: int = Field(default=1, ge=1)
 
     simulator_host: str = "127.0.0.1"
     simulator_port: int = 8090

@@ -1,11 +1,12 @@
 """``make run``: the whole system on one machine for development, in the production shape.
 
-The embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` is set), then one process each for
-the provider simulator (``python -m devstack simulator``), a worker and the front-end
-(``python -m worker run|api``),
-so the stack uses every core and each process stops the way it does in production. Ctrl-C
-(or SIGTERM) stops them in reverse order of dependency: front-end and worker drain first,
-then the simulator, then the broker. Children get SIGTERM if this process dies.
+The embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` names a cluster to use instead), the
+topics (created with their configuration), then one process each for the provider simulator
+(``python -m devstack simulator``), a worker and a webhook dispatcher (``python -m devstack
+worker|webhooks``: the product's, with ``devstack.consumer``) and the front-end (``python -m
+worker api``), so the stack uses every core and each process stops the way it does in
+production. Ctrl-C (or SIGTERM) stops them in reverse order of dependency: front-end and worker
+drain first, then the simulator, then the broker. Children get SIGTERM if this process dies.
 
 While it runs, the stack supervises its components as Kubernetes would: one that exits
 unexpectedly (a worker past ``KAFKA_OUTAGE_TOLERANCE_S``, a crash) is restarted after a
@@ -37,12 +38,11 @@ from pydantic import SecretStr
 from devstack.broker import EmbeddedBroker, die_with_parent, wait_for_port
 from devstack.demo import register_accounts
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
-from devstack.settings import DevSettings
+from devstack.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS, DevSettings
 from worker import tracing
 from worker.kafka import build_producer, ensure_topics
 from worker.logs import get_logger
 from worker.process import on_stop_signals
-from worker.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS
 from worker.webhooks.app import secrets_box
 from worker.webhooks.endpoints import EndpointRegistry
 from worker.webhooks.secrets_box import generate_key
@@ -157,6 +157,11 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
             "ENVIRONMENT": "development",
             "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
             **provider_credential(settings, keys_dir),
+            # The topics the stack made: the front-end, a product process with production
+            # defaults, checks them against these.
+            "KAFKA_AUTO_CREATE_TOPICS": str(settings.kafka_auto_create_topics).lower(),
+            "KAFKA_REPLICATION_FACTOR": str(settings.kafka_replication_factor),
+            "KAFKA_MIN_INSYNC_REPLICAS": str(settings.kafka_min_insync_replicas),
             "API_KEYS_FILE": str(keys),
             # The demo receiver listens on loopback over plain HTTP: relaxed for this stack
             # only (the defaults allow public https targets alone).
@@ -172,8 +177,10 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
         env.setdefault("KAFKA_FETCH_MAX_WAIT_MS", str(settings.kafka_fetch_max_wait_ms))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     simulator = Component("simulator", ["devstack", "simulator"], env=env)
-    worker = Component("worker", ["worker", "run"], env=env)
-    dispatcher = Component("dispatcher", ["worker", "webhooks"], env=env)
+    # The product's worker and dispatcher with the embedded broker's group consumer (a no-op
+    # on Kafka): a restarted one gets its partitions at once, not a session timeout later.
+    worker = Component("worker", ["devstack", "worker"], env=env)
+    dispatcher = Component("dispatcher", ["devstack", "webhooks"], env=env)
     # The dev stack is what the load benchmarks drive (bench/api_load.py, bench.stack_cost):
     # thousands of requests a second from one workspace. Its front-end has no per-workspace
     # rate limit unless API_RATE_LIMIT_PER_S is set.

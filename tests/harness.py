@@ -17,6 +17,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from devstack.consumer import EmbeddedBrokerConsumer
+from tests.cluster import kafka_env
 from worker.app import run_worker
 from worker.consumer import Worker
 from worker.kafka import build_consumer, build_producer, ensure_topics
@@ -165,7 +167,9 @@ async def running_loop(
     **options: Any,
 ) -> AsyncIterator[RunningWorker]:
     """A consuming process's main (``run_worker``, ``run_dispatcher``) in this event loop;
-    yields once its loop owns and restored its partitions, stops it on exit."""
+    yields once its loop owns and restored its partitions, stops it on exit. Its group
+    consumer is the development tools' (``devstack.consumer``) unless ``options`` names one."""
+    options.setdefault("consumer_class", EmbeddedBrokerConsumer)
     stop = asyncio.Event()
     registry = CollectorRegistry()
     holder: list[Worker] = []
@@ -204,12 +208,13 @@ def running_worker(
 
 
 def worker_env(settings: Settings, metrics_port: int, **extra: str) -> dict[str, str]:
-    """Environment for a ``python -m worker run`` subprocess bound to ``settings``."""
+    """Environment for a ``python -m worker run`` (or ``devstack worker``) subprocess bound to
+    ``settings``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOPIC_", "KAFKA_"))}
+    env.update(kafka_env(settings))
     env.update(
         {
             "ENVIRONMENT": "development",
-            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
             "KAFKA_CONSUMER_GROUP": settings.kafka_consumer_group,
             "KAFKA_SESSION_TIMEOUT_MS": "6000",
             "KAFKA_HEARTBEAT_INTERVAL_MS": "500",

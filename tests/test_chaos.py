@@ -40,7 +40,8 @@ RATE = float(os.environ.get("CHAOS_RATE", "150"))  # commands per second
 
 
 class Pool:
-    """Worker processes (``python -m worker run``) sharing one consumer group."""
+    """Worker processes sharing one consumer group: ``python -m devstack worker``, the
+    product's worker with the embedded broker's group consumer (``devstack.consumer``)."""
 
     def __init__(self, settings: Settings, n: int) -> None:
         self.settings = settings
@@ -85,7 +86,7 @@ class Pool:
         log = path.open("wb")
         self._logs.append(log)
         self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "worker", "run"],
+            [sys.executable, "-m", "devstack", "worker"],
             env=self.env(self.ports[i]),
             stdout=log,
             stderr=subprocess.STDOUT,

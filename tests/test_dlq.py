@@ -27,11 +27,12 @@ import pytest
 import structlog
 
 from devstack.broker import EmbeddedBroker, free_port
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from tests.harness import REPO
 from worker.cli import build_parser, main
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.replay import replay_to_highwater
-from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings, Topics
+from worker.settings import Settings, Topics
 from worker.tail import assign_all
 
 pytestmark = pytest.mark.integration

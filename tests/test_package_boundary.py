@@ -44,3 +44,14 @@ def test_entry_modules_load_no_dev_tool() -> None:
     loaded = json.loads(out)
     assert "worker.app" in loaded
     assert [m for m in loaded if m.split(".")[0] in FORBIDDEN] == []
+
+
+def test_no_workaround_for_the_embedded_broker_lives_in_the_package() -> None:
+    """What the embedded broker needs (its fetch waits, the LeaveGroup at generation 0) is in
+    devstack/: the package neither names it nor reaches into aiokafka's coordinator."""
+    markers = ("EMBEDDED_", "_coordinator", "_maybe_leave_group", "_send_req", "LeaveGroupRequest")
+    offenders = {
+        str(path.relative_to(REPO)): [m for m in markers if m in path.read_text()]
+        for path in (REPO / "worker").rglob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry
 
 from worker.consumer import Worker
 from worker.execute import Executor
 from worker.flow import Policy
-from worker.kafka import build_producer, ensure_topics
+from worker.kafka import ConsumerClass, build_producer, verify_topics
 from worker.logs import get_logger
 from worker.metrics import WorkerMetrics
 from worker.outage import BrokerHealth
@@ -23,6 +24,7 @@ from worker.route import KeyPartitioner, Router
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
 from worker.store import StateStore
+from worker.topics import used_by
 
 log = get_logger(__name__)
 
@@ -47,15 +49,18 @@ async def run_worker(
     serve_probes: bool = True,
     on_start: Callable[[Worker], None] | None = None,
     providers: ProviderRegistry | None = None,
+    consumer_class: ConsumerClass = AIOKafkaConsumer,
 ) -> None:
     """One worker of the pool, until SIGTERM/SIGINT (or ``stop``). Raises on a fatal loop
-    error so the process exits non-zero. ``providers`` replaces the HTTP adapters built from
-    ``PROVIDER_URLS`` (the benchmark's in-process provider)."""
+    error so the process exits non-zero, and ``TopicsMisconfigured`` before it starts when its
+    topics are not as specified. ``providers`` replaces the HTTP adapters built from
+    ``PROVIDER_URLS`` (the benchmark's in-process provider); ``consumer_class`` the group
+    consumer's class (the development tools', for the embedded broker)."""
     registry = registry or CollectorRegistry()
     metrics = WorkerMetrics(registry)
     health = BrokerHealth(settings.kafka_outage_tolerance_s, name="worker")
     health.export(registry, "auth_")
-    await ensure_topics(settings)
+    await verify_topics(settings, used_by(settings, "worker"))
     topics = settings.topics
     producer = build_producer(settings, partitioner=KeyPartitioner())
     http = build_http_client(settings)
@@ -63,7 +68,9 @@ async def run_worker(
         providers = build_registry(
             settings, http, on_call=metrics.provider_call, on_retry=metrics.provider_retry
         )
-    consumer = group_consumer(settings, settings.kafka_consumer_group)
+    consumer = group_consumer(
+        settings, settings.kafka_consumer_group, consumer_class=consumer_class
+    )
     store = StateStore()
     executor = Executor(
         store=store,

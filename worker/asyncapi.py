@@ -19,7 +19,6 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import JsonSchemaMode
 
 from worker.faults import FAULT_REASONS
-from worker.kafka import co_partitioned
 from worker.messages import (
     DECODE_REASONS,
     AccountRecord,
@@ -33,6 +32,7 @@ from worker.messages import (
     Reply,
 )
 from worker.settings import DEFAULT_BOOTSTRAP, Settings, Topics
+from worker.topics import COMPACTED, co_partitioned
 from worker.webhooks.endpoints import EVENT_TYPES, EndpointRecord
 from worker.webhooks.events import _WIRE_ONLY as WEBHOOK_BODY_DROPS
 from worker.webhooks.publish import DeliveryLogEntry, Replay
@@ -41,10 +41,6 @@ from worker.webhooks.state import AccountDeliveries
 ASYNCAPI_VERSION: Final = "3.0.0"
 KAFKA_BINDING_VERSION: Final = "0.5.0"
 SCHEMA_REF: Final = "#/components/schemas/{model}"
-
-#: Topics (``Topics`` field names) whose ``cleanup.policy`` is ``compact``: changelogs and
-#: registries where only the latest record per key matters.
-COMPACTED: Final = frozenset({"state", "webhook_endpoints", "webhook_state"})
 
 #: W3C Trace Context (https://www.w3.org/TR/trace-context/) as Kafka headers: optional on
 #: every message, so a trace follows a command from the front-end to the webhook.

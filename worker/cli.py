@@ -1,9 +1,9 @@
 """``python -m worker <command>``: the entry point of every production process.
 
 Commands: ``run`` (one worker of the pool), ``api`` (one front-end), ``webhooks`` (one
-webhook dispatcher), ``topics`` (create the topics), ``keys`` (the API key lifecycle),
-``schemas`` (re-export ``schemas/`` and ``docs/flow.md``) and ``dlq`` (list, show and redrive
-dead letters).
+webhook dispatcher), ``topics`` (create or check the topics: a deploy step), ``keys`` (the
+API key lifecycle), ``schemas`` (re-export ``schemas/`` and ``docs/flow.md``) and ``dlq``
+(list, show and redrive dead letters).
 The development tools (the embedded broker, the simulator, ``make run``'s stack, the demo) are
 ``python -m devstack``, and the benchmark is ``python -m bench``; neither is in this package.
 """
@@ -44,14 +44,33 @@ def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
     return run_until_signal(run_worker(settings), settings)
 
 
-def cmd_topics(settings: Settings, _: argparse.Namespace) -> int:
-    from worker.kafka import ensure_topics
+def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
+    """``topics create|check``: the deploy step. Prints one row per topic and setting; exits 0
+    when every topic is as specified, 1 when one is not, 2 when Kafka cannot be reached."""
+    from aiokafka.errors import KafkaError
 
     if (refused := preflight.refuse(settings, "topics")) is not None:
         return refused
-    counts = eventloop.run(ensure_topics(settings), settings.event_loop)
-    for name, n in counts.items():
-        print(f"{name}\t{n} partitions")
+    from worker.kafka import topics_report
+    from worker.topics import problems, render_table
+
+    create = args.action == "create"
+    try:
+        findings = eventloop.run(topics_report(settings, create=create), settings.event_loop)
+    except KafkaError as exc:
+        logs.get_logger(__name__).error(
+            "kafka_unreachable", bootstrap=settings.bootstrap, error=repr(exc)
+        )
+        return 2
+    print(render_table(findings))
+    wrong = problems(findings)
+    if wrong:
+        print(
+            f"\n{len(wrong)} problem(s); an existing topic is never altered: fix it with the "
+            "platform's tooling (kafka-configs.sh --alter, kafka-topics.sh)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -214,7 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "webhooks", help="one webhook dispatcher of the pool (delivers events to endpoints)"
     ).set_defaults(fn=cmd_webhooks, service=tracing.SERVICE_WEBHOOKS)
-    sub.add_parser("topics", help="create every topic (idempotent)").set_defaults(fn=cmd_topics)
+    topics = sub.add_parser(
+        "topics", help="create or check every topic's partitions, replication and configs"
+    )
+    topics.add_argument(
+        "action",
+        choices=["create", "check"],
+        help="create: make the missing topics with their configuration, then check; "
+        "check: only compare (exit 1 on any problem)",
+    )
+    topics.set_defaults(fn=cmd_topics)
     schemas = sub.add_parser(
         "schemas", help="export JSON Schemas, catalogue and OpenAPI; the flow diagram to docs/"
     )

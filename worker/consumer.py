@@ -45,7 +45,6 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.protocol.group import LeaveGroupRequest
 from aiokafka.structs import ConsumerRecord
 
 from worker.faults import Fault, is_permanent, is_process_fault
@@ -247,7 +246,6 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
     async def run(self) -> None:
         """Consume until ``stop()``; raises when a lane failed (the process must exit)."""
         self.consumer.subscribe(list(self.config.topics), listener=self)
-        self._leave_group_on_stop()
         stop_requested = asyncio.ensure_future(self._stopping.wait())
         helpers = [
             asyncio.create_task(self._every(self.config.commit_interval_s, self._commit)),
@@ -615,31 +613,3 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _leave_group_on_stop(self) -> None:
-        """Make ``consumer.stop()`` send LeaveGroup also at generation 0.
-
-        aiokafka skips LeaveGroup for generation 0, which the embedded broker uses, and the
-        group would then wait a full session timeout before handing our partitions to the
-        other workers (docs/architecture.md, "The embedded broker"). Sending it ourselves
-        while the heartbeat still runs makes aiokafka rejoin; so the request is sent from
-        inside ``stop()``, after the coordinator has stopped its heartbeat, where aiokafka
-        would have sent it.
-        """
-        coordinator = getattr(self.consumer, "_coordinator", None)
-        original = getattr(coordinator, "_maybe_leave_group", None)
-        if coordinator is None or original is None:
-            return
-
-        async def leave() -> None:
-            member_id = getattr(coordinator, "member_id", "")
-            if coordinator.generation == 0 and member_id:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(
-                        coordinator._send_req(LeaveGroupRequest(coordinator.group_id, member_id)),
-                        timeout=2,
-                    )
-                    log.info("left_group", member_id=member_id)
-            await original()
-
-        coordinator._maybe_leave_group = leave

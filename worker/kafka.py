@@ -1,5 +1,8 @@
 """Kafka client construction and topic set-up, from settings; one place for TLS/SASL.
 
+Topic set-up is the admin I/O of ``worker.topics``: create topics with their configuration,
+describe what the cluster has, and hand both to ``worker.topics.check``.
+
 Clients are built at start-up and passed in; nothing here is module-level state.
 """
 
@@ -8,14 +11,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    for_code,
+)
 
+from worker.logs import get_logger
+from worker.process import Misconfigured
 from worker.settings import Settings
+from worker.topics import (
+    Finding,
+    TopicObservation,
+    TopicsMisconfigured,
+    TopicSpec,
+    check,
+    co_partitioned,
+    problems,
+    topic_specs,
+)
+
+log = get_logger(__name__)
 
 
 def client_options(settings: Settings) -> dict[str, Any]:
@@ -55,7 +78,17 @@ def build_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     return AIOKafkaProducer(**(opts | overrides))
 
 
-def build_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKafkaConsumer:
+#: What builds a consumer: ``AIOKafkaConsumer``, or a subclass the development tools inject
+#: (``devstack.consumer``) for the embedded broker.
+ConsumerClass = type[AIOKafkaConsumer]
+
+
+def build_consumer(
+    settings: Settings,
+    *topics: str,
+    consumer_class: ConsumerClass = AIOKafkaConsumer,
+    **overrides: Any,
+) -> AIOKafkaConsumer:
     """Manual commits only: an offset is committed after its effects are published.
 
     A group member's JoinGroup request is held by the coordinator until the rebalance
@@ -74,51 +107,136 @@ def build_consumer(settings: Settings, *topics: str, **overrides: Any) -> AIOKaf
             "session_timeout_ms", settings.kafka_session_timeout_ms
         )
         opts["request_timeout_ms"] = max(opts["request_timeout_ms"], int(rebalance_ms) + 5_000)
-    return AIOKafkaConsumer(*topics, **(opts | overrides))
+    return consumer_class(*topics, **(opts | overrides))
 
 
-def topic_partitions(settings: Settings) -> dict[str, int]:
-    """Commands and state share a partition count: a worker restores the state of exactly the
-    command partitions it owns (co-partitioning)."""
-    t = settings.topics
-    counts = {name: settings.other_partitions for name in t.all()}
-    counts[t.commands] = settings.commands_partitions
-    counts[t.state] = settings.commands_partitions
-    return counts
+async def ensure_topics(settings: Settings, *, attempts: int = 50) -> list[Finding]:
+    """Create every missing topic with its configuration, then check them all; raises
+    ``TopicsMisconfigured`` when one is not as specified (an existing topic is never altered).
+    The dev stack and the tests set up their topics with it."""
+    findings = await topics_report(settings, create=True, attempts=attempts)
+    _raise_on_problems(findings)
+    return findings
 
 
-def co_partitioned(settings: Settings) -> list[tuple[str, ...]]:
-    """Topics whose partition numbers must line up: the worker's commands and its state; the
-    dispatcher's inputs (events, replays) and its delivery states."""
-    t = settings.topics
-    return [
-        (t.commands, t.state),
-        (t.status, t.errors, t.webhook_replays, t.webhook_state),
-    ]
+async def verify_topics(
+    settings: Settings, names: Sequence[str], *, attempts: int = 50
+) -> list[Finding]:
+    """A process's start-up check of the topics it uses (``worker.topics.used_by``): missing
+    ones are created only with ``KAFKA_AUTO_CREATE_TOPICS``; raises ``TopicsMisconfigured``,
+    naming each topic and setting that is wrong, so the process refuses to start."""
+    findings = await topics_report(
+        settings, names, create=settings.kafka_auto_create_topics, attempts=attempts
+    )
+    _raise_on_problems(findings)
+    return findings
 
 
-async def ensure_topics(settings: Settings, *, attempts: int = 50) -> dict[str, int]:
-    """Create missing topics; verify the co-partitioning of existing ones."""
-    wanted = topic_partitions(settings)
+async def topics_report(
+    settings: Settings,
+    names: Sequence[str] | None = None,
+    *,
+    create: bool,
+    attempts: int = 50,
+) -> list[Finding]:
+    """The findings of checking ``names`` (default: every topic), after creating the missing
+    ones when ``create``. Co-partitioning is checked among the named topics of each group."""
+    specs = topic_specs(settings)
+    if names is not None:
+        wanted = set(names)
+        specs = [s for s in specs if s.name in wanted]
     async with _admin(settings, attempts) as admin:
-        await _create_missing(admin, wanted)
-        for group in co_partitioned(settings):
-            described = await admin.describe_topics(list(group))
-            counts = {d["topic"]: len(d["partitions"]) for d in described}
-            if len(set(counts.values())) != 1:
-                raise RuntimeError(
-                    f"{', '.join(group)} must have the same partition count (co-partitioned), "
-                    f"found {counts}"
-                )
-    return wanted
+        if create:
+            await _create_missing(admin, specs)
+        observed = await observe_topics(admin, [s.name for s in specs])
+    return check(specs, observed, co_partitioned(settings))
+
+
+async def observe_topics(
+    admin: AIOKafkaAdminClient, names: Sequence[str]
+) -> dict[str, TopicObservation | None]:
+    """What the cluster says of ``names``: partition count, replication factor, configs;
+    ``None`` for a missing topic.
+
+    Only topics already listed are described: a Metadata request naming a missing topic
+    creates it, with the broker's defaults, on a cluster with ``auto.create.topics.enable``
+    (and always on the embedded broker). Every config is asked for: the embedded broker drops
+    the connection on a DescribeConfigs that names the configs it wants.
+    """
+    existing = set(await admin.list_topics())
+    present = [n for n in names if n in existing]
+    observed: dict[str, TopicObservation | None] = dict.fromkeys(names)
+    if not present:
+        return observed
+    configs = await _describe_configs(admin, present)
+    for meta in await admin.describe_topics(present):
+        name, partitions = meta["topic"], meta["partitions"]
+        if meta["error_code"] or not partitions:
+            continue  # deleted since it was listed
+        topic_configs, error = configs.get(name, (None, "not in the DescribeConfigs answer"))
+        observed[name] = TopicObservation(
+            name=name,
+            partitions=len(partitions),
+            replication_factor=min(len(p["replicas"]) for p in partitions),
+            configs=topic_configs,
+            configs_error=error,
+        )
+    return observed
+
+
+async def _describe_configs(
+    admin: AIOKafkaAdminClient, names: Sequence[str]
+) -> dict[str, tuple[dict[str, str] | None, str | None]]:
+    """name → (configs, None), or (None, why) where the broker refused to say."""
+    resources = [ConfigResource(ConfigResourceType.TOPIC, n) for n in names]
+    try:
+        responses = await admin.describe_configs(resources)
+    except KafkaError as exc:
+        return dict.fromkeys(names, (None, f"DescribeConfigs failed: {exc!r}"))
+    out: dict[str, tuple[dict[str, str] | None, str | None]] = {}
+    for response in responses:
+        for res in response.to_object()["resources"]:
+            if res["error_code"]:
+                error = for_code(res["error_code"]).__name__
+                out[res["resource_name"]] = (None, f"DescribeConfigs: {error}")
+                continue
+            out[res["resource_name"]] = (
+                {
+                    e["config_names"]: e["config_value"]
+                    for e in res["config_entries"]
+                    if e["config_value"] is not None
+                },
+                None,
+            )
+    return out
+
+
+def _raise_on_problems(findings: Sequence[Finding]) -> None:
+    wrong = problems(findings)
+    if wrong:
+        raise TopicsMisconfigured(
+            wrong,
+            hint="`python -m worker topics check` prints every topic; `topics create` makes "
+            "the missing ones; an existing topic is fixed with the platform's tooling",
+        )
 
 
 async def create_topics(
     settings: Settings, wanted: Mapping[str, int], *, attempts: int = 50
 ) -> None:
-    """Create those of ``wanted`` (name → partition count) that are missing."""
+    """Create those of ``wanted`` (name → partition count) that are missing, with the broker's
+    defaults: the benchmark's own topics, not the product's (``ensure_topics``)."""
+    specs = [
+        TopicSpec(name, name, n, settings.kafka_replication_factor, {})
+        for name, n in wanted.items()
+    ]
     async with _admin(settings, attempts) as admin:
-        await _create_missing(admin, wanted)
+        await _create_missing(admin, specs)
+
+
+class TopicsNotCreated(Misconfigured):
+    """The cluster refused to create a topic (replication factor above the broker count, a
+    policy, an invalid config): a configuration error, not an outage."""
 
 
 async def partition_counts(
@@ -152,14 +270,24 @@ async def _admin(settings: Settings, attempts: int) -> AsyncIterator[AIOKafkaAdm
         await admin.close()
 
 
-async def _create_missing(admin: AIOKafkaAdminClient, wanted: Mapping[str, int]) -> None:
+async def _create_missing(admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec]) -> list[str]:
+    """Create the missing ones of ``specs`` with their configuration; returns their names.
+    Another process creating one first is fine; any other refusal raises."""
     existing = set(await admin.list_topics())
     missing = [
-        NewTopic(name, n, replication_factor=1)
-        for name, n in wanted.items()
-        if name not in existing
+        NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=dict(s.configs))
+        for s in specs
+        if s.name not in existing
     ]
-    if missing:
-        # another process may win the race; that is fine
-        with contextlib.suppress(TopicAlreadyExistsError):
-            await admin.create_topics(missing)
+    if not missing:
+        return []
+    response = await admin.create_topics(missing)
+    failed = []
+    for name, code, *message in response.topic_errors:  # (topic, code[, message]) by version
+        error = for_code(code)
+        if code and error is not TopicAlreadyExistsError:
+            failed.append(f"{name}: {error.__name__} {message[0] if message else ''}".rstrip())
+    if failed:
+        raise TopicsNotCreated("could not create " + "; ".join(failed))
+    log.info("topics_created", topics=[t.name for t in missing])
+    return [t.name for t in missing]

@@ -19,10 +19,27 @@ from worker import eventloop
 if TYPE_CHECKING:
     from worker.settings import Settings
 
-__all__ = ["STOP_SIGNALS", "on_stop_signals", "run_command", "run_until_signal", "tune_gc"]
+__all__ = [
+    "EX_CONFIG",
+    "STOP_SIGNALS",
+    "Misconfigured",
+    "on_stop_signals",
+    "run_command",
+    "run_until_signal",
+    "tune_gc",
+]
 
 STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 """What Kubernetes (SIGTERM) and a terminal (Ctrl-C) send to ask for a graceful stop."""
+
+EX_CONFIG: Final = 78
+"""Exit status of a process that refuses to start on a configuration error (sysexits.h)."""
+
+
+class Misconfigured(Exception):
+    """The environment or the cluster is not what the settings say: the process refuses to
+    start, says why in one log line and exits with ``EX_CONFIG``, rather than run wrongly.
+    A restart does not help, so an orchestrator's crash loop shows the message."""
 
 
 @contextlib.contextmanager
@@ -59,8 +76,9 @@ def run_until_signal(coro: Coroutine[Any, Any, Any], settings: Settings) -> int:
 
 
 def run_command(args: Any, settings: Settings) -> int:
-    """The body of every ``main``: configure logs, run the chosen command's ``fn``, and treat
-    a closed stdout (``| head``) as the end rather than an error."""
+    """The body of every ``main``: configure logs, run the chosen command's ``fn``, treat a
+    closed stdout (``| head``) as the end rather than an error, and a ``Misconfigured`` as a
+    refusal to start (``EX_CONFIG``, one log line naming the problem, no traceback)."""
     from worker import logs
 
     logs.configure(
@@ -71,7 +89,11 @@ def run_command(args: Any, settings: Settings) -> int:
         access_log=settings.api_access_log,
     )
     with contextlib.suppress(BrokenPipeError):
-        code: int = args.fn(settings, args)
+        try:
+            code: int = args.fn(settings, args)
+        except Misconfigured as exc:
+            logs.get_logger(__name__).error("refusing_to_start", reason=str(exc))
+            return EX_CONFIG
         return code
     return 1
 

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from worker.consumer import FINAL_COMMIT_TIMEOUT_S, Handler, LoopConfig, LoopMetrics, Worker
 from worker.eventloop import running_loop_name
-from worker.kafka import build_consumer
+from worker.kafka import ConsumerClass, build_consumer
 from worker.logs import get_logger
 from worker.outage import BrokerHealth, metadata_probe
 from worker.probes import build_probe_app
@@ -193,11 +193,19 @@ async def _stop_when(event: asyncio.Event, loop: Worker) -> None:
     loop.stop()
 
 
-def group_consumer(settings: Settings, group_id: str, **extra: Any) -> AIOKafkaConsumer:
+def group_consumer(
+    settings: Settings,
+    group_id: str,
+    *,
+    consumer_class: ConsumerClass = AIOKafkaConsumer,
+    **extra: Any,
+) -> AIOKafkaConsumer:
     """The consumer of a consume loop: the group's liveness and rebalance timeouts are sized
-    from the drain grace, so a member that drains on revocation is not thrown out for it."""
+    from the drain grace, so a member that drains on revocation is not thrown out for it.
+    ``consumer_class`` is the development tools' for the embedded broker (``devstack``)."""
     return build_consumer(
         settings,
+        consumer_class=consumer_class,
         group_id=group_id,
         session_timeout_ms=settings.kafka_session_timeout_ms,
         heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,

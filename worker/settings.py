@@ -163,13 +163,6 @@ class _ProviderEnv(BaseSettings, ProviderConnection):
     model_config = SettingsConfigDict(extra="ignore", frozen=True, hide_input_in_errors=True)
 
 
-#: ``KAFKA_FETCH_MAX_WAIT_MS`` for processes on the embedded broker, which holds every fetch for
-#: the full wait: there the wait is per-hop latency.
-EMBEDDED_FETCH_MAX_WAIT_MS: Final = 20
-#: The front-end's on the embedded broker: each POST waits for its reply's fetch.
-EMBEDDED_API_FETCH_MAX_WAIT_MS: Final = 10
-
-
 class Settings(BaseSettings):
     """Process configuration. Build once in ``main`` and pass it down."""
 
@@ -204,7 +197,7 @@ class Settings(BaseSettings):
         description="Longest a fetch waits for data. Kafka answers a fetch as soon as data "
         "arrives, so a long wait costs no latency there and keeps idle consumers quiet; the "
         "embedded broker always waits the full time, so whatever runs against it (devstack, "
-        "the bench, the tests) sets a short one (EMBEDDED_FETCH_MAX_WAIT_MS).",
+        "the bench, the tests) sets a short one (devstack/settings.py).",
     )
     kafka_request_timeout_ms: int = Field(
         default=40_000,
@@ -234,6 +227,37 @@ class Settings(BaseSettings):
     )
     commands_partitions: int = Field(default=12, ge=1)
     other_partitions: int = Field(default=12, ge=1)
+
+    # --- topics: the deploy step and the start-up check (worker/topics.py) -----------------
+    kafka_auto_create_topics: bool = Field(
+        default=False,
+        description="Create missing topics, with their full configuration, when a process "
+        "starts. Off in production: there `python -m worker topics create` is a deploy step "
+        "and a process refuses to start on a missing topic; the dev stack and the tests set it.",
+    )
+    kafka_replication_factor: int = Field(
+        default=3,
+        ge=1,
+        description="Replication factor of the topics `topics create` makes; the check "
+        "requires at least this many replicas.",
+    )
+    kafka_min_insync_replicas: int = Field(
+        default=2,
+        ge=1,
+        description="`min.insync.replicas` of every topic (at least this, at most the "
+        "replication factor): how many replicas acknowledge an acks=all write.",
+    )
+    kafka_retention_ms: int = Field(
+        default=7 * 86_400_000,
+        ge=-1,
+        description="`retention.ms` of the streams (commands, events, DLQs; -1 forever); the "
+        "compacted topics keep every key's latest record instead.",
+    )
+    kafka_replies_retention_ms: int = Field(
+        default=3_600_000,
+        ge=-1,
+        description="`retention.ms` of the replies topic: a reply is awaited for seconds.",
+    )
 
     # --- worker --------------------------------------------------------------------------
     worker_metrics_host: str = "127.0.0.1"
@@ -434,6 +458,22 @@ class Settings(BaseSettings):
     api_access_log: bool = Field(
         default=False, description="One log line per HTTP request of the front-end (uvicorn's)."
     )
+
+    @field_validator("kafka_retention_ms", "kafka_replies_retention_ms")
+    @classmethod
+    def _retention_is_positive_or_forever(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("retention must be positive, or -1 (forever)")
+        return value
+
+    @model_validator(mode="after")
+    def _isr_within_replicas(self) -> Settings:
+        if self.kafka_min_insync_replicas > self.kafka_replication_factor:
+            raise ValueError(
+                "KAFKA_MIN_INSYNC_REPLICAS must not exceed KAFKA_REPLICATION_FACTOR: every "
+                "acks=all write would fail"
+            )
+        return self
 
     @field_validator("provider_urls")
     @classmethod

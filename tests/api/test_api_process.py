@@ -18,6 +18,7 @@ import pytest
 from devstack.broker import free_port
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_A, headers, running_api
+from tests.cluster import kafka_env
 from worker.api.app import serve_api
 from worker.api.keys import KeyStore
 from worker.kafka import ensure_topics
@@ -33,17 +34,20 @@ async def test_python_m_worker_api_serves_and_stops_on_sigterm(api_settings: Api
     settings = api_settings(api_reply_timeout_s=1.0)
     await ensure_topics(settings)
     port, metrics_port = free_port(), free_port()
-    env = os.environ | {
-        "ENVIRONMENT": "development",
-        "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
-        "API_PORT": str(port),
-        "API_METRICS_PORT": str(metrics_port),
-        "API_KEYS_FILE": str(settings.api_keys_file),
-        "API_REPLY_TIMEOUT_S": "1.0",
-        "COMMANDS_PARTITIONS": "3",
-        "OTHER_PARTITIONS": "3",
-        "LOG_FORMAT": "console",
-    }
+    env = (
+        os.environ
+        | kafka_env(settings)
+        | {
+            "ENVIRONMENT": "development",
+            "API_PORT": str(port),
+            "API_METRICS_PORT": str(metrics_port),
+            "API_KEYS_FILE": str(settings.api_keys_file),
+            "API_REPLY_TIMEOUT_S": "1.0",
+            "COMMANDS_PARTITIONS": "3",
+            "OTHER_PARTITIONS": "3",
+            "LOG_FORMAT": "console",
+        }
+    )
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -31,9 +31,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from devstack.broker import EmbeddedBroker, free_port
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
+from tests.cluster import RUN, ExistingCluster, topic_settings
 from worker.app import run_worker
 from worker.consumer import Worker
-from worker.settings import EMBEDDED_FETCH_MAX_WAIT_MS, Settings, Topics
+from worker.settings import Settings, Topics
 
 
 def require_tool(name: str, install_hint: str, path: str | None = None) -> str:
@@ -82,14 +84,16 @@ _namespaces = itertools.count()
 def topic_namespace() -> Iterator[str]:
     """Fresh TOPIC_* names for as long as the block runs, like ``make_settings`` but usable
     from a module-scoped fixture; yields the prefix (``live_settings`` names the group)."""
-    prefix = f"live{os.getpid()}_{next(_namespaces)}"
+    prefix = f"live{RUN}_{next(_namespaces)}"
     with pytest.MonkeyPatch.context() as mp:
         for name in Topics.model_fields:
             mp.setenv(f"TOPIC_{name.upper()}", f"{prefix}.{name}")
         yield prefix
 
 
-def live_settings(broker: EmbeddedBroker, prefix: str, **overrides: object) -> Settings:
+def live_settings(
+    broker: EmbeddedBroker | ExistingCluster, prefix: str, **overrides: object
+) -> Settings:
     """Settings of ``make_settings`` (tests/conftest.py) inside a ``topic_namespace``; the
     worker's probes on a free loopback port."""
     values: dict[str, object] = {
@@ -106,6 +110,7 @@ def live_settings(broker: EmbeddedBroker, prefix: str, **overrides: object) -> S
         "worker_follow_up_poll_s": 0.2,
         "log_format": "console",
         "log_level": "WARNING",
+        **topic_settings(),
     }
     values.update(overrides)
     settings = Settings(**values)  # type: ignore[arg-type]

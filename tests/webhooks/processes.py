@@ -17,6 +17,7 @@ from typing import IO, Any
 import httpx
 
 from devstack.broker import free_port
+from tests.cluster import kafka_env
 from tests.conftest import SettingsFactory
 from tests.harness import REPO
 from worker.settings import Settings, Topics
@@ -52,10 +53,10 @@ def dispatcher_env(settings: Settings, metrics_port: int, **extra: str) -> dict[
         if not k.startswith(("TOPIC_", "KAFKA_", "WEBHOOK_", "WORKER_"))
     }
     key = settings.webhook_secrets_key
+    env.update(kafka_env(settings))
     env.update(
         {
             "ENVIRONMENT": "development",
-            "KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap,
             "KAFKA_SESSION_TIMEOUT_MS": str(settings.kafka_session_timeout_ms),
             "KAFKA_HEARTBEAT_INTERVAL_MS": str(settings.kafka_heartbeat_interval_ms),
             "KAFKA_FETCH_MAX_WAIT_MS": str(settings.kafka_fetch_max_wait_ms),
@@ -106,7 +107,9 @@ class DispatcherPool:
         log = path.open("wb")
         self._logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "webhooks"],
+            # The product's dispatcher with the embedded broker's group consumer
+            # (devstack.consumer): a stopped member hands its partitions over at once.
+            [sys.executable, "-m", "devstack", "webhooks"],
             env=dispatcher_env(self.settings, self.ports[i], **self.extra_env),
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -43,7 +43,7 @@ from worker.api.runtime import ApiRuntime, serve_runtime
 from worker.api.view import AuthStateView
 from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
-from worker.kafka import build_consumer, build_producer, ensure_topics
+from worker.kafka import build_consumer, build_producer, verify_topics
 from worker.logs import get_logger
 from worker.metrics import TailSkips
 from worker.outage import BrokerHealth
@@ -51,6 +51,7 @@ from worker.probes import Probes
 from worker.process import on_stop_signals
 from worker.settings import Settings
 from worker.tail import SharedConsumer
+from worker.topics import used_by
 from worker.webhooks.endpoints import EndpointsTail
 from worker.webhooks.log_view import DeliveryLogView
 from worker.webhooks.secrets_box import SecretsBox
@@ -231,7 +232,7 @@ async def api_runtime(
     keys: KeyStore | None = None,
 ) -> AsyncIterator[ApiRuntime]:
     """Build and start the front-end's clients from ``settings``; stop them on exit."""
-    await ensure_topics(settings)
+    await verify_topics(settings, used_by(settings, "api"))
     keys = (
         keys
         if keys is not None

@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from aiokafka import AIOKafkaConsumer
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from prometheus_client import CollectorRegistry
 
 from worker.consumer import Worker
-from worker.kafka import build_consumer, build_producer, ensure_topics
+from worker.kafka import ConsumerClass, build_consumer, build_producer, verify_topics
 from worker.logs import get_logger
 from worker.metrics import TailSkips
 from worker.outage import BrokerHealth
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
+from worker.topics import used_by
 from worker.webhooks.delivery import parse_schedule
 from worker.webhooks.dispatcher import DispatchConfig, Dispatcher, Sender
 from worker.webhooks.endpoints import EndpointsTail
@@ -75,15 +77,18 @@ async def run_dispatcher(
     serve_probes: bool = True,
     on_start: Callable[[Worker], None] | None = None,
     sender: Sender | None = None,
+    consumer_class: ConsumerClass = AIOKafkaConsumer,
 ) -> None:
     """One dispatcher of the pool, until SIGTERM/SIGINT (or ``stop``); raises on a fatal loop
-    error. ``sender`` replaces the HTTP sender built from settings (tests)."""
+    error, and ``TopicsMisconfigured`` before it starts when its topics are not as specified.
+    ``sender`` replaces the HTTP sender built from settings (tests); ``consumer_class`` the
+    group consumer's class (the development tools', for the embedded broker)."""
     registry = registry or CollectorRegistry()
     metrics = WebhookMetrics(registry)
     health = BrokerHealth(settings.kafka_outage_tolerance_s, name="dispatcher")
     health.export(registry, "webhook_")
     box = secrets_box(settings)
-    await ensure_topics(settings)
+    await verify_topics(settings, used_by(settings, "dispatcher"))
     topics = settings.topics
     producer = build_producer(settings)
     tail = EndpointsTail(
@@ -134,6 +139,7 @@ async def run_dispatcher(
     consumer = group_consumer(
         settings,
         settings.webhook_consumer_group,
+        consumer_class=consumer_class,
         # The same partition number of every input topic to one member: an account's events
         # and replays, and its delivery state, live on one partition number.
         partition_assignment_strategy=(RangePartitionAssignor,),
