@@ -240,7 +240,11 @@ class WebhookRoutes:
         event_types = None if body.event_types is None else tuple(dict.fromkeys(body.event_types))
         record, secret = await _confirmed(
             clients.store.create(
-                workspace_id, url=body.url, event_types=event_types, description=body.description
+                workspace_id,
+                url=body.url,
+                event_types=event_types,
+                description=body.description,
+                rate_limit=body.rate_limit,
             )
         )
         log.info("webhook_endpoint_created", endpoint_id=record.id, workspace_id=workspace_id)
@@ -276,7 +280,8 @@ class WebhookRoutes:
         if not changes:
             raise ServiceError.of(
                 "invalid_request",
-                "The request body must change at least one of url, event_types, description.",
+                "The request body must change at least one of url, event_types, description,"
+                " rate_limit.",
             )
         if "url" in changes:
             self._check_url(changes["url"])

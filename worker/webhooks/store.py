@@ -94,6 +94,7 @@ class EndpointStore:
         url: str,
         event_types: tuple[EventType, ...] | None,
         description: str | None,
+        rate_limit: int | None = None,
     ) -> tuple[EndpointRecord, str]:
         """A new active endpoint and its first secret (in clear, for the response only)."""
         endpoint_id = new_endpoint_id()
@@ -105,6 +106,7 @@ class EndpointStore:
             url=url,
             event_types=event_types,
             description=description,
+            rate_limit=rate_limit,
             created_at=stamp,
             updated_at=stamp,
             revision=1,
@@ -114,7 +116,7 @@ class EndpointStore:
         return record, secret
 
     async def update(self, current: EndpointRecord, **fields: Any) -> EndpointRecord:
-        """PATCH: any of url, event_types, description."""
+        """PATCH: any of url, event_types, description, rate_limit."""
         if not fields:
             return current
         record = current.changed(**fields)
