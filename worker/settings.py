@@ -201,7 +201,7 @@ class Settings(BaseSettings):
         "that would pass it (less a small headroom) fails into the webhook DLQ (queue_full).",
     )
     webhook_endpoint_max_in_flight: int = Field(
-        default=16,
+        default=32,
         ge=1,
         description="Attempts one endpoint may have under way at once in one dispatcher "
         "process; further due deliveries wait without holding a lane.",
@@ -211,6 +211,13 @@ class Settings(BaseSettings):
         ge=1,
         description="Failed attempts in a row after which an endpoint backs off as a whole "
         "(one probe at a time, pauses doubling from WEBHOOK_ENDPOINT_BACKOFF_BASE_S).",
+    )
+    webhook_timer_interval_s: float = Field(
+        default=0.005,
+        gt=0,
+        le=1.0,
+        description="How often the dispatcher looks for due deliveries; also the most a pair "
+        "woken for a free slot at its endpoint waits to run.",
     )
     webhook_endpoint_backoff_base_s: float = Field(default=1.0, gt=0)
     webhook_endpoint_backoff_max_s: float = Field(default=60.0, gt=0)

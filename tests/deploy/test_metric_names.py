@@ -35,7 +35,7 @@ WORKER_API_LABELS = frozenset(
         "topic", "partition", "kind", "reason", "status", "route", "method",
     }
 )  # fmt: skip
-WEBHOOK_LABELS = frozenset({"result", "status_class", "kind", "topic", "partition"})
+WEBHOOK_LABELS = frozenset({"result", "status_class", "kind", "reason", "topic", "partition"})
 CONTRACT_LABELS = WORKER_API_LABELS | WEBHOOK_LABELS
 # Labels that scraping adds (deploy/prometheus/prometheus.yml) and histogram buckets carry.
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "le"})

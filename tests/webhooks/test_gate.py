@@ -112,7 +112,7 @@ def test_a_failing_endpoint_backs_off_as_a_whole_then_probes_one_at_a_time() -> 
         assert admit(g, f"ep_1/{key}", now).admitted
     for _ in range(3):
         g.release("ep_1", ok=False, now=now)
-    assert g.backing_off("ep_1")
+    assert g.backing_off("ep_1") and g.failing_since("ep_1") == now
     first = admit(g, "ep_1/d", now + 0.1)
     second = admit(g, "ep_1/e", now + 0.1)
     assert (first.admitted, first.reason, first.until) == (False, "backoff", now + 1.0)
@@ -134,9 +134,10 @@ def test_a_failing_endpoint_backs_off_as_a_whole_then_probes_one_at_a_time() -> 
 
     assert not admit(g, "ep_1/e", now + 1010).admitted, "f is first in line"
     assert admit(g, "ep_1/f", now + 1010).admitted
+    assert g.failing_since("ep_1") == now, "failing as a whole since the first failure"
     g.release("ep_1", ok=True, now=now + 1010)
     g.forget("ep_1", "ep_1/e", now + 1010)
-    assert not g.backing_off("ep_1")
+    assert not g.backing_off("ep_1") and g.failing_since("ep_1") is None
     assert all(admit(g, f"ep_1/n{i}", now + 1011).admitted for i in range(4)), "full share again"
 
 

@@ -163,6 +163,9 @@ async def run_dispatcher(
         topics=(topics.status, topics.errors, topics.webhook_replays),
         state_topic=topics.webhook_state,
         max_in_flight=settings.webhook_max_in_flight,
+        # A pair waiting for room at its endpoint is woken through a timer: the sweep's
+        # interval is the most such a wake waits.
+        timer_interval_s=settings.webhook_timer_interval_s,
     )
     await tail.start()
     # Without a current registry, events would be fanned out to a stale set of endpoints:

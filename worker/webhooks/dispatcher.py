@@ -427,11 +427,15 @@ class Dispatcher:
 
     async def _maybe_disable(self, endpoint: EndpointRecord, settled: Settled, now: float) -> None:
         reason = None
+        # Failing since the earliest evidence: the pair's own (kept in its record) or the
+        # endpoint's as a whole (this process's attempts to any of its pairs).
+        known = [
+            t for t in (settled.state.failing_since, self.gate.failing_since(endpoint.id)) if t
+        ]
+        since = min(known) if known else None
         if settled.outcome == "gone":
             reason = "the endpoint answered 410 Gone"
-        elif (since := settled.state.failing_since) is not None and (
-            now - since >= self.config.disable_after_s
-        ):
+        elif since is not None and now - since >= self.config.disable_after_s:
             last_ok = self._last_success.get(endpoint.id, 0.0)
             if now - last_ok >= self.config.disable_after_s:
                 reason = f"failing for {self.config.disable_after_s / 86400:g} days"

@@ -58,7 +58,7 @@ class GateConfig:
     ``park_s``: the fallback wait of the first pair in line (a wake normally comes first);
     pairs further back wait proportionally longer."""
 
-    max_in_flight: int = 16
+    max_in_flight: int = 32
     backoff_after: int = 5
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
@@ -84,6 +84,7 @@ class _Endpoint:
     revision: int = 0
     in_flight: int = 0
     failures: int = 0
+    failing_since: float | None = None
     blocked_until: float = 0.0
     rate_limit: int | None = None
     tokens: float = 0.0
@@ -125,6 +126,11 @@ class EndpointGate:
     def backing_off(self, endpoint_id: str) -> bool:
         held = self._endpoints.get(endpoint_id)
         return held is not None and held.backing_off
+
+    def failing_since(self, endpoint_id: str) -> float | None:
+        """Since when every attempt to the endpoint failed (in this process), or None."""
+        held = self._endpoints.get(endpoint_id)
+        return None if held is None else held.failing_since
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -216,9 +222,12 @@ class EndpointGate:
                 log.info("endpoint_recovered", endpoint_id=endpoint_id, failures=e.failures)
                 self._set_backing_off(-1)
             e.failures = 0
+            e.failing_since = None
             e.blocked_until = 0.0
         elif ok is False:
             e.failures += 1
+            if e.failing_since is None:
+                e.failing_since = now
             pause = 0.0
             if e.failures >= self.config.backoff_after:
                 pause = self.config.backoff(e.failures)
@@ -256,6 +265,7 @@ class EndpointGate:
             # A changed endpoint (a new URL, re-activated): its failures are history.
             e.revision = revision
             e.failures = 0
+            e.failing_since = None
             if e.backing_off:
                 self._set_backing_off(-1)
             e.blocked_until = 0.0
@@ -277,16 +287,19 @@ class EndpointGate:
                 free = min(free, 1)
             else:
                 free = min(free, int(e.tokens))
-        for key, partition in list(e.waiters.items()):
+        gone = []
+        for key, partition in e.waiters.items():  # the line is long; stop once served
             if free <= 0:
-                return
+                break
             if key in e.woken:
                 continue
             if self._wake(partition, key, at):
                 e.woken[key] = at + WAKE_HOLD_S
                 free -= 1
             else:
-                del e.waiters[key]  # gone from this process: nothing to wake
+                gone.append(key)  # gone from this process: nothing to wake
+        for key in gone:
+            del e.waiters[key]
 
     def _expire_wakes(self, e: _Endpoint, now: float) -> None:
         if e.woken:
