@@ -142,8 +142,8 @@ def test_foreign_workspace_cannot_replay_the_owner_reply() -> None:
         {"status": AUTHORIZED},
         {"deregistered": True},
         {"provider": None},
-        {"in_flight": InFlight(command_id="cmd-1", request_id=None, started_at=NOW, deadline=NOW)},
-        {"in_flight": InFlight(command_id="other", request_id=None, started_at=NOW, deadline=NOW)},
+        {"in_flight": InFlight(command_id="cmd-1", request_id="r", started_at=NOW, deadline=NOW)},
+        {"in_flight": InFlight(command_id="other", request_id="r", started_at=NOW, deadline=NOW)},
     ],
 )
 def test_a_foreign_confirm_is_exactly_a_confirm_on_an_unknown_id(
@@ -152,7 +152,7 @@ def test_a_foreign_confirm_is_exactly_a_confirm_on_an_unknown_id(
     """Whatever the owner's account looks like (in flight, settled, with the very command id
     in its dedup window), another workspace gets the decision it would get for an id that
     does not exist: the same reply, the same error event, and no write."""
-    owned = record(**owner_state)
+    owned = replace(record(), **owner_state)  # type: ignore[arg-type]
     seen = settle_confirm(
         decide(record(), confirm(), now=NOW - 5, policy=POLICY).record or owned,
         (SENT, SENT),
