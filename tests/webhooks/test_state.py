@@ -96,6 +96,9 @@ def test_a_deferred_pair_keeps_its_later_time_until_woken() -> None:
     assert store.timers.live[key][0] == NOW + 30, "a new event does not bring it back early"
     assert store.wake(0, key, NOW + 5)
     assert store.timers.live[key][0] == NOW + 5
+    store.undefer(key)  # an attempt ended: the next write follows the head again
+    store.put(0, grown)
+    assert store.timers.live[key][0] == NOW
     assert not store.wake(0, "ep_2/acc_1", NOW), "nothing held: nothing to wake"
     store.put(0, grown.model_copy(update={"queue": ()}))
     assert key not in store.timers.live

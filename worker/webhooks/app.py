@@ -145,6 +145,7 @@ async def run_dispatcher(
                 max_bytes=settings.webhook_pair_max_bytes,
             ),
             gate=gate_config(settings),
+            attempt_hold_s=settings.webhook_timeout_s + 5.0,
         ),
         metrics=metrics,
     )

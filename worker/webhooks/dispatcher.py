@@ -101,6 +101,8 @@ class DispatchConfig:
     disable_after_s: float
     limits: QueueLimits = field(default_factory=QueueLimits)
     gate: GateConfig = field(default_factory=GateConfig)
+    attempt_hold_s: float = 30.0
+    """Longer than one attempt can take (the sender's time-out and some)."""
 
 
 class Dispatcher:
@@ -327,9 +329,14 @@ class Dispatcher:
             ) as attempt:
                 result: AttemptResult | None = None
                 if endpoint is not None and active:
+                    # The head stays due while it is attempted: hold the pair's timer past the
+                    # attempt, or the loop's sweep would find it due (and its lane busy) on
+                    # every tick. The write after the attempt arms it from the new state.
+                    self.store.defer(partition, key, now + self.config.attempt_hold_s)
                     try:
                         result = await self._attempt(endpoint, head)
                     finally:
+                        self.store.undefer(key)
                         self.gate.release(
                             endpoint.id,
                             ok=None if result is None else result.ok,

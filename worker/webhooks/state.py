@@ -150,6 +150,10 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
         self._deferred[key] = until
         self._arm(partition, state)
 
+    def undefer(self, key: str) -> None:
+        """Forget the pair's deferral; its timer follows its head again from the next write."""
+        self._deferred.pop(key, None)
+
     def wake(self, partition: int, key: str, at: float) -> bool:
         """Make a deferred pair due at ``at`` (or its head's due time, if later); False when
         this store holds nothing to attempt for it."""
