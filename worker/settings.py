@@ -459,6 +459,12 @@ class Settings(BaseSettings):
         description="Attempts one endpoint may have under way at once in one dispatcher "
         "process; further due deliveries wait without holding a lane.",
     )
+    webhook_workspace_max_in_flight: int = Field(
+        default=64,
+        ge=1,
+        description="Attempts all the endpoints of one workspace may have under way at once "
+        "in one dispatcher process: many hanging endpoints hold no more than a few.",
+    )
     webhook_endpoint_backoff_after: int = Field(
         default=5,
         ge=1,

@@ -77,6 +77,34 @@ def test_other_endpoints_are_not_held_up() -> None:
     assert other.admitted
 
 
+def test_a_workspace_holds_at_most_its_share_over_all_its_endpoints() -> None:
+    """Many endpoints of one workspace (each hanging) hold no more than the workspace's share;
+    a slot one of them frees wakes a pair of another; other workspaces are not held up."""
+    wakes = Wakes()
+    g = gate(wakes, max_in_flight=2, workspace_max_in_flight=3)
+
+    def try_(endpoint: str, pair: str, workspace: str = "ws_evil", now: float = NOW) -> bool:
+        return g.admit(
+            endpoint,
+            revision=1,
+            rate_limit=None,
+            partition=0,
+            key=f"{endpoint}/{pair}",
+            now=now,
+            workspace_id=workspace,
+        ).admitted
+
+    admitted = [try_(ep, p) for ep in ("ep_1", "ep_2", "ep_3") for p in ("a", "b")]
+    assert admitted.count(True) == 3, admitted  # not 3 endpoints x 2
+    assert try_("ep_9", "a", workspace="ws_victim")
+    g.release("ep_1", ok=False, now=NOW + 1)
+    assert len(wakes.calls) == 1, "one slot freed, one pair woken"
+    _, woken, _ = wakes.calls[0]
+    endpoint, _, pair = woken.partition("/")
+    assert try_(endpoint, pair, now=NOW + 1.1)
+    assert not try_("ep_1", "z", now=NOW + 1.2)
+
+
 def test_a_wake_that_goes_nowhere_passes_on_to_the_next() -> None:
     wakes = Wakes()
     g = gate(wakes, max_in_flight=1)

@@ -74,6 +74,7 @@ def gate_config(settings: Settings) -> GateConfig:
     then a slot has been freed and its wake given, or the wake went nowhere)."""
     return GateConfig(
         max_in_flight=settings.webhook_endpoint_max_in_flight,
+        workspace_max_in_flight=settings.webhook_workspace_max_in_flight,
         backoff_after=settings.webhook_endpoint_backoff_after,
         backoff_base_s=settings.webhook_endpoint_backoff_base_s,
         backoff_max_s=max(

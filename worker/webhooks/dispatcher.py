@@ -347,6 +347,7 @@ class Dispatcher:
                     partition=partition,
                     key=key,
                     now=now,
+                    workspace_id=endpoint.workspace_id,
                 )
                 if not admission.admitted:
                     self.store.defer(partition, key, admission.until)

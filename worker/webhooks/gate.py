@@ -16,6 +16,10 @@ failure doubles the pause up to ``backoff_max_s``, a success ends it. A 429 or 5
 ``Retry-After`` pauses the whole endpoint as well. The pairs' own retry schedules are not
 touched: a pair deferred by the gate has not been attempted, so it keeps its attempt count.
 
+A workspace's endpoints together have at most ``workspace_max_in_flight`` attempts under way,
+so a workspace with many hanging endpoints holds no more than one with a few: the engine's
+in-flight limit, which pauses fetching for everyone, stays out of one tenant's reach.
+
 Everything here is per dispatcher process and in memory (a restart starts afresh): with N
 processes an endpoint may have up to N times its share in flight, and its rate limit holds
 per process.
@@ -53,12 +57,14 @@ class GateMetrics(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class GateConfig:
-    """``max_in_flight``: attempts one endpoint may have under way at once (per process).
+    """``max_in_flight``: attempts one endpoint may have under way at once (per process);
+    ``workspace_max_in_flight``: all the endpoints of one workspace together.
     ``backoff_after``: failed attempts in a row that make an endpoint back off.
     ``park_s``: the fallback wait of the first pair in line (a wake normally comes first);
     pairs further back wait proportionally longer."""
 
     max_in_flight: int = 32
+    workspace_max_in_flight: int = 64
     backoff_after: int = 5
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
@@ -82,6 +88,7 @@ class Admission:
 @dataclass(slots=True)
 class _Endpoint:
     revision: int = 0
+    workspace: str = ""
     in_flight: int = 0
     failures: int = 0
     failing_since: float | None = None
@@ -114,6 +121,8 @@ class EndpointGate:
         self._rng = rng or random.Random()
         self._endpoints: dict[str, _Endpoint] = {}
         self._backing_off = 0
+        self._workspace_in_flight: dict[str, int] = {}
+        self._workspace_endpoints: dict[str, set[str]] = {}
 
     def in_flight(self, endpoint_id: str) -> int:
         held = self._endpoints.get(endpoint_id)
@@ -143,16 +152,24 @@ class EndpointGate:
         partition: int,
         key: str,
         now: float,
+        workspace_id: str = "",
     ) -> Admission:
-        """Take a slot of the endpoint for the pair ``key`` (the caller then must
-        ``release`` it), or queue the pair and say until when it waits."""
+        """Take a slot of the endpoint (and of its workspace) for the pair ``key`` (the caller
+        then must ``release`` it), or queue the pair and say until when it waits."""
         e = self._of(endpoint_id, revision)
         e.rate_limit = rate_limit
+        if e.workspace != workspace_id:
+            self._workspace_endpoints.get(e.workspace, set()).discard(endpoint_id)
+            e.workspace = workspace_id
+        self._workspace_endpoints.setdefault(workspace_id, set()).add(endpoint_id)
         was_woken = e.woken.pop(key, None) is not None
         reason, ready_at = self._refusal(e, key, now, was_woken)
         if reason is None:
             e.waiters.pop(key, None)
             e.in_flight += 1
+            self._workspace_in_flight[e.workspace] = (
+                self._workspace_in_flight.get(e.workspace, 0) + 1
+            )
             self._wake_next(e, now)
             return Admission(True)
         if was_woken:
@@ -180,7 +197,7 @@ class EndpointGate:
         if now < e.blocked_until:
             return "backoff", e.blocked_until
         self._expire_wakes(e, now)
-        if e.in_flight + len(e.woken) >= self._cap(e):
+        if e.in_flight + len(e.woken) >= self._cap(e) or self._workspace_free(e) <= 0:
             return "capacity", None
         if not was_woken and key not in e.waiters and len(e.waiters) > len(e.woken):
             # Others wait already and there is room: they go first (woken now), and this one
@@ -202,6 +219,15 @@ class EndpointGate:
     def _cap(self, e: _Endpoint) -> int:
         return 1 if e.backing_off else self.config.max_in_flight
 
+    def _workspace_free(self, e: _Endpoint) -> int:
+        """Slots the endpoint's workspace has left: its attempts under way and its woken
+        pairs (every endpoint of it) count against ``workspace_max_in_flight``."""
+        woken = sum(
+            len(self._endpoints[x].woken) for x in self._workspace_endpoints.get(e.workspace, ())
+        )
+        used = self._workspace_in_flight.get(e.workspace, 0) + woken
+        return self.config.workspace_max_in_flight - used
+
     # -- outcomes ----------------------------------------------------------------------------
 
     def release(
@@ -217,6 +243,11 @@ class EndpointGate:
         if e is None:
             return
         e.in_flight = max(0, e.in_flight - 1)
+        held = self._workspace_in_flight.get(e.workspace, 0)
+        if held > 1:
+            self._workspace_in_flight[e.workspace] = held - 1
+        else:
+            self._workspace_in_flight.pop(e.workspace, None)
         if ok:
             if e.backing_off:
                 log.info("endpoint_recovered", endpoint_id=endpoint_id, failures=e.failures)
@@ -244,6 +275,10 @@ class EndpointGate:
                     self._set_backing_off(+1)
                 e.blocked_until = max(e.blocked_until, now + pause)
         self._wake_next(e, now)
+        # The slot freed is the workspace's too: its other endpoints' lines may go on.
+        for other in sorted(self._workspace_endpoints.get(e.workspace, ())):
+            if other != endpoint_id:
+                self._wake_next(self._endpoints[other], now)
 
     def forget(self, endpoint_id: str, key: str, now: float) -> None:
         """The pair has nothing to attempt any more: it leaves the line (and passes on a wake
@@ -279,7 +314,7 @@ class EndpointGate:
             return
         self._expire_wakes(e, now)
         at = max(now, e.blocked_until)
-        free = self._cap(e) - e.in_flight - len(e.woken)
+        free = min(self._cap(e) - e.in_flight - len(e.woken), self._workspace_free(e))
         if e.rate_limit is not None:
             self._refill(e, now)
             if e.tokens < 1.0:
