@@ -23,17 +23,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from worker.faults import (
+    ATTEMPTS,
+    DETAIL,
+    EXCEPTION,
+    FINGERPRINT,
+    PREFIX,
+    REASON,
+    REDRIVEN,
+    SOURCE,
+)
 from worker.messages import rfc3339
 
-PREFIX: Final = "dlq."
-REASON: Final = "dlq.reason"
-DETAIL: Final = "dlq.detail"
-SOURCE: Final = "dlq.source"
-EXCEPTION: Final = "dlq.exception"
-FINGERPRINT: Final = "dlq.fingerprint"
-ATTEMPTS: Final = "dlq.attempts"
-REDRIVEN: Final = "dlq.redriven"
-"""Set by a redrive on the record it re-produces: ``<dlq topic>:<partition>:<offset>``."""
+# The header names are the engine's (``worker.faults``), which writes them. ``REDRIVEN`` is set
+# by a redrive on the record it re-produces: ``<dlq topic>:<partition>:<offset>``.
 
 DELIVERY_FAILED: Final = "delivery_failed"
 """The reason shown for a failed webhook delivery, which has ``webhook.*`` headers instead of

@@ -32,13 +32,12 @@ from aiokafka.errors import KafkaError
 
 from worker.dead_letter import (
     DELIVERY_FAILED,
-    REDRIVEN,
-    SOURCE,
     DeadLetter,
     Filter,
     show_json,
     show_text,
 )
+from worker.faults import REDRIVEN, SOURCE
 from worker.kafka import build_consumer, build_producer, partition_counts
 from worker.replay import BatchHandler, replay_to_highwater
 from worker.settings import Settings

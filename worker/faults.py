@@ -181,6 +181,7 @@ __all__ = [
     "EXCEPTION",
     "FAULT_REASONS",
     "FINGERPRINT",
+    "PREFIX",
     "REASON",
     "REDRIVEN",
     "SOURCE",
