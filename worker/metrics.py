@@ -1,4 +1,5 @@
-"""Prometheus metrics of the worker: one container, built in ``main`` on an injected registry.
+"""Prometheus metrics of the worker: one container, built in ``main`` on an injected registry;
+and what every process exports beside its own families (``export_process_metrics``).
 
 Labels are small fixed sets (command type, outcome, catalogue code, partition); never an
 account id. The names are a contract with deploy/ (dashboard, alert rules) and are listed in
@@ -11,14 +12,24 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+from worker import __version__
 from worker.catalogue import ServiceError
 from worker.faults import FAULT_REASONS
 from worker.messages import COMMAND_TYPES, DECODE_REASONS
+from worker.provider.breaker import BREAKER_STATES, CircuitBreaker
 
 # Every (code, http_status, numeric_code) the worker itself can produce (docs/architecture.md,
 # "The confirm decision table", plus invalid_request for undecodable input).
@@ -46,6 +57,45 @@ WORKER_ERRORS: tuple[tuple[str, int, int], ...] = tuple(
 DLQ_REASONS: tuple[str, ...] = (*DECODE_REASONS, *FAULT_REASONS)
 
 M = TypeVar("M", bound=MetricWrapperBase)
+
+
+def export_process_metrics(registry: CollectorRegistry, service: str) -> None:
+    """The families an SRE expects of any process, on its own ``registry``: prometheus_client's
+    standard ``process_*`` (resident memory, CPU, file descriptors, start time), ``python_gc_*``
+    (collections and objects per generation: what ``WORKER_GC_THRESHOLD`` tunes) and
+    ``python_info``; and ``passkey_build_info{service,version}``, 1, so a query can join any
+    series to the build that produced it. Called once per registry by each composition root."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    Gauge(
+        "passkey_build_info",
+        "1, labelled with the service and the version of the running build",
+        ["service", "version"],
+        registry=registry,
+    ).labels(service, __version__).set(1)
+
+
+class BreakerStates(Collector):
+    """``auth_provider_breaker_state{provider,state}``: per provider, 1 for its circuit
+    breaker's current state (closed, open, half_open) and 0 for the others, read at scrape
+    time. One series per state rather than a numeric code, so ``state="open"`` selects and
+    ``sum by (provider, state)`` counts the workers in each state."""
+
+    def __init__(self, breakers: Callable[[], Iterable[tuple[str, CircuitBreaker]]]) -> None:
+        self._breakers = breakers
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "auth_provider_breaker_state",
+            "Provider circuit breaker state: 1 for the current one, 0 for the others",
+            labels=["provider", "state"],
+        )
+        for provider, breaker in self._breakers():
+            current = breaker.state
+            for state in BREAKER_STATES:
+                family.add_metric([provider, state], 1.0 if state == current else 0.0)
+        yield family
 
 
 class TailSkips(Collector):
@@ -228,6 +278,10 @@ class WorkerMetrics(LoopSeries):
             self.forwarded.labels(command_type)
         for code, http_status, numeric_code in WORKER_ERRORS:
             self.errors.labels(code, str(numeric_code), str(http_status))
+
+    def export_breakers(self, breakers: Callable[[], Iterable[tuple[str, CircuitBreaker]]]) -> None:
+        """Export the state of the providers' circuit breakers (``BreakerStates``)."""
+        self.registry.register(BreakerStates(breakers))
 
     def provider_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None:
         """Observer hook handed to provider adapters (they never see the registry)."""

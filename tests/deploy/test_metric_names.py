@@ -3,8 +3,10 @@
 ``deploy/metrics.txt`` lists the exported metric families (counters by their ``_total`` name,
 histograms by their base name, gauges as they are). A metric name in a rule or dashboard
 expression must be one of them, a histogram's ``_bucket``/``_sum``/``_count`` series, or a
-recording rule defined in ``deploy/prometheus/rules``. Label names are checked against the
-labels of the metric contract plus those the scrape adds, so a typo in ``by (...)`` fails too.
+recording rule defined in ``deploy/prometheus/rules``, or one of the ``STANDARD_FAMILIES`` that
+every process exports under prometheus_client's own names (``process_*``, ``python_*``). Label
+names are checked against the labels of the metric contract plus those the scrape adds, so a
+typo in ``by (...)`` fails too.
 """
 
 from __future__ import annotations
@@ -26,20 +28,39 @@ RULE_FILES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
 DASHBOARD = REPO / "deploy" / "grafana" / "passkey-worker.json"
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+# What every process exports beside its own prefix (worker/metrics.py, export_process_metrics).
+# prometheus_client's standard collectors keep their standard names, the ones shared dashboards
+# already query: they are allowed here by name instead of being listed in deploy/metrics.txt.
+# They are the client's (pinned in requirements.lock); the live checks assert that every
+# process exports exactly these, so a client upgrade that changes them fails there.
+STANDARD_FAMILIES = frozenset(
+    {
+        "process_virtual_memory_bytes", "process_resident_memory_bytes",
+        "process_start_time_seconds", "process_cpu_seconds_total", "process_open_fds",
+        "process_max_fds", "python_info", "python_gc_objects_collected_total",
+        "python_gc_objects_uncollectable_total", "python_gc_collections_total",
+    }
+)  # fmt: skip
+STANDARD_LABELS = frozenset(
+    {"generation", "implementation", "major", "minor", "patchlevel", "version"}
+)
+# The product's families every process exports (listed in deploy/metrics.txt): the build.
+SHARED_FAMILIES = frozenset({"passkey_build_info"})
+SHARED_LABELS = frozenset({"service", "version"})
 # Labels of the metric contract: the worker's and the front-end's (worker/metrics.py,
 # worker/api/metrics.py), and those of the webhook dispatcher (`python -m worker webhooks`,
 # webhook_* families: result, status_class, kind, topic, partition, and the DLQ's reason).
-WORKER_API_LABELS = frozenset(
+WORKER_API_LABELS = SHARED_LABELS | frozenset(
     {
         "type", "outcome", "code", "numeric_code", "http_status", "provider", "operation",
         "topic", "partition", "kind", "reason", "status", "route", "method", "stage", "tail",
-        "quota", "key_id",
+        "quota", "key_id", "state",
     }
 )  # fmt: skip
-WEBHOOK_LABELS = frozenset(
+WEBHOOK_LABELS = SHARED_LABELS | frozenset(
     {"result", "status_class", "kind", "topic", "partition", "stage", "outcome", "tail", "reason"}
 )
-CONTRACT_LABELS = WORKER_API_LABELS | WEBHOOK_LABELS
+CONTRACT_LABELS = WORKER_API_LABELS | WEBHOOK_LABELS | STANDARD_LABELS
 # Labels that scraping adds (deploy/prometheus/prometheus.yml) and histogram buckets carry.
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "le"})
 
@@ -88,7 +109,13 @@ def scan(expr: str) -> Names:
 
 
 def exported() -> set[str]:
+    """The product's families, as deploy/metrics.txt lists them."""
     return set(METRICS_FILE.read_text().split())
+
+
+def queryable() -> set[str]:
+    """What a rule or a dashboard query may name: the product's and the standard families."""
+    return exported() | STANDARD_FAMILIES
 
 
 def family(name: str, families: set[str]) -> str | None:
@@ -181,13 +208,15 @@ def test_metrics_file_is_a_plain_list_of_families() -> None:
     for line in lines:
         assert not line.endswith(HISTOGRAM_SUFFIXES), f"{line}: list a histogram by its base"
         assert not line.endswith("_created"), line
+    assert STANDARD_FAMILIES.isdisjoint(lines), "standard families are allowed, not listed"
+    assert set(lines) >= SHARED_FAMILIES
 
 
 # --- the rules and the dashboard ------------------------------------------------------------
 
 
 def _unknown(exprs: list[str], allowed_recorded: set[str]) -> dict[str, set[str]]:
-    families = exported()
+    families = queryable()
     unknown: dict[str, set[str]] = {}
     for expr in exprs:
         bad = {
