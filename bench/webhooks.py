@@ -14,10 +14,17 @@ no network, a receiver that does nothing.
 2. *Latency curve*: open-loop arrivals at ``--fractions`` of that rate for ``--seconds`` each,
    fresh accounts per point; ``occurred_at`` is the scheduled send time and latency is the
    receiver's arrival time minus it (so a generator that falls behind shows as latency).
+3. *Noisy neighbour*: open-loop arrivals at ``--noisy-rate`` (default a quarter of the max
+   rate) for ``--noisy-seconds``, first with the healthy endpoint alone, then again (fresh
+   accounts) after a second endpoint of the workspace was registered that accepts
+   connections and never answers (a server in this process on loopback, so every attempt
+   to it waits the dispatcher's whole time-out). The healthy endpoint's p99 both times, and
+   their ratio, against the aim: within max(2 s, 5x its p99 alone).
 
 Every phase is bounded in count and time (``--phase-timeout``). Writes ``--out`` (JSON) and
-prints the measured figures next to the aims: ≥ 2,000 signed deliveries/s per process and
-p99 ≤ 100 ms at 50 % of the max rate. Method and measured numbers: ``bench/README.md``.
+prints the measured figures next to the aims: ≥ 2,000 signed deliveries/s per process,
+p99 ≤ 100 ms at 50 % of the max rate, and the noisy-neighbour bound. Method and measured
+numbers: ``bench/README.md``.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ WORKSPACE = "ws_bench_hooks"
 STATUSES = ("passkey_confirmation", "passkey_confirmation_sent", "authorized", "failed")
 AIM_RATE = 2000.0  # signed deliveries/s per dispatcher process
 AIM_P99_MS = 100.0  # at 50 % of the measured max rate
+AIM_NOISY_FLOOR_MS = 2000.0  # a hanging neighbour: p99 within max(this, 5x the p99 alone)
+AIM_NOISY_FACTOR = 5.0
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -86,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=10.0, help="length of each curve point (10)")
     p.add_argument(
         "--max-rate", type=float, default=None, help="use this max rate; skips the max-rate run"
+    )
+    p.add_argument(
+        "--noisy-rate",
+        type=float,
+        default=None,
+        help="events/s of the noisy-neighbour phase (default: 25%% of the max rate, 200/s "
+        "without one)",
+    )
+    p.add_argument(
+        "--noisy-seconds",
+        type=float,
+        default=20.0,
+        help="length of each half of the noisy-neighbour phase (20; 0 skips it)",
     )
     p.add_argument("--partitions", type=int, default=12, help="partitions per topic (12)")
     p.add_argument(
@@ -201,6 +223,44 @@ class Snapshot:
     host: float
 
 
+class HangingServer:
+    """A loopback endpoint that accepts every connection, reads the request and never
+    answers: each attempt to it lasts the dispatcher's whole time-out."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.connections = 0
+        self.max_open = 0
+        self._open: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._hold, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/hooks"
+
+    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._open.add(writer)
+        self.max_open = max(self.max_open, len(self._open))
+        try:
+            while await reader.read(65536):
+                pass
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self._open.discard(writer)
+            writer.close()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._open):
+            writer.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
 # --------------------------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------------------------
@@ -227,9 +287,10 @@ class HookBench:
 
     # -- set-up ------------------------------------------------------------------------------
 
-    async def create_endpoint(self, url: str) -> None:
-        """One endpoint for the workspace, every event type, written before the dispatcher
-        starts (it reads the endpoints topic to its end first)."""
+    async def create_endpoint(self, url: str, role: str = "healthy") -> None:
+        """An endpoint for the workspace, every event type: the healthy one before the
+        dispatcher starts (it reads the endpoints topic to its end first); a ``hanging`` one
+        later, which the dispatcher's tail picks up while it runs."""
         producer = build_producer(self.settings)
         await producer.start()
         try:
@@ -241,9 +302,11 @@ class HookBench:
                 registry=EndpointRegistry(),
                 cipher=SecretsBox(key.get_secret_value()),
             )
-            self.endpoint, self.secret = await store.create(
-                WORKSPACE, url=url, event_types=None, description="bench.webhooks"
+            record, secret = await store.create(
+                WORKSPACE, url=url, event_types=None, description=f"bench.webhooks {role}"
             )
+            if role == "healthy":
+                self.endpoint, self.secret = record, secret
         finally:
             await producer.stop()
 
@@ -409,18 +472,26 @@ class HookBench:
 
     async def curve_point(self, fraction: float, max_rate: float, index: int) -> dict[str, Any]:
         """Open-loop arrivals at ``fraction`` of ``max_rate`` for ``--seconds``."""
-        a = self.args
         rate = fraction * max_rate
-        count = max(20, int(rate * a.seconds))
-        events = Events(f"c{index}", count, a.versions)
+        point = await self.open_loop(
+            rate, self.args.seconds, f"c{index}", f"[{fraction:.0%} of max] delivered"
+        )
+        return {"fraction_of_max": fraction, "max_rate": round(max_rate, 1)} | point
+
+    async def open_loop(self, rate: float, seconds: float, tag: str, label: str) -> dict[str, Any]:
+        """Open-loop arrivals at ``rate`` for ``seconds`` to fresh accounts; the healthy
+        endpoint's latencies."""
+        a = self.args
+        count = max(20, int(rate * seconds))
+        events = Events(tag, count, a.versions)
         producer = build_producer(self.settings)
         await producer.start()
         scheduled: dict[str, float] = {}
         behind = 0.0
         try:
-            progress = Progress(f"[{fraction:.0%} of max] delivered", count)
+            progress = Progress(label, count)
             before = self.snapshot(0)
-            deadline = time.monotonic() + a.seconds + a.phase_timeout
+            deadline = time.monotonic() + seconds + a.phase_timeout
             sender = asyncio.create_task(
                 self._send_open_loop(producer, events, rate, scheduled, deadline)
             )
@@ -436,12 +507,12 @@ class HookBench:
             for e, sent in scheduled.items()
             if (w := webhook_id(e, self.endpoint.id)) in arrivals
         ]
-        times = sorted(arrivals[webhook_id(e, self.endpoint.id)] for e in scheduled)
+        times = sorted(
+            arrivals[w] for e in scheduled if (w := webhook_id(e, self.endpoint.id)) in arrivals
+        )
         first_sent = min(scheduled.values(), default=math.nan)
         window = (times[-1] - first_sent) if times else math.nan
         out: dict[str, Any] = {
-            "fraction_of_max": fraction,
-            "max_rate": round(max_rate, 1),
             "offered_rate": round(rate, 1),
             "events": count,
             "sent": len(scheduled),
@@ -458,6 +529,58 @@ class HookBench:
             | {"max": round(max(lat), 1) if lat else math.nan},
         }
         return out | self._cpu(before, after)
+
+    async def noisy_neighbour(self, rate: float) -> dict[str, Any]:
+        """The healthy endpoint's p99 alone, then beside an endpoint that never answers."""
+        a = self.args
+        alone = await self.open_loop(rate, a.noisy_seconds, "na", "[noisy: alone] delivered")
+        stuck = HangingServer()
+        await stuck.start()
+        try:
+            await self.create_endpoint(stuck.url, role="hanging")
+            await asyncio.sleep(1.0)  # the dispatcher's endpoints tail picks it up
+            beside = await self.open_loop(
+                rate, a.noisy_seconds, "nb", "[noisy: beside a hanging endpoint] delivered"
+            )
+            counters = await self.dispatcher_counters()
+        finally:
+            await stuck.stop()
+        p99_alone = alone["latency_ms"]["p99"]
+        p99_beside = beside["latency_ms"]["p99"]
+        bound = max(AIM_NOISY_FLOOR_MS, AIM_NOISY_FACTOR * p99_alone)
+        return {
+            "rate": round(rate, 1),
+            "seconds": a.noisy_seconds,
+            "dispatcher_timeout_s": Settings.model_fields["webhook_timeout_s"].default,
+            "alone": alone,
+            "beside_hanging": beside,
+            "p99_alone_ms": p99_alone,
+            "p99_beside_hanging_ms": p99_beside,
+            "ratio": round(p99_beside / p99_alone, 2) if p99_alone > 0 else math.nan,
+            "bound_ms": round(bound, 1),
+            "within_bound": p99_beside <= bound,
+            "hanging_endpoint": {
+                "connections": stuck.connections,
+                "max_open_connections": stuck.max_open,
+            },
+            "dispatcher": counters,
+        }
+
+    async def dispatcher_counters(self) -> dict[str, float]:
+        """The dispatcher's isolation counters, from its /metrics."""
+        answer = await self.client.get(f"http://127.0.0.1:{self.dispatcher_port}/metrics")
+        wanted = (
+            "webhook_attempts_deferred_total",
+            "webhook_endpoints_backing_off",
+            "webhook_attempts_total",
+            "webhook_inflight_work",
+        )
+        out: dict[str, float] = {}
+        for line in answer.text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name.startswith(wanted) and not line.startswith("#"):
+                out[name] = float(value)
+        return out
 
     async def _send_open_loop(
         self,
@@ -565,10 +688,13 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 or Settings.model_fields["webhook_max_in_flight"].default,
                 "verify": args.verify,
                 "endpoints": 1,
+                "noisy_rate": args.noisy_rate,
+                "noisy_seconds": args.noisy_seconds,
             },
         ),
         "max_rate": None,
         "latency_curve": [],
+        "noisy_neighbour": None,
         "failures": {},
     }
     with EmbeddedBroker() as broker:
@@ -614,6 +740,14 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                         results["failures"][f"curve-{round(fraction * 100)}"] = str(exc)
                         break
                     results["latency_curve"].append(point)
+            if args.noisy_seconds > 0 and bench.dispatcher is not None:
+                await bench.wait_dispatcher_ready()
+                rate = args.noisy_rate or (0.25 * max_rate if max_rate else 200.0)
+                try:
+                    results["noisy_neighbour"] = await bench.noisy_neighbour(rate)
+                except PhaseFailed as exc:
+                    print(f"\n[noisy neighbour] FAILED: {exc}", file=sys.stderr)
+                    results["failures"]["noisy_neighbour"] = str(exc)
         finally:
             procs = [p for p in (bench.dispatcher, bench.receiver) if p is not None]
             await asyncio.to_thread(stop_procs, procs)
@@ -628,6 +762,7 @@ def aims(results: dict[str, Any]) -> list[dict[str, Any]]:
     rate = (results["max_rate"] or {}).get("deliveries_per_s")
     half = [p for p in results["latency_curve"] if p["fraction_of_max"] == 0.5]
     p99 = half[0]["latency_ms"]["p99"] if half else None
+    noisy = results.get("noisy_neighbour")
     return [
         {
             "aim": "signed deliveries/s per dispatcher process",
@@ -640,6 +775,13 @@ def aims(results: dict[str, Any]) -> list[dict[str, Any]]:
             "wanted": f"≤ {AIM_P99_MS:g} ms",
             "measured": p99,
             "met": None if p99 is None else p99 <= AIM_P99_MS,
+        },
+        {
+            "aim": "healthy endpoint's p99 beside a hanging one (ms)",
+            "wanted": f"≤ max({AIM_NOISY_FLOOR_MS:g} ms, {AIM_NOISY_FACTOR:g}x p99 alone)"
+            + (f" = {noisy['bound_ms']:,.0f} ms" if noisy else ""),
+            "measured": noisy["p99_beside_hanging_ms"] if noisy else None,
+            "met": noisy["within_bound"] if noisy else None,
         },
     ]
 
@@ -660,6 +802,10 @@ def table(results: dict[str, Any]) -> str:
         phases.append(("max rate (pre-loaded)", results["max_rate"]))
     for p in results["latency_curve"]:
         phases.append((f"{p['fraction_of_max']:.0%} of max ({p['offered_rate']:,.0f}/s)", p))
+    noisy = results.get("noisy_neighbour")
+    if noisy:
+        phases.append((f"healthy alone ({noisy['rate']:,.0f}/s)", noisy["alone"]))
+        phases.append((f"healthy beside hanging ({noisy['rate']:,.0f}/s)", noisy["beside_hanging"]))
     for name, p in phases:
         lat = p.get("latency_ms", {})
         rate = p.get("deliveries_per_s", p.get("achieved_per_s"))
@@ -686,6 +832,14 @@ def table(results: dict[str, Any]) -> str:
         met = {True: "yes", False: "**no**", None: "not measured"}[a["met"]]
         aim_rows.append(f"| {a['aim']} | {a['wanted']} | {fmt(a['measured'], ',.1f')} | {met} |")
     out.append("\n".join(aim_rows))
+    if noisy:
+        out.append(
+            f"noisy neighbour: healthy p99 {noisy['p99_alone_ms']:,.1f} ms alone, "
+            f"{noisy['p99_beside_hanging_ms']:,.1f} ms beside a hanging endpoint "
+            f"(ratio {noisy['ratio']:g}, bound {noisy['bound_ms']:,.0f} ms: "
+            f"{'within' if noisy['within_bound'] else 'NOT within'}); the hanging endpoint "
+            f"had at most {noisy['hanging_endpoint']['max_open_connections']} connections open"
+        )
     for name, why in results["failures"].items():
         out.append(f"{name} FAILED: {why.strip().splitlines()[-1] if why.strip() else ''}")
     return "\n\n".join(out)
@@ -706,7 +860,12 @@ def main(argv: Sequence[str]) -> int:
     args.out.write_text(json.dumps(clean(results), indent=2) + "\n")
     print(table(results))
     print(f"\nwrote {args.out}")
-    phases = [*([results["max_rate"]] if results["max_rate"] else []), *results["latency_curve"]]
+    noisy = results["noisy_neighbour"]
+    phases = [
+        *([results["max_rate"]] if results["max_rate"] else []),
+        *results["latency_curve"],
+        *([noisy["alone"], noisy["beside_hanging"]] if noisy else []),
+    ]
     failed = bool(results["failures"]) or not all(p["complete"] for p in phases)
     if failed or args.keep_logs:
         print(f"process logs: {log_dir}", file=sys.stderr)

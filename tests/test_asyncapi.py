@@ -27,9 +27,8 @@ from worker.faults import Fault
 from worker.messages import ID_PATTERN
 from worker.publish import Publisher
 from worker.settings import Topics
-from worker.webhooks.delivery import Finished, Pending
+from worker.webhooks.delivery import DeliveryState, Finished, Pending
 from worker.webhooks.publish import DeliveryPublisher
-from worker.webhooks.state import AccountDeliveries
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENT = REPO / "schemas" / "asyncapi.json"
@@ -250,11 +249,9 @@ async def test_webhook_dlq_headers_are_what_the_dispatcher_writes(doc: dict[str,
         finished_at=1.0,
     )
     publisher = DeliveryPublisher(producer, state_topic="s", log_topic="l", dlq_topic="webhook.dlq")
-    record = AccountDeliveries(account_id="acc_1", workspace_id="ws_1")
-    await publisher.dead_letter(record, "ep_1", head, finished)
-    await publisher.dead_letter(
-        record, "ep_1", head, finished.model_copy(update={"last_status": 500})
-    )
+    state = DeliveryState(endpoint_id="ep_1", account_id="acc_1", workspace_id="ws_1")
+    await publisher.dead_letter(state, head, finished)
+    await publisher.dead_letter(state, head, finished.model_copy(update={"last_status": 500}))
     schema = doc["components"]["schemas"]["WebhookDeadLetterHeaders"]
     for topic, headers in producer.sent:
         assert topic == doc["channels"]["webhook_dlq"]["address"]

@@ -20,6 +20,7 @@ from worker.flow import (
     Policy,
     decide,
     expire,
+    is_owner,
     next_status,
     observe,
     settle_confirm,
@@ -27,6 +28,7 @@ from worker.flow import (
 from worker.messages import (
     AccountRecord,
     DeregisterAccount,
+    InFlight,
     ObserveAuthState,
     PasskeyConfirm,
     RegisterAccount,
@@ -130,6 +132,58 @@ def test_foreign_workspace_cannot_replay_the_owner_reply() -> None:
     assert done.record is not None
     forged = decide(done.record, confirm(workspace="ws_b"), now=NOW, policy=POLICY)
     assert forged.reply is not None and forged.reply.http_status == 404
+
+
+@pytest.mark.parametrize(
+    "owner_state",
+    [
+        {},
+        {"status": SENT},
+        {"status": AUTHORIZED},
+        {"deregistered": True},
+        {"provider": None},
+        {"in_flight": InFlight(command_id="cmd-1", request_id="r", started_at=NOW, deadline=NOW)},
+        {"in_flight": InFlight(command_id="other", request_id="r", started_at=NOW, deadline=NOW)},
+    ],
+)
+def test_a_foreign_confirm_is_exactly_a_confirm_on_an_unknown_id(
+    owner_state: dict[str, object],
+) -> None:
+    """Whatever the owner's account looks like (in flight, settled, with the very command id
+    in its dedup window), another workspace gets the decision it would get for an id that
+    does not exist: the same reply, the same error event, and no write."""
+    owned = replace(record(), **owner_state)  # type: ignore[arg-type]
+    seen = settle_confirm(
+        decide(record(), confirm(), now=NOW - 5, policy=POLICY).record or owned,
+        (SENT, SENT),
+        now=NOW - 4,
+        policy=POLICY,
+    ).record
+    assert seen is not None and seen.recent, "cmd-1 is in the owner's dedup window"
+    for owners in (owned, replace(seen, **owner_state)):  # type: ignore[arg-type]
+        assert not is_owner(owners, confirm(workspace="ws_b"))
+        foreign = decide(owners, confirm(workspace="ws_b"), now=NOW, policy=POLICY)
+        unknown = decide(None, confirm(workspace="ws_b"), now=NOW, policy=POLICY)
+        assert foreign == unknown
+        assert foreign.record is None and foreign.call is None
+        assert foreign.error_event is not None and foreign.error_event.workspace_id == "ws_b"
+
+
+def test_a_foreign_deregister_is_ignored_like_an_unknown_one() -> None:
+    foreign = DeregisterAccount(command_id="d1", workspace_id="ws_b", account_id="acc_1")
+    assert decide(record(), foreign, now=NOW, policy=POLICY) == decide(
+        None, foreign, now=NOW, policy=POLICY
+    )
+    assert decide(record(), foreign, now=NOW, policy=POLICY).error_event is None
+
+
+def test_the_owner_and_the_system_own_an_account() -> None:
+    assert is_owner(record(), confirm())
+    assert not is_owner(record(), confirm(workspace="ws_b"))
+    observation = ObserveAuthState(
+        command_id="o1", account_id="acc_1", status=SENT, auth_status=SENT
+    )
+    assert is_owner(record(), observation), "the provider's observation names no workspace"
 
 
 def test_challenge_calls_provider_with_write_ahead_intent() -> None:

@@ -5,14 +5,17 @@ auth.state."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.harness import Bus, bus, confirm_cmd, register_cmd, running_worker
-from worker.messages import ObserveAuthState
+from worker.messages import InFlight, ObserveAuthState, decode_record, encode_record
+from worker.route import home_partition
 
 pytestmark = pytest.mark.integration
 
@@ -178,6 +181,50 @@ async def test_unknown_and_foreign_accounts_are_404(make_settings: Any, simulato
         await b.wait_for(lambda: bool(b.errors(command_id=forged.command_id)))
         forged_errors = b.errors(command_id=forged.command_id)
         assert forged_errors[0]["workspace_id"] == "ws_attacker"
+
+
+async def test_a_foreign_confirm_leaves_the_owners_confirm_in_flight_alone(
+    make_settings: Any, simulator: str
+) -> None:
+    """An owner's confirm left in flight by a crash is settled by the owner's next command,
+    never by another workspace's: that one is answered as for an unknown id and the owner
+    hears nothing of it."""
+    settings = make_settings(provider_urls={"simulator": simulator})
+    acc, stale = uid("acc"), uid("stale")
+    async with bus(settings) as b:
+        async with running_worker(settings):
+            await registered(b, acc, uid("ok"), workspace_id="ws_owner")
+        await b.wait_for(lambda: bool(b.of(settings.topics.state, account_id=acc)))
+        raw = [v for k, v, _ in b.raw[settings.topics.state] if k == acc.encode() and v]
+        now = time.time()
+        intent = InFlight(
+            command_id=stale, request_id=f"req-{stale}", started_at=now, deadline=now + 30
+        )
+        await b.producer.send_and_wait(
+            settings.topics.state,
+            encode_record(replace(decode_record(raw[-1]), in_flight=intent)),
+            key=acc.encode(),
+            partition=home_partition(acc.encode(), settings.commands_partitions),
+        )
+        async with running_worker(settings):
+            forged = confirm_cmd(acc, workspace_id="ws_attacker")
+            unknown = confirm_cmd(uid("nobody"), workspace_id="ws_attacker")
+            await b.send(forged)
+            await b.send(unknown)
+            replies = [await b.reply_to(c.command_id) for c in (forged, unknown)]
+            assert [error_of(r) for r in replies] == [(404, "not_found", 10001)] * 2
+            assert replies[0]["body"]["error"] == replies[1]["body"]["error"]
+            for _ in range(10):
+                await b.pump()
+            assert b.status_events(command_id=stale) == b.errors(command_id=stale) == []
+            assert await sim_calls(simulator, stale) == 0
+            # the owner's own next command does settle it (so the checks above can see it)
+            own = confirm_cmd(acc, workspace_id="ws_owner")
+            await b.send(own)
+            await b.reply_to(own.command_id)
+            await b.wait_for(
+                lambda: bool(b.status_events(command_id=stale) or b.errors(command_id=stale))
+            )
 
 
 async def test_duplicate_command_id_replays_same_reply_and_calls_once(

@@ -33,6 +33,7 @@ from worker.messages import (
 )
 from worker.settings import DEFAULT_BOOTSTRAP, Settings, Topics
 from worker.topics import COMPACTED, co_partitioned
+from worker.webhooks.delivery import DeliveryState
 from worker.webhooks.endpoints import EVENT_TYPES, EndpointRecord
 from worker.webhooks.events import _WIRE_ONLY as WEBHOOK_BODY_DROPS
 from worker.webhooks.publish import DeliveryLogEntry, Replay
@@ -136,7 +137,7 @@ ROLES: Final[dict[Role, str]] = {
     "dispatcher": "A webhook dispatcher of the pool (`python -m worker webhooks`).",
 }
 
-Key = Literal["AccountId", "EndpointId", "DeadLetterKey"]
+Key = Literal["AccountId", "EndpointId", "DeadLetterKey", "DeliveryStateKey"]
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ WIRE_MODELS: Final[tuple[type[Any], ...]] = (
     AuthError,
     AccountRecord,
     EndpointRecord,
+    DeliveryState,
     AccountDeliveries,
     DeliveryLogEntry,
     Replay,
@@ -236,6 +238,13 @@ def component_schemas() -> dict[str, Any]:
     schemas["EndpointId"] = identifier | {
         "title": "EndpointId",
         "description": "Record key: the webhook endpoint id (UTF-8, `ep_` + 32 hex).",
+    }
+    schemas["DeliveryStateKey"] = {
+        "title": "DeliveryStateKey",
+        "type": "string",
+        "pattern": "^[^/]+/[^/]+$",
+        "description": "Record key: `endpoint_id/account_id` (UTF-8), one (endpoint, account) "
+        "pair; written to the account's partition number, not the key's hash.",
     }
     schemas["DeadLetterKey"] = {
         "title": "DeadLetterKey",
@@ -336,7 +345,15 @@ def _messages() -> list[_Message]:
             {"type": "null", "description": "No value (a Kafka tombstone)."},
             "EndpointId",
         ),
+        model(DeliveryState, "DeliveryStateKey"),
         model(AccountDeliveries),
+        _Message(
+            "webhook_account_deliveries_migrated",
+            "AccountDeliveriesMigrated",
+            "Tombstone: the old-form record of the account key was split into pair records.",
+            {"type": "null", "description": "No value (a Kafka tombstone)."},
+            "AccountId",
+        ),
         model(DeliveryLogEntry, "EndpointId"),
         model(Replay),
         _Message(
@@ -388,9 +405,14 @@ def _channels() -> list[_Channel]:
         ),
         _Channel(
             "webhook_state",
-            "The dispatcher's state store changelog: each account's pending deliveries, "
-            "queued per endpoint.",
-            ("webhook_account_deliveries",),
+            "The dispatcher's state store changelog: the pending deliveries of each "
+            "(endpoint, account) pair, in the account's partition. Records of the old form (one "
+            "per account, every endpoint's queue) are still read, and tombstoned once split.",
+            (
+                "webhook_delivery_state",
+                "webhook_account_deliveries",
+                "webhook_account_deliveries_migrated",
+            ),
         ),
         _Channel(
             "webhook_deliveries",

@@ -34,6 +34,7 @@ from worker.flow import (
     Policy,
     decide,
     expire,
+    is_owner,
     observe,
     reschedule,
     settle_confirm,
@@ -136,9 +137,12 @@ class Executor:
                 record is not None
                 and record.in_flight is not None
                 and record.in_flight.command_id != command.command_id
+                and is_owner(record, command)
             ):
                 # An intent left by a crashed owner whose command is not this one: settle it
-                # first, so this command sees the provider's real answer.
+                # first, so this command sees the provider's real answer. Not for another
+                # workspace's command: that one is answered as for an unknown account and
+                # must not touch the owner's confirm.
                 settled = await self._resolve(record, redrive=True)
                 await self._publish(partition, record, settled)
                 record = settled.record

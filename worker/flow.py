@@ -259,6 +259,15 @@ def _settle(
     )
 
 
+def is_owner(record: AccountRecord, cmd: Command) -> bool:
+    """Whether ``cmd`` comes from the workspace that owns ``record`` (a command that names no
+    workspace, the provider's observation, is the system's own). Anything another workspace
+    sends must leave the record, its dedup window and its in-flight confirm alone and be
+    answered exactly as for an account that does not exist."""
+    workspace: str | None = getattr(cmd, "workspace_id", None)
+    return workspace is None or workspace == record.workspace_id
+
+
 def _workspace_of(cmd: Command, record: AccountRecord | None) -> str | None:
     workspace: str | None = getattr(cmd, "workspace_id", None)
     return workspace or (record.workspace_id if record is not None else None)
@@ -410,9 +419,10 @@ def decide(record: AccountRecord | None, cmd: Command, *, now: float, policy: Po
 def _confirm(
     record: AccountRecord | None, cmd: PasskeyConfirm, now: float, policy: Policy
 ) -> Decision:
-    # Never reveal another workspace's account: foreign and unknown answer the same 404, and
-    # the dedup window is only consulted for the owner's commands.
-    if record is None or record.workspace_id != cmd.workspace_id:
+    # Never reveal another workspace's account: foreign and unknown answer the same 404 and
+    # the same error event (attributed to the caller), and the dedup window is only
+    # consulted for the owner's commands.
+    if record is None or not is_owner(record, cmd):
         return _failure(None, cmd, ServiceError.of("not_found"), now, policy)
     if record.in_flight is not None and record.in_flight.command_id == cmd.command_id:
         # Replayed after a crash during the provider call: ask the provider, then settle.
@@ -641,10 +651,10 @@ def _register(
 def _deregister(
     record: AccountRecord | None, cmd: DeregisterAccount, now: float, policy: Policy
 ) -> Decision:
-    if record is None or record.deregistered:
+    # Another workspace's account is ignored exactly like an unknown one: an error event
+    # here would tell the caller's webhooks that the id exists elsewhere.
+    if record is None or record.deregistered or not is_owner(record, cmd):
         return Decision(verdict="ignored")
-    if record.workspace_id != cmd.workspace_id:
-        return _failure(None, cmd, ServiceError.of("not_found"), now, policy)
     seen = replay(record, cmd.command_id, with_reply=False)
     if seen is not None:
         return seen

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -226,26 +227,28 @@ def consume_loop(
     topics: tuple[str, ...],
     state_topic: str,
     max_in_flight: int,
+    timer_interval_s: float | None = None,
 ) -> Worker:
     """The consume loop over ``topics`` with ``state_topic`` as its changelog, its commit,
-    drain and rebalance budgets from the settings."""
+    drain and rebalance budgets from the settings; ``timer_interval_s`` overrides the loop's
+    timer sweep interval."""
+    config = LoopConfig(
+        topics=topics,
+        state_topic=state_topic,
+        max_in_flight=max_in_flight,
+        commit_interval_s=settings.worker_commit_interval_ms / 1000,
+        rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
+        shutdown_grace_s=settings.worker_shutdown_grace_s,
+        max_poll_records=settings.kafka_max_poll_records,
+        record_attempts=settings.record_max_attempts,
+        retry_backoff_s=(settings.record_retry_backoff_s, settings.record_retry_backoff_s * 10),
+    )
+    if timer_interval_s is not None:
+        config = dataclasses.replace(config, timer_interval_s=timer_interval_s)
     return Worker(
         consumer=consumer,
         restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),
         executor=handler,
         metrics=metrics,
-        config=LoopConfig(
-            topics=topics,
-            state_topic=state_topic,
-            max_in_flight=max_in_flight,
-            commit_interval_s=settings.worker_commit_interval_ms / 1000,
-            rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
-            shutdown_grace_s=settings.worker_shutdown_grace_s,
-            max_poll_records=settings.kafka_max_poll_records,
-            record_attempts=settings.record_max_attempts,
-            retry_backoff_s=(
-                settings.record_retry_backoff_s,
-                settings.record_retry_backoff_s * 10,
-            ),
-        ),
+        config=config,
     )

@@ -439,6 +439,50 @@ class Settings(BaseSettings):
         le=EVENT_TYPES_MAX_ITEMS_CEILING,
         description="Entries an endpoint's event_types list may have (repeats included).",
     )
+    # --- webhook tenant isolation (dispatcher): bounded state, each endpoint's share -------
+    webhook_pair_max_pending: int = Field(
+        default=100,
+        ge=1,
+        description="Deliveries one (endpoint, account) pair may have waiting; a new one past "
+        "this fails into the webhook DLQ (queue_full) instead of growing the record.",
+    )
+    webhook_pair_max_bytes: int = Field(
+        default=256 * 1024,
+        ge=16 * 1024,
+        le=900 * 1024,
+        description="Upper bound of one delivery-state record (the pair's JSON); a delivery "
+        "that would pass it (less a small headroom) fails into the webhook DLQ (queue_full).",
+    )
+    webhook_endpoint_max_in_flight: int = Field(
+        default=32,
+        ge=1,
+        description="Attempts one endpoint may have under way at once in one dispatcher "
+        "process; further due deliveries wait without holding a lane.",
+    )
+    webhook_endpoint_backoff_after: int = Field(
+        default=5,
+        ge=1,
+        description="Failed attempts in a row after which an endpoint backs off as a whole "
+        "(one probe at a time, pauses doubling from WEBHOOK_ENDPOINT_BACKOFF_BASE_S).",
+    )
+    webhook_timer_interval_s: float = Field(
+        default=0.005,
+        gt=0,
+        le=1.0,
+        description="How often the dispatcher looks for due deliveries; also the most a pair "
+        "woken for a free slot at its endpoint waits to run.",
+    )
+    webhook_endpoint_backoff_base_s: float = Field(default=1.0, gt=0)
+    webhook_endpoint_backoff_max_s: float = Field(default=60.0, gt=0)
+    webhook_max_connections: int = Field(
+        default=256, ge=1, description="The dispatcher's HTTP connection pool, all hosts."
+    )
+    webhook_max_connections_per_host: int = Field(
+        default=32,
+        ge=1,
+        description="Connections to one host (host, port, TLS) at most, so a hanging host "
+        "cannot take the pool.",
+    )
 
     # --- process -------------------------------------------------------------------------
     event_loop: Literal["uvloop", "asyncio"] = Field(

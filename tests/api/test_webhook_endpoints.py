@@ -49,6 +49,7 @@ ENDPOINT_KEYS = {
     "url",
     "event_types",
     "description",
+    "rate_limit",
     "status",
     "disabled_reason",
     "created_at",
@@ -238,6 +239,12 @@ async def test_validation_errors(hook_settings: Callable[..., Settings]) -> None
             ("https://[::1]/", "target_loopback"),
         ):
             bad(await post(ENDPOINTS, json={"url": url}, headers=headers()), reason)
+        for limit in (0, -1, 10_001, 1.5, "5"):
+            bad(
+                await post(ENDPOINTS, json={"url": URL, "rate_limit": limit}, headers=headers()),
+                "rate_limit",
+            )
+            bad(await http.patch(one, json={"rate_limit": limit}, headers=headers()), "rate_limit")
         bad(await http.patch(one, json={}, headers=headers()), "at least one")
         bad(await http.patch(one, json={"url": None}, headers=headers()), "url")
         bad(
@@ -255,6 +262,25 @@ async def test_validation_errors(hook_settings: Callable[..., Settings]) -> None
         ]
         # the key is checked first
         assert_error(await post(ENDPOINTS, content=b"{nope"), 401, "missing_api_key", 11000)
+
+
+async def test_an_endpoint_rate_limit_is_set_changed_and_lifted(
+    hook_settings: Callable[..., Settings],
+) -> None:
+    async with (
+        running_api(hook_settings()) as api,
+        httpx.AsyncClient(base_url=api.url) as http,
+    ):
+        assert (await create(http))["rate_limit"] is None
+        endpoint = await create(http, rate_limit=5)
+        assert endpoint["rate_limit"] == 5
+        one = ONE.format(endpoint["id"])
+        changed = ok(await http.patch(one, json={"rate_limit": 50}, headers=headers()))
+        assert changed["rate_limit"] == 50
+        held = hooks(api).store.registry.get("ws_a", endpoint["id"])
+        assert held is not None and held.rate_limit == 50, "the record the dispatcher reads"
+        lifted = ok(await http.patch(one, json={"rate_limit": None}, headers=headers()))
+        assert lifted["rate_limit"] is None
 
 
 async def test_private_http_targets_when_the_policy_allows_them(

@@ -36,6 +36,7 @@ def test_tiny_webhook_bench_run_delivers_everything(tmp_path: Path) -> None:
     out = tmp_path / "webhooks-results.json"
     argv = [
         *("--events", "500", "--seconds", "2", "--fractions", "0.5"),
+        *("--noisy-seconds", "2", "--noisy-rate", "50"),
         *("--verify", "--phase-timeout", "60", "--out", str(out)),
     ]
     done = run_bench("bench.webhooks", *argv, timeout=150)
@@ -57,5 +58,14 @@ def test_tiny_webhook_bench_run_delivers_everything(tmp_path: Path) -> None:
     assert point["latency_ms"]["p99"] >= point["latency_ms"]["p50"] > 0
     assert point["cpu_us_per_delivery"]["total"] > 0
 
-    assert [a["measured"] is not None for a in results["aims"]] == [True, True]
+    noisy = results["noisy_neighbour"]
+    for half in (noisy["alone"], noisy["beside_hanging"]):
+        assert half["complete"] and half["delivered"] == half["events"] == 100
+        assert half["verify_failed"] == 0
+    assert noisy["p99_alone_ms"] == noisy["alone"]["latency_ms"]["p99"] > 0
+    assert noisy["ratio"] == round(noisy["p99_beside_hanging_ms"] / noisy["p99_alone_ms"], 2)
+    assert noisy["hanging_endpoint"]["connections"] >= 1, "the hanging endpoint was tried"
+
+    assert [a["measured"] is not None for a in results["aims"]] == [True, True, True]
     assert "deliveries/s" in done.stdout and "p99" in done.stdout
+    assert "noisy neighbour: healthy p99" in done.stdout

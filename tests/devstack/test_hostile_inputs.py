@@ -7,7 +7,9 @@ libraries' included, are all JSON."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
@@ -16,7 +18,7 @@ from confluent_kafka import Producer
 
 from devstack.demo import register_accounts
 from devstack.keys import DEV_WORKSPACE
-from tests.devstack.running_stack import running_stack
+from tests.devstack.running_stack import RunningStack, running_stack
 from tests.unparsable import produce_unparsable
 from worker.settings import Settings
 
@@ -49,9 +51,66 @@ def _poison() -> list[tuple[bytes, bytes | None]]:
     ]
 
 
+#: What hostile receivers answer a delivery with (each on its own loopback listener).
+HOSTILE_ANSWERS: dict[str, bytes] = {
+    "retry-after-400-digits": b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: "
+    + b"9" * 400
+    + b"\r\nContent-Length: 0\r\n\r\n",
+    "retry-after-1e12": b"HTTP/1.1 503 Busy\r\nRetry-After: 1000000000000\r\n"
+    b"Content-Length: 0\r\n\r\n",
+    "malformed-status-line": b"HTTP/1.1 2OO OK\r\n\r\n",
+    "garbage-headers": b"HTTP/1.1 200 OK\r\n\xff\xfe: \x00\r\nContent-Length: x\r\n\r\n",
+    "drip": b"",  # sends its answer one byte a second
+}
+
+
+@contextlib.asynccontextmanager
+async def hostile_receivers() -> AsyncIterator[dict[str, str]]:
+    """One listener per ``HOSTILE_ANSWERS`` entry; yields their URLs by name."""
+    servers: list[asyncio.Server] = []
+
+    def answering(answer: bytes) -> Callable[..., Awaitable[None]]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+                if answer:
+                    writer.write(answer)
+                    await writer.drain()
+                else:
+                    for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello":
+                        writer.write(bytes([byte]))
+                        await writer.drain()
+                        await asyncio.sleep(1)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                writer.close()
+
+        return serve
+
+    urls = {}
+    for name, answer in HOSTILE_ANSWERS.items():
+        server = await asyncio.start_server(answering(answer), "127.0.0.1", 0)
+        servers.append(server)
+        urls[name] = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+    try:
+        yield urls
+    finally:
+        for server in servers:
+            server.close()
+
+
 async def test_poison_records_stop_nothing_and_the_next_flows_are_answered() -> None:
-    async with running_stack("--demo-accounts", "1", LOG_FORMAT="json") as stack:
+    async with (
+        running_stack("--demo-accounts", "1", LOG_FORMAT="json") as stack,
+        hostile_receivers() as receivers,
+    ):
         await stack.until_worker_ready()
+        headers = {"X-Api-Key": "dev-key-ws-demo"}
+        async with httpx.AsyncClient(base_url=stack.api, headers=headers, timeout=30) as client:
+            for url in receivers.values():
+                created = await client.post("/v1/webhook-endpoints", json={"url": url})
+                assert created.status_code == 201, created.text
         settings = Settings(kafka_bootstrap_servers=stack.bootstrap)
         await register_accounts(settings, DEV_WORKSPACE, [(a, f"sim-ok-{a}") for a in ACCOUNTS])
         producer = AIOKafkaProducer(bootstrap_servers=stack.bootstrap)
@@ -67,7 +126,6 @@ async def test_poison_records_stop_nothing_and_the_next_flows_are_answered() -> 
         rd = Producer({"bootstrap.servers": stack.bootstrap})
         rd.produce(settings.topics.commands, value=None, key=None, partition=1)
         assert await asyncio.to_thread(rd.flush, 10) == 0
-        headers = {"X-Api-Key": "dev-key-ws-demo"}
         async with httpx.AsyncClient(base_url=stack.api, headers=headers, timeout=30) as client:
             answers = await asyncio.gather(
                 *(client.post(f"/v1/accounts/{a}/auth/passkey-confirm") for a in ACCOUNTS)
@@ -77,6 +135,10 @@ async def test_poison_records_stop_nothing_and_the_next_flows_are_answered() -> 
             stack.bootstrap, settings.topics.dlq, len(_poison()) + 2
         )
         assert sorted(reasons) == ["invalid", *["not_json"] * 6, "unreadable"], reasons
+        # Beside the hostile receivers, the demo receiver (verifying signatures) got the
+        # status change of every account.
+        printed = await asyncio.wait_for(_until_printed(stack, {f"{a} v2 " for a in ACCOUNTS}), 60)
+        assert all("[signature ok]" in line for line in printed), printed
         log = stack.log()
         assert "component_exited" not in log, log[-3000:]
         assert "lane_failed" not in log
@@ -106,3 +168,14 @@ async def _dead_letter_reasons(bootstrap: str, topic: str, expected: int) -> lis
         return reasons
     finally:
         await reader.stop()
+
+
+async def _until_printed(stack: RunningStack, wanted: set[str]) -> list[str]:
+    """The demo receiver's lines (on the stack's output) until each of ``wanted`` was in one."""
+    lines: list[str] = []
+    missing = set(wanted)
+    while missing:
+        line = await stack.read_until("webhook ")
+        lines.append(line.splitlines()[-1])
+        missing = {w for w in missing if w not in lines[-1]}
+    return lines

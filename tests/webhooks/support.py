@@ -1,6 +1,8 @@
 """Webhook test helpers: a receiver on loopback that verifies every request with the
 specification's reference library (``standardwebhooks``), an endpoint writer, event records
-like the worker's, and a dispatcher running in this event loop."""
+like the worker's, and a dispatcher running in this event loop; for the isolation tests also
+endpoints in bulk, a server that never answers, a sender that counts what is under way, and
+a topic reader."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import contextlib
 import json
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,9 +23,19 @@ from standardwebhooks.webhooks import Webhook
 from tests.harness import RunningWorker, running_loop
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import AuthStatusChanged, event_id
+from worker.replay import replay_to_highwater
 from worker.settings import Settings
+from worker.tail import assign_all
 from worker.webhooks.app import run_dispatcher, secrets_box
-from worker.webhooks.endpoints import EndpointRecord, EndpointsTail
+from worker.webhooks.endpoints import (
+    EndpointRecord,
+    EndpointsTail,
+    StoredSecret,
+    new_endpoint_id,
+    now_rfc3339,
+)
+from worker.webhooks.sender import DeliveryResult, Sender
+from worker.webhooks.signing import generate_secret
 from worker.webhooks.store import EndpointStore
 
 
@@ -149,10 +162,11 @@ async def publish_events(settings: Settings, events: list[AuthStatusChanged]) ->
 
 
 def running_dispatcher(
-    settings: Settings, *, ready_timeout: float = 30.0
+    settings: Settings, *, ready_timeout: float = 30.0, sender: Any = None
 ) -> contextlib.AbstractAsyncContextManager[RunningWorker]:
-    """A dispatcher in this event loop; yields once it owns and restored its partitions."""
-    return running_loop(run_dispatcher, settings, ready_timeout=ready_timeout)
+    """A dispatcher in this event loop; yields once it owns and restored its partitions.
+    ``sender`` replaces the HTTP sender built from settings."""
+    return running_loop(run_dispatcher, settings, ready_timeout=ready_timeout, sender=sender)
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -165,3 +179,125 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> No
 
 def new_account() -> str:
     return f"acc_{uuid.uuid4().hex[:10]}"
+
+
+async def bulk_endpoints(
+    settings: Settings, workspace: str, url: str, count: int
+) -> tuple[list[EndpointRecord], str]:
+    """``count`` endpoints of ``workspace`` written straight to the endpoints topic in one
+    burst (as endpoints created before any quota existed would be), all signing with one
+    secret, which is returned."""
+    box = secrets_box(settings)
+    secret = generate_secret()
+    stamp = now_rfc3339()
+    records = []
+    for _ in range(count):
+        endpoint_id = new_endpoint_id()
+        records.append(
+            EndpointRecord(
+                id=endpoint_id,
+                workspace_id=workspace,
+                url=url,
+                created_at=stamp,
+                updated_at=stamp,
+                revision=1,
+                secrets=(
+                    StoredSecret(
+                        ciphertext=box.encrypt(secret, endpoint_id.encode()), created_at=stamp
+                    ),
+                ),
+            )
+        )
+    await ensure_topics(settings)
+    producer = build_producer(settings)
+    await producer.start()
+    try:
+        sent = [
+            await producer.send(
+                settings.topics.webhook_endpoints,
+                r.model_dump_json().encode(),
+                key=r.id.encode(),
+            )
+            for r in records
+        ]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    return records, secret
+
+
+async def read_topic(settings: Settings, topic: str) -> list[Any]:
+    """Every record of ``topic`` up to its high-water marks, partition by partition."""
+    consumer = build_consumer(settings, enable_auto_commit=False)
+    await consumer.start()
+    out: list[Any] = []
+
+    def take(_: Any, records: list[Any]) -> None:
+        out.extend(records)
+
+    try:
+        tps = await assign_all(consumer, topic)
+        await replay_to_highwater(consumer, tps, take)
+    finally:
+        await consumer.stop()
+    return out
+
+
+@dataclass
+class Hanging:
+    """A loopback HTTP server that accepts every connection, reads the request and never
+    answers (until the client gives up and closes)."""
+
+    url: str = ""
+    connections: int = 0
+    open: int = 0
+    max_open: int = 0
+
+
+@contextlib.asynccontextmanager
+async def hanging(server: Hanging) -> AsyncIterator[Hanging]:
+    writers: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        server.connections += 1
+        server.open += 1
+        server.max_open = max(server.max_open, server.open)
+        try:
+            while await reader.read(65536):
+                pass  # read whatever comes; answer nothing
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            server.open -= 1
+            writer.close()
+
+    listener = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    server.url = f"http://127.0.0.1:{port}/hooks"
+    try:
+        yield server
+    finally:
+        listener.close()
+        for writer in writers:
+            writer.close()
+        await listener.wait_closed()
+
+
+class CountingSender:
+    """The real HTTP sender, counting the attempts under way per URL and their peak."""
+
+    def __init__(self, inner: Sender) -> None:
+        self._inner = inner
+        self.now: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> DeliveryResult:
+        self.now[url] += 1
+        self.calls[url] += 1
+        self.peak[url] = max(self.peak[url], self.now[url])
+        try:
+            return await self._inner.post(url, body, headers)
+        finally:
+            self.now[url] -= 1

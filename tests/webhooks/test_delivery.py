@@ -1,4 +1,5 @@
-"""The pure delivery decisions: dedup of replays, order, the retry schedule, 410, Retry-After."""
+"""The pure delivery decisions: dedup of replays, order, the retry schedule, 410, Retry-After,
+and the bound of a pair's queue."""
 
 from __future__ import annotations
 
@@ -9,15 +10,20 @@ import pytest
 from worker.webhooks.delivery import (
     DEFAULT_SCHEDULE_S,
     JITTER,
+    STATE_HEADROOM,
     AttemptResult,
     DeliveryState,
     Pending,
+    QueueLimits,
     carry_over,
     enqueue,
     fail_head,
     parse_schedule,
+    refused,
+    remember,
     settle,
     state_key,
+    take_in,
     webhook_id,
 )
 
@@ -151,3 +157,60 @@ def test_parse_schedule() -> None:
         parse_schedule("5,-1")
     with pytest.raises(ValueError, match="<= 2592000"):
         parse_schedule("5," + "9" * 40)  # a due time that far out is no date at all
+
+
+# --- the bound of a pair's queue ----------------------------------------------------------------
+
+
+def big(version: int, size: int) -> Pending:
+    return pending(version).model_copy(update={"body": '{"pad":"' + "x" * size + '"}'})
+
+
+def test_a_full_queue_refuses_the_newest_delivery_and_keeps_what_waits() -> None:
+    limits = QueueLimits(max_pending=3)
+    state = empty()
+    for v in range(3):
+        state, verdict = take_in(state, pending(v), limits)
+        assert verdict == "taken"
+    after, verdict = take_in(state, pending(3), limits)
+    assert verdict == "full" and after == state, "nothing changes until the refusal is written"
+    assert take_in(state, pending(1), limits)[1] == "duplicate"
+    remembered = remember(state, pending(3))
+    assert [p.version for p in remembered.queue] == [0, 1, 2]
+    assert take_in(remembered, pending(3), limits)[1] == "duplicate", "refused once only"
+    done = refused(pending(3), "queue_full", now=NOW)
+    assert (done.state, done.attempts, done.last_error) == ("failed", 0, "queue_full")
+    # once the head is delivered there is room again
+    room = settle(remembered, AttemptResult(200), now=NOW).state
+    assert take_in(room, pending(4), limits)[1] == "taken"
+
+
+def test_a_record_never_passes_its_byte_bound_whatever_happens_to_it() -> None:
+    """Fill a pair with large deliveries, refusals, replays and failed attempts: its JSON,
+    as written to the changelog, stays within ``max_bytes``."""
+    limits = QueueLimits(max_pending=1000, max_bytes=64 * 1024)
+    rng = random.Random(3)
+    state = empty()
+    sizes = []
+    for v in range(400):
+        delivery = big(v, rng.randrange(10, 6000))
+        if rng.random() < 0.2:
+            delivery = delivery.model_copy(update={"replay": f"rp_{rng.getrandbits(128):032x}"})
+        state, verdict = take_in(state, delivery, limits)
+        if verdict == "full":
+            state = remember(state, delivery)
+        if state.queue and rng.random() < 0.3:
+            error = "x" * rng.randrange(0, 5000)  # whatever a failure says, it is cut
+            state = settle(state, AttemptResult(None, error), now=NOW + v, rng=rng).state
+        sizes.append(len(state.model_dump_json()))
+    assert max(sizes) <= limits.max_bytes
+    assert max(sizes) > limits.max_bytes - 2 * STATE_HEADROOM, "the queue did fill up"
+    too_big = big(1000, limits.max_bytes)
+    assert take_in(empty(), too_big, limits)[1] == "full", "one delivery past the bound alone"
+
+
+def test_queue_limits_reject_nonsense() -> None:
+    with pytest.raises(ValueError, match="max_pending"):
+        QueueLimits(max_pending=0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        QueueLimits(max_bytes=1000)

@@ -1,6 +1,7 @@
 """The dispatcher on a real broker, delivering to a real receiver on loopback that verifies
 every request with ``standardwebhooks``: signed, in version order per account, one webhook-id
-per (event, endpoint) across retries, a failing endpoint delays nobody else, 410 disables."""
+per (event, endpoint) across retries, a failing endpoint delays nobody else, 410 disables
+(with an ``endpoint.disabled`` note in the endpoint's delivery log)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from tests.webhooks.support import (
     endpoint_store,
     new_account,
     publish_events,
+    read_topic,
     receiving,
     running_dispatcher,
     status_event,
     wait_until,
 )
 from worker.webhooks.delivery import webhook_id
+from worker.webhooks.publish import DeliveryLogEntry
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = pytest.mark.integration
@@ -123,6 +126,14 @@ async def test_a_failing_endpoint_delays_no_one_and_gone_disables(
         disabled = store.registry.get("ws_a", ep_gone.id)
         assert disabled is not None and disabled.disabled_reason is not None
         assert "410" in disabled.disabled_reason
+        log = await read_topic(settings, settings.topics.webhook_deliveries)
+    notes = [
+        DeliveryLogEntry.model_validate_json(r.value)
+        for r in log
+        if b'"endpoint.disabled"' in (r.value or b"")
+    ]
+    assert [(n.endpoint_id, n.state) for n in notes] == [(ep_gone.id, "failed")]
+    assert notes[0].last_error is not None and "410" in notes[0].last_error
     # The 503 endpoint's second event waits behind its first (retry in 30 s): not attempted.
     assert [d.body["data"]["version"] for d in down.seen] == [1]
 

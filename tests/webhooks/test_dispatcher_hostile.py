@@ -46,6 +46,9 @@ def settings_for(make_settings: SettingsFactory) -> SettingsFactory:
             "webhook_allow_private_targets": True,
             "webhook_retry_schedule_s": SCHEDULE,
             "webhook_timeout_s": 2.0,
+            # These tests count every retry of the schedule; an endpoint backing off as a
+            # whole (tests/webhooks/test_isolation.py) would space them out past the test.
+            "webhook_endpoint_backoff_after": 1000,
         }
         values.update(overrides)
         settings = make_settings(**values)

@@ -28,7 +28,7 @@ from pydantic import (
 
 from worker.catalogue import ServiceError
 from worker.messages import Identifier
-from worker.webhooks.endpoints import EndpointRecord, EndpointStatus, EventType
+from worker.webhooks.endpoints import EndpointRecord, EndpointStatus, EventType, RateLimit
 from worker.webhooks.publish import DeliveryLogEntry
 from worker.webhooks.signing import SECRET_PREFIX
 
@@ -84,6 +84,13 @@ EventTypes = Annotated[
     Field(description="Event types to deliver; `null` (or absent on create) means all."),
 ]
 Description = str | None
+RateLimitField = Annotated[
+    RateLimit | None,
+    Field(
+        description="Attempts per second at most to this endpoint (Svix's `rateLimit`), per"
+        " dispatcher process; `null` (or absent on create): no limit."
+    ),
+]
 
 
 def invalid_body(exc: ValidationError) -> ServiceError:
@@ -110,11 +117,13 @@ class CreateEndpointBody(BaseModel):
     url: UrlField
     event_types: EventTypes = None
     description: Description = None
+    rate_limit: RateLimitField = None
 
 
 class UpdateEndpointBody(BaseModel):
-    """Change any of `url`, `event_types`, `description` (at least one). `event_types: null`
-    subscribes to all event types; `description: null` clears it."""
+    """Change any of `url`, `event_types`, `description`, `rate_limit` (at least one).
+    `event_types: null` subscribes to all event types; `description: null` clears it;
+    `rate_limit: null` lifts the limit."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"minProperties": 1})
 
@@ -122,6 +131,7 @@ class UpdateEndpointBody(BaseModel):
     url: UrlField = Field(default=None, json_schema_extra=_no_default)  # type: ignore[assignment]
     event_types: EventTypes = None
     description: Description = None
+    rate_limit: RateLimitField = None
 
     def changes(self) -> dict[str, Any]:
         """The fields the caller sent, with ``event_types`` as the record's tuple."""
@@ -155,6 +165,7 @@ class EndpointData(BaseModel):
     url: str
     event_types: list[EventType] | None
     description: str | None
+    rate_limit: int | None = None
     status: EndpointStatus = Field(
         description="`disabled`: stopped by the dispatcher (see `disabled_reason`); `activate`"
         " re-enables it."

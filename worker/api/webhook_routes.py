@@ -292,6 +292,7 @@ class WebhookRoutes:
                     event_types=event_types,
                     description=body.description,
                     endpoint_id=endpoint_id,
+                    rate_limit=body.rate_limit,
                 )
             )
         log.info("webhook_endpoint_created", endpoint_id=record.id, workspace_id=workspace_id)
@@ -327,7 +328,8 @@ class WebhookRoutes:
         if not changes:
             raise ServiceError.of(
                 "invalid_request",
-                "The request body must change at least one of url, event_types, description.",
+                "The request body must change at least one of url, event_types, description,"
+                " rate_limit.",
             )
         self.limits.check(
             url=changes.get("url"),

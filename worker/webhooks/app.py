@@ -24,9 +24,10 @@ from worker.outage import BrokerHealth
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
 from worker.topics import used_by
-from worker.webhooks.delivery import parse_schedule
+from worker.webhooks.delivery import QueueLimits, parse_schedule
 from worker.webhooks.dispatcher import DispatchConfig, Dispatcher, Sender
 from worker.webhooks.endpoints import EndpointsTail
+from worker.webhooks.gate import GateConfig
 from worker.webhooks.metrics import WebhookMetrics
 from worker.webhooks.publish import DeliveryPublisher
 from worker.webhooks.secrets_box import SecretsBox
@@ -69,6 +70,20 @@ def target_policy(settings: Settings) -> TargetPolicy:
     )
 
 
+def gate_config(settings: Settings) -> GateConfig:
+    """Each endpoint's share: a waiting pair's fallback wait is one attempt's time-out (by
+    then a slot has been freed and its wake given, or the wake went nowhere)."""
+    return GateConfig(
+        max_in_flight=settings.webhook_endpoint_max_in_flight,
+        backoff_after=settings.webhook_endpoint_backoff_after,
+        backoff_base_s=settings.webhook_endpoint_backoff_base_s,
+        backoff_max_s=max(
+            settings.webhook_endpoint_backoff_max_s, settings.webhook_endpoint_backoff_base_s
+        ),
+        park_s=max(settings.webhook_timeout_s, 1.0),
+    )
+
+
 async def run_dispatcher(
     settings: Settings,
     *,
@@ -100,7 +115,11 @@ async def run_dispatcher(
     schedule = parse_schedule(settings.webhook_retry_schedule_s)
     session = None
     if sender is None:
-        session = open_session(target_policy(settings))
+        session = open_session(
+            target_policy(settings),
+            max_connections=settings.webhook_max_connections,
+            max_connections_per_host=settings.webhook_max_connections_per_host,
+        )
         sender = HttpSender(
             session,
             timeout_s=settings.webhook_timeout_s,
@@ -117,7 +136,7 @@ async def run_dispatcher(
         health=health,
     )
     dispatcher = Dispatcher(
-        store=DeliveryStore(),
+        store=DeliveryStore(workspace_of=tail.registry.workspace_of),
         endpoints=tail.registry,
         writer=writer,
         sender=sender,
@@ -128,6 +147,7 @@ async def run_dispatcher(
             log_topic=topics.webhook_deliveries,
             dlq_topic=topics.webhook_dlq,
             health=health,
+            on_state=metrics.state_record_bytes.observe,
         ),
         config=DispatchConfig(
             status_topic=topics.status,
@@ -135,6 +155,12 @@ async def run_dispatcher(
             replay_topic=topics.webhook_replays,
             schedule=schedule,
             disable_after_s=settings.webhook_disable_after_s,
+            limits=QueueLimits(
+                max_pending=settings.webhook_pair_max_pending,
+                max_bytes=settings.webhook_pair_max_bytes,
+            ),
+            gate=gate_config(settings),
+            attempt_hold_s=settings.webhook_timeout_s + 5.0,
         ),
         metrics=metrics,
     )
@@ -154,6 +180,9 @@ async def run_dispatcher(
         topics=(topics.status, topics.errors, topics.webhook_replays),
         state_topic=topics.webhook_state,
         max_in_flight=settings.webhook_max_in_flight,
+        # A pair waiting for room at its endpoint is woken through a timer: the sweep's
+        # interval is the most such a wake waits.
+        timer_interval_s=settings.webhook_timer_interval_s,
     )
     await tail.start()
     # Without a current registry, events would be fanned out to a stale set of endpoints:

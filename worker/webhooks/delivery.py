@@ -35,6 +35,14 @@ DEFAULT_SCHEDULE_S: Final = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000
 """Svix's retry schedule: the waits after the 1st, 2nd, ... failed attempt."""
 MAX_WAIT_S: Final = 30 * 86_400.0
 """The longest wait a schedule may name: due times stay dates a timestamp can hold."""
+ERROR_CHARS: Final = 200
+"""``last_error`` is cut to this many characters: it is stored with the head and logged."""
+MARKER_CHARS: Final = 100
+"""The longest dedup marker (a webhook-id, ``#`` and a replay id), for the size bound."""
+STATE_HEADROOM: Final = SEEN_KEPT * MARKER_CHARS + 1024
+"""What a pair record may still grow by after a take-in was judged to fit: the dedup window
+filling up (``SEEN_KEPT`` markers) and the head's bookkeeping after attempts (attempt count,
+status, the cut ``last_error``, times)."""
 
 
 def webhook_id(event_id: str, endpoint_id: str) -> str:
@@ -88,7 +96,8 @@ class Finished(BaseModel):
 
 
 class DeliveryState(BaseModel):
-    """The value on the delivery-state topic (key: ``state_key``)."""
+    """The value on the delivery-state topic: one (endpoint, account) pair's deliveries (key:
+    ``state_key``, in the account's partition)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -111,6 +120,32 @@ class DeliveryState(BaseModel):
     def due_at(self) -> float | None:
         """When the head is due, or ``None`` when nothing waits."""
         return self.queue[0].next_attempt_at if self.queue else None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """The bound of one pair's queue: at most ``max_pending`` deliveries and a record of at
+    most ``max_bytes`` (its JSON, as written to the changelog). A delivery that does not fit
+    is refused (the newest one: what waits already keeps its place and order) and fails into
+    the webhook DLQ, so no tenant can grow a record without bound."""
+
+    max_pending: int = 100
+    max_bytes: int = 256 * 1024
+
+    def __post_init__(self) -> None:
+        if self.max_pending < 1:
+            raise ValueError("max_pending must be >= 1")
+        if self.max_bytes < 2 * STATE_HEADROOM:
+            raise ValueError(f"max_bytes must be >= {2 * STATE_HEADROOM}")
+
+    def fits(self, state: DeliveryState) -> bool:
+        """Whether ``state`` (a queue with the new delivery in it) may be taken in."""
+        if len(state.queue) > self.max_pending:
+            return False
+        return len(state.model_dump_json()) <= self.max_bytes - STATE_HEADROOM
+
+
+TakenIn = Literal["taken", "duplicate", "full"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,14 +175,52 @@ def enqueue(state: DeliveryState, delivery: Pending) -> tuple[DeliveryState, boo
     """Append ``delivery`` unless its webhook-id was taken in already (a replay of the same
     event after a crash or rebalance). A ``/replay`` request carries its own ``replay`` id and
     is taken in once per request, under the event's original webhook-id."""
-    marker = _marker(delivery)
-    if marker in state.seen or any(_marker(p) == marker for p in state.queue):
+    mark = marker(delivery)
+    if mark in state.seen or any(marker(p) == mark for p in state.queue):
         return state, False
-    seen = (*state.seen, marker)[-SEEN_KEPT:]
+    seen = (*state.seen, mark)[-SEEN_KEPT:]
     return state.model_copy(update={"queue": (*state.queue, delivery), "seen": seen}), True
 
 
-def _marker(delivery: Pending) -> str:
+def take_in(
+    state: DeliveryState, delivery: Pending, limits: QueueLimits
+) -> tuple[DeliveryState, TakenIn]:
+    """``enqueue`` within ``limits``. ``full``: the delivery is refused and ``state`` comes
+    back unchanged; the caller fails the delivery (webhook DLQ, log entry), then has the
+    pair ``remember`` it so that the same event read again after a crash is not refused
+    twice."""
+    grown, accepted = enqueue(state, delivery)
+    if not accepted:
+        return state, "duplicate"
+    if limits.fits(grown):
+        return grown, "taken"
+    return state, "full"
+
+
+def remember(state: DeliveryState, delivery: Pending) -> DeliveryState:
+    """``state`` with ``delivery``'s marker in its dedup window (a refused delivery)."""
+    mark = marker(delivery)
+    if mark in state.seen:
+        return state
+    return state.model_copy(update={"seen": (*state.seen, mark)[-SEEN_KEPT:]})
+
+
+def refused(delivery: Pending, reason: str, *, now: float) -> Finished:
+    """The end of a delivery that was never queued (``take_in`` said ``full``)."""
+    return Finished(
+        webhook_id=delivery.webhook_id,
+        event_type=delivery.event_type,
+        version=delivery.version,
+        attempts=0,
+        state="failed",
+        last_error=reason,
+        finished_at=now,
+    )
+
+
+def marker(delivery: Pending) -> str:
+    """What the dedup window remembers of a delivery: its webhook-id, with the replay id of a
+    ``/replay`` request."""
     return (
         delivery.webhook_id
         if delivery.replay is None
@@ -191,7 +264,7 @@ def settle(
             "next_attempt_at": now + wait,
             "first_failed_at": head.first_failed_at or now,
             "last_status": result.status,
-            "last_error": result.error,
+            "last_error": _cut(result.error),
         }
     )
     nxt = state.model_copy(update={"queue": (retried, *state.queue[1:]), "failing_since": since})
@@ -220,7 +293,7 @@ def _finish(
         attempts=attempts,
         state=final,
         last_status=result.status,
-        last_error=result.error,
+        last_error=_cut(result.error),
         finished_at=now,
     )
     rest = state.queue[1:]
@@ -230,6 +303,10 @@ def _finish(
     since = None if final == "delivered" else (state.failing_since or now)
     nxt = state.model_copy(update={"queue": rest, "failing_since": since})
     return Settled(nxt, outcome, finished=done)
+
+
+def _cut(error: str | None) -> str | None:
+    return None if error is None else error[:ERROR_CHARS]
 
 
 def carry_over(current: DeliveryState, settled: Settled) -> DeliveryState:

@@ -6,12 +6,21 @@ a due delivery arrives as a follow-up on the lane of its (endpoint, account) pai
 account's events are taken in in order, each endpoint's deliveries for it go out in order, and
 a slow or failing endpoint only ever occupies its own lanes.
 
-Taking in: the event becomes one pending delivery per subscribed, active endpoint of its
-workspace, written to the account's delivery-state record and acknowledged before the offset
-may be committed ("durably scheduled"). Attempting: the head of the pair's queue is signed
+Taking in: the event becomes one pending delivery per subscribed, active endpoint of the
+event's own workspace (the workspace the event names, never one remembered from an earlier
+event of the account), each written to its (endpoint, account) pair's delivery-state record
+and acknowledged before the offset may be committed ("durably scheduled"). A pair's queue is
+bounded (``delivery.QueueLimits``): a delivery that does not fit fails into the webhook DLQ.
+Attempting: the endpoint's gate (``worker.webhooks.gate``) must have room for it, otherwise
+the pair is deferred without holding its lane; the head of the pair's queue is signed
 (Standard Webhooks) and sent; ``delivery.settle`` says what the answer means; the new state is
 written, the delivery log gets the outcome, a failed delivery goes to the webhook DLQ, a 410
-or five days of failures disable the endpoint.
+or five days of failures disable the endpoint (with an ``endpoint.disabled`` note in its
+delivery log).
+
+A due key without ``/`` is an account whose delivery state is still in the old one-record
+form (``worker.webhooks.state``): its pairs are written and the old record tombstoned, on the
+account's own lane.
 
 Tracing (``worker.tracing``): taking an event in is a CONSUMER span continuing the event
 record's ``traceparent``; each delivery stores that span's context, and each attempt is a
@@ -26,7 +35,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -39,21 +48,31 @@ from worker.faults import Fault
 from worker.logs import get_logger
 from worker.webhooks.delivery import (
     AttemptResult,
+    DeliveryState,
     Pending,
+    QueueLimits,
     Settled,
     carry_over,
-    enqueue,
     fail_head,
+    refused,
+    remember,
     settle,
     state_key,
+    take_in,
     webhook_id,
 )
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
 from worker.webhooks.events import WebhookEvent, from_error, from_status
+from worker.webhooks.gate import EndpointGate, GateConfig
 from worker.webhooks.metrics import WebhookMetrics
-from worker.webhooks.publish import DeliveryPublisher, Replay, decode_replay
+from worker.webhooks.publish import (
+    NOTE_ENDPOINT_DISABLED,
+    DeliveryPublisher,
+    Replay,
+    decode_replay,
+)
 from worker.webhooks.sender import DeliveryResult, ErrorKind
-from worker.webhooks.state import AccountDeliveries, DeliveryStore
+from worker.webhooks.state import DeliveryStore
 
 log = get_logger(__name__)
 
@@ -85,6 +104,10 @@ class DispatchConfig:
     replay_topic: str
     schedule: tuple[float, ...]
     disable_after_s: float
+    limits: QueueLimits = field(default_factory=QueueLimits)
+    gate: GateConfig = field(default_factory=GateConfig)
+    attempt_hold_s: float = 30.0
+    """Longer than one attempt can take (the sender's time-out and some)."""
 
 
 class Dispatcher:
@@ -115,6 +138,7 @@ class Dispatcher:
         self._clock = clock
         self._rng = rng or random.Random()
         self._last_success: dict[str, float] = {}
+        self.gate = EndpointGate(config.gate, wake=store.wake, metrics=metrics, rng=self._rng)
 
     # -- taking events in --------------------------------------------------------------------
 
@@ -179,17 +203,19 @@ class Dispatcher:
 
     async def give_up(self, partition: int, key: str, fault: Fault) -> None:
         """A pair whose attempt keeps failing inside the dispatcher: its head delivery fails
-        (to the DLQ and the delivery log, replayable), so the deliveries behind it go on."""
-        endpoint_id, _, account_id = key.partition("/")
-        record = self.store.get(partition, account_id)
-        head = None if record is None else record.of(endpoint_id).head()
-        if record is None or head is None:
+        (to the DLQ and the delivery log, replayable), so the deliveries behind it go on. An
+        old-form account record (a key without ``/``) is left for its next migration try."""
+        if "/" not in key:
             return
-        settled = fail_head(
-            record.of(endpoint_id), f"internal_error: {fault.exception}", now=self._clock()
-        )
-        endpoint = self.endpoints.get(record.workspace_id, endpoint_id)
-        await self._apply(partition, account_id, record, endpoint, settled, head)
+        endpoint_id, _, _ = key.partition("/")
+        self.gate.forget(endpoint_id, key, self._clock())
+        state = self.store.pair(partition, key)
+        head = None if state is None else state.head()
+        if state is None or head is None:
+            return
+        settled = fail_head(state, f"internal_error: {fault.exception}", now=self._clock())
+        endpoint = self.endpoints.get(state.workspace_id, endpoint_id)
+        await self._apply(partition, key, endpoint, settled, head)
 
     async def _take_in(
         self,
@@ -199,20 +225,21 @@ class Dispatcher:
         *,
         replay: str | None,
     ) -> list[str]:
-        if not targets or event.workspace_id is None:
+        workspace = event.workspace_id
+        if not targets or workspace is None:
             return []
         now = self._clock()
-        record = self.store.get(partition, event.account_id) or AccountDeliveries(
-            account_id=event.account_id, workspace_id=event.workspace_id
-        )
         traceparent, tracestate = tracing.current_traceparent()
         current = trace.get_current_span()
         if current.is_recording():
             current.set_attributes(
                 {"passkey.account_id": event.account_id, "passkey.event_id": event.event_id}
             )
-        taken: list[tuple[str, Pending]] = []
+        taken: list[tuple[DeliveryState, Pending]] = []
+        full: list[tuple[DeliveryState, Pending]] = []
         for endpoint in targets:
+            if endpoint.workspace_id != workspace:
+                continue  # an event reaches its own workspace's endpoints only
             delivery = Pending(
                 webhook_id=webhook_id(event.event_id, endpoint.id),
                 event_type=event.event_type,
@@ -226,41 +253,106 @@ class Dispatcher:
                 traceparent=traceparent,
                 tracestate=tracestate,
             )
-            state, accepted = enqueue(record.of(endpoint.id), delivery)
-            if accepted:
-                record = record.with_state(state)
-                taken.append((endpoint.id, delivery))
-        if not taken:
-            return []
-        await self._publisher.persist(partition, record, store=self.store)
-        self.metrics.taken_in.inc(len(taken))
+            state, verdict = take_in(
+                self._pair(partition, endpoint, event.account_id), delivery, self.config.limits
+            )
+            if verdict == "taken":
+                taken.append((state, delivery))
+            elif verdict == "full":
+                full.append((state, delivery))
+        if taken:
+            # Stored before the first await: the pairs' lanes settle onto these states.
+            await self._publisher.persist(partition, [s for s, _ in taken], store=self.store)
+            self.metrics.taken_in.inc(len(taken))
+        if full:
+            await self._refuse(partition, full, now)
         # Pairs whose new delivery is at the head are attempted at once: their first log entry
         # is the attempt's outcome. The others wait behind an earlier one: say so in the log.
-        due, waiting = [], []
-        for endpoint_id, delivery in taken:
-            head = record.endpoints[endpoint_id].queue[0]
+        due: list[str] = []
+        waiting: list[tuple[DeliveryState, Pending]] = []
+        for state, delivery in taken:
+            head = state.queue[0]
             if head.webhook_id == delivery.webhook_id and head.replay == delivery.replay:
-                due.append(state_key(endpoint_id, event.account_id))
+                due.append(state.key)
             else:
-                waiting.append((endpoint_id, delivery))
+                waiting.append((state, delivery))
         if waiting:
-            await self._publisher.log_pending(record, waiting, now=now)
+            await self._publisher.log_pending(waiting, now=now)
         return due
+
+    def _pair(self, partition: int, endpoint: EndpointRecord, account_id: str) -> DeliveryState:
+        """The pair's state, labelled with the endpoint's own workspace."""
+        key = state_key(endpoint.id, account_id)
+        state = self.store.pair(partition, key)
+        if state is None:
+            return DeliveryState(
+                endpoint_id=endpoint.id, account_id=account_id, workspace_id=endpoint.workspace_id
+            )
+        if state.workspace_id != endpoint.workspace_id:
+            return state.model_copy(update={"workspace_id": endpoint.workspace_id})
+        return state
+
+    async def _refuse(
+        self, partition: int, full: list[tuple[DeliveryState, Pending]], now: float
+    ) -> None:
+        """Deliveries whose pair's queue is full fail at once: DLQ copy and log entry first,
+        then the pair remembers them (a crash in between refuses them again, never loses
+        the failure)."""
+        for state, delivery in full:
+            finished = refused(delivery, "queue_full", now=now)
+            await self._publisher.dead_letter(state, delivery, finished)
+            await self._publisher.log_finished(state, delivery, finished)
+            self.metrics.failed.inc()
+            self.metrics.queue_full.inc()
+            log.warning(
+                "delivery_refused",
+                reason="queue_full",
+                endpoint_id=state.endpoint_id,
+                account_id=state.account_id,
+                webhook_id=delivery.webhook_id,
+                pending=len(state.queue),
+            )
+        remembered = []
+        for state, delivery in full:
+            current = self.store.pair(partition, state.key) or state
+            remembered.append(remember(current, delivery))
+        await self._publisher.persist(partition, remembered, store=self.store)
 
     # -- attempting deliveries ---------------------------------------------------------------
 
     async def follow_up(self, partition: int, key: str) -> None:
-        """Attempt the pair's due deliveries, head first, until one is not due."""
+        """Attempt the pair's due deliveries, head first, until one is not due or its endpoint
+        has no room; a key without ``/`` is an old-form account record to migrate."""
+        if "/" not in key:
+            await self._migrate(partition, key)
+            return
         endpoint_id, _, account_id = key.partition("/")
         while True:
-            record = self.store.get(partition, account_id)
-            head = None if record is None else record.of(endpoint_id).head()
-            if record is None or head is None:
+            state = self.store.pair(partition, key)
+            head = None if state is None else state.head()
+            now = self._clock()
+            if state is None or head is None:
+                self.gate.forget(endpoint_id, key, now)
                 return
-            if head.next_attempt_at > self._clock():
-                self.store.put(partition, record)  # re-arm at the head's own time
+            if head.next_attempt_at > now:
+                self.store.put(partition, state)  # re-arm at the head's own time
                 return
-            endpoint = self.endpoints.get(record.workspace_id, endpoint_id)
+            endpoint = self.endpoints.get(state.workspace_id, endpoint_id)
+            active = endpoint is not None and endpoint.status == "active"
+            if endpoint is not None and active:
+                admission = self.gate.admit(
+                    endpoint.id,
+                    revision=endpoint.revision,
+                    rate_limit=endpoint.rate_limit,
+                    partition=partition,
+                    key=key,
+                    now=now,
+                )
+                if not admission.admitted:
+                    self.store.defer(partition, key, admission.until)
+                    return
+            else:
+                self.gate.forget(endpoint_id, key, now)
             with tracing.span(
                 "POST webhook",
                 kind=SpanKind.CLIENT,
@@ -268,10 +360,22 @@ class Dispatcher:
                 attributes=_attempt_attributes(endpoint_id, account_id, head),
             ) as attempt:
                 result: AttemptResult | None = None
-                if endpoint is not None and endpoint.status == "active":
-                    result = await self._attempt(endpoint, head)
-                record = self.store.get(partition, account_id) or record
-                state = record.of(endpoint_id)
+                if endpoint is not None and active:
+                    # The head stays due while it is attempted: hold the pair's timer past the
+                    # attempt, or the loop's sweep would find it due (and its lane busy) on
+                    # every tick. The write after the attempt arms it from the new state.
+                    self.store.defer(partition, key, now + self.config.attempt_hold_s)
+                    try:
+                        result = await self._attempt(endpoint, head)
+                    finally:
+                        self.store.undefer(key)
+                        self.gate.release(
+                            endpoint.id,
+                            ok=None if result is None else result.ok,
+                            now=self._clock(),
+                            retry_after_s=None if result is None else _pause_asked(result),
+                        )
+                state = self.store.pair(partition, key) or state
                 now = self._clock()
                 if result is None:
                     reason = (
@@ -284,7 +388,23 @@ class Dispatcher:
                     )
                 if attempt.is_recording():
                     _attempt_outcome(attempt, endpoint, result, settled)
-                await self._apply(partition, account_id, record, endpoint, settled, head)
+                await self._apply(partition, key, endpoint, settled, head)
+
+    async def _migrate(self, partition: int, account_id: str) -> None:
+        """Write the pairs of an old-form account record, then tombstone its key."""
+        legacy = self.store.legacy(partition, account_id)
+        if legacy is None:
+            return
+        keys = [
+            key
+            for endpoint_id in legacy.endpoints
+            if self.store.pair(partition, key := state_key(endpoint_id, account_id)) is not None
+        ]
+        await (await self._publisher.send_states(partition, keys, store=self.store))
+        await self._publisher.tombstone(partition, account_id)
+        self.store.forget_legacy(partition, account_id)
+        self.metrics.state_migrated.inc()
+        log.info("delivery_state_migrated", account_id=account_id, pairs=len(keys))
 
     async def _attempt(self, endpoint: EndpointRecord, head: Pending) -> AttemptResult:
         started = time.perf_counter()
@@ -312,40 +432,37 @@ class Dispatcher:
     async def _apply(
         self,
         partition: int,
-        account_id: str,
-        record: AccountDeliveries,
+        key: str,
         endpoint: EndpointRecord | None,
         settled: Settled,
         head: Pending,
     ) -> None:
         now = self._clock()
-        endpoint_id = settled.state.endpoint_id
+        state = settled.state
         finished = settled.finished
         if finished is not None and finished.state == "failed":
             # A failure's record (DLQ copy, log entry) is acknowledged before the state that
             # drops the delivery: a crash in between repeats the attempt under the same
             # webhook-id instead of losing the failure.
             self.metrics.failed.inc()
-            await self._publisher.dead_letter(record, endpoint_id, head, finished)
-            await self._publisher.log_finished(record, endpoint_id, head, finished)
+            await self._publisher.dead_letter(state, head, finished)
+            await self._publisher.log_finished(state, head, finished)
         # The account's lane may have taken deliveries in meanwhile: carry the outcome over
-        # onto the record as it is now, stored with no await in between.
-        current = self.store.get(partition, account_id) or record
-        merged = current.with_state(carry_over(current.of(endpoint_id), settled))
+        # onto the state as it is now, stored with no await in between.
+        current = self.store.pair(partition, key) or state
+        merged = carry_over(current, settled)
         self.store.put(partition, merged)
-        written = await self._publisher.send_state(partition, merged, store=self.store)
+        written = await self._publisher.send_states(partition, [key], store=self.store)
         if finished is None:
             # A retry or a delivery: its log entry only informs ``GET .../deliveries``, so it
             # goes out beside the state instead of before it.
             self.metrics.retries.inc()
-            logged = self._publisher.log_retry(
-                record, endpoint_id, merged.of(endpoint_id).queue[0], now=now
-            )
+            logged = self._publisher.log_retry(merged, merged.queue[0], now=now)
             await asyncio.gather(written, logged)
         elif finished.state == "delivered":
-            self._last_success[endpoint_id] = now
+            self._last_success[merged.endpoint_id] = now
             self.metrics.delivered(head.occurred_at, now)
-            logged = self._publisher.log_finished(record, endpoint_id, head, finished)
+            logged = self._publisher.log_finished(merged, head, finished)
             await asyncio.gather(written, logged)
         else:
             await written
@@ -354,11 +471,15 @@ class Dispatcher:
 
     async def _maybe_disable(self, endpoint: EndpointRecord, settled: Settled, now: float) -> None:
         reason = None
+        # Failing since the earliest evidence: the pair's own (kept in its record) or the
+        # endpoint's as a whole (this process's attempts to any of its pairs).
+        known = [
+            t for t in (settled.state.failing_since, self.gate.failing_since(endpoint.id)) if t
+        ]
+        since = min(known) if known else None
         if settled.outcome == "gone":
             reason = "the endpoint answered 410 Gone"
-        elif (since := settled.state.failing_since) is not None and (
-            now - since >= self.config.disable_after_s
-        ):
+        elif since is not None and now - since >= self.config.disable_after_s:
             last_ok = self._last_success.get(endpoint.id, 0.0)
             if now - last_ok >= self.config.disable_after_s:
                 reason = f"failing for {self.config.disable_after_s / 86400:g} days"
@@ -370,7 +491,24 @@ class Dispatcher:
             log.error("endpoint_disable_failed", endpoint_id=endpoint.id, error=repr(exc))
             return
         self.metrics.disabled.inc()
-        log.warning("endpoint_disabled", endpoint_id=endpoint.id, reason=reason)
+        log.warning(
+            "endpoint_disabled",
+            endpoint_id=endpoint.id,
+            workspace_id=endpoint.workspace_id,
+            reason=reason,
+        )
+        await self._publisher.log_note(
+            endpoint_id=endpoint.id,
+            workspace_id=endpoint.workspace_id,
+            note=NOTE_ENDPOINT_DISABLED,
+            detail=reason,
+            now=now,
+        )
+
+
+def _pause_asked(result: AttemptResult) -> float | None:
+    """A ``Retry-After`` on 429/503 pauses the whole endpoint, not just this pair."""
+    return result.retry_after_s if result.status in (429, 503) else None
 
 
 def _attempt_attributes(

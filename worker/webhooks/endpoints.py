@@ -44,6 +44,9 @@ MAX_SIGNING_SECRETS: Final = 2
 # The record accepts up to the ceilings; the configured (lower) limits apply to API input.
 DescriptionText = Annotated[str, Field(max_length=DESCRIPTION_MAX_CHARS_CEILING)]
 UrlText = Annotated[str, Field(min_length=1, max_length=URL_MAX_CHARS_CEILING)]
+MAX_RATE_LIMIT: Final = 10_000
+RateLimit = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT, strict=True)]
+"""Svix's ``rateLimit``: attempts per second at most to the endpoint (per dispatcher process)."""
 
 
 def now_rfc3339() -> str:
@@ -78,6 +81,7 @@ class EndpointRecord(BaseModel):
     url: UrlText
     event_types: tuple[EventType, ...] | None = None
     description: DescriptionText | None = None
+    rate_limit: RateLimit | None = None
     status: EndpointStatus = "active"
     disabled_reason: str | None = None
     created_at: str
@@ -184,6 +188,12 @@ class EndpointRegistry:
         """The workspace's endpoints, oldest first."""
         held = self._by_workspace.get(workspace_id, {}).values()
         return sorted(held, key=lambda r: (r.created_at, r.id))
+
+    def workspace_of(self, endpoint_id: str) -> str | None:
+        """The workspace that owns the endpoint. For the dispatcher's own bookkeeping (old-form
+        delivery states name no owner per endpoint), never for answering a caller."""
+        record = self._by_id.get(endpoint_id)
+        return None if record is None else record.workspace_id
 
     def subscribers(self, workspace_id: str, event_type: str) -> list[EndpointRecord]:
         """Active endpoints of the workspace that take ``event_type``."""

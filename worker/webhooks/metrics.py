@@ -23,6 +23,8 @@ _LATENCY_BUCKETS = (
 RESULTS = ("delivered", "rejected", "error")
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "none")
 ERROR_KINDS = ("timeout", "connect", "dns", "tls", "protocol", "blocked", "internal", "other")
+DEFER_REASONS = ("capacity", "backoff", "rate")
+_RECORD_BUCKETS = (512, 1024, 4096, 16384, 65536, 262144, 524288, 1048576)
 
 
 def status_class(status: int | None) -> str:
@@ -95,6 +97,39 @@ class WebhookMetrics(LoopSeries):
         self.in_flight_attempts = Gauge(
             "webhook_inflight_attempts", "HTTP attempts under way", registry=registry
         )
+        self.deferrals = Counter(
+            "webhook_attempts_deferred",
+            "Due deliveries put back because their endpoint had no room: its share of "
+            "in-flight attempts taken (capacity), backing off after failures (backoff), or "
+            "its rate limit reached (rate)",
+            ["reason"],
+            registry=registry,
+        )
+        self.endpoints_backing_off = Gauge(
+            "webhook_endpoints_backing_off",
+            "Endpoints backing off as a whole after failing continuously (this process)",
+            registry=registry,
+        )
+        self.queue_full = Counter(
+            "webhook_deliveries_refused",
+            "Deliveries refused because their (endpoint, account) queue was full; each one "
+            "failed into the webhook DLQ (reason queue_full)",
+            registry=registry,
+        )
+        self.state_migrated = Counter(
+            "webhook_state_migrated",
+            "Old-form delivery-state records (one per account) split into per-pair records "
+            "and tombstoned",
+            registry=registry,
+        )
+        self.state_record_bytes = Histogram(
+            "webhook_state_record_bytes",
+            "Size of each delivery-state record written",
+            buckets=_RECORD_BUCKETS,
+            registry=registry,
+        )
+        for reason in DEFER_REASONS:
+            self.deferrals.labels(reason)
         for result in RESULTS:
             for cls in STATUS_CLASSES:
                 self.attempts.labels(result, cls)
@@ -102,6 +137,12 @@ class WebhookMetrics(LoopSeries):
             self.attempt_errors.labels(kind)
         for reason in DLQ_REASONS:
             self.dlq.labels(reason)
+
+    def deferred(self, reason: str) -> None:
+        self.deferrals.labels(reason).inc()
+
+    def backing_off(self, endpoints: int) -> None:
+        self.endpoints_backing_off.set(endpoints)
 
     def attempt(self, result: AttemptResult, seconds: float) -> None:
         if result.ok:

@@ -3,33 +3,39 @@ front-end reads for ``GET .../deliveries``, and failed deliveries to the webhook
 
 Order of writes, so that a crash at any point loses nothing: a delivery's outcome (log entry,
 DLQ copy) is acknowledged before the state that drops it from its queue; a crash in between
-repeats the attempt under the same webhook-id. State records of one partition are handed to
-the producer in the order they were stored (a FIFO lock per partition), so the changelog's
-last record of an account is always the store's latest. Every record carries the current
-span's trace context (``traceparent``/``tracestate`` headers, ``worker.tracing``).
+repeats the attempt under the same webhook-id. A state record is always sent as the store's
+latest state of its (endpoint, account) pair at the moment it is handed to the producer, under
+a FIFO lock per partition, and every change of the store is followed by such a send: so the
+changelog's last record of a pair is the store's latest, whichever lane wrote last. Every
+record carries the current span's trace context (``traceparent``/``tracestate`` headers,
+``worker.tracing``).
 
 While Kafka is unreachable every write is sent again until acknowledged (``worker.outage``);
-a state record is re-sent as the store's latest record of its account, under the same lock,
-so a late re-send never puts an older state after a newer one.
+a state record is re-sent as the store's latest, under the same lock, so a late re-send never
+puts an older state after a newer one.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import Literal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, Literal
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from worker import tracing
 from worker.faults import Fault
 from worker.messages import rfc3339
 from worker.outage import BrokerHealth, Sent, acknowledged, enqueue
 from worker.publish import dead_letter
-from worker.webhooks.delivery import Finished, Pending
-from worker.webhooks.state import AccountDeliveries, DeliveryStore
+from worker.webhooks.delivery import DeliveryState, Finished, Pending
+from worker.webhooks.state import DeliveryStore
+
+NOTE_ENDPOINT_DISABLED: Final = "endpoint.disabled"
+"""The ``event_type`` of the delivery-log note written when the dispatcher disables an
+endpoint (410, or failing for the configured period)."""
 
 
 class DeliveryLogEntry(BaseModel):
@@ -63,7 +69,7 @@ class Replay(BaseModel):
 
     type: Literal["webhook_replay"] = "webhook_replay"
     schema_version: Literal[1] = 1
-    replay_id: str
+    replay_id: str = Field(max_length=64)
     endpoint_id: str
     workspace_id: str
     source: Literal["status", "errors"]
@@ -85,81 +91,99 @@ class DeliveryPublisher:
         log_topic: str,
         dlq_topic: str,
         health: BrokerHealth | None = None,
+        on_state: Callable[[int], None] | None = None,
     ) -> None:
+        """``on_state`` is told the size in bytes of every state record written."""
         self._producer = producer
         self._health = health or BrokerHealth()
         self._state_topic = state_topic
         self._log_topic = log_topic
         self._dlq_topic = dlq_topic
         self._locks: dict[int, asyncio.Lock] = {}
+        self._on_state = on_state
 
     async def persist(
-        self, partition: int, record: AccountDeliveries, *, store: DeliveryStore
+        self, partition: int, states: Sequence[DeliveryState], *, store: DeliveryStore
     ) -> None:
-        """Store ``record`` and write it to its partition of the changelog; wait for the ack.
-        The store is updated before the first await, so a caller that computed ``record``
-        from the store's current one loses no concurrent change."""
-        store.put(partition, record)
-        await (await self.send_state(partition, record, store=store))
+        """Store ``states`` and write them to their partition of the changelog; wait for the
+        acks. The store is updated before the first await, so a caller that computed
+        ``states`` from the store's current ones loses no concurrent change."""
+        for state in states:
+            store.put(partition, state)
+        await (await self.send_states(partition, [s.key for s in states], store=store))
 
-    async def send_state(
-        self, partition: int, record: AccountDeliveries, *, store: DeliveryStore
+    async def send_states(
+        self, partition: int, keys: Sequence[str], *, store: DeliveryStore
     ) -> Awaitable[None]:
-        """Hand a record already stored to the producer; returns what waits for its ack. Call
-        it right after ``store.put``: the partition's FIFO lock keeps the changelog in the
-        order of the puts. During an outage the wait re-sends the store's latest record of
-        the account, under the same lock."""
+        """Hand the store's latest state of each pair in ``keys`` to the producer; returns
+        what waits for the acks. Call it after ``store.put``. During an outage the wait
+        re-sends the store's latest states, under the same lock."""
+        lock = self._lock(partition)
+        async with lock:
+            sent = [await self._enqueue_state(partition, key, store) for key in keys]
+        return self._acked_states(sent, partition, keys, store, lock)
+
+    async def tombstone(self, partition: int, key: str) -> None:
+        """Delete ``key`` from the changelog (an old-form account record once migrated);
+        wait for the ack."""
+        async with self._lock(partition):
+            sent = await enqueue(
+                self._producer,
+                self._state_topic,
+                None,
+                key=key.encode(),
+                partition=partition,
+                headers=tracing.kafka_headers(),
+            )
+        await acknowledged(self._producer, self._health, [sent])
+
+    def _lock(self, partition: int) -> asyncio.Lock:
         lock = self._locks.get(partition)
         if lock is None:
             lock = self._locks[partition] = asyncio.Lock()
-        async with lock:
-            sent = await self._enqueue_state(partition, record)
-        return self._acked_state(sent, partition, record, store, lock)
+        return lock
 
-    async def _enqueue_state(self, partition: int, record: AccountDeliveries) -> Sent:
+    async def _enqueue_state(self, partition: int, key: str, store: DeliveryStore) -> Sent | None:
+        state = store.pair(partition, key)
+        if state is None:  # the partition was revoked meanwhile: the next owner writes it
+            return None
+        value = state.model_dump_json().encode()
+        if self._on_state is not None:
+            self._on_state(len(value))
         return await enqueue(
             self._producer,
             self._state_topic,
-            record.model_dump_json().encode(),
-            key=record.account_id.encode(),
+            value,
+            key=key.encode(),
             partition=partition,
             headers=tracing.kafka_headers(),
         )
 
-    async def _acked_state(
+    async def _acked_states(
         self,
-        sent: Sent,
+        sent: list[Sent | None],
         partition: int,
-        record: AccountDeliveries,
+        keys: Sequence[str],
         store: DeliveryStore,
         lock: asyncio.Lock,
     ) -> None:
-        attempt = 0
-        while not await sent.acked(self._health):
-            await self._health.pause(attempt)
-            attempt += 1
-            async with lock:
-                latest = store.get(partition, record.account_id) or record
-                sent = await self._enqueue_state(partition, latest)
+        for i, one in enumerate(sent):
+            attempt = 0
+            while one is not None and not await one.acked(self._health):
+                await self._health.pause(attempt)
+                attempt += 1
+                async with lock:
+                    one = await self._enqueue_state(partition, keys[i], store)
 
-    async def log_pending(
-        self, record: AccountDeliveries, taken: list[tuple[str, Pending]], *, now: float
-    ) -> None:
-        entries = [
-            self._entry(record, endpoint_id, d, "pending", d.next_attempt_at, now)
-            for endpoint_id, d in taken
-        ]
+    async def log_pending(self, taken: list[tuple[DeliveryState, Pending]], *, now: float) -> None:
+        entries = [self._entry(state, d, "pending", d.next_attempt_at, now) for state, d in taken]
         await self._log(entries)
 
-    async def log_retry(
-        self, record: AccountDeliveries, endpoint_id: str, head: Pending, *, now: float
-    ) -> None:
-        entry = self._entry(record, endpoint_id, head, "pending", head.next_attempt_at, now)
+    async def log_retry(self, state: DeliveryState, head: Pending, *, now: float) -> None:
+        entry = self._entry(state, head, "pending", head.next_attempt_at, now)
         await self._log([entry])
 
-    async def log_finished(
-        self, record: AccountDeliveries, endpoint_id: str, head: Pending, finished: Finished
-    ) -> None:
+    async def log_finished(self, state: DeliveryState, head: Pending, finished: Finished) -> None:
         done = head.model_copy(
             update={
                 "attempts": finished.attempts,
@@ -167,16 +191,34 @@ class DeliveryPublisher:
                 "last_error": finished.last_error,
             }
         )
-        entry = self._entry(record, endpoint_id, done, finished.state, None, finished.finished_at)
+        entry = self._entry(state, done, finished.state, None, finished.finished_at)
         await self._log([entry])
 
-    async def dead_letter(
-        self, record: AccountDeliveries, endpoint_id: str, head: Pending, finished: Finished
+    async def log_note(
+        self, *, endpoint_id: str, workspace_id: str, note: str, detail: str, now: float
     ) -> None:
+        """A note about the endpoint itself in its delivery log (``NOTE_ENDPOINT_DISABLED``):
+        shown by ``GET .../deliveries`` like a failed delivery of that event type."""
+        note_id = f"note_{note}_{int(now * 1000)}"
+        entry = DeliveryLogEntry(
+            webhook_id=note_id,
+            endpoint_id=endpoint_id,
+            workspace_id=workspace_id,
+            account_id="",
+            event_type=note,
+            event_id=note_id,
+            attempts=0,
+            state="failed",
+            last_error=detail[:200],
+            updated_at=rfc3339(now),
+        )
+        await self._log([entry])
+
+    async def dead_letter(self, state: DeliveryState, head: Pending, finished: Finished) -> None:
         """The failed delivery's body, with why and where in headers."""
         headers = [
             ("webhook.id", head.webhook_id.encode()),
-            ("webhook.endpoint", endpoint_id.encode()),
+            ("webhook.endpoint", state.endpoint_id.encode()),
             ("webhook.event_type", head.event_type.encode()),
             ("webhook.attempts", str(finished.attempts).encode()),
             ("webhook.last_status", str(finished.last_status or "").encode()),
@@ -187,7 +229,7 @@ class DeliveryPublisher:
             self._producer,
             self._dlq_topic,
             head.body.encode(),
-            key=record.account_id.encode(),
+            key=state.account_id.encode(),
             headers=headers,
         )
         await acknowledged(self._producer, self._health, [sent])
@@ -200,23 +242,22 @@ class DeliveryPublisher:
 
     def _entry(
         self,
-        record: AccountDeliveries,
-        endpoint_id: str,
+        state: DeliveryState,
         delivery: Pending,
-        state: Literal["pending", "delivered", "failed"],
+        outcome: Literal["pending", "delivered", "failed"],
         next_at: float | None,
         now: float,
     ) -> DeliveryLogEntry:
         return DeliveryLogEntry(
             webhook_id=delivery.webhook_id,
-            endpoint_id=endpoint_id,
-            workspace_id=record.workspace_id,
-            account_id=record.account_id,
+            endpoint_id=state.endpoint_id,
+            workspace_id=state.workspace_id,
+            account_id=state.account_id,
             event_type=delivery.event_type,
             event_id=delivery.event_id,
             version=delivery.version,
             attempts=delivery.attempts,
-            state=state,
+            state=outcome,
             last_status=delivery.last_status,
             last_error=delivery.last_error,
             next_attempt_at=None if next_at is None else rfc3339(next_at),

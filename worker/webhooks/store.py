@@ -98,6 +98,7 @@ class EndpointStore:
         event_types: tuple[EventType, ...] | None,
         description: str | None,
         endpoint_id: str | None = None,
+        rate_limit: int | None = None,
     ) -> tuple[EndpointRecord, str]:
         """A new active endpoint and its first secret (in clear, for the response only);
         ``endpoint_id`` when the caller chose it (a fresh ``new_endpoint_id()``)."""
@@ -110,6 +111,7 @@ class EndpointStore:
             url=url,
             event_types=event_types,
             description=description,
+            rate_limit=rate_limit,
             created_at=stamp,
             updated_at=stamp,
             revision=1,
@@ -118,7 +120,7 @@ class EndpointStore:
         return await self._write(record, "create_webhook_endpoint_failed"), secret
 
     async def update(self, current: EndpointRecord, **fields: Any) -> EndpointRecord:
-        """PATCH: any of url, event_types, description."""
+        """PATCH: any of url, event_types, description, rate_limit."""
         if not fields:
             return current
         return await self._write(current.changed(**fields), "update_webhook_endpoint_failed")

@@ -1,0 +1,315 @@
+"""Each endpoint's share of the dispatcher: how many attempts it may have in flight, how fast
+it may be sent to, and whether it is backing off after failing continuously.
+
+The consume loop runs every (endpoint, account) pair on a lane of its own, so without a gate
+an endpoint that hangs would hold one lane and one in-flight slot per account it has
+deliveries for, until the loop's in-flight limit stops everyone. The gate caps what one
+endpoint can hold: a pair whose endpoint has no room is *deferred* (its timer moved later,
+``DeliveryStore.defer``) and its lane ends at once, so while it waits it holds neither a lane
+nor an in-flight slot. Waiting pairs queue per endpoint, first come first served; a finished
+attempt wakes the next one (``DeliveryStore.wake``), and every wait also has a fallback time
+so a wake that went nowhere (partition revoked, queue emptied) costs a delay, never a pair.
+
+An endpoint that fails ``backoff_after`` attempts in a row backs off as a whole: nothing is
+sent to it until a pause has passed, then one attempt at a time (a probe); each further
+failure doubles the pause up to ``backoff_max_s``, a success ends it. A 429 or 503 with
+``Retry-After`` pauses the whole endpoint as well. The pairs' own retry schedules are not
+touched: a pair deferred by the gate has not been attempted, so it keeps its attempt count.
+
+Everything here is per dispatcher process and in memory (a restart starts afresh): with N
+processes an endpoint may have up to N times its share in flight, and its rate limit holds
+per process.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from worker.logs import get_logger
+
+log = get_logger(__name__)
+
+DeferReason = Literal["capacity", "backoff", "rate"]
+Waker = Callable[[int, str, float], bool]
+"""(partition, pair key, at) → whether the pair was made due at ``at`` (``DeliveryStore.wake``)."""
+
+#: How long a woken pair keeps the slot it was woken for before another may be woken.
+WAKE_HOLD_S = 2.0
+#: The longest fallback wait of a queued pair.
+MAX_PARK_S = 3600.0
+
+
+class GateMetrics(Protocol):
+    """The gate's series (``WebhookMetrics``)."""
+
+    def deferred(self, reason: DeferReason) -> None: ...
+
+    def backing_off(self, endpoints: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GateConfig:
+    """``max_in_flight``: attempts one endpoint may have under way at once (per process).
+    ``backoff_after``: failed attempts in a row that make an endpoint back off.
+    ``park_s``: the fallback wait of the first pair in line (a wake normally comes first);
+    pairs further back wait proportionally longer."""
+
+    max_in_flight: int = 32
+    backoff_after: int = 5
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    park_s: float = 30.0
+
+    def backoff(self, failures: int) -> float:
+        """The pause after ``failures`` failed attempts in a row (``>= backoff_after``)."""
+        doublings = min(max(failures - self.backoff_after, 0), 32)
+        return min(self.backoff_max_s, self.backoff_base_s * 2.0**doublings)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """May the pair attempt now? If not, when to look again, and why."""
+
+    admitted: bool
+    until: float = 0.0
+    reason: DeferReason | None = None
+
+
+@dataclass(slots=True)
+class _Endpoint:
+    revision: int = 0
+    in_flight: int = 0
+    failures: int = 0
+    failing_since: float | None = None
+    blocked_until: float = 0.0
+    rate_limit: int | None = None
+    tokens: float = 0.0
+    refilled_at: float = 0.0
+    waiters: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    woken: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def backing_off(self) -> bool:
+        return self.blocked_until > 0.0
+
+
+class EndpointGate:
+    """The per-endpoint admission of attempts, in one dispatcher process."""
+
+    def __init__(
+        self,
+        config: GateConfig,
+        *,
+        wake: Waker,
+        metrics: GateMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self._wake = wake
+        self._metrics = metrics
+        self._rng = rng or random.Random()
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._backing_off = 0
+
+    def in_flight(self, endpoint_id: str) -> int:
+        held = self._endpoints.get(endpoint_id)
+        return 0 if held is None else held.in_flight
+
+    def waiting(self, endpoint_id: str) -> int:
+        held = self._endpoints.get(endpoint_id)
+        return 0 if held is None else len(held.waiters)
+
+    def backing_off(self, endpoint_id: str) -> bool:
+        held = self._endpoints.get(endpoint_id)
+        return held is not None and held.backing_off
+
+    def failing_since(self, endpoint_id: str) -> float | None:
+        """Since when every attempt to the endpoint failed (in this process), or None."""
+        held = self._endpoints.get(endpoint_id)
+        return None if held is None else held.failing_since
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def admit(
+        self,
+        endpoint_id: str,
+        *,
+        revision: int,
+        rate_limit: int | None,
+        partition: int,
+        key: str,
+        now: float,
+    ) -> Admission:
+        """Take a slot of the endpoint for the pair ``key`` (the caller then must
+        ``release`` it), or queue the pair and say until when it waits."""
+        e = self._of(endpoint_id, revision)
+        e.rate_limit = rate_limit
+        was_woken = e.woken.pop(key, None) is not None
+        reason, ready_at = self._refusal(e, key, now, was_woken)
+        if reason is None:
+            e.waiters.pop(key, None)
+            e.in_flight += 1
+            self._wake_next(e, now)
+            return Admission(True)
+        if was_woken:
+            # It was woken for a slot someone else took: first in line again.
+            e.waiters[key] = partition
+            e.waiters.move_to_end(key, last=False)
+        elif key not in e.waiters:
+            e.waiters[key] = partition
+        if self._metrics is not None:
+            self._metrics.deferred(reason)
+        if ready_at is not None and next(iter(e.waiters)) == key:
+            return Admission(False, ready_at, reason)
+        return Admission(False, now + self._park(e), reason)
+
+    def _park(self, e: _Endpoint) -> float:
+        """The fallback wait of a queued pair: longer the further back in line it is (a wake
+        comes in turn), so a long line does not come back all at once."""
+        line = len(e.waiters) / max(self._cap(e), 1)
+        return min(MAX_PARK_S, self.config.park_s * (1.0 + line)) * self._rng.uniform(1.0, 1.5)
+
+    def _refusal(
+        self, e: _Endpoint, key: str, now: float, was_woken: bool
+    ) -> tuple[DeferReason | None, float | None]:
+        """Why the endpoint has no room for ``key`` now (None: it has), and when it will."""
+        if now < e.blocked_until:
+            return "backoff", e.blocked_until
+        self._expire_wakes(e, now)
+        if e.in_flight + len(e.woken) >= self._cap(e):
+            return "capacity", None
+        if not was_woken and key not in e.waiters and len(e.waiters) > len(e.woken):
+            # Others wait already and there is room: they go first (woken now), and this one
+            # queues behind them.
+            self._wake_next(e, now)
+            return "capacity", None
+        if e.rate_limit is not None:
+            self._refill(e, now)
+            if e.tokens < 1.0:
+                return "rate", now + (1.0 - e.tokens) / e.rate_limit
+            e.tokens -= 1.0
+        return None, None
+
+    def _refill(self, e: _Endpoint, now: float) -> None:
+        assert e.rate_limit is not None
+        e.tokens = min(float(e.rate_limit), e.tokens + (now - e.refilled_at) * e.rate_limit)
+        e.refilled_at = now
+
+    def _cap(self, e: _Endpoint) -> int:
+        return 1 if e.backing_off else self.config.max_in_flight
+
+    # -- outcomes ----------------------------------------------------------------------------
+
+    def release(
+        self,
+        endpoint_id: str,
+        *,
+        ok: bool | None,
+        now: float,
+        retry_after_s: float | None = None,
+    ) -> None:
+        """An admitted attempt ended: ``ok`` True (2xx), False (failed), None (not made)."""
+        e = self._endpoints.get(endpoint_id)
+        if e is None:
+            return
+        e.in_flight = max(0, e.in_flight - 1)
+        if ok:
+            if e.backing_off:
+                log.info("endpoint_recovered", endpoint_id=endpoint_id, failures=e.failures)
+                self._set_backing_off(-1)
+            e.failures = 0
+            e.failing_since = None
+            e.blocked_until = 0.0
+        elif ok is False:
+            e.failures += 1
+            if e.failing_since is None:
+                e.failing_since = now
+            pause = 0.0
+            if e.failures >= self.config.backoff_after:
+                pause = self.config.backoff(e.failures)
+            if retry_after_s is not None:
+                pause = max(pause, min(retry_after_s, self.config.backoff_max_s))
+            if pause > 0.0:
+                if not e.backing_off:
+                    log.warning(
+                        "endpoint_backing_off",
+                        endpoint_id=endpoint_id,
+                        failures=e.failures,
+                        pause_s=round(pause, 3),
+                    )
+                    self._set_backing_off(+1)
+                e.blocked_until = max(e.blocked_until, now + pause)
+        self._wake_next(e, now)
+
+    def forget(self, endpoint_id: str, key: str, now: float) -> None:
+        """The pair has nothing to attempt any more: it leaves the line (and passes on a wake
+        it was given)."""
+        e = self._endpoints.get(endpoint_id)
+        if e is None:
+            return
+        e.waiters.pop(key, None)
+        if e.woken.pop(key, None) is not None:
+            self._wake_next(e, now)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _of(self, endpoint_id: str, revision: int) -> _Endpoint:
+        e = self._endpoints.get(endpoint_id)
+        if e is None:
+            e = self._endpoints[endpoint_id] = _Endpoint(revision=revision)
+        elif revision > e.revision:
+            # A changed endpoint (a new URL, re-activated): its failures are history.
+            e.revision = revision
+            e.failures = 0
+            e.failing_since = None
+            if e.backing_off:
+                self._set_backing_off(-1)
+            e.blocked_until = 0.0
+        return e
+
+    def _wake_next(self, e: _Endpoint, now: float) -> None:
+        """Wake the first waiting pairs for the room the endpoint has (each woken pair holds
+        its slot until it comes, at most ``WAKE_HOLD_S``): now, or when a pause or the next
+        rate-limit token ends."""
+        if not e.waiters:
+            return
+        self._expire_wakes(e, now)
+        at = max(now, e.blocked_until)
+        free = self._cap(e) - e.in_flight - len(e.woken)
+        if e.rate_limit is not None:
+            self._refill(e, now)
+            if e.tokens < 1.0:
+                at = max(at, now + (1.0 - e.tokens) / e.rate_limit)
+                free = min(free, 1)
+            else:
+                free = min(free, int(e.tokens))
+        gone = []
+        for key, partition in e.waiters.items():  # the line is long; stop once served
+            if free <= 0:
+                break
+            if key in e.woken:
+                continue
+            if self._wake(partition, key, at):
+                e.woken[key] = at + WAKE_HOLD_S
+                free -= 1
+            else:
+                gone.append(key)  # gone from this process: nothing to wake
+        for key in gone:
+            del e.waiters[key]
+
+    def _expire_wakes(self, e: _Endpoint, now: float) -> None:
+        if e.woken:
+            for key in [k for k, until in e.woken.items() if until <= now]:
+                del e.woken[key]
+
+    def _set_backing_off(self, delta: int) -> None:
+        self._backing_off += delta
+        if self._metrics is not None:
+            self._metrics.backing_off(self._backing_off)
+
+
+__all__ = ["Admission", "DeferReason", "EndpointGate", "GateConfig", "GateMetrics", "Waker"]
