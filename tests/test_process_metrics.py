@@ -27,7 +27,7 @@ from worker.provider import (
 )
 from worker.settings import Settings
 
-BREAKER = "auth_provider_breaker_state"
+BREAKER = "passkey_auth_provider_breaker_state"
 
 
 class FakeClock:

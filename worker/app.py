@@ -17,7 +17,7 @@ from worker.execute import Executor
 from worker.flow import Policy
 from worker.kafka import ConsumerClass, build_producer, verify_topics
 from worker.logs import get_logger
-from worker.metrics import WorkerMetrics, export_process_metrics
+from worker.metrics import WORKER_PREFIX, WorkerMetrics, export_process_metrics
 from worker.outage import BrokerHealth
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
@@ -61,7 +61,7 @@ async def run_worker(
     export_process_metrics(registry, tracing.SERVICE_WORKER)
     metrics = WorkerMetrics(registry)
     health = BrokerHealth(settings.kafka_outage_tolerance_s, name="worker")
-    health.export(registry, "auth_")
+    health.export(registry, WORKER_PREFIX)
     await verify_topics(settings, used_by(settings, "worker"))
     topics = settings.topics
     producer = build_producer(settings, partitioner=KeyPartitioner())

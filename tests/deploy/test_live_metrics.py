@@ -1,13 +1,12 @@
 """Every metric the dashboard, the Prometheus rules and ``deploy/metrics.txt`` name is really
-exported by a running process: ``auth_*`` by the worker, ``api_*`` by the front-end, and by
-each of them ``passkey_build_info`` and prometheus_client's standard ``process_*``/``python_*``
-families (``STANDARD_FAMILIES``, allowed by name rather than listed).
+exported by a running process: ``passkey_auth_*`` by the worker, ``passkey_api_*`` by the
+front-end, and by each of them ``passkey_build_info`` and prometheus_client's standard
+``process_*``/``python_*`` families (``STANDARD_FAMILIES``, allowed by name rather than listed).
 
-``webhook_*`` families belong to the webhook dispatcher (``python -m worker webhooks``), which
-is built on another branch and not run here yet: they are checked against the list only
-(tests/deploy/test_metric_names.py), and every comparison below with a live scrape covers the
-``auth_``/``api_`` prefixes alone. Add the dispatcher to the ``live`` fixture once it is in the
-tree.
+The ``passkey_webhook_*`` families belong to the webhook dispatcher (``python -m worker
+webhooks``), whose production process tests/webhooks/test_dispatcher_process.py scrapes:
+every comparison below with a live scrape covers the ``passkey_auth_``/``passkey_api_``
+prefixes alone.
 
 tests/deploy/test_metric_names.py checks the names against the list in ``deploy/metrics.txt``;
 this module checks the list against the processes. A real worker (``run_worker`` with its
@@ -65,9 +64,9 @@ from worker.provider import BREAKER_STATES
 
 pytestmark = pytest.mark.integration
 
-WORKER_PREFIX = "auth_"
-API_PREFIX = "api_"
-WEBHOOK_PREFIX = "webhook_"  # not scraped live yet (module docstring)
+WORKER_PREFIX = "passkey_auth_"
+API_PREFIX = "passkey_api_"
+WEBHOOK_PREFIX = "passkey_webhook_"  # not scraped here (module docstring)
 SCRAPE_TIMEOUT_S = 20.0
 # Labels the client library adds itself: histogram buckets.
 LIBRARY_LABELS = frozenset({"le"})
@@ -113,7 +112,7 @@ class Exposition:
         return {label for s in self.samples for label in s.labels} - LIBRARY_LABELS
 
     def exports(self, name: str) -> bool:
-        """``name`` is a series (``auth_commands_total``, ``..._bucket``) or a histogram
+        """``name`` is a series (``passkey_auth_commands_total``, ``..._bucket``) or a histogram
         family by its base name, as ``deploy/metrics.txt`` lists histograms."""
         return name in self.sample_names or self.types.get(name) == "histogram"
 
@@ -242,7 +241,7 @@ async def live(
             broker,
             prefix,
             provider_urls={"simulator": simulator},
-            provider_max_attempts=2,  # the outage still retries once: auth_provider_retries
+            provider_max_attempts=2,  # the outage still retries once: passkey_auth_provider_retries
             provider_backoff_base_s=0.01,
             api_reply_timeout_s=10.0,
         )
@@ -301,8 +300,9 @@ def test_front_end_exports_every_api_metric_deploy_names(live: Live) -> None:
 def test_metrics_file_lists_exactly_what_the_processes_export(live: Live) -> None:
     """The other direction: a family added to the code must be added to deploy/metrics.txt
     (and so, by test_metric_names, to the dashboard); each process exports its prefix only,
-    besides the shared and the standard families. Compares the auth_ and api_ families only:
-    the dispatcher's webhook_ families are checked by tests/webhooks/test_dispatcher_process.py."""
+    besides the shared and the standard families. Compares the passkey_auth_ and passkey_api_
+    families only: the dispatcher's passkey_webhook_ families are checked by
+    tests/webhooks/test_dispatcher_process.py."""
     listed = exported()
     worker = live.worker.listed_names() - SHARED_FAMILIES
     assert {n for n in worker if not n.startswith(WORKER_PREFIX)} == set()
@@ -358,24 +358,24 @@ def test_label_contract_is_what_the_processes_use(live: Live) -> None:
 def test_scrape_counts_what_was_done(live: Live) -> None:
     """The series carry the values of the traffic above (exact counts of this worker)."""
     w = live.worker
-    assert w.value("auth_errors_total", numeric_code="30002", http_status="502") == 1
-    assert w.value("auth_errors_total", code="invalid_request", numeric_code="10000") == 1
-    assert w.value("auth_dlq_records_total") == 1
-    assert w.value("auth_commands_total", type="passkey_confirm", outcome="error") == 1
-    assert w.value("auth_commands_total", type="unknown", outcome="invalid") == 1
-    assert w.value("auth_provider_retries_total", operation="confirm_passkey") >= 1
-    assert w.value("auth_status_changes_total", status="authorized") >= 1
-    assert w.value("auth_worker_ready") == 1
-    assert w.value("auth_worker_heartbeat_timestamp_seconds") > time.time() - 60
+    assert w.value("passkey_auth_errors_total", numeric_code="30002", http_status="502") == 1
+    assert w.value("passkey_auth_errors_total", code="invalid_request", numeric_code="10000") == 1
+    assert w.value("passkey_auth_dlq_records_total") == 1
+    assert w.value("passkey_auth_commands_total", type="passkey_confirm", outcome="error") == 1
+    assert w.value("passkey_auth_commands_total", type="unknown", outcome="invalid") == 1
+    assert w.value("passkey_auth_provider_retries_total", operation="confirm_passkey") >= 1
+    assert w.value("passkey_auth_status_changes_total", status="authorized") >= 1
+    assert w.value("passkey_auth_worker_ready") == 1
+    assert w.value("passkey_auth_worker_heartbeat_timestamp_seconds") > time.time() - 60
     # The outage command's 2 failed attempts stay under PROVIDER_BREAKER_THRESHOLD: closed,
     # and a series for each of the other states at 0.
     breaker = {
         s.labels["state"]: s.value
         for s in w.samples
-        if s.name == "auth_provider_breaker_state" and s.labels["provider"] == "simulator"
+        if s.name == "passkey_auth_provider_breaker_state" and s.labels["provider"] == "simulator"
     }
     assert breaker == {state: float(state == "closed") for state in BREAKER_STATES}
     if live.api is not None:
         confirm = "/v1/accounts/{account_id}/auth/passkey-confirm"
-        assert live.api.value("api_requests_total", route=confirm, status="200") == 1
-        assert live.api.value("api_ready") == 1
+        assert live.api.value("passkey_api_requests_total", route=confirm, status="200") == 1
+        assert live.api.value("passkey_api_ready") == 1

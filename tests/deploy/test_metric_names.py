@@ -28,6 +28,9 @@ RULE_FILES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
 DASHBOARD = REPO / "deploy" / "grafana" / "passkey-worker.json"
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+# The product's families (docs/operations.md, "Prometheus"): passkey_, then the process' word.
+PRODUCT_PREFIX = "passkey_"
+PROCESS_PREFIXES = ("passkey_auth_", "passkey_api_", "passkey_webhook_")
 # What every process exports beside its own prefix (worker/metrics.py, export_process_metrics).
 # prometheus_client's standard collectors keep their standard names, the ones shared dashboards
 # already query: they are allowed here by name instead of being listed in deploy/metrics.txt.
@@ -49,7 +52,7 @@ SHARED_FAMILIES = frozenset({"passkey_build_info"})
 SHARED_LABELS = frozenset({"service", "version"})
 # Labels of the metric contract: the worker's and the front-end's (worker/metrics.py,
 # worker/api/metrics.py), and those of the webhook dispatcher (`python -m worker webhooks`,
-# webhook_* families: result, status_class, kind, topic, partition, and the DLQ's reason).
+# passkey_webhook_* families: result, status_class, kind, topic, partition, the DLQ's reason).
 WORKER_API_LABELS = SHARED_LABELS | frozenset(
     {
         "type", "outcome", "code", "numeric_code", "http_status", "provider", "operation",
@@ -171,9 +174,9 @@ def rule_expressions() -> list[str]:
     ("expr", "metrics", "labels"),
     [
         (
-            'sum by (type, outcome) (rate(auth_commands_total{namespace=~"$namespace"}'
+            'sum by (type, outcome) (rate(passkey_auth_commands_total{namespace=~"$namespace"}'
             "[$__rate_interval]))",
-            {"auth_commands_total"},
+            {"passkey_auth_commands_total"},
             {"type", "outcome", "namespace"},
         ),
         (
@@ -185,7 +188,11 @@ def rule_expressions() -> list[str]:
         ("time() - hb_seconds > 60", {"hb_seconds"}, set()),
         ('absent(up{job="x", a!~"{b}"})', {"up"}, {"job", "a"}),
         ("passkey:a:rate5m / ignoring(code) b", {"passkey:a:rate5m", "b"}, {"code"}),
-        ("label_values(auth_worker_ready, namespace)", {"auth_worker_ready"}, {"namespace"}),
+        (
+            "label_values(passkey_auth_worker_ready, namespace)",
+            {"passkey_auth_worker_ready"},
+            {"namespace"},
+        ),
         ("label_values(namespace)", set(), {"namespace"}),
         ("sum(rate(m_total[1m])) without (instance)", {"m_total"}, {"instance"}),
     ],
@@ -209,6 +216,8 @@ def test_metrics_file_is_a_plain_list_of_families() -> None:
         assert not line.endswith(HISTOGRAM_SUFFIXES), f"{line}: list a histogram by its base"
         assert not line.endswith("_created"), line
     assert STANDARD_FAMILIES.isdisjoint(lines), "standard families are allowed, not listed"
+    for line in lines:
+        assert line in SHARED_FAMILIES or line.startswith(PROCESS_PREFIXES), line
     assert set(lines) >= SHARED_FAMILIES
 
 
@@ -244,6 +253,7 @@ def test_recording_rules_are_named_level_metric_operation() -> None:
     for name in recorded():
         prefix, metric, operation = name.split(":")
         assert prefix == "passkey"
+        assert metric.startswith(PRODUCT_PREFIX), name
         assert operation
         assert any(f.startswith(metric) for f in families), f"{name}: unknown metric {metric}"
 

@@ -1,5 +1,5 @@
 """The dispatcher as its production process (``python -m worker webhooks``): its probes on
-the metrics port, the ``webhook_`` families of ``deploy/metrics.txt`` exported live with the
+the metrics port, the ``passkey_webhook_`` families of ``deploy/metrics.txt`` exported live with the
 build and the standard process families (the deploy checks scrape the worker and the
 front-end only), a clean exit on SIGTERM, and a
 missing secrets key that ends the process at once instead of leaving it half started."""
@@ -47,7 +47,7 @@ from worker.runner import shutdown_hard_limit
 
 pytestmark = pytest.mark.integration
 
-PREFIX = "webhook_"
+PREFIX = "passkey_webhook_"
 READY_TIMEOUT_S = 60.0
 SCRAPE_TIMEOUT_S = 20.0
 #: Labels the client library adds itself (histogram buckets).
@@ -144,10 +144,16 @@ async def test_probes_metrics_and_clean_stop(
                 assert metrics.types[name.removesuffix("_total")] == "counter", name
             else:
                 assert metrics.types[name] in {"gauge", "histogram"}, name
-        assert metrics.value("webhook_deliveries_taken_in_total") == 1
-        assert metrics.value("webhook_attempts_total", result="delivered", status_class="2xx") == 1
-        assert metrics.value("webhook_dispatcher_ready") == 1
-        assert metrics.value("webhook_dispatcher_heartbeat_timestamp_seconds") > time.time() - 60
+        assert metrics.value("passkey_webhook_deliveries_taken_in_total") == 1
+        assert (
+            metrics.value("passkey_webhook_attempts_total", result="delivered", status_class="2xx")
+            == 1
+        )
+        assert metrics.value("passkey_webhook_dispatcher_ready") == 1
+        assert (
+            metrics.value("passkey_webhook_dispatcher_heartbeat_timestamp_seconds")
+            > time.time() - 60
+        )
 
         started = time.monotonic()
         code = pool.signal(0, signal.SIGTERM)

@@ -19,7 +19,7 @@ from worker import tracing
 from worker.consumer import Worker
 from worker.kafka import ConsumerClass, build_consumer, build_producer, verify_topics
 from worker.logs import get_logger
-from worker.metrics import TailSkips, export_process_metrics
+from worker.metrics import WEBHOOK_PREFIX, TailSkips, export_process_metrics
 from worker.outage import BrokerHealth
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
@@ -103,7 +103,7 @@ async def run_dispatcher(
     export_process_metrics(registry, tracing.SERVICE_WEBHOOKS)
     metrics = WebhookMetrics(registry)
     health = BrokerHealth(settings.kafka_outage_tolerance_s, name="dispatcher")
-    health.export(registry, "webhook_")
+    health.export(registry, WEBHOOK_PREFIX)
     box = secrets_box(settings)
     await verify_topics(settings, used_by(settings, "dispatcher"))
     topics = settings.topics
@@ -111,7 +111,7 @@ async def run_dispatcher(
     tail = EndpointsTail(
         build_consumer(settings, enable_auto_commit=False), topics.webhook_endpoints
     )
-    registry.register(TailSkips("webhook", lambda: (tail,)))
+    registry.register(TailSkips(WEBHOOK_PREFIX, lambda: (tail,)))
     schedule = parse_schedule(settings.webhook_retry_schedule_s)
     session = None
     if sender is None:
