@@ -450,7 +450,9 @@ class Bench:
                     base = f"http://127.0.0.1:{proc.port}"
                     if (await self.http.get(f"{base}/readyz")).status_code == 200:
                         text = (await self.http.get(f"{base}/metrics")).text
-                        m = re.search(r'auth_rebalances_total\{kind="assigned"\} (\S+)', text)
+                        m = re.search(
+                            r'passkey_auth_rebalances_total\{kind="assigned"\} (\S+)', text
+                        )
                         if m and float(m.group(1)) >= 1:
                             ready += 1
             if ready == len(procs):

@@ -570,10 +570,10 @@ class HookBench:
         """The dispatcher's isolation counters, from its /metrics."""
         answer = await self.client.get(f"http://127.0.0.1:{self.dispatcher_port}/metrics")
         wanted = (
-            "webhook_attempts_deferred_total",
-            "webhook_endpoints_backing_off",
-            "webhook_attempts_total",
-            "webhook_inflight_work",
+            "passkey_webhook_attempts_deferred_total",
+            "passkey_webhook_endpoints_backing_off",
+            "passkey_webhook_attempts_total",
+            "passkey_webhook_inflight_work",
         )
         out: dict[str, float] = {}
         for line in answer.text.splitlines():

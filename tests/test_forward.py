@@ -125,7 +125,9 @@ class RdProducer:
 
 
 def forwards(registry: Any, command_type: str) -> float:
-    value = registry.get_sample_value("auth_commands_forwarded_total", {"type": command_type})
+    value = registry.get_sample_value(
+        "passkey_auth_commands_forwarded_total", {"type": command_type}
+    )
     return float(value or 0.0)
 
 

@@ -87,18 +87,18 @@ def test_gauges_follow_the_outage() -> None:
     clock = Clock()
     health = BrokerHealth(60.0, clock=clock)
     registry = CollectorRegistry()
-    health.export(registry, "auth_")
+    health.export(registry, "passkey_auth_")
 
     def sample(name: str) -> float | None:
         return registry.get_sample_value(name)
 
-    assert sample("auth_kafka_broker_reachable") == 1.0
-    assert sample("auth_kafka_outage_seconds") == 0.0
+    assert sample("passkey_auth_kafka_broker_reachable") == 1.0
+    assert sample("passkey_auth_kafka_outage_seconds") == 0.0
     health.failed("x")
     clock.now += 42
-    assert sample("auth_kafka_broker_reachable") == 0.0
-    assert sample("auth_kafka_outage_seconds") == 42.0
-    assert b"auth_kafka_outage_seconds 42.0" in generate_latest(registry)
+    assert sample("passkey_auth_kafka_broker_reachable") == 0.0
+    assert sample("passkey_auth_kafka_outage_seconds") == 42.0
+    assert b"passkey_auth_kafka_outage_seconds 42.0" in generate_latest(registry)
 
 
 @pytest.mark.parametrize(

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry
 
+from worker import tracing
 from worker.consumer import Worker
 from worker.execute import Executor
 from worker.flow import Policy
 from worker.kafka import ConsumerClass, build_producer, verify_topics
 from worker.logs import get_logger
-from worker.metrics import WorkerMetrics
+from worker.metrics import WORKER_PREFIX, WorkerMetrics, export_process_metrics
 from worker.outage import BrokerHealth
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
@@ -57,9 +58,10 @@ async def run_worker(
     ``PROVIDER_URLS`` (the benchmark's in-process provider); ``consumer_class`` the group
     consumer's class (the development tools', for the embedded broker)."""
     registry = registry or CollectorRegistry()
+    export_process_metrics(registry, tracing.SERVICE_WORKER)
     metrics = WorkerMetrics(registry)
     health = BrokerHealth(settings.kafka_outage_tolerance_s, name="worker")
-    health.export(registry, "auth_")
+    health.export(registry, WORKER_PREFIX)
     await verify_topics(settings, used_by(settings, "worker"))
     topics = settings.topics
     producer = build_producer(settings, partitioner=KeyPartitioner())
@@ -68,6 +70,7 @@ async def run_worker(
         providers = build_registry(
             settings, http, on_call=metrics.provider_call, on_retry=metrics.provider_retry
         )
+    metrics.export_breakers(providers.breakers)
     consumer = group_consumer(
         settings, settings.kafka_consumer_group, consumer_class=consumer_class
     )

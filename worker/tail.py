@@ -86,7 +86,7 @@ class TopicTail:
         self._tps: list[TopicPartition] = []
         self.failure: BaseException | None = None
         self.records = 0
-        #: Records ``handle`` raised on, skipped (exported as ``*_tail_records_skipped_total``).
+        #: Records ``handle`` raised on, skipped (``passkey_*_tail_records_skipped_total``).
         self.skipped = 0
 
     @property

@@ -271,8 +271,8 @@ async def test_no_reply_in_time_is_500_with_check_state_hint(api_settings: ApiSe
         assert "GET /v1/accounts/acc_1/auth" in body["error"]["message"]
         assert 0.9 <= elapsed < 3.0
         assert api.replies.pending == 0
-        assert api.registry.get_sample_value("api_reply_timeouts_total") == 1.0
-        assert api.registry.get_sample_value("api_pending_replies") == 0.0
+        assert api.registry.get_sample_value("passkey_api_reply_timeouts_total") == 1.0
+        assert api.registry.get_sample_value("passkey_api_pending_replies") == 0.0
 
 
 async def test_get_auth_reads_the_state_view(api_settings: ApiSettings) -> None:
@@ -476,30 +476,30 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
         names = {
             m.group(1)
             for m in re.finditer(r"^# TYPE (\S+) ", text, flags=re.MULTILINE)
-            if m.group(1).startswith("api_") and not m.group(1).endswith("_created")
+            if m.group(1).startswith("passkey_api_") and not m.group(1).endswith("_created")
         }
         assert names == {
-            "api_requests_total",
-            "api_request_duration_seconds",
-            "api_reply_timeouts_total",
-            "api_pending_replies",
-            "api_ready",
-            "api_kafka_outage_seconds",
-            "api_kafka_broker_reachable",
-            "api_tail_records_skipped_total",
-            "api_refusals_total",
-            "api_quota_refusals_total",
-            "api_webhook_secrets_dropped_total",
-            "api_webhook_replays_in_flight",
-            "api_key_last_used_timestamp_seconds",
+            "passkey_api_requests_total",
+            "passkey_api_request_duration_seconds",
+            "passkey_api_reply_timeouts_total",
+            "passkey_api_pending_replies",
+            "passkey_api_ready",
+            "passkey_api_kafka_outage_seconds",
+            "passkey_api_kafka_broker_reachable",
+            "passkey_api_tail_records_skipped_total",
+            "passkey_api_refusals_total",
+            "passkey_api_quota_refusals_total",
+            "passkey_api_webhook_secrets_dropped_total",
+            "passkey_api_webhook_replays_in_flight",
+            "passkey_api_key_last_used_timestamp_seconds",
         }
-        samples = set(re.findall(r"^(api_[a-z_]+)[{ ]", text, flags=re.MULTILINE))
+        samples = set(re.findall(r"^(passkey_api_[a-z_]+)[{ ]", text, flags=re.MULTILINE))
         assert {
-            "api_requests_total",
-            "api_request_duration_seconds_bucket",
-            "api_reply_timeouts_total",
-            "api_pending_replies",
-            "api_ready",
+            "passkey_api_requests_total",
+            "passkey_api_request_duration_seconds_bucket",
+            "passkey_api_reply_timeouts_total",
+            "passkey_api_pending_replies",
+            "passkey_api_ready",
         } <= samples
         assert "acc_secret" not in text and "/v1/some" not in text
         routes = set(re.findall(r'route="([^"]*)"', text))
@@ -513,11 +513,11 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
         }
         assert set(re.findall(r'method="([^"]*)"', text)) <= {"GET", "POST", "other"}
         get_404 = api.registry.get_sample_value(
-            "api_requests_total",
+            "passkey_api_requests_total",
             {"route": "/v1/accounts/{account_id}/auth", "method": "GET", "status": "404"},
         )
         assert get_404 == 1.0
-        assert api.registry.get_sample_value("api_ready") == 1.0
+        assert api.registry.get_sample_value("passkey_api_ready") == 1.0
 
 
 async def test_api_keys_never_logged(

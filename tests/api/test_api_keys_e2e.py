@@ -89,7 +89,7 @@ async def test_key_lifecycle_through_a_running_front_end(
 
             assert api.metrics_url is not None  # the side door (API_METRICS_PORT)
             metrics = (await http.get(f"{api.metrics_url}/metrics")).text
-            assert 'api_key_last_used_timestamp_seconds{key_id="key_live"}' in (metrics)
+            assert 'passkey_api_key_last_used_timestamp_seconds{key_id="key_live"}' in (metrics)
             # in a thread: the front-end it scrapes answers on this event loop
             listed = await asyncio.to_thread(
                 keys_cli,

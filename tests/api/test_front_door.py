@@ -81,7 +81,7 @@ async def connection(url: str) -> AsyncIterator[tuple[asyncio.StreamReader, asyn
 
 
 def refusals(api: ApiRuntime, reason: str) -> float:
-    value = api.registry.get_sample_value("api_refusals_total", {"reason": reason})
+    value = api.registry.get_sample_value("passkey_api_refusals_total", {"reason": reason})
     assert value is not None
     return value
 
@@ -320,8 +320,8 @@ async def test_metrics_are_served_on_the_side_door_only(api_settings: ApiSetting
         assert public.json()["error"]["code"] == "not_found"
         side = await http.get(f"{api.metrics_url}/metrics")
         assert side.status_code == 200
-        assert "api_requests_total" in side.text
-        assert 'api_refusals_total{reason="rate_limited"} 0.0' in side.text
+        assert "passkey_api_requests_total" in side.text
+        assert 'passkey_api_refusals_total{reason="rate_limited"} 0.0' in side.text
         for base in (api.url, api.metrics_url):
             assert (await http.get(f"{base}/healthz")).status_code == 200
             assert (await http.get(f"{base}/readyz")).status_code == 200

@@ -3,7 +3,7 @@ hostile workspace would probe them (docs/operations.md, "Quotas"): endpoints per
 (also raced, and on a replica still reading the topic), replays in flight per workspace and per
 process, signing secrets per endpoint (40 rotations, expire-previous, records of the unbounded
 form) and the field limits. Each refusal is the catalogued answer and counted in
-``api_quota_refusals``; the other workspace is served throughout."""
+``passkey_api_quota_refusals``; the other workspace is served throughout."""
 
 from __future__ import annotations
 
@@ -56,13 +56,15 @@ def quota_settings(api_settings: ApiSettings) -> Callable[..., Settings]:
 
 
 def refusals(registry: CollectorRegistry, quota: str) -> float:
-    value = registry.get_sample_value("api_quota_refusals_total", {"quota": quota})
-    assert value is not None, f"api_quota_refusals{{quota={quota!r}}} is not exported"
+    value = registry.get_sample_value("passkey_api_quota_refusals_total", {"quota": quota})
+    assert value is not None, f"passkey_api_quota_refusals{{quota={quota!r}}} is not exported"
     return value
 
 
 def dropped(registry: CollectorRegistry, reason: str) -> float:
-    value = registry.get_sample_value("api_webhook_secrets_dropped_total", {"reason": reason})
+    value = registry.get_sample_value(
+        "passkey_api_webhook_secrets_dropped_total", {"reason": reason}
+    )
     assert value is not None
     return value
 
@@ -240,7 +242,7 @@ async def test_replays_per_workspace_and_the_other_workspace_still_served(
             assert outcome is not None and (outcome.state, outcome.replayed) == ("finished", 1)
             await wait_until(lambda: held.held == 1, what="ws_a's first replay holding")
             assert hooks(api).replays.in_flight("ws_a") == 2  # still both in flight
-            assert registry.get_sample_value("api_webhook_replays_in_flight") == 2
+            assert registry.get_sample_value("passkey_api_webhook_replays_in_flight") == 2
         finally:
             held.released.set()
         for replay_id in started:

@@ -198,7 +198,9 @@ def require_api() -> ModuleType:
     module = api_app()
     if module is None:
         if "CI" in os.environ:
-            pytest.fail("worker.api.app is missing; the api_* metric families cannot be checked")
+            pytest.fail(
+                "worker.api.app is missing; the passkey_api_* metric families cannot be checked"
+            )
         pytest.skip("worker.api.app is not in the tree yet")
     return module
 

@@ -1,11 +1,12 @@
 """Every metric the dashboard, the Prometheus rules and ``deploy/metrics.txt`` name is really
-exported by a running process: ``auth_*`` by the worker, ``api_*`` by the front-end.
+exported by a running process: ``passkey_auth_*`` by the worker, ``passkey_api_*`` by the
+front-end, and by each of them ``passkey_build_info`` and prometheus_client's standard
+``process_*``/``python_*`` families (``STANDARD_FAMILIES``, allowed by name rather than listed).
 
-``webhook_*`` families belong to the webhook dispatcher (``python -m worker webhooks``), which
-is built on another branch and not run here yet: they are checked against the list only
-(tests/deploy/test_metric_names.py), and every comparison below with a live scrape covers the
-``auth_``/``api_`` prefixes alone. Add the dispatcher to the ``live`` fixture once it is in the
-tree.
+The ``passkey_webhook_*`` families belong to the webhook dispatcher (``python -m worker
+webhooks``), whose production process tests/webhooks/test_dispatcher_process.py scrapes:
+every comparison below with a live scrape covers the ``passkey_auth_``/``passkey_api_``
+prefixes alone.
 
 tests/deploy/test_metric_names.py checks the names against the list in ``deploy/metrics.txt``;
 this module checks the list against the processes. A real worker (``run_worker`` with its
@@ -47,6 +48,9 @@ from tests.deploy.conftest import (
 )
 from tests.deploy.test_metric_names import (
     METRICS_FILE,
+    SHARED_FAMILIES,
+    STANDARD_FAMILIES,
+    STANDARD_LABELS,
     WORKER_API_LABELS,
     dashboard_expressions,
     exported,
@@ -55,12 +59,14 @@ from tests.deploy.test_metric_names import (
     scan,
 )
 from tests.harness import Bus, bus, confirm_cmd, register_cmd
+from worker import __version__, tracing
+from worker.provider import BREAKER_STATES
 
 pytestmark = pytest.mark.integration
 
-WORKER_PREFIX = "auth_"
-API_PREFIX = "api_"
-WEBHOOK_PREFIX = "webhook_"  # not scraped live yet (module docstring)
+WORKER_PREFIX = "passkey_auth_"
+API_PREFIX = "passkey_api_"
+WEBHOOK_PREFIX = "passkey_webhook_"  # not scraped here (module docstring)
 SCRAPE_TIMEOUT_S = 20.0
 # Labels the client library adds itself: histogram buckets.
 LIBRARY_LABELS = frozenset({"le"})
@@ -76,16 +82,22 @@ class Sample:
 @dataclass
 class Exposition:
     """One scrape of ``/metrics``, parsed. Families without a sample (a labelled metric no
-    label set was used for yet) count as not exported."""
+    label set was used for yet) count as not exported. The standard families are kept apart
+    (``standard``: listed name -> label names), out of the product's contract."""
 
     types: dict[str, str] = field(default_factory=dict)  # family name -> counter/gauge/...
     samples: list[Sample] = field(default_factory=list)
+    standard: dict[str, set[str]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> Exposition:
         exposition = cls()
         for family in text_string_to_metric_families(text):
             if not family.samples:
+                continue
+            listed = f"{family.name}_total" if family.type == "counter" else family.name
+            if listed in STANDARD_FAMILIES:
+                exposition.standard[listed] = {k for s in family.samples for k in s.labels}
                 continue
             exposition.types[family.name] = family.type
             exposition.samples += [Sample(s.name, dict(s.labels), s.value) for s in family.samples]
@@ -100,7 +112,7 @@ class Exposition:
         return {label for s in self.samples for label in s.labels} - LIBRARY_LABELS
 
     def exports(self, name: str) -> bool:
-        """``name`` is a series (``auth_commands_total``, ``..._bucket``) or a histogram
+        """``name`` is a series (``passkey_auth_commands_total``, ``..._bucket``) or a histogram
         family by its base name, as ``deploy/metrics.txt`` lists histograms."""
         return name in self.sample_names or self.types.get(name) == "histogram"
 
@@ -229,7 +241,7 @@ async def live(
             broker,
             prefix,
             provider_urls={"simulator": simulator},
-            provider_max_attempts=2,  # the outage still retries once: auth_provider_retries
+            provider_max_attempts=2,  # the outage still retries once: passkey_auth_provider_retries
             provider_backoff_base_s=0.01,
             api_reply_timeout_s=10.0,
         )
@@ -258,7 +270,10 @@ async def live(
 def test_every_name_belongs_to_a_process() -> None:
     names = named_in_deploy()
     prefixes = (WORKER_PREFIX, API_PREFIX, WEBHOOK_PREFIX)
-    assert {n: s for n, s in names.items() if not n.startswith(prefixes)} == {}
+    everyones = STANDARD_FAMILIES | SHARED_FAMILIES
+    assert {
+        n: s for n, s in names.items() if not n.startswith(prefixes) and n not in everyones
+    } == {}
 
 
 def test_worker_exports_every_auth_metric_deploy_names(live: Live) -> None:
@@ -284,19 +299,36 @@ def test_front_end_exports_every_api_metric_deploy_names(live: Live) -> None:
 
 def test_metrics_file_lists_exactly_what_the_processes_export(live: Live) -> None:
     """The other direction: a family added to the code must be added to deploy/metrics.txt
-    (and so, by test_metric_names, to the dashboard); each process exports its prefix only.
-    Compares the auth_ and api_ families only: the dispatcher's webhook_ families are not
-    scraped here yet."""
+    (and so, by test_metric_names, to the dashboard); each process exports its prefix only,
+    besides the shared and the standard families. Compares the passkey_auth_ and passkey_api_
+    families only: the dispatcher's passkey_webhook_ families are checked by
+    tests/webhooks/test_dispatcher_process.py."""
     listed = exported()
-    worker = live.worker.listed_names()
+    worker = live.worker.listed_names() - SHARED_FAMILIES
     assert {n for n in worker if not n.startswith(WORKER_PREFIX)} == set()
     assert worker == {n for n in listed if n.startswith(WORKER_PREFIX)}
     if live.api is None:
         require_api()
         return
-    api = live.api.listed_names()
+    api = live.api.listed_names() - SHARED_FAMILIES
     assert {n for n in api if not n.startswith(API_PREFIX)} == set()
     assert api == {n for n in listed if n.startswith(API_PREFIX)}
+
+
+def test_every_process_exports_the_standard_and_shared_families(live: Live) -> None:
+    """Memory, CPU, file descriptors and GC of each process, under the client's own names and
+    labels, and the build each one runs."""
+    require_api()
+    assert live.api is not None
+    for exposition, service in (
+        (live.worker, tracing.SERVICE_WORKER),
+        (live.api, tracing.SERVICE_API),
+    ):
+        assert set(exposition.standard) == STANDARD_FAMILIES, service
+        assert set().union(*exposition.standard.values()) == STANDARD_LABELS, service
+        assert exposition.listed_names() >= SHARED_FAMILIES
+        assert exposition.value("passkey_build_info") == 1
+        assert exposition.value("passkey_build_info", service=service, version=__version__) == 1
 
 
 def test_metrics_file_spells_each_family_by_its_type(live: Live) -> None:
@@ -326,16 +358,24 @@ def test_label_contract_is_what_the_processes_use(live: Live) -> None:
 def test_scrape_counts_what_was_done(live: Live) -> None:
     """The series carry the values of the traffic above (exact counts of this worker)."""
     w = live.worker
-    assert w.value("auth_errors_total", numeric_code="30002", http_status="502") == 1
-    assert w.value("auth_errors_total", code="invalid_request", numeric_code="10000") == 1
-    assert w.value("auth_dlq_records_total") == 1
-    assert w.value("auth_commands_total", type="passkey_confirm", outcome="error") == 1
-    assert w.value("auth_commands_total", type="unknown", outcome="invalid") == 1
-    assert w.value("auth_provider_retries_total", operation="confirm_passkey") >= 1
-    assert w.value("auth_status_changes_total", status="authorized") >= 1
-    assert w.value("auth_worker_ready") == 1
-    assert w.value("auth_worker_heartbeat_timestamp_seconds") > time.time() - 60
+    assert w.value("passkey_auth_errors_total", numeric_code="30002", http_status="502") == 1
+    assert w.value("passkey_auth_errors_total", code="invalid_request", numeric_code="10000") == 1
+    assert w.value("passkey_auth_dlq_records_total") == 1
+    assert w.value("passkey_auth_commands_total", type="passkey_confirm", outcome="error") == 1
+    assert w.value("passkey_auth_commands_total", type="unknown", outcome="invalid") == 1
+    assert w.value("passkey_auth_provider_retries_total", operation="confirm_passkey") >= 1
+    assert w.value("passkey_auth_status_changes_total", status="authorized") >= 1
+    assert w.value("passkey_auth_worker_ready") == 1
+    assert w.value("passkey_auth_worker_heartbeat_timestamp_seconds") > time.time() - 60
+    # The outage command's 2 failed attempts stay under PROVIDER_BREAKER_THRESHOLD: closed,
+    # and a series for each of the other states at 0.
+    breaker = {
+        s.labels["state"]: s.value
+        for s in w.samples
+        if s.name == "passkey_auth_provider_breaker_state" and s.labels["provider"] == "simulator"
+    }
+    assert breaker == {state: float(state == "closed") for state in BREAKER_STATES}
     if live.api is not None:
         confirm = "/v1/accounts/{account_id}/auth/passkey-confirm"
-        assert live.api.value("api_requests_total", route=confirm, status="200") == 1
-        assert live.api.value("api_ready") == 1
+        assert live.api.value("passkey_api_requests_total", route=confirm, status="200") == 1
+        assert live.api.value("passkey_api_ready") == 1

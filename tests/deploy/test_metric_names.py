@@ -3,8 +3,10 @@
 ``deploy/metrics.txt`` lists the exported metric families (counters by their ``_total`` name,
 histograms by their base name, gauges as they are). A metric name in a rule or dashboard
 expression must be one of them, a histogram's ``_bucket``/``_sum``/``_count`` series, or a
-recording rule defined in ``deploy/prometheus/rules``. Label names are checked against the
-labels of the metric contract plus those the scrape adds, so a typo in ``by (...)`` fails too.
+recording rule defined in ``deploy/prometheus/rules``, or one of the ``STANDARD_FAMILIES`` that
+every process exports under prometheus_client's own names (``process_*``, ``python_*``). Label
+names are checked against the labels of the metric contract plus those the scrape adds, so a
+typo in ``by (...)`` fails too.
 """
 
 from __future__ import annotations
@@ -26,20 +28,42 @@ RULE_FILES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
 DASHBOARD = REPO / "deploy" / "grafana" / "passkey-worker.json"
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+# The product's families (docs/operations.md, "Prometheus"): passkey_, then the process' word.
+PRODUCT_PREFIX = "passkey_"
+PROCESS_PREFIXES = ("passkey_auth_", "passkey_api_", "passkey_webhook_")
+# What every process exports beside its own prefix (worker/metrics.py, export_process_metrics).
+# prometheus_client's standard collectors keep their standard names, the ones shared dashboards
+# already query: they are allowed here by name instead of being listed in deploy/metrics.txt.
+# They are the client's (pinned in requirements.lock); the live checks assert that every
+# process exports exactly these, so a client upgrade that changes them fails there.
+STANDARD_FAMILIES = frozenset(
+    {
+        "process_virtual_memory_bytes", "process_resident_memory_bytes",
+        "process_start_time_seconds", "process_cpu_seconds_total", "process_open_fds",
+        "process_max_fds", "python_info", "python_gc_objects_collected_total",
+        "python_gc_objects_uncollectable_total", "python_gc_collections_total",
+    }
+)  # fmt: skip
+STANDARD_LABELS = frozenset(
+    {"generation", "implementation", "major", "minor", "patchlevel", "version"}
+)
+# The product's families every process exports (listed in deploy/metrics.txt): the build.
+SHARED_FAMILIES = frozenset({"passkey_build_info"})
+SHARED_LABELS = frozenset({"service", "version"})
 # Labels of the metric contract: the worker's and the front-end's (worker/metrics.py,
 # worker/api/metrics.py), and those of the webhook dispatcher (`python -m worker webhooks`,
-# webhook_* families: result, status_class, kind, topic, partition, and the DLQ's reason).
-WORKER_API_LABELS = frozenset(
+# passkey_webhook_* families: result, status_class, kind, topic, partition, the DLQ's reason).
+WORKER_API_LABELS = SHARED_LABELS | frozenset(
     {
         "type", "outcome", "code", "numeric_code", "http_status", "provider", "operation",
         "topic", "partition", "kind", "reason", "status", "route", "method", "stage", "tail",
-        "quota", "key_id",
+        "quota", "key_id", "state",
     }
 )  # fmt: skip
-WEBHOOK_LABELS = frozenset(
+WEBHOOK_LABELS = SHARED_LABELS | frozenset(
     {"result", "status_class", "kind", "topic", "partition", "stage", "outcome", "tail", "reason"}
 )
-CONTRACT_LABELS = WORKER_API_LABELS | WEBHOOK_LABELS
+CONTRACT_LABELS = WORKER_API_LABELS | WEBHOOK_LABELS | STANDARD_LABELS
 # Labels that scraping adds (deploy/prometheus/prometheus.yml) and histogram buckets carry.
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "le"})
 
@@ -88,7 +112,13 @@ def scan(expr: str) -> Names:
 
 
 def exported() -> set[str]:
+    """The product's families, as deploy/metrics.txt lists them."""
     return set(METRICS_FILE.read_text().split())
+
+
+def queryable() -> set[str]:
+    """What a rule or a dashboard query may name: the product's and the standard families."""
+    return exported() | STANDARD_FAMILIES
 
 
 def family(name: str, families: set[str]) -> str | None:
@@ -144,9 +174,9 @@ def rule_expressions() -> list[str]:
     ("expr", "metrics", "labels"),
     [
         (
-            'sum by (type, outcome) (rate(auth_commands_total{namespace=~"$namespace"}'
+            'sum by (type, outcome) (rate(passkey_auth_commands_total{namespace=~"$namespace"}'
             "[$__rate_interval]))",
-            {"auth_commands_total"},
+            {"passkey_auth_commands_total"},
             {"type", "outcome", "namespace"},
         ),
         (
@@ -158,7 +188,11 @@ def rule_expressions() -> list[str]:
         ("time() - hb_seconds > 60", {"hb_seconds"}, set()),
         ('absent(up{job="x", a!~"{b}"})', {"up"}, {"job", "a"}),
         ("passkey:a:rate5m / ignoring(code) b", {"passkey:a:rate5m", "b"}, {"code"}),
-        ("label_values(auth_worker_ready, namespace)", {"auth_worker_ready"}, {"namespace"}),
+        (
+            "label_values(passkey_auth_worker_ready, namespace)",
+            {"passkey_auth_worker_ready"},
+            {"namespace"},
+        ),
         ("label_values(namespace)", set(), {"namespace"}),
         ("sum(rate(m_total[1m])) without (instance)", {"m_total"}, {"instance"}),
     ],
@@ -181,13 +215,17 @@ def test_metrics_file_is_a_plain_list_of_families() -> None:
     for line in lines:
         assert not line.endswith(HISTOGRAM_SUFFIXES), f"{line}: list a histogram by its base"
         assert not line.endswith("_created"), line
+    assert STANDARD_FAMILIES.isdisjoint(lines), "standard families are allowed, not listed"
+    for line in lines:
+        assert line in SHARED_FAMILIES or line.startswith(PROCESS_PREFIXES), line
+    assert set(lines) >= SHARED_FAMILIES
 
 
 # --- the rules and the dashboard ------------------------------------------------------------
 
 
 def _unknown(exprs: list[str], allowed_recorded: set[str]) -> dict[str, set[str]]:
-    families = exported()
+    families = queryable()
     unknown: dict[str, set[str]] = {}
     for expr in exprs:
         bad = {
@@ -215,6 +253,7 @@ def test_recording_rules_are_named_level_metric_operation() -> None:
     for name in recorded():
         prefix, metric, operation = name.split(":")
         assert prefix == "passkey"
+        assert metric.startswith(PRODUCT_PREFIX), name
         assert operation
         assert any(f.startswith(metric) for f in families), f"{name}: unknown metric {metric}"
 

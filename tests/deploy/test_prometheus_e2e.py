@@ -24,8 +24,8 @@ scripted burst of ``passkey_confirm`` commands on ``sim-unavailable-`` accounts 
 provider_unavailable 30002) run until Prometheus' own rule evaluation, polled on
 ``/api/v1/alerts``, reports PasskeyProviderUnavailable (numeric_code 30002) and
 PasskeyDLQGrowing firing (bounded by ``ALERT_TIMEOUT_S``). ``sum by (numeric_code)
-(auth_errors_total)`` on ``/api/v1/query`` must then return exactly the errors caused, and no
-other alert may be pending or firing.
+(passkey_auth_errors_total)`` on ``/api/v1/query`` must then return exactly the errors caused,
+and no other alert may be pending or firing.
 
 The second malformed record is sent only once Prometheus has scraped the first: the worker
 creates a labelled series at its first increment, with value 1, and ``increase()``/``rate()``
@@ -89,7 +89,7 @@ EXPECTED_ALERTS = frozenset(
 )
 API_ALERTS = frozenset({"PasskeyApiNoReadyInstances", "PasskeyReplyTimeouts"})
 # The webhook dispatcher is not run by this test (it is built on another branch): its absence
-# fires this alert (absent(webhook_dispatcher_ready{job="passkey-webhooks"})), as it should.
+# fires this alert (absent(passkey_webhook_dispatcher_ready{job="passkey-webhooks"})), as it should.
 DISPATCHER_ABSENT_ALERTS = frozenset({"PasskeyWebhookNoReadyDispatchers"})
 
 # --- accelerated copy of the rules ------------------------------------------------------------
@@ -378,7 +378,7 @@ async def api_scrapes(prom: PromApi) -> dict[str, Any]:
     """Whether a scrape of the front-end failed, and whether it ever reported not ready, over
     the test's span: what tells a missed scrape from a front-end that was not ready."""
     missed = await prom.query('min_over_time(up{job="passkey-api"}[10m]) == 0')
-    not_ready = await prom.query('min_over_time(api_ready{job="passkey-api"}[10m]) == 0')
+    not_ready = await prom.query('min_over_time(passkey_api_ready{job="passkey-api"}[10m]) == 0')
     return {"missed": missed, "not_ready": not_ready}
 
 
@@ -432,7 +432,7 @@ async def test_failing_commands_fire_the_alerts_in_prometheus(
             await b.send_raw(b"malformed", b"\xff not json")
 
             async def dlq_scraped() -> bool:
-                return bool(await prom.query("auth_dlq_records_total == 1"))
+                return bool(await prom.query("passkey_auth_dlq_records_total == 1"))
 
             await prom.until("first DLQ record scraped", dlq_scraped, WAIT_TIMEOUT_S)
             await b.send_raw(b"malformed", b"\xff still not json")
@@ -482,15 +482,17 @@ async def test_failing_commands_fire_the_alerts_in_prometheus(
             expected = {"30002": float(len(sent)), "30004": float(len(sent_unknown)), "10000": 2.0}
 
             async def errors_counted() -> dict[str, float] | None:
-                result = await prom.query("sum by (numeric_code) (auth_errors_total) > 0")
+                result = await prom.query("sum by (numeric_code) (passkey_auth_errors_total) > 0")
                 counts = {r["metric"]["numeric_code"]: float(r["value"][1]) for r in result}
                 return counts if counts == expected else None
 
             assert await prom.until(
-                f"auth_errors_total by numeric_code == {expected}", errors_counted, WAIT_TIMEOUT_S
+                f"passkey_auth_errors_total by numeric_code == {expected}",
+                errors_counted,
+                WAIT_TIMEOUT_S,
             )
             confirms = await prom.query(
-                'sum by (outcome) (auth_commands_total{type="passkey_confirm"})'
+                'sum by (outcome) (passkey_auth_commands_total{type="passkey_confirm"})'
             )
             assert {r["metric"]["outcome"]: float(r["value"][1]) for r in confirms} == {
                 "error": float(len(sent) + len(sent_unknown))
@@ -527,7 +529,7 @@ async def test_failing_commands_fire_the_alerts_in_prometheus(
             scrapes = await api_scrapes(prom) if with_api else {}
             if scrapes.get("missed") and not scrapes.get("not_ready"):
                 # A scrape of the in-process front-end that overran the 1 s timeout leaves
-                # api_ready absent for a moment, and the rule's absent() arm goes pending on
+                # passkey_api_ready absent for a moment, and the rule's absent() arm goes pending on
                 # that alone; the front-end itself never reported not ready.
                 allowed |= {"PasskeyApiNoReadyInstances"}
             assert active - allowed == set(), (alerts, scrapes)

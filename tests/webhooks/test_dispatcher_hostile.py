@@ -127,7 +127,7 @@ async def test_a_huge_retry_after_delays_no_one_and_ends_no_process(
                 timeout=30,
             )
             still_running(running)
-            failed = running.registry.get_sample_value("webhook_deliveries_failed_total")
+            failed = running.registry.get_sample_value("passkey_webhook_deliveries_failed_total")
             assert failed == len(events)
     assert all(d.verified for d in healthy.seen)
 
@@ -172,7 +172,7 @@ async def test_an_attempt_that_raises_fails_that_attempt_only(
             await wait_until(lambda: sender.raised == len(events) * ATTEMPTS, timeout=30)
             still_running(running)
             internal = running.registry.get_sample_value(
-                "webhook_attempt_errors_total", {"kind": "internal"}
+                "passkey_webhook_attempt_errors_total", {"kind": "internal"}
             )
             assert internal == len(events) * ATTEMPTS
     assert doomed.seen == []

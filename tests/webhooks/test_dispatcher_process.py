@@ -1,6 +1,7 @@
 """The dispatcher as its production process (``python -m worker webhooks``): its probes on
-the metrics port, the ``webhook_`` families of ``deploy/metrics.txt`` exported live (the
-deploy checks scrape the worker and the front-end only), a clean exit on SIGTERM, and a
+the metrics port, the ``passkey_webhook_`` families of ``deploy/metrics.txt`` exported live with the
+build and the standard process families (the deploy checks scrape the worker and the
+front-end only), a clean exit on SIGTERM, and a
 missing secrets key that ends the process at once instead of leaving it half started."""
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import SettingsFactory
-from tests.deploy.test_metric_names import METRICS_FILE, WEBHOOK_LABELS
+from tests.deploy.test_metric_names import (
+    METRICS_FILE,
+    SHARED_FAMILIES,
+    STANDARD_FAMILIES,
+    STANDARD_LABELS,
+    WEBHOOK_LABELS,
+)
 from tests.harness import REPO
 from tests.webhooks.processes import (
     DispatcherPool,
@@ -35,11 +42,12 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
+from worker import __version__, tracing
 from worker.runner import shutdown_hard_limit
 
 pytestmark = pytest.mark.integration
 
-PREFIX = "webhook_"
+PREFIX = "passkey_webhook_"
 READY_TIMEOUT_S = 60.0
 SCRAPE_TIMEOUT_S = 20.0
 #: Labels the client library adds itself (histogram buckets).
@@ -47,20 +55,26 @@ LIBRARY_LABELS = frozenset({"le"})
 
 
 def listed() -> set[str]:
-    """The dispatcher's families as deploy/metrics.txt names them."""
-    return {n for n in METRICS_FILE.read_text().split() if n.startswith(PREFIX)}
+    """The dispatcher's families as deploy/metrics.txt names them (its own and the shared)."""
+    return {n for n in METRICS_FILE.read_text().split() if n.startswith(PREFIX)} | SHARED_FAMILIES
 
 
 class Scrape:
     """One ``/metrics`` answer, parsed. A family without samples (a labelled one no label set
-    was used for yet) counts as not exported."""
+    was used for yet) counts as not exported. The standard families are kept apart
+    (``standard``: name -> label names)."""
 
     def __init__(self, text: str) -> None:
         self.types: dict[str, str] = {}
         self.labels: set[str] = set()
         self.values: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        self.standard: dict[str, set[str]] = {}
         for family in text_string_to_metric_families(text):
             if not family.samples:
+                continue
+            listed = f"{family.name}_total" if family.type == "counter" else family.name
+            if listed in STANDARD_FAMILIES:
+                self.standard[listed] = {k for s in family.samples for k in s.labels}
                 continue
             self.types[family.name] = family.type
             for s in family.samples:
@@ -121,15 +135,25 @@ async def test_probes_metrics_and_clean_stop(
         assert metrics.names() - wanted == set(), "exported but not in deploy/metrics.txt"
         assert wanted - metrics.names() == set(), "in deploy/metrics.txt but not exported"
         assert metrics.labels == WEBHOOK_LABELS
+        assert set(metrics.standard) == STANDARD_FAMILIES
+        assert set().union(*metrics.standard.values()) == STANDARD_LABELS
+        build = {"service": tracing.SERVICE_WEBHOOKS, "version": __version__}
+        assert metrics.value("passkey_build_info", **build) == 1
         for name in wanted:  # the list spells each family by its type
             if name.endswith("_total"):
                 assert metrics.types[name.removesuffix("_total")] == "counter", name
             else:
                 assert metrics.types[name] in {"gauge", "histogram"}, name
-        assert metrics.value("webhook_deliveries_taken_in_total") == 1
-        assert metrics.value("webhook_attempts_total", result="delivered", status_class="2xx") == 1
-        assert metrics.value("webhook_dispatcher_ready") == 1
-        assert metrics.value("webhook_dispatcher_heartbeat_timestamp_seconds") > time.time() - 60
+        assert metrics.value("passkey_webhook_deliveries_taken_in_total") == 1
+        assert (
+            metrics.value("passkey_webhook_attempts_total", result="delivered", status_class="2xx")
+            == 1
+        )
+        assert metrics.value("passkey_webhook_dispatcher_ready") == 1
+        assert (
+            metrics.value("passkey_webhook_dispatcher_heartbeat_timestamp_seconds")
+            > time.time() - 60
+        )
 
         started = time.monotonic()
         code = pool.signal(0, signal.SIGTERM)

@@ -200,7 +200,9 @@ async def test_a_full_queue_fails_new_deliveries_into_the_dlq(
         async with running_dispatcher(settings) as running:
             events = [status_event(account, v) for v in range(1, 6)]
             await publish_events(settings, events)
-            await wait_until(lambda: sample(running, "webhook_deliveries_refused_total") == 3)
+            await wait_until(
+                lambda: sample(running, "passkey_webhook_deliveries_refused_total") == 3
+            )
             dlq = await read_topic(settings, settings.topics.webhook_dlq)
             state = [
                 r for r in await read_topic(settings, settings.topics.webhook_state) if r.value
@@ -242,7 +244,9 @@ async def test_a_hanging_endpoint_holds_its_share_and_its_neighbour_gets_everyth
                 events = [status_event(a, 1) for a in accounts]
                 await publish_events(settings, events)
                 await wait_until(lambda: len(healthy.verified_once()) == len(events), timeout=60)
-                deferred = sample(running, "webhook_attempts_deferred_total", reason="capacity")
+                deferred = sample(
+                    running, "passkey_webhook_attempts_deferred_total", reason="capacity"
+                )
     finally:
         await session.close()
 
@@ -306,7 +310,7 @@ async def test_old_form_records_are_restored_delivered_and_migrated(
             await producer.stop()
         async with running_dispatcher(settings) as running:
             await wait_until(lambda: len(hook.verified_once()) == 2)
-            await wait_until(lambda: sample(running, "webhook_state_migrated_total") == 1)
+            await wait_until(lambda: sample(running, "passkey_webhook_state_migrated_total") == 1)
             await publish_events(settings, [events[2]])
             await wait_until(lambda: len(hook.verified_once()) == 3)
         records = await read_topic(settings, settings.topics.webhook_state)

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from worker import tracing
 from worker.api.cors import CorsPolicy
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
@@ -45,7 +46,7 @@ from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
 from worker.kafka import build_consumer, build_producer, verify_topics
 from worker.logs import get_logger
-from worker.metrics import TailSkips
+from worker.metrics import API_PREFIX, TailSkips, export_process_metrics
 from worker.outage import BrokerHealth
 from worker.probes import Probes
 from worker.process import on_stop_signals
@@ -243,8 +244,9 @@ async def api_runtime(
     if not len(keys):
         log.warning("api_no_keys", keys_file=str(settings.api_keys_file))
     registry = registry if registry is not None else CollectorRegistry()
+    export_process_metrics(registry, tracing.SERVICE_API)
     broker = BrokerHealth(settings.kafka_outage_tolerance_s, name="api")
-    broker.export(registry, "api_")
+    broker.export(registry, API_PREFIX)
     topics = settings.topics
     producer = build_producer(settings)
     replies = ReplyRouter(
@@ -291,7 +293,7 @@ async def api_runtime(
             side_door=apps.side_door,
             metrics=apps.metrics,
         )
-        registry.register(TailSkips("api", lambda: runtime.tails))
+        registry.register(TailSkips(API_PREFIX, lambda: runtime.tails))
         yield runtime
     finally:
         for stop in reversed(started):

@@ -14,7 +14,7 @@ otherwise it answers 401 invalid_api_key. The front-end re-reads the file when i
 modification time changes (``API_KEYS_RELOAD_S``), so edits take effect without a restart.
 
 The store remembers when each key id was last presented (``last_used``), exported as the
-``api_key_last_used_timestamp_seconds{key_id}`` gauge: operators see which keys
+``passkey_api_key_last_used_timestamp_seconds{key_id}`` gauge: operators see which keys
 are still in use without any key reaching a log.
 
 API keys are high-entropy random tokens, so a plain SHA-256 is the right hash (a slow password

@@ -3,7 +3,7 @@
 ``create`` and ``rotate`` print the new raw key alone on stdout (so ``KEY=$(...)`` captures
 it) and say what happened on stderr; the key is never shown again. The other commands print
 their result on stdout. ``list`` shows each key's state and, given the front-ends'
-``--metrics-url``, when it was last presented (``api_key_last_used_timestamp_seconds``).
+``--metrics-url``, when it was last presented (``passkey_api_key_last_used_timestamp_seconds``).
 Exit status: 0 done, 1 the edit was refused (unknown key, bad file, lock held), 2 no file.
 """
 
@@ -35,7 +35,7 @@ from worker.settings import Settings
 __all__ = ["COMMANDS", "LAST_USED_METRIC", "add_arguments", "parse_duration", "run"]
 
 COMMANDS: Final = ("list", "create", "disable", "enable", "rotate", "delete")
-LAST_USED_METRIC: Final = "api_key_last_used_timestamp_seconds"
+LAST_USED_METRIC: Final = "passkey_api_key_last_used_timestamp_seconds"
 #: A metrics page larger than this is not read (the URL is operator-given, the answer is not).
 MAX_METRICS_BYTES: Final = 8 * 1024 * 1024
 _DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -165,7 +165,7 @@ def _row(info: KeyInfo, now: datetime, last_used: float | None) -> dict[str, Any
 
 
 def scrape_last_used(urls: Sequence[str], *, timeout_s: float = 5.0) -> dict[str, float]:
-    """The latest ``api_key_last_used_timestamp_seconds`` per key id over the front-ends at
+    """The latest ``passkey_api_key_last_used_timestamp_seconds`` per key id over the front-ends at
     ``urls``; a page that cannot be read is reported on stderr and skipped."""
     latest: dict[str, float] = {}
     with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:

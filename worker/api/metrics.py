@@ -29,7 +29,7 @@ REFUSAL_REASONS: Final = (
     "body_timeout",
     "rate_limited",
 )
-"""``api_refusals_total{reason}``: what the front door refuses (docs/operations.md,
+"""``passkey_api_refusals_total{reason}``: what the front door refuses (docs/operations.md,
 "Front-door limits"). Never labelled by workspace: the label set stays this small."""
 
 
@@ -38,17 +38,17 @@ KeyUsage = Callable[[], Iterable[tuple[str, str, float]]]
 
 
 class KeyUsageCollector(Collector):
-    """``api_key_last_used_timestamp_seconds{key_id}``, read from the key store at scrape time:
-    one series per key id of the keys file (operator-created, so bounded); a deleted key's
-    series goes with it. Key ids only, never a key, and no workspace id: which workspace a key
-    belongs to is in the keys file (``keys list``), not in every scrape."""
+    """``passkey_api_key_last_used_timestamp_seconds{key_id}``, read from the key store at
+    scrape time: one series per key id of the keys file (operator-created, so bounded); a
+    deleted key's series goes with it. Key ids only, never a key, and no workspace id: which
+    workspace a key belongs to is in the keys file (``keys list``), not in every scrape."""
 
     def __init__(self, usage: KeyUsage) -> None:
         self._usage = usage
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
-            "api_key_last_used_timestamp_seconds",
+            "passkey_api_key_last_used_timestamp_seconds",
             "Unix time this front-end last saw each API key presented (accepted or not)",
             labels=["key_id"],
         )
@@ -68,30 +68,30 @@ class ApiMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.requests = Counter(
-            "api_requests",
+            "passkey_api_requests",
             "HTTP requests answered, by route template, method and status",
             ["route", "method", "status"],
             registry=registry,
         )
         self.duration = Histogram(
-            "api_request_duration_seconds",
+            "passkey_api_request_duration_seconds",
             "Request received to response sent",
             ["route", "method"],
             buckets=_BUCKETS,
             registry=registry,
         )
         self.reply_timeouts = Counter(
-            "api_reply_timeouts",
+            "passkey_api_reply_timeouts",
             "passkey-confirm requests answered 500 because no reply arrived in time",
             registry=registry,
         )
         self.pending_replies = Gauge(
-            "api_pending_replies",
+            "passkey_api_pending_replies",
             "Requests currently waiting for their reply on auth.replies",
             registry=registry,
         )
         self.refusals = Counter(
-            "api_refusals",
+            "passkey_api_refusals",
             "Connections and requests the front door refused, by reason",
             ["reason"],
             registry=registry,
@@ -99,13 +99,13 @@ class ApiMetrics:
         for reason in REFUSAL_REASONS:
             self.refusals.labels(reason)
         self.ready = Gauge(
-            "api_ready",
+            "passkey_api_ready",
             "1 when the auth.state view caught up and the reply consumer is positioned",
             registry=registry,
         )
         # Quotas per workspace (worker/api/quotas.py); every label value exported from start.
         self.quota_refusals = Counter(
-            "api_quota_refusals",
+            "passkey_api_quota_refusals",
             "Webhook requests refused by a per-workspace quota or field limit, by quota",
             ["quota"],
             registry=registry,
@@ -113,7 +113,7 @@ class ApiMetrics:
         for quota in QUOTAS:
             self.quota_refusals.labels(quota)
         self.secrets_dropped = Counter(
-            "api_webhook_secrets_dropped",
+            "passkey_api_webhook_secrets_dropped",
             "Signing secrets that stopped signing before their expiry: older than the previous"
             " one at a rotation (rotated), on request (expired), or of a record written before"
             " the bound (trimmed)",
@@ -123,7 +123,7 @@ class ApiMetrics:
         for reason in ("rotated", "expired", "trimmed"):
             self.secrets_dropped.labels(reason)
         self.replays_in_flight = Gauge(
-            "api_webhook_replays_in_flight",
+            "passkey_api_webhook_replays_in_flight",
             "Webhook replays running or waiting for a slot in this process",
             registry=registry,
         )

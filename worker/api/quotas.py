@@ -5,7 +5,7 @@ grows with the endpoints a workspace has, replay scans hold the front-end's slot
 endpoint's fields are copied into every record and log line that names it. So each has a
 bound, set in ``Settings`` (``WEBHOOK_ENDPOINTS_PER_WORKSPACE`` ...), and a request beyond one
 is refused with a ``Refused`` naming the quota: the route answers the error (with
-``Retry-After`` when waiting helps) and counts it in ``api_quota_refusals{quota}``.
+``Retry-After`` when waiting helps) and counts it in ``passkey_api_quota_refusals{quota}``.
 
 The endpoint count is checked against this replica's registry plus the creates it has in
 flight, so concurrent creates on one replica never pass the quota. Replicas do not coordinate:
@@ -25,7 +25,7 @@ from worker.catalogue import ServiceError
 from worker.settings import Settings
 from worker.webhooks.endpoints import EndpointRegistry
 
-#: The ``quota`` label values of ``api_quota_refusals``.
+#: The ``quota`` label values of ``passkey_api_quota_refusals``.
 ENDPOINTS: Final = "webhook_endpoints"
 REPLAYS: Final = "webhook_replays"
 REPLAY_CAPACITY: Final = "webhook_replay_capacity"

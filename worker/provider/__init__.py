@@ -12,7 +12,12 @@ from worker.provider.base import (
     ProviderError,
     RetryObserver,
 )
-from worker.provider.breaker import BreakerState, CircuitBreaker, CircuitOpenError
+from worker.provider.breaker import (
+    BREAKER_STATES,
+    BreakerState,
+    CircuitBreaker,
+    CircuitOpenError,
+)
 from worker.provider.errors import map_upstream_failure
 from worker.provider.http import (
     HttpProviderAdapter,
@@ -25,6 +30,7 @@ from worker.provider.retry import RetryPolicy
 from worker.provider.transport import AiohttpClient
 
 __all__ = [
+    "BREAKER_STATES",
     "AiohttpClient",
     "BreakerState",
     "CallObserver",

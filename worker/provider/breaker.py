@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Final, Literal, get_args
 
-__all__ = ["BreakerState", "CircuitBreaker", "CircuitOpenError"]
+__all__ = ["BREAKER_STATES", "BreakerState", "CircuitBreaker", "CircuitOpenError"]
 
 BreakerState = Literal["closed", "open", "half_open"]
+#: Every state, in the order of the diagram (the state gauge exports one series each).
+BREAKER_STATES: Final[tuple[BreakerState, ...]] = get_args(BreakerState)
 
 
 class CircuitOpenError(Exception):

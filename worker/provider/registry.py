@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from worker.provider.base import CallObserver, ProviderAdapter, RetryObserver
+from worker.provider.breaker import CircuitBreaker
 from worker.provider.credentials import Credential, client_tls
 from worker.provider.http import (
     HttpProviderAdapter,
@@ -48,6 +49,13 @@ class ProviderRegistry(Mapping[str, ProviderAdapter]):
 
     def __len__(self) -> int:
         return len(self._adapters)
+
+    def breakers(self) -> Iterator[tuple[str, CircuitBreaker]]:
+        """``(provider name, breaker)`` of each HTTP adapter that has a circuit breaker (all of
+        those ``build_registry`` builds), read at call time."""
+        for name, adapter in self._adapters.items():
+            if isinstance(adapter, HttpProviderAdapter) and adapter.breaker is not None:
+                yield name, adapter.breaker
 
     async def aclose(self) -> None:
         """Close every adapter and the clients the registry built for single providers. The

@@ -15,10 +15,11 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from prometheus_client import CollectorRegistry
 
+from worker import tracing
 from worker.consumer import Worker
 from worker.kafka import ConsumerClass, build_consumer, build_producer, verify_topics
 from worker.logs import get_logger
-from worker.metrics import TailSkips
+from worker.metrics import WEBHOOK_PREFIX, TailSkips, export_process_metrics
 from worker.outage import BrokerHealth
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
@@ -100,9 +101,10 @@ async def run_dispatcher(
     ``sender`` replaces the HTTP sender built from settings (tests); ``consumer_class`` the
     group consumer's class (the development tools', for the embedded broker)."""
     registry = registry or CollectorRegistry()
+    export_process_metrics(registry, tracing.SERVICE_WEBHOOKS)
     metrics = WebhookMetrics(registry)
     health = BrokerHealth(settings.kafka_outage_tolerance_s, name="dispatcher")
-    health.export(registry, "webhook_")
+    health.export(registry, WEBHOOK_PREFIX)
     box = secrets_box(settings)
     await verify_topics(settings, used_by(settings, "dispatcher"))
     topics = settings.topics
@@ -110,7 +112,7 @@ async def run_dispatcher(
     tail = EndpointsTail(
         build_consumer(settings, enable_auto_commit=False), topics.webhook_endpoints
     )
-    registry.register(TailSkips("webhook", lambda: (tail,)))
+    registry.register(TailSkips(WEBHOOK_PREFIX, lambda: (tail,)))
     schedule = parse_schedule(settings.webhook_retry_schedule_s)
     session = None
     if sender is None:

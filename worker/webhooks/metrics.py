@@ -3,7 +3,7 @@
 Labels are small fixed sets (result, HTTP status class, dead-letter reason); never an
 endpoint URL, an endpoint id or an account id. The consume loop's own series (in flight, lag,
 restore, rebalances, readiness, heartbeat) have the same meaning as the worker's, under the
-``webhook_`` prefix.
+``passkey_webhook_`` prefix.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from worker.metrics import DLQ_REASONS, LoopSeries
+from worker.metrics import DLQ_REASONS, WEBHOOK_PREFIX, LoopSeries
 from worker.webhooks.delivery import AttemptResult
 
 _ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0)
@@ -37,68 +37,72 @@ class WebhookMetrics(LoopSeries):
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(
             registry,
-            prefix="webhook",
+            prefix=WEBHOOK_PREFIX,
             role="dispatcher",
             in_flight=("inflight_work", "Records and due deliveries not yet settled"),
             records="Delivery-state records",
         )
         self.attempts = Counter(
-            "webhook_attempts",
+            "passkey_webhook_attempts",
             "Delivery attempts by result (delivered: 2xx; rejected: another status; error: "
             "no answer) and HTTP status class",
             ["result", "status_class"],
             registry=registry,
         )
         self.attempt_errors = Counter(
-            "webhook_attempt_errors",
+            "passkey_webhook_attempt_errors",
             "Attempts without an HTTP answer, by kind",
             ["kind"],
             registry=registry,
         )
         self.attempt_seconds = Histogram(
-            "webhook_attempt_duration_seconds",
+            "passkey_webhook_attempt_duration_seconds",
             "One delivery attempt, request to answer",
             buckets=_ATTEMPT_BUCKETS,
             registry=registry,
         )
         self.delivery_latency = Histogram(
-            "webhook_delivery_latency_seconds",
+            "passkey_webhook_delivery_latency_seconds",
             "Event occurred to delivered (incl. retries)",
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
         self.taken_in = Counter(
-            "webhook_deliveries_taken_in", "Deliveries scheduled from events", registry=registry
+            "passkey_webhook_deliveries_taken_in",
+            "Deliveries scheduled from events",
+            registry=registry,
         )
         self.retries = Counter(
-            "webhook_retries_scheduled", "Failed attempts scheduled for a retry", registry=registry
+            "passkey_webhook_retries_scheduled",
+            "Failed attempts scheduled for a retry",
+            registry=registry,
         )
         self.failed = Counter(
-            "webhook_deliveries_failed",
+            "passkey_webhook_deliveries_failed",
             "Deliveries failed for good (retries used up, 410, endpoint inactive)",
             registry=registry,
         )
         self.disabled = Counter(
-            "webhook_endpoints_disabled",
+            "passkey_webhook_endpoints_disabled",
             "Endpoints disabled by the dispatcher (410 or continuous failure)",
             registry=registry,
         )
         self.undecodable = Counter(
-            "webhook_undecodable_events",
+            "passkey_webhook_undecodable_events",
             "Event or replay records that could not be read (skipped)",
             registry=registry,
         )
         self.dlq = Counter(
-            "webhook_dlq_records",
+            "passkey_webhook_dlq_records",
             "Input records (events, replay requests) sent to the webhook DLQ, by dlq.reason",
             ["reason"],
             registry=registry,
         )
         self.in_flight_attempts = Gauge(
-            "webhook_inflight_attempts", "HTTP attempts under way", registry=registry
+            "passkey_webhook_inflight_attempts", "HTTP attempts under way", registry=registry
         )
         self.deferrals = Counter(
-            "webhook_attempts_deferred",
+            "passkey_webhook_attempts_deferred",
             "Due deliveries put back because their endpoint had no room: its share of "
             "in-flight attempts taken (capacity), backing off after failures (backoff), or "
             "its rate limit reached (rate)",
@@ -106,24 +110,24 @@ class WebhookMetrics(LoopSeries):
             registry=registry,
         )
         self.endpoints_backing_off = Gauge(
-            "webhook_endpoints_backing_off",
+            "passkey_webhook_endpoints_backing_off",
             "Endpoints backing off as a whole after failing continuously (this process)",
             registry=registry,
         )
         self.queue_full = Counter(
-            "webhook_deliveries_refused",
+            "passkey_webhook_deliveries_refused",
             "Deliveries refused because their (endpoint, account) queue was full; each one "
             "failed into the webhook DLQ (reason queue_full)",
             registry=registry,
         )
         self.state_migrated = Counter(
-            "webhook_state_migrated",
+            "passkey_webhook_state_migrated",
             "Old-form delivery-state records (one per account) split into per-pair records "
             "and tombstoned",
             registry=registry,
         )
         self.state_record_bytes = Histogram(
-            "webhook_state_record_bytes",
+            "passkey_webhook_state_record_bytes",
             "Size of each delivery-state record written",
             buckets=_RECORD_BUCKETS,
             registry=registry,
