@@ -100,7 +100,8 @@ def test_the_commands_refuse_to_start_with_a_clear_log_line(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(logs, "configure", lambda *_, **__: None)
     with structlog.testing.capture_logs() as events:
-        assert main([command]) == EXIT_REFUSED
+        argv = [command, "check"] if command == "topics" else [command]  # topics create|check
+        assert main(argv) == EXIT_REFUSED
     (event,) = [e for e in events if e["event"] == "startup_refused"]
     assert event["command"] == command
     assert event["environment"] == "production"
