@@ -3,11 +3,11 @@ extensions, kept apart.
 
 The seed (§7, plus the §5 authentication rows, which §7 repeats) is the source of error codes;
 ``ENTRIES`` holds its rows and nothing else, and ``tests/test_catalogue.py`` parses the seed and
-fails if a row there is missing, changed or invented. The seed leaves rate limits and time-outs
-"not shown"; the few answers the service needs there are ``EXTENSIONS``, rows marked
-``extension`` (in ``schemas/error-catalogue.json`` too, the exported copy for non-Python
-consumers), with numeric codes in a 90000 block the seed does not use (docs/api.md, "Service
-extensions").
+fails if a row there is missing, changed or invented. The seed leaves rate limits, time-outs
+and unsupported methods "not shown" and has no quota row for webhook endpoints; the few answers
+the service needs there are ``EXTENSIONS``, rows marked ``extension`` (in
+``schemas/error-catalogue.json`` too, the exported copy for non-Python consumers), with numeric
+codes in a 90000 block the seed does not use (docs/api.md, "Service extensions").
 
 A code may appear under more than one status (``contact_not_found`` under 404 and 422,
 ``group_not_found`` under 404 and the provider-detail list), so a code alone does not identify
@@ -336,7 +336,8 @@ ENTRIES: Final[tuple[CatalogueEntry, ...]] = (
     ),
 )
 
-# The service's own rows: answers the seed leaves "not shown" (rate limits, time-outs).
+# The service's own rows: answers the seed leaves "not shown" (rate limits, time-outs, a method
+# the route does not take, the endpoint quota: a limit, not a fault, so not a 500).
 EXTENSIONS: Final[tuple[CatalogueEntry, ...]] = (
     CatalogueEntry(
         "request_timeout",
@@ -351,6 +352,21 @@ EXTENSIONS: Final[tuple[CatalogueEntry, ...]] = (
         429,
         "The workspace sent more requests than its rate limit allows; retry after"
         " `Retry-After` seconds.",
+        extension=True,
+    ),
+    CatalogueEntry(
+        "method_not_allowed",
+        90003,
+        405,
+        "The route exists but does not take this method; `Allow` lists the methods it takes.",
+        extension=True,
+    ),
+    CatalogueEntry(
+        "webhook_endpoint_quota_exceeded",
+        90004,
+        409,
+        "The workspace has reached its quota of webhook endpoints; delete one before creating"
+        " another.",
         extension=True,
     ),
 )

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.api.conftest import ApiSettings
 from tests.api.support import (
@@ -30,6 +31,7 @@ from tests.api.support import (
     wait_until,
 )
 from worker.api.app import ACCOUNT_ID_RULE
+from worker.api.routes import ACCOUNT_AUTH
 from worker.catalogue import ServiceError
 from worker.messages import PasskeyConfirm
 
@@ -124,20 +126,15 @@ async def test_order_of_checks_route_then_key_then_account_id(
         ("GET", "/v1/accounts"),
         ("GET", "/v2/accounts/acc_1/auth"),
         ("GET", "/v1/accounts/acc_1/auth/"),  # no slash redirects: the route does not exist
-        ("GET", "/v1/accounts/acc_1/auth/passkey-confirm"),  # 405 → 404
-        ("PUT", "/v1/accounts/acc_1/auth/passkey-confirm"),
-        ("DELETE", "/v1/accounts/acc_1/auth"),
-        ("POST", "/v1/accounts/acc_1/auth"),
-        ("PATCH", "/v1/accounts/acc_1/auth"),
-        ("OPTIONS", "/v1/accounts/acc_1/auth"),  # not a preflight
+        ("TRACE", "/v1/accounts/acc_1/auth/"),
+        ("OPTIONS", "/v1/nothing"),
         ("POST", "/v1/accounts/a%2Fb/auth/passkey-confirm"),
         ("POST", "/metrics"),
+        ("GET", "/metrics"),  # on the side door
         ("GET", "/docs"),
     ],
 )
-async def test_unknown_route_or_method_404(
-    api_settings: ApiSettings, method: str, path: str
-) -> None:
+async def test_unknown_route_404(api_settings: ApiSettings, method: str, path: str) -> None:
     async with (
         running_api(api_settings()) as api,
         httpx.AsyncClient(base_url=api.url) as http,
@@ -148,21 +145,124 @@ async def test_unknown_route_or_method_404(
         assert "allow" not in resp.headers
 
 
-@pytest.mark.parametrize("path", ["/v1/accounts/acc_1/auth", "/healthz", "/openapi.json"])
-async def test_head_is_not_a_method_of_any_route(api_settings: ApiSettings, path: str) -> None:
-    """HEAD is "any other method" (404, with no body as HEAD has none), not GET's twin."""
+ALLOW = {
+    CONFIRM.format("acc_1"): "POST, OPTIONS",
+    AUTH.format("acc_1"): "GET, HEAD, OPTIONS",
+    "/v1/webhook-endpoints": "GET, HEAD, POST, OPTIONS",
+    "/v1/webhook-endpoints/ep_1": "GET, HEAD, PATCH, DELETE, OPTIONS",
+    "/v1/webhook-endpoints/ep_1/replay": "POST, OPTIONS",
+    "/v1/webhook-endpoints/ep_1/deliveries": "GET, HEAD, OPTIONS",
+    "/healthz": "GET, HEAD, OPTIONS",
+    "/readyz": "GET, HEAD, OPTIONS",
+    "/openapi.json": "GET, HEAD, OPTIONS",
+}
+
+
+async def test_a_method_the_route_does_not_take_is_405_with_allow(
+    api_settings: ApiSettings,
+) -> None:
+    """RFC 9110: 405 with ``Allow`` on a path that exists, in the error envelope (the service
+    extension ``method_not_allowed``), before the key is looked at and whatever the id; a
+    fuzzer's TRACE and a typo's PUT alike. Counted under the route's template."""
+    registry = CollectorRegistry()
+    async with (
+        running_api(api_settings(), registry=registry) as api,
+        httpx.AsyncClient(base_url=api.url) as http,
+    ):
+        for path, allow in ALLOW.items():
+            taken = set(allow.split(", "))
+            for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "TRACE", "QUERY"):
+                if method in taken:
+                    continue
+                for key in (headers(), headers("bad"), {}):
+                    resp = await http.request(method, path, headers=key)
+                    assert resp.headers["allow"] == allow, (method, path)
+                    if method == "HEAD":  # no body, the rest as for any method
+                        assert (resp.status_code, resp.content) == (405, b""), path
+                        continue
+                    body = assert_error(resp, 405, "method_not_allowed", 90003)
+                    assert body["error"]["message"] == (
+                        f"The route does not take {method}; it takes {allow}."
+                    )
+        # the id is not looked at: a malformed one is still the route's
+        resp = await http.put(AUTH.format("-bad id-"), headers=headers())
+        assert_error(resp, 405, "method_not_allowed", 90003)
+        assert resp.headers["allow"] == "GET, HEAD, OPTIONS"
+    trace = registry.get_sample_value(
+        "passkey_api_requests_total", {"route": ACCOUNT_AUTH, "method": "other", "status": "405"}
+    )
+    assert trace is not None and trace >= 3  # TRACE and QUERY: a bounded label
+
+
+async def test_head_answers_like_get_without_a_body(api_settings: ApiSettings) -> None:
+    """HEAD wherever GET is: the same status and headers, no body (RFC 9110), the API key
+    checked the same way."""
     async with (
         running_api(api_settings()) as api,
         httpx.AsyncClient(base_url=api.url) as http,
     ):
-        resp = await http.head(path, headers=headers())
-        assert resp.status_code == 404
-        assert resp.headers["x-request-id"]
+        for path, key, status in (
+            ("/healthz", {}, 200),
+            ("/openapi.json", {}, 200),
+            (AUTH.format("acc_nobody"), headers(), 404),
+            (AUTH.format("acc_nobody"), {}, 401),
+            (AUTH.format("-bad"), headers(), 400),
+            ("/v1/webhook-endpoints", headers(), 500),  # not configured here: its 500
+        ):
+            got = await http.get(path, headers=key)
+            head = await http.head(path, headers=key)
+            assert (head.status_code, got.status_code) == (status, status), path
+            assert head.content == b""
+            assert head.headers["content-type"] == got.headers["content-type"]
+            assert head.headers["content-length"] == got.headers["content-length"]
+            assert GENERATED_RID.match(head.headers["x-request-id"])
+
+
+async def test_options_without_preflight_headers_answers_allow(api_settings: ApiSettings) -> None:
+    """A plain OPTIONS (no ``Origin`` or no ``Access-Control-Request-Method``) asks what the
+    route takes: 204 with ``Allow`` and no CORS grant, on every known path, without a key.
+    A preflight to a path that is not an API route gets the same: nothing for browsers."""
+    async with (
+        running_api(api_settings()) as api,
+        httpx.AsyncClient(base_url=api.url) as http,
+    ):
+        for path, allow in ALLOW.items():
+            for extra in (
+                {},
+                {"Origin": "https://evil.example"},
+                {"Access-Control-Request-Method": "POST"},
+            ):
+                resp = await http.options(path, headers=extra)
+                assert resp.status_code == 204, (path, extra, resp.text)
+                assert resp.content == b""
+                assert resp.headers["allow"] == allow
+                assert "access-control-allow-origin" not in resp.headers
+                assert "access-control-allow-methods" not in resp.headers
+                assert GENERATED_RID.match(resp.headers["x-request-id"])
+        for path in ("/healthz", "/openapi.json"):
+            resp = await http.options(
+                path, headers={"Origin": ALLOWED_ORIGIN, "Access-Control-Request-Method": "GET"}
+            )
+            assert resp.status_code == 204
+            assert resp.headers["allow"] == ALLOW[path]
+            assert "access-control-allow-origin" not in resp.headers
 
 
 @pytest.mark.parametrize(
     "content",
-    [b"[1]", b"not json", b"null", b'"text"', b"42", b"\xff\xfe\x00", b"{" * 5000, b"{}" * 40000],
+    [
+        b"[1]",
+        b"not json",
+        b"null",
+        b'"text"',
+        b"42",
+        b"\xff\xfe\x00",
+        b"{" * 5000,
+        b"{}" * 40000,
+        b" ",  # whitespace alone is not JSON, and not "no body" either
+        b"  \n",
+        b"\x0b",  # a fuzzer's: bytes.strip() took it for whitespace
+    ],
 )
 async def test_undecodable_or_non_object_body_400(
     api_settings: ApiSettings, content: bytes
@@ -182,7 +282,7 @@ async def test_undecodable_or_non_object_body_400(
         assert worker.commands == []  # nothing was sent
 
 
-@pytest.mark.parametrize("content", [b"", b"  \n", b"{}", b'{"ignored": [1, 2]}'])
+@pytest.mark.parametrize("content", [b"", b"{}", b' {"ignored": [1, 2]}\n'])
 async def test_no_body_or_any_object_is_accepted(api_settings: ApiSettings, content: bytes) -> None:
     settings = api_settings()
     async with (
@@ -382,6 +482,7 @@ async def test_cors_preflight(api_settings: ApiSettings) -> None:
                 == "X-Api-Key, Content-Type, X-Request-Id"
             )
             assert int(resp.headers["access-control-max-age"]) > 0
+            assert resp.headers["allow"] == ALLOW[path]
             assert "Origin" in resp.headers["vary"]
             assert GENERATED_RID.match(resp.headers["x-request-id"])
 

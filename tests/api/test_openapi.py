@@ -13,8 +13,9 @@ from schemathesis.core.result import Ok
 
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_MAX_AGE_S
+from worker.api.methods import allow_value
 from worker.api.openapi import openapi_document
-from worker.api.quotas import TOO_MANY, EndpointLimits
+from worker.api.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.api.webhook_routes import (
     WEBHOOK_ACTIVATE,
@@ -78,9 +79,10 @@ def test_shape_servers_and_security() -> None:
         options = doc["paths"][route]["options"]
         assert set(options["responses"]) == {"204", "403", "404"}
         assert options["security"] == []
-    account_id = doc["components"]["parameters"]["AccountId"]["schema"]
-    assert account_id["pattern"] == ID_PATTERN
-    assert (account_id["minLength"], account_id["maxLength"]) == (1, 128)
+    for name in ("AccountId", "EndpointId"):
+        schema = doc["components"]["parameters"][name]["schema"]
+        assert schema["pattern"] == ID_PATTERN
+        assert (schema["minLength"], schema["maxLength"]) == (1, 128)
 
 
 def _responses(doc: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
@@ -179,7 +181,7 @@ WEBHOOK_PATHS = (
     WEBHOOK_REPLAY,
 )
 WEBHOOK_OPERATIONS = {
-    f"POST {WEBHOOK_ENDPOINTS}": {"201", "400", "401", "500"},
+    f"POST {WEBHOOK_ENDPOINTS}": {"201", "400", "401", "409", "500"},
     f"GET {WEBHOOK_ENDPOINTS}": {"200", "401", "500"},
     f"GET {WEBHOOK_ENDPOINT}": {"200", "400", "401", "404", "500"},
     f"PATCH {WEBHOOK_ENDPOINT}": {"200", "400", "401", "404", "500"},
@@ -243,8 +245,65 @@ def test_the_replay_quota_refusal_is_429_with_retry_after() -> None:
     assert set(refused["content"]["application/json"]["examples"]) == {TOO_MANY}
     assert refused["headers"]["Retry-After"]["schema"] == {"type": "integer", "minimum": 1}
     assert "WEBHOOK_REPLAYS_PER_WORKSPACE" in refused["description"]
-    created = doc["paths"][WEBHOOK_ENDPOINTS]["post"]["responses"]["500"]["description"]
-    assert "quota of webhook endpoints" in created
+
+
+def test_the_endpoint_quota_is_409_not_500() -> None:
+    """A limit, not a fault: the quota's refusal is its own 409 (a service extension), and
+    the create's 500 no longer speaks of it."""
+    doc = openapi_document()
+    responses = doc["paths"][WEBHOOK_ENDPOINTS]["post"]["responses"]
+    refused = responses["409"]
+    assert set(refused["content"]["application/json"]["examples"]) == {ENDPOINT_QUOTA}
+    assert "WEBHOOK_ENDPOINTS_PER_WORKSPACE" in refused["description"]
+    assert "quota" not in responses["500"]["description"]
+    assert entry(ENDPOINT_QUOTA).extension
+
+
+def test_options_states_allow_and_optional_preflight_headers() -> None:
+    """Every path with OPTIONS documents the ``Allow`` the front door answers (from the same
+    function), and the preflight headers as optional: without them OPTIONS is plain, 204."""
+    doc = openapi_document()
+    for path, item in doc["paths"].items():
+        if "options" not in item:
+            assert path in ("/healthz", "/readyz"), path
+            continue
+        options = item["options"]
+        allow = options["responses"]["204"]["headers"]["Allow"]
+        assert allow["required"] is True
+        assert allow["schema"]["const"] == allow_value(m.upper() for m in item), path
+        for parameter in options["parameters"]:
+            if parameter["in"] == "header":
+                assert parameter["required"] is False, (path, parameter)
+            else:  # the path's id is not checked by OPTIONS
+                assert parameter["schema"] == {"type": "string", "minLength": 1}, path
+        cors = options["responses"]["204"]["headers"]
+        assert not any(cors[h]["required"] for h in cors if h.startswith("Access-Control"))
+    assert "405 `method_not_allowed` (90003" in doc["info"]["description"]
+
+
+def test_links_lead_from_an_endpoint_to_every_operation_on_it() -> None:
+    """The stateful phase of a fuzzer (and a client) follows these: create, get, change,
+    rotate → the same endpoint's other operations, by its ``data.id``."""
+    doc = openapi_document()
+    by_id = {
+        op["operationId"]: (path, op) for path, item in doc["paths"].items() for op in item.values()
+    }
+    on_one = {
+        op_id
+        for op_id, (path, op) in by_id.items()
+        if path.startswith(WEBHOOK_ENDPOINT) and not op_id.startswith("preflight")
+    }
+    assert len(on_one) == 9
+    for op_id, status in (
+        ("createWebhookEndpoint", "201"),
+        ("getWebhookEndpoint", "200"),
+        ("updateWebhookEndpoint", "200"),
+        ("rotateWebhookEndpointSecret", "200"),
+    ):
+        links = by_id[op_id][1]["responses"][status]["links"]
+        assert {link["operationId"] for link in links.values()} == on_one, op_id
+        for link in links.values():
+            assert link["parameters"] == {"endpoint_id": "$response.body#/data/id"}
 
 
 def _limits_of(doc: dict[str, Any], body: str) -> tuple[int, int, int]:

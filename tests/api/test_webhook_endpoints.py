@@ -239,7 +239,7 @@ async def test_validation_errors(hook_settings: Callable[..., Settings]) -> None
             ("https://[::1]/", "target_loopback"),
         ):
             bad(await post(ENDPOINTS, json={"url": url}, headers=headers()), reason)
-        for limit in (0, -1, 10_001, 1.5, "5"):
+        for limit in (0, -1, 10_001, 1.5, 10_001.0, "5", True):
             bad(
                 await post(ENDPOINTS, json={"url": URL, "rate_limit": limit}, headers=headers()),
                 "rate_limit",
@@ -279,8 +279,75 @@ async def test_an_endpoint_rate_limit_is_set_changed_and_lifted(
         assert changed["rate_limit"] == 50
         held = hooks(api).store.registry.get("ws_a", endpoint["id"])
         assert held is not None and held.rate_limit == 50, "the record the dispatcher reads"
+        # JSON Schema's integer includes 7.0 (a fuzzer sends it): taken as 7
+        integral = ok(await http.patch(one, json={"rate_limit": 7.0}, headers=headers()))
+        assert integral["rate_limit"] == 7
         lifted = ok(await http.patch(one, json={"rate_limit": None}, headers=headers()))
         assert lifted["rate_limit"] is None
+
+
+async def test_the_url_form_the_document_states_is_enforced(
+    hook_settings: Callable[..., Settings],
+) -> None:
+    """What the OpenAPI ``pattern`` refuses is refused even where the SSRF check would let it
+    through (a trailing newline, an upper-case scheme, an IDN, a space, a trailing dot), with
+    a reason that says so; a public IPv6 literal and a public IPv4 one are of the form."""
+    async with (
+        running_api(hook_settings()) as api,
+        httpx.AsyncClient(base_url=api.url) as http,
+    ):
+        endpoint = await create(http)
+        for url in (
+            "https://hooks.example.com/in\n",
+            "HTTPS://hooks.example.com/in",
+            "https://bücher.example/in",
+            "https://hooks.example.com/a b",
+            "https://hooks.example.com./in",
+        ):
+            for resp in (
+                await http.post(ENDPOINTS, json={"url": url}, headers=headers()),
+                await http.patch(ONE.format(endpoint["id"]), json={"url": url}, headers=headers()),
+            ):
+                message = assert_error(resp, 400, "invalid_request", 10000)["error"]["message"]
+                assert "url_form_not_allowed" in message, (url, message)
+                assert "an absolute https URL in ASCII" in message
+                assert "bücher" not in message and "hooks" not in message  # never the URL
+        for url in ("https://[2606:4700::1111]/hook", "https://8.8.8.8:8443/hook?x=1#f"):
+            assert (await create(http, url=url))["url"] == url
+        assert len(ok(await http.get(ENDPOINTS, headers=headers()))) == 3
+
+
+async def test_hostile_values_are_400_not_500(hook_settings: Callable[..., Settings]) -> None:
+    """Values JSON can carry but a record cannot, or Python's datetime cannot: a lone
+    surrogate escape in ``description`` (no UTF-8 record can hold it) is refused; a ``since``
+    that RFC 3339 allows and datetime does not (year 0000, 0001-01-01 east of UTC, 9999-12-31
+    west of it) means the earliest or latest instant. On main both answered 500."""
+    async with (
+        running_api(hook_settings()) as api,
+        httpx.AsyncClient(base_url=api.url) as http,
+    ):
+        endpoint = await create(http)
+        one = ONE.format(endpoint["id"])
+        lone = b'{"url": "https://hooks.example.com/in", "description": "a\\ud800b"}'
+        for resp in (
+            await http.post(ENDPOINTS, content=lone, headers=headers()),
+            await http.patch(one, content=b'{"description": "\\udfff"}', headers=headers()),
+        ):
+            message = assert_error(resp, 400, "invalid_request", 10000)["error"]["message"]
+            assert "description" in message and "surrogate" in message
+        # a surrogate pair is one character: fine
+        pair = b'{"description": "\\ud83d\\ude00"}'
+        assert ok(await http.patch(one, content=pair, headers=headers()))["description"] == "😀"
+        for since, echoed in (
+            ("0001-01-01T00:00:00+01:00", "0001-01-01T00:00:00.000000Z"),
+            ("0000-02-29T12:00:00Z", "0001-01-01T00:00:00.000000Z"),
+            ("9999-12-31T23:59:59-01:00", "9999-12-31T23:59:59.999999Z"),
+        ):
+            resp = await http.post(f"{one}/replay", json={"since": since}, headers=headers())
+            assert ok(resp, 202)["since"] == echoed, since
+            # the replays end at once (nothing to scan that late, or little that early):
+            # one workspace may hold only two in flight
+            await wait_until(lambda: hooks(api).replays.in_flight("ws_a") == 0, what="replay")
 
 
 async def test_private_http_targets_when_the_policy_allows_them(

@@ -41,7 +41,7 @@ from worker.webhooks.signing import headers as signed_headers
 
 pytestmark = pytest.mark.integration
 
-ENDPOINT_QUOTA_CODE = ("create_webhook_endpoint_failed", 40001)
+ENDPOINT_QUOTA_CODE = ("webhook_endpoint_quota_exceeded", 90004)
 TOO_MANY = ("rate_limited", 90002)
 
 
@@ -70,7 +70,7 @@ def dropped(registry: CollectorRegistry, reason: str) -> float:
 
 
 def over_quota(resp: httpx.Response, limit: int) -> None:
-    message = assert_error(resp, 500, *ENDPOINT_QUOTA_CODE)["error"]["message"]
+    message = assert_error(resp, 409, *ENDPOINT_QUOTA_CODE)["error"]["message"]
     assert f"quota of {limit} webhook endpoints" in message, message
 
 
@@ -117,7 +117,7 @@ async def test_concurrent_creates_never_pass_the_quota(
         answers = await asyncio.gather(
             *(http.post(ENDPOINTS, json={"url": URL}, headers=headers()) for _ in range(24))
         )
-        assert sorted(r.status_code for r in answers) == [201] * 4 + [500] * 20
+        assert sorted(r.status_code for r in answers) == [201] * 4 + [409] * 20
         for resp in answers:
             if resp.status_code != 201:
                 over_quota(resp, 4)

@@ -38,7 +38,6 @@ from worker.api.routes import (
     API_ROUTES,
     EXCEPTION_HANDLERS,
     ApiRoutes,
-    without_head,
 )
 from worker.api.runtime import ApiRuntime, serve_runtime
 from worker.api.view import AuthStateView
@@ -144,13 +143,14 @@ def build_app(
         limiter=rate_limiter(settings),
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
+    policy = TargetPolicy(
+        allow_http=settings.webhook_allow_http,
+        allow_private=settings.webhook_allow_private_targets,
+    )
     hooks = WebhookRoutes(
         clients=webhooks,
         authenticate=api.authenticate,
-        policy=TargetPolicy(
-            allow_http=settings.webhook_allow_http,
-            allow_private=settings.webhook_allow_private_targets,
-        ),
+        policy=policy,
         wait_s=settings.webhook_store_timeout_s,
         limits=EndpointLimits.of(settings),
         endpoints_per_workspace=settings.webhook_endpoints_per_workspace,
@@ -163,7 +163,8 @@ def build_app(
     routes = [
         *api.routes(),
         *hooks.routes(),
-        *without_head([*probes.health_routes(), openapi_route(EndpointLimits.of(settings))]),
+        *probes.health_routes(),
+        openapi_route(EndpointLimits.of(settings), policy),
     ]
     front_door = Middleware(
         FrontDoor,

@@ -1,13 +1,15 @@
 """``FrontDoor``: the pure ASGI middleware every request passes first.
 
-It picks the request id (a valid caller ``X-Request-Id`` or ``req_<uuid4 hex>``), answers CORS
-preflights, stamps ``X-Request-Id`` (and CORS headers) on every response, turns unexpected
-exceptions into the seed's 500 error body, bounds the time the app waits for the request body
-(408 ``request_timeout``; the connection side is ``worker.api.protocol``), records the request
-metrics, and continues the
-caller's W3C ``traceparent`` (or starts a trace) in a SERVER span for the API's routes
-(``worker.tracing``; probes and unmatched paths are not traced). Doing this in one
-layer around the app, rather than per handler, covers 404s, probes and crashes alike.
+It picks the request id (a valid caller ``X-Request-Id`` or ``req_<uuid4 hex>``), answers a
+known path's ``OPTIONS`` (a CORS preflight, or the route's methods) and a method the route does
+not take (405 ``method_not_allowed`` with ``Allow``: ``worker.api.methods``), stamps
+``X-Request-Id`` (and CORS headers) on every response, turns unexpected exceptions into the
+seed's 500 error body, bounds the time the app waits for the request body (408
+``request_timeout``; the connection side is ``worker.api.protocol``), records the request
+metrics, and continues the caller's W3C ``traceparent`` (or starts a trace) in a SERVER span
+for the API's routes (``worker.tracing``; probes, ``OPTIONS`` and unmatched paths are not
+traced). Doing this in one layer around the app, rather than per handler, covers 404s, 405s,
+probes and crashes alike.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from worker import tracing
 from worker.api.bodies import error_response, new_request_id, valid_id
 from worker.api.cors import EXPOSE_HEADERS, CorsPolicy
+from worker.api.methods import allow_value, takes
 from worker.api.metrics import UNMATCHED_ROUTE, ApiMetrics, method_label
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
@@ -39,9 +42,11 @@ class FrontDoor:
     """Around the whole app (see the module docstring).
 
     ``routes`` are the app's routes: a request's metrics label is the template of the one its
-    path matches (``unmatched`` otherwise), never the raw path. Preflights are answered for the
-    templates in ``preflight_routes`` only. ``body_timeout_s`` bounds, from the request's
-    start, how long reading its body may take (``None``: unbounded).
+    path matches (``unmatched`` otherwise), never the raw path, and the methods of the routes
+    sharing a template are what that path takes. Preflights are answered for the templates in
+    ``preflight_routes`` only; an ``OPTIONS`` to another known path, or without the preflight
+    headers, is answered with the path's ``Allow``. ``body_timeout_s`` bounds, from the
+    request's start, how long reading its body may take (``None``: unbounded).
     """
 
     def __init__(
@@ -58,7 +63,15 @@ class FrontDoor:
         self.body_timeout_s = body_timeout_s
         self.metrics = metrics
         self.cors = cors
-        self._templates = tuple((route.path, route.path_regex) for route in routes)
+        handled: dict[str, set[str]] = {}
+        for route in routes:
+            handled.setdefault(route.path, set()).update(route.methods or ())
+        # One entry per template, in the routes' order (first match wins, as in the router).
+        self._templates = tuple(
+            {route.path: (route.path, route.path_regex) for route in routes}.values()
+        )
+        self._takes = {path: takes(methods) for path, methods in handled.items()}
+        self._allow = {path: allow_value(methods) for path, methods in handled.items()}
         self._preflight_routes = frozenset(preflight_routes)
         # The API's own routes get a SERVER span; probe scrapes would only add noise.
         self._traced_routes = self._preflight_routes
@@ -108,7 +121,7 @@ class FrontDoor:
                     out["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
             await send(message)
 
-        traced = template in self._traced_routes and not preflight
+        traced = template in self._traced_routes and method != "OPTIONS"
         active = (
             tracing.span(
                 f"{method} {template}",
@@ -127,11 +140,10 @@ class FrontDoor:
         )
         with active as span:
             try:
-                if preflight:
-                    assert origin is not None and request_method is not None
-                    response = self._preflight(
-                        template, request_id, origin, request_method, headers
-                    )
+                if template is not None and (
+                    method == "OPTIONS" or method not in self._takes[template]
+                ):
+                    response = self._not_for_the_app(template, method, request_id, headers)
                     await response(scope, receive, send_wrapper)
                 else:
                     await self.app(scope, receive, send_wrapper)
@@ -153,16 +165,25 @@ class FrontDoor:
                     if status >= 500:
                         span.set_status(Status(StatusCode.ERROR))
 
-    def _preflight(
-        self,
-        template: str | None,
-        request_id: str,
-        origin: str,
-        request_method: str,
-        headers: Headers,
+    def _not_for_the_app(
+        self, template: str, method: str, request_id: str, headers: Headers
     ) -> Response:
-        if template not in self._preflight_routes:
-            return error_response(request_id, ServiceError.of("not_found"))
+        """A known path's ``OPTIONS`` (a preflight on an API route, else the path's methods)
+        or a method it does not take (405): answered here, before any key check."""
+        allow = {"Allow": self._allow[template]}
+        if method != "OPTIONS":
+            return error_response(
+                request_id,
+                ServiceError.of(
+                    "method_not_allowed",
+                    f"The route does not take {method[:20]}; it takes {allow['Allow']}.",
+                ),
+                headers=allow,
+            )
+        origin = headers.get("origin")
+        request_method = headers.get("access-control-request-method")
+        if origin is None or request_method is None or template not in self._preflight_routes:
+            return Response(status_code=204, headers=allow)
         refusal = self.cors.preflight_refusal(
             origin, request_method, headers.get("access-control-request-headers")
         )
@@ -170,7 +191,7 @@ class FrontDoor:
             return error_response(
                 request_id, ServiceError.of("cors_forbidden", f"CORS preflight refused: {refusal}")
             )
-        return Response(status_code=204, headers=self.cors.preflight_headers(origin))
+        return Response(status_code=204, headers=allow | self.cors.preflight_headers(origin))
 
 
 def _receive_until(receive: Receive, timeout_s: float) -> Receive:

@@ -3,12 +3,14 @@
 Nothing here is a second copy: bodies are the JSON Schemas of ``worker.api.bodies`` (pydantic,
 referenced as ``#/components/schemas/...``); error responses come from the error catalogue
 (each operation lists the codes it can answer, the catalogue gives their status, numeric code
-and example message); the identifier rule, the CORS values and the body limit are the
-constants the handlers use, and the endpoint fields' length limits are the settings the
-handlers check (``with_limits``; the committed copy has the defaults, a running front-end
-serves its own). ``schemas/openapi.json`` is this document exported by
-``python -m worker schemas``; a test fails when it drifts, schemathesis fuzzes the live app
-against it, and the app serves it at ``/openapi.json``.
+and example message); the identifier rule, the CORS values, the body limit, the form of a
+webhook ``url`` (``worker.api.webhook_urls``) and each path's ``Allow`` (``worker.api.methods``)
+are what the handlers use, and the endpoint fields' length limits and the URL's scheme are the
+settings the handlers check (``with_limits``, ``with_url_form``; the committed copy has the
+defaults, a running front-end serves its own). Links lead from an endpoint to the operations
+on it, for clients and for a fuzzer's stateful phase. ``schemas/openapi.json`` is this
+document exported by ``python -m worker schemas``; a test fails when it drifts, schemathesis
+fuzzes the live app against it, and the app serves it at ``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from starlette.routing import Route
 
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_HEADERS, CORS_MAX_AGE_S, CORS_METHODS
-from worker.api.quotas import TOO_MANY, EndpointLimits
+from worker.api.methods import allow_value
+from worker.api.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
 from worker.api.routes import ACCOUNT_AUTH, ACCOUNT_ID_RULE, MAX_BODY_BYTES, PASSKEY_CONFIRM
 from worker.api.webhook_bodies import (
     CreateEndpointBody,
@@ -46,9 +49,11 @@ from worker.api.webhook_routes import (
     WEBHOOK_REPLAY,
     WEBHOOK_ROTATE,
 )
+from worker.api.webhook_urls import url_pattern, url_rule_text
 from worker.catalogue import ServiceError, by_numeric, entry
 from worker.messages import AuthData, Identifier
 from worker.settings import Settings
+from worker.webhooks.targets import TargetPolicy
 
 OPENAPI_PATH: Final = "/openapi.json"
 SERVER_URL: Final = (
@@ -139,11 +144,7 @@ _AUTH_FAILURES: Final = (
 )
 _PREFLIGHT_FAILURES: Final = (
     Failure("cors_forbidden"),
-    Failure(
-        "not_found",
-        "Not a CORS preflight (no `Origin` or `Access-Control-Request-Method`), or the route"
-        " does not exist.",
-    ),
+    Failure("not_found", "The route does not exist (e.g. a path parameter holding `/`)."),
 )
 
 
@@ -179,7 +180,7 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": _REF.format(model=model.__name__)}
 
 
-def _component_schemas(limits: EndpointLimits) -> dict[str, Any]:
+def _component_schemas(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, Any]:
     """The models' JSON Schemas, nested models included, keyed by model name."""
     schemas: dict[str, Any] = {}
     for model in _COMPONENT_MODELS:
@@ -188,7 +189,16 @@ def _component_schemas(limits: EndpointLimits) -> dict[str, Any]:
         schemas[model.__name__] = schema
     for body in (CreateEndpointBody, UpdateEndpointBody):
         with_limits(schemas[body.__name__], limits)
+        with_url_form(schemas[body.__name__], policy)
     return dict(sorted(schemas.items()))
+
+
+def with_url_form(schema: dict[str, Any], policy: TargetPolicy) -> None:
+    """State the form of ``url`` the handlers enforce (``worker.api.webhook_urls``) in an
+    endpoint body's schema: ``format: uri`` and the ``pattern`` for ``policy``."""
+    prop = schema["properties"]["url"]
+    prop["format"] = "uri"
+    prop["pattern"] = url_pattern(allow_http=policy.allow_http)
 
 
 def with_limits(schema: dict[str, Any], limits: EndpointLimits) -> None:
@@ -263,46 +273,68 @@ def _header(schema: dict[str, Any], description: str | None = None) -> dict[str,
     return header
 
 
-def _preflight(operation_id: str, parameter: str | None = "AccountId") -> dict[str, Any]:
+def _preflight(operation_id: str, parameter: str | None = None) -> dict[str, Any]:
+    """``OPTIONS`` on an API route: a CORS preflight when ``Origin`` and
+    ``Access-Control-Request-Method`` are both sent, else the route's methods (``Allow``).
+    ``parameter`` names the route's path parameter, which ``OPTIONS`` does not check."""
     methods = ", ".join(f"`{m}`" for m in CORS_METHODS)
     headers = ", ".join(f"`{h}`" for h in CORS_HEADERS)
+    path_parameters = (
+        ()
+        if parameter is None
+        else (
+            {
+                "name": parameter,
+                "in": "path",
+                "required": True,
+                "description": "Not checked: `OPTIONS` answers for the route whatever its value.",
+                "schema": {"type": "string", "minLength": 1},
+            },
+        )
+    )
     return {
         "operationId": operation_id,
-        "summary": "CORS preflight",
+        "summary": "CORS preflight, or the route's methods",
         "description": (
-            "Answered for browsers. Allowed: origins in `API_CORS_ORIGINS` (exact match, `*` for"
-            f" any), methods {methods}, request headers {headers}. No API key is needed. An"
-            " `OPTIONS` request without `Origin` and `Access-Control-Request-Method` is not a"
-            " preflight and answers 404 `not_found`."
+            "With `Origin` and `Access-Control-Request-Method`, a CORS preflight for browsers."
+            f" Allowed: origins in `API_CORS_ORIGINS` (exact match, `*` for any), methods"
+            f" {methods}, request headers {headers}. Without either header, a plain `OPTIONS`"
+            " (RFC 9110): 204 with the route's methods in `Allow` and no CORS headers. No API"
+            " key is needed."
         ),
         "tags": ["cors"],
         "security": [],
         "parameters": [
-            *(() if parameter is None else ({"$ref": f"#/components/parameters/{parameter}"},)),
+            *path_parameters,
             *(
-                {"name": name, "in": "header", "required": required, "schema": {"type": "string"}}
-                for name, required in (
-                    ("Origin", True),
-                    ("Access-Control-Request-Method", True),
-                    ("Access-Control-Request-Headers", False),
+                {"name": name, "in": "header", "required": False, "schema": {"type": "string"}}
+                for name in (
+                    "Origin",
+                    "Access-Control-Request-Method",
+                    "Access-Control-Request-Headers",
                 )
             ),
         ],
         "responses": {
             "204": {
-                "description": "Preflight allowed; no body.",
+                "description": (
+                    "A preflight allowed (with the `Access-Control-Allow-*` headers), or a plain"
+                    " `OPTIONS` (without them); no body either way."
+                ),
                 "headers": {
                     **_RID_HEADER,
-                    "Access-Control-Allow-Origin": _header(
-                        {"type": "string"}, "The request's Origin."
+                    # The route's methods: set by ``_with_allow`` from the path item.
+                    "Allow": _header({"type": "string"}, "The methods the route takes."),
+                    "Access-Control-Allow-Origin": _optional_header(
+                        {"type": "string"}, "The request's Origin (a preflight allowed)."
                     ),
-                    "Access-Control-Allow-Methods": _header(
+                    "Access-Control-Allow-Methods": _optional_header(
                         {"type": "string", "const": ALLOW_METHODS}
                     ),
-                    "Access-Control-Allow-Headers": _header(
+                    "Access-Control-Allow-Headers": _optional_header(
                         {"type": "string", "const": ALLOW_HEADERS}
                     ),
-                    "Access-Control-Max-Age": _header(
+                    "Access-Control-Max-Age": _optional_header(
                         {"type": "string", "const": str(CORS_MAX_AGE_S)}, "Seconds."
                     ),
                 },
@@ -310,6 +342,21 @@ def _preflight(operation_id: str, parameter: str | None = "AccountId") -> dict[s
             **_error_responses(_PREFLIGHT_FAILURES),
         },
     }
+
+
+def _optional_header(schema: dict[str, Any], description: str | None = None) -> dict[str, Any]:
+    return {**_header(schema, description), "required": False}
+
+
+def _with_allow(paths: dict[str, Any]) -> dict[str, Any]:
+    """Each ``OPTIONS`` operation's ``Allow``, stated from its path item: what the front door
+    answers (``worker.api.methods.allow_value``, HEAD beside GET, OPTIONS everywhere)."""
+    for item in paths.values():
+        if "options" in item:
+            allow = allow_value(method.upper() for method in item)
+            headers = item["options"]["responses"]["204"]["headers"]
+            headers["Allow"]["schema"] = {"type": "string", "const": allow}
+    return paths
 
 
 def _probe(
@@ -378,12 +425,46 @@ _ENDPOINT_QUOTA: Final = Settings.model_fields["webhook_endpoints_per_workspace"
 _REPLAY_QUOTA: Final = Settings.model_fields["webhook_replays_per_workspace"].default
 
 
-def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
+#: The operations on one endpoint, by the name of the link that leads to each.
+_ENDPOINT_LINKS: Final = {
+    "GetWebhookEndpoint": "getWebhookEndpoint",
+    "UpdateWebhookEndpoint": "updateWebhookEndpoint",
+    "DeleteWebhookEndpoint": "deleteWebhookEndpoint",
+    "DeactivateWebhookEndpoint": "deactivateWebhookEndpoint",
+    "ActivateWebhookEndpoint": "activateWebhookEndpoint",
+    "RotateWebhookEndpointSecret": "rotateWebhookEndpointSecret",
+    "ExpirePreviousWebhookEndpointSecret": "expirePreviousWebhookEndpointSecret",
+    "ListWebhookDeliveries": "listWebhookDeliveries",
+    "ReplayWebhookEvents": "replayWebhookEvents",
+}
+
+
+def _endpoint_links(response: dict[str, Any]) -> dict[str, Any]:
+    """``response`` (one endpoint in ``data``) with OpenAPI links to every operation on that
+    endpoint: what a client, or a stateful fuzzer, calls next with its ``data.id``."""
+    links = {
+        name: {
+            "operationId": operation_id,
+            "parameters": {"endpoint_id": "$response.body#/data/id"},
+        }
+        for name, operation_id in _ENDPOINT_LINKS.items()
+    }
+    return {**response, "links": links}
+
+
+def _webhook_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, Any]:
     """The webhook-endpoint management routes (``worker.api.webhook_routes``)."""
+    scheme = "`https` or `http`" if policy.allow_http else "`https`"
     url_rule = (
-        "`url` must be an absolute `https` URL (no user or password) whose host is not a"
-        " loopback, private, link-local or otherwise special address (checked again, on every"
-        " address the name resolves to, when delivering)."
+        f"`url` must be an absolute {scheme} URL (no user or password) of the form its"
+        f" `pattern` states ({url_rule_text(allow_http=policy.allow_http)}), whose host is"
+        + (
+            " any address but an unspecified, multicast or broadcast one (this deployment"
+            " allows private targets)."
+            if policy.allow_private
+            else " not a loopback, private, link-local or otherwise special address (checked"
+            " again, on every address the name resolves to, when delivering)."
+        )
     )
     body_400 = (
         "The body is missing, not JSON, not an object, has unknown fields or invalid values"
@@ -392,7 +473,7 @@ def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
         f" {limits.description_max_chars}, `event_types` {limits.event_types_max_items} entries:"
         " the message names the field and the limit)."
     )
-    endpoint = _json_response("The endpoint.", EndpointResponse)
+    endpoint = _endpoint_links(_json_response("The endpoint.", EndpointResponse))
     with_secret = "The endpoint and its signing secret (`whsec_...`): store it now."
     return {
         WEBHOOK_ENDPOINTS: {
@@ -405,13 +486,22 @@ def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
                 f" {_ENDPOINT_QUOTA}; deleted ones do not count).",
                 one_endpoint=False,
                 ok_status="201",
-                ok=_json_response(f"Created. {with_secret}", EndpointSecretResponse),
-                failures=_webhook_failures(
-                    "create_webhook_endpoint_failed",
-                    bad_request=body_400,
-                    not_found=False,
-                    extra="or the workspace has reached its quota of webhook endpoints (the"
-                    " message says so: delete one first). Nothing was created.",
+                ok=_endpoint_links(
+                    _json_response(f"Created. {with_secret}", EndpointSecretResponse)
+                ),
+                failures=(
+                    *_webhook_failures(
+                        "create_webhook_endpoint_failed",
+                        bad_request=body_400,
+                        not_found=False,
+                        extra="nothing was created.",
+                    ),
+                    Failure(
+                        ENDPOINT_QUOTA,
+                        "The workspace has `WEBHOOK_ENDPOINTS_PER_WORKSPACE` endpoints (default"
+                        f" {_ENDPOINT_QUOTA}): delete one before creating another. Nothing was"
+                        " created.",
+                    ),
                 ),
                 body=_json_body(CreateEndpointBody, "The new endpoint.", required=True),
             ),
@@ -426,7 +516,7 @@ def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
                     "list_webhook_endpoints_failed", bad_request=None, not_found=False
                 ),
             ),
-            "options": _preflight("preflightWebhookEndpoints", None),
+            "options": _preflight("preflightWebhookEndpoints"),
         },
         WEBHOOK_ENDPOINT: {
             "get": _webhook_operation(
@@ -467,7 +557,7 @@ def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
                 ),
                 body=_EMPTY_BODY,
             ),
-            "options": _preflight("preflightWebhookEndpoint", "EndpointId"),
+            "options": _preflight("preflightWebhookEndpoint", "endpoint_id"),
         },
         WEBHOOK_DEACTIVATE: {
             "post": _webhook_operation(
@@ -483,7 +573,7 @@ def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
                 ),
                 body=_EMPTY_BODY,
             ),
-            "options": _preflight("preflightDeactivateWebhookEndpoint", "EndpointId"),
+            "options": _preflight("preflightDeactivateWebhookEndpoint", "endpoint_id"),
         },
         WEBHOOK_ACTIVATE: {
             "post": _webhook_operation(
@@ -498,7 +588,7 @@ def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
                 ),
                 body=_EMPTY_BODY,
             ),
-            "options": _preflight("preflightActivateWebhookEndpoint", "EndpointId"),
+            "options": _preflight("preflightActivateWebhookEndpoint", "endpoint_id"),
         },
         WEBHOOK_ROTATE: {
             "post": _webhook_operation(
@@ -511,13 +601,15 @@ def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
                 " overlap early.",
                 one_endpoint=True,
                 ok_status="200",
-                ok=_json_response(f"Rotated. {with_secret}", EndpointSecretResponse),
+                ok=_endpoint_links(
+                    _json_response(f"Rotated. {with_secret}", EndpointSecretResponse)
+                ),
                 failures=_webhook_failures(
                     "update_webhook_endpoint_failed", bad_request=_OPTIONAL_BODY
                 ),
                 body=_EMPTY_BODY,
             ),
-            "options": _preflight("preflightRotateWebhookEndpointSecret", "EndpointId"),
+            "options": _preflight("preflightRotateWebhookEndpointSecret", "endpoint_id"),
         },
         WEBHOOK_EXPIRE_PREVIOUS: {
             "post": _webhook_operation(
@@ -535,7 +627,7 @@ def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
                 ),
                 body=_EMPTY_BODY,
             ),
-            "options": _preflight("preflightExpirePreviousWebhookEndpointSecret", "EndpointId"),
+            "options": _preflight("preflightExpirePreviousWebhookEndpointSecret", "endpoint_id"),
         },
         WEBHOOK_DELIVERIES: {
             "get": _webhook_operation(
@@ -550,7 +642,7 @@ def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
                     "get_webhook_endpoint_failed", bad_request="Malformed `endpoint_id`."
                 ),
             ),
-            "options": _preflight("preflightWebhookDeliveries", "EndpointId"),
+            "options": _preflight("preflightWebhookDeliveries", "endpoint_id"),
         },
         WEBHOOK_REPLAY: {
             "post": _webhook_operation(
@@ -580,15 +672,20 @@ def _webhook_paths(limits: EndpointLimits) -> dict[str, Any]:
                 ),
                 body=_json_body(ReplayBody, "Where to start.", required=True),
             ),
-            "options": _preflight("preflightReplayWebhookEvents", "EndpointId"),
+            "options": _preflight("preflightReplayWebhookEvents", "endpoint_id"),
         },
     }
 
 
-def openapi_document(limits: EndpointLimits | None = None) -> dict[str, Any]:
+def openapi_document(
+    limits: EndpointLimits | None = None, policy: TargetPolicy | None = None
+) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the front-end (deterministic: equal on every call), with
-    ``limits`` (the settings' defaults unless given) in the endpoint bodies' schemas."""
+    ``limits`` and the webhook target ``policy`` (the settings' defaults unless given) in the
+    endpoint bodies' schemas."""
     limits = limits or EndpointLimits.defaults()
+    policy = policy or TargetPolicy()
+    not_allowed = ServiceError.of("method_not_allowed")
     identifier = TypeAdapter(Identifier).json_schema()
     not_found = ServiceError.of("not_found")
     auth_parameters = [
@@ -605,8 +702,11 @@ def openapi_document(limits: EndpointLimits | None = None) -> dict[str, Any]:
                 " webhook-endpoint management of the messaging gateway. Every response"
                 " carries `X-Request-Id`; failures return"
                 " `{request_id, error: {code, numeric_code, message}}`. Branch on `code` /"
-                " `numeric_code`, never on `message`. Unknown routes and unsupported methods"
-                f" answer 404 `{not_found.code}` ({not_found.numeric_code})."
+                " `numeric_code`, never on `message`. Unknown routes answer 404"
+                f" `{not_found.code}` ({not_found.numeric_code}); a method a route does not take"
+                f" answers 405 `{not_allowed.code}` ({not_allowed.numeric_code}, a service"
+                " extension) with `Allow`, before any API key check. `HEAD` is answered wherever"
+                " `GET` is (the same statuses and headers, no body), `OPTIONS` on every route."
             ),
         },
         "servers": [{"url": SERVER_URL}],
@@ -619,75 +719,77 @@ def openapi_document(limits: EndpointLimits | None = None) -> dict[str, Any]:
                 "description": "Probes (no API key; metrics are on the side door).",
             },
         ],
-        "paths": {
-            PASSKEY_CONFIRM: {
-                "post": {
-                    "operationId": "confirmPasskey",
-                    "summary": "Confirm the pending Passkey challenge of an account",
-                    "description": (
-                        "Call it once the account's status is `passkey_confirmation`, then poll"
-                        f" `GET {ACCOUNT_AUTH}` until the status is `authorized` or `failed`."
-                        " No body is required; an empty body or any JSON object (ignored) is"
-                        " accepted. On 500 check `GET .../auth` before retrying: the"
-                        " confirmation may still be applied."
-                    ),
-                    "tags": ["auth"],
-                    "security": [{"ApiKey": []}],
-                    "parameters": auth_parameters,
-                    "requestBody": {
-                        "required": False,
+        "paths": _with_allow(
+            {
+                PASSKEY_CONFIRM: {
+                    "post": {
+                        "operationId": "confirmPasskey",
+                        "summary": "Confirm the pending Passkey challenge of an account",
                         "description": (
-                            f"Optional; ignored when it is a JSON object of at most"
-                            f" {MAX_BODY_BYTES} bytes."
+                            "Call it once the account's status is `passkey_confirmation`, then poll"
+                            f" `GET {ACCOUNT_AUTH}` until the status is `authorized` or `failed`."
+                            " No body is required; an empty body or any JSON object (ignored) is"
+                            " accepted. On 500 check `GET .../auth` before retrying: the"
+                            " confirmation may still be applied."
                         ),
-                        "content": {_JSON: {"schema": {"type": "object"}}},
+                        "tags": ["auth"],
+                        "security": [{"ApiKey": []}],
+                        "parameters": auth_parameters,
+                        "requestBody": {
+                            "required": False,
+                            "description": (
+                                f"Optional; ignored when it is a JSON object of at most"
+                                f" {MAX_BODY_BYTES} bytes."
+                            ),
+                            "content": {_JSON: {"schema": {"type": "object"}}},
+                        },
+                        "responses": {
+                            "200": _auth_ok(
+                                "Confirmed: `status` and `auth_status` are"
+                                " `passkey_confirmation_sent` (or the current status when it was"
+                                " already sent)."
+                            ),
+                            **_error_responses(_CONFIRM_FAILURES),
+                        },
                     },
-                    "responses": {
-                        "200": _auth_ok(
-                            "Confirmed: `status` and `auth_status` are"
-                            " `passkey_confirmation_sent` (or the current status when it was"
-                            " already sent)."
+                    "options": _preflight("preflightPasskeyConfirm", "account_id"),
+                },
+                ACCOUNT_AUTH: {
+                    "get": {
+                        "operationId": "getAuthState",
+                        "summary": "Authentication state of an account (the polling route)",
+                        "description": (
+                            "Poll until `status` is `authorized` or `failed`. Eventually"
+                            " consistent: right after a confirmation the previous status can show"
+                            " for a few milliseconds."
                         ),
-                        **_error_responses(_CONFIRM_FAILURES),
+                        "tags": ["auth"],
+                        "security": [{"ApiKey": []}],
+                        "parameters": auth_parameters,
+                        "responses": {
+                            "200": _auth_ok("The account's current status."),
+                            **_error_responses(_AUTH_FAILURES),
+                        },
                     },
+                    "options": _preflight("preflightAuth", "account_id"),
                 },
-                "options": _preflight("preflightPasskeyConfirm"),
-            },
-            ACCOUNT_AUTH: {
-                "get": {
-                    "operationId": "getAuthState",
-                    "summary": "Authentication state of an account (the polling route)",
-                    "description": (
-                        "Poll until `status` is `authorized` or `failed`. Eventually"
-                        " consistent: right after a confirmation the previous status can show"
-                        " for a few milliseconds."
-                    ),
-                    "tags": ["auth"],
-                    "security": [{"ApiKey": []}],
-                    "parameters": auth_parameters,
-                    "responses": {
-                        "200": _auth_ok("The account's current status."),
-                        **_error_responses(_AUTH_FAILURES),
-                    },
-                },
-                "options": _preflight("preflightAuth"),
-            },
-            **_webhook_paths(limits),
-            "/healthz": _probe(
-                "healthz",
-                "Liveness: the process and its Kafka readers run",
-                ApiHealth,
-                "Alive.",
-                "A Kafka reader died.",
-            ),
-            "/readyz": _probe(
-                "readyz",
-                "Readiness: state view caught up and reply consumer positioned",
-                ApiReadiness,
-                "Ready.",
-                "Not ready.",
-            ),
-        },
+                **_webhook_paths(limits, policy),
+                "/healthz": _probe(
+                    "healthz",
+                    "Liveness: the process and its Kafka readers run",
+                    ApiHealth,
+                    "Alive.",
+                    "A Kafka reader died.",
+                ),
+                "/readyz": _probe(
+                    "readyz",
+                    "Readiness: state view caught up and reply consumer positioned",
+                    ApiReadiness,
+                    "Ready.",
+                    "Not ready.",
+                ),
+            }
+        ),
         "components": {
             "securitySchemes": {
                 "ApiKey": {
@@ -719,6 +821,12 @@ def openapi_document(limits: EndpointLimits | None = None) -> dict[str, Any]:
                     ),
                     # minLength is implied by the pattern; stated for generators that skip it.
                     "schema": {**identifier, "minLength": 1},
+                    "examples": {
+                        "demo": {
+                            "summary": "A demo account of the development stack (`make run`)",
+                            "value": "acc_demo_1",
+                        }
+                    },
                 },
                 "EndpointId": {
                     "name": "endpoint_id",
@@ -742,14 +850,17 @@ def openapi_document(limits: EndpointLimits | None = None) -> dict[str, Any]:
                     "schema": {"type": "string"},
                 },
             },
-            "schemas": _component_schemas(limits),
+            "schemas": _component_schemas(limits, policy),
         },
     }
 
 
-def openapi_route(limits: EndpointLimits | None = None) -> Route:
-    """``GET /openapi.json``: the document with this front-end's ``limits``, built once."""
-    document = openapi_document(limits)
+def openapi_route(
+    limits: EndpointLimits | None = None, policy: TargetPolicy | None = None
+) -> Route:
+    """``GET /openapi.json``: the document with this front-end's ``limits`` and target
+    ``policy``, built once."""
+    document = openapi_document(limits, policy)
 
     async def openapi_json(_: Request) -> Response:
         return JSONResponse(document)

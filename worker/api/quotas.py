@@ -43,6 +43,9 @@ QUOTAS: Final = (
 
 #: The catalogue's 429 row (a service extension: the seed shows no rate limits).
 TOO_MANY: Final = "rate_limited"
+#: The catalogue's 409 row of the endpoint quota (a service extension, like the seed's 409
+#: ``workspace_account_quota_exceeded`` of accounts): a limit, not a fault, so never a 500.
+ENDPOINT_QUOTA: Final = "webhook_endpoint_quota_exceeded"
 
 
 class Refused(Exception):
@@ -131,7 +134,7 @@ class EndpointQuota:
             raise Refused(
                 ENDPOINTS,
                 ServiceError.of(
-                    "create_webhook_endpoint_failed",
+                    ENDPOINT_QUOTA,
                     f"The workspace has reached its quota of {self.limit} webhook endpoints;"
                     " delete one before creating another. Nothing was created.",
                 ),
@@ -148,6 +151,7 @@ class EndpointQuota:
 
 __all__ = [
     "ENDPOINTS",
+    "ENDPOINT_QUOTA",
     "QUOTAS",
     "REPLAYS",
     "REPLAY_CAPACITY",

@@ -1,6 +1,6 @@
 """The two routes of the contract and the checks they run, in the contract's order: route
-(404, by the router), API key (401), the workspace's rate limit (429), ``account_id`` format
-(400), body (400), then the work.
+(404, by the router; a method it does not take, 405, by ``FrontDoor``), API key (401), the
+workspace's rate limit (429), ``account_id`` format (400), body (400), then the work.
 
 ``ApiRoutes`` holds the clients the handlers need; the composition root (``worker.api.app``)
 builds it. Starlette, not FastAPI: every check is explicit here and the OpenAPI document is
@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -58,16 +58,6 @@ ACCOUNT_ID_RULE: Final = (
 )
 
 
-def without_head(routes: Iterable[Route]) -> list[Route]:
-    """Starlette adds HEAD to every GET route; the contract (and the OpenAPI document) has
-    none, so HEAD stays "any other method": 404 not_found."""
-    out = list(routes)
-    for route in out:
-        assert route.methods is not None
-        route.methods.discard("HEAD")
-    return out
-
-
 def request_id_of(request: Request) -> str:
     """The id ``FrontDoor`` chose for this request."""
     rid: str = request.state.request_id
@@ -89,9 +79,14 @@ def _error_headers(err: ServiceError) -> dict[str, str] | None:
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
-    """Routing raises 404 (no route) and 405 (route without this method); the seed has one
-    answer for both: 404 not_found, "the route does not exist"."""
+    """Routing raises 404 (no route): the seed's not_found, "the route does not exist". A
+    method the route does not take is answered 405 before routing (``FrontDoor``); should the
+    router raise it anyway, the answer is the same, with Starlette's ``Allow``."""
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405:
+        return error_response(
+            request_id_of(request), ServiceError.of("method_not_allowed"), headers=exc.headers
+        )
     code = "invalid_request" if exc.status_code == 400 else "not_found"
     return error_response(request_id_of(request), ServiceError.of(code))
 
@@ -132,9 +127,10 @@ def decode_json(raw: bytes) -> Any:
 
 
 async def check_body(request: Request) -> None:
-    """No body is required; an empty body, or any JSON object (ignored), is accepted."""
+    """No body is required; an empty body, or any JSON object (ignored), is accepted. Empty
+    means no byte at all: whitespace alone is not JSON, and neither is anything else."""
     raw = await read_body(request)
-    if raw.strip() and not isinstance(decode_json(raw), dict):
+    if raw and not isinstance(decode_json(raw), dict):
         raise ServiceError.of("invalid_request", "The request body must be a JSON object or empty.")
 
 
@@ -175,12 +171,10 @@ class ApiRoutes:
         self.webhook_tails = webhook_tails
 
     def routes(self) -> list[Route]:
-        return without_head(
-            [
-                Route(PASSKEY_CONFIRM, self.passkey_confirm, methods=["POST"]),
-                Route(ACCOUNT_AUTH, self.account_auth, methods=["GET"]),
-            ]
-        )
+        return [
+            Route(PASSKEY_CONFIRM, self.passkey_confirm, methods=["POST"]),
+            Route(ACCOUNT_AUTH, self.account_auth, methods=["GET"]),
+        ]
 
     # -- probes ------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -38,10 +39,18 @@ _RFC3339: Final = re.compile(
 )
 
 
+_EARLIEST: Final = datetime.min.replace(tzinfo=UTC)
+_LATEST: Final = datetime.max.replace(tzinfo=UTC)
+
+
 def parse_rfc3339(value: object) -> datetime:
-    """An RFC 3339 date-time (``Z`` or an offset required) as an aware datetime.
+    """An RFC 3339 date-time (``Z`` or an offset required) as an aware datetime in UTC.
 
     Raises ``ValueError``. A leap second (``:60``) is read as the last microsecond before it.
+    RFC 3339 spans years 0000-9999 in any offset; Python's datetime does not (year 0, or
+    0001-01-01 east of UTC, 9999-12-31 west of it), so such an instant is clamped to the
+    earliest or latest one Python has: as a ``since`` it still means "everything" or
+    "nothing", rather than a refusal of a valid date-time.
     """
     if not isinstance(value, str):
         raise ValueError("must be an RFC 3339 date-time string")
@@ -51,17 +60,24 @@ def parse_rfc3339(value: object) -> datetime:
     year, month, day, hour, minute, second, fraction, offset = match.groups()
     leap = second == "60"
     micros = (fraction or "").ljust(6, "0")[:6]
+    # Year 0000 is valid RFC 3339 and a leap year, like 0004: the rest is checked as 0004.
+    year_zero = year == "0000"
     text = (
-        f"{year}-{month}-{day}T{hour}:{minute}:{'59' if leap else second}.{micros}"
-        f"{'+00:00' if offset in ('Z', 'z') else offset}"
+        f"{'0004' if year_zero else year}-{month}-{day}T{hour}:{minute}:"
+        f"{'59' if leap else second}.{micros}{'+00:00' if offset in ('Z', 'z') else offset}"
     )
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
         raise ValueError("must be an RFC 3339 date-time such as 2026-01-01T00:00:00Z") from None
+    if year_zero:
+        return _EARLIEST
     if leap:
         parsed = parsed.replace(microsecond=999_999)
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # the instant falls before year 1 or after year 9999 in UTC
+        return _EARLIEST if parsed.year == 1 else _LATEST
 
 
 Rfc3339 = Annotated[
@@ -75,7 +91,10 @@ UrlField = Annotated[
         min_length=1,
         description=(
             "Absolute `https` URL with a public host (no user or password). `http` and private"
-            " or loopback targets only where the deployment allows them."
+            " or loopback targets only where the deployment allows them. The `pattern` is the"
+            " form the service enforces; a URL of that form is refused only for the address it"
+            " names (loopback, private, link-local or otherwise special, unless the deployment"
+            " allows private targets)."
         ),
     ),
 ]
@@ -83,9 +102,29 @@ EventTypes = Annotated[
     Annotated[list[EventType], Field(min_length=1)] | None,
     Field(description="Event types to deliver; `null` (or absent on create) means all."),
 ]
-Description = str | None
+
+
+def _unicode_text(value: str) -> str:
+    """JSON may escape a lone surrogate (``"\\ud800"``), which no UTF-8 record can hold."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (no lone surrogate escapes)") from None
+    return value
+
+
+Description = Annotated[str, AfterValidator(_unicode_text)] | None
+
+
+def _integral(value: object) -> object:
+    """JSON Schema's ``integer`` includes ``669.0``; any other float stays refused."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 RateLimitField = Annotated[
-    RateLimit | None,
+    Annotated[RateLimit, BeforeValidator(_integral)] | None,
     Field(
         description="Attempts per second at most to this endpoint (Svix's `rateLimit`), per"
         " dispatcher process; `null` (or absent on create): no limit."

@@ -40,7 +40,6 @@ from worker.api.routes import (
     decode_json,
     read_body,
     request_id_of,
-    without_head,
 )
 from worker.api.webhook_bodies import (
     CreateEndpointBody,
@@ -58,6 +57,7 @@ from worker.api.webhook_bodies import (
     invalid_body,
 )
 from worker.api.webhook_replay import ReplayRunner
+from worker.api.webhook_urls import url_form_allowed, url_rule_text
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
 from worker.tail import TopicTail
@@ -149,33 +149,29 @@ class WebhookRoutes:
         def route(path: str, handler: Handler, method: str, failure: str) -> Route:
             return Route(path, _guarded(handler, failure, path, self._refused), methods=[method])
 
-        return without_head(
-            [
-                route(WEBHOOK_ENDPOINTS, self.create, "POST", "create_webhook_endpoint_failed"),
-                route(
-                    WEBHOOK_ENDPOINTS, self.list_endpoints, "GET", "list_webhook_endpoints_failed"
-                ),
-                route(WEBHOOK_ENDPOINT, self.get, "GET", "get_webhook_endpoint_failed"),
-                route(WEBHOOK_ENDPOINT, self.update, "PATCH", "update_webhook_endpoint_failed"),
-                route(WEBHOOK_ENDPOINT, self.delete, "DELETE", "delete_webhook_endpoint_failed"),
-                route(
-                    WEBHOOK_DEACTIVATE,
-                    self.deactivate,
-                    "POST",
-                    "deactivate_webhook_endpoint_failed",
-                ),
-                route(WEBHOOK_ACTIVATE, self.activate, "POST", "update_webhook_endpoint_failed"),
-                route(WEBHOOK_ROTATE, self.rotate, "POST", "update_webhook_endpoint_failed"),
-                route(
-                    WEBHOOK_EXPIRE_PREVIOUS,
-                    self.expire_previous,
-                    "POST",
-                    "update_webhook_endpoint_failed",
-                ),
-                route(WEBHOOK_DELIVERIES, self.deliveries, "GET", "get_webhook_endpoint_failed"),
-                route(WEBHOOK_REPLAY, self.replay, "POST", "update_webhook_endpoint_failed"),
-            ]
-        )
+        return [
+            route(WEBHOOK_ENDPOINTS, self.create, "POST", "create_webhook_endpoint_failed"),
+            route(WEBHOOK_ENDPOINTS, self.list_endpoints, "GET", "list_webhook_endpoints_failed"),
+            route(WEBHOOK_ENDPOINT, self.get, "GET", "get_webhook_endpoint_failed"),
+            route(WEBHOOK_ENDPOINT, self.update, "PATCH", "update_webhook_endpoint_failed"),
+            route(WEBHOOK_ENDPOINT, self.delete, "DELETE", "delete_webhook_endpoint_failed"),
+            route(
+                WEBHOOK_DEACTIVATE,
+                self.deactivate,
+                "POST",
+                "deactivate_webhook_endpoint_failed",
+            ),
+            route(WEBHOOK_ACTIVATE, self.activate, "POST", "update_webhook_endpoint_failed"),
+            route(WEBHOOK_ROTATE, self.rotate, "POST", "update_webhook_endpoint_failed"),
+            route(
+                WEBHOOK_EXPIRE_PREVIOUS,
+                self.expire_previous,
+                "POST",
+                "update_webhook_endpoint_failed",
+            ),
+            route(WEBHOOK_DELIVERIES, self.deliveries, "GET", "get_webhook_endpoint_failed"),
+            route(WEBHOOK_REPLAY, self.replay, "POST", "update_webhook_endpoint_failed"),
+        ]
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -211,19 +207,27 @@ class WebhookRoutes:
                 raise ServiceError.of(failure, "The webhook endpoints are not available.")
 
     def _check_url(self, url: str) -> None:
-        """The SSRF check of ``worker.webhooks.targets``; the message names the reason, never
-        the URL (it may hold a token)."""
+        """The SSRF check of ``worker.webhooks.targets``, then the form the API document
+        publishes (``worker.api.webhook_urls``); the message names the reason, never the URL
+        (it may hold a token)."""
         try:
             validate_url(url, self.policy)
         except BlockedTarget as exc:
             raise ServiceError.of(
                 "invalid_request", f"The url is not allowed as a webhook target: {exc.reason}."
             ) from None
+        allow_http = self.policy.allow_http
+        if not url_form_allowed(url, allow_http=allow_http):
+            raise ServiceError.of(
+                "invalid_request",
+                "The url is not allowed as a webhook target: url_form_not_allowed (it must be"
+                f" {url_rule_text(allow_http=allow_http)}).",
+            )
 
     @staticmethod
     async def _body(request: Request, model: type[Body]) -> Body:
         raw = await read_body(request)
-        if not raw.strip():
+        if not raw:
             raise ServiceError.of("invalid_request", "A JSON object request body is required.")
         value = decode_json(raw)
         if not isinstance(value, dict):

@@ -1,0 +1,75 @@
+"""The form of a webhook endpoint's ``url``, as one regular expression the API publishes and
+enforces.
+
+``worker.webhooks.targets.validate_url`` decides whether a URL is a safe target (scheme,
+credentials, port, and the address policy: no loopback or private targets unless the
+deployment allows them). A JSON Schema cannot call it, so the document needs the form as a
+``pattern``, and for the document to tell the truth in both directions the pattern is
+enforced too: a URL the pattern refuses is refused (400), and every URL the pattern admits
+passes ``validate_url`` under a policy that allows private targets (a test draws them from the
+pattern). What remains is the address policy alone, which the document states in words.
+
+The form: ``https://`` (``http://`` too where ``WEBHOOK_ALLOW_HTTP`` allows it), then a host
+that is a DNS name whose last label starts with a letter (a numeric last label would make the
+name an IPv4 number to every parser), a dotted-quad IPv4 address whose first octet is 1-223
+(0/8, multicast and the broadcast address take no connection), or a bracketed IPv6 address of
+the global unicast block 2000::/3 other than 6to4 (2002::/16) and Teredo (2001::/32), which
+embed IPv4 addresses; an optional port 1-65535; and a path, query and fragment of RFC 3986
+characters (others percent-encoded). ASCII only: an international name is sent as punycode.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["url_form_allowed", "url_pattern", "url_rule_text"]
+
+_LABEL: Final = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_LAST_LABEL: Final = r"[A-Za-z](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# The lookahead bounds the whole name to DNS's 253 characters.
+_NAME: Final = rf"(?=[A-Za-z0-9_.-]{{1,253}}(?:[:/?#]|$))(?:{_LABEL}\.)*{_LAST_LABEL}"
+_OCTET: Final = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_IPV4: Final = rf"(?:22[0-3]|2[01][0-9]|1[0-9]{{2}}|[1-9][0-9]?)(?:\.{_OCTET}){{3}}"
+_H16: Final = r"[0-9A-Fa-f]{1,4}"
+# The first group spelt out, in 2000-3fff, neither 2002 (6to4) nor 2001 followed by a zero
+# group (Teredo); then eight groups in all, or fewer around one "::".
+_IPV6_FIRST: Final = r"(?!2002|2001:(?:0{1,4})?[:\]])[23][0-9A-Fa-f]{3}"
+_IPV6_REST: Final = "|".join(
+    [
+        rf"(?::{_H16}){{7}}",
+        *(rf"(?::{_H16}){{{n}}}::(?:{_H16}(?::{_H16}){{0,{5 - n}}})?" for n in range(6)),
+        rf"(?::{_H16}){{6}}::",
+    ]
+)
+_IPV6: Final = rf"\[{_IPV6_FIRST}(?:{_IPV6_REST})\]"
+_PORT: Final = (
+    r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+)
+_PCHAR: Final = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})"
+_TAIL: Final = rf"(?:/{_PCHAR}*)?(?:\?{_PCHAR}*)?(?:#{_PCHAR}*)?"
+
+
+def url_pattern(*, allow_http: bool) -> str:
+    """The pattern (ECMA-262 and Python alike, anchored) of a webhook URL's form."""
+    scheme = "https?" if allow_http else "https"
+    return rf"^{scheme}://(?:{_NAME}|{_IPV4}|{_IPV6})(?::{_PORT})?{_TAIL}$"
+
+
+_COMPILED: Final = {allow: re.compile(url_pattern(allow_http=allow)) for allow in (False, True)}
+
+
+def url_form_allowed(url: str, *, allow_http: bool) -> bool:
+    """Whether ``url`` matches ``url_pattern`` as a whole (``$`` alone would let a trailing
+    newline through in Python)."""
+    return _COMPILED[allow_http].fullmatch(url) is not None
+
+
+def url_rule_text(*, allow_http: bool) -> str:
+    """The form in words, for error messages and the document."""
+    scheme = "https" + (" or http" if allow_http else "")
+    return (
+        f"an absolute {scheme} URL in ASCII: a DNS name (its last label starting with a"
+        " letter), a dotted IPv4 address or a bracketed global IPv6 address, an optional port,"
+        " and a path, query and fragment of RFC 3986 characters (others percent-encoded)"
+    )
