@@ -52,7 +52,7 @@ from aiokafka import AIOKafkaProducer
 
 from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, run_meta, topics_named
 from bench.load import Progress, percentile, proc_cpu_s, proc_peak_rss
-from bench.run import Proc, start_proc, stop_procs
+from bench.procs import Proc, start_proc, stop_procs
 from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
