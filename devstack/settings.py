@@ -2,7 +2,7 @@
 and the provider simulator's knobs, which production processes have no use for.
 
 Each field maps to the upper-case environment variable of its name, like every other setting
-(README, "Settings").
+(docs/configuration.md).
 """
 
 from __future__ import annotations

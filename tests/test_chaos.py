@@ -1,7 +1,7 @@
 """Chaos: three worker processes on a 12-partition topic, killed with SIGKILL at random moments
 and restarted, one SIGTERM, thousands of commands over hundreds of accounts with duplicates
-and malformed records. After quiescence the guarantees must hold (README, "Guarantees";
-docs/architecture.md, "Guarantees", for how each is achieved).
+and malformed records. After quiescence the guarantees must hold (docs/architecture.md,
+"Guarantees").
 
 Size and schedule are parameters (environment): CHAOS_ACCOUNTS, CHAOS_COMMANDS, CHAOS_KILLS,
 CHAOS_SEED, CHAOS_WORKERS, CHAOS_RATE (commands/s). The defaults are CI-sized.

@@ -100,7 +100,7 @@ def run_command(args: Any, settings: Settings) -> int:
 
 def tune_gc(settings: Settings) -> None:
     """Long-lived server processes: raise the young-generation threshold
-    (``WORKER_GC_THRESHOLD``; README, "Settings")."""
+    (``WORKER_GC_THRESHOLD``; docs/configuration.md)."""
     if settings.worker_gc_threshold:
         _, gen1, gen2 = gc.get_threshold()
         gc.set_threshold(settings.worker_gc_threshold, gen1, gen2)

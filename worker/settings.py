@@ -1,7 +1,7 @@
 """The one settings object: every knob of every process, read from the environment once.
 
 Each field maps to an upper-case environment variable of the same name (``kafka_bootstrap_servers``
-→ ``KAFKA_BOOTSTRAP_SERVERS``). The README's "Settings" table is the documentation of record.
+→ ``KAFKA_BOOTSTRAP_SERVERS``). docs/configuration.md is the documentation of record.
 """
 
 from __future__ import annotations
