@@ -1,13 +1,12 @@
-"""The error catalogue: every row of the seed contract's error tables, plus the service's own
-extensions, kept apart.
+"""The error catalogue: every row of the API contract's error tables, plus the service's own
+extensions, kept apart (docs/api.md, "Errors" and "Service extensions").
 
-The seed (§7, plus the §5 authentication rows, which §7 repeats) is the source of error codes;
-``ENTRIES`` holds its rows and nothing else, and ``tests/test_catalogue.py`` parses the seed and
-fails if a row there is missing, changed or invented. The seed leaves rate limits, time-outs
-and unsupported methods "not shown" and has no quota row for webhook endpoints; the few answers
-the service needs there are ``EXTENSIONS``, rows marked ``extension`` (in
-``schemas/error-catalogue.json`` too, the exported copy for non-Python consumers), with numeric
-codes in a 90000 block the seed does not use (docs/api.md, "Service extensions").
+``ENTRIES`` holds the contract's rows (its error catalogue, plus the authentication rows it
+repeats) and nothing else. The contract leaves rate limits, time-outs and unsupported methods
+"not shown" and has no quota row for webhook endpoints; the few answers the service needs there
+are ``EXTENSIONS``, rows marked ``extension`` (in ``schemas/error-catalogue.json`` too, the
+exported copy for non-Python consumers), with numeric codes in a 90000 block the contract does
+not use.
 
 A code may appear under more than one status (``contact_not_found`` under 404 and 422,
 ``group_not_found`` under 404 and the provider-detail list), so a code alone does not identify
@@ -47,7 +46,7 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class CatalogueEntry:
     """One row. ``http_status`` is None only for provider-detail refinements; ``extension``
-    marks a row the service adds where the seed says nothing."""
+    marks a row the service adds where the contract says nothing."""
 
     code: str
     numeric_code: int
@@ -60,9 +59,9 @@ def _table(http_status: int | None, *rows: tuple[str, int, str]) -> tuple[Catalo
     return tuple(CatalogueEntry(code, num, http_status, cond) for code, num, cond in rows)
 
 
-# Seed §7, in seed order, conditions verbatim. The §5 authentication rows (missing_api_key,
-# invalid_api_key, cors_forbidden) are identical (code, numeric_code, status) to the 401/403
-# rows below, so they are not repeated; §7's condition text is kept.
+# The contract's catalogue, in its order, conditions verbatim. Its authentication rows
+# (missing_api_key, invalid_api_key, cors_forbidden) are identical (code, numeric_code, status)
+# to the 401/403 rows below, so they are not repeated; the catalogue's condition text is kept.
 ENTRIES: Final[tuple[CatalogueEntry, ...]] = (
     *_table(
         400,
@@ -336,7 +335,7 @@ ENTRIES: Final[tuple[CatalogueEntry, ...]] = (
     ),
 )
 
-# The service's own rows: answers the seed leaves "not shown" (rate limits, time-outs, a method
+# The service's own rows: answers the contract leaves "not shown" (rate limits, time-outs, a method
 # the route does not take, the endpoint quota: a limit, not a fault, so not a 500).
 EXTENSIONS: Final[tuple[CatalogueEntry, ...]] = (
     CatalogueEntry(
@@ -416,7 +415,7 @@ def entry(
     """
     rows = _BY_CODE.get(code)
     if rows is None:
-        raise KeyError(f"unknown error code {code!r}: not in the seed's error catalogue")
+        raise KeyError(f"unknown error code {code!r}: not in the error catalogue")
     if http_status is _Unset.UNSET:
         return rows[0]
     for row in rows:
@@ -436,7 +435,7 @@ def by_numeric(numeric_code: int) -> tuple[CatalogueEntry, ...]:
 
 
 # Where a condition is contract commentary rather than caller-facing text, the message is
-# stated here. The 422 text is the seed's own wording ('The message then reads ...').
+# stated here. The 422 text is the contract's own wording ('The message then reads ...').
 _MESSAGE_OVERRIDES: Final[dict[tuple[str, int], str]] = {
     ("contact_not_found", 422): "Conversation not found",
     ("group_not_found", 404): "The group could not be found under this account.",
@@ -460,7 +459,7 @@ def _default_message(row: CatalogueEntry) -> str:
 # ServiceError is a value (decisions and replays compare them).
 @attrs.frozen(auto_exc=False)
 class ServiceError(Exception):
-    """A catalogued failure: the seed's error object plus its HTTP status.
+    """A catalogued failure: the contract's error object plus its HTTP status.
 
     Construction validates against the catalogue, so an instance can only carry a real
     (code, status) row and either that row's numeric code or a provider-detail refinement.
@@ -504,7 +503,7 @@ class ServiceError(Exception):
 
     def refine(self, numeric_code: int) -> ServiceError:
         """A copy whose numeric code is a provider detail; status, code and message are kept
-        (seed §7: the numeric code refines the cause without changing the HTTP status)."""
+        (the numeric code refines the cause without changing the HTTP status)."""
         if numeric_code not in PROVIDER_DETAIL_CODES:
             raise ValueError(
                 f"{numeric_code} is not a provider-detail numeric code"
@@ -518,7 +517,7 @@ class ServiceError(Exception):
         )
 
     def body(self) -> dict[str, object]:
-        """The seed's error object (without ``request_id``, which the envelope carries)."""
+        """The contract's error object (without ``request_id``, which the envelope carries)."""
         return {"code": self.code, "numeric_code": self.numeric_code, "message": self.message}
 
     def __str__(self) -> str:
@@ -531,8 +530,8 @@ class ServiceError(Exception):
 
 
 def export() -> list[dict[str, object]]:
-    """The catalogue as JSON-ready rows (what schemas/error-catalogue.json holds): the seed's
-    rows in seed order, exactly as the seed has them, then the extensions, each with
+    """The catalogue as JSON-ready rows (what schemas/error-catalogue.json holds): the
+    contract's rows in its order, exactly as it has them, then the extensions, each with
     ``"extension": true``."""
     rows: list[dict[str, object]] = []
     for e in (*ENTRIES, *EXTENSIONS):

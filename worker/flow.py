@@ -76,11 +76,11 @@ def _t(trigger: str, source: str | list[str], dest: str) -> dict[str, object]:
 
 
 TRANSITIONS: list[dict[str, object]] = [
-    # The seed's one documented transition: the caller confirms the pending challenge.
+    # The contract's one documented transition: the caller confirms the pending challenge.
     {"trigger": "confirm_passkey", "source": CHALLENGE, "dest": SENT},
     # A flow left unresolved past its deadline ends in failed.
     {"trigger": "expire", "source": SENT, "dest": FAILED},
-    # Provider-observed progress before the challenge (order not fixed by the seed), and a
+    # Provider-observed progress before the challenge (order not fixed by the contract), and a
     # fresh attempt after a failure.
     *[_t(f"observe_{dest}", [*PRE_CHALLENGE, FAILED], dest) for dest in PRE_CHALLENGE],
     {"trigger": f"observe_{CHALLENGE}", "source": list(PRE_CHALLENGE), "dest": CHALLENGE},

@@ -144,7 +144,7 @@ _command_adapter: TypeAdapter[Command] = TypeAdapter(Command)
 
 
 class AuthData(BaseModel):
-    """The seed's success ``data`` object."""
+    """The contract's success ``data`` object (docs/api.md)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -154,7 +154,8 @@ class AuthData(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """The seed's error object: branch on ``code``/``numeric_code``, never on ``message``."""
+    """The contract's error object (docs/api.md, "Errors"): branch on ``code`` and
+    ``numeric_code``, never on ``message``."""
 
     model_config = ConfigDict(frozen=True)
 
