@@ -2,9 +2,9 @@
 
 The provider is a remote party: whatever it sends must end as an auth state or a catalogued
 ``ProviderError``, never as an exception out of the attempt (docs/architecture.md, "Bounded
-remote answers"). So the clients read at most ``body_cap`` bytes off the wire (more: the body
-is unusable, and the connection is dropped rather than drained), decompress only gzip and
-deflate, themselves, and only up to the same cap (a few KB of gzip can hold gigabytes of
+remote answers"). So the client reads at most ``body_cap`` bytes off the wire (more: the body
+is unusable, and the connection is dropped rather than drained), decompresses only gzip and
+deflate, itself, and only up to the same cap (a few KB of gzip can hold gigabytes of
 zeros), and JSON is parsed only within ``MAX_JSON_DEPTH`` levels with every parser error
 caught. An unusable body is empty: the status alone then decides what the answer means.
 """
