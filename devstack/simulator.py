@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypedDict
 from urllib.parse import unquote, urlsplit
 
-import httpx
 import structlog
+from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -58,6 +58,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from worker.provider.answer import ProviderAnswer
 from worker.provider.http import HttpProviderAdapter
 from worker.serving import serving
 
@@ -455,6 +456,7 @@ IN_PROCESS_BASE_URL: Final = "http://simulator.in-process"
 
 _ACCOUNT_PREFIX: Final = "/v1/accounts/"
 _NOT_FOUND: Final = _error(404, "not_found", "not found")
+_JSON_HEADERS: Final = CIMultiDictProxy(CIMultiDict({"Content-Type": "application/json"}))
 
 
 class InProcessTransport:
@@ -470,9 +472,10 @@ class InProcessTransport:
 
     async def request(
         self, method: str, url: str, *, headers: dict[str, str] | None = None
-    ) -> httpx.Response:
+    ) -> ProviderAnswer:
         reply = await self._route(method, urlsplit(url).path, headers or {})
-        return httpx.Response(reply.status_code, json=reply.body)
+        body = json.dumps(reply.body, separators=(",", ":")).encode()  # as JSONResponse sends
+        return ProviderAnswer(reply.status_code, body, _JSON_HEADERS)
 
     async def _route(self, method: str, path: str, headers: dict[str, str]) -> SimReply:
         if not path.startswith(_ACCOUNT_PREFIX):

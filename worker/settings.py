@@ -287,11 +287,6 @@ class Settings(BaseSettings):
         default_factory=lambda: {"simulator": "http://127.0.0.1:8090"}
     )
     provider_timeout_s: float = Field(default=5.0, gt=0)
-    provider_http_client: Literal["aiohttp", "httpx"] = Field(
-        default="aiohttp",
-        description="HTTP client of the provider adapters: aiohttp costs about a fifth of "
-        "httpx's CPU per request (worker/provider/transport.py).",
-    )
     provider_max_attempts: int = Field(default=4, ge=1)
     provider_backoff_base_s: float = Field(default=0.05, gt=0)
     provider_backoff_max_s: float = Field(default=2.0, gt=0)

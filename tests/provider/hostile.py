@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
+import json
 import re
 from collections.abc import Awaitable, Callable
 
@@ -37,13 +38,14 @@ def written(raw: bytes) -> Script:
 
 
 class HostileProvider:
-    """Answers each request with ``by_method[method]``, else ``script``; keeps the methods of
-    the requests it read."""
+    """Answers each request with ``by_method[method]``, else ``script``; keeps the methods and
+    the heads (request line and header fields) of the requests it read."""
 
     def __init__(self) -> None:
         self.script: Script = written(http(b"200 OK", STATE))
         self.by_method: dict[str, Script] = {}
         self.requests: list[str] = []
+        self.heads: list[bytes] = []
         self.url = ""
         self._handlers: set[asyncio.Task[None]] = set()
 
@@ -57,6 +59,7 @@ class HostileProvider:
             await reader.readexactly(int(length.group(1)) if length else 0)
             method = head.split(b" ", 1)[0].decode()
             self.requests.append(method)
+            self.heads.append(head)
             await self.by_method.get(method, self.script)(writer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
@@ -75,6 +78,21 @@ class HostileProvider:
             task.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
         await self._server.wait_closed()
+
+
+def in_turn(*scripts: Script) -> Script:
+    """Each request gets the next script; the last one answers every request after it."""
+    pending = list(scripts)
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        await (pending.pop(0) if len(pending) > 1 else pending[0])(writer)
+
+    return script
+
+
+def json_answer(status: bytes, body: object, *headers: bytes) -> bytes:
+    """``http`` with ``body`` as a JSON document."""
+    return http(status, json.dumps(body).encode(), b"Content-Type: application/json", *headers)
 
 
 def gzipped(data: bytes) -> bytes:

@@ -35,11 +35,6 @@ def ref() -> str:
     return f"acct-{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture(scope="module", params=["aiohttp", "httpx"])
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture
 async def bearer_sim() -> AsyncIterator[tuple[ProviderSimulator, str]]:
     sim = ProviderSimulator(
@@ -49,11 +44,10 @@ async def bearer_sim() -> AsyncIterator[tuple[ProviderSimulator, str]]:
         yield sim, url
 
 
-def settings_for(url: str, kind: str, **connection: Any) -> Settings:
+def settings_for(url: str, **connection: Any) -> Settings:
     return Settings(
         provider_urls={"simulator": url},
         providers={"simulator": ProviderConnection(**connection)},
-        provider_http_client=kind,
         provider_backoff_base_s=0.001,
         provider_backoff_max_s=0.002,
     )
@@ -74,10 +68,10 @@ async def confirm_then_poll(settings: Settings, account_ref: str) -> list[str]:
 
 
 async def test_a_bearer_token_is_sent_on_every_call(
-    bearer_sim: tuple[ProviderSimulator, str], kind: str
+    bearer_sim: tuple[ProviderSimulator, str],
 ) -> None:
     sim, url = bearer_sim
-    seen = await confirm_then_poll(settings_for(url, kind, token=SecretStr(TOKEN)), ref())
+    seen = await confirm_then_poll(settings_for(url, token=SecretStr(TOKEN)), ref())
     assert seen[0] == "passkey_confirmation_sent"
     assert seen[-1] == "authorized"
     stats = sim.stats()
@@ -85,7 +79,7 @@ async def test_a_bearer_token_is_sent_on_every_call(
     assert stats["total_calls"] == len(seen)  # confirm and every poll got through
 
 
-async def test_an_api_key_header_from_a_file(tmp_path: Path, kind: str) -> None:
+async def test_an_api_key_header_from_a_file(tmp_path: Path) -> None:
     sim = ProviderSimulator(
         latency_ms=0,
         jitter_ms=0,
@@ -96,23 +90,23 @@ async def test_an_api_key_header_from_a_file(tmp_path: Path, kind: str) -> None:
     token_file = tmp_path / "provider.token"
     token_file.write_text(TOKEN + "\n")  # a trailing newline, as `echo` and editors leave it
     async with running_simulator(sim) as url:
-        settings = settings_for(url, kind, token_file=token_file, auth_header="X-Api-Key")
+        settings = settings_for(url, token_file=token_file, auth_header="X-Api-Key")
         seen = await confirm_then_poll(settings, ref())
         assert seen[-1] == "authorized"
         # the same token as a bearer in Authorization is not what this provider takes
         with pytest.raises(ProviderError) as caught:
-            await confirm_then_poll(settings_for(url, kind, token=SecretStr(TOKEN)), ref())
+            await confirm_then_poll(settings_for(url, token=SecretStr(TOKEN)), ref())
     assert triple(caught.value) == OPERATION_FAILED
     assert sim.stats()["unauthorized_calls"] == 1
 
 
 @pytest.mark.parametrize("connection", [{}, {"token": SecretStr("tok_wrong")}])
 async def test_a_missing_or_wrong_token_is_the_catalogued_provider_error(
-    bearer_sim: tuple[ProviderSimulator, str], kind: str, connection: dict[str, Any]
+    bearer_sim: tuple[ProviderSimulator, str], connection: dict[str, Any]
 ) -> None:
     sim, url = bearer_sim
     with pytest.raises(ProviderError) as caught:
-        await confirm_then_poll(settings_for(url, kind, **connection), ref())
+        await confirm_then_poll(settings_for(url, **connection), ref())
     assert triple(caught.value) == OPERATION_FAILED
     assert not caught.value.transient  # credentials do not fix themselves: no retry storm
     stats = sim.stats()
@@ -122,12 +116,11 @@ async def test_a_missing_or_wrong_token_is_the_catalogued_provider_error(
 
 async def test_the_token_never_reaches_logs_reprs_or_errors(
     bearer_sim: tuple[ProviderSimulator, str],
-    kind: str,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """An attacker's view: every log record at DEBUG (ours, aiohttp's, httpx's), every repr
+    """An attacker's view: every log record at DEBUG (ours and aiohttp's), every repr
     and every error message of a failing call and of refused configurations."""
     sim, url = bearer_sim
     caplog.set_level(logging.DEBUG)
@@ -135,7 +128,7 @@ async def test_the_token_never_reaches_logs_reprs_or_errors(
     monkeypatch.setenv("PROVIDER_URLS", f'{{"simulator": "{url}"}}')
     texts: list[str] = []
     with structlog.testing.capture_logs() as events:
-        settings = Settings(provider_http_client=kind, provider_max_attempts=2)
+        settings = Settings(provider_max_attempts=2)
         assert settings.provider_connection("simulator").has_credential
         texts += [repr(settings), str(settings), settings.model_dump_json()]
         sim_down = settings.model_copy(

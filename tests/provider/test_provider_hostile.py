@@ -1,5 +1,5 @@
-"""A hostile provider, on raw loopback sockets, against the adapter as the worker builds it
-(both ``PROVIDER_HTTP_CLIENT`` choices): nested JSON 100k levels deep, bodies past the cap,
+"""A hostile provider, on raw loopback sockets, against the adapter as the worker builds it:
+nested JSON 100k levels deep, bodies past the cap,
 gzip bombs, invalid UTF-8, garbage headers, a malformed status line, a dripped body. Every
 call ends in an auth state or a catalogued ``ProviderError``; nothing else ever leaves the
 adapter, so neither the confirm nor the follow-up poll can be crashed by an answer."""
@@ -13,7 +13,6 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,9 +28,9 @@ from tests.provider.hostile import (
     written,
     zeros_gzipped,
 )
-from worker.provider import HttpProviderAdapter, ProviderAuthState, ProviderError
+from worker.provider import HttpProviderAdapter, ProviderAnswer, ProviderAuthState, ProviderError
 from worker.provider.answer import DEFAULT_BODY_CAP, decoded_body, load_json
-from worker.provider.http import build_http_client, parse_auth_state, parse_raw_auth_state
+from worker.provider.http import build_http_client, parse_auth_state
 from worker.settings import Settings
 
 UNAVAILABLE = ("provider_unavailable", 30002, 502)
@@ -48,21 +47,18 @@ async def provider() -> AsyncIterator[HostileProvider]:
         yield hostile
 
 
-@pytest.fixture(params=["aiohttp", "httpx"])
-async def adapter(
-    request: pytest.FixtureRequest, provider: HostileProvider
-) -> AsyncIterator[Callable[..., HttpProviderAdapter]]:
+@pytest.fixture
+async def adapter(provider: HostileProvider) -> AsyncIterator[Callable[..., HttpProviderAdapter]]:
     """An adapter on the shared client built from settings, as the worker builds both."""
     clients: list[Any] = []
 
     def make(**overrides: Any) -> HttpProviderAdapter:
         values: dict[str, Any] = {
             "provider_timeout_s": 2.0,
-            "provider_http_client": request.param,
             "provider_max_attempts": 2,
             "provider_backoff_base_s": 0.001,
             "provider_backoff_max_s": 0.002,
-            "provider_max_connections": 4,  # one httpx shard: each costs an SSL context
+            "provider_max_connections": 4,
         }
         values.update(overrides)
         settings = Settings(**values)
@@ -297,12 +293,8 @@ def test_no_answer_raises_anything_but_a_provider_error(
     decoded = decoded_body(wire, truncated=False, coding=coding, cap=DEFAULT_BODY_CAP)
     assert len(decoded) <= DEFAULT_BODY_CAP
     headers = {} if retry_after is None else {"Retry-After": retry_after}
-    raw = settled(lambda: parse_raw_auth_state((status, decoded, headers)))
-    fields = [(k.encode(), v.encode("utf-8", "surrogatepass")) for k, v in headers.items()]
-    response = httpx.Response(max(status, 100), headers=fields, content=decoded)
-    wrapped = settled(lambda: parse_auth_state(response))
-    assert isinstance(raw, ProviderAuthState | ProviderError)
-    assert isinstance(wrapped, ProviderAuthState | ProviderError)
+    parsed = settled(lambda: parse_auth_state(ProviderAnswer(status, decoded, headers)))
+    assert isinstance(parsed, ProviderAuthState | ProviderError)
 
 
 def settled(parse: Callable[[], ProviderAuthState]) -> ProviderAuthState | ProviderError:

@@ -1,5 +1,5 @@
-"""The HTTP adapter against the real simulator on loopback (MockTransport only for answers the
-simulator never gives), and the registry built from settings."""
+"""The HTTP adapter against the real simulator on loopback (a scripted raw-socket provider, also
+on loopback, for answers the simulator never gives), and the registry built from settings."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import pytest
 
 from devstack.simulator import ProviderSimulator, in_process_provider, running_simulator
+from tests.provider.hostile import HostileProvider, Script, http, in_turn, json_answer, written
 from worker.provider import (
     AiohttpClient,
     BreakerState,
@@ -22,9 +22,7 @@ from worker.provider import (
     HttpProviderAdapter,
     ProviderAdapter,
     ProviderError,
-    ProviderHttpClient,
     ProviderRegistry,
-    ShardedClient,
     build_http_client,
     build_registry,
 )
@@ -93,11 +91,10 @@ async def served() -> AsyncIterator[tuple[ProviderSimulator, str]]:
         yield simulator, url
 
 
-@pytest.fixture(scope="module", params=["aiohttp", "httpx"])
-async def client(request: pytest.FixtureRequest) -> AsyncIterator[ProviderHttpClient]:
-    """The shared client, built the way the worker builds it; every test that uses it runs
-    with both ``PROVIDER_HTTP_CLIENT`` choices."""
-    settings = Settings(provider_timeout_s=5.0, provider_http_client=request.param)
+@pytest.fixture(scope="module")
+async def client() -> AsyncIterator[AiohttpClient]:
+    """The shared client, built the way the worker builds it."""
+    settings = Settings(provider_timeout_s=5.0)
     async with build_http_client(settings) as shared:
         yield shared
 
@@ -117,7 +114,7 @@ AdapterFactory = Callable[..., HttpProviderAdapter]
 
 @pytest.fixture
 def adapter(
-    served: tuple[ProviderSimulator, str], client: ProviderHttpClient, sim: ProviderSimulator
+    served: tuple[ProviderSimulator, str], client: AiohttpClient, sim: ProviderSimulator
 ) -> AdapterFactory:
     def make(**kwargs: Any) -> HttpProviderAdapter:
         kwargs.setdefault("backoff_base_s", 0.001)
@@ -340,7 +337,7 @@ async def test_cancelled_probe_frees_the_half_open_slot(
     assert state(breaker) == "closed"
 
 
-async def test_connection_refused_is_unavailable_after_retries(client: ProviderHttpClient) -> None:
+async def test_connection_refused_is_unavailable_after_retries(client: AiohttpClient) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
@@ -361,143 +358,151 @@ async def test_connection_refused_is_unavailable_after_retries(client: ProviderH
     assert len(hooks.retries) == 2
 
 
-# -- answers the simulator never gives: MockTransport ----------------------------------------------
+# -- answers the simulator never gives: a scripted provider on a loopback socket --------------
 
 
-def mock_adapter(
-    answers: list[httpx.Response | Exception], seen: list[httpx.Request], **kwargs: Any
-) -> tuple[HttpProviderAdapter, httpx.AsyncClient]:
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        answer = answers.pop(0) if len(answers) > 1 else answers[0]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    kwargs.setdefault("backoff_base_s", 0.001)
-    kwargs.setdefault("backoff_max_s", 0.002)
-    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    return HttpProviderAdapter("mock", "http://provider.test/base/", client, **kwargs), client
+@pytest.fixture
+async def scripted() -> AsyncIterator[HostileProvider]:
+    async with HostileProvider() as provider:
+        yield provider
 
 
-async def test_confirm_request_on_the_wire() -> None:
-    seen: list[httpx.Request] = []
-    ok = httpx.Response(200, json={"status": "s", "auth_status": "a", "extra": 1})
-    provider, client = mock_adapter([ok], seen)
-    async with client:
-        state = await provider.confirm_passkey("a b/c", idempotency_key="cmd-1")
-        await provider.get_auth_state("a b/c")
+@pytest.fixture
+async def mock_adapter(
+    scripted: HostileProvider,
+) -> AsyncIterator[Callable[..., HttpProviderAdapter]]:
+    """An adapter on its own client, against ``scripted`` answering with the scripts given."""
+    async with AiohttpClient(timeout_s=2.0, max_connections=4) as client:
+
+        def make(*answers: bytes | Script, **kwargs: Any) -> HttpProviderAdapter:
+            scripted.script = in_turn(*(written(a) if isinstance(a, bytes) else a for a in answers))
+            kwargs.setdefault("backoff_base_s", 0.001)
+            kwargs.setdefault("backoff_max_s", 0.002)
+            return HttpProviderAdapter("mock", f"{scripted.url}/base/", client, **kwargs)
+
+        yield make
+
+
+MockAdapter = Callable[..., HttpProviderAdapter]
+STATE_S = json_answer(b"200 OK", {"status": "s", "auth_status": "s"})
+
+
+async def test_confirm_request_on_the_wire(
+    mock_adapter: MockAdapter, scripted: HostileProvider
+) -> None:
+    provider = mock_adapter(json_answer(b"200 OK", {"status": "s", "auth_status": "a", "x": 1}))
+    state = await provider.confirm_passkey("a b/c", idempotency_key="cmd-1")
+    await provider.get_auth_state("a b/c")
     assert (state.status, state.auth_status) == ("s", "a")
-    confirm, read = seen
-    assert confirm.method == "POST"
-    assert confirm.url.raw_path == b"/base/v1/accounts/a%20b%2Fc/passkey/confirm"
-    assert confirm.headers["Idempotency-Key"] == "cmd-1"
-    assert confirm.content == b""
-    assert (read.method, read.url.raw_path) == ("GET", b"/base/v1/accounts/a%20b%2Fc/auth-state")
-    assert "Idempotency-Key" not in read.headers
+    confirm, read = (head.decode().lower().split("\r\n") for head in scripted.heads)
+    assert confirm[0] == "post /base/v1/accounts/a%20b%2fc/passkey/confirm http/1.1"
+    assert "idempotency-key: cmd-1" in confirm
+    assert not any(f.startswith("content-length:") and f != "content-length: 0" for f in confirm)
+    assert read[0] == "get /base/v1/accounts/a%20b%2fc/auth-state http/1.1"
+    assert not any(f.startswith("idempotency-key:") for f in read)
 
 
 @pytest.mark.parametrize(
     "answer",
     [
-        httpx.Response(200, text="<html>gateway</html>"),
-        httpx.Response(200, json={"status": "authorized"}),
-        httpx.Response(200, json={"status": "", "auth_status": "x"}),
-        httpx.Response(200, json=["authorized"]),
-        httpx.Response(201, json={"status": 1, "auth_status": 2}),
-        httpx.Response(404, text="not here"),
-        httpx.Response(422, json={"error": {"type": "operation_failed"}}),
+        http(b"200 OK", b"<html>gateway</html>"),
+        json_answer(b"200 OK", {"status": "authorized"}),
+        json_answer(b"200 OK", {"status": "", "auth_status": "x"}),
+        json_answer(b"200 OK", ["authorized"]),
+        json_answer(b"201 Created", {"status": 1, "auth_status": 2}),
+        http(b"404 Not Found", b"not here"),
+        json_answer(b"422 Unprocessable", {"error": {"type": "operation_failed"}}),
+        http(b"302 Found", b"", b"Location: http://127.0.0.1:9/elsewhere"),
     ],
 )
 async def test_unusable_answers_are_operation_failures_without_retry(
-    answer: httpx.Response,
+    mock_adapter: MockAdapter, scripted: HostileProvider, answer: bytes
 ) -> None:
-    seen: list[httpx.Request] = []
-    provider, client = mock_adapter([answer], seen, max_attempts=4)
-    async with client:
-        with pytest.raises(ProviderError) as caught:
-            await provider.get_auth_state("acct")
+    provider = mock_adapter(answer, max_attempts=4)
+    with pytest.raises(ProviderError) as caught:
+        await provider.get_auth_state("acct")
     assert triple(caught.value) == OPERATION_FAILED
     assert not caught.value.transient
-    assert len(seen) == 1
+    assert len(scripted.requests) == 1  # a redirect is not followed either
 
 
-async def test_retry_after_is_honoured_instead_of_backoff() -> None:
-    seen: list[httpx.Request] = []
-    answers: list[httpx.Response | Exception] = [
-        httpx.Response(429, headers={"Retry-After": "0"}),
-        httpx.Response(503, headers={"Retry-After": "0"}),
-        httpx.Response(200, json={"status": "s", "auth_status": "s"}),
-    ]
+async def test_retry_after_is_honoured_instead_of_backoff(
+    mock_adapter: MockAdapter, scripted: HostileProvider
+) -> None:
     # Backoff would wait 10 s, past the deadline; Retry-After: 0 lets the retries run now.
-    provider, client = mock_adapter(
-        answers, seen, backoff_base_s=10.0, backoff_max_s=10.0, rng=CeilingRandom()
+    provider = mock_adapter(
+        http(b"429 Slow", b"", b"Retry-After: 0"),
+        http(b"503 Busy", b"", b"retry-after: 0"),
+        STATE_S,
+        backoff_base_s=10.0,
+        backoff_max_s=10.0,
+        rng=CeilingRandom(),
     )
-    async with client:
-        state = await provider.get_auth_state("acct", deadline=time.monotonic() + 5.0)
+    state = await provider.get_auth_state("acct", deadline=time.monotonic() + 5.0)
     assert state.status == "s"
-    assert len(seen) == 3
+    assert len(scripted.requests) == 3
 
 
-async def test_retry_after_beyond_the_bound_stops_retrying() -> None:
-    seen: list[httpx.Request] = []
-    answers: list[httpx.Response | Exception] = [
-        httpx.Response(503, headers={"Retry-After": "3600"})
-    ]
-    provider, client = mock_adapter(answers, seen, max_attempts=4)
-    async with client:
-        with pytest.raises(ProviderError) as caught:
-            await provider.get_auth_state("acct")
+async def test_retry_after_beyond_the_bound_stops_retrying(
+    mock_adapter: MockAdapter, scripted: HostileProvider
+) -> None:
+    provider = mock_adapter(http(b"503 Busy", b"", b"Retry-After: 3600"), max_attempts=4)
+    with pytest.raises(ProviderError) as caught:
+        await provider.get_auth_state("acct")
     assert triple(caught.value) == UNAVAILABLE
     assert caught.value.retry_after == 3600
-    assert len(seen) == 1
+    assert len(scripted.requests) == 1
 
 
-async def test_transport_timeouts_are_retried() -> None:
-    seen: list[httpx.Request] = []
-    answers: list[httpx.Response | Exception] = [
-        httpx.ReadTimeout("slow"),
-        httpx.RemoteProtocolError("server disconnected"),
-        httpx.Response(200, json={"status": "s", "auth_status": "s"}),
-    ]
-    provider, client = mock_adapter(answers, seen, max_attempts=3)
-    async with client:
-        assert (await provider.get_auth_state("acct")).status == "s"
-    assert len(seen) == 3
+async def stall(writer: asyncio.StreamWriter) -> None:
+    """No answer within the client's read timeout (2 s); bounded, the server cancels it."""
+    await asyncio.sleep(5)
 
 
-async def test_missing_ref_or_key_is_rejected_before_sending() -> None:
-    seen: list[httpx.Request] = []
-    provider, client = mock_adapter([httpx.Response(200)], seen)
-    async with client:
-        for call in (
-            provider.get_auth_state(""),
-            provider.confirm_passkey("", idempotency_key="k"),
-            provider.confirm_passkey("acct", idempotency_key=""),
-        ):
-            with pytest.raises(ProviderError) as caught:
-                await call
-            assert triple(caught.value) == ("provider_invalid_request", 30001, 400)
-    assert seen == []
+async def hang_up(writer: asyncio.StreamWriter) -> None:
+    """The connection closes with no answer at all."""
+
+
+@pytest.mark.timeout(30)
+async def test_transport_failures_are_retried(
+    mock_adapter: MockAdapter, scripted: HostileProvider
+) -> None:
+    provider = mock_adapter(stall, hang_up, STATE_S, max_attempts=3)
+    assert (await provider.get_auth_state("acct")).status == "s"
+    assert len(scripted.requests) == 3
+
+
+async def test_missing_ref_or_key_is_rejected_before_sending(
+    mock_adapter: MockAdapter, scripted: HostileProvider
+) -> None:
+    provider = mock_adapter(STATE_S)
+    for call in (
+        provider.get_auth_state(""),
+        provider.confirm_passkey("", idempotency_key="k"),
+        provider.confirm_passkey("acct", idempotency_key=""),
+    ):
+        with pytest.raises(ProviderError) as caught:
+            await call
+        assert triple(caught.value) == ("provider_invalid_request", 30001, 400)
+    assert scripted.requests == []
 
 
 # -- client and registry ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kind", "cls"), [("aiohttp", AiohttpClient), ("httpx", ShardedClient)])
-async def test_build_http_client_uses_settings(kind: str, cls: type) -> None:
+async def test_build_http_client_uses_settings() -> None:
     settings = Settings(
-        provider_timeout_s=1.5, provider_max_connections=7, provider_http_client=kind
+        provider_timeout_s=1.5, provider_max_connections=7, provider_body_cap_bytes=4096
     )
     async with build_http_client(settings) as built:
-        assert isinstance(built, cls)
-        assert built.timeout == httpx.Timeout(1.5)
+        assert (built.timeout_s, built.connect_timeout_s) == (1.5, 1.5)
+        assert (built.max_connections, built.body_cap) == (7, 4096)
         assert not built.follow_redirects
         assert built.headers["User-Agent"].startswith("passkey-auth-worker/")
     assert built.is_closed
 
 
-async def test_registry_from_provider_urls(client: ProviderHttpClient) -> None:
+async def test_registry_from_provider_urls(client: AiohttpClient) -> None:
     settings = Settings(
         provider_urls={"simulator": "http://127.0.0.1:8090", "other": "https://p.example/api/"},
         provider_max_attempts=2,

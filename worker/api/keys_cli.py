@@ -10,6 +10,7 @@ Exit status: 0 done, 1 the edit was refused (unknown key, bad file, lock held), 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 import sys
@@ -18,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from worker.api.keyfile import (
@@ -167,14 +168,19 @@ def _row(info: KeyInfo, now: datetime, last_used: float | None) -> dict[str, Any
 def scrape_last_used(urls: Sequence[str], *, timeout_s: float = 5.0) -> dict[str, float]:
     """The latest ``passkey_api_key_last_used_timestamp_seconds`` per key id over the front-ends at
     ``urls``; a page that cannot be read is reported on stderr and skipped."""
+    return asyncio.run(_scrape(urls, timeout_s))
+
+
+async def _scrape(urls: Sequence[str], timeout_s: float) -> dict[str, float]:
     latest: dict[str, float] = {}
-    with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as client:
         for url in urls:
             try:
-                text = _fetch(client, url)
+                text = await _fetch(client, url)
                 families = list(text_string_to_metric_families(text))
-            except (httpx.HTTPError, ValueError) as exc:
-                print(f"last_used: {url}: {exc}", file=sys.stderr)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                print(f"last_used: {url}: {exc or type(exc).__name__}", file=sys.stderr)
                 continue
             for family in families:
                 for sample in family.samples:
@@ -184,11 +190,12 @@ def scrape_last_used(urls: Sequence[str], *, timeout_s: float = 5.0) -> dict[str
     return latest
 
 
-def _fetch(client: httpx.Client, url: str) -> str:
-    with client.stream("GET", url) as response:
-        response.raise_for_status()
+async def _fetch(client: aiohttp.ClientSession, url: str) -> str:
+    async with client.get(url, allow_redirects=False) as response:
+        if not 200 <= response.status < 300:
+            raise ValueError(f"HTTP {response.status}")
         body = bytearray()
-        for chunk in response.iter_bytes():
+        async for chunk in response.content.iter_any():
             body += chunk
             if len(body) > MAX_METRICS_BYTES:
                 raise ValueError(f"more than {MAX_METRICS_BYTES} bytes")

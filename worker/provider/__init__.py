@@ -4,6 +4,7 @@ The worker depends on ``ProviderAdapter`` and ``ProviderError`` only; which prov
 and how its failures map to catalogued errors, stays inside this package.
 """
 
+from worker.provider.answer import ProviderAnswer
 from worker.provider.base import (
     CallObserver,
     CallOutcome,
@@ -19,12 +20,14 @@ from worker.provider.breaker import (
     CircuitOpenError,
 )
 from worker.provider.errors import map_upstream_failure
-from worker.provider.http import (
-    HttpProviderAdapter,
-    ProviderHttpClient,
-    ShardedClient,
-    build_http_client,
+from worker.provider.failures import (
+    ConnectFailed,
+    ConnectionLost,
+    InvalidTarget,
+    TimedOut,
+    TransportFailure,
 )
+from worker.provider.http import HttpProviderAdapter, build_http_client
 from worker.provider.registry import ProviderRegistry, build_registry
 from worker.provider.retry import RetryPolicy
 from worker.provider.transport import AiohttpClient
@@ -37,15 +40,19 @@ __all__ = [
     "CallOutcome",
     "CircuitBreaker",
     "CircuitOpenError",
+    "ConnectFailed",
+    "ConnectionLost",
     "HttpProviderAdapter",
+    "InvalidTarget",
     "ProviderAdapter",
+    "ProviderAnswer",
     "ProviderAuthState",
     "ProviderError",
-    "ProviderHttpClient",
     "ProviderRegistry",
     "RetryObserver",
     "RetryPolicy",
-    "ShardedClient",
+    "TimedOut",
+    "TransportFailure",
     "build_http_client",
     "build_registry",
     "map_upstream_failure",

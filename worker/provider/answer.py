@@ -2,9 +2,9 @@
 
 The provider is a remote party: whatever it sends must end as an auth state or a catalogued
 ``ProviderError``, never as an exception out of the attempt (docs/architecture.md, "Bounded
-remote answers"). So the clients read at most ``body_cap`` bytes off the wire (more: the body
-is unusable, and the connection is dropped rather than drained), decompress only gzip and
-deflate, themselves, and only up to the same cap (a few KB of gzip can hold gigabytes of
+remote answers"). So the client reads at most ``body_cap`` bytes off the wire (more: the body
+is unusable, and the connection is dropped rather than drained), decompresses only gzip and
+deflate, itself, and only up to the same cap (a few KB of gzip can hold gigabytes of
 zeros), and JSON is parsed only within ``MAX_JSON_DEPTH`` levels with every parser error
 caught. An unusable body is empty: the status alone then decides what the answer means.
 """
@@ -14,14 +14,17 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Final
+
+from multidict import CIMultiDict, CIMultiDictProxy
 
 __all__ = [
     "ACCEPT_ENCODING",
-    "BODY_HEADERS",
     "DEFAULT_BODY_CAP",
     "MAX_JSON_DEPTH",
+    "ProviderAnswer",
     "decoded_body",
     "load_json",
     "read_capped",
@@ -33,8 +36,6 @@ MAX_JSON_DEPTH: Final = 32
 """Nesting levels a provider's JSON may have; the contract's bodies have two."""
 ACCEPT_ENCODING: Final = "gzip, deflate"
 """The only content codings asked for, and the only ones decoded."""
-BODY_HEADERS: Final = frozenset({"content-encoding", "content-length", "transfer-encoding"})
-"""Headers that describe the body as sent, not as decoded: dropped with the decoding."""
 
 _ZLIB_OR_GZIP: Final = 32 + zlib.MAX_WBITS  # detects a zlib or a gzip header
 _RAW_DEFLATE: Final = -zlib.MAX_WBITS  # "deflate" sent without the zlib wrapper, as some do
@@ -43,10 +44,35 @@ _RAW_DEFLATE: Final = -zlib.MAX_WBITS  # "deflate" sent without the zlib wrapper
 _JSON_NESTING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 
 
+@dataclass(frozen=True, slots=True)
+class ProviderAnswer:
+    """One HTTP answer of a provider, already bounded: what the adapter and the error table
+    read, whichever client produced it.
+
+    ``body`` is decoded and at most the cap (empty when unusable, see ``decoded_body``).
+    ``headers`` are as sent, looked up case-insensitively (a plain mapping given here is
+    copied into one); ``Content-Encoding`` and ``Content-Length`` describe the wire, not
+    ``body``.
+    """
+
+    status: int
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.headers, CIMultiDictProxy | CIMultiDict):
+            object.__setattr__(self, "headers", CIMultiDictProxy(CIMultiDict(self.headers)))
+
+    @property
+    def ok(self) -> bool:
+        """A 2xx status: the only answers whose body may hold an auth state."""
+        return 200 <= self.status < 300
+
+
 async def read_capped(chunks: AsyncIterator[bytes], cap: int) -> tuple[bytes, bool]:
     """At most ``cap`` bytes of a body, and whether more followed (then the body is cut).
 
-    ``chunks`` as they arrive (aiohttp's ``iter_any``, httpx's ``aiter_raw``): no more than
+    ``chunks`` as they arrive (aiohttp's ``iter_any``): no more than
     ``cap`` plus one chunk is ever held, however much the peer sends.
     """
     kept: list[bytes] = []

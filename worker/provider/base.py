@@ -3,7 +3,7 @@
 The worker only ever confirms a pending passkey challenge and reads the account's auth state,
 so the protocol has exactly those two calls. Every failure reaches the worker as one exception
 type, ``ProviderError``, already translated into a catalogued error: the decision code never
-sees httpx, status codes or provider bodies.
+sees an HTTP library, status codes or provider bodies.
 """
 
 from __future__ import annotations

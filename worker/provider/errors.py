@@ -1,14 +1,14 @@
 """The one place where upstream failures become catalogued errors.
 
-Adapters never decide an error code themselves: whatever went wrong (an HTTP answer they cannot
-use, an httpx exception, the deadline, an open circuit) goes through ``map_upstream_failure``,
-in the spirit of httpx's ``map_httpcore_exceptions``. The table, top to bottom:
+Adapters never decide an error code themselves: whatever went wrong (an answer they cannot
+use, a transport failure, the deadline, an open circuit) goes through
+``map_upstream_failure``. The table, top to bottom:
 
     upstream failure                                    catalogued error             transient
     501, or 4xx {"error":{"type":"unsupported_operation"}}  501 unsupported_by_provider 30003   no
     408, 429, other 5xx                                 502 provider_unavailable 30002   yes
-    timeout (httpx or deadline), connect/read/write error,
-      peer closed the connection                        502 provider_unavailable 30002   yes
+    timeout (a phase's or the deadline), connect
+      failure, connection lost mid-exchange             502 provider_unavailable 30002   yes
     circuit open                                        502 provider_unavailable 30002   yes
     4xx {"error":{"type":"identity_mismatch"}}          409 provider_account_mismatch 20017  no
     4xx {"error":{"type":"invalid_request"}}            400 provider_invalid_request 30001   no
@@ -16,7 +16,8 @@ in the spirit of httpx's ``map_httpcore_exceptions``. The table, top to bottom:
     401/403 otherwise (our credentials are refused)     502 provider_unavailable → 30010 no
     anything else (unknown status or type, unreadable
       body, 2xx/3xx the adapter could not use)          502 provider_unavailable → 30010 no
-    any other httpx error (bad URL, protocol misuse)    502 provider_unavailable 30002   no
+    any other transport failure (bad URL, a malformed
+      answer the client refused)                        502 provider_unavailable 30002   no
     any other exception inside one attempt (an answer
       that broke something while it was read)           502 provider_unavailable → 30010 no
 
@@ -32,12 +33,11 @@ from __future__ import annotations
 
 from typing import Final
 
-import httpx
-
 from worker.catalogue import ServiceError
-from worker.provider.answer import load_json
+from worker.provider.answer import ProviderAnswer, load_json
 from worker.provider.base import ProviderError
 from worker.provider.breaker import CircuitOpenError
+from worker.provider.failures import TransportFailure
 from worker.retry_after import parse_retry_after
 
 __all__ = [
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 #: Everything an adapter may hand to ``map_upstream_failure``.
-UpstreamFailure = httpx.Response | httpx.HTTPError | TimeoutError | CircuitOpenError
+UpstreamFailure = ProviderAnswer | TransportFailure | TimeoutError | CircuitOpenError
 
 #: Numeric refinement for a provider-side operation failure (seed §7, provider-detail codes).
 OPERATION_FAILED: Final = 30010
@@ -79,41 +79,26 @@ _BY_TYPE: Final[dict[str, ServiceError]] = {
     "operation_failed": _FAILED,
 }
 
-# Failures that say nothing about the request itself: the provider (or the path to it) is
-# down or slow, or we are holding back, so the same request may succeed a moment later.
-_TRANSIENT_EXCEPTIONS: Final = (
-    CircuitOpenError,
-    TimeoutError,
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-    httpx.ProxyError,
-)
-
 
 def map_upstream_failure(failure: UpstreamFailure) -> ProviderError:
     """Translate one upstream failure into a ``ProviderError`` carrying a catalogued error.
 
-    A ``Response`` is one the adapter could not use: any non-2xx status, or a 2xx whose body
+    An answer is one the adapter could not use: any non-2xx status, or a 2xx whose body
     does not parse (then it maps to 30010 like any unreadable answer).
     """
-    if isinstance(failure, httpx.Response):
-        return _from_response(failure)
-    if isinstance(failure, httpx.HTTPStatusError):
-        return _from_response(failure.response)
-    if isinstance(failure, _TRANSIENT_EXCEPTIONS):
+    if isinstance(failure, ProviderAnswer):
+        return map_answer(failure.status, failure.body, failure.headers.get("Retry-After"))
+    if isinstance(failure, CircuitOpenError | TimeoutError):
+        # Nothing said about the request itself: the provider is slow, or we hold back.
         return ProviderError(_UNAVAILABLE, transient=True)
-    if isinstance(failure, httpx.DecodingError):
-        return ProviderError(_UNREADABLE, transient=False)
-    # Our side cannot form a valid call (bad URL, unsupported scheme, too many redirects):
-    # retrying the same call cannot help.
-    return ProviderError(_UNAVAILABLE, transient=False)
+    # A transport failure says itself whether the same request may get through later; one
+    # that is not transient means our side cannot form the call: retrying cannot help.
+    return ProviderError(_UNAVAILABLE, transient=failure.transient)
 
 
 def map_answer(status: int, body: bytes, retry_after: str | None) -> ProviderError:
     """``map_upstream_failure`` of an answer given by its parts: the status, the decoded
-    (bounded) body and the ``Retry-After`` header. The aiohttp path maps with it, building
-    no ``httpx.Response``."""
+    (bounded) body and the ``Retry-After`` header."""
     if status == 501:
         return ProviderError(_UNSUPPORTED, transient=False)
     if status in (408, 429) or status >= 500:
@@ -127,12 +112,12 @@ def map_answer(status: int, body: bytes, retry_after: str | None) -> ProviderErr
 
 
 def map_unexpected(exc: Exception) -> ProviderError:
-    """Any exception one attempt raised: a ``ProviderError`` as it is, an httpx error or a
-    timeout through the table, anything else (a fault while reading or parsing an answer) as
+    """Any exception one attempt raised: a ``ProviderError`` as it is, a transport failure or
+    a timeout through the table, anything else (a fault while reading or parsing an answer) as
     an unreadable answer, not retried: the same answer would fail again."""
     if isinstance(exc, ProviderError):
         return exc
-    if isinstance(exc, httpx.HTTPError | TimeoutError | CircuitOpenError):
+    if isinstance(exc, TransportFailure | TimeoutError | CircuitOpenError):
         return map_upstream_failure(exc)
     return ProviderError(_UNREADABLE, transient=False)
 
@@ -141,14 +126,6 @@ def invalid_call(message: str) -> ProviderError:
     """The adapter itself rejects the call's data (e.g. an empty account ref) before sending:
     400 provider_invalid_request, which is what the seed says an adapter rejection is."""
     return ProviderError(ServiceError.of("provider_invalid_request", message), transient=False)
-
-
-def _from_response(response: httpx.Response) -> ProviderError:
-    try:
-        body = response.content
-    except httpx.ResponseNotRead:
-        body = b""
-    return map_answer(response.status_code, body, response.headers.get("retry-after"))
 
 
 def _error_type(body: bytes) -> str | None:

@@ -12,12 +12,8 @@ from typing import TYPE_CHECKING
 from worker.provider.base import CallObserver, ProviderAdapter, RetryObserver
 from worker.provider.breaker import CircuitBreaker
 from worker.provider.credentials import Credential, client_tls
-from worker.provider.http import (
-    HttpProviderAdapter,
-    ProviderHttpClient,
-    Requester,
-    build_http_client,
-)
+from worker.provider.http import HttpProviderAdapter, Requester, build_http_client
+from worker.provider.transport import AiohttpClient
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -32,7 +28,7 @@ class ProviderRegistry(Mapping[str, ProviderAdapter]):
         self,
         adapters: Iterable[ProviderAdapter] = (),
         *,
-        clients: Iterable[ProviderHttpClient] = (),
+        clients: Iterable[AiohttpClient] = (),
     ) -> None:
         self._clients = tuple(clients)
         self._adapters: dict[str, ProviderAdapter] = {}
@@ -84,7 +80,7 @@ def build_registry(
     loaded (``worker.preflight`` reports the same before a worker starts).
     """
     adapters: list[HttpProviderAdapter] = []
-    owned: list[ProviderHttpClient] = []  # open no connection until their first request
+    owned: list[AiohttpClient] = []  # open no connection until their first request
     for name, url in settings.provider_urls.items():
         connection = settings.provider_connection(name)
         credential = Credential.for_provider(name, connection)

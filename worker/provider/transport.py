@@ -1,63 +1,54 @@
-"""The provider client on aiohttp: the same ``Requester`` seam as the httpx clients, at a
-fifth of their CPU per request.
+"""The provider client: one aiohttp session, answering the provider's own types.
 
-Measured against the simulator on loopback (20 ms latency, 64 concurrent requests, 3,000
-requests, client CPU from ``os.times``): httpx — even as 16 small pools, see
-``ShardedClient`` — 1,230 and 1,247 µs of CPU per request; aiohttp 220 and 223 µs. The worker
-makes one provider call per confirm, so this is most of a command's cost (bench/README.md).
+An answer comes back as a ``ProviderAnswer`` (status, headers, bounded body) and a request
+that got none raises a ``TransportFailure`` (``worker.provider.failures``): aiohttp's
+exceptions are translated here, in one place (``_translate``), so the adapter, the retries
+and the error table know no HTTP library.
 
-The adapter and ``map_upstream_failure`` keep speaking httpx's types: this module answers
-with an ``httpx.Response`` and translates aiohttp's exceptions into the httpx exception that
-means the same thing, in one place (``_translate``), the way httpx's own
-``map_httpcore_exceptions`` does for httpcore. Retries, deadlines, the breaker and the error
-table stay exactly as they are for both clients.
+Answers are bounded here (``worker.provider.answer``): at most ``body_cap`` bytes are read,
+aiohttp decompresses nothing, and gzip/deflate are inflated up to the same cap; a body past
+either bound arrives empty, so only its status is used.
 
-Answers are bounded here, as ``ShardedClient`` bounds them (``worker.provider.answer``): at most
-``body_cap`` bytes are read, aiohttp decompresses nothing, and gzip/deflate are inflated up to
-the same cap; a body past either bound arrives empty, so only its status is used.
+Exceptions translated (aiohttp → ours):
 
-Exception tree translated (aiohttp → httpx):
-
-    asyncio/built-in TimeoutError, aiohttp.ServerTimeoutError
-        connect phase (ConnectionTimeoutError)  → httpx.ConnectTimeout
-        otherwise                               → httpx.ReadTimeout
-    aiohttp.ClientConnectorError (refused, DNS)  → httpx.ConnectError
+    aiohttp.ConnectionTimeoutError (connect phase)  → TimedOut(phase="connect")   transient
+    any other TimeoutError (ServerTimeoutError: read) → TimedOut(phase="read")    transient
+    aiohttp.ClientConnectorError (refused, DNS, TLS)  → ConnectFailed             transient
     aiohttp.ServerDisconnectedError,
-    aiohttp.ClientPayloadError                   → httpx.RemoteProtocolError
-    aiohttp.ClientOSError                        → httpx.ReadError
-    aiohttp.InvalidURL                           → httpx.UnsupportedProtocol (our call is wrong)
-    any other aiohttp.ClientError                → httpx.TransportError (not transient)
+    aiohttp.ClientPayloadError, aiohttp.ClientOSError → ConnectionLost            transient
+    aiohttp.InvalidURL                                → InvalidTarget (our call is wrong)
+    any other aiohttp.ClientError (e.g. a malformed
+      status line)                                    → TransportFailure (not transient)
 """
 
 from __future__ import annotations
 
-import asyncio
 import ssl
-from collections.abc import Mapping
 from types import TracebackType
 
 import aiohttp
-import httpx
 
 from worker.provider.answer import (
     ACCEPT_ENCODING,
-    BODY_HEADERS,
     DEFAULT_BODY_CAP,
+    ProviderAnswer,
     decoded_body,
     read_capped,
 )
+from worker.provider.failures import (
+    ConnectFailed,
+    ConnectionLost,
+    InvalidTarget,
+    TimedOut,
+    TransportFailure,
+)
 
-__all__ = ["AiohttpClient", "RawAnswer"]
-
-#: Status, decoded body (at most the cap; empty when unusable) and headers of one answer, as
-#: ``AiohttpClient.request_raw`` read them. The headers are as sent: ``Content-Encoding`` and
-#: ``Content-Length`` describe the wire, not the body beside them.
-RawAnswer = tuple[int, bytes, Mapping[str, str]]
+__all__ = ["AiohttpClient"]
 
 
 class AiohttpClient:
     """One ``aiohttp.ClientSession`` with a bounded connection pool, built at start-up and
-    shared by every adapter (adapters never close it).
+    shared by every adapter (adapters never close it). Redirects are never followed.
 
     The session is opened on the first request, inside the running event loop, so building
     the client needs no loop.
@@ -75,21 +66,25 @@ class AiohttpClient:
     ) -> None:
         if body_cap < 1:
             raise ValueError("body_cap must be positive")
-        connect_s = timeout_s if connect_timeout_s is None else connect_timeout_s
-        self.timeout = httpx.Timeout(timeout_s, connect=connect_s)
-        self.headers = httpx.Headers(headers or {})
-        self.headers["Accept-Encoding"] = ACCEPT_ENCODING
-        self.follow_redirects = False
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = timeout_s if connect_timeout_s is None else connect_timeout_s
+        self.max_connections = max_connections
+        self.headers = {**(headers or {}), "Accept-Encoding": ACCEPT_ENCODING}
         self.body_cap = body_cap
-        self._max_connections = max_connections
         self._tls = tls
-        # No total: the adapter's deadline bounds a call; these bound each phase, as
-        # httpx.Timeout(timeout_s) does (connect, and each read of the socket).
+        # No total: the adapter's deadline bounds a call; these bound each phase (connect,
+        # and each read of the socket).
+        connect_s = self.connect_timeout_s
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_s, sock_connect=connect_s, sock_read=timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+
+    @property
+    def follow_redirects(self) -> bool:
+        """Always false: a 3xx is an answer the adapter cannot use, not a place to go."""
+        return False
 
     @property
     def is_closed(self) -> bool:
@@ -101,36 +96,21 @@ class AiohttpClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
-                    limit=self._max_connections,
+                    limit=self.max_connections,
                     limit_per_host=0,
                     ssl=True if self._tls is None else self._tls,
                 ),
                 timeout=self._timeout,
-                headers=dict(self.headers),
+                headers=self.headers,
                 auto_decompress=False,  # decoded_body inflates, up to the cap
             )
         return self._session
 
     async def request(
         self, method: str, url: str, *, headers: dict[str, str] | None = None
-    ) -> httpx.Response:
-        """Send one request; the body (bounded, decoded) is read before returning."""
-        status, content, answer_headers = await self.request_raw(method, url, headers=headers)
-        # No ``request=``: nothing downstream reads it, and building an httpx.Request
-        # (URL parsing) tripled the cost of this wrapper (68 against 20 us each). Headers go
-        # as bytes, as aiohttp decoded them: httpx would refuse a non-ASCII str.
-        fields = [
-            (name.encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape"))
-            for name, value in answer_headers.items()
-            if name.lower() not in BODY_HEADERS
-        ]
-        return httpx.Response(status, headers=fields, content=content)
-
-    async def request_raw(
-        self, method: str, url: str, *, headers: dict[str, str] | None = None
-    ) -> RawAnswer:
-        """``request`` without the ``httpx.Response``: the adapter parses a 2xx body itself
-        and builds a response only for an answer it cannot use (the error mapping's input)."""
+    ) -> ProviderAnswer:
+        """Send one request; the body (bounded, decoded) is read before returning. Raises
+        ``TransportFailure`` when no answer could be read."""
         session = self._open()
         try:
             async with session.request(
@@ -141,7 +121,7 @@ class AiohttpClient:
                     answer.close()  # drop the connection rather than drain what is not read
                 coding = answer.headers.get("Content-Encoding")
                 body = decoded_body(raw, truncated=truncated, coding=coding, cap=self.body_cap)
-                return answer.status, body, answer.headers
+                return ProviderAnswer(answer.status, body, answer.headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _translate(exc) from exc
 
@@ -159,23 +139,19 @@ class AiohttpClient:
         await self.aclose()
 
 
-def _translate(exc: aiohttp.ClientError | TimeoutError) -> httpx.TransportError:
-    """The httpx exception that means what ``exc`` means (see the module docstring).
-
-    Built without an ``httpx.Request``: httpx would reject the very URLs (e.g. a malformed
-    one) whose failure is being translated.
-    """
+def _translate(exc: aiohttp.ClientError | TimeoutError) -> TransportFailure:
+    """Our failure that means what ``exc`` means (see the module docstring)."""
     text = str(exc) or type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return httpx.ConnectTimeout(text)
-    if isinstance(exc, TimeoutError | asyncio.TimeoutError):  # ServerTimeoutError is both
-        return httpx.ReadTimeout(text)
+        return TimedOut(text, phase="connect")
+    if isinstance(exc, TimeoutError):  # ServerTimeoutError is one too
+        return TimedOut(text, phase="read")
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return httpx.ConnectError(text)
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
-        return httpx.RemoteProtocolError(text)
-    if isinstance(exc, aiohttp.ClientOSError):
-        return httpx.ReadError(text)
+        return ConnectFailed(text)
+    if isinstance(
+        exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError
+    ):
+        return ConnectionLost(text)
     if isinstance(exc, aiohttp.InvalidURL):
-        return httpx.UnsupportedProtocol(text)
-    return httpx.TransportError(text)
+        return InvalidTarget(text)
+    return TransportFailure(text)
