@@ -18,6 +18,7 @@ from worker import flow
 from worker.messages import AccountRecord, PasskeyConfirm, decode_record
 from worker.route import home_partition
 from worker.settings import Settings
+from worker.store import StateStore
 
 pytestmark = pytest.mark.integration
 
@@ -124,6 +125,7 @@ async def test_a_confirm_a_previous_owner_may_have_sent_asks_the_provider_first(
             provider.by_method["POST"] = written(http(b"200 OK", STATE))
             async with running_worker(settings) as second:
                 store = second.worker.store
+                assert isinstance(store, StateStore)
                 assert store.inherited(settings.topics.commands, partition, offset)
                 reply = await b.reply_to(cmd.command_id)
                 assert reply["http_status"] == 200
