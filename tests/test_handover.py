@@ -65,10 +65,16 @@ def hanging(seen: asyncio.Event) -> Callable[[asyncio.StreamWriter], Awaitable[N
     return script
 
 
-async def test_a_confirm_writes_two_state_records(make_settings: Any, simulator: str) -> None:
+@pytest.mark.parametrize("write_ahead", [False, True])
+async def test_a_confirm_writes_two_state_records(
+    make_settings: Any, simulator: str, write_ahead: bool
+) -> None:
     """Register, confirm, follow-up to authorized: the confirm costs the result and the
-    follow-up's observation on auth.state, and no record carries an intent."""
-    settings = make_settings(provider_urls={"simulator": simulator})
+    follow-up's observation on auth.state, and no record carries an intent; with
+    WORKER_WRITE_AHEAD_INTENT (while older versions share the group) the intent comes first."""
+    settings = make_settings(
+        provider_urls={"simulator": simulator}, worker_write_ahead_intent=write_ahead
+    )
     async with bus(settings) as b, running_worker(settings):
         acc = uid("acc")
         await registered(b, acc, uid("ok"))
@@ -77,16 +83,19 @@ async def test_a_confirm_writes_two_state_records(make_settings: Any, simulator:
         await b.send(cmd)
         assert (await b.reply_to(cmd.command_id))["http_status"] == 200
         await b.wait_for(lambda: bool(b.status_events(account_id=acc, status="authorized")))
-        await b.wait_for(lambda: len(state_records(b, acc)) >= 3)
+        await b.wait_for(lambda: len(state_records(b, acc)) >= 3 + write_ahead)
         for _ in range(10):  # polls that find nothing new write nothing
             await b.pump()
         records = state_records(b, acc)
+        intent = ["passkey_confirmation"] if write_ahead else []
         assert [r.status for r in records] == [
             "passkey_confirmation",
+            *intent,
             "passkey_confirmation_sent",
             "authorized",
         ]
-        assert all(r.in_flight is None for r in records)
+        carrying = [r.in_flight.command_id for r in records if r.in_flight is not None]
+        assert carrying == ([cmd.command_id] if write_ahead else [])
 
 
 async def test_a_confirm_a_previous_owner_may_have_sent_asks_the_provider_first(

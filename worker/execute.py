@@ -85,8 +85,10 @@ class Executor:
         metrics: WorkerMetrics,
         router: Router,
         clock: Clock | None = None,
+        write_ahead: bool = False,
     ) -> None:
         self.store = store
+        self.write_ahead = write_ahead
         self.router = router
         self.publisher = publisher
         self.providers = providers
@@ -162,8 +164,11 @@ class Executor:
                 redrive = decision.call == "redrive_confirm" or self.store.inherited(
                     msg.topic, partition, msg.offset
                 )
-                # The intent is kept in memory only: a retry of this record re-drives it, and
+                # The intent is kept in memory: a retry of this record re-drives it, and
                 # ``recover`` writes it if the record is let go with the confirm unsettled.
+                # Written before the call only while older versions share the group.
+                if self.write_ahead and decision.call == "confirm_passkey":
+                    await self.publisher.persist(partition, intent)
                 self.store.put(partition, intent)
                 decision = await self._resolve(intent, redrive=redrive)
                 record = intent
