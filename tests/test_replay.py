@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.conftest import SettingsFactory
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import AccountRecord, encode_record
-from worker.replay import replay_to_highwater
+from worker.replay import high_water_marks, replay_to_highwater
 from worker.settings import Settings
 from worker.store import restore_partitions
 
@@ -153,6 +153,20 @@ async def test_an_empty_topic_is_complete_at_once(
     done = await replay_to_highwater(consumer, tps, seen)
     assert [(r.position, r.records) for r in done.values()] == [(0, 0)] * 4
     assert seen.seen == {}
+
+
+async def test_high_water_marks_are_the_ends_a_fetch_reports(
+    settings: Settings, consumer: AIOKafkaConsumer
+) -> None:
+    """Where each partition ends, past a last batch of many records (the embedded broker's
+    ``end_offsets()`` names its first record + 1) and for an empty partition."""
+    topic = settings.topics.commands
+    await produce(settings, topic, [(0, b"k", b"%d" % i) for i in range(7)])
+    await produce(settings, topic, [(1, b"k", b"x")])
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    assert await high_water_marks(consumer, tps) == dict(zip(tps, [7, 1, 0], strict=True))
+    await produce(settings, topic, [(2, b"k", b"y"), (2, b"k", b"z")])
+    assert (await high_water_marks(consumer, tps))[tps[2]] == 2
 
 
 class _FirstResponseLate:

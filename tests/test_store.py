@@ -137,3 +137,15 @@ def test_the_queue_agrees_with_a_scan_of_the_records(ops: list[tuple]) -> None: 
             for a, p in got:
                 model[a] = (p, now + wait)
         assert set(store.following) == set(model)
+
+
+def test_what_lies_below_a_partitions_end_at_assignment_is_inherited() -> None:
+    store = StateStore()
+    assert store.tracks_handover
+    assert store.inherited("cmds", 0, 0)  # not known: the careful answer
+    store.handed_over("cmds", 0, 5)
+    store.handed_over("cmds", 1, 2)
+    assert [store.inherited("cmds", 0, o) for o in (0, 4, 5, 6)] == [True, True, False, False]
+    assert not store.inherited("cmds", 1, 2) and store.inherited("other", 0, 6)
+    store.drop(0)
+    assert store.inherited("cmds", 0, 6) and not store.inherited("cmds", 1, 2)

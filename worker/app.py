@@ -86,6 +86,7 @@ async def run_worker(
             partitions_for_topic=consumer.partitions_for_topic,
             fallback=settings.commands_partitions,
         ),
+        write_ahead=settings.worker_write_ahead_intent,
     )
     worker = consume_loop(
         settings,

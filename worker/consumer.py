@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -50,6 +50,7 @@ from aiokafka.structs import ConsumerRecord
 from worker.faults import Fault, is_permanent, is_process_fault
 from worker.fetch import getmany as fetch_records
 from worker.logs import get_logger
+from worker.replay import high_water_marks
 from worker.store import restore_partitions
 
 log = get_logger(__name__)
@@ -59,6 +60,10 @@ RestoreConsumerFactory = Callable[[], AIOKafkaConsumer]
 
 class LoopStore(Protocol):
     """What the loop needs of a state store (``worker.store.PartitionedStore``)."""
+
+    tracks_handover: ClassVar[bool]
+
+    def handed_over(self, topic: str, partition: int, end: int) -> None: ...
 
     @staticmethod
     def decode(value: bytes) -> tuple[str, Any]: ...
@@ -548,10 +553,17 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             numbers = sorted({tp.partition for tp in mine})
             state_tps = [TopicPartition(self.config.state_topic, p) for p in numbers]
             restored = await restore_partitions(restorer, state_tps, decode=self.store.decode)
+            # Where the inputs end now that every previous owner gave them up: what lies below
+            # may have been fetched, and acted on, before (docs/architecture.md,
+            # "Write-ahead intent"). Read after the restore, so it covers every record whose
+            # state the restore saw.
+            ends = await high_water_marks(restorer, mine) if self.store.tracks_handover else {}
         finally:
             await restorer.stop()
         for partition, (records, _) in restored.items():
             self.store.load(partition, records)
+        for tp, end in ends.items():
+            self.store.handed_over(tp.topic, tp.partition, end)
         # Restored records live as long as the partition; keep them out of every future
         # full collection, which otherwise re-scans all of them (bench/README.md, "Open issues").
         gc.freeze()
@@ -580,8 +592,9 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
     async def _wait_lanes(self, partitions: set[int] | None, budget: float) -> None:
         """Let running work of ``partitions`` (all when None) finish; cancel it after budget.
 
-        Cancelling is safe: a cancelled confirm left its write-ahead intent in auth.state and
-        its offset uncommitted, so the next owner re-drives it with the same idempotency key.
+        Cancelling is safe: a cancelled confirm left its offset uncommitted, below the end the
+        next owner notes on assignment, so that owner re-drives it with the same idempotency
+        key (asking the provider first).
         """
         deadline = time.monotonic() + budget
         while True:

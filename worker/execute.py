@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanKind
 
 from worker import tracing
 from worker.catalogue import ServiceError
-from worker.faults import Fault
+from worker.faults import Fault, RecordRejected
 from worker.flow import (
     CHALLENGE,
     SENT,
@@ -85,8 +85,10 @@ class Executor:
         metrics: WorkerMetrics,
         router: Router,
         clock: Clock | None = None,
+        write_ahead: bool = False,
     ) -> None:
         self.store = store
+        self.write_ahead = write_ahead
         self.router = router
         self.publisher = publisher
         self.providers = providers
@@ -139,10 +141,11 @@ class Executor:
                 and record.in_flight.command_id != command.command_id
                 and is_owner(record, command)
             ):
-                # An intent left by a crashed owner whose command is not this one: settle it
-                # first, so this command sees the provider's real answer. Not for another
-                # workspace's command: that one is answered as for an unknown account and
-                # must not touch the owner's confirm.
+                # An intent whose command is not this one (written by an older version before
+                # its owner crashed, or by ``recover`` for a command let go): settle it first,
+                # so this command sees the provider's real answer. Not for another workspace's
+                # command: that one is answered as for an unknown account and must not touch
+                # the owner's confirm.
                 settled = await self._resolve(record, redrive=True)
                 await self._publish(partition, record, settled)
                 record = settled.record
@@ -154,11 +157,20 @@ class Executor:
                         deciding.set_attribute("passkey.provider_call", decision.call)
             if decision.call is not None and decision.record is not None:
                 intent = decision.record
-                if decision.call == "confirm_passkey":
-                    # Write-ahead: the intent is durable before the provider hears of it.
+                # A confirm a previous owner of the partition may have sent already (it was
+                # below the partition's end when this worker was assigned it) is re-driven like
+                # a restored intent: the provider is asked first (docs/architecture.md,
+                # "Write-ahead intent"). Any other is new: nobody else can have sent it.
+                redrive = decision.call == "redrive_confirm" or self.store.inherited(
+                    msg.topic, partition, msg.offset
+                )
+                # The intent is kept in memory: a retry of this record re-drives it, and
+                # ``recover`` writes it if the record is let go with the confirm unsettled.
+                # Written before the call only while older versions share the group.
+                if self.write_ahead and decision.call == "confirm_passkey":
                     await self.publisher.persist(partition, intent)
-                    self.store.put(partition, intent)
-                decision = await self._resolve(intent, redrive=decision.call == "redrive_confirm")
+                self.store.put(partition, intent)
+                decision = await self._resolve(intent, redrive=redrive)
                 record = intent
             await self._publish(partition, record, decision, reply_to=reply_partition(msg.headers))
             if current.is_recording():
@@ -347,9 +359,28 @@ class Executor:
         with a catalogued 500 to its caller and in auth.errors, so nobody waits it out."""
         command = decode_command(msg.key, msg.value)
         ids = _Ids.of(command)
+        if not isinstance(command, DecodeFailure):
+            await self._keep_intent(msg.partition, command)
         await self._dead_letter(msg, fault, ids, ServiceError.of("run_auth_action_failed"))
         label = command.type if not isinstance(command, DecodeFailure) else "unknown"
         self.metrics.commands.labels(label, "failed").inc()
+
+    async def _keep_intent(self, partition: int, command: Command) -> None:
+        """Write the account's record with this command's confirm in flight before the command
+        is let go: once its offset is committed, the intent is all that tells a later owner
+        the provider may have heard of it (a copy of the command, forwarded or sent again,
+        is then re-driven, never confirmed blind). The only write of an intent."""
+        record = self.store.get(partition, command.account_id)
+        if record is None or record.in_flight is None:
+            return
+        if record.in_flight.command_id != command.command_id:
+            return
+        try:
+            await self.publisher.persist(partition, record)
+        except RecordRejected as exc:
+            # The record cannot be written at all: the idempotency key still bounds the
+            # provider to one effect for this command.
+            log.error("intent_not_written", reason=exc.reason, detail=exc.detail)
 
     async def give_up(self, partition: int, account_id: str, fault: Fault) -> None:
         """A follow-up that keeps failing waits for the next poll of the policy's back-off;

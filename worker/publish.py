@@ -69,7 +69,7 @@ class Publisher:
         return await self._send(topic, key, model.model_dump_json(exclude_none=False).encode())
 
     async def persist(self, partition: int, record: AccountRecord) -> None:
-        """Write one state record and wait for the ack (the write-ahead intent)."""
+        """Write one state record and wait for the ack (an intent left unsettled)."""
         await send_retrying(
             self._producer,
             self.health,

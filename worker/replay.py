@@ -32,7 +32,7 @@ from worker.logs import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["BatchHandler", "Replayed", "replay_to_highwater"]
+__all__ = ["BatchHandler", "Replayed", "high_water_marks", "replay_to_highwater"]
 
 BatchHandler = Callable[[TopicPartition, list[Any]], object]
 """Takes one partition's records (``ConsumerRecord``s, in offset order) as they arrive; when it
@@ -100,3 +100,31 @@ async def replay_to_highwater(
             done[tp] = Replayed(position, counts[tp], time.perf_counter() - started)
         await asyncio.sleep(0)
     return {tp: done[tp] for tp in tps}
+
+
+async def high_water_marks(
+    consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition], *, idle_timeout_ms: int = 200
+) -> dict[TopicPartition, int]:
+    """Where each of ``tps`` ends now: the high-water mark of a fetch response received after
+    this call, never ``end_offsets()`` alone (wrong on the embedded broker, see the module
+    docstring). Assigns ``tps`` to the started, group-less ``consumer`` (replacing whatever it
+    had) and positions each at ``end_offsets()``, which is exact on Kafka and short of the end
+    on the embedded broker, so a fetch hands over at most a batch that is thrown away."""
+    consumer.assign(list(tps))
+    for tp, offset in (await consumer.end_offsets(list(tps))).items():
+        consumer.seek(tp, offset)
+    marks: dict[TopicPartition, int] = {}
+    while len(marks) < len(tps):
+        await fetch_records(
+            consumer, timeout_ms=idle_timeout_ms, max_records=1, on_unreadable=_ignore, owned=tps
+        )
+        for tp in tps:
+            high = consumer.highwater(tp)
+            if high is not None and tp not in marks:
+                marks[tp] = high
+        await asyncio.sleep(0)
+    return marks
+
+
+def _ignore(tp: TopicPartition, offset: int, exc: BaseException) -> None:
+    """A record the client cannot parse, fetched while looking for the end: not read here."""

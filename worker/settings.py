@@ -282,6 +282,15 @@ class Settings(BaseSettings):
         "700 run the collector hundreds of times a second.",
     )
 
+    # --- worker: the write-ahead intent (issue 24) ----------------------------------------
+    worker_write_ahead_intent: bool = Field(
+        default=False,
+        description="Write the confirm's intent to auth.state before every provider call, as "
+        "versions before the hand-over end did: only while such versions still run in the "
+        "group (a rolling upgrade or a rollback), since they re-drive a crashed confirm only "
+        'by its intent (docs/operations.md, "Upgrading").',
+    )
+
     # --- provider ------------------------------------------------------------------------
     provider_urls: dict[str, str] = Field(
         default_factory=lambda: {"simulator": "http://127.0.0.1:8090"}

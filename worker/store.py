@@ -11,7 +11,7 @@ import gc
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -35,8 +35,13 @@ class PartitionedStore(ABC, Generic[R]):
     the worker's and the dispatcher's stores behave alike under the consume loop.
     """
 
+    #: Whether the consume loop notes, on assignment, where each input partition ended
+    #: (``handed_over``), so the handler can tell what a previous owner may have fetched.
+    tracks_handover: ClassVar[bool] = False
+
     def __init__(self) -> None:
         self._parts: dict[int, dict[str, R]] = {}
+        self._handover: dict[tuple[str, int], int] = {}
         self.timers = TimerQueue()
 
     @staticmethod
@@ -73,7 +78,21 @@ class PartitionedStore(ABC, Generic[R]):
         for record in records.values():
             self.put(partition, record)
 
+    def handed_over(self, topic: str, partition: int, end: int) -> None:
+        """The input partition ended at ``end`` when this process was assigned it (after every
+        previous owner had given it up): records below it are the only ones a previous owner
+        can have fetched."""
+        self._handover[(topic, partition)] = end
+
+    def inherited(self, topic: str, partition: int, offset: int) -> bool:
+        """Whether a previous owner may have fetched (and acted on) the record at ``offset``;
+        True when the partition's end at assignment is not known."""
+        end = self._handover.get((topic, partition))
+        return end is None or offset < end
+
     def drop(self, partition: int) -> None:
+        for handed in [tp for tp in self._handover if tp[1] == partition]:
+            del self._handover[handed]
         for record in self._parts.pop(partition, {}).values():
             for key in self._timer_keys(record):
                 self.timers.cancel(key)
@@ -89,7 +108,13 @@ class StateStore(PartitionedStore[AccountRecord]):
     The timers are a heap by due time, so finding the due ones costs O(log n) each instead
     of a scan of every account in flow four times a second (bench/README.md, hot spot #8). A
     record in flow arms its account's timer; a settled or deregistered one cancels it.
+
+    It tracks the hand-over of each command partition (``inherited``): a confirm that a
+    previous owner may have sent to the provider is re-driven instead of sent blind
+    (docs/architecture.md, "Write-ahead intent").
     """
+
+    tracks_handover: ClassVar[bool] = True
 
     @property
     def following(self) -> dict[str, Timer]:
