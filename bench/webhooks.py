@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -51,7 +50,14 @@ import httpx
 from aiokafka import AIOKafkaProducer
 
 from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, run_meta, topics_named
-from bench.load import Progress, percentile, proc_cpu_s, proc_peak_rss
+from bench.load import (
+    Progress,
+    host_busy_s,
+    percentile,
+    proc_cpu_s,
+    proc_peak_rss,
+    proc_user_sys_s,
+)
 from bench.procs import Proc, start_proc, stop_procs
 from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
@@ -71,7 +77,6 @@ AIM_RATE = 2000.0  # signed deliveries/s per dispatcher process
 AIM_P99_MS = 100.0  # at 50 % of the measured max rate
 AIM_NOISY_FLOOR_MS = 2000.0  # a hanging neighbour: p99 within max(this, 5x the p99 alone)
 AIM_NOISY_FACTOR = 5.0
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,30 +188,6 @@ class Events:
 # --------------------------------------------------------------------------------------------
 # /proc
 # --------------------------------------------------------------------------------------------
-
-
-def proc_user_sys_s(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a live process; zeros when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            stat = f.read()
-    except OSError:
-        return 0.0, 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
-
-
-def host_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores, /proc/stat), to see how much of
-    the two cores other processes took during a window."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            cpu = f.readline().split()[1:]
-    except OSError:
-        return math.nan
-    ticks = [int(x) for x in cpu]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / _TICK
 
 
 @dataclass(frozen=True, slots=True)
