@@ -76,7 +76,7 @@ from bench.load import (
     produce_registrations,
 )
 from bench.memory import restore_rate, store_memory
-from bench.procs import Proc, start_proc, stop_procs
+from bench.procs import Proc, start_proc, start_profiler, stop_procs
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from worker import eventloop
@@ -443,7 +443,7 @@ class Bench:
 
             # the measured confirm phase
             if a.profile is not None and sc.kind != "ceiling":
-                profiler = self._start_profiler(procs[0], a.profile / f"{label}.txt")
+                profiler = start_profiler(procs[0].pid, a.profile / f"{label}.txt")
             what = "confirm" if sc.rate is None else f"confirm @{sc.rate:.0f}/s"
             progress = Progress(f"[{label}] {what}", commands)
             sent = SendLog()
@@ -489,22 +489,6 @@ class Bench:
         for proc in procs:
             if not proc.alive():
                 raise ScenarioFailed(f"{proc.name} exited:\n{proc.tail()}")
-
-    def _start_profiler(self, proc: Proc, out: Path) -> subprocess.Popen[bytes] | None:
-        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        if not Path(spy).exists():
-            print("py-spy not found; --profile ignored", file=sys.stderr)
-            return None
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return subprocess.Popen(
-            [
-                *(spy, "record", "--pid", str(proc.pid), "--rate", "200", "--format", "raw"),
-                *("--nonblocking", "--output", str(out)),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
 
     async def _delete_topics(self, topics: Topics) -> None:
         """Best effort: the embedded broker keeps every record in memory."""

@@ -58,7 +58,7 @@ from bench.load import (
     proc_peak_rss,
     proc_user_sys_s,
 )
-from bench.procs import Proc, start_proc, stop_procs
+from bench.procs import Proc, start_proc, start_profiler, stop_procs
 from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
@@ -419,7 +419,7 @@ class HookBench:
         await self.preload(events)
         self.start_dispatcher()
         assert self.dispatcher is not None
-        profiler = self._start_profiler() if a.profile is not None else None
+        profiler = None if a.profile is None else start_profiler(self.dispatcher.pid, a.profile)
         try:
             progress = Progress("[max rate] delivered", events.count)
             deadline = time.monotonic() + a.phase_timeout
@@ -633,24 +633,6 @@ class HookBench:
                 ),
             },
         }
-
-    def _start_profiler(self) -> subprocess.Popen[bytes] | None:
-        assert self.dispatcher is not None and self.args.profile is not None
-        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        if not Path(spy).exists():
-            print("py-spy not found; --profile ignored", file=sys.stderr)
-            return None
-        out: Path = self.args.profile
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return subprocess.Popen(
-            [
-                *(spy, "record", "--pid", str(self.dispatcher.pid), "--rate", "200"),
-                *("--format", "raw", "--nonblocking", "--output", str(out)),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
 
 
 async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
