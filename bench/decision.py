@@ -1,20 +1,18 @@
-"""Micro-benchmark of the pure decision and of the state record's memory (issue 2).
+"""Micro-benchmark of the pure decision: what the flow itself costs per command, without Kafka.
 
 ``python -m bench.decision``: the cost of one ``passkey_confirm`` decision through the
-shared machine (decide + settle), and the bytes per account record for 100,000 records built
-the way a restore builds them (decoded from their JSON). Reports numbers; asserts nothing.
+shared machine (decide → intent; decide + settle → reply and event). The state record's
+memory is ``bench.memory``'s. Reports numbers; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import time
-import tracemalloc
 from datetime import UTC, datetime
 
 from worker.flow import Policy, decide, settle_confirm
-from worker.messages import AccountRecord, PasskeyConfirm, decode_record, encode_record
+from worker.messages import AccountRecord, PasskeyConfirm
 
 POLICY = Policy(providers=frozenset({"simulator"}))
 
@@ -71,53 +69,10 @@ def decision_cost(n: int, repeat: int = 7) -> tuple[float, float]:
     return min(intent_round() for _ in range(repeat)), min(full_round() for _ in range(repeat))
 
 
-def record_bytes(n: int, *, with_outcome: bool) -> float:
-    """Traced bytes per record for ``n`` records decoded from JSON, held in a dict."""
-    now = time.time()
-    blobs = []
-    for i in range(n):
-        rec = _record(i, now)
-        if with_outcome:
-            d = decide(
-                rec,
-                PasskeyConfirm(
-                    command_id=f"0b8f4c1e-7d2a-4f51-9e3b-{i:012d}",
-                    request_id=f"req_{i:032d}",
-                    workspace_id=rec.workspace_id,
-                    account_id=rec.account_id,
-                    issued_at=datetime.fromtimestamp(now, UTC),
-                ),
-                now=now,
-                policy=POLICY,
-            )
-            assert d.record is not None
-            rec = (
-                settle_confirm(
-                    d.record,
-                    ("passkey_confirmation_sent", "passkey_confirmation_sent"),
-                    now=now,
-                    policy=POLICY,
-                ).record
-                or rec
-            )
-        blobs.append(encode_record(rec))
-    gc.collect()
-    tracemalloc.start()
-    store = {}
-    for blob in blobs:
-        record = decode_record(blob)
-        store[record.account_id] = record
-    gc.collect()
-    current, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return current / n
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--decisions", type=int, default=20_000, help="per round")
     parser.add_argument("--repeat", type=int, default=7, help="rounds; the best is reported")
-    parser.add_argument("--records", type=int, default=100_000)
     args = parser.parse_args()
     decide_us, full_us = decision_cost(args.decisions, args.repeat)
     print(
@@ -125,10 +80,6 @@ def main() -> None:
         f"  (best of {args.repeat} x {args.decisions})"
     )
     print(f"decide + settle (reply+ev) {full_us:8.2f} µs/decision")
-    bare = record_bytes(args.records, with_outcome=False)
-    print(f"account record, no history {bare:8.0f} B/record  ({args.records} records)")
-    one = record_bytes(args.records, with_outcome=True)
-    print(f"account record, 1 outcome  {one:8.0f} B/record")
 
 
 if __name__ == "__main__":

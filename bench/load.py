@@ -45,16 +45,35 @@ REPEAT_CONFIRM_OUT = b"state,replies"  # "already sent": record (dedup window), 
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (all its threads), from /proc/<pid>/stat."""
+def proc_user_sys_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a live process (all its threads), from one read of
+    /proc/<pid>/stat (two reads would let the split drift by a tick); zeros when gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             stat = f.read()
     except OSError:
-        return 0.0
+        return 0.0, 0.0
     fields = stat[stat.rindex(")") + 2 :].split()
     # after "(comm)": state is field 3, so utime (14) and stime (15) are at 11 and 12
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process; 0 when gone."""
+    return sum(proc_user_sys_s(pid))
+
+
+def host_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores, /proc/stat), to see how much of
+    the cores other processes took during a window."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            cpu = f.readline().split()[1:]
+    except OSError:
+        return math.nan
+    ticks = [int(x) for x in cpu]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / _TICK
 
 
 def proc_peak_rss(pid: int) -> int:

@@ -1,8 +1,10 @@
-"""The benchmarks' child processes: start one with its output to a log file, stop a group."""
+"""The benchmarks' child processes: start one with its output to a log file, stop a group,
+profile one with py-spy."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,3 +60,22 @@ def stop_procs(procs: list[Proc], timeout: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             proc.popen.kill()
             proc.popen.wait(timeout=5)
+
+
+def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy (200 Hz, raw collapsed stacks, non-blocking) on ``pid`` into ``out`` until it
+    exits or is stopped; None, with a note on stderr, when py-spy is not installed."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        print("py-spy not found; --profile ignored", file=sys.stderr)
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [
+            *(spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw"),
+            *("--nonblocking", "--output", str(out)),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

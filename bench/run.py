@@ -36,7 +36,6 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import re
 import shutil
 import signal
@@ -72,18 +71,18 @@ from bench.load import (
     percentile,
     proc_cpu_s,
     proc_peak_rss,
+    proc_user_sys_s,
     produce_confirms,
     produce_registrations,
 )
 from bench.memory import restore_rate, store_memory
-from bench.procs import Proc, start_proc, stop_procs
+from bench.procs import Proc, start_proc, start_profiler, stop_procs
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from worker import eventloop
 from worker.kafka import build_producer, client_options, ensure_topics
 from worker.settings import Settings, Topics
 
-_TICK = os.sysconf("SC_CLK_TCK")
 WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].default
 WINDOW: int = Settings.model_fields["worker_dedup_window"].default
 HTTP_WORKERS_1P = ("worker-1p",)
@@ -257,24 +256,6 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------------------------
-# processes
-# --------------------------------------------------------------------------------------------
-
-
-def proc_cpu_split(pid: int) -> tuple[float, float]:
-    """(user + system, user) CPU seconds of a live process, from one read of /proc/<pid>/stat
-    (two reads would let the split drift by a tick)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            stat = f.read()
-    except OSError:
-        return 0.0, 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    user, system = int(fields[11]), int(fields[12])
-    return (user + system) / _TICK, user / _TICK
-
-
-# --------------------------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------------------------
 
@@ -418,10 +399,10 @@ class Bench:
     # -- measuring -------------------------------------------------------------------------
 
     def snapshot(self, procs: list[Proc]) -> CpuSnapshot:
-        splits = [proc_cpu_split(p.pid) for p in procs]
+        splits = [proc_user_sys_s(p.pid) for p in procs]
         return CpuSnapshot(
-            contender=sum(split[0] for split in splits),
-            contender_user=sum(split[1] for split in splits),
+            contender=sum(user + system for user, system in splits),
+            contender_user=sum(user for user, _ in splits),
             broker=proc_cpu_s(self.broker_pid) if self.broker_pid else math.nan,
             simulator=proc_cpu_s(self.sim_proc.pid) if self.sim_proc else math.nan,
             load=time.process_time(),
@@ -462,7 +443,7 @@ class Bench:
 
             # the measured confirm phase
             if a.profile is not None and sc.kind != "ceiling":
-                profiler = self._start_profiler(procs[0], a.profile / f"{label}.txt")
+                profiler = start_profiler(procs[0].pid, a.profile / f"{label}.txt")
             what = "confirm" if sc.rate is None else f"confirm @{sc.rate:.0f}/s"
             progress = Progress(f"[{label}] {what}", commands)
             sent = SendLog()
@@ -508,22 +489,6 @@ class Bench:
         for proc in procs:
             if not proc.alive():
                 raise ScenarioFailed(f"{proc.name} exited:\n{proc.tail()}")
-
-    def _start_profiler(self, proc: Proc, out: Path) -> subprocess.Popen[bytes] | None:
-        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        if not Path(spy).exists():
-            print("py-spy not found; --profile ignored", file=sys.stderr)
-            return None
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return subprocess.Popen(
-            [
-                *(spy, "record", "--pid", str(proc.pid), "--rate", "200", "--format", "raw"),
-                *("--nonblocking", "--output", str(out)),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
 
     async def _delete_topics(self, topics: Topics) -> None:
         """Best effort: the embedded broker keeps every record in memory."""

@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -51,8 +50,15 @@ import httpx
 from aiokafka import AIOKafkaProducer
 
 from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, run_meta, topics_named
-from bench.load import Progress, percentile, proc_cpu_s, proc_peak_rss
-from bench.procs import Proc, start_proc, stop_procs
+from bench.load import (
+    Progress,
+    host_busy_s,
+    percentile,
+    proc_cpu_s,
+    proc_peak_rss,
+    proc_user_sys_s,
+)
+from bench.procs import Proc, start_proc, start_profiler, stop_procs
 from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
@@ -71,7 +77,6 @@ AIM_RATE = 2000.0  # signed deliveries/s per dispatcher process
 AIM_P99_MS = 100.0  # at 50 % of the measured max rate
 AIM_NOISY_FLOOR_MS = 2000.0  # a hanging neighbour: p99 within max(this, 5x the p99 alone)
 AIM_NOISY_FACTOR = 5.0
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,30 +188,6 @@ class Events:
 # --------------------------------------------------------------------------------------------
 # /proc
 # --------------------------------------------------------------------------------------------
-
-
-def proc_user_sys_s(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a live process; zeros when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            stat = f.read()
-    except OSError:
-        return 0.0, 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
-
-
-def host_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores, /proc/stat), to see how much of
-    the two cores other processes took during a window."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            cpu = f.readline().split()[1:]
-    except OSError:
-        return math.nan
-    ticks = [int(x) for x in cpu]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / _TICK
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,7 +419,7 @@ class HookBench:
         await self.preload(events)
         self.start_dispatcher()
         assert self.dispatcher is not None
-        profiler = self._start_profiler() if a.profile is not None else None
+        profiler = None if a.profile is None else start_profiler(self.dispatcher.pid, a.profile)
         try:
             progress = Progress("[max rate] delivered", events.count)
             deadline = time.monotonic() + a.phase_timeout
@@ -652,24 +633,6 @@ class HookBench:
                 ),
             },
         }
-
-    def _start_profiler(self) -> subprocess.Popen[bytes] | None:
-        assert self.dispatcher is not None and self.args.profile is not None
-        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        if not Path(spy).exists():
-            print("py-spy not found; --profile ignored", file=sys.stderr)
-            return None
-        out: Path = self.args.profile
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return subprocess.Popen(
-            [
-                *(spy, "record", "--pid", str(self.dispatcher.pid), "--rate", "200"),
-                *("--format", "raw", "--nonblocking", "--output", str(out)),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
 
 
 async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:

@@ -565,7 +565,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         for tp, end in ends.items():
             self.store.handed_over(tp.topic, tp.partition, end)
         # Restored records live as long as the partition; keep them out of every future
-        # full collection, which otherwise re-scans all of them (bench/README.md, "Open issues").
+        # full collection, which otherwise re-scans all of them (bench/README.md, hot spot #13).
         gc.freeze()
         for partition, (_, stats) in restored.items():
             self.metrics.restore_seconds.observe(stats.seconds)
