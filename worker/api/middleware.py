@@ -141,7 +141,7 @@ class FrontDoor:
             return
         started = time.perf_counter()
         if self.body_timeout_s is not None:
-            receive = _receive_until(receive, self.body_timeout_s)
+            receive = _receive_until(receive, self.body_timeout_s, started)
         seen: dict[bytes, bytes] = {}
         for name, value in scope["headers"]:
             if name in _READ and name not in seen:
@@ -311,12 +311,12 @@ def _stamped(
     return out
 
 
-def _receive_until(receive: Receive, timeout_s: float) -> Receive:
+def _receive_until(receive: Receive, timeout_s: float, started: float) -> Receive:
     """``receive`` that raises 408 ``request_timeout`` once ``timeout_s`` have passed since
-    now (the request's start): a body sent a byte at a time must not hold a handler. A
-    message that is there already (a body that came with its head) is taken without arming
-    a timer; only a ``receive`` that has to wait runs under the deadline."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    ``started`` (the request's start, ``time.perf_counter``): a body sent a byte at a time
+    must not hold a handler. A message that is there already (a body that came with its
+    head) is taken without arming a timer; only a ``receive`` that has to wait runs under
+    the deadline."""
 
     async def receive_in_time() -> Message:
         steps = receive().__await__()
@@ -325,8 +325,9 @@ def _receive_until(receive: Receive, timeout_s: float) -> Receive:
         except StopIteration as done:
             message: Message = done.value
             return message
+        left = timeout_s - (time.perf_counter() - started)
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout(left):
                 return await _Resumed(steps, first)
         except TimeoutError:
             raise ServiceError.of(

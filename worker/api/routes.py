@@ -64,7 +64,7 @@ ACCOUNT_ID_RULE: Final = (
 
 def request_id_of(request: Request) -> str:
     """The id ``FrontDoor`` chose for this request."""
-    rid: str = request.state.request_id
+    rid: str = request.scope["state"]["request_id"]
     return rid
 
 
@@ -99,6 +99,16 @@ EXCEPTION_HANDLERS: Final[dict[Any, Callable[[Request, Exception], Awaitable[Res
     ServiceError: on_service_error,
     StarletteHTTPException: on_http_error,
 }
+
+
+def _header(request: Request, name: bytes) -> str | None:
+    """The first value of the (lower-case) header ``name``, as ``request.headers.get`` gives
+    it, without building the ``Headers`` of the request."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            decoded: str = value.decode("latin-1")
+            return decoded
+    return None
 
 
 def check_account_id(account_id: str) -> None:
@@ -213,7 +223,7 @@ class ApiRoutes:
     def authenticate(self, request: Request) -> str:
         """The key's workspace (the workspace never comes from anywhere else), once the
         workspace's rate limit lets the request through (429 otherwise)."""
-        raw = request.headers.get("x-api-key")
+        raw = _header(request, b"x-api-key")
         if raw is None or not raw.strip():
             raise ServiceError.of("missing_api_key", "The X-Api-Key request header is missing.")
         workspace_id = self.keys.resolve(raw.strip())
