@@ -15,8 +15,8 @@ The API's own routes (``direct_routes``) are called from here, not through Starl
 exception layer, router and per-request wrappers: the front door has matched the template
 already, and every POST paid for that work twice. Their ``ServiceError`` is answered by the
 same handler Starlette would use (``on_service_error``); anything else reaches the safety net
-as before. Per-request work that depends only on the route is done once here: the metric
-children, the span names, the header scan.
+as before. What depends only on the route is looked up once (the metric children, the span
+names), and the headers the front door reads are found in one scan of the request's.
 """
 
 from __future__ import annotations
