@@ -38,6 +38,7 @@ from worker.api.routes import (
     API_ROUTES,
     EXCEPTION_HANDLERS,
     ApiRoutes,
+    on_service_error,
 )
 from worker.api.runtime import ApiRuntime, serve_runtime
 from worker.api.view import AuthStateView
@@ -173,6 +174,8 @@ def build_app(
         routes=routes,
         preflight_routes=(*API_ROUTES, *WEBHOOK_ROUTES),
         body_timeout_s=settings.api_body_timeout_s,
+        direct_routes=API_ROUTES,
+        on_service_error=on_service_error,
     )
     app = Starlette(routes=routes, middleware=[front_door], exception_handlers=EXCEPTION_HANDLERS)
     # "/v1/accounts/x/auth/" is not a route: 404, never a redirect.

@@ -10,13 +10,13 @@ reply body unchanged, so both routes answer the same shape.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping
 from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
+from worker.api.ids import new_request_id as new_request_id  # the request-id rule, with valid_id
 from worker.catalogue import ServiceError
 from worker.messages import ID_PATTERN, AuthData, ErrorBody, Identifier
 
@@ -27,10 +27,6 @@ def valid_id(value: str) -> bool:
     """The identifier rule (``worker.messages.ID_PATTERN``) of account ids and caller request
     ids, matched against the whole value."""
     return _ID_RE.fullmatch(value) is not None
-
-
-def new_request_id() -> str:
-    return f"req_{uuid.uuid4().hex}"
 
 
 # The models' docstrings are their descriptions in the OpenAPI document: written for callers.

@@ -10,6 +10,13 @@ metrics, and continues the caller's W3C ``traceparent`` (or starts a trace) in a
 for the API's routes (``worker.tracing``; probes, ``OPTIONS`` and unmatched paths are not
 traced). Doing this in one layer around the app, rather than per handler, covers 404s, 405s,
 probes and crashes alike.
+
+The API's own routes (``direct_routes``) are called from here, not through Starlette's
+exception layer, router and per-request wrappers: the front door has matched the template
+already, and every POST paid for that work twice. Their ``ServiceError`` is answered by the
+same handler Starlette would use (``on_service_error``); anything else reaches the safety net
+as before. What depends only on the route is looked up once (the metric children, the span
+names), and the headers the front door reads are found in one scan of the request's.
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
+from typing import Any, Final
 
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,6 +44,22 @@ from worker.logs import get_logger
 
 _UNTRACED: contextlib.nullcontext[Span] = contextlib.nullcontext(INVALID_SPAN)
 
+Endpoint = Callable[[Request], Awaitable[Response]]
+#: Answers a ``ServiceError`` a direct route raised (``worker.api.routes.on_service_error``).
+ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
+
+#: The request headers the front door reads, each at its first occurrence.
+_READ: Final = frozenset(
+    {
+        b"x-request-id",
+        b"origin",
+        b"access-control-request-method",
+        tracing.TRACEPARENT.encode(),
+        tracing.TRACESTATE.encode(),
+    }
+)
+_REQUEST_ID: Final = b"x-request-id"
+
 log = get_logger(__name__)
 
 
@@ -46,7 +71,9 @@ class FrontDoor:
     sharing a template are what that path takes. Preflights are answered for the templates in
     ``preflight_routes`` only; an ``OPTIONS`` to another known path, or without the preflight
     headers, is answered with the path's ``Allow``. ``body_timeout_s`` bounds, from the
-    request's start, how long reading its body may take (``None``: unbounded).
+    request's start, how long reading its body may take (``None``: unbounded). The endpoints
+    of the templates in ``direct_routes`` are called directly (their ``HEAD`` excepted), a
+    ``ServiceError`` they raise answered by ``on_service_error``.
     """
 
     def __init__(
@@ -58,6 +85,8 @@ class FrontDoor:
         routes: Sequence[Route],
         preflight_routes: Collection[str],
         body_timeout_s: float | None = None,
+        direct_routes: Collection[str] = (),
+        on_service_error: ErrorHandler | None = None,
     ) -> None:
         self.app = app
         self.body_timeout_s = body_timeout_s
@@ -68,20 +97,43 @@ class FrontDoor:
             handled.setdefault(route.path, set()).update(route.methods or ())
         # One entry per template, in the routes' order (first match wins, as in the router).
         self._templates = tuple(
-            {route.path: (route.path, route.path_regex) for route in routes}.values()
+            {
+                route.path: (route.path, route.path_regex, route.param_convertors)
+                for route in routes
+            }.values()
         )
         self._takes = {path: takes(methods) for path, methods in handled.items()}
         self._allow = {path: allow_value(methods) for path, methods in handled.items()}
         self._preflight_routes = frozenset(preflight_routes)
         # The API's own routes get a SERVER span; probe scrapes would only add noise.
         self._traced_routes = self._preflight_routes
+        self._span_names: dict[tuple[str, str], str] = {}
+        self._direct: dict[tuple[str, str], Endpoint] = {}
+        if direct_routes and on_service_error is None:
+            raise ValueError("direct_routes need on_service_error")
+        self._on_service_error = on_service_error
+        for route in routes:
+            if route.path in direct_routes:
+                for method in route.methods or ():
+                    if method != "HEAD":
+                        self._direct.setdefault((route.path, method), route.endpoint)
+        # Children of the request metrics, by label values (all bounded: see ApiMetrics).
+        self._counted: dict[tuple[str, str, int], Any] = {}
+        self._timed: dict[tuple[str, str], Any] = {}
 
     def route_template(self, path: str) -> str | None:
         """The route template ``path`` belongs to (the metrics label), or ``None``."""
-        for template, pattern in self._templates:
-            if pattern.match(path):
-                return template
-        return None
+        return self._match(path)[0]
+
+    def _match(self, path: str) -> tuple[str | None, dict[str, Any]]:
+        for template, pattern, convertors in self._templates:
+            match = pattern.match(path)
+            if match:
+                params = match.groupdict()
+                for name, value in params.items():
+                    params[name] = convertors[name].convert(value)
+                return template, params
+        return None, {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,21 +141,29 @@ class FrontDoor:
             return
         started = time.perf_counter()
         if self.body_timeout_s is not None:
-            receive = _receive_until(receive, self.body_timeout_s)
-        headers = Headers(scope=scope)
-        caller_rid = headers.get("x-request-id")
+            receive = _receive_until(receive, self.body_timeout_s, started)
+        seen: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:
+            if name in _READ and name not in seen:
+                seen[name] = value
+        raw_rid = seen.get(_REQUEST_ID)
+        caller_rid = None if raw_rid is None else raw_rid.decode("latin-1")
         request_id = caller_rid if caller_rid and valid_id(caller_rid) else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
-        template = self.route_template(scope["path"])
+        stamp = (_REQUEST_ID, request_id.encode("latin-1"))
+        template, params = self._match(scope["path"])
         method: str = scope["method"]
-        origin = headers.get("origin")
-        request_method = headers.get("access-control-request-method")
+        raw_origin = seen.get(b"origin")
+        origin = None if raw_origin is None else raw_origin.decode("latin-1")
         # Actual cross-origin requests from allowed origins may read the response; a
         # preflight sets its own headers (none when refused).
-        preflight = method == "OPTIONS" and origin is not None and request_method is not None
+        preflight = (
+            method == "OPTIONS" and origin is not None and b"access-control-request-method" in seen
+        )
         cors_origin = (
             origin if origin and not preflight and self.cors.origin_allowed(origin) else None
         )
+        cors = self.cors.enabled or cors_origin is not None
         status = 500
         response_started = False
 
@@ -112,39 +172,33 @@ class FrontDoor:
             if message["type"] == "http.response.start":
                 response_started = True
                 status = message["status"]
-                out = MutableHeaders(scope=message)
-                out["X-Request-Id"] = request_id
-                if self.cors.enabled:
-                    out.add_vary_header("Origin")
-                if cors_origin is not None and "access-control-allow-origin" not in out:
-                    out["Access-Control-Allow-Origin"] = cors_origin
-                    out["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
+                if cors:
+                    out = MutableHeaders(scope=message)
+                    out["X-Request-Id"] = request_id
+                    if self.cors.enabled:
+                        out.add_vary_header("Origin")
+                    if cors_origin is not None and "access-control-allow-origin" not in out:
+                        out["Access-Control-Allow-Origin"] = cors_origin
+                        out["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
+                else:
+                    message["headers"] = _stamped(message.get("headers", ()), stamp)
             await send(message)
 
         traced = template in self._traced_routes and method != "OPTIONS"
-        active = (
-            tracing.span(
-                f"{method} {template}",
-                kind=SpanKind.SERVER,
-                parent=tracing.context_from_traceparent(
-                    headers.get(tracing.TRACEPARENT), headers.get(tracing.TRACESTATE)
-                ),
-                attributes={
-                    "http.request.method": method,
-                    "http.route": template or "",
-                    "passkey.request_id": request_id,
-                },
-            )
-            if traced
-            else _UNTRACED
-        )
+        active = self._server_span(template, method, request_id, seen) if traced else _UNTRACED
         with active as span:
             try:
                 if template is not None and (
                     method == "OPTIONS" or method not in self._takes[template]
                 ):
-                    response = self._not_for_the_app(template, method, request_id, headers)
+                    response = self._not_for_the_app(
+                        template, method, request_id, Headers(scope=scope)
+                    )
                     await response(scope, receive, send_wrapper)
+                elif (endpoint := self._direct.get((template or "", method))) is not None:
+                    scope["endpoint"] = endpoint
+                    scope["path_params"] = params
+                    await self._call(endpoint, scope, receive, send_wrapper)
                 else:
                     await self.app(scope, receive, send_wrapper)
             except Exception:
@@ -156,14 +210,62 @@ class FrontDoor:
                     scope, receive, send_wrapper
                 )
             finally:
-                route = template or UNMATCHED_ROUTE
-                mlabel = method_label(method)
-                self.metrics.requests.labels(route, mlabel, str(status)).inc()
-                self.metrics.duration.labels(route, mlabel).observe(time.perf_counter() - started)
+                self._count(template or UNMATCHED_ROUTE, method, status, started)
                 if span.is_recording():
                     span.set_attribute("http.response.status_code", status)
                     if status >= 500:
                         span.set_status(Status(StatusCode.ERROR))
+
+    async def _call(self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
+        """A direct route: what Starlette's ``request_response`` and exception layer do for
+        it, minus the routing done already."""
+        request = Request(scope, receive, send)
+        try:
+            response = await endpoint(request)
+        except ServiceError as exc:
+            assert self._on_service_error is not None
+            response = await self._on_service_error(request, exc)
+        await response(scope, receive, send)
+
+    def _server_span(
+        self, template: str | None, method: str, request_id: str, seen: Mapping[bytes, bytes]
+    ) -> Any:
+        """The SERVER span continuing the caller's ``traceparent`` (or a new trace)."""
+        key = (template or "", method)
+        name = self._span_names.get(key)
+        if name is None:
+            name = self._span_names[key] = f"{method} {template}"
+        traceparent = seen.get(b"traceparent")
+        tracestate = seen.get(b"tracestate")
+        return tracing.span(
+            name,
+            kind=SpanKind.SERVER,
+            parent=tracing.context_from_traceparent(
+                None if traceparent is None else traceparent.decode("latin-1"),
+                None if tracestate is None else tracestate.decode("latin-1"),
+            ),
+            attributes={
+                "http.request.method": method,
+                "http.route": template or "",
+                "passkey.request_id": request_id,
+            }
+            if tracing.recording()
+            else None,
+        )
+
+    def _count(self, route: str, method: str, status: int, started: float) -> None:
+        """``passkey_api_requests_total`` and the duration histogram, through children
+        looked up once per label set."""
+        mlabel = method_label(method)
+        counted = self._counted.get((route, mlabel, status))
+        if counted is None:
+            counted = self.metrics.requests.labels(route, mlabel, str(status))
+            self._counted[(route, mlabel, status)] = counted
+        counted.inc()
+        timed = self._timed.get((route, mlabel))
+        if timed is None:
+            timed = self._timed[(route, mlabel)] = self.metrics.duration.labels(route, mlabel)
+        timed.observe(time.perf_counter() - started)
 
     def _not_for_the_app(
         self, template: str, method: str, request_id: str, headers: Headers
@@ -194,18 +296,74 @@ class FrontDoor:
         return Response(status_code=204, headers=allow | self.cors.preflight_headers(origin))
 
 
-def _receive_until(receive: Receive, timeout_s: float) -> Receive:
+def _stamped(
+    headers: Sequence[tuple[bytes, bytes]], stamp: tuple[bytes, bytes]
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``stamp`` in place of any header of its name (``MutableHeaders``'s
+    ``__setitem__``, without building one per response)."""
+    name = stamp[0]
+    out = [header for header in headers if header[0] != name]
+    if len(out) == len(headers):
+        out.append(stamp)
+        return out
+    first = next(i for i, header in enumerate(headers) if header[0] == name)
+    out.insert(first, stamp)
+    return out
+
+
+def _receive_until(receive: Receive, timeout_s: float, started: float) -> Receive:
     """``receive`` that raises 408 ``request_timeout`` once ``timeout_s`` have passed since
-    now (the request's start): a body sent a byte at a time must not hold a handler."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    ``started`` (the request's start, ``time.perf_counter``): a body sent a byte at a time
+    must not hold a handler. A message that is there already (a body that came with its
+    head) is taken without arming a timer; only a ``receive`` that has to wait runs under
+    the deadline."""
 
     async def receive_in_time() -> Message:
+        steps = receive().__await__()
         try:
-            async with asyncio.timeout_at(deadline):
-                return await receive()
+            first = steps.send(None)
+        except StopIteration as done:
+            message: Message = done.value
+            return message
+        left = timeout_s - (time.perf_counter() - started)
+        try:
+            async with asyncio.timeout(left):
+                return await _Resumed(steps, first)
         except TimeoutError:
             raise ServiceError.of(
                 "request_timeout", f"The request body did not arrive within {timeout_s:g} s."
             ) from None
 
     return receive_in_time
+
+
+class _Resumed:
+    """The rest of an awaitable whose first step has run: ``yield from`` spelled out (PEP
+    380), so the step it stopped at is awaited under the deadline."""
+
+    __slots__ = ("_first", "_steps")
+
+    def __init__(self, steps: Generator[Any, None, Message], first: Any) -> None:
+        self._steps = steps
+        self._first = first
+
+    def __await__(self) -> Generator[Any, None, Message]:
+        steps, step = self._steps, self._first
+        while True:
+            try:
+                sent = yield step
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as exc:
+                try:
+                    step = steps.throw(exc)
+                except StopIteration as done:
+                    message: Message = done.value
+                    return message
+            else:
+                try:
+                    step = steps.send(sent)
+                except StopIteration as done:
+                    message = done.value
+                    return message

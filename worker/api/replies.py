@@ -94,6 +94,22 @@ class PendingReply:
         if not self._future.done():
             self._future.set_exception(exc)
 
+    async def until(self, limit: asyncio.Timeout) -> CorrelatedReply | None:
+        """The reply, or ``None`` once ``limit`` (the caller's active deadline on this task)
+        expired: the caller's one timer serves, none of its own, and the waiter is done with
+        then (unlike ``wait``, which can be called again). Raises ``ReplyError`` as ``wait``
+        does; another cancellation propagates."""
+        future = self._future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if not limit.expired():
+                raise
+        # The reply may have come in the same turn as the deadline.
+        if future.done() and not future.cancelled():
+            return future.result()
+        return None
+
     async def wait(self, timeout: float) -> CorrelatedReply | None:
         """The reply, or ``None`` when ``timeout`` seconds passed first.
 

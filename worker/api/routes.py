@@ -11,9 +11,9 @@ extra middleware layers were pure per-request cost (bench/README.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -34,6 +34,7 @@ from worker.api.bodies import (
     json_response,
     valid_id,
 )
+from worker.api.ids import new_command_id
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.ratelimit import RateLimited, RateLimiter
@@ -52,6 +53,9 @@ PASSKEY_CONFIRM: Final = "/v1/accounts/{account_id}/auth/passkey-confirm"
 ACCOUNT_AUTH: Final = "/v1/accounts/{account_id}/auth"
 API_ROUTES: Final = (PASSKEY_CONFIRM, ACCOUNT_AUTH)
 MAX_BODY_BYTES: Final = 64 * 1024
+_JSON: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+"""``JSONResponse``'s encoding, built once (``json.dumps`` with its arguments builds an
+encoder per call)."""
 ACCOUNT_ID_RULE: Final = (
     "account_id must be 1-128 characters: a letter or digit, then letters, digits,"
     " '.', '_', ':', '@' or '-'"
@@ -60,7 +64,7 @@ ACCOUNT_ID_RULE: Final = (
 
 def request_id_of(request: Request) -> str:
     """The id ``FrontDoor`` chose for this request."""
-    rid: str = request.state.request_id
+    rid: str = request.scope["state"]["request_id"]
     return rid
 
 
@@ -95,6 +99,16 @@ EXCEPTION_HANDLERS: Final[dict[Any, Callable[[Request, Exception], Awaitable[Res
     ServiceError: on_service_error,
     StarletteHTTPException: on_http_error,
 }
+
+
+def _header(request: Request, name: bytes) -> str | None:
+    """The first value of the (lower-case) header ``name``, as ``request.headers.get`` gives
+    it, without building the ``Headers`` of the request."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            decoded: str = value.decode("latin-1")
+            return decoded
+    return None
 
 
 def check_account_id(account_id: str) -> None:
@@ -169,6 +183,13 @@ class ApiRoutes:
         self.commands_topic = commands_topic
         self.reply_timeout_s = reply_timeout_s
         self.webhook_tails = webhook_tails
+        self._send_span = f"send {commands_topic}"
+        self._receive_span = f"receive {replies.topic}"
+
+    @functools.cached_property
+    def _reply_partition(self) -> tuple[str, bytes]:
+        """The ``reply-partition`` header of every command (known once the router started)."""
+        return (REPLY_PARTITION, b"%d" % self.replies.partition)
 
     def routes(self) -> list[Route]:
         return [
@@ -202,7 +223,7 @@ class ApiRoutes:
     def authenticate(self, request: Request) -> str:
         """The key's workspace (the workspace never comes from anywhere else), once the
         workspace's rate limit lets the request through (429 otherwise)."""
-        raw = request.headers.get("x-api-key")
+        raw = _header(request, b"x-api-key")
         if raw is None or not raw.strip():
             raise ServiceError.of("missing_api_key", "The X-Api-Key request header is missing.")
         workspace_id = self.keys.resolve(raw.strip())
@@ -230,8 +251,11 @@ class ApiRoutes:
         if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
             raise ServiceError.of("run_auth_action_failed", _not_ready_message("reply consumer"))
         now = datetime.now(UTC)
-        command = PasskeyConfirm(
-            command_id=str(uuid.uuid4()),
+        # Every field is checked already (the request id and account id by the identifier
+        # rule, the workspace id when the keys file was read, the rest built here), so the
+        # model is filled, not validated a second time.
+        command = PasskeyConfirm.model_construct(
+            command_id=new_command_id(),
             request_id=request_id,
             workspace_id=workspace_id,
             account_id=account_id,
@@ -261,7 +285,11 @@ class ApiRoutes:
             raise ServiceError.of("run_auth_action_failed", check_hint)
         self._remember(workspace_id, reply)
         # The worker's reply, unchanged: it already is the contract's envelope.
-        return JSONResponse(reply.body, status_code=reply.http_status)
+        return Response(
+            _JSON.encode(reply.body).encode(),
+            status_code=reply.http_status,
+            media_type=JSONResponse.media_type,
+        )
 
     async def _round_trip(
         self, command: PasskeyConfirm, deadline: float, check_hint: str
@@ -272,54 +300,63 @@ class ApiRoutes:
         ``tracestate`` headers); the wait is a span of its own. While Kafka is unreachable the
         produce is retried until the deadline; the caller is then told to poll before retrying,
         since a command handed to the producer may still reach the broker once it is back."""
+        recording = tracing.recording()
         try:
             with self.replies.expect(command.command_id, command.request_id) as pending:
-                try:
-                    with tracing.span(
-                        f"send {self.commands_topic}",
-                        kind=SpanKind.PRODUCER,
-                        attributes=tracing.messaging("send", self.commands_topic)
-                        | {
-                            "passkey.command_id": command.command_id,
-                            "passkey.account_id": command.account_id,
-                        },
-                    ):
-                        await asyncio.wait_for(
-                            send_retrying(
-                                self.producer,
-                                self.broker,
-                                self.commands_topic,
-                                command.model_dump_json().encode(),
-                                key=command.account_id.encode(),
-                                headers=[
-                                    (REPLY_PARTITION, b"%d" % self.replies.partition),
-                                    *tracing.kafka_headers(),
-                                ],
-                            ),
-                            timeout=max(deadline - time.monotonic(), 0.001),
+                # One deadline on this task for both steps: no task, shield or timer of
+                # ``wait_for``'s per step.
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)) as limit:
+                    try:
+                        with tracing.span(
+                            self._send_span,
+                            kind=SpanKind.PRODUCER,
+                            attributes=tracing.messaging("send", self.commands_topic)
+                            | {
+                                "passkey.command_id": command.command_id,
+                                "passkey.account_id": command.account_id,
+                            }
+                            if recording
+                            else None,
+                        ):
+                            try:
+                                await send_retrying(
+                                    self.producer,
+                                    self.broker,
+                                    self.commands_topic,
+                                    command.model_dump_json().encode(),
+                                    key=command.account_id.encode(),
+                                    headers=[self._reply_partition, *tracing.kafka_headers()],
+                                )
+                            except asyncio.CancelledError:
+                                if limit.expired():  # the deadline, not a caller's cancel
+                                    raise TimeoutError from None
+                                raise
+                    except (KafkaError, TimeoutError) as exc:
+                        log.error(
+                            "api_command_send_failed",
+                            request_id=command.request_id,
+                            command_id=command.command_id,
+                            error=repr(exc),
                         )
-                except (KafkaError, TimeoutError) as exc:
-                    log.error(
-                        "api_command_send_failed",
-                        request_id=command.request_id,
-                        command_id=command.command_id,
-                        error=repr(exc),
-                    )
-                    raise ServiceError.of(
-                        "run_auth_action_failed",
-                        f"The confirmation could not be queued in time. {check_hint}",
-                    ) from None
-                with tracing.span(
-                    f"receive {self.replies.topic}",
-                    kind=SpanKind.CONSUMER,
-                    attributes=tracing.messaging("receive", self.replies.topic),
-                ) as waiting:
-                    reply = await pending.wait(deadline - time.monotonic())
-                    if waiting.is_recording():
-                        waiting.set_attribute("passkey.reply.received", reply is not None)
-                        if reply is not None:
-                            waiting.set_attribute("passkey.reply.http_status", reply.http_status)
-                    return reply
+                        raise ServiceError.of(
+                            "run_auth_action_failed",
+                            f"The confirmation could not be queued in time. {check_hint}",
+                        ) from None
+                    with tracing.span(
+                        self._receive_span,
+                        kind=SpanKind.CONSUMER,
+                        attributes=tracing.messaging("receive", self.replies.topic)
+                        if recording
+                        else None,
+                    ) as waiting:
+                        reply = await pending.until(limit)
+                        if waiting.is_recording():
+                            waiting.set_attribute("passkey.reply.received", reply is not None)
+                            if reply is not None:
+                                waiting.set_attribute(
+                                    "passkey.reply.http_status", reply.http_status
+                                )
+                        return reply
         except ReplyError as exc:
             log.error("api_reply_failed", request_id=command.request_id, error=str(exc))
             raise ServiceError.of(
