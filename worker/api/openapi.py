@@ -783,7 +783,7 @@ def openapi_document(
                 ),
                 "/readyz": _probe(
                     "readyz",
-                    "Readiness: state view caught up and reply consumer positioned",
+                    "Readiness: reply consumer positioned and webhook registry caught up",
                     ApiReadiness,
                     "Ready.",
                     "Not ready.",
