@@ -688,3 +688,23 @@ async def test_many_pollers_and_stop_is_clean(api_settings: ApiSettings) -> None
         for i in range(50):
             r = await http.get(AUTH.format(f"acc_{i}"), headers=headers())
             assert r.status_code == 200
+
+
+async def test_readiness_does_not_wait_for_account_state(api_settings: ApiSettings) -> None:
+    """A replica's time to ready does not depend on the accounts: it reads no auth.state at
+    all. With thousands of state records on the topic it is ready with no reader of it, and
+    without the topic at all it starts and is ready just the same."""
+    settings = api_settings()
+    await put_state(settings, *(state_record(f"acc_many_{i}") for i in range(3000)))
+    async with running_api(settings) as api, httpx.AsyncClient(base_url=api.url) as http:
+        ready = await http.get(f"{api.metrics_url}/readyz")
+        assert ready.status_code == 200 and ready.json()["ready"] is True
+        read = {tp.topic for tail in api.tails for tp in tail.partitions}
+        assert read == {settings.topics.replies}
+        assert settings.topics.state not in {t.topic for t in api.tails}
+
+    bare = api_settings()  # a fresh prefix: its auth.state topic was never created
+    async with running_api(bare) as api, httpx.AsyncClient(base_url=api.url) as http:
+        assert (await http.get(f"{api.metrics_url}/readyz")).json()["ready"] is True
+        producer = api.producer
+        assert bare.topics.state not in (await producer.client.fetch_all_metadata()).topics()
