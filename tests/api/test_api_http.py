@@ -29,7 +29,6 @@ from tests.api.support import (
     running_api,
     running_worker,
     state_record,
-    wait_until,
 )
 from worker.api.app import ACCOUNT_ID_RULE
 from worker.api.routes import ACCOUNT_AUTH

@@ -15,6 +15,7 @@ from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_B, headers, register, responder, running_api, running_worker
 from tests.api.test_api_e2e import poll_status
 from worker.route import home_partition
+from worker.store import StateStore
 
 CONFIRM = "/v1/accounts/{}/auth/passkey-confirm"
 AUTH = "/v1/accounts/{}/auth"
@@ -76,6 +77,7 @@ async def test_a_query_is_not_held_behind_a_slow_provider_call_of_its_account(
         await poll_status(http, account, {BEFORE})
         partition = home_partition(account.encode(), settings.commands_partitions)
         store = worker.worker.store
+        assert isinstance(store, StateStore)
 
         def calling() -> bool:
             record = store.get(partition, account)

@@ -547,9 +547,7 @@ async def test_deliveries_show_the_last_hundred_within_the_scan_window(
         await log(settings, [log_entry(ep, "msg_old", "failed", 1)])
         # 150 deliveries of the endpoint, one undecodable record among them
         await log(settings, [log_entry(ep, f"msg_{i:03d}", "delivered", 1) for i in range(150)])
-        await produce(
-            settings, settings.topics.webhook_deliveries, [(ep.encode(), b"{not json")]
-        )
+        await produce(settings, settings.topics.webhook_deliveries, [(ep.encode(), b"{not json")])
         data = ok(await http.get(path, headers=headers()))
         assert [d["webhook_id"] for d in data] == [f"msg_{i:03d}" for i in range(149, 49, -1)]
         # Another endpoint's traffic in the same partition pushes msg_000.. out of the window.
