@@ -5,9 +5,10 @@ Starts the dev stack (one front-end) and ``replicas - 1`` more front-end process
 same environment (read from the stack's front-end) on spare ports, then, per round:
 
 * **one**: one replica serves ``requests / replicas`` requests over ``connections /
-  replicas`` connections;
-* **shared**: the replicas share ``requests`` over ``connections`` connections, round-robin
-  over their ports (each connection sticks to one replica, as behind a load balancer);
+  replicas`` connections at ``rate / replicas`` a second;
+* **shared**: the replicas share ``requests`` over ``connections`` connections at ``rate`` a
+  second, round-robin over their ports (each connection sticks to one replica, as behind a
+  load balancer);
 
 each a closed loop of POST confirm and GET /auth alternately, on the stack's demo accounts.
 CPU per request of each replica from ``/proc/<pid>/stat`` over the phase, raw and less the
@@ -76,11 +77,12 @@ async def until_ready(port: int, timeout_s: float) -> None:
 
 
 async def mixed_loop(
-    ports: list[int], numbers: Iterator[int], requests: int, connections: int
+    ports: list[int], numbers: Iterator[int], requests: int, connections: int, rate: float = 0.0
 ) -> dict[str, Any]:
     """``requests`` requests, POST confirm and GET /auth alternately, over ``connections``
-    keep-alive connections spread round-robin over ``ports``; returns the count each port
-    served, the statuses and the latencies."""
+    keep-alive connections spread round-robin over ``ports``, paced at ``rate`` requests a
+    second in all (0: as fast as answered); returns the count each port served, the statuses
+    and the latencies."""
     conns = [
         (await Connection.open(ports[i % len(ports)]), ports[i % len(ports)])
         for i in range(connections)
@@ -91,9 +93,14 @@ async def mixed_loop(
     # The same share for every connection, so every port serves the same count.
     shares = [requests // connections + (i < requests % connections) for i in range(connections)]
 
+    interval = connections / rate if rate > 0 else 0.0  # one connection's pace
+    started = time.perf_counter()
+
     async def run(conn: Connection, port: int, share: int) -> None:
         last = 0
         for i in range(share):
+            if interval:
+                await asyncio.sleep(max(0.0, started + i * interval - time.perf_counter()))
             t = time.perf_counter()
             if i % 2 == 0:  # a confirm, then a poll of the same account
                 last = next(numbers)
@@ -105,7 +112,6 @@ async def mixed_loop(
             latencies.append(time.perf_counter() - t)
             served[port] += 1
 
-    started = time.perf_counter()
     try:
         await asyncio.gather(*(run(c, p, n) for (c, p), n in zip(conns, shares, strict=True)))
     finally:
@@ -167,14 +173,20 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         rounds: list[dict[str, Any]] = []
         for _ in range(args.rounds):
             result: dict[str, Any] = {"loadavg_1m": os.getloadavg()[0]}
-            for phase, targets, n, conns in (
-                ("one", [ports["replica-0"]], one_n, max(1, args.connections // replicas)),
-                ("shared", list(ports.values()), args.requests, args.connections),
+            for phase, targets, n, conns, rate in (
+                (
+                    "one",
+                    [ports["replica-0"]],
+                    one_n,
+                    max(1, args.connections // replicas),
+                    args.rate / replicas,
+                ),
+                ("shared", list(ports.values()), args.requests, args.connections, args.rate),
             ):
                 window = CpuWindow(pids)
                 window.start()
                 load = await asyncio.wait_for(
-                    mixed_loop(targets, numbers, n, conns), args.phase_timeout_s
+                    mixed_loop(targets, numbers, n, conns, rate), args.phase_timeout_s
                 )
                 window.stop()
                 result[phase] = load | {
@@ -212,7 +224,8 @@ def report(result: dict[str, Any]) -> str:
     p = result["parameters"]
     lines = [
         f"{p['replicas']} front-end replicas sharing {p['requests']} requests "
-        f"(POST confirm and GET /auth alternately, {p['connections']} connections) versus one "
+        f"(POST confirm and GET /auth alternately, {p['connections']} connections, "
+        f"{p['rate'] or 'unpaced'} req/s in all) versus one "
         f"replica with {p['requests'] // p['replicas']}; CPU µs per request per replica "
         "(raw | less idle):",
         "idle cores per replica: "
@@ -256,3 +269,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "one with 1/N of it",
     )
     parser.add_argument("--phase-timeout-s", type=float, default=300.0)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=180.0,
+        help="replica mode: requests a second of the shared phase in all (the one replica gets "
+        "1/N of it), so both phases run as long and a replica's idle cost weighs the same; "
+        "0: closed loops, as fast as answered",
+    )
