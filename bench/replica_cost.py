@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +33,9 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
+
+import httpx
+from aiokafka import AIOKafkaProducer
 
 from bench.common import REPO_ROOT, clean, machine
 from bench.stack_cost import (
@@ -45,6 +49,8 @@ from bench.stack_cost import (
 from devstack.broker import free_port, wait_for_port
 from devstack.keys import DEV_KEY, dev_keys_file
 from worker import eventloop
+from worker.messages import AccountRecord, encode_record
+from worker.settings import Topics
 
 CONFIRM: Final = "/v1/accounts/acc_demo_{n}/auth/passkey-confirm"
 AUTH: Final = "/v1/accounts/acc_demo_{n}/auth"
@@ -53,20 +59,59 @@ TARGET_REPLICA_RATIO: Final = 1.2
 
 def start_replica(
     template_pid: int, workdir: Path, index: int
-) -> tuple[subprocess.Popen[bytes], int]:
+) -> tuple[subprocess.Popen[bytes], int, int]:
     """Another front-end like the stack's (same command line and environment), on spare
-    ports; returns the process and its public port."""
+    ports; returns the process, its public port and its side door's."""
     with open(f"/proc/{template_pid}/environ", "rb") as f:
         env = dict(item.decode().split("=", 1) for item in f.read().split(b"\0") if b"=" in item)
     with open(f"/proc/{template_pid}/cmdline", "rb") as f:
         argv = [a.decode() for a in f.read().split(b"\0") if a]
-    port = free_port()
-    env |= {"API_PORT": str(port), "API_METRICS_PORT": str(free_port())}
+    port, side = free_port(), free_port()
+    env |= {"API_PORT": str(port), "API_METRICS_PORT": str(side)}
     log = open(workdir / f"replica-{index}.log", "wb")  # noqa: SIM115 - lives with the process
     proc = subprocess.Popen(
         argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
     )
-    return proc, port
+    return proc, port, side
+
+
+async def add_state(bootstrap: str, count: int) -> None:
+    """``count`` synthetic account records on auth.state (another workspace's, in flow): what
+    a replica that read auth.state would have to read before it is ready."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+    await producer.start()
+    try:
+        topic, now = Topics().state, time.time()
+        sent = []
+        for i in range(count):
+            record = AccountRecord(
+                account_id=f"acc_bench_{i}",
+                workspace_id="ws_bench",
+                status="passkey_confirmation",
+                auth_status="passkey_confirmation",
+                version=1,
+                updated_at=now,
+            )
+            sent.append(
+                await producer.send(topic, encode_record(record), key=record.account_id.encode())
+            )
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+async def seconds_to_ready(side_port: int, started: float, timeout_s: float) -> float:
+    """Seconds from ``started`` (``time.monotonic()``) until the side door's ``/readyz`` is
+    200."""
+    deadline = started + timeout_s
+    async with httpx.AsyncClient(timeout=2) as client:
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if (await client.get(f"http://127.0.0.1:{side_port}/readyz")).status_code == 200:
+                    return time.monotonic() - started
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the replica on {side_port} not ready after {timeout_s}s")
+            await asyncio.sleep(0.02)
 
 
 async def until_ready(port: int, timeout_s: float) -> None:
@@ -156,11 +201,18 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         ports = {"replica-0": stack.ports["api"]}
         pids = {"replica-0": stack.pids["front-end"]}
+        await until_registered(ports["replica-0"], accounts, args.start_timeout_s)
+        # Each new replica is started once every account is registered; the first with the
+        # stack's accounts only, the others after ``--state-records`` more account records.
+        ready_s = []
         for i in range(1, replicas):
-            proc, port = start_replica(stack.pids["front-end"], workdir, i)
+            if i == 2 and args.state_records:
+                await add_state(f"127.0.0.1:{stack.ports['broker']}", args.state_records)
+            started = time.monotonic()
+            proc, port, side = start_replica(stack.pids["front-end"], workdir, i)
             extra.append(proc)
             ports[f"replica-{i}"], pids[f"replica-{i}"] = port, proc.pid
-        await until_registered(ports["replica-0"], accounts, args.start_timeout_s)
+            ready_s.append(await seconds_to_ready(side, started, args.start_timeout_s))
         for port in ports.values():
             await until_ready(port, args.start_timeout_s)
         numbers = iter(range(1, accounts + 1))
@@ -212,6 +264,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "parameters": vars(args) | {"out": str(args.out)},
         "machine": machine() | {"loadavg_end": os.getloadavg()},
         "idle_cores": idle,
+        "accounts": accounts,
+        "seconds_to_ready": ready_s,
+        "state_records_added_before_replica_2": args.state_records,
         "rounds": rounds,
         "ratio_total_median": statistics.median(r["ratio_total"] for r in rounds),
         "ratio_net_median": statistics.median(
@@ -230,6 +285,10 @@ def report(result: dict[str, Any]) -> str:
         "(raw | less idle):",
         "idle cores per replica: "
         + ", ".join(f"{k} {v:.3f}" for k, v in sorted(result["idle_cores"].items())),
+        f"a new replica's seconds from start to ready: {result['seconds_to_ready'][0]:.2f} with "
+        f"the stack's {result['accounts']} accounts; "
+        + ", ".join(f"{s:.2f}" for s in result["seconds_to_ready"][1:])
+        + f" with {result['state_records_added_before_replica_2']} more account records",
     ]
     for i, r in enumerate(result["rounds"], 1):
         one = r["one"]["cpu"]["replica-0"]
@@ -269,6 +328,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "one with 1/N of it",
     )
     parser.add_argument("--phase-timeout-s", type=float, default=300.0)
+    parser.add_argument(
+        "--state-records",
+        type=int,
+        default=100_000,
+        help="replica mode: account records added to auth.state before the second extra "
+        "replica starts (its time to ready against the first's)",
+    )
     parser.add_argument(
         "--rate",
         type=float,

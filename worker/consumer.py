@@ -353,14 +353,15 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
     ) -> None:
         try:
             await self._contained(key, tp.partition, msg)
+        except asyncio.CancelledError:
+            raise
         except _Revoked:
             return  # the next owner answers it
-        except BaseException as exc:
-            if not isinstance(exc, asyncio.CancelledError):
-                log.exception("aside_failed", account_id=key)
-                self._fatal = exc
-                self._stopping.set()
-            raise
+        except BaseException as exc:  # a process fault: as a lane's, it stops the loop
+            log.exception("aside_failed", account_id=key)
+            self._fatal = exc
+            self._stopping.set()
+            return
         tracker = self.trackers.get(tp)
         if tracker is not None:
             tracker.finished(msg.offset)
