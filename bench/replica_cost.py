@@ -15,7 +15,9 @@ CPU per request of each replica from ``/proc/<pid>/stat`` over the phase, raw an
 replica's idle CPU rate (measured first, over ``--idle-s``) times the phase's wall time. If a
 replica's cost follows its own traffic, a replica of the shared phase costs about what the one
 replica costs per request: the ratio is printed (target: within ``TARGET_REPLICA_RATIO``).
-Bounded in requests and in time (``--phase-timeout-s``); stops everything it started.
+Then the time to ready of a new replica, ``--ready-starts`` times, before and after
+``--state-records`` more account records on auth.state. Bounded in requests and in time
+(``--phase-timeout-s``); stops everything it started.
 """
 
 from __future__ import annotations
@@ -121,6 +123,26 @@ async def until_ready(port: int, timeout_s: float) -> None:
     await until_registered(port, 1, timeout_s)
 
 
+async def time_to_ready(
+    args: argparse.Namespace, template_pid: int, broker_port: int, workdir: Path
+) -> dict[str, list[float]]:
+    """Seconds from start to ``/readyz`` 200 of a new replica, ``--ready-starts`` times with
+    the stack's accounts, then as often after ``--state-records`` more account records on
+    auth.state (each replica stopped before the next starts)."""
+    out: dict[str, list[float]] = {"accounts": [], "more_accounts": []}
+    for label in out:
+        if label == "more_accounts" and args.state_records:
+            await add_state(f"127.0.0.1:{broker_port}", args.state_records)
+        for k in range(args.ready_starts):
+            started = time.monotonic()
+            proc, _, side = start_replica(template_pid, workdir, 100 + k)
+            try:
+                out[label].append(await seconds_to_ready(side, started, args.start_timeout_s))
+            finally:
+                await asyncio.to_thread(stop_process, proc)
+    return out
+
+
 async def mixed_loop(
     ports: list[int], numbers: Iterator[int], requests: int, connections: int, rate: float = 0.0
 ) -> dict[str, Any]:
@@ -202,17 +224,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         ports = {"replica-0": stack.ports["api"]}
         pids = {"replica-0": stack.pids["front-end"]}
         await until_registered(ports["replica-0"], accounts, args.start_timeout_s)
-        # Each new replica is started once every account is registered; the first with the
-        # stack's accounts only, the others after ``--state-records`` more account records.
-        ready_s = []
         for i in range(1, replicas):
-            if i == 2 and args.state_records:
-                await add_state(f"127.0.0.1:{stack.ports['broker']}", args.state_records)
-            started = time.monotonic()
-            proc, port, side = start_replica(stack.pids["front-end"], workdir, i)
+            proc, port, _ = start_replica(stack.pids["front-end"], workdir, i)
             extra.append(proc)
             ports[f"replica-{i}"], pids[f"replica-{i}"] = port, proc.pid
-            ready_s.append(await seconds_to_ready(side, started, args.start_timeout_s))
         for port in ports.values():
             await until_ready(port, args.start_timeout_s)
         numbers = iter(range(1, accounts + 1))
@@ -256,6 +271,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 else None
             )
             rounds.append(result)
+        ready = await time_to_ready(args, stack.pids["front-end"], stack.ports["broker"], workdir)
     finally:
         for proc in extra:
             stop_process(proc)
@@ -265,8 +281,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine() | {"loadavg_end": os.getloadavg()},
         "idle_cores": idle,
         "accounts": accounts,
-        "seconds_to_ready": ready_s,
-        "state_records_added_before_replica_2": args.state_records,
+        "seconds_to_ready": ready,
         "rounds": rounds,
         "ratio_total_median": statistics.median(r["ratio_total"] for r in rounds),
         "ratio_net_median": statistics.median(
@@ -285,10 +300,11 @@ def report(result: dict[str, Any]) -> str:
         "(raw | less idle):",
         "idle cores per replica: "
         + ", ".join(f"{k} {v:.3f}" for k, v in sorted(result["idle_cores"].items())),
-        f"a new replica's seconds from start to ready: {result['seconds_to_ready'][0]:.2f} with "
-        f"the stack's {result['accounts']} accounts; "
-        + ", ".join(f"{s:.2f}" for s in result["seconds_to_ready"][1:])
-        + f" with {result['state_records_added_before_replica_2']} more account records",
+        f"a new replica's seconds from start to ready, with the stack's {result['accounts']} "
+        "accounts: "
+        + ", ".join(f"{s:.2f}" for s in result["seconds_to_ready"]["accounts"])
+        + f"; with {p['state_records']} more account records: "
+        + ", ".join(f"{s:.2f}" for s in result["seconds_to_ready"]["more_accounts"]),
     ]
     for i, r in enumerate(result["rounds"], 1):
         one = r["one"]["cpu"]["replica-0"]
@@ -332,8 +348,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--state-records",
         type=int,
         default=100_000,
-        help="replica mode: account records added to auth.state before the second extra "
-        "replica starts (its time to ready against the first's)",
+        help="replica mode: account records added to auth.state between the two series of "
+        "--ready-starts",
+    )
+    parser.add_argument(
+        "--ready-starts",
+        type=int,
+        default=3,
+        help="replica mode: new replicas started (one at a time) and timed to ready, before and "
+        "after --state-records more account records",
     )
     parser.add_argument(
         "--rate",
