@@ -1,8 +1,9 @@
 """How long another front-end replica takes to show a confirmed account's new status.
 
-Read-your-writes holds on the replica that answered a POST (it remembers its own answers);
-another replica converges when its view of auth.state has read the state record, which the
-worker writes, and waits for, before the reply. This measures that: an embedded broker, the
+``GET /auth`` is a query the account's owner answers, behind the confirm in its partition, so
+every replica shows the confirm's outcome in its first poll after the 200 (the lag is one
+round trip); before, each replica read auth.state into a view and another replica converged
+once that view had read the state record. This measures it: an embedded broker, the
 simulator, one worker and two front-ends in this process; each account is confirmed on
 replica A, then replica B is polled until it shows the new status. Bounded in count and time.
 
@@ -56,7 +57,7 @@ async def front_end(settings: Settings) -> AsyncIterator[ApiRuntime]:
 
 
 async def until_known(http: httpx.AsyncClient, name: str, headers: dict[str, str]) -> None:
-    """Until the front-end's view has the registered account (bounded by the caller)."""
+    """Until the worker knows the registered account (bounded by the caller)."""
     for _ in range(3000):
         if (await http.get(f"/v1/accounts/{name}/auth", headers=headers)).status_code == 200:
             return

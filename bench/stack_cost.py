@@ -17,6 +17,9 @@ ceiling (``bench.api_ceiling``) next to it, then:
 2. open loop at ``--fractions`` of the front-end's closed-loop rate, ``--latency-s`` each:
    p50/p99 from each request's scheduled time (no coordinated omission).
 
+``--replicas N`` (N > 1) measures something else: N front-end replicas sharing a load versus
+one with 1/N of it (``bench.replica_cost``).
+
 Bounded in requests and time; stops the stack itself. Writes ``--out`` (JSON, every figure)
 and prints the figures against the targets (figures: bench/README.md, "Front-end cost").
 """
@@ -134,9 +137,9 @@ class Connection:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         return cls(reader, writer)
 
-    async def post(self, path: str, key: str) -> tuple[int, bytes]:
+    async def post(self, path: str, key: str, method: str = "POST") -> tuple[int, bytes]:
         self.writer.write(
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Api-Key: {key}\r\n"
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Api-Key: {key}\r\n"
             "Content-Length: 0\r\n\r\n".encode()
         )
         head = await self.reader.readuntil(b"\r\n\r\n")
@@ -743,8 +746,15 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="the floor's echo holds each batch this long (a floor at a lower rate)",
     )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "stack-cost.json")
+    parser.add_argument("--out", type=Path, default=None)
+    from bench import replica_cost
+
+    replica_cost.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.replicas > 1:
+        args.out = args.out or REPO_ROOT / "bench" / "replica-cost.json"
+        return replica_cost.run(args)
+    args.out = args.out or REPO_ROOT / "bench" / "stack-cost.json"
     result = eventloop.run(measure(args), "uvloop")
     args.out.write_text(json.dumps(clean(result), indent=2, default=str) + "\n")
     print(report(result))

@@ -203,6 +203,7 @@ async def test_every_command_type_from_confluent_kafka_is_answered_as_from_aioka
             "passkey_confirm": 2,
             "observe_auth_state": 1,
             "deregister_account": 1,
+            "get_auth_state": 0,  # none sent here
         }
 
 

@@ -27,7 +27,7 @@ def test_no_stale_schema_files() -> None:
     assert {p.name for p in SCHEMAS.glob("*.json")} == set(documents())
 
 
-def test_command_schema_is_a_discriminated_union_of_the_four_commands() -> None:
+def test_command_schema_is_a_discriminated_union_of_the_five_commands() -> None:
     schema = json.loads((SCHEMAS / "command.schema.json").read_text())
     assert schema["discriminator"]["propertyName"] == "type"
     assert set(schema["discriminator"]["mapping"]) == {
@@ -35,7 +35,10 @@ def test_command_schema_is_a_discriminated_union_of_the_four_commands() -> None:
         "observe_auth_state",
         "passkey_confirm",
         "deregister_account",
+        "get_auth_state",
     }
+    query = schema["$defs"]["GetAuthState"]
+    assert set(query["required"]) == {"command_id", "request_id", "workspace_id", "account_id"}
 
 
 def test_schema_required_fields_match_the_decoder() -> None:

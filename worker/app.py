@@ -96,6 +96,7 @@ async def run_worker(
         topics=(topics.commands,),
         state_topic=topics.state,
         max_in_flight=settings.worker_max_in_flight,
+        unordered=executor.unordered,
     )
     probes = None
     if serve_probes:

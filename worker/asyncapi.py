@@ -25,6 +25,7 @@ from worker.messages import (
     AuthError,
     AuthStatusChanged,
     DeregisterAccount,
+    GetAuthState,
     Identifier,
     ObserveAuthState,
     PasskeyConfirm,
@@ -192,6 +193,7 @@ WIRE_MODELS: Final[tuple[type[Any], ...]] = (
     ObserveAuthState,
     PasskeyConfirm,
     DeregisterAccount,
+    GetAuthState,
     Reply,
     AuthStatusChanged,
     AuthError,
@@ -324,6 +326,7 @@ def _messages() -> list[_Message]:
         model(ObserveAuthState),
         model(PasskeyConfirm, correlation=by_command),
         model(DeregisterAccount),
+        model(GetAuthState, correlation=by_command),
         model(Reply, correlation=by_command),
         model(AuthStatusChanged),
         model(AuthError),
@@ -373,7 +376,13 @@ def _channels() -> list[_Channel]:
             "commands",
             "Commands to the worker pool, discriminated by `type`; each one's key must equal "
             "its `account_id` (otherwise it is dead-lettered as `key_mismatch`).",
-            ("register_account", "observe_auth_state", "passkey_confirm", "deregister_account"),
+            (
+                "register_account",
+                "observe_auth_state",
+                "passkey_confirm",
+                "deregister_account",
+                "get_auth_state",
+            ),
         ),
         _Channel(
             "state",
@@ -391,7 +400,11 @@ def _channels() -> list[_Channel]:
             "One event per failed command and per dead-lettered record with a readable account.",
             ("auth_error",),
         ),
-        _Channel("replies", "Exactly one reply per `passkey_confirm`.", ("reply",)),
+        _Channel(
+            "replies",
+            "Exactly one reply per `passkey_confirm` and per `get_auth_state`.",
+            ("reply",),
+        ),
         _Channel(
             "dlq",
             "Undecodable records of auth.commands, with the reason in headers.",
@@ -448,18 +461,23 @@ def _operations() -> list[_Operation]:
             reply="replies",
         ),
         _Operation(
+            "frontEndSendsAuthStateQuery",
+            "front-end",
+            "send",
+            "commands",
+            "`GET .../auth` becomes a query the owner of the account's partition answers from "
+            "its store, behind any earlier command of the account; the reply comes on "
+            "auth.replies. It changes nothing.",
+            messages=("get_auth_state",),
+            reply="replies",
+        ),
+        _Operation(
             "frontEndReceivesReplies",
             "front-end",
             "receive",
             "replies",
-            "Every replica reads every partition and answers the waiting request.",
-        ),
-        _Operation(
-            "frontEndReceivesState",
-            "front-end",
-            "receive",
-            "state",
-            "The read model of `GET .../auth` (every partition, no group).",
+            "Each replica reads its own partition (its `reply-partition` header) and answers "
+            "the waiting request.",
         ),
         _Operation(
             "frontEndSendsEndpoints",
@@ -487,7 +505,8 @@ def _operations() -> list[_Operation]:
             "front-end",
             "receive",
             "webhook_deliveries",
-            "The read model of `GET .../deliveries` (every partition, no group).",
+            "`GET .../deliveries` reads the last records of the endpoint's partition on "
+            "demand (no group, no permanent reader).",
         ),
         _Operation(
             "upstreamSendsCommands",
@@ -517,7 +536,13 @@ def _operations() -> list[_Operation]:
         ),
         _Operation("workerSendsStatus", "worker", "send", "status", "On a real transition."),
         _Operation("workerSendsErrors", "worker", "send", "errors", "On a failed command."),
-        _Operation("workerSendsReplies", "worker", "send", "replies", "One per `passkey_confirm`."),
+        _Operation(
+            "workerSendsReplies",
+            "worker",
+            "send",
+            "replies",
+            "One per `passkey_confirm` and per `get_auth_state`.",
+        ),
         _Operation("workerSendsDeadLetters", "worker", "send", "dlq", "Undecodable commands."),
         _Operation(
             "dispatcherReceivesStatus",
@@ -603,7 +628,8 @@ def _message_object(m: _Message) -> dict[str, Any]:
     }
     if m.correlation is not None:
         obj["correlationId"] = {
-            "description": "`command_id` pairs a `passkey_confirm` with its reply.",
+            "description": "`command_id` pairs a `passkey_confirm` or a `get_auth_state` "
+            "with its reply.",
             "location": m.correlation,
         }
     return obj

@@ -19,6 +19,11 @@ loop owns order, concurrency, offsets, timers, restore and rebalances. Read top 
   (auth.state for the worker), then resumed;
   on revocation dispatch stops, running work gets ``rebalance_budget_s`` to finish, the
   watermark is committed and the state dropped.
+* A record the handler's ``unordered`` says needs no place in its lane (the worker's
+  ``get_auth_state`` query, which writes nothing) runs at once in a task of its own, beside
+  the lane: a query is not held behind a slow provider call of its account. Its offset
+  counts in the watermark like any other, and revocation and shutdown wait for it as for a
+  lane.
 * A timer task drives what the store says is due (the worker: polls and deadlines of confirmed
   flows; the dispatcher: deliveries and their retries) through the same lanes, so nothing
   ever runs twice at once for one key. ``Handler.handle`` may also name keys that are due at
@@ -225,8 +230,11 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         executor: Handler,
         metrics: LoopMetrics,
         config: LoopConfig,
+        unordered: Callable[[ConsumerRecord[bytes, bytes]], bool] | None = None,
     ) -> None:
         self.consumer = consumer
+        self._unordered = unordered
+        self.asides: dict[asyncio.Task[None], int] = {}
         self._restore_consumer = restore_consumer
         self.executor = executor
         self.store = executor.store
@@ -328,7 +336,40 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
             tracker = self.trackers[tp] = OffsetTracker()
         tracker.dispatched(msg.offset)
         key = msg.key.decode("utf-8", "replace") if msg.key else f"\0no-key:{tp.partition}"
+        if self._unordered is not None and self._unordered(msg):
+            self._aside(key, tp, msg)
+            return
         self._enqueue(key, tp.partition, msg)
+
+    def _aside(self, key: str, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]) -> None:
+        """Run ``msg`` now, in a task of its own (see the module docstring)."""
+        self.in_flight += 1
+        self.metrics.in_flight.set(self.in_flight)
+        task = asyncio.create_task(self._run_aside(key, tp, msg))
+        self.asides[task] = tp.partition
+        task.add_done_callback(self._aside_done)
+
+    def _aside_done(self, task: asyncio.Task[None]) -> None:
+        self.asides.pop(task, None)
+        self._settled()
+
+    async def _run_aside(
+        self, key: str, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]
+    ) -> None:
+        try:
+            await self._contained(key, tp.partition, msg)
+        except asyncio.CancelledError:
+            raise
+        except _Revoked:
+            return  # the next owner answers it
+        except BaseException as exc:  # a process fault: as a lane's, it stops the loop
+            log.exception("aside_failed", account_id=key)
+            self._fatal = exc
+            self._stopping.set()
+            return
+        tracker = self.trackers.get(tp)
+        if tracker is not None:
+            tracker.finished(msg.offset)
 
     def _enqueue(self, key: str, partition: int, item: ConsumerRecord[bytes, bytes] | None) -> None:
         self.in_flight += 1
@@ -603,6 +644,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
                 for lane in self.lanes.values()
                 if lane.task is not None and (partitions is None or lane.partition in partitions)
             ]
+            busy += [t for t, p in self.asides.items() if partitions is None or p in partitions]
             if not busy:
                 return
             left = deadline - time.monotonic()
@@ -623,6 +665,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def _cancel_lanes(self) -> None:
         tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
+        tasks += list(self.asides)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

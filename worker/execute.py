@@ -12,10 +12,20 @@ Tracing (``worker.tracing``): a command continues the trace in its ``traceparent
 CONSUMER span ``process <topic>``; ``decide``, the provider's CLIENT spans and the PRODUCER
 span ``send`` of the outputs are its children, and every record written carries the context.
 A follow-up step (poll, expiry) has no incoming context: it starts a trace of its own.
+
+Queries (``get_auth_state``) are answered from the store with one reply and nothing else: no
+provider call, no state, no event. They run beside their account's lane (``unordered``), so a
+slow provider call of that account does not hold them; what makes that safe is the
+*publication window*: from the moment a unit starts sending a changed record to the moment
+the store holds it, its reply may already be out while the store still shows the old state.
+A query first waits for the window open when it is handled, so a caller who saw a confirm's
+reply and then asks reads that confirm's outcome or a newer one (docs/architecture.md, "The
+front-end").
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -32,6 +42,7 @@ from worker.flow import (
     SENT,
     Decision,
     Policy,
+    answer_query,
     decide,
     expire,
     is_owner,
@@ -46,6 +57,7 @@ from worker.messages import (
     Command,
     DecodeFailure,
     ErrorBody,
+    GetAuthState,
     Reply,
     ReplyBody,
     decode_command,
@@ -95,6 +107,20 @@ class Executor:
         self.policy = policy
         self.metrics = metrics
         self.clock = clock or Clock()
+        self._windows: dict[tuple[int, str], asyncio.Future[None]] = {}
+
+    def unordered(self, msg: ConsumerRecord[bytes, bytes]) -> bool:
+        """Whether ``msg`` is a query for an account of its own partition: the consume loop
+        then runs it beside the account's lane (the module docstring says why that is safe).
+        Anything else, including a query off its home partition (it is forwarded), keeps its
+        place in the lane."""
+        value = msg.value
+        if value is None or msg.key is None or b'"get_auth_state"' not in value:
+            return False
+        return (
+            isinstance(decode_command(msg.key, value), GetAuthState)
+            and self.router.home(msg.key) == msg.partition
+        )
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -116,6 +142,9 @@ class Executor:
                 msg, fault, _Ids.of(command), ServiceError.of("invalid_request")
             )
             self.metrics.commands.labels("unknown", "invalid").inc()
+            return
+        if isinstance(command, GetAuthState):
+            await self._answer(msg, command, started)
             return
         current = trace.get_current_span()
         if current.is_recording():
@@ -184,6 +213,21 @@ class Executor:
             )
             if decision.error is not None:
                 log.info("command_failed", code=decision.error.code)
+
+    async def _answer(
+        self, msg: ConsumerRecord[bytes, bytes], query: GetAuthState, started: float
+    ) -> None:
+        """Answer a query from the store, after the account's open publication window."""
+        window = self._windows.get((msg.partition, query.account_id))
+        if window is not None:
+            await asyncio.shield(window)
+        decision = answer_query(self.store.get(msg.partition, query.account_id), query)
+        await self.publisher.publish(
+            msg.partition, decision, state_changed=False, reply_to=reply_partition(msg.headers)
+        )
+        metrics = self.metrics
+        metrics.child(metrics.commands, query.type, decision.verdict).inc()
+        metrics.child(metrics.command_seconds, query.type).observe(time.perf_counter() - started)
 
     async def _route_home(
         self, msg: ConsumerRecord[bytes, bytes], command: Command, home: int
@@ -338,12 +382,17 @@ class Executor:
                     tracing.messaging("send")
                     | {"messaging.batch.message_count": len(outputs), "passkey.outputs": outputs}
                 )
-            await self.publisher.publish(
-                partition, decision, state_changed=changed, reply_to=reply_to
-            )
-        if changed and decision.record is not None:
-            self.store.put(partition, decision.record)
-            self.metrics.store_accounts.set(len(self.store))
+            window = self._open_window(partition, decision.record) if changed else None
+            try:
+                await self.publisher.publish(
+                    partition, decision, state_changed=changed, reply_to=reply_to
+                )
+                if changed and decision.record is not None:
+                    self.store.put(partition, decision.record)
+                    self.metrics.store_accounts.set(len(self.store))
+            finally:
+                if window is not None:
+                    self._close_window(window)
         if decision.status_event is not None and decision.verdict != "duplicate":
             self.metrics.child(self.metrics.status_changes, decision.status_event.status).inc()
         if decision.error_event is not None and decision.verdict != "duplicate":
@@ -353,6 +402,24 @@ class Executor:
             ).inc()
 
     # -- faults ---------------------------------------------------------------------------------
+
+    def _open_window(
+        self, partition: int, record: AccountRecord | None
+    ) -> tuple[tuple[int, str], asyncio.Future[None]] | None:
+        """The publication window of ``record``'s account (one at a time: its lane's)."""
+        if record is None:
+            return None
+        key = (partition, record.account_id)
+        future = self._windows[key] = asyncio.get_running_loop().create_future()
+        return key, future
+
+    def _close_window(self, window: tuple[tuple[int, str], asyncio.Future[None]] | None) -> None:
+        if window is None:
+            return
+        key, future = window
+        if self._windows.get(key) is future:
+            del self._windows[key]
+        future.set_result(None)
 
     async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
         """A command whose handling failed for good (the consume loop retried it): to the DLQ,

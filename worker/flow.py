@@ -37,6 +37,7 @@ from worker.messages import (
     DeregisterAccount,
     ErrorBody,
     FollowUp,
+    GetAuthState,
     InFlight,
     ObserveAuthState,
     Outcome,
@@ -413,7 +414,40 @@ def decide(record: AccountRecord | None, cmd: Command, *, now: float, policy: Po
         return _observe_command(record, cmd, now, policy)
     if isinstance(cmd, RegisterAccount):
         return _register(record, cmd, now, policy)
+    if isinstance(cmd, GetAuthState):
+        return answer_query(record, cmd)
     return _deregister(record, cmd, now, policy)
+
+
+def answer_query(record: AccountRecord | None, cmd: GetAuthState) -> Decision:
+    """The reply to a ``get_auth_state`` query, from the record as it is: never a provider
+    call, a record, an event or a dedup entry (a query changes nothing, so answering it twice
+    is harmless). Unknown, deregistered and another workspace's accounts answer the same 404,
+    as ``GET .../auth`` always did. ``version`` is the record's, so the reply says how new the
+    answer is."""
+    if record is None or record.deregistered or not is_owner(record, cmd):
+        err = ServiceError.of("not_found")
+        body = ErrorBody(code=err.code, numeric_code=err.numeric_code, message=err.message)
+        reply = Reply(
+            command_id=cmd.command_id,
+            request_id=cmd.request_id,
+            account_id=cmd.account_id,
+            http_status=err.http_status,
+            body=ReplyBody(request_id=cmd.request_id, error=body),
+        )
+        return Decision(verdict="error", reply=reply, error=err)
+    data = AuthData(
+        account_id=record.account_id, status=record.status, auth_status=record.auth_status
+    )
+    reply = Reply(
+        command_id=cmd.command_id,
+        request_id=cmd.request_id,
+        account_id=cmd.account_id,
+        http_status=200,
+        body=ReplyBody(request_id=cmd.request_id, data=data),
+        version=record.version,
+    )
+    return Decision(verdict="ok", reply=reply)
 
 
 def _confirm(

@@ -130,11 +130,30 @@ class DeregisterAccount(_Message):
     account_id: Identifier
 
 
+class GetAuthState(_Message):
+    """A query, produced by the API front-end for ``GET /v1/accounts/{account_id}/auth``: the
+    owner of the account's partition answers it from its store with one reply (the same
+    ``reply-partition`` header as a confirm), and writes nothing else. Behind a confirm of the
+    same account in the partition, it sees that confirm's outcome (read-your-writes)."""
+
+    type: Literal["get_auth_state"] = "get_auth_state"
+    command_id: Identifier
+    request_id: Identifier
+    workspace_id: Identifier
+    account_id: Identifier
+
+
 Command = Annotated[
-    RegisterAccount | ObserveAuthState | PasskeyConfirm | DeregisterAccount,
+    RegisterAccount | ObserveAuthState | PasskeyConfirm | DeregisterAccount | GetAuthState,
     Field(discriminator="type"),
 ]
-COMMAND_TYPES = ("register_account", "observe_auth_state", "passkey_confirm", "deregister_account")
+COMMAND_TYPES = (
+    "register_account",
+    "observe_auth_state",
+    "passkey_confirm",
+    "deregister_account",
+    "get_auth_state",
+)
 _command_adapter: TypeAdapter[Command] = TypeAdapter(Command)
 
 
@@ -175,9 +194,9 @@ class ReplyBody(BaseModel):
 
 
 class Reply(_Message):
-    """Exactly one per ``passkey_confirm`` on auth.replies. ``version`` is the account
-    record's version the reply reflects, so a front-end can keep its reads at least that new
-    (read-your-writes); absent in replies written before it existed."""
+    """Exactly one per ``passkey_confirm`` and per ``get_auth_state`` on auth.replies.
+    ``version`` is the account record's version the reply reflects (absent in replies
+    written before it existed, and in a query's 404)."""
 
     type: Literal["reply"] = "reply"
     command_id: str

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from worker.consumer import FINAL_COMMIT_TIMEOUT_S, Handler, LoopConfig, LoopMetrics, Worker
@@ -228,10 +229,12 @@ def consume_loop(
     state_topic: str,
     max_in_flight: int,
     timer_interval_s: float | None = None,
+    unordered: Callable[[ConsumerRecord[bytes, bytes]], bool] | None = None,
 ) -> Worker:
     """The consume loop over ``topics`` with ``state_topic`` as its changelog, its commit,
     drain and rebalance budgets from the settings; ``timer_interval_s`` overrides the loop's
-    timer sweep interval."""
+    timer sweep interval; ``unordered`` picks the records run beside their key's lane
+    (``Worker``)."""
     config = LoopConfig(
         topics=topics,
         state_topic=state_topic,
@@ -251,4 +254,5 @@ def consume_loop(
         executor=handler,
         metrics=metrics,
         config=config,
+        unordered=unordered,
     )

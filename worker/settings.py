@@ -494,6 +494,24 @@ class Settings(BaseSettings):
         "cannot take the pool.",
     )
 
+    # --- front-end reads on demand (issue 24): the deliveries route's bounded scan --------
+    webhook_deliveries_scan_records: int = Field(
+        default=5000,
+        ge=100,
+        le=1_000_000,
+        description="How far back GET .../deliveries reads the endpoint's partition of "
+        "webhook.deliveries: the last this many records of it (its recent deliveries among "
+        "them, at most 100 shown); an endpoint whose deliveries are older than that in a busy "
+        "partition shows fewer.",
+    )
+    webhook_deliveries_scan_timeout_s: float = Field(
+        default=3.0,
+        gt=0,
+        le=60.0,
+        description="Upper bound of one GET .../deliveries scan, waiting for a concurrent "
+        "one included; past it the route answers get_webhook_endpoint_failed (retry).",
+    )
+
     # --- process -------------------------------------------------------------------------
     event_loop: Literal["uvloop", "asyncio"] = Field(
         default="uvloop",

@@ -1,9 +1,9 @@
 """Group-less tailing of every partition of one topic, from the beginning, with catch-up.
 
-The front-end's read models (``ReplyRouter`` on auth.replies, ``AuthStateView`` on
-auth.state, the delivery log) and the webhook-endpoints registry of every front-end and
-dispatcher are each one process-local consumer without a consumer group: it is *assigned*
-every partition, so each process sees every record and never rebalances.
+The front-end's ``ReplyRouter`` (one partition of auth.replies) and the webhook-endpoints
+registry of every front-end and dispatcher are each one process-local consumer without a
+consumer group: it is *assigned* its partitions, so each process sees every record of them and
+never rebalances.
 
 Where the end is. A tail starts at the beginning of each partition and is *caught up* once
 ``worker.replay`` read every partition to its high-water mark (the rule the state store's

@@ -41,7 +41,7 @@ KAFKA_DEFAULTS: Final[Mapping[str, str]] = {
 #: its webhook routes are configured (``WEBHOOK_SECRETS_KEY``).
 PROCESS_TOPICS: Final[Mapping[str, tuple[str, ...]]] = {
     "worker": ("commands", "state", "status", "errors", "replies", "dlq"),
-    "api": ("commands", "state", "replies"),
+    "api": ("commands", "replies"),
     "api-webhooks": (
         "webhook_endpoints",
         "webhook_deliveries",

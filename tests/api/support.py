@@ -20,9 +20,11 @@ from prometheus_client import CollectorRegistry
 from tests.harness import running_worker as running_worker  # re-exported for the API tests
 from worker.api.app import ApiRuntime, serve_api
 from worker.api.keys import KeyStore, hash_key
+from worker.catalogue import ServiceError
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import (
     AccountRecord,
+    GetAuthState,
     PasskeyConfirm,
     RegisterAccount,
     Reply,
@@ -114,6 +116,12 @@ async def running_api(
 
 
 Answer = Callable[[PasskeyConfirm], tuple[int, dict[str, Any]] | None]
+QueryAnswer = Callable[[GetAuthState], tuple[int, dict[str, Any]] | None]
+
+
+def unknown_answer(query: GetAuthState) -> tuple[int, dict[str, Any]]:
+    """What a worker without the account answers a ``get_auth_state`` query: 404."""
+    return 404, {"request_id": query.request_id, "error": ServiceError.of("not_found").body()}
 
 
 def ok_answer(cmd: PasskeyConfirm) -> tuple[int, dict[str, Any]]:
@@ -131,9 +139,11 @@ def ok_answer(cmd: PasskeyConfirm) -> tuple[int, dict[str, Any]]:
 @dataclass
 class Responder:
     """Stands in for the worker: reads auth.commands (group-less, every partition) and
-    answers each passkey_confirm with ``answer(cmd)`` (``None``: no reply)."""
+    answers each passkey_confirm with ``answer(cmd)`` and each get_auth_state query with
+    ``query(cmd)`` (``None``: no reply)."""
 
     commands: list[PasskeyConfirm] = field(default_factory=list)
+    queries: list[GetAuthState] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
 
 
@@ -142,6 +152,7 @@ async def responder(
     settings: Settings,
     answer: Answer = ok_answer,
     *,
+    query: QueryAnswer = unknown_answer,
     max_delay_s: float = 0.0,
 ) -> AsyncIterator[Responder]:
     """Run a responder; ``max_delay_s`` delays each reply randomly so replies overtake."""
@@ -153,7 +164,9 @@ async def responder(
     state = Responder()
     sends: set[asyncio.Task[None]] = set()
 
-    async def reply(cmd: PasskeyConfirm, status: int, body: dict[str, Any], to: int | None) -> None:
+    async def reply(
+        cmd: PasskeyConfirm | GetAuthState, status: int, body: dict[str, Any], to: int | None
+    ) -> None:
         if max_delay_s:
             await asyncio.sleep(random.uniform(0, max_delay_s))
         message = Reply(
@@ -177,11 +190,16 @@ async def responder(
             for records in batch.values():
                 for msg in records:
                     cmd = decode_command(msg.key, msg.value)
-                    if not isinstance(cmd, PasskeyConfirm):
+                    answered: tuple[int, dict[str, Any]] | None
+                    if isinstance(cmd, GetAuthState):
+                        state.queries.append(cmd)
+                        answered = query(cmd)
+                    elif isinstance(cmd, PasskeyConfirm):
+                        state.commands.append(cmd)
+                        state.keys.append(msg.key)
+                        answered = answer(cmd)
+                    else:
                         continue
-                    state.commands.append(cmd)
-                    state.keys.append(msg.key)
-                    answered = answer(cmd)
                     if answered is not None:
                         to = reply_partition(msg.headers)  # as the worker does
                         task = asyncio.create_task(reply(cmd, *answered, to))

@@ -27,8 +27,8 @@ from tests.api.support import (
     put_state,
     responder,
     running_api,
+    running_worker,
     state_record,
-    wait_until,
 )
 from worker.api.app import ACCOUNT_ID_RULE
 from worker.api.routes import ACCOUNT_AUTH
@@ -197,8 +197,10 @@ async def test_a_method_the_route_does_not_take_is_405_with_allow(
 async def test_head_answers_like_get_without_a_body(api_settings: ApiSettings) -> None:
     """HEAD wherever GET is: the same status and headers, no body (RFC 9110), the API key
     checked the same way."""
+    settings = api_settings()
     async with (
-        running_api(api_settings()) as api,
+        responder(settings),  # a worker without accounts: every query answers 404
+        running_api(settings) as api,
         httpx.AsyncClient(base_url=api.url) as http,
     ):
         for path, key, status in (
@@ -375,7 +377,12 @@ async def test_no_reply_in_time_is_500_with_check_state_hint(api_settings: ApiSe
         assert api.registry.get_sample_value("passkey_api_pending_replies") == 0.0
 
 
-async def test_get_auth_reads_the_state_view(api_settings: ApiSettings) -> None:
+async def test_get_auth_is_answered_by_the_owner_of_the_account(
+    api_settings: ApiSettings,
+) -> None:
+    """GET is a query to the worker that holds the account: the body is the contract's, the
+    last record wins, and unknown, deregistered and another workspace's accounts answer the
+    same 404."""
     settings = api_settings()
     await put_state(
         settings,
@@ -387,6 +394,7 @@ async def test_get_auth_reads_the_state_view(api_settings: ApiSettings) -> None:
         state_record("acc_moved", status="authorized", version=2),
     )
     async with (
+        running_worker(settings) as worker,
         running_api(settings) as api,
         httpx.AsyncClient(base_url=api.url) as http,
     ):
@@ -422,17 +430,16 @@ async def test_get_auth_reads_the_state_view(api_settings: ApiSettings) -> None:
         theirs = await http.get(AUTH.format("acc_theirs"), headers=headers(KEY_B))
         assert theirs.status_code == 200
 
-        # the view is live: a record produced now shows up
-        await put_state(settings, state_record("acc_mine", status="authorized", version=2))
+        # the queries are counted as queries, never as confirms, and wrote nothing
+        def count(kind: str, outcome: str) -> float:
+            value = worker.registry.get_sample_value(
+                "passkey_auth_commands_total", {"type": kind, "outcome": outcome}
+            )
+            return value or 0.0
 
-        async def status() -> str:
-            r = await http.get(AUTH.format("acc_mine"), headers=headers())
-            return str(r.json()["data"]["status"])
-
-        deadline = time.monotonic() + 10
-        while await status() != "authorized":
-            assert time.monotonic() < deadline
-        assert len(api.view) == 3  # acc_mine, acc_theirs, acc_moved
+        assert count("get_auth_state", "ok") == 3
+        assert count("get_auth_state", "error") == 4
+        assert count("passkey_confirm", "ok") + count("passkey_confirm", "error") == 0
 
 
 async def test_workspace_comes_from_the_key_only(api_settings: ApiSettings) -> None:
@@ -462,8 +469,10 @@ async def test_workspace_comes_from_the_key_only(api_settings: ApiSettings) -> N
 
 
 async def test_cors_preflight(api_settings: ApiSettings) -> None:
+    settings = api_settings()
     async with (
-        running_api(api_settings()) as api,
+        responder(settings),  # a worker without accounts: every query answers 404
+        running_api(settings) as api,
         httpx.AsyncClient(base_url=api.url) as http,
     ):
         allowed = {
@@ -530,8 +539,10 @@ async def test_no_origin_is_allowed_by_default(make_settings: Any, keys_path: An
 
 
 async def test_every_response_has_x_request_id(api_settings: ApiSettings) -> None:
+    settings = api_settings()
     async with (
-        running_api(api_settings()) as api,
+        responder(settings),  # a worker without accounts: every query answers 404
+        running_api(settings) as api,
         httpx.AsyncClient(base_url=api.url) as http,
     ):
         for path in ("/metrics", "/healthz", "/readyz", "/openapi.json", "/nope"):
@@ -553,6 +564,7 @@ async def test_every_response_has_x_request_id(api_settings: ApiSettings) -> Non
 async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
     settings = api_settings()
     async with (
+        responder(settings),
         running_api(settings) as api,
         httpx.AsyncClient(base_url=api.url) as http,
     ):
@@ -562,7 +574,6 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
         # no WEBHOOK_SECRETS_KEY in these settings: webhooks are off (null), not "not ready"
         assert ready.json() == {
             "ready": True,
-            "state_view": True,
             "replies": True,
             "webhooks": None,
             "kafka": True,
@@ -669,10 +680,30 @@ async def test_many_pollers_and_stop_is_clean(api_settings: ApiSettings) -> None
     settings = api_settings()
     await put_state(settings, *(state_record(f"acc_{i}") for i in range(50)))
     async with (
+        running_worker(settings),
         running_api(settings) as api,
         httpx.AsyncClient(base_url=api.url) as http,
     ):
-        await wait_until(lambda: len(api.view) == 50)
         for i in range(50):
             r = await http.get(AUTH.format(f"acc_{i}"), headers=headers())
             assert r.status_code == 200
+
+
+async def test_readiness_does_not_wait_for_account_state(api_settings: ApiSettings) -> None:
+    """A replica's time to ready does not depend on the accounts: it reads no auth.state at
+    all. With thousands of state records on the topic it is ready with no reader of it, and
+    without the topic at all it starts and is ready just the same."""
+    settings = api_settings()
+    await put_state(settings, *(state_record(f"acc_many_{i}") for i in range(3000)))
+    async with running_api(settings) as api, httpx.AsyncClient(base_url=api.url) as http:
+        ready = await http.get(f"{api.metrics_url}/readyz")
+        assert ready.status_code == 200 and ready.json()["ready"] is True
+        read = {tp.topic for tail in api.tails for tp in tail.partitions}
+        assert read == {settings.topics.replies}
+        assert settings.topics.state not in {t.topic for t in api.tails}
+
+    bare = api_settings()  # a fresh prefix: its auth.state topic was never created
+    async with running_api(bare) as api, httpx.AsyncClient(base_url=api.url) as http:
+        assert (await http.get(f"{api.metrics_url}/readyz")).json()["ready"] is True
+        producer = api.producer
+        assert bare.topics.state not in (await producer.client.fetch_all_metadata()).topics()

@@ -17,7 +17,7 @@ import pytest
 import structlog
 
 from tests.api.conftest import ApiSettings
-from tests.api.support import running_api
+from tests.api.support import responder, running_api
 from worker import logs
 from worker.cli import main
 
@@ -73,7 +73,11 @@ async def test_key_lifecycle_through_a_running_front_end(
     with structlog.testing.capture_logs() as events:
         first = keys_cli(capsys, path, "create", "ws_a", "--key-id", "key_live").strip()
         shown.append(first)
-        async with running_api(settings) as api, httpx.AsyncClient(base_url=api.url) as http:
+        async with (
+            responder(settings),  # a worker without accounts: every query answers 404
+            running_api(settings) as api,
+            httpx.AsyncClient(base_url=api.url) as http,
+        ):
 
             def with_key(key: str) -> Callable[[], Awaitable[httpx.Response]]:
                 return lambda: http.get(AUTH.format("acc_none"), headers={"X-Api-Key": key})

@@ -69,7 +69,10 @@ async def test_python_m_worker_api_serves_and_stops_on_sigterm(api_settings: Api
                     pass
                 assert time.monotonic() < deadline, "the API process never became ready"
                 await asyncio.sleep(0.1)
-            assert (await http.get("/v1/accounts/acc_1/auth", headers=headers())).status_code == 404
+            # No worker runs here: the query gets no answer within API_REPLY_TIMEOUT_S.
+            unanswered = await http.get("/v1/accounts/acc_1/auth", headers=headers())
+            assert unanswered.status_code == 500
+            assert unanswered.json()["error"]["code"] == "get_auth_state_failed"
             # /metrics is on the side door, not the public port.
             assert (await http.get("/metrics")).status_code == 404
             scrape = await http.get(f"http://127.0.0.1:{metrics_port}/metrics")

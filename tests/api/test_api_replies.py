@@ -324,7 +324,8 @@ async def test_a_replica_started_and_stopped_under_load_loses_no_reply(
     """Replica one serves a steady stream of confirms while replica two comes and goes (as
     an autoscaler or a rolling update does): every request of either gets its own reply, and
     nothing is left waiting."""
-    settings = api_settings(api_reply_timeout_s=20.0)
+    # 300 confirms at once from one workspace: a load test, not the rate limit's (burst 200).
+    settings = api_settings(api_reply_timeout_s=20.0, api_rate_limit_per_s=0)
     async with (
         responder(settings, max_delay_s=0.05),
         running_api(settings) as one,

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.api.conftest import ApiSettings
-from tests.api.support import KEY_A, KEY_B, running_api
+from tests.api.support import KEY_A, KEY_B, responder, running_api
 from worker.api.runtime import ApiRuntime
 
 pytestmark = pytest.mark.integration
@@ -288,7 +288,11 @@ async def test_the_token_bucket_answers_429_per_workspace(api_settings: ApiSetti
     on every route with a key; another workspace, and requests without a valid key, are not
     affected."""
     settings = api_settings(api_rate_limit_per_s=0.1, api_rate_limit_burst=3)
-    async with running_api(settings) as api, httpx.AsyncClient(base_url=api.url) as http:
+    async with (
+        responder(settings),  # a worker without accounts: every query answers 404
+        running_api(settings) as api,
+        httpx.AsyncClient(base_url=api.url) as http,
+    ):
         key_a = {"X-Api-Key": KEY_A}
         for _ in range(3):
             assert (await http.get("/v1/accounts/acc_x/auth", headers=key_a)).status_code == 404

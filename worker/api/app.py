@@ -41,7 +41,6 @@ from worker.api.routes import (
     on_service_error,
 )
 from worker.api.runtime import ApiRuntime, serve_runtime
-from worker.api.view import AuthStateView
 from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
 from worker.kafka import build_consumer, build_producer, verify_topics
@@ -54,7 +53,7 @@ from worker.settings import Settings
 from worker.tail import SharedConsumer
 from worker.topics import used_by
 from worker.webhooks.endpoints import EndpointsTail
-from worker.webhooks.log_view import DeliveryLogView
+from worker.webhooks.log_scan import DeliveryLogScan
 from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.store import EndpointStore
 from worker.webhooks.targets import TargetPolicy
@@ -72,9 +71,9 @@ __all__ = [
 log = get_logger(__name__)
 
 VIEW_FETCH_MIN_WAIT_MS: Final = 50
-"""The shortest fetch wait of the consumer the read models share (auth.state,
-webhook.endpoints and webhook.deliveries: ``worker.tail.SharedConsumer``, one fetch loop, not
-three). Replies wait ``KAFKA_FETCH_MAX_WAIT_MS``, which Kafka cuts short when a reply arrives;
+"""The shortest fetch wait of the consumer the read models share (webhook.endpoints, through
+``worker.tail.SharedConsumer``) and of the deliveries scan's. Replies wait
+``KAFKA_FETCH_MAX_WAIT_MS``, which Kafka cuts short when a reply arrives;
 the embedded broker holds every fetch for the full wait, so the dev stack sets a short one for
 the front-end, and the read models, which tolerate a few more milliseconds of lag, poll less
 often than that (figures: bench/README.md)."""
@@ -82,7 +81,7 @@ often than that (figures: bench/README.md)."""
 
 def view_consumer(settings: Settings) -> SharedConsumer:
     """The consumer the front-end's read models share (the replies keep their own, whose
-    fetches bound each POST's latency on the embedded broker)."""
+    fetches bound each round trip's latency on the embedded broker)."""
     return SharedConsumer(
         build_consumer(settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)),
         idle_timeout_ms=200,
@@ -115,7 +114,6 @@ def build_app(
     *,
     producer: Any,
     replies: ReplyRouter,
-    view: AuthStateView,
     keys: KeyStore,
     registry: CollectorRegistry,
     webhooks: WebhookClients | None = None,
@@ -123,8 +121,8 @@ def build_app(
 ) -> FrontEndApps:
     """The front-end's apps over clients built (and started) by the caller.
 
-    ``producer`` is a started ``AIOKafkaProducer``; ``replies``, ``view`` and ``webhooks``
-    are started by the caller too (``webhooks`` ``None``: the webhook routes answer 500, the
+    ``producer`` is a started ``AIOKafkaProducer``; ``replies`` and ``webhooks`` are started
+    by the caller too (``webhooks`` ``None``: the webhook routes answer 500, the
     service is not configured for them). Metrics are registered on ``registry`` (one app per
     registry).
     """
@@ -134,7 +132,6 @@ def build_app(
     api = ApiRoutes(
         producer=producer,
         replies=replies,
-        view=view,
         keys=keys,
         metrics=metrics,
         commands_topic=settings.topics.commands,
@@ -212,7 +209,12 @@ def webhook_clients(
         overlap_s=settings.webhook_secret_overlap_s,
         health=broker,
     )
-    deliveries = DeliveryLogView(shared.share(), topics.webhook_deliveries)
+    deliveries = DeliveryLogScan(
+        lambda: build_consumer(settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)),
+        topics.webhook_deliveries,
+        window=settings.webhook_deliveries_scan_records,
+        timeout_s=settings.webhook_deliveries_scan_timeout_s,
+    )
     replays = ReplayRunner(
         consumer_factory=lambda: build_consumer(
             settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)
@@ -258,14 +260,11 @@ async def api_runtime(
         topics.replies,
         partition=settings.api_reply_partition,
     )
-    shared = view_consumer(settings)
-    view = AuthStateView(shared.share(), topics.state)
-    webhooks = webhook_clients(settings, producer, broker, shared)
+    webhooks = webhook_clients(settings, producer, broker)
     apps = build_app(
         settings,
         producer=producer,
         replies=replies,
-        view=view,
         keys=keys,
         registry=registry,
         webhooks=webhooks,
@@ -277,19 +276,18 @@ async def api_runtime(
         started.append(producer.stop)
         await replies.start()
         started.append(replies.stop)
-        await view.start()
-        started.append(view.stop)
         if webhooks is not None:
             for tail in webhooks.tails:
                 await tail.start()
                 started.append(tail.stop)
+            await webhooks.deliveries.start()
+            started.append(webhooks.deliveries.stop)
             started.append(webhooks.replays.stop)  # stopped first: it produces
         runtime = ApiRuntime(
             settings,
             apps.api,
             producer,
             replies,
-            view,
             keys,
             registry,
             webhooks,

@@ -81,12 +81,11 @@ class ApiHealth(BaseModel):
 
 
 class ApiReadiness(BaseModel):
-    """Readiness: the ``auth.state`` view caught up, the reply consumer positioned, when
-    webhooks are configured the endpoints registry and delivery log caught up, and no Kafka
-    outage in progress."""
+    """Readiness: the reply consumer positioned, when webhooks are configured the endpoints
+    registry caught up, and no Kafka outage in progress. Nothing here waits for auth.state:
+    a replica's time to ready does not grow with the number of accounts."""
 
     ready: bool
-    state_view: bool
     replies: bool
     webhooks: bool | None = Field(
         description="`null` when webhooks are not configured (no secrets key)."

@@ -100,7 +100,7 @@ class ApiMetrics:
             self.refusals.labels(reason)
         self.ready = Gauge(
             "passkey_api_ready",
-            "1 when the auth.state view caught up and the reply consumer is positioned",
+            "1 when the reply consumer is positioned (and the webhook registry caught up)",
             registry=registry,
         )
         # Quotas per workspace (worker/api/quotas.py); every label value exported from start.

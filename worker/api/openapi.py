@@ -140,7 +140,11 @@ _AUTH_FAILURES: Final = (
     Failure("invalid_request", "Malformed `account_id`."),
     *_KEY_CHECK,
     _NOT_FOUND,
-    Failure("get_auth_state_failed", "The state is not available yet (the front-end is starting)."),
+    Failure(
+        "get_auth_state_failed",
+        "No worker answered within `API_REPLY_TIMEOUT_S` (or the front-end is starting);"
+        " nothing was changed: retry shortly.",
+    ),
 )
 _PREFLIGHT_FAILURES: Final = (
     Failure("cors_forbidden"),
@@ -759,9 +763,9 @@ def openapi_document(
                         "operationId": "getAuthState",
                         "summary": "Authentication state of an account (the polling route)",
                         "description": (
-                            "Poll until `status` is `authorized` or `failed`. Eventually"
-                            " consistent: right after a confirmation the previous status can show"
-                            " for a few milliseconds."
+                            "Poll until `status` is `authorized` or `failed`. Answered by the"
+                            " worker that owns the account: a poll sent after a confirmation's"
+                            " 200 shows that confirmation's outcome or a newer one."
                         ),
                         "tags": ["auth"],
                         "security": [{"ApiKey": []}],
@@ -783,7 +787,7 @@ def openapi_document(
                 ),
                 "/readyz": _probe(
                     "readyz",
-                    "Readiness: state view caught up and reply consumer positioned",
+                    "Readiness: reply consumer positioned and webhook registry caught up",
                     ApiReadiness,
                     "Ready.",
                     "Not ready.",

@@ -39,10 +39,9 @@ from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.ratelimit import RateLimited, RateLimiter
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
-from worker.api.view import AccountView, AuthStateView
 from worker.catalogue import ServiceError
 from worker.logs import get_logger
-from worker.messages import AuthData, PasskeyConfirm
+from worker.messages import AuthData, GetAuthState, PasskeyConfirm
 from worker.outage import BrokerHealth, send_retrying
 from worker.route import REPLY_PARTITION
 from worker.tail import TopicTail
@@ -152,11 +151,22 @@ def _not_ready_message(what: str) -> str:
     return f"The service is starting or degraded ({what} not ready); nothing was changed."
 
 
+class _RoundTripFailed(Exception):
+    """The command could not be queued in time (``queued`` false) or its reply could not be
+    used; each route answers with its own catalogued error."""
+
+    def __init__(self, *, queued: bool) -> None:
+        super().__init__("queued" if queued else "not queued")
+        self.queued = queued
+
+
 class ApiRoutes:
     """The handlers of both routes and the front-end's probe checks, over started clients.
 
-    ``producer`` is a started ``AIOKafkaProducer``; ``replies`` and ``view`` are started by
-    the caller too.
+    ``producer`` is a started ``AIOKafkaProducer``; ``replies`` is started by the caller too.
+    Both routes are a round trip to the worker that owns the account's partition: the POST's
+    ``passkey_confirm``, the GET's ``get_auth_state`` query (docs/architecture.md, "The
+    front-end"); this process holds no account state.
     """
 
     def __init__(
@@ -164,7 +174,6 @@ class ApiRoutes:
         *,
         producer: Any,
         replies: ReplyRouter,
-        view: AuthStateView,
         keys: KeyStore,
         metrics: ApiMetrics,
         commands_topic: str,
@@ -177,7 +186,6 @@ class ApiRoutes:
         self.limiter = limiter
         self.broker = broker or BrokerHealth()
         self.replies = replies
-        self.view = view
         self.keys = keys
         self.metrics = metrics
         self.commands_topic = commands_topic
@@ -200,12 +208,13 @@ class ApiRoutes:
     # -- probes ------------------------------------------------------------------------------
 
     def health(self) -> tuple[bool, ApiHealth]:
-        tails = [self.replies, self.view, *(self.webhook_tails or ())]
+        tails = [self.replies, *(self.webhook_tails or ())]
         ok = all(tail.running for tail in tails)
         return ok, ApiHealth(status="ok" if ok else "failed")
 
     def readiness(self) -> tuple[bool, ApiReadiness]:
-        state_view = self.view.caught_up and self.view.running
+        """Ready once the reply consumer is positioned (and the webhook registry caught up):
+        nothing here reads auth.state, so the time to ready does not grow with accounts."""
         replies = self.replies.ready
         webhooks = (
             None
@@ -213,10 +222,8 @@ class ApiRoutes:
             else all(t.caught_up and t.running for t in self.webhook_tails)
         )
         kafka = self.broker.reachable
-        ok = state_view and replies and webhooks is not False and kafka
-        return ok, ApiReadiness(
-            ready=ok, state_view=state_view, replies=replies, webhooks=webhooks, kafka=kafka
-        )
+        ok = replies and webhooks is not False and kafka
+        return ok, ApiReadiness(ready=ok, replies=replies, webhooks=webhooks, kafka=kafka)
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -266,7 +273,15 @@ class ApiRoutes:
             f"Check GET /v1/accounts/{account_id}/auth before retrying: the confirmation may"
             " still be applied."
         )
-        reply = await self._round_trip(command, deadline, check_hint)
+        try:
+            reply = await self._round_trip(command, deadline)
+        except _RoundTripFailed as exc:
+            detail = (
+                "The confirmation outcome is unknown."
+                if exc.queued
+                else "The confirmation could not be queued in time."
+            )
+            raise ServiceError.of("run_auth_action_failed", f"{detail} {check_hint}") from None
         if reply is None:
             self.metrics.reply_timeouts.inc()
             log.warning(
@@ -283,7 +298,6 @@ class ApiRoutes:
         if not 200 <= reply.http_status <= 599:
             log.error("api_reply_bad_status", request_id=request_id, status=reply.http_status)
             raise ServiceError.of("run_auth_action_failed", check_hint)
-        self._remember(workspace_id, reply)
         # The worker's reply, unchanged: it already is the contract's envelope.
         return Response(
             _JSON.encode(reply.body).encode(),
@@ -292,14 +306,16 @@ class ApiRoutes:
         )
 
     async def _round_trip(
-        self, command: PasskeyConfirm, deadline: float, check_hint: str
+        self, command: PasskeyConfirm | GetAuthState, deadline: float
     ) -> CorrelatedReply | None:
         """Produce ``command`` and wait for its reply until ``deadline``; ``None`` on time-out.
         The waiter is registered before the command is produced, so the reply can not be
         missed. The command carries the trace context of its PRODUCER span (``traceparent``,
         ``tracestate`` headers); the wait is a span of its own. While Kafka is unreachable the
         produce is retried until the deadline; the caller is then told to poll before retrying,
-        since a command handed to the producer may still reach the broker once it is back."""
+        since a command handed to the producer may still reach the broker once it is back.
+        Raises ``_RoundTripFailed`` when the command was not queued in time or its reply was
+        unusable."""
         recording = tracing.recording()
         try:
             with self.replies.expect(command.command_id, command.request_id) as pending:
@@ -338,10 +354,7 @@ class ApiRoutes:
                             command_id=command.command_id,
                             error=repr(exc),
                         )
-                        raise ServiceError.of(
-                            "run_auth_action_failed",
-                            f"The confirmation could not be queued in time. {check_hint}",
-                        ) from None
+                        raise _RoundTripFailed(queued=False) from None
                     with tracing.span(
                         self._receive_span,
                         kind=SpanKind.CONSUMER,
@@ -359,25 +372,7 @@ class ApiRoutes:
                         return reply
         except ReplyError as exc:
             log.error("api_reply_failed", request_id=command.request_id, error=str(exc))
-            raise ServiceError.of(
-                "run_auth_action_failed", f"The confirmation outcome is unknown. {check_hint}"
-            ) from None
-
-    def _remember(self, workspace_id: str, correlated: CorrelatedReply) -> None:
-        """Read-your-writes: a later GET here shows this outcome or a newer one."""
-        reply = correlated.reply
-        data = reply.body.data
-        if reply.version is None or data is None:
-            return
-        self.view.remember(
-            reply.account_id,
-            AccountView(
-                workspace_id=workspace_id,
-                status=data.status,
-                auth_status=data.auth_status,
-                version=reply.version,
-            ),
-        )
+            raise _RoundTripFailed(queued=True) from None
 
     # -- GET /v1/accounts/{account_id}/auth --------------------------------------------------
 
@@ -386,18 +381,43 @@ class ApiRoutes:
         request_id = request_id_of(request)
         workspace_id = self.authenticate(request)
         check_account_id(account_id)
-        view = self.view
-        if not view.caught_up and not await view.wait_caught_up(self.reply_timeout_s):
+        deadline = time.monotonic() + self.reply_timeout_s
+        replies = self.replies
+        if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
             raise ServiceError.of(
                 "get_auth_state_failed",
-                "The authentication state is not available yet; retry shortly.",
+                "The authentication state is not available yet (reply consumer not ready);"
+                " retry shortly.",
             )
-        if not view.running:
+        query = GetAuthState(
+            command_id=new_command_id(),
+            request_id=request_id,
+            workspace_id=workspace_id,
+            account_id=account_id,
+        )
+        unavailable = "The authentication state is not available; retry shortly."
+        try:
+            reply = await self._round_trip(query, deadline)
+        except _RoundTripFailed:
+            raise ServiceError.of("get_auth_state_failed", unavailable) from None
+        if reply is None:
+            log.warning(
+                "api_query_timeout",
+                request_id=request_id,
+                command_id=query.command_id,
+                account_id=account_id,
+                timeout_s=self.reply_timeout_s,
+            )
             raise ServiceError.of(
-                "get_auth_state_failed", "The authentication state is not available."
+                "get_auth_state_failed",
+                f"No answer within {self.reply_timeout_s:g} s. {unavailable}",
             )
-        entry = view.lookup(account_id, workspace_id)
-        if entry is None:
+        answer = reply.reply.body
+        if reply.http_status == 404:
             raise ServiceError.of("not_found", "The account does not exist in this workspace.")
-        data = AuthData(account_id=account_id, status=entry.status, auth_status=entry.auth_status)
+        if reply.http_status != 200 or answer.data is None or answer.data.account_id != account_id:
+            log.error("api_query_bad_reply", request_id=request_id, status=reply.http_status)
+            raise ServiceError.of("get_auth_state_failed", unavailable)
+        found = answer.data
+        data = AuthData(account_id=account_id, status=found.status, auth_status=found.auth_status)
         return json_response(AuthResponse(request_id=request_id, data=data))

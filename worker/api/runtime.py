@@ -26,7 +26,6 @@ from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.protocol import ConnectionLimits, limited_protocol
 from worker.api.replies import ReplyRouter
-from worker.api.view import AuthStateView
 from worker.api.webhook_routes import WebhookClients
 from worker.eventloop import running_loop_name
 from worker.logs import get_logger
@@ -48,7 +47,6 @@ class ApiRuntime:
     app: Starlette
     producer: Any
     replies: ReplyRouter
-    view: AuthStateView
     keys: KeyStore
     registry: CollectorRegistry
     webhooks: WebhookClients | None = None
@@ -62,7 +60,7 @@ class ApiRuntime:
     def tails(self) -> tuple[TopicTail, ...]:
         """Every Kafka reader whose end stops the process."""
         extra = () if self.webhooks is None else self.webhooks.tails
-        return (self.replies, self.view, *extra)
+        return (self.replies, *extra)
 
     @property
     def url(self) -> str:

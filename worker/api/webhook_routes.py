@@ -6,8 +6,9 @@ included), the endpoints registry caught up (500), the endpoint in the key's wor
 the same answer for "missing" and "another workspace's"), the workspace's quotas
 (``worker.api.quotas``: endpoints per workspace, replays in flight), the work.
 
-Reads come from the replica's registry (``EndpointsTail``) and delivery log
-(``DeliveryLogView``); writes go through ``EndpointStore``, which produces the new record,
+Reads come from the replica's registry (``EndpointsTail``) and, for the deliveries, a bounded
+scan of the endpoint's partition of the delivery log on demand (``DeliveryLogScan``); writes
+go through ``EndpointStore``, which produces the new record,
 waits for the ack and applies it to the same registry, so this replica reads its own writes at
 once. Writes to one endpoint are serialised per replica (a lock per id), so two concurrent
 PATCHes here cannot both build on the same revision; across replicas the last write wins.
@@ -62,7 +63,7 @@ from worker.catalogue import ServiceError
 from worker.logs import get_logger
 from worker.tail import TopicTail
 from worker.webhooks.endpoints import EndpointRecord, EndpointsTail, new_endpoint_id
-from worker.webhooks.log_view import DeliveryLogView
+from worker.webhooks.log_scan import DeliveryLogScan, DeliveryScanFailed
 from worker.webhooks.store import EndpointStore
 from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
 
@@ -106,12 +107,12 @@ class WebhookClients:
 
     endpoints: EndpointsTail
     store: EndpointStore
-    deliveries: DeliveryLogView
+    deliveries: DeliveryLogScan
     replays: ReplayRunner
 
     @property
     def tails(self) -> tuple[TopicTail, ...]:
-        return (self.endpoints, self.deliveries)
+        return (self.endpoints,)
 
 
 class WebhookRoutes:
@@ -372,7 +373,6 @@ class WebhookRoutes:
         async with self._exclusive(endpoint_id):
             current = self._find(clients, workspace_id, endpoint_id)
             await _confirmed(clients.store.delete(current))
-        clients.deliveries.forget(endpoint_id)
         log.info("webhook_endpoint_deleted", endpoint_id=endpoint_id, workspace_id=workspace_id)
         return Response(status_code=204)
 
@@ -405,8 +405,12 @@ class WebhookRoutes:
         failure = "get_webhook_endpoint_failed"
         clients, workspace_id, endpoint_id = await self._current(request, failure)
         record = self._find(clients, workspace_id, endpoint_id)
-        await self._ready(failure, clients.deliveries)
-        entries = clients.deliveries.of_endpoint(record.id)
+        try:
+            entries = await clients.deliveries.recent(record.id)
+        except DeliveryScanFailed:
+            raise ServiceError.of(
+                failure, "The deliveries are not available right now; retry shortly."
+            ) from None
         return json_response(
             DeliveryListResponse(
                 request_id=request_id_of(request), data=[DeliveryData.of(e) for e in entries]

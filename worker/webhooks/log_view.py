@@ -1,7 +1,7 @@
-"""The front-end's read model of the delivery log, behind ``GET .../deliveries``.
-
-Every replica tails the log (group-less, every partition) and keeps, per endpoint, the latest
-entry of its most recent deliveries, at most ``per_endpoint`` of them; older ones fall out.
+"""The read model of the delivery log, behind ``GET .../deliveries``: decodes log records and
+keeps, per endpoint, the latest entry of its most recent deliveries, at most ``per_endpoint``
+of them; older ones fall out. Filled on demand by a bounded scan of the endpoint's partition
+(``worker.webhooks.log_scan``), not by a permanent tail.
 """
 
 from __future__ import annotations
@@ -13,21 +13,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from worker.logs import get_logger
-from worker.tail import TopicTail
 from worker.webhooks.publish import DeliveryLogEntry
 
 log = get_logger(__name__)
 
 
-class DeliveryLogView(TopicTail):
+class DeliveryLogView:
     """Recent deliveries by endpoint, newest last."""
 
-    def __init__(
-        self, consumer: Any, topic: str, *, per_endpoint: int = 100, idle_timeout_ms: int = 200
-    ) -> None:
-        super().__init__(
-            consumer, topic, name="webhook-delivery-log", idle_timeout_ms=idle_timeout_ms
-        )
+    def __init__(self, *, per_endpoint: int = 100) -> None:
         self._per_endpoint = per_endpoint
         self._recent: dict[str, OrderedDict[str, DeliveryLogEntry]] = {}
         self.undecodable = 0

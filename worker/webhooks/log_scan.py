@@ -1,0 +1,148 @@
+"""``GET .../deliveries`` reads the delivery log on demand: a bounded scan of one partition.
+
+The log is keyed by endpoint id, so an endpoint's deliveries all sit in one partition (the
+key's home, ``worker.route.home_partition``). A scan seeks that partition to ``end - window``
+(or its beginning, when it holds less: a seek below the log start resets to the earliest
+offset), reads to the end it had when the scan started, and feeds the endpoint's records
+through ``DeliveryLogView`` (its decoding and "latest entry per delivery" rule). So a
+front-end replica holds no delivery log between requests, reads nothing while no one asks,
+and a request costs at most ``window`` records plus one batch, whatever the log's size.
+
+The trade-off (docs/architecture.md, "The front-end"): an endpoint whose deliveries are older
+than the last ``window`` records of a busy partition shows fewer than it had, or none.
+
+Where the end is. The start uses ``end_offsets()``, which the embedded broker answers short
+(its last batch's first offset + 1, ``worker.replay``): the scan then starts a little earlier,
+never later. The stop uses the high-water mark of the first fetch response, which is right on
+both brokers. One scan runs at a time per process (one consumer, reassigned per scan); each
+request waits at most ``timeout_s`` for its turn and its scan together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from worker.fetch import getmany as fetch_records
+from worker.fetch import skipping
+from worker.logs import get_logger
+from worker.route import home_partition
+from worker.webhooks.log_view import DeliveryLogView
+from worker.webhooks.publish import DeliveryLogEntry
+
+log = get_logger(__name__)
+
+SHOWN_MAX = 100
+"""Deliveries one answer shows at most (docs/api.md)."""
+
+
+class DeliveryScanFailed(Exception):
+    """The scan did not finish in time or the broker failed it; the route answers 500."""
+
+
+class DeliveryLogScan:
+    """Reads one endpoint's recent deliveries from ``topic`` on demand.
+
+    ``consumer_factory`` builds an unstarted, group-less consumer; ``start`` builds and starts
+    it, ``stop`` closes it. ``window`` is how many of the partition's last records a scan
+    reads at most (plus one fetched batch).
+    """
+
+    def __init__(
+        self,
+        consumer_factory: Callable[[], Any],
+        topic: str,
+        *,
+        window: int,
+        timeout_s: float,
+        idle_timeout_ms: int = 200,
+        max_records: int = 2000,
+    ) -> None:
+        self._factory = consumer_factory
+        self.topic = topic
+        self.window = window
+        self.timeout_s = timeout_s
+        self._idle_timeout_ms = idle_timeout_ms
+        self._max_records = max_records
+        self._consumer: Any = None
+        self._turn = asyncio.Lock()
+        self._skip = skipping("delivery-log-scan", log)
+        self.scans = 0
+        self.records_read = 0
+
+    async def start(self) -> None:
+        consumer = self._factory()
+        await consumer.start()
+        self._consumer = consumer
+
+    async def stop(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    async def recent(self, endpoint_id: str) -> list[DeliveryLogEntry]:
+        """The endpoint's most recent deliveries (at most ``SHOWN_MAX``), most recently
+        changed first; raises ``DeliveryScanFailed``."""
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._turn:
+                    return await self._scan(endpoint_id, deadline)
+        except TimeoutError:
+            log.warning("delivery_scan_timeout", endpoint_id=endpoint_id, timeout_s=self.timeout_s)
+            raise DeliveryScanFailed("the scan did not finish in time") from None
+        except DeliveryScanFailed:
+            raise
+        except Exception as exc:  # a broker error: the request fails, the process goes on
+            log.error("delivery_scan_failed", endpoint_id=endpoint_id, error=repr(exc)[:300])
+            raise DeliveryScanFailed(repr(exc)) from None
+
+    async def _partition(self, key: bytes, deadline: float) -> TopicPartition:
+        consumer = self._consumer
+        if consumer is None:
+            raise DeliveryScanFailed("not started")
+        parts = consumer.partitions_for_topic(self.topic)
+        while not parts:
+            if time.monotonic() > deadline:
+                raise DeliveryScanFailed(f"topic {self.topic!r} has no partitions")
+            # No subscription, so no metadata yet: ask for it (as ``worker.tail.assign_all``).
+            await consumer._client.force_metadata_update()
+            parts = consumer.partitions_for_topic(self.topic)
+            if not parts:
+                await asyncio.sleep(0.05)
+        return TopicPartition(self.topic, home_partition(key, len(parts)))
+
+    async def _scan(self, endpoint_id: str, deadline: float) -> list[DeliveryLogEntry]:
+        consumer = self._consumer
+        key = endpoint_id.encode()
+        tp = await self._partition(key, deadline)
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        consumer.seek(tp, max(0, end - self.window))
+        view = DeliveryLogView(per_endpoint=SHOWN_MAX)
+        target: int | None = None
+        read = 0
+        while True:
+            batch = await fetch_records(
+                consumer,
+                timeout_ms=self._idle_timeout_ms,
+                max_records=self._max_records,
+                on_unreadable=self._skip,
+                owned=[tp],
+            )
+            records = batch.get(tp, ())
+            read += len(records)
+            view.handle(r for r in records if r.key == key)
+            if target is None:
+                target = consumer.highwater(tp)  # the end as of the first response
+            if target is not None and await consumer.position(tp) >= target:
+                break
+            if read > self.window + self._max_records:
+                break  # a short end estimate on a busy partition: enough has been read
+        self.scans += 1
+        self.records_read += read
+        return view.of_endpoint(endpoint_id, limit=SHOWN_MAX)
