@@ -228,10 +228,11 @@ def consume_loop(
     state_topic: str,
     max_in_flight: int,
     timer_interval_s: float | None = None,
+    hold_overdue_s: float | None = None,
 ) -> Worker:
     """The consume loop over ``topics`` with ``state_topic`` as its changelog, its commit,
     drain and rebalance budgets from the settings; ``timer_interval_s`` overrides the loop's
-    timer sweep interval."""
+    timer sweep interval, ``hold_overdue_s`` the age of an overdue hold."""
     config = LoopConfig(
         topics=topics,
         state_topic=state_topic,
@@ -245,6 +246,8 @@ def consume_loop(
     )
     if timer_interval_s is not None:
         config = dataclasses.replace(config, timer_interval_s=timer_interval_s)
+    if hold_overdue_s is not None:
+        config = dataclasses.replace(config, hold_overdue_s=hold_overdue_s)
     return Worker(
         consumer=consumer,
         restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),

@@ -489,6 +489,16 @@ class Settings(BaseSettings):
         description="Connections to one host (host, port, TLS) at most, so a hanging host "
         "cannot take the pool.",
     )
+    # --- webhook delivery state (dispatcher): what a take-in writes -----------------------
+    webhook_take_in_hold_s: float = Field(
+        default=2.0,
+        ge=0,
+        le=60.0,
+        description="New deliveries are kept in memory while the event's offset stays "
+        "uncommitted; a pair is written only when a delivery of it is not attempted at once, "
+        "or when an event was held this long (a hanging endpoint). 0: write every pair at "
+        "take-in (the old way).",
+    )
 
     # --- process -------------------------------------------------------------------------
     event_loop: Literal["uvloop", "asyncio"] = Field(

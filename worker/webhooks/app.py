@@ -162,6 +162,7 @@ async def run_dispatcher(
             ),
             gate=gate_config(settings),
             attempt_hold_s=settings.webhook_timeout_s + 5.0,
+            hold_s=settings.webhook_take_in_hold_s,
         ),
         metrics=metrics,
     )
@@ -184,6 +185,7 @@ async def run_dispatcher(
         # A pair waiting for room at its endpoint is woken through a timer: the sweep's
         # interval is the most such a wake waits.
         timer_interval_s=settings.webhook_timer_interval_s,
+        hold_overdue_s=settings.webhook_take_in_hold_s or None,
     )
     await tail.start()
     # Without a current registry, events would be fanned out to a stale set of endpoints:
