@@ -11,9 +11,10 @@ event's own workspace (the workspace the event names, never one remembered from 
 event of the account), each kept in its (endpoint, account) pair's state in memory while the
 consume loop holds the event's offset (``worker.webhooks.holds``): until each delivery is
 settled or written in its pair's record, the uncommitted event is its durable copy. A pair is
-written whenever a delivery of it is not attempted right away (a retry, a deferral by the
-gate, a queue behind a head that waits, a hold gone overdue); a delivery that succeeds at once
-costs no state record. Without a hold (``hold_s`` 0, or outside the loop) each pair is written
+written whenever a delivery of it is not attempted soon (a retry, a pause of its endpoint by
+the gate, a queue behind a head that waits for either, a hold gone overdue: a wait for a slot
+at a busy endpoint is written only then); a delivery that succeeds without such a wait costs
+no state record. Without a hold (``hold_s`` 0, or outside the loop) each pair is written
 at take-in, as before ("durably scheduled"). A pair's queue is
 bounded (``delivery.QueueLimits``): a delivery that does not fit fails into the webhook DLQ.
 Attempting: the endpoint's gate (``worker.webhooks.gate``) must have room for it, otherwise
@@ -150,7 +151,7 @@ class Dispatcher:
         self._rng = rng or random.Random()
         self._last_success: dict[str, float] = {}
         self._parked: set[str] = set()
-        """Pairs the gate deferred (until their next follow-up)."""
+        """Pairs the gate paused (back-off, rate), until their next follow-up."""
         self._background: set[asyncio.Task[None]] = set()
         self.gate = EndpointGate(config.gate, wake=store.wake, metrics=metrics, rng=self._rng)
 
@@ -284,7 +285,7 @@ class Dispatcher:
             else:
                 for state, delivery in taken:
                     self.store.unsaved.keep(partition, state.key, marker(delivery), held)
-                # A delivery behind a head that waits (for its retry, or for room at its
+                # A delivery behind a head that waits (for its retry, or out a pause of its
                 # endpoint) is not attempted soon: its pair is written now.
                 late = [
                     state.key
@@ -451,8 +452,13 @@ class Dispatcher:
                 )
                 if not admission.admitted:
                     self.store.defer(partition, key, admission.until)
-                    self._parked.add(key)
-                    await self._save_unsaved(partition, key)
+                    if admission.reason != "capacity":
+                        # A pause (back-off, Retry-After, rate limit): written now. A wait
+                        # for a slot ends when an attempt ends, at a busy endpoint within
+                        # milliseconds; one that lasts (a hanging endpoint) is written when
+                        # its events' holds are overdue.
+                        self._parked.add(key)
+                        await self._save_unsaved(partition, key)
                     return
             else:
                 self.gate.forget(endpoint_id, key, now)
