@@ -149,6 +149,7 @@ async def run_dispatcher(
             dlq_topic=topics.webhook_dlq,
             health=health,
             on_state=metrics.state_record_bytes.observe,
+            log_flush_s=settings.webhook_log_flush_s,
         ),
         config=DispatchConfig(
             status_topic=topics.status,

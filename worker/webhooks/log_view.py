@@ -1,7 +1,8 @@
 """The front-end's read model of the delivery log, behind ``GET .../deliveries``.
 
 Every replica tails the log (group-less, every partition) and keeps, per endpoint, the latest
-entry of its most recent deliveries, at most ``per_endpoint`` of them; older ones fall out.
+entry of its most recent deliveries, at most ``per_endpoint`` of them; older ones fall out. A
+record holds one entry or a batch of one endpoint's entries (``publish.decode_log``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 
 from worker.logs import get_logger
 from worker.tail import TopicTail
-from worker.webhooks.publish import DeliveryLogEntry
+from worker.webhooks.publish import DeliveryLogEntry, decode_log
 
 log = get_logger(__name__)
 
@@ -35,12 +36,13 @@ class DeliveryLogView(TopicTail):
     def handle(self, records: Iterable[Any]) -> None:
         for msg in records:
             try:
-                entry = DeliveryLogEntry.model_validate_json(msg.value or b"")
+                entries = decode_log(msg.value or b"")
             except ValidationError:
                 self.undecodable += 1
                 log.error("delivery_log_undecodable", partition=msg.partition, offset=msg.offset)
                 continue
-            self.add(entry)
+            for entry in entries:
+                self.add(entry)
 
     def add(self, entry: DeliveryLogEntry) -> None:
         recent = self._recent.setdefault(entry.endpoint_id, OrderedDict())
