@@ -111,8 +111,15 @@ class _LogBatch:
     def __init__(self, loop: asyncio.AbstractEventLoop, headers: list[tuple[str, bytes]]) -> None:
         self.entries: list[DeliveryLogEntry] = []
         self.done: asyncio.Future[None] = loop.create_future()
+        # Retrieved here too: writers that were cancelled no longer look at a failure.
+        self.done.add_done_callback(_retrieve)
         self.headers = headers
         self.closed = False
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class Replay(BaseModel):
