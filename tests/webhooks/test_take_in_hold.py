@@ -102,15 +102,16 @@ async def test_first_time_successes_write_no_state_and_a_failed_attempt_writes_i
 async def test_a_hanging_endpoint_has_its_pairs_written_once_the_hold_is_overdue(
     make_settings: SettingsFactory,
 ) -> None:
-    """A delivery stuck in an attempt does not pin its event's offset for the attempt's
-    time-out: after ``WEBHOOK_TAKE_IN_HOLD_S`` its pair is written (the pending delivery is
-    then in the changelog, and the offset may be committed)."""
+    """A delivery stuck in an attempt does not pin its event's offset (and so every later
+    offset of its partition, other workspaces' included) for the attempt's time-out: after
+    ``WEBHOOK_TAKE_IN_HOLD_S`` its pair is written (the pending delivery is then in the
+    changelog) and the offset is committed."""
     settings = dispatcher_settings(make_settings, webhook_timeout_s=5.0, webhook_take_in_hold_s=0.5)
     server = Hanging()
     account = new_account()
     async with hanging(server), endpoint_store(settings) as store:
         endpoint, _ = await create_endpoint(store, "ws_a", server.url)
-        async with running_dispatcher(settings):
+        async with running_dispatcher(settings) as running:
             await publish_events(settings, [status_event(account, 1)])
             key = state_key(endpoint.id, account).encode()
 
@@ -124,6 +125,14 @@ async def test_a_hanging_endpoint_has_its_pairs_written_once_the_hold_is_overdue
                 await asyncio.sleep(0.2)
                 found = await written()
             assert found, "the held delivery's pair was written while its attempt hangs"
+            # ... and its offset is committed, though the attempt still hangs
+            status = [
+                t
+                for tp, t in running.worker.trackers.items()
+                if tp.topic == settings.topics.status and t.next_offset is not None
+            ]
+            await wait_until(lambda: all(t.committed == t.next_offset for t in status), timeout=10)
+            assert status and server.open >= 1, "committed while the attempt is under way"
     state = DeliveryState.model_validate_json(found[-1])
     assert [p.version for p in state.queue] == [1]
 
