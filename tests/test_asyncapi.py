@@ -131,6 +131,7 @@ def test_keys_carry_the_id_rule(doc: dict[str, Any]) -> None:
         "webhook_endpoint",
         "webhook_endpoint_deleted",
         "webhook_delivery",
+        "webhook_delivery_batch",
     }
     assert keys["dead_lettered_command"] == "DeadLetterKey"
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import SettingsFactory
-from worker.consumer import LoopConfig, OffsetTracker, Worker
+from worker.consumer import Hold, LoopConfig, OffsetTracker, Worker, hold_record
 from worker.faults import Fault
 from worker.kafka import build_consumer, ensure_topics
 from worker.metrics import WorkerMetrics
@@ -51,6 +51,63 @@ def test_watermark_is_always_the_first_unfinished(finish_order: list[int]) -> No
         unfinished = [x for x in offsets if x not in done]
         expected = unfinished[0] if unfinished else offsets[-1] + 1
         assert t.watermark() == expected
+
+
+def test_a_held_offset_stops_the_watermark_until_every_hold_is_released() -> None:
+    t = OffsetTracker()
+    for offset in (10, 11, 12):
+        t.dispatched(offset)
+    t.hold(11)
+    t.hold(11)
+    for offset in (10, 11, 12):
+        t.finished(offset)
+    assert t.watermark() == 11, "finished but held: not committed"
+    t.release(11)
+    assert t.watermark() == 11, "one hold left"
+    t.release(11)
+    assert t.watermark() == 13
+    assert t.held == 0
+
+
+def test_a_hold_released_before_its_record_finishes_does_not_finish_it() -> None:
+    t = OffsetTracker()
+    t.dispatched(5)
+    t.hold(5)
+    t.release(5)
+    assert t.watermark() == 5, "still running"
+    t.finished(5)
+    assert t.watermark() == 6
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=40), unique=True, min_size=1, max_size=40),
+    st.data(),
+)
+def test_the_watermark_never_passes_a_held_or_unfinished_offset(
+    finish_order: list[int], data: st.DataObject
+) -> None:
+    offsets = sorted(finish_order)
+    held = set(data.draw(st.lists(st.sampled_from(offsets), unique=True)))
+    t = OffsetTracker()
+    for o in offsets:
+        t.dispatched(o)
+    for o in held:
+        t.hold(o)
+    done: set[int] = set()
+    events = [("finish", o) for o in finish_order] + [("release", o) for o in held]
+    for kind, o in data.draw(st.permutations(events)):
+        if kind == "finish":
+            t.finished(o)
+            done.add(o)
+        else:
+            t.release(o)
+            held.discard(o)
+        blocked = [x for x in offsets if x not in done or x in held]
+        assert t.watermark() == (blocked[0] if blocked else offsets[-1] + 1)
+
+
+def test_no_hold_outside_the_consume_loop() -> None:
+    assert hold_record() is None
 
 
 # --- lanes ---------------------------------------------------------------------------------
@@ -121,6 +178,53 @@ async def test_a_key_on_two_partitions_has_a_lane_on_each() -> None:
     await asyncio.gather(*(lane.task for lane in list(worker.lanes.values()) if lane.task))
     assert worker.lanes == {}
     assert worker.in_flight == 0
+
+
+class _Holding(_HoldPartitionOne):
+    """Takes a hold on every record it handles and keeps it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holds: list[Hold] = []
+        self.overdue: list[int] = []
+
+    async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
+        hold = hold_record(on_overdue=lambda: self.overdue.append(msg.offset))
+        assert hold is not None
+        self.holds.append(hold)
+        self.done.append((msg.partition, msg.offset))
+
+
+async def test_a_record_held_by_its_handler_is_not_committed_until_released() -> None:
+    handler = _Holding()
+    worker = Worker(
+        consumer=cast(Any, None),
+        restore_consumer=cast(Any, None),
+        executor=handler,
+        metrics=cast(Any, _Metrics()),
+        config=LoopConfig(topics=("t",), state_topic="s", hold_overdue_s=0.05),
+    )
+    worker.active = {0}
+    tp = TopicPartition("t", 0)
+    worker._dispatch(tp, _record(0, 3, b"a"))
+    worker._dispatch(tp, _record(0, 4, b"b"))
+    for _ in range(100):
+        if len(handler.done) == 2 and not worker.lanes:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.lanes == {}, "both handled"
+    assert worker.trackers[tp].watermark() == 3, "handled, but held"
+    handler.holds[0].release()
+    handler.holds[0].release()  # idempotent
+    assert worker.trackers[tp].watermark() == 4
+    worker._overdue_holds(1e18)
+    assert handler.overdue == [4], "only the live hold is overdue, once"
+    worker._overdue_holds(1e18)
+    assert handler.overdue == [4]
+    # revoked: the tracker goes, a late release is harmless and the offset was never passed
+    del worker.trackers[tp]
+    handler.holds[1].release()
+    assert not worker.holds
 
 
 # --- stopping during a rebalance ----------------------------------------------------------

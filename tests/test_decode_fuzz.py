@@ -26,7 +26,7 @@ from worker.messages import DecodeFailure, decode_command, decode_record, decode
 from worker.store import StateStore
 from worker.webhooks.endpoints import decode_endpoint
 from worker.webhooks.events import from_error, from_status
-from worker.webhooks.publish import DeliveryLogEntry, decode_replay
+from worker.webhooks.publish import DeliveryLogEntry, decode_log, decode_replay
 from worker.webhooks.state import DeliveryStore
 
 pytestmark = pytest.mark.fuzz
@@ -115,6 +115,7 @@ DECODERS: dict[str, Callable[[bytes], Any]] = {
     "delivery state": DeliveryStore.decode,
     "replay": decode_replay,
     "delivery log entry": DeliveryLogEntry.model_validate_json,
+    "delivery log record": decode_log,
 }
 
 

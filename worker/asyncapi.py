@@ -37,7 +37,7 @@ from worker.topics import COMPACTED, co_partitioned
 from worker.webhooks.delivery import DeliveryState
 from worker.webhooks.endpoints import EVENT_TYPES, EndpointRecord
 from worker.webhooks.events import _WIRE_ONLY as WEBHOOK_BODY_DROPS
-from worker.webhooks.publish import DeliveryLogEntry, Replay
+from worker.webhooks.publish import DeliveryLogBatch, DeliveryLogEntry, Replay
 from worker.webhooks.state import AccountDeliveries
 
 ASYNCAPI_VERSION: Final = "3.0.0"
@@ -202,6 +202,7 @@ WIRE_MODELS: Final[tuple[type[Any], ...]] = (
     DeliveryState,
     AccountDeliveries,
     DeliveryLogEntry,
+    DeliveryLogBatch,
     Replay,
 )
 
@@ -358,6 +359,7 @@ def _messages() -> list[_Message]:
             "AccountId",
         ),
         model(DeliveryLogEntry, "EndpointId"),
+        model(DeliveryLogBatch, "EndpointId"),
         model(Replay),
         _Message(
             "webhook_dead_letter",
@@ -430,8 +432,10 @@ def _channels() -> list[_Channel]:
         _Channel(
             "webhook_deliveries",
             "The delivery log: each state of each delivery (pending, delivered, failed), keyed "
-            "by endpoint id; read by `GET .../deliveries`.",
-            ("webhook_delivery",),
+            "by endpoint id; read by `GET .../deliveries`. One record holds one entry, or the "
+            "entries of one endpoint written within the dispatcher's flush window "
+            "(`WEBHOOK_LOG_FLUSH_S`); readers accept both.",
+            ("webhook_delivery", "webhook_delivery_batch"),
         ),
         _Channel(
             "webhook_replays",

@@ -15,6 +15,13 @@ loop owns order, concurrency, offsets, timers, restore and rebalances. Read top 
 * ``OffsetTracker`` keeps, per partition, the offsets dispatched in fetch order; the committed
   offset only advances over a contiguous run of finished records (the completion watermark),
   and a record is finished only when its outputs are acknowledged by the broker.
+* A handler may ``hold_record()`` while it handles a record: the offset then stays unfinished
+  for commits, even after ``handle`` returned, until the ``Hold`` is released. So work that
+  outlives the record (the dispatcher's deliveries) can be kept in memory instead of written,
+  the uncommitted record being its durable copy. A hold older than ``hold_overdue_s`` has its
+  ``on_overdue`` called once (the handler then makes the work durable and releases it), so
+  nothing pins a partition's commits for long; a revoked partition's holds are dropped with
+  its tracker (not committed: the next owner replays the record).
 * On assignment the partitions are paused, their state restored from the changelog topic
   (auth.state for the worker), then resumed;
   on revocation dispatch stops, running work gets ``rebalance_budget_s`` to finish, the
@@ -45,6 +52,7 @@ import gc
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -122,13 +130,14 @@ class LoopMetrics(Protocol):
 
 class OffsetTracker:
     """Dispatched offsets of one partition in fetch order; the watermark is the first one not
-    yet finished (or one past the last fetched when all are finished)."""
+    yet finished or still held (or one past the last fetched when all are through)."""
 
-    __slots__ = ("_done", "_order", "committed", "next_offset")
+    __slots__ = ("_done", "_held", "_order", "committed", "next_offset")
 
     def __init__(self) -> None:
         self._order: deque[int] = deque()
         self._done: set[int] = set()
+        self._held: dict[int, int] = {}
         self.next_offset: int | None = None
         self.committed: int | None = None
 
@@ -138,8 +147,24 @@ class OffsetTracker:
 
     def finished(self, offset: int) -> None:
         self._done.add(offset)
-        while self._order and self._order[0] in self._done:
-            self._done.discard(self._order.popleft())
+        self._advance()
+
+    def hold(self, offset: int) -> None:
+        """Keep ``offset`` unfinished for commits until as many ``release`` calls."""
+        self._held[offset] = self._held.get(offset, 0) + 1
+
+    def release(self, offset: int) -> None:
+        left = self._held.get(offset, 0) - 1
+        if left > 0:
+            self._held[offset] = left
+            return
+        self._held.pop(offset, None)
+        self._advance()
+
+    def _advance(self) -> None:
+        order, done, held = self._order, self._done, self._held
+        while order and order[0] in done and order[0] not in held:
+            done.discard(order.popleft())
 
     def watermark(self) -> int | None:
         if self._order:
@@ -149,6 +174,72 @@ class OffsetTracker:
     @property
     def pending(self) -> int:
         return len(self._order)
+
+    @property
+    def held(self) -> int:
+        """Offsets with at least one hold."""
+        return len(self._held)
+
+
+class Hold:
+    """One reason the offset of a handled record may not be committed yet (``hold_record``).
+    ``release`` is idempotent; releasing after the partition was revoked does nothing (the
+    tracker it held is gone, and the offset was not committed)."""
+
+    __slots__ = ("_tracker", "offset", "on_overdue", "released", "since", "tp")
+
+    def __init__(
+        self,
+        tracker: OffsetTracker,
+        tp: TopicPartition,
+        offset: int,
+        on_overdue: Callable[[], None] | None,
+    ) -> None:
+        self._tracker = tracker
+        self.tp = tp
+        self.offset = offset
+        self.on_overdue = on_overdue
+        self.since = time.monotonic()
+        self.released = False
+        tracker.hold(offset)
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._tracker.release(self.offset)
+
+    def holds(self, tracker: OffsetTracker | None) -> bool:
+        """Whether this hold still pins ``tracker`` (the partition's current one)."""
+        return not self.released and tracker is self._tracker
+
+
+@dataclass(frozen=True, slots=True)
+class _Handling:
+    """The record the current lane task is handling (``hold_record``'s context)."""
+
+    worker: Worker
+    tp: TopicPartition
+    tracker: OffsetTracker
+    offset: int
+
+
+_HANDLING: ContextVar[_Handling | None] = ContextVar("handling", default=None)
+
+
+def hold_record(on_overdue: Callable[[], None] | None = None) -> Hold | None:
+    """A hold on the offset of the record this task is handling in ``Handler.handle``, or
+    ``None`` outside the consume loop (the caller then makes its work durable at once).
+
+    Until every hold on it is released the offset counts as unfinished: it and everything
+    after it in its partition stay uncommitted, so a crash replays the record. ``on_overdue``
+    is called once (from the loop's commit tick, never inside a lane) when the hold is older
+    than ``LoopConfig.hold_overdue_s`` and still not released."""
+    handling = _HANDLING.get()
+    if handling is None:
+        return None
+    hold = Hold(handling.tracker, handling.tp, handling.offset, on_overdue)
+    handling.worker.holds.append(hold)
+    return hold
 
 
 @dataclass
@@ -208,6 +299,8 @@ class LoopConfig:
     final_commit_timeout_s: float = FINAL_COMMIT_TIMEOUT_S
     record_attempts: int = 3
     retry_backoff_s: tuple[float, float] = (0.2, 2.0)
+    hold_overdue_s: float = 2.0
+    """Age at which a record's unreleased hold gets its ``on_overdue`` call."""
 
     def backoff(self, attempt: int) -> float:
         """The pause after failed attempt ``attempt`` (1-based): doubling, capped."""
@@ -242,6 +335,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         self.config = config
         self.lanes: dict[tuple[int, str], Lane] = {}
         self.trackers: dict[TopicPartition, OffsetTracker] = {}
+        self.holds: deque[Hold] = deque()
         self.active: set[int] = set()
         self.in_flight = 0
         self.ready = False
@@ -261,7 +355,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
         self.consumer.subscribe(list(self.config.topics), listener=self)
         stop_requested = asyncio.ensure_future(self._stopping.wait())
         helpers = [
-            asyncio.create_task(self._every(self.config.commit_interval_s, self._commit)),
+            asyncio.create_task(self._every(self.config.commit_interval_s, self._commit_tick)),
             asyncio.create_task(self._every(self.config.timer_interval_s, self._sweep_timers)),
             stop_requested,
         ]
@@ -428,7 +522,7 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
                 if item is None:
                     await self.executor.follow_up(partition, key)
                     return None
-                return await self.executor.handle(item)
+                return await self._handle(item)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:
@@ -460,6 +554,18 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
                 else:
                     await self._give_up(partition, key, fault)
                 return None
+
+    async def _handle(self, item: ConsumerRecord[bytes, bytes]) -> Iterable[str] | None:
+        """``Handler.handle`` with the record in context, so that it may ``hold_record``."""
+        tp = TopicPartition(item.topic, item.partition)
+        tracker = self.trackers.get(tp)
+        if tracker is None:
+            return await self.executor.handle(item)
+        token = _HANDLING.set(_Handling(self, tp, tracker, item.offset))
+        try:
+            return await self.executor.handle(item)
+        finally:
+            _HANDLING.reset(token)
 
     async def _give_up(self, partition: int, key: str, fault: Fault) -> None:
         """Postpone a due key that keeps failing; a failure to postpone is only logged (the
@@ -505,6 +611,26 @@ class Worker(ConsumerRebalanceListener):  # type: ignore[misc]
                 self._enqueue(account_id, partition, None)
 
     # -- commit --------------------------------------------------------------------------------
+
+    async def _commit_tick(self) -> None:
+        """The periodic commit, after asking the owners of overdue holds to release them."""
+        self._overdue_holds(time.monotonic() - self.config.hold_overdue_s)
+        await self._commit()
+
+    def _overdue_holds(self, older_than: float) -> None:
+        """Call ``on_overdue`` of every live hold taken before ``older_than`` (holds are kept
+        in the order they were taken; released and revoked ones are just dropped)."""
+        holds = self.holds
+        while holds and holds[0].since <= older_than:
+            hold = holds.popleft()
+            if hold.on_overdue is None or not hold.holds(self.trackers.get(hold.tp)):
+                continue
+            try:
+                hold.on_overdue()
+            except Exception as exc:  # the hold stays: its offset is just not committed
+                log.error("hold_overdue_failed", offset=hold.offset, error=repr(exc)[:300])
+        while holds and holds[0].released:
+            holds.popleft()
 
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
         """Commit every owned partition's watermark that moved; update lag."""

@@ -230,11 +230,12 @@ def consume_loop(
     max_in_flight: int,
     timer_interval_s: float | None = None,
     unordered: Callable[[ConsumerRecord[bytes, bytes]], bool] | None = None,
+    hold_overdue_s: float | None = None,
 ) -> Worker:
     """The consume loop over ``topics`` with ``state_topic`` as its changelog, its commit,
     drain and rebalance budgets from the settings; ``timer_interval_s`` overrides the loop's
-    timer sweep interval; ``unordered`` picks the records run beside their key's lane
-    (``Worker``)."""
+    timer sweep interval, ``hold_overdue_s`` the age of an overdue hold; ``unordered`` picks
+    the records run beside their key's lane (``Worker``)."""
     config = LoopConfig(
         topics=topics,
         state_topic=state_topic,
@@ -248,6 +249,8 @@ def consume_loop(
     )
     if timer_interval_s is not None:
         config = dataclasses.replace(config, timer_interval_s=timer_interval_s)
+    if hold_overdue_s is not None:
+        config = dataclasses.replace(config, hold_overdue_s=hold_overdue_s)
     return Worker(
         consumer=consumer,
         restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),

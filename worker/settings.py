@@ -493,6 +493,24 @@ class Settings(BaseSettings):
         description="Connections to one host (host, port, TLS) at most, so a hanging host "
         "cannot take the pool.",
     )
+    # --- webhook delivery state (dispatcher): what a take-in writes, the log's batches ----
+    webhook_take_in_hold_s: float = Field(
+        default=2.0,
+        ge=0,
+        le=60.0,
+        description="New deliveries are kept in memory while the event's offset stays "
+        "uncommitted; a pair is written only when a delivery of it is not attempted at once, "
+        "or when an event was held this long (a hanging endpoint). 0: write every pair at "
+        "take-in (the old way).",
+    )
+    webhook_log_flush_s: float = Field(
+        default=0.01,
+        ge=0,
+        le=1.0,
+        description="Delivery-log entries of one endpoint written within this window go out "
+        "as one record (webhook.deliveries); each waits for it at most this long. 0: one "
+        "record per entry (the old way).",
+    )
 
     # --- front-end reads on demand (issue 24): the deliveries route's bounded scan --------
     webhook_deliveries_scan_records: int = Field(

@@ -149,6 +149,7 @@ async def run_dispatcher(
             dlq_topic=topics.webhook_dlq,
             health=health,
             on_state=metrics.state_record_bytes.observe,
+            log_flush_s=settings.webhook_log_flush_s,
         ),
         config=DispatchConfig(
             status_topic=topics.status,
@@ -162,6 +163,7 @@ async def run_dispatcher(
             ),
             gate=gate_config(settings),
             attempt_hold_s=settings.webhook_timeout_s + 5.0,
+            hold_s=settings.webhook_take_in_hold_s,
         ),
         metrics=metrics,
     )
@@ -184,6 +186,7 @@ async def run_dispatcher(
         # A pair waiting for room at its endpoint is woken through a timer: the sweep's
         # interval is the most such a wake waits.
         timer_interval_s=settings.webhook_timer_interval_s,
+        hold_overdue_s=settings.webhook_take_in_hold_s or None,
     )
     await tail.start()
     # Without a current registry, events would be fanned out to a stale set of endpoints:

@@ -8,8 +8,14 @@ a slow or failing endpoint only ever occupies its own lanes.
 
 Taking in: the event becomes one pending delivery per subscribed, active endpoint of the
 event's own workspace (the workspace the event names, never one remembered from an earlier
-event of the account), each written to its (endpoint, account) pair's delivery-state record
-and acknowledged before the offset may be committed ("durably scheduled"). A pair's queue is
+event of the account), each kept in its (endpoint, account) pair's state in memory while the
+consume loop holds the event's offset (``worker.webhooks.holds``): until each delivery is
+settled or written in its pair's record, the uncommitted event is its durable copy. A pair is
+written whenever a delivery of it is not attempted soon (a retry, a pause of its endpoint by
+the gate, a queue behind a head that waits for either, a hold gone overdue: a wait for a slot
+at a busy endpoint is written only then); a delivery that succeeds without such a wait costs
+no state record. Without a hold (``hold_s`` 0, or outside the loop) each pair is written
+at take-in, as before ("durably scheduled"). A pair's queue is
 bounded (``delivery.QueueLimits``): a delivery that does not fit fails into the webhook DLQ.
 Attempting: the endpoint's gate (``worker.webhooks.gate``) must have room for it, otherwise
 the pair is deferred without holding its lane; the head of the pair's queue is signed
@@ -34,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -44,6 +50,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from worker import tracing
+from worker.consumer import hold_record
 from worker.faults import Fault
 from worker.logs import get_logger
 from worker.webhooks.delivery import (
@@ -54,6 +61,7 @@ from worker.webhooks.delivery import (
     Settled,
     carry_over,
     fail_head,
+    marker,
     refused,
     remember,
     settle,
@@ -64,6 +72,7 @@ from worker.webhooks.delivery import (
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
 from worker.webhooks.events import WebhookEvent, from_error, from_status
 from worker.webhooks.gate import EndpointGate, GateConfig
+from worker.webhooks.holds import EventHold
 from worker.webhooks.metrics import WebhookMetrics
 from worker.webhooks.publish import (
     NOTE_ENDPOINT_DISABLED,
@@ -108,6 +117,9 @@ class DispatchConfig:
     gate: GateConfig = field(default_factory=GateConfig)
     attempt_hold_s: float = 30.0
     """Longer than one attempt can take (the sender's time-out and some)."""
+    hold_s: float = 0.0
+    """Take in without writing, holding the event's offset (``worker.webhooks.holds``); the
+    loop's ``hold_overdue_s`` is this. 0: write each pair at take-in."""
 
 
 class Dispatcher:
@@ -138,6 +150,9 @@ class Dispatcher:
         self._clock = clock
         self._rng = rng or random.Random()
         self._last_success: dict[str, float] = {}
+        self._parked: set[str] = set()
+        """Pairs the gate paused (back-off, rate), until their next follow-up."""
+        self._background: set[asyncio.Task[None]] = set()
         self.gate = EndpointGate(config.gate, wake=store.wake, metrics=metrics, rng=self._rng)
 
     # -- taking events in --------------------------------------------------------------------
@@ -262,7 +277,24 @@ class Dispatcher:
                 full.append((state, delivery))
         if taken:
             # Stored before the first await: the pairs' lanes settle onto these states.
-            await self._publisher.persist(partition, [s for s, _ in taken], store=self.store)
+            for state, _ in taken:
+                self.store.put(partition, state)
+            held = self._hold(partition) if self.config.hold_s > 0 else None
+            if held is None:
+                await self._write_now(partition, [s.key for s, _ in taken])
+            else:
+                for state, delivery in taken:
+                    self.store.unsaved.keep(partition, state.key, marker(delivery), held)
+                # A delivery behind a head that waits (for its retry, or out a pause of its
+                # endpoint) is not attempted soon: its pair is written now.
+                late = [
+                    state.key
+                    for state, delivery in taken
+                    if state.queue[0] is not delivery
+                    and (state.queue[0].next_attempt_at > now or state.key in self._parked)
+                ]
+                if late:
+                    await self._write_now(partition, late)
             self.metrics.taken_in.inc(len(taken))
         if full:
             await self._refuse(partition, full, now)
@@ -279,6 +311,74 @@ class Dispatcher:
         if waiting:
             await self._publisher.log_pending(waiting, now=now)
         return due
+
+    def _hold(self, partition: int) -> EventHold | None:
+        """A hold on the event being taken in, shared by its deliveries; ``None`` outside
+        the consume loop."""
+        event_hold: EventHold | None = None
+
+        def overdue() -> None:
+            if event_hold is not None and not event_hold.released:
+                self._spawn(self._write_overdue(event_hold))
+
+        hold = hold_record(on_overdue=overdue)
+        if hold is None:
+            return None
+        event_hold = EventHold(hold, partition)
+        return event_hold
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _write_overdue(self, event_hold: EventHold) -> None:
+        """An event held too long (its endpoint hangs, or its pair waits behind one): write
+        the pairs that still keep its deliveries in memory only, so its offset goes free."""
+        partition = event_hold.partition
+        keys = sorted(k for k in event_hold.keys if self.store.unsaved.has(partition, k))
+        if not keys:
+            return
+        try:
+            await self._write_now(partition, keys)
+        except Exception as exc:  # the hold stays (not committed); the pair's next write frees it
+            log.error("overdue_write_failed", pairs=len(keys), error=repr(exc)[:300])
+
+    async def _write(self, partition: int, keys: Sequence[str]) -> Awaitable[None]:
+        """``send_states`` that also makes the pairs' unsaved deliveries safe: what waits for
+        the acks then releases their share of their events' holds."""
+        taken = self.store.unsaved.take(partition, list(keys))
+        try:
+            written = await self._publisher.send_states(partition, keys, store=self.store)
+        except BaseException:
+            self.store.unsaved.put_back(partition, taken)
+            raise
+        if not taken:
+            return written
+        return self._released_when(written, partition, taken)
+
+    async def _released_when(
+        self,
+        written: Awaitable[None],
+        partition: int,
+        taken: list[tuple[str, str, EventHold]],
+    ) -> None:
+        try:
+            await written
+        except BaseException:
+            self.store.unsaved.put_back(partition, taken)
+            raise
+        for _, _, event_hold in taken:
+            event_hold.done()
+
+    async def _write_now(self, partition: int, keys: Sequence[str]) -> None:
+        await (await self._write(partition, keys))
+
+    async def _save_unsaved(self, partition: int, key: str) -> None:
+        """The pair's lane stops working on it (its head is not due, or its endpoint has no
+        room): what it keeps in memory only is written now."""
+        if self.store.unsaved.has(partition, key):
+            await self._write_now(partition, [key])
 
     def _pair(self, partition: int, endpoint: EndpointRecord, account_id: str) -> DeliveryState:
         """The pair's state, labelled with the endpoint's own workspace."""
@@ -312,11 +412,10 @@ class Dispatcher:
                 webhook_id=delivery.webhook_id,
                 pending=len(state.queue),
             )
-        remembered = []
         for state, delivery in full:
             current = self.store.pair(partition, state.key) or state
-            remembered.append(remember(current, delivery))
-        await self._publisher.persist(partition, remembered, store=self.store)
+            self.store.put(partition, remember(current, delivery))
+        await self._write_now(partition, [state.key for state, _ in full])
 
     # -- attempting deliveries ---------------------------------------------------------------
 
@@ -327,6 +426,7 @@ class Dispatcher:
             await self._migrate(partition, key)
             return
         endpoint_id, _, account_id = key.partition("/")
+        self._parked.discard(key)
         while True:
             state = self.store.pair(partition, key)
             head = None if state is None else state.head()
@@ -336,6 +436,7 @@ class Dispatcher:
                 return
             if head.next_attempt_at > now:
                 self.store.put(partition, state)  # re-arm at the head's own time
+                await self._save_unsaved(partition, key)
                 return
             endpoint = self.endpoints.get(state.workspace_id, endpoint_id)
             active = endpoint is not None and endpoint.status == "active"
@@ -351,6 +452,13 @@ class Dispatcher:
                 )
                 if not admission.admitted:
                     self.store.defer(partition, key, admission.until)
+                    if admission.reason != "capacity":
+                        # A pause (back-off, Retry-After, rate limit): written now. A wait
+                        # for a slot ends when an attempt ends, at a busy endpoint within
+                        # milliseconds; one that lasts (a hanging endpoint) is written when
+                        # its events' holds are overdue.
+                        self._parked.add(key)
+                        await self._save_unsaved(partition, key)
                     return
             else:
                 self.gate.forget(endpoint_id, key, now)
@@ -401,7 +509,7 @@ class Dispatcher:
             for endpoint_id in legacy.endpoints
             if self.store.pair(partition, key := state_key(endpoint_id, account_id)) is not None
         ]
-        await (await self._publisher.send_states(partition, keys, store=self.store))
+        await self._write_now(partition, keys)
         await self._publisher.tombstone(partition, account_id)
         self.store.forget_legacy(partition, account_id)
         self.metrics.state_migrated.inc()
@@ -452,8 +560,23 @@ class Dispatcher:
         # onto the state as it is now, stored with no await in between.
         current = self.store.pair(partition, key) or state
         merged = carry_over(current, settled)
+        unsaved = None
+        if finished is not None and merged.failing_since == current.failing_since:
+            # A delivery that was never written and is now settled: the changelog never had
+            # it, so there is nothing to drop there. Its log entry (and DLQ copy) being
+            # acknowledged makes it safe; then its event's hold is released.
+            unsaved = self.store.unsaved.settled(partition, key, marker(head))
         self.store.put(partition, merged)
-        written = await self._publisher.send_states(partition, [key], store=self.store)
+        if unsaved is not None and finished is not None:
+            if finished.state == "delivered":
+                self._last_success[merged.endpoint_id] = now
+                self.metrics.delivered(head.occurred_at, now)
+                await self._publisher.log_finished(merged, head, finished)
+            unsaved.done()
+            if endpoint is not None and endpoint.status == "active":
+                await self._maybe_disable(endpoint, settled, now)
+            return
+        written = await self._write(partition, [key])
         if finished is None:
             # A retry or a delivery: its log entry only informs ``GET .../deliveries``, so it
             # goes out beside the state instead of before it.

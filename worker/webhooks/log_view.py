@@ -1,6 +1,7 @@
-"""The read model of the delivery log, behind ``GET .../deliveries``: decodes log records and
-keeps, per endpoint, the latest entry of its most recent deliveries, at most ``per_endpoint``
-of them; older ones fall out. Filled on demand by a bounded scan of the endpoint's partition
+"""The read model of the delivery log, behind ``GET .../deliveries``: decodes log records (one
+entry, or a batch of one endpoint's entries: ``publish.decode_log``) and keeps, per endpoint,
+the latest entry of its most recent deliveries, at most ``per_endpoint`` of them; older ones
+fall out. Filled on demand by a bounded scan of the endpoint's partition
 (``worker.webhooks.log_scan``), not by a permanent tail.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from worker.logs import get_logger
-from worker.webhooks.publish import DeliveryLogEntry
+from worker.webhooks.publish import DeliveryLogEntry, decode_log
 
 log = get_logger(__name__)
 
@@ -29,12 +30,13 @@ class DeliveryLogView:
     def handle(self, records: Iterable[Any]) -> None:
         for msg in records:
             try:
-                entry = DeliveryLogEntry.model_validate_json(msg.value or b"")
+                entries = decode_log(msg.value or b"")
             except ValidationError:
                 self.undecodable += 1
                 log.error("delivery_log_undecodable", partition=msg.partition, offset=msg.offset)
                 continue
-            self.add(entry)
+            for entry in entries:
+                self.add(entry)
 
     def add(self, entry: DeliveryLogEntry) -> None:
         recent = self._recent.setdefault(entry.endpoint_id, OrderedDict())

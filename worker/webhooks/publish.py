@@ -13,17 +13,22 @@ record carries the current span's trace context (``traceparent``/``tracestate`` 
 While Kafka is unreachable every write is sent again until acknowledged (``worker.outage``);
 a state record is re-sent as the store's latest, under the same lock, so a late re-send never
 puts an older state after a newer one.
+
+Delivery-log entries of one endpoint written within ``log_flush_s`` of each other go out as
+one record (``DeliveryLogBatch``; a lone entry keeps the one-entry form), each writer waiting
+for that record's ack: the log costs a record per endpoint and window instead of one per
+delivery, at the price of up to one window of latency per log write.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, Literal
+from typing import Annotated, Final, Literal, Self
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from worker import tracing
 from worker.faults import Fault
@@ -61,6 +66,62 @@ class DeliveryLogEntry(BaseModel):
     replay: str | None = None
 
 
+LOG_BATCH_MAX: Final = 200
+"""Entries one delivery-log record holds at most (a few hundred bytes each: far below the
+broker's record limit)."""
+
+
+class DeliveryLogBatch(BaseModel):
+    """Entries of one endpoint's delivery log written within one flush window, oldest first
+    (key: endpoint id), in one record instead of one each; latest wins per webhook-id as for
+    single entries."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["webhook_delivery_batch"] = "webhook_delivery_batch"
+    schema_version: Literal[1] = 1
+    endpoint_id: str
+    entries: tuple[DeliveryLogEntry, ...] = Field(min_length=1, max_length=LOG_BATCH_MAX)
+
+    @model_validator(mode="after")
+    def _one_endpoint(self) -> Self:
+        if any(e.endpoint_id != self.endpoint_id for e in self.entries):
+            raise ValueError("every entry must be of the record's endpoint")
+        return self
+
+
+_LOG_RECORD: TypeAdapter[DeliveryLogEntry | DeliveryLogBatch] = TypeAdapter(
+    Annotated[DeliveryLogEntry | DeliveryLogBatch, Field(discriminator="type")]
+)
+
+
+def decode_log(value: bytes) -> tuple[DeliveryLogEntry, ...]:
+    """A delivery-log value in either form as its entries, oldest first; raises
+    ``pydantic.ValidationError`` for anything else."""
+    record = _LOG_RECORD.validate_json(value)
+    return record.entries if isinstance(record, DeliveryLogBatch) else (record,)
+
+
+class _LogBatch:
+    """Entries of one endpoint waiting for their window to close, and what their writers
+    wait on."""
+
+    __slots__ = ("closed", "done", "entries", "headers")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, headers: list[tuple[str, bytes]]) -> None:
+        self.entries: list[DeliveryLogEntry] = []
+        self.done: asyncio.Future[None] = loop.create_future()
+        # Retrieved here too: writers that were cancelled no longer look at a failure.
+        self.done.add_done_callback(_retrieve)
+        self.headers = headers
+        self.closed = False
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class Replay(BaseModel):
     """A ``POST .../replay`` request for one event and one endpoint (on the replay topic,
     key: account id, so it reaches the lane of the account like the event itself did)."""
@@ -92,8 +153,10 @@ class DeliveryPublisher:
         dlq_topic: str,
         health: BrokerHealth | None = None,
         on_state: Callable[[int], None] | None = None,
+        log_flush_s: float = 0.0,
     ) -> None:
-        """``on_state`` is told the size in bytes of every state record written."""
+        """``on_state`` is told the size in bytes of every state record written;
+        ``log_flush_s`` is the delivery log's window (0: one record per entry)."""
         self._producer = producer
         self._health = health or BrokerHealth()
         self._state_topic = state_topic
@@ -101,6 +164,10 @@ class DeliveryPublisher:
         self._dlq_topic = dlq_topic
         self._locks: dict[int, asyncio.Lock] = {}
         self._on_state = on_state
+        self._log_flush_s = log_flush_s
+        self._log_open: dict[str, _LogBatch] = {}
+        self._log_lock = asyncio.Lock()
+        self._log_sends: set[asyncio.Task[None]] = set()
 
     async def persist(
         self, partition: int, states: Sequence[DeliveryState], *, store: DeliveryStore
@@ -266,6 +333,10 @@ class DeliveryPublisher:
         )
 
     async def _log(self, entries: list[DeliveryLogEntry]) -> None:
+        """Write ``entries`` (in their window's record, if batching); wait for the acks."""
+        if self._log_flush_s > 0:
+            await self._log_batched(entries)
+            return
         sent = [
             await enqueue(
                 self._producer,
@@ -277,3 +348,57 @@ class DeliveryPublisher:
             for e in entries
         ]
         await acknowledged(self._producer, self._health, sent)
+
+    async def _log_batched(self, entries: list[DeliveryLogEntry]) -> None:
+        loop = asyncio.get_running_loop()
+        waits: list[asyncio.Future[None]] = []
+        for entry in entries:
+            batch = self._log_open.get(entry.endpoint_id)
+            if batch is None:
+                batch = self._log_open[entry.endpoint_id] = _LogBatch(loop, tracing.kafka_headers())
+                loop.call_later(self._log_flush_s, self._close_log, entry.endpoint_id, batch)
+            batch.entries.append(entry)
+            if batch.done not in waits:
+                waits.append(batch.done)
+            if len(batch.entries) >= LOG_BATCH_MAX:
+                self._close_log(entry.endpoint_id, batch)
+        # Shielded: a writer that is cancelled must not cancel the others' wait.
+        await asyncio.gather(*(asyncio.shield(w) for w in waits))
+
+    def _close_log(self, endpoint_id: str, batch: _LogBatch) -> None:
+        """The window closed (or the batch is full): send it, once."""
+        if batch.closed:
+            return
+        batch.closed = True
+        if self._log_open.get(endpoint_id) is batch:
+            del self._log_open[endpoint_id]
+        task = asyncio.get_running_loop().create_task(self._send_log(endpoint_id, batch))
+        self._log_sends.add(task)
+        task.add_done_callback(self._log_sends.discard)
+
+    async def _send_log(self, endpoint_id: str, batch: _LogBatch) -> None:
+        try:
+            record: DeliveryLogEntry | DeliveryLogBatch = (
+                batch.entries[0]
+                if len(batch.entries) == 1
+                else DeliveryLogBatch(endpoint_id=endpoint_id, entries=tuple(batch.entries))
+            )
+            # Handed to the producer in the order the windows closed (the lock is FIFO), so
+            # one endpoint's records keep their order.
+            async with self._log_lock:
+                sent = await enqueue(
+                    self._producer,
+                    self._log_topic,
+                    record.model_dump_json().encode(),
+                    key=endpoint_id.encode(),
+                    headers=batch.headers,
+                )
+            await acknowledged(self._producer, self._health, [sent])
+        except BaseException as exc:
+            if not batch.done.done():
+                batch.done.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        else:
+            if not batch.done.done():
+                batch.done.set_result(None)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from worker.store import PartitionedStore
 from worker.webhooks.delivery import SEEN_KEPT, DeliveryState, marker
+from worker.webhooks.holds import Unsaved
 
 WorkspaceOf = Callable[[str], str | None]
 """An endpoint id → the workspace that owns it (``None``: unknown)."""
@@ -74,12 +75,14 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     ``defer`` keeps a pair's timer later than its head's due time (its endpoint has no room
     now, ``worker.webhooks.gate``) until ``wake``; writes of the pair meanwhile keep that
     later time, so a pair waiting for its endpoint does not run again on every event.
+    ``unsaved`` says which deliveries are in memory only (``worker.webhooks.holds``).
     """
 
     def __init__(self, *, workspace_of: WorkspaceOf | None = None) -> None:
         super().__init__()
         self._workspace_of = workspace_of
         self._deferred: dict[str, float] = {}
+        self.unsaved = Unsaved()
 
     @staticmethod
     def decode(value: bytes) -> tuple[str, DeliveryState | AccountDeliveries]:
@@ -133,6 +136,7 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     def drop(self, partition: int) -> None:
         for key in self._parts.get(partition, {}):
             self._deferred.pop(key, None)
+        self.unsaved.drop(partition)
         super().drop(partition)
 
     def __len__(self) -> int:

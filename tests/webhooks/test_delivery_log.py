@@ -1,0 +1,128 @@
+"""The delivery log's records on the real broker: entries of one endpoint written within the
+flush window share one record (in their order), a lone entry keeps the one-entry form, and the
+front-end's view reads both forms alike; a hostile batch is refused whole."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import ValidationError
+
+from tests.conftest import SettingsFactory
+from tests.webhooks.support import read_topic
+from worker.kafka import build_producer, ensure_topics
+from worker.webhooks.delivery import DeliveryState, Finished, Pending
+from worker.webhooks.log_view import DeliveryLogView
+from worker.webhooks.publish import (
+    LOG_BATCH_MAX,
+    DeliveryLogBatch,
+    DeliveryLogEntry,
+    DeliveryPublisher,
+    decode_log,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def pending(n: int) -> Pending:
+    return Pending(
+        webhook_id=f"msg_{n}",
+        event_type="account.auth_status_changed",
+        event_id=f"evt_{n}",
+        version=n,
+        body="{}",
+        occurred_at="2026-01-01T00:00:00Z",
+        enqueued_at=0.0,
+        next_attempt_at=0.0,
+    )
+
+
+def delivered(n: int) -> Finished:
+    return Finished(
+        webhook_id=f"msg_{n}",
+        event_type="account.auth_status_changed",
+        version=n,
+        attempts=1,
+        state="delivered",
+        last_status=204,
+        finished_at=float(n),
+    )
+
+
+async def test_entries_of_one_window_share_a_record_and_the_view_reads_both_forms(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = make_settings()
+    await ensure_topics(settings)
+    producer = build_producer(settings)
+    await producer.start()
+    try:
+        publisher = DeliveryPublisher(
+            producer,
+            state_topic=settings.topics.webhook_state,
+            log_topic=settings.topics.webhook_deliveries,
+            dlq_topic=settings.topics.webhook_dlq,
+            log_flush_s=0.05,
+        )
+        busy = DeliveryState(endpoint_id="ep_busy", account_id="acc_1", workspace_id="ws_a")
+        quiet = DeliveryState(endpoint_id="ep_quiet", account_id="acc_1", workspace_id="ws_a")
+        # 5 writers at once to one endpoint, 1 to another: both wait for their record's ack
+        await asyncio.gather(
+            *(publisher.log_finished(busy, pending(n), delivered(n)) for n in range(5)),
+            publisher.log_finished(quiet, pending(9), delivered(9)),
+        )
+    finally:
+        await producer.stop()
+    records = await read_topic(settings, settings.topics.webhook_deliveries)
+
+    by_key = {r.key.decode(): r.value for r in records}
+    assert len(records) == 2, "one record per endpoint and window"
+    batch = DeliveryLogBatch.model_validate_json(by_key["ep_busy"])
+    assert [e.webhook_id for e in batch.entries] == [f"msg_{n}" for n in range(5)], "in order"
+    lone = DeliveryLogEntry.model_validate_json(by_key["ep_quiet"])
+    assert lone.webhook_id == "msg_9", "a lone entry keeps the one-entry form"
+
+    view = DeliveryLogView()
+    view.handle(records)
+    assert [e.webhook_id for e in view.of_endpoint("ep_busy")] == [
+        f"msg_{n}" for n in reversed(range(5))
+    ]
+    assert [e.state for e in view.of_endpoint("ep_quiet")] == ["delivered"]
+    assert view.undecodable == 0
+
+
+def _entry(endpoint_id: str, n: int) -> DeliveryLogEntry:
+    return DeliveryLogEntry(
+        webhook_id=f"msg_{n}",
+        endpoint_id=endpoint_id,
+        workspace_id="ws_a",
+        account_id="acc_1",
+        event_type="account.auth_status_changed",
+        event_id=f"evt_{n}",
+        attempts=1,
+        state="delivered",
+        updated_at="2026-01-01T00:00:00Z",
+    )
+
+
+def test_a_batch_naming_another_endpoints_entry_is_refused_whole() -> None:
+    """A record keyed by one endpoint cannot slip an entry into another endpoint's log."""
+    value = (
+        '{"type":"webhook_delivery_batch","schema_version":1,"endpoint_id":"ep_a","entries":['
+        + _entry("ep_a", 1).model_dump_json()
+        + ","
+        + _entry("ep_b", 2).model_dump_json()
+        + "]}"
+    )
+    with pytest.raises(ValidationError):
+        decode_log(value.encode())
+
+
+def test_a_batch_is_bounded_and_never_empty() -> None:
+    many = tuple(_entry("ep_a", n) for n in range(LOG_BATCH_MAX + 1))
+    with pytest.raises(ValidationError):
+        DeliveryLogBatch(endpoint_id="ep_a", entries=many)
+    with pytest.raises(ValidationError):
+        decode_log(b'{"type":"webhook_delivery_batch","endpoint_id":"ep_a","entries":[]}')
+    assert decode_log(_entry("ep_a", 1).model_dump_json().encode())[0].webhook_id == "msg_1"
