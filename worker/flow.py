@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Container
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from transitions import Machine
 
 from worker.catalogue import ServiceError
-from worker.evolve import evolve
 from worker.messages import (
     AccountRecord,
     AuthData,
@@ -44,10 +43,10 @@ from worker.messages import (
     RegisterAccount,
     Reply,
     ReplyBody,
-    compact_id,
     event_id,
     rfc3339,
 )
+from worker.speedups import compact_id
 
 # ---------------------------------------------------------------------------------------------
 # Statuses and the machine
@@ -99,19 +98,13 @@ MACHINE = Machine(
     initial=None,
 )
 
-# The machine's table flattened once: (event, source) → dest. Looking it up costs a dict hit,
-# where asking the Machine per decision would cost microseconds we do not need to spend.
-_NEXT: dict[tuple[str, str], str] = {
-    (name, source): str(ts[0].dest)
-    for name, event in MACHINE.events.items()
-    for source, ts in event.transitions.items()
-    if ts and ts[0].dest is not None
-}
-
 
 def next_status(event: str, source: str) -> str | None:
     """Destination of ``event`` from ``source``, or None when the machine forbids it."""
-    return _NEXT.get((event, source))
+    found = MACHINE.events.get(event)
+    taken = found.transitions.get(source) if found is not None else None
+    dest = taken[0].dest if taken else None
+    return None if dest is None else str(dest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +231,7 @@ def _settle(
     if new_record is None and record is not None and outcome.cid != "":
         new_record = record
     if new_record is not None:
-        new_record = evolve(
+        new_record = replace(
             new_record,
             recent=_remember(new_record, outcome, policy.dedup_window),
             updated_at=outcome.at,
@@ -348,7 +341,7 @@ def _transition(
         )
     elif status != SENT:
         follow_up = None
-    new = evolve(
+    new = replace(
         record,
         status=status,
         auth_status=auth_status,
@@ -459,7 +452,7 @@ def _confirm(
     )
     return Decision(
         verdict="ok",
-        record=evolve(record, in_flight=intent, updated_at=now),
+        record=replace(record, in_flight=intent, updated_at=now),
         call="confirm_passkey",
     )
 
@@ -476,7 +469,7 @@ def settle_confirm(
     intent = record.in_flight
     if intent is None:
         raise ValueError(f"account {record.account_id} has no confirm in flight")
-    cleared = evolve(record, in_flight=None)
+    cleared = replace(record, in_flight=None)
     if isinstance(result, ServiceError):
         outcome = _standstill(
             record,
@@ -587,12 +580,12 @@ def reschedule(record: AccountRecord, *, now: float, policy: Policy) -> AccountR
     if record.follow_up is None:
         return record
     polls = record.follow_up.polls + 1
-    follow_up = evolve(
+    follow_up = replace(
         record.follow_up,
         next_poll_at=now + poll_interval(record.account_id, polls, policy),
         polls=polls,
     )
-    return evolve(record, follow_up=follow_up, updated_at=now)
+    return replace(record, follow_up=follow_up, updated_at=now)
 
 
 def poll_interval(account_id: str, polls: int, policy: Policy) -> float:
@@ -627,14 +620,14 @@ def _register(
         updated_at=now,
     )
     if record is not None:
-        base = evolve(
+        base = replace(
             base,
             status="" if record.deregistered else record.status,
             auth_status="" if record.deregistered else record.auth_status,
             version=record.version,
             recent=record.recent if record.workspace_id == cmd.workspace_id else (),
         )
-    base = evolve(base, provider=cmd.provider, provider_account_ref=cmd.provider_account_ref)
+    base = replace(base, provider=cmd.provider, provider_account_ref=cmd.provider_account_ref)
     decision = _transition(
         base,
         status=cmd.status,
@@ -658,7 +651,7 @@ def _deregister(
     seen = replay(record, cmd.command_id, with_reply=False)
     if seen is not None:
         return seen
-    gone = evolve(record, deregistered=True, in_flight=None, follow_up=None)
+    gone = replace(record, deregistered=True, in_flight=None, follow_up=None)
     outcome = _standstill(record, command_id=cmd.command_id, request_id=None, now=now)
     return _settle(
         record,
