@@ -24,6 +24,7 @@ from worker.publish import Publisher
 from worker.route import Router
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
+from worker.speedups import KeyPartitioner
 from worker.store import StateStore
 from worker.topics import used_by
 
@@ -64,7 +65,7 @@ async def run_worker(
     health.export(registry, WORKER_PREFIX)
     await verify_topics(settings, used_by(settings, "worker"))
     topics = settings.topics
-    producer = build_producer(settings)
+    producer = build_producer(settings, partitioner=KeyPartitioner())
     http = build_http_client(settings)
     if providers is None:  # the benchmark passes an in-process provider instead
         providers = build_registry(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from aiokafka.partitioner import murmur2
+from worker.speedups import key_hash
 
 FORWARDED_FROM = "forwarded-from"
 """Header added to a forwarded command: ``<topic>:<partition>:<offset>`` of the original."""
@@ -40,8 +40,7 @@ def reply_partition(headers: Collection[tuple[str, bytes]]) -> int | None:
 def home_partition(key: bytes, partitions: int) -> int:
     """The partition the Java client's default partitioner gives ``key`` (``toPositive(murmur2
     (key)) % partitions``, as aiokafka's ``DefaultPartitioner`` with partitions 0..n-1)."""
-    digest: int = murmur2(key)
-    return (digest & 0x7FFFFFFF) % partitions
+    return (key_hash(key) & 0x7FFFFFFF) % partitions
 
 
 def forwarded_from(headers: Collection[tuple[str, bytes]]) -> str | None:

@@ -1,5 +1,4 @@
-"""The optimisations the benchmark keeps, in one place: both make the state store's records
-smaller in memory without changing a byte on the wire.
+"""The optimisations the benchmark keeps, in one place.
 
 Each has a plain equivalent that tests/test_speedups.py uses as the oracle, and bench/README.md
 ("Speed-ups kept") says what each saves. Anything here must earn its place that way; the rest
@@ -11,13 +10,20 @@ of the code is written plainly.
   intent) that changed it with one ``now`` float; decoding would give each its own object.
   Within one ``validate_json(..., context={})`` call, a ``SharedTimestamp`` equal to the
   record's ``RecordTimestamp`` is that same object. Plain form: a ``float``.
+* ``key_hash`` and ``KeyPartitioner``: aiokafka's murmur2 of a record key, remembered for the
+  last few thousand keys: a command hashes its account id for its home partition and again
+  for each keyed output. Plain form: ``aiokafka.partitioner.murmur2`` and the producer's
+  ``DefaultPartitioner``.
 """
 
 from __future__ import annotations
 
+import random
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any
 
+from aiokafka.partitioner import murmur2
 from pydantic import AfterValidator, GetPydanticSchema, ValidationInfo
 from pydantic_core import core_schema
 
@@ -85,3 +91,29 @@ def share_timestamp(value: float, info: ValidationInfo) -> float:
 
 RecordTimestamp = Annotated[float, AfterValidator(remember_timestamp)]
 SharedTimestamp = Annotated[float, AfterValidator(share_timestamp)]
+
+
+_HASHES: dict[bytes, int] = {}
+_HASHES_MAX = 8192
+
+
+def key_hash(key: bytes) -> int:
+    """``murmur2(key)``, remembered for the last few thousand keys."""
+    digest = _HASHES.get(key)
+    if digest is None:
+        if len(_HASHES) >= _HASHES_MAX:
+            _HASHES.clear()
+        digest = _HASHES[key] = murmur2(key)
+    return digest
+
+
+class KeyPartitioner:
+    """aiokafka's ``DefaultPartitioner`` on ``key_hash``: the worker producer's
+    ``partitioner``."""
+
+    def __call__(
+        self, key: bytes | None, all_partitions: Sequence[int], available: Sequence[int]
+    ) -> int:
+        if key is None:
+            return random.choice(available or all_partitions)
+        return all_partitions[(key_hash(key) & 0x7FFFFFFF) % len(all_partitions)]
