@@ -22,7 +22,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Container
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from transitions import Machine
 
@@ -216,8 +216,16 @@ def _remember(record: AccountRecord, outcome: Outcome, window: int) -> tuple[Out
     return (*record.recent, outcome)[-window:]
 
 
+def _recorded(
+    record: AccountRecord, outcome: Outcome, policy: Policy, **changes: Any
+) -> AccountRecord:
+    """``record`` with ``changes``, ``outcome`` remembered in its window and its time as the
+    record's: one copy per decision."""
+    recent = _remember(record, outcome, policy.dedup_window)
+    return replace(record, **changes, recent=recent, updated_at=outcome.at)
+
+
 def _settle(
-    record: AccountRecord | None,
     outcome: Outcome,
     *,
     account_id: str,
@@ -225,17 +233,8 @@ def _settle(
     with_reply: bool,
     verdict: Verdict,
     new_record: AccountRecord | None,
-    policy: Policy,
 ) -> Decision:
-    """Package an outcome: remember it in the record's window and derive the outputs."""
-    if new_record is None and record is not None and outcome.cid != "":
-        new_record = record
-    if new_record is not None:
-        new_record = replace(
-            new_record,
-            recent=_remember(new_record, outcome, policy.dedup_window),
-            updated_at=outcome.at,
-        )
+    """Package an outcome: the record to persist (``_recorded``) and the outputs."""
     reply, status_event, error_event = outputs(
         outcome, account_id=account_id, workspace_id=workspace_id, with_reply=with_reply
     )
@@ -306,15 +305,16 @@ def _failure(
         now=now,
         err=err,
     )
+    remembered = None
+    if record is not None and outcome.cid != "":
+        remembered = _recorded(record, outcome, policy)
     return _settle(
-        record,
         outcome,
         account_id=cmd.account_id,
         workspace_id=_workspace_of(cmd, record),
         with_reply=isinstance(cmd, PasskeyConfirm),
         verdict="error",
-        new_record=None,
-        policy=policy,
+        new_record=remembered,
     )
 
 
@@ -341,14 +341,6 @@ def _transition(
         )
     elif status != SENT:
         follow_up = None
-    new = replace(
-        record,
-        status=status,
-        auth_status=auth_status,
-        version=version,
-        in_flight=in_flight,
-        follow_up=follow_up,
-    )
     outcome = Outcome(
         cid=compact_id(command_id),
         rid=None if request_id is None else compact_id(request_id),
@@ -360,15 +352,23 @@ def _transition(
         changed=changed,
         at=now,
     )
-    return _settle(
+    new = _recorded(
         record,
+        outcome,
+        policy,
+        status=status,
+        auth_status=auth_status,
+        version=version,
+        in_flight=in_flight,
+        follow_up=follow_up,
+    )
+    return _settle(
         outcome,
         account_id=record.account_id,
         workspace_id=record.workspace_id,
         with_reply=with_reply,
         verdict="ok",
         new_record=new,
-        policy=policy,
     )
 
 
@@ -469,7 +469,6 @@ def settle_confirm(
     intent = record.in_flight
     if intent is None:
         raise ValueError(f"account {record.account_id} has no confirm in flight")
-    cleared = replace(record, in_flight=None)
     if isinstance(result, ServiceError):
         outcome = _standstill(
             record,
@@ -479,19 +478,17 @@ def settle_confirm(
             err=result,
         )
         return _settle(
-            cleared,
             outcome,
             account_id=record.account_id,
             workspace_id=record.workspace_id,
             with_reply=True,
             verdict="error",
-            new_record=cleared,
-            policy=policy,
+            new_record=_recorded(record, outcome, policy, in_flight=None),
         )
     dest = next_status("confirm_passkey", record.status) or SENT
     _status, auth_status = result
     return _transition(
-        cleared,
+        record,
         status=dest,
         auth_status=auth_status or dest,
         command_id=intent.command_id,
@@ -499,6 +496,7 @@ def settle_confirm(
         now=now,
         policy=policy,
         with_reply=True,
+        in_flight=None,
     )
 
 
@@ -611,23 +609,21 @@ def _register(
             return seen
     if cmd.status not in STATUSES:
         return _failure(record, cmd, ServiceError.of("invalid_request"), now, policy)
+    # A re-registration keeps the version count, the auth state unless it was deregistered,
+    # and the dedup window of the same workspace.
+    live = record if record is not None and not record.deregistered else None
+    same = record if record is not None and record.workspace_id == cmd.workspace_id else None
     base = AccountRecord(
         account_id=cmd.account_id,
         workspace_id=cmd.workspace_id,
-        status="",
-        auth_status="",
-        version=0,
+        status=live.status if live else "",
+        auth_status=live.auth_status if live else "",
+        version=record.version if record else 0,
         updated_at=now,
+        provider=cmd.provider,
+        provider_account_ref=cmd.provider_account_ref,
+        recent=same.recent if same else (),
     )
-    if record is not None:
-        base = replace(
-            base,
-            status="" if record.deregistered else record.status,
-            auth_status="" if record.deregistered else record.auth_status,
-            version=record.version,
-            recent=record.recent if record.workspace_id == cmd.workspace_id else (),
-        )
-    base = replace(base, provider=cmd.provider, provider_account_ref=cmd.provider_account_ref)
     decision = _transition(
         base,
         status=cmd.status,
@@ -651,15 +647,13 @@ def _deregister(
     seen = replay(record, cmd.command_id, with_reply=False)
     if seen is not None:
         return seen
-    gone = replace(record, deregistered=True, in_flight=None, follow_up=None)
     outcome = _standstill(record, command_id=cmd.command_id, request_id=None, now=now)
+    gone = _recorded(record, outcome, policy, deregistered=True, in_flight=None, follow_up=None)
     return _settle(
-        record,
         outcome,
         account_id=record.account_id,
         workspace_id=record.workspace_id,
         with_reply=False,
         verdict="ok",
         new_record=gone,
-        policy=policy,
     )
