@@ -21,9 +21,10 @@ from worker.metrics import WORKER_PREFIX, WorkerMetrics, export_process_metrics
 from worker.outage import BrokerHealth
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
-from worker.route import KeyPartitioner, Router
+from worker.route import Router
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
+from worker.speedups import KeyPartitioner
 from worker.store import StateStore
 from worker.topics import used_by
 

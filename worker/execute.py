@@ -207,10 +207,8 @@ class Executor:
                 if decision.error is not None:
                     current.set_attribute("passkey.error.code", decision.error.code)
             metrics = self.metrics
-            metrics.child(metrics.commands, command.type, decision.verdict).inc()
-            metrics.child(metrics.command_seconds, command.type).observe(
-                time.perf_counter() - started
-            )
+            metrics.commands.labels(command.type, decision.verdict).inc()
+            metrics.command_seconds.labels(command.type).observe(time.perf_counter() - started)
             if decision.error is not None:
                 log.info("command_failed", code=decision.error.code)
 
@@ -394,11 +392,11 @@ class Executor:
                 if window is not None:
                     self._close_window(window)
         if decision.status_event is not None and decision.verdict != "duplicate":
-            self.metrics.child(self.metrics.status_changes, decision.status_event.status).inc()
+            self.metrics.status_changes.labels(decision.status_event.status).inc()
         if decision.error_event is not None and decision.verdict != "duplicate":
             e = decision.error_event
-            self.metrics.child(
-                self.metrics.errors, e.error.code, str(e.error.numeric_code), str(e.http_status)
+            self.metrics.errors.labels(
+                e.error.code, str(e.error.numeric_code), str(e.http_status)
             ).inc()
 
     # -- faults ---------------------------------------------------------------------------------

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Container
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from transitions import Machine
 
 from worker.catalogue import ServiceError
-from worker.evolve import evolve
 from worker.messages import (
     AccountRecord,
     AuthData,
@@ -45,10 +44,10 @@ from worker.messages import (
     RegisterAccount,
     Reply,
     ReplyBody,
-    compact_id,
     event_id,
     rfc3339,
 )
+from worker.speedups import compact_id
 
 # ---------------------------------------------------------------------------------------------
 # Statuses and the machine
@@ -100,19 +99,13 @@ MACHINE = Machine(
     initial=None,
 )
 
-# The machine's table flattened once: (event, source) → dest. Looking it up costs a dict hit,
-# where asking the Machine per decision would cost microseconds we do not need to spend.
-_NEXT: dict[tuple[str, str], str] = {
-    (name, source): str(ts[0].dest)
-    for name, event in MACHINE.events.items()
-    for source, ts in event.transitions.items()
-    if ts and ts[0].dest is not None
-}
-
 
 def next_status(event: str, source: str) -> str | None:
     """Destination of ``event`` from ``source``, or None when the machine forbids it."""
-    return _NEXT.get((event, source))
+    found = MACHINE.events.get(event)
+    taken = found.transitions.get(source) if found is not None else None
+    dest = taken[0].dest if taken else None
+    return None if dest is None else str(dest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,8 +217,16 @@ def _remember(record: AccountRecord, outcome: Outcome, window: int) -> tuple[Out
     return (*record.recent, outcome)[-window:]
 
 
+def _recorded(
+    record: AccountRecord, outcome: Outcome, policy: Policy, **changes: Any
+) -> AccountRecord:
+    """``record`` with ``changes``, ``outcome`` remembered in its window and its time as the
+    record's: one copy per decision."""
+    recent = _remember(record, outcome, policy.dedup_window)
+    return replace(record, **changes, recent=recent, updated_at=outcome.at)
+
+
 def _settle(
-    record: AccountRecord | None,
     outcome: Outcome,
     *,
     account_id: str,
@@ -233,17 +234,8 @@ def _settle(
     with_reply: bool,
     verdict: Verdict,
     new_record: AccountRecord | None,
-    policy: Policy,
 ) -> Decision:
-    """Package an outcome: remember it in the record's window and derive the outputs."""
-    if new_record is None and record is not None and outcome.cid != "":
-        new_record = record
-    if new_record is not None:
-        new_record = evolve(
-            new_record,
-            recent=_remember(new_record, outcome, policy.dedup_window),
-            updated_at=outcome.at,
-        )
+    """Package an outcome: the record to persist (``_recorded``) and the outputs."""
     reply, status_event, error_event = outputs(
         outcome, account_id=account_id, workspace_id=workspace_id, with_reply=with_reply
     )
@@ -314,15 +306,16 @@ def _failure(
         now=now,
         err=err,
     )
+    remembered = None
+    if record is not None and outcome.cid != "":
+        remembered = _recorded(record, outcome, policy)
     return _settle(
-        record,
         outcome,
         account_id=cmd.account_id,
         workspace_id=_workspace_of(cmd, record),
         with_reply=isinstance(cmd, PasskeyConfirm),
         verdict="error",
-        new_record=None,
-        policy=policy,
+        new_record=remembered,
     )
 
 
@@ -349,14 +342,6 @@ def _transition(
         )
     elif status != SENT:
         follow_up = None
-    new = evolve(
-        record,
-        status=status,
-        auth_status=auth_status,
-        version=version,
-        in_flight=in_flight,
-        follow_up=follow_up,
-    )
     outcome = Outcome(
         cid=compact_id(command_id),
         rid=None if request_id is None else compact_id(request_id),
@@ -368,15 +353,23 @@ def _transition(
         changed=changed,
         at=now,
     )
-    return _settle(
+    new = _recorded(
         record,
+        outcome,
+        policy,
+        status=status,
+        auth_status=auth_status,
+        version=version,
+        in_flight=in_flight,
+        follow_up=follow_up,
+    )
+    return _settle(
         outcome,
         account_id=record.account_id,
         workspace_id=record.workspace_id,
         with_reply=with_reply,
         verdict="ok",
         new_record=new,
-        policy=policy,
     )
 
 
@@ -493,7 +486,7 @@ def _confirm(
     )
     return Decision(
         verdict="ok",
-        record=evolve(record, in_flight=intent, updated_at=now),
+        record=replace(record, in_flight=intent, updated_at=now),
         call="confirm_passkey",
     )
 
@@ -510,7 +503,6 @@ def settle_confirm(
     intent = record.in_flight
     if intent is None:
         raise ValueError(f"account {record.account_id} has no confirm in flight")
-    cleared = evolve(record, in_flight=None)
     if isinstance(result, ServiceError):
         outcome = _standstill(
             record,
@@ -520,19 +512,17 @@ def settle_confirm(
             err=result,
         )
         return _settle(
-            cleared,
             outcome,
             account_id=record.account_id,
             workspace_id=record.workspace_id,
             with_reply=True,
             verdict="error",
-            new_record=cleared,
-            policy=policy,
+            new_record=_recorded(record, outcome, policy, in_flight=None),
         )
     dest = next_status("confirm_passkey", record.status) or SENT
     _status, auth_status = result
     return _transition(
-        cleared,
+        record,
         status=dest,
         auth_status=auth_status or dest,
         command_id=intent.command_id,
@@ -540,6 +530,7 @@ def settle_confirm(
         now=now,
         policy=policy,
         with_reply=True,
+        in_flight=None,
     )
 
 
@@ -621,12 +612,12 @@ def reschedule(record: AccountRecord, *, now: float, policy: Policy) -> AccountR
     if record.follow_up is None:
         return record
     polls = record.follow_up.polls + 1
-    follow_up = evolve(
+    follow_up = replace(
         record.follow_up,
         next_poll_at=now + poll_interval(record.account_id, polls, policy),
         polls=polls,
     )
-    return evolve(record, follow_up=follow_up, updated_at=now)
+    return replace(record, follow_up=follow_up, updated_at=now)
 
 
 def poll_interval(account_id: str, polls: int, policy: Policy) -> float:
@@ -652,23 +643,21 @@ def _register(
             return seen
     if cmd.status not in STATUSES:
         return _failure(record, cmd, ServiceError.of("invalid_request"), now, policy)
+    # A re-registration keeps the version count, the auth state unless it was deregistered,
+    # and the dedup window of the same workspace.
+    live = record if record is not None and not record.deregistered else None
+    same = record if record is not None and record.workspace_id == cmd.workspace_id else None
     base = AccountRecord(
         account_id=cmd.account_id,
         workspace_id=cmd.workspace_id,
-        status="",
-        auth_status="",
-        version=0,
+        status=live.status if live else "",
+        auth_status=live.auth_status if live else "",
+        version=record.version if record else 0,
         updated_at=now,
+        provider=cmd.provider,
+        provider_account_ref=cmd.provider_account_ref,
+        recent=same.recent if same else (),
     )
-    if record is not None:
-        base = evolve(
-            base,
-            status="" if record.deregistered else record.status,
-            auth_status="" if record.deregistered else record.auth_status,
-            version=record.version,
-            recent=record.recent if record.workspace_id == cmd.workspace_id else (),
-        )
-    base = evolve(base, provider=cmd.provider, provider_account_ref=cmd.provider_account_ref)
     decision = _transition(
         base,
         status=cmd.status,
@@ -692,15 +681,13 @@ def _deregister(
     seen = replay(record, cmd.command_id, with_reply=False)
     if seen is not None:
         return seen
-    gone = evolve(record, deregistered=True, in_flight=None, follow_up=None)
     outcome = _standstill(record, command_id=cmd.command_id, request_id=None, now=now)
+    gone = _recorded(record, outcome, policy, deregistered=True, in_flight=None, follow_up=None)
     return _settle(
-        record,
         outcome,
         account_id=record.account_id,
         workspace_id=record.workspace_id,
         with_reply=False,
         verdict="ok",
         new_record=gone,
-        policy=policy,
     )

@@ -12,8 +12,6 @@ poison record can not reach the consume loop as an exception.
 
 from __future__ import annotations
 
-import hashlib
-import operator
 import re
 import sys
 import uuid
@@ -26,11 +24,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    GetPydanticSchema,
     TypeAdapter,
     ValidationError,
 )
-from pydantic_core import core_schema, from_json
+from pydantic_core import from_json
+
+from worker.speedups import CompactId, RecordTimestamp, SharedTimestamp, expand_id
 
 SCHEMA_VERSION: Literal[1] = 1
 MAX_RECORD_BYTES = 64 * 1024
@@ -53,21 +52,9 @@ Interned = Annotated[str, AfterValidator(sys.intern)]
 EVENT_NAMESPACE = uuid.UUID("6f1c3b0e-2a52-4c1e-9d43-7b8f4b8f0d11")
 
 
-_NAMESPACE_BYTES = EVENT_NAMESPACE.bytes
-
-
 def event_id(*parts: object) -> str:
-    """Deterministic event id from its cause (e.g. ``"status", account_id, version``).
-
-    ``str(uuid.uuid5(EVENT_NAMESPACE, name))``, spelt out: the same SHA-1, version and variant
-    bits, without building a ``UUID`` object (a third of the time, on every output).
-    """
-    name = ":".join(str(p) for p in parts).encode()
-    h = bytearray(hashlib.sha1(_NAMESPACE_BYTES + name).digest()[:16])
-    h[6] = (h[6] & 0x0F) | 0x50  # version 5
-    h[8] = (h[8] & 0x3F) | 0x80  # RFC 4122 variant
-    x = h.hex()
-    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+    """Deterministic event id from its cause (e.g. ``"status", account_id, version``)."""
+    return str(uuid.uuid5(EVENT_NAMESPACE, ":".join(str(p) for p in parts)))
 
 
 def rfc3339(ts: float) -> str:
@@ -248,7 +235,7 @@ class InFlight:
 
     command_id: str
     request_id: str
-    started_at: float
+    started_at: SharedTimestamp
     deadline: float
 
 
@@ -264,53 +251,6 @@ class FollowUp:
     polls: int = 0
 
 
-_is_uuid = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
-_is_request_id = re.compile(r"req_[0-9a-f]{32}").fullmatch
-_REQUEST_ID_FLAG = 1 << 128
-"""Set on a compacted ``req_<hex>`` id: a UUID's int is below it, so the two never meet."""
-
-
-def compact_id(value: str) -> int | str:
-    """The front-end's ids as ints, anything else as it is: a canonical UUID (lowercase,
-    hyphenated: its command ids) as its 128-bit int, a ``req_`` + 32 lowercase hex digits (its
-    request ids) as that number with bit 128 set. Outcomes keep ids this way: the dedup window
-    holds two per remembered command, and the int (44 B) is half the size of the str (85 B).
-    ``expand_id`` inverts it."""
-    if len(value) == 36:
-        if _is_uuid(value):
-            return int(value.replace("-", ""), 16)
-        if _is_request_id(value):
-            return int(value[4:], 16) | _REQUEST_ID_FLAG
-    return value
-
-
-_uuid_groups = operator.itemgetter(
-    slice(8), slice(8, 12), slice(12, 16), slice(16, 20), slice(20, 32)
-)
-
-
-def expand_id(value: int | str) -> str:
-    """The id ``compact_id`` was given, exactly (it runs on every encode of an outcome, hence
-    the C-level slicing)."""
-    if isinstance(value, str):
-        return value
-    if value >= _REQUEST_ID_FLAG:
-        return "req_%032x" % (value ^ _REQUEST_ID_FLAG)
-    return "-".join(_uuid_groups("%032x" % value))  # noqa: UP031 (faster than format here)
-
-
-_COMPACT_ID_SCHEMA = core_schema.no_info_after_validator_function(
-    compact_id,
-    core_schema.str_schema(),
-    serialization=core_schema.plain_serializer_function_ser_schema(
-        expand_id, return_schema=core_schema.str_schema()
-    ),
-)
-CompactId = Annotated[int | str, GetPydanticSchema(lambda _t, _h: _COMPACT_ID_SCHEMA)]
-"""An id that is a string on the wire (and in the JSON Schema) and ``compact_id``'s form in
-memory."""
-
-
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """Compact result of one command: enough to re-send its reply and events identically."""
@@ -323,7 +263,7 @@ class Outcome:
     status: Interned
     auth_status: Interned
     version: int
-    at: float
+    at: SharedTimestamp
     rid: Annotated[CompactId | None, Field(alias="request_id")] = None
     code: Interned | None = None
     numeric_code: int | None = None
@@ -352,7 +292,7 @@ class AccountRecord:
     status: Interned
     auth_status: Interned
     version: int
-    updated_at: float
+    updated_at: RecordTimestamp
     provider: Interned | None = None
     provider_account_ref: str | None = None
     deregistered: bool = False
@@ -368,26 +308,8 @@ _record_adapter: TypeAdapter[AccountRecord] = TypeAdapter(AccountRecord)
 
 def decode_record(value: bytes) -> AccountRecord:
     """Decode an ``auth.state`` value; raises ``ValidationError`` (the restore loop counts it)."""
-    record = _record_adapter.validate_json(value)
-    _share_timestamps(record)
-    return record
-
-
-def _share_timestamps(record: AccountRecord) -> None:
-    """The flow stamps a record and the outcome (or intent) that changed it with one ``now``
-    object; decoding gives each its own float. Re-share equal ones, before the record is
-    handed out (hence the writes past ``frozen``). Zero is skipped: 0.0 == -0.0, but they
-    encode differently."""
-    at = record.updated_at
-    if not at:
-        return
-    share = object.__setattr__
-    for outcome in record.recent:
-        if outcome.at == at:
-            share(outcome, "at", at)
-    intent = record.in_flight
-    if intent is not None and intent.started_at == at:
-        share(intent, "started_at", at)
+    # The context lets equal timestamps share one object (worker.speedups).
+    return _record_adapter.validate_json(value, context={})
 
 
 def encode_record(record: AccountRecord) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final
 
 from prometheus_client import (
     CollectorRegistry,
@@ -23,7 +23,6 @@ from prometheus_client import (
     ProcessCollector,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from worker import __version__
@@ -57,7 +56,6 @@ WORKER_ERRORS: tuple[tuple[str, int, int], ...] = tuple(
 # Their series are created at zero so the DLQ alerts see the first one.
 DLQ_REASONS: tuple[str, ...] = (*DECODE_REASONS, *FAULT_REASONS)
 
-M = TypeVar("M", bound=MetricWrapperBase)
 
 #: Every family the product defines starts with ``passkey_`` (so it cannot collide with another
 #: service's in a shared Prometheus), then the process' own word: the worker's ``auth_``, the
@@ -268,17 +266,7 @@ class WorkerMetrics(LoopSeries):
             registry=registry,
         )
 
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._precreate()
-
-    def child(self, metric: M, *values: str) -> M:
-        """``metric.labels(*values)``, looked up once per label set: ``labels()`` validates
-        and locks on every call, and the hot path asks for the same few series per command."""
-        key = (id(metric), values)
-        found = self._children.get(key)
-        if found is None:
-            found = self._children[key] = metric.labels(*values)
-        return cast(M, found)
 
     def _precreate(self) -> None:
         """Create the series the alerts watch at zero: ``increase()`` cannot count the first
@@ -296,7 +284,7 @@ class WorkerMetrics(LoopSeries):
 
     def provider_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None:
         """Observer hook handed to provider adapters (they never see the registry)."""
-        self.child(self.provider_seconds, provider, operation, outcome).observe(seconds)
+        self.provider_seconds.labels(provider, operation, outcome).observe(seconds)
 
     def provider_retry(self, provider: str, operation: str) -> None:
         self.provider_retries.labels(provider, operation).inc()

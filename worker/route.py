@@ -11,9 +11,9 @@ worker and the front-end can never disagree on it.
 
 from __future__ import annotations
 
-import random
-import struct
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
+
+from worker.speedups import key_hash
 
 FORWARDED_FROM = "forwarded-from"
 """Header added to a forwarded command: ``<topic>:<partition>:<offset>`` of the original."""
@@ -37,63 +37,10 @@ def reply_partition(headers: Collection[tuple[str, bytes]]) -> int | None:
     return None
 
 
-_M = 0x5BD1E995
-_HASHES: dict[bytes, int] = {}
-_HASHES_MAX = 8192
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2, bit for bit aiokafka's ``murmur2`` (tests compare them), reading the
-    key in 32-bit words rather than byte by byte: about half the time per key."""
-    length = len(data)
-    h = 0x9747B28C ^ length
-    for k in struct.unpack_from(f"<{length >> 2}I", data):
-        k = (k * _M) & 0xFFFFFFFF
-        k ^= k >> 24
-        k = (k * _M) & 0xFFFFFFFF
-        h = ((h * _M) & 0xFFFFFFFF) ^ k
-    extra = length & 3
-    if extra:
-        tail = length & ~3
-        if extra >= 3:
-            h ^= data[tail + 2] << 16
-        if extra >= 2:
-            h ^= data[tail + 1] << 8
-        h ^= data[tail]
-        h = (h * _M) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * _M) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
-
-
-def key_hash(key: bytes) -> int:
-    """``murmur2(key)``, remembered for the last few thousand keys: one command hashes its
-    account id for its home partition and again for each keyed output."""
-    digest = _HASHES.get(key)
-    if digest is None:
-        if len(_HASHES) >= _HASHES_MAX:
-            _HASHES.clear()
-        digest = _HASHES[key] = murmur2(key)
-    return digest
-
-
 def home_partition(key: bytes, partitions: int) -> int:
     """The partition the Java client's default partitioner gives ``key`` (``toPositive(murmur2
     (key)) % partitions``, as aiokafka's ``DefaultPartitioner`` with partitions 0..n-1)."""
     return (key_hash(key) & 0x7FFFFFFF) % partitions
-
-
-class KeyPartitioner:
-    """aiokafka's ``DefaultPartitioner`` on the remembered hash (``key_hash``): the producer's
-    ``partitioner``, so a keyed output costs a dict lookup instead of a murmur2."""
-
-    def __call__(
-        self, key: bytes | None, all_partitions: Sequence[int], available: Sequence[int]
-    ) -> int:
-        if key is None:
-            return random.choice(available or all_partitions)
-        return all_partitions[(key_hash(key) & 0x7FFFFFFF) % len(all_partitions)]
 
 
 def forwarded_from(headers: Collection[tuple[str, bytes]]) -> str | None:
