@@ -40,7 +40,7 @@ import httpx
 from aiokafka import AIOKafkaProducer
 
 from bench.common import REPO_ROOT, clean, machine
-from bench.stack_cost import (
+from bench.stack import (
     Connection,
     CpuWindow,
     percentile,

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.harness import confirm_cmd, register_cmd
 from worker.api.replies import ReplyError, ReplyRouter
-from worker.messages import DecodeFailure, decode_command, decode_record, decode_state_summary
+from worker.messages import DecodeFailure, decode_command, decode_record
 from worker.store import StateStore
 from worker.webhooks.endpoints import decode_endpoint
 from worker.webhooks.events import from_error, from_status
@@ -107,7 +107,6 @@ def test_decode_command_never_raises(key: bytes | None, value: bytes | None) -> 
 
 DECODERS: dict[str, Callable[[bytes], Any]] = {
     "state record": decode_record,
-    "state summary": decode_state_summary,
     "state restore": StateStore.decode,
     "status event": from_status,
     "error event": from_error,

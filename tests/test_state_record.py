@@ -3,15 +3,12 @@ memory holds outcome command ids compacted and equal timestamps shared."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from worker.flow import Policy, decide, settle_confirm
 from worker.messages import (
@@ -21,7 +18,6 @@ from worker.messages import (
     Outcome,
     PasskeyConfirm,
     decode_record,
-    decode_state_summary,
     encode_record,
 )
 from worker.speedups import compact_id, expand_id
@@ -177,37 +173,3 @@ def test_a_uuid_command_is_deduplicated_across_a_restore() -> None:
     assert again.reply == done.reply and again.status_event == done.status_event
     assert again.reply is not None and again.reply.command_id == cmd.command_id
     assert again.reply.request_id == cmd.request_id
-
-
-@settings(max_examples=200, deadline=None)
-@given(records)
-def test_the_summary_of_a_record_is_its_status_fields(record: AccountRecord) -> None:
-    summary = decode_state_summary(encode_record(record))
-    assert (
-        summary.account_id,
-        summary.workspace_id,
-        summary.status,
-        summary.auth_status,
-        summary.version,
-        summary.deregistered,
-    ) == (
-        record.account_id,
-        record.workspace_id,
-        record.status,
-        record.auth_status,
-        record.version,
-        record.deregistered,
-    )
-
-
-def test_the_summary_reads_a_record_written_before_it_and_rejects_other_records() -> None:
-    summary = decode_state_summary(ON_THE_TOPIC)
-    full = decode_record(ON_THE_TOPIC)
-    assert (summary.status, summary.version) == (full.status, full.version)
-    for field, value in (("type", '"other"'), ("schema_version", "2"), ("version", '"x"')):
-        bad = json.loads(ON_THE_TOPIC)
-        bad[field] = json.loads(value)
-        with pytest.raises(ValidationError):
-            decode_state_summary(json.dumps(bad).encode())
-    with pytest.raises(ValidationError):
-        decode_state_summary(b"not json")

@@ -224,8 +224,8 @@ class Executor:
             msg.partition, decision, state_changed=False, reply_to=reply_partition(msg.headers)
         )
         metrics = self.metrics
-        metrics.child(metrics.commands, query.type, decision.verdict).inc()
-        metrics.child(metrics.command_seconds, query.type).observe(time.perf_counter() - started)
+        metrics.commands.labels(query.type, decision.verdict).inc()
+        metrics.command_seconds.labels(query.type).observe(time.perf_counter() - started)
 
     async def _route_home(
         self, msg: ConsumerRecord[bytes, bytes], command: Command, home: int

@@ -316,32 +316,6 @@ def encode_record(record: AccountRecord) -> bytes:
     return _record_adapter.dump_json(record, by_alias=True)
 
 
-@dataclass(frozen=True, slots=True)
-class StateSummary:
-    """What a reader of auth.state that shows an account's status takes from a record (the
-    front-end's view): the same JSON, validated only in the fields kept here. The worker's
-    restore validates the whole record (``decode_record``); skipping the intent, timers and
-    dedup window makes this several times cheaper (bench/README.md, "The front-end's view")."""
-
-    account_id: str
-    workspace_id: Interned
-    status: Interned
-    auth_status: Interned
-    version: int
-    deregistered: bool = False
-    type: Literal["account_state"] = "account_state"
-    schema_version: Literal[1] = SCHEMA_VERSION
-
-
-_summary_adapter: TypeAdapter[StateSummary] = TypeAdapter(StateSummary)
-
-
-def decode_state_summary(value: bytes) -> StateSummary:
-    """Decode an ``auth.state`` value for a reader of its status; raises ``ValidationError``
-    (also for a record of another type or schema version)."""
-    return _summary_adapter.validate_json(value)
-
-
 # --------------------------------------------------------------------------------------------
 # Decoding commands
 # --------------------------------------------------------------------------------------------
