@@ -12,6 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from tests.source import parse
+
 REPO = Path(__file__).resolve().parents[1]
 FORBIDDEN = (
     "devstack",
@@ -29,7 +31,7 @@ ENTRY_MODULES = ("worker.cli", "worker.app", "worker.api", "worker.api.app")
 
 def imported_roots(path: Path) -> set[str]:
     roots: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             roots.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

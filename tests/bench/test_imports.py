@@ -6,13 +6,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.source import parse
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def imports_of(path: Path) -> set[str]:
     """The ``bench.*`` modules ``path`` imports anywhere in its body."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("bench."))
         elif isinstance(node, ast.ImportFrom) and node.module is not None:
