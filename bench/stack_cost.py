@@ -15,7 +15,9 @@ ceiling (``bench.api_ceiling``) next to it, then:
    group-less consumer, paused while a phase runs) and the provider calls per confirm
    (``/_sim/stats``);
 2. open loop at ``--fractions`` of the front-end's closed-loop rate, ``--latency-s`` each:
-   p50/p99 from each request's scheduled time (no coordinated omission).
+   p50/p99 from each request's scheduled time (no coordinated omission), the front-end's CPU
+   per request, and the ceiling's at the same offered rate (a paced ceiling: the closed-loop
+   one runs at many times the front-end's rate, where a loop wake-up serves many requests).
 
 ``--replicas N`` (N > 1) measures something else: N front-end replicas sharing a load versus
 one with 1/N of it (``bench.replica_cost``).
@@ -373,10 +375,29 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         latency = []
         for fraction in args.fractions if args.latency_s > 0 else []:
             left = accounts - next(numbers) + 1
+            window = CpuWindow({"front-end": stack.pids["front-end"]})
+            window.start()
             point = await open_loop(
                 api, numbers, max_rate * fraction, args.latency_s, DEV_KEY, limit=left
             )
-            latency.append(point | {"fraction": fraction})
+            window.stop()
+            # The ceiling at the same offered rate: the closed-loop ceiling runs at many times
+            # the front-end's rate, where one loop wake-up serves many requests; paced, both
+            # pay the same per-request wake-ups, so this ratio compares code, not rates.
+            paced = CpuWindow({"ceiling": ceiling.pid})
+            paced.start()
+            ceiling_point = await open_loop(
+                ceiling_port, fake, max_rate * fraction, args.latency_s, DEV_KEY, limit=left
+            )
+            paced.stop()
+            latency.append(
+                point
+                | {
+                    "fraction": fraction,
+                    "frontend_cpu_us": per_request(window, point["requests"])["front-end"],
+                    "ceiling_cpu_us": per_request(paced, ceiling_point["requests"])["ceiling"],
+                }
+            )
     finally:
         if counter is not None:
             await counter.stop()
@@ -508,6 +529,13 @@ def report(result: dict[str, Any]) -> str:
             f"open loop {point['fraction']:.0%} ({point['offered_rate']:,.0f}/s): "
             f"p50 {point['p50_ms']:.1f} ms p99 {point['p99_ms']:.1f} ms{verdict}"
         )
+        if "ceiling_cpu_us" in point:
+            fe, ce = point["frontend_cpu_us"]["total_us"], point["ceiling_cpu_us"]["total_us"]
+            paced = f"{fe / ce:.2f}x" if ce else "no ratio"
+            lines.append(
+                f"  paced at that rate, CPU/request µs: front-end {fe:,.0f}, ceiling {ce:,.0f}"
+                f" ({paced})"
+            )
     return "\n".join(lines)
 
 
