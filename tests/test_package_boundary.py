@@ -87,3 +87,16 @@ def test_the_tests_http_client_is_no_runtime_dependency() -> None:
     assert declared & set(TEST_ONLY) == set()
     assert locked & set(TEST_ONLY) == set()
     assert "httpx" in " ".join(project["optional-dependencies"]["dev"])
+
+
+def test_the_package_cites_only_documents_of_the_repository() -> None:
+    """Code cites docs/api.md, docs/architecture.md or the README, never a document that is not
+    in the repository (the contract's original text was once cited as "the seed", by section)."""
+    pattern = re.compile(r"\bthe seed\b|\bseed's\b|\bseed §|§\s?[0-9]+(?!\.[0-9])", re.I)
+    offenders = [
+        f"{path.relative_to(REPO)}:{n}"
+        for path in sorted((REPO / "worker").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) and "RFC" not in line
+    ]
+    assert offenders == []

@@ -303,7 +303,7 @@ class Settings(BaseSettings):
         default=64,
         ge=1,
         description="Connection pool size, and the bound on concurrent calls per provider "
-        "(64 connections carry ~3,000 calls/s at 20 ms).",
+        "(what one pool carries: bench/README.md).",
     )
     provider_breaker_threshold: int = Field(default=20, ge=1)
     provider_breaker_reset_s: float = Field(default=5.0, gt=0)

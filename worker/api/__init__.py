@@ -1,4 +1,4 @@
-"""The HTTP front-end: the seed's passkey-confirm and polling routes over Kafka
+"""The HTTP front-end: the contract's passkey-confirm and polling routes over Kafka
 (docs/architecture.md, "The front-end"; docs/api.md).
 
 ``app`` is the composition root (``build_app``, ``api_runtime``, ``serve_api``); ``routes``

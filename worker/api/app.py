@@ -1,5 +1,5 @@
-"""Composition root of a front-end process: the seed's §4/§5 contract over HTTP, backed by
-Kafka (docs/architecture.md, "The front-end"; docs/api.md).
+"""Composition root of a front-end process: the contract's routes over HTTP, backed by Kafka
+(docs/architecture.md, "The front-end"; docs/api.md).
 
 ``build_app`` wires the Starlette apps (the public API, and the side door serving ``/metrics``
 and the probes on another port) from clients built elsewhere; ``api_runtime`` builds and

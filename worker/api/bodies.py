@@ -1,7 +1,7 @@
 """Every JSON body the front-end answers, as pydantic models, and the request-id rule.
 
 The handlers answer with these models and ``worker.api.openapi`` publishes their JSON Schemas,
-so the contract and the responses can not disagree. Success and failure share the seed's
+so the contract and the responses can not disagree. Success and failure share the contract's
 envelope: ``{request_id, data}`` or ``{request_id, error: {code, numeric_code, message}}``.
 The ``data`` object is the worker's own ``AuthData``: the confirm route returns the worker's
 reply body unchanged, so both routes answer the same shape.
@@ -105,5 +105,5 @@ def json_response(
 def error_response(
     request_id: str, err: ServiceError, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
-    """The seed's failure envelope with the error's HTTP status."""
+    """The contract's failure envelope with the error's HTTP status."""
     return json_response(ErrorResponse.of(request_id, err), err.http_status, headers)

@@ -4,7 +4,7 @@ It picks the request id (a valid caller ``X-Request-Id`` or ``req_<uuid4 hex>``)
 known path's ``OPTIONS`` (a CORS preflight, or the route's methods) and a method the route does
 not take (405 ``method_not_allowed`` with ``Allow``: ``worker.api.methods``), stamps
 ``X-Request-Id`` (and CORS headers) on every response, turns unexpected exceptions into the
-seed's 500 error body, bounds the time the app waits for the request body (408
+contract's 500 error body, bounds the time the app waits for the request body (408
 ``request_timeout``; the connection side is ``worker.api.protocol``), records the request
 metrics, and continues the caller's W3C ``traceparent`` (or starts a trace) in a SERVER span
 for the API's routes (``worker.tracing``; probes, ``OPTIONS`` and unmatched paths are not

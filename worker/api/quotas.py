@@ -41,9 +41,9 @@ QUOTAS: Final = (
     EVENT_TYPES_ITEMS,
 )
 
-#: The catalogue's 429 row (a service extension: the seed shows no rate limits).
+#: The catalogue's 429 row (a service extension: the contract shows no rate limits).
 TOO_MANY: Final = "rate_limited"
-#: The catalogue's 409 row of the endpoint quota (a service extension, like the seed's 409
+#: The catalogue's 409 row of the endpoint quota (a service extension, like the contract's 409
 #: ``workspace_account_quota_exceeded`` of accounts): a limit, not a fault, so never a 500.
 ENDPOINT_QUOTA: Final = "webhook_endpoint_quota_exceeded"
 

@@ -82,7 +82,7 @@ def _error_headers(err: ServiceError) -> dict[str, str] | None:
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
-    """Routing raises 404 (no route): the seed's not_found, "the route does not exist". A
+    """Routing raises 404 (no route): the contract's not_found, "the route does not exist". A
     method the route does not take is answered 405 before routing (``FrontDoor``); should the
     router raise it anyway, the answer is the same, with Starlette's ``Allow``."""
     assert isinstance(exc, StarletteHTTPException)

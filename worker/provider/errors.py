@@ -53,7 +53,8 @@ __all__ = [
 #: Everything an adapter may hand to ``map_upstream_failure``.
 UpstreamFailure = ProviderAnswer | TransportFailure | TimeoutError | CircuitOpenError
 
-#: Numeric refinement for a provider-side operation failure (seed §7, provider-detail codes).
+#: Numeric refinement for a provider-side operation failure (the catalogue's provider-detail
+#: codes; docs/api.md, "Errors").
 OPERATION_FAILED: Final = 30010
 
 #: The longest ``Retry-After`` read from a provider: longer than any retry policy waits, so a
@@ -124,7 +125,8 @@ def map_unexpected(exc: Exception) -> ProviderError:
 
 def invalid_call(message: str) -> ProviderError:
     """The adapter itself rejects the call's data (e.g. an empty account ref) before sending:
-    400 provider_invalid_request, which is what the seed says an adapter rejection is."""
+    400 provider_invalid_request, which is what the contract (docs/api.md) says an adapter
+    rejection is."""
     return ProviderError(ServiceError.of("provider_invalid_request", message), transient=False)
 
 
