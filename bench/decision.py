@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 from worker.flow import Policy, decide, settle_confirm
 from worker.messages import AccountRecord, PasskeyConfirm
+from worker.provider.base import ProviderAuthState
 
 POLICY = Policy(providers=frozenset({"simulator"}))
 
@@ -60,7 +61,7 @@ def decision_cost(n: int, repeat: int = 7) -> tuple[float, float]:
             assert d.record is not None
             settle_confirm(
                 d.record,
-                ("passkey_confirmation_sent", "passkey_confirmation_sent"),
+                ProviderAuthState("passkey_confirmation_sent", "passkey_confirmation_sent"),
                 now=now,
                 policy=POLICY,
             )

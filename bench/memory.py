@@ -40,11 +40,12 @@ from worker.messages import (
     decode_record,
     encode_record,
 )
+from worker.provider.base import ProviderAuthState
 from worker.settings import Settings
 from worker.store import StateStore, restore_partitions
 
 TOKEN = "000000000000"  # 12 digits, replaced by the account number in every id of a record
-SENT = ("passkey_confirmation_sent", "passkey_confirmation_sent")
+SENT = ProviderAuthState("passkey_confirmation_sent", "passkey_confirmation_sent")
 
 
 def sample_record(

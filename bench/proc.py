@@ -40,6 +40,7 @@ from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import AccountRecord, DecodeFailure, decode_command
 from worker.process import on_stop_signals, tune_gc
 from worker.provider import (
+    ProviderAuthState,
     ProviderError,
     ProviderRegistry,
     build_http_client,
@@ -138,14 +139,14 @@ async def run_baseline(settings: Settings, stop: asyncio.Event) -> None:
             intent = decision.record
             adapter = providers[intent.provider or ""]
             deadline = time.monotonic() + policy.command_deadline_s
-            result: tuple[str, str] | Any
+            result: ProviderAuthState | Any
             try:
                 answer = await adapter.confirm_passkey(
                     intent.provider_account_ref or "",
                     idempotency_key=command.command_id,
                     deadline=deadline,
                 )
-                result = (answer.status, answer.auth_status)
+                result = answer
             except ProviderError as exc:
                 result = exc.error
             decision = settle_confirm(intent, result, now=time.time(), policy=policy)

@@ -33,6 +33,7 @@ from worker.messages import (
     PasskeyConfirm,
     RegisterAccount,
 )
+from worker.provider.base import ProviderAuthState
 
 NOW = 1_800_000_000.0
 POLICY = Policy(providers=frozenset({"simulator"}))
@@ -128,7 +129,7 @@ def test_foreign_workspace_cannot_replay_the_owner_reply() -> None:
     rec = record()
     first = decide(rec, confirm(), now=NOW, policy=POLICY)
     assert first.record is not None and first.call == "confirm_passkey"
-    done = settle_confirm(first.record, (SENT, SENT), now=NOW, policy=POLICY)
+    done = settle_confirm(first.record, ProviderAuthState(SENT, SENT), now=NOW, policy=POLICY)
     assert done.record is not None
     forged = decide(done.record, confirm(workspace="ws_b"), now=NOW, policy=POLICY)
     assert forged.reply is not None and forged.reply.http_status == 404
@@ -155,7 +156,7 @@ def test_a_foreign_confirm_is_exactly_a_confirm_on_an_unknown_id(
     owned = replace(record(), **owner_state)  # type: ignore[arg-type]
     seen = settle_confirm(
         decide(record(), confirm(), now=NOW - 5, policy=POLICY).record or owned,
-        (SENT, SENT),
+        ProviderAuthState(SENT, SENT),
         now=NOW - 4,
         policy=POLICY,
     ).record
@@ -198,7 +199,7 @@ def test_challenge_calls_provider_with_write_ahead_intent() -> None:
 def test_provider_success_is_200_and_sent() -> None:
     intent = decide(record(), confirm(), now=NOW, policy=POLICY).record
     assert intent is not None
-    d = settle_confirm(intent, (SENT, SENT), now=NOW + 1, policy=POLICY)
+    d = settle_confirm(intent, ProviderAuthState(SENT, SENT), now=NOW + 1, policy=POLICY)
     assert d.reply is not None and d.reply.http_status == 200
     assert d.reply.body.data is not None
     assert d.reply.body.data.model_dump() == {
@@ -218,7 +219,7 @@ def test_provider_success_is_200_and_sent() -> None:
 def test_same_command_id_replays_original_reply_without_provider_call() -> None:
     intent = decide(record(), confirm(), now=NOW, policy=POLICY).record
     assert intent is not None
-    done = settle_confirm(intent, (SENT, SENT), now=NOW + 1, policy=POLICY)
+    done = settle_confirm(intent, ProviderAuthState(SENT, SENT), now=NOW + 1, policy=POLICY)
     assert done.record is not None
     again = decide(done.record, confirm(), now=NOW + 50, policy=POLICY)
     assert again.verdict == "duplicate"
@@ -308,7 +309,7 @@ def test_expired_command_deadline_is_500_without_provider_call() -> None:
 def sent_record() -> AccountRecord:
     intent = decide(record(), confirm(), now=NOW, policy=POLICY).record
     assert intent is not None
-    done = settle_confirm(intent, (SENT, SENT), now=NOW, policy=POLICY).record
+    done = settle_confirm(intent, ProviderAuthState(SENT, SENT), now=NOW, policy=POLICY).record
     assert done is not None
     return done
 

@@ -20,6 +20,7 @@ from worker.messages import (
     PasskeyConfirm,
     RegisterAccount,
 )
+from worker.provider.base import ProviderAuthState
 
 POLICY = Policy(providers=frozenset({"simulator"}), dedup_window=8)
 T0 = 1_800_000_000.0
@@ -73,7 +74,7 @@ deregisters = st.builds(
 commands = st.one_of(confirms, confirms, registers, observes, deregisters)
 provider_results = st.sampled_from(
     [
-        ("passkey_confirmation_sent", "passkey_confirmation_sent"),
+        ProviderAuthState("passkey_confirmation_sent", "passkey_confirmation_sent"),
         ServiceError.of("provider_unavailable"),
         ServiceError.of("provider_account_mismatch"),
         ServiceError.of("provider_unavailable").refine(30010),
@@ -183,7 +184,7 @@ def test_expiry_only_after_deadline(offset: float) -> None:
     assert intent is not None
     sent = settle_confirm(
         intent,
-        ("passkey_confirmation_sent", "passkey_confirmation_sent"),
+        ProviderAuthState("passkey_confirmation_sent", "passkey_confirmation_sent"),
         now=T0,
         policy=POLICY,
     ).record

@@ -20,6 +20,7 @@ from worker.messages import (
     decode_record,
     encode_record,
 )
+from worker.provider.base import ProviderAuthState
 from worker.speedups import compact_id, expand_id
 
 # Written by the code before command ids were compacted (commit 5846526): canonical,
@@ -163,7 +164,7 @@ def test_a_uuid_command_is_deduplicated_across_a_restore() -> None:
     )
     intent = decide(record, cmd, now=now, policy=policy).record
     assert intent is not None
-    sent = ("passkey_confirmation_sent", "passkey_confirmation_sent")
+    sent = ProviderAuthState("passkey_confirmation_sent", "passkey_confirmation_sent")
     done = settle_confirm(intent, sent, now=now + 1, policy=policy)
     assert done.record is not None and isinstance(done.record.recent[-1].cid, int)
     assert isinstance(done.record.recent[-1].rid, int)

@@ -62,10 +62,11 @@ from worker.messages import (
     ReplyBody,
     decode_command,
     event_id,
+    request_id_of,
     rfc3339,
 )
 from worker.metrics import WorkerMetrics
-from worker.provider import ProviderError, ProviderRegistry
+from worker.provider import ProviderAuthState, ProviderError, ProviderRegistry
 from worker.publish import Publisher
 from worker.route import Router, forwarded_from, reply_partition
 from worker.store import StateStore
@@ -158,7 +159,7 @@ class Executor:
         with structlog.contextvars.bound_contextvars(
             account_id=command.account_id,
             command_id=command.command_id,
-            request_id=getattr(command, "request_id", None),
+            request_id=request_id_of(command),
             partition=msg.partition,
             offset=msg.offset,
         ):
@@ -267,7 +268,7 @@ class Executor:
         if intent is None:
             raise ValueError("no confirm in flight")
         adapter = self.providers.get(record.provider or "")
-        result: tuple[str, str] | ServiceError | None
+        result: ProviderAuthState | ServiceError | None
         if adapter is None:
             result = ServiceError.of("provider_adapter_not_found")
         else:
@@ -281,12 +282,11 @@ class Executor:
                     if seen.status != CHALLENGE:
                         # The provider is past the challenge: our confirm was applied. Answer
                         # as the first attempt would have; the follow-up reports what came next.
-                        result = (SENT, SENT)
+                        result = ProviderAuthState(SENT, SENT)
                 if result is None:
-                    state = await adapter.confirm_passkey(
+                    result = await adapter.confirm_passkey(
                         ref, idempotency_key=intent.command_id, deadline=deadline
                     )
-                    result = (state.status, state.auth_status)
             except ProviderError as exc:
                 result = exc.error
             except Exception:
@@ -515,5 +515,7 @@ class _Ids:
             account_id=command.account_id,
             workspace_id=getattr(command, "workspace_id", None),
             command_id=command.command_id,
-            request_id=getattr(command, "request_id", None),
+            request_id=command.request_id
+            if isinstance(command, DecodeFailure)
+            else request_id_of(command),
         )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Container
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from transitions import Machine
 
@@ -45,6 +45,7 @@ from worker.messages import (
     Reply,
     ReplyBody,
     event_id,
+    request_id_of,
     rfc3339,
 )
 from worker.speedups import compact_id
@@ -302,7 +303,7 @@ def _failure(
     outcome = _standstill(
         record,
         command_id=cmd.command_id,
-        request_id=getattr(cmd, "request_id", None),
+        request_id=request_id_of(cmd),
         now=now,
         err=err,
     )
@@ -491,14 +492,25 @@ def _confirm(
     )
 
 
+class ProviderView(Protocol):
+    """What the decision needs of a provider's answer about the account's flow (the adapter's
+    ``ProviderAuthState``); a protocol, so the decision imports nothing of the provider's."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def auth_status(self) -> str: ...
+
+
 def settle_confirm(
     record: AccountRecord,
-    result: tuple[str, str] | ServiceError,
+    result: ProviderView | ServiceError,
     *,
     now: float,
     policy: Policy,
 ) -> Decision:
-    """Finish the in-flight confirm with the provider's answer: (status, auth_status) or a
+    """Finish the in-flight confirm with the provider's answer: its view of the flow, or a
     catalogued error. Clears the write-ahead intent."""
     intent = record.in_flight
     if intent is None:
@@ -520,11 +532,10 @@ def settle_confirm(
             new_record=_recorded(record, outcome, policy, in_flight=None),
         )
     dest = next_status("confirm_passkey", record.status) or SENT
-    _status, auth_status = result
     return _transition(
         record,
         status=dest,
-        auth_status=auth_status or dest,
+        auth_status=result.auth_status or dest,
         command_id=intent.command_id,
         request_id=intent.request_id,
         now=now,

@@ -134,6 +134,15 @@ Command = Annotated[
     RegisterAccount | ObserveAuthState | PasskeyConfirm | DeregisterAccount | GetAuthState,
     Field(discriminator="type"),
 ]
+#: The commands a caller waits on, which carry its ``request_id``.
+Requested = PasskeyConfirm | GetAuthState
+
+
+def request_id_of(command: Command) -> str | None:
+    """The caller's request id of a command that has one (a confirm, a query), else None."""
+    return command.request_id if isinstance(command, Requested) else None
+
+
 COMMAND_TYPES = (
     "register_account",
     "observe_auth_state",

@@ -77,6 +77,7 @@ async def test_python_m_worker_api_serves_and_stops_on_sigterm(api_settings: Api
             assert (await http.get("/metrics")).status_code == 404
             scrape = await http.get(f"http://127.0.0.1:{metrics_port}/metrics")
             assert scrape.status_code == 200 and "passkey_api_refusals_total" in scrape.text
+            assert "\npasskey_api_query_timeouts_total 1.0\n" in scrape.text, "the GET above"
 
             in_flight = asyncio.create_task(
                 http.post("/v1/accounts/acc_1/auth/passkey-confirm", headers=headers())

@@ -85,6 +85,11 @@ class ApiMetrics:
             "passkey-confirm requests answered 500 because no reply arrived in time",
             registry=registry,
         )
+        self.query_timeouts = Counter(
+            "passkey_api_query_timeouts",
+            "GET /auth requests answered 500 because the owner's answer did not arrive in time",
+            registry=registry,
+        )
         self.pending_replies = Gauge(
             "passkey_api_pending_replies",
             "Requests currently waiting for their reply on auth.replies",

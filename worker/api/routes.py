@@ -401,6 +401,7 @@ class ApiRoutes:
         except _RoundTripFailed:
             raise ServiceError.of("get_auth_state_failed", unavailable) from None
         if reply is None:
+            self.metrics.query_timeouts.inc()
             log.warning(
                 "api_query_timeout",
                 request_id=request_id,
