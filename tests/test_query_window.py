@@ -62,12 +62,9 @@ def query_record(partition: int) -> ConsumerRecord[bytes, bytes]:
     )
 
 
-async def test_a_query_waits_for_the_window_then_reads_the_new_record() -> None:
-    partition = home_partition(b"acc_1", PARTITIONS)
-    store = StateStore()
-    store.load(partition, {"acc_1": record("passkey_confirmation", 1)})
-    publisher = HeldPublisher()
-    executor = Executor(
+def executor_over(store: StateStore, publisher: HeldPublisher) -> Executor:
+    """An executor with no provider, publishing through ``publisher``."""
+    return Executor(
         store=store,
         publisher=publisher,  # type: ignore[arg-type]
         providers=ProviderRegistry(),
@@ -75,6 +72,14 @@ async def test_a_query_waits_for_the_window_then_reads_the_new_record() -> None:
         metrics=WorkerMetrics(CollectorRegistry()),
         router=Router("auth.commands", partitions_for_topic=lambda _: None, fallback=PARTITIONS),
     )
+
+
+async def test_a_query_waits_for_the_window_then_reads_the_new_record() -> None:
+    partition = home_partition(b"acc_1", PARTITIONS)
+    store = StateStore()
+    store.load(partition, {"acc_1": record("passkey_confirmation", 1)})
+    publisher = HeldPublisher()
+    executor = executor_over(store, publisher)
     msg = query_record(partition)
     assert executor.unordered(msg)
     before = store.get(partition, "acc_1")
@@ -100,14 +105,7 @@ async def test_a_query_outside_any_window_answers_at_once() -> None:
     store = StateStore()
     store.load(partition, {"acc_1": record("authorized", 4)})
     publisher = HeldPublisher()
-    executor = Executor(
-        store=store,
-        publisher=publisher,  # type: ignore[arg-type]
-        providers=ProviderRegistry(),
-        policy=Policy(providers=()),
-        metrics=WorkerMetrics(CollectorRegistry()),
-        router=Router("auth.commands", partitions_for_topic=lambda _: None, fallback=PARTITIONS),
-    )
+    executor = executor_over(store, publisher)
     off_home = query_record((partition + 1) % PARTITIONS)
     assert not executor.unordered(off_home), "a query off its home partition keeps its lane"
     await asyncio.wait_for(executor.handle(query_record(partition)), 5)

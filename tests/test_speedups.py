@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
+from tests.strategies import ids
 from worker.messages import AccountRecord, InFlight, Outcome, decode_record, encode_record
 from worker.speedups import (
     _HASHES,
@@ -18,17 +19,6 @@ from worker.speedups import (
     compact_id,
     expand_id,
     key_hash,
-)
-
-uuids = st.uuids().map(str)
-ids = (
-    uuids
-    | uuids.map(str.upper)
-    | uuids.map(lambda u: u.replace("-", ""))
-    | uuids.map(lambda u: "req_" + u.replace("-", ""))  # the front-end's request ids
-    | uuids.map(lambda u: "req_" + u.replace("-", "").upper())
-    | uuids.map(lambda u: "req_" + u)
-    | st.text(alphabet="0123456789abcdefx-_.:@AFrq", max_size=40)
 )
 
 

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.strategies import ids
 from worker.flow import Policy, decide, settle_confirm
 from worker.messages import (
     AccountRecord,
@@ -77,18 +78,6 @@ def test_zero_timestamps_keep_their_sign() -> None:
     value = encode_record(record)
     assert b'"at":-0.0' in value
     assert encode_record(decode_record(value)) == value
-
-
-uuids = st.uuids().map(str)
-ids = (
-    uuids
-    | uuids.map(str.upper)
-    | uuids.map(lambda u: u.replace("-", ""))
-    | uuids.map(lambda u: "req_" + u.replace("-", ""))  # the front-end's request ids
-    | uuids.map(lambda u: "req_" + u.replace("-", "").upper())
-    | uuids.map(lambda u: "req_" + u)
-    | st.text(alphabet="0123456789abcdefx-_.:@AFrq", max_size=40)
-)
 
 
 floats = st.floats(min_value=-1e10, max_value=4e9, allow_nan=False)
