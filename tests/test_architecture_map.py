@@ -1,0 +1,42 @@
+"""docs/architecture.md's map of the code ("Where each concept lives in the code") names every
+module and subpackage of ``worker/``, and nothing that is not there."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def named_in_map(doc: str) -> set[str]:
+    """The ``worker/...`` paths in the first column of the map's rows."""
+    section = doc[doc.index("## Where each concept lives in the code") :]
+    firsts = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return {m for cell in firsts for m in re.findall(r"`(worker/[A-Za-z0-9_./]+)`", cell)}
+
+
+def in_tree(root: Path) -> set[str]:
+    modules = {
+        f"worker/{p.name}"
+        for p in (root / "worker").glob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    }
+    packages = {
+        f"worker/{p.name}/"
+        for p in (root / "worker").iterdir()
+        if p.is_dir() and (p / "__init__.py").exists()
+    }
+    return modules | packages
+
+
+def test_the_map_matches_the_tree() -> None:
+    named = named_in_map((REPO / "docs" / "architecture.md").read_text())
+    tree = in_tree(REPO)
+    assert sorted(tree - named) == [], "modules the map does not name"
+    assert sorted(named - tree) == [], "names in the map that are not in the tree"
+
+
+def test_the_map_reader_sees_rows() -> None:
+    doc = "## Where each concept lives in the code\n\n| `worker/a.py`, `worker/b/` | x |\n"
+    assert named_in_map(doc) == {"worker/a.py", "worker/b/"}
