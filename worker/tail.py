@@ -28,6 +28,22 @@ from worker.replay import replay_to_highwater
 log = get_logger(__name__)
 
 
+async def partitions_of(
+    consumer: Any, topic: str, *, deadline: float, pause_s: float = 0.1
+) -> set[int]:
+    """The partition numbers of ``topic`` as the started, group-less ``consumer`` learns them
+    by ``deadline`` (monotonic); empty when it has not by then."""
+    while True:
+        parts: set[int] | None = consumer.partitions_for_topic(topic)
+        if parts or time.monotonic() > deadline:
+            return set(parts or ())
+        # A consumer without a subscription has no metadata yet; aiokafka has no public call
+        # that refreshes it, so ask the client (an empty topic set means "all topics").
+        await consumer._client.force_metadata_update()
+        if not consumer.partitions_for_topic(topic):
+            await asyncio.sleep(pause_s)
+
+
 async def assign_all(
     consumer: Any,
     topic: str,
@@ -37,18 +53,9 @@ async def assign_all(
 ) -> list[TopicPartition]:
     """Assign every partition of ``topic`` (or those ``only`` picks from them) to the started,
     group-less ``consumer``, at the beginning."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        parts = consumer.partitions_for_topic(topic)
-        if parts:
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"topic {topic!r} has no partitions after {timeout_s}s")
-        # A consumer without a subscription has no metadata yet; aiokafka has no public call
-        # that refreshes it, so ask the client (an empty topic set means "all topics").
-        await consumer._client.force_metadata_update()
-        if not consumer.partitions_for_topic(topic):
-            await asyncio.sleep(0.1)
+    parts = await partitions_of(consumer, topic, deadline=time.monotonic() + timeout_s)
+    if not parts:
+        raise RuntimeError(f"topic {topic!r} has no partitions after {timeout_s}s")
     numbers = sorted(parts)
     tps = [TopicPartition(topic, p) for p in (only(numbers) if only else numbers)]
     consumer.assign(tps)

@@ -31,6 +31,7 @@ from worker.fetch import getmany as fetch_records
 from worker.fetch import skipping
 from worker.logs import get_logger
 from worker.route import home_partition
+from worker.tail import partitions_of
 from worker.webhooks.log_view import DeliveryLogView
 from worker.webhooks.publish import DeliveryLogEntry
 
@@ -105,15 +106,9 @@ class DeliveryLogScan:
         consumer = self._consumer
         if consumer is None:
             raise DeliveryScanFailed("not started")
-        parts = consumer.partitions_for_topic(self.topic)
-        while not parts:
-            if time.monotonic() > deadline:
-                raise DeliveryScanFailed(f"topic {self.topic!r} has no partitions")
-            # No subscription, so no metadata yet: ask for it (as ``worker.tail.assign_all``).
-            await consumer._client.force_metadata_update()
-            parts = consumer.partitions_for_topic(self.topic)
-            if not parts:
-                await asyncio.sleep(0.05)
+        parts = await partitions_of(consumer, self.topic, deadline=deadline, pause_s=0.05)
+        if not parts:
+            raise DeliveryScanFailed(f"topic {self.topic!r} has no partitions")
         return TopicPartition(self.topic, home_partition(key, len(parts)))
 
     async def _scan(self, endpoint_id: str, deadline: float) -> list[DeliveryLogEntry]:
