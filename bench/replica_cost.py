@@ -286,6 +286,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         for proc in extra:
             stop_process(proc)
         stop_process(stack.proc, 60)
+    nets = [r["ratio_net"] for r in rounds if r["ratio_net"] is not None]
     return {
         "parameters": vars(args) | {"out": str(args.out)},
         "machine": machine() | {"loadavg_end": os.getloadavg()},
@@ -294,9 +295,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "seconds_to_ready": ready,
         "rounds": rounds,
         "ratio_total_median": statistics.median(r["ratio_total"] for r in rounds),
-        "ratio_net_median": statistics.median(
-            r["ratio_net"] for r in rounds if r["ratio_net"] is not None
-        ),
+        # None when no round's replica used more CPU than at idle (a tiny run can't tell).
+        "ratio_net_median": statistics.median(nets) if nets else None,
     }
 
 
@@ -335,9 +335,11 @@ def report(result: dict[str, Any]) -> str:
             f"{r['ratio_total']:.2f} raw, {net} less idle; loadavg {r['loadavg_1m']:.1f}"
         )
         lines.append(f"  statuses one {r['one']['statuses']} shared {r['shared']['statuses']}")
+    net_median = result["ratio_net_median"]
+    net = "n/a" if net_median is None else f"{net_median:.2f}"
     lines.append(
         f"median ratio: {result['ratio_total_median']:.2f} raw, "
-        f"{result['ratio_net_median']:.2f} less idle (target ≤ {TARGET_REPLICA_RATIO})"
+        f"{net} less idle (target ≤ {TARGET_REPLICA_RATIO})"
     )
     return "\n".join(lines)
 
