@@ -42,7 +42,8 @@ from worker.messages import (
 )
 from worker.provider.base import ProviderAuthState
 from worker.settings import Settings
-from worker.store import StateStore, restore_partitions
+from worker.state_store import StateStore
+from worker.store import restore_partitions
 
 TOKEN = "000000000000"  # 12 digits, replaced by the account number in every id of a record
 SENT = ProviderAuthState("passkey_confirmation_sent", "passkey_confirmation_sent")
@@ -193,7 +194,7 @@ async def restore_rate(settings: Settings, records: int) -> RestoreResult:
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
-        restored = await restore_partitions(consumer, [tp])
+        restored = await restore_partitions(consumer, [tp], decode=StateStore.decode)
     finally:
         await consumer.stop()
     latest, stats = restored[0]

@@ -17,9 +17,9 @@ from tests.conftest import SettingsFactory
 from worker.consumer import Hold, LoopConfig, OffsetTracker, Worker, hold_record
 from worker.faults import Fault
 from worker.kafka import build_consumer, ensure_topics
-from worker.metrics import WorkerMetrics
 from worker.runner import consume_loop, group_consumer
-from worker.store import StateStore
+from worker.state_store import StateStore
+from worker.worker_metrics import WorkerMetrics
 
 
 def test_watermark_waits_for_the_oldest_unfinished_record() -> None:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tests.harness import confirm_cmd, register_cmd
 from worker.api.replies import ReplyError, ReplyRouter
 from worker.messages import DecodeFailure, decode_command, decode_record
-from worker.store import StateStore
+from worker.state_store import StateStore
 from worker.webhooks.endpoints import decode_endpoint
 from worker.webhooks.events import from_error, from_status
 from worker.webhooks.publish import DeliveryLogEntry, decode_log, decode_replay

@@ -30,11 +30,11 @@ from worker.faults import (
     is_process_fault,
 )
 from worker.kafka import build_consumer, build_producer, ensure_topics
-from worker.metrics import WorkerMetrics
 from worker.outage import MAX_RECORD_BYTES, BrokerOutageExceeded, enqueue
 from worker.runner import consume_loop, group_consumer
-from worker.store import StateStore
+from worker.state_store import StateStore
 from worker.tail import TopicTail
+from worker.worker_metrics import WorkerMetrics
 
 # --- the rule -------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from worker import flow
 from worker.messages import AccountRecord, PasskeyConfirm, decode_record
 from worker.route import home_partition
 from worker.settings import Settings
-from worker.store import StateStore
+from worker.state_store import StateStore
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devstack.simulator import ProviderSimulator, running_simulator
 from tests.deploy.test_metric_names import STANDARD_FAMILIES, STANDARD_LABELS
 from worker import __version__, tracing
-from worker.metrics import WorkerMetrics, export_process_metrics
+from worker.metrics import export_process_metrics
 from worker.provider import (
     BREAKER_STATES,
     CircuitBreaker,
@@ -26,6 +26,7 @@ from worker.provider import (
     build_http_client,
 )
 from worker.settings import Settings
+from worker.worker_metrics import WorkerMetrics
 
 BREAKER = "passkey_auth_provider_breaker_state"
 

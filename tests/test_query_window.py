@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 from worker.execute import Executor
 from worker.flow import Decision, Policy
 from worker.messages import AccountRecord, GetAuthState
-from worker.metrics import WorkerMetrics
 from worker.provider import ProviderRegistry
 from worker.route import Router, home_partition
-from worker.store import StateStore
+from worker.state_store import StateStore
+from worker.worker_metrics import WorkerMetrics
 
 PARTITIONS = 3
 

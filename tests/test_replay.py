@@ -15,6 +15,7 @@ from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import AccountRecord, encode_record
 from worker.replay import high_water_marks, replay_to_highwater
 from worker.settings import Settings
+from worker.state_store import StateStore
 from worker.store import restore_partitions
 
 pytestmark = pytest.mark.integration
@@ -232,7 +233,8 @@ async def test_restore_keeps_the_last_record_per_account(
             (2, b"d", encode_record(account("d", 7))),
         ],
     )
-    restored = await restore_partitions(consumer, [TopicPartition(topic, p) for p in (0, 1, 2)])
+    tps = [TopicPartition(topic, p) for p in (0, 1, 2)]
+    restored = await restore_partitions(consumer, tps, decode=StateStore.decode)
     records = {p: {k: r.version for k, r in latest.items()} for p, (latest, _) in restored.items()}
     assert records == {0: {"a": 2}, 1: {}, 2: {"d": 7}}
     stats = {p: (s.records, s.accounts, s.undecodable) for p, (_, s) in restored.items()}

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.messages import AccountRecord, FollowUp
-from worker.store import StateStore
+from worker.state_store import StateStore
 
 
 def record(

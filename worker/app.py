@@ -17,7 +17,7 @@ from worker.execute import Executor
 from worker.flow import Policy
 from worker.kafka import ConsumerClass, build_producer, verify_topics
 from worker.logs import get_logger
-from worker.metrics import WORKER_PREFIX, WorkerMetrics, export_process_metrics
+from worker.metrics import WORKER_PREFIX, export_process_metrics
 from worker.outage import BrokerHealth
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
@@ -25,8 +25,9 @@ from worker.route import Router
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
 from worker.speedups import KeyPartitioner
-from worker.store import StateStore
+from worker.state_store import StateStore
 from worker.topics import used_by
+from worker.worker_metrics import WorkerMetrics
 
 log = get_logger(__name__)
 

@@ -27,13 +27,19 @@ from worker.faults import (
     ATTEMPTS,
     DETAIL,
     EXCEPTION,
+    FAULT_REASONS,
     FINGERPRINT,
     PREFIX,
     REASON,
     REDRIVEN,
     SOURCE,
 )
-from worker.messages import rfc3339
+from worker.messages import DECODE_REASONS, rfc3339
+
+# ``dlq.reason`` of the record-fault dead letters of the worker and the dispatcher: the decode
+# reasons, a handler that kept failing, an output over its size bound, bytes no decoder reads.
+# Their series are created at zero so the DLQ alerts see the first one.
+DLQ_REASONS: tuple[str, ...] = (*DECODE_REASONS, *FAULT_REASONS)
 
 # The header names are the engine's (``worker.faults``), which writes them. ``REDRIVEN`` is set
 # by a redrive on the record it re-produces: ``<dlq topic>:<partition>:<offset>``.

@@ -65,11 +65,11 @@ from worker.messages import (
     request_id_of,
     rfc3339,
 )
-from worker.metrics import WorkerMetrics
 from worker.provider import ProviderAuthState, ProviderError, ProviderRegistry
 from worker.publish import Publisher
 from worker.route import Router, forwarded_from, reply_partition
-from worker.store import StateStore
+from worker.state_store import StateStore
+from worker.worker_metrics import WorkerMetrics
 
 log = get_logger(__name__)
 

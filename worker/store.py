@@ -1,5 +1,5 @@
-"""The state store: account records of the owned partitions, in memory, rebuilt from
-``auth.state`` (the changelog) whenever a partition is assigned.
+"""State stores: records of the owned partitions, in memory, rebuilt from a changelog
+(``auth.state``, the dispatcher's delivery states) whenever a partition is assigned.
 
 Correct without compaction: restore reads the partition from the beginning and keeps the last
 record per key, so a broker that never compacts (the embedded one) only costs restore time.
@@ -11,14 +11,13 @@ import gc
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar, overload
+from typing import Any, ClassVar, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from worker.logs import get_logger
-from worker.messages import AccountRecord, decode_record
 from worker.replay import replay_to_highwater
-from worker.timers import Timer, TimerQueue
+from worker.timers import TimerQueue
 
 log = get_logger(__name__)
 
@@ -102,48 +101,6 @@ class PartitionedStore(ABC, Generic[R]):
         return sum(len(p) for p in self._parts.values())
 
 
-class StateStore(PartitionedStore[AccountRecord]):
-    """The worker's account records, and the follow-up timers of the accounts in flow.
-
-    The timers are a heap by due time, so finding the due ones costs O(log n) each instead
-    of a scan of every account in flow four times a second (bench/README.md, hot spot #8). A
-    record in flow arms its account's timer; a settled or deregistered one cancels it.
-
-    It tracks the hand-over of each command partition (``inherited``): a confirm that a
-    previous owner may have sent to the provider is re-driven instead of sent blind
-    (docs/architecture.md, "Write-ahead intent").
-    """
-
-    tracks_handover: ClassVar[bool] = True
-
-    @property
-    def following(self) -> dict[str, Timer]:
-        """Each account in flow and its live timer."""
-        return self.timers.live
-
-    @property
-    def _timers(self) -> list[Timer]:
-        return self.timers.heap
-
-    @staticmethod
-    def decode(value: bytes) -> tuple[str, AccountRecord]:
-        record = decode_record(value)
-        return record.account_id, record
-
-    def key_of(self, record: AccountRecord) -> str:
-        return record.account_id
-
-    def _arm(self, partition: int, record: AccountRecord) -> None:
-        fu = record.follow_up
-        if fu is not None and not record.deregistered:
-            self.timers.arm(record.account_id, partition, min(fu.next_poll_at, fu.deadline_at))
-        else:
-            self.timers.cancel(record.account_id)
-
-    def _timer_keys(self, record: AccountRecord) -> list[str]:
-        return [record.account_id]
-
-
 @dataclass(frozen=True, slots=True)
 class RestoreStats:
     partition: int
@@ -153,35 +110,14 @@ class RestoreStats:
     seconds: float
 
 
-@overload
-async def restore_partitions(
-    consumer: AIOKafkaConsumer,
-    tps: list[TopicPartition],
-    *,
-    idle_timeout_ms: int = ...,
-    batch: int = ...,
-) -> dict[int, tuple[dict[str, AccountRecord], RestoreStats]]: ...
-
-
-@overload
 async def restore_partitions(
     consumer: AIOKafkaConsumer,
     tps: list[TopicPartition],
     *,
     decode: Decoder[R],
-    idle_timeout_ms: int = ...,
-    batch: int = ...,
-) -> dict[int, tuple[dict[str, R], RestoreStats]]: ...
-
-
-async def restore_partitions(
-    consumer: AIOKafkaConsumer,
-    tps: list[TopicPartition],
-    *,
-    decode: Decoder[Any] = StateStore.decode,
     idle_timeout_ms: int = 200,
     batch: int = 10_000,
-) -> dict[int, tuple[dict[str, Any], RestoreStats]]:
+) -> dict[int, tuple[dict[str, R], RestoreStats]]:
     """Read every partition in ``tps`` (of a changelog: auth.state, or the dispatcher's
     delivery states) from the beginning to its high-water mark, all at once, keeping the last
     record per key. ``decode`` turns a value into (key, record) or raises (the record is skipped).
@@ -189,7 +125,7 @@ async def restore_partitions(
     ``consumer`` is a group-less consumer used only for restoring; where a partition ends is
     ``worker.replay``'s rule, the one the front-end's tails use too.
     """
-    latest: dict[TopicPartition, dict[str, Any]] = {tp: {} for tp in tps}
+    latest: dict[TopicPartition, dict[str, R]] = {tp: {} for tp in tps}
     bad = dict.fromkeys(tps, 0)
 
     def fold(tp: TopicPartition, messages: list[Any]) -> None:

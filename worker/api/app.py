@@ -45,7 +45,8 @@ from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
 from worker.kafka import build_consumer, build_producer, verify_topics
 from worker.logs import get_logger
-from worker.metrics import API_PREFIX, TailSkips, export_process_metrics
+from worker.loop_metrics import TailSkips
+from worker.metrics import API_PREFIX, export_process_metrics
 from worker.outage import BrokerHealth
 from worker.probes import Probes
 from worker.process import on_stop_signals

@@ -19,7 +19,8 @@ from worker import tracing
 from worker.consumer import Worker
 from worker.kafka import ConsumerClass, build_consumer, build_producer, verify_topics
 from worker.logs import get_logger
-from worker.metrics import WEBHOOK_PREFIX, TailSkips, export_process_metrics
+from worker.loop_metrics import TailSkips
+from worker.metrics import WEBHOOK_PREFIX, export_process_metrics
 from worker.outage import BrokerHealth
 from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
 from worker.settings import Settings
