@@ -1,11 +1,6 @@
-"""Prometheus metrics of the worker: one container, built in ``main`` on an injected registry;
-the product's metric prefixes; and what every process exports beside its own families
-(``export_process_metrics``).
-
-Labels are small fixed sets (command type, outcome, catalogue code, partition); never an
-account id. The names are a contract with deploy/ (dashboard, alert rules) and are listed in
-``deploy/metrics.txt``; a test scrapes a live worker and compares.
-"""
+"""Prometheus metrics of the worker on an injected registry, the product's metric prefixes and
+what every process exports beside its own. Labels are small fixed sets, never an account id;
+the names are a contract with ``deploy/`` (``deploy/metrics.txt``, checked by a test)."""
 
 from __future__ import annotations
 

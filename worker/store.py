@@ -1,9 +1,6 @@
 """The state store: account records of the owned partitions, in memory, rebuilt from
-``auth.state`` (the changelog) whenever a partition is assigned.
-
-Correct without compaction: restore reads the partition from the beginning and keeps the last
-record per key, so a broker that never compacts (the embedded one) only costs restore time.
-"""
+``auth.state`` (the changelog) on assignment; correct without compaction
+(docs/architecture.md, "Keys, compaction and co-partitioning")."""
 
 from __future__ import annotations
 
