@@ -12,6 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.source import parse
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,3 +102,86 @@ def test_the_package_cites_only_documents_of_the_repository() -> None:
         if pattern.search(line) and "RFC" not in line
     ]
     assert offenders == []
+
+
+MODULE_DOC_MAX_LINES = 8
+BENCH_FIGURE = re.compile(
+    r"""bench/README | \bbench\.[a-z_]+ | \bmeasured\b
+    | \d\s*(?:µs|μs|ns|us)\b
+    | \d\s*(?:ns|µs|μs|ms|s|B|KB|kB|KiB|MB|MiB)\s+(?:per|a|an|each)\s+
+      (?:record|request|command|call|confirm|message|account|delivery|reply)
+    | \d+(?:\.\d+)?\s*(?:x|\u00d7|times)\s+
+      (?:faster|slower|cheaper|lower|higher|less|more|fewer|the\s+cost)\b
+    | \d+(?:\.\d+)?\s*%\s+(?:faster|slower|cheaper|fewer|less|more|lower|higher|of\s+the\s+CPU)
+    | \d[\d,.]*\s*(?:req|requests|records|commands|msgs?|messages|confirms)\s*
+      (?:/|per\s+)s(?:ec(?:ond)?)?\b""",
+    re.X | re.I,
+)
+"""A benchmark figure or a citation of the benchmark's report: those age with every run on
+other hardware, so module docstrings say why, and bench/README.md says how much."""
+
+
+def module_docstring_lines(path: Path) -> int:
+    """Physical lines of the module's docstring (quotes included); 0 when it has none."""
+    body = parse(path).body
+    first = body[0] if body else None
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+        and first.end_lineno is not None
+    ):
+        return first.end_lineno - first.lineno + 1
+    return 0
+
+
+def test_every_module_says_what_it_is_for_in_a_few_lines() -> None:
+    """Issue 25: a module docstring says what the module is for and why, in a few lines; a
+    design decision or guarantee belongs in docs/architecture.md, cited by section."""
+    lengths = {
+        str(path.relative_to(REPO)): module_docstring_lines(path)
+        for path in sorted((REPO / "worker").rglob("*.py"))
+    }
+    assert len(lengths) > 50, "the package was not found"
+    assert [p for p, n in lengths.items() if n == 0] == [], "modules without a docstring"
+    too_long = {p: n for p, n in lengths.items() if n > MODULE_DOC_MAX_LINES}
+    assert too_long == {}, f"module docstrings over {MODULE_DOC_MAX_LINES} lines"
+
+
+def test_no_module_docstring_carries_a_benchmark_figure() -> None:
+    offenders = [
+        f"{path.relative_to(REPO)}: {match.group()!r}"
+        for path in sorted((REPO / "worker").rglob("*.py"))
+        for match in BENCH_FIGURE.finditer(ast.get_docstring(parse(path), clean=False) or "")
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'a Machine per account costs tens of kilobytes (bench/README.md, "A machine").',
+        "decoding it costs ~50 µs at 3,000 records",
+        "aiohttp's was 3.5x faster than the other client",
+        "a header parse per hop, 2 ms per request",
+        "measured: p99 15 s instead of 0.1 s",
+        "the front-end takes 1,200 req/s on one core",
+        "20 % less CPU than before",
+        "what each saves is in bench.stack_cost",
+    ],
+)
+def test_the_figure_check_sees_figures(text: str) -> None:
+    assert BENCH_FIGURE.search(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "reads at most 4 KiB of the answer; a time-out of 30 s; exit 2",
+        "key hash per record, O(log n) per due timer, at most 8 lines",
+        "RFC 9110 §10.2.3; a UUID version 4; 2000::/3; ports 1-65535",
+        "the last 8 outcomes per account; up to the reply timeout + 2 s",
+    ],
+)
+def test_the_figure_check_lets_bounds_through(text: str) -> None:
+    assert not BENCH_FIGURE.search(text)

@@ -1,21 +1,10 @@
-"""Passkey auth-flow worker: the product package (what the image ships).
-
-Module map (docs/architecture.md, "Where each concept lives in the code", has the long form):
-
-    contract     messages.py (wire models, decode_command), catalogue.py (errors), settings.py
-    deciding     flow.py (the transitions machine, the pure decision), flowchart.py
-    consuming    consumer.py (lanes, watermark commits, rebalances), store.py (state stores,
-                 restore), replay.py (read to the high-water mark), timers.py
-    doing        execute.py (decode → decide → provider → publish), route.py (a key's home
-                 partition; off it, forward), provider/ (adapters, the one error mapping),
-                 publish.py (every write, acknowledged)
-    processes    app.py (worker), api/ (front-end), webhooks/ (endpoints, dispatcher,
-                 signing, SSRF-safe sender), runner.py (a consuming process's life),
-                 process.py (signals), eventloop.py, serving.py, probes.py, kafka.py
-    operating    metrics.py, logs.py, schemas.py, cli.py (``python -m worker``)
-    speed-ups    speedups.py (the optimisations the benchmark keeps, with their oracles)
-
-Development tools (``devstack``) and the benchmark (``bench``) live outside this package.
-"""
+"""Passkey auth-flow worker, the product package (what the image ships); ``devstack`` and
+``bench`` live outside it. Module map (long form: docs/architecture.md, "Where each concept
+lives in the code"):
+contract: messages, catalogue (errors), settings · deciding: flow, flowchart · speed-ups: speedups
+consuming: consumer (lanes, watermark commits, rebalances), store, replay, timers
+doing: execute, route (a key's home partition), provider/ (adapters, error mapping), publish
+processes: app (worker), api/ (front-end), webhooks/, runner, process, eventloop, serving,
+probes, kafka · operating: metrics, logs, schemas, cli (``python -m worker``)"""
 
 __version__ = "0.1.0"

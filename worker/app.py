@@ -1,7 +1,5 @@
-"""Composition root of a worker process: build every client from settings, wire, run.
-
-Nothing else in the package builds a Kafka client, an HTTP client or a metrics registry.
-"""
+"""Composition root of a worker process: build every client from settings, wire, run; nothing
+else in the package builds a Kafka client, an HTTP client or a metrics registry."""
 
 from __future__ import annotations
 

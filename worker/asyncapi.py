@@ -1,13 +1,7 @@
-"""The AsyncAPI 3.0 document of the Kafka contract (``schemas/asyncapi.json``).
-
-Other teams code against the topics, keys, headers and payloads; AsyncAPI is the format their
-tools read (docs, code generators, the AsyncAPI parser that validates it in the tests). Every
-payload is the JSON Schema of a wire model, every address a ``Topics`` default and every group
-a ``Settings`` default, so the document cannot disagree with the code without the drift test
-(tests/test_schemas.py) noticing. What the code does not name (roles, compaction, header
-names written inline by the publishers) is stated once here and checked by
-tests/test_asyncapi.py against what the publishers really write.
-"""
+"""The AsyncAPI 3.0 document of the Kafka contract (``schemas/asyncapi.json``), for other teams'
+tools. Payloads, addresses and groups come from the code, so a drift test catches any
+disagreement; what the code does not name (roles, compaction, inline header names) is stated
+here once and checked against the publishers (docs/architecture.md, "Topics and messages")."""
 
 from __future__ import annotations
 

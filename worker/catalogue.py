@@ -1,24 +1,7 @@
-"""The error catalogue: every row of the API contract's error tables, plus the service's own
-extensions, kept apart (docs/api.md, "Errors" and "Service extensions").
-
-``ENTRIES`` holds the contract's rows (its error catalogue, plus the authentication rows it
-repeats) and nothing else. The contract leaves rate limits, time-outs and unsupported methods
-"not shown" and has no quota row for webhook endpoints; the few answers the service needs there
-are ``EXTENSIONS``, rows marked ``extension`` (in ``schemas/error-catalogue.json`` too, the
-exported copy for non-Python consumers), with numeric codes in a 90000 block the contract does
-not use.
-
-A code may appear under more than one status (``contact_not_found`` under 404 and 422,
-``group_not_found`` under 404 and the provider-detail list), so a code alone does not identify
-a row: ``entry()`` takes an optional status. Provider-detail rows have no HTTP status of their
-own; they only refine the ``numeric_code`` of another error (``ServiceError.refine``).
-
-``ServiceError`` is both the value carried in decisions/replies and a raisable exception, so it
-is an ``attrs.frozen`` class rather than a frozen dataclass: a frozen dataclass exception
-breaks as soon as the interpreter's own Python code touches exception state (``contextlib``
-assigns ``__traceback__``, ``add_note`` sets ``__notes__``), while attrs (>= 24.3) lets exactly
-those attributes through and keeps the fields frozen.
-"""
+"""The error catalogue: the contract's error rows (``ENTRIES``) and the service's own
+extensions (``EXTENSIONS``, codes in a 90000 block), kept apart (docs/api.md, "Errors" and
+"Service extensions"); ``ServiceError`` carries one. Messages come from here, so a replayed
+reply is byte-identical."""
 
 from __future__ import annotations
 
@@ -464,6 +447,11 @@ class ServiceError(Exception):
     Construction validates against the catalogue, so an instance can only carry a real
     (code, status) row and either that row's numeric code or a provider-detail refinement.
     Equality and hashing are by value, which keeps decisions and replays comparable.
+
+    It is both a value and a raisable exception, so it is an ``attrs.frozen`` class rather than
+    a frozen dataclass: a frozen dataclass exception breaks as soon as the interpreter's own
+    Python code touches exception state (``contextlib`` assigns ``__traceback__``, ``add_note``
+    sets ``__notes__``), while attrs (>= 24.3) lets exactly those attributes through.
     """
 
     code: str

@@ -1,48 +1,8 @@
-"""The consume loop: fetch → dispatch to per-key lanes → reap → commit the watermark.
-
-One engine for every consuming process: the worker runs it over auth.commands with the
-account records of auth.state; the webhook dispatcher over auth.status, auth.errors and the
-replay topic with its delivery states. What a record means is the ``Handler``'s business; the
-loop owns order, concurrency, offsets, timers, restore and rebalances. Read top to bottom:
-
-* ``run`` polls the input topics and hands each record to the lane of its partition and key
-  (the account id). A lane is one task working through one account's records strictly in
-  order; different accounts, even of one partition, run concurrently (key-level concurrency),
-  bounded by ``max_in_flight`` through partition pause/resume (backpressure, not an unbounded
-  queue). The partition is part of the lane's identity because a key's state lives in one
-  partition only: the worker forwards a key arriving elsewhere (``worker.route``), and that
-  record's lane must belong to (and be revoked with) the partition it arrived on.
-* ``OffsetTracker`` keeps, per partition, the offsets dispatched in fetch order; the committed
-  offset only advances over a contiguous run of finished records (the completion watermark),
-  and a record is finished only when its outputs are acknowledged by the broker.
-* A handler may ``hold_record()`` while it handles a record: the offset then stays unfinished
-  for commits, even after ``handle`` returned, until the ``Hold`` is released. So work that
-  outlives the record (the dispatcher's deliveries) can be kept in memory instead of written,
-  the uncommitted record being its durable copy. A hold older than ``hold_overdue_s`` has its
-  ``on_overdue`` called once (the handler then makes the work durable and releases it), so
-  nothing pins a partition's commits for long; a revoked partition's holds are dropped with
-  its tracker (not committed: the next owner replays the record).
-* On assignment the partitions are paused, their state restored from the changelog topic
-  (auth.state for the worker), then resumed;
-  on revocation dispatch stops, running work gets ``rebalance_budget_s`` to finish, the
-  watermark is committed and the state dropped.
-* A record the handler's ``unordered`` says needs no place in its lane (the worker's
-  ``get_auth_state`` query, which writes nothing) runs at once in a task of its own, beside
-  the lane: a query is not held behind a slow provider call of its account. Its offset
-  counts in the watermark like any other, and revocation and shutdown wait for it as for a
-  lane.
-* A timer task drives what the store says is due (the worker: polls and deadlines of confirmed
-  flows; the dispatcher: deliveries and their retries) through the same lanes, so nothing
-  ever runs twice at once for one key. ``Handler.handle`` may also name keys that are due at
-  once; they are queued on their lanes right after the record.
-* A fault stays with its record (docs/architecture.md, "Failure handling"): a unit of work
-  that raises is retried ``record_attempts`` times with a doubling pause, on its own lane
-  only, then handed to the handler's ``recover`` (a record: dead-lettered, its waiter
-  answered) or ``give_up`` (a due key: postponed). Its offset then counts as finished and the
-  key's later records go on in order. Only a fault of the process (``worker.faults``) stops
-  the loop: it commits nothing further and ``run`` raises, so the process exits non-zero
-  instead of living on as a zombie consumer.
-"""
+"""The consume loop of the worker and the webhook dispatcher: fetch, hand each record to the
+lane of its partition and key, commit the completion watermark, drive due timers, restore on
+assignment. The loop owns order, concurrency, offsets and rebalances; what a record means is
+the ``Handler``'s (docs/architecture.md, "The consume engine", "Per-account lanes", "Watermark
+commits", "Rebalances", "Failure handling")."""
 
 from __future__ import annotations
 

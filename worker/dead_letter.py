@@ -1,18 +1,7 @@
-"""One dead letter as an operator sees it: its ``dlq.*`` headers read defensively, the filters
-of ``python -m worker dlq``, and renderings that are safe to print.
-
-A dead-letter topic is written by the worker and the dispatcher, but whoever can write to it
-(or to the topic a record came from) controls every byte of it: the key, the value, each header,
-even headers named ``dlq.*`` placed among the original record's. So nothing here raises on a
-record, the engine's own ``dlq.*`` headers are the *last* of each name (they follow the
-original's), every field is cut to a length, and text reaches a terminal with its control
-characters escaped (an ANSI sequence in ``dlq.detail`` must not repaint the operator's screen).
-
-The record contract (docs/operations.md, "Dead letters"): key and value are the original's;
-the headers are the original's, then ``dlq.reason``, ``dlq.detail``, ``dlq.source``
-(``topic:partition:offset``) and optionally ``dlq.exception``, ``dlq.fingerprint`` and
-``dlq.attempts``. A failed webhook delivery has ``webhook.*`` headers and no ``dlq.source``.
-"""
+"""One dead letter as an operator sees it: its ``dlq.*`` headers, the filters of ``python -m
+worker dlq`` and renderings safe to print. Every byte of it is hostile, so nothing here raises
+on a record, fields are cut and control characters escaped (docs/operations.md, "Dead
+letters")."""
 
 from __future__ import annotations
 

@@ -1,21 +1,7 @@
-"""``python -m worker dlq list|show|redrive``: what an operator does with dead letters.
-
-``list`` reads a dead-letter topic (``auth.dlq``, or ``webhook.dlq`` with ``--topic webhook``)
-from the beginning to its high-water mark, partition by partition in offset order, and prints
-the records that pass the filters (reason, key, time, source topic); ``show`` prints one record
-in full; ``redrive`` re-produces the selected records to the topic and partition they came
-from (``dlq.source``), with their original headers and a ``dlq.redriven`` header naming the
-dead letter. The records are streamed, one partition and one fetch at a time, and
-``--limit`` bounds what is printed or sent, never what may be read.
-
-Reading is a group-less consumer (no offsets committed, nothing for the workers to notice),
-caught up by ``worker.replay``'s rule for where a partition ends, made sure of where a
-partition whose first fetch is slow ends (``_read_to_end``). Redrive writes with the
-processes' producer (acks=all; idempotent where ``KAFKA_IDEMPOTENT_PRODUCER`` is on) and only
-to the topics the worker and the dispatcher consume: ``dlq.source`` is as hostile as the rest
-of a dead letter, and must not steer an operator's redrive into ``auth.state``. A failed
-webhook delivery has no ``dlq.source``; it is skipped, pointing to the replay API.
-"""
+"""``python -m worker dlq list|show|redrive``: what an operator does with dead letters
+(docs/operations.md, "Dead letters"). Reads are group-less and streamed; redrive writes only
+to the topics the worker and the dispatcher consume, since ``dlq.source`` is as hostile as
+the rest of a dead letter and must not steer a redrive into ``auth.state``."""
 
 from __future__ import annotations
 

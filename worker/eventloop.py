@@ -1,11 +1,6 @@
-"""The event loop every ``python -m worker`` process runs on.
-
-uvloop (libuv) is the default: the worker, the front-end and the simulator spend much of
-their CPU in the loop itself (socket reads and writes, callbacks, the ~10 tasks and futures
-of each command), and uvloop does that work in C. ``EVENT_LOOP=asyncio`` selects the standard
-library's loop, e.g. to rule uvloop out when diagnosing a problem; the code is the same on
-both (the in-process tests run on the standard loop, the process tests on the default).
-"""
+"""The event loop of every ``python -m worker`` process: uvloop by default (the loop's own work
+done in C), the standard loop with ``EVENT_LOOP=asyncio`` to rule uvloop out when diagnosing
+(docs/architecture.md, "Design decisions")."""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
-"""Executing one unit of work for one account: decode → decide → call the provider → publish.
-
-A command that arrived off its key's home partition (a producer with another partitioner) is
-only forwarded home (``worker.route``): the account's state lives there.
-
-The consume loop guarantees that at most one unit per account runs at a time, so the code here
-reads and writes the account's record without locks. Every path ends in published outputs or
-an exception that the loop treats as fatal (the offset is then never committed and the command
-is replayed by the next owner); a bad record or a provider failure is never an exception here.
-
-Tracing (``worker.tracing``): a command continues the trace in its ``traceparent`` header in a
-CONSUMER span ``process <topic>``; ``decide``, the provider's CLIENT spans and the PRODUCER
-span ``send`` of the outputs are its children, and every record written carries the context.
-A follow-up step (poll, expiry) has no incoming context: it starts a trace of its own.
-
-Queries (``get_auth_state``) are answered from the store with one reply and nothing else: no
-provider call, no state, no event. They run beside their account's lane (``unordered``), so a
-slow provider call of that account does not hold them; what makes that safe is the
-*publication window*: from the moment a unit starts sending a changed record to the moment
-the store holds it, its reply may already be out while the store still shows the old state.
-A query first waits for the window open when it is handled, so a caller who saw a confirm's
-reply and then asks reads that confirm's outcome or a newer one (docs/architecture.md, "The
-front-end").
-"""
+"""One unit of work for one account: decode → decide → call the provider → publish, and the
+follow-up steps (poll, expiry). No locks: the loop runs one unit per account at a time. A
+command off its home partition is only forwarded (``worker.route``); a query runs beside its
+account's lane, which the publication window makes safe (docs/architecture.md, "A replica's
+cost follows its own traffic")."""
 
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
-"""Which faults stay with one record and which end the process, and how a record is
-dead-lettered (docs/architecture.md, "Failure handling").
-
-A fault about one record or one remote answer stays with it: the consume loop retries the
-record a bounded number of times, then hands it to its handler's ``recover``, which writes it
-to a dead-letter topic and answers whoever waits. A fault of the process itself (the broker
-gone past its tolerance, a fenced producer, an unusable configuration, memory exhausted) ends
-the process, as before: restarting is the only cure, and Kubernetes does it.
-
-    BaseException
-     ├── ProcessFault ......................... ends the process (is_process_fault)
-     │    └── BrokerOutageExceeded
-     ├── MemoryError, ProducerFenced, UnknownTopicOrPartitionError, aiokafka's
-     │   authorization errors, and every BaseException that is not an Exception: the same
-     └── everything else ...................... stays with its record
-          └── RecordRejected .................. not retried: the same bytes fail the same way
-"""
+"""Which faults stay with one record (retried, then dead-lettered) and which end the process
+(a restart is their only cure: ``is_process_fault``), and how a record is dead-lettered
+(docs/architecture.md, "Failure handling", whose table lists both kinds)."""
 
 from __future__ import annotations
 

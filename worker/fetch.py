@@ -1,13 +1,6 @@
-"""Fetching past a record the Kafka client cannot parse.
-
-aiokafka parses a record (its header keys as UTF-8, its varints, its CRC) while ``getmany``
-hands it out; one that does not parse (a header key that is not UTF-8, written by another
-client) makes every ``getmany`` covering its partition raise, for ever: a consumer that lets
-that end the process restarts into the same record. ``getmany`` is the one call every reader
-makes, so this wraps it: after such an error, the partitions are read again one record at a
-time, the record that raises is reported and skipped (its offset is where the position stood),
-and everything else comes back as usual.
-"""
+"""Fetching past a record the Kafka client cannot parse: every reader's ``getmany``, which
+reads a partition one record at a time after such an error and skips that record, instead of
+raising for ever (docs/architecture.md, "Failure handling")."""
 
 from __future__ import annotations
 

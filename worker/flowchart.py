@@ -1,19 +1,6 @@
-"""The account flow as a Mermaid ``stateDiagram-v2``, rendered from the ``transitions`` machine.
-
-The diagram in ``docs/flow.md`` is generated (``make schemas``) and a test compares it with the
-machine, so the picture a newcomer reads can not drift from the transitions the worker takes.
-
-Rendering rules, so the picture stays readable without hiding anything:
-
-* A *group* (the six statuses before the challenge) is drawn as one node. That is only
-  faithful if its members are interchangeable, so every member must leave the group by the
-  same triggers to the same places; ``mermaid_state_diagram`` raises otherwise.
-* Edges between the same two nodes are merged into one, their triggers listed in machine
-  order; triggers that each name their destination (``observe_<status>``) are written once as
-  ``observe_(status)``.
-* A trigger from a status to itself is left out: the decision handles a report of the current
-  status before it asks the machine (it only refreshes ``auth_status``).
-"""
+"""The account flow as a Mermaid ``stateDiagram-v2``, rendered from the ``transitions`` machine
+into ``docs/flow.md`` (``make schemas``); a test compares them, so the picture cannot drift
+from the transitions the worker takes."""
 
 from __future__ import annotations
 
@@ -78,7 +65,17 @@ def mermaid_state_diagram(
     groups: Sequence[Group] = (),
     terminal: Iterable[str] = (),
 ) -> str:
-    """``machine`` as Mermaid ``stateDiagram-v2`` source (see the module docstring)."""
+    """``machine`` as Mermaid ``stateDiagram-v2`` source, readable without hiding anything.
+
+    * A *group* (the six statuses before the challenge) is drawn as one node. That is only
+      faithful if its members are interchangeable, so every member must leave the group by the
+      same triggers to the same places; this raises otherwise.
+    * Edges between the same two nodes are merged into one, their triggers listed in machine
+      order; triggers that each name their destination (``observe_<status>``) are written once
+      as ``observe_(status)``.
+    * A trigger from a status to itself is left out: the decision handles a report of the
+      current status before it asks the machine (it only refreshes ``auth_status``).
+    """
     edges = machine_edges(machine)
     node: dict[str, str] = {}
     for group in groups:

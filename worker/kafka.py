@@ -1,10 +1,5 @@
-"""Kafka client construction and topic set-up, from settings; one place for TLS/SASL.
-
-Topic set-up is the admin I/O of ``worker.topics``: create topics with their configuration,
-describe what the cluster has, and hand both to ``worker.topics.check``.
-
-Clients are built at start-up and passed in; nothing here is module-level state.
-"""
+"""Kafka client construction (one place for TLS/SASL) and topic set-up, from settings: the
+admin I/O of ``worker.topics``. Clients are built at start-up and passed in."""
 
 from __future__ import annotations
 

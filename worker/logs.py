@@ -1,14 +1,6 @@
-"""One log stream per process: structlog lines (JSON in production, console in development),
-with per-record context bound through contextvars, the current span's ``trace_id``/``span_id``
-(``worker.tracing``), the ``logger`` that wrote it and the ``service`` it came from.
-
-The libraries' records (aiokafka, uvicorn, asyncio: Python's ``logging``) go through the same
-processors and renderer via structlog's ``ProcessorFormatter``, so a line of theirs is shaped
-like ours and never a plain ``WARNING:aiokafka:…`` between JSON lines.
-
-Secrets never reach a log line: API keys and provider credentials are not bound anywhere, and
-the ``_redact`` processor drops any key that looks like one, in case a future call site does.
-"""
+"""One structlog stream per process (JSON in production), with the record's context, the span's
+``trace_id``/``span_id``, logger and service; the libraries' ``logging`` records are shaped
+the same. Secrets are never bound, and ``_redact`` drops any key that looks like one."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""The wire contract: every record the system reads or writes, as pydantic v2 models.
-
-Values are UTF-8 JSON, record keys are the ``account_id`` (docs/architecture.md, "Topics and
-messages"). Field names are the contract other teams code against: adding optional fields is
-fine, renaming is a breaking change.
-The JSON Schemas in ``schemas/`` are exported from these models (``make schemas``) and a test
-fails when they drift.
-
-``decode_command`` is the one place raw bytes become a typed command; it never raises, so a
-poison record can not reach the consume loop as an exception.
-"""
+"""The wire contract: every record the system reads or writes, as pydantic v2 models, exported
+to ``schemas/`` (docs/architecture.md, "Topics and messages"). ``decode_command`` is the one
+place raw bytes become a command, and it never raises: a poison record cannot reach the
+consume loop as an exception."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The product's metric prefixes, and what every process exports beside its own families
-(``export_process_metrics``). The names are a contract with deploy/ (``deploy/metrics.txt``)."""
+(``export_process_metrics``). The names are a contract with ``deploy/`` (``deploy/metrics.txt``)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""Riding out a Kafka outage: one place that knows when the cluster is unreachable, re-sends
-what could not be written, and ends the process once the outage outlasts its tolerance.
-
-Every process (worker, front-end, dispatcher) holds one ``BrokerHealth``. It learns of an
-outage from a produce that failed with an error that a working cluster would not give (a
-time-out, a lost connection, a leader that moved: ``is_outage``) and from ``monitor``'s probe
-(a small metadata request every 2 s on a connection of its own, so an idle process notices
-too); it learns of the recovery from any success. ``/readyz`` is red while an outage lasts;
-past ``KAFKA_OUTAGE_TOLERANCE_S`` the monitor raises ``BrokerOutageExceeded`` and the process
-exits non-zero (Kubernetes restarts it), like Kafka Streams' ``task.timeout.ms``.
-
-Why re-sending is safe: every output record carries deterministic ids (event ids, the
-command's id on a reply, the webhook id), the worker's write-ahead intent and dedup window
-make a replayed command answer the same, and an offset is committed only after its outputs
-were acknowledged. A re-sent record may land twice when only its acknowledgement was lost,
-with the same ids: the duplicates the consumers already drop.
-"""
+"""Riding out a Kafka outage: each process's ``BrokerHealth`` knows when the cluster is
+unreachable, writes are re-sent until acknowledged (safe: every record carries deterministic
+ids), and past ``KAFKA_OUTAGE_TOLERANCE_S`` the process exits (docs/operations.md, "Kafka
+outages")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Checks a process makes before it starts: refuse a configuration that cannot be meant.
-
-In ``ENVIRONMENT=production`` (the default) the defaults that suit a laptop are refused: an
-unset ``KAFKA_BOOTSTRAP_SERVERS`` (which falls back to the dev stack's broker on
-127.0.0.1:9092), a loopback Kafka or provider address (the simulator's default URL), an empty
-``PROVIDER_URLS``. In every environment a provider's credential file and client certificate
-must load. Each problem is one sentence naming the setting; the process logs them
-(``startup_refused``) and exits 2, instead of running against the wrong place.
-"""
+"""Checks before a process starts: refuse a configuration that cannot be meant (a laptop's
+defaults in production, a credential that does not load), logged as ``startup_refused``
+with exit 2 rather than running against the wrong place (docs/operations.md, "Provider
+configuration")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The probe routes every process serves: ``/metrics``, ``/healthz`` and ``/readyz``.
-
-One implementation for the worker's side door (``build_probe_app``) and the API front-end,
-which serves ``Probes.routes()`` on its own side door too and mounts ``health_routes()`` (no
-``/metrics``) next to its API routes. Each process supplies its own checks: a check returns
-whether the probe passes (200, else 503) and the JSON body to answer with.
-"""
+"""``/metrics``, ``/healthz`` and ``/readyz``: one implementation for every process's side door
+(the front-end mounts the health routes next to its API too); each process supplies its checks."""
 
 from __future__ import annotations
 

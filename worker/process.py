@@ -1,9 +1,5 @@
-"""Process plumbing shared by every entry point: which signals stop a process, how a command's
-coroutine runs until one arrives, and the garbage-collector tuning of long-lived servers.
-
-The one place that installs SIGTERM/SIGINT handlers, so every process (worker, front-end,
-webhook dispatcher, and the dev tools outside the package) stops the same way.
-"""
+"""Process plumbing of every entry point: the one place that installs SIGTERM/SIGINT handlers
+(so every process stops the same way), running a command until a signal, and GC tuning."""
 
 from __future__ import annotations
 

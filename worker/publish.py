@@ -1,15 +1,7 @@
-"""Publishing: turn a decision's outputs into records and wait until the broker has them.
-
-The consume loop only marks a command's offset done after ``publish`` returns, so a crash
-between produce and ack replays the command, and the deterministic event ids let consumers
-drop the duplicate. The state record goes to the command's own partition number of
-auth.state (co-partitioning does not depend on the producer's partitioner). Every record
-carries the current span's trace context (``traceparent``/``tracestate`` headers); a forward
-keeps the original's headers, context included.
-
-A write that fails because Kafka is unreachable is sent again until it is acknowledged
-(``worker.outage``): the lane waits through the outage instead of failing the process.
-"""
+"""Every write of the worker, acknowledged before the offset may be committed (a crash
+replays; deterministic ids make the duplicates droppable), the state record on the command's
+own partition number, re-sent through a Kafka outage (docs/architecture.md, "At-least-once
+delivery and the dedup window")."""
 
 from __future__ import annotations
 

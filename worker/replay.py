@@ -1,19 +1,7 @@
-"""Replay partitions from their beginning to their high-water mark: the one catch-up loop.
-
-The worker's state store restores ``auth.state`` with it (``worker.store.restore_partitions``)
-and the front-end's tails catch up on ``auth.replies`` and ``auth.state`` with it
-(``worker.tail``), so both agree on when a partition has been read to its end.
-
-Where the end is. The embedded broker (Tansu) answers ``end_offsets()``, ``seek_to_end()`` and
-``auto_offset_reset="latest"`` wrongly (the last batch's first offset + 1; see
-``docs/architecture.md``, "The embedded broker"), so none of them is used. The high-water mark
-that comes back with a fetch response is right on Tansu and on Kafka, and every response sets
-it, an empty partition's included: a partition is complete once that mark is known and its
-position reached it. An empty poll never ends a replay: before the first response arrives
-(a slow broker, a TLS handshake, a loaded host) it says nothing of the partition, and taking it
-for "empty" would restore a partition as if it held no accounts. The same code is correct on
-a real cluster, where retention (or compaction) keeps the replay short.
-"""
+"""Replay partitions from their beginning to their high-water mark: the one catch-up loop of
+the store's restore, the front-end's tails and the tools, so all agree on where a partition
+ends. That end is a fetch response's high-water mark, never ``end_offsets()`` nor an empty
+poll (docs/architecture.md, "The embedded broker")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""``Retry-After`` (RFC 9110 §10.2.3) as a hostile peer may send it: never raises, always bounded.
-
-A webhook receiver or a provider writes this header as it likes: four hundred digits, a
-negative number, full-width digits, a date in the year 9999. Turning such a value into a wait
-with ``int()``/``float()`` or datetime arithmetic can overflow, and an unbounded wait overflows
-whatever later turns it into a timestamp. So the caller names its ceiling and gets a number in
-``[0, max_s]`` or None ("no usable hint"), whatever the header holds.
-"""
+"""``Retry-After`` (RFC 9110 §10.2.3) as a hostile peer may send it: never raises, always in
+``[0, max_s]`` or None, whatever the header holds (docs/architecture.md, "Bounded remote
+answers")."""
 
 from __future__ import annotations
 

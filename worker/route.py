@@ -1,13 +1,6 @@
-"""Where a command belongs: its key's home partition of auth.commands.
-
-An account's state lives on one partition, the one the Java client (and aiokafka, which the
-front-end uses) picks for its key: murmur2 of the key bytes, sign bit cleared, modulo the
-partition count. Other clients default to other partitioners (librdkafka's CRC32
-``consistent_random``: confluent-kafka, node-rdkafka; Sarama's FNV-1a), so a command can
-arrive elsewhere; the worker then forwards it home instead of answering from a partition that
-does not hold the account (``worker.execute``). The hash is aiokafka's own function, so the
-worker and the front-end can never disagree on it.
-"""
+"""Where a command belongs: its key's home partition of auth.commands (aiokafka's murmur2, so
+the worker and the front-end never disagree); a command from a client with another
+partitioner is forwarded there (docs/architecture.md, "Keys, compaction and co-partitioning")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
-"""The life of a consuming process, shared by the worker and the webhook dispatcher: serve the
-probes, start the clients, run the consume loop until a stop signal, then close every client
-within a bound.
-
-Stopping: the first SIGTERM/SIGINT drains the loop (``Worker.stop``) and arms a watchdog that
-exits with code 70 if the clean stop overruns ``shutdown_hard_limit``; a second signal exits
-at once with 130. Every close step is bounded, so a broker that vanished cannot keep the
-process alive past its pod's termination grace period.
-
-A Kafka outage: the loop keeps beating (``/healthz`` green) while fetches come back empty and
-writes are re-sent (``worker.outage``); ``/readyz`` is red while the process's
-``BrokerHealth`` knows of an outage, and once it outlasts ``KAFKA_OUTAGE_TOLERANCE_S`` the loop
-is cancelled (nothing can be written anyway; unfinished work is replayed from the last
-committed offset) and ``BrokerOutageExceeded`` makes the process exit non-zero.
-"""
+"""The life of a consuming process (worker, webhook dispatcher): serve the probes, start the
+clients, run the consume loop until a stop signal, then close every client within a bound
+(docs/architecture.md, "Bounded shutdown"; docs/operations.md, "Kafka outages")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Export everything in ``schemas/`` and the generated pages of ``docs/`` from the code that
-defines them; the drift tests compare the committed files with these."""
+"""Export ``schemas/`` and the generated pages of ``docs/`` from the code that defines them;
+the drift tests compare the committed files with these."""
 
 from __future__ import annotations
 

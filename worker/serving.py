@@ -1,8 +1,5 @@
-"""Serving an ASGI app inside an existing event loop (probes, simulator, front-end, tests).
-
-uvicorn's own signal handlers are switched off: the process owner (CLI, dev stack, pytest)
-decides how to stop, by leaving the context.
-"""
+"""Serving an ASGI app inside a running event loop (probes, simulator, front-end, tests), with
+uvicorn's signal handlers off: the process owner decides how to stop."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The one settings object: every knob of every process, read from the environment once.
-
-Each field maps to an upper-case environment variable of the same name (``kafka_bootstrap_servers``
-→ ``KAFKA_BOOTSTRAP_SERVERS``). docs/configuration.md is the documentation of record.
-"""
+"""The one settings object: every knob of every process, read from the environment once (field
+``x`` is ``X``); docs/configuration.md is the documentation of record."""
 
 from __future__ import annotations
 

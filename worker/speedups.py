@@ -1,20 +1,6 @@
-"""The optimisations the benchmark keeps, in one place.
-
-Each has a plain equivalent that tests/test_speedups.py uses as the oracle, and bench/README.md
-("Speed-ups kept") says what each saves. Anything here must earn its place that way; the rest
-of the code is written plainly.
-
-* ``compact_id`` / ``expand_id`` (``CompactId`` in a model): the front-end's command and
-  request ids held as ints rather than strings in the dedup window. Plain form: the ``str``.
-* ``RecordTimestamp`` / ``SharedTimestamp``: the flow stamps a record and the outcome (or
-  intent) that changed it with one ``now`` float; decoding would give each its own object.
-  Within one ``validate_json(..., context={})`` call, a ``SharedTimestamp`` equal to the
-  record's ``RecordTimestamp`` is that same object. Plain form: a ``float``.
-* ``key_hash`` and ``KeyPartitioner``: aiokafka's murmur2 of a record key, remembered for the
-  last few thousand keys: a command hashes its account id for its home partition and again
-  for each keyed output. Plain form: ``aiokafka.partitioner.murmur2`` and the producer's
-  ``DefaultPartitioner``.
-"""
+"""The optimisations the benchmark keeps (the dedup window's ids as ints, one timestamp object
+per record, the key-hash cache), each with the plain equivalent ``tests/test_speedups.py`` uses
+as its oracle; anything here must earn its place that way, the rest is written plainly."""
 
 from __future__ import annotations
 
@@ -91,6 +77,9 @@ def share_timestamp(value: float, info: ValidationInfo) -> float:
 
 RecordTimestamp = Annotated[float, AfterValidator(remember_timestamp)]
 SharedTimestamp = Annotated[float, AfterValidator(share_timestamp)]
+"""The flow stamps a record and the outcome (or intent) that changed it with one ``now``;
+decoding would give each its own float. Within one ``validate_json(..., context={})`` call, a
+``SharedTimestamp`` equal to the record's ``RecordTimestamp`` is that same object."""
 
 
 _HASHES: dict[bytes, int] = {}

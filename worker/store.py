@@ -1,9 +1,6 @@
 """State stores: records of the owned partitions, in memory, rebuilt from a changelog
-(``auth.state``, the dispatcher's delivery states) whenever a partition is assigned.
-
-Correct without compaction: restore reads the partition from the beginning and keeps the last
-record per key, so a broker that never compacts (the embedded one) only costs restore time.
-"""
+(``auth.state``, the dispatcher's delivery states) on assignment; correct without compaction
+(docs/architecture.md, "Keys, compaction and co-partitioning")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Group-less tailing of every partition of one topic, from the beginning, with catch-up.
-
-The front-end's ``ReplyRouter`` (one partition of auth.replies) and the webhook-endpoints
-registry of every front-end and dispatcher are each one process-local consumer without a
-consumer group: it is *assigned* its partitions, so each process sees every record of them and
-never rebalances.
-
-Where the end is. A tail starts at the beginning of each partition and is *caught up* once
-``worker.replay`` read every partition to its high-water mark (the rule the state store's
-restore uses too; that module says why ``end_offsets()`` and ``seek_to_end()`` are not used).
-"""
+"""Group-less tailing of every partition of one topic, from the beginning, with catch-up (the
+front-end's reply router, the endpoints registry). Assigned, not subscribed: each process sees
+every record and never rebalances; caught up once every partition reached the end it had at
+the start, by ``worker.replay``'s rule."""
 
 from __future__ import annotations
 

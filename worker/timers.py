@@ -1,10 +1,6 @@
-"""Due times by key, in a heap: what the consume loop's timer sweep asks "who is due now?".
-
-Both state stores (the worker's account records, the dispatcher's delivery states) keep the
-next due time of each key here. ``live`` maps a key to its one live heap entry; an entry that
-is no longer its key's live one (re-armed, cancelled) is stale and skipped when it reaches the
-top, so arming is O(log n) and nothing is ever searched.
-"""
+"""Due times by key in a heap, for the consume loop's "who is due now?" (follow-ups, delivery
+retries). A re-armed or cancelled entry goes stale and is skipped at the top, so arming is
+O(log n) and nothing is searched."""
 
 from __future__ import annotations
 

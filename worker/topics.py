@@ -1,16 +1,7 @@
-"""The intended configuration of every topic, and the check of a cluster against it.
-
-Topics are a deploy step (``python -m worker topics create|check``; docs/operations.md,
-"Topics"), and every process checks the topics it uses before it starts, as Kafka Streams does
-for its internal topics: a state topic left on ``cleanup.policy=delete`` would silently lose
-accounts when its retention passes, and topics that must be co-partitioned but are not would
-give a worker the commands of one account and the state of another.
-
-Everything here is pure: ``topic_specs`` says what each topic should be (from settings),
-``check`` compares those specs with what a cluster described (``TopicObservation``, read by
-``worker.kafka``) and returns one ``Finding`` per topic and setting. The admin I/O is in
-``worker.kafka``.
-"""
+"""The intended configuration of every topic and the pure check of a cluster against it,
+run by ``python -m worker topics`` and by every process before it starts: a state topic on
+``delete`` loses accounts, topics that are not co-partitioned mix accounts up
+(docs/operations.md, "Topics")."""
 
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
-"""OpenTelemetry tracing: one trace from the caller's HTTP request through Kafka to the
-provider call and every webhook delivery (docs/operations.md, "Tracing").
-
-Two modes, chosen once per process by ``configure`` from the standard ``OTEL_*`` variables:
-
-* **Exporting** (``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set,
-  or ``OTEL_TRACES_EXPORTER=otlp|console``): an SDK ``TracerProvider`` whose sampler comes from
-  ``OTEL_TRACES_SAMPLER`` (default: parent-based, always on), a ``BatchSpanProcessor`` and the
-  OTLP/HTTP exporter. Spans are recorded, and each hop writes its own span's context on.
-* **Propagating only** (the default): no span is recorded. Every hop passes the incoming
-  ``traceparent``/``tracestate`` on unchanged (sampled flag included, so a caller that samples
-  still gets the provider's and the receivers' spans, attached to its own span), and a request
-  without one gets a fresh trace id, so log lines of all services can be joined by it. This
-  costs a header parse and a format per hop, not a span (bench/README.md, "Tracing").
-
-The ``TracerProvider`` is built in both modes (the SDK's id generator makes the root ids, and
-libraries that look up the global provider find a real one); only the exporter is optional.
-Call sites use ``span`` (a context manager that makes the span current, for children and the
-log processor) and ``kafka_headers`` / ``http_headers`` / ``context_from_*`` to cross process
-boundaries with the W3C TraceContext propagator of the API.
-"""
+"""OpenTelemetry: one trace from the caller's request through Kafka to the provider and every
+webhook. Spans are exported when the ``OTEL_*`` variables say so; otherwise each hop only
+passes the context on (docs/operations.md, "Tracing")."""
 
 from __future__ import annotations
 

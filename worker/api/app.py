@@ -1,16 +1,6 @@
-"""Composition root of a front-end process: the contract's routes over HTTP, backed by Kafka
-(docs/architecture.md, "The front-end"; docs/api.md).
-
-``build_app`` wires the Starlette apps (the public API, and the side door serving ``/metrics``
-and the probes on another port) from clients built elsewhere; ``api_runtime`` builds and
-starts those clients from settings; ``serve_api`` runs everything under uvicorn until
-SIGTERM/SIGINT (``python -m worker api``). The parts: ``routes`` (the two routes and their
-checks), ``webhook_routes`` / ``webhook_bodies`` / ``webhook_replay`` (the webhook-endpoint
-management API), ``middleware`` (request id, CORS, error safety net, body deadline, metrics),
-``protocol`` (the connection limits), ``ratelimit`` (per-workspace token buckets), ``cors``,
-``bodies`` (response models), ``openapi`` (the generated contract), ``runtime`` (the HTTP
-server loop), and the probes shared with the worker (``worker.probes``).
-"""
+"""Composition root of a front-end process (``python -m worker api``): ``build_app`` wires the
+public app and the side door from clients built elsewhere, ``api_runtime`` builds those
+clients from settings, ``serve_api`` runs it all (docs/architecture.md, "The front-end")."""
 
 from __future__ import annotations
 

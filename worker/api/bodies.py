@@ -1,11 +1,6 @@
-"""Every JSON body the front-end answers, as pydantic models, and the request-id rule.
-
-The handlers answer with these models and ``worker.api.openapi`` publishes their JSON Schemas,
-so the contract and the responses can not disagree. Success and failure share the contract's
-envelope: ``{request_id, data}`` or ``{request_id, error: {code, numeric_code, message}}``.
-The ``data`` object is the worker's own ``AuthData``: the confirm route returns the worker's
-reply body unchanged, so both routes answer the same shape.
-"""
+"""Every JSON body the front-end answers, as pydantic models, and the request-id rule; the
+OpenAPI document publishes their schemas, so contract and responses cannot disagree. The
+confirm route returns the worker's ``AuthData`` unchanged, so both routes answer one shape."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The front-end's CORS policy: allowlisted origins, fixed methods and request headers.
-
-The key is meant for server-side use, so the default allowlist is empty and every preflight
-is refused (docs/api.md, "CORS"). These constants are the only copy: the middleware answers
-with them and the OpenAPI document states them.
-"""
+"""The front-end's CORS policy: the only copy of its origins, methods and headers, used by the
+middleware and the OpenAPI document. The key is meant for servers, so by default every
+preflight is refused (docs/api.md, "CORS")."""
 
 from __future__ import annotations
 

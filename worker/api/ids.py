@@ -1,14 +1,5 @@
-"""The random ids of the front-end's requests and commands, from a buffer of OS randomness.
-
-Every POST takes two: its request id (``req_`` and the 32 hex digits of a UUID version 4,
-unless the caller sent a valid one) and its command id (a UUID version 4, the key its reply
-is matched by, ``worker.api.replies``). ``uuid.uuid4`` reads the OS's random source once per
-id and checks its arguments in Python; here the same source (``os.urandom``) is read a few
-kilobytes at a time, each id takes the next 16 bytes and gets the version and variant bits
-``uuid4`` sets. The ids are as random as ``uuid4``'s, and never handed out twice: a forked
-child drops the parent's buffer. Called from the event loop's thread only (the buffer is not
-locked).
-"""
+"""The random request and command ids of the front-end (UUID version 4, the command id being
+what a reply is matched by), drawn from a buffer of OS randomness instead of ``uuid.uuid4``."""
 
 from __future__ import annotations
 
@@ -23,6 +14,11 @@ _VERSION_BITS: Final = (4 << 76) | (0x8000 << 48)
 
 
 class _Buffer:
+    """OS randomness (``os.urandom``) read a few kilobytes at a time; each id takes the next
+    16 bytes. ``uuid.uuid4`` reads the OS's source once per id and checks its arguments in
+    Python; these ids are as random, and never handed out twice: a forked child drops the
+    parent's buffer. Used from the event loop's thread only (not locked)."""
+
     __slots__ = ("data", "offset")
 
     def __init__(self) -> None:

@@ -1,16 +1,6 @@
-"""Edits of the API keys file (``API_KEYS_FILE``): create, disable, enable, rotate, delete.
-
-Every edit is a read-modify-write under an exclusive lock on ``<file>.lock`` (``flock``), so
-two ``keys`` commands run at once never lose each other's change, and the new content replaces
-the file atomically (temporary file in the same directory, fsync, rename), so a front-end
-reading it never sees half a file. Entries are edited as JSON objects, so fields this version
-does not know are kept. Only hashes are written; a raw key exists only in the return value of
-``create_key`` and ``rotate_key``.
-
-Rotation: ``rotate_key`` creates a key for the same workspace and retires the old one, at once
-(``active: false``) or, with a grace period, by setting its ``expires_at`` so clients can
-switch; the old entry names its successor in ``replaced_by``.
-"""
+"""Edits of the API keys file: create, disable, enable, rotate, delete; each a read-modify-
+write under a lock, replacing the file atomically, keeping fields it does not know, and
+writing only hashes (docs/operations.md, "API keys")."""
 
 from __future__ import annotations
 

@@ -1,25 +1,6 @@
-"""Workspace API keys: stored as SHA-256 hashes only, resolved in constant time.
-
-The keys file (``API_KEYS_FILE``) is JSON::
-
-    {"keys": [{"workspace_id": "ws_a", "key_id": "key_1f2e3d4c5b6a",
-               "sha256": "<64 hex chars>", "active": true, "created_at": "...",
-               "expires_at": null, "replaced_by": null}]}
-
-A raw key never touches the disk or a log line: ``python -m worker keys create WORKSPACE``
-generates ``pk_<urlsafe token>``, appends its hash to the file and prints the key once
-(``worker.api.keyfile`` edits the file, ``worker.api.keys_cli`` is the command). A key is valid
-while ``active`` is true and ``expires_at`` (set by ``keys rotate --grace``) has not passed;
-otherwise it answers 401 invalid_api_key. The front-end re-reads the file when its
-modification time changes (``API_KEYS_RELOAD_S``), so edits take effect without a restart.
-
-The store remembers when each key id was last presented (``last_used``), exported as the
-``passkey_api_key_last_used_timestamp_seconds{key_id}`` gauge: operators see which keys
-are still in use without any key reaching a log.
-
-API keys are high-entropy random tokens, so a plain SHA-256 is the right hash (a slow password
-hash buys nothing against a 256-bit secret and would cost every request).
-"""
+"""Workspace API keys, stored as SHA-256 hashes only (a high-entropy token needs no slow
+password hash) and resolved in constant time; the file is re-read when it changes, and each
+key's last use is a metric, never a log line (docs/api.md, "API keys")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""``python -m worker keys list|create|disable|enable|rotate|delete``: the key lifecycle.
-
-``create`` and ``rotate`` print the new raw key alone on stdout (so ``KEY=$(...)`` captures
-it) and say what happened on stderr; the key is never shown again. The other commands print
-their result on stdout. ``list`` shows each key's state and, given the front-ends'
-``--metrics-url``, when it was last presented (``passkey_api_key_last_used_timestamp_seconds``).
-Exit status: 0 done, 1 the edit was refused (unknown key, bad file, lock held), 2 no file.
-"""
+"""``python -m worker keys list|create|disable|enable|rotate|delete``: the key lifecycle. A new
+raw key is printed alone on stdout, once (docs/operations.md, "API keys")."""
 
 from __future__ import annotations
 

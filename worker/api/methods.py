@@ -1,10 +1,6 @@
-"""Which methods a route takes, and the ``Allow`` header that says so (RFC 9110, 10.2.1).
-
-A known path asked with a method it does not take answers 405 ``method_not_allowed`` (a
-service extension) with ``Allow``; a plain ``OPTIONS`` answers 204 with ``Allow``; ``HEAD`` is
-answered wherever ``GET`` is (``worker.api.middleware.FrontDoor``). The OpenAPI document states
-each path's ``Allow`` with the same function, so the two cannot drift.
-"""
+"""Which methods a route takes and its ``Allow`` header (RFC 9110, 10.2.1), for the 405s and
+``OPTIONS`` answers of ``FrontDoor`` and for the OpenAPI document alike, so the two cannot
+drift."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Prometheus metrics of the API front-end, on an injected registry.
-
-Names are a contract with deploy/ (dashboard, alert rules). Labels are bounded: ``route`` is the
-route template (``/v1/accounts/{account_id}/auth``) or ``unmatched``, never the raw path, and
-``method`` is one of a fixed set or ``other``.
-"""
+"""Prometheus metrics of the API front-end, on an injected registry; names are a contract with
+``deploy/``, labels bounded (the route template, never the raw path; a fixed set of methods)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""``FrontDoor``: the pure ASGI middleware every request passes first.
-
-It picks the request id (a valid caller ``X-Request-Id`` or ``req_<uuid4 hex>``), answers a
-known path's ``OPTIONS`` (a CORS preflight, or the route's methods) and a method the route does
-not take (405 ``method_not_allowed`` with ``Allow``: ``worker.api.methods``), stamps
-``X-Request-Id`` (and CORS headers) on every response, turns unexpected exceptions into the
-contract's 500 error body, bounds the time the app waits for the request body (408
-``request_timeout``; the connection side is ``worker.api.protocol``), records the request
-metrics, and continues the caller's W3C ``traceparent`` (or starts a trace) in a SERVER span
-for the API's routes (``worker.tracing``; probes, ``OPTIONS`` and unmatched paths are not
-traced). Doing this in one layer around the app, rather than per handler, covers 404s, 405s,
-probes and crashes alike.
-
-The API's own routes (``direct_routes``) are called from here, not through Starlette's
-exception layer, router and per-request wrappers: the front door has matched the template
-already, and every POST paid for that work twice. Their ``ServiceError`` is answered by the
-same handler Starlette would use (``on_service_error``); anything else reaches the safety net
-as before. What depends only on the route is looked up once (the metric children, the span
-names), and the headers the front door reads are found in one scan of the request's.
-"""
+"""``FrontDoor``, the ASGI layer every request passes first: request id, ``OPTIONS`` and 405,
+CORS, the 500 safety net, the body deadline, request metrics and the SERVER span. One layer
+covers 404s, probes and crashes alike; it calls the API's own routes directly, past
+Starlette's router (docs/architecture.md, "The front-end")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""The front-end's OpenAPI 3.1 document, generated from the code that answers.
-
-Nothing here is a second copy: bodies are the JSON Schemas of ``worker.api.bodies`` (pydantic,
-referenced as ``#/components/schemas/...``); error responses come from the error catalogue
-(each operation lists the codes it can answer, the catalogue gives their status, numeric code
-and example message); the identifier rule, the CORS values, the body limit, the form of a
-webhook ``url`` (``worker.api.webhook_urls``) and each path's ``Allow`` (``worker.api.methods``)
-are what the handlers use, and the endpoint fields' length limits and the URL's scheme are the
-settings the handlers check (``with_limits``, ``with_url_form``; the committed copy has the
-defaults, a running front-end serves its own). Links lead from an endpoint to the operations
-on it, for clients and for a fuzzer's stateful phase. ``schemas/openapi.json`` is this
-document exported by ``python -m worker schemas``; a test fails when it drifts, schemathesis
-fuzzes the live app against it, and the app serves it at ``/openapi.json``.
-"""
+"""The front-end's OpenAPI 3.1 document, generated from the code that answers: body schemas,
+catalogued errors, the id rule, CORS, limits and ``Allow`` are the handlers' own, so it holds
+no second copy. Exported as ``schemas/openapi.json`` (drift-tested), served at
+``/openapi.json``, fuzzed against the live app."""
 
 from __future__ import annotations
 

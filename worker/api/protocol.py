@@ -1,30 +1,7 @@
-"""The front-end's HTTP/1.1 connection: uvicorn's httptools protocol plus the limits it lacks.
-
-uvicorn bounds neither the request head (httptools accumulates a header value in memory for as
-long as it keeps coming) nor the time a client takes to send a head or a body (its keep-alive
-timer is cancelled by every byte received), and its ``limit_concurrency`` answers 503 only once
-a head is complete, so it does not bound open connections. (Its h11 protocol has a head-size
-bound, ``h11_max_incomplete_event_size``, but no time-outs either.) ``LimitedHttpProtocol``
-adds, per connection (docs/operations.md, "Front-door limits"):
-
-* head size: bytes are counted before the parser sees them, so an oversized head costs at most
-  ``max_head_bytes`` (plus, on a connection that pipelines, the part of one read that follows
-  the previous body): 431;
-* header count, checked when the head is complete (the byte bound already bounds the fields
-  held until then): 431;
-* head time-out, from the connection's opening (or the first byte of a later request) to the
-  end of the head: 408;
-* body time-out, from the end of the head to the end of the body. The app reads the body
-  through ``FrontDoor``, which answers 408 ``request_timeout`` in the error envelope at the same
-  deadline; here the connection is only kept from outliving it (closed once the app answered,
-  no further bytes read);
-* open connections: a connection over ``max_connections`` is answered 503 at once.
-
-The refusals below the app (431, the head's 408, 503) have no request id and no envelope: a
-plain-text response with ``Connection: close``, then the write side is shut and what the client
-still sends is read and dropped for ``LINGER_S`` before closing, so the client reads the answer
-rather than a reset.
-"""
+"""The front-end's HTTP/1.1 connection: uvicorn's httptools protocol plus the head-size,
+header-count, time-out and connection limits uvicorn lacks (docs/operations.md, "Front-door
+limits"; why: docs/architecture.md, "The front-end"). Refusals below the app are plain text
+with ``Connection: close``, then a linger, so the client reads the answer, not a reset."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
-"""Per-workspace quotas and field limits of the webhook routes (docs/operations.md, "Quotas").
-
-One workspace must not be able to exhaust what every workspace shares: the dispatcher's work
-grows with the endpoints a workspace has, replay scans hold the front-end's slots, and an
-endpoint's fields are copied into every record and log line that names it. So each has a
-bound, set in ``Settings`` (``WEBHOOK_ENDPOINTS_PER_WORKSPACE`` ...), and a request beyond one
-is refused with a ``Refused`` naming the quota: the route answers the error (with
-``Retry-After`` when waiting helps) and counts it in ``passkey_api_quota_refusals{quota}``.
-
-The endpoint count is checked against this replica's registry plus the creates it has in
-flight, so concurrent creates on one replica never pass the quota. Replicas do not coordinate:
-a create on another replica is counted once this replica's registry has read it (normally
-within a fetch wait), so simultaneous creates on N replicas can overshoot by at most what the
-other N-1 have in flight in that window; docs/operations.md states the bound.
-"""
+"""Per-workspace quotas and field limits of the webhook routes, so no workspace can exhaust
+what all share; a refusal names the quota. Replicas do not coordinate, so the endpoint quota
+can overshoot by what other replicas have in flight (docs/operations.md, "Quotas")."""
 
 from __future__ import annotations
 

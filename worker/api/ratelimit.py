@@ -1,15 +1,6 @@
-"""Per-workspace request rate limit: a token bucket per workspace, in one front-end process.
-
-Each workspace's bucket holds up to ``burst`` tokens and refills at ``rate_per_s``; a request
-takes one token or is refused with 429 ``rate_limited`` and ``Retry-After`` (the whole seconds
-until a token is back). The limit is checked right after the API key resolves, so it counts
-only authenticated requests and only against the key's own workspace.
-
-Buckets are per process: N front-end replicas let a workspace through at up to N times the rate
-(docs/operations.md, "Front-door limits"). Memory is bounded: a bucket untouched long enough to
-be full again is dropped (a fresh bucket is full, so nothing changes), and past
-``max_buckets`` the least recently used one goes.
-"""
+"""Per-workspace request rate limit: a token bucket per workspace, per process (N replicas
+allow N times the rate), checked after the key resolves, with bounded memory
+(docs/operations.md, "Front-door limits")."""
 
 from __future__ import annotations
 

@@ -1,31 +1,6 @@
-"""Reply correlation: match records on auth.replies to the requests waiting for them.
-
-How it scales:
-
-* One ``ReplyRouter`` per front-end replica, however many requests are in flight: a dict
-  ``command_id → waiter``, one future per request, O(1) per reply.
-* Several replicas at once: each replica reads *one* partition of auth.replies, its own,
-  with a group-less consumer (no rebalances, no coordination), and names it in every command
-  it sends (header ``reply-partition``, ``worker.route``); the worker sends the reply there.
-  So a replica's reply reading grows with its own load, not with the number of replicas. Two
-  replicas that picked the same partition each skip the other's replies (no waiter here).
-* Never another request's reply: a waiter is keyed by its fresh ``command_id`` (uuid4) and a
-  reply is delivered only if its ``request_id`` also matches; a mismatch is logged and dropped.
-* No memory growth from replies nobody waits for: nothing is buffered. Only registered waiters
-  are kept, and ``expect`` removes its waiter when the request leaves the ``with`` block:
-  reply delivered, timeout, cancellation (client gone, shutdown) or error alike. A duplicate
-  reply (the worker re-sends the same reply after a crash) arrives after the waiter is gone and
-  is dropped.
-* A reply can not be missed: the waiter is registered *before* the command is produced, and the
-  consumer's position is at or before the end of every partition from the moment it is
-  assigned (it starts at the beginning, see ``worker.tail``), so every reply produced after
-  the command is read. Readiness (``ready``) additionally waits until the router skipped the
-  replies that existed at start-up, so the first requests are not delayed behind the backlog;
-  the front-end sends no command before that.
-
-While no request waits, records are skipped without being decoded; otherwise a record is
-JSON-decoded once and validated as a ``Reply`` only when its ``command_id`` has a waiter.
-"""
+"""Reply correlation: matches records on the replica's partition of auth.replies to the
+requests waiting for them, never another request's, without buffering, and without missing
+one (docs/architecture.md, "Replies to the waiting replica")."""
 
 from __future__ import annotations
 

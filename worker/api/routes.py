@@ -1,12 +1,6 @@
-"""The two routes of the contract and the checks they run, in the contract's order: route
-(404, by the router; a method it does not take, 405, by ``FrontDoor``), API key (401), the
-workspace's rate limit (429), ``account_id`` format (400), body (400), then the work.
-
-``ApiRoutes`` holds the clients the handlers need; the composition root (``worker.api.app``)
-builds it. Starlette, not FastAPI: every check is explicit here and the OpenAPI document is
-generated from the body models (``worker.api.openapi``), so FastAPI's dependency solving and
-extra middleware layers were pure per-request cost (bench/README.md).
-"""
+"""The contract's two routes and their checks, in the contract's order (docs/api.md, "Order of
+checks"); explicit checks and a generated OpenAPI document are why this is Starlette, not
+FastAPI (docs/architecture.md, "Design decisions")."""
 
 from __future__ import annotations
 

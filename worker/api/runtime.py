@@ -1,15 +1,6 @@
-"""What one running front-end process holds (``ApiRuntime``) and its HTTP server loop.
-
-``serve_runtime`` serves the app under uvicorn until ``stop`` is set or a Kafka reader dies,
-then lets in-flight requests finish (up to the reply timeout + 2 s). The public port speaks
-``worker.api.protocol``'s limited HTTP/1.1; ``/metrics`` and the probes are served on a side
-door of their own (``API_METRICS_HOST``/``API_METRICS_PORT``, ``worker.serving``), out of the
-public port's reach and unaffected by its connection limit. Raising when a reader
-died makes the process exit non-zero rather than serve stale data. A Kafka outage longer than
-``KAFKA_OUTAGE_TOLERANCE_S`` ends it the same way (``worker.outage``; shorter ones only turn
-``/readyz`` red). uvicorn's own signal capture is off (``worker.serving.EmbeddedServer``):
-``serve_api`` owns SIGTERM/SIGINT.
-"""
+"""What one running front-end process holds (``ApiRuntime``) and its server loop: uvicorn on
+the limited public protocol, probes on a side door; a dead Kafka reader or an outage past its
+tolerance ends the process rather than serve stale data (docs/api.md, "Operations")."""
 
 from __future__ import annotations
 

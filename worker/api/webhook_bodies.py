@@ -1,15 +1,6 @@
-"""The bodies of the webhook-endpoint routes, as pydantic models (requests and responses).
-
-Like ``worker.api.bodies``, these are what the handlers validate and answer with and what
-``worker.api.openapi`` publishes, so the document and the behaviour can not disagree. Request
-models forbid unknown fields: a misspelt ``event_type`` must fail loudly, not subscribe the
-endpoint to everything. ``since`` is parsed by hand (``parse_rfc3339``) because pydantic's
-datetime also accepts epoch numbers and other forms that are not RFC 3339.
-
-The lengths of ``url``, ``description`` and ``event_types`` are settings, so they are not in
-the models: the handlers check them (``worker.api.quotas.EndpointLimits``) and
-``worker.api.openapi`` writes them into the published schemas (``with_limits``).
-"""
+"""The bodies of the webhook-endpoint routes as pydantic models, validated and published like
+``worker.api.bodies``. Requests forbid unknown fields (a misspelt ``event_type`` must fail,
+not subscribe to everything); the setting-dependent length limits are checked by the handlers."""
 
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""``POST /v1/webhook-endpoints/{endpoint_id}/replay``: re-send an endpoint's past events.
-
-The front-end does not deliver webhooks; it turns a replay request into ``Replay`` records on
-the replay topic and the dispatcher delivers them like live events, under the webhook-ids the
-events had the first time (the id derives from the event and the endpoint). So a replay is a
-bounded scan, in the background: read auth.status and auth.errors from the beginning to their
-high-water marks (group-less, like the views), keep the events of the endpoint's workspace and
-types that occurred at or after ``since``, and produce one ``Replay`` each, keyed by account
-and on the event's own partition number, so it lands on the same dispatcher lane as the event.
-
-Bounds, per process: ``per_workspace`` replays of one workspace in flight, run one at a time
-(so a workspace holds at most one of the running slots and others' replays are not queued
-behind its own), ``max_running`` scans at a time, ``max_queued`` more waiting, and
-``timeout_s`` per scan (a scan cut short logs how far it got; replaying again is harmless for
-receivers that de-duplicate on webhook-id, which Standard Webhooks asks of them). A request
-beyond the workspace's quota or the process's capacity is refused with 429 and
-``Retry-After`` (``worker.api.quotas.Refused``); nothing is started. A record not
-acknowledged for an outage reason is sent again (``worker.outage.acknowledged``) within that
-bound, so a broker blip does not end a replay half done.
-"""
+"""``POST .../replay``: re-send an endpoint's past events. A bounded background scan of
+auth.status and auth.errors turns matching events into ``Replay`` records the dispatcher
+delivers under their original webhook-ids; per-workspace and per-process bounds refuse with
+429 (docs/operations.md, "Quotas")."""
 
 from __future__ import annotations
 

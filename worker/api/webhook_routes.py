@@ -1,21 +1,6 @@
-"""The webhook-endpoint management routes (docs/api.md, "Webhook endpoints").
-
-Checks in the contract's order: route (404, by the router), API key (401), webhooks
-configured (500), ``endpoint_id`` format (400, the account-id rule), body (400, field lengths
-included), the endpoints registry caught up (500), the endpoint in the key's workspace (404,
-the same answer for "missing" and "another workspace's"), the workspace's quotas
-(``worker.api.quotas``: endpoints per workspace, replays in flight), the work.
-
-Reads come from the replica's registry (``EndpointsTail``) and, for the deliveries, a bounded
-scan of the endpoint's partition of the delivery log on demand (``DeliveryLogScan``); writes
-go through ``EndpointStore``, which produces the new record,
-waits for the ack and applies it to the same registry, so this replica reads its own writes at
-once. Writes to one endpoint are serialised per replica (a lock per id), so two concurrent
-PATCHes here cannot both build on the same revision; across replicas the last write wins.
-
-Every route has one catalogued 500 code; an unexpected exception in a handler becomes that
-code (logged), never another route's.
-"""
+"""The webhook-endpoint management routes and their checks, in the contract's order
+(docs/api.md, "Webhook endpoints"). Reads come from the replica's registry, writes are
+acknowledged then applied to it (read-your-writes), serialised per endpoint on a replica."""
 
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
-"""The form of a webhook endpoint's ``url``, as one regular expression the API publishes and
-enforces.
-
-``worker.webhooks.targets.validate_url`` decides whether a URL is a safe target (scheme,
-credentials, port, and the address policy: no loopback or private targets unless the
-deployment allows them). A JSON Schema cannot call it, so the document needs the form as a
-``pattern``, and for the document to tell the truth in both directions the pattern is
-enforced too: a URL the pattern refuses is refused (400), and every URL the pattern admits
-passes ``validate_url`` under a policy that allows private targets (a test draws them from the
-pattern). What remains is the address policy alone, which the document states in words.
-
-The form: ``https://`` (``http://`` too where ``WEBHOOK_ALLOW_HTTP`` allows it), then a host
-that is a DNS name whose last label starts with a letter (a numeric last label would make the
-name an IPv4 number to every parser), a dotted-quad IPv4 address whose first octet is 1-223
-(0/8, multicast and the broadcast address take no connection), or a bracketed IPv6 address of
-the global unicast block 2000::/3 other than 6to4 (2002::/16) and Teredo (2001::/32), which
-embed IPv4 addresses; an optional port 1-65535; and a path, query and fragment of RFC 3986
-characters (others percent-encoded). ASCII only: an international name is sent as punycode.
-"""
+"""The form of a webhook ``url`` as one regular expression, published as the schema's
+``pattern`` and enforced too, so the document is true both ways: every URL it admits passes
+``validate_url`` when private targets are allowed (docs/api.md, "Webhook endpoints")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Provider adapters: the protocol, the HTTP adapter, the registry and the error mapping.
-
-The worker depends on ``ProviderAdapter`` and ``ProviderError`` only; which provider answers,
-and how its failures map to catalogued errors, stays inside this package.
-"""
+"""Provider adapters: the protocol, the HTTP adapter, the registry and the error mapping; the
+worker depends only on ``ProviderAdapter`` and ``ProviderError``."""
 
 from worker.provider.answer import ProviderAnswer
 from worker.provider.base import (

@@ -1,13 +1,6 @@
-"""A provider's answer, bounded before anything reads it.
-
-The provider is a remote party: whatever it sends must end as an auth state or a catalogued
-``ProviderError``, never as an exception out of the attempt (docs/architecture.md, "Bounded
-remote answers"). So the client reads at most ``body_cap`` bytes off the wire (more: the body
-is unusable, and the connection is dropped rather than drained), decompresses only gzip and
-deflate, itself, and only up to the same cap (a few KB of gzip can hold gigabytes of
-zeros), and JSON is parsed only within ``MAX_JSON_DEPTH`` levels with every parser error
-caught. An unusable body is empty: the status alone then decides what the answer means.
-"""
+"""A provider's answer, bounded before anything reads it: body size, decompression and JSON
+depth, so an unusable body is empty and the status decides (docs/architecture.md, "Bounded
+remote answers")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The provider seam: what the worker needs from a messaging provider, and how it fails.
-
-The worker only ever confirms a pending passkey challenge and reads the account's auth state,
-so the protocol has exactly those two calls. Every failure reaches the worker as one exception
-type, ``ProviderError``, already translated into a catalogued error: the decision code never
-sees an HTTP library, status codes or provider bodies.
-"""
+"""The provider seam: the two calls the worker needs (confirm, read the auth state), and one
+exception type, ``ProviderError``, already a catalogued error, so the decision never sees
+HTTP."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""A small circuit breaker, one per provider.
-
-When a provider is down, every command for its accounts would otherwise spend its whole retry
-budget (and its deadline) waiting on timeouts, and the retries themselves keep a struggling
-provider down. After ``threshold`` consecutive transient failures the breaker opens and calls
-fail at once with 502 provider_unavailable; after ``reset_s`` one probe call is let through
-(half-open): its success closes the breaker, its failure opens it again.
-
-    closed --threshold consecutive failures--> open --reset_s elapsed--> half_open
-    half_open --probe succeeds--> closed        half_open --probe fails--> open
-
-Only transient failures count: a provider that answers "identity mismatch" is healthy.
-"""
+"""A circuit breaker per provider: after ``threshold`` transient failures in a row calls fail
+at once (502) instead of spending their deadline on time-outs, and after ``reset_s`` one probe
+call decides. A provider that answers "identity mismatch" is healthy: only transient ones count."""
 
 from __future__ import annotations
 

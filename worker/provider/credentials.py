@@ -1,13 +1,6 @@
-"""A provider's credential header and client TLS, from its ``ProviderConnection`` settings.
-
-The credential is a bearer token or an API-key header value, given as a ``SecretStr`` or a
-file. A file is re-read when its modification time or size changes (checked at most every
-``RECHECK_S``), so a rotated Kubernetes Secret takes effect without a restart; a file that
-becomes empty or unreadable is logged (never its content) and the previous value stays.
-
-Nothing here puts the credential in a ``repr``, an exception or a log line: errors name the
-provider, the variable and the file, never the value.
-"""
+"""A provider's credential header and client TLS; a credential file is re-read when it changes,
+so a rotated Secret takes effect without a restart. The value never reaches a repr, an
+exception or a log line (docs/operations.md, "Provider configuration")."""
 
 from __future__ import annotations
 

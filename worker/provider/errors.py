@@ -1,33 +1,5 @@
-"""The one place where upstream failures become catalogued errors.
-
-Adapters never decide an error code themselves: whatever went wrong (an answer they cannot
-use, a transport failure, the deadline, an open circuit) goes through
-``map_upstream_failure``. The table, top to bottom:
-
-    upstream failure                                    catalogued error             transient
-    501, or 4xx {"error":{"type":"unsupported_operation"}}  501 unsupported_by_provider 30003   no
-    408, 429, other 5xx                                 502 provider_unavailable 30002   yes
-    timeout (a phase's or the deadline), connect
-      failure, connection lost mid-exchange             502 provider_unavailable 30002   yes
-    circuit open                                        502 provider_unavailable 30002   yes
-    4xx {"error":{"type":"identity_mismatch"}}          409 provider_account_mismatch 20017  no
-    4xx {"error":{"type":"invalid_request"}}            400 provider_invalid_request 30001   no
-    4xx {"error":{"type":"operation_failed"}}           502 provider_unavailable → 30010 no
-    401/403 otherwise (our credentials are refused)     502 provider_unavailable → 30010 no
-    anything else (unknown status or type, unreadable
-      body, 2xx/3xx the adapter could not use)          502 provider_unavailable → 30010 no
-    any other transport failure (bad URL, a malformed
-      answer the client refused)                        502 provider_unavailable 30002   no
-    any other exception inside one attempt (an answer
-      that broke something while it was read)           502 provider_unavailable → 30010 no
-
-"Transient" means retrying later may succeed, so the adapter retries it in place (within its
-attempt budget and the deadline) and the breaker counts it. The provider's own ``message`` is
-never passed on: it may hold internal details, and callers must not branch on text anyway.
-Bodies are parsed with ``load_json`` (bounded depth, never raises) and ``Retry-After`` with
-``parse_retry_after`` (never raises, at most ``RETRY_AFTER_CEILING_S``): mapping a hostile
-answer cannot fail.
-"""
+"""The one place where upstream failures become catalogued errors, and which are transient;
+mapping a hostile answer cannot fail (docs/architecture.md, "The provider's wire contract")."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The provider client's own failures: a request that got no HTTP answer it could read.
-
-The transport (``worker.provider.transport``) turns every aiohttp exception into one of these,
-in one place, so the error table (``worker.provider.errors``) depends on no HTTP library.
-``transient`` says whether the same request may succeed a moment later: the provider, or the
-path to it, is down or slow. A failure that is not transient is our call's fault (a malformed
-URL), and retrying it cannot help.
-"""
+"""The provider client's own failures (no readable HTTP answer), so the error table depends on
+no HTTP library; ``transient`` says whether the same request may succeed a moment later."""
 
 from __future__ import annotations
 

@@ -1,24 +1,7 @@
-"""The HTTP provider adapter, on one shared client (``AiohttpClient``).
-
-Wire contract (what a real provider's gateway must speak, and what the development
-simulator, ``devstack.simulator``, serves):
-
-    POST {base}/v1/accounts/{ref}/passkey/confirm   header Idempotency-Key: <command_id>
-    GET  {base}/v1/accounts/{ref}/auth-state
-      200 {"status": str, "auth_status": str}
-      4xx/5xx {"error": {"type": str, "message": str}}, Retry-After honoured on 429/503
-
-The client is built once at start-up (``build_http_client``) and shared by every adapter, so
-connections are pooled across providers and commands; adapters never close it. The client
-bounds every answer (``worker.provider.answer``: ``PROVIDER_BODY_CAP_BYTES`` read and
-decompressed, JSON depth), and an attempt raises nothing but a catalogued ``ProviderError``:
-whatever a provider sends, the confirm and the follow-up poll get an auth state or an error.
-
-Each attempt is a CLIENT span (``worker.tracing``) and sends the W3C ``traceparent`` (and
-``tracestate``): written here, at the adapter, rather than by instrumenting aiohttp, so the
-in-process client (the benchmark's) carries it too and a process that exports nothing pays no
-span.
-"""
+"""The HTTP provider adapter, on one client built at start-up and shared by every adapter
+(docs/architecture.md, "The provider's wire contract"). An attempt raises nothing but a
+catalogued ``ProviderError``. The adapter writes each attempt's CLIENT span and ``traceparent``
+itself rather than instrumenting aiohttp, so a process that exports nothing pays no span."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Provider adapters by name: the account record names its provider, the registry finds it.
-
-A read-only mapping, so the decision policy can test membership (``name in registry``) and the
-executor can ``get`` an adapter without either knowing how adapters are built.
-"""
+"""Provider adapters by name: a read-only mapping the decision policy and the executor use
+without knowing how adapters are built."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Bounded retries for provider calls: the one loop every adapter runs its attempts through.
-
-Transient failures are retried in place with exponential backoff and full jitter (a uniform
-sleep in ``[0, min(max, base * 2**n)]``, so a fleet of workers that failed together does not
-retry together). A provider's ``Retry-After`` replaces the backoff when it is present and not
-longer than the policy allows; a longer one ends the retries, since waiting that long is the
-provider's way of saying "not now". Nothing, neither an attempt nor a sleep, runs past the
-caller's deadline, and the circuit breaker is asked before every attempt.
-"""
+"""Bounded retries of provider calls: exponential backoff with full jitter (a fleet that
+failed together does not retry together), ``Retry-After`` honoured up to the policy's bound,
+the breaker asked first, nothing past the caller's deadline."""
 
 from __future__ import annotations
 

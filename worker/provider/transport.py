@@ -1,25 +1,6 @@
-"""The provider client: one aiohttp session, answering the provider's own types.
-
-An answer comes back as a ``ProviderAnswer`` (status, headers, bounded body) and a request
-that got none raises a ``TransportFailure`` (``worker.provider.failures``): aiohttp's
-exceptions are translated here, in one place (``_translate``), so the adapter, the retries
-and the error table know no HTTP library.
-
-Answers are bounded here (``worker.provider.answer``): at most ``body_cap`` bytes are read,
-aiohttp decompresses nothing, and gzip/deflate are inflated up to the same cap; a body past
-either bound arrives empty, so only its status is used.
-
-Exceptions translated (aiohttp → ours):
-
-    aiohttp.ConnectionTimeoutError (connect phase)  → TimedOut(phase="connect")   transient
-    any other TimeoutError (ServerTimeoutError: read) → TimedOut(phase="read")    transient
-    aiohttp.ClientConnectorError (refused, DNS, TLS)  → ConnectFailed             transient
-    aiohttp.ServerDisconnectedError,
-    aiohttp.ClientPayloadError, aiohttp.ClientOSError → ConnectionLost            transient
-    aiohttp.InvalidURL                                → InvalidTarget (our call is wrong)
-    any other aiohttp.ClientError (e.g. a malformed
-      status line)                                    → TransportFailure (not transient)
-"""
+"""The provider client: one aiohttp session answering the provider's own types (a bounded
+``ProviderAnswer``, or a ``TransportFailure``), so nothing past it knows the HTTP library
+(docs/architecture.md, "Bounded remote answers")."""
 
 from __future__ import annotations
 
@@ -140,7 +121,17 @@ class AiohttpClient:
 
 
 def _translate(exc: aiohttp.ClientError | TimeoutError) -> TransportFailure:
-    """Our failure that means what ``exc`` means (see the module docstring)."""
+    """Our failure that means what ``exc`` means; the one place aiohttp's exceptions are read.
+
+    aiohttp.ConnectionTimeoutError (connect phase)    → TimedOut(phase="connect")  transient
+    any other TimeoutError (ServerTimeoutError: read) → TimedOut(phase="read")     transient
+    aiohttp.ClientConnectorError (refused, DNS, TLS)  → ConnectFailed              transient
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientPayloadError, aiohttp.ClientOSError → ConnectionLost             transient
+    aiohttp.InvalidURL                                → InvalidTarget (our call is wrong)
+    any other aiohttp.ClientError (e.g. a malformed
+      status line)                                    → TransportFailure (not transient)
+    """
     text = str(exc) or type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return TimedOut(text, phase="connect")

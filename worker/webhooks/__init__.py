@@ -1,3 +1,2 @@
-"""Webhook fan-out building blocks: Standard Webhooks signing (``signing``), endpoint secrets
-encrypted at rest (``secrets_box``), the SSRF policy (``targets``) and the outbound HTTP
-client that honours it (``sender``)."""
+"""Webhook fan-out: endpoints, the dispatcher and its delivery state, Standard Webhooks
+signing, secrets at rest and the SSRF-safe sender (docs/architecture.md, "Webhook fan-out")."""

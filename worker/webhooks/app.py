@@ -1,10 +1,6 @@
-"""Composition root of a webhook dispatcher process (``python -m worker webhooks``).
-
-Builds every client from settings and runs the shared consume loop (``worker.consumer``)
-over auth.status, auth.errors and the replay topic, with the delivery states of
-``webhook.delivery-state`` as its restored store. The endpoints registry is read to its end
-before the first event is taken in, so no event is fanned out against a partial view.
-"""
+"""Composition root of a webhook dispatcher process (``python -m worker webhooks``): the
+shared consume loop over the event topics, with the delivery states as its store. The
+endpoints registry is read to its end first, so no event fans out against a partial view."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Delivery state of one (endpoint, account) pair and the pure decisions over it.
-
-The dispatcher keeps one ``DeliveryState`` per (endpoint, account): the deliveries waiting in
-version order, a window of webhook-ids already taken in (so a replay after a crash is dropped)
-and since when deliveries of the pair have failed without a success in between. Like the
-worker's account records, these states live in a compacted changelog topic and are restored on
-assignment, so a waiting or retrying delivery is a record in Kafka with a due time, never a
-sleeping task (docs/architecture.md, "Webhook fan-out").
-
-Everything here is pure: the caller does the HTTP attempt and the writes, then asks
-``settle`` what the attempt means. Order holds because only the head of the queue is ever
-attempted; a later event waits until the earlier one is delivered or has failed for good.
-"""
+"""Delivery state of one (endpoint, account) pair and the pure decisions over it (``settle``):
+a waiting or retrying delivery is a record with a due time, never a sleeping task
+(docs/architecture.md, "Webhook fan-out")."""
 
 from __future__ import annotations
 

@@ -1,39 +1,7 @@
-"""One unit of dispatcher work: take an event in (fan-out), or attempt a due delivery.
-
-The consume loop (``worker.consumer``) runs this exactly as it runs the worker's executor:
-records of auth.status / auth.errors / the replay topic arrive on the lane of their account;
-a due delivery arrives as a follow-up on the lane of its (endpoint, account) pair. So one
-account's events are taken in in order, each endpoint's deliveries for it go out in order, and
-a slow or failing endpoint only ever occupies its own lanes.
-
-Taking in: the event becomes one pending delivery per subscribed, active endpoint of the
-event's own workspace (the workspace the event names, never one remembered from an earlier
-event of the account), each kept in its (endpoint, account) pair's state in memory while the
-consume loop holds the event's offset (``worker.webhooks.holds``): until each delivery is
-settled or written in its pair's record, the uncommitted event is its durable copy. A pair is
-written whenever a delivery of it is not attempted soon (a retry, a pause of its endpoint by
-the gate, a queue behind a head that waits for either, a hold gone overdue: a wait for a slot
-at a busy endpoint is written only then); a delivery that succeeds without such a wait costs
-no state record. Without a hold (``hold_s`` 0, or outside the loop) each pair is written
-at take-in, as before ("durably scheduled"). A pair's queue is
-bounded (``delivery.QueueLimits``): a delivery that does not fit fails into the webhook DLQ.
-Attempting: the endpoint's gate (``worker.webhooks.gate``) must have room for it, otherwise
-the pair is deferred without holding its lane; the head of the pair's queue is signed
-(Standard Webhooks) and sent; ``delivery.settle`` says what the answer means; the new state is
-written, the delivery log gets the outcome, a failed delivery goes to the webhook DLQ, a 410
-or five days of failures disable the endpoint (with an ``endpoint.disabled`` note in its
-delivery log).
-
-A due key without ``/`` is an account whose delivery state is still in the old one-record
-form (``worker.webhooks.state``): its pairs are written and the old record tombstoned, on the
-account's own lane.
-
-Tracing (``worker.tracing``): taking an event in is a CONSUMER span continuing the event
-record's ``traceparent``; each delivery stores that span's context, and each attempt is a
-CLIENT span under it that sends ``traceparent`` to the endpoint (beside the signature headers,
-which it does not touch). The records written meanwhile carry the context of the span they
-are written under.
-"""
+"""One unit of dispatcher work, run by the shared consume loop: take an event in (fan out to
+each pair's queue, the event's offset held until each delivery is safe), attempt a due
+delivery, or migrate an account's old one-record state (docs/architecture.md, "Webhook
+fan-out"; its spans: docs/operations.md, "Tracing")."""
 
 from __future__ import annotations
 

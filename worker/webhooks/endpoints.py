@@ -1,20 +1,7 @@
-"""Webhook endpoints: the record on the compacted endpoints topic, the changes the API makes to
-it, and the replica-local registry every front-end and dispatcher keeps of all endpoints.
-
-Kafka is the only stateful dependency, so endpoints live in ``webhook.endpoints`` (compacted,
-keyed by endpoint id; a tombstone deletes). Each record carries the whole endpoint, its signing
-secrets encrypted (``worker.webhooks.secrets_box``, bound to the endpoint id) and a
-``revision`` that rises with every write. The registry keeps the highest revision it has seen
-of each endpoint, so a writer can apply its own write at once (read-your-writes) and the tail
-that later replays an older record cannot move it back.
-
-Every read and write names a workspace: an endpoint of another workspace is reported exactly
-like a missing one.
-
-Signing secrets are bounded: the current one and the previous one (until its ``expires_at``)
-sign. Records written before that bound may hold many more; they decode as they are, only the
-two newest live ones sign, and the next write keeps just those (``trimmed``).
-"""
+"""Webhook endpoints: the record on the compacted endpoints topic, the API's changes to it and
+the registry every front-end and dispatcher keeps; the highest ``revision`` wins, so a writer
+reads its own write at once. Every lookup names a workspace (docs/architecture.md, "Webhook
+fan-out")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""From a record on auth.status / auth.errors to the webhook it becomes.
-
-The body is ``{"type", "timestamp", "data"}``: ``type`` is the webhook event type,
-``timestamp`` the event's ``occurred_at``, ``data`` the event itself minus its wire-only fields
-(``type``, ``schema_version``). It is rendered once, when the delivery is taken in, and stored
-with it, so every attempt and every replay signs the same bytes.
-"""
+"""From a record on auth.status / auth.errors to its webhook body ``{"type", "timestamp",
+"data"}``, rendered once at take-in and stored, so every attempt and replay signs the same
+bytes."""
 
 from __future__ import annotations
 

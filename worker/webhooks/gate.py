@@ -1,29 +1,7 @@
-"""Each endpoint's share of the dispatcher: how many attempts it may have in flight, how fast
-it may be sent to, and whether it is backing off after failing continuously.
-
-The consume loop runs every (endpoint, account) pair on a lane of its own, so without a gate
-an endpoint that hangs would hold one lane and one in-flight slot per account it has
-deliveries for, until the loop's in-flight limit stops everyone. The gate caps what one
-endpoint can hold: a pair whose endpoint has no room is *deferred* (its timer moved later,
-``DeliveryStore.defer``) and its lane ends at once, so while it waits it holds neither a lane
-nor an in-flight slot. Waiting pairs queue per endpoint, first come first served; a finished
-attempt wakes the next one (``DeliveryStore.wake``), and every wait also has a fallback time
-so a wake that went nowhere (partition revoked, queue emptied) costs a delay, never a pair.
-
-An endpoint that fails ``backoff_after`` attempts in a row backs off as a whole: nothing is
-sent to it until a pause has passed, then one attempt at a time (a probe); each further
-failure doubles the pause up to ``backoff_max_s``, a success ends it. A 429 or 503 with
-``Retry-After`` pauses the whole endpoint as well. The pairs' own retry schedules are not
-touched: a pair deferred by the gate has not been attempted, so it keeps its attempt count.
-
-A workspace's endpoints together have at most ``workspace_max_in_flight`` attempts under way,
-so a workspace with many hanging endpoints holds no more than one with a few: the engine's
-in-flight limit, which pauses fetching for everyone, stays out of one tenant's reach.
-
-Everything here is per dispatcher process and in memory (a restart starts afresh): with N
-processes an endpoint may have up to N times its share in flight, and its rate limit holds
-per process.
-"""
+"""Each endpoint's share of the dispatcher (attempts in flight, rate, back-off) and each
+workspace's, in memory per process: without it one hanging endpoint would hold a lane and a
+slot per account until the loop's limit stopped everyone (docs/architecture.md, "Webhook
+fan-out")."""
 
 from __future__ import annotations
 

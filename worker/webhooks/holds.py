@@ -1,13 +1,6 @@
-"""Deliveries kept in memory only, and the event offsets that stand in for their record.
-
-Taking an event in does not write the pairs' delivery-state records: the new deliveries live in
-the store only, and the consume loop holds the event's offset (``worker.consumer.hold_record``),
-so until they are safe the uncommitted event is their durable copy (a crash replays it; the
-same webhook-ids are taken in again). A delivery is safe once it is settled (its log entry,
-and for a failure its DLQ copy, acknowledged) or written in its pair's record; when the last
-delivery of an event is safe, the event's hold is released. So a delivery that succeeds at its
-first attempt costs no delivery-state record at all (docs/architecture.md, "Webhook fan-out").
-"""
+"""Deliveries kept in memory only, while their event's held offset is their durable copy: the
+hold is released once each is settled or written, so a first-time success costs no state
+record (docs/architecture.md, "Webhook fan-out")."""
 
 from __future__ import annotations
 

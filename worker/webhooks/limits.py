@@ -1,9 +1,5 @@
-"""The hard ceilings of a webhook endpoint's fields.
-
-The configured limits (``WEBHOOK_URL_MAX_CHARS`` ...) may be lowered or raised up to these;
-the endpoint record accepts values up to the ceilings, so a record written under a larger
-limit stays readable after the limit is lowered (the limit applies to new input only).
-"""
+"""The hard ceilings of an endpoint's fields: configured limits apply to new input only, and a
+record written under a larger limit stays readable."""
 
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
-"""``GET .../deliveries`` reads the delivery log on demand: a bounded scan of one partition.
-
-The log is keyed by endpoint id, so an endpoint's deliveries all sit in one partition (the
-key's home, ``worker.route.home_partition``). A scan seeks that partition to ``end - window``
-(or its beginning, when it holds less: a seek below the log start resets to the earliest
-offset), reads to the end it had when the scan started, and feeds the endpoint's records
-through ``DeliveryLogView`` (its decoding and "latest entry per delivery" rule). So a
-front-end replica holds no delivery log between requests, reads nothing while no one asks,
-and a request costs at most ``window`` records plus one batch, whatever the log's size.
-
-The trade-off (docs/architecture.md, "The front-end"): an endpoint whose deliveries are older
-than the last ``window`` records of a busy partition shows fewer than it had, or none.
-
-Where the end is. The start uses ``end_offsets()``, which the embedded broker answers short
-(its last batch's first offset + 1, ``worker.replay``): the scan then starts a little earlier,
-never later. The stop uses the high-water mark of the first fetch response, which is right on
-both brokers. One scan runs at a time per process (one consumer, reassigned per scan); each
-request waits at most ``timeout_s`` for its turn and its scan together.
-"""
+"""``GET .../deliveries`` as a bounded, on-demand scan of the endpoint's partition of the
+delivery log, one at a time per process: a replica holds no log and a request costs at most
+``window`` records (docs/architecture.md, "A replica's cost follows its own traffic")."""
 
 from __future__ import annotations
 

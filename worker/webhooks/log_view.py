@@ -1,9 +1,5 @@
-"""The read model of the delivery log, behind ``GET .../deliveries``: decodes log records (one
-entry, or a batch of one endpoint's entries: ``publish.decode_log``) and keeps, per endpoint,
-the latest entry of its most recent deliveries, at most ``per_endpoint`` of them; older ones
-fall out. Filled on demand by a bounded scan of the endpoint's partition
-(``worker.webhooks.log_scan``), not by a permanent tail.
-"""
+"""The read model behind ``GET .../deliveries``: decodes log records and keeps the latest entry
+of each endpoint's most recent deliveries, filled by ``worker.webhooks.log_scan``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Prometheus metrics of the webhook dispatcher, on an injected registry.
-
-Labels are small fixed sets (result, HTTP status class, dead-letter reason); never an
-endpoint URL, an endpoint id or an account id. The consume loop's own series (in flight, lag,
-restore, rebalances, readiness, heartbeat) have the same meaning as the worker's, under the
-``passkey_webhook_`` prefix.
-"""
+"""Prometheus metrics of the webhook dispatcher, on an injected registry; labels are small
+fixed sets, never an endpoint URL or id nor an account id."""
 
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
-"""Every write of the dispatcher: delivery states (the changelog), the delivery log the
-front-end reads for ``GET .../deliveries``, and failed deliveries to the webhook DLQ.
-
-Order of writes, so that a crash at any point loses nothing: a delivery's outcome (log entry,
-DLQ copy) is acknowledged before the state that drops it from its queue; a crash in between
-repeats the attempt under the same webhook-id. A state record is always sent as the store's
-latest state of its (endpoint, account) pair at the moment it is handed to the producer, under
-a FIFO lock per partition, and every change of the store is followed by such a send: so the
-changelog's last record of a pair is the store's latest, whichever lane wrote last. Every
-record carries the current span's trace context (``traceparent``/``tracestate`` headers,
-``worker.tracing``).
-
-While Kafka is unreachable every write is sent again until acknowledged (``worker.outage``);
-a state record is re-sent as the store's latest, under the same lock, so a late re-send never
-puts an older state after a newer one.
-
-Delivery-log entries of one endpoint written within ``log_flush_s`` of each other go out as
-one record (``DeliveryLogBatch``; a lone entry keeps the one-entry form), each writer waiting
-for that record's ack: the log costs a record per endpoint and window instead of one per
-delivery, at the price of up to one window of latency per log write.
-"""
+"""Every write of the dispatcher (delivery states, the delivery log, the webhook DLQ), ordered
+so a crash at any point loses nothing: an outcome is acknowledged before the state that drops
+it (docs/architecture.md, "Webhook fan-out")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Endpoint signing secrets encrypted at rest (AES-256-GCM), under WEBHOOK_SECRETS_KEY.
-
-The store keeps only ciphertexts, so a database dump or backup alone does not let anyone
-forge our webhooks. Each ciphertext is bound to its endpoint through GCM's associated data
-(the endpoint id): copying one endpoint's ciphertext onto another fails to decrypt instead
-of silently lending it the secret.
-
-Format: ``v1:`` + base64(12-byte random nonce + ciphertext + 16-byte tag). The version
-prefix leaves room for a new algorithm or key without guessing what a stored value is.
-"""
+"""Endpoint signing secrets encrypted at rest (AES-256-GCM, ``v1:`` + base64 of nonce,
+ciphertext and tag) under ``WEBHOOK_SECRETS_KEY``, each bound to its endpoint id, so a
+copied ciphertext fails to open instead of lending another endpoint the secret."""
 
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
-"""One webhook delivery attempt over aiohttp, to vetted addresses only.
-
-The session comes from ``open_session``: its connector resolves names through
-``VettingResolver``, which makes ONE lookup, refuses the name unless the policy accepts every
-address (``worker/webhooks/targets.py``), and hands aiohttp exactly those addresses to dial.
-There is no second lookup between the check and the connection, so DNS rebinding cannot
-swap in a private address. aiohttp bypasses resolvers for literal IP hosts; ``validate_url``
-judges those before each attempt. TLS still verifies the certificate against the host name
-(SNI and hostname checking use the URL's name, not the dialled address).
-
-``Sender.post`` never raises: every outcome, a network failure or an answer that breaks
-something while it is read, is a ``DeliveryResult``, which the dispatcher turns into retry
-decisions and delivery logs. The receiver is hostile until bounded: redirects are not followed
-(a 3xx is just a non-2xx answer: following one would dial an unvetted URL), at most
-``body_cap`` bytes of the answer are read, nothing is decompressed, the whole attempt has one
-time limit (a body dripped a byte a second ends with it), ``Retry-After`` is clamped to
-``retry_after_max_s`` (the retry schedule's longest step), and proxies from the environment
-are ignored (a proxy would dial the target for us, unvetted).
-"""
+"""One webhook attempt over aiohttp, to vetted addresses only (one lookup, no rebinding),
+never raising, with the receiver bounded (docs/architecture.md, "Webhook fan-out", SSRF;
+"Bounded remote answers")."""
 
 from __future__ import annotations
 

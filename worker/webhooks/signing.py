@@ -1,14 +1,5 @@
-"""Standard Webhooks signatures (https://www.standardwebhooks.com/), so integrators can verify
-our deliveries with any of the specification's libraries.
-
-The signed content is ``{webhook-id}.{webhook-timestamp}.{body}``, signed with HMAC-SHA256
-under each of the endpoint's secrets; the ``webhook-signature`` header lists one
-``v1,<base64>`` per secret, space-separated. During a rotation an endpoint has two secrets,
-so receivers holding either one accept the delivery.
-
-Secrets are ``whsec_`` + base64 of random bytes. Nothing here logs, and error messages never
-include a secret.
-"""
+"""Standard Webhooks signatures (``v1,`` HMAC-SHA256 per live secret), so integrators can
+verify deliveries with any of the specification's libraries; nothing here logs a secret."""
 
 from __future__ import annotations
 

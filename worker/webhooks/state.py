@@ -1,22 +1,6 @@
-"""The dispatcher's state store: the delivery states of the (endpoint, account) pairs whose
-account partitions this process owns, restored from the delivery-state changelog topic on
-assignment.
-
-One record per pair (key: ``endpoint_id/account_id``, ``delivery.state_key``), written to the
-partition number of its account, so it is co-partitioned with auth.status and auth.errors
-although its key is not the account id. A record's size depends on its own queue only, which
-``delivery.QueueLimits`` bounds: a workspace with a thousand endpoints has a thousand small
-records, never one that grows with its endpoint count. Each pair's queue head has a timer
-under the same key, so the consume loop's timer sweep hands a due retry to that pair's lane,
-and a failing endpoint never holds up another.
-
-Earlier versions wrote one record per account holding every endpoint's queue
-(``AccountDeliveries``, key: the account id). Those are still read: on restore each is split
-into its pairs (merged with any pair record written since) and kept until the dispatcher has
-written the pairs and a tombstone for the old key (a timer under the account id, which is
-also the key of the account's event lane, triggers that). docs/operations.md, "Upgrading the
-delivery state", has the sequence.
-"""
+"""The dispatcher's state store: one delivery-state record per (endpoint, account) pair, in
+its account's partition, restored on assignment; the old one-record-per-account form is read
+and migrated (docs/operations.md, "Upgrading the delivery state")."""
 
 from __future__ import annotations
 

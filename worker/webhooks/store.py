@@ -1,19 +1,6 @@
-"""The write side of webhook endpoints: every change the API makes, as a new record on the
-compacted endpoints topic, acknowledged before the caller hears of it.
-
-A change is computed from the registry's current record, produced (key = endpoint id), awaited
-within ``timeout_s`` and then applied to the same registry, so the replica that made a change
-reads it back at once. A produce that fails or times out becomes the route's catalogued 500
-(``create_webhook_endpoint_failed`` ...); nothing is applied then. Within that time a write
-that fails because Kafka is unreachable is sent again (``worker.outage``).
-
-Secrets: ``create`` and ``rotate`` return the new secret in clear exactly once; the record
-holds it encrypted and bound to the endpoint id. A rotation keeps the previous secret signing
-for ``overlap_s`` beside the new one and drops any older one, so a record holds at most two
-secrets however often it is rotated; ``expire_previous`` ends the overlap at once. Every write
-stores the record ``trimmed`` to its live secrets, which is how records of the unbounded form
-shrink.
-"""
+"""The write side of webhook endpoints: each change is a new record, acknowledged before it is
+applied and answered; a rotation keeps at most two secrets (docs/api.md, "Webhook
+endpoints")."""
 
 from __future__ import annotations
 

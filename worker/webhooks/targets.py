@@ -1,22 +1,7 @@
-"""Which webhook URLs and addresses the dispatcher may reach: the SSRF defence.
-
-An integrator chooses the URL, so without this check a webhook is a way to make our network
-send requests to itself: the cloud metadata service, the broker, an admin port on loopback.
-Two places use it:
-
-* the API's create/update check, ``validate_url`` (no DNS: the answer may change later), and
-* delivery, where ``resolve_target`` vets EVERY address a name resolves to, and the sender
-  connects only to those (``worker/webhooks/sender.py``), so a DNS answer that changes between
-  the check and the connection (rebinding) cannot slip through.
-
-Rejections carry a catalogue-style reason (``url_*`` for the URL's form, ``target_*`` for
-where it points), stable enough for the API to return and for metrics to count.
-
-By default only ``https`` and public addresses are accepted. ``allow_http``
-(WEBHOOK_ALLOW_HTTP) and ``allow_private`` (WEBHOOK_ALLOW_PRIVATE_TARGETS) exist for local
-development and tests; even then unspecified, multicast and broadcast addresses stay blocked,
-as no TCP endpoint lives there (and 0.0.0.0 quietly means "this host" on Linux).
-"""
+"""Which webhook URLs and addresses the dispatcher may reach: the SSRF defence, for the API's
+check (no DNS) and for delivery (every resolved address vetted). Refusals carry a stable
+``url_*`` / ``target_*`` reason for the API and the metrics (docs/architecture.md, "Webhook
+fan-out")."""
 
 from __future__ import annotations
 
