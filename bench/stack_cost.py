@@ -62,6 +62,7 @@ from devstack.keys import DEV_KEY, dev_keys_file
 from devstack.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS, EMBEDDED_FETCH_MAX_WAIT_MS
 from worker import eventloop
 from worker.settings import Topics
+from worker.tail import partitions_of
 
 ROUTE: Final = "/v1/accounts/acc_demo_{n}/auth/passkey-confirm"
 TARGET_RATIO: Final = 3.0
@@ -180,11 +181,11 @@ class RecordCounter:
 
     async def start(self) -> None:
         await self.consumer.start()
-        await self.consumer._client.force_metadata_update()
+        deadline = time.monotonic() + 10
         self.tps = [
             TopicPartition(t, p)
             for t in self.topics
-            for p in sorted(self.consumer.partitions_for_topic(t) or ())
+            for p in sorted(await partitions_of(self.consumer, t, deadline=deadline))
         ]
         self.consumer.assign(self.tps)
         await self.consumer.seek_to_beginning(*self.tps)

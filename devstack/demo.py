@@ -17,6 +17,7 @@ from aiokafka import TopicPartition
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import PasskeyConfirm, RegisterAccount
 from worker.settings import Settings
+from worker.tail import partitions_of
 
 
 async def register_accounts(
@@ -122,6 +123,4 @@ async def _watch(
 
 
 async def _partitions(consumer: object, topic: str) -> set[int]:
-    client = consumer._client  # type: ignore[attr-defined]
-    await client.force_metadata_update()
-    return set(client.cluster.partitions_for_topic(topic) or {0})
+    return await partitions_of(consumer, topic, deadline=time.monotonic() + 10) or {0}

@@ -24,6 +24,7 @@ from worker.consumer import Worker
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.messages import PasskeyConfirm, RegisterAccount
 from worker.settings import Settings, Topics
+from worker.tail import partitions_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -136,11 +137,9 @@ async def bus(settings: Settings) -> AsyncIterator[Bus]:
     try:
         t = settings.topics
         tps = []
+        deadline = time.monotonic() + 30
         for topic in (t.replies, t.status, t.errors, t.dlq, t.state):
-            parts = reader.partitions_for_topic(topic)
-            if not parts:
-                await reader._client.force_metadata_update()
-                parts = reader._client.cluster.partitions_for_topic(topic) or set()
+            parts = await partitions_of(reader, topic, deadline=deadline)
             tps += [TopicPartition(topic, p) for p in parts]
         reader.assign(tps)
         await reader.seek_to_beginning(*tps)

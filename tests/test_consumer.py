@@ -17,7 +17,7 @@ from tests.conftest import SettingsFactory
 from worker.consumer import Hold, LoopConfig, OffsetTracker, Worker, hold_record
 from worker.faults import Fault
 from worker.kafka import build_consumer, ensure_topics
-from worker.runner import consume_loop, group_consumer
+from worker.runner import LoopSpec, consume_loop, group_consumer
 from worker.state_store import StateStore
 from worker.worker_metrics import WorkerMetrics
 
@@ -292,12 +292,10 @@ async def test_stop_does_not_wait_for_a_rebalance_another_member_holds_up(
     polling = asyncio.create_task(_poll_forever(holder))
     loop = consume_loop(
         settings,
+        LoopSpec((settings.topics.commands,), settings.topics.state, max_in_flight=10),
         consumer=group_consumer(settings, group),
         handler=_Idle(),
         metrics=WorkerMetrics(CollectorRegistry()),
-        topics=(settings.topics.commands,),
-        state_topic=settings.topics.state,
-        max_in_flight=10,
     )
     running: asyncio.Task[None] | None = None
     try:

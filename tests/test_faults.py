@@ -31,7 +31,7 @@ from worker.faults import (
 )
 from worker.kafka import build_consumer, build_producer, ensure_topics
 from worker.outage import MAX_RECORD_BYTES, BrokerOutageExceeded, enqueue
-from worker.runner import consume_loop, group_consumer
+from worker.runner import LoopSpec, consume_loop, group_consumer
 from worker.state_store import StateStore
 from worker.tail import TopicTail
 from worker.worker_metrics import WorkerMetrics
@@ -227,12 +227,10 @@ async def _loop(
         await producer.stop()
     loop = consume_loop(
         settings,
+        LoopSpec((settings.topics.commands,), settings.topics.state, max_in_flight=100),
         consumer=group_consumer(settings, settings.kafka_consumer_group),
         handler=handler,
         metrics=WorkerMetrics(CollectorRegistry()),
-        topics=(settings.topics.commands,),
-        state_topic=settings.topics.state,
-        max_in_flight=100,
     )
     loop.config = replace(loop.config, retry_backoff_s=(0.01, 0.05))
     tp = TopicPartition(settings.topics.commands, 0)

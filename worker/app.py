@@ -20,7 +20,15 @@ from worker.outage import BrokerHealth
 from worker.provider import ProviderRegistry, build_http_client, build_registry
 from worker.publish import Publisher
 from worker.route import Router
-from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
+from worker.runner import (
+    LoopSpec,
+    ProbeAddress,
+    ProcessParts,
+    RunOptions,
+    consume_loop,
+    group_consumer,
+    run_consume_loop,
+)
 from worker.settings import Settings
 from worker.speedups import KeyPartitioner
 from worker.state_store import StateStore
@@ -90,12 +98,14 @@ async def run_worker(
     )
     worker = consume_loop(
         settings,
+        LoopSpec(
+            topics=(topics.commands,),
+            state_topic=topics.state,
+            max_in_flight=settings.worker_max_in_flight,
+        ),
         consumer=consumer,
         handler=executor,
         metrics=metrics,
-        topics=(topics.commands,),
-        state_topic=topics.state,
-        max_in_flight=settings.worker_max_in_flight,
         unordered=executor.unordered,
     )
     probes = None
@@ -105,16 +115,19 @@ async def run_worker(
         )
     await run_consume_loop(
         worker,
-        name="worker",
-        settings=settings,
-        consumer=consumer,
-        producer=producer,
-        registry=registry,
-        probes=probes,
-        install_signals=install_signals,
-        stop=stop,
-        on_start=on_start,
-        closers=(providers.aclose, http.aclose),
-        group=settings.kafka_consumer_group,
-        health=health,
+        settings,
+        ProcessParts(
+            producer=producer,
+            registry=registry,
+            health=health,
+            closers=(providers.aclose, http.aclose),
+        ),
+        RunOptions(
+            name="worker",
+            group=settings.kafka_consumer_group,
+            probes=probes,
+            install_signals=install_signals,
+            stop=stop,
+            on_start=on_start,
+        ),
     )

@@ -37,51 +37,76 @@ class ProbeAddress:
     name: str
 
 
+def _always_ready() -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessParts:
+    """The clients a consuming process runs its loop with, built by the caller.
+
+    ``run_consume_loop`` starts ``producer`` and the loop's consumer, and closes them at the
+    end, then runs ``closers`` in order. ``health`` is the outage state the process's writers
+    report to; it is probed through the producer's client and turns ``/readyz`` red during an
+    outage. ``registry`` is what the probes' ``/metrics`` serves.
+    """
+
+    producer: AIOKafkaProducer
+    registry: CollectorRegistry
+    health: BrokerHealth
+    closers: Sequence[Callable[[], Awaitable[None]]] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How one run of a consume loop is named, served and stopped.
+
+    ``name`` prefixes the start and stop log events; ``group`` is the consumer group, for the
+    start log; ``probes`` ``None`` serves none; ``stop`` set stops the loop as a signal
+    would; ``on_start`` is called once the clients are started; ``also_ready`` adds the
+    process's other conditions to ``/readyz``.
+    """
+
+    name: str
+    group: str
+    probes: ProbeAddress | None = None
+    install_signals: bool = True
+    stop: asyncio.Event | None = None
+    on_start: Callable[[Worker], None] | None = None
+    also_ready: Callable[[], bool] = _always_ready
+
+
 async def run_consume_loop(
-    loop: Worker,
-    *,
-    name: str,
-    settings: Settings,
-    consumer: AIOKafkaConsumer,
-    producer: AIOKafkaProducer,
-    registry: CollectorRegistry,
-    probes: ProbeAddress | None,
-    install_signals: bool,
-    stop: asyncio.Event | None,
-    on_start: Callable[[Worker], None] | None,
-    closers: Sequence[Callable[[], Awaitable[None]]] = (),
-    group: str,
-    also_ready: Callable[[], bool] = lambda: True,
-    health: BrokerHealth | None = None,
+    loop: Worker, settings: Settings, parts: ProcessParts, run: RunOptions
 ) -> None:
     """Run ``loop`` with its clients until it stops; raises when the loop failed or Kafka
-    stayed unreachable past the tolerance. ``also_ready`` adds the process's other
-    conditions to ``/readyz``; ``health`` (the one the process's writers report to) is
-    probed through the producer's client and turns ``/readyz`` red during an outage."""
-    health = health or BrokerHealth(settings.kafka_outage_tolerance_s, name=name)
+    stayed unreachable past the tolerance."""
+    consumer, producer, health = loop.consumer, parts.producer, parts.health
     served: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
-    if probes is not None:
+    if run.probes is not None:
+        also_ready = run.also_ready
         app = build_probe_app(
-            registry,
+            parts.registry,
             last_beat=lambda: loop.last_beat,
             ready=lambda: loop.ready and health.reachable and also_ready(),
         )
-        served = serving(app, host=probes.host, port=probes.port, name=probes.name)
+        served = serving(app, host=run.probes.host, port=run.probes.port, name=run.probes.name)
     # Installed for the whole run, close steps included: a second signal during them still
     # exits at once (130).
     on_signal = _graceful_then_forced(loop, hard_limit_s=shutdown_hard_limit(settings))
-    with on_stop_signals(on_signal, enabled=install_signals):
+    with on_stop_signals(on_signal, enabled=run.install_signals):
+        stop = run.stop
         stopper = asyncio.create_task(_stop_when(stop, loop)) if stop is not None else None
         try:
             async with served:
                 await producer.start()
                 await consumer.start()
-                if on_start is not None:
-                    on_start(loop)
+                if run.on_start is not None:
+                    run.on_start(loop)
                 log.info(
-                    f"{name}_started",
+                    f"{run.name}_started",
                     bootstrap=settings.bootstrap,
-                    group=group,
+                    group=run.group,
                     event_loop=running_loop_name(),
                 )
                 probe = metadata_probe(producer.client, loop.config.topics[0])
@@ -91,9 +116,9 @@ async def run_consume_loop(
                 stopper.cancel()
             await _bounded(consumer.stop(), "consumer_stop", CLOSE_STEP_TIMEOUT_S)
             await _bounded(producer.stop(), "producer_stop", CLOSE_STEP_TIMEOUT_S)
-            for close in closers:
+            for close in parts.closers:
                 await close()
-            log.info(f"{name}_stopped")
+            log.info(f"{run.name}_stopped")
 
 
 async def _run_watched(loop: Worker, monitor: Coroutine[Any, Any, None]) -> None:
@@ -207,43 +232,59 @@ def group_consumer(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LoopSpec:
+    """What one process's consume loop reads, and the bounds its process sets; the budgets
+    every loop shares (commit interval, drain grace, poll size, retries) come from the
+    settings (``config``).
+
+    ``topics`` are co-partitioned inputs and ``state_topic`` their changelog (``LoopConfig``);
+    ``timer_interval_s`` overrides the loop's timer sweep interval, ``hold_overdue_s`` the
+    age of an overdue hold (``None``: the loop's defaults).
+    """
+
+    topics: tuple[str, ...]
+    state_topic: str
+    max_in_flight: int
+    timer_interval_s: float | None = None
+    hold_overdue_s: float | None = None
+
+    def config(self, settings: Settings) -> LoopConfig:
+        config = LoopConfig(
+            topics=self.topics,
+            state_topic=self.state_topic,
+            max_in_flight=self.max_in_flight,
+            commit_interval_s=settings.worker_commit_interval_ms / 1000,
+            rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
+            shutdown_grace_s=settings.worker_shutdown_grace_s,
+            max_poll_records=settings.kafka_max_poll_records,
+            record_attempts=settings.record_max_attempts,
+            retry_backoff_s=(settings.record_retry_backoff_s, settings.record_retry_backoff_s * 10),
+        )
+        if self.timer_interval_s is not None:
+            config = dataclasses.replace(config, timer_interval_s=self.timer_interval_s)
+        if self.hold_overdue_s is not None:
+            config = dataclasses.replace(config, hold_overdue_s=self.hold_overdue_s)
+        return config
+
+
 def consume_loop(
     settings: Settings,
+    spec: LoopSpec,
     *,
     consumer: AIOKafkaConsumer,
     handler: Handler,
     metrics: LoopMetrics,
-    topics: tuple[str, ...],
-    state_topic: str,
-    max_in_flight: int,
-    timer_interval_s: float | None = None,
     unordered: Callable[[ConsumerRecord[bytes, bytes]], bool] | None = None,
-    hold_overdue_s: float | None = None,
 ) -> Worker:
-    """The consume loop over ``topics`` with ``state_topic`` as its changelog, its commit,
-    drain and rebalance budgets from the settings; ``timer_interval_s`` overrides the loop's
-    timer sweep interval, ``hold_overdue_s`` the age of an overdue hold; ``unordered`` picks
-    the records run beside their key's lane (``Worker``)."""
-    config = LoopConfig(
-        topics=topics,
-        state_topic=state_topic,
-        max_in_flight=max_in_flight,
-        commit_interval_s=settings.worker_commit_interval_ms / 1000,
-        rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
-        shutdown_grace_s=settings.worker_shutdown_grace_s,
-        max_poll_records=settings.kafka_max_poll_records,
-        record_attempts=settings.record_max_attempts,
-        retry_backoff_s=(settings.record_retry_backoff_s, settings.record_retry_backoff_s * 10),
-    )
-    if timer_interval_s is not None:
-        config = dataclasses.replace(config, timer_interval_s=timer_interval_s)
-    if hold_overdue_s is not None:
-        config = dataclasses.replace(config, hold_overdue_s=hold_overdue_s)
+    """The consume loop ``spec`` describes, on ``consumer`` (``group_consumer``), handing
+    records to ``handler``; ``unordered`` picks the records run beside their key's lane
+    (``Worker``)."""
     return Worker(
         consumer=consumer,
         restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),
         executor=handler,
         metrics=metrics,
-        config=config,
+        config=spec.config(settings),
         unordered=unordered,
     )

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from worker.fetch import getmany as fetch_records
 from worker.fetch import skipping
@@ -25,14 +26,29 @@ async def partitions_of(
     consumer: Any, topic: str, *, deadline: float, pause_s: float = 0.1
 ) -> set[int]:
     """The partition numbers of ``topic`` as the started, group-less ``consumer`` learns them
-    by ``deadline`` (monotonic); empty when it has not by then."""
+    by ``deadline`` (monotonic); empty when it has not by then.
+
+    A consumer without an assignment may have no metadata for ``topic``, and aiokafka's
+    consumer has no public call that refreshes its own (``topics()`` reads every topic into a
+    throwaway copy). So: ``topics()`` says whether the topic exists (a request for every
+    topic, which never creates one, where naming a missing topic may have the broker create it
+    with its defaults); once it does, asking for the first offset of its partition 0 has the
+    consumer fetch the topic's metadata (it needs the partition's leader), and
+    ``partitions_for_topic`` then knows every partition. A topic that does not exist yet is
+    looked for again, ``pause_s`` apart, until ``deadline``.
+    """
+    probe = [TopicPartition(topic, 0)]
     while True:
         parts: set[int] | None = consumer.partitions_for_topic(topic)
-        if parts or time.monotonic() > deadline:
+        remaining = deadline - time.monotonic()
+        if parts or remaining <= 0:
             return set(parts or ())
-        # A consumer without a subscription has no metadata yet; aiokafka has no public call
-        # that refreshes it, so ask the client (an empty topic set means "all topics").
-        await consumer._client.force_metadata_update()
+        try:
+            async with asyncio.timeout(remaining):
+                if topic in await consumer.topics():
+                    await consumer.beginning_offsets(probe)
+        except (TimeoutError, KafkaError):
+            pass  # the broker failed a lookup: looked for again until the deadline
         if not consumer.partitions_for_topic(topic):
             await asyncio.sleep(pause_s)
 
@@ -300,10 +316,6 @@ class ConsumerShare:
         self._tps: list[TopicPartition] = []
         self._paused: set[TopicPartition] = set()
 
-    @property
-    def _client(self) -> Any:
-        return self._hub.consumer._client
-
     async def start(self) -> None:
         await self._hub._start()
 
@@ -311,14 +323,14 @@ class ConsumerShare:
         await self._hub._stop(self)
 
     def partitions_for_topic(self, topic: str) -> Any:
-        """As the consumer's; an assigned consumer's metadata covers only its assigned
-        topics, so an unknown topic is added to what the client tracks (``assign_all``'s
-        next metadata update then fetches it)."""
-        parts = self._hub.consumer.partitions_for_topic(topic)
-        if not parts:
-            update = self._client.add_topic(topic)
-            update.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return parts
+        return self._hub.consumer.partitions_for_topic(topic)
+
+    async def topics(self) -> Any:
+        """As the consumer's (``partitions_of`` asks it, then ``beginning_offsets``)."""
+        return await self._hub.consumer.topics()
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> Any:
+        return await self._hub.consumer.beginning_offsets(tps)
 
     def assign(self, tps: list[TopicPartition]) -> None:
         self._tps = list(tps)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -21,6 +22,7 @@ from devstack.keys import DEV_WORKSPACE
 from tests.devstack.running_stack import RunningStack, running_stack
 from tests.unparsable import produce_unparsable
 from worker.settings import Settings
+from worker.tail import partitions_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.chaos]
 
@@ -152,10 +154,7 @@ async def _dead_letter_reasons(bootstrap: str, topic: str, expected: int) -> lis
     reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await reader.start()
     try:
-        parts = reader.partitions_for_topic(topic)
-        if not parts:
-            await reader._client.force_metadata_update()
-            parts = reader._client.cluster.partitions_for_topic(topic) or set()
+        parts = await partitions_of(reader, topic, deadline=time.monotonic() + 30)
         tps = [TopicPartition(topic, p) for p in parts]
         reader.assign(tps)
         await reader.seek_to_beginning(*tps)

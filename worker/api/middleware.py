@@ -126,48 +126,12 @@ class FrontDoor:
         started = time.perf_counter()
         if self.body_timeout_s is not None:
             receive = _receive_until(receive, self.body_timeout_s, started)
-        seen: dict[bytes, bytes] = {}
-        for name, value in scope["headers"]:
-            if name in _READ and name not in seen:
-                seen[name] = value
-        raw_rid = seen.get(_REQUEST_ID)
-        caller_rid = None if raw_rid is None else raw_rid.decode("latin-1")
-        request_id = caller_rid if caller_rid and valid_id(caller_rid) else new_request_id()
+        seen = _read_headers(scope["headers"])
+        request_id = _request_id(seen)
         scope.setdefault("state", {})["request_id"] = request_id
-        stamp = (_REQUEST_ID, request_id.encode("latin-1"))
         template, params = self._match(scope["path"])
         method: str = scope["method"]
-        raw_origin = seen.get(b"origin")
-        origin = None if raw_origin is None else raw_origin.decode("latin-1")
-        # Actual cross-origin requests from allowed origins may read the response; a
-        # preflight sets its own headers (none when refused).
-        preflight = (
-            method == "OPTIONS" and origin is not None and b"access-control-request-method" in seen
-        )
-        cors_origin = (
-            origin if origin and not preflight and self.cors.origin_allowed(origin) else None
-        )
-        cors = self.cors.enabled or cors_origin is not None
-        status = 500
-        response_started = False
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status, response_started
-            if message["type"] == "http.response.start":
-                response_started = True
-                status = message["status"]
-                if cors:
-                    out = MutableHeaders(scope=message)
-                    out["X-Request-Id"] = request_id
-                    if self.cors.enabled:
-                        out.add_vary_header("Origin")
-                    if cors_origin is not None and "access-control-allow-origin" not in out:
-                        out["Access-Control-Allow-Origin"] = cors_origin
-                        out["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
-                else:
-                    message["headers"] = _stamped(message.get("headers", ()), stamp)
-            await send(message)
-
+        reply = _Stamped(send, request_id, self.cors, self._cors_origin(method, seen))
         traced = template in self._traced_routes and method != "OPTIONS"
         active = self._server_span(template, method, request_id, seen) if traced else _UNTRACED
         with active as span:
@@ -178,27 +142,37 @@ class FrontDoor:
                     response = self._not_for_the_app(
                         template, method, request_id, Headers(scope=scope)
                     )
-                    await response(scope, receive, send_wrapper)
+                    await response(scope, receive, reply.send)
                 elif (endpoint := self._direct.get((template or "", method))) is not None:
                     scope["endpoint"] = endpoint
                     scope["path_params"] = params
-                    await self._call(endpoint, scope, receive, send_wrapper)
+                    await self._call(endpoint, scope, receive, reply.send)
                 else:
-                    await self.app(scope, receive, send_wrapper)
+                    await self.app(scope, receive, reply.send)
             except Exception:
                 log.exception("api_unhandled_error", request_id=request_id, route=template)
-                if response_started:
+                if reply.started:
                     raise
                 code = "get_auth_state_failed" if method == "GET" else "run_auth_action_failed"
-                await error_response(request_id, ServiceError.of(code))(
-                    scope, receive, send_wrapper
-                )
+                await error_response(request_id, ServiceError.of(code))(scope, receive, reply.send)
             finally:
-                self._count(template or UNMATCHED_ROUTE, method, status, started)
+                self._count(template or UNMATCHED_ROUTE, method, reply.status, started)
                 if span.is_recording():
-                    span.set_attribute("http.response.status_code", status)
-                    if status >= 500:
+                    span.set_attribute("http.response.status_code", reply.status)
+                    if reply.status >= 500:
                         span.set_status(Status(StatusCode.ERROR))
+
+    def _cors_origin(self, method: str, seen: Mapping[bytes, bytes]) -> str | None:
+        """The caller's ``Origin`` when it is allowed to read the response: an actual
+        cross-origin request, not a preflight (which sets its own headers, none when
+        refused)."""
+        raw_origin = seen.get(b"origin")
+        if not raw_origin:
+            return None
+        if method == "OPTIONS" and b"access-control-request-method" in seen:
+            return None
+        origin = raw_origin.decode("latin-1")
+        return origin if self.cors.origin_allowed(origin) else None
 
     async def _call(self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
         """A direct route: what Starlette's ``request_response`` and exception layer do for
@@ -293,6 +267,59 @@ def _stamped(
     first = next(i for i, header in enumerate(headers) if header[0] == name)
     out.insert(first, stamp)
     return out
+
+
+def _read_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
+    """The headers the front door reads (``_READ``), each at its first occurrence, in one
+    scan of the request's."""
+    seen: dict[bytes, bytes] = {}
+    for name, value in headers:
+        if name in _READ and name not in seen:
+            seen[name] = value
+    return seen
+
+
+def _request_id(seen: Mapping[bytes, bytes]) -> str:
+    """The caller's ``X-Request-Id`` when valid, else a new one."""
+    raw = seen.get(_REQUEST_ID)
+    caller = None if raw is None else raw.decode("latin-1")
+    return caller if caller and valid_id(caller) else new_request_id()
+
+
+class _Stamped:
+    """The ``send`` a request is answered through: stamps ``X-Request-Id`` (and the CORS
+    headers) on the response's start and keeps its status for the metrics and the span
+    (500 until a response starts)."""
+
+    __slots__ = ("_cors", "_cors_origin", "_request_id", "_send", "_stamp", "started", "status")
+
+    def __init__(
+        self, send: Send, request_id: str, cors: CorsPolicy, cors_origin: str | None
+    ) -> None:
+        self._send = send
+        self._request_id = request_id
+        self._stamp = (_REQUEST_ID, request_id.encode("latin-1"))
+        self._cors = cors
+        self._cors_origin = cors_origin
+        self.status = 500
+        self.started = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.status = message["status"]
+            cors_origin = self._cors_origin
+            if self._cors.enabled or cors_origin is not None:
+                out = MutableHeaders(scope=message)
+                out["X-Request-Id"] = self._request_id
+                if self._cors.enabled:
+                    out.add_vary_header("Origin")
+                if cors_origin is not None and "access-control-allow-origin" not in out:
+                    out["Access-Control-Allow-Origin"] = cors_origin
+                    out["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
+            else:
+                message["headers"] = _stamped(message.get("headers", ()), self._stamp)
+        await self._send(message)
 
 
 def _receive_until(receive: Receive, timeout_s: float, started: float) -> Receive:

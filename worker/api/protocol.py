@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-import httptools
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -125,20 +124,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         """``HttpToolsProtocol.data_received``, minus what a refusal already answered."""
         if self.transport.is_closing() or self._refused:
             return
-        self._unset_keepalive_if_required()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            if self._refused:  # the head was refused in a callback
-                return
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+        super().data_received(data if isinstance(data, bytes) else bytes(data))
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a head the parser rejects, unless the head was refused (a
+        callback raised ``_Refused``): the refusal is then the connection's one answer."""
+        if not self._refused:
+            super().send_400_response(msg)
 
     # -- parser callbacks --------------------------------------------------------------------
 

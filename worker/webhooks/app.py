@@ -18,7 +18,15 @@ from worker.logs import get_logger
 from worker.loop_metrics import TailSkips
 from worker.metrics import WEBHOOK_PREFIX, export_process_metrics
 from worker.outage import BrokerHealth
-from worker.runner import ProbeAddress, consume_loop, group_consumer, run_consume_loop
+from worker.runner import (
+    LoopSpec,
+    ProbeAddress,
+    ProcessParts,
+    RunOptions,
+    consume_loop,
+    group_consumer,
+    run_consume_loop,
+)
 from worker.settings import Settings
 from worker.topics import used_by
 from worker.webhooks.delivery import QueueLimits, parse_schedule
@@ -174,16 +182,18 @@ async def run_dispatcher(
     )
     loop = consume_loop(
         settings,
+        LoopSpec(
+            topics=(topics.status, topics.errors, topics.webhook_replays),
+            state_topic=topics.webhook_state,
+            max_in_flight=settings.webhook_max_in_flight,
+            # A pair waiting for room at its endpoint is woken through a timer: the sweep's
+            # interval is the most such a wake waits.
+            timer_interval_s=settings.webhook_timer_interval_s,
+            hold_overdue_s=settings.webhook_take_in_hold_s or None,
+        ),
         consumer=consumer,
         handler=dispatcher,
         metrics=metrics,
-        topics=(topics.status, topics.errors, topics.webhook_replays),
-        state_topic=topics.webhook_state,
-        max_in_flight=settings.webhook_max_in_flight,
-        # A pair waiting for room at its endpoint is woken through a timer: the sweep's
-        # interval is the most such a wake waits.
-        timer_interval_s=settings.webhook_timer_interval_s,
-        hold_overdue_s=settings.webhook_take_in_hold_s or None,
     )
     await tail.start()
     # Without a current registry, events would be fanned out to a stale set of endpoints:
@@ -199,19 +209,22 @@ async def run_dispatcher(
             )
         await run_consume_loop(
             loop,
-            name="dispatcher",
-            settings=settings,
-            consumer=consumer,
-            producer=producer,
-            registry=registry,
-            probes=probes,
-            install_signals=install_signals,
-            stop=stop,
-            on_start=on_start,
-            closers=() if session is None else (session.close,),
-            group=settings.webhook_consumer_group,
-            also_ready=lambda: tail.running,
-            health=health,
+            settings,
+            ProcessParts(
+                producer=producer,
+                registry=registry,
+                health=health,
+                closers=() if session is None else (session.close,),
+            ),
+            RunOptions(
+                name="dispatcher",
+                group=settings.webhook_consumer_group,
+                probes=probes,
+                install_signals=install_signals,
+                stop=stop,
+                on_start=on_start,
+                also_ready=lambda: tail.running,
+            ),
         )
     finally:
         watcher.cancel()
