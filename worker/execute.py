@@ -313,7 +313,7 @@ class Executor:
             record,
             state.status,
             state.auth_status,
-            command_id="",
+            command_id=None,
             now=self.clock.now(),
             policy=self.policy,
         )

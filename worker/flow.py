@@ -172,7 +172,7 @@ def outputs(
         err = error_of(outcome.code, outcome.http_status, outcome.numeric_code)
         body = ErrorBody(code=err.code, numeric_code=err.numeric_code, message=err.message)
         error_event = AuthError(
-            event_id=event_id("error", account_id, command_id),
+            event_id=event_id("error", account_id, command_id or ""),
             account_id=account_id,
             workspace_id=workspace_id,
             command_id=command_id,
@@ -196,13 +196,13 @@ def outputs(
             status=outcome.status,
             auth_status=outcome.auth_status,
             version=outcome.version,
-            command_id=command_id or None,
+            command_id=command_id,
             request_id=request_id,
             occurred_at=when,
         )
     if with_reply:
         reply = Reply(
-            command_id=command_id,
+            command_id=command_id or "",
             request_id=request_id or "",
             account_id=account_id,
             http_status=outcome.http_status,
@@ -213,7 +213,7 @@ def outputs(
 
 
 def _remember(record: AccountRecord, outcome: Outcome, window: int) -> tuple[Outcome, ...]:
-    if outcome.cid == "":
+    if outcome.cid is None:
         return record.recent
     return (*record.recent, outcome)[-window:]
 
@@ -307,9 +307,7 @@ def _failure(
         now=now,
         err=err,
     )
-    remembered = None
-    if record is not None and outcome.cid != "":
-        remembered = _recorded(record, outcome, policy)
+    remembered = None if record is None else _recorded(record, outcome, policy)
     return _settle(
         outcome,
         account_id=cmd.account_id,
@@ -325,7 +323,7 @@ def _transition(
     *,
     status: str,
     auth_status: str,
-    command_id: str,
+    command_id: str | None,
     request_id: str | None,
     now: float,
     policy: Policy,
@@ -344,7 +342,7 @@ def _transition(
     elif status != SENT:
         follow_up = None
     outcome = Outcome(
-        cid=compact_id(command_id),
+        cid=None if command_id is None else compact_id(command_id),
         rid=None if request_id is None else compact_id(request_id),
         http_status=200,
         previous_status=record.status or None,
@@ -550,7 +548,7 @@ def observe(
     status: str,
     auth_status: str,
     *,
-    command_id: str,
+    command_id: str | None,
     now: float,
     policy: Policy,
 ) -> Decision:
@@ -610,7 +608,7 @@ def expire(record: AccountRecord, *, now: float, policy: Policy) -> Decision:
         record,
         status=dest,
         auth_status=dest,
-        command_id="",
+        command_id=None,
         request_id=None,
         now=now,
         policy=policy,
