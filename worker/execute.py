@@ -70,6 +70,7 @@ from worker.messages import (
     event_id,
     request_id_of,
     rfc3339,
+    workspace_id_of,
 )
 from worker.metrics import WorkerMetrics
 from worker.provider import ProviderAuthState, ProviderError, ProviderRegistry
@@ -492,7 +493,9 @@ class _Ids:
     def of(cls, command: Command | DecodeFailure) -> _Ids:
         return cls(
             account_id=command.account_id,
-            workspace_id=getattr(command, "workspace_id", None),
+            workspace_id=command.workspace_id
+            if isinstance(command, DecodeFailure)
+            else workspace_id_of(command),
             command_id=command.command_id,
             request_id=command.request_id
             if isinstance(command, DecodeFailure)

@@ -47,6 +47,7 @@ from worker.messages import (
     event_id,
     request_id_of,
     rfc3339,
+    workspace_id_of,
 )
 from worker.speedups import compact_id
 
@@ -258,12 +259,12 @@ def is_owner(record: AccountRecord, cmd: Command) -> bool:
     workspace, the provider's observation, is the system's own). Anything another workspace
     sends must leave the record, its dedup window and its in-flight confirm alone and be
     answered exactly as for an account that does not exist."""
-    workspace: str | None = getattr(cmd, "workspace_id", None)
+    workspace = workspace_id_of(cmd)
     return workspace is None or workspace == record.workspace_id
 
 
 def _workspace_of(cmd: Command, record: AccountRecord | None) -> str | None:
-    workspace: str | None = getattr(cmd, "workspace_id", None)
+    workspace = workspace_id_of(cmd)
     return workspace or (record.workspace_id if record is not None else None)
 
 

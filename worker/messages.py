@@ -144,6 +144,12 @@ def request_id_of(command: Command) -> str | None:
     return command.request_id if isinstance(command, Requested) else None
 
 
+def workspace_id_of(command: Command) -> str | None:
+    """The workspace a command comes from; None for the provider's observation, which names
+    none (it is the system's own)."""
+    return None if isinstance(command, ObserveAuthState) else command.workspace_id
+
+
 COMMAND_TYPES = (
     "register_account",
     "observe_auth_state",
