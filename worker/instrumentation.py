@@ -1,16 +1,8 @@
-"""Tracing, logging and metrics around the worker's handlers, in one place.
-
-The handlers of ``worker.execute`` are the flow (decode → route → decide → provider →
-publish); each returns what its record came to, a ``Handled``. ``Instrumentation.run`` does the
-cross-cutting work around them, as a middleware would: the command's identity on the current
-span and in the log context of every line logged inside (the provider call and the publishing
-included), then the verdict on the span, the command counter and duration, and the
-``command_failed`` line. ``run_follow_up`` does the same for a follow-up step. A handler says
-what happened; how an operator sees it is decided here.
-
-A query (``get_auth_state``) is the read path: it is counted and timed, nothing more. Its 404
-is an answer, not a failed command.
-"""
+"""Tracing, logging and metrics around the executor's handlers, as a middleware does them: the
+handlers (``worker.execute``) return what a record came to (``Handled``), and
+``Instrumentation`` puts the command's identity on the span and in the log context around
+them, then counts and times it and logs ``command_failed``. A query is only counted and timed:
+its 404 is an answer, not a failed command."""
 
 from __future__ import annotations
 
