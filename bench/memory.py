@@ -86,7 +86,7 @@ def sample_record(
             raise RuntimeError("a confirm must change the record")
         record = decision.record
     if settled:
-        done = observe(record, "authorized", "authorized", command_id="", now=now, policy=policy)
+        done = observe(record, "authorized", "authorized", command_id=None, now=now, policy=policy)
         if done.record is None:
             raise RuntimeError("authorized must change a confirmed record")
         record = done.record

@@ -36,7 +36,7 @@ def _with_str_ids(value: bytes) -> AccountRecord:
     recent = tuple(
         replace(
             o,
-            cid=_fresh(expand_id(o.cid)),
+            cid=None if o.cid is None else _fresh(expand_id(o.cid)),
             rid=None if o.rid is None else _fresh(expand_id(o.rid)),
         )
         for o in record.recent

@@ -315,7 +315,7 @@ def sent_record() -> AccountRecord:
 
 
 def test_follow_up_to_authorized() -> None:
-    d = observe(sent_record(), AUTHORIZED, AUTHORIZED, command_id="", now=NOW + 3, policy=POLICY)
+    d = observe(sent_record(), AUTHORIZED, AUTHORIZED, command_id=None, now=NOW + 3, policy=POLICY)
     assert d.record is not None and d.record.status == AUTHORIZED
     assert d.record.follow_up is None
     assert d.status_event is not None and d.status_event.version == 5

@@ -15,6 +15,8 @@ from worker.messages import (
     PasskeyConfirm,
     RegisterAccount,
     decode_command,
+    request_id_of,
+    workspace_id_of,
 )
 
 GOOD = {
@@ -57,6 +59,27 @@ def test_decodes_each_command_type() -> None:
         "account_id": "acc_1",
     }
     assert isinstance(decode_command(b"acc_1", enc(der)), DeregisterAccount)
+
+
+def test_the_ids_a_command_may_name() -> None:
+    """The caller's request id and the workspace, for the commands that carry them; None
+    (not an empty string, not an attribute error) for the others."""
+    confirm = decode_command(b"acc_1", enc(GOOD))
+    query = decode_command(b"acc_1", enc({**GOOD, "type": "get_auth_state"}))
+    observed = decode_command(
+        b"acc_1",
+        enc({**GOOD, "type": "observe_auth_state", "status": "x", "auth_status": "x"}),
+    )
+    register = decode_command(
+        b"acc_1", enc({**GOOD, "type": "register_account", "status": "pending_auth"})
+    )
+    deregister = decode_command(b"acc_1", enc({**GOOD, "type": "deregister_account"}))
+    commands = [confirm, query, observed, register, deregister]
+    assert not any(isinstance(c, DecodeFailure) for c in commands)
+    ids = [
+        (request_id_of(c), workspace_id_of(c)) for c in commands if not isinstance(c, DecodeFailure)
+    ]
+    assert ids == [("r-1", "ws_a"), ("r-1", "ws_a"), (None, None), (None, "ws_a"), (None, "ws_a")]
 
 
 @pytest.mark.parametrize(

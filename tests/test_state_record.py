@@ -3,6 +3,7 @@ memory holds outcome command ids compacted and equal timestamps shared."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.strategies import ids
-from worker.flow import Policy, decide, settle_confirm
+from worker.flow import Policy, decide, expire, observe, settle_confirm
 from worker.messages import (
     AccountRecord,
     FollowUp,
@@ -56,11 +57,61 @@ def test_a_record_on_the_topic_round_trips_byte_for_byte() -> None:
     assert first.cid == 0x5D0C6A340B7E4A0F9A51000000000000
     assert first.command_id == "5d0c6a34-0b7e-4a0f-9a51-000000000000"
     assert upper.cid == upper.command_id == "9B2F7C1E-4D3A-4E8B-9A51-0000000000AA"
-    assert timer.cid == "" and plain.cid == "cmd-1"
+    assert timer.cid is None and timer.command_id is None and plain.cid == "cmd-1"
     # Equal timestamps are one object, as the flow made them.
     assert upper.at is plain.at is record.updated_at
     assert record.in_flight is not None and record.in_flight.started_at is record.updated_at
     assert first.at is not record.updated_at
+
+
+def test_an_outcome_no_command_caused_is_an_empty_id_on_the_wire() -> None:
+    """None in memory, ``""`` on the topic (as every version has written it, and as workers
+    still on the previous version read it), None again when decoded."""
+    outcome = Outcome(
+        cid=None,
+        http_status=200,
+        status="failed",
+        auth_status="failed",
+        version=4,
+        at=1800000002.5,
+        previous_status="passkey_confirmation_sent",
+        changed=True,
+    )
+    record = AccountRecord(
+        account_id="acc_1",
+        workspace_id="ws_a",
+        status="failed",
+        auth_status="failed",
+        version=4,
+        updated_at=1800000002.5,
+        recent=(outcome,),
+    )
+    value = encode_record(record)
+    assert json.loads(value)["recent"][0]["command_id"] == ""
+    assert b'"recent":[{"command_id":"","http_status":200,' in value
+    decoded = decode_record(value)
+    assert decoded == record
+    assert decoded.recent[0].cid is None and decoded.recent[0].command_id is None
+    assert encode_record(decoded) == value
+
+
+def test_an_expired_flow_names_no_command_and_remembers_none() -> None:
+    policy = Policy(providers=frozenset({"simulator"}))
+    sent = AccountRecord(
+        account_id="acc_1",
+        workspace_id="ws_a",
+        status="passkey_confirmation_sent",
+        auth_status="passkey_confirmation_sent",
+        version=2,
+        updated_at=1800000000.0,
+        follow_up=FollowUp(deadline_at=1800000300.0, next_poll_at=1800000002.0),
+    )
+    done = expire(sent, now=1800000300.0, policy=policy)
+    assert done.record is not None and done.record.status == "failed"
+    assert done.record.recent == (), "only a command's outcome is kept for its duplicates"
+    assert done.status_event is not None and done.status_event.command_id is None
+    polled = observe(sent, "authorized", "authorized", command_id=None, now=1.0, policy=policy)
+    assert polled.record is not None and polled.record.recent == ()
 
 
 def test_zero_timestamps_keep_their_sign() -> None:
@@ -84,7 +135,7 @@ floats = st.floats(min_value=-1e10, max_value=4e9, allow_nan=False)
 statuses = st.sampled_from(["passkey_confirmation", "passkey_confirmation_sent", "authorized"])
 outcomes = st.builds(
     Outcome,
-    cid=ids.map(compact_id),
+    cid=st.none() | ids.filter(bool).map(compact_id),
     http_status=st.sampled_from([200, 404, 409]),
     status=statuses,
     auth_status=statuses,
@@ -125,7 +176,9 @@ def test_records_round_trip_exactly(record: AccountRecord, data: st.DataObject) 
     decoded = decode_record(value)
     assert decoded == record
     assert encode_record(decoded) == value
-    assert [o.command_id for o in decoded.recent] == [expand_id(o.cid) for o in record.recent]
+    assert [o.command_id for o in decoded.recent] == [
+        None if o.cid is None else expand_id(o.cid) for o in record.recent
+    ]
     assert [o.request_id for o in decoded.recent] == [
         None if o.rid is None else expand_id(o.rid) for o in record.recent
     ]

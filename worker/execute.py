@@ -10,9 +10,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-import structlog
 from aiokafka.structs import ConsumerRecord
-from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from worker import tracing
@@ -31,6 +29,14 @@ from worker.flow import (
     reschedule,
     settle_confirm,
 )
+from worker.instrumentation import (
+    DeadLettered,
+    Decided,
+    Expired,
+    Forwarded,
+    Handled,
+    Instrumentation,
+)
 from worker.logs import get_logger
 from worker.messages import (
     AccountRecord,
@@ -45,6 +51,7 @@ from worker.messages import (
     event_id,
     request_id_of,
     rfc3339,
+    workspace_id_of,
 )
 from worker.provider import ProviderAuthState, ProviderError, ProviderRegistry
 from worker.publish import Publisher
@@ -89,6 +96,7 @@ class Executor:
         self.policy = policy
         self.metrics = metrics
         self.clock = clock or Clock()
+        self._instrument = Instrumentation(metrics)
         self._windows: dict[tuple[int, str], asyncio.Future[None]] = {}
 
     def unordered(self, msg: ConsumerRecord[bytes, bytes]) -> bool:
@@ -109,94 +117,74 @@ class Executor:
     async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
         """Apply one record of auth.commands; returns once every output is acknowledged."""
         with tracing.consume_span(msg):
-            await self._handle(msg)
+            started = time.perf_counter()
+            command = decode_command(msg.key, msg.value)
+            await self._instrument.run(
+                msg, command, lambda: self._handle(msg, command), started=started
+            )
 
-    async def _handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
-        started = time.perf_counter()
-        home = msg.partition if msg.key is None else self.router.home(msg.key)
-        command = decode_command(msg.key, msg.value)
-        if home != msg.partition and not isinstance(command, DecodeFailure):
-            await self._route_home(msg, command, home)
-            return
+    async def _handle(
+        self, msg: ConsumerRecord[bytes, bytes], command: Command | DecodeFailure
+    ) -> Handled:
         if isinstance(command, DecodeFailure):
             fault = Fault(reason=command.reason, detail=command.detail)
             await self._dead_letter(
                 msg, fault, _Ids.of(command), ServiceError.of("invalid_request")
             )
-            self.metrics.commands.labels("unknown", "invalid").inc()
-            return
+            return DeadLettered("unknown", "invalid")
+        home = msg.partition if msg.key is None else self.router.home(msg.key)
+        if home != msg.partition:
+            return await self._route_home(msg, command, home)
         if isinstance(command, GetAuthState):
-            await self._answer(msg, command, started)
-            return
-        current = trace.get_current_span()
-        if current.is_recording():
-            current.set_attributes(
-                {
-                    "passkey.command.type": command.type,
-                    "passkey.account_id": command.account_id,
-                    "passkey.command_id": command.command_id,
-                }
-            )
-        with structlog.contextvars.bound_contextvars(
-            account_id=command.account_id,
-            command_id=command.command_id,
-            request_id=request_id_of(command),
-            partition=msg.partition,
-            offset=msg.offset,
-        ):
-            partition = msg.partition
-            record = self.store.get(partition, command.account_id)
-            if (
-                record is not None
-                and record.in_flight is not None
-                and record.in_flight.command_id != command.command_id
-                and is_owner(record, command)
-            ):
-                # An intent whose command is not this one (written by an older version before
-                # its owner crashed, or by ``recover`` for a command let go): settle it first,
-                # so this command sees the provider's real answer. Not for another workspace's
-                # command: that one is answered as for an unknown account and must not touch
-                # the owner's confirm.
-                settled = await self._resolve(record, redrive=True)
-                await self._publish(partition, record, settled)
-                record = settled.record
-            with tracing.span("decide") as deciding:
-                decision = decide(record, command, now=self.clock.now(), policy=self.policy)
-                if deciding.is_recording():
-                    deciding.set_attribute("passkey.verdict", decision.verdict)
-                    if decision.call is not None:
-                        deciding.set_attribute("passkey.provider_call", decision.call)
-            if decision.call is not None and decision.record is not None:
-                intent = decision.record
-                # A confirm a previous owner of the partition may have sent already (it was
-                # below the partition's end when this worker was assigned it) is re-driven like
-                # a restored intent: the provider is asked first (docs/architecture.md,
-                # "Write-ahead intent"). Any other is new: nobody else can have sent it.
-                redrive = decision.call == "redrive_confirm" or self.store.inherited(
-                    msg.topic, partition, msg.offset
-                )
-                # The intent is kept in memory: a retry of this record re-drives it, and
-                # ``recover`` writes it if the record is let go with the confirm unsettled.
-                # Written before the call only while older versions share the group.
-                if self.write_ahead and decision.call == "confirm_passkey":
-                    await self.publisher.persist(partition, intent)
-                self.store.put(partition, intent)
-                decision = await self._resolve(intent, redrive=redrive)
-                record = intent
-            await self._publish(partition, record, decision, reply_to=reply_partition(msg.headers))
-            if current.is_recording():
-                current.set_attribute("passkey.verdict", decision.verdict)
-                if decision.error is not None:
-                    current.set_attribute("passkey.error.code", decision.error.code)
-            metrics = self.metrics
-            metrics.commands.labels(command.type, decision.verdict).inc()
-            metrics.command_seconds.labels(command.type).observe(time.perf_counter() - started)
-            if decision.error is not None:
-                log.info("command_failed", code=decision.error.code)
+            return await self._answer(msg, command)
+        return await self._apply(msg, command)
 
-    async def _answer(
-        self, msg: ConsumerRecord[bytes, bytes], query: GetAuthState, started: float
-    ) -> None:
+    async def _apply(self, msg: ConsumerRecord[bytes, bytes], command: Command) -> Decided:
+        """Decide a command on its home partition, call the provider if the decision says so,
+        and publish the outputs."""
+        partition = msg.partition
+        record = self.store.get(partition, command.account_id)
+        if (
+            record is not None
+            and record.in_flight is not None
+            and record.in_flight.command_id != command.command_id
+            and is_owner(record, command)
+        ):
+            # An intent whose command is not this one (written by an older version before
+            # its owner crashed, or by ``recover`` for a command let go): settle it first,
+            # so this command sees the provider's real answer. Not for another workspace's
+            # command: that one is answered as for an unknown account and must not touch
+            # the owner's confirm.
+            settled = await self._resolve(record, redrive=True)
+            await self._publish(partition, record, settled)
+            record = settled.record
+        with tracing.span("decide") as deciding:
+            decision = decide(record, command, now=self.clock.now(), policy=self.policy)
+            if deciding.is_recording():
+                deciding.set_attribute("passkey.verdict", decision.verdict)
+                if decision.call is not None:
+                    deciding.set_attribute("passkey.provider_call", decision.call)
+        if decision.call is not None and decision.record is not None:
+            intent = decision.record
+            # A confirm a previous owner of the partition may have sent already (it was
+            # below the partition's end when this worker was assigned it) is re-driven like
+            # a restored intent: the provider is asked first (docs/architecture.md,
+            # "Write-ahead intent"). Any other is new: nobody else can have sent it.
+            redrive = decision.call == "redrive_confirm" or self.store.inherited(
+                msg.topic, partition, msg.offset
+            )
+            # The intent is kept in memory: a retry of this record re-drives it, and
+            # ``recover`` writes it if the record is let go with the confirm unsettled.
+            # Written before the call only while older versions share the group.
+            if self.write_ahead and decision.call == "confirm_passkey":
+                await self.publisher.persist(partition, intent)
+            self.store.put(partition, intent)
+            decision = await self._resolve(intent, redrive=redrive)
+            record = intent
+        await self._publish(partition, record, decision, reply_to=reply_partition(msg.headers))
+        return Decided(command, decision.verdict, decision.error)
+
+    async def _answer(self, msg: ConsumerRecord[bytes, bytes], query: GetAuthState) -> Decided:
         """Answer a query from the store, after the account's open publication window."""
         window = self._windows.get((msg.partition, query.account_id))
         if window is not None:
@@ -205,13 +193,11 @@ class Executor:
         await self.publisher.publish(
             msg.partition, decision, state_changed=False, reply_to=reply_partition(msg.headers)
         )
-        metrics = self.metrics
-        metrics.commands.labels(query.type, decision.verdict).inc()
-        metrics.command_seconds.labels(query.type).observe(time.perf_counter() - started)
+        return Decided(query, decision.verdict, decision.error)
 
     async def _route_home(
         self, msg: ConsumerRecord[bytes, bytes], command: Command, home: int
-    ) -> None:
+    ) -> Forwarded | DeadLettered:
         """A command off its key's home partition: this partition does not hold the account,
         so nothing is decided here. It is forwarded home once (the forward is its output, so
         its offset is committed only after the ack; a crash in between forwards it again and
@@ -228,18 +214,9 @@ class Executor:
             await self._dead_letter(
                 msg, fault, _Ids.of(command), ServiceError.of("invalid_request")
             )
-            self.metrics.commands.labels(command.type, "invalid").inc()
-            return
+            return DeadLettered(command.type, "invalid")
         await self.publisher.forward(msg, home)
-        self.metrics.forwarded.labels(command.type).inc()
-        log.debug(
-            "command_forwarded",
-            account_id=command.account_id,
-            command_id=command.command_id,
-            partition=msg.partition,
-            offset=msg.offset,
-            home=home,
-        )
+        return Forwarded(command, home)
 
     async def _resolve(self, record: AccountRecord, *, redrive: bool) -> Decision:
         """Finish the confirm recorded in ``record.in_flight``, always with its command_id as
@@ -283,56 +260,52 @@ class Executor:
         record = self.store.get(partition, account_id)
         if record is None or record.follow_up is None or record.deregistered:
             return
-        with tracing.span(
-            "follow_up",
-            parent=tracing.ROOT,
-            attributes={"passkey.account_id": account_id},
-        ):
-            await self._follow_up(partition, account_id)
+        await self._instrument.run_follow_up(
+            partition, account_id, lambda: self._follow_up(partition, account_id)
+        )
 
-    async def _follow_up(self, partition: int, account_id: str) -> None:
+    async def _follow_up(self, partition: int, account_id: str) -> Expired | None:
         record = self.store.get(partition, account_id)
         if record is None or record.follow_up is None or record.deregistered:
-            return
+            return None
         now = self.clock.now()
-        with structlog.contextvars.bound_contextvars(account_id=account_id, partition=partition):
-            if now >= record.follow_up.deadline_at:
-                decision = expire(record, now=now, policy=self.policy)
-                if decision.record is not None:
-                    await self._publish(partition, record, decision)
-                    self.metrics.follow_up_expired.inc()
-                    log.info("follow_up_expired")
-                return
-            adapter = self.providers.get(record.provider or "")
-            if adapter is None:
-                self.store.put(partition, reschedule(record, now=now, policy=self.policy))
-                return
-            try:
-                state = await adapter.get_auth_state(
-                    record.provider_account_ref or "",
-                    # A poll gets the same budget as a command: a deadline tighter than the
-                    # provider's latency under load would fail polls that were fine, and
-                    # those failures would open the circuit for the confirms as well.
-                    deadline=time.monotonic() + self.policy.command_deadline_s,
-                )
-            except ProviderError as exc:
-                log.info("follow_up_poll_failed", code=exc.error.code)
-                self.store.put(partition, reschedule(record, now=now, policy=self.policy))
-                return
-            decision = observe(
-                record,
-                state.status,
-                state.auth_status,
-                command_id="",
-                now=self.clock.now(),
-                policy=self.policy,
+        if now >= record.follow_up.deadline_at:
+            decision = expire(record, now=now, policy=self.policy)
+            if decision.record is None:
+                return None
+            await self._publish(partition, record, decision)
+            return Expired(account_id)
+        adapter = self.providers.get(record.provider or "")
+        if adapter is None:
+            self.store.put(partition, reschedule(record, now=now, policy=self.policy))
+            return None
+        try:
+            state = await adapter.get_auth_state(
+                record.provider_account_ref or "",
+                # A poll gets the same budget as a command: a deadline tighter than the
+                # provider's latency under load would fail polls that were fine, and
+                # those failures would open the circuit for the confirms as well.
+                deadline=time.monotonic() + self.policy.command_deadline_s,
             )
-            if decision.record is not None:
-                await self._publish(partition, record, decision)
-            else:
-                # Poll times live in memory only: a new owner polls at once, and the deadline,
-                # which does live in the record, bounds the flow either way.
-                self.store.put(partition, reschedule(record, now=now, policy=self.policy))
+        except ProviderError as exc:
+            log.info("follow_up_poll_failed", code=exc.error.code)
+            self.store.put(partition, reschedule(record, now=now, policy=self.policy))
+            return None
+        decision = observe(
+            record,
+            state.status,
+            state.auth_status,
+            command_id=None,
+            now=self.clock.now(),
+            policy=self.policy,
+        )
+        if decision.record is not None:
+            await self._publish(partition, record, decision)
+        else:
+            # Poll times live in memory only: a new owner polls at once, and the deadline,
+            # which does live in the record, bounds the flow either way.
+            self.store.put(partition, reschedule(record, now=now, policy=self.policy))
+        return None
 
     # -- outputs -------------------------------------------------------------------------------
 
@@ -404,12 +377,19 @@ class Executor:
         """A command whose handling failed for good (the consume loop retried it): to the DLQ,
         with a catalogued 500 to its caller and in auth.errors, so nobody waits it out."""
         command = decode_command(msg.key, msg.value)
-        ids = _Ids.of(command)
+        await self._instrument.run(msg, command, lambda: self._let_go(msg, command, fault))
+
+    async def _let_go(
+        self, msg: ConsumerRecord[bytes, bytes], command: Command | DecodeFailure, fault: Fault
+    ) -> DeadLettered:
+        kind = "unknown"
         if not isinstance(command, DecodeFailure):
+            kind = command.type
             await self._keep_intent(msg.partition, command)
-        await self._dead_letter(msg, fault, ids, ServiceError.of("run_auth_action_failed"))
-        label = command.type if not isinstance(command, DecodeFailure) else "unknown"
-        self.metrics.commands.labels(label, "failed").inc()
+        await self._dead_letter(
+            msg, fault, _Ids.of(command), ServiceError.of("run_auth_action_failed")
+        )
+        return DeadLettered(kind, "failed")
 
     async def _keep_intent(self, partition: int, command: Command) -> None:
         """Write the account's record with this command's confirm in flight before the command
@@ -494,7 +474,9 @@ class _Ids:
     def of(cls, command: Command | DecodeFailure) -> _Ids:
         return cls(
             account_id=command.account_id,
-            workspace_id=getattr(command, "workspace_id", None),
+            workspace_id=command.workspace_id
+            if isinstance(command, DecodeFailure)
+            else workspace_id_of(command),
             command_id=command.command_id,
             request_id=command.request_id
             if isinstance(command, DecodeFailure)

@@ -33,6 +33,7 @@ from worker.messages import (
     event_id,
     request_id_of,
     rfc3339,
+    workspace_id_of,
 )
 from worker.speedups import compact_id
 
@@ -158,7 +159,7 @@ def outputs(
         err = error_of(outcome.code, outcome.http_status, outcome.numeric_code)
         body = ErrorBody(code=err.code, numeric_code=err.numeric_code, message=err.message)
         error_event = AuthError(
-            event_id=event_id("error", account_id, command_id),
+            event_id=event_id("error", account_id, command_id or ""),
             account_id=account_id,
             workspace_id=workspace_id,
             command_id=command_id,
@@ -182,13 +183,13 @@ def outputs(
             status=outcome.status,
             auth_status=outcome.auth_status,
             version=outcome.version,
-            command_id=command_id or None,
+            command_id=command_id,
             request_id=request_id,
             occurred_at=when,
         )
     if with_reply:
         reply = Reply(
-            command_id=command_id,
+            command_id=command_id or "",
             request_id=request_id or "",
             account_id=account_id,
             http_status=outcome.http_status,
@@ -199,7 +200,7 @@ def outputs(
 
 
 def _remember(record: AccountRecord, outcome: Outcome, window: int) -> tuple[Outcome, ...]:
-    if outcome.cid == "":
+    if outcome.cid is None:
         return record.recent
     return (*record.recent, outcome)[-window:]
 
@@ -244,12 +245,12 @@ def is_owner(record: AccountRecord, cmd: Command) -> bool:
     workspace, the provider's observation, is the system's own). Anything another workspace
     sends must leave the record, its dedup window and its in-flight confirm alone and be
     answered exactly as for an account that does not exist."""
-    workspace: str | None = getattr(cmd, "workspace_id", None)
+    workspace = workspace_id_of(cmd)
     return workspace is None or workspace == record.workspace_id
 
 
 def _workspace_of(cmd: Command, record: AccountRecord | None) -> str | None:
-    workspace: str | None = getattr(cmd, "workspace_id", None)
+    workspace = workspace_id_of(cmd)
     return workspace or (record.workspace_id if record is not None else None)
 
 
@@ -293,9 +294,7 @@ def _failure(
         now=now,
         err=err,
     )
-    remembered = None
-    if record is not None and outcome.cid != "":
-        remembered = _recorded(record, outcome, policy)
+    remembered = None if record is None else _recorded(record, outcome, policy)
     return _settle(
         outcome,
         account_id=cmd.account_id,
@@ -311,7 +310,7 @@ def _transition(
     *,
     status: str,
     auth_status: str,
-    command_id: str,
+    command_id: str | None,
     request_id: str | None,
     now: float,
     policy: Policy,
@@ -330,7 +329,7 @@ def _transition(
     elif status != SENT:
         follow_up = None
     outcome = Outcome(
-        cid=compact_id(command_id),
+        cid=None if command_id is None else compact_id(command_id),
         rid=None if request_id is None else compact_id(request_id),
         http_status=200,
         previous_status=record.status or None,
@@ -536,7 +535,7 @@ def observe(
     status: str,
     auth_status: str,
     *,
-    command_id: str,
+    command_id: str | None,
     now: float,
     policy: Policy,
 ) -> Decision:
@@ -596,7 +595,7 @@ def expire(record: AccountRecord, *, now: float, policy: Policy) -> Decision:
         record,
         status=dest,
         auth_status=dest,
-        command_id="",
+        command_id=None,
         request_id=None,
         now=now,
         policy=policy,

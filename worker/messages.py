@@ -17,12 +17,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetPydanticSchema,
     TypeAdapter,
     ValidationError,
 )
-from pydantic_core import from_json
+from pydantic_core import core_schema, from_json
 
-from worker.speedups import CompactId, RecordTimestamp, SharedTimestamp, expand_id
+from worker.speedups import CompactId, RecordTimestamp, SharedTimestamp, compact_id, expand_id
 
 SCHEMA_VERSION: Literal[1] = 1
 MAX_RECORD_BYTES = 64 * 1024
@@ -134,6 +135,12 @@ Requested = PasskeyConfirm | GetAuthState
 def request_id_of(command: Command) -> str | None:
     """The caller's request id of a command that has one (a confirm, a query), else None."""
     return command.request_id if isinstance(command, Requested) else None
+
+
+def workspace_id_of(command: Command) -> str | None:
+    """The workspace a command comes from; None for the provider's observation, which names
+    none (it is the system's own)."""
+    return None if isinstance(command, ObserveAuthState) else command.workspace_id
 
 
 COMMAND_TYPES = (
@@ -253,14 +260,39 @@ class FollowUp:
     polls: int = 0
 
 
+def _command_id_in(value: str) -> int | str | None:
+    return None if value == "" else compact_id(value)
+
+
+def _command_id_out(value: int | str | None) -> str:
+    return "" if value is None else expand_id(value)
+
+
+_OPTIONAL_ID_SCHEMA = core_schema.no_info_after_validator_function(
+    _command_id_in,
+    core_schema.str_schema(),
+    serialization=core_schema.plain_serializer_function_ser_schema(
+        _command_id_out, return_schema=core_schema.str_schema()
+    ),
+)
+OptionalCompactId = Annotated[
+    int | str | None, GetPydanticSchema(lambda _t, _h: _OPTIONAL_ID_SCHEMA)
+]
+"""A ``CompactId`` or None: the command an outcome answers, None for one no command caused
+(the follow-up's expiry, a poll's observation). On the wire (and in the JSON Schema) it is
+always a string, ``""`` for None: the form the record has always had, which older workers
+read."""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """Compact result of one command: enough to re-send its reply and events identically."""
 
     # The docstring is the schema's description. ``cid`` and ``rid`` are the command and
     # request ids in ``compact_id``'s form (``command_id``, ``request_id`` on the wire): read
-    # them as strings through the properties of those names, compare them compacted.
-    cid: Annotated[CompactId, Field(alias="command_id")]
+    # them as strings through the properties of those names, compare them compacted. ``cid``
+    # is None for an outcome no command caused.
+    cid: Annotated[OptionalCompactId, Field(alias="command_id")]
     http_status: int
     status: Interned
     auth_status: Interned
@@ -273,8 +305,8 @@ class Outcome:
     changed: bool = False
 
     @property
-    def command_id(self) -> str:
-        return expand_id(self.cid)
+    def command_id(self) -> str | None:
+        return None if self.cid is None else expand_id(self.cid)
 
     @property
     def request_id(self) -> str | None:
