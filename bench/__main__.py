@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from bench.run import main
-from worker import logs
+from worker.runtime import logs
 from worker.settings import Settings
 
 if __name__ == "__main__":

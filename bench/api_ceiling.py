@@ -21,11 +21,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from worker import eventloop
 from worker.api.bodies import error_response, new_request_id, valid_id
 from worker.api.keys import KeyStore
 from worker.api.routes import PASSKEY_CONFIRM, check_account_id, check_body
-from worker.catalogue import ServiceError
+from worker.contract.catalogue import ServiceError
+from worker.runtime import eventloop
 
 
 class RequestId:

@@ -22,8 +22,8 @@ from typing import Any
 from bench.load import proc_cpu_s
 from devstack.broker import EmbeddedBroker
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
-from worker import eventloop
-from worker.kafka import build_consumer, build_producer, create_topics
+from worker.engine.kafka import build_consumer, build_producer, create_topics
+from worker.runtime import eventloop
 from worker.settings import Settings
 
 

@@ -11,9 +11,9 @@ import argparse
 import time
 from datetime import UTC, datetime
 
-from worker.flow import Policy, decide, settle_confirm
-from worker.messages import AccountRecord, PasskeyConfirm
-from worker.provider.base import ProviderAuthState
+from worker.auth.flow import Policy, decide, settle_confirm
+from worker.auth.provider.base import ProviderAuthState
+from worker.contract.messages import AccountRecord, PasskeyConfirm
 
 POLICY = Policy(providers=frozenset({"simulator"}))
 

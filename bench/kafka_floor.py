@@ -16,7 +16,7 @@ Two roles, one process each, so that only the requester's CPU is counted:
   front-end's producer (``build_producer``), await its acknowledgement, await its reply. The
   replies are read as the front-end reads them: one group-less consumer
   (``build_consumer``, fetch wait ``KAFKA_FETCH_MAX_WAIT_MS``) assigned one partition of
-  ``floor.replies``, in a ``worker.tail.TopicTail`` loop like ``ReplyRouter``'s; a reply is
+  ``floor.replies``, in a ``worker.engine.tail.TopicTail`` loop like ``ReplyRouter``'s; a reply is
   matched by the id in its first bytes (no JSON: that is the front-end's, not Kafka's). Left
   out, being the front-end's own and not Kafka's: the command model and its JSON,
   ``send_retrying``'s outage bookkeeping, the per-request ``wait_for`` and spans.
@@ -53,12 +53,12 @@ from aiokafka import TopicPartition
 
 from bench.common import REPO_ROOT, base_env
 from bench.load import percentile
-from worker import eventloop, logs
-from worker.kafka import build_consumer, build_producer, create_topics
-from worker.process import on_stop_signals, tune_gc
-from worker.route import REPLY_PARTITION, reply_partition
+from worker.engine.kafka import build_consumer, build_producer, create_topics
+from worker.engine.route import REPLY_PARTITION, reply_partition
+from worker.engine.tail import TopicTail, assign_all
+from worker.runtime import eventloop, logs
+from worker.runtime.process import on_stop_signals, tune_gc
 from worker.settings import Settings
-from worker.tail import TopicTail, assign_all
 
 CLIENTS: Final = ("aiokafka", "confluent")
 ID_BYTES: Final = 16

@@ -24,15 +24,15 @@ from typing import Any, Literal, TextIO
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.proc import OUTPUTS_HEADER
-from worker.kafka import build_consumer
-from worker.messages import PasskeyConfirm, RegisterAccount
+from worker.contract.messages import PasskeyConfirm, RegisterAccount
+from worker.engine.kafka import build_consumer
 from worker.settings import Settings, Topics
 
 Mix = Literal["fresh", "spread"]
 WORKSPACE = "ws_bench"
 CHALLENGE = "passkey_confirmation"
 
-# Output roles per command, as the worker produces them (see worker.execute / worker.publish):
+# Output roles per command, as the worker produces them (worker.auth.execute, worker.auth.publish):
 REGISTER_OUT = b"state,status"  # new record + status event (no reply for register)
 FIRST_CONFIRM_OUT = b"state,state,replies,status"  # write-ahead intent, record, reply, event
 REPEAT_CONFIRM_OUT = b"state,replies"  # "already sent": record (dedup window), reply

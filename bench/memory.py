@@ -31,19 +31,19 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from worker.flow import Policy, decide, observe, settle_confirm
-from worker.kafka import build_consumer, build_producer
-from worker.messages import (
+from worker.auth.flow import Policy, decide, observe, settle_confirm
+from worker.auth.provider.base import ProviderAuthState
+from worker.auth.store import StateStore
+from worker.contract.messages import (
     AccountRecord,
     PasskeyConfirm,
     RegisterAccount,
     decode_record,
     encode_record,
 )
-from worker.provider.base import ProviderAuthState
+from worker.engine.kafka import build_consumer, build_producer
+from worker.engine.store import restore_partitions
 from worker.settings import Settings
-from worker.state_store import StateStore
-from worker.store import restore_partitions
 
 TOKEN = "000000000000"  # 12 digits, replaced by the account number in every id of a record
 SENT = ProviderAuthState("passkey_confirmation_sent", "passkey_confirmation_sent")

@@ -33,20 +33,20 @@ from aiokafka.structs import ConsumerRecord
 
 from devstack.settings import DevSettings
 from devstack.simulator import ProviderSimulator, in_process_provider
-from worker import eventloop, logs
-from worker.app import policy_from, run_worker
-from worker.flow import decide, settle_confirm
-from worker.kafka import build_consumer, build_producer, ensure_topics
-from worker.messages import AccountRecord, DecodeFailure, decode_command
-from worker.process import on_stop_signals, tune_gc
-from worker.provider import (
+from worker.auth.app import policy_from, run_worker
+from worker.auth.flow import decide, settle_confirm
+from worker.auth.provider import (
     ProviderAuthState,
     ProviderError,
     ProviderRegistry,
     build_http_client,
     build_registry,
 )
-from worker.publish import Publisher
+from worker.auth.publish import Publisher
+from worker.contract.messages import AccountRecord, DecodeFailure, decode_command
+from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.runtime import eventloop, logs
+from worker.runtime.process import on_stop_signals, tune_gc
 from worker.settings import Settings
 
 #: Header on every benchmark command naming the output roles the worker produces for it,

@@ -31,8 +31,8 @@ from typing import Any
 from bench.common import REPO_ROOT, base_env, floats, ints, machine, names
 from bench.kafka_floor import CLIENTS, ConfluentProducer
 from devstack.broker import EmbeddedBroker
-from worker import eventloop
-from worker.kafka import build_producer, create_topics
+from worker.engine.kafka import build_producer, create_topics
+from worker.runtime import eventloop
 from worker.settings import Settings
 
 TOPIC = "produce-cost"

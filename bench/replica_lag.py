@@ -29,10 +29,10 @@ from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from devstack.simulator import ProviderSimulator, running_simulator
 from worker.api.app import serve_api
-from worker.api.runtime import ApiRuntime
-from worker.app import run_worker
-from worker.kafka import build_producer, ensure_topics
-from worker.messages import RegisterAccount
+from worker.api.server import ApiRuntime
+from worker.auth.app import run_worker
+from worker.contract.messages import RegisterAccount
+from worker.engine.kafka import build_producer, ensure_topics
 from worker.settings import Settings
 
 SENT = "passkey_confirmation_sent"

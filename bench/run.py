@@ -79,8 +79,8 @@ from bench.memory import restore_rate, store_memory
 from bench.procs import Proc, start_proc, start_profiler, stop_procs
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
-from worker import eventloop
-from worker.kafka import build_producer, client_options, ensure_topics
+from worker.engine.kafka import build_producer, client_options, ensure_topics
+from worker.runtime import eventloop
 from worker.settings import Settings, Topics
 
 WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].default

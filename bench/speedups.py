@@ -19,9 +19,9 @@ from aiokafka.partitioner import murmur2
 from pydantic import TypeAdapter
 
 from bench.memory import record_values, sample_record
-from worker.messages import AccountRecord, decode_record, encode_record
+from worker.auth.store import StateStore
+from worker.contract.messages import AccountRecord, decode_record, encode_record
 from worker.speedups import compact_id, expand_id, key_hash
-from worker.state_store import StateStore
 
 _plain_decode = TypeAdapter(AccountRecord).validate_json  # no context: no shared timestamps
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from worker import eventloop
+from worker.runtime import eventloop
 
 SECRET_ENV = "BENCH_WEBHOOK_SECRET"
 

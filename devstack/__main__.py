@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from devstack.settings import DevSettings
-from worker.process import run_command, run_until_signal, tune_gc
+from worker.runtime.process import run_command, run_until_signal, tune_gc
 
 
 def cmd_stack(settings: DevSettings, args: argparse.Namespace) -> int:
@@ -31,8 +31,8 @@ def cmd_broker(settings: DevSettings, _: argparse.Namespace) -> int:
 
 def cmd_worker(settings: DevSettings, _: argparse.Namespace) -> int:
     from devstack.consumer import EmbeddedBrokerConsumer
-    from worker import tracing
-    from worker.app import run_worker
+    from worker.auth.app import run_worker
+    from worker.runtime import tracing
 
     tune_gc(settings)
     tracing.configure(tracing.SERVICE_WORKER)
@@ -42,7 +42,7 @@ def cmd_worker(settings: DevSettings, _: argparse.Namespace) -> int:
 
 def cmd_webhooks(settings: DevSettings, _: argparse.Namespace) -> int:
     from devstack.consumer import EmbeddedBrokerConsumer
-    from worker import tracing
+    from worker.runtime import tracing
     from worker.webhooks.app import run_dispatcher
 
     tune_gc(settings)

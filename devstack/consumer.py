@@ -22,7 +22,7 @@ import contextlib
 from aiokafka import AIOKafkaConsumer
 from aiokafka.protocol.group import LeaveGroupRequest
 
-from worker.logs import get_logger
+from worker.runtime.logs import get_logger
 
 __all__ = ["EmbeddedBrokerConsumer"]
 

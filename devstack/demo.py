@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 
 from aiokafka import TopicPartition
 
-from worker.kafka import build_consumer, build_producer, ensure_topics
-from worker.messages import PasskeyConfirm, RegisterAccount
+from worker.contract.messages import PasskeyConfirm, RegisterAccount
+from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.engine.tail import partitions_of
 from worker.settings import Settings
-from worker.tail import partitions_of
 
 
 async def register_accounts(

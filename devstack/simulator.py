@@ -1,6 +1,6 @@
 """The provider simulator: a stand-in provider for the dev stack, the tests and the benchmark.
 
-It serves exactly the HTTP adapter's wire contract (see ``worker.provider.http``), so the
+It serves exactly the HTTP adapter's wire contract (see ``worker.auth.provider.http``), so the
 adapter is tested against real HTTP, and faults are scripted per account by the
 ``provider_account_ref`` prefix, so a test or a demo picks a failure by naming an account:
 
@@ -58,9 +58,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from worker.provider.answer import ProviderAnswer
-from worker.provider.http import HttpProviderAdapter
-from worker.serving import serving
+from worker.auth.provider.answer import ProviderAnswer
+from worker.auth.provider.http import HttpProviderAdapter
+from worker.runtime.serving import serving
 
 if TYPE_CHECKING:
     from devstack.settings import DevSettings
@@ -464,7 +464,7 @@ class InProcessTransport:
 
     The one HTTP adapter (retries, breaker, error mapping) runs unchanged on top; only sockets
     and HTTP parsing are left out, so the benchmark can measure the worker without the loopback
-    stack. Routes are the simulator's wire contract (see ``worker.provider.http``).
+    stack. Routes are the simulator's wire contract (see ``worker.auth.provider.http``).
     """
 
     def __init__(self, simulator: ProviderSimulator) -> None:

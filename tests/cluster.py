@@ -20,7 +20,7 @@ from typing import Final
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from worker.kafka import client_options
+from worker.engine.kafka import client_options
 from worker.settings import Settings
 
 #: This session's token in every topic and group name the fixtures make.

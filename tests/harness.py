@@ -19,12 +19,12 @@ from prometheus_client import CollectorRegistry
 
 from devstack.consumer import EmbeddedBrokerConsumer
 from tests.cluster import kafka_env
-from worker.app import run_worker
-from worker.consumer import Worker
-from worker.kafka import build_consumer, build_producer, ensure_topics
-from worker.messages import PasskeyConfirm, RegisterAccount
+from worker.auth.app import run_worker
+from worker.contract.messages import PasskeyConfirm, RegisterAccount
+from worker.engine.consume_loop import ConsumeLoop
+from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.engine.tail import partitions_of
 from worker.settings import Settings, Topics
-from worker.tail import partitions_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,7 +153,7 @@ async def bus(settings: Settings) -> AsyncIterator[Bus]:
 class RunningWorker:
     task: asyncio.Task[None]
     stop: asyncio.Event
-    worker: Worker
+    worker: ConsumeLoop
     registry: CollectorRegistry
 
 
@@ -171,7 +171,7 @@ async def running_loop(
     options.setdefault("consumer_class", EmbeddedBrokerConsumer)
     stop = asyncio.Event()
     registry = CollectorRegistry()
-    holder: list[Worker] = []
+    holder: list[ConsumeLoop] = []
     task = asyncio.create_task(
         run(
             settings,

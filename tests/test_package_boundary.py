@@ -28,7 +28,7 @@ FORBIDDEN = (
     "httpcore",
 )
 TEST_ONLY = ("httpx", "httpcore")
-ENTRY_MODULES = ("worker.cli", "worker.app", "worker.api", "worker.api.app")
+ENTRY_MODULES = ("worker.cli", "worker.auth.app", "worker.api", "worker.api.app")
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -59,7 +59,7 @@ def test_entry_modules_load_no_dev_tool() -> None:
         [sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True
     ).stdout
     loaded = json.loads(out)
-    assert "worker.app" in loaded
+    assert "worker.auth.app" in loaded
     assert [m for m in loaded if m.split(".")[0] in FORBIDDEN] == []
 
 

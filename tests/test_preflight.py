@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import structlog
 
-from worker import logs
 from worker.cli import main
 from worker.preflight import EXIT_REFUSED, is_loopback, problems
+from worker.runtime import logs
 from worker.settings import ProviderConnection, Settings
 
 REAL = {

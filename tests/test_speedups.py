@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from tests.strategies import ids
-from worker.messages import AccountRecord, InFlight, Outcome, decode_record, encode_record
+from worker.contract.messages import AccountRecord, InFlight, Outcome, decode_record, encode_record
 from worker.speedups import (
     _HASHES,
     _HASHES_MAX,

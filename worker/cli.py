@@ -16,14 +16,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from worker import eventloop, logs, preflight, tracing
+from worker import preflight
 from worker.api import keys_cli
-from worker.process import run_command, run_until_signal, tune_gc
+from worker.runtime import eventloop, logs, tracing
+from worker.runtime.process import run_command, run_until_signal, tune_gc
 from worker.settings import Settings
 
 
 def _trace(service: str) -> None:
-    """Tracing of a serving process, from OTEL_* (``worker.tracing``); says where spans go."""
+    """Tracing of a serving process, from OTEL_* (``worker.runtime.tracing``); says where spans
+    go."""
     setup = tracing.configure(service)
     logs.get_logger(__name__).info(
         "tracing_configured",
@@ -34,7 +36,7 @@ def _trace(service: str) -> None:
 
 
 def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
-    from worker.app import run_worker
+    from worker.auth.app import run_worker
 
     if (refused := preflight.refuse(settings, "run", providers=True)) is not None:
         return refused
@@ -50,8 +52,8 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
 
     if (refused := preflight.refuse(settings, "topics")) is not None:
         return refused
-    from worker.kafka import topics_report
-    from worker.topics import problems, render_table
+    from worker.engine.kafka import topics_report
+    from worker.engine.topics import problems, render_table
 
     create = args.action == "create"
     try:
@@ -94,7 +96,7 @@ def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
-    from worker.schemas import write_all
+    from worker.contract.schemas import write_all
 
     for path in write_all(Path(args.out), Path(args.docs)):
         print(f"wrote {path}")
@@ -115,12 +117,12 @@ def _legacy_keys(argv: list[str]) -> list[str]:
     return argv
 
 
-# --- dlq: list, show and redrive dead letters (worker/dlq.py) -------------------------------
+# --- dlq: list, show and redrive dead letters (worker/dlq/commands.py) -----------------------
 
 
 def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    from worker import dlq
-    from worker.dead_letter import Filter
+    from worker.dlq import commands as dlq
+    from worker.dlq.letter import Filter
 
     topic = dlq.dlq_topic(settings, args.topic)
     command: Coroutine[Any, Any, int]
@@ -156,7 +158,7 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _when(text: str) -> datetime:
-    from worker.dead_letter import parse_when
+    from worker.dlq.letter import parse_when
 
     try:
         return parse_when(text)
@@ -165,7 +167,7 @@ def _when(text: str) -> datetime:
 
 
 def _at(text: str) -> tuple[int, int]:
-    from worker.dead_letter import parse_at
+    from worker.dlq.letter import parse_at
 
     try:
         return parse_at(text)

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Final
 from urllib.parse import urlsplit
 
-from worker.logs import get_logger
-from worker.provider.credentials import Credential, ProviderConfigError, client_tls
+from worker.auth.provider.credentials import Credential, ProviderConfigError, client_tls
+from worker.runtime.logs import get_logger
 from worker.settings import Settings
 
 __all__ = ["EXIT_REFUSED", "is_loopback", "problems", "refuse"]

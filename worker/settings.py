@@ -81,7 +81,7 @@ class ProviderConnection(BaseModel):
 
     Read from ``PROVIDER_<NAME>_*`` for every name in ``PROVIDER_URLS`` (docs/operations.md,
     "Provider configuration"). Secrets are ``SecretStr`` (masked in any repr) or file paths;
-    a token file is read by ``worker.provider.credentials`` when the client is built.
+    a token file is read by ``worker.auth.provider.credentials`` when the client is built.
     """
 
     # No input in validation errors: it would echo the credential.
@@ -200,7 +200,7 @@ class Settings(BaseSettings):
         default=40_000,
         ge=100,
         description="Request timeout of every Kafka client (aiokafka's default); a produce not "
-        "acknowledged in time is sent again while the outage lasts (worker/outage.py).",
+        "acknowledged in time is sent again while the outage lasts (worker/engine/outage.py).",
     )
     kafka_outage_tolerance_s: float = Field(
         default=300.0,
@@ -225,7 +225,7 @@ class Settings(BaseSettings):
     commands_partitions: int = Field(default=12, ge=1)
     other_partitions: int = Field(default=12, ge=1)
 
-    # --- topics: the deploy step and the start-up check (worker/topics.py) -----------------
+    # --- topics: the deploy step and the start-up check (worker/engine/topics.py) -----------------
     kafka_auto_create_topics: bool = Field(
         default=False,
         description="Create missing topics, with their full configuration, when a process "
@@ -530,7 +530,7 @@ class Settings(BaseSettings):
     # --- process -------------------------------------------------------------------------
     event_loop: Literal["uvloop", "asyncio"] = Field(
         default="uvloop",
-        description="Event loop of every `python -m worker` process (worker/eventloop.py): "
+        description="Event loop of every `python -m worker` process (worker/runtime/eventloop.py): "
         "uvloop does the loop's socket and callback work in C; asyncio is the standard one.",
     )
 

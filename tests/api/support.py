@@ -20,9 +20,8 @@ from prometheus_client import CollectorRegistry
 from tests.harness import running_worker as running_worker  # re-exported for the API tests
 from worker.api.app import ApiRuntime, serve_api
 from worker.api.keys import KeyStore, hash_key
-from worker.catalogue import ServiceError
-from worker.kafka import build_consumer, build_producer, ensure_topics
-from worker.messages import (
+from worker.contract.catalogue import ServiceError
+from worker.contract.messages import (
     AccountRecord,
     GetAuthState,
     PasskeyConfirm,
@@ -31,9 +30,10 @@ from worker.messages import (
     decode_command,
     encode_record,
 )
-from worker.route import reply_partition
+from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.engine.route import reply_partition
+from worker.engine.tail import assign_all
 from worker.settings import Settings
-from worker.tail import assign_all
 
 KEY_A = "pk_test-key-workspace-a"
 KEY_B = "pk_test-key-workspace-b"

@@ -21,7 +21,7 @@ from tests.api.support import (
     running_api,
     running_worker,
 )
-from worker.messages import DeregisterAccount
+from worker.contract.messages import DeregisterAccount
 from worker.settings import Settings
 
 pytestmark = pytest.mark.integration

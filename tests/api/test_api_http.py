@@ -32,8 +32,8 @@ from tests.api.support import (
 )
 from worker.api.app import ACCOUNT_ID_RULE
 from worker.api.routes import ACCOUNT_AUTH
-from worker.catalogue import ServiceError
-from worker.messages import PasskeyConfirm
+from worker.contract.catalogue import ServiceError
+from worker.contract.messages import PasskeyConfirm
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.api.support import KEY_A, KEY_B, KEY_DISABLED, write_keys
-from worker import logs
 from worker.api.keyfile import (
     KeyFileError,
     create_key,
@@ -28,6 +27,7 @@ from worker.api.keyfile import (
 )
 from worker.api.keys import KeyEntry, KeyStore, generate_key, hash_key
 from worker.cli import main
+from worker.runtime import logs
 
 add_key = create_key
 KEY_RE = r"pk_[A-Za-z0-9_-]{43}"

@@ -18,8 +18,8 @@ import structlog
 
 from tests.api.conftest import ApiSettings
 from tests.api.support import responder, running_api
-from worker import logs
 from worker.cli import main
+from worker.runtime import logs
 
 pytestmark = pytest.mark.integration
 

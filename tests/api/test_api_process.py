@@ -21,7 +21,7 @@ from tests.api.support import KEY_A, headers, running_api
 from tests.cluster import kafka_env
 from worker.api.app import serve_api
 from worker.api.keys import KeyStore
-from worker.kafka import ensure_topics
+from worker.engine.kafka import ensure_topics
 
 pytestmark = pytest.mark.integration
 

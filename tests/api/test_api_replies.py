@@ -15,8 +15,8 @@ from aiokafka.errors import KafkaConnectionError
 from tests.api.conftest import ApiSettings
 from tests.api.support import headers, produce, responder, running_api, wait_until
 from worker.api.replies import ReplyError, ReplyRouter
-from worker.kafka import build_consumer, ensure_topics
-from worker.messages import Reply
+from worker.contract.messages import Reply
+from worker.engine.kafka import build_consumer, ensure_topics
 from worker.settings import Settings
 
 pytestmark = pytest.mark.integration

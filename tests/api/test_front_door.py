@@ -22,7 +22,7 @@ import pytest
 
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_A, KEY_B, responder, running_api
-from worker.api.runtime import ApiRuntime
+from worker.api.server import ApiRuntime
 
 pytestmark = pytest.mark.integration
 

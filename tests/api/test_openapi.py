@@ -27,13 +27,13 @@ from worker.api.webhook_routes import (
     WEBHOOK_REPLAY,
     WEBHOOK_ROTATE,
 )
-from worker.catalogue import ServiceError, entry
-from worker.messages import ID_PATTERN
-from worker.schemas import documents
+from worker.contract.catalogue import ServiceError, entry
+from worker.contract.messages import ID_PATTERN
+from worker.contract.schemas import documents
 
 COMMITTED = Path(__file__).resolve().parents[2] / "schemas" / "openapi.json"
 REGENERATE = (
-    '.venv/bin/python -c "from worker.schemas import write_all; from pathlib import Path;'
+    '.venv/bin/python -c "from worker.contract.schemas import write_all; from pathlib import Path;'
     " write_all(Path('schemas'))\""
 )
 

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from worker.api.ratelimit import RateLimited, RateLimiter
-from worker.catalogue import ServiceError
+from worker.contract.catalogue import ServiceError
 
 
 class Clock:

@@ -14,8 +14,8 @@ import pytest
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_B, headers, register, responder, running_api, running_worker
 from tests.api.test_api_e2e import poll_status
-from worker.route import home_partition
-from worker.state_store import StateStore
+from worker.auth.store import StateStore
+from worker.engine.route import home_partition
 
 CONFIRM = "/v1/accounts/{}/auth/passkey-confirm"
 AUTH = "/v1/accounts/{}/auth"

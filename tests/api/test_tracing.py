@@ -1,7 +1,7 @@
 """Tracing end to end on the real broker: one confirm is one trace from the caller's
 ``traceparent`` through the front-end, the command, the worker, the provider (the simulator
 records the ``traceparent`` it received), the outputs and a webhook delivery; and with no
-exporter the caller's context still reaches every hop (``worker.tracing``)."""
+exporter the caller's context still reaches every hop (``worker.runtime.tracing``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.webhooks.support import (
     receiving,
     running_dispatcher,
 )
-from worker import tracing
+from worker.runtime import tracing
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = pytest.mark.integration

@@ -29,15 +29,15 @@ from tests.api.test_api_http import assert_error
 from worker.api.app import ApiRuntime
 from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_routes import UNCONFIRMED, WebhookClients
-from worker.kafka import build_consumer, build_producer, ensure_topics
-from worker.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
-from worker.route import home_partition
+from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
+from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.engine.route import home_partition
+from worker.engine.tail import assign_all
 from worker.settings import Settings
-from worker.tail import assign_all
+from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EndpointRecord
 from worker.webhooks.publish import DeliveryLogEntry, Replay, decode_replay
 from worker.webhooks.secrets_box import SecretsBox, generate_key
-from worker.webhooks.store import EndpointStore
 
 pytestmark = pytest.mark.integration
 
@@ -723,7 +723,7 @@ class _AcksLostOnce:
 async def test_a_replay_sends_again_what_an_outage_failed(
     hook_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("worker.outage.RESEND_BACKOFF_S", (0.01, 0.02))
+    monkeypatch.setattr("worker.engine.outage.RESEND_BACKOFF_S", (0.01, 0.02))
     settings = hook_settings()
     await ensure_topics(settings)
     now = datetime.now(UTC)

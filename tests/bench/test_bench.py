@@ -12,7 +12,7 @@ import pytest
 
 from bench.load import Workload, percentile
 from tests.bench import run_bench
-from worker.messages import PasskeyConfirm, RegisterAccount, decode_command
+from worker.contract.messages import PasskeyConfirm, RegisterAccount, decode_command
 
 SCENARIOS = ("ceiling", "baseline", "worker-1p", "worker-inproc")
 

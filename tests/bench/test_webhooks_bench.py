@@ -12,7 +12,7 @@ import pytest
 
 from bench.webhooks import Events
 from tests.bench import run_bench
-from worker.messages import AuthStatusChanged
+from worker.contract.messages import AuthStatusChanged
 
 
 def test_events_interleave_accounts_and_count_versions_up() -> None:

@@ -33,8 +33,8 @@ from prometheus_client import CollectorRegistry
 from devstack.broker import EmbeddedBroker, free_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from tests.cluster import RUN, ExistingCluster, topic_settings
-from worker.app import run_worker
-from worker.consumer import Worker
+from worker.auth.app import run_worker
+from worker.engine.consume_loop import ConsumeLoop
 from worker.settings import Settings, Topics
 
 
@@ -154,12 +154,12 @@ async def _get_ok(url: str, task: asyncio.Task[None], what: str) -> None:
 
 @contextlib.asynccontextmanager
 async def serving_worker(settings: Settings) -> AsyncIterator[str]:
-    """``worker.app.run_worker`` with its probes served (``serve_probes=True``), on a fresh
+    """``worker.auth.app.run_worker`` with its probes served (``serve_probes=True``), on a fresh
     registry; yields the probes' base URL once /readyz answers 200 (group joined, partitions
     restored)."""
     assert settings.worker_metrics_host == "127.0.0.1" and settings.worker_metrics_port
     stop = asyncio.Event()
-    holder: list[Worker] = []
+    holder: list[ConsumeLoop] = []
     task = asyncio.create_task(
         run_worker(
             settings,

@@ -59,8 +59,9 @@ from tests.deploy.test_metric_names import (
     scan,
 )
 from tests.harness import Bus, bus, confirm_cmd, register_cmd
-from worker import __version__, tracing
-from worker.provider import BREAKER_STATES
+from worker import __version__
+from worker.auth.provider import BREAKER_STATES
+from worker.runtime import tracing
 
 pytestmark = pytest.mark.integration
 

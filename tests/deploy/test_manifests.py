@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from worker.runner import shutdown_hard_limit
+from worker.engine.runner import shutdown_hard_limit
 from worker.settings import Settings, Topics
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,7 +31,8 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # The product's families (docs/operations.md, "Prometheus"): passkey_, then the process' word.
 PRODUCT_PREFIX = "passkey_"
 PROCESS_PREFIXES = ("passkey_auth_", "passkey_api_", "passkey_webhook_")
-# What every process exports beside its own prefix (worker/metrics.py, export_process_metrics).
+# What every process exports beside its own prefix (worker/runtime/metrics.py,
+# export_process_metrics).
 # prometheus_client's standard collectors keep their standard names, the ones shared dashboards
 # already query: they are allowed here by name instead of being listed in deploy/metrics.txt.
 # They are the client's (pinned in requirements.lock); the live checks assert that every
@@ -50,7 +51,7 @@ STANDARD_LABELS = frozenset(
 # The product's families every process exports (listed in deploy/metrics.txt): the build.
 SHARED_FAMILIES = frozenset({"passkey_build_info"})
 SHARED_LABELS = frozenset({"service", "version"})
-# Labels of the metric contract: the worker's and the front-end's (worker/metrics.py,
+# Labels of the metric contract: the worker's and the front-end's (worker/runtime/metrics.py,
 # worker/api/metrics.py), and those of the webhook dispatcher (`python -m worker webhooks`,
 # passkey_webhook_* families: result, status_class, kind, topic, partition, the DLQ's reason).
 WORKER_API_LABELS = SHARED_LABELS | frozenset(

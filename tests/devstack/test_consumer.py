@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaConsumer
 
 from devstack.consumer import EmbeddedBrokerConsumer
 from tests.conftest import SettingsFactory
-from worker.kafka import ConsumerClass, ensure_topics
-from worker.runner import group_consumer
+from worker.engine.kafka import ConsumerClass, ensure_topics
+from worker.engine.runner import group_consumer
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from devstack.demo import register_accounts
 from devstack.keys import DEV_WORKSPACE
 from tests.devstack.running_stack import RunningStack, running_stack
 from tests.unparsable import produce_unparsable
+from worker.engine.tail import partitions_of
 from worker.settings import Settings
-from worker.tail import partitions_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.chaos]
 

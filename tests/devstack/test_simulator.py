@@ -19,7 +19,7 @@ from devstack.simulator import (
     running_simulator,
     serve_simulator,
 )
-from worker.provider import HttpProviderAdapter, ProviderAdapter, ProviderError
+from worker.auth.provider import HttpProviderAdapter, ProviderAdapter, ProviderError
 
 QUIET = {"latency_ms": 0.0, "jitter_ms": 0.0, "error_rate": 0.0, "fail_next": 0}
 

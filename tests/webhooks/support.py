@@ -21,12 +21,13 @@ from aiohttp import web
 from standardwebhooks.webhooks import Webhook
 
 from tests.harness import RunningWorker, running_loop
-from worker.kafka import build_consumer, build_producer, ensure_topics
-from worker.messages import AuthStatusChanged, event_id
-from worker.replay import replay_to_highwater
+from worker.contract.messages import AuthStatusChanged, event_id
+from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.engine.replay import replay_to_highwater
+from worker.engine.tail import assign_all
 from worker.settings import Settings
-from worker.tail import assign_all
 from worker.webhooks.app import run_dispatcher, secrets_box
+from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import (
     EndpointRecord,
     EndpointsTail,
@@ -36,7 +37,6 @@ from worker.webhooks.endpoints import (
 )
 from worker.webhooks.sender import DeliveryResult, Sender
 from worker.webhooks.signing import generate_secret
-from worker.webhooks.store import EndpointStore
 
 
 @dataclass

@@ -39,8 +39,8 @@ from tests.webhooks.support import (
     receiving,
     status_event,
 )
-from worker.kafka import build_producer
-from worker.messages import AuthStatusChanged
+from worker.contract.messages import AuthStatusChanged
+from worker.engine.kafka import build_producer
 from worker.settings import Settings
 from worker.webhooks.delivery import webhook_id
 

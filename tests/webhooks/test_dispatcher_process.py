@@ -42,8 +42,9 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker import __version__, tracing
-from worker.runner import shutdown_hard_limit
+from worker import __version__
+from worker.engine.runner import shutdown_hard_limit
+from worker.runtime import tracing
 
 pytestmark = pytest.mark.integration
 

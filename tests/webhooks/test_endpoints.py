@@ -30,7 +30,7 @@ def record(
 def test_ids_follow_the_account_id_rule() -> None:
     import re
 
-    from worker.messages import ID_PATTERN
+    from worker.contract.messages import ID_PATTERN
 
     assert re.fullmatch(ID_PATTERN, new_endpoint_id())
     assert new_endpoint_id() != new_endpoint_id()

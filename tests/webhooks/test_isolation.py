@@ -32,16 +32,16 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.flow import Policy, decide
-from worker.kafka import build_producer
-from worker.messages import AccountRecord, AuthError, AuthStatusChanged, PasskeyConfirm
-from worker.route import home_partition
+from worker.auth.flow import Policy, decide
+from worker.contract.messages import AccountRecord, AuthError, AuthStatusChanged, PasskeyConfirm
+from worker.engine.kafka import build_producer
+from worker.engine.route import home_partition
 from worker.settings import Settings
 from worker.webhooks.app import target_policy
 from worker.webhooks.delivery import DeliveryState, Pending, state_key, webhook_id
+from worker.webhooks.delivery_store import AccountDeliveries
 from worker.webhooks.events import from_status
 from worker.webhooks.sender import Sender, open_session
-from worker.webhooks.state import AccountDeliveries
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,6 @@ from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from worker import tracing
 from worker.api.cors import CorsPolicy
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
@@ -30,23 +29,24 @@ from worker.api.routes import (
     ApiRoutes,
     on_service_error,
 )
-from worker.api.runtime import ApiRuntime, serve_runtime
+from worker.api.server import ApiRuntime, serve_runtime
 from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
-from worker.kafka import build_consumer, build_producer, verify_topics
-from worker.logs import get_logger
-from worker.loop_metrics import TailSkips
-from worker.metrics import API_PREFIX, export_process_metrics
-from worker.outage import BrokerHealth
-from worker.probes import Probes
-from worker.process import on_stop_signals
+from worker.engine.kafka import build_consumer, build_producer, verify_topics
+from worker.engine.metrics import TailSkips
+from worker.engine.outage import BrokerHealth
+from worker.engine.tail import SharedConsumer
+from worker.engine.topics import used_by
+from worker.runtime import tracing
+from worker.runtime.logs import get_logger
+from worker.runtime.metrics import API_PREFIX, export_process_metrics
+from worker.runtime.probes import Probes
+from worker.runtime.process import on_stop_signals
 from worker.settings import Settings
-from worker.tail import SharedConsumer
-from worker.topics import used_by
+from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
 from worker.webhooks.log_scan import DeliveryLogScan
 from worker.webhooks.secrets_box import SecretsBox
-from worker.webhooks.store import EndpointStore
 from worker.webhooks.targets import TargetPolicy
 
 __all__ = [
@@ -63,7 +63,7 @@ log = get_logger(__name__)
 
 VIEW_FETCH_MIN_WAIT_MS: Final = 50
 """The shortest fetch wait of the consumer the read models share (webhook.endpoints, through
-``worker.tail.SharedConsumer``) and of the deliveries scan's. Replies wait
+``worker.engine.tail.SharedConsumer``) and of the deliveries scan's. Replies wait
 ``KAFKA_FETCH_MAX_WAIT_MS``, which Kafka cuts short when a reply arrives;
 the embedded broker holds every fetch for the full wait, so the dev stack sets a short one for
 the front-end, and the read models, which tolerate a few more milliseconds of lag, poll less

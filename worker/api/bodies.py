@@ -12,15 +12,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
 from worker.api.ids import new_request_id as new_request_id  # the request-id rule, with valid_id
-from worker.catalogue import ServiceError
-from worker.messages import ID_PATTERN, AuthData, ErrorBody, Identifier
+from worker.contract.catalogue import ServiceError
+from worker.contract.messages import ID_PATTERN, AuthData, ErrorBody, Identifier
 
 _ID_RE: Final = re.compile(ID_PATTERN)
 
 
 def valid_id(value: str) -> bool:
-    """The identifier rule (``worker.messages.ID_PATTERN``) of account ids and caller request
-    ids, matched against the whole value."""
+    """The identifier rule (``worker.contract.messages.ID_PATTERN``) of account ids and caller
+    request ids, matched against the whole value."""
     return _ID_RE.fullmatch(value) is not None
 
 

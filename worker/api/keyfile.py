@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from worker.api.keys import ID_RE, FileEntry, generate_key, hash_key, parse_keys_file
-from worker.messages import ID_PATTERN
+from worker.contract.messages import ID_PATTERN
 
 __all__ = [
     "LOCK_TIMEOUT_S",

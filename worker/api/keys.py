@@ -17,8 +17,8 @@ from typing import Annotated, Final
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from worker.logs import get_logger
-from worker.messages import ID_PATTERN
+from worker.contract.messages import ID_PATTERN
+from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -18,13 +18,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from worker import tracing
 from worker.api.bodies import error_response, new_request_id, valid_id
 from worker.api.cors import EXPOSE_HEADERS, CorsPolicy
 from worker.api.methods import allow_value, takes
 from worker.api.metrics import UNMATCHED_ROUTE, ApiMetrics, method_label
-from worker.catalogue import ServiceError
-from worker.logs import get_logger
+from worker.contract.catalogue import ServiceError
+from worker.runtime import tracing
+from worker.runtime.logs import get_logger
 
 _UNTRACED: contextlib.nullcontext[Span] = contextlib.nullcontext(INVALID_SPAN)
 

@@ -40,8 +40,8 @@ from worker.api.webhook_routes import (
     WEBHOOK_ROTATE,
 )
 from worker.api.webhook_urls import url_pattern, url_rule_text
-from worker.catalogue import ServiceError, by_numeric, entry
-from worker.messages import AuthData, Identifier
+from worker.contract.catalogue import ServiceError, by_numeric, entry
+from worker.contract.messages import AuthData, Identifier
 from worker.settings import Settings
 from worker.webhooks.targets import TargetPolicy
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from worker.catalogue import ServiceError
+from worker.contract.catalogue import ServiceError
 from worker.settings import Settings
 from worker.webhooks.endpoints import EndpointRegistry
 

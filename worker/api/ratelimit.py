@@ -12,7 +12,7 @@ from typing import Final
 
 import attrs
 
-from worker.catalogue import ServiceError
+from worker.contract.catalogue import ServiceError
 
 MAX_BUCKETS: Final = 10_000
 """Workspaces tracked at once per process."""

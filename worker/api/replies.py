@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from worker.logs import get_logger
-from worker.messages import Reply
-from worker.tail import TopicTail
+from worker.contract.messages import Reply
+from worker.engine.tail import TopicTail
+from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -19,7 +19,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from worker import tracing
 from worker.api.bodies import (
     ApiHealth,
     ApiReadiness,
@@ -33,12 +32,13 @@ from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.ratelimit import RateLimited, RateLimiter
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
-from worker.catalogue import ServiceError
-from worker.logs import get_logger
-from worker.messages import AuthData, GetAuthState, PasskeyConfirm
-from worker.outage import BrokerHealth, send_retrying
-from worker.route import REPLY_PARTITION
-from worker.tail import TopicTail
+from worker.contract.catalogue import ServiceError
+from worker.contract.messages import AuthData, GetAuthState, PasskeyConfirm
+from worker.engine.outage import BrokerHealth, send_retrying
+from worker.engine.route import REPLY_PARTITION
+from worker.engine.tail import TopicTail
+from worker.runtime import tracing
+from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -18,8 +18,8 @@ from pydantic import (
     WithJsonSchema,
 )
 
-from worker.catalogue import ServiceError
-from worker.messages import Identifier
+from worker.contract.catalogue import ServiceError
+from worker.contract.messages import Identifier
 from worker.webhooks.endpoints import EndpointRecord, EndpointStatus, EventType, RateLimit
 from worker.webhooks.publish import DeliveryLogEntry
 from worker.webhooks.signing import SECRET_PREFIX

@@ -20,11 +20,11 @@ from pydantic import ValidationError
 
 from worker.api.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
 from worker.api.webhook_bodies import parse_rfc3339
-from worker.catalogue import ServiceError
-from worker.logs import get_logger
-from worker.outage import BrokerHealth, acknowledged, enqueue
-from worker.replay import replay_to_highwater
-from worker.tail import assign_all
+from worker.contract.catalogue import ServiceError
+from worker.engine.outage import BrokerHealth, acknowledged, enqueue
+from worker.engine.replay import replay_to_highwater
+from worker.engine.tail import assign_all
+from worker.runtime.logs import get_logger
 from worker.webhooks.endpoints import EndpointRecord
 from worker.webhooks.events import WebhookEvent, from_error, from_status
 from worker.webhooks.publish import Replay

@@ -44,12 +44,12 @@ from worker.api.webhook_bodies import (
 )
 from worker.api.webhook_replay import ReplayRunner
 from worker.api.webhook_urls import url_form_allowed, url_rule_text
-from worker.catalogue import ServiceError
-from worker.logs import get_logger
-from worker.tail import TopicTail
+from worker.contract.catalogue import ServiceError
+from worker.engine.tail import TopicTail
+from worker.runtime.logs import get_logger
+from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointRecord, EndpointsTail, new_endpoint_id
 from worker.webhooks.log_scan import DeliveryLogScan, DeliveryScanFailed
-from worker.webhooks.store import EndpointStore
 from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
 
 log = get_logger(__name__)

@@ -11,14 +11,11 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from prometheus_client import CollectorRegistry
 
-from worker import tracing
-from worker.consumer import Worker
-from worker.kafka import ConsumerClass, build_consumer, build_producer, verify_topics
-from worker.logs import get_logger
-from worker.loop_metrics import TailSkips
-from worker.metrics import WEBHOOK_PREFIX, export_process_metrics
-from worker.outage import BrokerHealth
-from worker.runner import (
+from worker.engine.consume_loop import ConsumeLoop
+from worker.engine.kafka import ConsumerClass, build_consumer, build_producer, verify_topics
+from worker.engine.metrics import TailSkips
+from worker.engine.outage import BrokerHealth
+from worker.engine.runner import (
     LoopSpec,
     ProbeAddress,
     ProcessParts,
@@ -27,10 +24,15 @@ from worker.runner import (
     group_consumer,
     run_consume_loop,
 )
+from worker.engine.topics import used_by
+from worker.runtime import tracing
+from worker.runtime.logs import get_logger
+from worker.runtime.metrics import WEBHOOK_PREFIX, export_process_metrics
 from worker.settings import Settings
-from worker.topics import used_by
 from worker.webhooks.delivery import QueueLimits, parse_schedule
+from worker.webhooks.delivery_store import DeliveryStore
 from worker.webhooks.dispatcher import DispatchConfig, Dispatcher, Sender
+from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
 from worker.webhooks.gate import GateConfig
 from worker.webhooks.metrics import WebhookMetrics
@@ -39,8 +41,6 @@ from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.sender import Sender as HttpSender
 from worker.webhooks.sender import open_session
 from worker.webhooks.signing import headers as signed_headers
-from worker.webhooks.state import DeliveryStore
-from worker.webhooks.store import EndpointStore
 from worker.webhooks.targets import TargetPolicy
 
 log = get_logger(__name__)
@@ -49,7 +49,7 @@ log = get_logger(__name__)
 ENDPOINTS_CATCH_UP_S = 60.0
 
 
-async def _stop_when_done(task: asyncio.Task[None], loop: Worker) -> None:
+async def _stop_when_done(task: asyncio.Task[None], loop: ConsumeLoop) -> None:
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -97,7 +97,7 @@ async def run_dispatcher(
     stop: asyncio.Event | None = None,
     install_signals: bool = True,
     serve_probes: bool = True,
-    on_start: Callable[[Worker], None] | None = None,
+    on_start: Callable[[ConsumeLoop], None] | None = None,
     sender: Sender | None = None,
     consumer_class: ConsumerClass = AIOKafkaConsumer,
 ) -> None:

@@ -17,10 +17,10 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from worker import tracing
-from worker.consumer import hold_record
-from worker.faults import Fault
-from worker.logs import get_logger
+from worker.engine.consume_loop import hold_record
+from worker.engine.faults import Fault
+from worker.runtime import tracing
+from worker.runtime.logs import get_logger
 from worker.webhooks.delivery import (
     AttemptResult,
     DeliveryState,
@@ -37,6 +37,7 @@ from worker.webhooks.delivery import (
     take_in,
     webhook_id,
 )
+from worker.webhooks.delivery_store import DeliveryStore
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
 from worker.webhooks.events import WebhookEvent, from_error, from_status
 from worker.webhooks.gate import EndpointGate, GateConfig
@@ -49,7 +50,6 @@ from worker.webhooks.publish import (
     decode_replay,
 )
 from worker.webhooks.sender import DeliveryResult, ErrorKind
-from worker.webhooks.state import DeliveryStore
 
 log = get_logger(__name__)
 
@@ -177,7 +177,7 @@ class Dispatcher:
         await self._publisher.dead_letter_record(msg, Fault("undecodable", detail))
         self.metrics.dlq.labels("undecodable").inc()
 
-    # -- faults (worker.consumer retried these first) ------------------------------------------
+    # -- faults (worker.engine.consume_loop retried these first) --------------------------
 
     async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
         """A record whose taking-in failed for good: to the DLQ as it came."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from worker.messages import AuthError, AuthStatusChanged
+from worker.contract.messages import AuthError, AuthStatusChanged
 from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED
 
 _WIRE_ONLY = {"type", "schema_version"}

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from worker.logs import get_logger
+from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from worker.fetch import getmany as fetch_records
-from worker.fetch import skipping
-from worker.logs import get_logger
-from worker.route import home_partition
-from worker.tail import partitions_of
+from worker.engine.fetch import getmany as fetch_records
+from worker.engine.fetch import skipping
+from worker.engine.route import home_partition
+from worker.engine.tail import partitions_of
+from worker.runtime.logs import get_logger
 from worker.webhooks.log_view import DeliveryLogView
 from worker.webhooks.publish import DeliveryLogEntry
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from worker.logs import get_logger
+from worker.runtime.logs import get_logger
 from worker.webhooks.publish import DeliveryLogEntry, decode_log
 
 log = get_logger(__name__)

@@ -12,13 +12,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from worker import tracing
-from worker.faults import Fault
-from worker.messages import rfc3339
-from worker.outage import BrokerHealth, Sent, acknowledged, enqueue
-from worker.publish import dead_letter
+from worker.auth.publish import dead_letter
+from worker.contract.messages import rfc3339
+from worker.engine.faults import Fault
+from worker.engine.outage import BrokerHealth, Sent, acknowledged, enqueue
+from worker.runtime import tracing
 from worker.webhooks.delivery import DeliveryState, Finished, Pending
-from worker.webhooks.state import DeliveryStore
+from worker.webhooks.delivery_store import DeliveryStore
 
 NOTE_ENDPOINT_DISABLED: Final = "endpoint.disabled"
 """The ``event_type`` of the delivery-log note written when the dispatcher disables an

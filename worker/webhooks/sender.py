@@ -19,8 +19,8 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.connector import SocketFactoryType
 from yarl import URL
 
-from worker.logs import get_logger
-from worker.retry_after import parse_retry_after
+from worker.runtime.logs import get_logger
+from worker.runtime.retry_after import parse_retry_after
 from worker.webhooks.delivery import DEFAULT_SCHEDULE_S
 from worker.webhooks.targets import (
     BlockedTarget,

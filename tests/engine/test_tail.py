@@ -1,0 +1,114 @@
+"""``partitions_of`` and ``assign_all`` on the real (embedded) broker: a group-less consumer, or
+one share of a ``SharedConsumer``, learns the partitions of a topic it has no metadata for,
+also of a topic created while it waits, and gives up empty at its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+
+from tests.conftest import SettingsFactory
+from worker.engine.kafka import build_consumer, build_producer, create_topics, ensure_topics
+from worker.engine.tail import SharedConsumer, assign_all, partitions_of
+from worker.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+OUTER_S = 30.0
+"""A bound on every wait of this module, far above the deadlines the calls get."""
+
+
+@pytest.fixture
+async def settings(make_settings: SettingsFactory) -> Settings:
+    settings = make_settings(partitions=3)
+    await ensure_topics(settings)
+    return settings
+
+
+async def started(settings: Settings, shared: bool) -> tuple[Any, Any]:
+    """A started group-less consumer, or a share of a started ``SharedConsumer``; and what
+    stops it."""
+    if not shared:
+        consumer = build_consumer(settings)
+        await consumer.start()
+        return consumer, consumer
+    hub = SharedConsumer(build_consumer(settings))
+    share = hub.share()
+    await share.start()
+    return share, share
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["consumer", "share"])
+async def test_the_partitions_of_a_topic_missing_from_the_metadata_are_learnt(
+    settings: Settings, shared: bool
+) -> None:
+    """An assigned consumer's metadata covers its assigned topics only: another topic is
+    unknown to it until ``partitions_of`` asks."""
+    consumer, stopper = await started(settings, shared)
+    other = settings.topics.status
+    try:
+        async with asyncio.timeout(OUTER_S):
+            await assign_all(consumer, settings.topics.commands, timeout_s=20)
+            for _ in range(200):  # until the metadata is narrowed to the assignment
+                if not consumer.partitions_for_topic(other):
+                    break
+                await asyncio.sleep(0.05)
+            assert not consumer.partitions_for_topic(other)
+            parts = await partitions_of(consumer, other, deadline=time.monotonic() + 20)
+        assert parts == {0, 1, 2}
+    finally:
+        await stopper.stop()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["consumer", "share"])
+async def test_a_topic_created_while_waiting_is_found(settings: Settings, shared: bool) -> None:
+    late = f"{settings.topics.commands}.late"
+    consumer, stopper = await started(settings, shared)
+    try:
+        waiting = asyncio.create_task(
+            partitions_of(consumer, late, deadline=time.monotonic() + 20, pause_s=0.05)
+        )
+        await asyncio.sleep(0.5)  # the lookup has asked for the missing topic by now
+        assert not waiting.done()
+        await create_topics(settings, {late: 2})
+        async with asyncio.timeout(OUTER_S):
+            assert await waiting == {0, 1}
+        # And the assignment built on it reads the late topic's records.
+        producer = build_producer(settings)
+        await producer.start()
+        try:
+            await producer.send_and_wait(late, b"v", key=b"k", partition=1)
+        finally:
+            await producer.stop()
+        async with asyncio.timeout(OUTER_S):
+            tps = await assign_all(consumer, late, timeout_s=20)
+            assert tps == [TopicPartition(late, 0), TopicPartition(late, 1)]
+            got: list[Any] = []
+            while not got:
+                batch = await consumer.getmany(timeout_ms=200)
+                got.extend(r for rs in batch.values() for r in rs)
+        assert [(r.partition, r.value) for r in got] == [(1, b"v")]
+    finally:
+        await stopper.stop()
+
+
+async def test_a_topic_that_never_appears_gives_nothing_at_the_deadline(
+    settings: Settings,
+) -> None:
+    """Bounded, and looking for a topic does not create it (a broker that creates topics
+    named in a metadata request would give it its default partition count)."""
+    never = f"{settings.topics.commands}.never"
+    consumer = build_consumer(settings)
+    await consumer.start()
+    try:
+        async with asyncio.timeout(OUTER_S):
+            assert await partitions_of(consumer, never, deadline=time.monotonic() + 1.0) == set()
+            with pytest.raises(RuntimeError, match="has no partitions"):
+                await assign_all(consumer, never, timeout_s=1.0)
+            assert never not in await consumer.topics()
+    finally:
+        await consumer.stop()

@@ -1,0 +1,76 @@
+"""``worker.runtime.tracing`` without a broker: which OTEL_* settings export where, the header
+round trip, the W3C tracestate cut, and the log processor's ids."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, TraceState
+
+from worker.runtime import tracing
+
+CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    ("env", "targets"),
+    [
+        ({}, ()),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}, ("otlp http://c:4318/v1/traces",)),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c/t"}, ("otlp http://c/t",)),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, ("otlp http://localhost:4318/v1/traces",)),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, ()),
+        ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, ()),
+        ({"OTEL_TRACES_EXPORTER": "console"}, ("console (stdout)",)),
+        ({"TRACING_BENCH_EXPORTER": "discard"}, ("discard",)),
+    ],
+)
+def test_export_targets_follow_the_otel_variables(
+    env: dict[str, str], targets: tuple[str, ...]
+) -> None:
+    assert tracing.export_targets(env) == targets
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OTEL_TRACES_EXPORTER": "jaeger"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+    ],
+)
+def test_what_is_not_installed_is_refused(env: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match=r"otlp|http/protobuf"):
+        tracing.export_targets(env)
+
+
+def test_not_recording_passes_the_callers_context_through() -> None:
+    assert not tracing.recording()
+    parent = tracing.context_from_headers([("traceparent", CALLER.encode())])
+    with tracing.span("process", kind=SpanKind.CONSUMER, parent=parent), tracing.span("child"):
+        assert tracing.http_headers() == {"traceparent": CALLER}
+        event = tracing.add_trace_ids(None, "info", {})
+    assert event == {"trace_id": CALLER[3:35], "span_id": CALLER[36:52]}
+    with tracing.span("root", parent=tracing.ROOT):
+        fresh = tracing.kafka_headers()
+    assert len(fresh) == 1 and fresh[0][1].endswith(b"-00"), "a new root is not sampled"
+    assert tracing.add_trace_ids(None, "info", {}) == {}, "no span, no ids"
+
+
+def test_recording_makes_children_and_cuts_a_long_tracestate() -> None:
+    memory = InMemorySpanExporter()
+    tracing.configure("t", environ={}, exporter=memory, set_global=False)
+    try:
+        long_state = ",".join(f"k{i}={'v' * 40}" for i in range(20))  # 20 x 44 characters
+        parent = tracing.context_from_traceparent(CALLER, long_state)
+        with tracing.span("process", kind=SpanKind.CONSUMER, parent=parent) as span:
+            headers = dict(tracing.kafka_headers())
+            assert span.is_recording()
+        (finished,) = memory.get_finished_spans()
+    finally:
+        tracing.reset()
+    assert finished.parent is not None and finished.parent.span_id == int(CALLER[36:52], 16)
+    traceparent = headers["traceparent"].decode()
+    assert traceparent == f"00-{CALLER[3:35]}-{finished.context.span_id:016x}-01"
+    state = headers["tracestate"].decode()
+    assert len(state) <= tracing.TRACESTATE_MAX
+    assert state.startswith("k0=") and TraceState.from_header([state])

@@ -1,0 +1,167 @@
+"""What one running front-end process holds (``ApiRuntime``) and its server loop: uvicorn on
+the limited public protocol, probes on a side door; a dead Kafka reader or an outage past its
+tolerance ends the process rather than serve stale data (docs/api.md, "Operations")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+
+from worker.api.keys import KeyStore
+from worker.api.metrics import ApiMetrics
+from worker.api.protocol import ConnectionLimits, limited_protocol
+from worker.api.replies import ReplyRouter
+from worker.api.webhook_routes import WebhookClients
+from worker.engine.outage import BrokerHealth, metadata_probe
+from worker.engine.tail import TopicTail
+from worker.runtime.eventloop import running_loop_name
+from worker.runtime.logs import get_logger
+from worker.runtime.serving import EmbeddedServer, serving
+from worker.settings import Settings
+
+log = get_logger(__name__)
+
+
+@dataclass
+class ApiRuntime:
+    """Everything one front-end process runs; ``base_url`` (and ``metrics_url``, the side
+    door's) is set once the server listens. ``webhooks`` is ``None`` when the service has no
+    webhook secrets key; ``side_door`` serves ``/metrics`` and the probes."""
+
+    settings: Settings
+    app: Starlette
+    producer: Any
+    replies: ReplyRouter
+    keys: KeyStore
+    registry: CollectorRegistry
+    webhooks: WebhookClients | None = None
+    base_url: str | None = None
+    broker: BrokerHealth = field(default_factory=BrokerHealth)
+    side_door: Starlette | None = None
+    metrics: ApiMetrics | None = None
+    metrics_url: str | None = None
+
+    @property
+    def tails(self) -> tuple[TopicTail, ...]:
+        """Every Kafka reader whose end stops the process."""
+        extra = () if self.webhooks is None else self.webhooks.tails
+        return (self.replies, *extra)
+
+    @property
+    def url(self) -> str:
+        """``base_url`` of a listening front-end."""
+        if self.base_url is None:
+            raise RuntimeError("the front-end is not listening yet")
+        return self.base_url
+
+
+async def _listen(server: uvicorn.Server, settings: Settings) -> None:
+    """``server.serve()``, with uvicorn's ``sys.exit`` on a bind failure turned into an error
+    (a ``SystemExit`` escaping a task would stop the whole event loop)."""
+    try:
+        await server.serve()
+    except SystemExit:
+        raise RuntimeError(
+            f"the API could not listen on {settings.api_host}:{settings.api_port}"
+        ) from None
+
+
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    return ConnectionLimits(
+        max_head_bytes=settings.api_max_header_bytes,
+        max_headers=settings.api_max_headers,
+        head_timeout_s=settings.api_head_timeout_s,
+        body_timeout_s=settings.api_body_timeout_s,
+        max_connections=settings.api_max_connections,
+    )
+
+
+async def serve_runtime(
+    runtime: ApiRuntime, stop: asyncio.Event, on_started: Callable[[ApiRuntime], None] | None
+) -> None:
+    """Serve ``runtime.app`` (and its side door) until ``stop``, a server failure or a Kafka
+    reader's end."""
+    settings = runtime.settings
+    if runtime.side_door is None:
+        await _serve_api(runtime, stop, on_started)
+        return
+    async with serving(
+        runtime.side_door,
+        host=settings.api_metrics_host,
+        port=settings.api_metrics_port,
+        name="api-metrics",
+    ) as metrics_url:
+        runtime.metrics_url = metrics_url
+        await _serve_api(runtime, stop, on_started)
+
+
+async def _serve_api(
+    runtime: ApiRuntime, stop: asyncio.Event, on_started: Callable[[ApiRuntime], None] | None
+) -> None:
+    settings = runtime.settings
+    metrics = runtime.metrics
+    refusals = None if metrics is None else metrics.refusals
+    server = EmbeddedServer(
+        uvicorn.Config(
+            runtime.app,
+            host=settings.api_host,
+            port=settings.api_port,
+            http=limited_protocol(
+                connection_limits(settings),
+                lambda reason: None if refusals is None else refusals.labels(reason).inc(),
+            ),
+            ws="none",
+            log_config=None,  # uvicorn's records go through worker.runtime.logs like every other
+            log_level="info" if settings.api_access_log else "warning",
+            access_log=settings.api_access_log,
+            lifespan="off",
+            timeout_graceful_shutdown=int(settings.api_reply_timeout_s) + 2,
+        )
+    )
+    serving = asyncio.create_task(_listen(server, settings), name="api-http")
+    stopping = asyncio.create_task(stop.wait(), name="api-stop")
+    probe = metadata_probe(runtime.producer.client, settings.topics.commands)
+    outage = asyncio.create_task(runtime.broker.monitor(probe), name="api-kafka-monitor")
+    watched: set[asyncio.Future[Any]] = {
+        serving,
+        stopping,
+        outage,
+        *(t.task for t in runtime.tails),
+    }
+    try:
+        while not server.started:
+            if serving.done():
+                break
+            await asyncio.sleep(0.01)
+        if server.started:
+            port = server.servers[0].sockets[0].getsockname()[1]
+            runtime.base_url = f"http://{settings.api_host}:{port}"
+            log.info(
+                "api_started",
+                url=runtime.base_url,
+                metrics_url=runtime.metrics_url,
+                bootstrap=settings.bootstrap,
+                event_loop=running_loop_name(),
+            )
+            if on_started is not None:
+                on_started(runtime)
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        outage.cancel()
+        server.should_exit = True
+        try:
+            await serving
+        finally:
+            log.info("api_stopped")
+    for tail in runtime.tails:
+        if tail.failure is not None:
+            raise RuntimeError(f"{tail.name} failed") from tail.failure
+    if outage.done() and not outage.cancelled() and outage.exception() is not None:
+        outage.result()  # BrokerOutageExceeded

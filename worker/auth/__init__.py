@@ -1,0 +1,1 @@
+"""The worker process: the account flow, its decision, the executor and provider calls."""

@@ -1,0 +1,133 @@
+"""Composition root of a worker process: build every client from settings, wire, run; nothing
+else in the package builds a Kafka client, an HTTP client or a metrics registry."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer
+from prometheus_client import CollectorRegistry
+
+from worker.auth.execute import Executor
+from worker.auth.flow import Policy
+from worker.auth.metrics import WorkerMetrics
+from worker.auth.provider import ProviderRegistry, build_http_client, build_registry
+from worker.auth.publish import Publisher
+from worker.auth.store import StateStore
+from worker.engine.consume_loop import ConsumeLoop
+from worker.engine.kafka import ConsumerClass, build_producer, verify_topics
+from worker.engine.outage import BrokerHealth
+from worker.engine.route import Router
+from worker.engine.runner import (
+    LoopSpec,
+    ProbeAddress,
+    ProcessParts,
+    RunOptions,
+    consume_loop,
+    group_consumer,
+    run_consume_loop,
+)
+from worker.engine.topics import used_by
+from worker.runtime import tracing
+from worker.runtime.logs import get_logger
+from worker.runtime.metrics import WORKER_PREFIX, export_process_metrics
+from worker.settings import Settings
+from worker.speedups import KeyPartitioner
+
+log = get_logger(__name__)
+
+
+def policy_from(settings: Settings, providers: set[str]) -> Policy:
+    return Policy(
+        providers=frozenset(providers),
+        dedup_window=settings.worker_dedup_window,
+        follow_up_poll_s=settings.worker_follow_up_poll_s,
+        follow_up_poll_max_s=settings.worker_follow_up_poll_max_s,
+        follow_up_deadline_s=settings.worker_follow_up_deadline_s,
+        command_deadline_s=settings.worker_command_deadline_s,
+    )
+
+
+async def run_worker(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    stop: asyncio.Event | None = None,
+    install_signals: bool = True,
+    serve_probes: bool = True,
+    on_start: Callable[[ConsumeLoop], None] | None = None,
+    providers: ProviderRegistry | None = None,
+    consumer_class: ConsumerClass = AIOKafkaConsumer,
+) -> None:
+    """One worker of the pool, until SIGTERM/SIGINT (or ``stop``). Raises on a fatal loop
+    error so the process exits non-zero, and ``TopicsMisconfigured`` before it starts when its
+    topics are not as specified. ``providers`` replaces the HTTP adapters built from
+    ``PROVIDER_URLS`` (the benchmark's in-process provider); ``consumer_class`` the group
+    consumer's class (the development tools', for the embedded broker)."""
+    registry = registry or CollectorRegistry()
+    export_process_metrics(registry, tracing.SERVICE_WORKER)
+    metrics = WorkerMetrics(registry)
+    health = BrokerHealth(settings.kafka_outage_tolerance_s, name="worker")
+    health.export(registry, WORKER_PREFIX)
+    await verify_topics(settings, used_by(settings, "worker"))
+    topics = settings.topics
+    producer = build_producer(settings, partitioner=KeyPartitioner())
+    http = build_http_client(settings)
+    if providers is None:  # the benchmark passes an in-process provider instead
+        providers = build_registry(
+            settings, http, on_call=metrics.provider_call, on_retry=metrics.provider_retry
+        )
+    metrics.export_breakers(providers.breakers)
+    consumer = group_consumer(
+        settings, settings.kafka_consumer_group, consumer_class=consumer_class
+    )
+    store = StateStore()
+    executor = Executor(
+        store=store,
+        publisher=Publisher(producer, topics, health),
+        providers=providers,
+        policy=policy_from(settings, set(providers)),
+        metrics=metrics,
+        router=Router(
+            topics.commands,
+            partitions_for_topic=consumer.partitions_for_topic,
+            fallback=settings.commands_partitions,
+        ),
+        write_ahead=settings.worker_write_ahead_intent,
+    )
+    worker = consume_loop(
+        settings,
+        LoopSpec(
+            topics=(topics.commands,),
+            state_topic=topics.state,
+            max_in_flight=settings.worker_max_in_flight,
+        ),
+        consumer=consumer,
+        handler=executor,
+        metrics=metrics,
+        unordered=executor.unordered,
+    )
+    probes = None
+    if serve_probes:
+        probes = ProbeAddress(
+            settings.worker_metrics_host, settings.worker_metrics_port, "worker-probes"
+        )
+    await run_consume_loop(
+        worker,
+        settings,
+        ProcessParts(
+            producer=producer,
+            registry=registry,
+            health=health,
+            closers=(providers.aclose, http.aclose),
+        ),
+        RunOptions(
+            name="worker",
+            group=settings.kafka_consumer_group,
+            probes=probes,
+            install_signals=install_signals,
+            stop=stop,
+            on_start=on_start,
+        ),
+    )

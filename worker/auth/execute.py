@@ -1,0 +1,484 @@
+"""One unit of work for one account: decode → decide → call the provider → publish, and the
+follow-up steps (poll, expiry). No locks: the loop runs one unit per account at a time. A
+command off its home partition is only forwarded (``worker.engine.route``); a query runs beside its
+account's lane, which the publication window makes safe (docs/architecture.md, "A replica's
+cost follows its own traffic")."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from aiokafka.structs import ConsumerRecord
+from opentelemetry.trace import SpanKind
+
+from worker.auth.flow import (
+    CHALLENGE,
+    SENT,
+    Decision,
+    Policy,
+    answer_query,
+    decide,
+    expire,
+    is_owner,
+    observe,
+    reschedule,
+    settle_confirm,
+)
+from worker.auth.instrumentation import (
+    DeadLettered,
+    Decided,
+    Expired,
+    Forwarded,
+    Handled,
+    Instrumentation,
+)
+from worker.auth.metrics import WorkerMetrics
+from worker.auth.provider import ProviderAuthState, ProviderError, ProviderRegistry
+from worker.auth.publish import Publisher
+from worker.auth.store import StateStore
+from worker.contract.catalogue import ServiceError
+from worker.contract.messages import (
+    AccountRecord,
+    AuthError,
+    Command,
+    DecodeFailure,
+    ErrorBody,
+    GetAuthState,
+    Reply,
+    ReplyBody,
+    decode_command,
+    event_id,
+    request_id_of,
+    rfc3339,
+    workspace_id_of,
+)
+from worker.engine.faults import Fault, RecordRejected
+from worker.engine.route import Router, forwarded_from, reply_partition
+from worker.runtime import tracing
+from worker.runtime.logs import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """Wall clock for records and events; monotonic for provider deadlines."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def to_monotonic(self, epoch_deadline: float) -> float:
+        return time.monotonic() + (epoch_deadline - time.time())
+
+
+class Executor:
+    """The seams in one place: decide (pure), provider (I/O), publish (I/O)."""
+
+    def __init__(
+        self,
+        *,
+        store: StateStore,
+        publisher: Publisher,
+        providers: ProviderRegistry,
+        policy: Policy,
+        metrics: WorkerMetrics,
+        router: Router,
+        clock: Clock | None = None,
+        write_ahead: bool = False,
+    ) -> None:
+        self.store = store
+        self.write_ahead = write_ahead
+        self.router = router
+        self.publisher = publisher
+        self.providers = providers
+        self.policy = policy
+        self.metrics = metrics
+        self.clock = clock or Clock()
+        self._instrument = Instrumentation(metrics)
+        self._windows: dict[tuple[int, str], asyncio.Future[None]] = {}
+
+    def unordered(self, msg: ConsumerRecord[bytes, bytes]) -> bool:
+        """Whether ``msg`` is a query for an account of its own partition: the consume loop
+        then runs it beside the account's lane (the module docstring says why that is safe).
+        Anything else, including a query off its home partition (it is forwarded), keeps its
+        place in the lane."""
+        value = msg.value
+        if value is None or msg.key is None or b'"get_auth_state"' not in value:
+            return False
+        return (
+            isinstance(decode_command(msg.key, value), GetAuthState)
+            and self.router.home(msg.key) == msg.partition
+        )
+
+    # -- commands ------------------------------------------------------------------------------
+
+    async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
+        """Apply one record of auth.commands; returns once every output is acknowledged."""
+        with tracing.consume_span(msg):
+            started = time.perf_counter()
+            command = decode_command(msg.key, msg.value)
+            await self._instrument.run(
+                msg, command, lambda: self._handle(msg, command), started=started
+            )
+
+    async def _handle(
+        self, msg: ConsumerRecord[bytes, bytes], command: Command | DecodeFailure
+    ) -> Handled:
+        if isinstance(command, DecodeFailure):
+            fault = Fault(reason=command.reason, detail=command.detail)
+            await self._dead_letter(
+                msg, fault, _Ids.of(command), ServiceError.of("invalid_request")
+            )
+            return DeadLettered("unknown", "invalid")
+        home = msg.partition if msg.key is None else self.router.home(msg.key)
+        if home != msg.partition:
+            return await self._route_home(msg, command, home)
+        if isinstance(command, GetAuthState):
+            return await self._answer(msg, command)
+        return await self._apply(msg, command)
+
+    async def _apply(self, msg: ConsumerRecord[bytes, bytes], command: Command) -> Decided:
+        """Decide a command on its home partition, call the provider if the decision says so,
+        and publish the outputs."""
+        partition = msg.partition
+        record = self.store.get(partition, command.account_id)
+        if (
+            record is not None
+            and record.in_flight is not None
+            and record.in_flight.command_id != command.command_id
+            and is_owner(record, command)
+        ):
+            # An intent whose command is not this one (written by an older version before
+            # its owner crashed, or by ``recover`` for a command let go): settle it first,
+            # so this command sees the provider's real answer. Not for another workspace's
+            # command: that one is answered as for an unknown account and must not touch
+            # the owner's confirm.
+            settled = await self._resolve(record, redrive=True)
+            await self._publish(partition, record, settled)
+            record = settled.record
+        with tracing.span("decide") as deciding:
+            decision = decide(record, command, now=self.clock.now(), policy=self.policy)
+            if deciding.is_recording():
+                deciding.set_attribute("passkey.verdict", decision.verdict)
+                if decision.call is not None:
+                    deciding.set_attribute("passkey.provider_call", decision.call)
+        if decision.call is not None and decision.record is not None:
+            intent = decision.record
+            # A confirm a previous owner of the partition may have sent already (it was
+            # below the partition's end when this worker was assigned it) is re-driven like
+            # a restored intent: the provider is asked first (docs/architecture.md,
+            # "Write-ahead intent"). Any other is new: nobody else can have sent it.
+            redrive = decision.call == "redrive_confirm" or self.store.inherited(
+                msg.topic, partition, msg.offset
+            )
+            # The intent is kept in memory: a retry of this record re-drives it, and
+            # ``recover`` writes it if the record is let go with the confirm unsettled.
+            # Written before the call only while older versions share the group.
+            if self.write_ahead and decision.call == "confirm_passkey":
+                await self.publisher.persist(partition, intent)
+            self.store.put(partition, intent)
+            decision = await self._resolve(intent, redrive=redrive)
+            record = intent
+        await self._publish(partition, record, decision, reply_to=reply_partition(msg.headers))
+        return Decided(command, decision.verdict, decision.error)
+
+    async def _answer(self, msg: ConsumerRecord[bytes, bytes], query: GetAuthState) -> Decided:
+        """Answer a query from the store, after the account's open publication window."""
+        window = self._windows.get((msg.partition, query.account_id))
+        if window is not None:
+            await asyncio.shield(window)
+        decision = answer_query(self.store.get(msg.partition, query.account_id), query)
+        await self.publisher.publish(
+            msg.partition, decision, state_changed=False, reply_to=reply_partition(msg.headers)
+        )
+        return Decided(query, decision.verdict, decision.error)
+
+    async def _route_home(
+        self, msg: ConsumerRecord[bytes, bytes], command: Command, home: int
+    ) -> Forwarded | DeadLettered:
+        """A command off its key's home partition: this partition does not hold the account,
+        so nothing is decided here. It is forwarded home once (the forward is its output, so
+        its offset is committed only after the ack; a crash in between forwards it again and
+        the home partition's dedup window absorbs the copy). One that was forwarded already
+        and still is not home (the partition count changed between the hops) is dead-lettered
+        rather than sent round again."""
+        origin = forwarded_from(msg.headers)
+        if origin is not None:
+            fault = Fault(
+                reason="misrouted",
+                detail=f"forwarded from {origin} to partition {msg.partition}, but the key's "
+                f"home partition is {home} of {self.router.partitions()}",
+            )
+            await self._dead_letter(
+                msg, fault, _Ids.of(command), ServiceError.of("invalid_request")
+            )
+            return DeadLettered(command.type, "invalid")
+        await self.publisher.forward(msg, home)
+        return Forwarded(command, home)
+
+    async def _resolve(self, record: AccountRecord, *, redrive: bool) -> Decision:
+        """Finish the confirm recorded in ``record.in_flight``, always with its command_id as
+        the idempotency key. A re-drive asks the provider first and confirms again only if the
+        challenge is still pending there."""
+        intent = record.in_flight
+        if intent is None:
+            raise ValueError("no confirm in flight")
+        adapter = self.providers.get(record.provider or "")
+        result: ProviderAuthState | ServiceError | None
+        if adapter is None:
+            result = ServiceError.of("provider_adapter_not_found")
+        else:
+            deadline = self.clock.to_monotonic(intent.deadline)
+            ref = record.provider_account_ref or ""
+            try:
+                result = None
+                if redrive:
+                    seen = await adapter.get_auth_state(ref, deadline=deadline)
+                    log.info("confirm_redriven", provider_status=seen.status)
+                    if seen.status != CHALLENGE:
+                        # The provider is past the challenge: our confirm was applied. Answer
+                        # as the first attempt would have; the follow-up reports what came next.
+                        result = ProviderAuthState(SENT, SENT)
+                if result is None:
+                    result = await adapter.confirm_passkey(
+                        ref, idempotency_key=intent.command_id, deadline=deadline
+                    )
+            except ProviderError as exc:
+                result = exc.error
+            except Exception:
+                # An unexpected fault is answered (500), not lost and not retried forever.
+                log.exception("provider_call_crashed")
+                result = ServiceError.of("run_auth_action_failed")
+        return settle_confirm(record, result, now=self.clock.now(), policy=self.policy)
+
+    # -- follow-up -----------------------------------------------------------------------------
+
+    async def follow_up(self, partition: int, account_id: str) -> None:
+        """One follow-up step: expire a flow past its deadline, or poll the provider once."""
+        record = self.store.get(partition, account_id)
+        if record is None or record.follow_up is None or record.deregistered:
+            return
+        await self._instrument.run_follow_up(
+            partition, account_id, lambda: self._follow_up(partition, account_id)
+        )
+
+    async def _follow_up(self, partition: int, account_id: str) -> Expired | None:
+        record = self.store.get(partition, account_id)
+        if record is None or record.follow_up is None or record.deregistered:
+            return None
+        now = self.clock.now()
+        if now >= record.follow_up.deadline_at:
+            decision = expire(record, now=now, policy=self.policy)
+            if decision.record is None:
+                return None
+            await self._publish(partition, record, decision)
+            return Expired(account_id)
+        adapter = self.providers.get(record.provider or "")
+        if adapter is None:
+            self.store.put(partition, reschedule(record, now=now, policy=self.policy))
+            return None
+        try:
+            state = await adapter.get_auth_state(
+                record.provider_account_ref or "",
+                # A poll gets the same budget as a command: a deadline tighter than the
+                # provider's latency under load would fail polls that were fine, and
+                # those failures would open the circuit for the confirms as well.
+                deadline=time.monotonic() + self.policy.command_deadline_s,
+            )
+        except ProviderError as exc:
+            log.info("follow_up_poll_failed", code=exc.error.code)
+            self.store.put(partition, reschedule(record, now=now, policy=self.policy))
+            return None
+        decision = observe(
+            record,
+            state.status,
+            state.auth_status,
+            command_id=None,
+            now=self.clock.now(),
+            policy=self.policy,
+        )
+        if decision.record is not None:
+            await self._publish(partition, record, decision)
+        else:
+            # Poll times live in memory only: a new owner polls at once, and the deadline,
+            # which does live in the record, bounds the flow either way.
+            self.store.put(partition, reschedule(record, now=now, policy=self.policy))
+        return None
+
+    # -- outputs -------------------------------------------------------------------------------
+
+    async def _publish(
+        self,
+        partition: int,
+        before: AccountRecord | None,
+        decision: Decision,
+        *,
+        reply_to: int | None = None,
+    ) -> None:
+        changed = decision.record is not None and decision.record is not before
+        with tracing.span("send", kind=SpanKind.PRODUCER) as sending:
+            if sending.is_recording():
+                outputs = [
+                    name
+                    for name, present in (
+                        ("state", changed),
+                        ("reply", decision.reply is not None),
+                        ("status", decision.status_event is not None),
+                        ("error", decision.error_event is not None),
+                    )
+                    if present
+                ]
+                sending.set_attributes(
+                    tracing.messaging("send")
+                    | {"messaging.batch.message_count": len(outputs), "passkey.outputs": outputs}
+                )
+            window = self._open_window(partition, decision.record) if changed else None
+            try:
+                await self.publisher.publish(
+                    partition, decision, state_changed=changed, reply_to=reply_to
+                )
+                if changed and decision.record is not None:
+                    self.store.put(partition, decision.record)
+                    self.metrics.store_accounts.set(len(self.store))
+            finally:
+                if window is not None:
+                    self._close_window(window)
+        if decision.status_event is not None and decision.verdict != "duplicate":
+            self.metrics.status_changes.labels(decision.status_event.status).inc()
+        if decision.error_event is not None and decision.verdict != "duplicate":
+            e = decision.error_event
+            self.metrics.errors.labels(
+                e.error.code, str(e.error.numeric_code), str(e.http_status)
+            ).inc()
+
+    # -- faults ---------------------------------------------------------------------------------
+
+    def _open_window(
+        self, partition: int, record: AccountRecord | None
+    ) -> tuple[tuple[int, str], asyncio.Future[None]] | None:
+        """The publication window of ``record``'s account (one at a time: its lane's)."""
+        if record is None:
+            return None
+        key = (partition, record.account_id)
+        future = self._windows[key] = asyncio.get_running_loop().create_future()
+        return key, future
+
+    def _close_window(self, window: tuple[tuple[int, str], asyncio.Future[None]] | None) -> None:
+        if window is None:
+            return
+        key, future = window
+        if self._windows.get(key) is future:
+            del self._windows[key]
+        future.set_result(None)
+
+    async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
+        """A command whose handling failed for good (the consume loop retried it): to the DLQ,
+        with a catalogued 500 to its caller and in auth.errors, so nobody waits it out."""
+        command = decode_command(msg.key, msg.value)
+        await self._instrument.run(msg, command, lambda: self._let_go(msg, command, fault))
+
+    async def _let_go(
+        self, msg: ConsumerRecord[bytes, bytes], command: Command | DecodeFailure, fault: Fault
+    ) -> DeadLettered:
+        kind = "unknown"
+        if not isinstance(command, DecodeFailure):
+            kind = command.type
+            await self._keep_intent(msg.partition, command)
+        await self._dead_letter(
+            msg, fault, _Ids.of(command), ServiceError.of("run_auth_action_failed")
+        )
+        return DeadLettered(kind, "failed")
+
+    async def _keep_intent(self, partition: int, command: Command) -> None:
+        """Write the account's record with this command's confirm in flight before the command
+        is let go: once its offset is committed, the intent is all that tells a later owner
+        the provider may have heard of it (a copy of the command, forwarded or sent again,
+        is then re-driven, never confirmed blind). The only write of an intent."""
+        record = self.store.get(partition, command.account_id)
+        if record is None or record.in_flight is None:
+            return
+        if record.in_flight.command_id != command.command_id:
+            return
+        try:
+            await self.publisher.persist(partition, record)
+        except RecordRejected as exc:
+            # The record cannot be written at all: the idempotency key still bounds the
+            # provider to one effect for this command.
+            log.error("intent_not_written", reason=exc.reason, detail=exc.detail)
+
+    async def give_up(self, partition: int, account_id: str, fault: Fault) -> None:
+        """A follow-up that keeps failing waits for the next poll of the policy's back-off;
+        the flow's deadline still ends it."""
+        record = self.store.get(partition, account_id)
+        if record is not None and record.follow_up is not None:
+            self.store.put(partition, reschedule(record, now=self.clock.now(), policy=self.policy))
+
+    async def _dead_letter(
+        self,
+        msg: ConsumerRecord[bytes, bytes],
+        fault: Fault,
+        ids: _Ids,
+        err: ServiceError,
+    ) -> None:
+        """The record to the DLQ; an error event when its account id could be read, and a
+        reply when its caller (command and request ids) could be read too."""
+        event = reply = None
+        body = ErrorBody(
+            code=err.code, numeric_code=err.numeric_code, message=f"{err.message}: {fault.detail}"
+        )
+        if ids.account_id is not None:
+            event = AuthError(
+                event_id=event_id("dlq", msg.topic, msg.partition, msg.offset),
+                account_id=ids.account_id,
+                workspace_id=ids.workspace_id,
+                command_id=ids.command_id,
+                request_id=ids.request_id,
+                http_status=err.http_status,
+                error=body,
+                occurred_at=rfc3339(msg.timestamp / 1000 if msg.timestamp else self.clock.now()),
+            )
+            if ids.command_id is not None and ids.request_id is not None:
+                reply = Reply(
+                    command_id=ids.command_id,
+                    request_id=ids.request_id,
+                    account_id=ids.account_id,
+                    http_status=err.http_status,
+                    body=ReplyBody(request_id=ids.request_id, error=body),
+                )
+        await self.publisher.dead_letter(
+            msg, fault, error_event=event, reply=reply, reply_to=reply_partition(msg.headers)
+        )
+        self.metrics.dlq.labels(fault.reason).inc()
+        self.metrics.errors.labels(err.code, str(err.numeric_code), str(err.http_status)).inc()
+        log.warning(
+            "record_dead_lettered",
+            reason=fault.reason,
+            detail=fault.detail,
+            partition=msg.partition,
+            offset=msg.offset,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Ids:
+    """What a dead-lettered command still names: where its error event and reply go."""
+
+    account_id: str | None = None
+    workspace_id: str | None = None
+    command_id: str | None = None
+    request_id: str | None = None
+
+    @classmethod
+    def of(cls, command: Command | DecodeFailure) -> _Ids:
+        return cls(
+            account_id=command.account_id,
+            workspace_id=command.workspace_id
+            if isinstance(command, DecodeFailure)
+            else workspace_id_of(command),
+            command_id=command.command_id,
+            request_id=command.request_id
+            if isinstance(command, DecodeFailure)
+            else request_id_of(command),
+        )

@@ -1,0 +1,197 @@
+"""Every write of the worker, acknowledged before the offset may be committed (a crash
+replays; deterministic ids make the duplicates droppable), the state record on the command's
+own partition number, re-sent through a Kafka outage (docs/architecture.md, "At-least-once
+delivery and the dedup window")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+from pydantic import BaseModel
+
+from worker.auth.flow import Decision
+from worker.contract.messages import AccountRecord, AuthError, Reply, encode_record
+from worker.engine.faults import Fault, RecordRejected, dead_letter_headers
+from worker.engine.outage import (
+    MAX_RECORD_BYTES,
+    BrokerHealth,
+    Sent,
+    acknowledged,
+    enqueue,
+    record_size,
+    send_retrying,
+)
+from worker.engine.route import FORWARDED_FROM
+from worker.runtime import tracing
+from worker.settings import Topics
+
+
+class Publisher:
+    """All writes of the worker go through here; one producer, built in main."""
+
+    def __init__(
+        self, producer: AIOKafkaProducer, topics: Topics, health: BrokerHealth | None = None
+    ) -> None:
+        self._producer = producer
+        self._topics = topics
+        self._reply_partitions: frozenset[int] | None = None
+        self.health = health or BrokerHealth()
+
+    async def _send(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        *,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Sent:
+        return await enqueue(
+            self._producer,
+            topic,
+            value,
+            key=key.encode(),
+            partition=partition,
+            headers=tracing.kafka_headers() if headers is None else headers,
+        )
+
+    async def _model(self, topic: str, key: str, model: BaseModel) -> Sent:
+        return await self._send(topic, key, model.model_dump_json(exclude_none=False).encode())
+
+    async def persist(self, partition: int, record: AccountRecord) -> None:
+        """Write one state record and wait for the ack (an intent left unsettled)."""
+        await send_retrying(
+            self._producer,
+            self.health,
+            self._topics.state,
+            encode_record(record),
+            key=record.account_id.encode(),
+            partition=partition,
+            headers=tracing.kafka_headers(),
+        )
+
+    async def publish(
+        self,
+        partition: int,
+        decision: Decision,
+        *,
+        state_changed: bool,
+        reply_to: int | None = None,
+    ) -> None:
+        """Send the record (if it changed) and wait for its ack, then every output
+        concurrently; wait for all acks.
+
+        The record first: a caller that was answered can read its write back from any
+        front-end replica as soon as that replica's view has read this far (read-your-writes;
+        docs/architecture.md, "Guarantees"), never find the reply ahead of the state.
+        """
+        futures: list[Sent] = []
+        if state_changed and decision.record is not None:
+            written = await self._send(
+                self._topics.state,
+                decision.record.account_id,
+                encode_record(decision.record),
+                partition=partition,
+            )
+            if decision.reply is not None:
+                await acknowledged(self._producer, self.health, [written])
+            else:
+                futures.append(written)
+        if decision.reply is not None:
+            reply = decision.reply
+            body = reply.model_dump_json(exclude_none=True).encode()
+            target = await self._reply_partition(reply_to)
+            futures.append(
+                await self._send(self._topics.replies, reply.account_id, body, partition=target)
+            )
+        if decision.status_event is not None:
+            ev = decision.status_event
+            futures.append(await self._model(self._topics.status, ev.account_id, ev))
+        if decision.error_event is not None:
+            err = decision.error_event
+            futures.append(await self._model(self._topics.errors, err.account_id, err))
+        await acknowledged(self._producer, self.health, futures)
+
+    async def _reply_partition(self, wanted: int | None) -> int | None:
+        """``wanted`` when auth.replies has that partition; otherwise ``None`` (keyed): a
+        sender's stale or bad header must not fail the command."""
+        if wanted is None:
+            return None
+        if self._reply_partitions is None:
+            self._reply_partitions = frozenset(
+                await self._producer.partitions_for(self._topics.replies)
+            )
+        if wanted in self._reply_partitions:
+            return wanted
+        return None
+
+    async def forward(self, msg: ConsumerRecord[bytes, bytes], partition: int) -> None:
+        """Re-produce a command unchanged to ``partition`` of its own topic, with a header
+        naming the original, and wait for the ack: the forward is the record's only output."""
+        headers = [
+            *msg.headers,
+            (FORWARDED_FROM, f"{msg.topic}:{msg.partition}:{msg.offset}".encode()),
+        ]
+        await send_retrying(
+            self._producer,
+            self.health,
+            msg.topic,
+            msg.value,
+            key=msg.key,
+            partition=partition,
+            headers=headers,
+            timestamp_ms=msg.timestamp if msg.timestamp_type == 0 else None,
+        )
+
+    async def dead_letter(
+        self,
+        msg: ConsumerRecord[bytes, bytes],
+        fault: Fault,
+        *,
+        error_event: AuthError | None,
+        reply: Reply | None = None,
+        reply_to: int | None = None,
+    ) -> None:
+        """The original record to the DLQ (its key, value and headers, then the fault's
+        ``dlq.*`` headers), plus the error event and the waiting caller's reply when the
+        record's ids could be read; returns once all are acknowledged."""
+        futures = [await dead_letter(self._producer, self._topics.dlq, msg, fault)]
+        if error_event is not None:
+            futures.append(
+                await self._model(self._topics.errors, error_event.account_id, error_event)
+            )
+        if reply is not None:
+            body = reply.model_dump_json(exclude_none=True).encode()
+            target = await self._reply_partition(reply_to)
+            futures.append(
+                await self._send(self._topics.replies, reply.account_id, body, partition=target)
+            )
+        await acknowledged(self._producer, self.health, futures)
+
+
+async def dead_letter(
+    producer: AIOKafkaProducer, topic: str, msg: ConsumerRecord[bytes, bytes], fault: Fault
+) -> Sent:
+    """Hand ``msg`` to the dead-letter ``topic`` with ``fault`` in its headers.
+
+    The value is kept whole. Only a value that is itself over the record bound (a record that
+    reached us over a larger broker limit) is left out, with a detail that says so: the
+    ``dlq.source`` header still names it in its topic.
+    """
+    source = (msg.topic, msg.partition, msg.offset)
+    room = MAX_RECORD_BYTES - record_size(msg.value, msg.key, None)
+    headers = dead_letter_headers(msg.headers, fault, source, room=room)
+    # A record with neither key nor value (or one whose bytes could not be read) is kept as an
+    # empty value: the producer refuses a record with neither.
+    value = b"" if msg.key is None and msg.value is None else msg.value
+    try:
+        return await enqueue(producer, topic, value, key=msg.key, headers=headers)
+    except RecordRejected:
+        size = len(msg.value or b"")
+        left_out = replace(fault, detail=f"{fault.detail} (value of {size} bytes left out)")
+        headers = dead_letter_headers(None, left_out, source, room=MAX_RECORD_BYTES)
+        return await enqueue(
+            producer, topic, None if msg.key else b"", key=msg.key, headers=headers
+        )

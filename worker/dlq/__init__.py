@@ -1,0 +1,1 @@
+"""Dead letters as an operator sees them, and ``python -m worker dlq``."""

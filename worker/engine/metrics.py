@@ -1,0 +1,103 @@
+"""The consume loop's own series and the read models' skip counts, named per process."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+class TailSkips(Collector):
+    """``{prefix}tail_records_skipped_total{tail}``: records a read model (a ``TopicTail``)
+    could not apply and skipped, read from the tails at scrape time."""
+
+    def __init__(self, prefix: str, tails: Callable[[], Iterable[Any]]) -> None:
+        self._name = f"{prefix}tail_records_skipped"
+        self._tails = tails
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            self._name, "Records a read model could not apply, skipped", labels=["tail"]
+        )
+        for tail in self._tails():
+            family.add_metric([tail.name], tail.skipped)
+        yield family
+
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class LoopSeries:
+    """The consume loop's own series (``worker.engine.consume_loop.LoopMetrics``), named per
+    process: ``{prefix}consumer_lag``, ``{prefix}{role}_ready`` ... The worker's are
+    ``passkey_auth_*``, the webhook dispatcher's ``passkey_webhook_*``; the meanings are the
+    same."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        prefix: str,
+        role: str,
+        in_flight: tuple[str, str],
+        records: str,
+    ) -> None:
+        self.registry = registry
+        self.in_flight = Gauge(f"{prefix}{in_flight[0]}", in_flight[1], registry=registry)
+        self.lag = Gauge(
+            f"{prefix}consumer_lag",
+            "High-water mark minus committed offset",
+            ["topic", "partition"],
+            registry=registry,
+        )
+        self.store_accounts = Gauge(
+            f"{prefix}state_store_accounts", f"{records} held in memory", registry=registry
+        )
+        self.restore_seconds = Histogram(
+            f"{prefix}state_restore_duration_seconds",
+            "Time to restore one partition's state",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=registry,
+        )
+        self.restore_records = Counter(
+            f"{prefix}state_restore_records",
+            f"{records} read while restoring",
+            registry=registry,
+        )
+        self.rebalances = Counter(
+            f"{prefix}rebalances", "Partition assignment changes", ["kind"], registry=registry
+        )
+        self.restore_undecodable = Counter(
+            f"{prefix}state_restore_undecodable",
+            f"{records} skipped while restoring because they could not be decoded",
+            registry=registry,
+        )
+        self.unit_failures = Counter(
+            f"{prefix}unit_failures",
+            "Units of work (a record, or a due key's follow-up) that raised: retried, then "
+            "dead-lettered (records) or given up (follow-ups)",
+            ["stage", "outcome"],
+            registry=registry,
+        )
+        self.ready = Gauge(f"{prefix}{role}_ready", "1 once joined and restored", registry=registry)
+        self.heartbeat = Gauge(
+            f"{prefix}{role}_heartbeat_timestamp_seconds",
+            "Last consume-loop iteration (epoch s)",
+            registry=registry,
+        )
+        for kind in ("assigned", "revoked"):
+            self.rebalances.labels(kind)
+        for stage, outcome in (
+            ("record", "retried"),
+            ("record", "dead_lettered"),
+            ("follow_up", "retried"),
+            ("follow_up", "given_up"),
+        ):
+            self.unit_failures.labels(stage, outcome)
+
+    def beat(self) -> None:
+        self.heartbeat.set(time.time())

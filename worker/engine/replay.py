@@ -1,0 +1,118 @@
+"""Replay partitions from their beginning to their high-water mark: the one catch-up loop of
+the store's restore, the front-end's tails and the tools, so all agree on where a partition
+ends. That end is a fetch response's high-water mark, never ``end_offsets()`` nor an empty
+poll (docs/architecture.md, "The embedded broker")."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from worker.engine.fetch import OnUnreadable, skipping
+from worker.engine.fetch import getmany as fetch_records
+from worker.runtime.logs import get_logger
+
+log = get_logger(__name__)
+
+__all__ = ["BatchHandler", "Replayed", "high_water_marks", "replay_to_highwater"]
+
+BatchHandler = Callable[[TopicPartition, list[Any]], object]
+"""Takes one partition's records (``ConsumerRecord``s, in offset order) as they arrive; when it
+returns an awaitable, the replay waits for it before fetching more (backpressure for a
+handler that writes, such as the webhook replay)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """One partition at the moment its replay was complete: its position, the records handed
+    over until then, and the seconds since the replay started."""
+
+    position: int
+    records: int
+    seconds: float
+
+
+async def replay_to_highwater(
+    consumer: AIOKafkaConsumer,
+    tps: Sequence[TopicPartition],
+    on_batch: BatchHandler,
+    *,
+    idle_timeout_ms: int = 200,
+    max_records: int = 10_000,
+    assign: bool = True,
+    on_unreadable: OnUnreadable | None = None,
+) -> dict[TopicPartition, Replayed]:
+    """Assign ``tps`` to the started, group-less ``consumer`` (replacing whatever it had), seek
+    each to its beginning and hand every batch to ``on_batch`` until each partition reached
+    its high-water mark (see the module docstring).
+
+    ``assign=False`` skips the assignment and the seek, for a caller that already did both
+    (a tail does it when it starts, so its consumer fetches before the replay task runs).
+    All partitions are read at once and none is paused: a partition that is complete early
+    keeps handing over whatever arrives on it until the others are, so a caller that keeps
+    reading afterwards (a tail) sees every record, in order, and continues where this ended.
+    """
+    started = time.perf_counter()
+    skip = on_unreadable or skipping("replay", log)
+    if assign:
+        consumer.assign(list(tps))
+        await consumer.seek_to_beginning(*tps)
+    counts = dict.fromkeys(tps, 0)
+    done: dict[TopicPartition, Replayed] = {}
+    while len(done) < len(counts):
+        chunk = await fetch_records(
+            consumer,
+            timeout_ms=idle_timeout_ms,
+            max_records=max_records,
+            on_unreadable=skip,
+            owned=tps,
+        )
+        for tp, records in chunk.items():
+            counts[tp] += len(records)
+            handled = on_batch(tp, records)
+            if inspect.isawaitable(handled):
+                await handled
+        for tp in counts.keys() - done.keys():
+            high = consumer.highwater(tp)
+            if high is None:
+                continue  # no fetch response for it yet
+            position = await consumer.position(tp)
+            if position < high:
+                continue
+            done[tp] = Replayed(position, counts[tp], time.perf_counter() - started)
+        await asyncio.sleep(0)
+    return {tp: done[tp] for tp in tps}
+
+
+async def high_water_marks(
+    consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition], *, idle_timeout_ms: int = 200
+) -> dict[TopicPartition, int]:
+    """Where each of ``tps`` ends now: the high-water mark of a fetch response received after
+    this call, never ``end_offsets()`` alone (wrong on the embedded broker, see the module
+    docstring). Assigns ``tps`` to the started, group-less ``consumer`` (replacing whatever it
+    had) and positions each at ``end_offsets()``, which is exact on Kafka and short of the end
+    on the embedded broker, so a fetch hands over at most a batch that is thrown away."""
+    consumer.assign(list(tps))
+    for tp, offset in (await consumer.end_offsets(list(tps))).items():
+        consumer.seek(tp, offset)
+    marks: dict[TopicPartition, int] = {}
+    while len(marks) < len(tps):
+        await fetch_records(
+            consumer, timeout_ms=idle_timeout_ms, max_records=1, on_unreadable=_ignore, owned=tps
+        )
+        for tp in tps:
+            high = consumer.highwater(tp)
+            if high is not None and tp not in marks:
+                marks[tp] = high
+        await asyncio.sleep(0)
+    return marks
+
+
+def _ignore(tp: TopicPartition, offset: int, exc: BaseException) -> None:
+    """A record the client cannot parse, fetched while looking for the end: not read here."""

@@ -1,0 +1,296 @@
+"""The life of a consuming process (worker, webhook dispatcher): serve the probes, start the
+clients, run the consume loop until a stop signal, then close every client within a bound
+(docs/architecture.md, "Bounded shutdown"; docs/operations.md, "Kafka outages")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+from prometheus_client import CollectorRegistry
+
+from worker.engine.consume_loop import (
+    FINAL_COMMIT_TIMEOUT_S,
+    ConsumeLoop,
+    Handler,
+    LoopConfig,
+    LoopMetrics,
+)
+from worker.engine.kafka import ConsumerClass, build_consumer
+from worker.engine.outage import BrokerHealth, metadata_probe
+from worker.runtime.eventloop import running_loop_name
+from worker.runtime.logs import get_logger
+from worker.runtime.probes import build_probe_app
+from worker.runtime.process import on_stop_signals
+from worker.runtime.serving import serving
+from worker.settings import Settings
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAddress:
+    host: str
+    port: int
+    name: str
+
+
+def _always_ready() -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessParts:
+    """The clients a consuming process runs its loop with, built by the caller.
+
+    ``run_consume_loop`` starts ``producer`` and the loop's consumer, and closes them at the
+    end, then runs ``closers`` in order. ``health`` is the outage state the process's writers
+    report to; it is probed through the producer's client and turns ``/readyz`` red during an
+    outage. ``registry`` is what the probes' ``/metrics`` serves.
+    """
+
+    producer: AIOKafkaProducer
+    registry: CollectorRegistry
+    health: BrokerHealth
+    closers: Sequence[Callable[[], Awaitable[None]]] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How one run of a consume loop is named, served and stopped.
+
+    ``name`` prefixes the start and stop log events; ``group`` is the consumer group, for the
+    start log; ``probes`` ``None`` serves none; ``stop`` set stops the loop as a signal
+    would; ``on_start`` is called once the clients are started; ``also_ready`` adds the
+    process's other conditions to ``/readyz``.
+    """
+
+    name: str
+    group: str
+    probes: ProbeAddress | None = None
+    install_signals: bool = True
+    stop: asyncio.Event | None = None
+    on_start: Callable[[ConsumeLoop], None] | None = None
+    also_ready: Callable[[], bool] = _always_ready
+
+
+async def run_consume_loop(
+    loop: ConsumeLoop, settings: Settings, parts: ProcessParts, run: RunOptions
+) -> None:
+    """Run ``loop`` with its clients until it stops; raises when the loop failed or Kafka
+    stayed unreachable past the tolerance."""
+    consumer, producer, health = loop.consumer, parts.producer, parts.health
+    served: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
+    if run.probes is not None:
+        also_ready = run.also_ready
+        app = build_probe_app(
+            parts.registry,
+            last_beat=lambda: loop.last_beat,
+            ready=lambda: loop.ready and health.reachable and also_ready(),
+        )
+        served = serving(app, host=run.probes.host, port=run.probes.port, name=run.probes.name)
+    # Installed for the whole run, close steps included: a second signal during them still
+    # exits at once (130).
+    on_signal = _graceful_then_forced(loop, hard_limit_s=shutdown_hard_limit(settings))
+    with on_stop_signals(on_signal, enabled=run.install_signals):
+        stop = run.stop
+        stopper = asyncio.create_task(_stop_when(stop, loop)) if stop is not None else None
+        try:
+            async with served:
+                await producer.start()
+                await consumer.start()
+                if run.on_start is not None:
+                    run.on_start(loop)
+                log.info(
+                    f"{run.name}_started",
+                    bootstrap=settings.bootstrap,
+                    group=run.group,
+                    event_loop=running_loop_name(),
+                )
+                probe = metadata_probe(producer.client, loop.config.topics[0])
+                await _run_watched(loop, health.monitor(probe))
+        finally:
+            if stopper is not None:
+                stopper.cancel()
+            await _bounded(consumer.stop(), "consumer_stop", CLOSE_STEP_TIMEOUT_S)
+            await _bounded(producer.stop(), "producer_stop", CLOSE_STEP_TIMEOUT_S)
+            for close in parts.closers:
+                await close()
+            log.info(f"{run.name}_stopped")
+
+
+async def _run_watched(loop: ConsumeLoop, monitor: Coroutine[Any, Any, None]) -> None:
+    """``loop.run()`` beside the outage ``monitor``: when the monitor raises (the outage
+    outlasted the tolerance), the loop is cancelled rather than drained, since none of its
+    writes could be acknowledged, and the monitor's error is raised."""
+    running = asyncio.ensure_future(loop.run())
+    watching = asyncio.ensure_future(monitor)
+    try:
+        await asyncio.wait({running, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if watching.done() and not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+            watching.result()  # BrokerOutageExceeded
+        await running
+    finally:
+        for task in (running, watching):
+            task.cancel()
+        await asyncio.gather(running, watching, return_exceptions=True)
+
+
+#: Upper bound of each client-closing step after the drain (consumer, producer).
+CLOSE_STEP_TIMEOUT_S = 10.0
+
+
+def shutdown_hard_limit(settings: Settings) -> float:
+    """Seconds from SIGTERM to a forced exit: the drain, the final commit, both close steps,
+    and a margin; each of them is bounded on its own, so only a hung event loop reaches it.
+
+    Kubernetes' ``terminationGracePeriodSeconds`` must exceed it (deploy/ uses 60 s; the
+    limit is 50 s for the default 20 s grace), so the process always ends by its own hand,
+    with a log line saying why, rather than by the kubelet's SIGKILL.
+    """
+    return (
+        settings.worker_shutdown_grace_s + FINAL_COMMIT_TIMEOUT_S + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
+    )
+
+
+def _graceful_then_forced(worker: ConsumeLoop, *, hard_limit_s: float) -> Callable[[], None]:
+    """First SIGTERM/SIGINT: drain and leave, with a watchdog that exits (code 70) if the
+    clean stop overruns ``hard_limit_s``. A second signal: exit at once (code 130)."""
+    signals = 0
+
+    def overran() -> None:
+        log.error("shutdown_overran", hard_limit_s=hard_limit_s)
+        os._exit(70)
+
+    def handler() -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            log.error("forced_exit")
+            os._exit(130)
+            return  # only reached when os._exit is replaced (tests)
+        log.info("stop_requested", hard_limit_s=hard_limit_s)
+        asyncio.get_running_loop().call_later(hard_limit_s, overran)
+        worker.stop()
+
+    return handler
+
+
+async def _bounded(step: Coroutine[Any, Any, None], what: str, timeout: float) -> None:
+    """Run a shutdown step for at most ``timeout`` seconds.
+
+    ``asyncio.wait`` rather than ``wait_for``: on time-out ``wait_for`` waits for the
+    cancelled step to finish, which a library that absorbs the cancellation (a rebalance in
+    the middle of ``consumer.stop()``) can make unbounded. Here the step is cancelled and
+    left behind; the process is about to exit.
+    """
+    started = time.monotonic()
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()
+        log.error("shutdown_step_timed_out", step=what, timeout_s=timeout)
+        return
+    if task.cancelled() or (exc := task.exception()) is not None:
+        error = "cancelled" if task.cancelled() else repr(exc)
+        log.warning("shutdown_step_failed", step=what, error=error)
+        return
+    log.info("shutdown_step_done", step=what, seconds=round(time.monotonic() - started, 3))
+
+
+async def _stop_when(event: asyncio.Event, loop: ConsumeLoop) -> None:
+    await event.wait()
+    loop.stop()
+
+
+def group_consumer(
+    settings: Settings,
+    group_id: str,
+    *,
+    consumer_class: ConsumerClass = AIOKafkaConsumer,
+    **extra: Any,
+) -> AIOKafkaConsumer:
+    """The consumer of a consume loop: the group's liveness and rebalance timeouts are sized
+    from the drain grace, so a member that drains on revocation is not thrown out for it.
+    ``consumer_class`` is the development tools' for the embedded broker (``devstack``)."""
+    return build_consumer(
+        settings,
+        consumer_class=consumer_class,
+        group_id=group_id,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
+        max_poll_interval_ms=max(300_000, int(settings.worker_shutdown_grace_s * 2000)),
+        rebalance_timeout_ms=max(
+            settings.kafka_session_timeout_ms, int(settings.worker_shutdown_grace_s * 1000)
+        ),
+        **extra,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSpec:
+    """What one process's consume loop reads, and the bounds its process sets; the budgets
+    every loop shares (commit interval, drain grace, poll size, retries) come from the
+    settings (``config``).
+
+    ``topics`` are co-partitioned inputs and ``state_topic`` their changelog (``LoopConfig``);
+    ``timer_interval_s`` overrides the loop's timer sweep interval, ``hold_overdue_s`` the
+    age of an overdue hold (``None``: the loop's defaults).
+    """
+
+    topics: tuple[str, ...]
+    state_topic: str
+    max_in_flight: int
+    timer_interval_s: float | None = None
+    hold_overdue_s: float | None = None
+
+    def config(self, settings: Settings) -> LoopConfig:
+        config = LoopConfig(
+            topics=self.topics,
+            state_topic=self.state_topic,
+            max_in_flight=self.max_in_flight,
+            commit_interval_s=settings.worker_commit_interval_ms / 1000,
+            rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
+            shutdown_grace_s=settings.worker_shutdown_grace_s,
+            max_poll_records=settings.kafka_max_poll_records,
+            record_attempts=settings.record_max_attempts,
+            retry_backoff_s=(settings.record_retry_backoff_s, settings.record_retry_backoff_s * 10),
+        )
+        if self.timer_interval_s is not None:
+            config = dataclasses.replace(config, timer_interval_s=self.timer_interval_s)
+        if self.hold_overdue_s is not None:
+            config = dataclasses.replace(config, hold_overdue_s=self.hold_overdue_s)
+        return config
+
+
+def consume_loop(
+    settings: Settings,
+    spec: LoopSpec,
+    *,
+    consumer: AIOKafkaConsumer,
+    handler: Handler,
+    metrics: LoopMetrics,
+    unordered: Callable[[ConsumerRecord[bytes, bytes]], bool] | None = None,
+) -> ConsumeLoop:
+    """The consume loop ``spec`` describes, on ``consumer`` (``group_consumer``), handing
+    records to ``handler``; ``unordered`` picks the records run beside their key's lane
+    (``ConsumeLoop``)."""
+    return ConsumeLoop(
+        consumer=consumer,
+        restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),
+        executor=handler,
+        metrics=metrics,
+        config=spec.config(settings),
+        unordered=unordered,
+    )

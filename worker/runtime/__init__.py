@@ -1,0 +1,1 @@
+"""What every process runs on: signals, the event loop, probes, metrics, logs, tracing."""

@@ -1,0 +1,121 @@
+"""One structlog stream per process (JSON in production), with the record's context, the span's
+``trace_id``/``span_id``, logger and service; the libraries' ``logging`` records are shaped
+the same. Secrets are never bound, and ``_redact`` drops any key that looks like one."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+from structlog.typing import Processor
+
+from worker.runtime.tracing import add_trace_ids
+
+_SECRET_KEYS = frozenset({"api_key", "x_api_key", "password", "authorization", "secret", "token"})
+
+
+def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for key in list(event):
+        if key.lower() in _SECRET_KEYS:
+            event[key] = "[redacted]"
+    return event
+
+
+class _NamedPrintLogger(structlog.PrintLogger):
+    """structlog's ``PrintLogger`` that knows the name it was asked for."""
+
+    def __init__(self, name: str | None) -> None:
+        super().__init__(sys.stderr)
+        self.name = name
+
+
+def _named(*args: Any) -> _NamedPrintLogger:
+    return _NamedPrintLogger(str(args[0]) if args else None)
+
+
+def _logger_name(logger: Any, _: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    name = getattr(logger, "name", None)
+    if name:
+        event.setdefault("logger", name)
+    return event
+
+
+def _service(name: str) -> Processor:
+    def add(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        event.setdefault("service", name)
+        return event
+
+    return add
+
+
+def configure(
+    level: str = "INFO",
+    fmt: str = "json",
+    *,
+    service: str = "passkey",
+    library_level: str = "WARNING",
+    access_log: bool = False,
+) -> None:
+    """Set up structlog and the root ``logging`` handler once per process (called from the
+    CLI, never at import). ``library_level`` filters the libraries' records; ``access_log``
+    lets uvicorn's access lines (one per HTTP request) through at INFO."""
+    renderer: Processor = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    shared: list[Processor] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _service(service),
+        _redact,
+    ]
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            _logger_name,
+            add_trace_ids,
+            *shared,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
+        logger_factory=_named,
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.stdlib.add_logger_name,
+                structlog.stdlib.ExtraAdder(),
+                add_trace_ids,
+                *shared,
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.getLevelName(library_level))
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        uvicorn_logger = logging.getLogger(name)
+        uvicorn_logger.handlers.clear()
+        uvicorn_logger.propagate = True
+    logging.getLogger("uvicorn.access").setLevel(
+        logging.INFO if access_log else logging.getLevelName(library_level)
+    )
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    """A logger whose lines name ``name`` (the module) as their ``logger``."""
+    return structlog.get_logger(name)  # type: ignore[no-any-return]

@@ -1,0 +1,177 @@
+"""The dispatcher's state store: one delivery-state record per (endpoint, account) pair, in
+its account's partition, restored on assignment; the old one-record-per-account form is read
+and migrated (docs/operations.md, "Upgrading the delivery state")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from worker.engine.store import PartitionedStore
+from worker.webhooks.delivery import SEEN_KEPT, DeliveryState, marker
+from worker.webhooks.holds import Unsaved
+
+WorkspaceOf = Callable[[str], str | None]
+"""An endpoint id → the workspace that owns it (``None``: unknown)."""
+
+
+class AccountDeliveries(BaseModel):
+    """The old form of the delivery-state topic's value, one per account (key: account id):
+    read on restore and migrated to pair records, never written any more."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["webhook_account_deliveries"] = "webhook_account_deliveries"
+    schema_version: Literal[1] = 1
+    account_id: str
+    workspace_id: str
+    endpoints: dict[str, DeliveryState] = {}
+
+
+def decode_state(value: bytes) -> tuple[str, DeliveryState | AccountDeliveries]:
+    """A changelog value as (key, record), in either form; raises
+    ``pydantic.ValidationError`` for anything else."""
+    try:
+        state = DeliveryState.model_validate_json(value)
+    except ValidationError:
+        legacy = AccountDeliveries.model_validate_json(value)
+        return legacy.account_id, legacy
+    return state.key, state
+
+
+def merge(newer: DeliveryState, older: DeliveryState) -> DeliveryState:
+    """``newer`` (a pair record) plus what only ``older`` (the same pair inside an account
+    record) holds: deliveries it queued that ``newer`` never saw, in their order behind
+    ``newer``'s own, and its dedup markers. A delivery both know is kept once; at worst one
+    already delivered is sent again under its own webhook-id (at-least-once)."""
+    known = set(newer.seen) | {marker(p) for p in newer.queue}
+    extra = tuple(p for p in older.queue if marker(p) not in known)
+    seen = (*(m for m in older.seen if m not in known), *newer.seen)[-SEEN_KEPT:]
+    return newer.model_copy(update={"queue": (*newer.queue, *extra), "seen": seen})
+
+
+class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
+    """Delivery states by pair key, a timer per pair whose queue waits, and the account
+    records of the old form still to migrate (a timer under the account id each).
+
+    ``defer`` keeps a pair's timer later than its head's due time (its endpoint has no room
+    now, ``worker.webhooks.gate``) until ``wake``; writes of the pair meanwhile keep that
+    later time, so a pair waiting for its endpoint does not run again on every event.
+    ``unsaved`` says which deliveries are in memory only (``worker.webhooks.holds``).
+    """
+
+    def __init__(self, *, workspace_of: WorkspaceOf | None = None) -> None:
+        super().__init__()
+        self._workspace_of = workspace_of
+        self._deferred: dict[str, float] = {}
+        self.unsaved = Unsaved()
+
+    @staticmethod
+    def decode(value: bytes) -> tuple[str, DeliveryState | AccountDeliveries]:
+        return decode_state(value)
+
+    def key_of(self, record: DeliveryState | AccountDeliveries) -> str:
+        return record.account_id if isinstance(record, AccountDeliveries) else record.key
+
+    def pair(self, partition: int, key: str) -> DeliveryState | None:
+        record = self.get(partition, key)
+        return record if isinstance(record, DeliveryState) else None
+
+    def legacy(self, partition: int, account_id: str) -> AccountDeliveries | None:
+        record = self.get(partition, account_id)
+        return record if isinstance(record, AccountDeliveries) else None
+
+    def load(self, partition: int, records: dict[str, DeliveryState | AccountDeliveries]) -> None:
+        """Install a restored partition: pair records as they are, each old-form account
+        record split into its pairs (merged behind a pair record of the same key, which is
+        newer) and kept under its account id until ``forget_legacy``."""
+        pairs = {k: r for k, r in records.items() if isinstance(r, DeliveryState)}
+        legacy = [r for r in records.values() if isinstance(r, AccountDeliveries)]
+        for old in legacy:
+            for endpoint_id, state in old.endpoints.items():
+                split = self._split(old, endpoint_id, state)
+                held = pairs.get(split.key)
+                pairs[split.key] = split if held is None else merge(held, split)
+        super().load(partition, {**pairs, **{old.account_id: old for old in legacy}})
+
+    def _split(
+        self, old: AccountDeliveries, endpoint_id: str, state: DeliveryState
+    ) -> DeliveryState:
+        """One pair of an old-form record. Its workspace is the endpoint's own: the old form
+        took the account's workspace from the first event it saw, which may be another's."""
+        owner = self._workspace_of(endpoint_id) if self._workspace_of is not None else None
+        return state.model_copy(
+            update={
+                "endpoint_id": endpoint_id,
+                "account_id": old.account_id,
+                "workspace_id": owner or state.workspace_id,
+            }
+        )
+
+    def forget_legacy(self, partition: int, account_id: str) -> None:
+        """The old-form record was migrated (its pairs written, its key tombstoned)."""
+        held = self._parts.get(partition, {})
+        if isinstance(held.get(account_id), AccountDeliveries):
+            del held[account_id]
+            self.timers.cancel(account_id)
+
+    def drop(self, partition: int) -> None:
+        for key in self._parts.get(partition, {}):
+            self._deferred.pop(key, None)
+        self.unsaved.drop(partition)
+        super().drop(partition)
+
+    def __len__(self) -> int:
+        return sum(
+            1 for p in self._parts.values() for r in p.values() if isinstance(r, DeliveryState)
+        )
+
+    # -- timers ------------------------------------------------------------------------------
+
+    def defer(self, partition: int, key: str, until: float) -> None:
+        """Hold the pair's timer at ``until`` (or its head's due time, if later)."""
+        state = self.pair(partition, key)
+        if state is None:
+            return
+        self._deferred[key] = until
+        self._arm(partition, state)
+
+    def undefer(self, key: str) -> None:
+        """Forget the pair's deferral; its timer follows its head again from the next write."""
+        self._deferred.pop(key, None)
+
+    def wake(self, partition: int, key: str, at: float) -> bool:
+        """Make a deferred pair due at ``at`` (or its head's due time, if later); False when
+        this store holds nothing to attempt for it."""
+        state = self.pair(partition, key)
+        if state is None or state.head() is None:
+            return False
+        self._deferred[key] = at
+        self._arm(partition, state)
+        return True
+
+    def _arm(self, partition: int, record: DeliveryState | AccountDeliveries) -> None:
+        if isinstance(record, AccountDeliveries):
+            self.timers.arm(record.account_id, partition, 0.0)  # migrate at once
+            return
+        key = record.key
+        due = record.due_at()
+        if due is None:
+            self._deferred.pop(key, None)
+            self.timers.cancel(key)
+            return
+        self.timers.arm(key, partition, max(due, self._deferred.get(key, 0.0)))
+
+    def _timer_keys(self, record: DeliveryState | AccountDeliveries) -> list[str]:
+        return [self.key_of(record)]
+
+
+__all__ = [
+    "AccountDeliveries",
+    "DeliveryStore",
+    "WorkspaceOf",
+    "decode_state",
+    "merge",
+]
