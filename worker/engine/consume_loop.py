@@ -12,7 +12,6 @@ import gc
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -22,6 +21,7 @@ from aiokafka.structs import ConsumerRecord
 
 from worker.engine.faults import Fault, is_permanent, is_process_fault
 from worker.engine.fetch import getmany as fetch_records
+from worker.engine.offsets import HANDLING, Handling, Hold, OffsetTracker
 from worker.engine.replay import high_water_marks
 from worker.engine.store import restore_partitions
 from worker.runtime.logs import get_logger
@@ -86,120 +86,6 @@ class LoopMetrics(Protocol):
     unit_failures: Any
 
     def beat(self) -> None: ...
-
-
-class OffsetTracker:
-    """Dispatched offsets of one partition in fetch order; the watermark is the first one not
-    yet finished or still held (or one past the last fetched when all are through)."""
-
-    __slots__ = ("_done", "_held", "_order", "committed", "next_offset")
-
-    def __init__(self) -> None:
-        self._order: deque[int] = deque()
-        self._done: set[int] = set()
-        self._held: dict[int, int] = {}
-        self.next_offset: int | None = None
-        self.committed: int | None = None
-
-    def dispatched(self, offset: int) -> None:
-        self._order.append(offset)
-        self.next_offset = offset + 1
-
-    def finished(self, offset: int) -> None:
-        self._done.add(offset)
-        self._advance()
-
-    def hold(self, offset: int) -> None:
-        """Keep ``offset`` unfinished for commits until as many ``release`` calls."""
-        self._held[offset] = self._held.get(offset, 0) + 1
-
-    def release(self, offset: int) -> None:
-        left = self._held.get(offset, 0) - 1
-        if left > 0:
-            self._held[offset] = left
-            return
-        self._held.pop(offset, None)
-        self._advance()
-
-    def _advance(self) -> None:
-        order, done, held = self._order, self._done, self._held
-        while order and order[0] in done and order[0] not in held:
-            done.discard(order.popleft())
-
-    def watermark(self) -> int | None:
-        if self._order:
-            return self._order[0]
-        return self.next_offset
-
-    @property
-    def pending(self) -> int:
-        return len(self._order)
-
-    @property
-    def held(self) -> int:
-        """Offsets with at least one hold."""
-        return len(self._held)
-
-
-class Hold:
-    """One reason the offset of a handled record may not be committed yet (``hold_record``).
-    ``release`` is idempotent; releasing after the partition was revoked does nothing (the
-    tracker it held is gone, and the offset was not committed)."""
-
-    __slots__ = ("_tracker", "offset", "on_overdue", "released", "since", "tp")
-
-    def __init__(
-        self,
-        tracker: OffsetTracker,
-        tp: TopicPartition,
-        offset: int,
-        on_overdue: Callable[[], None] | None,
-    ) -> None:
-        self._tracker = tracker
-        self.tp = tp
-        self.offset = offset
-        self.on_overdue = on_overdue
-        self.since = time.monotonic()
-        self.released = False
-        tracker.hold(offset)
-
-    def release(self) -> None:
-        if not self.released:
-            self.released = True
-            self._tracker.release(self.offset)
-
-    def holds(self, tracker: OffsetTracker | None) -> bool:
-        """Whether this hold still pins ``tracker`` (the partition's current one)."""
-        return not self.released and tracker is self._tracker
-
-
-@dataclass(frozen=True, slots=True)
-class _Handling:
-    """The record the current lane task is handling (``hold_record``'s context)."""
-
-    worker: ConsumeLoop
-    tp: TopicPartition
-    tracker: OffsetTracker
-    offset: int
-
-
-_HANDLING: ContextVar[_Handling | None] = ContextVar("handling", default=None)
-
-
-def hold_record(on_overdue: Callable[[], None] | None = None) -> Hold | None:
-    """A hold on the offset of the record this task is handling in ``Handler.handle``, or
-    ``None`` outside the consume loop (the caller then makes its work durable at once).
-
-    Until every hold on it is released the offset counts as unfinished: it and everything
-    after it in its partition stay uncommitted, so a crash replays the record. ``on_overdue``
-    is called once (from the loop's commit tick, never inside a lane) when the hold is older
-    than ``LoopConfig.hold_overdue_s`` and still not released."""
-    handling = _HANDLING.get()
-    if handling is None:
-        return None
-    hold = Hold(handling.tracker, handling.tp, handling.offset, on_overdue)
-    handling.worker.holds.append(hold)
-    return hold
 
 
 @dataclass
@@ -521,11 +407,11 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         tracker = self.trackers.get(tp)
         if tracker is None:
             return await self.executor.handle(item)
-        token = _HANDLING.set(_Handling(self, tp, tracker, item.offset))
+        token = HANDLING.set(Handling(self.holds, tp, tracker, item.offset))
         try:
             return await self.executor.handle(item)
         finally:
-            _HANDLING.reset(token)
+            HANDLING.reset(token)
 
     async def _give_up(self, partition: int, key: str, fault: Fault) -> None:
         """Postpone a due key that keeps failing; a failure to postpone is only logged (the

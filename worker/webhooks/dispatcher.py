@@ -17,8 +17,8 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from worker.engine.consume_loop import hold_record
 from worker.engine.faults import Fault
+from worker.engine.offsets import hold_record
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 from worker.webhooks.delivery import (

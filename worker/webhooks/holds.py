@@ -4,7 +4,7 @@ record (docs/architecture.md, "Webhook fan-out")."""
 
 from __future__ import annotations
 
-from worker.engine.consume_loop import Hold
+from worker.engine.offsets import Hold
 
 
 class EventHold:

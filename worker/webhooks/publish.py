@@ -12,8 +12,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from worker.auth.publish import dead_letter
 from worker.contract.messages import rfc3339
+from worker.engine.dead_letter import dead_letter
 from worker.engine.faults import Fault
 from worker.engine.outage import BrokerHealth, Sent, acknowledged, enqueue
 from worker.runtime import tracing
