@@ -1,5 +1,5 @@
 """docs/architecture.md's map of the code ("Where each concept lives in the code") names every
-module and subpackage of ``worker/``, and nothing that is not there."""
+module of ``worker/``, and nothing that is not there."""
 
 from __future__ import annotations
 
@@ -17,17 +17,12 @@ def named_in_map(doc: str) -> set[str]:
 
 
 def in_tree(root: Path) -> set[str]:
-    modules = {
-        f"worker/{p.name}"
-        for p in (root / "worker").glob("*.py")
+    """Every module of the package but the package markers and the ``-m`` entry point."""
+    return {
+        p.relative_to(root).as_posix()
+        for p in (root / "worker").rglob("*.py")
         if p.name not in ("__init__.py", "__main__.py")
     }
-    packages = {
-        f"worker/{p.name}/"
-        for p in (root / "worker").iterdir()
-        if p.is_dir() and (p / "__init__.py").exists()
-    }
-    return modules | packages
 
 
 def test_the_map_matches_the_tree() -> None:
@@ -38,5 +33,12 @@ def test_the_map_matches_the_tree() -> None:
 
 
 def test_the_map_reader_sees_rows() -> None:
-    doc = "## Where each concept lives in the code\n\n| `worker/a.py`, `worker/b/` | x |\n"
-    assert named_in_map(doc) == {"worker/a.py", "worker/b/"}
+    doc = "## Where each concept lives in the code\n\n| `worker/a.py`, `worker/b/c.py` | x |\n"
+    assert named_in_map(doc) == {"worker/a.py", "worker/b/c.py"}
+
+
+def test_a_module_missing_from_the_map_is_found(tmp_path: Path) -> None:
+    (tmp_path / "worker" / "engine").mkdir(parents=True)
+    for name in ("__init__.py", "engine/__init__.py", "engine/new.py", "cli.py"):
+        (tmp_path / "worker" / name).write_text("")
+    assert in_tree(tmp_path) == {"worker/engine/new.py", "worker/cli.py"}

@@ -1,10 +1,7 @@
-"""Passkey auth-flow worker, the product package (what the image ships); ``devstack`` and
-``bench`` live outside it. Module map (long form: docs/architecture.md, "Where each concept
-lives in the code"):
-contract: messages, catalogue (errors), settings · deciding: flow, flowchart · speed-ups: speedups
-consuming: consumer (lanes, watermark commits, rebalances), store, replay, timers
-doing: execute, route (a key's home partition), provider/ (adapters, error mapping), publish
-processes: app (worker), api/ (front-end), webhooks/, runner, process, eventloop, serving,
-probes, kafka · operating: metrics, logs, schemas, cli (``python -m worker``)"""
+"""Passkey auth-flow worker, the product package (what the image ships). Three processes,
+``auth/`` (the worker), ``api/`` (the front-end) and ``webhooks/`` (the dispatcher), run on
+``engine/`` (the consume loop, offsets, stores, Kafka), ``contract/`` (the wire) and
+``runtime/`` (signals, probes, metrics, logs, tracing); ``cli.py`` starts them. The map:
+docs/architecture.md, "Where each concept lives in the code"."""
 
 __version__ = "0.1.0"

@@ -16,6 +16,7 @@ from worker.auth.store import StateStore
 from worker.engine.consume_loop import ConsumeLoop, LoopConfig
 from worker.engine.faults import Fault
 from worker.engine.kafka import build_consumer, ensure_topics
+from worker.engine.offsets import Hold, hold_record
 from worker.engine.runner import LoopSpec, consume_loop, group_consumer
 
 # --- lanes ---------------------------------------------------------------------------------
