@@ -18,6 +18,7 @@ from worker.auth.flow import (
     SENT,
     Decision,
     Policy,
+    ProviderOutcome,
     answer_query,
     decide,
     expire,
@@ -46,6 +47,7 @@ from worker.contract.messages import (
     DecodeFailure,
     ErrorBody,
     GetAuthState,
+    InFlight,
     Reply,
     ReplyBody,
     decode_command,
@@ -225,33 +227,36 @@ class Executor:
         intent = record.in_flight
         if intent is None:
             raise ValueError("no confirm in flight")
-        adapter = self.providers.get(record.provider or "")
-        result: ProviderAuthState | ServiceError | None
-        if adapter is None:
-            result = ServiceError.of("provider_adapter_not_found")
-        else:
-            deadline = self.clock.to_monotonic(intent.deadline)
-            ref = record.provider_account_ref or ""
-            try:
-                result = None
-                if redrive:
-                    seen = await adapter.get_auth_state(ref, deadline=deadline)
-                    log.info("confirm_redriven", provider_status=seen.status)
-                    if seen.status != CHALLENGE:
-                        # The provider is past the challenge: our confirm was applied. Answer
-                        # as the first attempt would have; the follow-up reports what came next.
-                        result = ProviderAuthState(SENT, SENT)
-                if result is None:
-                    result = await adapter.confirm_passkey(
-                        ref, idempotency_key=intent.command_id, deadline=deadline
-                    )
-            except ProviderError as exc:
-                result = exc.error
-            except Exception:
-                # An unexpected fault is answered (500), not lost and not retried forever.
-                log.exception("provider_call_crashed")
-                result = ServiceError.of("run_auth_action_failed")
+        result = await self._call_provider(record, intent, redrive=redrive)
         return settle_confirm(record, result, now=self.clock.now(), policy=self.policy)
+
+    async def _call_provider(
+        self, record: AccountRecord, intent: InFlight, *, redrive: bool
+    ) -> ProviderOutcome:
+        """The provider's answer to the confirm ``intent``: its view of the flow, or the
+        catalogued error a failure maps to; never raises."""
+        adapter = self.providers.get(record.provider or "")
+        if adapter is None:
+            return ServiceError.of("provider_adapter_not_found")
+        deadline = self.clock.to_monotonic(intent.deadline)
+        ref = record.provider_account_ref or ""
+        try:
+            if redrive:
+                seen = await adapter.get_auth_state(ref, deadline=deadline)
+                log.info("confirm_redriven", provider_status=seen.status)
+                if seen.status != CHALLENGE:
+                    # The provider is past the challenge: our confirm was applied. Answer as
+                    # the first attempt would have; the follow-up reports what came next.
+                    return ProviderAuthState(SENT, SENT)
+            return await adapter.confirm_passkey(
+                ref, idempotency_key=intent.command_id, deadline=deadline
+            )
+        except ProviderError as exc:
+            return exc.error
+        except Exception:
+            # An unexpected fault is answered (500), not lost and not retried forever.
+            log.exception("provider_call_crashed")
+            return ServiceError.of("run_auth_action_failed")
 
     # -- follow-up -----------------------------------------------------------------------------
 

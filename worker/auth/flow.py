@@ -8,7 +8,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Container
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeAlias
 
 from transitions import Machine
 
@@ -488,9 +488,13 @@ class ProviderView(Protocol):
     def auth_status(self) -> str: ...
 
 
+#: What a provider call came to: its view of the flow, or the catalogued error it maps to.
+ProviderOutcome: TypeAlias = ProviderView | ServiceError
+
+
 def settle_confirm(
     record: AccountRecord,
-    result: ProviderView | ServiceError,
+    result: ProviderOutcome,
     *,
     now: float,
     policy: Policy,
