@@ -1,18 +1,10 @@
 """Tracing, logging and metrics around the dispatcher's handlers, as a middleware does them
-(the executor's counterpart is ``worker.auth.instrumentation``): the handlers
-(``worker.webhooks.dispatcher``) return what a record, an attempt or a migration came to, and
-``Instrumentation`` puts its identity on the span and in the log context around them, then
-counts it and logs it.
-
-Counting from the returned result keeps every count after the writes the handler orders (a
-failure's DLQ copy before the state that drops it): a handler that fails part way counts
-nothing, and its retry counts what it comes to. Left where they happen, as measures of one
-output rather than of a handler: the HTTP request's own metrics (``Dispatcher._attempt``,
-timed around the sender's call, counted for every request sent), an endpoint's disabling (its
-own write, made once), the gate's deferrals and the state records' sizes.
-
-Never in a span or the log context: an endpoint's URL (only its host and port go on the
-attempt span), a secret, a body."""
+(the executor's are ``worker.auth.instrumentation``): the handlers return what a record, an
+attempt or a migration came to, and ``Instrumentation`` puts its identity on the span and in
+the log context around them, then counts and logs it. Counting from the result keeps each
+count after the writes the handler orders (a failure's DLQ copy before its state). Never in a
+span or the log context: an endpoint's URL (the attempt span keeps its host and port), a
+secret, a body."""
 
 from __future__ import annotations
 
@@ -117,7 +109,14 @@ class Migrated:
 
 class Instrumentation:
     """Runs a dispatcher handler with its record's or pair's identity in context, then
-    records what it came to."""
+    records what it came to: a handler that fails part way counts nothing, and its retry
+    counts what it comes to.
+
+    Left where they happen, as measures of one output rather than of a handler: the HTTP
+    request's own metrics (``Dispatcher._attempt``: timed around the sender's call, counted
+    for every request sent, whatever becomes of its outcome's writes), an endpoint's
+    disabling (its own write, made once: its line must not wait on the note after it), the
+    gate's deferrals and the state records' sizes (the publisher's)."""
 
     def __init__(self, metrics: WebhookMetrics) -> None:
         self.metrics = metrics
