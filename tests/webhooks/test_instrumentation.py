@@ -29,6 +29,7 @@ from worker.webhooks.delivery_store import AccountDeliveries, DeliveryStore
 from worker.webhooks.dispatcher import DispatchConfig, Dispatcher
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry, EndpointStatus
 from worker.webhooks.metrics import WebhookMetrics
+from worker.webhooks.publish import Replay
 from worker.webhooks.sender import DeliveryResult
 
 NOW = 1_700_000_000.0
@@ -280,6 +281,39 @@ async def test_an_event_nobody_takes_is_neither_counted_nor_attributed(
     span = one_span(spans, f"process {STATUS}")
     assert passkey_attributes(span) == {"passkey.webhook.due": 0}
     assert s.value("passkey_webhook_deliveries_taken_in_total") == 0
+
+
+@pytest.mark.parametrize("endpoint_id", ["ep_1", "ep_gone"])
+async def test_a_replay_request_carries_its_event_and_is_attributed_when_it_has_a_target(
+    spans: InMemorySpanExporter, endpoint_id: str
+) -> None:
+    s = Setup()
+    event = status_event("acc_1", 1)
+    replay = Replay(
+        replay_id="rpl_1",
+        endpoint_id=endpoint_id,
+        workspace_id="ws_a",
+        source="status",
+        event=event.model_dump_json(),
+    )
+    msg = message(replay.model_dump_json().encode(), topic="webhook.replays")
+    due = await asyncio.wait_for(s.dispatcher.handle(msg), 5)
+
+    span = one_span(spans, "process webhook.replays")
+    if endpoint_id == "ep_gone":
+        assert (due, s.publisher.calls) == ([], [])
+        assert passkey_attributes(span) == {"passkey.webhook.due": 0}
+        return
+    assert due == ["ep_1/acc_1"]
+    assert s.publisher.calls == [
+        ("send_states", record_context(event) | {"topic": "webhook.replays"})
+    ]
+    assert passkey_attributes(span) == {
+        "passkey.account_id": "acc_1",
+        "passkey.event_id": event.event_id,
+        "passkey.webhook.due": 1,
+    }
+    assert s.value("passkey_webhook_deliveries_taken_in_total") == 1
 
 
 async def test_a_delivery_refused_is_counted_and_logged_with_its_event(

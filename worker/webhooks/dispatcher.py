@@ -145,23 +145,26 @@ class Dispatcher:
         """The record's event and the endpoints it goes to: those of its workspace subscribed
         to its type, or a replay request's one endpoint (none when it is gone, or of another
         workspace than the event)."""
+        replay: Replay | None = None
         try:
             if msg.topic == self.config.replay_topic:
-                replay: Replay = decode_replay(msg.value or b"")
+                replay = decode_replay(msg.value or b"")
                 event = (from_status if replay.source == "status" else from_error)(
                     replay.event.encode()
                 )
-                endpoint = self.endpoints.get(replay.workspace_id, replay.endpoint_id)
-                if endpoint is None or event.workspace_id != replay.workspace_id:
-                    return Incoming(event, ())
-                return Incoming(event, (endpoint,), replay.replay_id)
-            decode = from_status if msg.topic == self.config.status_topic else from_error
-            if msg.value is None:
-                raise ValueError("no value")
-            event = decode(msg.value)
+            else:
+                if msg.value is None:
+                    raise ValueError("no value")
+                decode = from_status if msg.topic == self.config.status_topic else from_error
+                event = decode(msg.value)
         except Exception as exc:
             # Nothing can be delivered from it: to the DLQ as it came, never fatal.
             return Undecodable(type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:200]}")
+        if replay is not None:
+            endpoint = self.endpoints.get(replay.workspace_id, replay.endpoint_id)
+            if endpoint is None or event.workspace_id != replay.workspace_id:
+                return Incoming(event, ())
+            return Incoming(event, (endpoint,), replay.replay_id)
         if event.workspace_id is None:
             return Incoming(event, ())
         return Incoming(event, self.endpoints.subscribers(event.workspace_id, event.event_type))
