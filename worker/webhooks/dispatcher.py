@@ -6,16 +6,14 @@ fan-out"; its spans: docs/operations.md, "Tracing")."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
-from urllib.parse import urlsplit
 
 from aiokafka.structs import ConsumerRecord
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from worker.engine.faults import Fault
 from worker.engine.offsets import hold_record
@@ -42,6 +40,17 @@ from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
 from worker.webhooks.events import WebhookEvent, from_error, from_status
 from worker.webhooks.gate import EndpointGate, GateConfig
 from worker.webhooks.holds import EventHold
+from worker.webhooks.instrumentation import (
+    Attempted,
+    DeadLettered,
+    Incoming,
+    Instrumentation,
+    Migrated,
+    Received,
+    Refused,
+    TakenIn,
+    Undecodable,
+)
 from worker.webhooks.metrics import WebhookMetrics
 from worker.webhooks.publish import (
     NOTE_ENDPOINT_DISABLED,
@@ -122,67 +131,61 @@ class Dispatcher:
         """Pairs the gate paused (back-off, rate), until their next follow-up."""
         self._background: set[asyncio.Task[None]] = set()
         self.gate = EndpointGate(config.gate, wake=store.wake, metrics=metrics, rng=self._rng)
+        self._instrument = Instrumentation(metrics)
 
     # -- taking events in --------------------------------------------------------------------
 
     async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> list[str]:
         """Take one record in; returns the (endpoint, account) keys due at once."""
-        with tracing.consume_span(msg) as taking:
-            due = await self._handle(msg)
-            if taking.is_recording():
-                taking.set_attribute("passkey.webhook.due", len(due))
-            return due
+        with tracing.consume_span(msg):
+            read = self._read(msg)
+            return await self._instrument.run_record(msg, read, lambda: self._receive(msg, read))
 
-    async def _handle(self, msg: ConsumerRecord[bytes, bytes]) -> list[str]:
-        if msg.topic == self.config.replay_topic:
-            return await self._take_in_replay(msg)
-        decode = from_status if msg.topic == self.config.status_topic else from_error
+    def _read(self, msg: ConsumerRecord[bytes, bytes]) -> Incoming | Undecodable:
+        """The record's event and the endpoints it goes to: those of its workspace subscribed
+        to its type, or a replay request's one endpoint (none when it is gone, or of another
+        workspace than the event)."""
+        replay: Replay | None = None
         try:
-            if msg.value is None:
-                raise ValueError("no value")
-            event = decode(msg.value)
+            if msg.topic == self.config.replay_topic:
+                replay = decode_replay(msg.value or b"")
+                event = (from_status if replay.source == "status" else from_error)(
+                    replay.event.encode()
+                )
+            else:
+                if msg.value is None:
+                    raise ValueError("no value")
+                decode = from_status if msg.topic == self.config.status_topic else from_error
+                event = decode(msg.value)
         except Exception as exc:
             # Nothing can be delivered from it: to the DLQ as it came, never fatal.
-            await self._undecodable(msg, exc)
-            return []
+            return Undecodable(type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:200]}")
+        if replay is not None:
+            endpoint = self.endpoints.get(replay.workspace_id, replay.endpoint_id)
+            if endpoint is None or event.workspace_id != replay.workspace_id:
+                return Incoming(event, ())
+            return Incoming(event, (endpoint,), replay.replay_id)
         if event.workspace_id is None:
-            return []
-        targets = self.endpoints.subscribers(event.workspace_id, event.event_type)
-        return await self._take_in(msg.partition, event, targets, replay=None)
+            return Incoming(event, ())
+        return Incoming(event, self.endpoints.subscribers(event.workspace_id, event.event_type))
 
-    async def _take_in_replay(self, msg: ConsumerRecord[bytes, bytes]) -> list[str]:
-        try:
-            replay: Replay = decode_replay(msg.value or b"")
-            event = (from_status if replay.source == "status" else from_error)(
-                replay.event.encode()
-            )
-        except Exception as exc:
-            await self._undecodable(msg, exc)
-            return []
-        endpoint = self.endpoints.get(replay.workspace_id, replay.endpoint_id)
-        if endpoint is None or event.workspace_id != replay.workspace_id:
-            return []
-        return await self._take_in(msg.partition, event, [endpoint], replay=replay.replay_id)
-
-    async def _undecodable(self, msg: ConsumerRecord[bytes, bytes], exc: Exception) -> None:
-        self.metrics.undecodable.inc()
-        log.error(
-            "event_undecodable",
-            topic=msg.topic,
-            partition=msg.partition,
-            offset=msg.offset,
-            error=type(exc).__name__,
-        )
-        detail = f"{type(exc).__name__}: {str(exc)[:200]}"
-        await self._publisher.dead_letter_record(msg, Fault("undecodable", detail))
-        self.metrics.dlq.labels("undecodable").inc()
+    async def _receive(
+        self, msg: ConsumerRecord[bytes, bytes], read: Incoming | Undecodable
+    ) -> Received:
+        if isinstance(read, Undecodable):
+            await self._publisher.dead_letter_record(msg, Fault("undecodable", read.detail))
+            return DeadLettered("undecodable")
+        return await self._take_in(msg.partition, read.event, read.targets, replay=read.replay)
 
     # -- faults (worker.engine.consume_loop retried these first) --------------------------
 
     async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
         """A record whose taking-in failed for good: to the DLQ as it came."""
+        await self._instrument.run_record(msg, None, lambda: self._let_go(msg, fault))
+
+    async def _let_go(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> DeadLettered:
         await self._publisher.dead_letter_record(msg, fault)
-        self.metrics.dlq.labels(fault.reason).inc()
+        return DeadLettered(fault.reason)
 
     async def give_up(self, partition: int, key: str, fault: Fault) -> None:
         """A pair whose attempt keeps failing inside the dispatcher: its head delivery fails
@@ -196,9 +199,17 @@ class Dispatcher:
         head = None if state is None else state.head()
         if state is None or head is None:
             return
+        await self._instrument.run_give_up(
+            partition, state, head, lambda: self._fail_head(partition, key, state, head, fault)
+        )
+
+    async def _fail_head(
+        self, partition: int, key: str, state: DeliveryState, head: Pending, fault: Fault
+    ) -> Attempted:
         settled = fail_head(state, f"internal_error: {fault.exception}", now=self._clock())
-        endpoint = self.endpoints.get(state.workspace_id, endpoint_id)
+        endpoint = self.endpoints.get(state.workspace_id, state.endpoint_id)
         await self._apply(partition, key, endpoint, settled, head)
+        return Attempted(head, settled, endpoint)
 
     async def _take_in(
         self,
@@ -207,17 +218,12 @@ class Dispatcher:
         targets: Sequence[EndpointRecord],
         *,
         replay: str | None,
-    ) -> list[str]:
+    ) -> TakenIn:
         workspace = event.workspace_id
         if not targets or workspace is None:
-            return []
+            return TakenIn()
         now = self._clock()
         traceparent, tracestate = tracing.current_traceparent()
-        current = trace.get_current_span()
-        if current.is_recording():
-            current.set_attributes(
-                {"passkey.account_id": event.account_id, "passkey.event_id": event.event_id}
-            )
         taken: list[tuple[DeliveryState, Pending]] = []
         full: list[tuple[DeliveryState, Pending]] = []
         for endpoint in targets:
@@ -263,9 +269,7 @@ class Dispatcher:
                 ]
                 if late:
                     await self._write_now(partition, late)
-            self.metrics.taken_in.inc(len(taken))
-        if full:
-            await self._refuse(partition, full, now)
+        refused = await self._refuse(partition, full, now) if full else ()
         # Pairs whose new delivery is at the head are attempted at once: their first log entry
         # is the attempt's outcome. The others wait behind an earlier one: say so in the log.
         due: list[str] = []
@@ -278,7 +282,7 @@ class Dispatcher:
                 waiting.append((state, delivery))
         if waiting:
             await self._publisher.log_pending(waiting, now=now)
-        return due
+        return TakenIn(len(taken), refused, tuple(due))
 
     def _hold(self, partition: int) -> EventHold | None:
         """A hold on the event being taken in, shared by its deliveries; ``None`` outside
@@ -362,7 +366,7 @@ class Dispatcher:
 
     async def _refuse(
         self, partition: int, full: list[tuple[DeliveryState, Pending]], now: float
-    ) -> None:
+    ) -> tuple[Refused, ...]:
         """Deliveries whose pair's queue is full fail at once: DLQ copy and log entry first,
         then the pair remembers them (a crash in between refuses them again, never loses
         the failure)."""
@@ -370,20 +374,14 @@ class Dispatcher:
             finished = refused(delivery, "queue_full", now=now)
             await self._publisher.dead_letter(state, delivery, finished)
             await self._publisher.log_finished(state, delivery, finished)
-            self.metrics.failed.inc()
-            self.metrics.queue_full.inc()
-            log.warning(
-                "delivery_refused",
-                reason="queue_full",
-                endpoint_id=state.endpoint_id,
-                account_id=state.account_id,
-                webhook_id=delivery.webhook_id,
-                pending=len(state.queue),
-            )
         for state, delivery in full:
             current = self.store.pair(partition, state.key) or state
             self.store.put(partition, remember(current, delivery))
         await self._write_now(partition, [state.key for state, _ in full])
+        return tuple(
+            Refused(state.endpoint_id, state.account_id, delivery.webhook_id, len(state.queue))
+            for state, delivery in full
+        )
 
     # -- attempting deliveries ---------------------------------------------------------------
 
@@ -391,9 +389,11 @@ class Dispatcher:
         """Attempt the pair's due deliveries, head first, until one is not due or its endpoint
         has no room; a key without ``/`` is an old-form account record to migrate."""
         if "/" not in key:
-            await self._migrate(partition, key)
+            await self._instrument.run_migration(
+                partition, key, lambda: self._migrate(partition, key)
+            )
             return
-        endpoint_id, _, account_id = key.partition("/")
+        endpoint_id, _, _ = key.partition("/")
         self._parked.discard(key)
         while True:
             state = self.store.pair(partition, key)
@@ -430,48 +430,55 @@ class Dispatcher:
                     return
             else:
                 self.gate.forget(endpoint_id, key, now)
-            with tracing.span(
-                "POST webhook",
-                kind=SpanKind.CLIENT,
-                parent=tracing.context_from_traceparent(head.traceparent, head.tracestate),
-                attributes=_attempt_attributes(endpoint_id, account_id, head),
-            ) as attempt:
-                result: AttemptResult | None = None
-                if endpoint is not None and active:
-                    # The head stays due while it is attempted: hold the pair's timer past the
-                    # attempt, or the loop's sweep would find it due (and its lane busy) on
-                    # every tick. The write after the attempt arms it from the new state.
-                    self.store.defer(partition, key, now + self.config.attempt_hold_s)
-                    try:
-                        result = await self._attempt(endpoint, head)
-                    finally:
-                        self.store.undefer(key)
-                        self.gate.release(
-                            endpoint.id,
-                            ok=None if result is None else result.ok,
-                            now=self._clock(),
-                            retry_after_s=None if result is None else _pause_asked(result),
-                        )
-                state = self.store.pair(partition, key) or state
-                now = self._clock()
-                if result is None:
-                    reason = (
-                        "endpoint_deleted" if endpoint is None else f"endpoint_{endpoint.status}"
-                    )
-                    settled = fail_head(state, reason, now=now)
-                else:
-                    settled = settle(
-                        state, result, now=now, schedule=self.config.schedule, rng=self._rng
-                    )
-                if attempt.is_recording():
-                    _attempt_outcome(attempt, endpoint, result, settled)
-                await self._apply(partition, key, endpoint, settled, head)
+            await self._instrument.run_attempt(
+                partition,
+                state,
+                head,
+                functools.partial(self._attempt_head, partition, key, state, head, endpoint, now),
+            )
 
-    async def _migrate(self, partition: int, account_id: str) -> None:
+    async def _attempt_head(
+        self,
+        partition: int,
+        key: str,
+        state: DeliveryState,
+        head: Pending,
+        endpoint: EndpointRecord | None,
+        now: float,
+    ) -> Attempted:
+        """Attempt the head (its endpoint active), settle it, and write what it came to; an
+        inactive or deleted endpoint's head fails without an attempt."""
+        result: AttemptResult | None = None
+        if endpoint is not None and endpoint.status == "active":
+            # The head stays due while it is attempted: hold the pair's timer past the
+            # attempt, or the loop's sweep would find it due (and its lane busy) on every
+            # tick. The write after the attempt arms it from the new state.
+            self.store.defer(partition, key, now + self.config.attempt_hold_s)
+            try:
+                result = await self._attempt(endpoint, head)
+            finally:
+                self.store.undefer(key)
+                self.gate.release(
+                    endpoint.id,
+                    ok=None if result is None else result.ok,
+                    now=self._clock(),
+                    retry_after_s=None if result is None else _pause_asked(result),
+                )
+        state = self.store.pair(partition, key) or state
+        now = self._clock()
+        if result is None:
+            reason = "endpoint_deleted" if endpoint is None else f"endpoint_{endpoint.status}"
+            settled = fail_head(state, reason, now=now)
+        else:
+            settled = settle(state, result, now=now, schedule=self.config.schedule, rng=self._rng)
+        await self._apply(partition, key, endpoint, settled, head)
+        return Attempted(head, settled, endpoint, result)
+
+    async def _migrate(self, partition: int, account_id: str) -> Migrated | None:
         """Write the pairs of an old-form account record, then tombstone its key."""
         legacy = self.store.legacy(partition, account_id)
         if legacy is None:
-            return
+            return None
         keys = [
             key
             for endpoint_id in legacy.endpoints
@@ -480,8 +487,7 @@ class Dispatcher:
         await self._write_now(partition, keys)
         await self._publisher.tombstone(partition, account_id)
         self.store.forget_legacy(partition, account_id)
-        self.metrics.state_migrated.inc()
-        log.info("delivery_state_migrated", account_id=account_id, pairs=len(keys))
+        return Migrated(account_id, len(keys))
 
     async def _attempt(self, endpoint: EndpointRecord, head: Pending) -> AttemptResult:
         started = time.perf_counter()
@@ -520,8 +526,8 @@ class Dispatcher:
         if finished is not None and finished.state == "failed":
             # A failure's record (DLQ copy, log entry) is acknowledged before the state that
             # drops the delivery: a crash in between repeats the attempt under the same
-            # webhook-id instead of losing the failure.
-            self.metrics.failed.inc()
+            # webhook-id instead of losing the failure. It is counted from what the attempt came
+            # to (``worker.webhooks.instrumentation``), after all this.
             await self._publisher.dead_letter(state, head, finished)
             await self._publisher.log_finished(state, head, finished)
         # The account's lane may have taken deliveries in meanwhile: carry the outcome over
@@ -538,7 +544,6 @@ class Dispatcher:
         if unsaved is not None and finished is not None:
             if finished.state == "delivered":
                 self._last_success[merged.endpoint_id] = now
-                self.metrics.delivered(head.occurred_at, now)
                 await self._publisher.log_finished(merged, head, finished)
             unsaved.done()
             if endpoint is not None and endpoint.status == "active":
@@ -548,12 +553,10 @@ class Dispatcher:
         if finished is None:
             # A retry or a delivery: its log entry only informs ``GET .../deliveries``, so it
             # goes out beside the state instead of before it.
-            self.metrics.retries.inc()
             logged = self._publisher.log_retry(merged, merged.queue[0], now=now)
             await asyncio.gather(written, logged)
         elif finished.state == "delivered":
             self._last_success[merged.endpoint_id] = now
-            self.metrics.delivered(head.occurred_at, now)
             logged = self._publisher.log_finished(merged, head, finished)
             await asyncio.gather(written, logged)
         else:
@@ -601,45 +604,6 @@ class Dispatcher:
 def _pause_asked(result: AttemptResult) -> float | None:
     """A ``Retry-After`` on 429/503 pauses the whole endpoint, not just this pair."""
     return result.retry_after_s if result.status in (429, 503) else None
-
-
-def _attempt_attributes(
-    endpoint_id: str, account_id: str, head: Pending
-) -> dict[str, str | int] | None:
-    """The attempt span's attributes (none built when nothing is recorded). The endpoint's
-    URL is not among them: integrators put tokens in query strings."""
-    if not tracing.recording():
-        return None
-    return {
-        "http.request.method": "POST",
-        "passkey.endpoint_id": endpoint_id,
-        "passkey.account_id": account_id,
-        "passkey.webhook_id": head.webhook_id,
-        "passkey.webhook.event_type": head.event_type,
-        "passkey.webhook.attempt": head.attempts + 1,
-    }
-
-
-def _attempt_outcome(
-    span: trace.Span,
-    endpoint: EndpointRecord | None,
-    result: AttemptResult | None,
-    settled: Settled,
-) -> None:
-    span.set_attribute("passkey.webhook.outcome", settled.outcome)
-    if endpoint is not None:
-        url = urlsplit(endpoint.url)
-        span.set_attribute("server.address", url.hostname or "")
-        if url.port is not None:
-            span.set_attribute("server.port", url.port)
-    if result is None or result.status is None:
-        span.set_attribute("error.type", (result.error if result else None) or "not_attempted")
-        span.set_status(Status(StatusCode.ERROR))
-        return
-    span.set_attribute("http.response.status_code", result.status)
-    if not result.ok:
-        span.set_attribute("error.type", str(result.status))
-        span.set_status(Status(StatusCode.ERROR))
 
 
 __all__ = ["DispatchConfig", "Dispatcher", "EndpointWriter", "Sender", "Signer"]

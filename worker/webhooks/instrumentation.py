@@ -1,0 +1,306 @@
+"""Tracing, logging and metrics around the dispatcher's handlers, as a middleware does them
+(the executor's are ``worker.auth.instrumentation``): the handlers return what a record, an
+attempt or a migration came to, and ``Instrumentation`` puts its identity on the span and in
+the log context around them, then counts and logs it. Counting from the result keeps each
+count after the writes the handler orders (a failure's DLQ copy before its state). Never in a
+span or the log context: an endpoint's URL (the attempt span keeps its host and port), a
+secret, a body."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import structlog
+from aiokafka.structs import ConsumerRecord
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from worker.runtime import tracing
+from worker.runtime.logs import get_logger
+from worker.webhooks.delivery import AttemptResult, DeliveryState, Pending, Settled
+from worker.webhooks.endpoints import EndpointRecord
+from worker.webhooks.events import WebhookEvent
+from worker.webhooks.metrics import WebhookMetrics
+
+# The lines are the dispatcher's: they keep its logger name, which dashboards and searches use.
+log = get_logger("worker.webhooks.dispatcher")
+
+ATTEMPT_SPAN = "POST webhook"
+
+
+# -- what a record was read as -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """An event read from its record: the endpoints it goes to (none: nothing to do) and,
+    from ``webhook.replays``, the replay request's id."""
+
+    event: WebhookEvent
+    targets: Sequence[EndpointRecord]
+    replay: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A record nothing can be delivered from: ``error`` names why (an exception's type),
+    ``detail`` says it for the DLQ copy's headers."""
+
+    error: str
+    detail: str
+
+
+# -- what a handler came to ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A delivery failed at take-in, its pair's queue full; ``pending`` is that queue's
+    length."""
+
+    endpoint_id: str
+    account_id: str
+    webhook_id: str
+    pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class TakenIn:
+    """An event fanned out: ``taken`` deliveries queued, ``refused`` ones failed at once, and
+    the pairs ``due`` to be attempted at once."""
+
+    taken: int = 0
+    refused: tuple[Refused, ...] = ()
+    due: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    """An input record (an event, a replay request) sent to the webhook DLQ as it came, by
+    ``dlq.reason``."""
+
+    reason: str
+
+
+Received = TakenIn | DeadLettered
+
+
+@dataclass(frozen=True, slots=True)
+class Attempted:
+    """A pair's head settled and its outcome written: ``result`` is the HTTP attempt's
+    (``None``: the head failed without one, its endpoint inactive or gone, or given up)."""
+
+    head: Pending
+    settled: Settled
+    endpoint: EndpointRecord | None
+    result: AttemptResult | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Migrated:
+    """An old-form account record split into its pairs' records, then tombstoned."""
+
+    account_id: str
+    pairs: int
+
+
+class Instrumentation:
+    """Runs a dispatcher handler with its record's or pair's identity in context, then
+    records what it came to: a handler that fails part way counts nothing, and its retry
+    counts what it comes to.
+
+    Left where they happen, as measures of one output rather than of a handler: the HTTP
+    request's own metrics (``Dispatcher._attempt``: timed around the sender's call, counted
+    for every request sent, whatever becomes of its outcome's writes), an endpoint's
+    disabling (its own write, made once: its line must not wait on the note after it), the
+    gate's deferrals and the state records' sizes (the publisher's)."""
+
+    def __init__(self, metrics: WebhookMetrics) -> None:
+        self.metrics = metrics
+
+    async def run_record(
+        self,
+        msg: ConsumerRecord[bytes, bytes],
+        read: Incoming | Undecodable | None,
+        handler: Callable[[], Awaitable[Received]],
+    ) -> list[str]:
+        """``handler``'s pairs due at once, the record taken in or dead-lettered. ``read`` is
+        what the record was read as (``None``: not read, a record let go after its retries).
+        The span is the caller's: an event's CONSUMER span, none for a record let go."""
+        span = trace.get_current_span()
+        context: dict[str, object] = {
+            "topic": msg.topic,
+            "partition": msg.partition,
+            "offset": msg.offset,
+        }
+        if isinstance(read, Incoming):
+            event = read.event
+            if read.targets and span.is_recording():
+                span.set_attributes(
+                    {"passkey.account_id": event.account_id, "passkey.event_id": event.event_id}
+                )
+            context |= {
+                "account_id": event.account_id,
+                "workspace_id": event.workspace_id,
+                "event_id": event.event_id,
+                "event_type": event.event_type,
+            }
+        with structlog.contextvars.bound_contextvars(**context):
+            received = await handler()
+            self._record_received(msg, read, received)
+        due = list(received.due) if isinstance(received, TakenIn) else []
+        if span.is_recording():
+            span.set_attribute("passkey.webhook.due", len(due))
+        return due
+
+    async def run_attempt(
+        self,
+        partition: int,
+        state: DeliveryState,
+        head: Pending,
+        handler: Callable[[], Awaitable[Attempted]],
+    ) -> None:
+        """One attempt at the pair's head, in a CLIENT span whose parent is the trace of the
+        event the delivery came from (its context is stored with it)."""
+        with (
+            tracing.span(
+                ATTEMPT_SPAN,
+                kind=SpanKind.CLIENT,
+                parent=tracing.context_from_traceparent(head.traceparent, head.tracestate),
+                attributes=_attempt_attributes(state, head),
+            ) as span,
+            _pair_context(partition, state, head),
+        ):
+            attempted = await handler()
+            if span.is_recording():
+                _attempt_outcome(span, attempted)
+            self._record_attempt(attempted)
+
+    async def run_give_up(
+        self,
+        partition: int,
+        state: DeliveryState,
+        head: Pending,
+        handler: Callable[[], Awaitable[Attempted]],
+    ) -> None:
+        """The head of a pair whose attempts keep failing inside the dispatcher, failed
+        without an attempt (no span: nothing is sent)."""
+        with _pair_context(partition, state, head):
+            self._record_attempt(await handler())
+
+    async def run_migration(
+        self, partition: int, account_id: str, handler: Callable[[], Awaitable[Migrated | None]]
+    ) -> None:
+        with structlog.contextvars.bound_contextvars(account_id=account_id, partition=partition):
+            migrated = await handler()
+            if migrated is not None:
+                self.metrics.state_migrated.inc()
+                log.info(
+                    "delivery_state_migrated", account_id=migrated.account_id, pairs=migrated.pairs
+                )
+
+    def _record_received(
+        self,
+        msg: ConsumerRecord[bytes, bytes],
+        read: Incoming | Undecodable | None,
+        received: Received,
+    ) -> None:
+        metrics = self.metrics
+        match received:
+            case TakenIn(taken=taken, refused=refused):
+                if taken:
+                    metrics.taken_in.inc(taken)
+                for one in refused:
+                    metrics.failed.inc()
+                    metrics.queue_full.inc()
+                    log.warning(
+                        "delivery_refused",
+                        reason="queue_full",
+                        endpoint_id=one.endpoint_id,
+                        account_id=one.account_id,
+                        webhook_id=one.webhook_id,
+                        pending=one.pending,
+                    )
+            case DeadLettered(reason=reason):
+                if isinstance(read, Undecodable):
+                    metrics.undecodable.inc()
+                    log.error(
+                        "event_undecodable",
+                        topic=msg.topic,
+                        partition=msg.partition,
+                        offset=msg.offset,
+                        error=read.error,
+                    )
+                metrics.dlq.labels(reason).inc()
+
+    def _record_attempt(self, attempted: Attempted) -> None:
+        finished = attempted.settled.finished
+        if finished is None:
+            self.metrics.retries.inc()
+        elif finished.state == "failed":
+            self.metrics.failed.inc()
+        else:
+            self.metrics.delivered(attempted.head.occurred_at, finished.finished_at)
+
+
+@contextlib.contextmanager
+def _pair_context(partition: int, state: DeliveryState, head: Pending) -> Iterator[None]:
+    with structlog.contextvars.bound_contextvars(
+        partition=partition,
+        endpoint_id=state.endpoint_id,
+        account_id=state.account_id,
+        workspace_id=state.workspace_id,
+        webhook_id=head.webhook_id,
+        event_type=head.event_type,
+    ):
+        yield
+
+
+def _attempt_attributes(state: DeliveryState, head: Pending) -> dict[str, str | int] | None:
+    """The attempt span's attributes (none built when nothing is recorded). The endpoint's
+    URL is not among them: integrators put tokens in query strings."""
+    if not tracing.recording():
+        return None
+    return {
+        "http.request.method": "POST",
+        "passkey.endpoint_id": state.endpoint_id,
+        "passkey.account_id": state.account_id,
+        "passkey.webhook_id": head.webhook_id,
+        "passkey.webhook.event_type": head.event_type,
+        "passkey.webhook.attempt": head.attempts + 1,
+    }
+
+
+def _attempt_outcome(span: trace.Span, attempted: Attempted) -> None:
+    endpoint, result = attempted.endpoint, attempted.result
+    span.set_attribute("passkey.webhook.outcome", attempted.settled.outcome)
+    if endpoint is not None:
+        url = urlsplit(endpoint.url)
+        span.set_attribute("server.address", url.hostname or "")
+        if url.port is not None:
+            span.set_attribute("server.port", url.port)
+    if result is None or result.status is None:
+        span.set_attribute("error.type", (result.error if result else None) or "not_attempted")
+        span.set_status(Status(StatusCode.ERROR))
+        return
+    span.set_attribute("http.response.status_code", result.status)
+    if not result.ok:
+        span.set_attribute("error.type", str(result.status))
+        span.set_status(Status(StatusCode.ERROR))
+
+
+__all__ = [
+    "ATTEMPT_SPAN",
+    "Attempted",
+    "DeadLettered",
+    "Incoming",
+    "Instrumentation",
+    "Migrated",
+    "Received",
+    "Refused",
+    "TakenIn",
+    "Undecodable",
+]
