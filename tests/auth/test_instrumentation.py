@@ -30,6 +30,7 @@ from worker.contract.messages import AccountRecord, FollowUp, GetAuthState, Pass
 from worker.engine.faults import Fault
 from worker.engine.route import Router, home_partition
 from worker.runtime import tracing
+from worker.runtime.logs import log_fields, merge_log_context
 
 PARTITIONS = 3
 HOME = home_partition(b"acc_1", PARTITIONS)
@@ -43,7 +44,7 @@ class NotingPublisher:
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     def _note(self, what: str) -> None:
-        self.calls.append((what, structlog.contextvars.get_contextvars()))
+        self.calls.append((what, log_fields()))
 
     async def publish(self, partition: int, decision: Any, **_: Any) -> None:
         self._note("publish")
@@ -130,9 +131,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 @pytest.fixture
 def logged() -> Iterator[list[MutableMapping[str, Any]]]:
     """Every line logged, with the log context merged in as the service's pipeline does."""
-    with structlog.testing.capture_logs(
-        processors=[structlog.contextvars.merge_contextvars]
-    ) as events:
+    with structlog.testing.capture_logs(processors=[merge_log_context]) as events:
         yield events
 
 
@@ -176,7 +175,7 @@ async def test_a_failed_command_carries_its_identity_everywhere(
     }
     assert s.value("passkey_auth_commands_total", type="passkey_confirm", outcome="error") == 1
     assert s.value("passkey_auth_command_duration_seconds_count", type="passkey_confirm") == 1
-    assert structlog.contextvars.get_contextvars() == {}, "the context ends with the record"
+    assert log_fields() == {}, "the context ends with the record"
 
 
 async def test_a_query_is_counted_and_timed_and_nothing_more(

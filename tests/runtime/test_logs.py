@@ -3,6 +3,7 @@ by the same structlog pipeline as the service's own, with logger and service on 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -72,3 +73,32 @@ def test_the_access_log_is_off_unless_asked_for(
     logging.getLogger("uvicorn.access").info('127.0.0.1:1 - "GET / HTTP/1.1" 200')
     [line] = _lines(capfd.readouterr().err)
     assert json.loads(line)["logger"] == "uvicorn.access"
+
+
+def test_a_bound_context_is_on_every_line_inside_and_gone_after(
+    configured: None, capfd: pytest.CaptureFixture[str]
+) -> None:
+    logs.configure("INFO", "json", service="passkey-test")
+    log = logs.get_logger("worker.x")
+    with logs.log_context(account_id="acc_1", partition=2):
+        log.info("outer")
+        with logs.log_context(endpoint_id="ep_1", partition=5):
+            log.info("inner", account_id="acc_own")
+        log.info("outer_again")
+    log.info("after")
+    outer, inner, again, after = (json.loads(line) for line in _lines(capfd.readouterr().err))
+    assert (outer["account_id"], outer["partition"]) == ("acc_1", 2)
+    assert (inner["endpoint_id"], inner["partition"]) == ("ep_1", 5)
+    assert inner["account_id"] == "acc_own", "a line's own field wins"
+    assert "endpoint_id" not in again and again["partition"] == 2
+    assert "account_id" not in after and "partition" not in after
+
+
+async def test_a_bound_context_reaches_tasks_started_inside_and_survives_a_raise() -> None:
+    async def seen() -> dict[str, object]:
+        return logs.log_fields()
+
+    with pytest.raises(RuntimeError), logs.log_context(account_id="acc_1"):
+        assert await asyncio.create_task(seen()) == {"account_id": "acc_1"}
+        raise RuntimeError("the handler failed")
+    assert logs.log_fields() == {}

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from tests.webhooks.support import status_event
 from worker.engine.faults import Fault
 from worker.runtime import tracing
+from worker.runtime.logs import log_fields, merge_log_context
 from worker.webhooks.delivery import DeliveryState, Finished, Pending, QueueLimits, webhook_id
 from worker.webhooks.delivery_store import AccountDeliveries, DeliveryStore
 from worker.webhooks.dispatcher import DispatchConfig, Dispatcher
@@ -48,7 +49,7 @@ class NotingPublisher:
         self.failing = failing
 
     def _note(self, what: str) -> None:
-        self.calls.append((what, structlog.contextvars.get_contextvars()))
+        self.calls.append((what, log_fields()))
         if what == self.failing:
             raise RuntimeError(f"{what} failed")
 
@@ -191,9 +192,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 @pytest.fixture
 def logged() -> Iterator[list[MutableMapping[str, Any]]]:
     """Every line logged, with the log context merged in as the service's pipeline does."""
-    with structlog.testing.capture_logs(
-        processors=[structlog.contextvars.merge_contextvars]
-    ) as events:
+    with structlog.testing.capture_logs(processors=[merge_log_context]) as events:
         yield events
 
 
@@ -252,7 +251,7 @@ async def test_an_event_taken_in_carries_its_identity_everywhere(
         "passkey.webhook.due": 1,
     }
     assert s.value("passkey_webhook_deliveries_taken_in_total") == 1
-    assert structlog.contextvars.get_contextvars() == {}, "the context ends with the record"
+    assert log_fields() == {}, "the context ends with the record"
 
 
 async def test_an_event_behind_a_waiting_delivery_is_taken_in_and_not_due(
@@ -369,7 +368,7 @@ async def test_an_undecodable_record_whose_copy_failed_counts_nothing(
     assert [e for e in logged if e["event"] == "event_undecodable"] == []
     assert s.value("passkey_webhook_undecodable_events_total") == 0
     assert s.value("passkey_webhook_dlq_records_total", reason="undecodable") == 0
-    assert structlog.contextvars.get_contextvars() == {}
+    assert log_fields() == {}
 
 
 async def test_a_record_let_go_is_counted_by_its_reason() -> None:
@@ -421,7 +420,7 @@ async def test_a_delivery_carries_its_pair_everywhere_and_its_latency_is_observe
     assert s.value("passkey_webhook_attempts_total", result="delivered", status_class="2xx") == 1
     assert s.value("passkey_webhook_retries_scheduled_total") == 0
     assert s.value("passkey_webhook_deliveries_failed_total") == 0
-    assert structlog.contextvars.get_contextvars() == {}
+    assert log_fields() == {}
     no_url_anywhere(logged, s.publisher.calls)
 
 

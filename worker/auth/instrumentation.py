@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
-import structlog
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 
@@ -20,7 +19,7 @@ from worker.auth.metrics import WorkerMetrics
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Command, DecodeFailure, GetAuthState, request_id_of
 from worker.runtime import tracing
-from worker.runtime.logs import get_logger
+from worker.runtime.logs import get_logger, log_context
 
 # The lines are the executor's: they keep its logger name, which dashboards and searches use.
 log = get_logger("worker.auth.execute")
@@ -96,7 +95,7 @@ class Instrumentation:
                     "passkey.command_id": command.command_id,
                 }
             )
-        with structlog.contextvars.bound_contextvars(
+        with log_context(
             account_id=command.account_id,
             command_id=command.command_id,
             request_id=request_id_of(command),
@@ -116,7 +115,7 @@ class Instrumentation:
             tracing.span(
                 "follow_up", parent=tracing.ROOT, attributes={"passkey.account_id": account_id}
             ),
-            structlog.contextvars.bound_contextvars(account_id=account_id, partition=partition),
+            log_context(account_id=account_id, partition=partition),
         ):
             if await step() is not None:
                 self.metrics.follow_up_expired.inc()

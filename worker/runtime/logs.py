@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
+from contextvars import ContextVar, Token
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 import structlog
@@ -21,6 +23,49 @@ def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[
     for key in list(event):
         if key.lower() in _SECRET_KEYS:
             event[key] = "[redacted]"
+    return event
+
+
+_NOTHING: Mapping[str, Any] = MappingProxyType({})
+_CONTEXT: ContextVar[Mapping[str, Any]] = ContextVar("passkey_log_context", default=_NOTHING)
+
+
+class log_context:
+    """Binds ``fields`` to every line logged inside the block, in this task and the tasks it
+    starts; an inner block adds to an outer one. One context variable for all the fields, set
+    once and reset once: the record handlers bind a record's identity around each unit of
+    work, and structlog's ``bound_contextvars`` costs a variable and a token per field."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: Any) -> None:
+        self._fields = fields
+        self._token: Token[Mapping[str, Any]] | None = None
+
+    def __enter__(self) -> None:
+        outer = _CONTEXT.get()
+        self._token = _CONTEXT.set({**outer, **self._fields} if outer else self._fields)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            _CONTEXT.reset(self._token)
+            self._token = None
+
+
+def log_fields() -> dict[str, Any]:
+    """The fields ``log_context`` binds here and now (a copy)."""
+    return dict(_CONTEXT.get())
+
+
+def merge_log_context(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """A line's own fields win over the bound ones."""
+    for key, value in _CONTEXT.get().items():
+        event.setdefault(key, value)
     return event
 
 
@@ -75,6 +120,7 @@ def configure(
     ]
     structlog.configure(
         processors=[
+            merge_log_context,
             structlog.contextvars.merge_contextvars,
             _logger_name,
             add_trace_ids,

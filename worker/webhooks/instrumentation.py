@@ -8,18 +8,16 @@ secret, a body."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import structlog
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from worker.runtime import tracing
-from worker.runtime.logs import get_logger
+from worker.runtime.logs import get_logger, log_context
 from worker.webhooks.delivery import AttemptResult, DeliveryState, Pending, Settled
 from worker.webhooks.endpoints import EndpointRecord
 from worker.webhooks.events import WebhookEvent
@@ -148,7 +146,7 @@ class Instrumentation:
                 "event_id": event.event_id,
                 "event_type": event.event_type,
             }
-        with structlog.contextvars.bound_contextvars(**context):
+        with log_context(**context):
             received = await handler()
             self._record_received(msg, read, received)
         due = list(received.due) if isinstance(received, TakenIn) else []
@@ -194,7 +192,7 @@ class Instrumentation:
     async def run_migration(
         self, partition: int, account_id: str, handler: Callable[[], Awaitable[Migrated | None]]
     ) -> None:
-        with structlog.contextvars.bound_contextvars(account_id=account_id, partition=partition):
+        with log_context(account_id=account_id, partition=partition):
             migrated = await handler()
             if migrated is not None:
                 self.metrics.state_migrated.inc()
@@ -246,17 +244,15 @@ class Instrumentation:
             self.metrics.delivered(attempted.head.occurred_at, finished.finished_at)
 
 
-@contextlib.contextmanager
-def _pair_context(partition: int, state: DeliveryState, head: Pending) -> Iterator[None]:
-    with structlog.contextvars.bound_contextvars(
+def _pair_context(partition: int, state: DeliveryState, head: Pending) -> log_context:
+    return log_context(
         partition=partition,
         endpoint_id=state.endpoint_id,
         account_id=state.account_id,
         workspace_id=state.workspace_id,
         webhook_id=head.webhook_id,
         event_type=head.event_type,
-    ):
-        yield
+    )
 
 
 def _attempt_attributes(state: DeliveryState, head: Pending) -> dict[str, str | int] | None:
