@@ -98,7 +98,11 @@ async def test_a_bound_context_reaches_tasks_started_inside_and_survives_a_raise
     async def seen() -> dict[str, object]:
         return logs.log_fields()
 
-    with pytest.raises(RuntimeError), logs.log_context(account_id="acc_1"):
-        assert await asyncio.create_task(seen()) == {"account_id": "acc_1"}
-        raise RuntimeError("the handler failed")
+    async def handler() -> None:
+        with logs.log_context(account_id="acc_1"):
+            assert await asyncio.create_task(seen()) == {"account_id": "acc_1"}
+            raise RuntimeError("the handler failed")
+
+    with pytest.raises(RuntimeError):
+        await handler()
     assert logs.log_fields() == {}
