@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
+from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from devstack.broker import EmbeddedBroker
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, DevSettings
@@ -20,6 +22,7 @@ from tests.cluster import (
     existing_cluster,
     topic_settings,
 )
+from tests.observed import logged_lines, recorded_spans
 from worker.settings import Settings, Topics
 
 _seq = itertools.count()
@@ -104,3 +107,17 @@ async def simulator() -> AsyncIterator[str]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The spans a test's process finished (``tests/observed.py``)."""
+    with recorded_spans() as memory:
+        yield memory
+
+
+@pytest.fixture
+def logged() -> Iterator[list[MutableMapping[str, Any]]]:
+    """The lines a test logged, with the log context merged in (``tests/observed.py``)."""
+    with logged_lines() as events:
+        yield events

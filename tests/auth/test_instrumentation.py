@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
-import pytest
-import structlog
 from aiokafka.structs import ConsumerRecord
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
+from tests.observed import one_span, passkey_attributes
 from worker.auth.execute import Executor
 from worker.auth.flow import SENT, Policy
 from worker.auth.metrics import WorkerMetrics
@@ -29,8 +27,7 @@ from worker.auth.store import StateStore
 from worker.contract.messages import AccountRecord, FollowUp, GetAuthState, PasskeyConfirm
 from worker.engine.faults import Fault
 from worker.engine.route import Router, home_partition
-from worker.runtime import tracing
-from worker.runtime.logs import log_fields, merge_log_context
+from worker.runtime.logs import log_fields
 
 PARTITIONS = 3
 HOME = home_partition(b"acc_1", PARTITIONS)
@@ -116,32 +113,6 @@ def query() -> GetAuthState:
     return GetAuthState(
         command_id=cid, request_id=f"req-{cid}", workspace_id="ws_a", account_id="acc_1"
     )
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    memory = InMemorySpanExporter()
-    tracing.configure("passkey-test", environ={}, exporter=memory, set_global=False)
-    try:
-        yield memory
-    finally:
-        tracing.reset()
-
-
-@pytest.fixture
-def logged() -> Iterator[list[MutableMapping[str, Any]]]:
-    """Every line logged, with the log context merged in as the service's pipeline does."""
-    with structlog.testing.capture_logs(processors=[merge_log_context]) as events:
-        yield events
-
-
-def one_span(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
-    (found,) = [s for s in spans.get_finished_spans() if s.name == name]
-    return found
-
-
-def passkey_attributes(span: ReadableSpan) -> dict[str, Any]:
-    return {k: v for k, v in (span.attributes or {}).items() if k.startswith("passkey.")}
 
 
 async def test_a_failed_command_carries_its_identity_everywhere(

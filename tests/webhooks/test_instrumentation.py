@@ -10,21 +10,19 @@ tests/api/test_tracing.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterator, MutableMapping, Sequence
+from collections.abc import Awaitable, MutableMapping, Sequence
 from typing import Any
 
 import pytest
-import structlog
 from aiokafka.structs import ConsumerRecord
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
+from tests.observed import one_span, passkey_attributes
 from tests.webhooks.support import status_event
 from worker.engine.faults import Fault
-from worker.runtime import tracing
-from worker.runtime.logs import log_fields, merge_log_context
+from worker.runtime.logs import log_fields
 from worker.webhooks.delivery import DeliveryState, Finished, Pending, QueueLimits, webhook_id
 from worker.webhooks.delivery_store import AccountDeliveries, DeliveryStore
 from worker.webhooks.dispatcher import DispatchConfig, Dispatcher
@@ -177,32 +175,6 @@ def message(value: bytes | None, *, topic: str = STATUS) -> ConsumerRecord[bytes
 def event_message(account_id: str = "acc_1") -> tuple[ConsumerRecord[bytes, bytes], Any]:
     event = status_event(account_id, 1)
     return message(event.model_dump_json().encode()), event
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    memory = InMemorySpanExporter()
-    tracing.configure("passkey-test", environ={}, exporter=memory, set_global=False)
-    try:
-        yield memory
-    finally:
-        tracing.reset()
-
-
-@pytest.fixture
-def logged() -> Iterator[list[MutableMapping[str, Any]]]:
-    """Every line logged, with the log context merged in as the service's pipeline does."""
-    with structlog.testing.capture_logs(processors=[merge_log_context]) as events:
-        yield events
-
-
-def one_span(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
-    (found,) = [s for s in spans.get_finished_spans() if s.name == name]
-    return found
-
-
-def passkey_attributes(span: ReadableSpan) -> dict[str, Any]:
-    return {k: v for k, v in (span.attributes or {}).items() if k.startswith("passkey.")}
 
 
 def no_url_anywhere(*places: Any) -> None:
