@@ -19,6 +19,7 @@ from opentelemetry.trace import SpanKind
 from tests.api.conftest import ApiSettings
 from tests.api.support import headers, register, running_api, running_worker, wait_until
 from tests.harness import bus
+from tests.observed import recorded_spans
 from tests.webhooks.support import (
     Receiver,
     create_endpoint,
@@ -40,12 +41,8 @@ AUTH = "/v1/accounts/{}/auth"
 
 @pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:
-    memory = InMemorySpanExporter()
-    tracing.configure("passkey-test", environ={}, exporter=memory, set_global=False)
-    try:
+    with recorded_spans() as memory:
         yield memory
-    finally:
-        tracing.reset()
 
 
 def parts(traceparent: str | None) -> tuple[str, str, str]:
