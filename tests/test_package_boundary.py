@@ -148,13 +148,37 @@ def test_every_module_says_what_it_is_for_in_a_few_lines() -> None:
     assert too_long == {}, f"module docstrings over {MODULE_DOC_MAX_LINES} lines"
 
 
-def test_no_module_docstring_carries_a_benchmark_figure() -> None:
+def docstrings(tree: ast.Module) -> list[tuple[str, str]]:
+    """(name, docstring) of the module and of every class and function in it."""
+    nodes: list[ast.AST] = [tree]
+    nodes += [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    found = []
+    for node in nodes:
+        assert isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        doc = ast.get_docstring(node, clean=False)
+        if doc:
+            found.append((getattr(node, "name", "<module>"), doc))
+    return found
+
+
+def test_no_docstring_carries_a_benchmark_figure() -> None:
+    """Module, class and function docstrings alike."""
     offenders = [
-        f"{path.relative_to(REPO)}: {match.group()!r}"
+        f"{path.relative_to(REPO)} {name}: {match.group()!r}"
         for path in sorted((REPO / "worker").rglob("*.py"))
-        for match in BENCH_FIGURE.finditer(ast.get_docstring(parse(path), clean=False) or "")
+        for name, doc in docstrings(parse(path))
+        for match in BENCH_FIGURE.finditer(doc)
     ]
     assert offenders == []
+
+
+def test_the_docstring_reader_sees_classes_and_functions() -> None:
+    tree = ast.parse('"""m"""\nclass A:\n    """a"""\n    def f(self):\n        """f"""\n')
+    assert docstrings(tree) == [("<module>", "m"), ("A", "a"), ("f", "f")]
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ class StateStore(PartitionedStore[AccountRecord]):
     """The worker's account records, and the follow-up timers of the accounts in flow.
 
     The timers are a heap by due time, so finding the due ones costs O(log n) each instead
-    of a scan of every account in flow four times a second (bench/README.md, hot spot #8). A
-    record in flow arms its account's timer; a settled or deregistered one cancels it.
+    of a scan of every account in flow four times a second. A record in flow arms its
+    account's timer; a settled or deregistered one cancels it.
 
     It tracks the hand-over of each command partition (``inherited``): a confirm that a
     previous owner may have sent to the provider is re-driven instead of sent blind

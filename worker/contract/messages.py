@@ -317,8 +317,8 @@ class Outcome:
 class AccountRecord:
     """Latest auth record of one account on auth.state; the worker owning its partition is
     the single writer. Slotted, not a pydantic model: the store keeps one per account in
-    memory (bench/README.md, the memory table), and pydantic still validates and serialises it
-    via a TypeAdapter.
+    memory, where a model instance costs several times the bytes; pydantic still validates
+    and serialises it via a TypeAdapter.
     """
 
     account_id: str
