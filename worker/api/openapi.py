@@ -632,8 +632,16 @@ def _webhook_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 one_endpoint=True,
                 ok_status="200",
                 ok=_json_response("The deliveries.", DeliveryListResponse),
-                failures=_webhook_failures(
-                    "get_webhook_endpoint_failed", bad_request="Malformed `endpoint_id`."
+                failures=(
+                    *_webhook_failures(
+                        "get_webhook_endpoint_failed", bad_request="Malformed `endpoint_id`."
+                    ),
+                    Failure(
+                        TOO_MANY,
+                        "A deliveries request of the same workspace is still being answered on"
+                        " this front-end (one at a time per workspace); retry after"
+                        " `Retry-After` seconds.",
+                    ),
                 ),
             ),
             "options": _preflight("preflightWebhookDeliveries", "endpoint_id"),

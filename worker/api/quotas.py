@@ -17,6 +17,7 @@ from worker.webhooks.endpoints import EndpointRegistry
 ENDPOINTS: Final = "webhook_endpoints"
 REPLAYS: Final = "webhook_replays"
 REPLAY_CAPACITY: Final = "webhook_replay_capacity"
+DELIVERY_SCANS: Final = "webhook_delivery_scans"
 URL_LENGTH: Final = "webhook_url_length"
 DESCRIPTION_LENGTH: Final = "webhook_description_length"
 EVENT_TYPES_ITEMS: Final = "webhook_event_types_items"
@@ -24,6 +25,7 @@ QUOTAS: Final = (
     ENDPOINTS,
     REPLAYS,
     REPLAY_CAPACITY,
+    DELIVERY_SCANS,
     URL_LENGTH,
     DESCRIPTION_LENGTH,
     EVENT_TYPES_ITEMS,
@@ -34,6 +36,9 @@ TOO_MANY: Final = "rate_limited"
 #: The catalogue's 409 row of the endpoint quota (a service extension, like the contract's 409
 #: ``workspace_account_quota_exceeded`` of accounts): a limit, not a fault, so never a 500.
 ENDPOINT_QUOTA: Final = "webhook_endpoint_quota_exceeded"
+#: ``Retry-After`` of a deliveries request refused while the workspace's last one runs: a scan
+#: ends within ``WEBHOOK_DELIVERIES_SCAN_TIMEOUT_S``, usually far sooner.
+SCAN_RETRY_AFTER_S: Final = 1
 
 
 class Refused(Exception):
@@ -137,7 +142,38 @@ class EndpointQuota:
                 self._creating.pop(workspace_id, None)
 
 
+class ScanTurns:
+    """One deliveries scan per workspace on this process, running or waiting. The process
+    scans one endpoint at a time (``worker.webhooks.log_scan``) and a request's wait counts
+    against the scan's time-out, so without this one workspace's requests would queue ahead of
+    every other workspace's until theirs timed out; with it, a request waits behind at most one
+    scan of each other workspace."""
+
+    def __init__(self) -> None:
+        self._busy: set[str] = set()
+
+    @contextlib.contextmanager
+    def turn(self, workspace_id: str) -> Iterator[None]:
+        """The workspace's turn for one scan, or ``Refused`` (429) while it has one."""
+        if workspace_id in self._busy:
+            raise Refused(
+                DELIVERY_SCANS,
+                ServiceError.of(
+                    TOO_MANY,
+                    "A deliveries request of this workspace is still being answered on this"
+                    " service; retry when it has been.",
+                ),
+                SCAN_RETRY_AFTER_S,
+            )
+        self._busy.add(workspace_id)
+        try:
+            yield
+        finally:
+            self._busy.discard(workspace_id)
+
+
 __all__ = [
+    "DELIVERY_SCANS",
     "ENDPOINTS",
     "ENDPOINT_QUOTA",
     "QUOTAS",
@@ -147,4 +183,5 @@ __all__ = [
     "EndpointLimits",
     "EndpointQuota",
     "Refused",
+    "ScanTurns",
 ]

@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from worker.api.bodies import error_response, json_response, valid_id
 from worker.api.metrics import ApiMetrics
-from worker.api.quotas import EndpointLimits, EndpointQuota, Refused
+from worker.api.quotas import EndpointLimits, EndpointQuota, Refused, ScanTurns
 from worker.api.routes import (
     ACCOUNT_ID_RULE,
     check_body,
@@ -130,6 +130,7 @@ class WebhookRoutes:
             else EndpointQuota(clients.store.registry, endpoints_per_workspace)
         )
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.scans = ScanTurns()
 
     def routes(self) -> list[Route]:
         def route(path: str, handler: Handler, method: str, failure: str) -> Route:
@@ -391,7 +392,8 @@ class WebhookRoutes:
         clients, workspace_id, endpoint_id = await self._current(request, failure)
         record = self._find(clients, workspace_id, endpoint_id)
         try:
-            entries = await clients.deliveries.recent(record.id)
+            with self.scans.turn(workspace_id):
+                entries = await clients.deliveries.recent(record.id)
         except DeliveryScanFailed:
             raise ServiceError.of(
                 failure, "The deliveries are not available right now; retry shortly."
