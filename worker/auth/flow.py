@@ -551,17 +551,7 @@ def observe(
     if status == record.status:
         if auth_status == record.auth_status:
             return Decision(verdict="ignored")
-        return _transition(
-            record,
-            status=status,
-            auth_status=auth_status,
-            command_id=command_id,
-            request_id=None,
-            now=now,
-            policy=policy,
-            with_reply=False,
-        )
-    if next_status(f"observe_{status}", record.status) is None:
+    elif next_status(f"observe_{status}", record.status) is None:
         return Decision(verdict="ignored")
     return _transition(
         record,
