@@ -424,6 +424,22 @@ async def test_failing_commands_fire_the_alerts_in_prometheus(
             prom = PromApi(server, client)  # closed with the stack, after the server stops
             await prom.ready()
             await prom.targets_up(set(targets))
+            if with_api:
+                # Until the front-end's first scrape, passkey_api_ready is absent, so the rule's
+                # absent() arm goes pending from Prometheus' first evaluation, and fires when
+                # that scrape comes later than the accelerated ``for`` (3 s), as it did on a
+                # slow machine (no scrape failed, the front-end never reported not ready). The
+                # burst starts once the rules were evaluated with the front-end's series: a
+                # front-end that is not ready keeps the alert active, and this wait fails.
+                async def api_alert_settled() -> bool:
+                    active = {a["labels"]["alertname"] for a in await prom.alerts()}
+                    return "PasskeyApiNoReadyInstances" not in active
+
+                await prom.until(
+                    "PasskeyApiNoReadyInstances inactive after the front-end's first scrape",
+                    api_alert_settled,
+                    WAIT_TIMEOUT_S,
+                )
 
             # Two malformed records (PasskeyDLQGrowing, and 400 invalid_request 10000 each),
             # the second once Prometheus has scraped the first: the worker creates the
