@@ -1,7 +1,20 @@
 """``POST .../replay``: re-send an endpoint's past events. A bounded background scan of
 auth.status and auth.errors turns matching events into ``Replay`` records the dispatcher
 delivers under their original webhook-ids; per-workspace and per-process bounds refuse with
-429 (docs/operations.md, "Quotas")."""
+429 (docs/operations.md, "Quotas").
+
+The request answers with the replay id at once; the scan is a task of this process, one
+running per workspace and ``max_running`` in all. It reads only what can match: each
+partition from the first record stamped at or after ``since`` (less ``seek_margin_s``, for
+clocks that disagree) as the broker's timestamp index (ListOffsets by time,
+``offsets_for_times``) finds it, up to the high-water mark taken when the scan starts, never
+what arrives afterwards; it decodes ``DECODE_SLICE`` records between yields to the event loop
+(it runs on the front-end's). A partition without a record stamped at or after that time is
+not read at all. Kafka answers "none" with offset -1 (aiokafka's ``None``); the embedded
+broker (Tansu) indexes by append time, correctly for a time within the log, and answers
+"none" with offset 0 and timestamp -1: both read as "nothing to read", never as offset 0.
+An event is replayed only when its own ``occurred_at`` is at or after ``since`` too, so a
+broker whose index started early would cost reading, never a wrong delivery."""
 
 from __future__ import annotations
 
@@ -16,13 +29,16 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from aiokafka import TopicPartition
+from aiokafka.structs import OffsetAndTimestamp
 from pydantic import ValidationError
 
 from worker.api.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
 from worker.api.webhook_bodies import parse_rfc3339
 from worker.contract.catalogue import ServiceError
+from worker.engine.fetch import getmany as fetch_records
+from worker.engine.fetch import skipping
 from worker.engine.outage import BrokerHealth, acknowledged, enqueue
-from worker.engine.replay import replay_to_highwater
+from worker.engine.replay import high_water_marks
 from worker.engine.tail import assign_all
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoints import EndpointRecord
@@ -37,6 +53,13 @@ PER_WORKSPACE: Final = 2
 #: ``Retry-After`` of a refusal: a replay takes seconds to minutes (``timeout_s`` at most).
 RETRY_AFTER_S: Final = 30
 REPLAY_TIMEOUT_S: Final = 300.0
+#: How much earlier than ``since`` a partition is read from: the broker's timestamps are the
+#: producer's clock (Kafka's CreateTime) or the broker's (append time, as on Tansu), and an
+#: event's ``occurred_at`` the worker's.
+SEEK_MARGIN_S: Final = 60.0
+#: Records decoded between two yields to the event loop.
+DECODE_SLICE: Final = 100
+_FETCH_MAX_RECORDS: Final = 2000
 _KEPT_OUTCOMES: Final = 256
 
 
@@ -77,6 +100,7 @@ class ReplayRunner:
         max_queued: int = MAX_QUEUED,
         per_workspace: int = PER_WORKSPACE,
         timeout_s: float = REPLAY_TIMEOUT_S,
+        seek_margin_s: float = SEEK_MARGIN_S,
     ) -> None:
         self._consumer_factory = consumer_factory
         self._producer = producer
@@ -88,6 +112,11 @@ class ReplayRunner:
         self._capacity = max_running + max_queued
         self._per_workspace = per_workspace
         self._timeout_s = timeout_s
+        self._seek_margin_s = seek_margin_s
+        self._skip = skipping("webhook-replay", log)
+        #: Records fetched by every replay of this process (all workspaces' events are read,
+        #: the topics are keyed by account): what the scans cost.
+        self.records_read = 0
         self._tasks: dict[str, asyncio.Task[ReplayOutcome]] = {}
         self._outcomes: OrderedDict[str, ReplayOutcome] = OrderedDict()
         # Per workspace with a replay in flight: how many, and the lock they run under.
@@ -235,12 +264,44 @@ class ReplayRunner:
         since: datetime,
         counts: list[int],
     ) -> None:
-        async def replay(tp: TopicPartition, records: list[Any]) -> None:
-            counts[1] += len(records)
-            counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, records)
-
+        """Read ``topic`` from ``since`` (``_starts``) to the high-water marks of now."""
         tps = await assign_all(consumer, topic)
-        await replay_to_highwater(consumer, tps, replay, max_records=2000, assign=False)
+        ends = await high_water_marks(consumer, tps)
+        starts = await self._starts(consumer, ends, since)
+        pending = {tp for tp in tps if starts[tp] < ends[tp]}
+        for tp in tps:
+            consumer.seek(tp, starts[tp])
+        consumer.pause(*(tp for tp in tps if tp not in pending))
+        while pending:
+            chunk = await fetch_records(
+                consumer,
+                timeout_ms=200,
+                max_records=_FETCH_MAX_RECORDS,
+                on_unreadable=self._skip,
+                owned=tps,
+            )
+            for tp, records in chunk.items():
+                if tp not in pending:
+                    continue
+                self.records_read += len(records)
+                counts[1] += len(records)
+                end = ends[tp]
+                mine = [r for r in records if r.offset < end]
+                counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, mine)
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+                    consumer.pause(tp)  # what arrived after the scan started is not read
+            await asyncio.sleep(0)
+
+    async def _starts(
+        self, consumer: Any, ends: dict[TopicPartition, int], since: datetime
+    ) -> dict[TopicPartition, int]:
+        """Where each partition's read starts: the first offset stamped at or after
+        ``since`` less the margin, or its end when none is (see the module docstring)."""
+        at = int((since.timestamp() - self._seek_margin_s) * 1000)
+        found = await consumer.offsets_for_times(dict.fromkeys(ends, max(at, 0)))
+        return {tp: _start(found.get(tp), end) for tp, end in ends.items()}
 
     async def _replay_batch(
         self,
@@ -258,7 +319,9 @@ class ReplayRunner:
         )
         decode = from_status if source == "status" else from_error
         sent = []
-        for msg in records:
+        for n, msg in enumerate(records, 1):
+            if n % DECODE_SLICE == 0:
+                await asyncio.sleep(0)  # the front-end's loop serves requests meanwhile
             if msg.value is None:
                 continue
             event = _event(decode, msg.value)
@@ -287,6 +350,15 @@ class ReplayRunner:
             )
         await acknowledged(self._producer, self._health, sent)
         return len(sent)
+
+
+def _start(found: OffsetAndTimestamp | None, end: int) -> int:
+    """The offset a partition is read from, given the broker's answer for ``since``: none
+    (Kafka's ``None``; Tansu's offset 0 with timestamp -1) means no record at or after it
+    before ``end``."""
+    if found is None or found.timestamp < 0 or found.offset < 0:
+        return end
+    return min(int(found.offset), end)
 
 
 def _event(decode: Callable[[bytes], WebhookEvent], value: bytes) -> WebhookEvent | None:
