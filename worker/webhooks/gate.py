@@ -1,7 +1,8 @@
 """Each endpoint's share of the dispatcher (attempts in flight, rate, back-off) and each
 workspace's, in memory per process: without it one hanging endpoint would hold a lane and a
 slot per account until the loop's limit stopped everyone (docs/architecture.md, "Webhook
-fan-out")."""
+fan-out"). Admitting an attempt also names its workspace to the DNS lookup the attempt makes
+(``targets.LOOKUP_WORKSPACE``), whose threads are shared out per workspace."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from worker.runtime.logs import get_logger
+from worker.webhooks.targets import LOOKUP_WORKSPACE
 
 log = get_logger(__name__)
 
@@ -133,7 +135,10 @@ class EndpointGate:
         workspace_id: str = "",
     ) -> Admission:
         """Take a slot of the endpoint (and of its workspace) for the pair ``key`` (the caller
-        then must ``release`` it), or queue the pair and say until when it waits."""
+        then must ``release`` it), or queue the pair and say until when it waits.
+
+        An admitted attempt's DNS lookup counts against ``workspace_id``'s threads of the
+        resolver: the caller's task (which makes the attempt) carries it from here on."""
         e = self._of(endpoint_id, revision)
         e.rate_limit = rate_limit
         if e.workspace != workspace_id:
@@ -149,6 +154,7 @@ class EndpointGate:
                 self._workspace_in_flight.get(e.workspace, 0) + 1
             )
             self._wake_next(e, now)
+            LOOKUP_WORKSPACE.set(e.workspace)
             return Admission(True)
         if was_woken:
             # It was woken for a slot someone else took: first in line again.
