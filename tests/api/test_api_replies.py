@@ -4,6 +4,7 @@ that nobody waits for, mismatched ids, backlogs at start-up and a dying consumer
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from typing import Any
@@ -16,7 +17,7 @@ from tests.api.conftest import ApiSettings
 from tests.api.support import headers, produce, responder, running_api, wait_until
 from worker.api.replies import ReplyError, ReplyRouter
 from worker.contract.messages import Reply
-from worker.engine.kafka import build_consumer, ensure_topics
+from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -340,3 +341,78 @@ async def test_a_replica_started_and_stopped_under_load_loses_no_reply(
                 assert_own_replies(await confirm_many(http_two, 40, f"visitor{round_}"))
         assert_own_replies(await load)
         assert one.replies.pending == 0
+
+
+async def test_replies_written_by_several_producers_all_reach_their_waiters(
+    make_settings: Any,
+) -> None:
+    """Workers in a pool all write to one replica's partition. On the embedded broker a
+    tailing fetch can see a later producer's batch before an earlier one's is stored; the
+    router must wait for the earlier one, not move past it (every waiter answered)."""
+    settings = make_settings()
+    router = ReplyRouter(
+        build_consumer(settings, fetch_max_wait_ms=5),
+        settings.topics.replies,
+        partition=REPLIES_PARTITION,
+        behind_after_s=30,
+    )
+    await ensure_topics(settings)
+    await router.start()
+    assert await router.wait_caught_up(20)
+    producers = [build_producer(settings) for _ in range(3)]
+    for producer in producers:
+        await producer.start()
+    waiters: list[Any] = []
+    stop = time.monotonic() + 8
+
+    async def write(producer: Any, n: int) -> None:
+        for round_ in itertools.count():
+            if time.monotonic() > stop:
+                return
+            ids = [(str(uuid.uuid4()), f"req-{n}-{round_}-{i}") for i in range(20)]
+            waiters.extend(router.expect(cid, rid) for cid, rid in ids)
+            acks = [
+                await producer.send(
+                    settings.topics.replies, reply_bytes(cid, rid), partition=REPLIES_PARTITION
+                )
+                for cid, rid in ids
+            ]
+            await asyncio.gather(*acks)
+            await asyncio.sleep(0.001)
+
+    try:
+        await asyncio.gather(*(write(p, n) for n, p in enumerate(producers)))
+        got = await asyncio.gather(*(w.wait(10) for w in waiters))
+        missing = sum(reply is None for reply in got)
+        for w in waiters:
+            w.__exit__(None, None, None)
+        assert missing == 0, f"{missing} of {len(waiters)} replies never delivered"
+        assert router.gaps is not None and router.gaps.given_up == 0
+        assert router.pending == 0
+    finally:
+        for producer in producers:
+            await producer.stop()
+        await router.stop()
+
+
+class _StallingConsumer(_DyingConsumer):
+    """A consumer whose fetches, after the first, never come back."""
+
+    async def getmany(self, *tps: Any, timeout_ms: int = 0, max_records: Any = None) -> Any:
+        self.polls += 1
+        if self.polls > 1:
+            await asyncio.Event().wait()
+        return {}
+
+
+async def test_a_reader_that_stops_fetching_says_so_and_turns_unready() -> None:
+    router = ReplyRouter(_StallingConsumer(), "replies", behind_after_s=0.2)
+    await router.start()
+    try:
+        assert await router.wait_caught_up(5)
+        assert router.keeping_up
+        await wait_until(lambda: not router.keeping_up, timeout=5)
+        assert router.running, "stalled, not dead: only readiness can tell"
+        assert router.state()["reply_fetch_age_s"] > 0.2
+    finally:
+        await router.stop()

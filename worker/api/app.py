@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 
 from worker.api.cors import CorsPolicy
 from worker.api.keys import KeyStore
-from worker.api.metrics import ApiMetrics
+from worker.api.metrics import ApiMetrics, ReplyReaderSeries
 from worker.api.middleware import FrontDoor
 from worker.api.openapi import openapi_route
 from worker.api.quotas import EndpointLimits
@@ -119,6 +119,7 @@ def build_app(
     """
     metrics = ApiMetrics(registry)
     metrics.pending_replies.set_function(lambda: float(replies.pending))
+    registry.register(ReplyReaderSeries(replies))
     metrics.export_key_usage(keys.last_used)
     api = ApiRoutes(
         producer=producer,

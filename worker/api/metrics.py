@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from worker.api.quotas import QUOTAS
@@ -132,3 +132,31 @@ class ApiMetrics:
     def export_key_usage(self, usage: KeyUsage) -> None:
         """Export the last-used time of each API key (``KeyUsageCollector``)."""
         self.registry.register(KeyUsageCollector(usage))
+
+
+class ReplyReaderSeries(Collector):
+    """The reply reader, read at scrape time: ``passkey_api_reply_lag_records`` (replies on
+    its partition not read yet), ``passkey_api_reply_reader_keeping_up`` (0 while behind,
+    which also makes ``/readyz`` fail) and ``passkey_api_reply_offset_gaps_total`` (offsets
+    never seen that it had to pass, ``worker.engine.fetch.GapWatch``)."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+
+    def collect(self) -> Iterable[Metric]:
+        reader = self._reader
+        yield GaugeMetricFamily(
+            "passkey_api_reply_lag_records",
+            "Replies on this replica's partition of auth.replies not read yet",
+            value=reader.lag,
+        )
+        yield GaugeMetricFamily(
+            "passkey_api_reply_reader_keeping_up",
+            "1 while the reply reader keeps up with its partition, 0 while it is behind",
+            value=1.0 if reader.keeping_up else 0.0,
+        )
+        yield CounterMetricFamily(
+            "passkey_api_reply_offset_gaps",
+            "Offsets of auth.replies never seen that the reply reader waited for, then passed",
+            value=reader.gaps.given_up if reader.gaps is not None else 0,
+        )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from worker.contract.messages import Reply
+from worker.engine.fetch import GapWatch, gap_logger
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
 
@@ -113,6 +115,7 @@ class ReplyRouter(TopicTail):
         max_records: int = 2000,
         partition: int | None = None,
         rng: random.Random | None = None,
+        behind_after_s: float = 5.0,
     ) -> None:
         super().__init__(
             consumer,
@@ -121,7 +124,12 @@ class ReplyRouter(TopicTail):
             idle_timeout_ms=idle_timeout_ms,
             max_records=max_records,
             only=self._pick,
+            gaps=GapWatch(gap_logger(log, "reply-router")),
         )
+        self.behind_after_s = behind_after_s
+        self._next_offset: int | None = None
+        self._lagging_since: float | None = None
+        self._reported_behind = False
         self._wanted = partition
         self._rng = rng or random.SystemRandom()
         self._waiters: dict[str, PendingReply] = {}
@@ -151,6 +159,53 @@ class ReplyRouter(TopicTail):
     @property
     def ready(self) -> bool:
         return self.caught_up and self.running
+
+    @property
+    def lag(self) -> int:
+        """Replies on the partition not read yet, as of the last fetch response."""
+        if not self._tps or self._next_offset is None:
+            return 0
+        high: int | None = self.consumer.highwater(self._tps[0])
+        return 0 if high is None else max(0, high - self._next_offset)
+
+    @property
+    def keeping_up(self) -> bool:
+        """False while the reader is behind: no fetch came back for ``behind_after_s``, or
+        the partition had unread replies for that long without a break. A reply read late
+        finds its request gone (answered 500 at its time-out), so readiness says so."""
+        now = time.monotonic()
+        if now - self.last_fetch > self.behind_after_s:
+            return False
+        since = self._lagging_since
+        return since is None or now - since <= self.behind_after_s
+
+    def state(self) -> dict[str, Any]:
+        """Where the reader is, for the log line of a reply that did not come in time."""
+        return {
+            "reply_partition": self._tps[0].partition if self._tps else None,
+            "reply_read_to": self._next_offset,
+            "reply_lag": self.lag,
+            "reply_fetch_age_s": round(time.monotonic() - self.last_fetch, 3),
+            "reply_gaps_passed": self.gaps.given_up if self.gaps else 0,
+        }
+
+    def _take(self, tp: Any, records: list[Any]) -> None:
+        if records:
+            self._next_offset = records[-1].offset + 1
+        super()._take(tp, records)
+
+    def after_fetch(self) -> None:
+        """Track how long the partition has had unread replies; log when it becomes behind
+        and when it is back."""
+        if self.lag == 0:
+            self._lagging_since = None
+        elif self._lagging_since is None:
+            self._lagging_since = time.monotonic()
+        keeping_up = self.keeping_up
+        if keeping_up == self._reported_behind:
+            self._reported_behind = not keeping_up
+            event = "reply_reader_back" if keeping_up else "reply_reader_behind"
+            log.warning(event, **self.state())
 
     @property
     def pending(self) -> int:

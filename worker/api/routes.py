@@ -209,7 +209,7 @@ class ApiRoutes:
     def readiness(self) -> tuple[bool, ApiReadiness]:
         """Ready once the reply consumer is positioned (and the webhook registry caught up):
         nothing here reads auth.state, so the time to ready does not grow with accounts."""
-        replies = self.replies.ready
+        replies = self.replies.ready and self.replies.keeping_up
         webhooks = (
             None
             if self.webhook_tails is None
@@ -284,6 +284,7 @@ class ApiRoutes:
                 command_id=command.command_id,
                 account_id=account_id,
                 timeout_s=self.reply_timeout_s,
+                **self.replies.state(),
             )
             raise ServiceError.of(
                 "run_auth_action_failed",
@@ -402,6 +403,7 @@ class ApiRoutes:
                 command_id=query.command_id,
                 account_id=account_id,
                 timeout_s=self.reply_timeout_s,
+                **self.replies.state(),
             )
             raise ServiceError.of(
                 "get_auth_state_failed",

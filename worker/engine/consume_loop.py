@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from worker.engine.faults import Fault, is_permanent, is_process_fault
+from worker.engine.fetch import GapWatch, gap_logger
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.offsets import HANDLING, Handling, Hold, OffsetTracker
 from worker.engine.replay import high_water_marks
@@ -84,6 +85,7 @@ class LoopMetrics(Protocol):
     rebalances: Any
     ready: Any
     unit_failures: Any
+    offset_gaps: Any
 
     def beat(self) -> None: ...
 
@@ -147,6 +149,9 @@ class LoopConfig:
     retry_backoff_s: tuple[float, float] = (0.2, 2.0)
     hold_overdue_s: float = 2.0
     """Age at which a record's unreleased hold gets its ``on_overdue`` call."""
+    gap_hold_s: float = 1.0
+    """How long an offset never seen below a fetched record is waited for before the loop
+    goes on past it, reported (``worker.engine.fetch.GapWatch``)."""
 
     def backoff(self, attempt: int) -> float:
         """The pause after failed attempt ``attempt`` (1-based): doubling, capped."""
@@ -189,6 +194,10 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self._paused_for_backpressure = False
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
+        self.gaps = GapWatch(
+            gap_logger(log, "consume-loop", lambda topic: metrics.offset_gaps.labels(topic).inc()),
+            hold_s=config.gap_hold_s,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -247,6 +256,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 timeout_ms=self.config.poll_timeout_ms,
                 max_records=self.config.max_poll_records,
                 on_unreadable=Unreadable.of,
+                gaps=self.gaps,
             )
         )
         try:
@@ -267,6 +277,8 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 await fn()
             except KafkaError as exc:  # commit during a rebalance, broker hiccup: retry later
                 log.warning("periodic_task_failed", task=fn.__name__, error=repr(exc))
+            except Exception as exc:  # a bug must not end periodic commits in silence
+                log.error("periodic_task_failed", task=fn.__name__, error=repr(exc)[:300])
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -490,8 +502,10 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         if offsets:
             await self.consumer.commit(offsets)
             for tp, mark in offsets.items():
-                self.trackers[tp].committed = mark
-        for tp, tracker in self.trackers.items():
+                committed = self.trackers.get(tp)
+                if committed is not None:  # revoked while the commit was in flight
+                    committed.committed = mark
+        for tp, tracker in list(self.trackers.items()):
             high = self.consumer.highwater(tp)
             if high is not None and tracker.committed is not None:
                 self.metrics.lag.labels(tp.topic, str(tp.partition)).set(

@@ -5,6 +5,7 @@ raising for ever (docs/architecture.md, "Failure handling")."""
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -23,6 +24,94 @@ placeholder, which it dead-letters in order)."""
 
 Batch = dict[TopicPartition, list[Any]]
 
+OnGap = Callable[[TopicPartition, int, int, float], None]
+"""Told of each offset gap given up on: its partition, the first offset never seen, the
+offset of the record seen after it, and the seconds it was waited for."""
+
+GAP_HOLD_S: Final = 1.0
+
+
+class GapWatch:
+    """Offsets a reader must see in sequence: a record handed out past an offset never seen
+    (an offset gap) is held back, and its partition read again from the missing offset, until
+    the missing records arrive or ``hold_s`` passed; then the gap is given up on, reported to
+    ``on_gap`` (a metric, a log line) and the reader goes on.
+
+    Only for topics whose offsets are dense (``cleanup.policy=delete``, no transactions):
+    there a gap is never normal. On Kafka it never happens (a fetch ends at the high-water
+    mark, below which every record is written); the embedded broker advances a partition's
+    end before it stores the batch, so with two producers on one partition a fetch can return
+    the second producer's batch while the first one's is not stored yet, and a reader that
+    takes it moves, and commits, past records it never saw (docs/architecture.md, "The
+    embedded broker"). Compacted topics have gaps by design: their readers pass no watch.
+
+    Bounded by the partitions read: one entry per partition that is waiting, dropped when the
+    partition is read past the gap or is no longer read.
+    """
+
+    def __init__(self, on_gap: OnGap, *, hold_s: float = GAP_HOLD_S) -> None:
+        self.on_gap = on_gap
+        self.hold_s = hold_s
+        self._waiting: dict[TopicPartition, tuple[int, float]] = {}
+        #: Gaps that closed while held (the records came), and gaps given up on.
+        self.closed = 0
+        self.given_up = 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def check(self, consumer: Any, before: dict[TopicPartition, int], batch: Batch) -> Batch:
+        """``batch`` (fetched from the positions ``before``) cut at the first gap of each
+        partition that is still held; such a partition is sought back to the missing offset."""
+        waiting = self._waiting
+        for tp in [tp for tp in waiting if tp not in before]:
+            del waiting[tp]  # no longer read
+        now = time.monotonic()
+        for tp, records in batch.items():
+            expected = before.get(tp)
+            if expected is None or not records:
+                continue
+            for i, record in enumerate(records):
+                offset = record.offset
+                if offset > expected:
+                    missing, since = waiting.get(tp, (expected, now))
+                    if missing != expected:
+                        since = now
+                    if now - since < self.hold_s:
+                        waiting[tp] = (expected, since)
+                        del records[i:]
+                        consumer.seek(tp, expected)
+                        break
+                    waiting.pop(tp, None)
+                    self.given_up += 1
+                    self.on_gap(tp, expected, offset, now - since)
+                expected = offset + 1
+            else:
+                if waiting.pop(tp, None) is not None:
+                    self.closed += 1
+        return {tp: records for tp, records in batch.items() if records}
+
+
+def gap_logger(log: Any, reader: str, counter: Callable[[str], None] | None = None) -> OnGap:
+    """An ``OnGap`` that logs the gap (and counts it per topic)."""
+
+    def report(tp: TopicPartition, missing: int, seen: int, waited_s: float) -> None:
+        log.error(
+            "offset_gap",
+            reader=reader,
+            topic=tp.topic,
+            partition=tp.partition,
+            first_missing=missing,
+            next_seen=seen,
+            missing_records=seen - missing,
+            waited_s=round(waited_s, 3),
+        )
+        if counter is not None:
+            counter(tp.topic)
+
+    return report
+
 
 async def getmany(
     consumer: Any,
@@ -31,13 +120,17 @@ async def getmany(
     max_records: int | None,
     on_unreadable: OnUnreadable,
     owned: Iterable[TopicPartition] | None = None,
+    gaps: GapWatch | None = None,
 ) -> Batch:
     """``consumer.getmany`` (of every partition it reads; ``owned`` names them when the
-    consumer cannot) that skips, and reports, the records the client cannot parse.
+    consumer cannot) that skips, and reports, the records the client cannot parse, and, with
+    ``gaps``, hands out no record past an offset it never saw (see ``GapWatch``).
 
     A failed call hands out nothing, but may have moved the positions of the partitions it
     drained before the one that failed: so every position is taken before the call, and after
-    a failure each partition goes back to it and is read again, one record at a time.
+    a failure each partition goes back to it and is read again, one record at a time. Only
+    back: a rebalance during the call may have reset a partition to its committed offset,
+    below the position taken, and going forward from there would skip records.
     """
     tps = list(consumer.assignment() if owned is None else owned)
     before = {tp: await consumer.position(tp) for tp in tps}
@@ -46,12 +139,13 @@ async def getmany(
     except UNREADABLE:
         still = set(consumer.assignment() if owned is None else tps)
         for tp, position in before.items():
-            if tp in still:  # a rebalance during the call may have taken some away
+            if tp in still and position <= await consumer.position(tp):
                 consumer.seek(tp, position)
-        return await _one_by_one(
+        batch = await _one_by_one(
             consumer, still, timeout_ms, max_records or _ONE_BY_ONE_LIMIT, on_unreadable
         )
-    return batch
+        return batch if gaps is None else gaps.check(consumer, before, batch)
+    return batch if gaps is None else gaps.check(consumer, before, batch)
 
 
 async def _one_by_one(
@@ -103,4 +197,13 @@ def skipping(name: str, log: Any, counter: Callable[[], None] | None = None) -> 
     return skip
 
 
-__all__ = ["UNREADABLE", "OnUnreadable", "getmany", "skipping"]
+__all__ = [
+    "GAP_HOLD_S",
+    "UNREADABLE",
+    "GapWatch",
+    "OnGap",
+    "OnUnreadable",
+    "gap_logger",
+    "getmany",
+    "skipping",
+]

@@ -83,6 +83,13 @@ class LoopSeries:
             ["stage", "outcome"],
             registry=registry,
         )
+        self.offset_gaps = Counter(
+            f"{prefix}offset_gaps",
+            "Offsets never seen below a fetched record, waited for and then passed (the "
+            "broker handed out a record past one it had not stored)",
+            ["topic"],
+            registry=registry,
+        )
         self.ready = Gauge(f"{prefix}{role}_ready", "1 once joined and restored", registry=registry)
         self.heartbeat = Gauge(
             f"{prefix}{role}_heartbeat_timestamp_seconds",

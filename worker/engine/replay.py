@@ -14,7 +14,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from worker.engine.fetch import OnUnreadable, skipping
+from worker.engine.fetch import GapWatch, OnUnreadable, skipping
 from worker.engine.fetch import getmany as fetch_records
 from worker.runtime.logs import get_logger
 
@@ -47,6 +47,7 @@ async def replay_to_highwater(
     max_records: int = 10_000,
     assign: bool = True,
     on_unreadable: OnUnreadable | None = None,
+    gaps: GapWatch | None = None,
 ) -> dict[TopicPartition, Replayed]:
     """Assign ``tps`` to the started, group-less ``consumer`` (replacing whatever it had), seek
     each to its beginning and hand every batch to ``on_batch`` until each partition reached
@@ -54,6 +55,7 @@ async def replay_to_highwater(
 
     ``assign=False`` skips the assignment and the seek, for a caller that already did both
     (a tail does it when it starts, so its consumer fetches before the replay task runs).
+    ``gaps`` (for topics with dense offsets) holds back records past an offset never seen.
     All partitions are read at once and none is paused: a partition that is complete early
     keeps handing over whatever arrives on it until the others are, so a caller that keeps
     reading afterwards (a tail) sees every record, in order, and continues where this ended.
@@ -72,6 +74,7 @@ async def replay_to_highwater(
             max_records=max_records,
             on_unreadable=skip,
             owned=tps,
+            gaps=gaps,
         )
         for tp, records in chunk.items():
             counts[tp] += len(records)

@@ -14,8 +14,8 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
+from worker.engine.fetch import GapWatch, skipping
 from worker.engine.fetch import getmany as fetch_records
-from worker.engine.fetch import skipping
 from worker.engine.replay import replay_to_highwater
 from worker.runtime.logs import get_logger
 
@@ -90,10 +90,16 @@ class TopicTail:
         idle_timeout_ms: int = 200,
         max_records: int = 2000,
         only: Callable[[list[int]], list[int]] | None = None,
+        gaps: GapWatch | None = None,
     ) -> None:
         self.consumer = consumer
         self.topic = topic
         self._only = only
+        #: For a topic whose offsets are dense: no record handed out past one never seen.
+        self.gaps = gaps
+        #: When the loop last came back from a fetch (monotonic): a reader that stopped
+        #: fetching is behind however small its lag looks.
+        self.last_fetch = time.monotonic()
         self.name = name
         self._idle_timeout_ms = idle_timeout_ms
         self._max_records = max_records
@@ -153,6 +159,10 @@ class TopicTail:
     def on_failure(self, exc: BaseException) -> None:
         """Called once when the loop dies. Overridden by subclasses."""
 
+    def after_fetch(self) -> None:
+        """Called after each fetch once caught up, its records handled. Overridden by
+        subclasses."""
+
     def _count_skip(self) -> None:
         self.skipped += 1
 
@@ -192,6 +202,7 @@ class TopicTail:
                 max_records=self._max_records,
                 assign=False,  # start() did
                 on_unreadable=skip,
+                gaps=self.gaps,
             )
             self._caught_up.set()
             log.info(
@@ -209,9 +220,12 @@ class TopicTail:
                     max_records=self._max_records,
                     on_unreadable=skip,
                     owned=self._tps,
+                    gaps=self.gaps,
                 )
+                self.last_fetch = time.monotonic()
                 for tp, records in batch.items():
                     self._take(tp, records)
+                self.after_fetch()
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
