@@ -1,20 +1,9 @@
 """``POST .../replay``: re-send an endpoint's past events. A bounded background scan of
 auth.status and auth.errors turns matching events into ``Replay`` records the dispatcher
 delivers under their original webhook-ids; per-workspace and per-process bounds refuse with
-429 (docs/operations.md, "Quotas").
-
-The request answers with the replay id at once; the scan is a task of this process, one
-running per workspace and ``max_running`` in all. It reads only what can match: each
-partition from the first record stamped at or after ``since`` (less ``seek_margin_s``, for
-clocks that disagree) as the broker's timestamp index (ListOffsets by time,
-``offsets_for_times``) finds it, up to the high-water mark taken when the scan starts, never
-what arrives afterwards; it decodes ``DECODE_SLICE`` records between yields to the event loop
-(it runs on the front-end's). A partition without a record stamped at or after that time is
-not read at all. Kafka answers "none" with offset -1 (aiokafka's ``None``); the embedded
-broker (Tansu) indexes by append time, correctly for a time within the log, and answers
-"none" with offset 0 and timestamp -1: both read as "nothing to read", never as offset 0.
-An event is replayed only when its own ``occurred_at`` is at or after ``since`` too, so a
-broker whose index started early would cost reading, never a wrong delivery."""
+429 (docs/operations.md, "Quotas"). The scan reads each partition from ``since`` (the broker's
+timestamp index) to the high-water mark of its start, yielding to the loop as it decodes
+(``ReplayRunner._scan_topic``)."""
 
 from __future__ import annotations
 
@@ -264,7 +253,20 @@ class ReplayRunner:
         since: datetime,
         counts: list[int],
     ) -> None:
-        """Read ``topic`` from ``since`` (``_starts``) to the high-water marks of now."""
+        """Read ``topic`` from ``since`` to the high-water marks of now.
+
+        The request answered with the replay id at once; this runs in the replay's task, one
+        per workspace and ``max_running`` in all. Each partition is read from the first record
+        stamped at or after ``since`` less ``seek_margin_s`` (clocks that disagree) as the
+        broker's timestamp index (ListOffsets by time, ``offsets_for_times``) finds it, up to
+        the high-water mark taken here, never what arrives afterwards; a partition without
+        such a record is not read. Kafka answers "none" with offset -1 (aiokafka's ``None``);
+        the embedded broker (Tansu) indexes by append time, correctly for a time within the
+        log, and answers "none" with offset 0 and timestamp -1: both read as "nothing to
+        read", never as offset 0. An event is replayed only when its ``occurred_at`` is at or
+        after ``since`` too, so an index that starts early costs reading, never a wrong
+        delivery. ``DECODE_SLICE`` records are decoded between yields to the event loop (the
+        front-end's)."""
         tps = await assign_all(consumer, topic)
         ends = await high_water_marks(consumer, tps)
         starts = await self._starts(consumer, ends, since)

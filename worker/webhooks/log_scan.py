@@ -1,13 +1,8 @@
 """``GET .../deliveries`` as a bounded, on-demand scan of the endpoint's partition of the
 delivery log: a replica holds no log and a request costs at most ``window`` records
-(docs/architecture.md, "A replica's cost follows its own traffic").
-
-Scans do not queue behind each other across workspaces: each runs on a consumer of its own,
-up to ``max_concurrent`` at once per process (the consumers are built on demand and kept for
-the next scans). The route allows one scan per workspace at a time (``ScanTurns``, a second
-answers 429), so a workspace whose scans are slow holds one consumer, never the others'; a
-request waits for a consumer only while ``max_concurrent`` other workspaces scan, and that wait
-counts against its ``timeout_s``."""
+(docs/architecture.md, "A replica's cost follows its own traffic"). Scans do not queue behind
+each other across workspaces: each runs on a consumer of its own, ``max_concurrent`` at most
+per process (``DeliveryLogScan``)."""
 
 from __future__ import annotations
 
@@ -47,6 +42,11 @@ class DeliveryLogScan:
     the first, a scan that finds none idle builds another, up to ``max_concurrent``; ``stop``
     closes them all. ``window`` is how many of the partition's last records a scan reads at
     most (plus one fetched batch).
+
+    The route allows one scan per workspace at a time (``ScanTurns``, a second answers 429),
+    so a workspace whose scans are slow holds one consumer, never the others'; a request waits
+    for a consumer only while ``max_concurrent`` other workspaces scan, and that wait counts
+    against its ``timeout_s``.
     """
 
     def __init__(

@@ -1,12 +1,8 @@
 """Which webhook URLs and addresses the dispatcher may reach: the SSRF defence, for the API's
 check (no DNS) and for delivery (every resolved address vetted). Refusals carry a stable
 ``url_*`` / ``target_*`` reason for the API and the metrics (docs/architecture.md, "Webhook
-fan-out").
-
-Delivery's DNS lookups go through ``BoundedLookup`` (``system_lookup``): getaddrinfo on a
-thread pool of its own, a cap on the threads each workspace holds, a time-out that frees the
-caller, one lookup per host at a time and a short memory of failing hosts; so endpoints
-whose nameserver never answers hold their own workspace's threads, not everyone's."""
+fan-out"). Delivery's lookups are bounded per workspace (``BoundedLookup``): a zone whose
+nameserver never answers holds its own workspace's resolver threads, not everyone's."""
 
 from __future__ import annotations
 
