@@ -297,7 +297,10 @@ class Target:
 
 def plan(letter: DeadLetter, partitions: dict[str, int]) -> Target | str:
     """The target of ``letter``, or why it is skipped. ``partitions``: the partition count of
-    each topic a redrive may write."""
+    each topic a redrive may write. A truncated letter (``DeadLetter.truncated``) is never
+    redriven: it is not the original record, and its source would read it as that."""
+    if letter.truncated:
+        return f"truncated ({','.join(letter.truncated)}): not the original record, not redriven"
     source = letter.source
     if source is None:
         if letter.header(SOURCE) is not None:

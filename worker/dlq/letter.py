@@ -13,9 +13,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from worker.contract.messages import DECODE_REASONS, rfc3339
+from worker.engine.dead_letter import (
+    HEADERS_BYTES,
+    HEADERS_COUNT,
+    KEY_BYTES,
+    KEY_SHA256,
+    PARTS,
+    TRUNCATED,
+    VALUE_BYTES,
+    VALUE_SHA256,
+)
 from worker.engine.faults import (
     ATTEMPTS,
     DETAIL,
+    DETAIL_LIMIT,
     EXCEPTION,
     FAULT_REASONS,
     FINGERPRINT,
@@ -51,6 +62,10 @@ _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _NUMBER = re.compile(r"[0-9]{1,18}")
 _RELATIVE = re.compile(r"(\d{1,9}(?:\.\d{1,6})?)([smhdw])")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: The detail an older worker wrote on a dead letter whose value it left out (it kept no
+#: ``dlq.truncated``): the letter is not the original either.
+_LEFT_OUT = re.compile(rb"\(value of [0-9]{1,18} bytes left out\)$")
 
 # Lengths of the fields of one ``list`` line, in characters.
 FIELD_CHARS: Final = 64
@@ -200,6 +215,44 @@ class DeadLetter:
             + (f" {error}" if error else "")
         )
 
+    @property
+    def truncated(self) -> tuple[str, ...]:
+        """The parts of the original (``key``, ``value``, ``headers``) this letter holds only
+        in part: a record too large for a dead letter was cut to fit (``dlq.truncated``), or
+        an older worker left its value out. Empty when the letter holds the original whole.
+        A ``dlq.truncated`` naming nothing known reads as ``("unknown",)``: never whole."""
+        raw = self.header(TRUNCATED)
+        if raw is not None:
+            named = raw.decode("ascii", "replace").split(",")[: len(PARTS) + 1]
+            parts = tuple(p for p in PARTS if p in named)
+            return parts or ("unknown",)
+        detail = self.header(DETAIL)
+        if not self.value and detail is not None and _LEFT_OUT.search(detail[:DETAIL_LIMIT]):
+            return ("value",)
+        return ()
+
+    def original(self) -> dict[str, Any] | None:
+        """What a truncated letter says of its original: sizes in bytes and SHA-256 digests
+        (hex) of its key and value, its header count and bytes; None when it says nothing.
+        Only well-formed values are shown (a number, 64 hex digits)."""
+        if self.header(TRUNCATED) is None:
+            return None
+        fields = {
+            "key_bytes": (KEY_BYTES, _NUMBER),
+            "key_sha256": (KEY_SHA256, _SHA256),
+            "value_bytes": (VALUE_BYTES, _NUMBER),
+            "value_sha256": (VALUE_SHA256, _SHA256),
+            "headers_count": (HEADERS_COUNT, _NUMBER),
+            "headers_bytes": (HEADERS_BYTES, _NUMBER),
+        }
+        out: dict[str, Any] = {}
+        for name, (header, pattern) in fields.items():
+            raw = self.header(header)
+            text = None if raw is None else raw.decode("ascii", "replace")
+            if text is not None and pattern.fullmatch(text):
+                out[name] = int(text) if pattern is _NUMBER else text
+        return out
+
     def original_headers(self) -> list[tuple[str, bytes | None]]:
         """Every header not starting with ``dlq.``: what the record carried when it failed."""
         return [(k, v) for k, v in self.headers if not k.startswith(PREFIX)]
@@ -228,11 +281,16 @@ class DeadLetter:
             "redriven_from": self.text(REDRIVEN, 300),
             "webhook": webhook or None,
             "value_bytes": None if self.value is None else len(self.value),
+            "truncated": list(self.truncated) or None,
+            "original": self.original(),
         }
 
     def line(self) -> str:
         """One tab-separated ``list`` line: position, time, reason, key, source, exception,
-        detail (cut)."""
+        detail (cut; after ``[truncated: …]`` when the letter is not the whole original)."""
+        detail = self.detail
+        if self.truncated:
+            detail = f"[truncated: {','.join(self.truncated)}] {detail or ''}".rstrip()
         fields = (
             self.at,
             self.time,
@@ -240,7 +298,7 @@ class DeadLetter:
             None if self.key is None else printable(self.key, FIELD_CHARS),
             self.source_text,
             self.text(EXCEPTION),
-            self.detail,
+            detail,
         )
         return "\t".join(f or "-" for f in fields)
 
@@ -366,8 +424,14 @@ def show_text(letter: DeadLetter, *, limit: int | None) -> str:
         f"reason     {letter.reason or '-'}",
         f"source     {letter.source_text or '-'}",
         "key        " + ("null" if letter.key is None else printable(letter.key, 1024)),
-        f"headers    {len(letter.headers)}",
     ]
+    if letter.truncated:
+        rows.append(
+            f"truncated  {', '.join(letter.truncated)}: only part of the original record is "
+            "kept; it cannot be redriven"
+        )
+        rows += [f"  original {name}: {value}" for name, value in (letter.original() or {}).items()]
+    rows.append(f"headers    {len(letter.headers)}")
     rows += [
         f"  {printable(k.encode(), 256)}: " + ("null" if v is None else _shown(v, header_limit))
         for k, v in letter.headers

@@ -1,38 +1,185 @@
 """Handing a record to a dead-letter topic, the fault in its headers (docs/architecture.md,
-"Failure handling"); what an operator reads back is ``worker.dlq``."""
+"Failure handling"); what an operator reads back is ``worker.dlq``.
+
+A dead letter always fits under ``MAX_RECORD_BYTES``, whatever the record it stands for: a
+record can reach us larger than anything we write (a broker or topic limit above ours, a key
+of a megabyte), and a dead letter refused for its size would leave the record nowhere to go
+(the lane would fail, and the next owner of the partition with it). The original is kept whole
+when it fits beside the fault's headers; otherwise its key, value and headers are cut to fit,
+and ``dlq.truncated`` with the original sizes and SHA-256 digests say so. A truncated letter is
+not the original: ``python -m worker dlq redrive`` refuses it."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import hashlib
+from typing import Any, Final
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
-from worker.engine.faults import Fault, RecordRejected, dead_letter_headers
+from worker.engine.faults import PREFIX, Fault, RecordRejected
 from worker.engine.outage import MAX_RECORD_BYTES, Sent, enqueue, record_size
+
+#: Header names of a truncated dead letter, after the fault's. ``dlq.truncated`` lists the
+#: parts cut (``key``, ``value``, ``headers``, comma-separated); the others describe the
+#: original: sizes in bytes (decimal), digests in lower-case hex. A part that was null has no
+#: size or digest.
+TRUNCATED: Final = "dlq.truncated"
+KEY_BYTES: Final = "dlq.key_bytes"
+KEY_SHA256: Final = "dlq.key_sha256"
+VALUE_BYTES: Final = "dlq.value_bytes"
+VALUE_SHA256: Final = "dlq.value_sha256"
+HEADERS_COUNT: Final = "dlq.headers_count"
+HEADERS_BYTES: Final = "dlq.headers_bytes"
+#: The parts ``dlq.truncated`` names.
+PARTS: Final = ("key", "value", "headers")
+
+#: Room kept for the fault's ``dlq.*`` headers and the truncation headers (together under 2 KiB:
+#: the detail is at most 1 KiB, the source a topic name of at most 249 characters).
+_RESERVED: Final = 8 * 1024
+#: What a dead letter holds of its original (key, value and headers together).
+ORIGINAL_BYTES: Final = MAX_RECORD_BYTES - _RESERVED
+#: The most of an original key a truncated dead letter keeps: a key is an account id (tens of
+#: bytes), and the digest names the whole.
+TRUNCATED_KEY_BYTES: Final = 1024
+#: Counted per header beside its name and value (the record format's varints, at most).
+_HEADER_OVERHEAD: Final = 10
 
 
 async def dead_letter(
     producer: AIOKafkaProducer, topic: str, msg: ConsumerRecord[bytes, bytes], fault: Fault
 ) -> Sent:
-    """Hand ``msg`` to the dead-letter ``topic`` with ``fault`` in its headers.
-
-    The value is kept whole. Only a value that is itself over the record bound (a record that
-    reached us over a larger broker limit) is left out, with a detail that says so: the
-    ``dlq.source`` header still names it in its topic.
-    """
+    """Hand ``msg`` to the dead-letter ``topic`` with ``fault`` in its headers, cut to fit
+    (the module docstring); never refused for the record's size. Any ``dlq.*`` headers of an
+    earlier dead-lettering (which a redrive carries) are dropped from the original's."""
     source = (msg.topic, msg.partition, msg.offset)
-    room = MAX_RECORD_BYTES - record_size(msg.value, msg.key, None)
-    headers = dead_letter_headers(msg.headers, fault, source, room=room)
+    key, value, headers = letter_parts(msg.key, msg.value, msg.headers, fault, source)
+    try:
+        return await enqueue(producer, topic, value, key=key, headers=headers)
+    except RecordRejected:
+        # The producer refused even a record under the bound (its own limit is lower): the
+        # fault and the original's coordinates, sizes and digests alone.
+        key, value, headers = letter_parts(msg.key, msg.value, msg.headers, fault, source, room=0)
+        return await enqueue(producer, topic, value, key=key, headers=headers)
+
+
+def letter_parts(
+    key: bytes | None,
+    value: bytes | None,
+    original: Any,
+    fault: Fault,
+    source: tuple[str, int, int],
+    *,
+    room: int = ORIGINAL_BYTES,
+) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+    """The key, value and headers of the dead letter of a record (``key``, ``value``, its
+    headers ``original``) that failed with ``fault`` at ``source``: the original whole when
+    it fits in ``room`` bytes, else cut to fit with the truncation headers."""
+    kept = _original_headers(original)
+    header_sizes = [_header_size(k, v) for k, v in kept]
+    key_size, value_size = len(key or b""), len(value or b"")
+    whole = key_size + value_size + sum(header_sizes) <= room
+    if whole:
+        new_key, new_value, new_headers = key, value, kept
+    else:
+        new_key = None if key is None else key[: min(TRUNCATED_KEY_BYTES, room)]
+        rest = max(0, room - len(new_key or b""))
+        value_room, headers_room = _shares(value_size, sum(header_sizes), rest)
+        new_value = None if value is None else value[:value_room]
+        new_headers = []
+        used = 0
+        for header, size in zip(kept, header_sizes, strict=True):
+            if used + size > headers_room:
+                break
+            new_headers.append(header)
+            used += size
+    headers = [*new_headers, *fault.headers(source)]
+    if not whole:
+        headers += _truncation_headers(
+            key, value, kept, sum(header_sizes), new_key, new_value, new_headers
+        )
     # A record with neither key nor value (or one whose bytes could not be read) is kept as an
     # empty value: the producer refuses a record with neither.
-    value = b"" if msg.key is None and msg.value is None else msg.value
-    try:
-        return await enqueue(producer, topic, value, key=msg.key, headers=headers)
-    except RecordRejected:
-        size = len(msg.value or b"")
-        left_out = replace(fault, detail=f"{fault.detail} (value of {size} bytes left out)")
-        headers = dead_letter_headers(None, left_out, source, room=MAX_RECORD_BYTES)
-        return await enqueue(
-            producer, topic, None if msg.key else b"", key=msg.key, headers=headers
+    if new_key is None and new_value is None:
+        new_value = b""
+    size = record_size(new_value, new_key, headers)
+    if size > MAX_RECORD_BYTES and room > 0:  # the fault's headers alone are far below it
+        return letter_parts(key, value, original, fault, source, room=0)
+    return new_key, new_value, headers
+
+
+def _original_headers(original: Any) -> list[tuple[str, bytes]]:
+    """The original's headers but any ``dlq.*``; a null value (the record format allows
+    one) is kept as empty bytes, which is what every writer here can send."""
+    return [
+        (str(k), b"" if v is None else bytes(v))
+        for k, v in original or ()
+        if not str(k).startswith(PREFIX)
+    ]
+
+
+def _header_size(name: str, value: bytes) -> int:
+    return len(name.encode("utf-8", "surrogatepass")) + len(value) + _HEADER_OVERHEAD
+
+
+def _shares(value_size: int, headers_size: int, room: int) -> tuple[int, int]:
+    """``room`` split between the value and the headers: the smaller whole when it takes at
+    most half, the rest to the other; else half each."""
+    if value_size + headers_size <= room:
+        return value_size, headers_size
+    half = room // 2
+    if headers_size <= half:
+        return room - headers_size, headers_size
+    if value_size <= half:
+        return value_size, room - value_size
+    return half, room - half
+
+
+def _truncation_headers(
+    key: bytes | None,
+    value: bytes | None,
+    original: list[tuple[str, bytes]],
+    original_bytes: int,
+    new_key: bytes | None,
+    new_value: bytes | None,
+    new_headers: list[tuple[str, bytes]],
+) -> list[tuple[str, bytes]]:
+    cut = [
+        part
+        for part, was_cut in (
+            ("key", key is not None and new_key != key),
+            ("value", value is not None and new_value != value),
+            ("headers", len(new_headers) < len(original)),
         )
+        if was_cut
+    ]
+    headers = [(TRUNCATED, ",".join(cut).encode())]
+    if key is not None:
+        headers += [(KEY_BYTES, str(len(key)).encode()), (KEY_SHA256, _sha256(key))]
+    if value is not None:
+        headers += [(VALUE_BYTES, str(len(value)).encode()), (VALUE_SHA256, _sha256(value))]
+    headers += [
+        (HEADERS_COUNT, str(len(original)).encode()),
+        (HEADERS_BYTES, str(original_bytes).encode()),
+    ]
+    return headers
+
+
+def _sha256(raw: bytes) -> bytes:
+    return hashlib.sha256(raw).hexdigest().encode()
+
+
+__all__ = [
+    "HEADERS_BYTES",
+    "HEADERS_COUNT",
+    "KEY_BYTES",
+    "KEY_SHA256",
+    "ORIGINAL_BYTES",
+    "PARTS",
+    "TRUNCATED",
+    "TRUNCATED_KEY_BYTES",
+    "VALUE_BYTES",
+    "VALUE_SHA256",
+    "dead_letter",
+    "letter_parts",
+]
