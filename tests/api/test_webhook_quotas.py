@@ -282,46 +282,6 @@ async def test_a_full_process_refuses_with_429_not_500(
 # -- deliveries scans per workspace ---------------------------------------------------------
 
 
-async def test_one_deliveries_scan_per_workspace_and_the_other_workspace_still_served(
-    quota_settings: Callable[..., Settings],
-) -> None:
-    """The front-end scans the delivery log one endpoint at a time, and a request's wait counts
-    against its time-out. ws_a's second deliveries request while its first waits is refused 429
-    with Retry-After instead of queueing ahead of ws_b's; once the scan ahead ends, ws_a's first
-    and ws_b's are both answered (without the turns, ws_a's flood queued ahead of ws_b until
-    ws_b's request timed out into a 500)."""
-    registry = CollectorRegistry()
-    settings = quota_settings()
-    async with (
-        running_api(settings, registry=registry) as api,
-        httpx.AsyncClient(base_url=api.url) as http,
-    ):
-        mine = f"{ONE.format((await create(http))['id'])}/deliveries"
-        theirs = f"{ONE.format((await create(http, KEY_B))['id'])}/deliveries"
-        scan = hooks(api).deliveries
-
-        def waiting() -> int:
-            waiters: Any = scan._turn._waiters  # asyncio.Lock's queue: who waits for the scan
-            return len(waiters or ())
-
-        async with scan._turn:  # a scan in progress: every request waits its turn behind it
-            first = asyncio.create_task(http.get(mine, headers=headers()))
-            await wait_until(lambda: waiting() == 1, what="ws_a's first request waiting")
-            refused = await http.get(mine, headers=headers())
-            message = assert_error(refused, 429, *TOO_MANY)["error"]["message"]
-            assert "still being answered" in message
-            assert refused.headers["retry-after"] == str(quotas.SCAN_RETRY_AFTER_S)
-            assert refusals(registry, quotas.DELIVERY_SCANS) == 1
-            other = asyncio.create_task(http.get(theirs, headers=headers(KEY_B)))
-            await wait_until(lambda: waiting() == 2, what="ws_b's request waiting, not refused")
-        assert ok(await first) == [] and ok(await other) == []
-        assert ok(await http.get(mine, headers=headers())) == []  # ws_a's turn is free again
-        assert refusals(registry, quotas.DELIVERY_SCANS) == 1
-
-
-# -- signing secrets ------------------------------------------------------------------------
-
-
 async def test_forty_rotations_leave_two_secrets_and_a_bounded_record(
     quota_settings: Callable[..., Settings],
 ) -> None:

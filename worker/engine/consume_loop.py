@@ -125,6 +125,10 @@ class Lane:
     task: asyncio.Task[None] | None = None
 
 
+#: A lane's key is the record's key, of any length the broker accepts: log lines keep its
+#: start only.
+LOGGED_KEY_CHARS = 200
+
 #: Upper bound of the last commit after the drain; part of ``runner.shutdown_hard_limit``.
 FINAL_COMMIT_TIMEOUT_S = 5.0
 
@@ -315,7 +319,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         except _Revoked:
             return  # the next owner answers it
         except BaseException as exc:  # a process fault: as a lane's, it stops the loop
-            log.exception("aside_failed", account_id=key)
+            log.exception("aside_failed", account_id=key[:LOGGED_KEY_CHARS])
             self._fatal = exc
             self._stopping.set()
             return
@@ -351,7 +355,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         except _Revoked:
             pass  # the next owner replays what was not finished
         except BaseException as exc:
-            log.exception("lane_failed", account_id=key)
+            log.exception("lane_failed", account_id=key[:LOGGED_KEY_CHARS])
             self._fatal = exc
             self._stopping.set()
         finally:
@@ -386,7 +390,12 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             except BaseException as exc:
                 if is_process_fault(exc):
                     raise
-                where = {"stage": stage, "key": key, "partition": partition, "attempt": attempt}
+                where = {
+                    "stage": stage,
+                    "key": key[:LOGGED_KEY_CHARS],
+                    "partition": partition,
+                    "attempt": attempt,
+                }
                 if item is not None:
                     where["offset"] = item.offset
                 if attempt < self.config.record_attempts and not is_permanent(exc):
@@ -436,7 +445,12 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         except BaseException as exc:
             if is_process_fault(exc):
                 raise
-            log.error("give_up_failed", key=key, partition=partition, error=repr(exc)[:300])
+            log.error(
+                "give_up_failed",
+                key=key[:LOGGED_KEY_CHARS],
+                partition=partition,
+                error=repr(exc)[:300],
+            )
 
     def _settled(self) -> None:
         self.in_flight -= 1

@@ -404,10 +404,12 @@ def context_from_headers(headers: Iterable[tuple[str, bytes]] | None) -> Context
     """The parent context in a Kafka record's headers (``ROOT`` when it has none)."""
     traceparent = tracestate = None
     for key, value in headers or ():
+        if not value:  # a header without a value (null) carries no context
+            continue
         if key == TRACEPARENT:
-            traceparent = value.decode("latin-1")
+            traceparent = value[:512].decode("latin-1")
         elif key == TRACESTATE:
-            tracestate = value.decode("latin-1")
+            tracestate = value[:512].decode("latin-1")
     return context_from_traceparent(traceparent, tracestate)
 
 
