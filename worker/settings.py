@@ -380,6 +380,14 @@ class Settings(BaseSettings):
         description="Open connections one front-end process serves at once; more: 503 and "
         "closed at once.",
     )
+    api_max_connections_per_client: int = Field(
+        default=100,
+        ge=0,
+        description="Open connections one client address (an IPv6 client's /64) holds at once, "
+        "per front-end process (0: no bound); more: 503 and closed at once. The address is the "
+        "TCP peer's: behind a proxy that does not keep client addresses every client shares "
+        "the proxy's, so raise it there or set 0.",
+    )
     api_rate_limit_per_s: float = Field(
         default=100.0,
         ge=0,

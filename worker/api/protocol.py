@@ -1,33 +1,66 @@
 """The front-end's HTTP/1.1 connection: uvicorn's httptools protocol plus the head-size,
-header-count, time-out and connection limits uvicorn lacks (docs/operations.md, "Front-door
-limits"; why: docs/architecture.md, "The front-end"). Refusals below the app are plain text
-with ``Connection: close``, then a linger, so the client reads the answer, not a reset."""
+header-count, time-out, pipelining and connection limits uvicorn lacks (docs/operations.md,
+"Front-door limits"; why: docs/architecture.md, "The front-end"). Refusals below the app are
+plain text with ``Connection: close``, then a linger, so the client reads the answer, not a
+reset."""
 
 from __future__ import annotations
 
 import asyncio
 import http
+import ipaddress
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
+from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 LINGER_S: Final = 1.0
 """How long a refused connection's input is drained before it is closed."""
 
+MAX_PIPELINED: Final = 16
+"""Requests read ahead of the one being answered on a connection (HTTP/1.1 pipelining). At
+the bound the connection is not read further (``pause_reading``) and the rest of the last read
+is held unparsed until an answer makes room: the connection holds at most this many parsed
+requests plus one read, never a whole flood's worth."""
+
+WRITE_TIMEOUT_S: Final = 30.0
+"""Longest a peer may leave its answers unread: from the moment the unsent answer bytes pass
+the transport's high-water mark (64 KiB), or from a close with answer bytes still unsent, to
+the moment they drain; then the connection is aborted (reason ``write_timeout``)."""
+
+_HEAD_END: Final = b"\n\r\n"
+"""Every request head ends with ``\\r\\n\\r\\n`` (llhttp requires the CRs): its last byte is
+the last byte of a ``\\n\\r\\n``, which is what ``_slice_end`` counts (a superset)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    """The per-connection limits (settings ``API_MAX_HEADER_BYTES`` and the rest)."""
+    """The per-connection limits (settings ``API_MAX_HEADER_BYTES`` and the rest).
+
+    ``max_connections_per_client`` bounds the connections of one client address (an IPv6
+    client's /64), ``0`` for no bound. The address is the TCP peer's: behind a proxy or a
+    load balancer that does not keep client addresses (a Kubernetes Service with
+    ``externalTrafficPolicy: Cluster``, an ingress, a sidecar) every client shares the
+    proxy's address, and the bound is then one on the proxy: raise it or set ``0`` there.
+    """
 
     max_head_bytes: int
     max_headers: int
     head_timeout_s: float
     body_timeout_s: float
     max_connections: int
+    max_connections_per_client: int = 0
+    max_pipelined: int = MAX_PIPELINED
+    write_timeout_s: float = WRITE_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.max_pipelined < 1:
+            raise ValueError("max_pipelined must be at least 1: the request being read")
 
 
 class _Refused(Exception):
@@ -42,6 +75,49 @@ Refusal = Callable[[str], None]
 class _Policy:
     limits: ConnectionLimits
     on_refusal: Refusal
+    clients: dict[str, int] = field(default_factory=dict)
+    """Open connections per client address (``client_key``), of one server; a key goes with
+    its last connection, so the map is never larger than the connections."""
+
+
+def client_key(host: str) -> str:
+    """The address a client's connections are counted under: an IPv4 address as it is, an
+    IPv6 one by its /64 (one host is commonly given a whole /64), an IPv4-mapped IPv6 address
+    as the IPv4 address."""
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((int(address) >> 64 << 64, 64)))
+
+
+def _next_head_end(data: bytes, pos: int) -> int:
+    """The first index from ``pos`` at which a request head may end, or -1. A head begun in
+    an earlier read may end at a read's first two bytes; those count when ``pos`` is there."""
+    if pos == 0 and data[:1] == b"\n":
+        return 0
+    if pos <= 1 and data[:2] == b"\r\n":
+        return 1
+    found = data.find(_HEAD_END, max(pos - 2, 0))
+    return -1 if found < 0 else found + 2
+
+
+def _slice_end(data: bytes, start: int, room: int) -> int:
+    """The end of the longest ``data[start:end]`` in which at most ``room`` (at least 1)
+    request heads can end: one ``find`` per head, so a slice holding bodies or few heads is
+    fed to the parser in one go."""
+    pos = start
+    for _ in range(room):
+        end = _next_head_end(data, pos)
+        if end < 0:
+            return len(data)
+        pos = end + 1
+    end = _next_head_end(data, pos)
+    return len(data) if end < 0 else end
 
 
 def plain_response(status: int, *, retry_after_s: int | None = None) -> bytes:
@@ -57,6 +133,20 @@ def plain_response(status: int, *, retry_after_s: int | None = None) -> bytes:
         + b"connection: close\r\n\r\n"
         + body
     )
+
+
+class _Flow(FlowControl):
+    """uvicorn's flow control, except that reading stays paused while the protocol holds
+    input or its pipeline is full (uvicorn resumes it after every answer and on every
+    ``receive``)."""
+
+    def __init__(self, transport: asyncio.Transport, holding: Callable[[], bool]) -> None:
+        super().__init__(transport)
+        self._holding = holding
+
+    def resume_reading(self) -> None:
+        if not self._holding():
+            super().resume_reading()
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
@@ -84,22 +174,114 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._in_body = False
         self._timer: asyncio.TimerHandle | None = None
         self._refused = False
+        # Input read but not parsed yet (the pipeline was full): ``_input[_input_at:]``.
+        self._input = b""
+        self._input_at = 0
+        self._pump_scheduled = False
+        # The write deadline: armed while answers go unread (``WRITE_TIMEOUT_S``).
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._client_key: str | None = None
+        # The request being answered (uvicorn's ``cycle`` is the last one read).
+        self._answering: RequestResponseCycle | None = None
 
     # -- connection --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.flow = _Flow(transport, self._holding)
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, "connection_limit")
+            return
+        if not self._take_client_slot():
+            self._refuse(503, "client_connection_limit")
             return
         self._reading_head = True
         self._arm_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # uvicorn marks the last request read as disconnected; with requests pipelined, the
+        # one being answered is another (waiting in ``drain``, it would write to the closed
+        # transport: uvloop raises).
+        self._answer_abandoned()
         self._cancel_timer()
+        self._cancel_write_deadline()
+        self._release_client_slot()
+        self._input = b""
+        self._input_at = 0
         super().connection_lost(exc)
 
+    def _take_client_slot(self) -> bool:
+        """Count the connection under its client's address; ``False`` when the address holds
+        its bound already."""
+        limit = self.limits.max_connections_per_client
+        if limit <= 0 or self.client is None:
+            return True
+        key = client_key(self.client[0])
+        clients = self.policy.clients
+        held = clients.get(key, 0)
+        if held >= limit:
+            return False
+        clients[key] = held + 1
+        self._client_key = key
+        return True
+
+    def _release_client_slot(self) -> None:
+        key, self._client_key = self._client_key, None
+        if key is None:
+            return
+        clients = self.policy.clients
+        left = clients.get(key, 1) - 1
+        if left > 0:
+            clients[key] = left
+        else:
+            clients.pop(key, None)
+
+    # -- reading: pipelining within its bound -------------------------------------------------
+
     def data_received(self, data: bytes) -> None:
+        """Take a read, and parse as much of it as the pipeline has room for."""
+        if self._refused:
+            return
+        if self._input_at < len(self._input):
+            # Reading is paused while input is held; should a read come in anyway, keep it.
+            self._input = self._input[self._input_at :] + data
+        else:
+            self._input = data
+        self._input_at = 0
+        self._pump()
+
+    def _holding(self) -> bool:
+        """Whether the connection must not be read now: input is held, or the pipeline is
+        full."""
+        return self._input_at < len(self._input) or len(self.pipeline) >= self.limits.max_pipelined
+
+    def _pump(self) -> None:
+        """Parse held input in slices in which at most as many heads can end as the pipeline
+        has room for; at the bound, keep the rest and pause reading until an answer is out."""
+        self._pump_scheduled = False
+        data = self._input
+        while self._input_at < len(data) and not self._refused and not self.transport.is_closing():
+            room = self.limits.max_pipelined - len(self.pipeline)
+            if room <= 0:
+                break
+            start = self._input_at
+            end = _slice_end(data, start, room)
+            self._input_at = end
+            self._parse(data if start == 0 and end == len(data) else memoryview(data)[start:end])
+        if self._refused or self.transport.is_closing() or self._input_at >= len(self._input):
+            self._input = b""
+            self._input_at = 0
+        if self._refused or self.transport.is_closing():
+            return
+        if self._holding():
+            self.flow.pause_reading()
+        elif self.cycle is None or len(self.cycle.body) <= HIGH_WATER_LIMIT:
+            # uvicorn pauses while a request is pipelined and resumes after the answer; the
+            # bound is ``max_pipelined`` here (a large body keeps uvicorn's own pause).
+            self.flow.resume_reading()
+        self._arm_timer()
+
+    def _parse(self, data: bytes | memoryview) -> None:
         """Feed the parser, a head never more than the head budget at a time."""
         view: bytes | memoryview = data
         while view and not self._refused:
@@ -117,8 +299,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             if self._heads_read == heads and not self._refused and not self.transport.is_closing():
                 # The budget is spent and the head goes on.
                 self._refuse(431, "header_too_large")
-        if not self._refused:
-            self._arm_timer()
 
     def _feed(self, data: bytes | memoryview) -> None:
         """``HttpToolsProtocol.data_received``, minus what a refusal already answered."""
@@ -131,6 +311,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         callback raised ``_Refused``): the refusal is then the connection's one answer."""
         if not self._refused:
             super().send_400_response(msg)
+            self._write_deadline_if_unsent()
 
     # -- parser callbacks --------------------------------------------------------------------
 
@@ -160,6 +341,83 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        self._answering = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def on_response_complete(self) -> None:
+        """uvicorn's (start the next pipelined request), then the held input is parsed as the
+        pipeline has room again, from the loop rather than inside the answer's ``send``."""
+        super().on_response_complete()
+        if self.transport.is_closing():
+            self._write_deadline_if_unsent()
+            return
+        if self._input_at < len(self._input) and not self._pump_scheduled:
+            self._pump_scheduled = True
+            self.loop.call_soon(self._pump)
+
+    # -- writing: answers the peer leaves unread ---------------------------------------------
+
+    def pause_writing(self) -> None:
+        """The transport holds more unsent answer bytes than its high-water mark: the peer
+        has until the write deadline to read them."""
+        super().pause_writing()
+        self._arm_write_deadline()
+
+    def resume_writing(self) -> None:
+        if not self.transport.is_closing():
+            self._cancel_write_deadline()
+        elif self.transport.get_write_buffer_size() == 0:
+            # Aborted (by the write deadline or a reset): uvloop resumes the writer before
+            # ``connection_lost``, and the answer under way must not write to the closed
+            # transport (uvloop raises). A closing transport still sending keeps its answer.
+            self._answer_abandoned()
+        super().resume_writing()
+
+    def _answer_abandoned(self) -> None:
+        """The answer under way can no longer be sent: its ``send`` returns at once."""
+        cycle = self._answering
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self.transport.is_closing():
+            self._close()
+
+    def _close(self) -> None:
+        """Close, within the write deadline: a closing transport waits for its unsent bytes,
+        for as long as the peer leaves them unread."""
+        self.transport.close()
+        self._write_deadline_if_unsent()
+
+    def _write_deadline_if_unsent(self) -> None:
+        if self.transport.get_write_buffer_size() > 0:
+            self._arm_write_deadline()
+
+    def _arm_write_deadline(self) -> None:
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(
+                self.limits.write_timeout_s, self._write_expired
+            )
+
+    def _cancel_write_deadline(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_expired(self) -> None:
+        """The peer left its answers unread for the write deadline: no answer can reach it,
+        so the connection is aborted (its unsent bytes dropped)."""
+        self._write_timer = None
+        self.policy.on_refusal("write_timeout")
+        self._refused = True
+        self._input = b""
+        self._input_at = 0
+        self._cancel_timer()
+        self._answer_abandoned()
+        self.transport.abort()
 
     # -- time-outs and refusals --------------------------------------------------------------
 
@@ -194,7 +452,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             cycle.keep_alive = False
         else:
-            self.transport.close()
+            self._close()
 
     def _refuse(self, status: int, reason: str) -> None:
         """Answer ``status`` below the app and close: at once when no response is under way,
@@ -202,16 +460,21 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.policy.on_refusal(reason)
         self._refused = True
         self._cancel_timer()
+        self._input = b""
+        self._input_at = 0
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             cycle.keep_alive = False
             return
-        self.connections.discard(self)  # no longer served: not counted against the limit
+        # No longer served: counted against neither limit.
+        self.connections.discard(self)
+        self._release_client_slot()
+        self.flow.resume_reading()  # the linger drains what the client still sends
         retry = 1 if status == 503 else None
         self.transport.write(plain_response(status, retry_after_s=retry))
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        self._timer = self.loop.call_later(LINGER_S, self.transport.close)
+        self._timer = self.loop.call_later(LINGER_S, self._close)
 
 
 def limited_protocol(limits: ConnectionLimits, on_refusal: Refusal) -> type[LimitedHttpProtocol]:

@@ -79,6 +79,7 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
         head_timeout_s=settings.api_head_timeout_s,
         body_timeout_s=settings.api_body_timeout_s,
         max_connections=settings.api_max_connections,
+        max_connections_per_client=settings.api_max_connections_per_client,
     )
 
 
