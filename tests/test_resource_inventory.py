@@ -1,0 +1,428 @@
+"""Every structure of ``worker/`` that outside input could grow has a row in docs/architecture.md,
+"Resource bounds", or a line in ``NOT_GROWN`` below saying why outside input cannot grow it.
+
+What counts as such a structure, found with ``ast`` in every module of the package: a
+module-level or class-level name, or a ``self.<name>`` assigned in a class, whose value is a
+container (a dict, set or list display or comprehension; ``dict``, ``set``, ``list``, ``deque``,
+``defaultdict``, ``OrderedDict``, ``collections.Counter``, ``heapq``-fed lists, weak maps), a
+lock, semaphore, condition or queue (their waiters are a queue), or a thread pool, or whose
+annotation is such a type. It is named ``<path below worker/>:<Class>.<attr>`` (or
+``<path>:<NAME>`` at module level), e.g. ``api/ratelimit.py:RateLimiter._buckets``; a row
+names it in backticks in that form.
+
+The table's "test" column must name test files that exist (and ``file::test`` names that are
+defined there), and every structure the table names must still be in the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.source import parse
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "worker"
+DOC = REPO / "docs" / "architecture.md"
+SECTION = "## Resource bounds"
+
+#: Constructors whose result grows (or queues its waiters), by the name they are called with.
+#: ``Counter`` counts only when it is ``collections.Counter`` (prometheus_client has one too).
+GROWING_CALLS = frozenset(
+    {
+        "dict",
+        "set",
+        "list",
+        "bytearray",
+        "deque",
+        "defaultdict",
+        "OrderedDict",
+        "Counter",
+        "ChainMap",
+        "WeakValueDictionary",
+        "WeakKeyDictionary",
+        "WeakSet",
+        "Queue",
+        "LifoQueue",
+        "PriorityQueue",
+        "SimpleQueue",
+        "Lock",
+        "RLock",
+        "Semaphore",
+        "BoundedSemaphore",
+        "Condition",
+        "ThreadPoolExecutor",
+        "ProcessPoolExecutor",
+    }
+)
+#: Annotations that say a container (the outermost type, ``| None`` and ``ClassVar`` unwrapped).
+GROWING_TYPES = frozenset(
+    {
+        "dict",
+        "set",
+        "list",
+        "bytearray",
+        "deque",
+        "defaultdict",
+        "OrderedDict",
+        "Counter",
+        "ChainMap",
+        "Dict",
+        "Set",
+        "List",
+        "Deque",
+        "DefaultDict",
+        "MutableMapping",
+        "MutableSet",
+        "MutableSequence",
+        "WeakValueDictionary",
+        "WeakKeyDictionary",
+        "WeakSet",
+        "Queue",
+        "ThreadPoolExecutor",
+    }
+)
+
+# Structures outside input cannot grow, each with why. Anything else the scan finds needs a row
+# in the doc's table. Keep the reason to one line; an entry that no longer matches fails the
+# test (``test_the_allow_list_names_only_what_is_there``).
+NOT_GROWN: dict[str, str] = {
+    # -- constants and registries built at import or start-up, never added to afterwards --
+    "api/keys_cli.py:_UNIT_S": "constant: the CLI's time units",
+    "api/openapi.py:_RID_HEADER": "constant of the OpenAPI document",
+    "api/openapi.py:_EMPTY_BODY": "constant of the OpenAPI document",
+    "api/openapi.py:_ENDPOINT_LINKS": "constant of the OpenAPI document",
+    "api/routes.py:EXCEPTION_HANDLERS": "constant: Starlette's exception handlers",
+    "api/middleware.py:FrontDoor._takes": "built at start-up from the app's fixed routes",
+    "api/middleware.py:FrontDoor._allow": "built at start-up from the app's fixed routes",
+    "api/middleware.py:FrontDoor._span_names": "built at start-up from the app's fixed routes",
+    "api/middleware.py:FrontDoor._direct": "built at start-up from the app's fixed routes",
+    "auth/flow.py:_OPEN": "constant: the statuses of a flow in progress",
+    "auth/flow.py:TRANSITIONS": "constant: the state machine's transitions",
+    "auth/provider/errors.py:_BY_TYPE": "constant: failure type to catalogued error",
+    "auth/provider/registry.py:ProviderRegistry._adapters": "one adapter per PROVIDER_URLS entry",
+    "auth/provider/transport.py:AiohttpClient.headers": "fixed default headers of the client",
+    "contract/asyncapi.py:TRACE_HEADERS": "constant of the AsyncAPI document",
+    "contract/asyncapi.py:AUTH_DLQ_HEADERS": "constant of the AsyncAPI document",
+    "contract/asyncapi.py:DLQ_FAULT_HEADERS": "constant of the AsyncAPI document",
+    "contract/asyncapi.py:WEBHOOK_DLQ_HEADERS": "constant of the AsyncAPI document",
+    "contract/asyncapi.py:ROLES": "constant of the AsyncAPI document",
+    "contract/asyncapi.py:_Message.payload": "a document-building value, built once per document",
+    "contract/catalogue.py:_MESSAGE_OVERRIDES": "constant: the catalogue's messages",
+    "dlq/letter.py:_UNITS": "constant: byte units for the operator's listing",
+    "engine/topics.py:KAFKA_DEFAULTS": "constant: Kafka's topic-config defaults",
+    "engine/topics.py:PROCESS_TOPICS": "constant: which process needs which topic",
+    "settings.py:Settings.provider_urls": "configuration, read once at start-up",
+    "settings.py:Settings.providers": "configuration, one per PROVIDER_URLS entry",
+    "settings.py:Settings.api_cors_origins": "configuration, read once at start-up",
+    "webhooks/events.py:_WIRE_ONLY": "constant: the event fields left out of a webhook body",
+    # -- values: one message, answer or report, bounded where it is parsed or built --
+    "api/keys.py:KeysFile.keys": "the operator's keys file, parsed at start-up and on reload",
+    "api/replies.py:CorrelatedReply.body": "one reply's body, bounded by MAX_RECORD_BYTES",
+    "api/webhook_bodies.py:EndpointData.event_types": "a body field: WEBHOOK_EVENT_TYPES_MAX_ITEMS",
+    "engine/outage.py:Sent.headers": "one produced record's headers, built by the process",
+    "api/webhook_bodies.py:EndpointListResponse.data": "an answer: ≤ the workspace's endpoints",
+    "api/webhook_bodies.py:DeliveryListResponse.data": "an answer: ≤ SHOWN_MAX (100) deliveries",
+    "auth/provider/answer.py:ProviderAnswer.headers": "one answer: aiohttp's header limits",
+    "engine/topics.py:TopicObservation.configs": "one DescribeConfigs answer of an operator check",
+    "webhooks/delivery_store.py:AccountDeliveries.endpoints": "old-form record, read to migrate",
+    "webhooks/publish.py:_LogBatch.entries": "one log batch: ≤ LOG_BATCH_MAX (200) entries",
+    # -- operator tools (python -m worker dlq|keys): run by hand, not fed by outside input --
+    "dlq/commands.py:RedriveReport.redriven": "operator CLI: counts by target topic",
+    "dlq/commands.py:RedriveReport.skipped": "operator CLI: counts by fixed skip reason",
+    "dlq/commands.py:RedriveReport.failed": "operator CLI: counts by error class",
+    "dlq/commands.py:Redriver._pending": "operator CLI: ≤ SENDS_IN_FLIGHT sends, PENDING_BYTES",
+    # -- one call's scratch state --
+    "runtime/logs.py:log_context._token": "a ContextVar token of one `with` block",
+}
+
+
+def _imported_from(tree: ast.Module) -> dict[str, str]:
+    """Each name the module imports with ``from X import Y`` (as bound) and its module."""
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            for alias in node.names:
+                found[alias.asname or alias.name] = node.module
+    return found
+
+
+def _called_name(func: ast.expr, imports: dict[str, str]) -> str | None:
+    """The constructor a call names, or ``None`` (``Counter`` only if it is collections')."""
+    if isinstance(func, ast.Name):
+        name = func.id
+        if name == "Counter" and imports.get(name) != "collections":
+            return None
+        return name
+    if isinstance(func, ast.Attribute):
+        if func.attr == "Counter":
+            owner = func.value
+            return "Counter" if isinstance(owner, ast.Name) and owner.id == "collections" else None
+        return func.attr
+    return None
+
+
+def _grows_value(value: ast.expr | None, imports: dict[str, str]) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, ast.Dict | ast.Set | ast.List | ast.DictComp | ast.SetComp | ast.ListComp):
+        return True
+    if isinstance(value, ast.Lambda):
+        return _grows_value(value.body, imports)
+    if isinstance(value, ast.IfExp):  # ``asyncio.Semaphore(n) if n else nullcontext()``
+        return _grows_value(value.body, imports) or _grows_value(value.orelse, imports)
+    if isinstance(value, ast.BinOp):  # e.g. ``weakref.WeakKeyDictionary() | ...`` or ``{} or ...``
+        return _grows_value(value.left, imports) or _grows_value(value.right, imports)
+    if isinstance(value, ast.Call):
+        name = _called_name(value.func, imports)
+        if name in GROWING_CALLS:
+            return True
+        if name == "fromkeys":  # dict.fromkeys(...)
+            return True
+        if name == "field":  # dataclasses.field(default_factory=dict) and the like
+            for keyword in value.keywords:
+                if keyword.arg in ("default_factory", "default") and (
+                    _grows_value(keyword.value, imports)
+                    or (
+                        isinstance(keyword.value, ast.Name | ast.Attribute)
+                        and _called_name(keyword.value, imports) in GROWING_CALLS
+                    )
+                ):
+                    return True
+        if name == "Field":  # pydantic.Field(default_factory=list)
+            for keyword in value.keywords:
+                if keyword.arg == "default_factory" and (
+                    _grows_value(keyword.value, imports)
+                    or _called_name(keyword.value, imports) in GROWING_CALLS
+                ):
+                    return True
+    return False
+
+
+def _outer_type(annotation: ast.expr | None, imports: dict[str, str]) -> str | None:
+    """The outermost type of an annotation, ``X | None``, ``Optional``, ``ClassVar`` and
+    ``Final`` unwrapped."""
+    node = annotation
+    while node is not None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            node = ast.parse(node.value, mode="eval").body
+            continue
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            left = _outer_type(node.left, imports)
+            return left if left in GROWING_TYPES else _outer_type(node.right, imports)
+        if isinstance(node, ast.Subscript):
+            outer = _called_name(node.value, imports) or ""
+            if outer in ("Optional", "ClassVar", "Final", "Annotated"):
+                inner = node.slice
+                node = inner.elts[0] if isinstance(inner, ast.Tuple) else inner
+                continue
+            node = node.value
+            continue
+        return _called_name(node, imports)
+    return None
+
+
+def _grows(node: ast.Assign | ast.AnnAssign, imports: dict[str, str]) -> bool:
+    annotation = node.annotation if isinstance(node, ast.AnnAssign) else None
+    return _grows_value(node.value, imports) or _outer_type(annotation, imports) in GROWING_TYPES
+
+
+def _targets(node: ast.Assign | ast.AnnAssign) -> list[ast.expr]:
+    return list(node.targets) if isinstance(node, ast.Assign) else [node.target]
+
+
+def _assignments(body: list[ast.stmt]) -> Iterator[ast.Assign | ast.AnnAssign]:
+    for statement in body:
+        if isinstance(statement, ast.Assign | ast.AnnAssign):
+            yield statement
+
+
+def structures_of(path: Path, root: Path = PACKAGE) -> dict[str, int]:
+    """The growable structures one module defines, by name, with their first line."""
+    tree = parse(path)
+    imports = _imported_from(tree)
+    module = path.relative_to(root).as_posix()
+    found: dict[str, int] = {}
+
+    def note(name: str, line: int) -> None:
+        found.setdefault(f"{module}:{name}", line)
+
+    for node in _assignments(tree.body):
+        if _grows(node, imports):
+            for target in _targets(node):
+                if isinstance(target, ast.Name) and target.id != "__all__":
+                    note(target.id, node.lineno)
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in _assignments(cls.body):  # class-level names, dataclass and model fields
+            if _grows(node, imports):
+                for target in _targets(node):
+                    if isinstance(target, ast.Name):
+                        note(f"{cls.name}.{target.id}", node.lineno)
+        for inner in ast.walk(cls):  # ``self.<name> = ...`` in any method
+            if isinstance(inner, ast.Assign | ast.AnnAssign) and _grows(inner, imports):
+                for target in _targets(inner):
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                    ):
+                        note(f"{cls.name}.{target.attr}", inner.lineno)
+    return found
+
+
+def structures(root: Path = PACKAGE) -> dict[str, str]:
+    """Every growable structure of the package: name → ``file:line``."""
+    found: dict[str, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        for name, line in structures_of(path, root).items():
+            found[name] = f"{path.relative_to(root.parent).as_posix()}:{line}"
+    return found
+
+
+def section(doc: str) -> str:
+    """The "Resource bounds" section of the doc, to the next section of its level."""
+    start = doc.index(f"\n{SECTION}\n")
+    end = doc.find("\n## ", start + 1)
+    return doc[start : end if end >= 0 else len(doc)]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every row of the section's tables (the header and rules left out)."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("| ") or set(line) <= set("|-: "):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == "structure":
+            continue
+        rows.append(cells)
+    return rows
+
+
+NAME = re.compile(r"`([a-z_/]+\.py):([A-Za-z_][A-Za-z0-9_.]*)`")
+TEST_REF = re.compile(r"`(tests/[A-Za-z0-9_/]+\.py)(?:::([A-Za-z0-9_]+))?`")
+
+
+def named_in_table(text: str) -> set[str]:
+    """Every ``file:Name`` the section's table rows name in backticks."""
+    return {f"{m[0]}:{m[1]}" for row in table_rows(text) for m in NAME.findall(" ".join(row))}
+
+
+def _doc_section() -> str:
+    return section(DOC.read_text())
+
+
+def test_every_growable_structure_has_a_row_or_a_reason() -> None:
+    found = structures()
+    named = named_in_table(_doc_section())
+    missing = {n: at for n, at in found.items() if n not in named and n not in NOT_GROWN}
+    assert missing == {}, (
+        "structures outside input might grow, with no row in docs/architecture.md, "
+        '"Resource bounds" (nor a reason in NOT_GROWN): ' + repr(missing)
+    )
+
+
+def test_the_allow_list_names_only_what_is_there() -> None:
+    found = structures()
+    assert sorted(set(NOT_GROWN) - set(found)) == []
+    assert sorted(set(NOT_GROWN) & named_in_table(_doc_section())) == [], (
+        "both allowed and in the table: one or the other"
+    )
+
+
+def test_every_structure_the_table_names_is_in_the_code() -> None:
+    gone = []
+    for name in sorted(named_in_table(_doc_section())):
+        module, _, attribute = name.partition(":")
+        path = PACKAGE / module
+        last = attribute.rsplit(".", 1)[-1]
+        if not path.is_file() or not re.search(rf"\b{re.escape(last)}\b", path.read_text()):
+            gone.append(name)
+    assert gone == [], "the table names structures the code no longer has"
+
+
+def test_every_test_the_table_names_exists() -> None:
+    text = _doc_section()
+    refs = [m for row in table_rows(text) for m in TEST_REF.findall(row[-1])]
+    assert refs, "the table names no test"
+    wrong = []
+    for file, test in refs:
+        path = REPO / file
+        if not path.is_file():
+            wrong.append(file)
+        elif test and not re.search(rf"^(async )?def {test}\(", path.read_text(), re.M):
+            wrong.append(f"{file}::{test}")
+    assert wrong == [], "tests the table names that do not exist"
+
+
+def test_every_row_has_every_column() -> None:
+    rows = table_rows(_doc_section())
+    assert len(rows) >= 40
+    short = [row[0] for row in rows if len(row) != 5 or not all(row)]
+    assert short == [], "rows without structure | bound | setting | charged to | test"
+
+
+# -- the scan itself ------------------------------------------------------------------------
+
+
+SAMPLE = """
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+from prometheus_client import Counter as PromCounter
+import asyncio, collections
+
+_CACHE: dict[str, int] = {}
+LIMIT = 5
+__all__ = ["Thing"]
+
+@dataclass
+class Thing:
+    seen: list[int] = field(default_factory=list)
+    size: int = 0
+
+    def __init__(self) -> None:
+        self._seen: dict[str, int] = {}
+        self._queue = deque()
+        self._count = Counter()
+        self._lock = asyncio.Lock()
+        self._counter = PromCounter("x", "y")
+        self._name = "n"
+        self._pair: tuple[int, int] = (1, 2)
+        self._maybe: OrderedDict[str, int] | None = None
+        self._other = collections.Counter()
+"""
+
+
+def test_the_scan_finds_what_it_should_and_nothing_else(tmp_path: Path) -> None:
+    (tmp_path / "api").mkdir()
+    path = tmp_path / "api" / "sample.py"
+    path.write_text(SAMPLE)
+    found = set(structures_of(path, tmp_path))
+    assert found == {
+        "api/sample.py:_CACHE",
+        "api/sample.py:Thing.seen",
+        "api/sample.py:Thing._seen",
+        "api/sample.py:Thing._queue",
+        "api/sample.py:Thing._count",
+        "api/sample.py:Thing._lock",
+        "api/sample.py:Thing._maybe",
+        "api/sample.py:Thing._other",
+    }
+
+
+@pytest.mark.parametrize(
+    ("row", "names"),
+    [
+        (
+            "| `api/a.py:A._b`, `api/a.py:A._c` | 1 | X | ws | `tests/t.py` |",
+            {"api/a.py:A._b", "api/a.py:A._c"},
+        ),
+        ("| the `A._b` map of `api/a.py` | 1 | X | ws | `tests/t.py` |", set()),
+    ],
+)
+def test_rows_name_structures_in_one_form(row: str, names: set[str]) -> None:
+    assert named_in_table(row) == names
