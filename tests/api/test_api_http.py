@@ -605,6 +605,9 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
             "passkey_api_webhook_secrets_dropped_total",
             "passkey_api_webhook_replays_in_flight",
             "passkey_api_key_last_used_timestamp_seconds",
+            "passkey_api_reply_lag_records",
+            "passkey_api_reply_reader_keeping_up",
+            "passkey_api_reply_offset_gaps_total",
         }
         samples = set(re.findall(r"^(passkey_api_[a-z_]+)[{ ]", text, flags=re.MULTILINE))
         assert {

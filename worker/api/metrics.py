@@ -24,6 +24,8 @@ REFUSAL_REASONS: Final = (
     "head_timeout",
     "body_timeout",
     "rate_limited",
+    "client_connection_limit",
+    "write_timeout",
 )
 """``passkey_api_refusals_total{reason}``: what the front door refuses (docs/operations.md,
 "Front-door limits"). Never labelled by workspace: the label set stays this small."""

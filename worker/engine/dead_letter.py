@@ -1,13 +1,11 @@
 """Handing a record to a dead-letter topic, the fault in its headers (docs/architecture.md,
 "Failure handling"); what an operator reads back is ``worker.dlq``.
 
-A dead letter always fits under ``MAX_RECORD_BYTES``, whatever the record it stands for: a
-record can reach us larger than anything we write (a broker or topic limit above ours, a key
-of a megabyte), and a dead letter refused for its size would leave the record nowhere to go
-(the lane would fail, and the next owner of the partition with it). The original is kept whole
-when it fits beside the fault's headers; otherwise its key, value and headers are cut to fit,
-and ``dlq.truncated`` with the original sizes and SHA-256 digests say so. A truncated letter is
-not the original: ``python -m worker dlq redrive`` refuses it."""
+A dead letter always fits under ``MAX_RECORD_BYTES``, whatever the record it stands for (a
+letter refused for its size would leave the record nowhere, and fail the lane): the original
+is kept whole when it fits, else its key, value and headers are cut to fit, and
+``dlq.truncated`` with the original sizes and SHA-256 digests say so. ``python -m worker dlq
+redrive`` refuses a truncated letter."""
 
 from __future__ import annotations
 
