@@ -69,7 +69,9 @@ async def test_200_concurrent_requests_one_front_end_then_two_replicas(
     reads only the replies of its own commands, on its own partition; each request gets
     exactly its own, and afterwards no waiter is left anywhere."""
     # 400 requests at once from one workspace on one replica: past any sane rate limit.
-    settings = api_settings(api_reply_timeout_s=20.0, api_rate_limit_per_s=0)
+    settings = api_settings(
+        api_reply_timeout_s=20.0, api_rate_limit_per_s=0, api_max_connections_per_client=0
+    )
     # A fresh client per phase: httpx's pool gets slow with hundreds of idle connections.
     limits = httpx.Limits(max_connections=250)
     async with (
@@ -326,7 +328,9 @@ async def test_a_replica_started_and_stopped_under_load_loses_no_reply(
     an autoscaler or a rolling update does): every request of either gets its own reply, and
     nothing is left waiting."""
     # 300 confirms at once from one workspace: a load test, not the rate limit's (burst 200).
-    settings = api_settings(api_reply_timeout_s=20.0, api_rate_limit_per_s=0)
+    settings = api_settings(
+        api_reply_timeout_s=20.0, api_rate_limit_per_s=0, api_max_connections_per_client=0
+    )
     async with (
         responder(settings, max_delay_s=0.05),
         running_api(settings) as one,
