@@ -2,7 +2,8 @@
 lane of its partition and key, commit the completion watermark, drive due timers, restore on
 assignment. The loop owns order, concurrency, offsets and rebalances; what a record means is
 the ``Handler``'s (docs/architecture.md, "The consume engine", "Per-account lanes", "Watermark
-commits", "Rebalances", "Failure handling")."""
+commits", "Rebalances", "Failure handling"; the in-flight bound and each key's share of it in
+``ConsumeLoop._room``)."""
 
 from __future__ import annotations
 
@@ -132,6 +133,16 @@ LOGGED_KEY_CHARS = 200
 #: Upper bound of the last commit after the drain; part of ``runner.shutdown_hard_limit``.
 FINAL_COMMIT_TIMEOUT_S = 5.0
 
+#: The default share of the in-flight bound one lane key may hold (``LoopConfig.key_share``):
+#: a twentieth of the bound, at least this many (never more than the bound itself).
+KEY_SHARE_FLOOR = 16
+KEY_SHARE_DIVISOR = 20
+
+
+def default_key_share(max_in_flight: int) -> int:
+    """``max(16, max_in_flight // 20)``, capped at ``max_in_flight``: 50 for the default 1000."""
+    return min(max_in_flight, max(KEY_SHARE_FLOOR, max_in_flight // KEY_SHARE_DIVISOR))
+
 
 @dataclass(frozen=True, slots=True)
 class LoopConfig:
@@ -156,6 +167,15 @@ class LoopConfig:
     gap_hold_s: float = 1.0
     """How long an offset never seen below a fetched record is waited for before the loop
     goes on past it, reported (``worker.engine.fetch.GapWatch``)."""
+    max_in_flight_per_key: int | None = None
+    """The share of ``max_in_flight`` one lane key (partition, key) may hold, queued and
+    running; ``None``: ``default_key_share``. A key at its share pauses its partition only."""
+
+    @property
+    def key_share(self) -> int:
+        if self.max_in_flight_per_key is None:
+            return default_key_share(self.max_in_flight)
+        return max(1, min(self.max_in_flight, self.max_in_flight_per_key))
 
     def backoff(self, attempt: int) -> float:
         """The pause after failed attempt ``attempt`` (1-based): doubling, capped."""
@@ -182,7 +202,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
     ) -> None:
         self.consumer = consumer
         self._unordered = unordered
-        self.asides: dict[asyncio.Task[None], int] = {}
+        #: Queries run beside their lane: task -> (partition, key).
+        self.asides: dict[asyncio.Task[None], tuple[int, str]] = {}
+        self._aside_load: dict[tuple[int, str], int] = {}
         self._restore_consumer = restore_consumer
         self.executor = executor
         self.store = executor.store
@@ -196,6 +218,13 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.ready = False
         self.last_beat = time.monotonic()
         self._paused_for_backpressure = False
+        self._key_share = config.key_share
+        #: A hot key's partition resumes once every hot key of it is down to this.
+        self._key_resume_at = self._key_share // 2
+        #: Keys at their share, per partition number (only active partitions).
+        self._hot: dict[int, set[str]] = {}
+        #: Partition numbers paused in the consumer because a key of theirs is hot.
+        self.key_paused: set[int] = set()
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
         self.gaps = GapWatch(
@@ -226,7 +255,11 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                     if tp.partition not in self.active:
                         continue  # revoked while the fetch was in flight; the next owner has it
                     for msg in records:
-                        self._dispatch(tp, msg)
+                        if not self._dispatch(tp, msg):
+                            # No room: the partition is read again from this record once
+                            # it resumes (aiokafka drops what it buffered past it).
+                            self._seek_back(tp, msg.offset)
+                            break
                 self._apply_backpressure()
             if self._fatal is None:
                 await self._drain(self.config.shutdown_grace_s)
@@ -258,7 +291,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             fetch_records(
                 self.consumer,
                 timeout_ms=self.config.poll_timeout_ms,
-                max_records=self.config.max_poll_records,
+                max_records=max(
+                    1, min(self.config.max_poll_records, self.config.max_in_flight - self.in_flight)
+                ),
                 on_unreadable=Unreadable.of,
                 gaps=self.gaps,
             )
@@ -286,28 +321,90 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
 
     # -- dispatch ------------------------------------------------------------------------------
 
-    def _dispatch(self, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]) -> None:
+    def _dispatch(self, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]) -> bool:
+        """Hand ``msg`` to its lane (or run it beside); False, and nothing done, when there is
+        no room for it (``_room``): the caller reads the partition again from it later."""
+        key = msg.key.decode("utf-8", "replace") if msg.key else f"\0no-key:{tp.partition}"
+        if not self._room(tp.partition, key):
+            return False
         tracker = self.trackers.get(tp)
         if tracker is None:  # not setdefault: that would build a tracker for every record
             tracker = self.trackers[tp] = OffsetTracker()
         tracker.dispatched(msg.offset)
-        key = msg.key.decode("utf-8", "replace") if msg.key else f"\0no-key:{tp.partition}"
         if self._unordered is not None and self._unordered(msg):
             self._aside(key, tp, msg)
-            return
+            return True
         self._enqueue(key, tp.partition, msg)
+        return True
+
+    def _room(self, partition: int, key: str) -> bool:
+        """Whether a fetched record of ``key`` may be dispatched: the loop's in-flight bound
+        (``max_in_flight``) and the key's share of it (``key_share``) both hard.
+
+        A key at its share (one account's 404 flood, one account's events behind failing
+        endpoints) pauses its own partition only (``_apply_backpressure``), so other
+        partitions keep flowing instead of the whole bound filling with one slow lane and
+        every partition pausing. The partition is Kafka's ordering unit: the other keys of a
+        paused partition wait too, for as long as the hot lane takes to drain from its share
+        to half of it; that is the trade-off, and all a hot key can hold up."""
+        if self.in_flight >= self.config.max_in_flight:
+            return False
+        if self._load(partition, key) >= self._key_share:
+            self._heat(partition, key)
+            return False
+        return True
+
+    def _load(self, partition: int, key: str) -> int:
+        """What ``key`` of ``partition`` holds of the in-flight bound: its lane's queue (the
+        running item included) and its queries running beside."""
+        lane = self.lanes.get((partition, key))
+        queued = len(lane.items) if lane is not None else 0
+        return queued + self._aside_load.get((partition, key), 0)
+
+    def _heat(self, partition: int, key: str) -> None:
+        if partition in self.active:
+            self._hot.setdefault(partition, set()).add(key)
+
+    def _cooled(self, partition: int, key: str) -> None:
+        """``key`` let go of some of its share: drop it from its partition's hot keys once it
+        is down to half the share (the partition resumes at the next poll)."""
+        keys = self._hot.get(partition)
+        if keys is None or key not in keys:
+            return
+        if self._load(partition, key) <= self._key_resume_at:
+            keys.discard(key)
+            if not keys:
+                del self._hot[partition]
+
+    def _seek_back(self, tp: TopicPartition, offset: int) -> None:
+        try:
+            self.consumer.seek(tp, offset)
+        except KafkaError:  # no longer assigned: the next owner reads it from the commit
+            log.warning("seek_back_failed", partition=tp.partition, offset=offset)
 
     def _aside(self, key: str, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]) -> None:
         """Run ``msg`` now, in a task of its own (see the module docstring)."""
         self.in_flight += 1
         self.metrics.in_flight.set(self.in_flight)
+        where = (tp.partition, key)
+        self._aside_load[where] = self._aside_load.get(where, 0) + 1
+        if self._load(tp.partition, key) >= self._key_share:
+            self._heat(tp.partition, key)
         task = asyncio.create_task(self._run_aside(key, tp, msg))
-        self.asides[task] = tp.partition
+        self.asides[task] = where
         task.add_done_callback(self._aside_done)
 
     def _aside_done(self, task: asyncio.Task[None]) -> None:
-        self.asides.pop(task, None)
+        where = self.asides.pop(task, None)
         self._settled()
+        if where is None:
+            return
+        left = self._aside_load.get(where, 0) - 1
+        if left > 0:
+            self._aside_load[where] = left
+        else:
+            self._aside_load.pop(where, None)
+        self._cooled(*where)
 
     async def _run_aside(
         self, key: str, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]
@@ -334,6 +431,8 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         if lane is None:
             lane = self.lanes[(partition, key)] = Lane(partition)
         lane.items.append(item)
+        if len(lane.items) >= self._key_share:
+            self._heat(partition, key)
         if lane.task is None:
             lane.task = asyncio.create_task(self._drain_lane(key, lane))
 
@@ -350,6 +449,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                         self._enqueue(due_key, lane.partition, None)
                 lane.items.popleft()
                 self._settled()
+                self._cooled(lane.partition, key)
         except asyncio.CancelledError:
             raise
         except _Revoked:
@@ -363,6 +463,8 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             self.metrics.in_flight.set(self.in_flight)
             if self.lanes.get((lane.partition, key)) is lane:
                 del self.lanes[(lane.partition, key)]
+            lane.items.clear()
+            self._cooled(lane.partition, key)
 
     async def _contained(
         self, key: str, partition: int, item: ConsumerRecord[bytes, bytes] | None
@@ -457,14 +559,37 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.metrics.in_flight.set(self.in_flight)
 
     def _apply_backpressure(self) -> None:
-        """Pause fetching while too much is in flight; resume at half the limit."""
-        owned = self._owned()
+        """Pause fetching while too much is in flight, every partition; resume at half the
+        limit. Pause the partition of a key at its share (``_room``) alone; resume it once
+        every hot key of it is down to half the share. Called between fetches only, so that
+        no pause races a rebalance: ``active`` holds assigned partitions only."""
+        hot = {p for p in self._hot if p in self.active}
+        heated = hot - self.key_paused
+        cooled = (self.key_paused - hot) & self.active
+        for p in sorted(heated):
+            keys = sorted(self._hot[p])
+            log.warning(
+                "partition_paused_for_key",
+                partition=p,
+                keys=len(keys),
+                key=keys[0][:LOGGED_KEY_CHARS],
+                share=self._key_share,
+                in_flight=self.in_flight,
+            )
+        for p in sorted(cooled):
+            log.info("partition_resumed_for_key", partition=p, in_flight=self.in_flight)
+        self.key_paused = hot
         if not self._paused_for_backpressure and self.in_flight >= self.config.max_in_flight:
-            self.consumer.pause(*owned)
+            self.consumer.pause(*self._owned())
             self._paused_for_backpressure = True
         elif self._paused_for_backpressure and self.in_flight < self.config.max_in_flight // 2:
-            self.consumer.resume(*owned)
+            self.consumer.resume(*self._owned(self.active - hot))
             self._paused_for_backpressure = False
+        elif not self._paused_for_backpressure:
+            if heated:
+                self.consumer.pause(*self._owned(heated))
+            if cooled:
+                self.consumer.resume(*self._owned(cooled))
 
     async def _sweep_timers(self) -> None:
         """Enqueue a follow-up step for every idle account whose poll or deadline is due.
@@ -564,6 +689,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 self.metrics.lag.remove(tp.topic, str(tp.partition))
         for p in parts:
             self.store.drop(p)
+            # The consumer forgets a revoked partition's pause; so do we.
+            self._hot.pop(p, None)
+        self.key_paused -= parts
         self.metrics.store_accounts.set(len(self.store))
         log.info("partitions_revoked", partitions=sorted(parts))
 
@@ -624,7 +752,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.active |= {tp.partition for tp in mine}
         self.metrics.store_accounts.set(len(self.store))
         if not self._paused_for_backpressure:
-            self.consumer.resume(*mine)
+            self.consumer.resume(*(tp for tp in mine if tp.partition not in self.key_paused))
         self.ready = True
         self.metrics.ready.set(1)
 
@@ -644,7 +772,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 for lane in self.lanes.values()
                 if lane.task is not None and (partitions is None or lane.partition in partitions)
             ]
-            busy += [t for t, p in self.asides.items() if partitions is None or p in partitions]
+            busy += [
+                t for t, (p, _) in self.asides.items() if partitions is None or p in partitions
+            ]
             if not busy:
                 return
             left = deadline - time.monotonic()

@@ -246,7 +246,8 @@ class LoopSpec:
 
     ``topics`` are co-partitioned inputs and ``state_topic`` their changelog (``LoopConfig``);
     ``timer_interval_s`` overrides the loop's timer sweep interval, ``hold_overdue_s`` the
-    age of an overdue hold (``None``: the loop's defaults).
+    age of an overdue hold, ``max_in_flight_per_key`` one key's share of ``max_in_flight``
+    (``None``: the loop's defaults; ``LoopConfig.key_share``).
     """
 
     topics: tuple[str, ...]
@@ -254,12 +255,14 @@ class LoopSpec:
     max_in_flight: int
     timer_interval_s: float | None = None
     hold_overdue_s: float | None = None
+    max_in_flight_per_key: int | None = None
 
     def config(self, settings: Settings) -> LoopConfig:
         config = LoopConfig(
             topics=self.topics,
             state_topic=self.state_topic,
             max_in_flight=self.max_in_flight,
+            max_in_flight_per_key=self.max_in_flight_per_key,
             commit_interval_s=settings.worker_commit_interval_ms / 1000,
             rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
             shutdown_grace_s=settings.worker_shutdown_grace_s,
