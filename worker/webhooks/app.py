@@ -172,6 +172,9 @@ async def run_dispatcher(
         ),
         metrics=metrics,
     )
+    # Pairs held now, read at scrape time (idle pairs are dropped, so this follows what is
+    # pending, not every account ever delivered).
+    metrics.store_accounts.set_function(lambda: float(len(dispatcher.store)))
     consumer = group_consumer(
         settings,
         settings.webhook_consumer_group,

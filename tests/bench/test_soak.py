@@ -1,0 +1,45 @@
+"""A short soak through the whole dev stack (``python -m bench.soak``, about a minute): every
+confirm answered 200, every registration handled, and nothing kept per finished account by the
+dispatcher (its pairs drop to what is pending) nor, beyond a loose bound, by any process.
+
+The memory bounds are deliberately loose (RSS over a minute is noisy; the figures of a long
+run are in bench/README.md, "Soak"): they catch a structure kept per account, not a drift.
+The embedded broker is left out: it keeps every record in memory by design."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.bench import run_bench
+
+RATE = 40
+DURATION_S = 50
+#: MB of RSS per 1,000 finished accounts, over the run's second half.
+MB_PER_1000 = {"front-end": 1.5, "dispatcher": 1.5, "worker": 3.0}
+
+
+@pytest.mark.slow
+def test_a_minute_of_steady_confirms_is_answered_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "soak.json"
+    argv = [
+        *("--duration-s", str(DURATION_S), "--rate", str(RATE), "--sample-s", "3"),
+        *("--connections", "16", "--drain-s", "30", "--out", str(out)),
+    ]
+    run_bench("bench.soak", *argv, timeout=300)  # exits non-zero on any confirm not 200
+    result = json.loads(out.read_text())
+    accounts = result["accounts"]
+    assert accounts >= RATE * DURATION_S * 0.9
+    assert result["outcomes"] == {"200": accounts}, result["failed"][:5]
+    assert result["registrations_never_seen"] == 0, result["never_seen"][:5]
+    assert result["finished"] >= accounts * 0.9
+    held = result["held_at_end"]
+    assert held["worker"] is not None and held["worker"] >= accounts  # its state, by design
+    assert held["dispatcher"] is not None and held["dispatcher"] <= accounts * 0.05, held
+    slopes = result["mb_per_1000_finished"]
+    for name, bound in MB_PER_1000.items():
+        assert slopes[name] is not None and slopes[name] < bound, (name, slopes)
