@@ -29,6 +29,8 @@ ERROR_CHARS: Final = 200
 """``last_error`` is cut to this many characters: it is stored with the head and logged."""
 MARKER_CHARS: Final = 100
 """The longest dedup marker (a webhook-id, ``#`` and a replay id), for the size bound."""
+MAX_PAIRS_PER_ENDPOINT: Final = 1000
+"""``QueueLimits.max_pairs_per_endpoint`` by default: per endpoint and partition."""
 STATE_HEADROOM: Final = SEEN_KEPT * MARKER_CHARS + 1024
 """What a pair record may still grow by after a take-in was judged to fit: the dedup window
 filling up (``SEEN_KEPT`` markers) and the head's bookkeeping after attempts (attempt count,
@@ -107,6 +109,14 @@ class DeliveryState(BaseModel):
     def head(self) -> Pending | None:
         return self.queue[0] if self.queue else None
 
+    @property
+    def idle(self) -> bool:
+        """Nothing pending: nothing to attempt, retry or resume. An idle pair is kept neither
+        in memory nor on the changelog (``DeliveryStore.put`` drops it, its record is
+        tombstoned): its dedup window only saves a re-send, under the same webhook-id, of an
+        event read again after a crash."""
+        return not self.queue
+
     def due_at(self) -> float | None:
         """When the head is due, or ``None`` when nothing waits."""
         return self.queue[0].next_attempt_at if self.queue else None
@@ -121,10 +131,19 @@ class QueueLimits:
 
     max_pending: int = 100
     max_bytes: int = 256 * 1024
+    max_pairs_per_endpoint: int = MAX_PAIRS_PER_ENDPOINT
+    """Pairs with something pending one endpoint may have in one partition of the delivery
+    state (``DeliveryStore.pending_pairs``). A delivery that would open one more is refused
+    (``endpoint_queue_full``, into the webhook DLQ and the delivery log, the newest one: the
+    pairs that wait keep their place), so a failing endpoint fed events for ever new accounts
+    (an error event per made-up account id) holds a bounded number of records, in memory and
+    on the changelog, charged to that endpoint alone."""
 
     def __post_init__(self) -> None:
         if self.max_pending < 1:
             raise ValueError("max_pending must be >= 1")
+        if self.max_pairs_per_endpoint < 1:
+            raise ValueError("max_pairs_per_endpoint must be >= 1")
         if self.max_bytes < 2 * STATE_HEADROOM:
             raise ValueError(f"max_bytes must be >= {2 * STATE_HEADROOM}")
 

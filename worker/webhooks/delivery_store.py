@@ -4,6 +4,7 @@ and migrated (docs/operations.md, "Upgrading the delivery state")."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Literal
 
@@ -60,12 +61,21 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     now, ``worker.webhooks.gate``) until ``wake``; writes of the pair meanwhile keep that
     later time, so a pair waiting for its endpoint does not run again on every event.
     ``unsaved`` says which deliveries are in memory only (``worker.webhooks.holds``).
+
+    Only pairs with something pending are held: ``put`` of an idle pair (``DeliveryState.idle``)
+    drops it, with its timer and deferral. Which pairs have a live record on the changelog is
+    known (``live``: written with a queue and not tombstoned since, or restored so), so that a
+    dropped pair's record is tombstoned (``stale``) and one never written needs no write at all.
+    Both sets, and the count of pending pairs per endpoint (``pending_pairs``), hold pending
+    pairs only (and stale ones until their tombstone is handed to the producer).
     """
 
     def __init__(self, *, workspace_of: WorkspaceOf | None = None) -> None:
         super().__init__()
         self._workspace_of = workspace_of
         self._deferred: dict[str, float] = {}
+        self._live: dict[int, set[str]] = {}
+        self._pending: dict[int, Counter[str]] = {}
         self.unsaved = Unsaved()
 
     @staticmethod
@@ -83,18 +93,72 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
         record = self.get(partition, account_id)
         return record if isinstance(record, AccountDeliveries) else None
 
+    def put(self, partition: int, record: DeliveryState | AccountDeliveries) -> None:
+        """Hold ``record``; an idle pair is dropped instead (``stale`` says whether its record
+        on the changelog is still to tombstone)."""
+        held = self._parts.setdefault(partition, {})
+        if isinstance(record, DeliveryState):
+            key = record.key
+            if record.idle:
+                if isinstance(held.pop(key, None), DeliveryState):
+                    self._count(partition, record.endpoint_id, -1)
+                self._deferred.pop(key, None)
+                self.timers.cancel(key)
+                return
+            if not isinstance(held.get(key), DeliveryState):
+                self._count(partition, record.endpoint_id, +1)
+        super().put(partition, record)
+
+    def _count(self, partition: int, endpoint_id: str, delta: int) -> None:
+        counts = self._pending.setdefault(partition, Counter())
+        counts[endpoint_id] += delta
+        if counts[endpoint_id] <= 0:
+            del counts[endpoint_id]
+
+    def pending_pairs(self, partition: int, endpoint_id: str) -> int:
+        """How many pairs of ``endpoint_id`` with something pending this store holds in
+        ``partition`` (``QueueLimits.max_pairs_per_endpoint`` bounds it)."""
+        return self._pending.get(partition, Counter())[endpoint_id]
+
+    def owns(self, partition: int) -> bool:
+        """Whether ``partition`` is assigned here (restored and not dropped)."""
+        return partition in self._parts
+
+    def live(self, partition: int, key: str) -> bool:
+        """Whether the pair's latest record on the changelog is a value (not a tombstone)."""
+        return key in self._live.get(partition, ())
+
+    def stale(self, partition: int, key: str) -> bool:
+        """The pair is dropped (idle) but its record on the changelog still holds deliveries:
+        its next write is a tombstone."""
+        return self.live(partition, key) and self.pair(partition, key) is None
+
+    def written(self, partition: int, key: str, *, value: bool) -> None:
+        """A value (``value``) or a tombstone of the pair was handed to the producer."""
+        if value:
+            self._live.setdefault(partition, set()).add(key)
+        else:
+            self._live.get(partition, set()).discard(key)
+
     def load(self, partition: int, records: dict[str, DeliveryState | AccountDeliveries]) -> None:
         """Install a restored partition: pair records as they are, each old-form account
         record split into its pairs (merged behind a pair record of the same key, which is
-        newer) and kept under its account id until ``forget_legacy``."""
+        newer) and kept under its account id until ``forget_legacy``. An idle pair record
+        (written before idle pairs were tombstoned) is not held: its key is due at once, and
+        its lane tombstones it."""
         pairs = {k: r for k, r in records.items() if isinstance(r, DeliveryState)}
         legacy = [r for r in records.values() if isinstance(r, AccountDeliveries)]
+        live = set(pairs)
         for old in legacy:
             for endpoint_id, state in old.endpoints.items():
                 split = self._split(old, endpoint_id, state)
                 held = pairs.get(split.key)
                 pairs[split.key] = split if held is None else merge(held, split)
         super().load(partition, {**pairs, **{old.account_id: old for old in legacy}})
+        self._live[partition] = live
+        for key in live:
+            if self.pair(partition, key) is None:
+                self.timers.arm(key, partition, 0.0)  # tombstone at once
 
     def _split(
         self, old: AccountDeliveries, endpoint_id: str, state: DeliveryState
@@ -120,6 +184,10 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     def drop(self, partition: int) -> None:
         for key in self._parts.get(partition, {}):
             self._deferred.pop(key, None)
+        for key in self._live.pop(partition, set()):
+            if self.pair(partition, key) is None:
+                self.timers.cancel(key)  # a stale pair's tombstone: the next owner's
+        self._pending.pop(partition, None)
         self.unsaved.drop(partition)
         super().drop(partition)
 

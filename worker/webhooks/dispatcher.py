@@ -62,6 +62,10 @@ from worker.webhooks.sender import DeliveryResult, ErrorKind
 
 log = get_logger(__name__)
 
+REFUSED_ENDPOINT_FULL = "endpoint_queue_full"
+"""``last_error`` of a delivery refused because its endpoint has as many pending pairs in the
+partition as ``QueueLimits.max_pairs_per_endpoint`` allows."""
+
 
 class Sender(Protocol):
     """What the dispatcher needs of ``worker.webhooks.sender.Sender``."""
@@ -226,6 +230,7 @@ class Dispatcher:
         traceparent, tracestate = tracing.current_traceparent()
         taken: list[tuple[DeliveryState, Pending]] = []
         full: list[tuple[DeliveryState, Pending]] = []
+        crowded: list[tuple[DeliveryState, Pending]] = []
         for endpoint in targets:
             if endpoint.workspace_id != workspace:
                 continue  # an event reaches its own workspace's endpoints only
@@ -242,9 +247,11 @@ class Dispatcher:
                 traceparent=traceparent,
                 tracestate=tracestate,
             )
-            state, verdict = take_in(
-                self._pair(partition, endpoint, event.account_id), delivery, self.config.limits
-            )
+            pair = self._pair(partition, endpoint, event.account_id)
+            if pair.idle and self._endpoint_full(partition, endpoint.id):
+                crowded.append((pair, delivery))
+                continue
+            state, verdict = take_in(pair, delivery, self.config.limits)
             if verdict == "taken":
                 taken.append((state, delivery))
             elif verdict == "full":
@@ -270,6 +277,8 @@ class Dispatcher:
                 if late:
                     await self._write_now(partition, late)
         refused = await self._refuse(partition, full, now) if full else ()
+        if crowded:
+            refused = (*refused, *await self._refuse_new_pairs(partition, crowded, now))
         # Pairs whose new delivery is at the head are attempted at once: their first log entry
         # is the attempt's outcome. The others wait behind an earlier one: say so in the log.
         due: list[str] = []
@@ -375,12 +384,43 @@ class Dispatcher:
             await self._publisher.dead_letter(state, delivery, finished)
             await self._publisher.log_finished(state, delivery, finished)
         for state, delivery in full:
-            current = self.store.pair(partition, state.key) or state
+            # Its queue may have drained meanwhile (its lane attempts while this one awaits):
+            # a pair no longer held is idle, not the full one seen at take-in.
+            current = self.store.pair(partition, state.key) or state.model_copy(
+                update={"queue": (), "failing_since": None}
+            )
             self.store.put(partition, remember(current, delivery))
         await self._write_now(partition, [state.key for state, _ in full])
         return tuple(
             Refused(state.endpoint_id, state.account_id, delivery.webhook_id, len(state.queue))
             for state, delivery in full
+        )
+
+    def _endpoint_full(self, partition: int, endpoint_id: str) -> bool:
+        """The endpoint has as many pairs with something pending in ``partition`` as it may
+        (``QueueLimits.max_pairs_per_endpoint``): no new pair of it is opened."""
+        cap = self.config.limits.max_pairs_per_endpoint
+        return self.store.pending_pairs(partition, endpoint_id) >= cap
+
+    async def _refuse_new_pairs(
+        self, partition: int, crowded: list[tuple[DeliveryState, Pending]], now: float
+    ) -> tuple[Refused, ...]:
+        """Deliveries that would open a pair past their endpoint's cap fail at once
+        (``endpoint_queue_full``): DLQ copy and log entry, acknowledged. Nothing is kept or
+        written for the pair: the same event read again after a crash is refused again under
+        the same webhook-id (a second failure entry, never a lost one)."""
+        for state, delivery in crowded:
+            finished = refused(delivery, REFUSED_ENDPOINT_FULL, now=now)
+            await self._publisher.dead_letter(state, delivery, finished)
+            await self._publisher.log_finished(state, delivery, finished)
+        return tuple(
+            Refused(
+                state.endpoint_id,
+                state.account_id,
+                delivery.webhook_id,
+                self.store.pending_pairs(partition, state.endpoint_id),
+            )
+            for state, delivery in crowded
         )
 
     # -- attempting deliveries ---------------------------------------------------------------
@@ -401,6 +441,10 @@ class Dispatcher:
             now = self._clock()
             if state is None or head is None:
                 self.gate.forget(endpoint_id, key, now)
+                if self.store.stale(partition, key):
+                    # Idle, its record on the changelog still holds deliveries (restored, or
+                    # a write that was not handed to the producer): tombstone it.
+                    await self._write_now(partition, [key])
                 return
             if head.next_attempt_at > now:
                 self.store.put(partition, state)  # re-arm at the head's own time
@@ -540,12 +584,14 @@ class Dispatcher:
             # it, so there is nothing to drop there. Its log entry (and DLQ copy) being
             # acknowledged makes it safe; then its event's hold is released.
             unsaved = self.store.unsaved.settled(partition, key, marker(head))
-        self.store.put(partition, merged)
+        self.store.put(partition, merged)  # an idle pair is dropped (``DeliveryState.idle``)
         if unsaved is not None and finished is not None:
             if finished.state == "delivered":
                 self._last_success[merged.endpoint_id] = now
                 await self._publisher.log_finished(merged, head, finished)
             unsaved.done()
+            if self.store.stale(partition, key):
+                await self._write_now(partition, [key])  # its tombstone
             if endpoint is not None and endpoint.status == "active":
                 await self._maybe_disable(endpoint, settled, now)
             return

@@ -164,9 +164,10 @@ class DeliveryPublisher:
     async def send_states(
         self, partition: int, keys: Sequence[str], *, store: DeliveryStore
     ) -> Awaitable[None]:
-        """Hand the store's latest state of each pair in ``keys`` to the producer; returns
-        what waits for the acks. Call it after ``store.put``. During an outage the wait
-        re-sends the store's latest states, under the same lock."""
+        """Hand the store's latest state of each pair in ``keys`` to the producer (a
+        tombstone for a pair that went idle, ``DeliveryStore.stale``); returns what waits for
+        the acks. Call it after ``store.put``. During an outage the wait re-sends the store's
+        latest states, under the same lock."""
         lock = self._lock(partition)
         async with lock:
             sent = [await self._enqueue_state(partition, key, store) for key in keys]
@@ -192,12 +193,20 @@ class DeliveryPublisher:
             lock = self._locks[partition] = asyncio.Lock()
         return lock
 
-    async def _enqueue_state(self, partition: int, key: str, store: DeliveryStore) -> Sent | None:
-        state = store.pair(partition, key)
-        if state is None:  # the partition was revoked meanwhile: the next owner writes it
+    async def _enqueue_state(
+        self, partition: int, key: str, store: DeliveryStore, *, resend: bool = False
+    ) -> Sent | None:
+        """The pair's latest state, or a tombstone when it is idle (dropped from the store)
+        and its record on the changelog still holds deliveries (or, on a ``resend``, when
+        the tombstone is what was sent); nothing when the changelog has nothing to drop."""
+        if not store.owns(partition):  # revoked meanwhile: the next owner writes it
             return None
-        value = state.model_dump_json().encode()
-        if self._on_state is not None:
+        state = store.pair(partition, key)
+        value = None if state is None else state.model_dump_json().encode()
+        if value is None and not (resend or store.live(partition, key)):
+            return None  # idle, never written (or tombstoned already)
+        store.written(partition, key, value=value is not None)
+        if value is not None and self._on_state is not None:
             self._on_state(len(value))
         return await enqueue(
             self._producer,
@@ -222,7 +231,7 @@ class DeliveryPublisher:
                 await self._health.pause(attempt)
                 attempt += 1
                 async with lock:
-                    one = await self._enqueue_state(partition, keys[i], store)
+                    one = await self._enqueue_state(partition, keys[i], store, resend=True)
 
     async def log_pending(self, taken: list[tuple[DeliveryState, Pending]], *, now: float) -> None:
         entries = [self._entry(state, d, "pending", d.next_attempt_at, now) for state, d in taken]
