@@ -507,7 +507,7 @@ async def test_an_old_form_record_migrated_is_counted_and_logged(
     context = {"account_id": "acc_9", "partition": PARTITION}
     assert s.publisher.calls == [("send_states", context), ("tombstone", context)]
     (line,) = [e for e in logged if e["event"] == "delivery_state_migrated"]
-    assert line == {**context, "event": "delivery_state_migrated", "log_level": "info", "pairs": 1}
+    assert line == {**context, "event": "delivery_state_migrated", "log_level": "info", "pairs": 0}
     assert s.value("passkey_webhook_state_migrated_total") == 1
     await asyncio.wait_for(s.dispatcher.follow_up(PARTITION, "acc_9"), 5)
     assert s.value("passkey_webhook_state_migrated_total") == 1, "migrated once"
