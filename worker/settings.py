@@ -43,6 +43,7 @@ class Topics(BaseSettings):
     webhook_state: str = "webhook.delivery-state"
     webhook_replays: str = "webhook.replays"
     webhook_dlq: str = "webhook.dlq"
+    api_presence: str = "api.presence"
 
     def all(self) -> list[str]:
         return [
@@ -57,6 +58,7 @@ class Topics(BaseSettings):
             self.webhook_state,
             self.webhook_replays,
             self.webhook_dlq,
+            self.api_presence,
         ]
 
 
