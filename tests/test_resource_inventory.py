@@ -120,6 +120,20 @@ NOT_GROWN: dict[str, str] = {
     "settings.py:Settings.providers": "configuration, one per PROVIDER_URLS entry",
     "settings.py:Settings.api_cors_origins": "configuration, read once at start-up",
     "webhooks/events.py:_WIRE_ONLY": "constant: the event fields left out of a webhook body",
+    # -- the front-ends' presence (worker/api/presence.py): bounded by what it counts --
+    "api/presence.py:PresenceRecord.replays": "one record: the replica's replays, at most"
+    " WEBHOOK_REPLAY_MAX_RUNNING + MAX_QUEUED workspaces (max_length 1000 on the wire)",
+    "api/presence.py:Presence._seen": "one record per front-end replica, live or silent less"
+    " than FORGET_AFTER_S (then dropped and tombstoned)",
+    "api/presence.py:Presence._held": "this process's replays by workspace: at most"
+    " WEBHOOK_REPLAY_MAX_RUNNING + MAX_QUEUED (+1 claim being decided)",
+    "api/presence.py:Presence._deciding": "one claim at a time per process (_claiming)",
+    "api/presence.py:Presence._claiming": "one lock per process",
+    "api/presence.py:Presence._releases": "one write per replay ending: at most the process's"
+    " replays in flight",
+    "webhooks/endpoints.py:EndpointsTail.positions": "one entry per endpoint the registry holds,"
+    " dropped with its tombstone: bounded as the registry (WEBHOOK_ENDPOINTS_PER_WORKSPACE per"
+    " workspace)",
     # -- values: one message, answer or report, bounded where it is parsed or built --
     "api/keys.py:KeysFile.keys": "the operator's keys file, parsed at start-up and on reload",
     "api/replies.py:CorrelatedReply.body": "one reply's body, bounded by MAX_RECORD_BYTES",

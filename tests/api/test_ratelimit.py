@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from worker.api.ratelimit import RateLimited, RateLimiter
+from worker.api.ratelimit import MAX_BUCKETS, RateLimited, RateLimiter
 from worker.contract.catalogue import ServiceError
 
 
@@ -19,9 +19,11 @@ class Clock:
         return self.now
 
 
-def limiter(rate: float = 2.0, burst: int = 4, **kw: int) -> tuple[RateLimiter, Clock]:
+def limiter(
+    rate: float = 2.0, burst: int = 4, max_buckets: int = MAX_BUCKETS
+) -> tuple[RateLimiter, Clock]:
     clock = Clock()
-    return RateLimiter(rate, burst, clock=clock, **kw), clock
+    return RateLimiter(rate, burst, clock=clock, max_buckets=max_buckets), clock
 
 
 def test_the_burst_passes_then_the_next_request_waits_for_a_token() -> None:
@@ -109,3 +111,21 @@ def test_rate_limited_is_the_catalogued_429_with_whole_seconds(wait_s: float, he
     assert f"{header} s" in err.message
     assert pickle.loads(pickle.dumps(err)) == err
     assert copy.copy(err) == err
+
+
+def test_each_replica_takes_its_share_of_the_rate_and_the_burst() -> None:
+    """With three live replicas, each refills at a third of the rate and holds a third of the
+    burst (never less than one token): three of them admit the workspace's rate, not 3x."""
+    clock = Clock()
+    live = [3]
+    bucket = RateLimiter(6.0, 6, clock=clock, replicas=lambda: live[0])
+    assert bucket.share() == (2.0, 2.0)
+    assert [bucket.take("ws_a") for _ in range(2)] == [0.0, 0.0]
+    assert bucket.take("ws_a") == pytest.approx(0.5)  # one token at 2/s
+    clock.now += 10.0
+    assert [bucket.take("ws_a") for _ in range(3)][2] > 0  # refilled to 2, not 6
+    live[0] = 1  # the others stopped: the whole rate again
+    clock.now += 10.0
+    assert [bucket.take("ws_a") for _ in range(6)] == [0.0] * 6
+    live[0] = 12
+    assert bucket.share() == (0.5, 1.0)  # the burst never below one token

@@ -799,5 +799,5 @@ async def test_readiness_covers_the_webhook_readers(hook_settings: Callable[...,
             "webhooks": True,
             "kafka": True,
         }
-        assert len(api.tails) == 2  # replies and the endpoints registry
+        assert len(api.tails) == 3  # replies, the replicas' presence, the endpoints registry
         await asyncio.sleep(0)

@@ -19,6 +19,7 @@ from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics, ReplyReaderSeries
 from worker.api.middleware import FrontDoor
 from worker.api.openapi import openapi_route
+from worker.api.presence import Presence
 from worker.api.quotas import EndpointLimits
 from worker.api.ratelimit import RateLimiter
 from worker.api.replies import ReplyRouter
@@ -93,11 +94,16 @@ class FrontEndApps:
     metrics: ApiMetrics
 
 
-def rate_limiter(settings: Settings) -> RateLimiter | None:
-    """The per-workspace token buckets, or ``None`` when ``API_RATE_LIMIT_PER_S`` is 0."""
+def rate_limiter(settings: Settings, presence: Presence | None = None) -> RateLimiter | None:
+    """The per-workspace token buckets, or ``None`` when ``API_RATE_LIMIT_PER_S`` is 0; with
+    ``presence``, each process takes its share (rate and burst over the live replicas)."""
     if settings.api_rate_limit_per_s <= 0:
         return None
-    return RateLimiter(settings.api_rate_limit_per_s, settings.api_rate_limit_burst)
+    return RateLimiter(
+        settings.api_rate_limit_per_s,
+        settings.api_rate_limit_burst,
+        replicas=None if presence is None else presence.live,
+    )
 
 
 def build_app(
@@ -109,12 +115,14 @@ def build_app(
     registry: CollectorRegistry,
     webhooks: WebhookClients | None = None,
     broker: BrokerHealth | None = None,
+    presence: Presence | None = None,
 ) -> FrontEndApps:
     """The front-end's apps over clients built (and started) by the caller.
 
     ``producer`` is a started ``AIOKafkaProducer``; ``replies`` and ``webhooks`` are started
     by the caller too (``webhooks`` ``None``: the webhook routes answer 500, the
-    service is not configured for them). Metrics are registered on ``registry`` (one app per
+    service is not configured for them), like ``presence`` (``None``: the limits are this
+    process's alone). Metrics are registered on ``registry`` (one app per
     registry).
     """
     metrics = ApiMetrics(registry)
@@ -130,7 +138,8 @@ def build_app(
         reply_timeout_s=settings.api_reply_timeout_s,
         webhook_tails=None if webhooks is None else webhooks.tails,
         broker=broker,
-        limiter=rate_limiter(settings),
+        limiter=rate_limiter(settings, presence),
+        presence=presence,
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
     policy = TargetPolicy(
@@ -177,6 +186,7 @@ def webhook_clients(
     producer: Any,
     broker: BrokerHealth | None = None,
     shared: SharedConsumer | None = None,
+    presence: Presence | None = None,
 ) -> WebhookClients | None:
     """The unstarted webhook clients, or ``None`` (logged) without ``WEBHOOK_SECRETS_KEY``:
     the endpoints' secrets can be neither sealed nor opened then. A malformed key raises
@@ -219,6 +229,7 @@ def webhook_clients(
         max_running=settings.webhook_replay_max_running,
         max_queued=settings.webhook_replay_max_queued,
         per_workspace=settings.webhook_replays_per_workspace,
+        presence=presence,
     )
     return WebhookClients(endpoints=endpoints, store=store, deliveries=deliveries, replays=replays)
 
@@ -252,7 +263,9 @@ async def api_runtime(
         topics.replies,
         partition=settings.api_reply_partition,
     )
-    webhooks = webhook_clients(settings, producer, broker)
+    shared = view_consumer(settings)
+    presence = Presence(shared.share(), topics.api_presence, producer, health=broker)
+    webhooks = webhook_clients(settings, producer, broker, shared, presence)
     apps = build_app(
         settings,
         producer=producer,
@@ -261,6 +274,7 @@ async def api_runtime(
         registry=registry,
         webhooks=webhooks,
         broker=broker,
+        presence=presence,
     )
     started: list[Callable[[], Any]] = []
     try:
@@ -268,6 +282,8 @@ async def api_runtime(
         started.append(producer.stop)
         await replies.start()
         started.append(replies.stop)
+        await presence.start()
+        started.append(presence.stop)  # before the producer: it tombstones this replica
         if webhooks is not None:
             for tail in webhooks.tails:
                 await tail.start()
@@ -286,6 +302,7 @@ async def api_runtime(
             broker=broker,
             side_door=apps.side_door,
             metrics=apps.metrics,
+            presence=presence,
         )
         registry.register(TailSkips(API_PREFIX, lambda: runtime.tails))
         yield runtime

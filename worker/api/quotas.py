@@ -1,17 +1,23 @@
 """Per-workspace quotas and field limits of the webhook routes, so no workspace can exhaust
-what all share; a refusal names the quota. Replicas do not coordinate, so the endpoint quota
-can overshoot by what other replicas have in flight (docs/operations.md, "Quotas")."""
+what all share; a refusal names the quota. The endpoint quota holds across replicas: a
+workspace's creates all land on one partition of the endpoints topic, and a create kept only
+when fewer than the quota of the workspace's endpoints precede it there is kept
+(docs/operations.md, "Quotas")."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from aiokafka.partitioner import murmur2
+
 from worker.contract.catalogue import ServiceError
 from worker.settings import Settings
-from worker.webhooks.endpoints import EndpointRegistry
+from worker.webhooks.endpoints import EndpointRegistry, new_endpoint_id
 
 #: The ``quota`` label values of ``passkey_api_quota_refusals``.
 ENDPOINTS: Final = "webhook_endpoints"
@@ -106,14 +112,90 @@ def _too_long(quota: str, what: str) -> Refused:
     return Refused(quota, ServiceError.of("invalid_request", f"Invalid request body: {what}."))
 
 
+def partition_of(key: str, partitions: int) -> int:
+    """The partition the producer's default partitioner picks for ``key`` (Kafka's murmur2)."""
+    hashed: int = murmur2(key.encode())
+    return (hashed & 0x7FFFFFFF) % partitions
+
+
+#: Ids drawn at most for one create (about ``partitions`` are needed on average).
+_MAX_DRAWS: Final = 100_000
+
+
+def endpoint_id_on(partition: int, partitions: int) -> str:
+    """A new endpoint id whose records land on ``partition`` (keyed by the id, as they are)."""
+    for _ in range(_MAX_DRAWS):
+        endpoint_id = new_endpoint_id()
+        if partition_of(endpoint_id, partitions) == partition:
+            return endpoint_id
+    raise RuntimeError(f"no endpoint id for partition {partition} of {partitions}")
+
+
+def _over_endpoint_quota(limit: int) -> Refused:
+    return Refused(
+        ENDPOINTS,
+        ServiceError.of(
+            ENDPOINT_QUOTA,
+            f"The workspace has reached its quota of {limit} webhook endpoints;"
+            " delete one before creating another. Nothing was created.",
+        ),
+    )
+
+
 @dataclass
 class EndpointQuota:
     """Endpoints per workspace: what ``registry`` holds of the workspace plus the creates in
-    flight on this replica that it does not hold yet (each counted once, by id)."""
+    flight on this replica that it does not hold yet (each counted once, by id), checked
+    before a create; and, across replicas, ``kept`` after it.
+
+    ``positions`` (the endpoints tail's: where each endpoint's first record was read) and
+    ``partitions`` (the endpoints topic's partition count, 0 while unknown) order the creates:
+    every new endpoint of a workspace is given an id whose records land on the workspace's
+    partition, so that partition's offsets are the one order of the workspace's creates,
+    whichever replica wrote them."""
 
     registry: EndpointRegistry
     limit: int = 16
+    positions: Mapping[str, tuple[int, int]] | None = None
+    partitions: Callable[[], int] = lambda: 0
     _creating: dict[str, set[str]] = field(default_factory=dict)
+
+    def new_id(self, workspace_id: str) -> str:
+        """An id for the workspace's next endpoint, on the workspace's partition when known."""
+        partitions = self.partitions()
+        if self.positions is None or partitions < 1:
+            return new_endpoint_id()
+        return endpoint_id_on(partition_of(workspace_id, partitions), partitions)
+
+    async def kept(self, workspace_id: str, endpoint_id: str, timeout_s: float) -> bool | None:
+        """Whether the written ``endpoint_id`` is within the quota: fewer than ``limit`` of
+        the workspace's live endpoints precede it (created earlier on its partition, or
+        elsewhere: before this scheme, by id). ``None`` when the registry did not read it back
+        within ``timeout_s``; ``True`` without ``positions``.
+
+        Holds across replicas: the tail reads the partition in order, so once it has read
+        this create it has read every create of the workspace before it; of any ``limit + 1``
+        endpoints kept, the last one would have seen ``limit`` before it."""
+        positions = self.positions
+        if positions is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while (mine := positions.get(endpoint_id)) is None:
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.005)
+        before = 0
+        for record in self.registry.of_workspace(workspace_id):
+            at = positions.get(record.id)
+            if record.id == endpoint_id or at is None:
+                continue  # unread: written after this one (the tail has read past it)
+            if at[0] != mine[0] or at[1] < mine[1]:
+                before += 1
+        return before < self.limit
+
+    def refused(self) -> Refused:
+        """The refusal of a create over the quota."""
+        return _over_endpoint_quota(self.limit)
 
     def held(self, workspace_id: str) -> int:
         creating = self._creating.get(workspace_id, set())
@@ -124,14 +206,7 @@ class EndpointQuota:
     def slot(self, workspace_id: str, endpoint_id: str) -> Iterator[None]:
         """Hold a place for ``endpoint_id`` while it is written, or raise ``Refused``."""
         if self.held(workspace_id) >= self.limit:
-            raise Refused(
-                ENDPOINTS,
-                ServiceError.of(
-                    ENDPOINT_QUOTA,
-                    f"The workspace has reached its quota of {self.limit} webhook endpoints;"
-                    " delete one before creating another. Nothing was created.",
-                ),
-            )
+            raise _over_endpoint_quota(self.limit)
         creating = self._creating.setdefault(workspace_id, set())
         creating.add(endpoint_id)
         try:

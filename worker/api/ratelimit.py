@@ -1,6 +1,8 @@
-"""Per-workspace request rate limit: a token bucket per workspace, per process (N replicas
-allow N times the rate), checked after the key resolves, with bounded memory
-(docs/operations.md, "Front-door limits")."""
+"""Per-workspace request rate limit: a token bucket per workspace in each process, refilled at
+the process's share of the rate (the rate and the burst divided by the live front-end replicas,
+``worker.api.presence``), so N replicas behind a balancer admit the rate in total, not N times
+it; checked after the key resolves, with bounded memory (docs/operations.md, "Front-door
+limits")."""
 
 from __future__ import annotations
 
@@ -57,7 +59,10 @@ class _Bucket:
 
 
 class RateLimiter:
-    """Token buckets by key (the workspace id). ``clock`` is injectable for tests."""
+    """Token buckets by key (the workspace id). ``replicas`` says how many front-end replicas
+    are live now (``None``: this one alone); each bucket refills at ``rate_per_s / replicas``
+    and holds at most ``burst / replicas`` (at least one token). ``clock`` is injectable for
+    tests."""
 
     def __init__(
         self,
@@ -66,6 +71,7 @@ class RateLimiter:
         *,
         max_buckets: int = MAX_BUCKETS,
         clock: Callable[[], float] = time.monotonic,
+        replicas: Callable[[], int] | None = None,
     ) -> None:
         if rate_per_s <= 0 or burst < 1 or max_buckets < 1:
             raise ValueError("rate_per_s must be > 0, burst and max_buckets >= 1")
@@ -73,38 +79,43 @@ class RateLimiter:
         self.burst = float(burst)
         self.max_buckets = max_buckets
         self._clock = clock
-        self._refill_s = self.burst / rate_per_s  # an untouched bucket is full after this
+        self._replicas = replicas
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._buckets)
 
+    def share(self) -> tuple[float, float]:
+        """This process's rate and burst now: the configured ones divided by the live
+        replicas (the burst never below one token)."""
+        n = max(1, self._replicas()) if self._replicas is not None else 1
+        return self.rate_per_s / n, max(1.0, self.burst / n)
+
     def take(self, key: str) -> float:
         """Take a token for ``key``: 0.0 when one was there, else the seconds until one is."""
         now = self._clock()
-        self._evict_full(now)
+        rate, burst = self.share()
+        self._evict_full(now, burst / rate)  # an untouched bucket is full after that
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = _Bucket(self.burst, now)
+            bucket = _Bucket(burst, now)
             self._buckets[key] = bucket
             if len(self._buckets) > self.max_buckets:
                 self._buckets.popitem(last=False)
         else:
             self._buckets.move_to_end(key)
-            bucket.tokens = min(
-                self.burst, bucket.tokens + (now - bucket.updated) * self.rate_per_s
-            )
+            bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
             bucket.updated = now
         if bucket.tokens >= 1.0:
             bucket.tokens -= 1.0
             return 0.0
-        return (1.0 - bucket.tokens) / self.rate_per_s
+        return (1.0 - bucket.tokens) / rate
 
-    def _evict_full(self, now: float) -> None:
+    def _evict_full(self, now: float, refill_s: float) -> None:
         """Drop the least recently used buckets while they have refilled completely."""
         buckets = self._buckets
         while buckets:
             key, oldest = next(iter(buckets.items()))
-            if now - oldest.updated < self._refill_s:
+            if now - oldest.updated < refill_s:
                 return
             del buckets[key]

@@ -175,9 +175,12 @@ class ApiRoutes:
         webhook_tails: Sequence[TopicTail] | None = None,
         broker: BrokerHealth | None = None,
         limiter: RateLimiter | None = None,
+        presence: TopicTail | None = None,
     ) -> None:
         self.producer = producer
         self.limiter = limiter
+        #: The replicas' presence (``worker.api.presence``): the rate limit's share needs it.
+        self.presence = presence
         self.broker = broker or BrokerHealth()
         self.replies = replies
         self.keys = keys
@@ -203,6 +206,8 @@ class ApiRoutes:
 
     def health(self) -> tuple[bool, ApiHealth]:
         tails = [self.replies, *(self.webhook_tails or ())]
+        if self.presence is not None:
+            tails.append(self.presence)
         ok = all(tail.running for tail in tails)
         return ok, ApiHealth(status="ok" if ok else "failed")
 
@@ -210,6 +215,8 @@ class ApiRoutes:
         """Ready once the reply consumer is positioned (and the webhook registry caught up):
         nothing here reads auth.state, so the time to ready does not grow with accounts."""
         replies = self.replies.ready and self.replies.keeping_up
+        if self.presence is not None:  # the replicas are known before a share is taken
+            replies = replies and self.presence.caught_up and self.presence.running
         webhooks = (
             None
             if self.webhook_tails is None

@@ -46,12 +46,15 @@ class ApiRuntime:
     side_door: Starlette | None = None
     metrics: ApiMetrics | None = None
     metrics_url: str | None = None
+    #: The replicas' presence (``worker.api.presence``); ``None`` in apps built without it.
+    presence: TopicTail | None = None
 
     @property
     def tails(self) -> tuple[TopicTail, ...]:
         """Every Kafka reader whose end stops the process."""
         extra = () if self.webhooks is None else self.webhooks.tails
-        return (self.replies, *extra)
+        own = () if self.presence is None else (self.presence,)
+        return (self.replies, *own, *extra)
 
     @property
     def url(self) -> str:

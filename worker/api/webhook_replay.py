@@ -1,7 +1,8 @@
 """``POST .../replay``: re-send an endpoint's past events. A bounded background scan of
 auth.status and auth.errors turns matching events into ``Replay`` records the dispatcher
-delivers under their original webhook-ids; per-workspace and per-process bounds refuse with
-429 (docs/operations.md, "Quotas"). The scan reads each partition from ``since`` (the broker's
+delivers under their original webhook-ids; per-workspace (across the live front-end replicas,
+through ``worker.api.presence``) and per-process bounds refuse with 429 (docs/operations.md,
+"Quotas"). The scan reads each partition from ``since`` (the broker's
 timestamp index) to the high-water mark of its start, yielding to the loop as it decodes
 (``ReplayRunner._scan_topic``)."""
 
@@ -21,6 +22,7 @@ from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndTimestamp
 from pydantic import ValidationError
 
+from worker.api.presence import Presence
 from worker.api.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
 from worker.api.webhook_bodies import parse_rfc3339
 from worker.contract.catalogue import ServiceError
@@ -74,6 +76,8 @@ class ReplayRunner:
 
     ``consumer_factory`` builds an unstarted, group-less consumer per scan; ``producer`` is
     the front-end's started producer, ``health`` the process's broker health its sends report to.
+    ``presence`` (when given) holds the workspace's quota across the live replicas: ``begin``
+    claims a slot there before it starts a replay.
     """
 
     def __init__(
@@ -90,7 +94,9 @@ class ReplayRunner:
         per_workspace: int = PER_WORKSPACE,
         timeout_s: float = REPLAY_TIMEOUT_S,
         seek_margin_s: float = SEEK_MARGIN_S,
+        presence: Presence | None = None,
     ) -> None:
+        self._presence = presence
         self._consumer_factory = consumer_factory
         self._producer = producer
         self._status_topic = status_topic
@@ -120,25 +126,25 @@ class ReplayRunner:
         """The workspace's replays running or waiting on this process."""
         return self._workspaces.get(workspace_id, (0, None))[0]
 
-    def start(self, endpoint: EndpointRecord, since: datetime) -> str:
-        """Queue a replay of ``endpoint``'s events since ``since``; its id.
-
-        Raises ``Refused`` (429, ``Retry-After``) when the workspace already has
-        ``per_workspace`` replays in flight, or this process ``max_running + max_queued``:
-        a limit, not a fault of the request, so retrying later is the right reaction.
-        """
+    async def begin(self, endpoint: EndpointRecord, since: datetime) -> str:
+        """``start``, with the workspace's slot claimed across the live replicas first (when
+        this runner has a ``presence``); raises ``Refused`` (429) as ``start`` does, and when
+        the other replicas hold the workspace's quota."""
+        if self._presence is None:
+            return self.start(endpoint, since)
         workspace_id = endpoint.workspace_id
-        count, lock = self._workspaces.get(workspace_id, (0, asyncio.Lock()))
+        self._refuse_over(workspace_id, self.in_flight(workspace_id))
+        if not await self._presence.claim(workspace_id, self._per_workspace):
+            raise _over_quota(self._per_workspace)
+        try:
+            return self.start(endpoint, since, claimed=True)
+        except BaseException:
+            self._presence.release(workspace_id)
+            raise
+
+    def _refuse_over(self, workspace_id: str, count: int) -> None:
         if count >= self._per_workspace:
-            raise Refused(
-                REPLAYS,
-                ServiceError.of(
-                    TOO_MANY,
-                    f"The workspace already has {count} replays in progress, its quota;"
-                    " retry when one has ended. Nothing was started.",
-                ),
-                RETRY_AFTER_S,
-            )
+            raise _over_quota(count)
         if len(self._tasks) >= self._capacity:
             raise Refused(
                 REPLAY_CAPACITY,
@@ -149,14 +155,27 @@ class ReplayRunner:
                 ),
                 RETRY_AFTER_S,
             )
+
+    def start(self, endpoint: EndpointRecord, since: datetime, *, claimed: bool = False) -> str:
+        """Queue a replay of ``endpoint``'s events since ``since``; its id.
+
+        Raises ``Refused`` (429, ``Retry-After``) when the workspace already has
+        ``per_workspace`` replays in flight, or this process ``max_running + max_queued``:
+        a limit, not a fault of the request, so retrying later is the right reaction.
+        """
+        workspace_id = endpoint.workspace_id
+        count, lock = self._workspaces.get(workspace_id, (0, asyncio.Lock()))
+        self._refuse_over(workspace_id, count)
         replay_id = new_replay_id()
         self._workspaces[workspace_id] = (count + 1, lock)
         task = asyncio.create_task(self._run(replay_id, endpoint, since, lock), name=replay_id)
         self._tasks[replay_id] = task
-        task.add_done_callback(lambda _: self._ended(replay_id, workspace_id))
+        task.add_done_callback(lambda _: self._ended(replay_id, workspace_id, claimed))
         return replay_id
 
-    def _ended(self, replay_id: str, workspace_id: str) -> None:
+    def _ended(self, replay_id: str, workspace_id: str, claimed: bool = False) -> None:
+        if claimed and self._presence is not None:
+            self._presence.release(workspace_id)
         self._tasks.pop(replay_id, None)
         count, lock = self._workspaces.pop(workspace_id, (1, None))
         if count > 1 and lock is not None:
@@ -352,6 +371,18 @@ class ReplayRunner:
             )
         await acknowledged(self._producer, self._health, sent)
         return len(sent)
+
+
+def _over_quota(count: int) -> Refused:
+    return Refused(
+        REPLAYS,
+        ServiceError.of(
+            TOO_MANY,
+            f"The workspace already has {count} replays in progress, its quota;"
+            " retry when one has ended. Nothing was started.",
+        ),
+        RETRY_AFTER_S,
+    )
 
 
 def _start(found: OffsetAndTimestamp | None, end: int) -> int:

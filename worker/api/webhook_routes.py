@@ -48,7 +48,7 @@ from worker.contract.catalogue import ServiceError
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoint_writes import EndpointStore
-from worker.webhooks.endpoints import EndpointRecord, EndpointsTail, new_endpoint_id
+from worker.webhooks.endpoints import EndpointRecord, EndpointsTail
 from worker.webhooks.log_scan import DeliveryLogScan, DeliveryScanFailed
 from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
 
@@ -127,7 +127,12 @@ class WebhookRoutes:
         self.quota = (
             None
             if clients is None
-            else EndpointQuota(clients.store.registry, endpoints_per_workspace)
+            else EndpointQuota(
+                clients.store.registry,
+                endpoints_per_workspace,
+                positions=clients.endpoints.positions,
+                partitions=lambda: len(clients.endpoints.partitions),
+            )
         )
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.scans = ScanTurns()
@@ -274,7 +279,7 @@ class WebhookRoutes:
         # The quota counts the registry: a replica still reading it would count too few.
         await self._ready(failure, clients.endpoints)
         assert self.quota is not None  # built with the clients
-        endpoint_id = new_endpoint_id()
+        endpoint_id = self.quota.new_id(workspace_id)
         with self.quota.slot(workspace_id, endpoint_id):
             record, secret = await _confirmed(
                 clients.store.create(
@@ -285,6 +290,23 @@ class WebhookRoutes:
                     endpoint_id=endpoint_id,
                     rate_limit=body.rate_limit,
                 )
+            )
+            # Across replicas: kept only when fewer than the quota were created before it.
+            kept = await self.quota.kept(workspace_id, endpoint_id, self.wait_s)
+        if not kept:
+            await _confirmed(clients.store.delete(record))
+            log.info(
+                "webhook_endpoint_create_rolled_back",
+                endpoint_id=record.id,
+                workspace_id=workspace_id,
+                over_quota=kept is False,
+            )
+            if kept is False:
+                raise self.quota.refused()
+            raise ServiceError.of(
+                failure,
+                "The new endpoint could not be confirmed in time and was deleted; nothing was"
+                " created. Retry shortly.",
             )
         log.info("webhook_endpoint_created", endpoint_id=record.id, workspace_id=workspace_id)
         return _with_secret(request, record, secret, status_code=201)
@@ -412,7 +434,7 @@ class WebhookRoutes:
         body = await self._body(request, ReplayBody)
         await self._ready(failure, clients.endpoints)
         record = self._find(clients, workspace_id, endpoint_id)
-        replay_id = clients.replays.start(record, body.since)
+        replay_id = await clients.replays.begin(record, body.since)
         since = body.since.isoformat(timespec="microseconds").replace("+00:00", "Z")
         log.info("webhook_replay_started", replay_id=replay_id, endpoint_id=record.id, since=since)
         data = ReplayData(replay_id=replay_id, endpoint_id=record.id, since=since)

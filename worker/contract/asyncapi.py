@@ -12,6 +12,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import JsonSchemaMode
 
+from worker.api.presence import PresenceRecord
 from worker.contract.messages import (
     DECODE_REASONS,
     AccountRecord,
@@ -132,7 +133,7 @@ ROLES: Final[dict[Role, str]] = {
     "dispatcher": "A webhook dispatcher of the pool (`python -m worker webhooks`).",
 }
 
-Key = Literal["AccountId", "EndpointId", "DeadLetterKey", "DeliveryStateKey"]
+Key = Literal["AccountId", "EndpointId", "DeadLetterKey", "DeliveryStateKey", "ReplicaId"]
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ WIRE_MODELS: Final[tuple[type[Any], ...]] = (
     DeliveryLogEntry,
     DeliveryLogBatch,
     Replay,
+    PresenceRecord,
 )
 
 
@@ -235,6 +237,11 @@ def component_schemas() -> dict[str, Any]:
     schemas["EndpointId"] = identifier | {
         "title": "EndpointId",
         "description": "Record key: the webhook endpoint id (UTF-8, `ep_` + 32 hex).",
+    }
+    schemas["ReplicaId"] = identifier | {
+        "title": "ReplicaId",
+        "description": "Record key: a front-end replica's id (UTF-8, `api_` + 32 hex), new at "
+        "each process start.",
     }
     schemas["DeliveryStateKey"] = {
         "title": "DeliveryStateKey",
@@ -363,6 +370,14 @@ def _messages() -> list[_Message]:
             "AccountId",
             headers="WebhookDeadLetterHeaders",
         ),
+        model(PresenceRecord, "ReplicaId"),
+        _Message(
+            "api_presence_ended",
+            "PresenceEnded",
+            "Tombstone: the front-end replica of the record key stopped.",
+            {"type": "null", "description": "No value (a Kafka tombstone)."},
+            "ReplicaId",
+        ),
     ]
 
 
@@ -441,6 +456,13 @@ def _channels() -> list[_Channel]:
             "Deliveries that failed for good, with why and where in headers.",
             ("webhook_dead_letter",),
         ),
+        _Channel(
+            "api_presence",
+            "The live front-end replicas (one partition): each writes its record every 2 s and "
+            "when its replays change, and tombstones it when it stops. Each replica divides "
+            "a workspace's rate by the live count and decides a replay claim in this order.",
+            ("api_presence", "api_presence_ended"),
+        ),
     ]
 
 
@@ -490,6 +512,21 @@ def _operations() -> list[_Operation]:
             "receive",
             "webhook_endpoints",
             "The endpoint registry every replica keeps (every partition, no group).",
+        ),
+        _Operation(
+            "frontEndSendsPresence",
+            "front-end",
+            "send",
+            "api_presence",
+            "A heartbeat every 2 s and at each replay claim or release; a tombstone at stop.",
+        ),
+        _Operation(
+            "frontEndReceivesPresence",
+            "front-end",
+            "receive",
+            "api_presence",
+            "Every replica reads every replica's records (no group): the live count and the "
+            "replays each holds.",
         ),
         _Operation(
             "frontEndSendsReplays",

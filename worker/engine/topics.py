@@ -13,8 +13,12 @@ from worker.runtime.process import Misconfigured
 from worker.settings import Settings, Topics
 
 #: ``Topics`` fields of the topics compacted to the latest record per key: the changelogs of
-#: the state stores and the endpoint registry (docs/architecture.md, "Topics and messages").
-COMPACTED: Final = frozenset({"state", "webhook_endpoints", "webhook_state"})
+#: the state stores, the endpoint registry and the front-ends' presence (docs/architecture.md,
+#: "Topics and messages").
+COMPACTED: Final = frozenset({"state", "webhook_endpoints", "webhook_state", "api_presence"})
+#: ``Topics`` fields of the topics with one partition: the front-ends' presence records, whose
+#: one order decides which replica's claim of a workspace's last replay slot came first.
+SINGLE_PARTITION: Final = frozenset({"api_presence"})
 #: ``Topics`` fields of the streams whose records matter for minutes only (a reply is awaited
 #: for ``API_REPLY_TIMEOUT_S``): ``KAFKA_REPLIES_RETENTION_MS``.
 SHORT_LIVED: Final = frozenset({"replies"})
@@ -32,7 +36,7 @@ KAFKA_DEFAULTS: Final[Mapping[str, str]] = {
 #: its webhook routes are configured (``WEBHOOK_SECRETS_KEY``).
 PROCESS_TOPICS: Final[Mapping[str, tuple[str, ...]]] = {
     "worker": ("commands", "state", "status", "errors", "replies", "dlq"),
-    "api": ("commands", "replies"),
+    "api": ("commands", "replies", "api_presence"),
     "api-webhooks": (
         "webhook_endpoints",
         "webhook_deliveries",
@@ -105,7 +109,8 @@ class TopicsMisconfigured(Misconfigured):
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     """Every topic's intended configuration, in ``Topics.all()`` order. Commands and state share
-    ``COMMANDS_PARTITIONS`` (co-partitioned); the others have ``OTHER_PARTITIONS``."""
+    ``COMMANDS_PARTITIONS`` (co-partitioned); ``api.presence`` has one; the others have
+    ``OTHER_PARTITIONS``."""
     names = settings.topics.model_dump()
     specs = []
     for name_field in Topics.model_fields:
@@ -122,6 +127,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         partitions = (
             settings.commands_partitions
             if name_field in ("commands", "state")
+            else 1
+            if name_field in SINGLE_PARTITION
             else settings.other_partitions
         )
         specs.append(

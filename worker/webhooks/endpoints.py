@@ -207,12 +207,16 @@ class EndpointsTail(TopicTail):
         self.registry = registry or EndpointRegistry()
         self.undecodable = 0
         self._on_change = on_change
+        #: (partition, offset) of the first record of each live endpoint this tail read: the
+        #: order of creates within a partition (the front-end's endpoint quota).
+        self.positions: dict[str, tuple[int, int]] = {}
 
     def handle(self, records: Iterable[Any]) -> None:
         for msg in records:
             if msg.value is None:
                 if msg.key:
                     endpoint_id = msg.key.decode("utf-8", "replace")
+                    self.positions.pop(endpoint_id, None)
                     self.registry.delete(endpoint_id)
                     if self._on_change is not None:
                         self._on_change(None, endpoint_id)
@@ -223,6 +227,7 @@ class EndpointsTail(TopicTail):
                 self.undecodable += 1
                 log.error("endpoint_record_undecodable", partition=msg.partition, offset=msg.offset)
                 continue
+            self.positions.setdefault(record.id, (msg.partition, msg.offset))
             if self.registry.apply(record) and self._on_change is not None:
                 self._on_change(record, record.id)
 
