@@ -262,6 +262,12 @@ class Settings(BaseSettings):
     worker_metrics_host: str = "127.0.0.1"
     worker_metrics_port: int = 9100
     worker_max_in_flight: int = Field(default=1000, ge=1)
+    worker_max_in_flight_per_key: int | None = Field(
+        default=None,
+        ge=1,
+        description="The share of WORKER_MAX_IN_FLIGHT one account (lane key) may hold; a "
+        "record past it pauses its partition alone. Unset: max(16, WORKER_MAX_IN_FLIGHT // 20).",
+    )
     worker_commit_interval_ms: int = Field(default=200, ge=10)
     worker_shutdown_grace_s: float = Field(default=20.0, gt=0)
     worker_dedup_window: int = Field(default=8, ge=1, le=256)
@@ -422,6 +428,13 @@ class Settings(BaseSettings):
     )
     webhook_disable_after_s: float = Field(default=5 * 86_400.0, gt=0)
     webhook_max_in_flight: int = Field(default=1000, ge=1)
+    webhook_max_in_flight_per_key: int | None = Field(
+        default=None,
+        ge=1,
+        description="The share of WEBHOOK_MAX_IN_FLIGHT one lane key (an account's events, a "
+        "pair's follow-ups) may hold; past it its partition pauses alone. Unset: max(16, "
+        "WEBHOOK_MAX_IN_FLIGHT // 20).",
+    )
 
     # --- quotas per workspace (webhook endpoints, replays, field sizes) ------------------
     webhook_endpoints_per_workspace: int = Field(
@@ -463,6 +476,13 @@ class Settings(BaseSettings):
         le=900 * 1024,
         description="Upper bound of one delivery-state record (the pair's JSON); a delivery "
         "that would pass it (less a small headroom) fails into the webhook DLQ (queue_full).",
+    )
+    webhook_max_pairs_per_endpoint: int = Field(
+        default=1000,
+        ge=1,
+        description="(endpoint, account) pairs with something pending one endpoint may have "
+        "per partition of the delivery state; a delivery that would open one more fails into "
+        "the webhook DLQ (endpoint_queue_full).",
     )
     webhook_endpoint_max_in_flight: int = Field(
         default=32,
@@ -562,6 +582,24 @@ class Settings(BaseSettings):
         if value == 0:
             raise ValueError("retention must be positive, or -1 (forever)")
         return value
+
+    @model_validator(mode="after")
+    def _key_share_within_bound(self) -> Settings:
+        for share, bound, names in (
+            (
+                self.worker_max_in_flight_per_key,
+                self.worker_max_in_flight,
+                ("WORKER_MAX_IN_FLIGHT_PER_KEY", "WORKER_MAX_IN_FLIGHT"),
+            ),
+            (
+                self.webhook_max_in_flight_per_key,
+                self.webhook_max_in_flight,
+                ("WEBHOOK_MAX_IN_FLIGHT_PER_KEY", "WEBHOOK_MAX_IN_FLIGHT"),
+            ),
+        ):
+            if share is not None and share > bound:
+                raise ValueError(f"{names[0]} must not exceed {names[1]} (it is a share of it)")
+        return self
 
     @model_validator(mode="after")
     def _isr_within_replicas(self) -> Settings:

@@ -44,7 +44,8 @@ def gate(wakes: Wakes, **config: float) -> EndpointGate:
 def admit(
     g: EndpointGate, key: str, now: float = NOW, *, rate: int | None = None, revision: int = 1
 ) -> Admission:
-    return g.admit("ep_1", revision=revision, rate_limit=rate, partition=0, key=key, now=now)
+    endpoint = key.partition("/")[0]
+    return g.admit(endpoint, revision=revision, rate_limit=rate, partition=0, key=key, now=now)
 
 
 def test_an_endpoint_holds_at_most_its_share_and_waiting_pairs_come_in_turn() -> None:
@@ -202,3 +203,73 @@ def test_a_long_line_waits_longer_for_its_fallback_but_bounded() -> None:
     assert waits[0] < 40.0
     assert waits[-1] > 1000.0, "the back of the line does not come back all at once"
     assert max(waits) <= MAX_PARK_S * 1.5
+
+
+def test_endpoints_created_and_deleted_leave_a_bounded_gate() -> None:
+    """A workspace that creates an endpoint, has it fail (so the gate notes failures that
+    keep its entry), and deletes it, again and again: the gate holds what the registry and
+    the busy endpoints need, not one entry per endpoint ever attempted."""
+    registry: set[str] = set()
+    g = EndpointGate(
+        GateConfig(max_in_flight=2, backoff_after=3),
+        wake=Wakes(),
+        rng=random.Random(1),
+        known=registry.__contains__,
+    )
+    for i in range(1000):
+        endpoint = f"ep_{i}"
+        registry.add(endpoint)
+        now = NOW + i
+        assert g.admit(
+            endpoint,
+            revision=1,
+            rate_limit=None,
+            partition=0,
+            key=f"{endpoint}/a",
+            now=now,
+            workspace_id="ws_churn",
+        ).admitted
+        g.release(endpoint, ok=False, now=now)
+        registry.discard(endpoint)  # deleted: no attempt under way, no pair will come back
+    assert len(g._endpoints) <= 64, len(g._endpoints)
+    assert sum(map(len, g._workspace_endpoints.values())) <= 64
+
+
+def test_an_idle_endpoint_keeps_what_it_learnt_and_a_forgotten_one_starts_as_new() -> None:
+    """Dropping an entry never changes what the gate decides: an endpoint with failures in a
+    row keeps them (it backs off at the third failure whenever it comes, whatever else was
+    swept meanwhile); one that has nothing (no failure, full bucket) is dropped and comes back
+    as it was."""
+    registry = {"ep_1", "ep_2", *(f"ep_x{i}" for i in range(300))}
+    g = EndpointGate(
+        GateConfig(max_in_flight=2, backoff_after=3),
+        wake=Wakes(),
+        rng=random.Random(1),
+        known=registry.__contains__,
+    )
+    for step in range(2):
+        assert admit(g, f"ep_1/a{step}", NOW + step).admitted
+        g.release("ep_1", ok=False, now=NOW + step)
+    # many other endpoints come and go (each one sweep-worthy), ep_1 idle meanwhile
+    for i in range(300):
+        g.admit(
+            f"ep_x{i}",
+            revision=1,
+            rate_limit=None,
+            partition=0,
+            key="k",
+            now=NOW + 2,
+            workspace_id="",
+        )
+        g.release(f"ep_x{i}", ok=True, now=NOW + 2)
+    assert g.failing_since("ep_1") == NOW, "its failures in a row are kept"
+    assert admit(g, "ep_1/b", NOW + 3).admitted
+    g.release("ep_1", ok=False, now=NOW + 3)
+    assert g.backing_off("ep_1"), "the third failure in a row backs it off"
+    assert len(g._endpoints) == 1, "endpoints with nothing to remember are gone"
+
+    # a rate-limited endpoint is kept while its bucket refills, then dropped
+    assert admit(g, "ep_2/a", NOW, rate=1).admitted
+    g.release("ep_2", ok=True, now=NOW)
+    assert "ep_2" in g._endpoints, "its bucket is not full yet"
+    assert not admit(g, "ep_2/b", NOW + 0.5, rate=1).admitted, "the rate limit still holds"

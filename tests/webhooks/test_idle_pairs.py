@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import tracemalloc
 from collections import defaultdict
@@ -36,8 +35,7 @@ from tests.webhooks.support import (
     wait_until,
 )
 from tests.webhooks.test_isolation import confirm_error, publish_errors
-from worker.webhooks import app as webhooks_app
-from worker.webhooks.delivery import QueueLimits, webhook_id
+from worker.webhooks.delivery import webhook_id
 from worker.webhooks.delivery_store import DeliveryStore
 
 pytestmark = pytest.mark.integration
@@ -150,14 +148,14 @@ async def test_fully_delivered_pairs_are_dropped_and_their_records_tombstoned(
 
 
 async def test_a_failing_endpoint_holds_at_most_its_cap_of_pairs_across_a_restart(
-    make_settings: SettingsFactory, monkeypatch: pytest.MonkeyPatch
+    make_settings: SettingsFactory,
 ) -> None:
-    # The cap in the dispatcher that ``run_dispatcher`` builds (its default is 1000).
-    monkeypatch.setattr(
-        webhooks_app, "QueueLimits", functools.partial(QueueLimits, max_pairs_per_endpoint=CAP)
-    )
+    # The cap of the dispatcher run_dispatcher builds (WEBHOOK_MAX_PAIRS_PER_ENDPOINT: 1000).
     settings = dispatcher_settings(
-        make_settings, partitions=PARTITIONS, webhook_retry_schedule_s="60"
+        make_settings,
+        partitions=PARTITIONS,
+        webhook_retry_schedule_s="60",
+        webhook_max_pairs_per_endpoint=CAP,
     )
     down = Receiver(answer=lambda body, tries: 503)
     healthy = Receiver()

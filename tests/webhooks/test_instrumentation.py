@@ -111,6 +111,7 @@ class Setup:
         publisher: NotingPublisher | None = None,
         schedule: tuple[float, ...] = (60.0,),
         max_pending: int = 1000,
+        max_pairs: int = 1000,
     ) -> None:
         self.registry = CollectorRegistry()
         self.publisher = publisher or NotingPublisher()
@@ -140,7 +141,7 @@ class Setup:
                 replay_topic="webhook.replays",
                 schedule=schedule,
                 disable_after_s=10 * 86400.0,
-                limits=QueueLimits(max_pending=max_pending),
+                limits=QueueLimits(max_pending=max_pending, max_pairs_per_endpoint=max_pairs),
             ),
             metrics=WebhookMetrics(self.registry),
             clock=lambda: NOW,
@@ -311,6 +312,32 @@ async def test_a_delivery_refused_is_counted_and_logged_with_its_event(
     assert s.value("passkey_webhook_deliveries_failed_total") == 1
     assert s.value("passkey_webhook_deliveries_taken_in_total") == 0
     no_url_anywhere(logged, s.publisher.calls)
+
+
+async def test_a_delivery_refused_at_its_endpoints_cap_of_pairs_says_so(
+    spans: InMemorySpanExporter, logged: list[MutableMapping[str, Any]]
+) -> None:
+    """A delivery that would open one pair more than its endpoint may have pending in the
+    partition is logged as ``endpoint_queue_full`` (``pending``: the endpoint's pairs), not
+    as a full queue of its own pair."""
+    s = Setup(max_pairs=1)
+    s.pending("acc_other", due_at=NOW + 60)
+    msg, event = event_message()
+    assert await asyncio.wait_for(s.dispatcher.handle(msg), 5) == []
+
+    assert s.publisher.what() == ["dead_letter", "log_finished"]
+    (refused,) = [e for e in logged if e["event"] == "delivery_refused"]
+    assert refused == {
+        **record_context(event),
+        "event": "delivery_refused",
+        "log_level": "warning",
+        "reason": "endpoint_queue_full",
+        "endpoint_id": "ep_1",
+        "webhook_id": webhook_id(event.event_id, "ep_1"),
+        "pending": 1,
+    }
+    assert s.value("passkey_webhook_deliveries_refused_total") == 1
+    assert s.value("passkey_webhook_deliveries_failed_total") == 1
 
 
 async def test_an_undecodable_record_is_counted_once_its_copy_is_in_the_dlq(

@@ -102,6 +102,7 @@ async def run_worker(
             topics=(topics.commands,),
             state_topic=topics.state,
             max_in_flight=settings.worker_max_in_flight,
+            max_in_flight_per_key=settings.worker_max_in_flight_per_key,
         ),
         consumer=consumer,
         handler=executor,

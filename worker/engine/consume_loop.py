@@ -87,6 +87,7 @@ class LoopMetrics(Protocol):
     ready: Any
     unit_failures: Any
     offset_gaps: Any
+    key_pauses: Any
 
     def beat(self) -> None: ...
 
@@ -576,6 +577,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 share=self._key_share,
                 in_flight=self.in_flight,
             )
+            self.metrics.key_pauses.inc()
         for p in sorted(cooled):
             log.info("partition_resumed_for_key", partition=p, in_flight=self.in_flight)
         self.key_paused = hot

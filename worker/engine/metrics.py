@@ -90,6 +90,12 @@ class LoopSeries:
             ["topic"],
             registry=registry,
         )
+        self.key_pauses = Counter(
+            f"{prefix}key_pauses",
+            "Partitions paused because one lane key held its share of the in-flight bound "
+            "(the partition_paused_for_key log line)",
+            registry=registry,
+        )
         self.ready = Gauge(f"{prefix}{role}_ready", "1 once joined and restored", registry=registry)
         self.heartbeat = Gauge(
             f"{prefix}{role}_heartbeat_timestamp_seconds",

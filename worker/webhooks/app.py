@@ -90,6 +90,15 @@ def gate_config(settings: Settings) -> GateConfig:
     )
 
 
+def queue_limits(settings: Settings) -> QueueLimits:
+    """One pair's queue and one endpoint's pending pairs per partition."""
+    return QueueLimits(
+        max_pending=settings.webhook_pair_max_pending,
+        max_bytes=settings.webhook_pair_max_bytes,
+        max_pairs_per_endpoint=settings.webhook_max_pairs_per_endpoint,
+    )
+
+
 async def run_dispatcher(
     settings: Settings,
     *,
@@ -162,10 +171,7 @@ async def run_dispatcher(
             replay_topic=topics.webhook_replays,
             schedule=schedule,
             disable_after_s=settings.webhook_disable_after_s,
-            limits=QueueLimits(
-                max_pending=settings.webhook_pair_max_pending,
-                max_bytes=settings.webhook_pair_max_bytes,
-            ),
+            limits=queue_limits(settings),
             gate=gate_config(settings),
             attempt_hold_s=settings.webhook_timeout_s + 5.0,
             hold_s=settings.webhook_take_in_hold_s,
@@ -189,6 +195,7 @@ async def run_dispatcher(
             topics=(topics.status, topics.errors, topics.webhook_replays),
             state_topic=topics.webhook_state,
             max_in_flight=settings.webhook_max_in_flight,
+            max_in_flight_per_key=settings.webhook_max_in_flight_per_key,
             # A pair waiting for room at its endpoint is woken through a timer: the sweep's
             # interval is the most such a wake waits.
             timer_interval_s=settings.webhook_timer_interval_s,

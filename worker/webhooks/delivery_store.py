@@ -61,6 +61,8 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     now, ``worker.webhooks.gate``) until ``wake``; writes of the pair meanwhile keep that
     later time, so a pair waiting for its endpoint does not run again on every event.
     ``unsaved`` says which deliveries are in memory only (``worker.webhooks.holds``).
+    ``park`` marks a pair its endpoint paused (back-off, ``Retry-After``, rate limit) until its
+    next follow-up; the mark goes with the pair, or with its partition when that is dropped.
 
     Only pairs with something pending are held: ``put`` of an idle pair (``DeliveryState.idle``)
     drops it, with its timer and deferral. Which pairs have a live record on the changelog is
@@ -76,6 +78,7 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
         self._deferred: dict[str, float] = {}
         self._live: dict[int, set[str]] = {}
         self._pending: dict[int, Counter[str]] = {}
+        self._parked: dict[int, set[str]] = {}
         self.unsaved = Unsaved()
 
     @staticmethod
@@ -103,6 +106,7 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
                 if isinstance(held.pop(key, None), DeliveryState):
                     self._count(partition, record.endpoint_id, -1)
                 self._deferred.pop(key, None)
+                self.unpark(partition, key)
                 self.timers.cancel(key)
                 return
             if not isinstance(held.get(key), DeliveryState):
@@ -119,6 +123,26 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
         """How many pairs of ``endpoint_id`` with something pending this store holds in
         ``partition`` (``QueueLimits.max_pairs_per_endpoint`` bounds it)."""
         return self._pending.get(partition, Counter())[endpoint_id]
+
+    def park(self, partition: int, key: str) -> None:
+        """The pair's endpoint paused it (back-off, ``Retry-After``, rate limit): a delivery
+        taken in behind it is written at once. Only a pair this store holds is marked."""
+        if self.pair(partition, key) is not None:
+            self._parked.setdefault(partition, set()).add(key)
+
+    def unpark(self, partition: int, key: str) -> None:
+        keys = self._parked.get(partition)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._parked[partition]
+
+    def parked(self, partition: int, key: str) -> bool:
+        return key in self._parked.get(partition, ())
+
+    def parked_count(self) -> int:
+        """Pairs marked parked, every partition."""
+        return sum(len(keys) for keys in self._parked.values())
 
     def owns(self, partition: int) -> bool:
         """Whether ``partition`` is assigned here (restored and not dropped)."""
@@ -188,6 +212,7 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
             if self.pair(partition, key) is None:
                 self.timers.cancel(key)  # a stale pair's tombstone: the next owner's
         self._pending.pop(partition, None)
+        self._parked.pop(partition, None)
         self.unsaved.drop(partition)
         super().drop(partition)
 

@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from aiokafka.structs import ConsumerRecord
 
@@ -38,7 +38,7 @@ from worker.webhooks.delivery import (
 from worker.webhooks.delivery_store import DeliveryStore
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
 from worker.webhooks.events import WebhookEvent, from_error, from_status
-from worker.webhooks.gate import EndpointGate, GateConfig
+from worker.webhooks.gate import SWEEP_FLOOR, EndpointGate, GateConfig
 from worker.webhooks.holds import EventHold
 from worker.webhooks.instrumentation import (
     Attempted,
@@ -62,7 +62,7 @@ from worker.webhooks.sender import DeliveryResult, ErrorKind
 
 log = get_logger(__name__)
 
-REFUSED_ENDPOINT_FULL = "endpoint_queue_full"
+REFUSED_ENDPOINT_FULL: Final = "endpoint_queue_full"
 """``last_error`` of a delivery refused because its endpoint has as many pending pairs in the
 partition as ``QueueLimits.max_pairs_per_endpoint`` allows."""
 
@@ -131,10 +131,17 @@ class Dispatcher:
         self._clock = clock
         self._rng = rng or random.Random()
         self._last_success: dict[str, float] = {}
-        self._parked: set[str] = set()
-        """Pairs the gate paused (back-off, rate), until their next follow-up."""
+        """When each endpoint last had a delivery succeed here: only endpoints still in the
+        registry, within ``disable_after_s`` (``_succeeded``)."""
+        self._success_sweep_at = SWEEP_FLOOR
         self._background: set[asyncio.Task[None]] = set()
-        self.gate = EndpointGate(config.gate, wake=store.wake, metrics=metrics, rng=self._rng)
+        self.gate = EndpointGate(
+            config.gate,
+            wake=store.wake,
+            metrics=metrics,
+            rng=self._rng,
+            known=self._known,
+        )
         self._instrument = Instrumentation(metrics)
 
     # -- taking events in --------------------------------------------------------------------
@@ -272,7 +279,10 @@ class Dispatcher:
                     state.key
                     for state, delivery in taken
                     if state.queue[0] is not delivery
-                    and (state.queue[0].next_attempt_at > now or state.key in self._parked)
+                    and (
+                        state.queue[0].next_attempt_at > now
+                        or self.store.parked(partition, state.key)
+                    )
                 ]
                 if late:
                     await self._write_now(partition, late)
@@ -419,6 +429,7 @@ class Dispatcher:
                 state.account_id,
                 delivery.webhook_id,
                 self.store.pending_pairs(partition, state.endpoint_id),
+                REFUSED_ENDPOINT_FULL,
             )
             for state, delivery in crowded
         )
@@ -434,7 +445,7 @@ class Dispatcher:
             )
             return
         endpoint_id, _, _ = key.partition("/")
-        self._parked.discard(key)
+        self.store.unpark(partition, key)
         while True:
             state = self.store.pair(partition, key)
             head = None if state is None else state.head()
@@ -469,7 +480,7 @@ class Dispatcher:
                         # for a slot ends when an attempt ends, at a busy endpoint within
                         # milliseconds; one that lasts (a hanging endpoint) is written when
                         # its events' holds are overdue.
-                        self._parked.add(key)
+                        self.store.park(partition, key)
                         await self._save_unsaved(partition, key)
                     return
             else:
@@ -587,7 +598,7 @@ class Dispatcher:
         self.store.put(partition, merged)  # an idle pair is dropped (``DeliveryState.idle``)
         if unsaved is not None and finished is not None:
             if finished.state == "delivered":
-                self._last_success[merged.endpoint_id] = now
+                self._succeeded(merged.endpoint_id, now)
                 await self._publisher.log_finished(merged, head, finished)
             unsaved.done()
             if self.store.stale(partition, key):
@@ -602,13 +613,31 @@ class Dispatcher:
             logged = self._publisher.log_retry(merged, merged.queue[0], now=now)
             await asyncio.gather(written, logged)
         elif finished.state == "delivered":
-            self._last_success[merged.endpoint_id] = now
+            self._succeeded(merged.endpoint_id, now)
             logged = self._publisher.log_finished(merged, head, finished)
             await asyncio.gather(written, logged)
         else:
             await written
         if endpoint is not None and endpoint.status == "active":
             await self._maybe_disable(endpoint, settled, now)
+
+    def _known(self, endpoint_id: str) -> bool:
+        """Whether the endpoint is in the registry (not deleted)."""
+        return self.endpoints.workspace_of(endpoint_id) is not None
+
+    def _succeeded(self, endpoint_id: str, now: float) -> None:
+        """Note a success. A time older than ``disable_after_s`` weighs as none in
+        ``_maybe_disable``, and a deleted endpoint's not at all: once the map has doubled since
+        the last sweep (at least ``SWEEP_FLOOR``), both are swept out, so it holds at most
+        about twice the endpoints of the registry."""
+        self._last_success[endpoint_id] = now
+        if len(self._last_success) <= self._success_sweep_at:
+            return
+        horizon = now - self.config.disable_after_s
+        for held, at in list(self._last_success.items()):
+            if at <= horizon or not self._known(held):
+                del self._last_success[held]
+        self._success_sweep_at = max(SWEEP_FLOOR, 2 * len(self._last_success))
 
     async def _maybe_disable(self, endpoint: EndpointRecord, settled: Settled, now: float) -> None:
         reason = None

@@ -2,7 +2,8 @@
 workspace's, in memory per process: without it one hanging endpoint would hold a lane and a
 slot per account until the loop's limit stopped everyone (docs/architecture.md, "Webhook
 fan-out"). Admitting an attempt also names its workspace to the DNS lookup the attempt makes
-(``targets.LOOKUP_WORKSPACE``), whose threads are shared out per workspace."""
+(``targets.LOOKUP_WORKSPACE``), whose threads are shared out per workspace. An endpoint's
+entry lives while it holds something (``EndpointGate._drop_if_idle``, ``_sweep``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ Waker = Callable[[int, str, float], bool]
 WAKE_HOLD_S = 2.0
 #: The longest fallback wait of a queued pair.
 MAX_PARK_S = 3600.0
+#: Endpoint entries the gate may hold before it first sweeps out those it need not keep; a
+#: sweep happens when the entries double since the last one (``EndpointGate._sweep``).
+SWEEP_FLOOR = 64
 
 
 class GateMetrics(Protocol):
@@ -83,6 +87,20 @@ class _Endpoint:
     def backing_off(self) -> bool:
         return self.blocked_until > 0.0
 
+    @property
+    def busy(self) -> bool:
+        """An attempt under way, or pairs in line or woken."""
+        return self.in_flight > 0 or bool(self.waiters) or bool(self.woken)
+
+    def at_rest(self, now: float) -> bool:
+        """Nothing here a fresh entry would not have: not busy, no failures (so no back-off
+        and no failing-since), and a full rate-limit bucket."""
+        if self.busy or self.failures or self.blocked_until > 0.0:
+            return False
+        if self.rate_limit is None:
+            return True
+        return self.tokens + (now - self.refilled_at) * self.rate_limit >= self.rate_limit
+
 
 class EndpointGate:
     """The per-endpoint admission of attempts, in one dispatcher process."""
@@ -94,15 +112,28 @@ class EndpointGate:
         wake: Waker,
         metrics: GateMetrics | None = None,
         rng: random.Random | None = None,
+        known: Callable[[str], bool] | None = None,
     ) -> None:
+        """``known``: whether an endpoint id is still in the registry (``None``: all are);
+        a deleted endpoint's entry goes once no attempt of it is under way."""
         self.config = config
         self._wake = wake
         self._metrics = metrics
         self._rng = rng or random.Random()
+        self._known = known
         self._endpoints: dict[str, _Endpoint] = {}
         self._backing_off = 0
         self._workspace_in_flight: dict[str, int] = {}
         self._workspace_endpoints: dict[str, set[str]] = {}
+        self._sweep_at = SWEEP_FLOOR
+
+    def __len__(self) -> int:
+        """Endpoint entries held."""
+        return len(self._endpoints)
+
+    def workspaces(self) -> int:
+        """Workspaces with an endpoint entry held."""
+        return len(self._workspace_endpoints)
 
     def in_flight(self, endpoint_id: str) -> int:
         held = self._endpoints.get(endpoint_id)
@@ -139,7 +170,7 @@ class EndpointGate:
 
         An admitted attempt's DNS lookup counts against ``workspace_id``'s threads of the
         resolver: the caller's task (which makes the attempt) carries it from here on."""
-        e = self._of(endpoint_id, revision)
+        e = self._of(endpoint_id, revision, now)
         e.rate_limit = rate_limit
         if e.workspace != workspace_id:
             self._workspace_endpoints.get(e.workspace, set()).discard(endpoint_id)
@@ -263,6 +294,7 @@ class EndpointGate:
         for other in sorted(self._workspace_endpoints.get(e.workspace, ())):
             if other != endpoint_id:
                 self._wake_next(self._endpoints[other], now)
+        self._drop_if_idle(endpoint_id, now)
 
     def forget(self, endpoint_id: str, key: str, now: float) -> None:
         """The pair has nothing to attempt any more: it leaves the line (and passes on a wake
@@ -273,12 +305,15 @@ class EndpointGate:
         e.waiters.pop(key, None)
         if e.woken.pop(key, None) is not None:
             self._wake_next(e, now)
+        self._drop_if_idle(endpoint_id, now)
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _of(self, endpoint_id: str, revision: int) -> _Endpoint:
+    def _of(self, endpoint_id: str, revision: int, now: float) -> _Endpoint:
         e = self._endpoints.get(endpoint_id)
         if e is None:
+            if len(self._endpoints) >= self._sweep_at:
+                self._sweep(now)
             e = self._endpoints[endpoint_id] = _Endpoint(revision=revision)
         elif revision > e.revision:
             # A changed endpoint (a new URL, re-activated): its failures are history.
@@ -289,6 +324,33 @@ class EndpointGate:
                 self._set_backing_off(-1)
             e.blocked_until = 0.0
         return e
+
+    def _drop_if_idle(self, endpoint_id: str, now: float) -> None:
+        """Forget the endpoint's entry when keeping it changes nothing (``at_rest``), or when
+        the endpoint is deleted and no attempt of it is under way (its pairs' follow-ups find
+        it gone and fail their heads without the gate)."""
+        e = self._endpoints.get(endpoint_id)
+        if e is None:
+            return
+        gone = self._known is not None and not self._known(endpoint_id)
+        if not (e.at_rest(now) or (gone and e.in_flight == 0)):
+            return
+        del self._endpoints[endpoint_id]
+        if e.backing_off:
+            self._set_backing_off(-1)
+        peers = self._workspace_endpoints.get(e.workspace)
+        if peers is not None:
+            peers.discard(endpoint_id)
+            if not peers:
+                del self._workspace_endpoints[e.workspace]
+
+    def _sweep(self, now: float) -> None:
+        """Drop every entry ``_drop_if_idle`` would; the next sweep comes when what is left
+        has doubled (at least ``SWEEP_FLOOR``), so entries stay within twice those of
+        endpoints in the registry or busy, at amortised constant cost per new entry."""
+        for endpoint_id in list(self._endpoints):
+            self._drop_if_idle(endpoint_id, now)
+        self._sweep_at = max(SWEEP_FLOOR, 2 * len(self._endpoints))
 
     def _wake_next(self, e: _Endpoint, now: float) -> None:
         """Wake the first waiting pairs for the room the endpoint has (each woken pair holds

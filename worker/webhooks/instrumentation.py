@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import urlsplit
 
 from aiokafka.structs import ConsumerRecord
@@ -56,13 +57,15 @@ class Undecodable:
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """A delivery failed at take-in, its pair's queue full; ``pending`` is that queue's
-    length."""
+    """A delivery failed at take-in: its pair's queue full (``queue_full``; ``pending`` is
+    that queue's length), or its endpoint at its cap of pending pairs in the partition
+    (``endpoint_queue_full``; ``pending`` is that count)."""
 
     endpoint_id: str
     account_id: str
     webhook_id: str
     pending: int
+    reason: Literal["queue_full", "endpoint_queue_full"] = "queue_full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +219,7 @@ class Instrumentation:
                     metrics.queue_full.inc()
                     log.warning(
                         "delivery_refused",
-                        reason="queue_full",
+                        reason=one.reason,
                         endpoint_id=one.endpoint_id,
                         account_id=one.account_id,
                         webhook_id=one.webhook_id,

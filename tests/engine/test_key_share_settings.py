@@ -1,0 +1,113 @@
+"""The bounds added without a setting get one (docs/configuration.md): one key's share of the
+in-flight bound (``WORKER_MAX_IN_FLIGHT_PER_KEY``, ``WEBHOOK_MAX_IN_FLIGHT_PER_KEY``) and one
+endpoint's pending pairs (``WEBHOOK_MAX_PAIRS_PER_ENDPOINT``), each validated and passed by its
+composition root; and a key's pause of its partition is counted
+(``{prefix}key_pauses_total``), once per pause."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+from tests.engine.test_hot_key import _Consumer, _Gates, _loop, _record, _settle
+from worker.engine.runner import LoopSpec
+from worker.settings import Settings
+from worker.webhooks.app import queue_limits
+
+PACKAGE = Path(__file__).resolve().parents[2] / "worker"
+
+
+def _spec(settings: Settings, share: int | None) -> LoopSpec:
+    return LoopSpec(topics=("t",), state_topic="s", max_in_flight=1000, max_in_flight_per_key=share)
+
+
+def test_the_key_shares_are_unset_by_default_and_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    default = Settings()
+    assert default.worker_max_in_flight_per_key is None
+    assert default.webhook_max_in_flight_per_key is None
+    assert _spec(default, default.worker_max_in_flight_per_key).config(default).key_share == 50
+
+    monkeypatch.setenv("WORKER_MAX_IN_FLIGHT_PER_KEY", "7")
+    monkeypatch.setenv("WEBHOOK_MAX_IN_FLIGHT_PER_KEY", "9")
+    set_ = Settings()
+    assert _spec(set_, set_.worker_max_in_flight_per_key).config(set_).key_share == 7
+    assert _spec(set_, set_.webhook_max_in_flight_per_key).config(set_).key_share == 9
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"worker_max_in_flight_per_key": 0},
+        {"webhook_max_in_flight_per_key": 0},
+        {"worker_max_in_flight": 10, "worker_max_in_flight_per_key": 11},
+        {"webhook_max_in_flight": 10, "webhook_max_in_flight_per_key": 11},
+        {"webhook_max_pairs_per_endpoint": 0},
+    ],
+)
+def test_nonsense_is_refused(values: dict[str, int]) -> None:
+    with pytest.raises(ValidationError):
+        Settings(**values)  # type: ignore[arg-type]
+
+
+def test_the_pairs_per_endpoint_reach_the_dispatchers_queue_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert queue_limits(Settings()).max_pairs_per_endpoint == 1000
+    monkeypatch.setenv("WEBHOOK_MAX_PAIRS_PER_ENDPOINT", "12")
+    assert queue_limits(Settings()).max_pairs_per_endpoint == 12
+
+
+@pytest.mark.parametrize(
+    ("root", "setting"),
+    [
+        ("auth/app.py", "worker_max_in_flight_per_key"),
+        ("webhooks/app.py", "webhook_max_in_flight_per_key"),
+    ],
+)
+def test_each_composition_root_passes_its_key_share(root: str, setting: str) -> None:
+    tree = ast.parse((PACKAGE / root).read_text())
+    passed = [
+        ast.unparse(keyword.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "LoopSpec"
+        for keyword in node.keywords
+        if keyword.arg == "max_in_flight_per_key"
+    ]
+    assert passed == [f"settings.{setting}"]
+
+
+async def test_each_pause_for_a_key_is_counted_once() -> None:
+    consumer = _Consumer()
+    handler = _Gates()
+    loop = _loop(handler, consumer, max_in_flight=20, max_in_flight_per_key=2)
+    registry: CollectorRegistry = loop.metrics.registry  # type: ignore[attr-defined]
+
+    def pauses() -> float | None:
+        return registry.get_sample_value("passkey_auth_key_pauses_total")
+
+    assert pauses() == 0
+    tp0 = TopicPartition("t", 0)
+    for i in range(3):
+        loop._dispatch(tp0, _record(0, i, b"hot"))
+    loop._apply_backpressure()
+    loop._apply_backpressure()
+    assert loop.key_paused == {0}
+    assert pauses() == 1, "one pause, however often the loop looks"
+
+    handler.let("hot")
+    await _settle(lambda: (0, "hot") not in loop.lanes)
+    loop._apply_backpressure()
+    assert loop.key_paused == set()
+    for i in range(3, 6):
+        loop._dispatch(tp0, _record(0, i, b"hot"))
+    loop._apply_backpressure()
+    assert pauses() == 2
+    handler.let_all()
+    await _settle(lambda: loop.in_flight == 0)
