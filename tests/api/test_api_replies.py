@@ -402,7 +402,7 @@ async def test_replies_written_by_several_producers_all_reach_their_waiters(
 class _StallingConsumer(_DyingConsumer):
     """A consumer whose fetches, after the first, never come back."""
 
-    async def getmany(self, *tps: Any, timeout_ms: int = 0, max_records: Any = None) -> Any:
+    async def getmany(self, *tps: Any, **_: Any) -> Any:
         self.polls += 1
         if self.polls > 1:
             await asyncio.Event().wait()
