@@ -191,10 +191,11 @@ class Presence(TopicTail):
     async def stop(self) -> None:
         """Stop beating and tombstone this replica's key (best effort: the TTL covers a
         replica that dies without it)."""
-        if self._beat is not None:
-            self._beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._beat
+        for task in [self._beat, *self._releases]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._send(None), 2.0)
         await super().stop()
