@@ -1,15 +1,11 @@
 """Which front-end replicas are live, and what each holds, so a workspace's limits hold across
 replicas (docs/operations.md, "Front-door limits" and "Quotas").
 
-Every replica writes a small record keyed by its replica id to the compacted, single-partition
-``api.presence`` topic every ``PRESENCE_INTERVAL_S`` (and at once when its replays change), and
-tails that topic through the front-end's shared consumer. A replica is live while its newest
-record is younger than ``PRESENCE_TTL_S`` (three intervals, by the writer's wall clock); a
-stopping replica tombstones its key. ``live`` (this replica counted always) divides the
-per-workspace rate; ``claim`` orders replay starts of all replicas on the one partition: a
-claim is decided when this replica reads its own record back, against what every other live
-replica's latest record before it holds, so two replicas never both take a workspace's last
-slot."""
+Each replica writes a record under its id to the compacted, one-partition ``api.presence``
+topic every ``PRESENCE_INTERVAL_S`` (and when its replays change) and tails the topic; a
+replica is live while its newest record is younger than ``PRESENCE_TTL_S``. ``live`` divides
+the per-workspace rate; ``claim`` decides a replay start when this replica reads its own record
+back, against every other live replica's latest record before it (one order for all)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
-from uvicorn._types import ASGI3Application
 from uvicorn.config import Config
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -342,7 +341,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
 
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self._answering = cycle
         super()._start_asgi_task(cycle, app)
 

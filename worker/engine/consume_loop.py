@@ -229,7 +229,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
         self.gaps = GapWatch(
-            gap_logger(log, "consume-loop", lambda topic: metrics.offset_gaps.labels(topic).inc()),
+            gap_logger(log, "consume-loop", lambda topic: metrics.offset_gaps.inc()),
             hold_s=config.gap_hold_s,
         )
 

@@ -86,8 +86,8 @@ class LoopSeries:
         self.offset_gaps = Counter(
             f"{prefix}offset_gaps",
             "Offsets never seen below a fetched record, waited for and then passed (the "
-            "broker handed out a record past one it had not stored)",
-            ["topic"],
+            "broker handed out a record past one it had not stored; the log line names the "
+            "topic)",
             registry=registry,
         )
         self.key_pauses = Counter(
