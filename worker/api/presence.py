@@ -36,6 +36,9 @@ MAX_CLAIMED_WORKSPACES: Final = 1000
 #: A replica silent this long is forgotten and its key tombstoned by whoever sees it (one
 #: that died without its own tombstone), so neither the topic nor ``_seen`` keeps it.
 FORGET_AFTER_S: Final = 20 * PRESENCE_TTL_S
+#: Replicas tracked at once: a record naming one more is ignored (and counted). A pool is a
+#: handful; anything past this is a writer on the topic that is not a front-end.
+MAX_REPLICAS: Final = 256
 
 
 def new_replica_id() -> str:
@@ -93,6 +96,8 @@ class Presence(TopicTail):
         self._beat: asyncio.Task[None] | None = None
         self._releases: set[asyncio.Task[None]] = set()
         self.undecodable = 0
+        #: Records of replicas past ``MAX_REPLICAS``, ignored.
+        self.ignored = 0
 
     # -- what the others hold ------------------------------------------------------------------
 
@@ -101,7 +106,9 @@ class Presence(TopicTail):
         return (
             r
             for r in self._seen.values()
-            if r.replica_id != self.replica_id and now - r.at < self._ttl_s
+            # A record from the future (a wrong clock, or a forged record) is not live: it
+            # would count for ever and never be forgotten.
+            if r.replica_id != self.replica_id and abs(now - r.at) < self._ttl_s
         )
 
     def live(self) -> int:
@@ -124,6 +131,9 @@ class Presence(TopicTail):
                 self.undecodable += 1
                 continue
             held = self._seen.get(record.replica_id)
+            if held is None and len(self._seen) >= MAX_REPLICAS:
+                self.ignored += 1
+                continue
             if held is None or held.seq < record.seq:  # a resent record may come late
                 self._seen[record.replica_id] = record
             if record.replica_id == self.replica_id:
@@ -159,7 +169,7 @@ class Presence(TopicTail):
         """Tombstone the records of replicas silent for ``FORGET_AFTER_S``."""
         now = self._clock()
         for replica_id, record in list(self._seen.items()):
-            if replica_id != self.replica_id and now - record.at > FORGET_AFTER_S:
+            if replica_id != self.replica_id and abs(now - record.at) > FORGET_AFTER_S:
                 del self._seen[replica_id]
                 await send_retrying(
                     self._producer,
@@ -240,6 +250,7 @@ class Presence(TopicTail):
 
 
 __all__ = [
+    "MAX_REPLICAS",
     "PRESENCE_INTERVAL_S",
     "PRESENCE_TTL_S",
     "Presence",
