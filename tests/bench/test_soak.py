@@ -2,9 +2,11 @@
 confirm answered 200, every registration handled, and nothing kept per finished account by the
 dispatcher (its pairs drop to what is pending) nor, beyond a loose bound, by any process.
 
-The memory bounds are deliberately loose (RSS over a minute is noisy; the figures of a long
-run are in bench/README.md, "Soak"): they catch a structure kept per account, not a drift.
-The embedded broker is left out: it keeps every record in memory by design."""
+What the dispatcher keeps per account is checked on the structure itself (its pairs held at
+the end). The RSS bounds are loose on purpose: over a minute the dispatcher's warm-up (its
+first ~2,000 accounts, bench/README.md "Soak") and the machine's load move the slope by more
+than a kilobyte per account; they catch a process that keeps kilobytes per account, not a
+drift. The embedded broker is left out: it keeps every record in memory by design."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from tests.bench import run_bench
 RATE = 40
 DURATION_S = 50
 #: MB of RSS per 1,000 finished accounts, over the run's second half.
-MB_PER_1000 = {"front-end": 1.5, "dispatcher": 1.5, "worker": 3.0}
+MB_PER_1000 = {"front-end": 4.0, "dispatcher": 6.0, "worker": 6.0}
 
 
 @pytest.mark.slow
