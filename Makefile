@@ -38,11 +38,16 @@ $(DEV_STAMP): $(RUNTIME_STAMP) requirements-dev.lock
 run: $(RUNTIME_STAMP)
 	$(BIN)/python -m devstack stack
 
+# Three workers on the two cores: most tests wait on the broker; tests/conftest.py keeps the
+# slow and chaos ones on one worker, one at a time. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 3
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(DEV_STAMP)
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 test-fast: $(DEV_STAMP)
-	$(BIN)/python -m pytest -m "not slow and not chaos"
+	$(PYTEST) -m "not slow and not chaos"
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check $(SOURCES)

@@ -121,3 +121,14 @@ def logged() -> Iterator[list[MutableMapping[str, Any]]]:
     """The lines a test logged, with the log context merged in (``tests/observed.py``)."""
     with logged_lines() as events:
         yield events
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for ``pytest-xdist``'s ``--dist loadgroup`` (``make test`` runs 3 workers): the
+    slow and chaos tests, which start whole stacks or pools and kill processes, run one after
+    the other on one worker, so no two of them share the two cores at once; every other test
+    runs with the rest of its file (module fixtures are built once)."""
+    for item in items:
+        heavy = item.get_closest_marker("slow") or item.get_closest_marker("chaos")
+        group = "heavy" if heavy else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
