@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook
@@ -82,8 +82,19 @@ class Receiver:
         return web.Response(status=status)
 
 
+class Receiving(Protocol):
+    """What ``receiving`` serves: an aiohttp handler, and where it is reached."""
+
+    url: str
+
+    async def handle(self, request: web.Request) -> web.StreamResponse: ...
+
+
+ReceiverT = TypeVar("ReceiverT", bound=Receiving)
+
+
 @contextlib.asynccontextmanager
-async def receiving(receiver: Receiver) -> AsyncIterator[Receiver]:
+async def receiving(receiver: ReceiverT) -> AsyncIterator[ReceiverT]:
     app = web.Application()
     app.router.add_post("/hooks", receiver.handle)
     runner = web.AppRunner(app, access_log=None)

@@ -8,11 +8,9 @@ at most that many (docs/architecture.md, "Webhook fan-out")."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import tracemalloc
 from collections import defaultdict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,22 +74,6 @@ class LeanReceiver:
         return web.Response(status=204)
 
 
-@contextlib.asynccontextmanager
-async def lean_receiving(receiver: LeanReceiver) -> AsyncIterator[LeanReceiver]:
-    app = web.Application()
-    app.router.add_post("/hooks", receiver.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    receiver.url = f"http://127.0.0.1:{port}/hooks"
-    try:
-        yield receiver
-    finally:
-        await runner.cleanup()
-
-
 def _latest(records: list[Any]) -> dict[str, bytes | None]:
     latest: dict[str, bytes | None] = {}
     for r in records:
@@ -113,7 +95,7 @@ async def test_fully_delivered_pairs_are_dropped_and_their_records_tombstoned(
     receiver = LeanReceiver()
     warm = [new_account() for _ in range(WARM_UP)]
     accounts = [new_account() for _ in range(ACCOUNTS)]
-    async with lean_receiving(receiver), endpoint_store(settings) as endpoints:
+    async with receiving(receiver), endpoint_store(settings) as endpoints:
         endpoint, receiver.secret = await create_endpoint(endpoints, "ws_a", receiver.url)
         async with running_dispatcher(settings) as running:
             store = running.worker.store
