@@ -229,7 +229,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
         self.gaps = GapWatch(
-            gap_logger(log, "consume-loop", lambda topic: metrics.offset_gaps.inc()),
+            gap_logger(log, "consume-loop", lambda: metrics.offset_gaps.inc()),
             hold_s=config.gap_hold_s,
         )
 
@@ -366,6 +366,11 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         if partition in self.active:
             self._hot.setdefault(partition, set()).add(key)
 
+    def _heat_if_full(self, partition: int, key: str) -> None:
+        """Mark ``key`` hot once it holds its share, by the measure ``_room`` checks."""
+        if self._load(partition, key) >= self._key_share:
+            self._heat(partition, key)
+
     def _cooled(self, partition: int, key: str) -> None:
         """``key`` let go of some of its share: drop it from its partition's hot keys once it
         is down to half the share (the partition resumes at the next poll)."""
@@ -389,8 +394,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.metrics.in_flight.set(self.in_flight)
         where = (tp.partition, key)
         self._aside_load[where] = self._aside_load.get(where, 0) + 1
-        if self._load(tp.partition, key) >= self._key_share:
-            self._heat(tp.partition, key)
+        self._heat_if_full(tp.partition, key)
         task = asyncio.create_task(self._run_aside(key, tp, msg))
         self.asides[task] = where
         task.add_done_callback(self._aside_done)
@@ -432,8 +436,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         if lane is None:
             lane = self.lanes[(partition, key)] = Lane(partition)
         lane.items.append(item)
-        if len(lane.items) >= self._key_share:
-            self._heat(partition, key)
+        self._heat_if_full(partition, key)
         if lane.task is None:
             lane.task = asyncio.create_task(self._drain_lane(key, lane))
 

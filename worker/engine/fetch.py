@@ -93,8 +93,8 @@ class GapWatch:
         return {tp: records for tp, records in batch.items() if records}
 
 
-def gap_logger(log: Any, reader: str, counter: Callable[[str], None] | None = None) -> OnGap:
-    """An ``OnGap`` that logs the gap (and counts it per topic)."""
+def gap_logger(log: Any, reader: str, counter: Callable[[], None] | None = None) -> OnGap:
+    """An ``OnGap`` that logs the gap, naming its topic (and counts it)."""
 
     def report(tp: TopicPartition, missing: int, seen: int, waited_s: float) -> None:
         log.error(
@@ -108,7 +108,7 @@ def gap_logger(log: Any, reader: str, counter: Callable[[str], None] | None = No
             waited_s=round(waited_s, 3),
         )
         if counter is not None:
-            counter(tp.topic)
+            counter()
 
     return report
 
@@ -144,7 +144,6 @@ async def getmany(
         batch = await _one_by_one(
             consumer, still, timeout_ms, max_records or _ONE_BY_ONE_LIMIT, on_unreadable
         )
-        return batch if gaps is None else gaps.check(consumer, before, batch)
     return batch if gaps is None else gaps.check(consumer, before, batch)
 
 
