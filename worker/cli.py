@@ -77,12 +77,13 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     from worker.api.app import serve_api
+    from worker.documents.openapi.document import document_routes
 
     if (refused := preflight.refuse(settings, "api")) is not None:
         return refused
     tune_gc(settings)
     _trace(tracing.SERVICE_API)
-    return run_until_signal(serve_api(settings), settings)
+    return run_until_signal(serve_api(settings, documents=document_routes), settings)
 
 
 def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
@@ -96,7 +97,7 @@ def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
-    from worker.contract.schemas import write_all
+    from worker.documents.export import write_all
 
     for path in write_all(Path(args.out), Path(args.docs)):
         print(f"wrote {path}")

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.api.openapi import openapi_document
 from worker.api.webhook_urls import url_form_allowed, url_pattern
+from worker.documents.openapi.document import openapi_document
 from worker.webhooks.targets import TargetPolicy, url_rejection
 
 COMMITTED = Path(__file__).resolve().parents[2] / "schemas" / "openapi.json"

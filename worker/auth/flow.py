@@ -1,7 +1,7 @@
 """The account flow: one ``transitions`` machine shared by every account, and the pure
 decision around it (I/O is ``worker.auth.execute``'s), so the decision table is testable row by
 row (docs/architecture.md, "The account flow", "The confirm decision table"; versioning:
-"Design decisions"). ``docs/flow.md`` draws the machine (``worker.auth.flowchart``)."""
+"Design decisions"). ``docs/flow.md`` draws the machine (``worker.documents.flowchart``)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from worker.contract.messages import DecodeFailure, decode_command
-from worker.contract.schemas import documents
+from worker.documents.export import documents
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 

@@ -1,5 +1,6 @@
-"""The hard ceilings of an endpoint's fields: configured limits apply to new input only, and a
-record written under a larger limit stays readable."""
+"""The hard ceilings of a webhook endpoint record's fields: the configured limits
+(``WEBHOOK_*_MAX_*``) may not exceed them and apply to new input only, so a record written under
+a larger limit stays readable by every process."""
 
 from __future__ import annotations
 

@@ -116,8 +116,8 @@ def flow_page(machine: Machine = MACHINE) -> str:
     return (
         "# The account flow\n"
         "\n"
-        "<!-- Generated from worker/auth/flow.py by `make schemas` (worker/auth/flowchart.py);"
-        " do not edit. tests/auth/test_flowchart.py fails when it drifts. -->\n"
+        "<!-- Generated from worker/auth/flow.py by `make schemas` (worker/documents/flowchart.py);"
+        " do not edit. tests/documents/test_flowchart.py fails when it drifts. -->\n"
         "\n"
         "The statuses of one account and the transitions the shared `transitions` machine in\n"
         "`worker/auth/flow.py` allows between them. Bold statuses end a flow; a flow that "

@@ -1,5 +1,5 @@
-"""Export ``schemas/`` and the generated pages of ``docs/`` from the code that defines them;
-the drift tests compare the committed files with these."""
+"""Export ``schemas/`` and the generated pages of ``docs/`` from the code that defines them
+(``python -m worker schemas``); the drift tests compare the committed files with these."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from worker.contract.asyncapi import asyncapi_document
 from worker.contract.catalogue import export as export_catalogue
 from worker.contract.messages import json_schemas
+from worker.documents.asyncapi.document import asyncapi_document
+from worker.documents.flowchart import flow_page
 
 
 def _dump(obj: Any) -> str:
@@ -22,7 +23,7 @@ def documents() -> dict[str, str]:
     docs["error-catalogue.json"] = _dump(export_catalogue())
     docs["asyncapi.json"] = _dump(asyncapi_document())
     try:
-        from worker.api.openapi import openapi_document
+        from worker.documents.openapi.document import openapi_document
     except ImportError:  # the front-end is optional for the worker's own schemas
         pass
     else:
@@ -32,8 +33,6 @@ def documents() -> dict[str, str]:
 
 def pages() -> dict[str, str]:
     """File name → exact content of the generated pages of ``docs/`` (the flow diagram)."""
-    from worker.auth.flowchart import flow_page
-
     return {"flow.md": flow_page()}
 
 

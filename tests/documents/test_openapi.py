@@ -14,7 +14,6 @@ from schemathesis.core.result import Ok
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_MAX_AGE_S
 from worker.api.methods import allow_value
-from worker.api.openapi import openapi_document
 from worker.api.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.api.webhook_routes import (
@@ -29,11 +28,12 @@ from worker.api.webhook_routes import (
 )
 from worker.contract.catalogue import ServiceError, entry
 from worker.contract.messages import ID_PATTERN
-from worker.contract.schemas import documents
+from worker.documents.export import documents
+from worker.documents.openapi.document import openapi_document
 
 COMMITTED = Path(__file__).resolve().parents[2] / "schemas" / "openapi.json"
 REGENERATE = (
-    '.venv/bin/python -c "from worker.contract.schemas import write_all; from pathlib import Path;'
+    '.venv/bin/python -c "from worker.documents.export import write_all; from pathlib import Path;'
     " write_all(Path('schemas'))\""
 )
 
@@ -41,7 +41,7 @@ REGENERATE = (
 def test_committed_document_has_no_drift() -> None:
     assert COMMITTED.exists(), f"schemas/openapi.json missing; run {REGENERATE}"
     assert json.loads(COMMITTED.read_text(encoding="utf-8")) == openapi_document(), (
-        f"schemas/openapi.json drifted from worker/api/openapi.py; run {REGENERATE}"
+        f"schemas/openapi.json drifted from worker/documents/openapi/; run {REGENERATE}"
     )
     assert COMMITTED.read_text(encoding="utf-8") == documents()["openapi.json"]
 

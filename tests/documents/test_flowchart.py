@@ -9,8 +9,8 @@ import pytest
 from transitions import Machine
 
 from worker.auth.flow import MACHINE, PRE_CHALLENGE, TRANSITIONS
-from worker.auth.flowchart import Group, machine_edges, mermaid_state_diagram
-from worker.contract.schemas import pages
+from worker.documents.export import pages
+from worker.documents.flowchart import Group, machine_edges, mermaid_state_diagram
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -1,6 +1,6 @@
 """schemas/asyncapi.json: valid for the AsyncAPI project's own parser, and true to the code.
 
-The drift test (tests/contract/test_schemas.py) keeps the file equal to
+The drift test (tests/documents/test_export.py) keeps the file equal to
 ``asyncapi_document()``; these check that the document is one AsyncAPI tools accept
 (``@asyncapi/parser``, run by Node from tests/asyncapi/) and that what it states outside the
 models (topics, compaction, keys, headers) matches what the code reads and writes.
@@ -23,8 +23,9 @@ from aiokafka.structs import ConsumerRecord
 from pydantic import TypeAdapter
 
 from worker.auth.publish import Publisher
-from worker.contract.asyncapi import SCHEMA_REF, WIRE_MODELS, asyncapi_document
 from worker.contract.messages import ID_PATTERN
+from worker.documents.asyncapi.components import SCHEMA_REF, WIRE_MODELS
+from worker.documents.asyncapi.document import asyncapi_document
 from worker.engine.faults import Fault
 from worker.settings import Topics
 from worker.webhooks.delivery import DeliveryState, Finished, Pending
