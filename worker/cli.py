@@ -117,17 +117,17 @@ def _legacy_keys(argv: list[str]) -> list[str]:
     return argv
 
 
-# --- dlq: list, show and redrive dead letters (worker/dlq/commands.py) -----------------------
+# --- dlq: list, show and redrive dead letters (worker/dlq/cli.py) -----------------------
 
 
 def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    from worker.dlq import commands as dlq
+    from worker.dlq import cli as dlq
     from worker.dlq.letter import Filter
 
     topic = dlq.dlq_topic(settings, args.topic)
-    command: Coroutine[Any, Any, int]
-    if args.dlq_command == "show":
-        command = dlq.show_letter(
+    action: Coroutine[Any, Any, int]
+    if args.dlq_action == "show":
+        action = dlq.show_letter(
             settings,
             topic,
             args.at,
@@ -145,15 +145,15 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
             source_topics=[dlq.source_topic(settings, t) for t in args.source_topic],
         )
         query = dlq.Query(topic, select, args.limit)
-        if args.dlq_command == "list":
-            command = dlq.list_letters(
+        if args.dlq_action == "list":
+            action = dlq.list_letters(
                 settings, query, as_json=args.json, out=sys.stdout, err=sys.stderr
             )
         else:
-            command = dlq.redrive(
+            action = dlq.redrive(
                 settings, query, dry_run=args.dry_run, out=sys.stdout, err=sys.stderr
             )
-    code: int = eventloop.run(dlq.run(command, topic, sys.stderr), settings.event_loop)
+    code: int = eventloop.run(dlq.run(action, topic, sys.stderr), settings.event_loop)
     return code
 
 
@@ -203,7 +203,7 @@ def add_dlq_parser(sub: Any) -> None:
         "--limit", type=_limit, default=100, help="records listed or redriven at most (100)"
     )
     dlq = sub.add_parser("dlq", help="dead letters: list, show one, redrive to the source")
-    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    dlq_sub = dlq.add_subparsers(dest="dlq_action", required=True)
     listing = dlq_sub.add_parser(
         "list", parents=[select], help="one line per dead letter, oldest first per partition"
     )

@@ -18,7 +18,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.webhooks.limits import (
+from worker.webhooks.field_ceilings import (
     DESCRIPTION_MAX_CHARS_CEILING,
     EVENT_TYPES_MAX_ITEMS_CEILING,
     URL_MAX_CHARS_CEILING,

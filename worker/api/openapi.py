@@ -16,9 +16,8 @@ from starlette.routing import Route
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_HEADERS, CORS_MAX_AGE_S, CORS_METHODS
 from worker.api.methods import allow_value
-from worker.api.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
 from worker.api.routes import ACCOUNT_AUTH, ACCOUNT_ID_RULE, MAX_BODY_BYTES, PASSKEY_CONFIRM
-from worker.api.webhook_bodies import (
+from worker.api.webhooks.bodies import (
     CreateEndpointBody,
     DeliveryListResponse,
     EndpointListResponse,
@@ -28,7 +27,8 @@ from worker.api.webhook_bodies import (
     ReplayBody,
     UpdateEndpointBody,
 )
-from worker.api.webhook_routes import (
+from worker.api.webhooks.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
+from worker.api.webhooks.routes import (
     ENDPOINT_ID_RULE,
     WEBHOOK_ACTIVATE,
     WEBHOOK_DEACTIVATE,
@@ -39,7 +39,7 @@ from worker.api.webhook_routes import (
     WEBHOOK_REPLAY,
     WEBHOOK_ROTATE,
 )
-from worker.api.webhook_urls import url_pattern, url_rule_text
+from worker.api.webhooks.urls import url_pattern, url_rule_text
 from worker.contract.catalogue import ServiceError, by_numeric, entry
 from worker.contract.messages import AuthData, Identifier
 from worker.settings import Settings
@@ -188,7 +188,7 @@ def _component_schemas(limits: EndpointLimits, policy: TargetPolicy) -> dict[str
 
 
 def with_url_form(schema: dict[str, Any], policy: TargetPolicy) -> None:
-    """State the form of ``url`` the handlers enforce (``worker.api.webhook_urls``) in an
+    """State the form of ``url`` the handlers enforce (``worker.api.webhooks.urls``) in an
     endpoint body's schema: ``format: uri`` and the ``pattern`` for ``policy``."""
     prop = schema["properties"]["url"]
     prop["format"] = "uri"
@@ -447,7 +447,7 @@ def _endpoint_links(response: dict[str, Any]) -> dict[str, Any]:
 
 
 def _webhook_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, Any]:
-    """The webhook-endpoint management routes (``worker.api.webhook_routes``)."""
+    """The webhook-endpoint management routes (``worker.api.webhooks.routes``)."""
     scheme = "`https` or `http`" if policy.allow_http else "`https`"
     url_rule = (
         f"`url` must be an absolute {scheme} URL (no user or password) of the form its"

@@ -1,6 +1,6 @@
 """The published form of a webhook ``url`` and the server agree (no broker, no server).
 
-The document states the form as a ``pattern`` (``worker.api.webhook_urls``); the handlers
+The document states the form as a ``pattern`` (``worker.api.webhooks.urls``); the handlers
 enforce that pattern after ``validate_url``. So a URL the document calls valid must pass
 ``validate_url`` (its address aside, which the policy judges), and its JSON Schema validator
 must agree with Python's reading of the pattern: both are checked on a thousand URLs drawn
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker.api.openapi import openapi_document
-from worker.api.webhook_urls import url_form_allowed, url_pattern
+from worker.api.webhooks.urls import url_form_allowed, url_pattern
 from worker.webhooks.targets import TargetPolicy, url_rejection
 
 COMMITTED = Path(__file__).resolve().parents[2] / "schemas" / "openapi.json"
