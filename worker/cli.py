@@ -107,11 +107,11 @@ def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
     return keys_cli.run(settings, args)
 
 
-def _legacy_keys(argv: list[str]) -> list[str]:
-    """``keys WORKSPACE [--file F]`` (before the lifecycle commands) → ``keys create
-    WORKSPACE [--file F]``, with a deprecation note on stderr."""
-    legacy = len(argv) >= 2 and argv[0] == "keys" and argv[1] not in keys_cli.COMMANDS
-    if legacy and not argv[1].startswith("-"):
+def _deprecated_keys_form(argv: list[str]) -> list[str]:
+    """``keys WORKSPACE [--file F]``, the deprecated short form, → ``keys create WORKSPACE
+    [--file F]``, with a deprecation note on stderr, so scripts that use it keep working."""
+    short_form = len(argv) >= 2 and argv[0] == "keys" and argv[1] not in keys_cli.COMMANDS
+    if short_form and not argv[1].startswith("-"):
         print("`keys WORKSPACE` is deprecated: use `keys create WORKSPACE`", file=sys.stderr)
         return ["keys", "create", *argv[1:]]
     return argv
@@ -260,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(_legacy_keys(list(sys.argv[1:] if argv is None else argv)))
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(_deprecated_keys_form(given))
     return run_command(args, Settings())
 
 
