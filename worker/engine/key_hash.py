@@ -1,7 +1,6 @@
 """A key's murmur2 hash, remembered for the last few thousand keys: the worker hashes each
 account key several times per command (its home partition, the producer's partitioner), and
-aiokafka computes murmur2 in Python each time. Kept because the benchmark measures the
-difference (bench/README.md, "Speed-ups kept"); ``tests/engine/test_key_hash.py`` holds it to
+aiokafka computes murmur2 in Python each time. ``tests/engine/test_key_hash.py`` holds it to
 aiokafka's own ``murmur2`` and ``DefaultPartitioner`` as the oracle."""
 
 from __future__ import annotations

@@ -172,8 +172,8 @@ def configure(
     the resource. ``processor`` is added beside those ``OTEL_*`` asks for, and spans are then
     recorded: the tests pass a ``SimpleSpanProcessor`` over the SDK's ``InMemorySpanExporter``,
     so a span is readable as soon as it ends; the benchmark a batching one whose exporter drops
-    every batch (bench/README.md, "Tracing"). ``set_global`` also makes the provider the API's
-    global one (only once per process; tests pass ``False``).
+    every batch, to weigh what recording costs. ``set_global`` also makes the provider the
+    API's global one (only once per process; tests pass ``False``).
     """
     env = os.environ if environ is None else environ
     service = env.get("OTEL_SERVICE_NAME") or default_service
