@@ -19,7 +19,7 @@ from typing import Any
 from worker import preflight
 from worker.api import keys_cli
 from worker.runtime import eventloop, logs, tracing
-from worker.runtime.process import run_command, run_until_signal, tune_gc
+from worker.runtime.process import run_subcommand, run_until_signal, tune_gc
 from worker.settings import Settings
 
 
@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(_deprecated_keys_form(given))
-    return run_command(args, Settings())
+    return run_subcommand(args, Settings())
 
 
 if __name__ == "__main__":

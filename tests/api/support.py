@@ -30,8 +30,8 @@ from worker.contract.messages import (
     decode_command,
     encode_record,
 )
+from worker.engine.home_partition import reply_partition
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.route import reply_partition
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 

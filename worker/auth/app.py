@@ -16,10 +16,10 @@ from worker.auth.provider import ProviderRegistry, build_http_client, build_regi
 from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
 from worker.engine.consume_loop import ConsumeLoop
+from worker.engine.home_partition import Router
 from worker.engine.kafka import ConsumerClass, build_producer, verify_topics
 from worker.engine.key_hash import KeyPartitioner
 from worker.engine.outage import BrokerHealth
-from worker.engine.route import Router
 from worker.engine.runner import (
     LoopSpec,
     ProbeAddress,

@@ -30,8 +30,8 @@ from worker.api.app import ApiRuntime
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.routes import UNCONFIRMED, WebhookClients
 from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
+from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.route import home_partition
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore

@@ -17,7 +17,7 @@ from aiokafka import TopicPartition
 from worker.api.webhooks.delivery_log_view import DeliveryLogView
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
-from worker.engine.route import home_partition
+from worker.engine.home_partition import home_partition
 from worker.engine.tail import partitions_of
 from worker.runtime.logs import get_logger
 from worker.webhooks.publish import DeliveryLogEntry
