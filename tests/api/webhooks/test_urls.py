@@ -22,7 +22,7 @@ from worker.api.openapi import openapi_document
 from worker.api.webhooks.urls import url_form_allowed, url_pattern
 from worker.webhooks.targets import TargetPolicy, url_rejection
 
-COMMITTED = Path(__file__).resolve().parents[2] / "schemas" / "openapi.json"
+COMMITTED = Path(__file__).resolve().parents[3] / "schemas" / "openapi.json"
 #: Private targets allowed: what remains of ``validate_url`` is the form alone (and the
 #: addresses no policy lifts, which the pattern leaves out).
 LAX_HTTPS = TargetPolicy(allow_http=False, allow_private=True)
