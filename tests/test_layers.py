@@ -13,20 +13,18 @@ from tests.source import parse
 
 REPO = Path(__file__).resolve().parents[1]
 
-_BELOW_SETTINGS = {"runtime", "speedups", "engine", "contract"}
+_BELOW_SETTINGS = {"runtime", "engine", "contract"}
 _BELOW_PROCESSES = {*_BELOW_SETTINGS, "settings", "dlq"}
 _PROCESSES = {"auth", "webhooks", "api"}
 _EVERYTHING = {*_BELOW_PROCESSES, *_PROCESSES, "documents"}
 
 #: What each layer (a package, or a top-level module by its name) may import from ``worker``
 #: besides itself and the package's ``__init__`` (``__version__``, which imports nothing).
-#: ``speedups`` sits at the runtime's level.
 ALLOWED: dict[str, set[str]] = {
     "__init__": set(),
     "runtime": set(),
-    "speedups": set(),
-    "engine": {"runtime", "speedups"},
-    "contract": {"runtime", "speedups", "engine"},
+    "engine": {"runtime"},
+    "contract": {"runtime", "engine"},
     "settings": _BELOW_SETTINGS,
     "dlq": {*_BELOW_SETTINGS, "settings"},
     "auth": _BELOW_PROCESSES,
@@ -147,13 +145,11 @@ def test_a_top_level_module_importing_a_process_is_found(tmp_path: Path) -> None
         tmp_path,
         {
             "worker/settings.py": "from worker.webhooks.limits import MAX_EVENTS\n",
-            "worker/speedups.py": "def f():\n    from worker.engine import kafka\n",
             "worker/cli.py": "from worker.api.app import serve_api\nimport worker.documents\n",
         },
     )
     assert crossings(tmp_path) == [
         "worker/settings.py imports worker.webhooks",
-        "worker/speedups.py imports worker.engine",
     ]
 
 

@@ -287,7 +287,7 @@ class Settings(BaseSettings):
         "700 run the collector hundreds of times a second.",
     )
 
-    # --- worker: the write-ahead intent (issue 24) ----------------------------------------
+    # --- worker: the write-ahead intent, for a group that mixes in workers that rely on it --
     worker_write_ahead_intent: bool = Field(
         default=False,
         description="Write the confirm's intent to auth.state before every provider call, as "
@@ -321,7 +321,7 @@ class Settings(BaseSettings):
         "to (gzip/deflate); a longer body is unusable and only its status counts.",
     )
     # Provider connections and the production guard (docs/operations.md, "Provider
-    # configuration"; worker/startup.py).
+    # configuration"; worker/preflight.py).
     providers: dict[str, ProviderConnection] = Field(
         default_factory=dict,
         description="Per-provider credentials, client certificate and timeouts: read from "
@@ -528,7 +528,7 @@ class Settings(BaseSettings):
         description="New deliveries are kept in memory while the event's offset stays "
         "uncommitted; a pair is written only when a delivery of it is not attempted at once, "
         "or when an event was held this long (a hanging endpoint). 0: write every pair at "
-        "take-in (the old way).",
+        "take-in and hold nothing in memory.",
     )
     webhook_log_flush_s: float = Field(
         default=0.01,
@@ -536,10 +536,10 @@ class Settings(BaseSettings):
         le=1.0,
         description="Delivery-log entries of one endpoint written within this window go out "
         "as one record (webhook.deliveries); each waits for it at most this long. 0: one "
-        "record per entry (the old way).",
+        "record per entry, sent at once.",
     )
 
-    # --- front-end reads on demand (issue 24): the deliveries route's bounded scan --------
+    # --- front-end reads on demand: the deliveries route's bounded scan --------------------
     webhook_deliveries_scan_records: int = Field(
         default=5000,
         ge=100,

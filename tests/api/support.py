@@ -31,8 +31,8 @@ from worker.contract.messages import (
     encode_record,
 )
 from worker.documents.openapi.document import document_routes
+from worker.engine.home_partition import reply_partition
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.route import reply_partition
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 

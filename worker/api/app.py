@@ -20,9 +20,8 @@ from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics, ReplyReaderSeries
 from worker.api.middleware import FrontDoor
 from worker.api.presence import Presence
-from worker.api.quotas import EndpointLimits
-from worker.api.ratelimit import RateLimiter
 from worker.api.replies import ReplyRouter
+from worker.api.request_rate import RateLimiter
 from worker.api.routes import (
     ACCOUNT_ID_RULE,
     API_ROUTES,
@@ -31,8 +30,10 @@ from worker.api.routes import (
     on_service_error,
 )
 from worker.api.server import ApiRuntime, serve_runtime
-from worker.api.webhook_replay import ReplayRunner
-from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
+from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
+from worker.api.webhooks.quotas import EndpointLimits
+from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
 from worker.engine.kafka import build_consumer, build_producer, verify_topics
 from worker.engine.metrics import TailSkips
 from worker.engine.outage import BrokerHealth
@@ -46,7 +47,6 @@ from worker.runtime.process import on_stop_signals
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
-from worker.webhooks.log_scan import DeliveryLogScan
 from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.targets import TargetPolicy
 
@@ -146,7 +146,7 @@ def build_app(
         reply_timeout_s=settings.api_reply_timeout_s,
         webhook_tails=None if webhooks is None else webhooks.tails,
         broker=broker,
-        limiter=rate_limiter(settings, presence),
+        rate_limiter=rate_limiter(settings, presence),
         presence=presence,
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
@@ -157,7 +157,7 @@ def build_app(
     )
     hooks = WebhookRoutes(
         clients=webhooks,
-        authenticate=api.authenticate,
+        admitted_workspace=api.admitted_workspace,
         policy=policy,
         wait_s=settings.webhook_store_timeout_s,
         limits=limits,

@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol, TypeAlias
 from transitions import Machine
 
 from worker.contract.catalogue import ServiceError
+from worker.contract.compact_ids import compact_id
 from worker.contract.messages import (
     AccountRecord,
     AuthData,
@@ -35,7 +36,6 @@ from worker.contract.messages import (
     rfc3339,
     workspace_id_of,
 )
-from worker.speedups import compact_id
 
 # ---------------------------------------------------------------------------------------------
 # Statuses and the machine

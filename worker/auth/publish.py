@@ -13,6 +13,7 @@ from worker.auth.flow import Decision
 from worker.contract.messages import AccountRecord, AuthError, Reply, encode_record
 from worker.engine.dead_letter import dead_letter
 from worker.engine.faults import Fault
+from worker.engine.home_partition import FORWARDED_FROM
 from worker.engine.outage import (
     BrokerHealth,
     Sent,
@@ -20,7 +21,6 @@ from worker.engine.outage import (
     enqueue,
     send_retrying,
 )
-from worker.engine.route import FORWARDED_FROM
 from worker.runtime import tracing
 from worker.settings import Topics
 

@@ -20,7 +20,7 @@ __all__ = [
     "STOP_SIGNALS",
     "Misconfigured",
     "on_stop_signals",
-    "run_command",
+    "run_subcommand",
     "run_until_signal",
     "tune_gc",
 ]
@@ -71,8 +71,8 @@ def run_until_signal(coro: Coroutine[Any, Any, Any], settings: Settings) -> int:
     return 0
 
 
-def run_command(args: Any, settings: Settings) -> int:
-    """The body of every ``main``: configure logs, run the chosen command's ``fn``, treat a
+def run_subcommand(args: Any, settings: Settings) -> int:
+    """The body of every ``main``: configure logs, run the chosen subcommand's ``fn``, treat a
     closed stdout (``| head``) as the end rather than an error, and a ``Misconfigured`` as a
     refusal to start (``EX_CONFIG``, one log line naming the problem, no traceback)."""
     from worker.runtime import logs

@@ -8,9 +8,9 @@ from typing import Any, Final
 from pydantic import BaseModel, TypeAdapter
 
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
-from worker.api.quotas import EndpointLimits
+from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.routes import ACCOUNT_ID_RULE
-from worker.api.webhook_bodies import (
+from worker.api.webhooks.bodies import (
     CreateEndpointBody,
     DeliveryListResponse,
     EndpointListResponse,
@@ -20,8 +20,8 @@ from worker.api.webhook_bodies import (
     ReplayBody,
     UpdateEndpointBody,
 )
-from worker.api.webhook_routes import ENDPOINT_ID_RULE
-from worker.api.webhook_urls import url_pattern
+from worker.api.webhooks.routes import ENDPOINT_ID_RULE
+from worker.api.webhooks.urls import url_pattern
 from worker.contract.messages import Identifier
 from worker.documents.openapi.parts import REF
 from worker.webhooks.targets import TargetPolicy
@@ -56,7 +56,7 @@ def _component_schemas(limits: EndpointLimits, policy: TargetPolicy) -> dict[str
 
 
 def with_url_form(schema: dict[str, Any], policy: TargetPolicy) -> None:
-    """State the form of ``url`` the handlers enforce (``worker.api.webhook_urls``) in an
+    """State the form of ``url`` the handlers enforce (``worker.api.webhooks.urls``) in an
     endpoint body's schema: ``format: uri`` and the ``pattern`` for ``policy``."""
     prop = schema["properties"]["url"]
     prop["format"] = "uri"

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from worker.api.quotas import EndpointLimits
+from worker.api.webhooks.quotas import EndpointLimits
 from worker.contract.catalogue import ServiceError
 from worker.documents.openapi.accounts import account_paths
 from worker.documents.openapi.components import components

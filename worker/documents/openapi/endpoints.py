@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from worker.api.quotas import ENDPOINT_QUOTA, EndpointLimits
-from worker.api.webhook_bodies import (
+from worker.api.webhooks.quotas import ENDPOINT_QUOTA, EndpointLimits
+from worker.api.webhooks.bodies import (
     CreateEndpointBody,
     EndpointListResponse,
     EndpointSecretResponse,
     UpdateEndpointBody,
 )
-from worker.api.webhook_routes import (
+from worker.api.webhooks.routes import (
     WEBHOOK_ACTIVATE,
     WEBHOOK_DEACTIVATE,
     WEBHOOK_ENDPOINT,
     WEBHOOK_ENDPOINTS,
 )
-from worker.api.webhook_urls import url_rule_text
+from worker.api.webhooks.urls import url_rule_text
 from worker.documents.openapi.parts import (
     EMPTY_BODY,
     RID_HEADER,
@@ -70,7 +70,7 @@ def _body_400(limits: EndpointLimits) -> str:
 
 def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, Any]:
     """The routes on the workspace's endpoints and on one endpoint's record and status
-    (``worker.api.webhook_routes``)."""
+    (``worker.api.webhooks.routes``)."""
     url_rule = _url_rule(policy)
     body_400 = _body_400(limits)
     return {

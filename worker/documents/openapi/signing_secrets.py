@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.api.webhook_bodies import EndpointSecretResponse
-from worker.api.webhook_routes import WEBHOOK_EXPIRE_PREVIOUS, WEBHOOK_ROTATE
+from worker.api.webhooks.bodies import EndpointSecretResponse
+from worker.api.webhooks.routes import WEBHOOK_EXPIRE_PREVIOUS, WEBHOOK_ROTATE
 from worker.documents.openapi.parts import EMPTY_BODY, json_response, preflight
 from worker.documents.openapi.webhook_parts import (
     OPTIONAL_BODY,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from worker.api.webhook_bodies import EndpointResponse
+from worker.api.webhooks.bodies import EndpointResponse
 from worker.documents.openapi.parts import (
     BODY_TIMEOUT,
     KEY_CHECK,

@@ -1,6 +1,6 @@
 """The published form of a webhook ``url`` and the server agree (no broker, no server).
 
-The document states the form as a ``pattern`` (``worker.api.webhook_urls``); the handlers
+The document states the form as a ``pattern`` (``worker.api.webhooks.urls``); the handlers
 enforce that pattern after ``validate_url``. So a URL the document calls valid must pass
 ``validate_url`` (its address aside, which the policy judges), and its JSON Schema validator
 must agree with Python's reading of the pattern: both are checked on a thousand URLs drawn
@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.api.webhook_urls import url_form_allowed, url_pattern
+from worker.api.webhooks.urls import url_form_allowed, url_pattern
 from worker.documents.openapi.document import openapi_document
 from worker.webhooks.targets import TargetPolicy, url_rejection
 
-COMMITTED = Path(__file__).resolve().parents[2] / "schemas" / "openapi.json"
+COMMITTED = Path(__file__).resolve().parents[3] / "schemas" / "openapi.json"
 #: Private targets allowed: what remains of ``validate_url`` is the form alone (and the
 #: addresses no policy lifts, which the pattern leaves out).
 LAX_HTTPS = TargetPolicy(allow_http=False, allow_private=True)

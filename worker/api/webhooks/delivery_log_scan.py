@@ -14,12 +14,12 @@ from typing import Any, Final
 
 from aiokafka import TopicPartition
 
+from worker.api.webhooks.delivery_log_view import DeliveryLogView
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
-from worker.engine.route import home_partition
+from worker.engine.home_partition import home_partition
 from worker.engine.tail import partitions_of
 from worker.runtime.logs import get_logger
-from worker.webhooks.log_view import DeliveryLogView
 from worker.webhooks.publish import DeliveryLogEntry
 
 log = get_logger(__name__)

@@ -15,8 +15,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tests.api.support import produce, wait_until
-from tests.api.test_webhook_endpoints import read_all, status_event
-from worker.api.webhook_replay import ReplayRunner, _start
+from tests.api.webhooks.test_routes import read_all, status_event
+from worker.api.webhooks.replay import ReplayRunner, _start
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.settings import Settings
 from worker.webhooks.endpoints import EndpointRecord

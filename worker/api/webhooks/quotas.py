@@ -219,10 +219,10 @@ class EndpointQuota:
 
 class ScanTurns:
     """One deliveries scan per workspace on this process, running or waiting. The process
-    scans one endpoint at a time (``worker.webhooks.log_scan``) and a request's wait counts
-    against the scan's time-out, so without this one workspace's requests would queue ahead of
-    every other workspace's until theirs timed out; with it, a request waits behind at most one
-    scan of each other workspace."""
+    scans one endpoint at a time (``worker.api.webhooks.delivery_log_scan``) and a request's
+    wait counts against the scan's time-out, so without this one workspace's requests would
+    queue ahead of every other workspace's until theirs timed out; with it, a request waits
+    behind at most one scan of each other workspace."""
 
     def __init__(self) -> None:
         self._busy: set[str] = set()

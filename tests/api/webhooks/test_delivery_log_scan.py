@@ -18,11 +18,11 @@ from aiokafka import TopicPartition
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_B, headers, running_api
 from tests.api.test_api_http import assert_error
-from tests.api.test_webhook_endpoints import ONE, create, hooks, ok
+from tests.api.webhooks.test_routes import ONE, create, hooks, ok
+from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
+from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_consumer, ensure_topics
-from worker.engine.route import home_partition
 from worker.settings import Settings
-from worker.webhooks.log_scan import DeliveryLogScan
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = pytest.mark.integration

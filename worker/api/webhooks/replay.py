@@ -23,8 +23,8 @@ from aiokafka.structs import OffsetAndTimestamp
 from pydantic import ValidationError
 
 from worker.api.presence import Presence
-from worker.api.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
-from worker.api.webhook_bodies import parse_rfc3339
+from worker.api.webhooks.bodies import parse_rfc3339
+from worker.api.webhooks.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
 from worker.contract.catalogue import ServiceError
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping

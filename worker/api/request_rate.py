@@ -1,8 +1,8 @@
-"""Per-workspace request rate limit: a token bucket per workspace in each process, refilled at
+"""The request rate per workspace: a token bucket per workspace in each process, refilled at
 the process's share of the rate (the rate and the burst divided by the live front-end replicas,
 ``worker.api.presence``), so N replicas behind a balancer admit the rate in total, not N times
-it; checked after the key resolves, with bounded memory (docs/operations.md, "Front-door
-limits")."""
+it; spent by ``ApiRoutes.admit`` after the key resolves, with bounded memory
+(docs/operations.md, "Front-door limits")."""
 
 from __future__ import annotations
 

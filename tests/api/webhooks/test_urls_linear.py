@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 
 from tests.api.support import headers, running_api
 from tests.api.test_api_http import assert_error
-from tests.api.test_webhook_endpoints import ENDPOINTS
-from worker.api import webhook_urls
-from worker.api.webhook_urls import url_form_allowed, url_pattern
+from tests.api.webhooks.test_routes import ENDPOINTS
+from worker.api.webhooks import urls
+from worker.api.webhooks.urls import url_form_allowed, url_pattern
 from worker.settings import Settings
 from worker.webhooks.secrets_box import generate_key
 
@@ -157,8 +157,8 @@ class _Recording:
 def test_the_pattern_only_ever_runs_on_a_bounded_authority(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever the URL's length, the pattern sees at most 259 characters (a 253-character
     name and a port); everything else is looked at by single passes over the string."""
-    recording = _Recording(webhook_urls._AUTHORITY)
-    monkeypatch.setattr(webhook_urls, "_AUTHORITY", recording)
+    recording = _Recording(urls._AUTHORITY)
+    monkeypatch.setattr(urls, "_AUTHORITY", recording)
     for make in ADVERSARIAL.values():
         for allow_http in (False, True):
             url_form_allowed(make(8192), allow_http=allow_http)

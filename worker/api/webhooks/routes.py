@@ -19,7 +19,6 @@ from starlette.routing import Route
 
 from worker.api.bodies import error_response, json_response, valid_id
 from worker.api.metrics import ApiMetrics
-from worker.api.quotas import EndpointLimits, EndpointQuota, Refused, ScanTurns
 from worker.api.routes import (
     ACCOUNT_ID_RULE,
     check_body,
@@ -27,7 +26,7 @@ from worker.api.routes import (
     read_body,
     request_id_of,
 )
-from worker.api.webhook_bodies import (
+from worker.api.webhooks.bodies import (
     CreateEndpointBody,
     DeliveryData,
     DeliveryListResponse,
@@ -42,14 +41,15 @@ from worker.api.webhook_bodies import (
     UpdateEndpointBody,
     invalid_body,
 )
-from worker.api.webhook_replay import ReplayRunner
-from worker.api.webhook_urls import url_form_allowed, url_rule_text
+from worker.api.webhooks.delivery_log_scan import DeliveryLogScan, DeliveryScanFailed
+from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota, Refused, ScanTurns
+from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.urls import url_form_allowed, url_rule_text
 from worker.contract.catalogue import ServiceError
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointRecord, EndpointsTail
-from worker.webhooks.log_scan import DeliveryLogScan, DeliveryScanFailed
 from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
 
 log = get_logger(__name__)
@@ -102,16 +102,16 @@ class WebhookClients:
 
 class WebhookRoutes:
     """The handlers; ``clients`` is ``None`` when the service has no secrets key, and every
-    route then answers its 500. ``authenticate`` is the front-end's key check;
-    ``wait_s`` bounds how long a request waits for the registry to catch up at start-up;
-    ``limits`` and ``endpoints_per_workspace`` are the quotas (``worker.api.quotas``), whose
-    refusals ``metrics`` counts."""
+    route then answers its 500. ``admitted_workspace`` is the front-end's key check and rate
+    limit (``ApiRoutes.admitted_workspace``); ``wait_s`` bounds how long a request waits for
+    the registry to catch up at start-up; ``limits`` and ``endpoints_per_workspace`` are the
+    quotas (``worker.api.webhooks.quotas``), whose refusals ``metrics`` counts."""
 
     def __init__(
         self,
         *,
         clients: WebhookClients | None,
-        authenticate: Callable[[Request], str],
+        admitted_workspace: Callable[[Request], str],
         policy: TargetPolicy,
         wait_s: float,
         limits: EndpointLimits | None = None,
@@ -119,7 +119,7 @@ class WebhookRoutes:
         metrics: ApiMetrics | None = None,
     ) -> None:
         self.clients = clients
-        self.authenticate = authenticate
+        self.admitted_workspace = admitted_workspace
         self.policy = policy
         self.wait_s = wait_s
         self.limits = limits or EndpointLimits.defaults()
@@ -200,7 +200,7 @@ class WebhookRoutes:
 
     def _check_url(self, url: str) -> None:
         """The SSRF check of ``worker.webhooks.targets``, then the form the API document
-        publishes (``worker.api.webhook_urls``); the message names the reason, never the URL
+        publishes (``worker.api.webhooks.urls``); the message names the reason, never the URL
         (it may hold a token)."""
         try:
             validate_url(url, self.policy)
@@ -258,7 +258,7 @@ class WebhookRoutes:
     ) -> tuple[WebhookClients, str, str]:
         """The common head of the routes on one endpoint: key, configured, optional body,
         registry ready. The caller looks the endpoint up (under the write lock for writes)."""
-        workspace_id = self.authenticate(request)
+        workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
         endpoint_id = self._endpoint_id(request)
         if body:
@@ -270,7 +270,7 @@ class WebhookRoutes:
 
     async def create(self, request: Request) -> Response:
         failure = "create_webhook_endpoint_failed"
-        workspace_id = self.authenticate(request)
+        workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
         body = await self._body(request, CreateEndpointBody)
         self.limits.check(url=body.url, description=body.description, event_types=body.event_types)
@@ -312,7 +312,7 @@ class WebhookRoutes:
         return _with_secret(request, record, secret, status_code=201)
 
     async def list_endpoints(self, request: Request) -> Response:
-        workspace_id = self.authenticate(request)
+        workspace_id = self.admitted_workspace(request)
         clients = self._configured("list_webhook_endpoints_failed")
         await self._ready("list_webhook_endpoints_failed", clients.endpoints)
         records = clients.store.registry.of_workspace(workspace_id)
@@ -333,7 +333,7 @@ class WebhookRoutes:
 
     async def update(self, request: Request) -> Response:
         failure = "update_webhook_endpoint_failed"
-        workspace_id = self.authenticate(request)
+        workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
         endpoint_id = self._endpoint_id(request)
         body = await self._body(request, UpdateEndpointBody)
@@ -428,7 +428,7 @@ class WebhookRoutes:
 
     async def replay(self, request: Request) -> Response:
         failure = "update_webhook_endpoint_failed"
-        workspace_id = self.authenticate(request)
+        workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
         endpoint_id = self._endpoint_id(request)
         body = await self._body(request, ReplayBody)

@@ -27,11 +27,11 @@ from tests.api.support import (
 )
 from tests.api.test_api_http import assert_error
 from worker.api.app import ApiRuntime
-from worker.api.webhook_replay import ReplayRunner
-from worker.api.webhook_routes import UNCONFIRMED, WebhookClients
+from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.routes import UNCONFIRMED, WebhookClients
 from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
+from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.route import home_partition
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore

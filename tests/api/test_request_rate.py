@@ -1,4 +1,4 @@
-"""The per-workspace token bucket (``worker.api.ratelimit``) on an injected clock."""
+"""The per-workspace token bucket (``worker.api.request_rate``) on an injected clock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from worker.api.ratelimit import MAX_BUCKETS, RateLimited, RateLimiter
+from worker.api.request_rate import MAX_BUCKETS, RateLimited, RateLimiter
 from worker.contract.catalogue import ServiceError
 
 

@@ -409,11 +409,11 @@ async def redrive(
     return 1 if report.failed else 0
 
 
-async def run(command: Awaitable[int], topic: str, err: TextIO) -> int:
-    """Run one ``dlq`` command; a broker that cannot be reached or a topic that does not exist
-    is a one-line error and exit status 1, not a traceback."""
+async def run(action: Awaitable[int], topic: str, err: TextIO) -> int:
+    """Run the ``action`` of one ``dlq`` subcommand; a broker that cannot be reached or a topic
+    that does not exist is a one-line error and exit status 1, not a traceback."""
     try:
-        return await command
+        return await action
     except (KafkaError, OSError, LookupError, RuntimeError) as exc:
         message = str(exc).splitlines()[0][:300] if str(exc) else ""
         print(f"dlq: {topic}: {type(exc).__name__}: {message}", file=err)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from worker.speedups import key_hash
+from worker.engine.key_hash import key_hash
 
 FORWARDED_FROM = "forwarded-from"
 """Header added to a forwarded command: ``<topic>:<partition>:<offset>`` of the original."""

@@ -1,5 +1,5 @@
 """The read model behind ``GET .../deliveries``: decodes log records and keeps the latest entry
-of each endpoint's most recent deliveries, filled by ``worker.webhooks.log_scan``."""
+of each endpoint's most recent deliveries, filled by ``worker.api.webhooks.delivery_log_scan``."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_B, headers, produce, running_api, wait_until
 from tests.api.test_api_http import assert_error
-from tests.api.test_webhook_endpoints import (
+from tests.api.webhooks.test_routes import (
     ENDPOINTS,
     ONE,
     URL,
@@ -30,8 +30,8 @@ from tests.api.test_webhook_endpoints import (
     read_all,
     status_event,
 )
-from worker.api import quotas
 from worker.api.app import ApiRuntime
+from worker.api.webhooks import quotas
 from worker.settings import Settings
 from worker.webhooks.endpoints import EndpointRecord, StoredSecret, decode_endpoint
 from worker.webhooks.publish import decode_replay
