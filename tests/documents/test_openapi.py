@@ -14,7 +14,6 @@ from schemathesis.core.result import Ok
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_MAX_AGE_S
 from worker.api.methods import allow_value
-from worker.api.webhooks.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.api.webhooks.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
 from worker.api.webhooks.routes import (

@@ -8,7 +8,6 @@ from typing import Any, Final
 from pydantic import BaseModel, TypeAdapter
 
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
-from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.routes import ACCOUNT_ID_RULE
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
@@ -20,6 +19,7 @@ from worker.api.webhooks.bodies import (
     ReplayBody,
     UpdateEndpointBody,
 )
+from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.webhooks.routes import ENDPOINT_ID_RULE
 from worker.api.webhooks.urls import url_pattern
 from worker.contract.messages import Identifier

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.api.webhooks.quotas import TOO_MANY
 from worker.api.webhooks.bodies import DeliveryListResponse
+from worker.api.webhooks.quotas import TOO_MANY
 from worker.api.webhooks.routes import WEBHOOK_DELIVERIES
 from worker.documents.openapi.parts import Failure, json_response, preflight
 from worker.documents.openapi.webhook_parts import webhook_failures, webhook_operation

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from worker.api.webhooks.quotas import ENDPOINT_QUOTA, EndpointLimits
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
     EndpointListResponse,
     EndpointSecretResponse,
     UpdateEndpointBody,
 )
+from worker.api.webhooks.quotas import ENDPOINT_QUOTA, EndpointLimits
 from worker.api.webhooks.routes import (
     WEBHOOK_ACTIVATE,
     WEBHOOK_DEACTIVATE,

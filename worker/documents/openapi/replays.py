@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from worker.api.webhooks.quotas import TOO_MANY
 from worker.api.webhooks.bodies import ReplayAcceptedResponse, ReplayBody
+from worker.api.webhooks.quotas import TOO_MANY
 from worker.api.webhooks.routes import WEBHOOK_REPLAY
 from worker.documents.openapi.parts import Failure, json_body, json_response, preflight
 from worker.documents.openapi.webhook_parts import webhook_failures, webhook_operation
