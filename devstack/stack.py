@@ -187,7 +187,13 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     api_env = {"API_RATE_LIMIT_PER_S": "0"} | env
     if broker is not None:
         # Each POST waits for its reply's fetch, which the embedded broker holds in full.
-        api_env = api_env | {"KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_API_FETCH_MAX_WAIT_MS)}
+        # And its one front-end reads every reply partition: a fetch there costs what the
+        # fetched partition holds, so one partition holding every reply slowed each POST the
+        # longer the stack ran (docs/architecture.md, "The embedded broker").
+        api_env = api_env | {
+            "KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_API_FETCH_MAX_WAIT_MS),
+            "API_REPLY_PARTITIONS": str(settings.other_partitions),
+        }
     api = Component("api", ["worker", "api"], env=api_env)
     components = [simulator, worker, dispatcher, api]
     try:

@@ -147,6 +147,8 @@ class Responder:
     commands: list[PasskeyConfirm] = field(default_factory=list)
     queries: list[GetAuthState] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
+    #: The ``reply-partition`` header of each passkey_confirm, in arrival order.
+    reply_to: list[int | None] = field(default_factory=list)
 
 
 @contextlib.asynccontextmanager
@@ -199,6 +201,7 @@ async def responder(
                     elif isinstance(cmd, PasskeyConfirm):
                         state.commands.append(cmd)
                         state.keys.append(msg.key)
+                        state.reply_to.append(reply_partition(msg.headers))
                         answered = answer(cmd)
                     else:
                         continue

@@ -112,6 +112,31 @@ async def test_200_concurrent_requests_one_front_end_then_two_replicas(
         print(f"200 concurrent confirms: {single_s:.2f}s; 2x200 on two replicas: {pair_s:.2f}s")
 
 
+async def test_a_replica_reading_several_partitions_names_them_in_turn(
+    api_settings: ApiSettings,
+) -> None:
+    """``API_REPLY_PARTITIONS=3`` from partition 2 of 4: the replica reads 2, 3 and 0
+    (wrapping), its commands name them in turn, so each holds a third of its replies, and
+    every request still gets exactly its own reply."""
+    settings = api_settings(
+        partitions=4,
+        api_reply_partition=2,
+        api_reply_partitions=3,
+        api_rate_limit_per_s=0,
+        api_max_connections_per_client=0,
+    )
+    async with responder(settings, max_delay_s=0.05) as worker, running_api(settings) as api:
+        assert [tp.partition for tp in api.replies.partitions] == [2, 3, 0]
+        async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
+            results = await confirm_many(http, 60, "spread")
+        assert_own_replies(results)
+        assert sorted(set(worker.reply_to)) == [0, 2, 3]
+        assert all(worker.reply_to.count(p) == 20 for p in (0, 2, 3))
+        assert api.replies.delivered == 60
+        assert api.replies.dropped_mismatch == 0
+        assert api.replies.pending == 0
+
+
 async def started_router(settings: Settings, **kw: Any) -> ReplyRouter:
     """A router on partition 0 of the replies topic; the tests produce there."""
     await ensure_topics(settings)

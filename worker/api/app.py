@@ -273,6 +273,7 @@ async def api_runtime(
         build_consumer(settings),
         topics.replies,
         partition=settings.api_reply_partition,
+        spread=settings.api_reply_partitions,
     )
     shared = view_consumer(settings)
     presence = Presence(shared.share(), topics.api_presence, producer, health=broker)

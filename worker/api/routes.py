@@ -192,9 +192,18 @@ class ApiRoutes:
         self._receive_span = f"receive {replies.topic}"
 
     @functools.cached_property
+    def _reply_headers(self) -> tuple[tuple[str, bytes], ...]:
+        """The ``reply-partition`` header of each of this replica's reply partitions (known
+        once the router started)."""
+        return tuple((REPLY_PARTITION, b"%d" % tp.partition) for tp in self.replies.partitions)
+
     def _reply_partition(self) -> tuple[str, bytes]:
-        """The ``reply-partition`` header of every command (known once the router started)."""
-        return (REPLY_PARTITION, b"%d" % self.replies.partition)
+        """The ``reply-partition`` header of the next command: the replica's partitions in
+        turn."""
+        headers = self._reply_headers
+        if len(headers) == 1:
+            return headers[0]
+        return headers[self.replies.next_partition_index()]
 
     def routes(self) -> list[Route]:
         return [
@@ -355,7 +364,7 @@ class ApiRoutes:
                                     self.commands_topic,
                                     command.model_dump_json().encode(),
                                     key=command.account_id.encode(),
-                                    headers=[self._reply_partition, *tracing.kafka_headers()],
+                                    headers=[self._reply_partition(), *tracing.kafka_headers()],
                                 )
                             except asyncio.CancelledError:
                                 if limit.expired():  # the deadline, not a caller's cancel
