@@ -25,8 +25,8 @@ from pydantic import TypeAdapter
 from worker.auth.publish import Publisher
 from worker.contract.asyncapi import SCHEMA_REF, WIRE_MODELS, asyncapi_document
 from worker.contract.messages import ID_PATTERN
+from worker.contract.topics import Topics
 from worker.engine.faults import Fault
-from worker.settings import Topics
 from worker.webhooks.delivery import DeliveryState, Finished, Pending
 from worker.webhooks.publish import DeliveryPublisher
 

@@ -26,9 +26,9 @@ from worker.contract.messages import (
     RegisterAccount,
     Reply,
 )
+from worker.contract.topics import COMPACTED, Topics, co_partitioned
 from worker.engine.faults import FAULT_REASONS
-from worker.engine.topics import COMPACTED, co_partitioned
-from worker.settings import DEFAULT_BOOTSTRAP, Settings, Topics
+from worker.settings import DEFAULT_BOOTSTRAP, Settings
 from worker.webhooks.delivery import DeliveryState
 from worker.webhooks.delivery_store import AccountDeliveries
 from worker.webhooks.endpoints import EVENT_TYPES, EndpointRecord
@@ -721,7 +721,7 @@ def asyncapi_document() -> dict[str, Any]:
     topics = _default_topics()
     addresses: dict[str, str] = topics.model_dump()
     field_of = {address: field for field, address in addresses.items()}
-    groups = co_partitioned(Settings.model_construct(topics=topics))
+    groups = co_partitioned(topics)
     channels = {c.field: c for c in _channels()}
     channel_objects = {}
     for field, c in channels.items():
