@@ -1,12 +1,10 @@
 """The one settings object: every knob of every process, read from the environment once (field
-``x`` is ``X``); docs/configuration.md is the documentation of record. Only composition roots
-read it: its methods at the end narrow it into the config objects the engine and the runtime
-take (``KafkaConfig``, ``TopicPlan``, ``LoopLimits``, ``LogConfig``).
+``x`` is ``X``; docs/configuration.md). Only composition roots read it; its methods at the end
+narrow it into the engine's and the runtime's config objects.
 
-Over 500 lines because it is one flat list of fields, each a variable with its default, bounds
-and description, grouped by concept under ``# ---`` headings: one class keeps one environment
-namespace (a field is its variable, no prefixes or delimiters to learn) and one place where
-docs/configuration.md is checked against the code (tests/test_configuration_doc.py)."""
+Over 500 lines as one flat list of fields, each a variable with its default, bounds and
+description under a ``# ---`` heading per concept: one class keeps one environment namespace
+(a field is its variable) and one place docs/configuration.md is checked against."""
 
 from __future__ import annotations
 
