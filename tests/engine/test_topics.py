@@ -235,10 +235,11 @@ async def test_the_embedded_broker_keeps_and_describes_the_configs_topics_are_ma
     make_settings: SettingsFactory,
 ) -> None:
     settings = make_settings(partitions=2)
-    findings = await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    kafka = settings.kafka_config()
+    findings = await ensure_topics(kafka, settings.topic_plan())
     assert problems(findings) == []
     t = settings.topics
-    admin = AIOKafkaAdminClient(**client_options(settings.kafka_config()))
+    admin = AIOKafkaAdminClient(**client_options(kafka))
     await admin.start()
     try:
         observed = await observe_topics(admin, [t.state, t.replies, t.commands])
