@@ -53,8 +53,8 @@ from aiokafka import TopicPartition
 
 from bench.common import REPO_ROOT, base_env
 from bench.load import percentile
+from worker.engine.home_partition import REPLY_PARTITION, reply_partition
 from worker.engine.kafka import build_consumer, build_producer, create_topics
-from worker.engine.route import REPLY_PARTITION, reply_partition
 from worker.engine.tail import TopicTail, assign_all
 from worker.runtime import eventloop, logs
 from worker.runtime.process import on_stop_signals, tune_gc

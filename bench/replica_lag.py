@@ -32,6 +32,7 @@ from worker.api.app import serve_api
 from worker.api.server import ApiRuntime
 from worker.auth.app import run_worker
 from worker.contract.messages import RegisterAccount
+from worker.documents.openapi.document import document_routes
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.settings import Settings
 
@@ -43,7 +44,13 @@ async def front_end(settings: Settings) -> AsyncIterator[ApiRuntime]:
     stop = asyncio.Event()
     started: list[ApiRuntime] = []
     task = asyncio.create_task(
-        serve_api(settings, install_signals=False, stop=stop, on_started=started.append)
+        serve_api(
+            settings,
+            install_signals=False,
+            stop=stop,
+            on_started=started.append,
+            documents=document_routes,
+        )
     )
     while not started:
         if task.done():

@@ -225,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--keep-logs", action="store_true", help="keep contender logs (temp dir)")
     p.add_argument(
+        "--record-spans",
+        action="store_true",
+        help="record every span of the python -m worker run contenders and drop it "
+        "(bench.traced): what tracing costs, apart from a collector",
+    )
+    p.add_argument(
         "--webhooks",
         action="store_true",
         help="run the webhook delivery benchmark instead (bench.webhooks); every other flag is "
@@ -358,7 +364,7 @@ class Bench:
             port = free_port()
             env = self.env_for(settings, port, self.max_in_flight(sc))
             if sc.kind == "worker" and sc.provider == "http":
-                argv = ["-m", "worker", "run"]
+                argv = ["-m", "bench.traced" if self.args.record_spans else "worker", "run"]
             elif sc.kind == "worker":
                 argv = ["-m", "bench.proc", "worker-inproc"]
             else:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from devstack.settings import DevSettings
-from worker.runtime.process import run_command, run_until_signal, tune_gc
+from worker.runtime.process import run_subcommand, run_until_signal, tune_gc
 
 
 def cmd_stack(settings: DevSettings, args: argparse.Namespace) -> int:
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(None if argv is None else list(argv))
     settings = DevSettings()
-    return run_command(args, settings.log_config(), lambda: args.fn(settings, args))
+    return run_subcommand(args, settings.log_config(), lambda: args.fn(settings, args))
 
 
 if __name__ == "__main__":

@@ -23,13 +23,13 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.contract.topics import Topics, TopicSizing, topic_plan
-from worker.engine.topics import TopicPlan
-from worker.webhooks.limits import (
+from worker.contract.endpoint_ceilings import (
     DESCRIPTION_MAX_CHARS_CEILING,
     EVENT_TYPES_MAX_ITEMS_CEILING,
     URL_MAX_CHARS_CEILING,
 )
+from worker.contract.topics import Topics, TopicSizing, topic_plan
+from worker.engine.topics import TopicPlan
 
 if TYPE_CHECKING:  # imported where used: every command reads settings, few build clients
     from worker.engine.kafka import KafkaConfig
@@ -264,7 +264,7 @@ class Settings(BaseSettings):
         "700 run the collector hundreds of times a second.",
     )
 
-    # --- worker: the write-ahead intent (issue 24) ----------------------------------------
+    # --- worker: the write-ahead intent, for a group that mixes in workers that rely on it --
     worker_write_ahead_intent: bool = Field(
         default=False,
         description="Write the confirm's intent to auth.state before every provider call, as "
@@ -298,7 +298,7 @@ class Settings(BaseSettings):
         "to (gzip/deflate); a longer body is unusable and only its status counts.",
     )
     # Provider connections and the production guard (docs/operations.md, "Provider
-    # configuration"; worker/startup.py).
+    # configuration"; worker/preflight.py).
     providers: dict[str, ProviderConnection] = Field(
         default_factory=dict,
         description="Per-provider credentials, client certificate and timeouts: read from "
@@ -505,7 +505,7 @@ class Settings(BaseSettings):
         description="New deliveries are kept in memory while the event's offset stays "
         "uncommitted; a pair is written only when a delivery of it is not attempted at once, "
         "or when an event was held this long (a hanging endpoint). 0: write every pair at "
-        "take-in (the old way).",
+        "take-in and hold nothing in memory.",
     )
     webhook_log_flush_s: float = Field(
         default=0.01,
@@ -513,10 +513,10 @@ class Settings(BaseSettings):
         le=1.0,
         description="Delivery-log entries of one endpoint written within this window go out "
         "as one record (webhook.deliveries); each waits for it at most this long. 0: one "
-        "record per entry (the old way).",
+        "record per entry, sent at once.",
     )
 
-    # --- front-end reads on demand (issue 24): the deliveries route's bounded scan --------
+    # --- front-end reads on demand: the deliveries route's bounded scan --------------------
     webhook_deliveries_scan_records: int = Field(
         default=5000,
         ge=100,

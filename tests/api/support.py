@@ -30,8 +30,9 @@ from worker.contract.messages import (
     decode_command,
     encode_record,
 )
+from worker.documents.openapi.document import document_routes
+from worker.engine.home_partition import reply_partition
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.route import reply_partition
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 
@@ -92,6 +93,7 @@ async def running_api(
             registry=registry or CollectorRegistry(),
             keys=keys,
             on_started=started.append,
+            documents=document_routes,
         )
     )
     try:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tests.strategies import ids
 from worker.auth.flow import Policy, decide, expire, observe, settle_confirm
 from worker.auth.provider.base import ProviderAuthState
+from worker.contract.compact_ids import compact_id, expand_id
 from worker.contract.messages import (
     AccountRecord,
     FollowUp,
@@ -23,7 +24,6 @@ from worker.contract.messages import (
     decode_record,
     encode_record,
 )
-from worker.speedups import compact_id, expand_id
 
 # Written by the code before command ids were compacted (commit 5846526): canonical,
 # upper-case and non-UUID command ids, an error outcome, a timer outcome at -0.0.

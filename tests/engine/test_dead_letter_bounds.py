@@ -28,7 +28,7 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.dlq.commands import Redriver, plan
+from worker.dlq.cli import Redriver, plan
 from worker.dlq.letter import DeadLetter, show_json, show_text
 from worker.engine.dead_letter import TRUNCATED_KEY_BYTES, dead_letter
 from worker.engine.faults import Fault

@@ -11,9 +11,9 @@ from pydantic import ValidationError
 
 from tests.conftest import SettingsFactory
 from tests.webhooks.support import read_topic
+from worker.api.webhooks.delivery_log_view import DeliveryLogView
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.webhooks.delivery import DeliveryState, Finished, Pending
-from worker.webhooks.log_view import DeliveryLogView
 from worker.webhooks.publish import (
     LOG_BATCH_MAX,
     DeliveryLogBatch,

@@ -34,8 +34,8 @@ from tests.webhooks.support import (
 )
 from worker.auth.flow import Policy, decide
 from worker.contract.messages import AccountRecord, AuthError, AuthStatusChanged, PasskeyConfirm
+from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_producer
-from worker.engine.route import home_partition
 from worker.settings import Settings
 from worker.webhooks.app import target_policy
 from worker.webhooks.delivery import DeliveryState, Pending, state_key, webhook_id

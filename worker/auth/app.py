@@ -17,9 +17,10 @@ from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
 from worker.contract.topics import used_by
 from worker.engine.consume_loop import ConsumeLoop
+from worker.engine.home_partition import Router
 from worker.engine.kafka import ConsumerClass, build_producer, verify_topics
+from worker.engine.key_hash import KeyPartitioner
 from worker.engine.outage import BrokerHealth
-from worker.engine.route import Router
 from worker.engine.runner import (
     LoopSpec,
     ProbeAddress,
@@ -33,7 +34,6 @@ from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 from worker.runtime.metrics import WORKER_PREFIX, export_process_metrics
 from worker.settings import Settings
-from worker.speedups import KeyPartitioner
 
 log = get_logger(__name__)
 

@@ -1,7 +1,7 @@
 """The account flow: one ``transitions`` machine shared by every account, and the pure
 decision around it (I/O is ``worker.auth.execute``'s), so the decision table is testable row by
 row (docs/architecture.md, "The account flow", "The confirm decision table"; versioning:
-"Design decisions"). ``docs/flow.md`` draws the machine (``worker.auth.flowchart``)."""
+"Design decisions"). ``docs/flow.md`` draws the machine (``worker.documents.flowchart``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol, TypeAlias
 from transitions import Machine
 
 from worker.contract.catalogue import ServiceError
+from worker.contract.compact_ids import compact_id
 from worker.contract.messages import (
     AccountRecord,
     AuthData,
@@ -35,7 +36,6 @@ from worker.contract.messages import (
     rfc3339,
     workspace_id_of,
 )
-from worker.speedups import compact_id
 
 # ---------------------------------------------------------------------------------------------
 # Statuses and the machine

@@ -14,6 +14,7 @@ from worker.contract.messages import AccountRecord, AuthError, Reply, encode_rec
 from worker.contract.topics import Topics
 from worker.engine.dead_letter import dead_letter
 from worker.engine.faults import Fault
+from worker.engine.home_partition import FORWARDED_FROM
 from worker.engine.outage import (
     BrokerHealth,
     Sent,
@@ -21,7 +22,6 @@ from worker.engine.outage import (
     enqueue,
     send_retrying,
 )
-from worker.engine.route import FORWARDED_FROM
 from worker.runtime import tracing
 
 

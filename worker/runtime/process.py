@@ -20,7 +20,7 @@ __all__ = [
     "STOP_SIGNALS",
     "Misconfigured",
     "on_stop_signals",
-    "run_command",
+    "run_subcommand",
     "run_until_signal",
     "tune_gc",
 ]
@@ -71,8 +71,8 @@ def run_until_signal(coro: Coroutine[Any, Any, Any], event_loop: eventloop.LoopN
     return 0
 
 
-def run_command(args: Any, log_config: LogConfig, command: Callable[[], int]) -> int:
-    """The body of every ``main``: configure logs, run ``command`` (the one ``args`` chose),
+def run_subcommand(args: Any, log_config: LogConfig, command: Callable[[], int]) -> int:
+    """The body of every ``main``: configure logs, run ``command`` (the subcommand ``args`` chose),
     treat a closed stdout (``| head``) as the end rather than an error, and a ``Misconfigured``
     as a refusal to start (``EX_CONFIG``, one log line naming the problem, no traceback)."""
     from worker.runtime import logs

@@ -32,9 +32,9 @@ from worker.settings import Settings
 from worker.webhooks.delivery import QueueLimits, parse_schedule
 from worker.webhooks.delivery_store import DeliveryStore
 from worker.webhooks.dispatcher import DispatchConfig, Dispatcher, Sender
+from worker.webhooks.endpoint_gate import GateConfig
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
-from worker.webhooks.gate import GateConfig
 from worker.webhooks.metrics import WebhookMetrics
 from worker.webhooks.publish import DeliveryPublisher
 from worker.webhooks.secrets_box import SecretsBox

@@ -36,9 +36,9 @@ from worker.webhooks.delivery import (
     webhook_id,
 )
 from worker.webhooks.delivery_store import DeliveryStore
+from worker.webhooks.endpoint_gate import SWEEP_FLOOR, EndpointGate, GateConfig
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
 from worker.webhooks.events import WebhookEvent, from_error, from_status
-from worker.webhooks.gate import SWEEP_FLOOR, EndpointGate, GateConfig
 from worker.webhooks.holds import EventHold
 from worker.webhooks.instrumentation import (
     Attempted,
