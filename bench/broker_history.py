@@ -30,8 +30,8 @@ from worker.settings import Settings
 async def one_topic(
     settings: Settings, pid: int, topic: str, steps: int, records: int, lanes: int
 ) -> list[dict[str, Any]]:
-    producer = build_producer(settings)
-    tail = build_consumer(settings, topic)  # group-less, from the earliest offset
+    producer = build_producer(settings.kafka_config())
+    tail = build_consumer(settings.kafka_config(), topic)  # group-less, from the earliest offset
     await producer.start()
     await tail.start()
 
@@ -79,7 +79,11 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             kafka_fetch_max_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
         )
         names = [f"history-{i}" for i in range(args.topics)]
-        await create_topics(settings, dict.fromkeys(names, args.partitions))
+        await create_topics(
+            settings.kafka_config(),
+            dict.fromkeys(names, args.partitions),
+            replication_factor=settings.kafka_replication_factor,
+        )
         for name in names:
             windows += await one_topic(
                 settings, broker.pid, name, args.steps, args.records, args.lanes

@@ -73,7 +73,7 @@ async def until_known(http: httpx.AsyncClient, name: str, headers: dict[str, str
 
 
 async def register(settings: Settings, accounts: list[str]) -> None:
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         for account in accounts:
@@ -107,7 +107,7 @@ async def measure(accounts: int, timeout_s: float, keys_dir: str) -> list[float]
                 other_partitions=6,
                 log_level="WARNING",
             )
-            await ensure_topics(settings)
+            await ensure_topics(settings.kafka_config(), settings.topic_plan())
             stop = asyncio.Event()
             worker = asyncio.create_task(
                 run_worker(settings, stop=stop, install_signals=False, serve_probes=False)

@@ -197,7 +197,7 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     api = Component("api", ["worker", "api"], env=api_env)
     components = [simulator, worker, dispatcher, api]
     try:
-        await ensure_topics(settings)
+        await ensure_topics(settings.kafka_config(), settings.topic_plan())
         endpoint_id, secret = await create_demo_endpoint(settings)
         receiver = Component(
             "receiver", ["devstack", "receiver"], env=env | {"RECEIVER_SECRET": secret}
@@ -284,7 +284,7 @@ def _with_webhooks(settings: DevSettings) -> DevSettings:
 
 async def create_demo_endpoint(settings: DevSettings) -> tuple[str, str]:
     """Register the demo receiver for the demo workspace; returns its id and secret."""
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         store = EndpointStore(

@@ -116,7 +116,7 @@ NOT_GROWN: dict[str, str] = {
     "documents/openapi/webhook_parts.py:_ENDPOINT_LINKS": "constant of the OpenAPI document",
     "dlq/letter.py:_UNITS": "constant: byte units for the operator's listing",
     "engine/topics.py:KAFKA_DEFAULTS": "constant: Kafka's topic-config defaults",
-    "engine/topics.py:PROCESS_TOPICS": "constant: which process needs which topic",
+    "contract/topics.py:PROCESS_TOPICS": "constant: which process needs which topic",
     "settings.py:Settings.provider_urls": "configuration, read once at start-up",
     "settings.py:Settings.providers": "configuration, one per PROVIDER_URLS entry",
     "settings.py:Settings.api_cors_origins": "configuration, read once at start-up",

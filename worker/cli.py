@@ -40,9 +40,9 @@ def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
 
     if (refused := preflight.refuse(settings, "run", providers=True)) is not None:
         return refused
-    tune_gc(settings)
+    tune_gc(settings.worker_gc_threshold)
     _trace(tracing.SERVICE_WORKER)
-    return run_until_signal(run_worker(settings), settings)
+    return run_until_signal(run_worker(settings), settings.event_loop)
 
 
 def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
@@ -57,7 +57,8 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
 
     create = args.action == "create"
     try:
-        findings = eventloop.run(topics_report(settings, create=create), settings.event_loop)
+        report = topics_report(settings.kafka_config(), settings.topic_plan(), create=create)
+        findings = eventloop.run(report, settings.event_loop)
     except KafkaError as exc:
         logs.get_logger(__name__).error(
             "kafka_unreachable", bootstrap=settings.bootstrap, error=repr(exc)
@@ -81,9 +82,9 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
 
     if (refused := preflight.refuse(settings, "api")) is not None:
         return refused
-    tune_gc(settings)
+    tune_gc(settings.worker_gc_threshold)
     _trace(tracing.SERVICE_API)
-    return run_until_signal(serve_api(settings, documents=document_routes), settings)
+    return run_until_signal(serve_api(settings, documents=document_routes), settings.event_loop)
 
 
 def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
@@ -91,9 +92,9 @@ def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
 
     if (refused := preflight.refuse(settings, "webhooks")) is not None:
         return refused
-    tune_gc(settings)
+    tune_gc(settings.worker_gc_threshold)
     _trace(tracing.SERVICE_WEBHOOKS)
-    return run_until_signal(run_dispatcher(settings), settings)
+    return run_until_signal(run_dispatcher(settings), settings.event_loop)
 
 
 def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
@@ -263,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(_deprecated_keys_form(given))
-    return run_subcommand(args, Settings())
+    settings = Settings()
+    return run_subcommand(args, settings.log_config(), lambda: args.fn(settings, args))
 
 
 if __name__ == "__main__":

@@ -160,9 +160,9 @@ async def responder(
     max_delay_s: float = 0.0,
 ) -> AsyncIterator[Responder]:
     """Run a responder; ``max_delay_s`` delays each reply randomly so replies overtake."""
-    await ensure_topics(settings)
-    consumer = build_consumer(settings, fetch_max_wait_ms=10)
-    producer = build_producer(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    consumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=10)
+    producer = build_producer(settings.kafka_config())
     await consumer.start()
     await producer.start()
     state = Responder()
@@ -252,8 +252,8 @@ async def produce(
     *,
     partition: int | None = None,
 ) -> None:
-    await ensure_topics(settings)
-    producer: AIOKafkaProducer = build_producer(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer: AIOKafkaProducer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         futures = [

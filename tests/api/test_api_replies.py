@@ -139,10 +139,10 @@ async def test_a_replica_reading_several_partitions_names_them_in_turn(
 
 async def started_router(settings: Settings, **kw: Any) -> ReplyRouter:
     """A router on partition 0 of the replies topic; the tests produce there."""
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     kw.setdefault("partition", REPLIES_PARTITION)
     router = ReplyRouter(
-        build_consumer(settings, fetch_max_wait_ms=50), settings.topics.replies, **kw
+        build_consumer(settings.kafka_config(), fetch_max_wait_ms=50), settings.topics.replies, **kw
     )
     await router.start()
     assert await router.wait_caught_up(20)
@@ -238,7 +238,7 @@ async def test_backlog_is_skipped_before_ready_and_new_replies_flow(make_setting
     (a correct 'start at the end' without seek_to_end, which the embedded broker gets
     wrong); a reply produced afterwards is delivered."""
     settings = make_settings()
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     backlog = [
         (f"acc_{i % 50}".encode(), reply_bytes(f"old-{i}", f"req-old-{i}")) for i in range(20_000)
     ]
@@ -380,15 +380,15 @@ async def test_replies_written_by_several_producers_all_reach_their_waiters(
     router must wait for the earlier one, not move past it (every waiter answered)."""
     settings = make_settings()
     router = ReplyRouter(
-        build_consumer(settings, fetch_max_wait_ms=5),
+        build_consumer(settings.kafka_config(), fetch_max_wait_ms=5),
         settings.topics.replies,
         partition=REPLIES_PARTITION,
         behind_after_s=30,
     )
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     await router.start()
     assert await router.wait_caught_up(20)
-    producers = [build_producer(settings) for _ in range(3)]
+    producers = [build_producer(settings.kafka_config()) for _ in range(3)]
     for producer in producers:
         await producer.start()
     waiters: list[Any] = []

@@ -34,8 +34,9 @@ from devstack.broker import EmbeddedBroker, free_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from tests.cluster import RUN, ExistingCluster, topic_settings
 from worker.auth.app import run_worker
+from worker.contract.topics import Topics
 from worker.engine.consume_loop import ConsumeLoop
-from worker.settings import Settings, Topics
+from worker.settings import Settings
 
 
 def require_tool(name: str, install_hint: str, path: str | None = None) -> str:

@@ -30,10 +30,11 @@ from devstack.broker import EmbeddedBroker, free_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from tests.harness import REPO
 from worker.cli import build_parser, main
+from worker.contract.topics import Topics
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.replay import replay_to_highwater
 from worker.engine.tail import assign_all
-from worker.settings import Settings, Topics
+from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -154,10 +155,10 @@ def env_settings(mp: pytest.MonkeyPatch, broker: EmbeddedBroker) -> Settings:
 
 
 async def seed(settings: Settings) -> DataSet:
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     data = DataSet(settings, letters(settings.topics))
     now = datetime.now(UTC)
-    producer = build_producer(settings, max_request_size=2 * 1024 * 1024)
+    producer = build_producer(settings.kafka_config(), max_request_size=2 * 1024 * 1024)
     await producer.start()
     try:
         for name, d in data.letters.items():
@@ -178,7 +179,7 @@ async def seed(settings: Settings) -> DataSet:
 
 async def read_all(settings: Settings, topic: str) -> list[Any]:
     """Every record of ``topic`` (group-less, to the high-water marks)."""
-    consumer = build_consumer(settings)
+    consumer = build_consumer(settings.kafka_config())
     await consumer.start()
     got: list[Any] = []
     try:
@@ -532,7 +533,7 @@ async def test_a_record_the_producer_refuses_fails_alone(
     """A dead letter over the producer's request size (written by a producer allowing more)
     is one failed send: the others of the run still go, and the exit status says so."""
     t = fresh.settings.topics
-    producer = build_producer(fresh.settings, max_request_size=4 * 1024 * 1024)
+    producer = build_producer(fresh.settings.kafka_config(), max_request_size=4 * 1024 * 1024)
     await producer.start()
     try:
         big = await producer.send_and_wait(
@@ -574,7 +575,7 @@ async def test_redriven_records_read_back_from_a_consumer(
     t = fresh.settings.topics
     assert (await cli(capsys, "redrive", "--yes", "--reason", "not_object")).code == 0
     [redriven] = await read_all(fresh.settings, t.commands)
-    producer = build_producer(fresh.settings)
+    producer = build_producer(fresh.settings.kafka_config())
     await producer.start()
     try:
         meta = await producer.send_and_wait(

@@ -193,7 +193,7 @@ async def _produce_big(
     settings: Settings, topic: str, records: list[tuple[bytes | None, bytes | None, list[Any]]]
 ) -> list[int]:
     """``records`` to ``topic`` (partition 0) with a producer that may send them; offsets."""
-    producer = build_producer(settings, max_request_size=4 * 1024 * 1024)
+    producer = build_producer(settings.kafka_config(), max_request_size=4 * 1024 * 1024)
     await producer.start()
     try:
         offsets = []

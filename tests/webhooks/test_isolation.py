@@ -53,7 +53,7 @@ def settings_for(make_settings: SettingsFactory, **overrides: Any) -> Settings:
 
 
 async def publish_errors(settings: Settings, events: list[AuthError]) -> None:
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         for ev in events:
@@ -301,7 +301,7 @@ async def test_old_form_records_are_restored_delivered_and_migrated(
             },
         )
         partition = home_partition(account.encode(), settings.other_partitions)
-        producer = build_producer(settings)
+        producer = build_producer(settings.kafka_config())
         await producer.start()
         try:
             await producer.send_and_wait(

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -34,11 +35,11 @@ from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
 from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
-from worker.engine.kafka import build_consumer, build_producer, verify_topics
+from worker.contract.topics import used_by
+from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, verify_topics
 from worker.engine.metrics import TailSkips
 from worker.engine.outage import BrokerHealth
 from worker.engine.tail import SharedConsumer
-from worker.engine.topics import used_by
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 from worker.runtime.metrics import API_PREFIX, export_process_metrics
@@ -77,17 +78,16 @@ the front-end, and the read models, which tolerate a few more milliseconds of la
 often than that (figures: bench/README.md)."""
 
 
-def view_consumer(settings: Settings) -> SharedConsumer:
+def view_consumer(kafka: KafkaConfig) -> SharedConsumer:
     """The consumer the front-end's read models share (the replies keep their own, whose
     fetches bound each round trip's latency on the embedded broker)."""
-    return SharedConsumer(
-        build_consumer(settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)),
-        idle_timeout_ms=200,
+    return SharedConsumer(_view_reader(kafka), idle_timeout_ms=200)
+
+
+def _view_reader(kafka: KafkaConfig) -> AIOKafkaConsumer:
+    return build_consumer(
+        kafka, fetch_max_wait_ms=max(kafka.fetch_max_wait_ms, VIEW_FETCH_MIN_WAIT_MS)
     )
-
-
-def _view_fetch_wait_ms(settings: Settings) -> int:
-    return max(settings.kafka_fetch_max_wait_ms, VIEW_FETCH_MIN_WAIT_MS)
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,7 @@ def build_app(
 
 def webhook_clients(
     settings: Settings,
+    kafka: KafkaConfig,
     producer: Any,
     broker: BrokerHealth | None = None,
     shared: SharedConsumer | None = None,
@@ -209,7 +210,7 @@ def webhook_clients(
         )
         return None
     topics = settings.topics
-    shared = shared or view_consumer(settings)
+    shared = shared or view_consumer(kafka)
     endpoints = EndpointsTail(shared.share(), topics.webhook_endpoints)
     store = EndpointStore(
         producer=producer,
@@ -221,15 +222,13 @@ def webhook_clients(
         health=broker,
     )
     deliveries = DeliveryLogScan(
-        lambda: build_consumer(settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)),
+        lambda: _view_reader(kafka),
         topics.webhook_deliveries,
         window=settings.webhook_deliveries_scan_records,
         timeout_s=settings.webhook_deliveries_scan_timeout_s,
     )
     replays = ReplayRunner(
-        consumer_factory=lambda: build_consumer(
-            settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)
-        ),
+        consumer_factory=lambda: _view_reader(kafka),
         producer=producer,
         status_topic=topics.status,
         errors_topic=topics.errors,
@@ -253,7 +252,14 @@ async def api_runtime(
 ) -> AsyncIterator[ApiRuntime]:
     """Build and start the front-end's clients from ``settings``; stop them on exit.
     ``documents``: as ``build_app``'s."""
-    await verify_topics(settings, used_by(settings, "api"))
+    kafka = settings.kafka_config()
+    webhooks_on = settings.webhook_secrets_key is not None
+    await verify_topics(
+        kafka,
+        settings.topic_plan(),
+        used_by(settings.topics, "api", webhooks=webhooks_on),
+        create=settings.kafka_auto_create_topics,
+    )
     keys = (
         keys
         if keys is not None
@@ -268,16 +274,16 @@ async def api_runtime(
     broker = BrokerHealth(settings.kafka_outage_tolerance_s, name="api")
     broker.export(registry, API_PREFIX)
     topics = settings.topics
-    producer = build_producer(settings)
+    producer = build_producer(kafka)
     replies = ReplyRouter(
-        build_consumer(settings),
+        build_consumer(kafka),
         topics.replies,
         partition=settings.api_reply_partition,
         spread=settings.api_reply_partitions,
     )
-    shared = view_consumer(settings)
+    shared = view_consumer(kafka)
     presence = Presence(shared.share(), topics.api_presence, producer, health=broker)
-    webhooks = webhook_clients(settings, producer, broker, shared, presence)
+    webhooks = webhook_clients(settings, kafka, producer, broker, shared, presence)
     apps = build_app(
         settings,
         producer=producer,

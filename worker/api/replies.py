@@ -101,7 +101,7 @@ class PendingReply:
 class ReplyRouter(TopicTail):
     """Correlates auth.replies with waiting requests (see the module docstring).
 
-    ``consumer`` is an unstarted, group-less consumer (``build_consumer(settings)``); the
+    ``consumer`` is an unstarted, group-less consumer (``build_consumer(kafka)``); the
     router starts and closes it. ``ready`` is true once the replies present at start-up were
     skipped and while the loop runs.
     """

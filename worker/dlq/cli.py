@@ -24,7 +24,7 @@ from worker.dlq.letter import (
     show_text,
 )
 from worker.engine.faults import REDRIVEN, SOURCE
-from worker.engine.kafka import build_consumer, build_producer, partition_counts
+from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, partition_counts
 from worker.engine.replay import BatchHandler, replay_to_highwater
 from worker.engine.tail import assign_all
 from worker.settings import Settings
@@ -101,8 +101,8 @@ class Query:
     limit: int = DEFAULT_LIMIT
 
 
-def _consumer(settings: Settings) -> AIOKafkaConsumer:
-    return build_consumer(settings, group_id=None, client_id="passkey-dlq")
+def _consumer(kafka: KafkaConfig) -> AIOKafkaConsumer:
+    return build_consumer(kafka, group_id=None, client_id="passkey-dlq")
 
 
 async def _assign(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
@@ -180,7 +180,7 @@ async def fetch(
 
 
 async def _selected(
-    settings: Settings, query: Query, take: Callable[[DeadLetter], Awaitable[None]]
+    kafka: KafkaConfig, query: Query, take: Callable[[DeadLetter], Awaitable[None]]
 ) -> tuple[int, int, bool]:
     """Scan ``query.topic`` and pass the selected records to ``take``, up to the limit.
     Returns (read, selected, more): ``more`` when a record past the limit was selected too."""
@@ -199,7 +199,7 @@ async def _selected(
         await take(letter)
         return True
 
-    consumer = _consumer(settings)
+    consumer = _consumer(kafka)
     try:
         await consumer.start()
         await scan(consumer, query.topic, visit)
@@ -223,7 +223,7 @@ async def list_letters(
         line = json.dumps(letter.summary()) if as_json else letter.line()
         print(line, file=out)
 
-    read, selected, more = await _selected(settings, query, take)
+    read, selected, more = await _selected(settings.kafka_config(), query, take)
     print(
         f"{selected} of {read} records of {query.topic} listed{_limit_note(more, query.limit)}",
         file=err,
@@ -242,7 +242,7 @@ async def show_letter(
     err: TextIO,
 ) -> int:
     """``dlq show``: every header and the value of one record; 1 when there is none."""
-    consumer = _consumer(settings)
+    consumer = _consumer(settings.kafka_config())
     try:
         await consumer.start()
         letter = await fetch(consumer, topic, *at)
@@ -381,13 +381,14 @@ async def redrive(
 ) -> int:
     """``dlq redrive``: 0 when every selected record was sent or skipped, 1 when a send
     failed. A dry run writes nothing and opens no producer."""
-    partitions = await partition_counts(settings, sorted(redrive_targets(settings)))
-    producer = None if dry_run else build_producer(settings, client_id="passkey-dlq")
+    kafka = settings.kafka_config()
+    partitions = await partition_counts(kafka, sorted(redrive_targets(settings)))
+    producer = None if dry_run else build_producer(kafka, client_id="passkey-dlq")
     redriver = Redriver(producer, partitions, out=out)
     try:
         if producer is not None:
             await producer.start()
-        read, selected, more = await _selected(settings, query, redriver)
+        read, selected, more = await _selected(kafka, query, redriver)
     finally:
         # what was sent is printed even when the scan failed half-way
         with contextlib.suppress(KafkaError):

@@ -109,7 +109,7 @@ async def test_scans_of_many_workspaces_run_at_once_bounded_by_max_concurrent(
     """Five scans of five endpoints at once on a scan of ``max_concurrent=2``: two consumers
     are built and two scans run at once, never more; all five are answered."""
     settings = make_settings(partitions=3)
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     delay = 0.3
     built = 0
 
@@ -127,7 +127,7 @@ async def test_scans_of_many_workspaces_run_at_once_bounded_by_max_concurrent(
     def factory() -> Any:
         nonlocal built
         built += 1
-        return Paced(build_consumer(settings, fetch_max_wait_ms=50))
+        return Paced(build_consumer(settings.kafka_config(), fetch_max_wait_ms=50))
 
     scan = DeliveryLogScan(
         factory, settings.topics.webhook_deliveries, window=100, timeout_s=20, max_concurrent=2

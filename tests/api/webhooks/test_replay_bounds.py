@@ -57,7 +57,7 @@ async def test_a_replay_since_now_reads_only_the_records_after_it(
     fetched from offset 0 and the old events dropped one by one after decoding), and re-sends
     exactly the 5."""
     settings = make_settings(partitions=3)
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
     await produce(settings, settings.topics.status, events("ws_a", an_hour_ago, OLD, "old"))
     await asyncio.sleep(MARGIN_S + 0.7)  # the old records' timestamps are before since - margin
@@ -66,11 +66,11 @@ async def test_a_replay_since_now_reads_only_the_records_after_it(
     new = events("ws_a", datetime.now(UTC), NEW, "new")
     await produce(settings, settings.topics.status, new)
 
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         runner = ReplayRunner(
-            consumer_factory=lambda: build_consumer(settings, fetch_max_wait_ms=50),
+            consumer_factory=lambda: build_consumer(settings.kafka_config(), fetch_max_wait_ms=50),
             producer=producer,
             status_topic=settings.topics.status,
             errors_topic=settings.topics.errors,
@@ -102,16 +102,16 @@ async def test_records_arriving_after_the_start_are_not_read(
     """The end is the high-water mark of the scan's start: a flood produced while the replay
     runs does not keep it reading."""
     settings = make_settings(partitions=1)
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     since = datetime.now(UTC) - timedelta(minutes=5)
     await produce(settings, settings.topics.status, events("ws_a", datetime.now(UTC), 3, "a"))
 
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     held = HeldProducer(producer)
     try:
         runner = ReplayRunner(
-            consumer_factory=lambda: build_consumer(settings, fetch_max_wait_ms=50),
+            consumer_factory=lambda: build_consumer(settings.kafka_config(), fetch_max_wait_ms=50),
             producer=held,
             status_topic=settings.topics.status,
             errors_topic=settings.topics.errors,
@@ -153,7 +153,7 @@ async def test_the_embedded_broker_finds_offsets_by_time_and_says_none_its_own_w
     says with offset -1 (``None``) and Tansu with offset 0 and timestamp -1, both read as
     the end. Tansu stamps by append time, so the test separates the two groups in time."""
     settings = make_settings(partitions=1)
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     topic = settings.topics.status
     await produce(settings, topic, [(b"k", b"old")] * 20)
     await asyncio.sleep(0.3)
@@ -162,7 +162,7 @@ async def test_the_embedded_broker_finds_offsets_by_time_and_says_none_its_own_w
     await produce(settings, topic, [(b"k", b"new")] * 4)
     await asyncio.sleep(0.3)
     after = int(time.time() * 1000)
-    consumer: AIOKafkaConsumer = build_consumer(settings, fetch_max_wait_ms=50)
+    consumer: AIOKafkaConsumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=50)
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)

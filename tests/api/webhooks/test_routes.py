@@ -598,7 +598,7 @@ def error_event(account_id: str, workspace_id: str, occurred: datetime) -> AuthE
 
 async def read_all(settings: Settings, topic: str) -> list[Any]:
     """Every record of ``topic`` up to its high-water marks."""
-    consumer: AIOKafkaConsumer = build_consumer(settings, fetch_max_wait_ms=50)
+    consumer: AIOKafkaConsumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=50)
     await consumer.start()
     try:
         tps = await assign_all(consumer, topic)
@@ -725,7 +725,7 @@ async def test_a_replay_sends_again_what_an_outage_failed(
 ) -> None:
     monkeypatch.setattr("worker.engine.outage.RESEND_BACKOFF_S", (0.01, 0.02))
     settings = hook_settings()
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     now = datetime.now(UTC)
     events = [status_event(f"acc_{i}", "ws_a", now, version=1) for i in range(3)]
     await produce(
@@ -742,12 +742,12 @@ async def test_a_replay_sends_again_what_an_outage_failed(
         updated_at="2026-01-01T00:00:00Z",
         revision=1,
     )
-    real = build_producer(settings)
+    real = build_producer(settings.kafka_config())
     await real.start()
     try:
         producer = _AcksLostOnce(real, lost=2)
         runner = ReplayRunner(
-            consumer_factory=lambda: build_consumer(settings, fetch_max_wait_ms=50),
+            consumer_factory=lambda: build_consumer(settings.kafka_config(), fetch_max_wait_ms=50),
             producer=producer,
             status_topic=settings.topics.status,
             errors_topic=settings.topics.errors,

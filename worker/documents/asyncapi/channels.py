@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from worker.contract.topics import COMPACTED
 from worker.documents.asyncapi.components import KAFKA_BINDING_VERSION
-from worker.engine.topics import COMPACTED
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from worker.contract.topics import Topics, co_partitioned
 from worker.documents.asyncapi.channels import all_channels, channel_object
 from worker.documents.asyncapi.components import component_schemas
 from worker.documents.asyncapi.messages import all_messages, message_object
 from worker.documents.asyncapi.operations import ROLES, all_operations, operation_object
-from worker.engine.topics import co_partitioned
-from worker.settings import DEFAULT_BOOTSTRAP, Settings, Topics
+from worker.settings import DEFAULT_BOOTSTRAP
 
 ASYNCAPI_VERSION: Final = "3.0.0"
 
@@ -25,7 +25,7 @@ def asyncapi_document() -> dict[str, Any]:
     topics = _default_topics()
     addresses: dict[str, str] = topics.model_dump()
     field_of = {address: field for field, address in addresses.items()}
-    groups = co_partitioned(Settings.model_construct(topics=topics))
+    groups = co_partitioned(topics)
     channels = {c.field: c for c in all_channels()}
     channel_objects = {}
     for field, c in channels.items():
