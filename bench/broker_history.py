@@ -5,8 +5,8 @@ On a fresh embedded broker, for each of ``--topics`` fresh topics in turn: ``--l
 produce keyed 300-byte records one acknowledged record at a time (small batches, as a
 stack's outputs are), while one group-less consumer tails the topic (fetch wait 20 ms, as
 the dev stack's worker; ``--no-tail``: none), ``--steps`` windows of ``--records`` records
-each. Each window prints the broker's CPU (``/proc``) per record. The consumer never commits: commits are not
-what is measured.
+each. Each window prints the broker's CPU (``/proc``) per record. The consumer never
+commits: commits are not what is measured.
 """
 
 from __future__ import annotations
