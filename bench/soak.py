@@ -88,8 +88,9 @@ class Soak:
 
 async def watch_status(settings: Settings, soak: Soak, stop: asyncio.Event) -> None:
     """Follow auth.status from its end: accounts of this run waiting for their confirm, and
-    accounts finished."""
-    consumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=100)
+    accounts finished. A long fetch wait: on the embedded broker each fetch that returns data
+    lists every batch its partition holds, and the soak should not be what loads it."""
+    consumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=500)
     await consumer.start()
     try:
         parts = await partitions_of(

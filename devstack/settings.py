@@ -13,13 +13,22 @@ from pydantic import Field, SecretStr
 
 from worker.settings import Settings
 
-__all__ = ["EMBEDDED_API_FETCH_MAX_WAIT_MS", "EMBEDDED_FETCH_MAX_WAIT_MS", "DevSettings"]
+__all__ = [
+    "EMBEDDED_API_FETCH_MAX_WAIT_MS",
+    "EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS",
+    "EMBEDDED_FETCH_MAX_WAIT_MS",
+    "DevSettings",
+]
 
 #: ``KAFKA_FETCH_MAX_WAIT_MS`` for processes on the embedded broker, which holds every fetch for
 #: the full wait: there the wait is per-hop latency.
 EMBEDDED_FETCH_MAX_WAIT_MS: Final = 20
 #: The front-end's on the embedded broker: each POST waits for its reply's fetch.
 EMBEDDED_API_FETCH_MAX_WAIT_MS: Final = 10
+#: The dispatcher's there: a fetch that returns data lists every batch its partition holds, so
+#: each fetch of a status partition costs more the longer the stack runs; a webhook may wait
+#: ~100 ms more where a reply may not (docs/architecture.md, "The embedded broker").
+EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS: Final = 100
 
 
 class DevSettings(Settings):
