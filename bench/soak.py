@@ -90,7 +90,7 @@ async def watch_status(settings: Settings, soak: Soak, stop: asyncio.Event) -> N
     """Follow auth.status from its end: accounts of this run waiting for their confirm, and
     accounts finished. A long fetch wait: on the embedded broker each fetch that returns data
     lists every batch its partition holds, and the soak should not be what loads it."""
-    consumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=500)
+    consumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=1000)
     await consumer.start()
     try:
         parts = await partitions_of(
@@ -327,7 +327,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="soak-"))
     keys = dev_keys_file(workdir / "api-keys.json")
-    stack = start_stack(2, workdir, keys, args.start_timeout_s)
+    partitions = {}
+    if args.partitions:
+        partitions = {
+            "COMMANDS_PARTITIONS": str(args.partitions),
+            "OTHER_PARTITIONS": str(args.partitions),
+        }
+    stack = start_stack(2, workdir, keys, args.start_timeout_s, partitions)
     settings = Settings(
         kafka_bootstrap_servers=f"127.0.0.1:{stack.ports['broker']}",
         log_format="console",
@@ -424,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=50, help="accounts registered a second")
     parser.add_argument("--confirm-after-s", type=float, default=1.0)
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=0,
+        help="partitions of the stack's topics (0: make run's); the embedded broker's cost "
+        "per data-bearing fetch grows with what the fetched partition holds",
+    )
     parser.add_argument("--sample-s", type=float, default=30)
     parser.add_argument("--drain-s", type=float, default=30)
     parser.add_argument("--start-timeout-s", type=float, default=120)

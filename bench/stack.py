@@ -133,7 +133,13 @@ class Stack:
     log: Path
 
 
-def start_stack(accounts: int, workdir: Path, keys: Path, timeout_s: float) -> Stack:
+def start_stack(
+    accounts: int,
+    workdir: Path,
+    keys: Path,
+    timeout_s: float,
+    extra_env: dict[str, str] | None = None,
+) -> Stack:
     ports = {
         name: free_port()
         for name in ("broker", "simulator", "receiver", "api", "api_metrics", "worker", "webhooks")
@@ -148,7 +154,7 @@ def start_stack(accounts: int, workdir: Path, keys: Path, timeout_s: float) -> S
         "WEBHOOK_METRICS_PORT": str(ports["webhooks"]),
         "API_KEYS_FILE": str(keys),
         "PROVIDER_URLS": json.dumps({"simulator": f"http://127.0.0.1:{ports['simulator']}"}),
-    }
+    } | (extra_env or {})
     log = workdir / "stack.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
