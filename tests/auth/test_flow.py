@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.auth.flow import (
+from worker.auth.commands import decide, settle_confirm
+from worker.auth.flow import Policy, expire, is_owner, observe
+from worker.auth.machine import (
     AUTHORIZED,
     CHALLENGE,
     FAILED,
@@ -16,13 +18,7 @@ from worker.auth.flow import (
     PRE_CHALLENGE,
     SENT,
     STATUSES,
-    Policy,
-    decide,
-    expire,
-    is_owner,
     next_status,
-    observe,
-    settle_confirm,
 )
 from worker.auth.provider.base import ProviderAuthState
 from worker.contract.catalogue import ServiceError

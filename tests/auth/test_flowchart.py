@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from transitions import Machine
 
-from worker.auth.flow import MACHINE, PRE_CHALLENGE, TRANSITIONS
 from worker.auth.flowchart import Group, machine_edges, mermaid_state_diagram
+from worker.auth.machine import MACHINE, PRE_CHALLENGE, TRANSITIONS
 from worker.contract.schemas import pages
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
