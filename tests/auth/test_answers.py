@@ -17,13 +17,14 @@ def test_an_error_body_adds_the_detail_after_the_catalogue_message() -> None:
 
 
 def test_a_reply_carries_an_error_or_data_never_both() -> None:
-    ids = {"command_id": "c", "request_id": "r", "account_id": "a"}
     err = ServiceError.of("not_found")
-    failed = reply(error_body(err), http_status=err.http_status, **ids)
+    failed = reply(error_body(err), command_id="c", request_id="r", account_id="a", http_status=404)
     assert failed.body.error == error_body(err) and failed.body.data is None
     assert failed.body.request_id == "r" and failed.version is None
     data = AuthData(account_id="a", status="authorized", auth_status="authorized")
-    answered = reply(data, http_status=200, version=4, **ids)
+    answered = reply(
+        data, command_id="c", request_id="r", account_id="a", http_status=200, version=4
+    )
     assert answered.body.data == data and answered.body.error is None
     assert answered.version == 4
 
