@@ -275,11 +275,14 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def _dispatch(self, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]) -> bool:
         """Hand ``msg`` to its lane (or run it beside); False, and nothing done, when there is
-        no room for it (``_room``): the caller reads the partition again from it later."""
+        no room for it (``Pressure.room``): the caller reads the partition again from it later."""
         key = msg.key.decode("utf-8", "replace") if msg.key else f"\0no-key:{tp.partition}"
         if not self.pressure.room(tp.partition, key):
             return False
-        self.commits.tracker(tp).dispatched(msg.offset)
+        tracker = self.trackers.get(tp)
+        if tracker is None:
+            tracker = self.commits.tracker(tp)
+        tracker.dispatched(msg.offset)
         if self._unordered is not None and self._unordered(msg):
             self._aside(key, tp, msg)
             return True

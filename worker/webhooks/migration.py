@@ -21,7 +21,7 @@ from worker.webhooks.delivery_store import DeliveryStore
 from worker.webhooks.instrumentation import Instrumentation, Migrated
 from worker.webhooks.publish import DeliveryPublisher
 
-#: Writes pairs' records and waits for their acks (``Dispatcher``'s ``_write_now``).
+#: Writes pairs' records and waits for their acks (``PairWrites.write_now``).
 WriteNow = Callable[[int, Sequence[str]], Awaitable[None]]
 
 
