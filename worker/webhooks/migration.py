@@ -1,16 +1,10 @@
-"""Migrating the old form of the delivery state: one ``webhook_account_deliveries`` record per
-account with every endpoint's queue, read on restore and split into one record per (endpoint,
-account) pair (``worker.webhooks.delivery_store``). On the account's own lane, its pairs are
-written, then its old key is tombstoned (docs/operations.md, "Upgrading the delivery state").
-
-To be removed on 2027-06-01, together with the old form's reading in
-``worker.webhooks.delivery_store`` (``AccountDeliveries``, ``legacy``, ``forget_legacy``) and
-``Migrated`` in ``worker.webhooks.instrumentation``. Before then, all of this must be true:
-no dispatcher older than the pair records runs anywhere (nor can a rollback bring one back);
-every partition of ``webhook.delivery-state`` has been restored by a dispatcher that migrates
-since the last old one stopped (each pod's ``partition_restored`` lines); and
-``passkey_webhook_state_migrated_total`` no longer rises on any deployment, so no old-form
-record is left to read (docs/operations.md, "Upgrading the delivery state", step 4)."""
+"""Migrating the old delivery state (one ``webhook_account_deliveries`` record per account,
+split into pair records on restore): on the account's lane, its pairs are written, then its key
+tombstoned (docs/operations.md, "Upgrading the delivery state"). Remove on 2027-06-01, with the
+old form's reading in ``delivery_store`` and ``Migrated`` in ``instrumentation``, once: no
+dispatcher older than pair records runs anywhere or can come back by rollback; every partition
+of ``webhook.delivery-state`` was restored by a migrating dispatcher since the last old one
+stopped; and ``passkey_webhook_state_migrated_total`` no longer rises on any deployment."""
 
 from __future__ import annotations
 
