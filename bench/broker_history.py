@@ -4,9 +4,9 @@
 On a fresh embedded broker, for each of ``--topics`` fresh topics in turn: ``--lanes`` lanes
 produce keyed 300-byte records one acknowledged record at a time (small batches, as a
 stack's outputs are), while one group-less consumer tails the topic (fetch wait 20 ms, as
-the dev stack's worker), ``--steps`` windows of ``--records`` records each. Each window
-prints the broker's CPU (``/proc``) per record. The consumer never commits: commits are not
-what is measured.
+the dev stack's worker; ``--no-tail``: none), ``--steps`` windows of ``--records`` records
+each. Each window prints the broker's CPU (``/proc``) per record. The consumer never
+commits: commits are not what is measured.
 """
 
 from __future__ import annotations
@@ -28,15 +28,21 @@ from worker.settings import Settings
 
 
 async def one_topic(
-    settings: Settings, pid: int, topic: str, steps: int, records: int, lanes: int
+    settings: Settings,
+    pid: int,
+    topic: str,
+    steps: int,
+    records: int,
+    lanes: int,
+    tail_on: bool = True,
 ) -> list[dict[str, Any]]:
-    producer = build_producer(settings)
-    tail = build_consumer(settings, topic)  # group-less, from the earliest offset
+    producer = build_producer(settings.kafka_config())
+    tail = build_consumer(settings.kafka_config(), topic)  # group-less, from the earliest offset
     await producer.start()
     await tail.start()
 
     async def drain() -> None:
-        while True:
+        while tail_on:
             await tail.getmany(timeout_ms=100)
 
     draining = asyncio.create_task(drain())
@@ -56,6 +62,7 @@ async def one_topic(
             sent += records
             window = {
                 "topic": topic,
+                "tail": tail_on,
                 "history": sent,
                 "broker_us_per_record": (proc_cpu_s(pid) - cpu) / records * 1e6,
                 "rate": records / wall,
@@ -79,10 +86,14 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             kafka_fetch_max_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
         )
         names = [f"history-{i}" for i in range(args.topics)]
-        await create_topics(settings, dict.fromkeys(names, args.partitions))
+        await create_topics(
+            settings.kafka_config(),
+            dict.fromkeys(names, args.partitions),
+            replication_factor=settings.kafka_replication_factor,
+        )
         for name in names:
             windows += await one_topic(
-                settings, broker.pid, name, args.steps, args.records, args.lanes
+                settings, broker.pid, name, args.steps, args.records, args.lanes, not args.no_tail
             )
     return windows
 
@@ -94,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6, help="windows per topic")
     parser.add_argument("--records", type=int, default=3000, help="records per window")
     parser.add_argument("--lanes", type=int, default=20, help="produces in flight")
+    parser.add_argument(
+        "--no-tail", action="store_true", help="no tailing consumer: the produces' own cost"
+    )
     args = parser.parse_args(argv)
     for w in eventloop.run(measure(args), "uvloop"):
         print(

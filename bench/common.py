@@ -14,7 +14,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from worker.settings import Topics
+from worker.contract.topics import Topics
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """The repository: the benchmark is a repo-level tool, run from a checkout (never installed)."""

@@ -31,6 +31,7 @@ from worker.api.app import build_app
 from worker.api.keys import KeyStore, hash_key
 from worker.api.replies import ReplyRouter
 from worker.contract.messages import AuthData, Reply, ReplyBody
+from worker.documents.openapi.document import document_routes
 from worker.settings import Settings
 
 KEY = "pk_bench-inproc-key"
@@ -149,6 +150,7 @@ async def measure(requests: int, concurrency: int, rounds: int) -> dict[str, Any
             replies=replies,
             keys=KeyStore.from_file(keys),
             registry=CollectorRegistry(),
+            documents=document_routes,
         ).api
         statuses: Counter[int] = Counter()
 

@@ -53,8 +53,8 @@ from aiokafka import TopicPartition
 
 from bench.common import REPO_ROOT, base_env
 from bench.load import percentile
+from worker.engine.home_partition import REPLY_PARTITION, reply_partition
 from worker.engine.kafka import build_consumer, build_producer, create_topics
-from worker.engine.route import REPLY_PARTITION, reply_partition
 from worker.engine.tail import TopicTail, assign_all
 from worker.runtime import eventloop, logs
 from worker.runtime.process import on_stop_signals, tune_gc
@@ -96,10 +96,12 @@ async def echo(settings: Settings, stop: asyncio.Event, delay_s: float, client: 
     # Partitioned as auth.commands and auth.replies: a request spreads like a command and a
     # reply lands like one.
     await create_topics(
-        settings, {requests: settings.commands_partitions, replies: settings.other_partitions}
+        settings.kafka_config(),
+        {requests: settings.commands_partitions, replies: settings.other_partitions},
+        replication_factor=settings.kafka_replication_factor,
     )
-    producer = build_producer(settings)
-    consumer = build_consumer(settings)
+    producer = build_producer(settings.kafka_config())
+    consumer = build_consumer(settings.kafka_config())
     held: set[asyncio.Task[None]] = set()
 
     async def answer(records: list[Any]) -> None:
@@ -354,8 +356,8 @@ async def requester(settings: Settings, stop: asyncio.Event, args: argparse.Name
         await confluent_requester(settings, stop, args)
         return
     requests, reply_topic = topics("aiokafka")
-    producer = build_producer(settings)
-    replies = FloorReplies(build_consumer(settings), reply_topic, args.partition)
+    producer = build_producer(settings.kafka_config())
+    replies = FloorReplies(build_consumer(settings.kafka_config()), reply_topic, args.partition)
 
     async def send(value: bytes, key: bytes, headers: list[tuple[str, bytes]]) -> None:
         await (await producer.send(requests, value, key=key, headers=headers))
@@ -561,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings()
     logs.configure(settings.log_level, settings.log_format)
-    tune_gc(settings)  # as `python -m worker api` does
+    tune_gc(settings.worker_gc_threshold)  # as `python -m worker api` does
 
     async def role(stop: asyncio.Event) -> None:
         if args.role == "echo":

@@ -25,8 +25,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.proc import OUTPUTS_HEADER
 from worker.contract.messages import PasskeyConfirm, RegisterAccount
+from worker.contract.topics import Topics
 from worker.engine.kafka import build_consumer
-from worker.settings import Settings, Topics
+from worker.settings import Settings
 
 Mix = Literal["fresh", "spread"]
 WORKSPACE = "ws_bench"
@@ -201,7 +202,7 @@ class Outputs:
 
     @classmethod
     async def open(cls, settings: Settings, topics: Topics, partitions: int) -> Outputs:
-        consumer = build_consumer(settings)
+        consumer = build_consumer(settings.kafka_config())
         await consumer.start()
         tps = [
             TopicPartition(t, p) for t in (topics.replies, topics.status) for p in range(partitions)

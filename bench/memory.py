@@ -176,7 +176,7 @@ async def restore_rate(settings: Settings, records: int) -> RestoreResult:
     must exist), then time ``restore_partitions`` over that partition."""
     template = encode_record(sample_record(1))
     topic = settings.topics.state
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     started = time.perf_counter()
     try:
@@ -191,7 +191,7 @@ async def restore_rate(settings: Settings, records: int) -> RestoreResult:
     finally:
         await producer.stop()
     produced = time.perf_counter() - started
-    consumer = build_consumer(settings, enable_auto_commit=False)
+    consumer = build_consumer(settings.kafka_config(), enable_auto_commit=False)
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)

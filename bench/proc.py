@@ -58,7 +58,7 @@ QUEUE_HIGH = 1000  # per-partition backlog at which the baseline pauses fetching
 
 def _group_consumer(settings: Settings) -> AIOKafkaConsumer:
     return build_consumer(
-        settings,
+        settings.kafka_config(),
         settings.topics.commands,
         group_id=settings.kafka_consumer_group,
         session_timeout_ms=settings.kafka_session_timeout_ms,
@@ -83,7 +83,7 @@ async def _batches(
 async def run_ceiling(settings: Settings, stop: asyncio.Event) -> None:
     topics = settings.topics
     roles = {"state": topics.state, "replies": topics.replies, "status": topics.status}
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     consumer = _group_consumer(settings)
     await producer.start()
     await consumer.start()
@@ -117,7 +117,7 @@ async def run_ceiling(settings: Settings, stop: asyncio.Event) -> None:
 
 async def run_baseline(settings: Settings, stop: asyncio.Event) -> None:
     topics = settings.topics
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     consumer = _group_consumer(settings)
     http = build_http_client(settings)
     providers = build_registry(settings, http)
@@ -225,7 +225,7 @@ CONTENDERS: dict[str, Callable[[Settings, asyncio.Event], Awaitable[None]]] = {
 async def _main(name: str, settings: Settings) -> None:
     stop = asyncio.Event()
     with on_stop_signals(stop.set):
-        await ensure_topics(settings)
+        await ensure_topics(settings.kafka_config(), settings.topic_plan())
         await CONTENDERS[name](settings, stop)
 
 
@@ -235,7 +235,7 @@ def main(argv: list[str]) -> int:
         return 2
     settings = Settings()
     logs.configure(settings.log_level, settings.log_format)
-    tune_gc(settings)  # as `python -m worker run` does
+    tune_gc(settings.worker_gc_threshold)  # as `python -m worker run` does
     eventloop.run(_main(argv[0], settings), settings.event_loop)
     return 0
 

@@ -45,7 +45,7 @@ async def trial(
     """One client, one linger, one lane count: µs of CPU per acknowledged record."""
     value = b"v" * 300
     if client == "aiokafka":
-        producer = build_producer(settings, linger_ms=linger_ms)
+        producer = build_producer(settings.kafka_config(), linger_ms=linger_ms)
         await producer.start()
 
         async def send(key: bytes) -> None:
@@ -110,7 +110,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     trials: list[dict[str, Any]] = []
     with EmbeddedBroker() as broker:
         settings = Settings(kafka_bootstrap_servers=broker.bootstrap)
-        eventloop.run(create_topics(settings, {TOPIC: settings.commands_partitions}), "uvloop")
+        create = create_topics(
+            settings.kafka_config(),
+            {TOPIC: settings.commands_partitions},
+            replication_factor=settings.kafka_replication_factor,
+        )
+        eventloop.run(create, "uvloop")
         for round_ in range(args.rounds):
             clients = args.clients if round_ % 2 == 0 else args.clients[::-1]
             for lanes in args.in_flight:

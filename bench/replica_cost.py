@@ -51,8 +51,8 @@ from bench.stack import (
 from devstack.broker import free_port, wait_for_port
 from devstack.keys import DEV_KEY, dev_keys_file
 from worker.contract.messages import AccountRecord, encode_record
+from worker.contract.topics import Topics
 from worker.runtime import eventloop
-from worker.settings import Topics
 
 CONFIRM: Final = "/v1/accounts/acc_demo_{n}/auth/passkey-confirm"
 AUTH: Final = "/v1/accounts/acc_demo_{n}/auth"

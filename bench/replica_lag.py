@@ -32,6 +32,7 @@ from worker.api.app import serve_api
 from worker.api.server import ApiRuntime
 from worker.auth.app import run_worker
 from worker.contract.messages import RegisterAccount
+from worker.documents.openapi.document import document_routes
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.settings import Settings
 
@@ -43,7 +44,13 @@ async def front_end(settings: Settings) -> AsyncIterator[ApiRuntime]:
     stop = asyncio.Event()
     started: list[ApiRuntime] = []
     task = asyncio.create_task(
-        serve_api(settings, install_signals=False, stop=stop, on_started=started.append)
+        serve_api(
+            settings,
+            install_signals=False,
+            stop=stop,
+            on_started=started.append,
+            documents=document_routes,
+        )
     )
     while not started:
         if task.done():
@@ -66,7 +73,7 @@ async def until_known(http: httpx.AsyncClient, name: str, headers: dict[str, str
 
 
 async def register(settings: Settings, accounts: list[str]) -> None:
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         for account in accounts:
@@ -100,7 +107,7 @@ async def measure(accounts: int, timeout_s: float, keys_dir: str) -> list[float]
                 other_partitions=6,
                 log_level="WARNING",
             )
-            await ensure_topics(settings)
+            await ensure_topics(settings.kafka_config(), settings.topic_plan())
             stop = asyncio.Event()
             worker = asyncio.create_task(
                 run_worker(settings, stop=stop, install_signals=False, serve_probes=False)

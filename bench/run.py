@@ -79,9 +79,10 @@ from bench.memory import restore_rate, store_memory
 from bench.procs import Proc, start_proc, start_profiler, stop_procs
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
+from worker.contract.topics import Topics
 from worker.engine.kafka import build_producer, client_options, ensure_topics
 from worker.runtime import eventloop
-from worker.settings import Settings, Topics
+from worker.settings import Settings
 
 WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].default
 WINDOW: int = Settings.model_fields["worker_dedup_window"].default
@@ -224,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--keep-logs", action="store_true", help="keep contender logs (temp dir)")
     p.add_argument(
+        "--record-spans",
+        action="store_true",
+        help="record every span of the python -m worker run contenders and drop it "
+        "(bench.traced): what tracing costs, apart from a collector",
+    )
+    p.add_argument(
         "--webhooks",
         action="store_true",
         help="run the webhook delivery benchmark instead (bench.webhooks); every other flag is "
@@ -357,7 +364,7 @@ class Bench:
             port = free_port()
             env = self.env_for(settings, port, self.max_in_flight(sc))
             if sc.kind == "worker" and sc.provider == "http":
-                argv = ["-m", "worker", "run"]
+                argv = ["-m", "bench.traced" if self.args.record_spans else "worker", "run"]
             elif sc.kind == "worker":
                 argv = ["-m", "bench.proc", "worker-inproc"]
             else:
@@ -416,13 +423,13 @@ class Bench:
         prefix = f"bench-{self.tag}-{idx:02d}-{label}"
         topics = topics_named(prefix)
         settings = self.settings_for(topics, f"{prefix}.group")
-        await ensure_topics(settings)
+        await ensure_topics(settings.kafka_config(), settings.topic_plan())
         await self.reset_simulator()
         commands = sc.commands or a.commands
         workload = Workload(f"{self.tag}{idx:02d}", commands, a.accounts, sc.mix)
         procs = self.start_contenders(sc, settings)
         profiler: subprocess.Popen[bytes] | None = None
-        producer = build_producer(settings)
+        producer = build_producer(settings.kafka_config())
         outputs: Outputs | None = None
         try:
             await self.wait_ready(procs)
@@ -492,9 +499,8 @@ class Bench:
 
     async def _delete_topics(self, topics: Topics) -> None:
         """Best effort: the embedded broker keeps every record in memory."""
-        admin = AIOKafkaAdminClient(
-            **client_options(Settings(kafka_bootstrap_servers=self.bootstrap))
-        )
+        kafka = Settings(kafka_bootstrap_servers=self.bootstrap).kafka_config()
+        admin = AIOKafkaAdminClient(**client_options(kafka))
         with contextlib.suppress(Exception):
             await admin.start()
             await asyncio.wait_for(admin.delete_topics(topics.all()), timeout=10)
@@ -636,7 +642,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 prefix = f"bench-{tag}-restore"
                 topics = topics_named(prefix)
                 settings = bench.settings_for(topics, f"{prefix}.group")
-                await ensure_topics(settings)
+                await ensure_topics(settings.kafka_config(), settings.topic_plan())
                 restore = await restore_rate(settings, args.restore_records)
                 results["restore"] = restore.as_dict()
                 await bench._delete_topics(topics)

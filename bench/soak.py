@@ -89,7 +89,7 @@ class Soak:
 async def watch_status(settings: Settings, soak: Soak, stop: asyncio.Event) -> None:
     """Follow auth.status from its end: accounts of this run waiting for their confirm, and
     accounts finished."""
-    consumer = build_consumer(settings, fetch_max_wait_ms=100)
+    consumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=100)
     await consumer.start()
     try:
         parts = await partitions_of(
@@ -118,7 +118,7 @@ async def watch_status(settings: Settings, soak: Soak, stop: asyncio.Event) -> N
 
 async def register(settings: Settings, soak: Soak, rate: float, until: float) -> None:
     """Register ``rate`` fresh accounts a second until ``until`` (monotonic)."""
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         start, n = time.monotonic(), 0
@@ -259,7 +259,7 @@ async def trace(settings: Settings, failed: list[dict[str, Any]], log: Path) -> 
         (topics.errors, "errors"),
         (topics.dlq, "dlq"),
     ):
-        consumer = build_consumer(settings, fetch_max_wait_ms=100)
+        consumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=100)
         await consumer.start()
         try:
             parts = await partitions_of(consumer, topic, deadline=time.monotonic() + 30)

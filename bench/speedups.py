@@ -1,4 +1,6 @@
-"""Each optimisation ``worker.speedups`` keeps, against its plain equivalent, in one process.
+"""Each optimisation the product keeps (``worker.engine.key_hash``,
+``worker.contract.compact_ids``, ``worker.contract.shared_timestamps``), against its plain
+equivalent, in one process.
 
 ``python -m bench.speedups``: µs per call of the remembered key hash against aiokafka's
 ``murmur2`` and of compacting + expanding an id, then the state store's bytes per account
@@ -20,8 +22,9 @@ from pydantic import TypeAdapter
 
 from bench.memory import record_values, sample_record
 from worker.auth.store import StateStore
+from worker.contract.compact_ids import compact_id, expand_id
 from worker.contract.messages import AccountRecord, decode_record, encode_record
-from worker.speedups import compact_id, expand_id, key_hash
+from worker.engine.key_hash import key_hash
 
 _plain_decode = TypeAdapter(AccountRecord).validate_json  # no context: no shared timestamps
 

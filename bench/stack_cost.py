@@ -60,9 +60,9 @@ from bench.stack import (
 from devstack.broker import free_port, wait_for_port
 from devstack.keys import DEV_KEY, dev_keys_file
 from devstack.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS, EMBEDDED_FETCH_MAX_WAIT_MS
+from worker.contract.topics import Topics
 from worker.engine.tail import partitions_of
 from worker.runtime import eventloop
-from worker.settings import Topics
 
 ROUTE: Final = "/v1/accounts/acc_demo_{n}/auth/passkey-confirm"
 TARGET_RATIO: Final = 3.0

@@ -63,9 +63,10 @@ from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from worker.contract.messages import AuthStatusChanged, event_id
+from worker.contract.topics import Topics
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.runtime import eventloop
-from worker.settings import Settings, Topics
+from worker.settings import Settings
 from worker.webhooks.delivery import webhook_id
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
@@ -272,7 +273,7 @@ class HookBench:
         """An endpoint for the workspace, every event type: the healthy one before the
         dispatcher starts (it reads the endpoints topic to its end first); a ``hanging`` one
         later, which the dispatcher's tail picks up while it runs."""
-        producer = build_producer(self.settings)
+        producer = build_producer(self.settings.kafka_config())
         await producer.start()
         try:
             key = self.settings.webhook_secrets_key
@@ -396,7 +397,7 @@ class HookBench:
     # -- phases ------------------------------------------------------------------------------
 
     async def preload(self, events: Events) -> None:
-        producer = build_producer(self.settings)
+        producer = build_producer(self.settings.kafka_config())
         await producer.start()
         try:
             pending: list[asyncio.Future[Any]] = []
@@ -465,7 +466,7 @@ class HookBench:
         a = self.args
         count = max(20, int(rate * seconds))
         events = Events(tag, count, a.versions)
-        producer = build_producer(self.settings)
+        producer = build_producer(self.settings.kafka_config())
         await producer.start()
         scheduled: dict[str, float] = {}
         behind = 0.0
@@ -679,7 +680,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             http=httpx.AsyncClient(timeout=30),
         )
         try:
-            await ensure_topics(settings)
+            await ensure_topics(settings.kafka_config(), settings.topic_plan())
             port = free_port()
             await bench.create_endpoint(f"http://127.0.0.1:{port}/hooks")
             await asyncio.to_thread(bench.start_receiver, port)

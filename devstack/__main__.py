@@ -14,19 +14,21 @@ import sys
 from collections.abc import Sequence
 
 from devstack.settings import DevSettings
-from worker.runtime.process import run_command, run_until_signal, tune_gc
+from worker.runtime.process import run_subcommand, run_until_signal, tune_gc
 
 
 def cmd_stack(settings: DevSettings, args: argparse.Namespace) -> int:
     from devstack.stack import run_stack
 
-    return run_until_signal(run_stack(settings, demo_accounts=args.demo_accounts), settings)
+    return run_until_signal(
+        run_stack(settings, demo_accounts=args.demo_accounts), settings.event_loop
+    )
 
 
 def cmd_broker(settings: DevSettings, _: argparse.Namespace) -> int:
     from devstack.broker import serve_broker
 
-    return run_until_signal(serve_broker(settings.embedded_broker_port), settings)
+    return run_until_signal(serve_broker(settings.embedded_broker_port), settings.event_loop)
 
 
 def cmd_worker(settings: DevSettings, _: argparse.Namespace) -> int:
@@ -34,10 +36,10 @@ def cmd_worker(settings: DevSettings, _: argparse.Namespace) -> int:
     from worker.auth.app import run_worker
     from worker.runtime import tracing
 
-    tune_gc(settings)
+    tune_gc(settings.worker_gc_threshold)
     tracing.configure(tracing.SERVICE_WORKER)
     worker = run_worker(settings, consumer_class=EmbeddedBrokerConsumer)
-    return run_until_signal(worker, settings)
+    return run_until_signal(worker, settings.event_loop)
 
 
 def cmd_webhooks(settings: DevSettings, _: argparse.Namespace) -> int:
@@ -45,28 +47,28 @@ def cmd_webhooks(settings: DevSettings, _: argparse.Namespace) -> int:
     from worker.runtime import tracing
     from worker.webhooks.app import run_dispatcher
 
-    tune_gc(settings)
+    tune_gc(settings.worker_gc_threshold)
     tracing.configure(tracing.SERVICE_WEBHOOKS)
     dispatcher = run_dispatcher(settings, consumer_class=EmbeddedBrokerConsumer)
-    return run_until_signal(dispatcher, settings)
+    return run_until_signal(dispatcher, settings.event_loop)
 
 
 def cmd_simulator(settings: DevSettings, _: argparse.Namespace) -> int:
     from devstack.simulator import serve_simulator
 
-    return run_until_signal(serve_simulator(settings), settings)
+    return run_until_signal(serve_simulator(settings), settings.event_loop)
 
 
 def cmd_receiver(settings: DevSettings, _: argparse.Namespace) -> int:
     from devstack.receiver import serve_receiver
 
-    return run_until_signal(serve_receiver(settings), settings)
+    return run_until_signal(serve_receiver(settings), settings.event_loop)
 
 
 def cmd_demo(settings: DevSettings, args: argparse.Namespace) -> int:
     from devstack.demo import run_demo
 
-    return run_until_signal(run_demo(settings, args), settings)
+    return run_until_signal(run_demo(settings, args), settings.event_loop)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(None if argv is None else list(argv))
-    return run_command(args, DevSettings())
+    settings = DevSettings()
+    return run_subcommand(args, settings.log_config(), lambda: args.fn(settings, args))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ async def register_accounts(
 ) -> None:
     """Register (account_id, provider_account_ref) pairs; command ids are deterministic, so
     running it twice registers once."""
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         for account_id, ref in accounts:
@@ -51,7 +51,7 @@ async def register_accounts(
 
 
 async def run_demo(settings: Settings, args: argparse.Namespace) -> None:
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     if args.action == "register":
         await register_accounts(
             settings,
@@ -73,7 +73,7 @@ async def run_demo(settings: Settings, args: argparse.Namespace) -> None:
             account_id=args.account_id,
             issued_at=now,
         )
-        producer = build_producer(settings)
+        producer = build_producer(settings.kafka_config())
         await producer.start()
         try:
             await producer.send_and_wait(
@@ -92,7 +92,7 @@ async def _watch(
 ) -> None:
     """Print the reply (if any) and the account's status events until the flow ends."""
     topics = [settings.topics.replies, settings.topics.status, settings.topics.errors]
-    consumer = build_consumer(settings)
+    consumer = build_consumer(settings.kafka_config())
     await consumer.start()
     try:
         tps = [

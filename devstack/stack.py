@@ -187,11 +187,17 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     api_env = {"API_RATE_LIMIT_PER_S": "0"} | env
     if broker is not None:
         # Each POST waits for its reply's fetch, which the embedded broker holds in full.
-        api_env = api_env | {"KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_API_FETCH_MAX_WAIT_MS)}
+        # And its one front-end reads every reply partition: a fetch there costs what the
+        # fetched partition holds, so one partition holding every reply slowed each POST the
+        # longer the stack ran (docs/architecture.md, "The embedded broker").
+        api_env = api_env | {
+            "KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_API_FETCH_MAX_WAIT_MS),
+            "API_REPLY_PARTITIONS": str(settings.other_partitions),
+        }
     api = Component("api", ["worker", "api"], env=api_env)
     components = [simulator, worker, dispatcher, api]
     try:
-        await ensure_topics(settings)
+        await ensure_topics(settings.kafka_config(), settings.topic_plan())
         endpoint_id, secret = await create_demo_endpoint(settings)
         receiver = Component(
             "receiver", ["devstack", "receiver"], env=env | {"RECEIVER_SECRET": secret}
@@ -278,7 +284,7 @@ def _with_webhooks(settings: DevSettings) -> DevSettings:
 
 async def create_demo_endpoint(settings: DevSettings) -> tuple[str, str]:
     """Register the demo receiver for the demo workspace; returns its id and secret."""
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         store = EndpointStore(

@@ -86,7 +86,7 @@ async def delete_session_topics(bootstrap: str, *, timeout_s: float = 30.0) -> l
     """Delete every topic whose name carries ``RUN``; returns their names. Best effort: a
     failure is reported, never raised, so it cannot hide the session's own result."""
     settings = Settings(kafka_bootstrap_servers=bootstrap)
-    admin = AIOKafkaAdminClient(**client_options(settings))
+    admin = AIOKafkaAdminClient(**client_options(settings.kafka_config()))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
         mine = [t for t in await admin.list_topics() if RUN in t]

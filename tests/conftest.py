@@ -23,7 +23,8 @@ from tests.cluster import (
     topic_settings,
 )
 from tests.observed import logged_lines, recorded_spans
-from worker.settings import Settings, Topics
+from worker.contract.topics import Topics
+from worker.settings import Settings
 
 _seq = itertools.count()
 

@@ -21,10 +21,11 @@ from devstack.consumer import EmbeddedBrokerConsumer
 from tests.cluster import kafka_env
 from worker.auth.app import run_worker
 from worker.contract.messages import PasskeyConfirm, RegisterAccount
+from worker.contract.topics import Topics
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.tail import partitions_of
-from worker.settings import Settings, Topics
+from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,9 +130,9 @@ class Bus:
 
 @contextlib.asynccontextmanager
 async def bus(settings: Settings) -> AsyncIterator[Bus]:
-    await ensure_topics(settings)
-    producer = build_producer(settings)
-    reader = build_consumer(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer = build_producer(settings.kafka_config())
+    reader = build_consumer(settings.kafka_config())
     await producer.start()
     await reader.start()
     try:

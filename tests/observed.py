@@ -10,6 +10,7 @@ from typing import Any
 
 import structlog
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from worker.runtime import tracing
@@ -19,7 +20,9 @@ from worker.runtime.logs import merge_log_context
 @contextmanager
 def recorded_spans() -> Iterator[InMemorySpanExporter]:
     memory = InMemorySpanExporter()
-    tracing.configure("passkey-test", environ={}, exporter=memory, set_global=False)
+    tracing.configure(
+        "passkey-test", environ={}, processor=SimpleSpanProcessor(memory), set_global=False
+    )
     try:
         yield memory
     finally:

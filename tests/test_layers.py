@@ -1,6 +1,8 @@
-"""The packages of ``worker/`` are layers (docs/architecture.md, "Where each concept lives in
-the code"): each imports only from the ones below it, so the engine knows no process and the
-contract and runtime know neither."""
+"""The packages and top-level modules of ``worker/`` are layers (docs/architecture.md, "Where
+each concept lives in the code"): each imports only what its layer allows, so the engine knows
+no process, the contract knows no process nor settings, and the document builders sit above
+everything they describe. Every import counts, at the top of a module or inside a function,
+and no module is exempt."""
 
 from __future__ import annotations
 
@@ -11,70 +13,187 @@ from tests.source import parse
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: What each package may import from ``worker``: packages, and top-level modules by name.
+_BELOW_SETTINGS = {"runtime", "engine", "contract"}
+_BELOW_PROCESSES = {*_BELOW_SETTINGS, "settings", "dlq"}
+_PROCESSES = {"auth", "webhooks", "api"}
+_EVERYTHING = {*_BELOW_PROCESSES, *_PROCESSES, "documents"}
+
+#: What each layer (a package, or a top-level module by its name) may import from ``worker``
+#: besides itself and the package's ``__init__`` (``__version__``, which imports nothing).
 ALLOWED: dict[str, set[str]] = {
-    "runtime": {"settings"},
-    "contract": {"settings", "speedups"},
-    "engine": {"runtime", "settings", "speedups"},
-    "auth": {"engine", "contract", "runtime", "settings", "speedups", "dlq"},
-    "webhooks": {"engine", "contract", "runtime", "settings", "dlq"},
-    "api": {"engine", "contract", "runtime", "settings", "webhooks"},
-    "dlq": {"engine", "contract", "runtime", "settings"},
+    "__init__": set(),
+    "runtime": set(),
+    "engine": {"runtime"},
+    "contract": {"runtime", "engine"},
+    "settings": _BELOW_SETTINGS,
+    "dlq": {*_BELOW_SETTINGS, "settings"},
+    "auth": _BELOW_PROCESSES,
+    "webhooks": _BELOW_PROCESSES,
+    "api": {*_BELOW_PROCESSES, "webhooks"},
+    "documents": _EVERYTHING,
+    "cli": _EVERYTHING | {"preflight"},
+    "preflight": _EVERYTHING,
+    "__main__": _EVERYTHING | {"cli", "preflight"},
 }
-#: Modules that build a document from the code it describes, wherever that code lives.
-DOCUMENT_BUILDERS = {"worker/contract/asyncapi.py", "worker/contract/schemas.py"}
 
 
-def imported(tree: ast.AST) -> set[str]:
-    """The first name after ``worker.`` of every import of the package in ``tree``."""
+def _layer_of(module: str) -> str:
+    """``worker.api.app`` → ``api``; ``worker.settings`` → ``settings``; ``worker`` →
+    ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute module ``node`` imports from, resolving a relative import against
+    ``module`` (the dotted name of the file it is in)."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imported(tree: ast.AST, module: str = "worker.x", is_package: bool = False) -> set[str]:
+    """The layer of every import of the ``worker`` package in ``tree``, wherever the import
+    stands (module top, function body, ``try`` block); ``module`` is the dotted name of the
+    file, to resolve relative imports."""
     found: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            parts = node.module.split(".")
-            if parts[0] != "worker":
+        if isinstance(node, ast.ImportFrom):
+            source = _absolute(node, module, is_package)
+            if source.split(".")[0] != "worker":
                 continue
-            if len(parts) > 1:
-                found.add(parts[1])
+            if source == "worker":
+                # ``from worker import settings``: a module of the package, or its attribute.
+                found.update(
+                    alias.name if alias.name != "__version__" else "__init__"
+                    for alias in node.names
+                )
             else:
-                found.update(alias.name for alias in node.names)
+                found.add(_layer_of(source))
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == "worker" and len(parts) > 1:
-                    found.add(parts[1])
-    return found - {"__version__"}
+                if alias.name.split(".")[0] == "worker":
+                    found.add(_layer_of(alias.name))
+    return found
 
 
 def crossings(root: Path) -> list[str]:
-    """Every import of a module of ``root/worker`` that its package's layer does not allow."""
+    """Every import by a module of ``root/worker`` that its layer does not allow."""
     wrong = []
-    for path in sorted((root / "worker").rglob("*.py")):
+    package_root = root / "worker"
+    for path in sorted(package_root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        parts = path.relative_to(root / "worker").parts
-        if len(parts) < 2 or rel in DOCUMENT_BUILDERS:
+        parts = path.relative_to(package_root).with_suffix("").parts
+        layer = parts[0]
+        is_package = parts[-1] == "__init__"
+        dotted = ".".join(("worker", *(parts[:-1] if is_package else parts)))
+        allowed = ALLOWED.get(layer)
+        if allowed is None:
+            wrong.append(f"{rel} has no layer")
             continue
-        package = parts[0]
-        allowed = ALLOWED[package] | {package}
-        for name in sorted(imported(parse(path)) - allowed):
+        for name in sorted(
+            imported(parse(path), dotted, is_package) - allowed - {layer, "__init__"}
+        ):
             wrong.append(f"{rel} imports worker.{name}")
     return wrong
 
 
-def test_each_package_imports_only_the_layers_below_it() -> None:
+def test_each_module_imports_only_the_layers_below_it() -> None:
     assert crossings(REPO) == []
 
 
-def test_every_package_has_a_layer() -> None:
-    packages = {p.name for p in (REPO / "worker").iterdir() if (p / "__init__.py").exists()}
-    assert packages == set(ALLOWED)
+def test_every_package_and_top_level_module_has_a_layer() -> None:
+    worker = REPO / "worker"
+    layers = {p.name for p in worker.iterdir() if (p / "__init__.py").exists()}
+    layers |= {p.stem for p in worker.glob("*.py")}
+    assert layers == set(ALLOWED)
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
 
 
 def test_an_engine_module_importing_a_process_is_found(tmp_path: Path) -> None:
-    (tmp_path / "worker" / "engine").mkdir(parents=True)
-    (tmp_path / "worker" / "engine" / "loop.py").write_text(
-        "from worker.auth.flow import decide\nimport worker.api.app\nfrom worker import settings\n"
+    _tree(
+        tmp_path,
+        {
+            "worker/engine/loop.py": (
+                "from worker.auth.flow import decide\n"
+                "import worker.api.app\n"
+                "from worker import settings\n"
+                "from worker.runtime import logs\n"
+            )
+        },
     )
     assert crossings(tmp_path) == [
         "worker/engine/loop.py imports worker.api",
         "worker/engine/loop.py imports worker.auth",
+        "worker/engine/loop.py imports worker.settings",
     ]
+
+
+def test_a_top_level_module_importing_a_process_is_found(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            "worker/settings.py": "from worker.webhooks.limits import MAX_EVENTS\n",
+            "worker/cli.py": "from worker.api.app import serve_api\nimport worker.documents\n",
+        },
+    )
+    assert crossings(tmp_path) == [
+        "worker/settings.py imports worker.webhooks",
+    ]
+
+
+def test_a_contract_module_importing_webhooks_is_found_even_inside_a_function(
+    tmp_path: Path,
+) -> None:
+    _tree(
+        tmp_path,
+        {
+            "worker/contract/__init__.py": "",
+            "worker/contract/wire.py": (
+                "from worker.engine.topics import COMPACTED\n"
+                "def build():\n"
+                "    try:\n"
+                "        from worker.webhooks.delivery import DeliveryState\n"
+                "    except ImportError:\n"
+                "        pass\n"
+                "    from ..settings import Settings\n"
+            ),
+        },
+    )
+    assert crossings(tmp_path) == [
+        "worker/contract/wire.py imports worker.settings",
+        "worker/contract/wire.py imports worker.webhooks",
+    ]
+
+
+def test_a_process_importing_another_or_the_documents_is_found(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            "worker/api/app.py": "from worker.documents.openapi import openapi_route\n",
+            "worker/webhooks/gate.py": "from worker.auth import flow\n",
+            "worker/auth/flow.py": "from worker.webhooks.limits import MAX\n",
+            "worker/documents/export.py": "from worker.api import app\nfrom worker.auth import x\n",
+        },
+    )
+    assert crossings(tmp_path) == [
+        "worker/api/app.py imports worker.documents",
+        "worker/auth/flow.py imports worker.webhooks",
+        "worker/webhooks/gate.py imports worker.auth",
+    ]
+
+
+def test_a_module_outside_every_layer_is_found(tmp_path: Path) -> None:
+    _tree(tmp_path, {"worker/extras/thing.py": "import json\n"})
+    assert crossings(tmp_path) == ["worker/extras/thing.py has no layer"]

@@ -7,7 +7,7 @@ container (a dict, set or list display or comprehension; ``dict``, ``set``, ``li
 ``defaultdict``, ``OrderedDict``, ``collections.Counter``, ``heapq``-fed lists, weak maps), a
 lock, semaphore, condition or queue (their waiters are a queue), or a thread pool, or whose
 annotation is such a type. It is named ``<path below worker/>:<Class>.<attr>`` (or
-``<path>:<NAME>`` at module level), e.g. ``api/ratelimit.py:RateLimiter._buckets``; a row
+``<path>:<NAME>`` at module level), e.g. ``api/request_rate.py:RateLimiter._buckets``; a row
 names it in backticks in that form.
 
 The table's "test" column must name test files that exist (and ``file::test`` names that are
@@ -93,9 +93,6 @@ GROWING_TYPES = frozenset(
 NOT_GROWN: dict[str, str] = {
     # -- constants and registries built at import or start-up, never added to afterwards --
     "api/keys_cli.py:_UNIT_S": "constant: the CLI's time units",
-    "api/openapi.py:_RID_HEADER": "constant of the OpenAPI document",
-    "api/openapi.py:_EMPTY_BODY": "constant of the OpenAPI document",
-    "api/openapi.py:_ENDPOINT_LINKS": "constant of the OpenAPI document",
     "api/routes.py:EXCEPTION_HANDLERS": "constant: Starlette's exception handlers",
     "api/middleware.py:FrontDoor._takes": "built at start-up from the app's fixed routes",
     "api/middleware.py:FrontDoor._allow": "built at start-up from the app's fixed routes",
@@ -106,16 +103,20 @@ NOT_GROWN: dict[str, str] = {
     "auth/provider/errors.py:_BY_TYPE": "constant: failure type to catalogued error",
     "auth/provider/registry.py:ProviderRegistry._adapters": "one adapter per PROVIDER_URLS entry",
     "auth/provider/transport.py:AiohttpClient.headers": "fixed default headers of the client",
-    "contract/asyncapi.py:TRACE_HEADERS": "constant of the AsyncAPI document",
-    "contract/asyncapi.py:AUTH_DLQ_HEADERS": "constant of the AsyncAPI document",
-    "contract/asyncapi.py:DLQ_FAULT_HEADERS": "constant of the AsyncAPI document",
-    "contract/asyncapi.py:WEBHOOK_DLQ_HEADERS": "constant of the AsyncAPI document",
-    "contract/asyncapi.py:ROLES": "constant of the AsyncAPI document",
-    "contract/asyncapi.py:_Message.payload": "a document-building value, built once per document",
     "contract/catalogue.py:_MESSAGE_OVERRIDES": "constant: the catalogue's messages",
+    "documents/asyncapi/headers.py:TRACE_HEADERS": "constant of the AsyncAPI document",
+    "documents/asyncapi/headers.py:AUTH_DLQ_HEADERS": "constant of the AsyncAPI document",
+    "documents/asyncapi/headers.py:DLQ_FAULT_HEADERS": "constant of the AsyncAPI document",
+    "documents/asyncapi/headers.py:WEBHOOK_DLQ_HEADERS": "constant of the AsyncAPI document",
+    "documents/asyncapi/messages.py:Message.payload": "a document-building value, built once"
+    " per document",
+    "documents/asyncapi/operations.py:ROLES": "constant of the AsyncAPI document",
+    "documents/openapi/parts.py:RID_HEADER": "constant of the OpenAPI document",
+    "documents/openapi/parts.py:EMPTY_BODY": "constant of the OpenAPI document",
+    "documents/openapi/webhook_parts.py:_ENDPOINT_LINKS": "constant of the OpenAPI document",
     "dlq/letter.py:_UNITS": "constant: byte units for the operator's listing",
     "engine/topics.py:KAFKA_DEFAULTS": "constant: Kafka's topic-config defaults",
-    "engine/topics.py:PROCESS_TOPICS": "constant: which process needs which topic",
+    "contract/topics.py:PROCESS_TOPICS": "constant: which process needs which topic",
     "settings.py:Settings.provider_urls": "configuration, read once at start-up",
     "settings.py:Settings.providers": "configuration, one per PROVIDER_URLS entry",
     "settings.py:Settings.api_cors_origins": "configuration, read once at start-up",
@@ -137,19 +138,21 @@ NOT_GROWN: dict[str, str] = {
     # -- values: one message, answer or report, bounded where it is parsed or built --
     "api/keys.py:KeysFile.keys": "the operator's keys file, parsed at start-up and on reload",
     "api/replies.py:CorrelatedReply.body": "one reply's body, bounded by MAX_RECORD_BYTES",
-    "api/webhook_bodies.py:EndpointData.event_types": "a body field: WEBHOOK_EVENT_TYPES_MAX_ITEMS",
+    "api/webhooks/bodies.py:EndpointData.event_types": (
+        "a body field: WEBHOOK_EVENT_TYPES_MAX_ITEMS"
+    ),
     "engine/outage.py:Sent.headers": "one produced record's headers, built by the process",
-    "api/webhook_bodies.py:EndpointListResponse.data": "an answer: ≤ the workspace's endpoints",
-    "api/webhook_bodies.py:DeliveryListResponse.data": "an answer: ≤ SHOWN_MAX (100) deliveries",
+    "api/webhooks/bodies.py:EndpointListResponse.data": "an answer: ≤ the workspace's endpoints",
+    "api/webhooks/bodies.py:DeliveryListResponse.data": "an answer: ≤ SHOWN_MAX (100) deliveries",
     "auth/provider/answer.py:ProviderAnswer.headers": "one answer: aiohttp's header limits",
     "engine/topics.py:TopicObservation.configs": "one DescribeConfigs answer of an operator check",
     "webhooks/delivery_store.py:AccountDeliveries.endpoints": "old-form record, read to migrate",
     "webhooks/publish.py:_LogBatch.entries": "one log batch: ≤ LOG_BATCH_MAX (200) entries",
     # -- operator tools (python -m worker dlq|keys): run by hand, not fed by outside input --
-    "dlq/commands.py:RedriveReport.redriven": "operator CLI: counts by target topic",
-    "dlq/commands.py:RedriveReport.skipped": "operator CLI: counts by fixed skip reason",
-    "dlq/commands.py:RedriveReport.failed": "operator CLI: counts by error class",
-    "dlq/commands.py:Redriver._pending": "operator CLI: ≤ SENDS_IN_FLIGHT sends, PENDING_BYTES",
+    "dlq/cli.py:RedriveReport.redriven": "operator CLI: counts by target topic",
+    "dlq/cli.py:RedriveReport.skipped": "operator CLI: counts by fixed skip reason",
+    "dlq/cli.py:RedriveReport.failed": "operator CLI: counts by error class",
+    "dlq/cli.py:Redriver._pending": "operator CLI: ≤ SENDS_IN_FLIGHT sends, PENDING_BYTES",
     # -- one call's scratch state --
     "runtime/logs.py:log_context._token": "a ContextVar token of one `with` block",
 }

@@ -19,7 +19,7 @@ from typing import Any
 from worker import preflight
 from worker.api import keys_cli
 from worker.runtime import eventloop, logs, tracing
-from worker.runtime.process import run_command, run_until_signal, tune_gc
+from worker.runtime.process import run_subcommand, run_until_signal, tune_gc
 from worker.settings import Settings
 
 
@@ -40,9 +40,9 @@ def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
 
     if (refused := preflight.refuse(settings, "run", providers=True)) is not None:
         return refused
-    tune_gc(settings)
+    tune_gc(settings.worker_gc_threshold)
     _trace(tracing.SERVICE_WORKER)
-    return run_until_signal(run_worker(settings), settings)
+    return run_until_signal(run_worker(settings), settings.event_loop)
 
 
 def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
@@ -57,7 +57,8 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
 
     create = args.action == "create"
     try:
-        findings = eventloop.run(topics_report(settings, create=create), settings.event_loop)
+        report = topics_report(settings.kafka_config(), settings.topic_plan(), create=create)
+        findings = eventloop.run(report, settings.event_loop)
     except KafkaError as exc:
         logs.get_logger(__name__).error(
             "kafka_unreachable", bootstrap=settings.bootstrap, error=repr(exc)
@@ -77,12 +78,13 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
     from worker.api.app import serve_api
+    from worker.documents.openapi.document import document_routes
 
     if (refused := preflight.refuse(settings, "api")) is not None:
         return refused
-    tune_gc(settings)
+    tune_gc(settings.worker_gc_threshold)
     _trace(tracing.SERVICE_API)
-    return run_until_signal(serve_api(settings), settings)
+    return run_until_signal(serve_api(settings, documents=document_routes), settings.event_loop)
 
 
 def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
@@ -90,13 +92,13 @@ def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
 
     if (refused := preflight.refuse(settings, "webhooks")) is not None:
         return refused
-    tune_gc(settings)
+    tune_gc(settings.worker_gc_threshold)
     _trace(tracing.SERVICE_WEBHOOKS)
-    return run_until_signal(run_dispatcher(settings), settings)
+    return run_until_signal(run_dispatcher(settings), settings.event_loop)
 
 
 def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
-    from worker.contract.schemas import write_all
+    from worker.documents.export import write_all
 
     for path in write_all(Path(args.out), Path(args.docs)):
         print(f"wrote {path}")
@@ -107,27 +109,27 @@ def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
     return keys_cli.run(settings, args)
 
 
-def _legacy_keys(argv: list[str]) -> list[str]:
-    """``keys WORKSPACE [--file F]`` (before the lifecycle commands) → ``keys create
-    WORKSPACE [--file F]``, with a deprecation note on stderr."""
-    legacy = len(argv) >= 2 and argv[0] == "keys" and argv[1] not in keys_cli.COMMANDS
-    if legacy and not argv[1].startswith("-"):
+def _deprecated_keys_form(argv: list[str]) -> list[str]:
+    """``keys WORKSPACE [--file F]``, the deprecated short form, → ``keys create WORKSPACE
+    [--file F]``, with a deprecation note on stderr, so scripts that use it keep working."""
+    short_form = len(argv) >= 2 and argv[0] == "keys" and argv[1] not in keys_cli.COMMANDS
+    if short_form and not argv[1].startswith("-"):
         print("`keys WORKSPACE` is deprecated: use `keys create WORKSPACE`", file=sys.stderr)
         return ["keys", "create", *argv[1:]]
     return argv
 
 
-# --- dlq: list, show and redrive dead letters (worker/dlq/commands.py) -----------------------
+# --- dlq: list, show and redrive dead letters (worker/dlq/cli.py) -----------------------
 
 
 def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    from worker.dlq import commands as dlq
+    from worker.dlq import cli as dlq
     from worker.dlq.letter import Filter
 
     topic = dlq.dlq_topic(settings, args.topic)
-    command: Coroutine[Any, Any, int]
-    if args.dlq_command == "show":
-        command = dlq.show_letter(
+    action: Coroutine[Any, Any, int]
+    if args.dlq_action == "show":
+        action = dlq.show_letter(
             settings,
             topic,
             args.at,
@@ -145,15 +147,15 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
             source_topics=[dlq.source_topic(settings, t) for t in args.source_topic],
         )
         query = dlq.Query(topic, select, args.limit)
-        if args.dlq_command == "list":
-            command = dlq.list_letters(
+        if args.dlq_action == "list":
+            action = dlq.list_letters(
                 settings, query, as_json=args.json, out=sys.stdout, err=sys.stderr
             )
         else:
-            command = dlq.redrive(
+            action = dlq.redrive(
                 settings, query, dry_run=args.dry_run, out=sys.stdout, err=sys.stderr
             )
-    code: int = eventloop.run(dlq.run(command, topic, sys.stderr), settings.event_loop)
+    code: int = eventloop.run(dlq.run(action, topic, sys.stderr), settings.event_loop)
     return code
 
 
@@ -203,7 +205,7 @@ def add_dlq_parser(sub: Any) -> None:
         "--limit", type=_limit, default=100, help="records listed or redriven at most (100)"
     )
     dlq = sub.add_parser("dlq", help="dead letters: list, show one, redrive to the source")
-    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    dlq_sub = dlq.add_subparsers(dest="dlq_action", required=True)
     listing = dlq_sub.add_parser(
         "list", parents=[select], help="one line per dead letter, oldest first per partition"
     )
@@ -260,8 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(_legacy_keys(list(sys.argv[1:] if argv is None else argv)))
-    return run_command(args, Settings())
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(_deprecated_keys_form(given))
+    settings = Settings()
+    return run_subcommand(args, settings.log_config(), lambda: args.fn(settings, args))
 
 
 if __name__ == "__main__":

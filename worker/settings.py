@@ -1,11 +1,16 @@
 """The one settings object: every knob of every process, read from the environment once (field
-``x`` is ``X``); docs/configuration.md is the documentation of record."""
+``x`` is ``X``; docs/configuration.md). Only composition roots read it; its methods at the end
+narrow it into the engine's and the runtime's config objects.
+
+Over 500 lines as one flat list of fields, each a variable with its default, bounds and
+description under a ``# ---`` heading per concept: one class keeps one environment namespace
+(a field is its variable) and one place docs/configuration.md is checked against."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Final, Literal, Self
+from typing import TYPE_CHECKING, Final, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -18,48 +23,20 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.webhooks.limits import (
+from worker.contract.endpoint_ceilings import (
     DESCRIPTION_MAX_CHARS_CEILING,
     EVENT_TYPES_MAX_ITEMS_CEILING,
     URL_MAX_CHARS_CEILING,
 )
+from worker.contract.topics import Topics, TopicSizing, topic_plan
+from worker.engine.topics import TopicPlan
+
+if TYPE_CHECKING:  # imported where used: every command reads settings, few build clients
+    from worker.engine.kafka import KafkaConfig
+    from worker.engine.runner import LoopLimits
+    from worker.runtime.logs import LogConfig
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-
-
-class Topics(BaseSettings):
-    """Topic names; configuration, never constants in code."""
-
-    model_config = SettingsConfigDict(env_prefix="TOPIC_", extra="ignore")
-
-    commands: str = "auth.commands"
-    state: str = "auth.state"
-    status: str = "auth.status"
-    errors: str = "auth.errors"
-    replies: str = "auth.replies"
-    dlq: str = "auth.dlq"
-    webhook_endpoints: str = "webhook.endpoints"
-    webhook_deliveries: str = "webhook.deliveries"
-    webhook_state: str = "webhook.delivery-state"
-    webhook_replays: str = "webhook.replays"
-    webhook_dlq: str = "webhook.dlq"
-    api_presence: str = "api.presence"
-
-    def all(self) -> list[str]:
-        return [
-            self.commands,
-            self.state,
-            self.status,
-            self.errors,
-            self.replies,
-            self.dlq,
-            self.webhook_endpoints,
-            self.webhook_deliveries,
-            self.webhook_state,
-            self.webhook_replays,
-            self.webhook_dlq,
-            self.api_presence,
-        ]
 
 
 # --- provider connections (credentials, mTLS, timeouts): PROVIDER_<NAME>_* ---------------------
@@ -227,7 +204,7 @@ class Settings(BaseSettings):
     commands_partitions: int = Field(default=12, ge=1)
     other_partitions: int = Field(default=12, ge=1)
 
-    # --- topics: the deploy step and the start-up check (worker/engine/topics.py) -----------------
+    # --- topics: the deploy step and the start-up check (worker/contract/topics.py) ---------------
     kafka_auto_create_topics: bool = Field(
         default=False,
         description="Create missing topics, with their full configuration, when a process "
@@ -287,7 +264,7 @@ class Settings(BaseSettings):
         "700 run the collector hundreds of times a second.",
     )
 
-    # --- worker: the write-ahead intent (issue 24) ----------------------------------------
+    # --- worker: the write-ahead intent, for a group that mixes in workers that rely on it --
     worker_write_ahead_intent: bool = Field(
         default=False,
         description="Write the confirm's intent to auth.state before every provider call, as "
@@ -321,7 +298,7 @@ class Settings(BaseSettings):
         "to (gzip/deflate); a longer body is unusable and only its status counts.",
     )
     # Provider connections and the production guard (docs/operations.md, "Provider
-    # configuration"; worker/startup.py).
+    # configuration"; worker/preflight.py).
     providers: dict[str, ProviderConnection] = Field(
         default_factory=dict,
         description="Per-provider credentials, client certificate and timeouts: read from "
@@ -350,6 +327,14 @@ class Settings(BaseSettings):
         ge=0,
         description="The auth.replies partition this front-end replica reads its replies on "
         "(every command it sends names it). Unset: one picked at random at start-up.",
+    )
+    api_reply_partitions: int = Field(
+        default=1,
+        ge=1,
+        description="How many auth.replies partitions this replica reads, consecutive from "
+        "API_REPLY_PARTITION (wrapping); its commands name them in turn. More than one "
+        "spreads its replies, for a broker whose fetch cost grows with a partition's size "
+        "(the embedded one); more readers of a partition read each other's replies.",
     )
     api_cors_origins: list[str] = Field(default_factory=list)
 
@@ -528,7 +513,7 @@ class Settings(BaseSettings):
         description="New deliveries are kept in memory while the event's offset stays "
         "uncommitted; a pair is written only when a delivery of it is not attempted at once, "
         "or when an event was held this long (a hanging endpoint). 0: write every pair at "
-        "take-in (the old way).",
+        "take-in and hold nothing in memory.",
     )
     webhook_log_flush_s: float = Field(
         default=0.01,
@@ -536,10 +521,10 @@ class Settings(BaseSettings):
         le=1.0,
         description="Delivery-log entries of one endpoint written within this window go out "
         "as one record (webhook.deliveries); each waits for it at most this long. 0: one "
-        "record per entry (the old way).",
+        "record per entry, sent at once.",
     )
 
-    # --- front-end reads on demand (issue 24): the deliveries route's bounded scan --------
+    # --- front-end reads on demand: the deliveries route's bounded scan --------------------
     webhook_deliveries_scan_records: int = Field(
         default=5000,
         ge=100,
@@ -651,3 +636,61 @@ class Settings(BaseSettings):
     def bootstrap(self) -> str:
         """The bootstrap address in force: the configured cluster, or a broker on this host."""
         return self.kafka_bootstrap_servers or DEFAULT_BOOTSTRAP
+
+    # --- the narrow configs of the engine and the runtime, built once per process -----------
+
+    def kafka_config(self) -> KafkaConfig:
+        """How this process's Kafka clients reach the cluster."""
+        from worker.engine.kafka import KafkaConfig
+
+        return KafkaConfig(
+            bootstrap=self.bootstrap,
+            security_protocol=self.kafka_security_protocol,
+            sasl_mechanism=self.kafka_sasl_mechanism,
+            sasl_username=self.kafka_sasl_username,
+            sasl_password=self.kafka_sasl_password,
+            ssl_cafile=self.kafka_ssl_cafile,
+            ssl_certfile=self.kafka_ssl_certfile,
+            ssl_keyfile=self.kafka_ssl_keyfile,
+            request_timeout_ms=self.kafka_request_timeout_ms,
+            fetch_max_wait_ms=self.kafka_fetch_max_wait_ms,
+            session_timeout_ms=self.kafka_session_timeout_ms,
+            heartbeat_interval_ms=self.kafka_heartbeat_interval_ms,
+            idempotent_producer=self.kafka_idempotent_producer,
+        )
+
+    def topic_sizing(self) -> TopicSizing:
+        return TopicSizing(
+            commands_partitions=self.commands_partitions,
+            other_partitions=self.other_partitions,
+            replication_factor=self.kafka_replication_factor,
+            min_insync_replicas=self.kafka_min_insync_replicas,
+            retention_ms=self.kafka_retention_ms,
+            replies_retention_ms=self.kafka_replies_retention_ms,
+        )
+
+    def topic_plan(self) -> TopicPlan:
+        """Every topic as ``topics create`` makes it and the start-up check expects it."""
+        return topic_plan(self.topics, self.topic_sizing())
+
+    def loop_limits(self) -> LoopLimits:
+        """The budgets of this process's consume loop."""
+        from worker.engine.runner import LoopLimits
+
+        return LoopLimits(
+            commit_interval_s=self.worker_commit_interval_ms / 1000,
+            shutdown_grace_s=self.worker_shutdown_grace_s,
+            max_poll_records=self.kafka_max_poll_records,
+            record_attempts=self.record_max_attempts,
+            record_retry_backoff_s=self.record_retry_backoff_s,
+        )
+
+    def log_config(self) -> LogConfig:
+        from worker.runtime.logs import LogConfig
+
+        return LogConfig(
+            level=self.log_level,
+            format=self.log_format,
+            library_level=self.log_library_level,
+            access_log=self.api_access_log,
+        )

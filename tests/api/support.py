@@ -30,8 +30,9 @@ from worker.contract.messages import (
     decode_command,
     encode_record,
 )
+from worker.documents.openapi.document import document_routes
+from worker.engine.home_partition import reply_partition
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.route import reply_partition
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 
@@ -92,6 +93,7 @@ async def running_api(
             registry=registry or CollectorRegistry(),
             keys=keys,
             on_started=started.append,
+            documents=document_routes,
         )
     )
     try:
@@ -145,6 +147,8 @@ class Responder:
     commands: list[PasskeyConfirm] = field(default_factory=list)
     queries: list[GetAuthState] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
+    #: The ``reply-partition`` header of each passkey_confirm, in arrival order.
+    reply_to: list[int | None] = field(default_factory=list)
 
 
 @contextlib.asynccontextmanager
@@ -156,9 +160,9 @@ async def responder(
     max_delay_s: float = 0.0,
 ) -> AsyncIterator[Responder]:
     """Run a responder; ``max_delay_s`` delays each reply randomly so replies overtake."""
-    await ensure_topics(settings)
-    consumer = build_consumer(settings, fetch_max_wait_ms=10)
-    producer = build_producer(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    consumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=10)
+    producer = build_producer(settings.kafka_config())
     await consumer.start()
     await producer.start()
     state = Responder()
@@ -197,6 +201,7 @@ async def responder(
                     elif isinstance(cmd, PasskeyConfirm):
                         state.commands.append(cmd)
                         state.keys.append(msg.key)
+                        state.reply_to.append(reply_partition(msg.headers))
                         answered = answer(cmd)
                     else:
                         continue
@@ -247,8 +252,8 @@ async def produce(
     *,
     partition: int | None = None,
 ) -> None:
-    await ensure_topics(settings)
-    producer: AIOKafkaProducer = build_producer(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer: AIOKafkaProducer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         futures = [

@@ -43,7 +43,7 @@ from schemathesis.core.result import Ok
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_A, register, running_api, running_worker
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
-from worker.api.webhook_routes import WEBHOOK_ENDPOINT, WEBHOOK_ENDPOINTS
+from worker.api.webhooks.routes import WEBHOOK_ENDPOINT, WEBHOOK_ENDPOINTS
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

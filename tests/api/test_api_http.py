@@ -668,7 +668,7 @@ async def test_confirm_waits_for_readiness_then_sends(api_settings: ApiSettings)
 
 
 async def test_openapi_served(api_settings: ApiSettings) -> None:
-    from worker.api.openapi import openapi_document
+    from worker.documents.openapi.document import openapi_document
 
     async with (
         running_api(api_settings()) as api,

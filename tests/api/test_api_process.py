@@ -32,7 +32,7 @@ async def test_python_m_worker_api_serves_and_stops_on_sigterm(api_settings: Api
     """SIGTERM while a confirm waits for its reply: the request still gets its answer (500
     after the 1 s reply timeout, nothing is cut off), then the process exits 0."""
     settings = api_settings(api_reply_timeout_s=1.0)
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     port, metrics_port = free_port(), free_port()
     env = (
         os.environ

@@ -112,12 +112,37 @@ async def test_200_concurrent_requests_one_front_end_then_two_replicas(
         print(f"200 concurrent confirms: {single_s:.2f}s; 2x200 on two replicas: {pair_s:.2f}s")
 
 
+async def test_a_replica_reading_several_partitions_names_them_in_turn(
+    api_settings: ApiSettings,
+) -> None:
+    """``API_REPLY_PARTITIONS=3`` from partition 2 of 4: the replica reads 2, 3 and 0
+    (wrapping), its commands name them in turn, so each holds a third of its replies, and
+    every request still gets exactly its own reply."""
+    settings = api_settings(
+        partitions=4,
+        api_reply_partition=2,
+        api_reply_partitions=3,
+        api_rate_limit_per_s=0,
+        api_max_connections_per_client=0,
+    )
+    async with responder(settings, max_delay_s=0.05) as worker, running_api(settings) as api:
+        assert [tp.partition for tp in api.replies.partitions] == [2, 3, 0]
+        async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
+            results = await confirm_many(http, 60, "spread")
+        assert_own_replies(results)
+        assert set(worker.reply_to) == {0, 2, 3}
+        assert all(worker.reply_to.count(p) == 20 for p in (0, 2, 3))
+        assert api.replies.delivered == 60
+        assert api.replies.dropped_mismatch == 0
+        assert api.replies.pending == 0
+
+
 async def started_router(settings: Settings, **kw: Any) -> ReplyRouter:
     """A router on partition 0 of the replies topic; the tests produce there."""
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     kw.setdefault("partition", REPLIES_PARTITION)
     router = ReplyRouter(
-        build_consumer(settings, fetch_max_wait_ms=50), settings.topics.replies, **kw
+        build_consumer(settings.kafka_config(), fetch_max_wait_ms=50), settings.topics.replies, **kw
     )
     await router.start()
     assert await router.wait_caught_up(20)
@@ -213,7 +238,7 @@ async def test_backlog_is_skipped_before_ready_and_new_replies_flow(make_setting
     (a correct 'start at the end' without seek_to_end, which the embedded broker gets
     wrong); a reply produced afterwards is delivered."""
     settings = make_settings()
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     backlog = [
         (f"acc_{i % 50}".encode(), reply_bytes(f"old-{i}", f"req-old-{i}")) for i in range(20_000)
     ]
@@ -355,15 +380,15 @@ async def test_replies_written_by_several_producers_all_reach_their_waiters(
     router must wait for the earlier one, not move past it (every waiter answered)."""
     settings = make_settings()
     router = ReplyRouter(
-        build_consumer(settings, fetch_max_wait_ms=5),
+        build_consumer(settings.kafka_config(), fetch_max_wait_ms=5),
         settings.topics.replies,
         partition=REPLIES_PARTITION,
         behind_after_s=30,
     )
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     await router.start()
     assert await router.wait_caught_up(20)
-    producers = [build_producer(settings) for _ in range(3)]
+    producers = [build_producer(settings.kafka_config()) for _ in range(3)]
     for producer in producers:
         await producer.start()
     waiters: list[Any] = []

@@ -15,7 +15,7 @@ from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_B, headers, register, responder, running_api, running_worker
 from tests.api.test_api_e2e import poll_status
 from worker.auth.store import StateStore
-from worker.engine.route import home_partition
+from worker.engine.home_partition import home_partition
 
 CONFIRM = "/v1/accounts/{}/auth/passkey-confirm"
 AUTH = "/v1/accounts/{}/auth"

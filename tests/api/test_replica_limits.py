@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from tests.api.support import headers, running_api, wait_until
-from tests.api.test_webhook_endpoints import ENDPOINTS, URL, create, hooks, read_all
-from tests.api.test_webhook_quotas import events_of, hold_replays, quota_settings, replay
+from tests.api.webhooks.test_quotas import events_of, hold_replays, quota_settings, replay
+from tests.api.webhooks.test_routes import ENDPOINTS, URL, create, hooks, read_all
 from worker.api.app import ApiRuntime
 from worker.settings import Settings
 from worker.webhooks.endpoints import decode_endpoint

@@ -189,4 +189,7 @@ async def test_a_stop_that_overruns_its_hard_limit_exits_70(
 
 def test_the_hard_limit_covers_the_drain_the_final_commit_and_both_close_steps() -> None:
     settings = Settings(worker_shutdown_grace_s=20)
-    assert shutdown_hard_limit(settings) > 20 + FINAL_COMMIT_TIMEOUT_S + 2 * CLOSE_STEP_TIMEOUT_S
+    assert (
+        shutdown_hard_limit(settings.worker_shutdown_grace_s)
+        > 20 + FINAL_COMMIT_TIMEOUT_S + 2 * CLOSE_STEP_TIMEOUT_S
+    )

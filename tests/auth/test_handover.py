@@ -17,7 +17,7 @@ from tests.harness import Bus, bus, confirm_cmd, register_cmd, running_worker
 from worker.auth import commands
 from worker.auth.store import StateStore
 from worker.contract.messages import AccountRecord, PasskeyConfirm, decode_record
-from worker.engine.route import home_partition
+from worker.engine.home_partition import home_partition
 from worker.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ from worker.auth.provider import ProviderRegistry
 from worker.auth.store import StateStore
 from worker.contract.messages import AccountRecord, FollowUp, GetAuthState, PasskeyConfirm
 from worker.engine.faults import Fault
-from worker.engine.route import Router, home_partition
+from worker.engine.home_partition import Router, home_partition
 from worker.runtime.logs import log_fields
 
 PARTITIONS = 3

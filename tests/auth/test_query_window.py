@@ -18,7 +18,7 @@ from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderRegistry
 from worker.auth.store import StateStore
 from worker.contract.messages import AccountRecord, GetAuthState
-from worker.engine.route import Router, home_partition
+from worker.engine.home_partition import Router, home_partition
 
 PARTITIONS = 3
 

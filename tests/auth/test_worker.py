@@ -15,7 +15,7 @@ import pytest
 
 from tests.harness import Bus, bus, confirm_cmd, register_cmd, running_worker
 from worker.contract.messages import InFlight, ObserveAuthState, decode_record, encode_record
-from worker.engine.route import home_partition
+from worker.engine.home_partition import home_partition
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,7 @@ from tests.strategies import ids
 from worker.auth.commands import decide, settle_confirm
 from worker.auth.flow import Policy, expire, observe
 from worker.auth.provider.base import ProviderAuthState
+from worker.contract.compact_ids import compact_id, expand_id
 from worker.contract.messages import (
     AccountRecord,
     FollowUp,
@@ -24,7 +25,6 @@ from worker.contract.messages import (
     decode_record,
     encode_record,
 )
-from worker.speedups import compact_id, expand_id
 
 # Written by the code before command ids were compacted (commit 5846526): canonical,
 # upper-case and non-UUID command ids, an error outcome, a timer outcome at -0.0.

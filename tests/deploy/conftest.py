@@ -34,8 +34,9 @@ from devstack.broker import EmbeddedBroker, free_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from tests.cluster import RUN, ExistingCluster, topic_settings
 from worker.auth.app import run_worker
+from worker.contract.topics import Topics
 from worker.engine.consume_loop import ConsumeLoop
-from worker.settings import Settings, Topics
+from worker.settings import Settings
 
 
 def require_tool(name: str, install_hint: str, path: str | None = None) -> str:
@@ -226,6 +227,8 @@ async def serving_api(settings: Settings, keys_file: Path) -> AsyncIterator[ApiU
     """The front-end (``worker.api.app.serve_api``) on free loopback ports with its own
     registry; yields its URLs once /readyz answers 200."""
     serve_api = require_api().serve_api
+    from worker.documents.openapi.document import document_routes
+
     settings = settings.model_copy(
         update={
             "api_host": "127.0.0.1",
@@ -244,6 +247,7 @@ async def serving_api(settings: Settings, keys_file: Path) -> AsyncIterator[ApiU
             stop=stop,
             registry=CollectorRegistry(),
             on_started=started.append,
+            documents=document_routes,
         ),
         name="live-api",
     )

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from worker.cli import build_parser
-from worker.settings import Settings, Topics
+from worker.contract.topics import Topics
+from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "deploy" / "compose" / "compose.yaml"

@@ -20,8 +20,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from worker.contract.topics import Topics
 from worker.engine.runner import shutdown_hard_limit
-from worker.settings import Settings, Topics
+from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
@@ -404,7 +405,7 @@ def test_termination_grace_outlasts_the_drain(kubectl: str, target: str) -> None
     # The pool's own watchdog (drain, final commit, LeaveGroup, closing) must fire before
     # the kubelet's SIGKILL, so an overrun is logged by the process rather than silent. The
     # webhook dispatcher stops like the worker, within the same WORKER_SHUTDOWN_GRACE_S.
-    hard_limit = shutdown_hard_limit(Settings(worker_shutdown_grace_s=drain))
+    hard_limit = shutdown_hard_limit(drain)
     for name in POOLS:
         pool = find(objs, "Deployment", name)["spec"]["template"]["spec"]
         assert pool["terminationGracePeriodSeconds"] > hard_limit, name

@@ -32,11 +32,16 @@ async def owned_after_peer_stops(make_settings: SettingsFactory, cls: ConsumerCl
         kafka_session_timeout_ms=SESSION_TIMEOUT_MS,
         worker_shutdown_grace_s=5.0,
     )
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     topic = settings.topics.commands
     members: list[AIOKafkaConsumer] = []
     for _ in range(2):
-        member = group_consumer(settings, settings.kafka_consumer_group, consumer_class=cls)
+        member = group_consumer(
+            settings.kafka_config(),
+            settings.loop_limits(),
+            settings.kafka_consumer_group,
+            consumer_class=cls,
+        )
         member.subscribe([topic])
         members.append(member)
     await asyncio.gather(*(m.start() for m in members))

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.dlq.commands import REPLAY_HINT, Target, plan
+from worker.dlq.cli import REPLAY_HINT, Target, plan
 from worker.dlq.letter import (
     DELIVERY_FAILED,
     DeadLetter,

@@ -185,11 +185,12 @@ async def test_stop_does_not_wait_for_a_rebalance_another_member_holds_up(
     arrives then must still stop the loop at once, not when the slowest member rejoins (a
     chaos run saw a worker overrun its shutdown hard limit this way)."""
     settings = make_settings(partitions=2)
-    await ensure_topics(settings)
+    kafka = settings.kafka_config()
+    await ensure_topics(kafka, settings.topic_plan())
     group = settings.kafka_consumer_group
     holder_listener = _RevokeHeld()
     holder = build_consumer(
-        settings,
+        kafka,
         group_id=group,
         session_timeout_ms=6_000,
         heartbeat_interval_ms=300,
@@ -200,9 +201,10 @@ async def test_stop_does_not_wait_for_a_rebalance_another_member_holds_up(
     await holder.start()
     polling = asyncio.create_task(_poll_forever(holder))
     loop = consume_loop(
-        settings,
+        kafka,
+        settings.loop_limits(),
         LoopSpec((settings.topics.commands,), settings.topics.state, max_in_flight=10),
-        consumer=group_consumer(settings, group),
+        consumer=group_consumer(kafka, settings.loop_limits(), group),
         handler=_Idle(),
         metrics=WorkerMetrics(CollectorRegistry()),
     )

@@ -28,7 +28,7 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.dlq.commands import Redriver, plan
+from worker.dlq.cli import Redriver, plan
 from worker.dlq.letter import DeadLetter, show_json, show_text
 from worker.engine.dead_letter import TRUNCATED_KEY_BYTES, dead_letter
 from worker.engine.faults import Fault
@@ -193,7 +193,7 @@ async def _produce_big(
     settings: Settings, topic: str, records: list[tuple[bytes | None, bytes | None, list[Any]]]
 ) -> list[int]:
     """``records`` to ``topic`` (partition 0) with a producer that may send them; offsets."""
-    producer = build_producer(settings, max_request_size=4 * 1024 * 1024)
+    producer = build_producer(settings.kafka_config(), max_request_size=4 * 1024 * 1024)
     await producer.start()
     try:
         offsets = []

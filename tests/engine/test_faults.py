@@ -139,15 +139,16 @@ async def test_a_tail_reads_past_a_record_the_client_cannot_parse(
     make_settings: SettingsFactory,
 ) -> None:
     settings = make_settings(partitions=1)
-    await ensure_topics(settings)
+    kafka = settings.kafka_config()
+    await ensure_topics(kafka, settings.topic_plan())
     topic = settings.topics.status
-    producer = build_producer(settings)
+    producer = build_producer(kafka)
     await producer.start()
     try:
         await producer.send_and_wait(topic, b"before", key=b"k", partition=0)
         await produce_unparsable(settings.bootstrap, topic, 0, "k")
         await producer.send_and_wait(topic, b"caught-up", key=b"k", partition=0)
-        tail = _Collecting(build_consumer(settings), topic)
+        tail = _Collecting(build_consumer(kafka), topic)
         await tail.start()
         try:
             assert await tail.wait_caught_up(20)
@@ -213,8 +214,9 @@ async def _loop(
     """A consume loop over a fresh one-partition topic holding ``records``; yields the loop,
     its task and a function reading the committed offset."""
     settings = make_settings(partitions=1)
-    await ensure_topics(settings)
-    producer = build_producer(settings)
+    kafka = settings.kafka_config()
+    await ensure_topics(kafka, settings.topic_plan())
+    producer = build_producer(kafka)
     await producer.start()
     try:
         for key, value in records:
@@ -226,9 +228,10 @@ async def _loop(
     finally:
         await producer.stop()
     loop = consume_loop(
-        settings,
+        kafka,
+        settings.loop_limits(),
         LoopSpec((settings.topics.commands,), settings.topics.state, max_in_flight=100),
-        consumer=group_consumer(settings, settings.kafka_consumer_group),
+        consumer=group_consumer(kafka, settings.loop_limits(), settings.kafka_consumer_group),
         handler=handler,
         metrics=WorkerMetrics(CollectorRegistry()),
     )
@@ -335,15 +338,16 @@ async def test_an_oversized_record_is_refused_before_it_reaches_the_broker(
     make_settings: SettingsFactory,
 ) -> None:
     settings = make_settings(partitions=1)
-    await ensure_topics(settings)
-    producer = build_producer(settings)
+    kafka = settings.kafka_config()
+    await ensure_topics(kafka, settings.topic_plan())
+    producer = build_producer(kafka)
     await producer.start()
     try:
         with pytest.raises(RecordRejected) as refused:
             await enqueue(producer, settings.topics.status, b"x" * (MAX_RECORD_BYTES + 1), key=b"k")
         assert refused.value.reason == "too_large"
         # The producer's own refusal (over its max_request_size) becomes the same fault.
-        small = build_producer(settings, max_request_size=1000)
+        small = build_producer(kafka, max_request_size=1000)
         await small.start()
         try:
             with pytest.raises(RecordRejected) as rejected:

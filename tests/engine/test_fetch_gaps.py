@@ -132,12 +132,13 @@ async def test_three_producers_on_one_partition_are_read_without_a_gap(
     """On the embedded broker, several producers writing one partition while it is tailed:
     the reader with a ``GapWatch`` hands out every offset once, in order."""
     settings = make_settings(partitions=1)
-    await ensure_topics(settings)
+    kafka = settings.kafka_config()
+    await ensure_topics(kafka, settings.topic_plan())
     topic = settings.topics.replies
-    producers = [build_producer(settings) for _ in range(3)]
+    producers = [build_producer(kafka) for _ in range(3)]
     for producer in producers:
         await producer.start()
-    consumer = build_consumer(settings, fetch_max_wait_ms=10)
+    consumer = build_consumer(kafka, fetch_max_wait_ms=10)
     await consumer.start()
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])

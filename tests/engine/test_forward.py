@@ -4,7 +4,7 @@ The front-end produces with aiokafka (the Java client's murmur2 partitioner); li
 clients default to CRC32 (``consistent_random``). Here commands are produced with
 confluent-kafka's defaults against the session broker, and the worker must answer exactly as if
 aiokafka had produced them: each mis-partitioned command is forwarded to its home partition
-(``worker/engine/route.py``), counted, and a forwarded duplicate is applied once.
+(``worker/engine/home_partition.py``), counted, and a forwarded duplicate is applied once.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from tests.auth.test_worker import error_of, registered, sim_calls
 from tests.harness import Bus, bus, confirm_cmd, register_cmd, running_worker
 from worker.contract.messages import COMMAND_TYPES, DeregisterAccount, ObserveAuthState
-from worker.engine.route import FORWARDED_FROM, forwarded_from, home_partition
+from worker.engine.home_partition import FORWARDED_FROM, forwarded_from, home_partition
 from worker.settings import Settings
 
 # --- the home-partition function -----------------------------------------------------------

@@ -86,24 +86,26 @@ async def test_a_flooded_key_pauses_its_partition_only(make_settings: SettingsFa
     On the previous loop the flood (fetched 130 at once, past the bound of 40) paused every
     partition, and no ``cool`` record was fetched until ``hot`` drained."""
     settings = make_settings(partitions=2)
-    await ensure_topics(settings)
+    kafka = settings.kafka_config()
+    await ensure_topics(kafka, settings.topic_plan())
     topic = settings.topics.commands
     hot, same, cool = 120, 10, 40
-    producer = build_producer(settings)
+    producer = build_producer(kafka)
     await producer.start()
     handler = _Flood()
     metrics = WorkerMetrics(CollectorRegistry())
     gauge = _PeakGauge()
     cast(Any, metrics).in_flight = gauge
     loop = consume_loop(
-        settings,
+        kafka,
+        settings.loop_limits(),
         LoopSpec(
             (topic,),
             settings.topics.state,
             max_in_flight=MAX_IN_FLIGHT,
             max_in_flight_per_key=KEY_SHARE,
         ),
-        consumer=group_consumer(settings, settings.kafka_consumer_group),
+        consumer=group_consumer(kafka, settings.loop_limits(), settings.kafka_consumer_group),
         handler=handler,
         metrics=metrics,
     )

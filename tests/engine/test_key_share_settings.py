@@ -32,13 +32,14 @@ def test_the_key_shares_are_unset_by_default_and_read_from_the_environment(
     default = Settings()
     assert default.worker_max_in_flight_per_key is None
     assert default.webhook_max_in_flight_per_key is None
-    assert _spec(default, default.worker_max_in_flight_per_key).config(default).key_share == 50
+    limits = default.loop_limits()
+    assert _spec(default, default.worker_max_in_flight_per_key).config(limits).key_share == 50
 
     monkeypatch.setenv("WORKER_MAX_IN_FLIGHT_PER_KEY", "7")
     monkeypatch.setenv("WEBHOOK_MAX_IN_FLIGHT_PER_KEY", "9")
     set_ = Settings()
-    assert _spec(set_, set_.worker_max_in_flight_per_key).config(set_).key_share == 7
-    assert _spec(set_, set_.webhook_max_in_flight_per_key).config(set_).key_share == 9
+    assert _spec(set_, set_.worker_max_in_flight_per_key).config(limits).key_share == 7
+    assert _spec(set_, set_.webhook_max_in_flight_per_key).config(limits).key_share == 9
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ async def produce(
     settings: Settings, topic: str, records: Sequence[tuple[int, bytes | None, bytes | None]]
 ) -> None:
     """Send (partition, key, value) records and wait for every acknowledgement."""
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         sent = [
@@ -41,14 +41,14 @@ async def produce(
 @pytest.fixture
 async def settings(make_settings: SettingsFactory) -> Settings:
     settings = make_settings(partitions=4)
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     return settings
 
 
 @pytest.fixture
 async def consumer(settings: Settings) -> AsyncIterator[AIOKafkaConsumer]:
     # A short fetch wait keeps the empty-partition polls quick on the embedded broker.
-    consumer = build_consumer(settings, fetch_max_wait_ms=50)
+    consumer = build_consumer(settings.kafka_config(), fetch_max_wait_ms=50)
     await consumer.start()
     try:
         yield consumer

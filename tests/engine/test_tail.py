@@ -25,7 +25,7 @@ OUTER_S = 30.0
 @pytest.fixture
 async def settings(make_settings: SettingsFactory) -> Settings:
     settings = make_settings(partitions=3)
-    await ensure_topics(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
     return settings
 
 
@@ -33,10 +33,10 @@ async def started(settings: Settings, shared: bool) -> tuple[Any, Any]:
     """A started group-less consumer, or a share of a started ``SharedConsumer``; and what
     stops it."""
     if not shared:
-        consumer = build_consumer(settings)
+        consumer = build_consumer(settings.kafka_config())
         await consumer.start()
         return consumer, consumer
-    hub = SharedConsumer(build_consumer(settings))
+    hub = SharedConsumer(build_consumer(settings.kafka_config()))
     share = hub.share()
     await share.start()
     return share, share
@@ -74,11 +74,13 @@ async def test_a_topic_created_while_waiting_is_found(settings: Settings, shared
         )
         await asyncio.sleep(0.5)  # the lookup has asked for the missing topic by now
         assert not waiting.done()
-        await create_topics(settings, {late: 2})
+        await create_topics(
+            settings.kafka_config(), {late: 2}, replication_factor=settings.kafka_replication_factor
+        )
         async with asyncio.timeout(OUTER_S):
             assert await waiting == {0, 1}
         # And the assignment built on it reads the late topic's records.
-        producer = build_producer(settings)
+        producer = build_producer(settings.kafka_config())
         await producer.start()
         try:
             await producer.send_and_wait(late, b"v", key=b"k", partition=1)
@@ -102,7 +104,7 @@ async def test_a_topic_that_never_appears_gives_nothing_at_the_deadline(
     """Bounded, and looking for a topic does not create it (a broker that creates topics
     named in a metadata request would give it its default partition count)."""
     never = f"{settings.topics.commands}.never"
-    consumer = build_consumer(settings)
+    consumer = build_consumer(settings.kafka_config())
     await consumer.start()
     try:
         async with asyncio.timeout(OUTER_S):

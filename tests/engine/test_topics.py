@@ -26,6 +26,7 @@ from tests.harness import REPO, worker_env
 from worker.api.app import api_runtime
 from worker.api.keys import KeyStore
 from worker.auth.app import run_worker
+from worker.contract.topics import used_by
 from worker.engine.kafka import client_options, ensure_topics, observe_topics, topics_report
 from worker.engine.topics import (
     KAFKA_DEFAULTS,
@@ -34,14 +35,11 @@ from worker.engine.topics import (
     TopicsMisconfigured,
     TopicSpec,
     check,
-    co_partitioned,
     problems,
     render_table,
-    topic_specs,
-    used_by,
 )
 from worker.runtime.process import EX_CONFIG
-from worker.settings import Settings, Topics
+from worker.settings import Settings
 from worker.webhooks.app import run_dispatcher
 from worker.webhooks.secrets_box import generate_key
 
@@ -184,54 +182,6 @@ def test_the_message_names_every_problem_and_the_table_marks_them() -> None:
     assert rows[("auth.state", "replication.factor")] == "OK"
 
 
-def test_the_specs_follow_the_settings_and_the_architecture() -> None:
-    settings = Settings(
-        commands_partitions=6,
-        other_partitions=4,
-        kafka_replication_factor=3,
-        kafka_min_insync_replicas=2,
-        kafka_retention_ms=86_400_000,
-        kafka_replies_retention_ms=60_000,
-    )
-    specs = {s.topic_field: s for s in topic_specs(settings)}
-    assert set(specs) == set(Topics.model_fields)
-    assert {f for f, s in specs.items() if s.compacted} == {
-        "state",
-        "webhook_endpoints",
-        "webhook_state",
-        "api_presence",
-    }
-    assert specs["commands"].partitions == specs["state"].partitions == 6
-    # one partition: the one order of the front-ends' replay claims
-    assert specs["api_presence"].partitions == 1
-    others = ("commands", "state", "api_presence")
-    assert {specs[f].partitions for f in specs if f not in others} == {4}
-    assert specs["replies"].configs["retention.ms"] == "60000"
-    assert specs["status"].configs["retention.ms"] == "86400000"
-    assert "retention.ms" not in specs["state"].configs
-    assert all(s.replication_factor == 3 for s in specs.values())
-    assert all(s.configs["min.insync.replicas"] == "2" for s in specs.values())
-    # every co-partitioned group is specified with one partition count
-    for group in co_partitioned(settings):
-        assert len({s.partitions for s in specs.values() if s.name in group}) == 1
-
-
-def test_each_process_checks_the_topics_it_uses() -> None:
-    settings = Settings()
-    t = settings.topics
-    assert set(used_by(settings, "worker")) == {
-        t.commands, t.state, t.status, t.errors, t.replies, t.dlq
-    }  # fmt: skip
-    # The front-end reads no auth.state: GET /auth is a query to the worker.
-    assert set(used_by(settings, "api")) == {t.commands, t.replies, t.api_presence}
-    with_webhooks = Settings(webhook_secrets_key=generate_key())
-    assert {t.webhook_endpoints, t.webhook_replays} <= set(used_by(with_webhooks, "api"))
-    assert {t.webhook_state, t.status, t.errors, t.webhook_replays, t.webhook_dlq} <= set(
-        used_by(settings, "dispatcher")
-    )
-    assert t.commands not in used_by(settings, "dispatcher")
-
-
 def test_settings_refuse_an_impossible_topic_configuration() -> None:
     with pytest.raises(ValidationError, match="KAFKA_MIN_INSYNC_REPLICAS"):
         Settings(kafka_replication_factor=1, kafka_min_insync_replicas=2)
@@ -250,7 +200,7 @@ def test_settings_refuse_an_impossible_topic_configuration() -> None:
 async def create_raw(settings: Settings, topics: Mapping[str, tuple[int, dict[str, str]]]) -> None:
     """Create topics exactly as given (name → partitions, configs), as a careless operator
     or a forgotten auto-creation would."""
-    admin = AIOKafkaAdminClient(**client_options(settings))
+    admin = AIOKafkaAdminClient(**client_options(settings.kafka_config()))
     await admin.start()
     try:
         new = [
@@ -264,7 +214,7 @@ async def create_raw(settings: Settings, topics: Mapping[str, tuple[int, dict[st
 
 
 async def listed(settings: Settings) -> set[str]:
-    admin = AIOKafkaAdminClient(**client_options(settings))
+    admin = AIOKafkaAdminClient(**client_options(settings.kafka_config()))
     await admin.start()
     try:
         return set(await admin.list_topics())
@@ -285,10 +235,11 @@ async def test_the_embedded_broker_keeps_and_describes_the_configs_topics_are_ma
     make_settings: SettingsFactory,
 ) -> None:
     settings = make_settings(partitions=2)
-    findings = await ensure_topics(settings)
+    kafka = settings.kafka_config()
+    findings = await ensure_topics(kafka, settings.topic_plan())
     assert problems(findings) == []
     t = settings.topics
-    admin = AIOKafkaAdminClient(**client_options(settings))
+    admin = AIOKafkaAdminClient(**client_options(kafka))
     await admin.start()
     try:
         observed = await observe_topics(admin, [t.state, t.replies, t.commands])
@@ -336,7 +287,7 @@ async def test_without_auto_creation_a_missing_topic_refuses_the_start_and_nothi
     settings = make_settings(kafka_auto_create_topics=False)
     with pytest.raises(TopicsMisconfigured, match=f"topic {settings.topics.commands}: exists"):
         await run_briefly(settings)
-    assert not set(used_by(settings, "worker")) & await listed(settings)
+    assert not set(used_by(settings.topics, "worker")) & await listed(settings)
 
 
 @pytest.mark.integration
@@ -454,8 +405,10 @@ def test_topics_create_then_check_passes(make_settings: SettingsFactory) -> None
     assert code == 0, out
     table = rows(out)
     assert set(table.values()) == {"OK"}
-    expected = {s.name for s in topic_specs(settings)}
+    expected = {s.name for s in settings.topic_plan().specs}
     assert {topic for topic, _ in table} == expected
     assert table[(settings.topics.state, "cleanup.policy")] == "OK"
-    findings = asyncio.run(topics_report(settings, create=False))
+    findings = asyncio.run(
+        topics_report(settings.kafka_config(), settings.topic_plan(), create=False)
+    )
     assert problems(findings) == []

@@ -4,6 +4,7 @@ round trip, the W3C tracestate cut, and the log processor's ids."""
 from __future__ import annotations
 
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, TraceState
 
@@ -22,7 +23,8 @@ CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, ()),
         ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, ()),
         ({"OTEL_TRACES_EXPORTER": "console"}, ("console (stdout)",)),
-        ({"TRACING_BENCH_EXPORTER": "discard"}, ("discard",)),
+        # The benchmark's batch-dropping exporter is not the product's (bench/traced.py).
+        ({"TRACING_BENCH_EXPORTER": "discard"}, ()),
     ],
 )
 def test_export_targets_follow_the_otel_variables(
@@ -58,7 +60,7 @@ def test_not_recording_passes_the_callers_context_through() -> None:
 
 def test_recording_makes_children_and_cuts_a_long_tracestate() -> None:
     memory = InMemorySpanExporter()
-    tracing.configure("t", environ={}, exporter=memory, set_global=False)
+    tracing.configure("t", environ={}, processor=SimpleSpanProcessor(memory), set_global=False)
     try:
         long_state = ",".join(f"k{i}={'v' * 40}" for i in range(20))  # 20 x 44 characters
         parent = tracing.context_from_traceparent(CALLER, long_state)

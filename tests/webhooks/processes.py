@@ -20,7 +20,8 @@ from devstack.broker import free_port
 from tests.cluster import kafka_env
 from tests.conftest import SettingsFactory
 from tests.harness import REPO
-from worker.settings import Settings, Topics
+from worker.contract.topics import Topics
+from worker.settings import Settings
 from worker.webhooks.secrets_box import generate_key
 
 #: How long a SIGTERM may take before the helper gives up and SIGKILLs: longer than the

@@ -112,11 +112,12 @@ async def receiving(receiver: ReceiverT) -> AsyncIterator[ReceiverT]:
 @contextlib.asynccontextmanager
 async def endpoint_store(settings: Settings) -> AsyncIterator[EndpointStore]:
     """An ``EndpointStore`` with its own producer and registry tail (the front-end's shape)."""
-    await ensure_topics(settings)
-    producer = build_producer(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     tail = EndpointsTail(
-        build_consumer(settings, enable_auto_commit=False), settings.topics.webhook_endpoints
+        build_consumer(settings.kafka_config(), enable_auto_commit=False),
+        settings.topics.webhook_endpoints,
     )
     await tail.start()
     try:
@@ -159,7 +160,7 @@ def status_event(account_id: str, version: int, *, workspace: str = "ws_a") -> A
 
 
 async def publish_events(settings: Settings, events: list[AuthStatusChanged]) -> None:
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         for ev in events:
@@ -219,8 +220,8 @@ async def bulk_endpoints(
                 ),
             )
         )
-    await ensure_topics(settings)
-    producer = build_producer(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         sent = [
@@ -239,7 +240,7 @@ async def bulk_endpoints(
 
 async def read_topic(settings: Settings, topic: str) -> list[Any]:
     """Every record of ``topic`` up to its high-water marks, partition by partition."""
-    consumer = build_consumer(settings, enable_auto_commit=False)
+    consumer = build_consumer(settings.kafka_config(), enable_auto_commit=False)
     await consumer.start()
     out: list[Any] = []
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from worker.webhooks.gate import EndpointGate, GateConfig
+from worker.webhooks.endpoint_gate import EndpointGate, GateConfig
 from worker.webhooks.lookup import LOOKUP_WORKSPACE, BoundedLookup, system_lookup
 from worker.webhooks.sender import ErrorKind, Sender, open_session
 from worker.webhooks.targets import TargetPolicy

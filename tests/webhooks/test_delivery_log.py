@@ -11,9 +11,9 @@ from pydantic import ValidationError
 
 from tests.conftest import SettingsFactory
 from tests.webhooks.support import read_topic
+from worker.api.webhooks.delivery_log_view import DeliveryLogView
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.webhooks.delivery import DeliveryState, Finished, Pending
-from worker.webhooks.log_view import DeliveryLogView
 from worker.webhooks.publish import (
     LOG_BATCH_MAX,
     DeliveryLogBatch,
@@ -54,8 +54,8 @@ async def test_entries_of_one_window_share_a_record_and_the_view_reads_both_form
     make_settings: SettingsFactory,
 ) -> None:
     settings = make_settings()
-    await ensure_topics(settings)
-    producer = build_producer(settings)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         publisher = DeliveryPublisher(

@@ -85,7 +85,7 @@ def flaky_answer(rng: random.Random) -> Callable[[dict[str, Any], int], int]:
 
 async def publish_burst(settings: Settings, events: list[AuthStatusChanged]) -> None:
     """One producer, every send in flight at once (per-partition order is kept)."""
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         futures = [

@@ -162,7 +162,11 @@ async def test_probes_metrics_and_clean_stop(
         assert code == 0, pool.log_tail(0)
         # Idle, alone in its group: the drain has nothing to wait for, so the whole stop fits
         # in the drain's own grace, far inside the watchdog's hard limit.
-        assert took < settings.worker_shutdown_grace_s < shutdown_hard_limit(settings), took
+        assert (
+            took
+            < settings.worker_shutdown_grace_s
+            < shutdown_hard_limit(settings.worker_shutdown_grace_s)
+        ), took
     finally:
         pool.close()
 

@@ -12,8 +12,8 @@ from tests.webhooks.test_instrumentation import AnsweringSender, NotingPublisher
 from worker.webhooks.delivery import DeliveryState, Pending, state_key
 from worker.webhooks.delivery_store import DeliveryStore
 from worker.webhooks.dispatcher import DispatchConfig, Dispatcher
+from worker.webhooks.endpoint_gate import SWEEP_FLOOR
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
-from worker.webhooks.gate import SWEEP_FLOOR
 from worker.webhooks.metrics import WebhookMetrics
 
 NOW = 1_700_000_000.0

@@ -35,8 +35,8 @@ from tests.webhooks.support import (
 from worker.auth.commands import decide
 from worker.auth.flow import Policy
 from worker.contract.messages import AccountRecord, AuthError, AuthStatusChanged, PasskeyConfirm
+from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_producer
-from worker.engine.route import home_partition
 from worker.settings import Settings
 from worker.webhooks.app import target_policy
 from worker.webhooks.delivery import DeliveryState, Pending, state_key, webhook_id
@@ -54,7 +54,7 @@ def settings_for(make_settings: SettingsFactory, **overrides: Any) -> Settings:
 
 
 async def publish_errors(settings: Settings, events: list[AuthError]) -> None:
-    producer = build_producer(settings)
+    producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
         for ev in events:
@@ -302,7 +302,7 @@ async def test_old_form_records_are_restored_delivered_and_migrated(
             },
         )
         partition = home_partition(account.encode(), settings.other_partitions)
-        producer = build_producer(settings)
+        producer = build_producer(settings.kafka_config())
         await producer.start()
         try:
             await producer.send_and_wait(

@@ -6,23 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.routing import Route
 
 from worker.api.cors import CorsPolicy
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics, ReplyReaderSeries
 from worker.api.middleware import FrontDoor
-from worker.api.openapi import openapi_route
 from worker.api.presence import Presence
-from worker.api.quotas import EndpointLimits
-from worker.api.ratelimit import RateLimiter
 from worker.api.replies import ReplyRouter
+from worker.api.request_rate import RateLimiter
 from worker.api.routes import (
     ACCOUNT_ID_RULE,
     API_ROUTES,
@@ -31,13 +31,15 @@ from worker.api.routes import (
     on_service_error,
 )
 from worker.api.server import ApiRuntime, serve_runtime
-from worker.api.webhook_replay import ReplayRunner
-from worker.api.webhook_routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
-from worker.engine.kafka import build_consumer, build_producer, verify_topics
+from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
+from worker.api.webhooks.quotas import EndpointLimits
+from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
+from worker.contract.topics import used_by
+from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, verify_topics
 from worker.engine.metrics import TailSkips
 from worker.engine.outage import BrokerHealth
 from worker.engine.tail import SharedConsumer
-from worker.engine.topics import used_by
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 from worker.runtime.metrics import API_PREFIX, export_process_metrics
@@ -46,13 +48,13 @@ from worker.runtime.process import on_stop_signals
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
-from worker.webhooks.log_scan import DeliveryLogScan
 from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.targets import TargetPolicy
 
 __all__ = [
     "ACCOUNT_ID_RULE",
     "ApiRuntime",
+    "DocumentRoutes",
     "FrontEndApps",
     "api_runtime",
     "build_app",
@@ -61,6 +63,11 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
+
+DocumentRoutes = Callable[[EndpointLimits, TargetPolicy], Sequence[Route]]
+"""The routes serving documents of a front-end, built with its field limits and target policy
+(``GET /openapi.json``): the entry point passes them in, since the document builders sit above
+the front-end (docs/architecture.md, "Where each concept lives in the code")."""
 
 VIEW_FETCH_MIN_WAIT_MS: Final = 50
 """The shortest fetch wait of the consumer the read models share (webhook.endpoints, through
@@ -71,17 +78,16 @@ the front-end, and the read models, which tolerate a few more milliseconds of la
 often than that (figures: bench/README.md)."""
 
 
-def view_consumer(settings: Settings) -> SharedConsumer:
+def view_consumer(kafka: KafkaConfig) -> SharedConsumer:
     """The consumer the front-end's read models share (the replies keep their own, whose
     fetches bound each round trip's latency on the embedded broker)."""
-    return SharedConsumer(
-        build_consumer(settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)),
-        idle_timeout_ms=200,
+    return SharedConsumer(_view_reader(kafka), idle_timeout_ms=200)
+
+
+def _view_reader(kafka: KafkaConfig) -> AIOKafkaConsumer:
+    return build_consumer(
+        kafka, fetch_max_wait_ms=max(kafka.fetch_max_wait_ms, VIEW_FETCH_MIN_WAIT_MS)
     )
-
-
-def _view_fetch_wait_ms(settings: Settings) -> int:
-    return max(settings.kafka_fetch_max_wait_ms, VIEW_FETCH_MIN_WAIT_MS)
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,7 @@ def build_app(
     webhooks: WebhookClients | None = None,
     broker: BrokerHealth | None = None,
     presence: Presence | None = None,
+    documents: DocumentRoutes | None = None,
 ) -> FrontEndApps:
     """The front-end's apps over clients built (and started) by the caller.
 
@@ -123,7 +130,8 @@ def build_app(
     by the caller too (``webhooks`` ``None``: the webhook routes answer 500, the
     service is not configured for them), like ``presence`` (``None``: the limits are this
     process's alone). Metrics are registered on ``registry`` (one app per
-    registry).
+    registry). ``documents`` adds the routes that serve the API's documents (``None``:
+    none is served).
     """
     metrics = ApiMetrics(registry)
     metrics.pending_replies.set_function(lambda: float(replies.pending))
@@ -138,20 +146,21 @@ def build_app(
         reply_timeout_s=settings.api_reply_timeout_s,
         webhook_tails=None if webhooks is None else webhooks.tails,
         broker=broker,
-        limiter=rate_limiter(settings, presence),
+        rate_limiter=rate_limiter(settings, presence),
         presence=presence,
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
+    limits = EndpointLimits.of(settings)
     policy = TargetPolicy(
         allow_http=settings.webhook_allow_http,
         allow_private=settings.webhook_allow_private_targets,
     )
     hooks = WebhookRoutes(
         clients=webhooks,
-        authenticate=api.authenticate,
+        admitted_workspace=api.admitted_workspace,
         policy=policy,
         wait_s=settings.webhook_store_timeout_s,
-        limits=EndpointLimits.of(settings),
+        limits=limits,
         endpoints_per_workspace=settings.webhook_endpoints_per_workspace,
         metrics=metrics,
     )
@@ -163,7 +172,7 @@ def build_app(
         *api.routes(),
         *hooks.routes(),
         *probes.health_routes(),
-        openapi_route(EndpointLimits.of(settings), policy),
+        *(documents(limits, policy) if documents is not None else ()),
     ]
     front_door = Middleware(
         FrontDoor,
@@ -183,6 +192,7 @@ def build_app(
 
 def webhook_clients(
     settings: Settings,
+    kafka: KafkaConfig,
     producer: Any,
     broker: BrokerHealth | None = None,
     shared: SharedConsumer | None = None,
@@ -200,7 +210,7 @@ def webhook_clients(
         )
         return None
     topics = settings.topics
-    shared = shared or view_consumer(settings)
+    shared = shared or view_consumer(kafka)
     endpoints = EndpointsTail(shared.share(), topics.webhook_endpoints)
     store = EndpointStore(
         producer=producer,
@@ -212,15 +222,13 @@ def webhook_clients(
         health=broker,
     )
     deliveries = DeliveryLogScan(
-        lambda: build_consumer(settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)),
+        lambda: _view_reader(kafka),
         topics.webhook_deliveries,
         window=settings.webhook_deliveries_scan_records,
         timeout_s=settings.webhook_deliveries_scan_timeout_s,
     )
     replays = ReplayRunner(
-        consumer_factory=lambda: build_consumer(
-            settings, fetch_max_wait_ms=_view_fetch_wait_ms(settings)
-        ),
+        consumer_factory=lambda: _view_reader(kafka),
         producer=producer,
         status_topic=topics.status,
         errors_topic=topics.errors,
@@ -240,9 +248,18 @@ async def api_runtime(
     *,
     registry: CollectorRegistry | None = None,
     keys: KeyStore | None = None,
+    documents: DocumentRoutes | None = None,
 ) -> AsyncIterator[ApiRuntime]:
-    """Build and start the front-end's clients from ``settings``; stop them on exit."""
-    await verify_topics(settings, used_by(settings, "api"))
+    """Build and start the front-end's clients from ``settings``; stop them on exit.
+    ``documents``: as ``build_app``'s."""
+    kafka = settings.kafka_config()
+    webhooks_on = settings.webhook_secrets_key is not None
+    await verify_topics(
+        kafka,
+        settings.topic_plan(),
+        used_by(settings.topics, "api", webhooks=webhooks_on),
+        create=settings.kafka_auto_create_topics,
+    )
     keys = (
         keys
         if keys is not None
@@ -257,15 +274,16 @@ async def api_runtime(
     broker = BrokerHealth(settings.kafka_outage_tolerance_s, name="api")
     broker.export(registry, API_PREFIX)
     topics = settings.topics
-    producer = build_producer(settings)
+    producer = build_producer(kafka)
     replies = ReplyRouter(
-        build_consumer(settings),
+        build_consumer(kafka),
         topics.replies,
         partition=settings.api_reply_partition,
+        spread=settings.api_reply_partitions,
     )
-    shared = view_consumer(settings)
+    shared = view_consumer(kafka)
     presence = Presence(shared.share(), topics.api_presence, producer, health=broker)
-    webhooks = webhook_clients(settings, producer, broker, shared, presence)
+    webhooks = webhook_clients(settings, kafka, producer, broker, shared, presence)
     apps = build_app(
         settings,
         producer=producer,
@@ -275,6 +293,7 @@ async def api_runtime(
         webhooks=webhooks,
         broker=broker,
         presence=presence,
+        documents=documents,
     )
     started: list[Callable[[], Any]] = []
     try:
@@ -320,6 +339,7 @@ async def serve_api(
     registry: CollectorRegistry | None = None,
     keys: KeyStore | None = None,
     on_started: Callable[[ApiRuntime], None] | None = None,
+    documents: DocumentRoutes | None = None,
 ) -> None:
     """One front-end process until SIGTERM/SIGINT, ``stop`` or cancellation.
 
@@ -329,9 +349,12 @@ async def serve_api(
     address is in ``runtime.base_url`` when ``on_started`` is called (the side door's in
     ``runtime.metrics_url``). ``keys`` replaces the
     store read from ``settings.api_keys_file``. ``install_signals=False`` leaves the signals
-    to the caller (in-process tests).
+    to the caller (in-process tests). ``documents``: as ``build_app``'s (``worker/cli.py``
+    passes the OpenAPI document's route).
     """
     stop = stop if stop is not None else asyncio.Event()
     with on_stop_signals(stop.set, enabled=install_signals):
-        async with api_runtime(settings, registry=registry, keys=keys) as runtime:
+        async with api_runtime(
+            settings, registry=registry, keys=keys, documents=documents
+        ) as runtime:
             await serve_runtime(runtime, stop, on_started)

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from worker.api.quotas import QUOTAS
+from worker.api.webhooks.quotas import QUOTAS
 
 _BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _METHODS: Final = frozenset({"GET", "POST", "OPTIONS", "HEAD", "PUT", "PATCH", "DELETE"})
@@ -106,7 +106,8 @@ class ApiMetrics:
             "1 when the reply consumer is positioned (and the webhook registry caught up)",
             registry=registry,
         )
-        # Quotas per workspace (worker/api/quotas.py); every label value exported from start.
+        # Quotas per workspace (worker/api/webhooks/quotas.py); every label value exported from
+        # start.
         self.quota_refusals = Counter(
             "passkey_api_quota_refusals",
             "Webhook requests refused by a per-workspace quota or field limit, by quota",

@@ -101,7 +101,7 @@ class PendingReply:
 class ReplyRouter(TopicTail):
     """Correlates auth.replies with waiting requests (see the module docstring).
 
-    ``consumer`` is an unstarted, group-less consumer (``build_consumer(settings)``); the
+    ``consumer`` is an unstarted, group-less consumer (``build_consumer(kafka)``); the
     router starts and closes it. ``ready`` is true once the replies present at start-up were
     skipped and while the loop runs.
     """
@@ -114,6 +114,7 @@ class ReplyRouter(TopicTail):
         idle_timeout_ms: int = 200,
         max_records: int = 2000,
         partition: int | None = None,
+        spread: int = 1,
         rng: random.Random | None = None,
         behind_after_s: float = 5.0,
     ) -> None:
@@ -127,7 +128,9 @@ class ReplyRouter(TopicTail):
             gaps=GapWatch(gap_logger(log, "reply-router")),
         )
         self.behind_after_s = behind_after_s
-        self._next_offset: int | None = None
+        self._next_offset: dict[Any, int] = {}
+        self._spread = max(1, spread)
+        self._turn = 0
         self._lagging_since: float | None = None
         self._reported_behind = False
         self._wanted = partition
@@ -138,23 +141,34 @@ class ReplyRouter(TopicTail):
         self.dropped_invalid = 0
 
     def _pick(self, partitions: list[int]) -> list[int]:
-        """The one partition this replica reads: the configured one, or one at random (a
-        fresh pick per process; see docs/architecture.md, "Replies to the waiting
-        replica")."""
+        """The partitions this replica reads: ``spread`` consecutive ones (wrapping) from the
+        configured one, or from one at random (a fresh pick per process; see
+        docs/architecture.md, "Replies to the waiting replica")."""
         if self._wanted is None:
-            return [self._rng.choice(partitions)]
-        if self._wanted not in partitions:
+            first = self._rng.randrange(len(partitions))
+        elif self._wanted in partitions:
+            first = partitions.index(self._wanted)
+        else:
             raise ValueError(
                 f"API_REPLY_PARTITION={self._wanted}, but {self.topic} has partitions "
                 f"{partitions[0]}..{partitions[-1]}"
             )
-        return [self._wanted]
+        count = min(self._spread, len(partitions))
+        return [partitions[(first + k) % len(partitions)] for k in range(count)]
 
     @property
     def partition(self) -> int:
-        """The partition replies to this replica's commands go to (once started)."""
+        """The first partition this replica reads (once started)."""
         partition: int = self.partitions[0].partition
         return partition
+
+    def next_partition_index(self) -> int:
+        """Where the next command's reply goes, as an index into ``partitions``: this
+        replica's partitions in turn, so each holds 1/``spread`` of its replies (the embedded
+        broker's fetch cost grows with what a partition holds; docs/architecture.md, "The
+        embedded broker")."""
+        self._turn = (self._turn + 1) % len(self._tps)
+        return self._turn
 
     @property
     def ready(self) -> bool:
@@ -162,11 +176,13 @@ class ReplyRouter(TopicTail):
 
     @property
     def lag(self) -> int:
-        """Replies on the partition not read yet, as of the last fetch response."""
-        if not self._tps or self._next_offset is None:
-            return 0
-        high: int | None = self.consumer.highwater(self._tps[0])
-        return 0 if high is None else max(0, high - self._next_offset)
+        """Replies on the partitions not read yet, as of the last fetch response."""
+        behind = 0
+        for tp, next_offset in self._next_offset.items():
+            high: int | None = self.consumer.highwater(tp)
+            if high is not None:
+                behind += max(0, high - next_offset)
+        return behind
 
     @property
     def keeping_up(self) -> bool:
@@ -182,8 +198,8 @@ class ReplyRouter(TopicTail):
     def state(self) -> dict[str, Any]:
         """Where the reader is, for the log line of a reply that did not come in time."""
         return {
-            "reply_partition": self._tps[0].partition if self._tps else None,
-            "reply_read_to": self._next_offset,
+            "reply_partitions": [tp.partition for tp in self._tps],
+            "reply_read_to": {tp.partition: at for tp, at in self._next_offset.items()},
             "reply_lag": self.lag,
             "reply_fetch_age_s": round(time.monotonic() - self.last_fetch, 3),
             "reply_gaps_passed": self.gaps.given_up if self.gaps else 0,
@@ -191,7 +207,7 @@ class ReplyRouter(TopicTail):
 
     def _take(self, tp: Any, records: list[Any]) -> None:
         if records:
-            self._next_offset = records[-1].offset + 1
+            self._next_offset[tp] = records[-1].offset + 1
         super()._take(tp, records)
 
     def after_fetch(self) -> None:

@@ -30,12 +30,12 @@ from worker.api.bodies import (
 from worker.api.ids import new_command_id
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
-from worker.api.ratelimit import RateLimited, RateLimiter
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
+from worker.api.request_rate import RateLimited, RateLimiter
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import AuthData, GetAuthState, PasskeyConfirm
+from worker.engine.home_partition import REPLY_PARTITION
 from worker.engine.outage import BrokerHealth, send_retrying
-from worker.engine.route import REPLY_PARTITION
 from worker.engine.tail import TopicTail
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
@@ -174,11 +174,11 @@ class ApiRoutes:
         reply_timeout_s: float,
         webhook_tails: Sequence[TopicTail] | None = None,
         broker: BrokerHealth | None = None,
-        limiter: RateLimiter | None = None,
+        rate_limiter: RateLimiter | None = None,
         presence: TopicTail | None = None,
     ) -> None:
         self.producer = producer
-        self.limiter = limiter
+        self.rate_limiter = rate_limiter
         #: The replicas' presence (``worker.api.presence``): the rate limit's share needs it.
         self.presence = presence
         self.broker = broker or BrokerHealth()
@@ -192,9 +192,18 @@ class ApiRoutes:
         self._receive_span = f"receive {replies.topic}"
 
     @functools.cached_property
+    def _reply_headers(self) -> tuple[tuple[str, bytes], ...]:
+        """The ``reply-partition`` header of each of this replica's reply partitions (known
+        once the router started)."""
+        return tuple((REPLY_PARTITION, b"%d" % tp.partition) for tp in self.replies.partitions)
+
     def _reply_partition(self) -> tuple[str, bytes]:
-        """The ``reply-partition`` header of every command (known once the router started)."""
-        return (REPLY_PARTITION, b"%d" % self.replies.partition)
+        """The ``reply-partition`` header of the next command: the replica's partitions in
+        turn."""
+        headers = self._reply_headers
+        if len(headers) == 1:
+            return headers[0]
+        return headers[self.replies.next_partition_index()]
 
     def routes(self) -> list[Route]:
         return [
@@ -229,8 +238,8 @@ class ApiRoutes:
     # -- checks ------------------------------------------------------------------------------
 
     def authenticate(self, request: Request) -> str:
-        """The key's workspace (the workspace never comes from anywhere else), once the
-        workspace's rate limit lets the request through (429 otherwise)."""
+        """The workspace of the request's API key: the workspace never comes from anywhere
+        else. 401 when the key is missing, unknown or disabled."""
         raw = _header(request, b"x-api-key")
         if raw is None or not raw.strip():
             raise ServiceError.of("missing_api_key", "The X-Api-Key request header is missing.")
@@ -239,11 +248,23 @@ class ApiRoutes:
             raise ServiceError.of(
                 "invalid_api_key", "The API key is not recognised or has been disabled."
             )
-        if self.limiter is not None:
-            wait_s = self.limiter.take(workspace_id)
+        return workspace_id
+
+    def admit(self, workspace_id: str) -> None:
+        """Spend one of the workspace's requests from its rate (``worker.api.request_rate``);
+        429 with ``Retry-After`` when none is left. Only authenticated requests count, so an
+        unknown key cannot spend a workspace's rate."""
+        if self.rate_limiter is not None:
+            wait_s = self.rate_limiter.take(workspace_id)
             if wait_s > 0:
                 self.metrics.refusals.labels("rate_limited").inc()
                 raise RateLimited.after(wait_s)
+
+    def admitted_workspace(self, request: Request) -> str:
+        """What every route checks first: the key's workspace (``authenticate``), once its
+        rate lets the request through (``admit``)."""
+        workspace_id = self.authenticate(request)
+        self.admit(workspace_id)
         return workspace_id
 
     # -- POST /v1/accounts/{account_id}/auth/passkey-confirm ---------------------------------
@@ -252,7 +273,7 @@ class ApiRoutes:
         account_id: str = request.path_params["account_id"]
         deadline = time.monotonic() + self.reply_timeout_s
         request_id = request_id_of(request)
-        workspace_id = self.authenticate(request)
+        workspace_id = self.admitted_workspace(request)
         check_account_id(account_id)
         await check_body(request)
         replies = self.replies
@@ -343,7 +364,7 @@ class ApiRoutes:
                                     self.commands_topic,
                                     command.model_dump_json().encode(),
                                     key=command.account_id.encode(),
-                                    headers=[self._reply_partition, *tracing.kafka_headers()],
+                                    headers=[self._reply_partition(), *tracing.kafka_headers()],
                                 )
                             except asyncio.CancelledError:
                                 if limit.expired():  # the deadline, not a caller's cancel
@@ -381,7 +402,7 @@ class ApiRoutes:
     async def account_auth(self, request: Request) -> Response:
         account_id: str = request.path_params["account_id"]
         request_id = request_id_of(request)
-        workspace_id = self.authenticate(request)
+        workspace_id = self.admitted_workspace(request)
         check_account_id(account_id)
         deadline = time.monotonic() + self.reply_timeout_s
         replies = self.replies

@@ -17,7 +17,7 @@ from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.protocol import ConnectionLimits, limited_protocol
 from worker.api.replies import ReplyRouter
-from worker.api.webhook_routes import WebhookClients
+from worker.api.webhooks.routes import WebhookClients
 from worker.engine.outage import BrokerHealth, metadata_probe
 from worker.engine.tail import TopicTail
 from worker.runtime.eventloop import running_loop_name

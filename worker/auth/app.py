@@ -15,10 +15,12 @@ from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderRegistry, build_http_client, build_registry
 from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
+from worker.contract.topics import used_by
 from worker.engine.consume_loop import ConsumeLoop
+from worker.engine.home_partition import Router
 from worker.engine.kafka import ConsumerClass, build_producer, verify_topics
+from worker.engine.key_hash import KeyPartitioner
 from worker.engine.outage import BrokerHealth
-from worker.engine.route import Router
 from worker.engine.runner import (
     LoopSpec,
     ProbeAddress,
@@ -28,12 +30,10 @@ from worker.engine.runner import (
     group_consumer,
     run_consume_loop,
 )
-from worker.engine.topics import used_by
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 from worker.runtime.metrics import WORKER_PREFIX, export_process_metrics
 from worker.settings import Settings
-from worker.speedups import KeyPartitioner
 
 log = get_logger(__name__)
 
@@ -70,9 +70,15 @@ async def run_worker(
     metrics = WorkerMetrics(registry)
     health = BrokerHealth(settings.kafka_outage_tolerance_s, name="worker")
     health.export(registry, WORKER_PREFIX)
-    await verify_topics(settings, used_by(settings, "worker"))
+    kafka, limits = settings.kafka_config(), settings.loop_limits()
     topics = settings.topics
-    producer = build_producer(settings, partitioner=KeyPartitioner())
+    await verify_topics(
+        kafka,
+        settings.topic_plan(),
+        used_by(topics, "worker"),
+        create=settings.kafka_auto_create_topics,
+    )
+    producer = build_producer(kafka, partitioner=KeyPartitioner())
     http = build_http_client(settings)
     if providers is None:  # the benchmark passes an in-process provider instead
         providers = build_registry(
@@ -80,7 +86,7 @@ async def run_worker(
         )
     metrics.export_breakers(providers.breakers)
     consumer = group_consumer(
-        settings, settings.kafka_consumer_group, consumer_class=consumer_class
+        kafka, limits, settings.kafka_consumer_group, consumer_class=consumer_class
     )
     store = StateStore()
     executor = Executor(
@@ -97,7 +103,8 @@ async def run_worker(
         write_ahead=settings.worker_write_ahead_intent,
     )
     worker = consume_loop(
-        settings,
+        kafka,
+        limits,
         LoopSpec(
             topics=(topics.commands,),
             state_topic=topics.state,
@@ -116,7 +123,6 @@ async def run_worker(
         )
     await run_consume_loop(
         worker,
-        settings,
         ProcessParts(
             producer=producer,
             registry=registry,
@@ -126,6 +132,7 @@ async def run_worker(
         RunOptions(
             name="worker",
             group=settings.kafka_consumer_group,
+            bootstrap=kafka.bootstrap,
             probes=probes,
             install_signals=install_signals,
             stop=stop,

@@ -1,8 +1,8 @@
 """One unit of work for one account: decode → decide → call the provider → publish, and the
 follow-up steps (poll, expiry). No locks: the loop runs one unit per account at a time. A
-command off its home partition is only forwarded (``worker.engine.route``); a query runs beside its
-account's lane, which the publication window makes safe (docs/architecture.md, "A replica's
-cost follows its own traffic")."""
+command off its home partition is only forwarded (``worker.engine.home_partition``); a query
+runs beside its account's lane, which the publication window makes safe (docs/architecture.md,
+"A replica's cost follows its own traffic")."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from worker.contract.messages import (
     workspace_id_of,
 )
 from worker.engine.faults import Fault, RecordRejected
-from worker.engine.route import Router, forwarded_from, reply_partition
+from worker.engine.home_partition import Router, forwarded_from, reply_partition
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from worker.auth.answers import error_of, outputs
 from worker.auth.machine import SENT, next_status
 from worker.contract.catalogue import ServiceError
+from worker.contract.compact_ids import compact_id
 from worker.contract.messages import (
     AccountRecord,
     AuthError,
@@ -29,7 +30,6 @@ from worker.contract.messages import (
     request_id_of,
     workspace_id_of,
 )
-from worker.speedups import compact_id
 
 # ---------------------------------------------------------------------------------------------
 # Decision types

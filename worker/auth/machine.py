@@ -1,5 +1,6 @@
 """The account flow's statuses and the one ``transitions`` machine every account shares: which
-status may follow which (docs/architecture.md, "The account flow"). ``docs/flow.md`` draws it."""
+status may follow which (docs/architecture.md, "The account flow"). ``docs/flow.md`` draws it
+(``worker.documents.flowchart``)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,10 @@ from pydantic import BaseModel
 
 from worker.auth.flow import Decision
 from worker.contract.messages import AccountRecord, AuthError, Reply, encode_record
+from worker.contract.topics import Topics
 from worker.engine.dead_letter import dead_letter
 from worker.engine.faults import Fault
+from worker.engine.home_partition import FORWARDED_FROM
 from worker.engine.outage import (
     BrokerHealth,
     Sent,
@@ -20,9 +22,7 @@ from worker.engine.outage import (
     enqueue,
     send_retrying,
 )
-from worker.engine.route import FORWARDED_FROM
 from worker.runtime import tracing
-from worker.settings import Topics
 
 
 class Publisher:

@@ -1,1 +1,2 @@
-"""The wire contract: messages, the error catalogue, and the documents made from them."""
+"""The wire contract: messages and the error catalogue (the documents made from them are in
+``worker.documents``)."""

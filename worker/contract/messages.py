@@ -23,7 +23,8 @@ from pydantic import (
 )
 from pydantic_core import core_schema, from_json
 
-from worker.speedups import CompactId, RecordTimestamp, SharedTimestamp, compact_id, expand_id
+from worker.contract.compact_ids import CompactId, compact_id, expand_id
+from worker.contract.shared_timestamps import RecordTimestamp, SharedTimestamp
 
 SCHEMA_VERSION: Literal[1] = 1
 MAX_RECORD_BYTES = 64 * 1024
@@ -342,7 +343,7 @@ _record_adapter: TypeAdapter[AccountRecord] = TypeAdapter(AccountRecord)
 
 def decode_record(value: bytes) -> AccountRecord:
     """Decode an ``auth.state`` value; raises ``ValidationError`` (the restore loop counts it)."""
-    # The context lets equal timestamps share one object (worker.speedups).
+    # The context lets equal timestamps share one object (worker.contract.shared_timestamps).
     return _record_adapter.validate_json(value, context={})
 
 

@@ -1,5 +1,6 @@
-"""Kafka client construction (one place for TLS/SASL) and topic set-up, from settings: the
-admin I/O of ``worker.engine.topics``. Clients are built at start-up and passed in."""
+"""Kafka client construction (one place for TLS/SASL) and topic set-up: the admin I/O of
+``worker.engine.topics``. Everything here takes a ``KafkaConfig``, built once by a process's
+composition root; clients are built at start-up and passed in."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -22,51 +25,70 @@ from aiokafka.errors import (
 from worker.engine.topics import (
     Finding,
     TopicObservation,
+    TopicPlan,
     TopicsMisconfigured,
     TopicSpec,
     check,
-    co_partitioned,
     problems,
-    topic_specs,
 )
 from worker.runtime.logs import get_logger
 from worker.runtime.process import Misconfigured
-from worker.settings import Settings
 
 log = get_logger(__name__)
 
 
-def client_options(settings: Settings) -> dict[str, Any]:
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaConfig:
+    """How every client of a process reaches the cluster, and the client-side timeouts they
+    share. The defaults are aiokafka's and the settings' (``KAFKA_*``, docs/configuration.md)."""
+
+    bootstrap: str
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    request_timeout_ms: int = 40_000
+    fetch_max_wait_ms: int = 500
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    idempotent_producer: bool = False
+
+
+def client_options(kafka: KafkaConfig) -> dict[str, Any]:
     """Connection options shared by producers, consumers and the admin client."""
     opts: dict[str, Any] = {
-        "bootstrap_servers": settings.bootstrap,
-        "security_protocol": settings.kafka_security_protocol,
-        "request_timeout_ms": settings.kafka_request_timeout_ms,
+        "bootstrap_servers": kafka.bootstrap,
+        "security_protocol": kafka.security_protocol,
+        "request_timeout_ms": kafka.request_timeout_ms,
     }
-    if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
-        ctx = ssl.create_default_context(
-            cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None
-        )
-        if settings.kafka_ssl_certfile:
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(cafile=str(kafka.ssl_cafile) if kafka.ssl_cafile else None)
+        if kafka.ssl_certfile:
             ctx.load_cert_chain(
-                str(settings.kafka_ssl_certfile),
-                str(settings.kafka_ssl_keyfile) if settings.kafka_ssl_keyfile else None,
+                str(kafka.ssl_certfile),
+                str(kafka.ssl_keyfile) if kafka.ssl_keyfile else None,
             )
         opts["ssl_context"] = ctx
-    if settings.kafka_security_protocol.startswith("SASL"):
-        opts["sasl_mechanism"] = settings.kafka_sasl_mechanism or "PLAIN"
-        opts["sasl_plain_username"] = settings.kafka_sasl_username
-        opts["sasl_plain_password"] = settings.kafka_sasl_password
+    if kafka.security_protocol.startswith("SASL"):
+        opts["sasl_mechanism"] = kafka.sasl_mechanism or "PLAIN"
+        opts["sasl_plain_username"] = kafka.sasl_username
+        opts["sasl_plain_password"] = kafka.sasl_password
     return opts
 
 
-def build_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
+def build_producer(kafka: KafkaConfig, **overrides: Any) -> AIOKafkaProducer:
     """acks=all always; the idempotent producer only where the broker supports it (real
     Kafka), because the embedded broker fails InitProducerId (docs/architecture.md, "The
     embedded broker")."""
-    opts = client_options(settings) | {
+    opts = client_options(kafka) | {
         "acks": "all",
-        "enable_idempotence": settings.kafka_idempotent_producer,
+        "enable_idempotence": kafka.idempotent_producer,
         "linger_ms": 2,
         "max_batch_size": 256 * 1024,
     }
@@ -79,7 +101,7 @@ ConsumerClass = type[AIOKafkaConsumer]
 
 
 def build_consumer(
-    settings: Settings,
+    kafka: KafkaConfig,
     *topics: str,
     consumer_class: ConsumerClass = AIOKafkaConsumer,
     **overrides: Any,
@@ -91,60 +113,64 @@ def build_consumer(
     for a member the request timeout is never below the rebalance timeout + 5 s (the Java
     client's rule), however short ``KAFKA_REQUEST_TIMEOUT_MS`` is.
     """
-    opts = client_options(settings) | {
+    opts = client_options(kafka) | {
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "isolation_level": "read_uncommitted",
-        "fetch_max_wait_ms": settings.kafka_fetch_max_wait_ms,
+        "fetch_max_wait_ms": kafka.fetch_max_wait_ms,
     }
     if "group_id" in overrides:
         rebalance_ms = overrides.get("rebalance_timeout_ms") or overrides.get(
-            "session_timeout_ms", settings.kafka_session_timeout_ms
+            "session_timeout_ms", kafka.session_timeout_ms
         )
         opts["request_timeout_ms"] = max(opts["request_timeout_ms"], int(rebalance_ms) + 5_000)
     return consumer_class(*topics, **(opts | overrides))
 
 
-async def ensure_topics(settings: Settings, *, attempts: int = 50) -> list[Finding]:
-    """Create every missing topic with its configuration, then check them all; raises
-    ``TopicsMisconfigured`` when one is not as specified (an existing topic is never altered).
-    The dev stack and the tests set up their topics with it."""
-    findings = await topics_report(settings, create=True, attempts=attempts)
+async def ensure_topics(
+    kafka: KafkaConfig, plan: TopicPlan, *, attempts: int = 50
+) -> list[Finding]:
+    """Create every missing topic of ``plan`` with its configuration, then check them all;
+    raises ``TopicsMisconfigured`` when one is not as specified (an existing topic is never
+    altered). The dev stack and the tests set up their topics with it."""
+    findings = await topics_report(kafka, plan, create=True, attempts=attempts)
     _raise_on_problems(findings)
     return findings
 
 
 async def verify_topics(
-    settings: Settings, names: Sequence[str], *, attempts: int = 50
+    kafka: KafkaConfig,
+    plan: TopicPlan,
+    names: Sequence[str],
+    *,
+    create: bool,
+    attempts: int = 50,
 ) -> list[Finding]:
-    """A process's start-up check of the topics it uses (``worker.engine.topics.used_by``): missing
-    ones are created only with ``KAFKA_AUTO_CREATE_TOPICS``; raises ``TopicsMisconfigured``,
+    """A process's start-up check of the topics it uses (``names``): missing ones are created
+    only when ``create`` (``KAFKA_AUTO_CREATE_TOPICS``); raises ``TopicsMisconfigured``,
     naming each topic and setting that is wrong, so the process refuses to start."""
-    findings = await topics_report(
-        settings, names, create=settings.kafka_auto_create_topics, attempts=attempts
-    )
+    findings = await topics_report(kafka, plan, names, create=create, attempts=attempts)
     _raise_on_problems(findings)
     return findings
 
 
 async def topics_report(
-    settings: Settings,
+    kafka: KafkaConfig,
+    plan: TopicPlan,
     names: Sequence[str] | None = None,
     *,
     create: bool,
     attempts: int = 50,
 ) -> list[Finding]:
-    """The findings of checking ``names`` (default: every topic), after creating the missing
-    ones when ``create``. Co-partitioning is checked among the named topics of each group."""
-    specs = topic_specs(settings)
-    if names is not None:
-        wanted = set(names)
-        specs = [s for s in specs if s.name in wanted]
-    async with _admin(settings, attempts) as admin:
+    """The findings of checking ``names`` of ``plan`` (default: every topic), after creating
+    the missing ones when ``create``. Co-partitioning is checked among the named topics of
+    each group."""
+    plan = plan.only(names)
+    async with _admin(kafka, attempts) as admin:
         if create:
-            await _create_missing(admin, specs)
-        observed = await observe_topics(admin, [s.name for s in specs])
-    return check(specs, observed, co_partitioned(settings))
+            await _create_missing(admin, plan.specs)
+        observed = await observe_topics(admin, [s.name for s in plan.specs])
+    return check(plan.specs, observed, plan.co_partitioned)
 
 
 async def observe_topics(
@@ -217,15 +243,16 @@ def _raise_on_problems(findings: Sequence[Finding]) -> None:
 
 
 async def create_topics(
-    settings: Settings, wanted: Mapping[str, int], *, attempts: int = 50
+    kafka: KafkaConfig,
+    wanted: Mapping[str, int],
+    *,
+    replication_factor: int,
+    attempts: int = 50,
 ) -> None:
     """Create those of ``wanted`` (name → partition count) that are missing, with the broker's
     defaults: the benchmark's own topics, not the product's (``ensure_topics``)."""
-    specs = [
-        TopicSpec(name, name, n, settings.kafka_replication_factor, {})
-        for name, n in wanted.items()
-    ]
-    async with _admin(settings, attempts) as admin:
+    specs = [TopicSpec(name, name, n, replication_factor, {}) for name, n in wanted.items()]
+    async with _admin(kafka, attempts) as admin:
         await _create_missing(admin, specs)
 
 
@@ -235,10 +262,10 @@ class TopicsNotCreated(Misconfigured):
 
 
 async def partition_counts(
-    settings: Settings, topics: list[str], *, attempts: int = 5
+    kafka: KafkaConfig, topics: list[str], *, attempts: int = 5
 ) -> dict[str, int]:
     """The partition count of each of ``topics`` that exists (missing ones are left out)."""
-    async with _admin(settings, attempts) as admin:
+    async with _admin(kafka, attempts) as admin:
         described = await admin.describe_topics(topics)
     return {
         d["topic"]: len(d["partitions"])
@@ -248,9 +275,9 @@ async def partition_counts(
 
 
 @contextlib.asynccontextmanager
-async def _admin(settings: Settings, attempts: int) -> AsyncIterator[AIOKafkaAdminClient]:
+async def _admin(kafka: KafkaConfig, attempts: int) -> AsyncIterator[AIOKafkaAdminClient]:
     """A started admin client; the broker may still be coming up, so connecting is retried."""
-    admin = AIOKafkaAdminClient(**client_options(settings))
+    admin = AIOKafkaAdminClient(**client_options(kafka))
     for attempt in range(attempts):
         try:
             await admin.start()

@@ -24,14 +24,13 @@ from worker.engine.consume_loop import (
     LoopConfig,
     LoopMetrics,
 )
-from worker.engine.kafka import ConsumerClass, build_consumer
+from worker.engine.kafka import ConsumerClass, KafkaConfig, build_consumer
 from worker.engine.outage import BrokerHealth, metadata_probe
 from worker.runtime.eventloop import running_loop_name
 from worker.runtime.logs import get_logger
 from worker.runtime.probes import build_probe_app
 from worker.runtime.process import on_stop_signals
 from worker.runtime.serving import serving
-from worker.settings import Settings
 
 log = get_logger(__name__)
 
@@ -67,14 +66,15 @@ class ProcessParts:
 class RunOptions:
     """How one run of a consume loop is named, served and stopped.
 
-    ``name`` prefixes the start and stop log events; ``group`` is the consumer group, for the
-    start log; ``probes`` ``None`` serves none; ``stop`` set stops the loop as a signal
-    would; ``on_start`` is called once the clients are started; ``also_ready`` adds the
-    process's other conditions to ``/readyz``.
+    ``name`` prefixes the start and stop log events; ``group`` is the consumer group and
+    ``bootstrap`` the cluster, for the start log; ``probes`` ``None`` serves none; ``stop``
+    set stops the loop as a signal would; ``on_start`` is called once the clients are
+    started; ``also_ready`` adds the process's other conditions to ``/readyz``.
     """
 
     name: str
     group: str
+    bootstrap: str
     probes: ProbeAddress | None = None
     install_signals: bool = True
     stop: asyncio.Event | None = None
@@ -82,11 +82,10 @@ class RunOptions:
     also_ready: Callable[[], bool] = _always_ready
 
 
-async def run_consume_loop(
-    loop: ConsumeLoop, settings: Settings, parts: ProcessParts, run: RunOptions
-) -> None:
+async def run_consume_loop(loop: ConsumeLoop, parts: ProcessParts, run: RunOptions) -> None:
     """Run ``loop`` with its clients until it stops; raises when the loop failed or Kafka
-    stayed unreachable past the tolerance."""
+    stayed unreachable past the tolerance. A stop signal drains for the loop's
+    ``shutdown_grace_s`` before the forced exit's watchdog (``shutdown_hard_limit``)."""
     consumer, producer, health = loop.consumer, parts.producer, parts.health
     served: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
     if run.probes is not None:
@@ -99,7 +98,9 @@ async def run_consume_loop(
         served = serving(app, host=run.probes.host, port=run.probes.port, name=run.probes.name)
     # Installed for the whole run, close steps included: a second signal during them still
     # exits at once (130).
-    on_signal = _graceful_then_forced(loop, hard_limit_s=shutdown_hard_limit(settings))
+    on_signal = _graceful_then_forced(
+        loop, hard_limit_s=shutdown_hard_limit(loop.config.shutdown_grace_s)
+    )
     with on_stop_signals(on_signal, enabled=run.install_signals):
         stop = run.stop
         stopper = asyncio.create_task(_stop_when(stop, loop)) if stop is not None else None
@@ -111,7 +112,7 @@ async def run_consume_loop(
                     run.on_start(loop)
                 log.info(
                     f"{run.name}_started",
-                    bootstrap=settings.bootstrap,
+                    bootstrap=run.bootstrap,
                     group=run.group,
                     event_loop=running_loop_name(),
                 )
@@ -151,17 +152,16 @@ async def _run_watched(loop: ConsumeLoop, monitor: Coroutine[Any, Any, None]) ->
 CLOSE_STEP_TIMEOUT_S = 10.0
 
 
-def shutdown_hard_limit(settings: Settings) -> float:
-    """Seconds from SIGTERM to a forced exit: the drain, the final commit, both close steps,
-    and a margin; each of them is bounded on its own, so only a hung event loop reaches it.
+def shutdown_hard_limit(shutdown_grace_s: float) -> float:
+    """Seconds from SIGTERM to a forced exit: the drain (``shutdown_grace_s``), the final
+    commit, both close steps, and a margin; each of them is bounded on its own, so only a hung
+    event loop reaches it.
 
     Kubernetes' ``terminationGracePeriodSeconds`` must exceed it (deploy/ uses 60 s; the
     limit is 50 s for the default 20 s grace), so the process always ends by its own hand,
     with a log line saying why, rather than by the kubelet's SIGKILL.
     """
-    return (
-        settings.worker_shutdown_grace_s + FINAL_COMMIT_TIMEOUT_S + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
-    )
+    return shutdown_grace_s + FINAL_COMMIT_TIMEOUT_S + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
 
 
 def _graceful_then_forced(worker: ConsumeLoop, *, hard_limit_s: float) -> Callable[[], None]:
@@ -214,8 +214,23 @@ async def _stop_when(event: asyncio.Event, loop: ConsumeLoop) -> None:
     loop.stop()
 
 
+@dataclass(frozen=True, slots=True)
+class LoopLimits:
+    """The budgets every consume loop of a process shares: how often it commits, how long it
+    drains on a stop (``WORKER_SHUTDOWN_GRACE_S``), how many records a poll brings, and how a
+    failing record is retried (``RECORD_MAX_ATTEMPTS``, ``RECORD_RETRY_BACKOFF_S``). The
+    defaults are the settings'."""
+
+    commit_interval_s: float = 0.2
+    shutdown_grace_s: float = 20.0
+    max_poll_records: int = 500
+    record_attempts: int = 3
+    record_retry_backoff_s: float = 0.2
+
+
 def group_consumer(
-    settings: Settings,
+    kafka: KafkaConfig,
+    limits: LoopLimits,
     group_id: str,
     *,
     consumer_class: ConsumerClass = AIOKafkaConsumer,
@@ -224,16 +239,15 @@ def group_consumer(
     """The consumer of a consume loop: the group's liveness and rebalance timeouts are sized
     from the drain grace, so a member that drains on revocation is not thrown out for it.
     ``consumer_class`` is the development tools' for the embedded broker (``devstack``)."""
+    grace_ms = int(limits.shutdown_grace_s * 1000)
     return build_consumer(
-        settings,
+        kafka,
         consumer_class=consumer_class,
         group_id=group_id,
-        session_timeout_ms=settings.kafka_session_timeout_ms,
-        heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
-        max_poll_interval_ms=max(300_000, int(settings.worker_shutdown_grace_s * 2000)),
-        rebalance_timeout_ms=max(
-            settings.kafka_session_timeout_ms, int(settings.worker_shutdown_grace_s * 1000)
-        ),
+        session_timeout_ms=kafka.session_timeout_ms,
+        heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+        max_poll_interval_ms=max(300_000, int(limits.shutdown_grace_s * 2000)),
+        rebalance_timeout_ms=max(kafka.session_timeout_ms, grace_ms),
         **extra,
     )
 
@@ -241,8 +255,8 @@ def group_consumer(
 @dataclass(frozen=True, slots=True)
 class LoopSpec:
     """What one process's consume loop reads, and the bounds its process sets; the budgets
-    every loop shares (commit interval, drain grace, poll size, retries) come from the
-    settings (``config``).
+    every loop shares (commit interval, drain grace, poll size, retries) are the process's
+    ``LoopLimits`` (``config``).
 
     ``topics`` are co-partitioned inputs and ``state_topic`` their changelog (``LoopConfig``);
     ``timer_interval_s`` overrides the loop's timer sweep interval, ``hold_overdue_s`` the
@@ -257,18 +271,19 @@ class LoopSpec:
     hold_overdue_s: float | None = None
     max_in_flight_per_key: int | None = None
 
-    def config(self, settings: Settings) -> LoopConfig:
+    def config(self, limits: LoopLimits) -> LoopConfig:
+        backoff = limits.record_retry_backoff_s
         config = LoopConfig(
             topics=self.topics,
             state_topic=self.state_topic,
             max_in_flight=self.max_in_flight,
             max_in_flight_per_key=self.max_in_flight_per_key,
-            commit_interval_s=settings.worker_commit_interval_ms / 1000,
-            rebalance_budget_s=min(settings.worker_shutdown_grace_s, 30.0),
-            shutdown_grace_s=settings.worker_shutdown_grace_s,
-            max_poll_records=settings.kafka_max_poll_records,
-            record_attempts=settings.record_max_attempts,
-            retry_backoff_s=(settings.record_retry_backoff_s, settings.record_retry_backoff_s * 10),
+            commit_interval_s=limits.commit_interval_s,
+            rebalance_budget_s=min(limits.shutdown_grace_s, 30.0),
+            shutdown_grace_s=limits.shutdown_grace_s,
+            max_poll_records=limits.max_poll_records,
+            record_attempts=limits.record_attempts,
+            retry_backoff_s=(backoff, backoff * 10),
         )
         if self.timer_interval_s is not None:
             config = dataclasses.replace(config, timer_interval_s=self.timer_interval_s)
@@ -278,7 +293,8 @@ class LoopSpec:
 
 
 def consume_loop(
-    settings: Settings,
+    kafka: KafkaConfig,
+    limits: LoopLimits,
     spec: LoopSpec,
     *,
     consumer: AIOKafkaConsumer,
@@ -288,12 +304,12 @@ def consume_loop(
 ) -> ConsumeLoop:
     """The consume loop ``spec`` describes, on ``consumer`` (``group_consumer``), handing
     records to ``handler``; ``unordered`` picks the records run beside their key's lane
-    (``ConsumeLoop``)."""
+    (``ConsumeLoop``). Its state is restored through group-less consumers of ``kafka``."""
     return ConsumeLoop(
         consumer=consumer,
-        restore_consumer=lambda: build_consumer(settings, enable_auto_commit=False),
+        restore_consumer=lambda: build_consumer(kafka, enable_auto_commit=False),
         executor=handler,
         metrics=metrics,
-        config=spec.config(settings),
+        config=spec.config(limits),
         unordered=unordered,
     )

@@ -1,27 +1,16 @@
-"""The intended configuration of every topic and the pure check of a cluster against it,
-run by ``python -m worker topics`` and by every process before it starts: a state topic on
-``delete`` loses accounts, topics that are not co-partitioned mix accounts up
-(docs/operations.md, "Topics")."""
+"""Topics as they should be (``TopicSpec``, a ``TopicPlan``) and the pure check of a cluster
+against them, run by ``python -m worker topics`` and by every process before it starts: a
+state topic on ``delete`` loses accounts, topics that are not co-partitioned mix accounts up
+(docs/operations.md, "Topics"). Which topics the product has is its contract's
+(``worker.contract.topics``); the engine checks whatever plan it is given."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final
 
 from worker.runtime.process import Misconfigured
-from worker.settings import Settings, Topics
-
-#: ``Topics`` fields of the topics compacted to the latest record per key: the changelogs of
-#: the state stores, the endpoint registry and the front-ends' presence (docs/architecture.md,
-#: "Topics and messages").
-COMPACTED: Final = frozenset({"state", "webhook_endpoints", "webhook_state", "api_presence"})
-#: ``Topics`` fields of the topics with one partition: the front-ends' presence records, whose
-#: one order decides which replica's claim of a workspace's last replay slot came first.
-SINGLE_PARTITION: Final = frozenset({"api_presence"})
-#: ``Topics`` fields of the streams whose records matter for minutes only (a reply is awaited
-#: for ``API_REPLY_TIMEOUT_S``): ``KAFKA_REPLIES_RETENTION_MS``.
-SHORT_LIVED: Final = frozenset({"replies"})
 
 #: What Kafka applies to a topic that does not set these (its documented topic defaults). A
 #: broker that leaves a config out of its DescribeConfigs answer (the embedded one omits every
@@ -32,38 +21,13 @@ KAFKA_DEFAULTS: Final[Mapping[str, str]] = {
     "min.insync.replicas": "1",
 }
 
-#: Which topics each process uses (``Topics`` fields); the front-end's webhook topics only when
-#: its webhook routes are configured (``WEBHOOK_SECRETS_KEY``).
-PROCESS_TOPICS: Final[Mapping[str, tuple[str, ...]]] = {
-    "worker": ("commands", "state", "status", "errors", "replies", "dlq"),
-    "api": ("commands", "replies", "api_presence"),
-    "api-webhooks": (
-        "webhook_endpoints",
-        "webhook_deliveries",
-        "webhook_replays",
-        "status",
-        "errors",
-    ),
-    "dispatcher": (
-        "status",
-        "errors",
-        "webhook_replays",
-        "webhook_state",
-        "webhook_endpoints",
-        "webhook_deliveries",
-        "webhook_dlq",
-    ),
-}
-
-Process = Literal["worker", "api", "dispatcher"]
-
 
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
     """One topic as it should be. ``configs`` are what ``topics create`` sets."""
 
     name: str
-    topic_field: str  # of ``Topics``
+    topic_field: str  # the plan's own key for the topic (the setting that names it)
     partitions: int
     replication_factor: int
     configs: Mapping[str, str]
@@ -99,67 +63,29 @@ class Finding:
         return f"topic {self.topic}: {self.setting} is {self.actual}, expected {self.expected}"
 
 
+@dataclass(frozen=True, slots=True)
+class TopicPlan:
+    """Every topic's spec, and the groups of topic names whose partition numbers must line up
+    (co-partitioned inputs and their changelog)."""
+
+    specs: tuple[TopicSpec, ...]
+    co_partitioned: tuple[tuple[str, ...], ...] = ()
+
+    def only(self, names: Iterable[str] | None) -> TopicPlan:
+        """The plan of ``names`` alone (``None``: all of it); a group is then checked among
+        its named members."""
+        if names is None:
+            return self
+        wanted = set(names)
+        return TopicPlan(tuple(s for s in self.specs if s.name in wanted), self.co_partitioned)
+
+
 class TopicsMisconfigured(Misconfigured):
-    """The cluster's topics are not what the settings say; refuses a process's start."""
+    """The cluster's topics are not as their plan specifies; refuses a process's start."""
 
     def __init__(self, problems: Sequence[Finding], *, hint: str) -> None:
         self.problems = tuple(problems)
         super().__init__("; ".join(str(p) for p in self.problems) + f" ({hint})")
-
-
-def topic_specs(settings: Settings) -> list[TopicSpec]:
-    """Every topic's intended configuration, in ``Topics.all()`` order. Commands and state share
-    ``COMMANDS_PARTITIONS`` (co-partitioned); ``api.presence`` has one; the others have
-    ``OTHER_PARTITIONS``."""
-    names = settings.topics.model_dump()
-    specs = []
-    for name_field in Topics.model_fields:
-        common = {"min.insync.replicas": str(settings.kafka_min_insync_replicas)}
-        if name_field in COMPACTED:
-            configs = {"cleanup.policy": "compact"} | common
-        else:
-            retention = (
-                settings.kafka_replies_retention_ms
-                if name_field in SHORT_LIVED
-                else settings.kafka_retention_ms
-            )
-            configs = {"cleanup.policy": "delete", "retention.ms": str(retention)} | common
-        partitions = (
-            settings.commands_partitions
-            if name_field in ("commands", "state")
-            else 1
-            if name_field in SINGLE_PARTITION
-            else settings.other_partitions
-        )
-        specs.append(
-            TopicSpec(
-                name=names[name_field],
-                topic_field=name_field,
-                partitions=partitions,
-                replication_factor=settings.kafka_replication_factor,
-                configs=configs,
-            )
-        )
-    return specs
-
-
-def co_partitioned(settings: Settings) -> list[tuple[str, ...]]:
-    """Topics whose partition numbers must line up: the worker's commands and its state; the
-    dispatcher's inputs (events, replays) and its delivery states."""
-    t = settings.topics
-    return [
-        (t.commands, t.state),
-        (t.status, t.errors, t.webhook_replays, t.webhook_state),
-    ]
-
-
-def used_by(settings: Settings, process: Process) -> list[str]:
-    """The names of the topics ``process`` reads or writes."""
-    fields = list(PROCESS_TOPICS[process])
-    if process == "api" and settings.webhook_secrets_key is not None:
-        fields += PROCESS_TOPICS["api-webhooks"]
-    names = settings.topics.model_dump()
-    return list(dict.fromkeys(names[f] for f in fields))
 
 
 def check(

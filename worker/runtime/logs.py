@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Mapping, MutableMapping
 from contextvars import ContextVar, Token
+from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any
 
@@ -94,6 +95,17 @@ def _service(name: str) -> Processor:
         return event
 
     return add
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """How a process logs (``LOG_LEVEL``, ``LOG_FORMAT``, ``LOG_LIBRARY_LEVEL``,
+    ``API_ACCESS_LOG``): the arguments of ``configure``."""
+
+    level: str = "INFO"
+    format: str = "json"
+    library_level: str = "WARNING"
+    access_log: bool = False
 
 
 def configure(

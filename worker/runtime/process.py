@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, Final
 from worker.runtime import eventloop
 
 if TYPE_CHECKING:
-    from worker.settings import Settings
+    from worker.runtime.logs import LogConfig
 
 __all__ = [
     "EX_CONFIG",
     "STOP_SIGNALS",
     "Misconfigured",
     "on_stop_signals",
-    "run_command",
+    "run_subcommand",
     "run_until_signal",
     "tune_gc",
 ]
@@ -33,7 +33,7 @@ EX_CONFIG: Final = 78
 
 
 class Misconfigured(Exception):
-    """The environment or the cluster is not what the settings say: the process refuses to
+    """The environment or the cluster is not as configured: the process refuses to
     start, says why in one log line and exits with ``EX_CONFIG``, rather than run wrongly.
     A restart does not help, so an orchestrator's crash loop shows the message."""
 
@@ -54,8 +54,8 @@ def on_stop_signals(handler: Callable[[], object], *, enabled: bool = True) -> I
             loop.remove_signal_handler(sig)
 
 
-def run_until_signal(coro: Coroutine[Any, Any, Any], settings: Settings) -> int:
-    """Run ``coro`` on the configured event loop (``EVENT_LOOP``) until it ends or a stop
+def run_until_signal(coro: Coroutine[Any, Any, Any], event_loop: eventloop.LoopName) -> int:
+    """Run ``coro`` on an event loop of kind ``event_loop`` (``EVENT_LOOP``) until it ends or a stop
     signal cancels it, so its clean-up (child processes, sockets) runs. Coroutines with a
     graceful stop of their own install their handlers over these. Returns the exit status."""
 
@@ -65,28 +65,28 @@ def run_until_signal(coro: Coroutine[Any, Any, Any], settings: Settings) -> int:
             await task
 
     try:
-        eventloop.run(until_signal(), settings.event_loop)
+        eventloop.run(until_signal(), event_loop)
     except KeyboardInterrupt:
         return 130
     return 0
 
 
-def run_command(args: Any, settings: Settings) -> int:
-    """The body of every ``main``: configure logs, run the chosen command's ``fn``, treat a
-    closed stdout (``| head``) as the end rather than an error, and a ``Misconfigured`` as a
-    refusal to start (``EX_CONFIG``, one log line naming the problem, no traceback)."""
+def run_subcommand(args: Any, log_config: LogConfig, command: Callable[[], int]) -> int:
+    """The body of every ``main``: configure logs, run ``command`` (the subcommand ``args`` chose),
+    treat a closed stdout (``| head``) as the end rather than an error, and a ``Misconfigured``
+    as a refusal to start (``EX_CONFIG``, one log line naming the problem, no traceback)."""
     from worker.runtime import logs
 
     logs.configure(
-        settings.log_level,
-        settings.log_format,
+        log_config.level,
+        log_config.format,
         service=getattr(args, "service", None) or str(getattr(args, "command", "passkey")),
-        library_level=settings.log_library_level,
-        access_log=settings.api_access_log,
+        library_level=log_config.library_level,
+        access_log=log_config.access_log,
     )
     with contextlib.suppress(BrokenPipeError):
         try:
-            code: int = args.fn(settings, args)
+            code = command()
         except Misconfigured as exc:
             logs.get_logger(__name__).error("refusing_to_start", reason=str(exc))
             return EX_CONFIG
@@ -94,9 +94,9 @@ def run_command(args: Any, settings: Settings) -> int:
     return 1
 
 
-def tune_gc(settings: Settings) -> None:
-    """Long-lived server processes: raise the young-generation threshold
-    (``WORKER_GC_THRESHOLD``; docs/configuration.md)."""
-    if settings.worker_gc_threshold:
+def tune_gc(threshold: int) -> None:
+    """Long-lived server processes: raise the young-generation threshold to ``threshold``
+    (``WORKER_GC_THRESHOLD``; 0 keeps the interpreter's; docs/configuration.md)."""
+    if threshold:
         _, gen1, gen2 = gc.get_threshold()
-        gc.set_threshold(settings.worker_gc_threshold, gen1, gen2)
+        gc.set_threshold(threshold, gen1, gen2)

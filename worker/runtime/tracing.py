@@ -19,9 +19,7 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
-    SimpleSpanProcessor,
     SpanExporter,
-    SpanExportResult,
 )
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
@@ -68,28 +66,11 @@ TRACESTATE: Final = "tracestate"
 TRACESTATE_MAX: Final = 512
 """W3C: propagate at least 512 characters of ``tracestate``; longer ones are cut to that (the
 AsyncAPI document promises at most 512)."""
-BENCH_EXPORTER_ENV: Final = "TRACING_BENCH_EXPORTER"
-"""``discard``: record and batch every span like an exporter would, then drop it. Only for
-measuring the recording cost offline (bench/README.md); never set in production."""
 
 _propagator: Final = TraceContextTextMapPropagator()
 _ids: Final = RandomIdGenerator()
 ROOT: Final = Context()
 """An explicit empty parent: the span starts a new trace (not the current context's)."""
-
-
-class DiscardingExporter(SpanExporter):
-    """Takes every batch and drops it (``TRACING_BENCH_EXPORTER=discard``); counts spans."""
-
-    def __init__(self) -> None:
-        self.spans = 0
-
-    def export(self, spans: Any) -> SpanExportResult:
-        self.spans += len(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        """Nothing to release."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,11 +117,6 @@ def export_targets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return ()
     targets: list[str] = []
-    bench = env.get(BENCH_EXPORTER_ENV, "").strip().lower()
-    if bench:
-        if bench != "discard":
-            raise ValueError(f"{BENCH_EXPORTER_ENV}={bench!r}: only 'discard' is known")
-        targets.append("discard")
     raw = env.get("OTEL_TRACES_EXPORTER")
     if raw is None:
         endpoint_set = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
@@ -172,9 +148,7 @@ def export_targets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
 
 def _processor(target: str) -> SpanProcessor:
     exporter: SpanExporter
-    if target == "discard":
-        exporter = DiscardingExporter()
-    elif target.startswith("otlp "):
+    if target.startswith("otlp "):
         # Imported here: the exporter pulls in protobuf and requests, which a process that
         # exports nothing never needs.
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -189,23 +163,25 @@ def configure(
     default_service: str,
     *,
     environ: Mapping[str, str] | None = None,
-    exporter: SpanExporter | None = None,
+    processor: SpanProcessor | None = None,
     set_global: bool = True,
 ) -> Tracing:
     """Set up tracing for this process (call once at start, before any client is built).
 
     ``OTEL_SERVICE_NAME`` overrides ``default_service``; ``OTEL_RESOURCE_ATTRIBUTES`` adds to
-    the resource. ``exporter`` (tests: the SDK's ``InMemorySpanExporter``) is added with a
-    synchronous processor, so a span is readable as soon as it ends. ``set_global`` also makes
-    the provider the API's global one (only once per process; tests pass ``False``).
+    the resource. ``processor`` is added beside those ``OTEL_*`` asks for, and spans are then
+    recorded: the tests pass a ``SimpleSpanProcessor`` over the SDK's ``InMemorySpanExporter``,
+    so a span is readable as soon as it ends; the benchmark a batching one whose exporter drops
+    every batch, to weigh what recording costs. ``set_global`` also makes the provider the
+    API's global one (only once per process; tests pass ``False``).
     """
     env = os.environ if environ is None else environ
     service = env.get("OTEL_SERVICE_NAME") or default_service
     targets = export_targets(env)
     processors = [_processor(t) for t in targets]
-    if exporter is not None:
-        processors.append(SimpleSpanProcessor(exporter))
-        targets = (*targets, f"in-process {type(exporter).__name__}")
+    if processor is not None:
+        processors.append(processor)
+        targets = (*targets, f"in-process {type(processor).__name__}")
     resource = Resource.create({"service.name": service, "service.version": __version__})
     provider = TracerProvider(
         resource=resource,

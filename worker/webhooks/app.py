@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from prometheus_client import CollectorRegistry
 
+from worker.contract.topics import used_by
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.kafka import ConsumerClass, build_consumer, build_producer, verify_topics
 from worker.engine.metrics import TailSkips
@@ -24,7 +25,6 @@ from worker.engine.runner import (
     group_consumer,
     run_consume_loop,
 )
-from worker.engine.topics import used_by
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 from worker.runtime.metrics import WEBHOOK_PREFIX, export_process_metrics
@@ -32,9 +32,9 @@ from worker.settings import Settings
 from worker.webhooks.delivery import QueueLimits, parse_schedule
 from worker.webhooks.delivery_store import DeliveryStore
 from worker.webhooks.dispatcher import DispatchConfig, Dispatcher, Sender
+from worker.webhooks.endpoint_gate import GateConfig
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
-from worker.webhooks.gate import GateConfig
 from worker.webhooks.metrics import WebhookMetrics
 from worker.webhooks.publish import DeliveryPublisher
 from worker.webhooks.secrets_box import SecretsBox
@@ -120,12 +120,16 @@ async def run_dispatcher(
     health = BrokerHealth(settings.kafka_outage_tolerance_s, name="dispatcher")
     health.export(registry, WEBHOOK_PREFIX)
     box = secrets_box(settings)
-    await verify_topics(settings, used_by(settings, "dispatcher"))
+    kafka, limits = settings.kafka_config(), settings.loop_limits()
     topics = settings.topics
-    producer = build_producer(settings)
-    tail = EndpointsTail(
-        build_consumer(settings, enable_auto_commit=False), topics.webhook_endpoints
+    await verify_topics(
+        kafka,
+        settings.topic_plan(),
+        used_by(topics, "dispatcher"),
+        create=settings.kafka_auto_create_topics,
     )
+    producer = build_producer(kafka)
+    tail = EndpointsTail(build_consumer(kafka, enable_auto_commit=False), topics.webhook_endpoints)
     registry.register(TailSkips(WEBHOOK_PREFIX, lambda: (tail,)))
     schedule = parse_schedule(settings.webhook_retry_schedule_s)
     session = None
@@ -182,7 +186,8 @@ async def run_dispatcher(
     # pending, not every account ever delivered).
     metrics.store_accounts.set_function(lambda: float(len(dispatcher.store)))
     consumer = group_consumer(
-        settings,
+        kafka,
+        limits,
         settings.webhook_consumer_group,
         consumer_class=consumer_class,
         # The same partition number of every input topic to one member: an account's events
@@ -190,7 +195,8 @@ async def run_dispatcher(
         partition_assignment_strategy=(RangePartitionAssignor,),
     )
     loop = consume_loop(
-        settings,
+        kafka,
+        limits,
         LoopSpec(
             topics=(topics.status, topics.errors, topics.webhook_replays),
             state_topic=topics.webhook_state,
@@ -219,7 +225,6 @@ async def run_dispatcher(
             )
         await run_consume_loop(
             loop,
-            settings,
             ProcessParts(
                 producer=producer,
                 registry=registry,
@@ -229,6 +234,7 @@ async def run_dispatcher(
             RunOptions(
                 name="dispatcher",
                 group=settings.webhook_consumer_group,
+                bootstrap=kafka.bootstrap,
                 probes=probes,
                 install_signals=install_signals,
                 stop=stop,

@@ -58,7 +58,7 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     records of the old form still to migrate (a timer under the account id each).
 
     ``defer`` keeps a pair's timer later than its head's due time (its endpoint has no room
-    now, ``worker.webhooks.gate``) until ``wake``; writes of the pair meanwhile keep that
+    now, ``worker.webhooks.endpoint_gate``) until ``wake``; writes of the pair meanwhile keep that
     later time, so a pair waiting for its endpoint does not run again on every event.
     ``unsaved`` says which deliveries are in memory only (``worker.webhooks.holds``).
     ``park`` marks a pair its endpoint paused (back-off, ``Retry-After``, rate limit) until its

@@ -9,8 +9,8 @@ from typing import Protocol
 
 from worker.runtime.logs import get_logger
 from worker.webhooks.delivery import Settled
+from worker.webhooks.endpoint_gate import SWEEP_FLOOR
 from worker.webhooks.endpoints import EndpointRecord
-from worker.webhooks.gate import SWEEP_FLOOR
 from worker.webhooks.metrics import WebhookMetrics
 from worker.webhooks.publish import NOTE_ENDPOINT_DISABLED, DeliveryPublisher
 

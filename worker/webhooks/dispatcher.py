@@ -36,9 +36,9 @@ from worker.webhooks.delivery import (
 )
 from worker.webhooks.delivery_store import DeliveryStore
 from worker.webhooks.disabling import Disabling
+from worker.webhooks.endpoint_gate import EndpointGate, GateConfig
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry, is_active
 from worker.webhooks.events import WebhookEvent, from_error, from_status
-from worker.webhooks.gate import EndpointGate, GateConfig
 from worker.webhooks.instrumentation import (
     Attempted,
     DeadLettered,

@@ -13,10 +13,10 @@ from typing import Annotated, Any, Final, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from worker.contract.endpoint_ceilings import DESCRIPTION_MAX_CHARS_CEILING, URL_MAX_CHARS_CEILING
 from worker.contract.messages import ID_PATTERN, Identifier
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
-from worker.webhooks.limits import DESCRIPTION_MAX_CHARS_CEILING, URL_MAX_CHARS_CEILING
 
 log = get_logger(__name__)
 

@@ -1,0 +1,142 @@
+"""Deliveries scans do not queue across workspaces (issue 31, row 8): a workspace whose scans
+are slow (its partition of the delivery log answers slowly) holds one scan, on its own
+consumer, while another workspace's ``GET .../deliveries`` answers 200 in time; and the scans
+of a process are bounded (``max_concurrent`` consumers). Over real HTTP against the real
+broker; only the slow partition's fetches are held, by a wrapper of the real consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from aiokafka import TopicPartition
+
+from tests.api.conftest import ApiSettings
+from tests.api.support import KEY_B, headers, running_api
+from tests.api.test_api_http import assert_error
+from tests.api.webhooks.test_routes import ONE, create, hooks, ok
+from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
+from worker.engine.home_partition import home_partition
+from worker.engine.kafka import build_consumer, ensure_topics
+from worker.settings import Settings
+from worker.webhooks.secrets_box import generate_key
+
+pytestmark = pytest.mark.integration
+
+SLOW_S = 30.0  # a fetch of the slow partition: far past the scan's time-out (cancelled by it)
+
+
+class SlowPartition:
+    """A consumer whose fetches hang while it is assigned ``slow`` (``entered`` is set then)."""
+
+    def __init__(self, inner: Any, slow: set[TopicPartition], entered: asyncio.Event) -> None:
+        self._inner = inner
+        self._slow = slow
+        self._entered = entered
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def getmany(self, *args: Any, **kwargs: Any) -> Any:
+        if self._slow & set(self._inner.assignment()):
+            self._entered.set()
+            await asyncio.sleep(SLOW_S)
+        return await self._inner.getmany(*args, **kwargs)
+
+
+@pytest.fixture
+def scan_settings(api_settings: ApiSettings) -> Callable[..., Settings]:
+    def factory(**overrides: object) -> Settings:
+        return api_settings(**{"webhook_secrets_key": generate_key(), **overrides})
+
+    return factory
+
+
+async def test_a_slow_workspace_does_not_turn_another_workspaces_deliveries_into_a_500(
+    scan_settings: Callable[..., Settings],
+) -> None:
+    """ws_a's scan hangs on its partition until its 3 s time-out; ws_b's request, sent while
+    it hangs, answers 200 well within its own 3 s (before: it waited for the process's one
+    scan lock behind ws_a's, and answered 500 once the 3 s had gone)."""
+    settings = scan_settings(webhook_deliveries_scan_timeout_s=3.0)
+    partitions = settings.other_partitions
+    async with (
+        running_api(settings) as api,
+        httpx.AsyncClient(base_url=api.url, timeout=30) as http,
+    ):
+        mine = (await create(http))["id"]
+        slow_partition = home_partition(mine.encode(), partitions)
+        theirs = None
+        for _ in range(10):  # an endpoint of ws_b on another partition of the log
+            candidate = (await create(http, KEY_B))["id"]
+            if home_partition(candidate.encode(), partitions) != slow_partition:
+                theirs = candidate
+                break
+        assert theirs is not None
+
+        scan = hooks(api).deliveries
+        entered = asyncio.Event()
+        slow = {TopicPartition(settings.topics.webhook_deliveries, slow_partition)}
+        real = scan._factory
+        scan._factory = lambda: SlowPartition(real(), slow, entered)
+        await scan.stop()
+        await scan.start()
+
+        first = asyncio.create_task(http.get(f"{ONE.format(mine)}/deliveries", headers=headers()))
+        await asyncio.wait_for(entered.wait(), 10)
+        again = await http.get(f"{ONE.format(mine)}/deliveries", headers=headers())
+        assert_error(again, 429, "rate_limited", 90002)  # one scan per workspace, as before
+
+        started = time.monotonic()
+        other = await http.get(f"{ONE.format(theirs)}/deliveries", headers=headers(KEY_B))
+        elapsed = time.monotonic() - started
+        print(f"\nws_b's deliveries while ws_a's scan hangs: {other.status_code} in {elapsed:.3f}s")
+        assert ok(other) == []
+        assert elapsed < 2.0, f"ws_b waited {elapsed:.2f}s"
+        assert not first.done(), "ws_a's scan still hangs meanwhile"
+
+        mine_answer = await first  # its own time-out: the slow workspace's own 500
+        assert mine_answer.status_code == 500
+
+
+async def test_scans_of_many_workspaces_run_at_once_bounded_by_max_concurrent(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Five scans of five endpoints at once on a scan of ``max_concurrent=2``: two consumers
+    are built and two scans run at once, never more; all five are answered."""
+    settings = make_settings(partitions=3)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    delay = 0.3
+    built = 0
+
+    class Paced:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        async def getmany(self, *args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(delay)
+            return await self._inner.getmany(*args, **kwargs)
+
+    def factory() -> Any:
+        nonlocal built
+        built += 1
+        return Paced(build_consumer(settings.kafka_config(), fetch_max_wait_ms=50))
+
+    scan = DeliveryLogScan(
+        factory, settings.topics.webhook_deliveries, window=100, timeout_s=20, max_concurrent=2
+    )
+    await scan.start()
+    try:
+        answers = await asyncio.gather(*(scan.recent(f"ep_{i}") for i in range(5)))
+    finally:
+        await scan.stop()
+    assert answers == [[]] * 5
+    assert (built, scan.peak_running, scan.scans) == (2, 2, 5)
+    assert scan.consumers == 0  # all closed by stop

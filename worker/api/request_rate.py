@@ -1,0 +1,121 @@
+"""The request rate per workspace: a token bucket per workspace in each process, refilled at
+the process's share of the rate (the rate and the burst divided by the live front-end replicas,
+``worker.api.presence``), so N replicas behind a balancer admit the rate in total, not N times
+it; spent by ``ApiRoutes.admit`` after the key resolves, with bounded memory
+(docs/operations.md, "Front-door limits")."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final
+
+import attrs
+
+from worker.contract.catalogue import ServiceError
+
+MAX_BUCKETS: Final = 10_000
+"""Workspaces tracked at once per process."""
+
+
+@attrs.frozen(auto_exc=False)
+class RateLimited(ServiceError):
+    """429 ``rate_limited``, with the seconds the caller should wait (``Retry-After``)."""
+
+    retry_after_s: int = 1
+
+    @classmethod
+    def after(cls, wait_s: float) -> RateLimited:
+        """The refusal for a caller who must wait ``wait_s`` (rounded up to whole seconds,
+        at least 1: ``Retry-After`` takes whole seconds)."""
+        retry_after_s = max(1, math.ceil(wait_s))
+        err = ServiceError.of(
+            "rate_limited",
+            f"Too many requests for this workspace; retry after {retry_after_s} s.",
+        )
+        return cls(
+            code=err.code,
+            numeric_code=err.numeric_code,
+            http_status=err.http_status,
+            message=err.message,
+            retry_after_s=retry_after_s,
+        )
+
+    def __reduce__(self) -> tuple[type[RateLimited], tuple[str, int, int, str, int]]:  # type: ignore[override]
+        return (
+            type(self),
+            (self.code, self.numeric_code, self.http_status, self.message, self.retry_after_s),
+        )
+
+
+class _Bucket:
+    __slots__ = ("tokens", "updated")
+
+    def __init__(self, tokens: float, updated: float) -> None:
+        self.tokens = tokens
+        self.updated = updated
+
+
+class RateLimiter:
+    """Token buckets by key (the workspace id). ``replicas`` says how many front-end replicas
+    are live now (``None``: this one alone); each bucket refills at ``rate_per_s / replicas``
+    and holds at most ``burst / replicas`` (at least one token). ``clock`` is injectable for
+    tests."""
+
+    def __init__(
+        self,
+        rate_per_s: float,
+        burst: int,
+        *,
+        max_buckets: int = MAX_BUCKETS,
+        clock: Callable[[], float] = time.monotonic,
+        replicas: Callable[[], int] | None = None,
+    ) -> None:
+        if rate_per_s <= 0 or burst < 1 or max_buckets < 1:
+            raise ValueError("rate_per_s must be > 0, burst and max_buckets >= 1")
+        self.rate_per_s = rate_per_s
+        self.burst = float(burst)
+        self.max_buckets = max_buckets
+        self._clock = clock
+        self._replicas = replicas
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def share(self) -> tuple[float, float]:
+        """This process's rate and burst now: the configured ones divided by the live
+        replicas (the burst never below one token)."""
+        n = max(1, self._replicas()) if self._replicas is not None else 1
+        return self.rate_per_s / n, max(1.0, self.burst / n)
+
+    def take(self, key: str) -> float:
+        """Take a token for ``key``: 0.0 when one was there, else the seconds until one is."""
+        now = self._clock()
+        rate, burst = self.share()
+        self._evict_full(now, burst / rate)  # an untouched bucket is full after that
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = _Bucket(burst, now)
+            self._buckets[key] = bucket
+            if len(self._buckets) > self.max_buckets:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+            bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
+            bucket.updated = now
+        if bucket.tokens >= 1.0:
+            bucket.tokens -= 1.0
+            return 0.0
+        return (1.0 - bucket.tokens) / rate
+
+    def _evict_full(self, now: float, refill_s: float) -> None:
+        """Drop the least recently used buckets while they have refilled completely."""
+        buckets = self._buckets
+        while buckets:
+            key, oldest = next(iter(buckets.items()))
+            if now - oldest.updated < refill_s:
+                return
+            del buckets[key]

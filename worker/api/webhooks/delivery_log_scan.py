@@ -1,0 +1,190 @@
+"""``GET .../deliveries`` as a bounded, on-demand scan of the endpoint's partition of the
+delivery log: a replica holds no log and a request costs at most ``window`` records
+(docs/architecture.md, "A replica's cost follows its own traffic"). Scans do not queue behind
+each other across workspaces: each runs on a consumer of its own, ``max_concurrent`` at most
+per process (``DeliveryLogScan``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from aiokafka import TopicPartition
+
+from worker.api.webhooks.delivery_log_view import DeliveryLogView
+from worker.engine.fetch import getmany as fetch_records
+from worker.engine.fetch import skipping
+from worker.engine.home_partition import home_partition
+from worker.engine.tail import partitions_of
+from worker.runtime.logs import get_logger
+from worker.webhooks.publish import DeliveryLogEntry
+
+log = get_logger(__name__)
+
+SHOWN_MAX = 100
+"""Deliveries one answer shows at most (docs/api.md)."""
+
+MAX_CONCURRENT_SCANS: Final = 4
+"""Scans running at once on one process, each on its consumer (one consumer each)."""
+
+
+class DeliveryScanFailed(Exception):
+    """The scan did not finish in time or the broker failed it; the route answers 500."""
+
+
+class DeliveryLogScan:
+    """Reads one endpoint's recent deliveries from ``topic`` on demand.
+
+    ``consumer_factory`` builds an unstarted, group-less consumer; ``start`` builds and starts
+    the first, a scan that finds none idle builds another, up to ``max_concurrent``; ``stop``
+    closes them all. ``window`` is how many of the partition's last records a scan reads at
+    most (plus one fetched batch).
+
+    The route allows one scan per workspace at a time (``ScanTurns``, a second answers 429),
+    so a workspace whose scans are slow holds one consumer, never the others'; a request waits
+    for a consumer only while ``max_concurrent`` other workspaces scan, and that wait counts
+    against its ``timeout_s``.
+    """
+
+    def __init__(
+        self,
+        consumer_factory: Callable[[], Any],
+        topic: str,
+        *,
+        window: int,
+        timeout_s: float,
+        idle_timeout_ms: int = 200,
+        max_records: int = 2000,
+        max_concurrent: int = MAX_CONCURRENT_SCANS,
+    ) -> None:
+        if max_concurrent < 1:
+            raise ValueError("max_concurrent must be at least 1")
+        self._factory = consumer_factory
+        self.topic = topic
+        self.window = window
+        self.timeout_s = timeout_s
+        self.max_concurrent = max_concurrent
+        self._idle_timeout_ms = idle_timeout_ms
+        self._max_records = max_records
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._started = False
+        self._idle: list[Any] = []
+        self._consumers: list[Any] = []  # every one built and not stopped: at most max_concurrent
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._skip = skipping("delivery-log-scan", log)
+        self.scans = 0
+        self.records_read = 0
+        #: Scans under way now, and the most there were at once.
+        self.running = 0
+        self.peak_running = 0
+
+    @property
+    def consumers(self) -> int:
+        """Consumers built and open (at most ``max_concurrent``)."""
+        return len(self._consumers)
+
+    async def start(self) -> None:
+        self._started = True
+        self._idle.append(await self._build())
+
+    async def stop(self) -> None:
+        self._started = False
+        consumers, self._consumers, self._idle = self._consumers, [], []
+        for consumer in consumers:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    async def recent(self, endpoint_id: str) -> list[DeliveryLogEntry]:
+        """The endpoint's most recent deliveries (at most ``SHOWN_MAX``), most recently
+        changed first; raises ``DeliveryScanFailed``."""
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            async with asyncio.timeout(self.timeout_s), self._slots:
+                consumer = await self._take()
+                self.running += 1
+                self.peak_running = max(self.peak_running, self.running)
+                try:
+                    return await self._scan(consumer, endpoint_id, deadline)
+                finally:
+                    self.running -= 1
+                    self._give_back(consumer)
+        except TimeoutError:
+            log.warning("delivery_scan_timeout", endpoint_id=endpoint_id, timeout_s=self.timeout_s)
+            raise DeliveryScanFailed("the scan did not finish in time") from None
+        except DeliveryScanFailed:
+            raise
+        except Exception as exc:  # a broker error: the request fails, the process goes on
+            log.error("delivery_scan_failed", endpoint_id=endpoint_id, error=repr(exc)[:300])
+            raise DeliveryScanFailed(repr(exc)) from None
+
+    async def _take(self) -> Any:
+        """An idle consumer, or a new one (the slot held bounds how many there are)."""
+        if not self._started:
+            raise DeliveryScanFailed("not started")
+        if self._idle:
+            return self._idle.pop()
+        return await self._build()
+
+    def _give_back(self, consumer: Any) -> None:
+        if consumer in self._consumers:  # not when stopped meanwhile
+            self._idle.append(consumer)
+
+    async def _build(self) -> Any:
+        consumer = self._factory()
+        try:
+            await consumer.start()
+        except BaseException:
+            # Cancelled (the request's time-out) or failed while starting: closed aside, so
+            # a half-started consumer holds no connection.
+            task = asyncio.get_running_loop().create_task(_close(consumer))
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+            raise
+        self._consumers.append(consumer)
+        return consumer
+
+    async def _partition(self, consumer: Any, key: bytes, deadline: float) -> TopicPartition:
+        parts = await partitions_of(consumer, self.topic, deadline=deadline, pause_s=0.05)
+        if not parts:
+            raise DeliveryScanFailed(f"topic {self.topic!r} has no partitions")
+        return TopicPartition(self.topic, home_partition(key, len(parts)))
+
+    async def _scan(
+        self, consumer: Any, endpoint_id: str, deadline: float
+    ) -> list[DeliveryLogEntry]:
+        key = endpoint_id.encode()
+        tp = await self._partition(consumer, key, deadline)
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        consumer.seek(tp, max(0, end - self.window))
+        view = DeliveryLogView(per_endpoint=SHOWN_MAX)
+        target: int | None = None
+        read = 0
+        while True:
+            batch = await fetch_records(
+                consumer,
+                timeout_ms=self._idle_timeout_ms,
+                max_records=self._max_records,
+                on_unreadable=self._skip,
+                owned=[tp],
+            )
+            records = batch.get(tp, ())
+            read += len(records)
+            view.handle(r for r in records if r.key == key)
+            if target is None:
+                target = consumer.highwater(tp)  # the end as of the first response
+            if target is not None and await consumer.position(tp) >= target:
+                break
+            if read > self.window + self._max_records:
+                break  # a short end estimate on a busy partition: enough has been read
+        self.scans += 1
+        self.records_read += read
+        return view.of_endpoint(endpoint_id, limit=SHOWN_MAX)
+
+
+async def _close(consumer: Any) -> None:
+    with contextlib.suppress(Exception):
+        await consumer.stop()

@@ -1,0 +1,262 @@
+"""Per-workspace quotas and field limits of the webhook routes, so no workspace can exhaust
+what all share; a refusal names the quota. The endpoint quota holds across replicas: a
+workspace's creates all land on one partition of the endpoints topic, and a create kept only
+when fewer than the quota of the workspace's endpoints precede it there is kept
+(docs/operations.md, "Quotas")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from aiokafka.partitioner import murmur2
+
+from worker.contract.catalogue import ServiceError
+from worker.settings import Settings
+from worker.webhooks.endpoints import EndpointRegistry, new_endpoint_id
+
+#: The ``quota`` label values of ``passkey_api_quota_refusals``.
+ENDPOINTS: Final = "webhook_endpoints"
+REPLAYS: Final = "webhook_replays"
+REPLAY_CAPACITY: Final = "webhook_replay_capacity"
+DELIVERY_SCANS: Final = "webhook_delivery_scans"
+URL_LENGTH: Final = "webhook_url_length"
+DESCRIPTION_LENGTH: Final = "webhook_description_length"
+EVENT_TYPES_ITEMS: Final = "webhook_event_types_items"
+QUOTAS: Final = (
+    ENDPOINTS,
+    REPLAYS,
+    REPLAY_CAPACITY,
+    DELIVERY_SCANS,
+    URL_LENGTH,
+    DESCRIPTION_LENGTH,
+    EVENT_TYPES_ITEMS,
+)
+
+#: The catalogue's 429 row (a service extension: the contract shows no rate limits).
+TOO_MANY: Final = "rate_limited"
+#: The catalogue's 409 row of the endpoint quota (a service extension, like the contract's 409
+#: ``workspace_account_quota_exceeded`` of accounts): a limit, not a fault, so never a 500.
+ENDPOINT_QUOTA: Final = "webhook_endpoint_quota_exceeded"
+#: ``Retry-After`` of a deliveries request refused while the workspace's last one runs: a scan
+#: ends within ``WEBHOOK_DELIVERIES_SCAN_TIMEOUT_S``, usually far sooner.
+SCAN_RETRY_AFTER_S: Final = 1
+
+
+class Refused(Exception):
+    """A request beyond a quota: ``error`` is the answer, ``retry_after_s`` (when waiting
+    can help) becomes ``Retry-After``, ``quota`` the metric's label."""
+
+    def __init__(self, quota: str, error: ServiceError, retry_after_s: int | None = None) -> None:
+        super().__init__(quota)
+        self.quota = quota
+        self.error = error
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointLimits:
+    """The configured limits of an endpoint create/update body."""
+
+    url_max_chars: int
+    description_max_chars: int
+    event_types_max_items: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> EndpointLimits:
+        return cls(
+            url_max_chars=settings.webhook_url_max_chars,
+            description_max_chars=settings.webhook_description_max_chars,
+            event_types_max_items=settings.webhook_event_types_max_items,
+        )
+
+    @classmethod
+    def defaults(cls) -> EndpointLimits:
+        """The settings' defaults, whatever the environment says (the published document)."""
+        fields = Settings.model_fields
+        return cls(
+            url_max_chars=fields["webhook_url_max_chars"].default,
+            description_max_chars=fields["webhook_description_max_chars"].default,
+            event_types_max_items=fields["webhook_event_types_max_items"].default,
+        )
+
+    def check(
+        self,
+        *,
+        url: str | None = None,
+        description: str | None = None,
+        event_types: Sequence[str] | None = None,
+    ) -> None:
+        """Raise ``Refused`` (400 ``invalid_request``) for the first field over its limit;
+        ``None`` means "not sent". The message names the field and the limit, never the
+        value (a URL may carry a token)."""
+        if url is not None and len(url) > self.url_max_chars:
+            raise _too_long(URL_LENGTH, f"url is longer than {self.url_max_chars} characters")
+        if description is not None and len(description) > self.description_max_chars:
+            raise _too_long(
+                DESCRIPTION_LENGTH,
+                f"description is longer than {self.description_max_chars} characters",
+            )
+        if event_types is not None and len(event_types) > self.event_types_max_items:
+            raise _too_long(
+                EVENT_TYPES_ITEMS,
+                f"event_types has more than {self.event_types_max_items} entries",
+            )
+
+
+def _too_long(quota: str, what: str) -> Refused:
+    return Refused(quota, ServiceError.of("invalid_request", f"Invalid request body: {what}."))
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition the producer's default partitioner picks for ``key`` (Kafka's murmur2)."""
+    hashed: int = murmur2(key.encode())
+    return (hashed & 0x7FFFFFFF) % partitions
+
+
+#: Ids drawn at most for one create (about ``partitions`` are needed on average).
+_MAX_DRAWS: Final = 100_000
+
+
+def endpoint_id_on(partition: int, partitions: int) -> str:
+    """A new endpoint id whose records land on ``partition`` (keyed by the id, as they are)."""
+    for _ in range(_MAX_DRAWS):
+        endpoint_id = new_endpoint_id()
+        if partition_of(endpoint_id, partitions) == partition:
+            return endpoint_id
+    raise RuntimeError(f"no endpoint id for partition {partition} of {partitions}")
+
+
+def _over_endpoint_quota(limit: int) -> Refused:
+    return Refused(
+        ENDPOINTS,
+        ServiceError.of(
+            ENDPOINT_QUOTA,
+            f"The workspace has reached its quota of {limit} webhook endpoints;"
+            " delete one before creating another. Nothing was created.",
+        ),
+    )
+
+
+@dataclass
+class EndpointQuota:
+    """Endpoints per workspace: what ``registry`` holds of the workspace plus the creates in
+    flight on this replica that it does not hold yet (each counted once, by id), checked
+    before a create; and, across replicas, ``kept`` after it.
+
+    ``positions`` (the endpoints tail's: where each endpoint's first record was read) and
+    ``partitions`` (the endpoints topic's partition count, 0 while unknown) order the creates:
+    every new endpoint of a workspace is given an id whose records land on the workspace's
+    partition, so that partition's offsets are the one order of the workspace's creates,
+    whichever replica wrote them."""
+
+    registry: EndpointRegistry
+    limit: int = 16
+    positions: Mapping[str, tuple[int, int]] | None = None
+    partitions: Callable[[], int] = lambda: 0
+    _creating: dict[str, set[str]] = field(default_factory=dict)
+
+    def new_id(self, workspace_id: str) -> str:
+        """An id for the workspace's next endpoint, on the workspace's partition when known."""
+        partitions = self.partitions()
+        if self.positions is None or partitions < 1:
+            return new_endpoint_id()
+        return endpoint_id_on(partition_of(workspace_id, partitions), partitions)
+
+    async def kept(self, workspace_id: str, endpoint_id: str, timeout_s: float) -> bool | None:
+        """Whether the written ``endpoint_id`` is within the quota: fewer than ``limit`` of
+        the workspace's live endpoints precede it (created earlier on its partition, or
+        elsewhere: before this scheme, by id). ``None`` when the registry did not read it back
+        within ``timeout_s``; ``True`` without ``positions``.
+
+        Holds across replicas: the tail reads the partition in order, so once it has read
+        this create it has read every create of the workspace before it; of any ``limit + 1``
+        endpoints kept, the last one would have seen ``limit`` before it."""
+        positions = self.positions
+        if positions is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while (mine := positions.get(endpoint_id)) is None:
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.005)
+        before = 0
+        for record in self.registry.of_workspace(workspace_id):
+            at = positions.get(record.id)
+            if record.id == endpoint_id or at is None:
+                continue  # unread: written after this one (the tail has read past it)
+            if at[0] != mine[0] or at[1] < mine[1]:
+                before += 1
+        return before < self.limit
+
+    def refused(self) -> Refused:
+        """The refusal of a create over the quota."""
+        return _over_endpoint_quota(self.limit)
+
+    def held(self, workspace_id: str) -> int:
+        creating = self._creating.get(workspace_id, set())
+        unseen = sum(1 for i in creating if self.registry.get(workspace_id, i) is None)
+        return self.registry.count(workspace_id) + unseen
+
+    @contextlib.contextmanager
+    def slot(self, workspace_id: str, endpoint_id: str) -> Iterator[None]:
+        """Hold a place for ``endpoint_id`` while it is written, or raise ``Refused``."""
+        if self.held(workspace_id) >= self.limit:
+            raise _over_endpoint_quota(self.limit)
+        creating = self._creating.setdefault(workspace_id, set())
+        creating.add(endpoint_id)
+        try:
+            yield
+        finally:
+            creating.discard(endpoint_id)
+            if not creating:
+                self._creating.pop(workspace_id, None)
+
+
+class ScanTurns:
+    """One deliveries scan per workspace on this process, running or waiting. The process
+    scans one endpoint at a time (``worker.api.webhooks.delivery_log_scan``) and a request's
+    wait counts against the scan's time-out, so without this one workspace's requests would
+    queue ahead of every other workspace's until theirs timed out; with it, a request waits
+    behind at most one scan of each other workspace."""
+
+    def __init__(self) -> None:
+        self._busy: set[str] = set()
+
+    @contextlib.contextmanager
+    def turn(self, workspace_id: str) -> Iterator[None]:
+        """The workspace's turn for one scan, or ``Refused`` (429) while it has one."""
+        if workspace_id in self._busy:
+            raise Refused(
+                DELIVERY_SCANS,
+                ServiceError.of(
+                    TOO_MANY,
+                    "A deliveries request of this workspace is still being answered on this"
+                    " service; retry when it has been.",
+                ),
+                SCAN_RETRY_AFTER_S,
+            )
+        self._busy.add(workspace_id)
+        try:
+            yield
+        finally:
+            self._busy.discard(workspace_id)
+
+
+__all__ = [
+    "DELIVERY_SCANS",
+    "ENDPOINTS",
+    "ENDPOINT_QUOTA",
+    "QUOTAS",
+    "REPLAYS",
+    "REPLAY_CAPACITY",
+    "TOO_MANY",
+    "EndpointLimits",
+    "EndpointQuota",
+    "Refused",
+    "ScanTurns",
+]

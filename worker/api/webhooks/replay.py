@@ -1,0 +1,408 @@
+"""``POST .../replay``: re-send an endpoint's past events. A bounded background scan of
+auth.status and auth.errors turns matching events into ``Replay`` records the dispatcher
+delivers under their original webhook-ids; per-workspace (across the live front-end replicas,
+through ``worker.api.presence``) and per-process bounds refuse with 429 (docs/operations.md,
+"Quotas"). The scan reads each partition from ``since`` (the broker's
+timestamp index) to the high-water mark of its start, yielding to the loop as it decodes
+(``ReplayRunner._scan_topic``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from aiokafka import TopicPartition
+from aiokafka.structs import OffsetAndTimestamp
+from pydantic import ValidationError
+
+from worker.api.presence import Presence
+from worker.api.webhooks.bodies import parse_rfc3339
+from worker.api.webhooks.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
+from worker.contract.catalogue import ServiceError
+from worker.engine.fetch import getmany as fetch_records
+from worker.engine.fetch import skipping
+from worker.engine.outage import BrokerHealth, acknowledged, enqueue
+from worker.engine.replay import high_water_marks
+from worker.engine.tail import assign_all
+from worker.runtime.logs import get_logger
+from worker.webhooks.endpoints import EndpointRecord
+from worker.webhooks.events import WebhookEvent, from_error, from_status
+from worker.webhooks.publish import Replay
+
+log = get_logger(__name__)
+
+MAX_RUNNING: Final = 2
+MAX_QUEUED: Final = 8
+PER_WORKSPACE: Final = 2
+#: ``Retry-After`` of a refusal: a replay takes seconds to minutes (``timeout_s`` at most).
+RETRY_AFTER_S: Final = 30
+REPLAY_TIMEOUT_S: Final = 300.0
+#: How much earlier than ``since`` a partition is read from: the broker's timestamps are the
+#: producer's clock (Kafka's CreateTime) or the broker's (append time, as on Tansu), and an
+#: event's ``occurred_at`` the worker's.
+SEEK_MARGIN_S: Final = 60.0
+#: Records decoded between two yields to the event loop.
+DECODE_SLICE: Final = 100
+_FETCH_MAX_RECORDS: Final = 2000
+_KEPT_OUTCOMES: Final = 256
+
+
+def new_replay_id() -> str:
+    """``rp_`` + 32 hex characters: one per request, carried by every record it produces."""
+    return f"rp_{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOutcome:
+    """How one replay ended: ``replayed`` records produced out of ``scanned`` events read."""
+
+    replay_id: str
+    endpoint_id: str
+    state: Literal["finished", "timed_out", "failed", "cancelled"]
+    replayed: int
+    scanned: int
+    seconds: float
+
+
+class ReplayRunner:
+    """Runs replays as background tasks of this process (see the module docstring).
+
+    ``consumer_factory`` builds an unstarted, group-less consumer per scan; ``producer`` is
+    the front-end's started producer, ``health`` the process's broker health its sends report to.
+    ``presence`` (when given) holds the workspace's quota across the live replicas: ``begin``
+    claims a slot there before it starts a replay.
+    """
+
+    def __init__(
+        self,
+        *,
+        consumer_factory: Callable[[], Any],
+        producer: Any,
+        status_topic: str,
+        errors_topic: str,
+        replays_topic: str,
+        health: BrokerHealth | None = None,
+        max_running: int = MAX_RUNNING,
+        max_queued: int = MAX_QUEUED,
+        per_workspace: int = PER_WORKSPACE,
+        timeout_s: float = REPLAY_TIMEOUT_S,
+        seek_margin_s: float = SEEK_MARGIN_S,
+        presence: Presence | None = None,
+    ) -> None:
+        self._presence = presence
+        self._consumer_factory = consumer_factory
+        self._producer = producer
+        self._status_topic = status_topic
+        self._errors_topic = errors_topic
+        self._replays_topic = replays_topic
+        self._health = health or BrokerHealth()
+        self._slots = asyncio.Semaphore(max_running)
+        self._capacity = max_running + max_queued
+        self._per_workspace = per_workspace
+        self._timeout_s = timeout_s
+        self._seek_margin_s = seek_margin_s
+        self._skip = skipping("webhook-replay", log)
+        #: Records fetched by every replay of this process (all workspaces' events are read,
+        #: the topics are keyed by account): what the scans cost.
+        self.records_read = 0
+        self._tasks: dict[str, asyncio.Task[ReplayOutcome]] = {}
+        self._outcomes: OrderedDict[str, ReplayOutcome] = OrderedDict()
+        # Per workspace with a replay in flight: how many, and the lock they run under.
+        self._workspaces: dict[str, tuple[int, asyncio.Lock]] = {}
+
+    @property
+    def active(self) -> int:
+        """Replays running or waiting for a slot."""
+        return len(self._tasks)
+
+    def in_flight(self, workspace_id: str) -> int:
+        """The workspace's replays running or waiting on this process."""
+        return self._workspaces.get(workspace_id, (0, None))[0]
+
+    async def begin(self, endpoint: EndpointRecord, since: datetime) -> str:
+        """``start``, with the workspace's slot claimed across the live replicas first (when
+        this runner has a ``presence``); raises ``Refused`` (429) as ``start`` does, and when
+        the other replicas hold the workspace's quota."""
+        if self._presence is None:
+            return self.start(endpoint, since)
+        workspace_id = endpoint.workspace_id
+        self._refuse_over(workspace_id, self.in_flight(workspace_id))
+        if not await self._presence.claim(workspace_id, self._per_workspace):
+            raise _over_quota(self._per_workspace)
+        try:
+            return self.start(endpoint, since, claimed=True)
+        except BaseException:
+            self._presence.release(workspace_id)
+            raise
+
+    def _refuse_over(self, workspace_id: str, count: int) -> None:
+        if count >= self._per_workspace:
+            raise _over_quota(count)
+        if len(self._tasks) >= self._capacity:
+            raise Refused(
+                REPLAY_CAPACITY,
+                ServiceError.of(
+                    TOO_MANY,
+                    "Too many replays are in progress on this service; retry shortly."
+                    " Nothing was started.",
+                ),
+                RETRY_AFTER_S,
+            )
+
+    def start(self, endpoint: EndpointRecord, since: datetime, *, claimed: bool = False) -> str:
+        """Queue a replay of ``endpoint``'s events since ``since``; its id.
+
+        Raises ``Refused`` (429, ``Retry-After``) when the workspace already has
+        ``per_workspace`` replays in flight, or this process ``max_running + max_queued``:
+        a limit, not a fault of the request, so retrying later is the right reaction.
+        """
+        workspace_id = endpoint.workspace_id
+        count, lock = self._workspaces.get(workspace_id, (0, asyncio.Lock()))
+        self._refuse_over(workspace_id, count)
+        replay_id = new_replay_id()
+        self._workspaces[workspace_id] = (count + 1, lock)
+        task = asyncio.create_task(self._run(replay_id, endpoint, since, lock), name=replay_id)
+        self._tasks[replay_id] = task
+        task.add_done_callback(lambda _: self._ended(replay_id, workspace_id, claimed))
+        return replay_id
+
+    def _ended(self, replay_id: str, workspace_id: str, claimed: bool = False) -> None:
+        if claimed and self._presence is not None:
+            self._presence.release(workspace_id)
+        self._tasks.pop(replay_id, None)
+        count, lock = self._workspaces.pop(workspace_id, (1, None))
+        if count > 1 and lock is not None:
+            self._workspaces[workspace_id] = (count - 1, lock)
+
+    async def wait(self, replay_id: str, timeout: float | None = None) -> ReplayOutcome | None:
+        """The outcome of a replay of this process, waiting for it when it still runs;
+        ``None`` when unknown (or forgotten: only the last few are kept)."""
+        task = self._tasks.get(replay_id)
+        if task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+        return self._outcomes.get(replay_id)
+
+    async def stop(self) -> None:
+        """Cancel every replay (shutdown: before the producer closes)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one replay ---------------------------------------------------------------------------
+
+    async def _run(
+        self, replay_id: str, endpoint: EndpointRecord, since: datetime, turn: asyncio.Lock
+    ) -> ReplayOutcome:
+        counts = [0, 0]  # replayed, scanned: kept outside the scan so a time-out can tell
+        started = time.perf_counter()
+        state: Literal["finished", "timed_out", "failed", "cancelled"] = "failed"
+        try:
+            async with turn, self._slots:
+                try:
+                    async with asyncio.timeout(self._timeout_s):
+                        await self._scan(replay_id, endpoint, since, counts)
+                    state = "finished"
+                except TimeoutError:
+                    state = "timed_out"
+        except asyncio.CancelledError:
+            state = "cancelled"
+            raise
+        except Exception as exc:
+            log.error(
+                "webhook_replay_failed",
+                replay_id=replay_id,
+                endpoint_id=endpoint.id,
+                error=repr(exc),
+            )
+        finally:
+            outcome = ReplayOutcome(
+                replay_id=replay_id,
+                endpoint_id=endpoint.id,
+                state=state,
+                replayed=counts[0],
+                scanned=counts[1],
+                seconds=round(time.perf_counter() - started, 3),
+            )
+            self._remember(outcome)
+            log.info(
+                "webhook_replay_ended",
+                replay_id=replay_id,
+                endpoint_id=endpoint.id,
+                workspace_id=endpoint.workspace_id,
+                state=state,
+                events_replayed=outcome.replayed,
+                events_scanned=outcome.scanned,
+                seconds=outcome.seconds,
+            )
+        return outcome
+
+    def _remember(self, outcome: ReplayOutcome) -> None:
+        self._outcomes[outcome.replay_id] = outcome
+        while len(self._outcomes) > _KEPT_OUTCOMES:
+            self._outcomes.popitem(last=False)
+
+    async def _scan(
+        self, replay_id: str, endpoint: EndpointRecord, since: datetime, counts: list[int]
+    ) -> None:
+        # One consumer per topic: ``assign_all`` assigns one topic, and a consumer assigned
+        # to one topic does not learn another's metadata.
+        for topic in (self._status_topic, self._errors_topic):
+            consumer = self._consumer_factory()
+            await consumer.start()
+            try:
+                await self._scan_topic(consumer, topic, replay_id, endpoint, since, counts)
+            finally:
+                await consumer.stop()
+
+    async def _scan_topic(
+        self,
+        consumer: Any,
+        topic: str,
+        replay_id: str,
+        endpoint: EndpointRecord,
+        since: datetime,
+        counts: list[int],
+    ) -> None:
+        """Read ``topic`` from ``since`` to the high-water marks of now.
+
+        The request answered with the replay id at once; this runs in the replay's task, one
+        per workspace and ``max_running`` in all. Each partition is read from the first record
+        stamped at or after ``since`` less ``seek_margin_s`` (clocks that disagree) as the
+        broker's timestamp index (ListOffsets by time, ``offsets_for_times``) finds it, up to
+        the high-water mark taken here, never what arrives afterwards; a partition without
+        such a record is not read. Kafka answers "none" with offset -1 (aiokafka's ``None``);
+        the embedded broker (Tansu) indexes by append time, correctly for a time within the
+        log, and answers "none" with offset 0 and timestamp -1: both read as "nothing to
+        read", never as offset 0. An event is replayed only when its ``occurred_at`` is at or
+        after ``since`` too, so an index that starts early costs reading, never a wrong
+        delivery. ``DECODE_SLICE`` records are decoded between yields to the event loop (the
+        front-end's)."""
+        tps = await assign_all(consumer, topic)
+        ends = await high_water_marks(consumer, tps)
+        starts = await self._starts(consumer, ends, since)
+        pending = {tp for tp in tps if starts[tp] < ends[tp]}
+        for tp in tps:
+            consumer.seek(tp, starts[tp])
+        consumer.pause(*(tp for tp in tps if tp not in pending))
+        while pending:
+            chunk = await fetch_records(
+                consumer,
+                timeout_ms=200,
+                max_records=_FETCH_MAX_RECORDS,
+                on_unreadable=self._skip,
+                owned=tps,
+            )
+            for tp, records in chunk.items():
+                if tp not in pending:
+                    continue
+                self.records_read += len(records)
+                counts[1] += len(records)
+                end = ends[tp]
+                mine = [r for r in records if r.offset < end]
+                counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, mine)
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+                    consumer.pause(tp)  # what arrived after the scan started is not read
+            await asyncio.sleep(0)
+
+    async def _starts(
+        self, consumer: Any, ends: dict[TopicPartition, int], since: datetime
+    ) -> dict[TopicPartition, int]:
+        """Where each partition's read starts: the first offset stamped at or after
+        ``since`` less the margin, or its end when none is (see the module docstring)."""
+        at = int((since.timestamp() - self._seek_margin_s) * 1000)
+        found = await consumer.offsets_for_times(dict.fromkeys(ends, max(at, 0)))
+        return {tp: _start(found.get(tp), end) for tp, end in ends.items()}
+
+    async def _replay_batch(
+        self,
+        replay_id: str,
+        endpoint: EndpointRecord,
+        since: datetime,
+        tp: TopicPartition,
+        records: list[Any],
+    ) -> int:
+        """Produce a ``Replay`` for each record of ``endpoint`` since ``since``; wait for
+        the acks, sending again what an outage failed (a lost record would be a silently
+        missing delivery)."""
+        source: Literal["status", "errors"] = (
+            "status" if tp.topic == self._status_topic else "errors"
+        )
+        decode = from_status if source == "status" else from_error
+        sent = []
+        for n, msg in enumerate(records, 1):
+            if n % DECODE_SLICE == 0:
+                await asyncio.sleep(0)  # the front-end's loop serves requests meanwhile
+            if msg.value is None:
+                continue
+            event = _event(decode, msg.value)
+            if (
+                event is None
+                or event.workspace_id != endpoint.workspace_id
+                or not endpoint.subscribes(event.event_type)
+                or not _since(event, since)
+            ):
+                continue
+            replay = Replay(
+                replay_id=replay_id,
+                endpoint_id=endpoint.id,
+                workspace_id=endpoint.workspace_id,
+                source=source,
+                event=msg.value.decode("utf-8", "replace"),
+            )
+            sent.append(
+                await enqueue(
+                    self._producer,
+                    self._replays_topic,
+                    replay.model_dump_json().encode(),
+                    key=event.account_id.encode(),
+                    partition=msg.partition,
+                )
+            )
+        await acknowledged(self._producer, self._health, sent)
+        return len(sent)
+
+
+def _over_quota(count: int) -> Refused:
+    return Refused(
+        REPLAYS,
+        ServiceError.of(
+            TOO_MANY,
+            f"The workspace already has {count} replays in progress, its quota;"
+            " retry when one has ended. Nothing was started.",
+        ),
+        RETRY_AFTER_S,
+    )
+
+
+def _start(found: OffsetAndTimestamp | None, end: int) -> int:
+    """The offset a partition is read from, given the broker's answer for ``since``: none
+    (Kafka's ``None``; Tansu's offset 0 with timestamp -1) means no record at or after it
+    before ``end``."""
+    if found is None or found.timestamp < 0 or found.offset < 0:
+        return end
+    return min(int(found.offset), end)
+
+
+def _event(decode: Callable[[bytes], WebhookEvent], value: bytes) -> WebhookEvent | None:
+    try:
+        return decode(value)
+    except ValidationError:
+        return None  # not an event (the dispatcher skips it too)
+
+
+def _since(event: WebhookEvent, since: datetime) -> bool:
+    try:
+        return parse_rfc3339(event.occurred_at) >= since
+    except ValueError:
+        return False

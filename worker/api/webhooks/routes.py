@@ -1,0 +1,505 @@
+"""The webhook-endpoint management routes and their checks, in the contract's order
+(docs/api.md, "Webhook endpoints"). Reads come from the replica's registry, writes are
+acknowledged then applied to it (read-your-writes), serialised per endpoint on a replica."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from worker.api.bodies import error_response, json_response, valid_id
+from worker.api.metrics import ApiMetrics
+from worker.api.routes import (
+    ACCOUNT_ID_RULE,
+    check_body,
+    decode_json,
+    read_body,
+    request_id_of,
+)
+from worker.api.webhooks.bodies import (
+    CreateEndpointBody,
+    DeliveryData,
+    DeliveryListResponse,
+    EndpointData,
+    EndpointListResponse,
+    EndpointResponse,
+    EndpointSecretResponse,
+    EndpointWithSecret,
+    ReplayAcceptedResponse,
+    ReplayBody,
+    ReplayData,
+    UpdateEndpointBody,
+    invalid_body,
+)
+from worker.api.webhooks.delivery_log_scan import DeliveryLogScan, DeliveryScanFailed
+from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota, Refused, ScanTurns
+from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.urls import url_form_allowed, url_rule_text
+from worker.contract.catalogue import ServiceError
+from worker.engine.tail import TopicTail
+from worker.runtime.logs import get_logger
+from worker.webhooks.endpoint_writes import EndpointStore
+from worker.webhooks.endpoints import EndpointRecord, EndpointsTail
+from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
+
+log = get_logger(__name__)
+
+WEBHOOK_ENDPOINTS: Final = "/v1/webhook-endpoints"
+WEBHOOK_ENDPOINT: Final = "/v1/webhook-endpoints/{endpoint_id}"
+WEBHOOK_DEACTIVATE: Final = "/v1/webhook-endpoints/{endpoint_id}/deactivate"
+WEBHOOK_ACTIVATE: Final = "/v1/webhook-endpoints/{endpoint_id}/activate"
+WEBHOOK_ROTATE: Final = "/v1/webhook-endpoints/{endpoint_id}/rotate-secret"
+WEBHOOK_EXPIRE_PREVIOUS: Final = "/v1/webhook-endpoints/{endpoint_id}/expire-previous-secret"
+WEBHOOK_DELIVERIES: Final = "/v1/webhook-endpoints/{endpoint_id}/deliveries"
+WEBHOOK_REPLAY: Final = "/v1/webhook-endpoints/{endpoint_id}/replay"
+WEBHOOK_ROUTES: Final = (
+    WEBHOOK_ENDPOINTS,
+    WEBHOOK_ENDPOINT,
+    WEBHOOK_DEACTIVATE,
+    WEBHOOK_ACTIVATE,
+    WEBHOOK_ROTATE,
+    WEBHOOK_EXPIRE_PREVIOUS,
+    WEBHOOK_DELIVERIES,
+    WEBHOOK_REPLAY,
+)
+NOT_CONFIGURED: Final = "The service is not configured for webhooks; nothing was changed."
+NOT_FOUND: Final = "The webhook endpoint does not exist in this workspace."
+ENDPOINT_ID_RULE: Final = ACCOUNT_ID_RULE.replace("account_id", "endpoint_id", 1)
+
+UNCONFIRMED: Final = (
+    "The change was not confirmed in time and may still be applied; read the webhook"
+    " endpoints before retrying."
+)
+
+Body = TypeVar("Body", bound=BaseModel)
+Written = TypeVar("Written")
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class WebhookClients:
+    """The started clients behind the routes, present only when webhooks are configured."""
+
+    endpoints: EndpointsTail
+    store: EndpointStore
+    deliveries: DeliveryLogScan
+    replays: ReplayRunner
+
+    @property
+    def tails(self) -> tuple[TopicTail, ...]:
+        return (self.endpoints,)
+
+
+class WebhookRoutes:
+    """The handlers; ``clients`` is ``None`` when the service has no secrets key, and every
+    route then answers its 500. ``admitted_workspace`` is the front-end's key check and rate
+    limit (``ApiRoutes.admitted_workspace``); ``wait_s`` bounds how long a request waits for
+    the registry to catch up at start-up; ``limits`` and ``endpoints_per_workspace`` are the
+    quotas (``worker.api.webhooks.quotas``), whose refusals ``metrics`` counts."""
+
+    def __init__(
+        self,
+        *,
+        clients: WebhookClients | None,
+        admitted_workspace: Callable[[Request], str],
+        policy: TargetPolicy,
+        wait_s: float,
+        limits: EndpointLimits | None = None,
+        endpoints_per_workspace: int = 16,
+        metrics: ApiMetrics | None = None,
+    ) -> None:
+        self.clients = clients
+        self.admitted_workspace = admitted_workspace
+        self.policy = policy
+        self.wait_s = wait_s
+        self.limits = limits or EndpointLimits.defaults()
+        self.metrics = metrics
+        self.quota = (
+            None
+            if clients is None
+            else EndpointQuota(
+                clients.store.registry,
+                endpoints_per_workspace,
+                positions=clients.endpoints.positions,
+                partitions=lambda: len(clients.endpoints.partitions),
+            )
+        )
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.scans = ScanTurns()
+
+    def routes(self) -> list[Route]:
+        def route(path: str, handler: Handler, method: str, failure: str) -> Route:
+            return Route(path, _guarded(handler, failure, path, self._refused), methods=[method])
+
+        return [
+            route(WEBHOOK_ENDPOINTS, self.create, "POST", "create_webhook_endpoint_failed"),
+            route(WEBHOOK_ENDPOINTS, self.list_endpoints, "GET", "list_webhook_endpoints_failed"),
+            route(WEBHOOK_ENDPOINT, self.get, "GET", "get_webhook_endpoint_failed"),
+            route(WEBHOOK_ENDPOINT, self.update, "PATCH", "update_webhook_endpoint_failed"),
+            route(WEBHOOK_ENDPOINT, self.delete, "DELETE", "delete_webhook_endpoint_failed"),
+            route(
+                WEBHOOK_DEACTIVATE,
+                self.deactivate,
+                "POST",
+                "deactivate_webhook_endpoint_failed",
+            ),
+            route(WEBHOOK_ACTIVATE, self.activate, "POST", "update_webhook_endpoint_failed"),
+            route(WEBHOOK_ROTATE, self.rotate, "POST", "update_webhook_endpoint_failed"),
+            route(
+                WEBHOOK_EXPIRE_PREVIOUS,
+                self.expire_previous,
+                "POST",
+                "update_webhook_endpoint_failed",
+            ),
+            route(WEBHOOK_DELIVERIES, self.deliveries, "GET", "get_webhook_endpoint_failed"),
+            route(WEBHOOK_REPLAY, self.replay, "POST", "update_webhook_endpoint_failed"),
+        ]
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def _refused(self, quota: str) -> None:
+        if self.metrics is not None:
+            self.metrics.quota_refusals.labels(quota).inc()
+
+    def _secrets_dropped(self, reason: str, before: EndpointRecord, after: EndpointRecord) -> None:
+        """Count the secrets ``before`` held unexpired that ``after`` no longer holds."""
+        now = time.time()
+        kept = {s.ciphertext for s in after.secrets}
+        dropped = sum(
+            1
+            for s in before.secrets
+            if (s.expires_at is None or s.expires_at > now) and s.ciphertext not in kept
+        )
+        if dropped and self.metrics is not None:
+            self.metrics.secrets_dropped.labels(reason).inc(dropped)
+
+    def _configured(self, failure: str) -> WebhookClients:
+        if self.clients is None:
+            raise ServiceError.of(failure, NOT_CONFIGURED)
+        return self.clients
+
+    async def _ready(self, failure: str, *tails: TopicTail) -> None:
+        """The read models are caught up (waiting up to ``wait_s`` at start-up) and alive."""
+        for tail in tails:
+            if not tail.caught_up and not await tail.wait_caught_up(self.wait_s):
+                raise ServiceError.of(
+                    failure, "The webhook endpoints are not available yet; retry shortly."
+                )
+            if not tail.running:
+                raise ServiceError.of(failure, "The webhook endpoints are not available.")
+
+    def _check_url(self, url: str) -> None:
+        """The SSRF check of ``worker.webhooks.targets``, then the form the API document
+        publishes (``worker.api.webhooks.urls``); the message names the reason, never the URL
+        (it may hold a token)."""
+        try:
+            validate_url(url, self.policy)
+        except BlockedTarget as exc:
+            raise ServiceError.of(
+                "invalid_request", f"The url is not allowed as a webhook target: {exc.reason}."
+            ) from None
+        allow_http = self.policy.allow_http
+        if not url_form_allowed(url, allow_http=allow_http):
+            raise ServiceError.of(
+                "invalid_request",
+                "The url is not allowed as a webhook target: url_form_not_allowed (it must be"
+                f" {url_rule_text(allow_http=allow_http)}).",
+            )
+
+    @staticmethod
+    async def _body(request: Request, model: type[Body]) -> Body:
+        raw = await read_body(request)
+        if not raw:
+            raise ServiceError.of("invalid_request", "A JSON object request body is required.")
+        value = decode_json(raw)
+        if not isinstance(value, dict):
+            raise ServiceError.of("invalid_request", "The request body must be a JSON object.")
+        try:
+            return model.model_validate(value)
+        except ValidationError as exc:
+            raise invalid_body(exc) from None
+
+    @staticmethod
+    def _endpoint_id(request: Request) -> str:
+        """The path's endpoint id, in the identifier format (400 otherwise, like account ids)."""
+        endpoint_id: str = request.path_params["endpoint_id"]
+        if not valid_id(endpoint_id):
+            raise ServiceError.of("invalid_request", f"Invalid path parameter: {ENDPOINT_ID_RULE}.")
+        return endpoint_id
+
+    @staticmethod
+    def _find(clients: WebhookClients, workspace_id: str, endpoint_id: str) -> EndpointRecord:
+        record = clients.store.registry.get(workspace_id, endpoint_id)
+        if record is None:
+            raise ServiceError.of("not_found", NOT_FOUND)
+        return record
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, endpoint_id: str) -> AsyncIterator[None]:
+        """One write at a time per endpoint in this replica; the lock lives while used."""
+        lock = self._locks.get(endpoint_id)
+        if lock is None:
+            lock = self._locks[endpoint_id] = asyncio.Lock()
+        async with lock:
+            yield
+
+    async def _current(
+        self, request: Request, failure: str, *, body: bool = False
+    ) -> tuple[WebhookClients, str, str]:
+        """The common head of the routes on one endpoint: key, configured, optional body,
+        registry ready. The caller looks the endpoint up (under the write lock for writes)."""
+        workspace_id = self.admitted_workspace(request)
+        clients = self._configured(failure)
+        endpoint_id = self._endpoint_id(request)
+        if body:
+            await check_body(request)
+        await self._ready(failure, clients.endpoints)
+        return clients, workspace_id, endpoint_id
+
+    # -- collection --------------------------------------------------------------------------
+
+    async def create(self, request: Request) -> Response:
+        failure = "create_webhook_endpoint_failed"
+        workspace_id = self.admitted_workspace(request)
+        clients = self._configured(failure)
+        body = await self._body(request, CreateEndpointBody)
+        self.limits.check(url=body.url, description=body.description, event_types=body.event_types)
+        self._check_url(body.url)
+        event_types = None if body.event_types is None else tuple(dict.fromkeys(body.event_types))
+        # The quota counts the registry: a replica still reading it would count too few.
+        await self._ready(failure, clients.endpoints)
+        assert self.quota is not None  # built with the clients
+        endpoint_id = self.quota.new_id(workspace_id)
+        with self.quota.slot(workspace_id, endpoint_id):
+            record, secret = await _confirmed(
+                clients.store.create(
+                    workspace_id,
+                    url=body.url,
+                    event_types=event_types,
+                    description=body.description,
+                    endpoint_id=endpoint_id,
+                    rate_limit=body.rate_limit,
+                )
+            )
+            # Across replicas: kept only when fewer than the quota were created before it.
+            kept = await self.quota.kept(workspace_id, endpoint_id, self.wait_s)
+        if not kept:
+            await _confirmed(clients.store.delete(record))
+            log.info(
+                "webhook_endpoint_create_rolled_back",
+                endpoint_id=record.id,
+                workspace_id=workspace_id,
+                over_quota=kept is False,
+            )
+            if kept is False:
+                raise self.quota.refused()
+            raise ServiceError.of(
+                failure,
+                "The new endpoint could not be confirmed in time and was deleted; nothing was"
+                " created. Retry shortly.",
+            )
+        log.info("webhook_endpoint_created", endpoint_id=record.id, workspace_id=workspace_id)
+        return _with_secret(request, record, secret, status_code=201)
+
+    async def list_endpoints(self, request: Request) -> Response:
+        workspace_id = self.admitted_workspace(request)
+        clients = self._configured("list_webhook_endpoints_failed")
+        await self._ready("list_webhook_endpoints_failed", clients.endpoints)
+        records = clients.store.registry.of_workspace(workspace_id)
+        return json_response(
+            EndpointListResponse(
+                request_id=request_id_of(request), data=[EndpointData.of(r) for r in records]
+            )
+        )
+
+    # -- one endpoint ------------------------------------------------------------------------
+
+    async def get(self, request: Request) -> Response:
+        clients, workspace_id, endpoint_id = await self._current(
+            request, "get_webhook_endpoint_failed"
+        )
+        record = self._find(clients, workspace_id, endpoint_id)
+        return _endpoint(request, record)
+
+    async def update(self, request: Request) -> Response:
+        failure = "update_webhook_endpoint_failed"
+        workspace_id = self.admitted_workspace(request)
+        clients = self._configured(failure)
+        endpoint_id = self._endpoint_id(request)
+        body = await self._body(request, UpdateEndpointBody)
+        changes = body.changes()
+        if not changes:
+            raise ServiceError.of(
+                "invalid_request",
+                "The request body must change at least one of url, event_types, description,"
+                " rate_limit.",
+            )
+        self.limits.check(
+            url=changes.get("url"),
+            description=changes.get("description"),
+            event_types=body.event_types if "event_types" in changes else None,
+        )
+        if "url" in changes:
+            self._check_url(changes["url"])
+        await self._ready(failure, clients.endpoints)
+        async with self._exclusive(endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            record = await _confirmed(clients.store.update(current, **changes))
+        self._secrets_dropped("trimmed", current, record)
+        log.info("webhook_endpoint_updated", endpoint_id=record.id, fields=sorted(changes))
+        return _endpoint(request, record)
+
+    async def deactivate(self, request: Request) -> Response:
+        return await self._set_status(request, "inactive", "deactivate_webhook_endpoint_failed")
+
+    async def activate(self, request: Request) -> Response:
+        return await self._set_status(request, "active", "update_webhook_endpoint_failed")
+
+    async def _set_status(self, request: Request, status: str, failure: str) -> Response:
+        clients, workspace_id, endpoint_id = await self._current(request, failure, body=True)
+        async with self._exclusive(endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            record = await _confirmed(clients.store.set_status(current, status))
+        self._secrets_dropped("trimmed", current, record)
+        log.info("webhook_endpoint_status_set", endpoint_id=record.id, status=record.status)
+        return _endpoint(request, record)
+
+    async def delete(self, request: Request) -> Response:
+        clients, workspace_id, endpoint_id = await self._current(
+            request, "delete_webhook_endpoint_failed", body=True
+        )
+        async with self._exclusive(endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            await _confirmed(clients.store.delete(current))
+        log.info("webhook_endpoint_deleted", endpoint_id=endpoint_id, workspace_id=workspace_id)
+        return Response(status_code=204)
+
+    async def rotate(self, request: Request) -> Response:
+        clients, workspace_id, endpoint_id = await self._current(
+            request, "update_webhook_endpoint_failed", body=True
+        )
+        async with self._exclusive(endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            record, secret = await _confirmed(clients.store.rotate(current))
+        self._secrets_dropped("rotated", current, record)
+        log.info("webhook_secret_rotated", endpoint_id=record.id, workspace_id=workspace_id)
+        return _with_secret(request, record, secret, status_code=200)
+
+    async def expire_previous(self, request: Request) -> Response:
+        """Only the current secret signs from now on (ends a rotation's overlap early)."""
+        clients, workspace_id, endpoint_id = await self._current(
+            request, "update_webhook_endpoint_failed", body=True
+        )
+        async with self._exclusive(endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            record = await _confirmed(clients.store.expire_previous(current))
+        self._secrets_dropped("expired", current, record)
+        log.info(
+            "webhook_previous_secret_expired", endpoint_id=record.id, workspace_id=workspace_id
+        )
+        return _endpoint(request, record)
+
+    async def deliveries(self, request: Request) -> Response:
+        failure = "get_webhook_endpoint_failed"
+        clients, workspace_id, endpoint_id = await self._current(request, failure)
+        record = self._find(clients, workspace_id, endpoint_id)
+        try:
+            with self.scans.turn(workspace_id):
+                entries = await clients.deliveries.recent(record.id)
+        except DeliveryScanFailed:
+            raise ServiceError.of(
+                failure, "The deliveries are not available right now; retry shortly."
+            ) from None
+        return json_response(
+            DeliveryListResponse(
+                request_id=request_id_of(request), data=[DeliveryData.of(e) for e in entries]
+            )
+        )
+
+    async def replay(self, request: Request) -> Response:
+        failure = "update_webhook_endpoint_failed"
+        workspace_id = self.admitted_workspace(request)
+        clients = self._configured(failure)
+        endpoint_id = self._endpoint_id(request)
+        body = await self._body(request, ReplayBody)
+        await self._ready(failure, clients.endpoints)
+        record = self._find(clients, workspace_id, endpoint_id)
+        replay_id = await clients.replays.begin(record, body.since)
+        since = body.since.isoformat(timespec="microseconds").replace("+00:00", "Z")
+        log.info("webhook_replay_started", replay_id=replay_id, endpoint_id=record.id, since=since)
+        data = ReplayData(replay_id=replay_id, endpoint_id=record.id, since=since)
+        return json_response(
+            ReplayAcceptedResponse(request_id=request_id_of(request), data=data), 202
+        )
+
+
+async def _confirmed(write: Awaitable[Written]) -> Written:
+    """``write``, with the store's catalogued 500 told the way the caller needs it: a produce
+    that timed out may still reach the topic (the producer keeps the record), so the outcome
+    is unknown, not "nothing happened"."""
+    try:
+        return await write
+    except ServiceError as exc:
+        raise ServiceError.of(exc.code, UNCONFIRMED) from None
+
+
+def _endpoint(request: Request, record: EndpointRecord) -> Response:
+    return json_response(
+        EndpointResponse(request_id=request_id_of(request), data=EndpointData.of(record))
+    )
+
+
+def _with_secret(
+    request: Request, record: EndpointRecord, secret: str, *, status_code: int
+) -> Response:
+    data = EndpointWithSecret(**EndpointData.of(record).model_dump(), secret=secret)
+    body = EndpointSecretResponse(request_id=request_id_of(request), data=data)
+    return json_response(body, status_code)
+
+
+def _guarded(
+    handler: Handler, failure: str, template: str, refused: Callable[[str], None]
+) -> Handler:
+    """``handler`` with a quota's refusal answered (and told to ``refused``) and any
+    unexpected exception turned into the route's catalogued 500."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Refused as exc:
+            refused(exc.quota)
+            log.info(
+                "webhook_quota_refused",
+                request_id=request_id_of(request),
+                route=template,
+                quota=exc.quota,
+            )
+            response = error_response(request_id_of(request), exc.error)
+            if exc.retry_after_s is not None:
+                response.headers["Retry-After"] = str(exc.retry_after_s)
+            return response
+        except ServiceError:
+            raise
+        except Exception as exc:
+            log.error(
+                "webhook_route_failed",
+                request_id=request_id_of(request),
+                route=template,
+                error=type(exc).__name__,
+            )
+            raise ServiceError.of(failure) from None
+
+    return endpoint
+
+
+__all__ = ["WEBHOOK_ROUTES", "WebhookClients", "WebhookRoutes"]

@@ -1,0 +1,133 @@
+"""The schemas of the AsyncAPI document's components: every wire model, the record keys, the
+exact webhook body and the header sets, all from the code that reads and writes them."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from pydantic import TypeAdapter
+from pydantic.json_schema import JsonSchemaMode
+
+from worker.api.presence import PresenceRecord
+from worker.contract.messages import (
+    AccountRecord,
+    AuthError,
+    AuthStatusChanged,
+    DeregisterAccount,
+    GetAuthState,
+    Identifier,
+    ObserveAuthState,
+    PasskeyConfirm,
+    RegisterAccount,
+    Reply,
+)
+from worker.documents.asyncapi.headers import header_schemas
+from worker.webhooks.delivery import DeliveryState
+from worker.webhooks.delivery_store import AccountDeliveries
+from worker.webhooks.endpoints import EVENT_TYPES, EndpointRecord
+from worker.webhooks.events import _WIRE_ONLY as WEBHOOK_BODY_DROPS
+from worker.webhooks.publish import DeliveryLogBatch, DeliveryLogEntry, Replay
+
+KAFKA_BINDING_VERSION: Final = "0.5.0"
+SCHEMA_REF: Final = "#/components/schemas/{model}"
+
+WIRE_MODELS: Final[tuple[type[Any], ...]] = (
+    RegisterAccount,
+    ObserveAuthState,
+    PasskeyConfirm,
+    DeregisterAccount,
+    GetAuthState,
+    Reply,
+    AuthStatusChanged,
+    AuthError,
+    AccountRecord,
+    EndpointRecord,
+    DeliveryState,
+    AccountDeliveries,
+    DeliveryLogEntry,
+    DeliveryLogBatch,
+    Replay,
+    PresenceRecord,
+)
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": SCHEMA_REF.format(model=name)}
+
+
+def component_schemas() -> dict[str, Any]:
+    """Every wire model's JSON Schema (nested models too) by name, refs into components."""
+    inputs: list[tuple[str, JsonSchemaMode, TypeAdapter[Any]]] = [
+        (m.__name__, "validation", TypeAdapter(m)) for m in WIRE_MODELS
+    ]
+    _, definitions = TypeAdapter.json_schemas(inputs, ref_template=SCHEMA_REF)
+    schemas: dict[str, Any] = dict(definitions.get("$defs", {}))
+    identifier = TypeAdapter(Identifier).json_schema()
+    schemas["AccountId"] = identifier | {
+        "title": "AccountId",
+        "description": "Record key: the account id (UTF-8), so everything about one account "
+        "lands in the same partition number of every co-partitioned topic.",
+    }
+    schemas["EndpointId"] = identifier | {
+        "title": "EndpointId",
+        "description": "Record key: the webhook endpoint id (UTF-8, `ep_` + 32 hex).",
+    }
+    schemas["ReplicaId"] = identifier | {
+        "title": "ReplicaId",
+        "description": "Record key: a front-end replica's id (UTF-8, `api_` + 32 hex), new at "
+        "each process start.",
+    }
+    schemas["DeliveryStateKey"] = {
+        "title": "DeliveryStateKey",
+        "type": "string",
+        "pattern": "^[^/]+/[^/]+$",
+        "description": "Record key: `endpoint_id/account_id` (UTF-8), one (endpoint, account) "
+        "pair; written to the account's partition number, not the key's hash.",
+    }
+    schemas["DeadLetterKey"] = {
+        "title": "DeadLetterKey",
+        "type": "string",
+        "description": "The dead-lettered record's own key, unchanged (normally the account "
+        "id; absent or anything else when that was the record's fault).",
+    }
+    schemas |= _webhook_body_schemas(schemas)
+    schemas |= header_schemas()
+    return dict(sorted(schemas.items()))
+
+
+def _webhook_body_schemas(schemas: dict[str, Any]) -> dict[str, Any]:
+    """The Standard Webhooks body (worker/webhooks/events.py): ``data`` is the event minus
+    its wire-only fields, so the schemas are the events' schemas minus those properties."""
+    out: dict[str, Any] = {}
+    variants = []
+    for event_type, model in zip(EVENT_TYPES, (AuthStatusChanged, AuthError), strict=True):
+        event = schemas[model.__name__]
+        data = {
+            **event,
+            "title": f"{model.__name__}Data",
+            "description": f"The `data` of an `{event_type}` webhook: the {model.__name__} "
+            "event without its wire-only fields.",
+            "properties": {
+                k: v for k, v in event["properties"].items() if k not in WEBHOOK_BODY_DROPS
+            },
+            "required": [k for k in event.get("required", []) if k not in WEBHOOK_BODY_DROPS],
+        }
+        out[f"{model.__name__}Data"] = data
+        name = f"{model.__name__}Webhook"
+        out[name] = {
+            "title": name,
+            "type": "object",
+            "properties": {
+                "type": {"const": event_type, "type": "string"},
+                "timestamp": {"type": "string", "description": "The event's `occurred_at`."},
+                "data": ref(f"{model.__name__}Data"),
+            },
+            "required": ["type", "timestamp", "data"],
+        }
+        variants.append(ref(name))
+    out["WebhookBody"] = {
+        "title": "WebhookBody",
+        "description": "The exact body signed and sent to endpoints (Standard Webhooks).",
+        "oneOf": variants,
+    }
+    return out

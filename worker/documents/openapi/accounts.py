@@ -1,0 +1,121 @@
+"""The OpenAPI table of an account's routes: the Passkey confirmation and the state query (the
+polling route), with what each can answer."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from worker.api.bodies import AuthResponse
+from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
+from worker.contract.messages import AuthData
+from worker.documents.openapi.parts import (
+    BODY_TIMEOUT,
+    EMPTY_BODY,
+    EXAMPLE_RID,
+    KEY_CHECK,
+    Failure,
+    error_responses,
+    json_response,
+    preflight,
+)
+
+_NOT_FOUND: Final = Failure(
+    "not_found",
+    "The account does not exist in the key's workspace (unknown, deregistered or another"
+    " workspace's), or the route does not exist.",
+)
+_CONFIRM_FAILURES: Final = (
+    Failure("invalid_request", "Malformed `account_id` or body."),
+    Failure("provider_invalid_request"),
+    *KEY_CHECK,
+    _NOT_FOUND,
+    Failure("account_already_authorized"),
+    Failure("provider_not_ready", "The status is before the challenge, or `failed`."),
+    Failure("account_binding_not_found"),
+    Failure("provider_account_mismatch"),
+    Failure(
+        "run_auth_action_failed",
+        "Unexpected failure or no outcome in time; check the account's state before retrying.",
+    ),
+    Failure("unsupported_by_provider", "The account's provider has no Passkey confirmation."),
+    Failure("provider_unavailable", refined=(30010,)),
+    Failure("provider_adapter_not_found"),
+    BODY_TIMEOUT,
+)
+_AUTH_FAILURES: Final = (
+    Failure("invalid_request", "Malformed `account_id`."),
+    *KEY_CHECK,
+    _NOT_FOUND,
+    Failure(
+        "get_auth_state_failed",
+        "No worker answered within `API_REPLY_TIMEOUT_S` (or the front-end is starting);"
+        " nothing was changed: retry shortly.",
+    ),
+)
+
+
+def _auth_ok(description: str) -> dict[str, Any]:
+    example = AuthResponse(
+        request_id=EXAMPLE_RID,
+        data=AuthData(
+            account_id="acc_demo_1",
+            status="passkey_confirmation_sent",
+            auth_status="passkey_confirmation_sent",
+        ),
+    )
+    return json_response(description, AuthResponse, example=example.model_dump())
+
+
+def account_paths() -> dict[str, Any]:
+    """``POST .../passkey-confirm`` and ``GET .../auth`` (``worker.api.routes``)."""
+    parameters = [
+        {"$ref": "#/components/parameters/AccountId"},
+        {"$ref": "#/components/parameters/RequestId"},
+    ]
+    return {
+        PASSKEY_CONFIRM: {
+            "post": {
+                "operationId": "confirmPasskey",
+                "summary": "Confirm the pending Passkey challenge of an account",
+                "description": (
+                    "Call it once the account's status is `passkey_confirmation`, then poll"
+                    f" `GET {ACCOUNT_AUTH}` until the status is `authorized` or `failed`."
+                    " No body is required; an empty body or any JSON object (ignored) is"
+                    " accepted. On 500 check `GET .../auth` before retrying: the"
+                    " confirmation may still be applied."
+                ),
+                "tags": ["auth"],
+                "security": [{"ApiKey": []}],
+                "parameters": parameters,
+                "requestBody": dict(EMPTY_BODY),
+                "responses": {
+                    "200": _auth_ok(
+                        "Confirmed: `status` and `auth_status` are"
+                        " `passkey_confirmation_sent` (or the current status when it was"
+                        " already sent)."
+                    ),
+                    **error_responses(_CONFIRM_FAILURES),
+                },
+            },
+            "options": preflight("preflightPasskeyConfirm", "account_id"),
+        },
+        ACCOUNT_AUTH: {
+            "get": {
+                "operationId": "getAuthState",
+                "summary": "Authentication state of an account (the polling route)",
+                "description": (
+                    "Poll until `status` is `authorized` or `failed`. Answered by the"
+                    " worker that owns the account: a poll sent after a confirmation's"
+                    " 200 shows that confirmation's outcome or a newer one."
+                ),
+                "tags": ["auth"],
+                "security": [{"ApiKey": []}],
+                "parameters": parameters,
+                "responses": {
+                    "200": _auth_ok("The account's current status."),
+                    **error_responses(_AUTH_FAILURES),
+                },
+            },
+            "options": preflight("preflightAuth", "account_id"),
+        },
+    }
