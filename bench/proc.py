@@ -34,7 +34,7 @@ from aiokafka.structs import ConsumerRecord
 from devstack.settings import DevSettings
 from devstack.simulator import ProviderSimulator, in_process_provider
 from worker.auth.app import policy_from, run_worker
-from worker.auth.flow import decide, settle_confirm
+from worker.auth.commands import decide, settle_confirm
 from worker.auth.provider import (
     ProviderAuthState,
     ProviderError,

@@ -1,5 +1,5 @@
-"""The confirm decision table (docs/architecture.md), row by row, against the pure decision;
-plus the machine's shape."""
+"""The confirm decision table (docs/architecture.md), row by row, against the pure decision
+(the machine's shape: ``test_machine.py``)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.auth.flow import (
+from worker.auth.commands import decide, settle_confirm
+from worker.auth.flow import Policy, expire, is_owner, observe
+from worker.auth.machine import (
     AUTHORIZED,
     CHALLENGE,
     FAILED,
-    MACHINE,
     PRE_CHALLENGE,
     SENT,
-    STATUSES,
-    Policy,
-    decide,
-    expire,
-    is_owner,
-    next_status,
-    observe,
-    settle_confirm,
 )
 from worker.auth.provider.base import ProviderAuthState
 from worker.contract.catalogue import ServiceError
@@ -80,31 +73,6 @@ def assert_error(rec: AccountRecord | None, code: str, http: int, numeric: int) 
     assert d.status_event is None
     if d.record is not None and rec is not None:
         assert (d.record.status, d.record.version) == (rec.status, rec.version)
-
-
-# --- the machine ------------------------------------------------------------------------------
-
-
-def test_machine_is_shared_and_has_every_named_status() -> None:
-    assert MACHINE.models == []
-    assert set(MACHINE.states) == set(STATUSES)
-    assert len(STATUSES) == 10
-
-
-def test_seed_transition_and_no_auto_transitions() -> None:
-    assert next_status("confirm_passkey", CHALLENGE) == SENT
-    for status in STATUSES:
-        if status != CHALLENGE:
-            assert next_status("confirm_passkey", status) is None
-    assert not any(name.startswith("to_") for name in MACHINE.events)
-
-
-def test_terminal_statuses_accept_no_provider_progress_except_retry_after_failure() -> None:
-    assert next_status("observe_pending_auth", AUTHORIZED) is None
-    assert next_status("observe_failed", AUTHORIZED) is None
-    assert next_status("observe_pending_auth", FAILED) == "pending_auth"
-    assert next_status(f"observe_{AUTHORIZED}", SENT) == AUTHORIZED
-    assert next_status("expire", SENT) == FAILED
 
 
 # --- the decision table -----------------------------------------------------------------------

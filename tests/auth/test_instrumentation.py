@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from tests.observed import one_span, passkey_attributes
 from worker.auth.execute import Executor
-from worker.auth.flow import SENT, Policy
+from worker.auth.flow import Policy
+from worker.auth.machine import SENT
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderRegistry
 from worker.auth.store import StateStore

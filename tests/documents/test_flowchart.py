@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transitions import Machine
 
-from worker.auth.flow import MACHINE, PRE_CHALLENGE, TRANSITIONS
+from worker.auth.machine import MACHINE, PRE_CHALLENGE, TRANSITIONS
 from worker.documents.export import pages
 from worker.documents.flowchart import Group, machine_edges, mermaid_state_diagram
 

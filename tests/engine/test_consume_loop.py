@@ -126,9 +126,9 @@ async def test_a_record_held_by_its_handler_is_not_committed_until_released() ->
     handler.holds[0].release()
     handler.holds[0].release()  # idempotent
     assert worker.trackers[tp].watermark() == 4
-    worker._overdue_holds(1e18)
+    worker.commits.overdue_holds(1e18)
     assert handler.overdue == [4], "only the live hold is overdue, once"
-    worker._overdue_holds(1e18)
+    worker.commits.overdue_holds(1e18)
     assert handler.overdue == [4]
     # revoked: the tracker goes, a late release is harmless and the offset was never passed
     del worker.trackers[tp]

@@ -204,12 +204,12 @@ async def test_a_revocation_during_a_periodic_commit_does_not_end_periodic_commi
         metrics=cast(Any, None),
         config=LoopConfig(topics=("t",), state_topic="s"),
     )
-    loop.consumer = cast(Any, _CommitRevokes(loop))
+    loop.consumer = loop.commits.consumer = cast(Any, _CommitRevokes(loop))
     tracker = OffsetTracker()
     tracker.dispatched(0)
     tracker.finished(0)
     loop.trackers[TP] = tracker
-    await loop._commit()  # must not raise KeyError
+    await loop.commits.commit()  # must not raise KeyError
 
     calls = 0
 

@@ -261,14 +261,14 @@ async def test_a_key_at_its_share_is_refused_and_its_partition_alone_paused() ->
     assert taken == [True] * 4 + [False], "the fifth record of hot has no room"
     assert loop._dispatch(tp0, _record(0, 5, b"other")), "other keys are not refused"
     assert loop._dispatch(tp1, _record(1, 0, b"cool"))
-    loop._apply_backpressure()
+    loop.pressure.apply()
     assert consumer.paused() == {tp0}
     assert loop.key_paused == {0}
     assert loop.trackers[tp0].watermark() == 0 and loop.trackers[tp0].pending == 5
 
     handler.let("hot")
     await _settle(lambda: (0, "hot") not in loop.lanes)
-    loop._apply_backpressure()
+    loop.pressure.apply()
     assert consumer.paused() == set()
     assert loop.key_paused == set()
     assert [o for k, o in handler.done if k == "hot"] == [0, 1, 2, 3]
@@ -283,17 +283,17 @@ async def test_hot_partition_resumes_at_half_the_share() -> None:
     tp0 = TopicPartition("t", 0)
     for i in range(6):
         assert loop._dispatch(tp0, _record(0, i, b"hot"))
-    loop._apply_backpressure()
+    loop.pressure.apply()
     assert consumer.paused() == {tp0}
     lane = loop.lanes[(0, "hot")]
     for left in (5, 4):  # one record at a time
         handler.let("hot", 1)
         await _settle(lambda: len(lane.items) == left)  # noqa: B023
-        loop._apply_backpressure()
+        loop.pressure.apply()
         assert consumer.paused() == {tp0}, f"{left} of 6: still hot"
     handler.let("hot", 1)
     await _settle(lambda: len(lane.items) == 3)
-    loop._apply_backpressure()
+    loop.pressure.apply()
     assert consumer.paused() == set(), "3 of 6, half the share: resumed"
     handler.let_all()
     await _settle(lambda: not loop.lanes)
@@ -307,12 +307,12 @@ async def test_the_total_bound_is_hard_within_one_batch() -> None:
     taken = [loop._dispatch(tp0, _record(0, i, f"k{i}".encode())) for i in range(12)]
     assert taken == [True] * 10 + [False] * 2
     assert loop.in_flight == 10
-    loop._apply_backpressure()
+    loop.pressure.apply()
     assert consumer.paused() == {TopicPartition("t", 0), TopicPartition("t", 1)}
     for i in range(10):
         handler.let(f"k{i}")
     await _settle(lambda: loop.in_flight == 0)
-    loop._apply_backpressure()
+    loop.pressure.apply()
     assert consumer.paused() == set()
 
 
@@ -328,17 +328,17 @@ async def test_revocation_forgets_a_hot_partition_and_assignment_resumes_it() ->
     tp0 = TopicPartition("t", 0)
     for i in range(3):
         loop._dispatch(tp0, _record(0, i, b"hot"))
-    loop._apply_backpressure()
+    loop.pressure.apply()
     assert loop.key_paused == {0}
     assert consumer.paused() == {tp0}
     await loop.on_partitions_revoked({tp0})
     assert loop.key_paused == set()
-    assert loop._hot == {}
+    assert loop.pressure.hot == {}
     assert loop.in_flight == 0 and not loop.lanes
     # aiokafka forgets the pause with the assignment; the loop must not carry it over.
     consumer.paused_tps.clear()
     loop.active.add(0)
-    loop._apply_backpressure()
+    loop.pressure.apply()
     assert consumer.paused() == set()
     handler.let_all()
 

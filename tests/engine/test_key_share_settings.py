@@ -97,18 +97,18 @@ async def test_each_pause_for_a_key_is_counted_once() -> None:
     tp0 = TopicPartition("t", 0)
     for i in range(3):
         loop._dispatch(tp0, _record(0, i, b"hot"))
-    loop._apply_backpressure()
-    loop._apply_backpressure()
+    loop.pressure.apply()
+    loop.pressure.apply()
     assert loop.key_paused == {0}
     assert pauses() == 1, "one pause, however often the loop looks"
 
     handler.let("hot")
     await _settle(lambda: (0, "hot") not in loop.lanes)
-    loop._apply_backpressure()
+    loop.pressure.apply()
     assert loop.key_paused == set()
     for i in range(3, 6):
         loop._dispatch(tp0, _record(0, i, b"hot"))
-    loop._apply_backpressure()
+    loop.pressure.apply()
     assert pauses() == 2
     handler.let_all()
     await _settle(lambda: loop.in_flight == 0)

@@ -21,13 +21,9 @@ import pytest
 from aiohttp import web
 
 from worker.webhooks.endpoint_gate import EndpointGate, GateConfig
+from worker.webhooks.lookup import LOOKUP_WORKSPACE, BoundedLookup, system_lookup
 from worker.webhooks.sender import ErrorKind, Sender, open_session
-from worker.webhooks.targets import (
-    LOOKUP_WORKSPACE,
-    BoundedLookup,
-    TargetPolicy,
-    system_lookup,
-)
+from worker.webhooks.targets import TargetPolicy
 
 LAX = TargetPolicy(allow_http=True, allow_private=True)
 RELEASE_S = 20.0  # a blocked double gives up on its own after this (bounded, whatever happens)

@@ -105,7 +105,7 @@ async def test_endpoints_created_and_deleted_leave_bounded_state_behind() -> Non
     assert len(sender.urls) == rounds, "every delivery was attempted"
     assert len(d.gate._endpoints) <= SWEEP_FLOOR, len(d.gate._endpoints)
     assert sum(map(len, d.gate._workspace_endpoints.values())) <= SWEEP_FLOOR
-    assert len(d._last_success) <= SWEEP_FLOOR + 1, len(d._last_success)
+    assert len(d.disabling.last_success) <= SWEEP_FLOOR + 1, len(d.disabling.last_success)
 
 
 async def test_a_live_endpoints_last_success_survives_the_sweeps() -> None:
@@ -121,7 +121,7 @@ async def test_a_live_endpoints_last_success_survives_the_sweeps() -> None:
         registry.apply(endpoint(endpoint_id))
         await d.follow_up(PARTITION, pending_pair(store, endpoint_id, f"acc_{i}", NOW))
         registry.delete(endpoint_id)
-    assert d._last_success.get("ep_keep") == NOW
+    assert d.disabling.last_success.get("ep_keep") == NOW
 
 
 async def test_a_pair_parked_when_its_partition_is_revoked_is_forgotten() -> None:

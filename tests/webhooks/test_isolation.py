@@ -32,7 +32,8 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.auth.flow import Policy, decide
+from worker.auth.commands import decide
+from worker.auth.flow import Policy
 from worker.contract.messages import AccountRecord, AuthError, AuthStatusChanged, PasskeyConfirm
 from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_producer

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from worker.webhooks.lookup import Lookup, system_lookup
 from worker.webhooks.sender import (
     DeliveryResult,
     ErrorKind,
@@ -34,7 +35,7 @@ from worker.webhooks.sender import (
     open_session,
 )
 from worker.webhooks.signing import generate_secret, headers
-from worker.webhooks.targets import BlockedTarget, Lookup, TargetPolicy, system_lookup
+from worker.webhooks.targets import BlockedTarget, TargetPolicy
 
 LAX = TargetPolicy(allow_http=True, allow_private=True)
 DEFAULT = TargetPolicy()

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from worker.webhooks.lookup import Lookup
 from worker.webhooks.targets import (
     BlockedTarget,
-    Lookup,
     TargetPolicy,
     address_category,
     address_rejection,

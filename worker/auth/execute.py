@@ -13,20 +13,9 @@ from dataclasses import dataclass
 from aiokafka.structs import ConsumerRecord
 from opentelemetry.trace import SpanKind
 
-from worker.auth.flow import (
-    CHALLENGE,
-    SENT,
-    Decision,
-    Policy,
-    ProviderOutcome,
-    answer_query,
-    decide,
-    expire,
-    is_owner,
-    observe,
-    reschedule,
-    settle_confirm,
-)
+from worker.auth.answers import error_body, error_event, reply
+from worker.auth.commands import ProviderOutcome, answer_query, decide, settle_confirm
+from worker.auth.flow import Decision, Policy, expire, is_owner, observe, reschedule
 from worker.auth.instrumentation import (
     DeadLettered,
     Decided,
@@ -35,6 +24,7 @@ from worker.auth.instrumentation import (
     Handled,
     Instrumentation,
 )
+from worker.auth.machine import CHALLENGE, SENT
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderAuthState, ProviderError, ProviderRegistry
 from worker.auth.publish import Publisher
@@ -42,14 +32,10 @@ from worker.auth.store import StateStore
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import (
     AccountRecord,
-    AuthError,
     Command,
     DecodeFailure,
-    ErrorBody,
     GetAuthState,
     InFlight,
-    Reply,
-    ReplyBody,
     decode_command,
     event_id,
     request_id_of,
@@ -429,31 +415,29 @@ class Executor:
     ) -> None:
         """The record to the DLQ; an error event when its account id could be read, and a
         reply when its caller (command and request ids) could be read too."""
-        event = reply = None
-        body = ErrorBody(
-            code=err.code, numeric_code=err.numeric_code, message=f"{err.message}: {fault.detail}"
-        )
+        event = answered = None
+        body = error_body(err, fault.detail)
         if ids.account_id is not None:
-            event = AuthError(
+            event = error_event(
+                body,
                 event_id=event_id("dlq", msg.topic, msg.partition, msg.offset),
                 account_id=ids.account_id,
                 workspace_id=ids.workspace_id,
                 command_id=ids.command_id,
                 request_id=ids.request_id,
                 http_status=err.http_status,
-                error=body,
                 occurred_at=rfc3339(msg.timestamp / 1000 if msg.timestamp else self.clock.now()),
             )
             if ids.command_id is not None and ids.request_id is not None:
-                reply = Reply(
+                answered = reply(
+                    body,
                     command_id=ids.command_id,
                     request_id=ids.request_id,
                     account_id=ids.account_id,
                     http_status=err.http_status,
-                    body=ReplyBody(request_id=ids.request_id, error=body),
                 )
         await self.publisher.dead_letter(
-            msg, fault, error_event=event, reply=reply, reply_to=reply_partition(msg.headers)
+            msg, fault, error_event=event, reply=answered, reply_to=reply_partition(msg.headers)
         )
         self.metrics.dlq.labels(fault.reason).inc()
         self.metrics.errors.labels(err.code, str(err.numeric_code), str(err.http_status)).inc()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from transitions import Machine
 
-from worker.auth.flow import FAILED, MACHINE, PRE_CHALLENGE, STATUSES, TERMINAL
+from worker.auth.machine import FAILED, MACHINE, PRE_CHALLENGE, STATUSES, TERMINAL
 
 __all__ = ["flow_page", "machine_edges", "mermaid_state_diagram"]
 

@@ -2,7 +2,7 @@
 workspace's, in memory per process: without it one hanging endpoint would hold a lane and a
 slot per account until the loop's limit stopped everyone (docs/architecture.md, "Webhook
 fan-out"). Admitting an attempt also names its workspace to the DNS lookup the attempt makes
-(``targets.LOOKUP_WORKSPACE``), whose threads are shared out per workspace. An endpoint's
+(``lookup.LOOKUP_WORKSPACE``), whose threads are shared out per workspace. An endpoint's
 entry lives while it holds something (``EndpointGate._drop_if_idle``, ``_sweep``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from worker.runtime.logs import get_logger
-from worker.webhooks.targets import LOOKUP_WORKSPACE
+from worker.webhooks.lookup import LOOKUP_WORKSPACE
 
 log = get_logger(__name__)
 

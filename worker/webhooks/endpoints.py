@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -102,6 +102,11 @@ class EndpointRecord(BaseModel):
         return self.model_copy(
             update={**fields, "revision": self.revision + 1, "updated_at": now_rfc3339()}
         )
+
+
+def is_active(endpoint: EndpointRecord | None) -> TypeGuard[EndpointRecord]:
+    """Whether deliveries go out to ``endpoint``: it exists (not deleted) and is active."""
+    return endpoint is not None and endpoint.status == "active"
 
 
 def decode_endpoint(value: bytes) -> EndpointRecord:

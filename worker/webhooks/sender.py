@@ -22,14 +22,8 @@ from yarl import URL
 from worker.runtime.logs import get_logger
 from worker.runtime.retry_after import parse_retry_after
 from worker.webhooks.delivery import DEFAULT_SCHEDULE_S
-from worker.webhooks.targets import (
-    BlockedTarget,
-    Lookup,
-    TargetPolicy,
-    resolve_target,
-    system_lookup,
-    validate_url,
-)
+from worker.webhooks.lookup import Lookup, system_lookup
+from worker.webhooks.targets import BlockedTarget, TargetPolicy, resolve_target, validate_url
 
 __all__ = [
     "DEFAULT_BODY_CAP",

@@ -1,58 +1,35 @@
 """Which webhook URLs and addresses the dispatcher may reach: the SSRF defence, for the API's
 check (no DNS) and for delivery (every resolved address vetted). Refusals carry a stable
 ``url_*`` / ``target_*`` reason for the API and the metrics (docs/architecture.md, "Webhook
-fan-out"). Delivery's lookups are bounded per workspace (``BoundedLookup``): a zone whose
-nameserver never answers holds its own workspace's resolver threads, not everyone's."""
+fan-out"). Delivery's lookups themselves, bounded per workspace, are
+``worker.webhooks.lookup``'s."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import ipaddress
 import re
-import socket
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Final
 
 from yarl import URL
 
+from worker.webhooks.lookup import Lookup, system_lookup
+
 __all__ = [
     "ALWAYS_BLOCKED",
-    "LOOKUP_WORKSPACE",
     "MAX_URL_LENGTH",
     "BlockedTarget",
-    "BoundedLookup",
     "IPAddress",
-    "Lookup",
-    "Resolve",
     "TargetPolicy",
     "address_category",
     "address_rejection",
     "check_address",
     "resolve_target",
-    "system_lookup",
-    "system_resolve",
     "url_rejection",
     "validate_url",
 ]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-# host, port → the textual addresses the name resolves to (one DNS lookup).
-Lookup = Callable[[str, int], Awaitable[Sequence[str]]]
-# The same, blocking: the boundary to the system resolver (run on ``BoundedLookup``'s threads).
-Resolve = Callable[[str, int], Sequence[str]]
-
-#: The workspace a lookup is made for: whose share of ``BoundedLookup``'s threads it takes.
-#: The dispatcher's gate sets it in the task of each attempt it admits (``EndpointGate.admit``),
-#: so the connector's lookup, run in that task or one it starts, carries it.
-LOOKUP_WORKSPACE: ContextVar[str] = ContextVar("webhook_lookup_workspace", default="")
-
 MAX_URL_LENGTH: Final = 2048
 # Categories that no policy flag lifts: nothing there accepts a TCP connection.
 ALWAYS_BLOCKED: Final = frozenset({"unspecified", "multicast", "broadcast"})
@@ -239,247 +216,6 @@ def url_rejection(url: str, policy: TargetPolicy) -> str | None:
     except BlockedTarget as exc:
         return exc.reason
     return None
-
-
-def system_resolve(host: str, port: int) -> Sequence[str]:
-    """The operating system's resolver (getaddrinfo): blocks, for as long as it takes."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
-    return [str(info[4][0]) for info in infos]
-
-
-#: ``BoundedLookup``'s defaults: threads in all, threads one workspace holds at most, how long
-#: a caller waits, how long a failing host is answered from memory, how many are remembered.
-LOOKUP_THREADS: Final = 16
-LOOKUP_THREADS_PER_WORKSPACE: Final = 2
-LOOKUP_TIMEOUT_S: Final = 5.0
-LOOKUP_FAILURE_TTL_S: Final = 30.0
-LOOKUP_FAILURES_KEPT: Final = 4096
-
-
-class BoundedLookup:
-    """A ``Lookup`` that runs ``resolve`` (getaddrinfo) on ``threads`` threads of its own, not
-    the event loop's default pool, which every other blocking call of the process shares.
-
-    A thread blocked in getaddrinfo cannot be cancelled, so what bounds the harm is who holds
-    the threads: a lookup takes a thread for the workspace in ``LOOKUP_WORKSPACE``, and a
-    workspace holds at most ``per_workspace`` of them, counted until the thread returns
-    (callers that gave up included); beyond that its lookups wait, and only its own. A caller
-    waits ``timeout_s`` at most (for a thread and for the answer), then fails with a DNS
-    error (``socket.gaierror``, EAI_AGAIN) while the thread runs on. A host looked up while a
-    lookup of it runs joins that one instead of taking a thread; a host whose lookup failed
-    or outlasted ``timeout_s`` fails at once for ``failure_ttl_s`` (at most ``failures_kept``
-    hosts are remembered, the oldest forgotten first). A caller that gave up while waiting
-    for a thread does not mark the host: that says nothing of it.
-
-    Safe to share between event loops (state under a thread lock; waiters are woken on their
-    own loop). Counters: ``lookups`` (threads started), ``joined``, ``failed_fast`` (answered
-    from the memory of failures), ``timed_out``; ``threads_held`` and ``held(workspace)``.
-    """
-
-    def __init__(
-        self,
-        *,
-        threads: int = LOOKUP_THREADS,
-        per_workspace: int = LOOKUP_THREADS_PER_WORKSPACE,
-        timeout_s: float = LOOKUP_TIMEOUT_S,
-        failure_ttl_s: float = LOOKUP_FAILURE_TTL_S,
-        failures_kept: int = LOOKUP_FAILURES_KEPT,
-        resolve: Resolve = system_resolve,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if threads < 1 or per_workspace < 1 or timeout_s <= 0 or failures_kept < 1:
-            raise ValueError("threads, per_workspace, timeout_s and failures_kept must be > 0")
-        self.threads = threads
-        self.per_workspace = per_workspace
-        self.timeout_s = timeout_s
-        self.failure_ttl_s = failure_ttl_s
-        self._failures_kept = failures_kept
-        self._resolve = resolve
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._held: dict[str, int] = {}
-        self._threads_held = 0
-        self._running: dict[str, concurrent.futures.Future[Sequence[str]]] = {}
-        self._failed: OrderedDict[str, tuple[float, int]] = OrderedDict()
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self.lookups = 0
-        self.joined = 0
-        self.failed_fast = 0
-        self.timed_out = 0
-
-    @property
-    def threads_held(self) -> int:
-        """Threads running a lookup now, whether or not anyone still waits for it."""
-        return self._threads_held
-
-    def held(self, workspace_id: str) -> int:
-        """Threads the workspace's lookups hold now."""
-        return self._held.get(workspace_id, 0)
-
-    async def __call__(self, host: str, port: int) -> Sequence[str]:
-        workspace = LOOKUP_WORKSPACE.get()
-        name = host.lower()
-        self._fail_if_failing(name, host)
-        running = False
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                with self._lock:
-                    future = self._running.get(name)
-                if future is None:
-                    await self._take_thread(workspace)
-                    future = self._start(name, host, port, workspace)
-                else:
-                    self.joined += 1
-                running = True
-                return list(await _on_this_loop(future))
-        except TimeoutError:
-            if running:  # the host outlasted the time-out, not the wait for a thread
-                self.timed_out += 1
-                self._remember_failure(name, socket.EAI_AGAIN)
-            raise socket.gaierror(
-                socket.EAI_AGAIN, f"lookup of {host!r} gave no answer in {self.timeout_s}s"
-            ) from None
-
-    def _fail_if_failing(self, name: str, host: str) -> None:
-        with self._lock:
-            failed = self._failed.get(name)
-            if failed is not None and failed[0] <= self._clock():
-                del self._failed[name]
-                failed = None
-        if failed is not None:
-            self.failed_fast += 1
-            raise socket.gaierror(failed[1], f"lookup of {host!r} failed recently")
-
-    def _remember_failure(self, name: str, errno: int) -> None:
-        if self.failure_ttl_s <= 0:
-            return
-        with self._lock:
-            self._failed[name] = (self._clock() + self.failure_ttl_s, errno)
-            self._failed.move_to_end(name)
-            while len(self._failed) > self._failures_kept:
-                self._failed.popitem(last=False)
-
-    async def _take_thread(self, workspace: str) -> None:
-        """Reserve a thread for ``workspace``, waiting while it holds its share or all are
-        held (the caller's time-out bounds the wait)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            with self._lock:
-                if (
-                    self._held.get(workspace, 0) < self.per_workspace
-                    and self._threads_held < self.threads
-                ):
-                    self._held[workspace] = self._held.get(workspace, 0) + 1
-                    self._threads_held += 1
-                    return
-                waiter: asyncio.Future[None] = loop.create_future()
-                self._waiters.append((loop, waiter))
-            try:
-                await waiter
-            finally:
-                with self._lock, contextlib.suppress(ValueError):
-                    self._waiters.remove((loop, waiter))
-
-    def _start(
-        self, name: str, host: str, port: int, workspace: str
-    ) -> concurrent.futures.Future[Sequence[str]]:
-        """Run the lookup on the thread reserved for it; or, when a lookup of the host was
-        started while this one waited for its thread, give the thread back and join that."""
-        with self._lock:
-            running = self._running.get(name)
-            if running is not None:
-                self._give_back(workspace)
-            elif self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.threads, thread_name_prefix="webhook-dns"
-                )
-            executor = self._executor
-        if running is not None:
-            self._wake_all()
-            self.joined += 1
-            return running
-        assert executor is not None
-        # Never queued inside the executor: a thread was reserved for it.
-        future = executor.submit(self._resolve, host, port)
-        self.lookups += 1
-        with self._lock:
-            self._running[name] = future
-        future.add_done_callback(lambda f: self._ended(name, workspace, f))
-        return future
-
-    def _ended(
-        self, name: str, workspace: str, future: concurrent.futures.Future[Sequence[str]]
-    ) -> None:
-        """On the lookup's thread: give the thread back, remember a failure, wake waiters."""
-        error = future.exception()
-        if isinstance(error, OSError):
-            self._remember_failure(name, error.errno or socket.EAI_FAIL)
-        with self._lock:
-            if self._running.get(name) is future:
-                del self._running[name]
-            if error is None:
-                self._failed.pop(name, None)
-            self._give_back(workspace)
-        self._wake_all()
-
-    def _give_back(self, workspace: str) -> None:
-        """A reserved thread is free again (called under the lock)."""
-        held = self._held.get(workspace, 0) - 1
-        if held > 0:
-            self._held[workspace] = held
-        else:
-            self._held.pop(workspace, None)
-        self._threads_held -= 1
-
-    def _wake_all(self) -> None:
-        """Every lookup waiting for a thread looks again, on its own loop."""
-        with self._lock:
-            waiters, self._waiters = self._waiters, []
-        for loop, waiter in waiters:
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there
-                loop.call_soon_threadsafe(_wake, waiter)
-
-    def close(self) -> None:
-        """Stop accepting lookups' threads (those blocked still end on their own)."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False)
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-def _on_this_loop(
-    future: concurrent.futures.Future[Sequence[str]],
-) -> asyncio.Future[Sequence[str]]:
-    """An asyncio future of the running loop settled with ``future``: giving it up (a
-    time-out) leaves ``future`` running and nothing unretrieved behind."""
-    loop = asyncio.get_running_loop()
-    mine: asyncio.Future[Sequence[str]] = loop.create_future()
-
-    def settle(done: concurrent.futures.Future[Sequence[str]]) -> None:
-        if mine.done():
-            return
-        error = done.exception()
-        if error is not None:
-            mine.set_exception(error)
-        else:
-            mine.set_result(done.result())
-
-    def ended(done: concurrent.futures.Future[Sequence[str]]) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            loop.call_soon_threadsafe(settle, done)
-
-    future.add_done_callback(ended)
-    return mine
-
-
-system_lookup: Lookup = BoundedLookup()
-"""The process's lookup for delivery: the system resolver behind ``BoundedLookup``'s bounds."""
 
 
 async def resolve_target(

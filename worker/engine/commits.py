@@ -1,0 +1,117 @@
+"""Committing the consume loop's progress: the completion watermark of each owned input
+partition (``worker.engine.offsets``), the holds on it and their overdue calls, the periodic and
+the last commit, and the lag they leave (docs/architecture.md, "Watermark commits")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from worker.engine.offsets import Hold, OffsetTracker
+from worker.runtime.logs import get_logger
+
+# The lines are the consume loop's: they keep its logger name, which dashboards and searches use.
+log = get_logger("worker.engine.consume_loop")
+
+
+class Commits:
+    """The trackers of the owned input partitions (one per topic-partition, made on its first
+    dispatched record) and the holds taken on them, in the order they were taken."""
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        *,
+        metrics: Any,
+        hold_overdue_s: float,
+        final_timeout_s: float,
+    ) -> None:
+        self.consumer = consumer
+        #: The loop's series (``LoopMetrics``): ``lag``.
+        self.metrics = metrics
+        self.hold_overdue_s = hold_overdue_s
+        self.final_timeout_s = final_timeout_s
+        self.trackers: dict[TopicPartition, OffsetTracker] = {}
+        self.holds: deque[Hold] = deque()
+
+    def tracker(self, tp: TopicPartition) -> OffsetTracker:
+        """The tracker of ``tp``, made on first use (not ``setdefault``: that would build one
+        for every record)."""
+        tracker = self.trackers.get(tp)
+        if tracker is None:
+            tracker = self.trackers[tp] = OffsetTracker()
+        return tracker
+
+    async def commit_tick(self) -> None:
+        """The periodic commit, after asking the owners of overdue holds to release them."""
+        self.overdue_holds(time.monotonic() - self.hold_overdue_s)
+        await self.commit()
+
+    def overdue_holds(self, older_than: float) -> None:
+        """Call ``on_overdue`` of every live hold taken before ``older_than`` (holds are kept
+        in the order they were taken; released and revoked ones are just dropped)."""
+        holds = self.holds
+        while holds and holds[0].since <= older_than:
+            hold = holds.popleft()
+            if hold.on_overdue is None or not hold.holds(self.trackers.get(hold.tp)):
+                continue
+            try:
+                hold.on_overdue()
+            except Exception as exc:  # the hold stays: its offset is just not committed
+                log.error("hold_overdue_failed", offset=hold.offset, error=repr(exc)[:300])
+        while holds and holds[0].released:
+            holds.popleft()
+
+    async def commit(self, only: set[TopicPartition] | None = None) -> None:
+        """Commit every owned partition's watermark that moved; update lag."""
+        offsets: dict[TopicPartition, int] = {}
+        for tp, tracker in self.trackers.items():
+            if only is not None and tp not in only:
+                continue
+            mark = tracker.watermark()
+            if mark is not None and mark != tracker.committed:
+                offsets[tp] = mark
+        if offsets:
+            await self.consumer.commit(offsets)
+            for tp, mark in offsets.items():
+                committed = self.trackers.get(tp)
+                if committed is not None:  # revoked while the commit was in flight
+                    committed.committed = mark
+        for tp, tracker in list(self.trackers.items()):
+            high = self.consumer.highwater(tp)
+            if high is not None and tracker.committed is not None:
+                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(
+                    max(0, high - tracker.committed)
+                )
+
+    async def final_commit(self) -> None:
+        """The last commit before leaving, bounded in time and never fatal.
+
+        A commit refused because the group rebalanced (the partitions already belong to
+        someone else) or one the broker does not answer in time loses nothing: the records
+        after the last committed watermark are replayed by the next owner and answered from
+        the dedup window. Raising here would turn a clean SIGTERM into a non-zero exit.
+        """
+        try:
+            await asyncio.wait_for(self.commit(), timeout=self.final_timeout_s)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning("final_commit_failed", error=repr(exc))
+
+    async def revoked(self, tps: Iterable[TopicPartition]) -> None:
+        """Commit what ``tps`` finished, then forget their trackers and lag series."""
+        mine = set(tps)
+        try:
+            await self.commit(only=mine)
+        except KafkaError as exc:
+            log.warning("commit_on_revoke_failed", error=repr(exc))
+        for tp in mine:
+            self.trackers.pop(tp, None)
+            with contextlib.suppress(KeyError):
+                self.metrics.lag.remove(tp.topic, str(tp.partition))

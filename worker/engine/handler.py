@@ -1,0 +1,71 @@
+"""What the consume loop takes from the process it runs in: the ``Handler`` of each unit of
+work, the state store it restores and drops per partition, and the loop's metric series
+(docs/architecture.md, "The consume engine")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar, Protocol
+
+from aiokafka.structs import ConsumerRecord
+
+from worker.engine.faults import Fault
+
+
+class LoopStore(Protocol):
+    """What the loop needs of a state store (``worker.engine.store.PartitionedStore``)."""
+
+    tracks_handover: ClassVar[bool]
+
+    def handed_over(self, topic: str, partition: int, end: int) -> None: ...
+
+    @staticmethod
+    def decode(value: bytes) -> tuple[str, Any]: ...
+
+    def load(self, partition: int, records: dict[str, Any]) -> None: ...
+
+    def drop(self, partition: int) -> None: ...
+
+    def pop_due(self, now: float, *, retry_at: float) -> tuple[str, int] | None: ...
+
+    def __len__(self) -> int: ...
+
+
+class Handler(Protocol):
+    """One unit of work per record or due key: the worker's ``Executor``, the dispatcher's
+    ``Dispatcher``. A unit that raises is retried, then recovered or given up; only a process
+    fault (``worker.engine.faults.is_process_fault``), here or in ``recover``, ends the process."""
+
+    @property
+    def store(self) -> LoopStore: ...
+
+    async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> Iterable[str] | None:
+        """Apply one record; may return keys (of the record's partition) due at once."""
+
+    async def follow_up(self, partition: int, key: str) -> None:
+        """Act on a key the store said is due."""
+
+    async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
+        """Dead-letter a record whose handling failed for good (acknowledged before the
+        offset is committed). Raising here ends the process: the record cannot be let go."""
+
+    async def give_up(self, partition: int, key: str, fault: Fault) -> None:
+        """Set aside a due key whose follow-up failed for good (postpone it)."""
+
+
+class LoopMetrics(Protocol):
+    """The loop's own series (``WorkerMetrics``, ``WebhookMetrics``)."""
+
+    in_flight: Any
+    lag: Any
+    store_accounts: Any
+    restore_seconds: Any
+    restore_records: Any
+    restore_undecodable: Any
+    rebalances: Any
+    ready: Any
+    unit_failures: Any
+    offset_gaps: Any
+    key_pauses: Any
+
+    def beat(self) -> None: ...

@@ -1,0 +1,106 @@
+"""Disabling an endpoint that keeps failing: one that answered 410 Gone, or has failed for
+``disable_after_s`` with no success here meanwhile, is disabled with a note in its delivery log
+(docs/architecture.md, "Webhook fan-out")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from worker.runtime.logs import get_logger
+from worker.webhooks.delivery import Settled
+from worker.webhooks.endpoint_gate import SWEEP_FLOOR
+from worker.webhooks.endpoints import EndpointRecord
+from worker.webhooks.metrics import WebhookMetrics
+from worker.webhooks.publish import NOTE_ENDPOINT_DISABLED, DeliveryPublisher
+
+# The lines are the dispatcher's: they keep its logger name, which dashboards and searches use.
+log = get_logger("worker.webhooks.dispatcher")
+
+
+class Disabler(Protocol):
+    """Disables endpoints (``EndpointStore``): the only endpoint write a dispatcher makes."""
+
+    async def disable(self, current: EndpointRecord, reason: str) -> EndpointRecord: ...
+
+
+class FailingSince(Protocol):
+    """When an endpoint started failing, by this process's attempts (``EndpointGate``)."""
+
+    def failing_since(self, endpoint_id: str) -> float | None: ...
+
+
+class Disabling:
+    """Successes per endpoint, and the decision to disable one after a failed attempt."""
+
+    def __init__(
+        self,
+        *,
+        writer: Disabler,
+        gate: FailingSince,
+        publisher: DeliveryPublisher,
+        metrics: WebhookMetrics,
+        known: Callable[[str], bool],
+        disable_after_s: float,
+    ) -> None:
+        self._writer = writer
+        self._gate = gate
+        self._publisher = publisher
+        self.metrics = metrics
+        self._known = known
+        self.disable_after_s = disable_after_s
+        self.last_success: dict[str, float] = {}
+        """When each endpoint last had a delivery succeed here: only endpoints still in the
+        registry, within ``disable_after_s`` (``succeeded``)."""
+        self._success_sweep_at = SWEEP_FLOOR
+
+    def succeeded(self, endpoint_id: str, now: float) -> None:
+        """Note a success. A time older than ``disable_after_s`` weighs as none in
+        ``maybe_disable``, and a deleted endpoint's not at all: once the map has doubled since
+        the last sweep (at least ``SWEEP_FLOOR``), both are swept out, so it holds at most
+        about twice the endpoints of the registry."""
+        self.last_success[endpoint_id] = now
+        if len(self.last_success) <= self._success_sweep_at:
+            return
+        horizon = now - self.disable_after_s
+        for held, at in list(self.last_success.items()):
+            if at <= horizon or not self._known(held):
+                del self.last_success[held]
+        self._success_sweep_at = max(SWEEP_FLOOR, 2 * len(self.last_success))
+
+    async def maybe_disable(self, endpoint: EndpointRecord, settled: Settled, now: float) -> None:
+        """Disable ``endpoint`` if what ``settled`` came to says it keeps failing."""
+        reason = None
+        # Failing since the earliest evidence: the pair's own (kept in its record) or the
+        # endpoint's as a whole (this process's attempts to any of its pairs).
+        known = [
+            t for t in (settled.state.failing_since, self._gate.failing_since(endpoint.id)) if t
+        ]
+        since = min(known) if known else None
+        if settled.outcome == "gone":
+            reason = "the endpoint answered 410 Gone"
+        elif since is not None and now - since >= self.disable_after_s:
+            last_ok = self.last_success.get(endpoint.id, 0.0)
+            if now - last_ok >= self.disable_after_s:
+                reason = f"failing for {self.disable_after_s / 86400:g} days"
+        if reason is None:
+            return
+        try:
+            await self._writer.disable(endpoint, reason)
+        except Exception as exc:  # the next failure tries again; never fatal for a lane
+            log.error("endpoint_disable_failed", endpoint_id=endpoint.id, error=repr(exc))
+            return
+        self.metrics.disabled.inc()
+        log.warning(
+            "endpoint_disabled",
+            endpoint_id=endpoint.id,
+            workspace_id=endpoint.workspace_id,
+            reason=reason,
+        )
+        await self._publisher.log_note(
+            endpoint_id=endpoint.id,
+            workspace_id=endpoint.workspace_id,
+            note=NOTE_ENDPOINT_DISABLED,
+            detail=reason,
+            now=now,
+        )

@@ -1,0 +1,96 @@
+"""Writing pairs' delivery states so that what they hold is safe: a write's acks release the
+share of their events' holds that the pairs' unsaved deliveries took, and an event held too
+long gets its pairs written (docs/architecture.md, "Webhook fan-out")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+
+from worker.engine.offsets import hold_record
+from worker.runtime.logs import get_logger
+from worker.webhooks.delivery_store import DeliveryStore
+from worker.webhooks.holds import EventHold
+from worker.webhooks.publish import DeliveryPublisher
+
+# The lines are the dispatcher's: they keep its logger name, which dashboards and searches use.
+log = get_logger("worker.webhooks.dispatcher")
+
+
+class PairWrites:
+    """The dispatcher's writes of pair states, and the holds of the events being taken in."""
+
+    def __init__(self, store: DeliveryStore, publisher: DeliveryPublisher) -> None:
+        self.store = store
+        self.publisher = publisher
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def write(self, partition: int, keys: Sequence[str]) -> Awaitable[None]:
+        """``send_states`` that also makes the pairs' unsaved deliveries safe: what waits for
+        the acks then releases their share of their events' holds."""
+        taken = self.store.unsaved.take(partition, list(keys))
+        try:
+            written = await self.publisher.send_states(partition, keys, store=self.store)
+        except BaseException:
+            self.store.unsaved.put_back(partition, taken)
+            raise
+        if not taken:
+            return written
+        return self._released_when(written, partition, taken)
+
+    async def _released_when(
+        self,
+        written: Awaitable[None],
+        partition: int,
+        taken: list[tuple[str, str, EventHold]],
+    ) -> None:
+        try:
+            await written
+        except BaseException:
+            self.store.unsaved.put_back(partition, taken)
+            raise
+        for _, _, event_hold in taken:
+            event_hold.done()
+
+    async def write_now(self, partition: int, keys: Sequence[str]) -> None:
+        """``write``, and wait for the acks."""
+        acknowledged = await self.write(partition, keys)
+        await acknowledged
+
+    async def save_unsaved(self, partition: int, key: str) -> None:
+        """The pair's lane stops working on it (its head is not due, or its endpoint has no
+        room): what it keeps in memory only is written now."""
+        if self.store.unsaved.has(partition, key):
+            await self.write_now(partition, [key])
+
+    def hold(self, partition: int) -> EventHold | None:
+        """A hold on the event being taken in, shared by its deliveries; ``None`` outside
+        the consume loop."""
+        event_hold: EventHold | None = None
+
+        def overdue() -> None:
+            if event_hold is not None and not event_hold.released:
+                self._spawn(self._write_overdue(event_hold))
+
+        hold = hold_record(on_overdue=overdue)
+        if hold is None:
+            return None
+        event_hold = EventHold(hold, partition)
+        return event_hold
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _write_overdue(self, event_hold: EventHold) -> None:
+        """An event held too long (its endpoint hangs, or its pair waits behind one): write
+        the pairs that still keep its deliveries in memory only, so its offset goes free."""
+        partition = event_hold.partition
+        keys = sorted(k for k in event_hold.keys if self.store.unsaved.has(partition, k))
+        if not keys:
+            return
+        try:
+            await self.write_now(partition, keys)
+        except Exception as exc:  # the hold stays (not committed); the pair's next write frees it
+            log.error("overdue_write_failed", pairs=len(keys), error=repr(exc)[:300])

@@ -1,0 +1,84 @@
+"""Deliveries refused at take-in, which fail at once with their failure recorded (DLQ copy and
+delivery log entry, acknowledged): a pair whose queue is full, or a new pair past its endpoint's
+cap in the partition (docs/architecture.md, "Resource bounds")."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from worker.webhooks.delivery import DeliveryState, Pending, QueueLimits, refused, remember
+from worker.webhooks.delivery_store import DeliveryStore
+from worker.webhooks.instrumentation import Refused
+from worker.webhooks.pair_writes import PairWrites
+from worker.webhooks.publish import DeliveryPublisher
+
+REFUSED_ENDPOINT_FULL: Final = "endpoint_queue_full"
+"""``last_error`` of a delivery refused because its endpoint has as many pending pairs in the
+partition as ``QueueLimits.max_pairs_per_endpoint`` allows."""
+
+
+class Refusals:
+    """Refuses deliveries on the lane that takes their event in."""
+
+    def __init__(
+        self,
+        store: DeliveryStore,
+        publisher: DeliveryPublisher,
+        writes: PairWrites,
+        limits: QueueLimits,
+    ) -> None:
+        self.store = store
+        self._publisher = publisher
+        self._writes = writes
+        self.limits = limits
+
+    def endpoint_full(self, partition: int, endpoint_id: str) -> bool:
+        """The endpoint has as many pairs with something pending in ``partition`` as it may
+        (``QueueLimits.max_pairs_per_endpoint``): no new pair of it is opened."""
+        cap = self.limits.max_pairs_per_endpoint
+        return self.store.pending_pairs(partition, endpoint_id) >= cap
+
+    async def queue_full(
+        self, partition: int, full: list[tuple[DeliveryState, Pending]], now: float
+    ) -> tuple[Refused, ...]:
+        """Deliveries whose pair's queue is full fail at once: DLQ copy and log entry first,
+        then the pair remembers them (a crash in between refuses them again, never loses
+        the failure)."""
+        for state, delivery in full:
+            finished = refused(delivery, "queue_full", now=now)
+            await self._publisher.dead_letter(state, delivery, finished)
+            await self._publisher.log_finished(state, delivery, finished)
+        for state, delivery in full:
+            # Its queue may have drained meanwhile (its lane attempts while this one awaits):
+            # a pair no longer held is idle, not the full one seen at take-in.
+            current = self.store.pair(partition, state.key) or state.model_copy(
+                update={"queue": (), "failing_since": None}
+            )
+            self.store.put(partition, remember(current, delivery))
+        await self._writes.write_now(partition, [state.key for state, _ in full])
+        return tuple(
+            Refused(state.endpoint_id, state.account_id, delivery.webhook_id, len(state.queue))
+            for state, delivery in full
+        )
+
+    async def new_pairs(
+        self, partition: int, crowded: list[tuple[DeliveryState, Pending]], now: float
+    ) -> tuple[Refused, ...]:
+        """Deliveries that would open a pair past their endpoint's cap fail at once
+        (``endpoint_queue_full``): DLQ copy and log entry, acknowledged. Nothing is kept or
+        written for the pair: the same event read again after a crash is refused again under
+        the same webhook-id (a second failure entry, never a lost one)."""
+        for state, delivery in crowded:
+            finished = refused(delivery, REFUSED_ENDPOINT_FULL, now=now)
+            await self._publisher.dead_letter(state, delivery, finished)
+            await self._publisher.log_finished(state, delivery, finished)
+        return tuple(
+            Refused(
+                state.endpoint_id,
+                state.account_id,
+                delivery.webhook_id,
+                self.store.pending_pairs(partition, state.endpoint_id),
+                REFUSED_ENDPOINT_FULL,
+            )
+            for state, delivery in crowded
+        )
