@@ -2,7 +2,7 @@
 ``x`` is ``X``; docs/configuration.md). Only composition roots read it; its methods at the end
 narrow it into the engine's and the runtime's config objects.
 
-Over 500 lines as one flat list of fields, each a variable with its default, bounds and
+Over 500 lines: one flat list of fields, each a variable with its default, bounds and
 description under a ``# ---`` heading per concept: one class keeps one environment namespace
 (a field is its variable) and one place docs/configuration.md is checked against."""
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from worker.api.bodies import error_response, json_response, valid_id
+from worker.api.bodies import json_response, valid_id
 from worker.api.metrics import ApiMetrics
 from worker.api.routes import (
     ACCOUNT_ID_RULE,
@@ -42,7 +42,8 @@ from worker.api.webhooks.bodies import (
     invalid_body,
 )
 from worker.api.webhooks.delivery_log_scan import DeliveryLogScan, DeliveryScanFailed
-from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota, Refused, ScanTurns
+from worker.api.webhooks.guard import Handler, guarded
+from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota, ScanTurns
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.urls import url_form_allowed, url_rule_text
 from worker.contract.catalogue import ServiceError
@@ -83,7 +84,6 @@ UNCONFIRMED: Final = (
 
 Body = TypeVar("Body", bound=BaseModel)
 Written = TypeVar("Written")
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class WebhookRoutes:
 
     def routes(self) -> list[Route]:
         def route(path: str, handler: Handler, method: str, failure: str) -> Route:
-            return Route(path, _guarded(handler, failure, path, self._refused), methods=[method])
+            return Route(path, guarded(handler, failure, path, self._refused), methods=[method])
 
         return [
             route(WEBHOOK_ENDPOINTS, self.create, "POST", "create_webhook_endpoint_failed"),
@@ -465,41 +465,6 @@ def _with_secret(
     data = EndpointWithSecret(**EndpointData.of(record).model_dump(), secret=secret)
     body = EndpointSecretResponse(request_id=request_id_of(request), data=data)
     return json_response(body, status_code)
-
-
-def _guarded(
-    handler: Handler, failure: str, template: str, refused: Callable[[str], None]
-) -> Handler:
-    """``handler`` with a quota's refusal answered (and told to ``refused``) and any
-    unexpected exception turned into the route's catalogued 500."""
-
-    async def endpoint(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except Refused as exc:
-            refused(exc.quota)
-            log.info(
-                "webhook_quota_refused",
-                request_id=request_id_of(request),
-                route=template,
-                quota=exc.quota,
-            )
-            response = error_response(request_id_of(request), exc.error)
-            if exc.retry_after_s is not None:
-                response.headers["Retry-After"] = str(exc.retry_after_s)
-            return response
-        except ServiceError:
-            raise
-        except Exception as exc:
-            log.error(
-                "webhook_route_failed",
-                request_id=request_id_of(request),
-                route=template,
-                error=type(exc).__name__,
-            )
-            raise ServiceError.of(failure) from None
-
-    return endpoint
 
 
 __all__ = ["WEBHOOK_ROUTES", "WebhookClients", "WebhookRoutes"]
