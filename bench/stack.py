@@ -144,17 +144,21 @@ def start_stack(
         name: free_port()
         for name in ("broker", "simulator", "receiver", "api", "api_metrics", "worker", "webhooks")
     }
-    env = base_env() | {
-        "EMBEDDED_BROKER_PORT": str(ports["broker"]),
-        "SIMULATOR_PORT": str(ports["simulator"]),
-        "RECEIVER_PORT": str(ports["receiver"]),
-        "API_PORT": str(ports["api"]),
-        "API_METRICS_PORT": str(ports["api_metrics"]),
-        "WORKER_METRICS_PORT": str(ports["worker"]),
-        "WEBHOOK_METRICS_PORT": str(ports["webhooks"]),
-        "API_KEYS_FILE": str(keys),
-        "PROVIDER_URLS": json.dumps({"simulator": f"http://127.0.0.1:{ports['simulator']}"}),
-    } | (extra_env or {})
+    env = (
+        base_env()
+        | {
+            "EMBEDDED_BROKER_PORT": str(ports["broker"]),
+            "SIMULATOR_PORT": str(ports["simulator"]),
+            "RECEIVER_PORT": str(ports["receiver"]),
+            "API_PORT": str(ports["api"]),
+            "API_METRICS_PORT": str(ports["api_metrics"]),
+            "WORKER_METRICS_PORT": str(ports["worker"]),
+            "WEBHOOK_METRICS_PORT": str(ports["webhooks"]),
+            "API_KEYS_FILE": str(keys),
+            "PROVIDER_URLS": json.dumps({"simulator": f"http://127.0.0.1:{ports['simulator']}"}),
+        }
+        | (extra_env or {})
+    )
     log = workdir / "stack.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
