@@ -44,7 +44,9 @@ def page_routes() -> list[Route]:
     for path, (name, media_type) in PAGE_FILES.items():
         content = _read(name)
 
-        async def serve(_: Request, content: bytes = content, media_type: str = media_type) -> Response:
+        async def serve(
+            _: Request, content: bytes = content, media_type: str = media_type
+        ) -> Response:
             return Response(content, media_type=media_type, headers=_HEADERS)
 
         routes.append(Route(path, serve, methods=["GET"]))

@@ -1,14 +1,8 @@
-"""Portal session tokens: stateless, HMAC-signed, expiring, bound to one workspace and to the
-API key that minted them (docs/architecture.md, "The portal").
-
-Nothing is stored server-side: a token carries its workspace, the id of the key that minted it
-and its expiry, signed with a key derived from ``API_PORTAL_SECRET`` (or, unset, from
-``WEBHOOK_SECRETS_KEY``, which every front-end replica shares already). Each request re-checks
-the minting key in the keys file, so disabling or deleting the key ends its sessions at the
-next reload. A token is a bearer credential: it is never logged (``worker.runtime.logs``
-redacts ``token`` and ``authorization``), and it travels to the page in the URL fragment,
-which browsers never send to a server.
-"""
+"""Portal session tokens: stateless (nothing stored), HMAC-signed, expiring, carrying their
+workspace and the id of the API key that minted them, re-checked in the keys file on every
+request, so a disabled or deleted key ends its sessions at the next reload. The signing key
+is derived from ``API_PORTAL_SECRET`` or else ``WEBHOOK_SECRETS_KEY``. Tokens are never logged
+and reach the page in the URL fragment (docs/architecture.md, "The portal")."""
 
 from __future__ import annotations
 

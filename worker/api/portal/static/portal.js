@@ -333,7 +333,7 @@
       if (ago >= 0 && ago < 60) minutes[59 - ago][outcome(d)] += 1;
     }
     const top = Math.max(1, ...minutes.map((m) => outcomes.reduce((s, o) => s + m[o], 0)));
-    const left = 30, bottom = 120, height = 105, width = 9;
+    const left = 28, bottom = 120, height = 105, width = 9;
     chart.append(svg('line', { class: 'axis', x1: left, y1: bottom, x2: left + 60 * 10, y2: bottom }));
     chart.append(svg('text', { x: 2, y: bottom - height + 8 }, String(top)));
     chart.append(svg('text', { x: 2, y: bottom }, '0'));
