@@ -21,6 +21,7 @@ def delivery_paths() -> dict[str, Any]:
                 "The latest state of each of the endpoint's most recent deliveries (up to 100),"
                 " most recently changed first.",
                 one_endpoint=True,
+                portal=True,
                 ok_status="200",
                 ok=json_response("The deliveries.", DeliveryListResponse),
                 failures=(
