@@ -17,6 +17,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from worker.api.cors import CorsPolicy
+from worker.api.event_types import EVENT_TYPES_PATH, EventTypeRoutes
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics, ReplyReaderSeries
 from worker.api.middleware import FrontDoor
@@ -171,6 +172,7 @@ def build_app(
     routes = [
         *api.routes(),
         *hooks.routes(),
+        *EventTypeRoutes(api.admitted_workspace).routes(),
         *probes.health_routes(),
         *(documents(limits, policy) if documents is not None else ()),
     ]
@@ -179,7 +181,7 @@ def build_app(
         metrics=metrics,
         cors=CorsPolicy(frozenset(settings.api_cors_origins)),
         routes=routes,
-        preflight_routes=(*API_ROUTES, *WEBHOOK_ROUTES),
+        preflight_routes=(*API_ROUTES, *WEBHOOK_ROUTES, EVENT_TYPES_PATH),
         body_timeout_s=settings.api_body_timeout_s,
         direct_routes=API_ROUTES,
         on_service_error=on_service_error,

@@ -24,8 +24,9 @@ from worker.contract.messages import (
 from worker.documents.asyncapi.headers import header_schemas
 from worker.webhooks.delivery import DeliveryState
 from worker.webhooks.delivery_store import AccountDeliveries
-from worker.webhooks.endpoints import EVENT_TYPES, EndpointRecord
-from worker.webhooks.events import _WIRE_ONLY as WEBHOOK_BODY_DROPS
+from worker.webhooks.endpoints import EndpointRecord
+from worker.webhooks.event_types import EVENT_CATALOGUE
+from worker.webhooks.events import WIRE_ONLY as WEBHOOK_BODY_DROPS
 from worker.webhooks.publish import DeliveryLogBatch, DeliveryLogEntry, Replay
 
 KAFKA_BINDING_VERSION: Final = "0.5.0"
@@ -96,11 +97,14 @@ def component_schemas() -> dict[str, Any]:
 
 
 def _webhook_body_schemas(schemas: dict[str, Any]) -> dict[str, Any]:
-    """The Standard Webhooks body (worker/webhooks/events.py): ``data`` is the event minus
-    its wire-only fields, so the schemas are the events' schemas minus those properties."""
+    """The Standard Webhooks body of every type of the event catalogue
+    (worker/webhooks/event_types.py): ``data`` is the event minus its wire-only fields, so the
+    schemas are the events' schemas minus those properties; each with the catalogue's
+    example."""
     out: dict[str, Any] = {}
     variants = []
-    for event_type, model in zip(EVENT_TYPES, (AuthStatusChanged, AuthError), strict=True):
+    for kind in EVENT_CATALOGUE:
+        event_type, model = kind.name, kind.model
         event = schemas[model.__name__]
         data = {
             **event,
@@ -123,6 +127,8 @@ def _webhook_body_schemas(schemas: dict[str, Any]) -> dict[str, Any]:
                 "data": ref(f"{model.__name__}Data"),
             },
             "required": ["type", "timestamp", "data"],
+            "description": kind.description,
+            "examples": [kind.example_body()],
         }
         variants.append(ref(name))
     out["WebhookBody"] = {

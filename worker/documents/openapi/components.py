@@ -8,6 +8,7 @@ from typing import Any, Final
 from pydantic import BaseModel, TypeAdapter
 
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
+from worker.api.event_types import EventTypesResponse
 from worker.api.routes import ACCOUNT_ID_RULE
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
@@ -39,6 +40,7 @@ _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
     EndpointListResponse,
     DeliveryListResponse,
     ReplayAcceptedResponse,
+    EventTypesResponse,
 )
 
 
