@@ -120,6 +120,7 @@ NOT_GROWN: dict[str, str] = {
     "settings.py:Settings.provider_urls": "configuration, read once at start-up",
     "settings.py:Settings.providers": "configuration, one per PROVIDER_URLS entry",
     "settings.py:Settings.api_cors_origins": "configuration, read once at start-up",
+    "documents/openapi/accounts.py:_IDEMPOTENCY_KEY": "constant of the OpenAPI document",
     # -- the event catalogue (issue 34): built once from the code, the same for everyone --
     "webhooks/event_types.py:ENVELOPE_HEADERS": "constant: the delivery headers described",
     "api/event_types.py:Envelope.headers": "one answer: the catalogue's fixed header set",

@@ -703,7 +703,11 @@ async def test_readiness_does_not_wait_for_account_state(api_settings: ApiSettin
         ready = await http.get(f"{api.metrics_url}/readyz")
         assert ready.status_code == 200 and ready.json()["ready"] is True
         read = {tp.topic for tail in api.tails for tp in tail.partitions}
-        assert read == {settings.topics.replies, settings.topics.api_presence}
+        assert read == {
+            settings.topics.replies,
+            settings.topics.api_presence,
+            settings.topics.api_idempotency,
+        }
         assert settings.topics.state not in {t.topic for t in api.tails}
 
     bare = api_settings()  # a fresh prefix: its auth.state topic was never created

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from worker.api.cors import CorsPolicy
 from worker.api.event_types import EVENT_TYPES_PATH, EventTypeRoutes
+from worker.api.idempotency import CLAIM_MARGIN_S, IdempotencyKeys
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics, ReplyReaderSeries
 from worker.api.middleware import FrontDoor
@@ -124,6 +125,7 @@ def build_app(
     broker: BrokerHealth | None = None,
     presence: Presence | None = None,
     documents: DocumentRoutes | None = None,
+    idempotency: IdempotencyKeys | None = None,
 ) -> FrontEndApps:
     """The front-end's apps over clients built (and started) by the caller.
 
@@ -149,6 +151,7 @@ def build_app(
         broker=broker,
         rate_limiter=rate_limiter(settings, presence),
         presence=presence,
+        idempotency=idempotency,
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
     limits = EndpointLimits.of(settings)
@@ -285,6 +288,15 @@ async def api_runtime(
     )
     shared = view_consumer(kafka)
     presence = Presence(shared.share(), topics.api_presence, producer, health=broker)
+    idempotency = IdempotencyKeys(
+        shared.share(),
+        topics.api_idempotency,
+        producer,
+        replica_id=presence.replica_id,
+        per_workspace=settings.api_idempotency_keys_per_workspace,
+        claim_ttl_s=settings.api_reply_timeout_s + CLAIM_MARGIN_S,
+        health=broker,
+    )
     webhooks = webhook_clients(settings, kafka, producer, broker, shared, presence)
     apps = build_app(
         settings,
@@ -296,6 +308,7 @@ async def api_runtime(
         broker=broker,
         presence=presence,
         documents=documents,
+        idempotency=idempotency,
     )
     started: list[Callable[[], Any]] = []
     try:
@@ -305,6 +318,8 @@ async def api_runtime(
         started.append(replies.stop)
         await presence.start()
         started.append(presence.stop)  # before the producer: it tombstones this replica
+        await idempotency.start()
+        started.append(idempotency.stop)
         if webhooks is not None:
             for tail in webhooks.tails:
                 await tail.start()
@@ -324,6 +339,7 @@ async def api_runtime(
             side_door=apps.side_door,
             metrics=apps.metrics,
             presence=presence,
+            idempotency=idempotency,
         )
         registry.register(TailSkips(API_PREFIX, lambda: runtime.tails))
         yield runtime

@@ -27,6 +27,7 @@ from worker.api.bodies import (
     json_response,
     valid_id,
 )
+from worker.api.idempotency import IdempotencyKeys, answer_once, fingerprint, key_of
 from worker.api.ids import new_command_id
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
@@ -133,12 +134,14 @@ def decode_json(raw: bytes) -> Any:
         ) from None
 
 
-async def check_body(request: Request) -> None:
+async def check_body(request: Request) -> bytes:
     """No body is required; an empty body, or any JSON object (ignored), is accepted. Empty
-    means no byte at all: whitespace alone is not JSON, and neither is anything else."""
+    means no byte at all: whitespace alone is not JSON, and neither is anything else. The raw
+    body, for an ``Idempotency-Key``'s comparison."""
     raw = await read_body(request)
     if raw and not isinstance(decode_json(raw), dict):
         raise ServiceError.of("invalid_request", "The request body must be a JSON object or empty.")
+    return raw
 
 
 def _not_ready_message(what: str) -> str:
@@ -176,8 +179,11 @@ class ApiRoutes:
         broker: BrokerHealth | None = None,
         rate_limiter: RateLimiter | None = None,
         presence: TopicTail | None = None,
+        idempotency: IdempotencyKeys | None = None,
     ) -> None:
         self.producer = producer
+        #: The replicas' shared ``Idempotency-Key``s (``worker.api.idempotency``).
+        self.idempotency = idempotency
         self.rate_limiter = rate_limiter
         #: The replicas' presence (``worker.api.presence``): the rate limit's share needs it.
         self.presence = presence
@@ -217,6 +223,8 @@ class ApiRoutes:
         tails = [self.replies, *(self.webhook_tails or ())]
         if self.presence is not None:
             tails.append(self.presence)
+        if self.idempotency is not None:
+            tails.append(self.idempotency)
         ok = all(tail.running for tail in tails)
         return ok, ApiHealth(status="ok" if ok else "failed")
 
@@ -226,6 +234,8 @@ class ApiRoutes:
         replies = self.replies.ready and self.replies.keeping_up
         if self.presence is not None:  # the replicas are known before a share is taken
             replies = replies and self.presence.caught_up and self.presence.running
+        if self.idempotency is not None:  # every key held is known before one is answered
+            replies = replies and self.idempotency.caught_up and self.idempotency.running
         webhooks = (
             None
             if self.webhook_tails is None
@@ -275,7 +285,23 @@ class ApiRoutes:
         request_id = request_id_of(request)
         workspace_id = self.admitted_workspace(request)
         check_account_id(account_id)
-        await check_body(request)
+        idempotency_key = key_of(request)
+        raw = await check_body(request)
+        if idempotency_key is not None and self.idempotency is not None:
+            return await answer_once(
+                self.idempotency,
+                workspace_id=workspace_id,
+                key=idempotency_key,
+                print_=fingerprint(account_id, raw),
+                request_id=request_id,
+                run=lambda: self._confirm(request_id, workspace_id, account_id, deadline),
+            )
+        return await self._confirm(request_id, workspace_id, account_id, deadline)
+
+    async def _confirm(
+        self, request_id: str, workspace_id: str, account_id: str, deadline: float
+    ) -> Response:
+        """The confirm's round trip, once every check passed."""
         replies = self.replies
         if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
             raise ServiceError.of("run_auth_action_failed", _not_ready_message("reply consumer"))

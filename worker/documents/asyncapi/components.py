@@ -8,6 +8,7 @@ from typing import Any, Final
 from pydantic import TypeAdapter
 from pydantic.json_schema import JsonSchemaMode
 
+from worker.api.idempotency import IdempotencyRecord
 from worker.api.presence import PresenceRecord
 from worker.contract.messages import (
     AccountRecord,
@@ -49,6 +50,7 @@ WIRE_MODELS: Final[tuple[type[Any], ...]] = (
     DeliveryLogBatch,
     Replay,
     PresenceRecord,
+    IdempotencyRecord,
 )
 
 
@@ -77,6 +79,13 @@ def component_schemas() -> dict[str, Any]:
         "title": "ReplicaId",
         "description": "Record key: a front-end replica's id (UTF-8, `api_` + 32 hex), new at "
         "each process start.",
+    }
+    schemas["IdempotencySlot"] = {
+        "title": "IdempotencySlot",
+        "type": "string",
+        "pattern": "^[^/]+/[0-9a-f]{64}/[^/]+$",
+        "description": "Record key: `workspace_id/sha256(Idempotency-Key)/claim_id` (UTF-8), "
+        "one claim of a key; the key itself is never written.",
     }
     schemas["DeliveryStateKey"] = {
         "title": "DeliveryStateKey",

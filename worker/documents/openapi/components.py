@@ -96,8 +96,10 @@ def components(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, Any]:
         "headers": {
             "X-Request-Id": {
                 "description": (
-                    "Diagnostic handle of the request, equal to the body's `request_id`:"
-                    " the caller's `X-Request-Id` when valid, else `req_<32 hex>`."
+                    "Diagnostic handle of the request, equal to the body's `request_id`"
+                    " (except on a kept answer replayed for an `Idempotency-Key`, whose body"
+                    " is the first answer's): the caller's `X-Request-Id` when valid, else"
+                    " `req_<32 hex>`."
                 ),
                 "required": True,
                 "schema": identifier,
