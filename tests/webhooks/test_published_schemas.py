@@ -115,3 +115,16 @@ async def test_both_event_types_as_delivered_match_the_published_schemas(
         "account.auth_status_changed",
         "account.auth_error",
     }
+
+
+def test_the_demo_receiver_says_whether_a_body_matches_its_published_schema() -> None:
+    from devstack.receiver import schema_check
+
+    check = schema_check()
+    assert check is not None  # the dev tools have jsonschema
+    for kind in EVENT_CATALOGUE:
+        assert check(kind.example_body()) == "schema ok"
+    off = json.loads(json.dumps(EVENT_CATALOGUE[0].example_body()))
+    off["data"]["status"] = 3
+    assert check(off).startswith("OFF SCHEMA")
+    assert check({"type": "account.unknown"}).startswith("OFF SCHEMA")
