@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -198,18 +199,16 @@ class ApiRoutes:
         self._receive_span = f"receive {replies.topic}"
 
     @functools.cached_property
-    def _reply_headers(self) -> tuple[tuple[str, bytes], ...]:
-        """The ``reply-partition`` header of each of this replica's reply partitions (known
+    def _reply_headers(self) -> Iterator[tuple[str, bytes]]:
+        """The ``reply-partition`` header of each next command: this replica's reply
+        partitions in turn, so each holds 1/``API_REPLY_PARTITIONS`` of its replies (known
         once the router started)."""
-        return tuple((REPLY_PARTITION, b"%d" % tp.partition) for tp in self.replies.partitions)
+        partitions = [tp.partition for tp in self.replies.partitions] or [self.replies.partition]
+        return itertools.cycle([(REPLY_PARTITION, b"%d" % p) for p in partitions])
 
     def _reply_partition(self) -> tuple[str, bytes]:
-        """The ``reply-partition`` header of the next command: the replica's partitions in
-        turn."""
-        headers = self._reply_headers
-        if len(headers) == 1:
-            return headers[0]
-        return headers[self.replies.next_partition_index()]
+        """The ``reply-partition`` header of the next command."""
+        return next(self._reply_headers)
 
     def routes(self) -> list[Route]:
         return [
