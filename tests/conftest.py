@@ -133,3 +133,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         heavy = item.get_closest_marker("slow") or item.get_closest_marker("chaos")
         group = "heavy" if heavy else item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(autouse=True)
+def published_webhook_schemas() -> Iterator[None]:
+    """Every webhook body a test's receivers saw matches the published schema of its type
+    (``tests/webhooks/published_schemas.py``); a test that received one that does not fails."""
+    from tests.webhooks import published_schemas
+
+    before = len(published_schemas.VIOLATIONS)
+    yield
+    new = published_schemas.VIOLATIONS[before:]
+    assert not new, f"webhook bodies off their published schema: {new}"

@@ -123,7 +123,13 @@ NOT_GROWN: dict[str, str] = {
     "settings.py:Settings.provider_urls": "configuration, read once at start-up",
     "settings.py:Settings.providers": "configuration, one per PROVIDER_URLS entry",
     "settings.py:Settings.api_cors_origins": "configuration, read once at start-up",
-    "webhooks/events.py:_WIRE_ONLY": "constant: the event fields left out of a webhook body",
+    "documents/openapi/accounts.py:_IDEMPOTENCY_KEY": "constant of the OpenAPI document",
+    # -- the event catalogue (issue 34): built once from the code, the same for everyone --
+    "webhooks/event_types.py:ENVELOPE_HEADERS": "constant: the delivery headers described",
+    "api/event_types.py:Envelope.headers": "one answer: the catalogue's fixed header set",
+    "api/event_types.py:EventTypeEntry.json_schema": "one answer: a schema built from a model",
+    "api/event_types.py:EventTypeEntry.example": "one answer: an example built from the code",
+    "api/event_types.py:EventCatalogue.event_types": "one answer: EVENT_CATALOGUE's fixed types",
     # -- the front-ends' presence (worker/api/presence.py): bounded by what it counts --
     "api/presence.py:PresenceRecord.replays": "one record: the replica's replays, at most"
     " WEBHOOK_REPLAY_MAX_RUNNING + MAX_QUEUED workspaces (max_length 1000 on the wire)",

@@ -402,6 +402,13 @@ class Settings(BaseSettings):
         description="How long a portal session lasts unless the request asks for less "
         "(at most 24 h).",
     )
+    api_idempotency_keys_per_workspace: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="Idempotency-Keys of the last 24 h a workspace may hold, across the "
+        "front-end replicas; past it a confirm with a new key answers 429.",
+    )
 
     # --- webhooks ------------------------------------------------------------------------
     webhook_secrets_key: SecretStr | None = Field(

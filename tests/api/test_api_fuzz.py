@@ -42,6 +42,7 @@ from schemathesis.core.result import Ok
 
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_A, register, running_api, running_worker
+from worker.api.event_types import EVENT_TYPES_PATH
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.api.webhooks.routes import WEBHOOK_ENDPOINT, WEBHOOK_ENDPOINTS
 from worker.webhooks.secrets_box import generate_key
@@ -179,6 +180,7 @@ async def test_schemathesis_with_every_check_and_phase_finds_nothing(
     assert by_status["405"] > 0  # the coverage phase's undeclared methods
     assert answered[(ACCOUNT_AUTH, "OPTIONS", "204")] > 0  # plain OPTIONS: Allow
     assert answered[(PASSKEY_CONFIRM, "POST", "200")] > 0  # the document's example account
+    assert answered[(EVENT_TYPES_PATH, "GET", "200")] > 0
     # schema-valid URLs are accepted, and the stateful phase follows the links to them
     assert answered[(WEBHOOK_ENDPOINTS, "POST", "201")] > 0
     assert answered[(WEBHOOK_ENDPOINT, "GET", "200")] > 0
@@ -194,7 +196,9 @@ def test_the_committed_document_loads_with_its_links(monkeypatch: pytest.MonkeyP
     config = schemathesis.Config.from_path(CONFIG)
     schema = schemathesis.openapi.from_path(COMMITTED, config=config)
     ops = [op.ok() for op in schema.get_all_operations() if isinstance(op, Ok)]
-    assert len(ops) == 25  # 6 auth/probe operations, 11 webhook ones and their 8 preflights
+    # 6 auth/probe operations, 11 webhook ones and their 8 preflights, the event catalogue and
+    # its preflight
+    assert len(ops) == 27
     create = next(op for op in ops if op.label == f"POST {WEBHOOK_ENDPOINTS}")
     links = create.definition.raw["responses"]["201"]["links"]
     targets = {link["operationId"] for link in links.values()}

@@ -488,7 +488,7 @@ async def test_cors_preflight(api_settings: ApiSettings) -> None:
             assert resp.headers["access-control-allow-methods"] == "GET, POST, PATCH, DELETE"
             assert (
                 resp.headers["access-control-allow-headers"]
-                == "X-Api-Key, Content-Type, X-Request-Id"
+                == "X-Api-Key, Content-Type, X-Request-Id, Idempotency-Key"
             )
             assert int(resp.headers["access-control-max-age"]) > 0
             assert resp.headers["allow"] == ALLOW[path]
@@ -520,7 +520,10 @@ async def test_cors_preflight(api_settings: ApiSettings) -> None:
         resp = await http.get(AUTH.format("acc_1"), headers=headers(Origin=ALLOWED_ORIGIN))
         assert resp.status_code == 404
         assert resp.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
-        assert resp.headers["access-control-expose-headers"] == "X-Request-Id, Retry-After"
+        assert (
+            resp.headers["access-control-expose-headers"]
+            == "X-Request-Id, Retry-After, Idempotent-Replayed"
+        )
         resp = await http.get(AUTH.format("acc_1"), headers=headers(Origin="https://evil.example"))
         assert "access-control-allow-origin" not in resp.headers
 
@@ -703,7 +706,11 @@ async def test_readiness_does_not_wait_for_account_state(api_settings: ApiSettin
         ready = await http.get(f"{api.metrics_url}/readyz")
         assert ready.status_code == 200 and ready.json()["ready"] is True
         read = {tp.topic for tail in api.tails for tp in tail.partitions}
-        assert read == {settings.topics.replies, settings.topics.api_presence}
+        assert read == {
+            settings.topics.replies,
+            settings.topics.api_presence,
+            settings.topics.api_idempotency,
+        }
         assert settings.topics.state not in {t.topic for t in api.tails}
 
     bare = api_settings()  # a fresh prefix: its auth.state topic was never created

@@ -201,6 +201,12 @@ def test_extension_rows() -> None:
         ("rate_limited", 90002, 429),
         ("method_not_allowed", 90003, 405),
         ("webhook_endpoint_quota_exceeded", 90004, 409),
+        ("portal_session_invalid", 90020, 401),
+        ("portal_scope_forbidden", 90021, 403),
+        ("create_portal_session_failed", 90022, 500),
+        ("idempotency_key_reused", 90031, 409),
+        ("idempotency_key_in_progress", 90032, 409),
+        ("idempotency_keys_exhausted", 90033, 429),
     ]
     assert not any(e.extension for e in ENTRIES)
     assert {e.numeric_code for e in EXTENSIONS}.isdisjoint(e.numeric_code for e in ENTRIES)

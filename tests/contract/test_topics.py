@@ -24,11 +24,14 @@ def test_the_specs_follow_the_settings_and_the_architecture() -> None:
         "webhook_endpoints",
         "webhook_state",
         "api_presence",
+        "api_idempotency",
     }
     assert specs["commands"].partitions == specs["state"].partitions == 6
     # one partition: the one order of the front-ends' replay claims
     assert specs["api_presence"].partitions == 1
-    others = ("commands", "state", "api_presence")
+    # one partition: the one order of the front-ends' Idempotency-Key claims
+    assert specs["api_idempotency"].partitions == 1
+    others = ("commands", "state", "api_presence", "api_idempotency")
     assert {specs[f].partitions for f in specs if f not in others} == {4}
     assert specs["replies"].configs["retention.ms"] == "60000"
     assert specs["status"].configs["retention.ms"] == "86400000"
@@ -46,7 +49,7 @@ def test_each_process_checks_the_topics_it_uses() -> None:
         t.commands, t.state, t.status, t.errors, t.replies, t.dlq
     }  # fmt: skip
     # The front-end reads no auth.state: GET /auth is a query to the worker.
-    assert set(used_by(t, "api")) == {t.commands, t.replies, t.api_presence}
+    assert set(used_by(t, "api")) == {t.commands, t.replies, t.api_presence, t.api_idempotency}
     assert {t.webhook_endpoints, t.webhook_replays} <= set(used_by(t, "api", webhooks=True))
     assert {t.webhook_state, t.status, t.errors, t.webhook_replays, t.webhook_dlq} <= set(
         used_by(t, "dispatcher")

@@ -57,6 +57,7 @@ async def test_stack_up_flow_and_clean_ctrl_c() -> None:
         printed = await asyncio.wait_for(stack.read_until("acc_demo_1 v3"), 30)
         lines = [line for line in printed.splitlines() if "acc_demo_1" in line]
         assert all("[signature ok]" in line for line in lines), lines
+        assert all("[schema ok]" in line for line in lines), lines  # the published schemas
         assert any("-> passkey_confirmation_sent" in line for line in lines), lines
         stack.proc.send_signal(signal.SIGINT)
         code = await asyncio.to_thread(stack.proc.wait, 40)

@@ -21,6 +21,7 @@ from aiohttp import web
 from standardwebhooks.webhooks import Webhook
 
 from tests.harness import RunningWorker, running_loop
+from tests.webhooks import published_schemas
 from worker.contract.messages import AuthStatusChanged, event_id
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.replay import replay_to_highwater
@@ -74,6 +75,7 @@ class Receiver:
                 Webhook(secret).verify(raw, headers)
                 verified = True
         body = json.loads(raw)
+        published_schemas.observe(body)
         tries = sum(1 for d in self.seen if d.webhook_id == headers["webhook-id"])
         status = self.answer(body, tries) if verified else 401
         self.seen.append(

@@ -17,6 +17,8 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from worker.api.cors import CorsPolicy
+from worker.api.event_types import EVENT_TYPES_PATH, EventTypeRoutes
+from worker.api.idempotency import CLAIM_MARGIN_S, IdempotencyKeys
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics, ReplyReaderSeries
 from worker.api.middleware import FrontDoor
@@ -134,6 +136,7 @@ def build_app(
     broker: BrokerHealth | None = None,
     presence: Presence | None = None,
     documents: DocumentRoutes | None = None,
+    idempotency: IdempotencyKeys | None = None,
 ) -> FrontEndApps:
     """The front-end's apps over clients built (and started) by the caller.
 
@@ -160,6 +163,7 @@ def build_app(
         rate_limiter=rate_limiter(settings, presence),
         presence=presence,
         portal=portal_tokens(settings),
+        idempotency=idempotency,
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
     limits = EndpointLimits.of(settings)
@@ -190,6 +194,7 @@ def build_app(
         *hooks.routes(),
         *sessions.routes(),
         *page_routes(),
+        *EventTypeRoutes(api.admitted_workspace).routes(),
         *probes.health_routes(),
         *(documents(limits, policy) if documents is not None else ()),
     ]
@@ -198,7 +203,7 @@ def build_app(
         metrics=metrics,
         cors=CorsPolicy(frozenset(settings.api_cors_origins)),
         routes=routes,
-        preflight_routes=(*API_ROUTES, *WEBHOOK_ROUTES, PORTAL_SESSIONS),
+        preflight_routes=(*API_ROUTES, *WEBHOOK_ROUTES, PORTAL_SESSIONS, EVENT_TYPES_PATH),
         body_timeout_s=settings.api_body_timeout_s,
         direct_routes=API_ROUTES,
         on_service_error=on_service_error,
@@ -302,6 +307,15 @@ async def api_runtime(
     )
     shared = view_consumer(kafka)
     presence = Presence(shared.share(), topics.api_presence, producer, health=broker)
+    idempotency = IdempotencyKeys(
+        shared.share(),
+        topics.api_idempotency,
+        producer,
+        replica_id=presence.replica_id,
+        per_workspace=settings.api_idempotency_keys_per_workspace,
+        claim_ttl_s=settings.api_reply_timeout_s + CLAIM_MARGIN_S,
+        health=broker,
+    )
     webhooks = webhook_clients(settings, kafka, producer, broker, shared, presence)
     apps = build_app(
         settings,
@@ -313,6 +327,7 @@ async def api_runtime(
         broker=broker,
         presence=presence,
         documents=documents,
+        idempotency=idempotency,
     )
     started: list[Callable[[], Any]] = []
     try:
@@ -322,6 +337,8 @@ async def api_runtime(
         started.append(replies.stop)
         await presence.start()
         started.append(presence.stop)  # before the producer: it tombstones this replica
+        await idempotency.start()
+        started.append(idempotency.stop)
         if webhooks is not None:
             for tail in webhooks.tails:
                 await tail.start()
@@ -341,6 +358,7 @@ async def api_runtime(
             side_door=apps.side_door,
             metrics=apps.metrics,
             presence=presence,
+            idempotency=idempotency,
         )
         registry.register(TailSkips(API_PREFIX, lambda: runtime.tails))
         yield runtime

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Final
 
 CORS_METHODS: Final = ("GET", "POST", "PATCH", "DELETE")
-CORS_HEADERS: Final = ("X-Api-Key", "Content-Type", "X-Request-Id")
+CORS_HEADERS: Final = ("X-Api-Key", "Content-Type", "X-Request-Id", "Idempotency-Key")
 CORS_MAX_AGE_S: Final = 600
 ALLOW_METHODS: Final = ", ".join(CORS_METHODS)
 """``Access-Control-Allow-Methods`` of an allowed preflight."""
 ALLOW_HEADERS: Final = ", ".join(CORS_HEADERS)
 """``Access-Control-Allow-Headers`` of an allowed preflight."""
-EXPOSE_HEADERS: Final = "X-Request-Id, Retry-After"
+EXPOSE_HEADERS: Final = "X-Request-Id, Retry-After, Idempotent-Replayed"
 """``Access-Control-Expose-Headers`` of an actual request from an allowed origin (a 429's
 ``Retry-After`` is not a CORS-safelisted response header)."""
 

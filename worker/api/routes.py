@@ -28,6 +28,8 @@ from worker.api.bodies import (
     json_response,
     valid_id,
 )
+from worker.api.credentials import bearer_credential, header
+from worker.api.idempotency import IdempotencyKeys, answer_once, fingerprint, key_of
 from worker.api.ids import new_command_id
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
@@ -96,27 +98,6 @@ EXCEPTION_HANDLERS: Final[dict[Any, Callable[[Request, Exception], Awaitable[Res
 }
 
 
-def _header(request: Request, name: bytes) -> str | None:
-    """The first value of the (lower-case) header ``name``, as ``request.headers.get`` gives
-    it, without building the ``Headers`` of the request."""
-    for key, value in request.scope["headers"]:
-        if key == name:
-            decoded: str = value.decode("latin-1")
-            return decoded
-    return None
-
-
-def _bearer(request: Request) -> str | None:
-    """The credential of an ``Authorization: Bearer`` header, else ``None``."""
-    raw = _header(request, b"authorization")
-    if raw is None:
-        return None
-    scheme, _, credential = raw.strip().partition(" ")
-    if scheme.lower() != "bearer" or not credential.strip():
-        return None
-    return credential.strip()
-
-
 def check_account_id(account_id: str) -> None:
     if not valid_id(account_id):
         raise ServiceError.of("invalid_request", f"Invalid path parameter: {ACCOUNT_ID_RULE}.")
@@ -146,12 +127,14 @@ def decode_json(raw: bytes) -> Any:
         ) from None
 
 
-async def check_body(request: Request) -> None:
+async def check_body(request: Request) -> bytes:
     """No body is required; an empty body, or any JSON object (ignored), is accepted. Empty
-    means no byte at all: whitespace alone is not JSON, and neither is anything else."""
+    means no byte at all: whitespace alone is not JSON, and neither is anything else. The raw
+    body, for an ``Idempotency-Key``'s comparison."""
     raw = await read_body(request)
     if raw and not isinstance(decode_json(raw), dict):
         raise ServiceError.of("invalid_request", "The request body must be a JSON object or empty.")
+    return raw
 
 
 def _not_ready_message(what: str) -> str:
@@ -190,10 +173,13 @@ class ApiRoutes:
         rate_limiter: RateLimiter | None = None,
         presence: TopicTail | None = None,
         portal: PortalTokens | None = None,
+        idempotency: IdempotencyKeys | None = None,
     ) -> None:
         self.producer = producer
         #: Verifies portal session tokens (``None``: no portal secret, every token refused).
         self.portal = portal
+        #: The replicas' shared ``Idempotency-Key``s (``worker.api.idempotency``).
+        self.idempotency = idempotency
         self.rate_limiter = rate_limiter
         #: The replicas' presence (``worker.api.presence``): the rate limit's share needs it.
         self.presence = presence
@@ -231,6 +217,8 @@ class ApiRoutes:
         tails = [self.replies, *(self.webhook_tails or ())]
         if self.presence is not None:
             tails.append(self.presence)
+        if self.idempotency is not None:
+            tails.append(self.idempotency)
         ok = all(tail.running for tail in tails)
         return ok, ApiHealth(status="ok" if ok else "failed")
 
@@ -240,6 +228,8 @@ class ApiRoutes:
         replies = self.replies.ready and self.replies.keeping_up
         if self.presence is not None:  # the replicas are known before a share is taken
             replies = replies and self.presence.caught_up and self.presence.running
+        if self.idempotency is not None:  # every key held is known before one is answered
+            replies = replies and self.idempotency.caught_up and self.idempotency.running
         webhooks = (
             None
             if self.webhook_tails is None
@@ -257,9 +247,9 @@ class ApiRoutes:
         comes from anywhere else. 401 when the key is missing, unknown or disabled; a portal
         token is checked as ``portal_workspace`` says. The key's id is kept in the request's
         state (``key_id``) for the routes that need it (portal sessions)."""
-        raw = _header(request, b"x-api-key")
+        raw = header(request, b"x-api-key")
         if raw is None or not raw.strip():
-            bearer = _bearer(request)
+            bearer = bearer_credential(request)
             if bearer is not None:
                 return self.portal_workspace(request, bearer)
             raise ServiceError.of("missing_api_key", "The X-Api-Key request header is missing.")
@@ -308,7 +298,23 @@ class ApiRoutes:
         request_id = request_id_of(request)
         workspace_id = self.admitted_workspace(request)
         check_account_id(account_id)
-        await check_body(request)
+        idempotency_key = key_of(request)
+        raw = await check_body(request)
+        if idempotency_key is not None and self.idempotency is not None:
+            return await answer_once(
+                self.idempotency,
+                workspace_id=workspace_id,
+                key=idempotency_key,
+                print_=fingerprint(account_id, raw),
+                request_id=request_id,
+                run=lambda: self._confirm(request_id, workspace_id, account_id, deadline),
+            )
+        return await self._confirm(request_id, workspace_id, account_id, deadline)
+
+    async def _confirm(
+        self, request_id: str, workspace_id: str, account_id: str, deadline: float
+    ) -> Response:
+        """The confirm's round trip, once every check passed."""
         replies = self.replies
         if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
             raise ServiceError.of("run_auth_action_failed", _not_ready_message("reply consumer"))

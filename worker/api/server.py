@@ -48,12 +48,14 @@ class ApiRuntime:
     metrics_url: str | None = None
     #: The replicas' presence (``worker.api.presence``); ``None`` in apps built without it.
     presence: TopicTail | None = None
+    #: The replicas' ``Idempotency-Key``s (``worker.api.idempotency``); ``None`` likewise.
+    idempotency: TopicTail | None = None
 
     @property
     def tails(self) -> tuple[TopicTail, ...]:
         """Every Kafka reader whose end stops the process."""
         extra = () if self.webhooks is None else self.webhooks.tails
-        own = () if self.presence is None else (self.presence,)
+        own = tuple(t for t in (self.presence, self.idempotency) if t is not None)
         return (self.replies, *own, *extra)
 
     @property

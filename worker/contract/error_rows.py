@@ -359,6 +359,32 @@ EXTENSIONS: Final[tuple[CatalogueEntry, ...]] = (
         "Creating a portal session: the service has no portal secret configured.",
         extension=True,
     ),
+    # Idempotent confirms (docs/api.md, "Idempotent confirms"); numbered apart from the rows
+    # other work adds after 90004.
+    CatalogueEntry(
+        "idempotency_key_reused",
+        90031,
+        409,
+        "The `Idempotency-Key` was used within the last 24 hours with another request (another"
+        " account or another body); nothing was sent. Use a new key for a new request.",
+        extension=True,
+    ),
+    CatalogueEntry(
+        "idempotency_key_in_progress",
+        90032,
+        409,
+        "A request with this `Idempotency-Key` is still being answered; nothing was sent."
+        " Retry after `Retry-After` seconds to get its answer.",
+        extension=True,
+    ),
+    CatalogueEntry(
+        "idempotency_keys_exhausted",
+        90033,
+        429,
+        "The workspace holds as many `Idempotency-Key`s of the last 24 hours as it may; nothing"
+        " was sent. Retry after `Retry-After` seconds, or send the request without a key.",
+        extension=True,
+    ),
 )
 
 PROVIDER_DETAIL_CODES: Final[frozenset[int]] = frozenset(

@@ -46,6 +46,7 @@ class Topics(BaseSettings):
     webhook_replays: str = "webhook.replays"
     webhook_dlq: str = "webhook.dlq"
     api_presence: str = "api.presence"
+    api_idempotency: str = "api.idempotency"
 
     def all(self) -> list[str]:
         return [
@@ -61,16 +62,20 @@ class Topics(BaseSettings):
             self.webhook_replays,
             self.webhook_dlq,
             self.api_presence,
+            self.api_idempotency,
         ]
 
 
 #: ``Topics`` fields of the topics compacted to the latest record per key: the changelogs of
 #: the state stores, the endpoint registry and the front-ends' presence (docs/architecture.md,
 #: "Topics and messages").
-COMPACTED: Final = frozenset({"state", "webhook_endpoints", "webhook_state", "api_presence"})
+COMPACTED: Final = frozenset(
+    {"state", "webhook_endpoints", "webhook_state", "api_presence", "api_idempotency"}
+)
 #: ``Topics`` fields of the topics with one partition: the front-ends' presence records, whose
-#: one order decides which replica's claim of a workspace's last replay slot came first.
-SINGLE_PARTITION: Final = frozenset({"api_presence"})
+#: one order decides which replica's claim of a workspace's last replay slot came first, and
+#: the idempotency keys, whose one order decides which request of one key came first.
+SINGLE_PARTITION: Final = frozenset({"api_presence", "api_idempotency"})
 #: ``Topics`` fields of the streams whose records matter for minutes only (a reply is awaited
 #: for ``API_REPLY_TIMEOUT_S``): ``KAFKA_REPLIES_RETENTION_MS``.
 SHORT_LIVED: Final = frozenset({"replies"})
@@ -79,7 +84,7 @@ SHORT_LIVED: Final = frozenset({"replies"})
 #: its webhook routes are configured (``WEBHOOK_SECRETS_KEY``).
 PROCESS_TOPICS: Final[Mapping[str, tuple[str, ...]]] = {
     "worker": ("commands", "state", "status", "errors", "replies", "dlq"),
-    "api": ("commands", "replies", "api_presence"),
+    "api": ("commands", "replies", "api_presence", "api_idempotency"),
     "api-webhooks": (
         "webhook_endpoints",
         "webhook_deliveries",

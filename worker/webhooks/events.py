@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Final
 
 from pydantic import ValidationError
 
 from worker.contract.messages import AuthError, AuthStatusChanged
 from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED
 
-_WIRE_ONLY = {"type", "schema_version"}
+#: The event record's fields a webhook body leaves out of ``data`` (the catalogue's schemas too).
+WIRE_ONLY: Final = frozenset({"type", "schema_version"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +45,7 @@ def from_error(value: bytes) -> WebhookEvent:
 def _event(
     event_type: str, event: AuthStatusChanged | AuthError, version: int | None
 ) -> WebhookEvent:
-    data = event.model_dump(mode="json", exclude=_WIRE_ONLY)
+    data = event.model_dump(mode="json", exclude=set(WIRE_ONLY))
     body = json.dumps(
         {"type": event_type, "timestamp": event.occurred_at, "data": data},
         separators=(",", ":"),
@@ -60,4 +62,4 @@ def _event(
     )
 
 
-__all__ = ["ValidationError", "WebhookEvent", "from_error", "from_status"]
+__all__ = ["WIRE_ONLY", "ValidationError", "WebhookEvent", "from_error", "from_status"]

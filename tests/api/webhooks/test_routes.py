@@ -799,5 +799,6 @@ async def test_readiness_covers_the_webhook_readers(hook_settings: Callable[...,
             "webhooks": True,
             "kafka": True,
         }
-        assert len(api.tails) == 3  # replies, the replicas' presence, the endpoints registry
+        # replies, the replicas' presence and Idempotency-Keys, the endpoints registry
+        assert len(api.tails) == 4
         await asyncio.sleep(0)

@@ -101,6 +101,13 @@ def all_channels() -> list[Channel]:
             "a workspace's rate by the live count and decides a replay claim in this order.",
             ("api_presence", "api_presence_ended"),
         ),
+        Channel(
+            "api_idempotency",
+            "The confirms' `Idempotency-Key`s of the last 24 h (one partition): a request's "
+            "claim of a key, then its answer under the same record key. Every replica reads "
+            "every record; the first claim of a key in this order holds it.",
+            ("api_idempotency", "api_idempotency_released"),
+        ),
     ]
 
 

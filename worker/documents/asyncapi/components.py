@@ -8,6 +8,7 @@ from typing import Any, Final
 from pydantic import TypeAdapter
 from pydantic.json_schema import JsonSchemaMode
 
+from worker.api.idempotency import IdempotencyRecord
 from worker.api.presence import PresenceRecord
 from worker.contract.messages import (
     AccountRecord,
@@ -24,8 +25,9 @@ from worker.contract.messages import (
 from worker.documents.asyncapi.headers import header_schemas
 from worker.webhooks.delivery import DeliveryState
 from worker.webhooks.delivery_store import AccountDeliveries
-from worker.webhooks.endpoints import EVENT_TYPES, EndpointRecord
-from worker.webhooks.events import _WIRE_ONLY as WEBHOOK_BODY_DROPS
+from worker.webhooks.endpoints import EndpointRecord
+from worker.webhooks.event_types import EVENT_CATALOGUE
+from worker.webhooks.events import WIRE_ONLY as WEBHOOK_BODY_DROPS
 from worker.webhooks.publish import DeliveryLogBatch, DeliveryLogEntry, Replay
 
 KAFKA_BINDING_VERSION: Final = "0.5.0"
@@ -48,6 +50,7 @@ WIRE_MODELS: Final[tuple[type[Any], ...]] = (
     DeliveryLogBatch,
     Replay,
     PresenceRecord,
+    IdempotencyRecord,
 )
 
 
@@ -77,6 +80,13 @@ def component_schemas() -> dict[str, Any]:
         "description": "Record key: a front-end replica's id (UTF-8, `api_` + 32 hex), new at "
         "each process start.",
     }
+    schemas["IdempotencySlot"] = {
+        "title": "IdempotencySlot",
+        "type": "string",
+        "pattern": "^[^/]+/[0-9a-f]{64}/[^/]+$",
+        "description": "Record key: `workspace_id/sha256(Idempotency-Key)/claim_id` (UTF-8), "
+        "one claim of a key; the key itself is never written.",
+    }
     schemas["DeliveryStateKey"] = {
         "title": "DeliveryStateKey",
         "type": "string",
@@ -96,11 +106,14 @@ def component_schemas() -> dict[str, Any]:
 
 
 def _webhook_body_schemas(schemas: dict[str, Any]) -> dict[str, Any]:
-    """The Standard Webhooks body (worker/webhooks/events.py): ``data`` is the event minus
-    its wire-only fields, so the schemas are the events' schemas minus those properties."""
+    """The Standard Webhooks body of every type of the event catalogue
+    (worker/webhooks/event_types.py): ``data`` is the event minus its wire-only fields, so the
+    schemas are the events' schemas minus those properties; each with the catalogue's
+    example."""
     out: dict[str, Any] = {}
     variants = []
-    for event_type, model in zip(EVENT_TYPES, (AuthStatusChanged, AuthError), strict=True):
+    for kind in EVENT_CATALOGUE:
+        event_type, model = kind.name, kind.model
         event = schemas[model.__name__]
         data = {
             **event,
@@ -123,6 +136,8 @@ def _webhook_body_schemas(schemas: dict[str, Any]) -> dict[str, Any]:
                 "data": ref(f"{model.__name__}Data"),
             },
             "required": ["type", "timestamp", "data"],
+            "description": kind.description,
+            "examples": [kind.example_body()],
         }
         variants.append(ref(name))
     out["WebhookBody"] = {

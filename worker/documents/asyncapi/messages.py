@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from worker.api.idempotency import IdempotencyRecord
 from worker.api.presence import PresenceRecord
 from worker.contract.messages import (
     AccountRecord,
@@ -27,7 +28,9 @@ from worker.webhooks.delivery_store import AccountDeliveries
 from worker.webhooks.endpoints import EndpointRecord
 from worker.webhooks.publish import DeliveryLogBatch, DeliveryLogEntry, Replay
 
-Key = Literal["AccountId", "EndpointId", "DeadLetterKey", "DeliveryStateKey", "ReplicaId"]
+Key = Literal[
+    "AccountId", "EndpointId", "DeadLetterKey", "DeliveryStateKey", "ReplicaId", "IdempotencySlot"
+]
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,15 @@ def all_messages() -> list[Message]:
             "Tombstone: the front-end replica of the record key stopped.",
             {"type": "null", "description": "No value (a Kafka tombstone)."},
             "ReplicaId",
+        ),
+        model(IdempotencyRecord, "IdempotencySlot"),
+        Message(
+            "api_idempotency_released",
+            "IdempotencyReleased",
+            "Tombstone: the claim of the record key lost, expired, or its request failed "
+            "before an answer.",
+            {"type": "null", "description": "No value (a Kafka tombstone)."},
+            "IdempotencySlot",
         ),
     ]
 

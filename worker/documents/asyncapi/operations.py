@@ -101,6 +101,21 @@ def all_operations() -> list[Operation]:
             "replays each holds.",
         ),
         Operation(
+            "frontEndSendsIdempotency",
+            "front-end",
+            "send",
+            "api_idempotency",
+            "A confirm's claim of its `Idempotency-Key`, its answer, and tombstones of lost, "
+            "failed or expired claims.",
+        ),
+        Operation(
+            "frontEndReceivesIdempotency",
+            "front-end",
+            "receive",
+            "api_idempotency",
+            "Every replica reads every record (no group): the keys held and their answers.",
+        ),
+        Operation(
             "frontEndSendsReplays",
             "front-end",
             "send",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from worker.api.bodies import AuthResponse
+from worker.api.idempotency import KEY_MAX_CHARS, KEY_RULE, REPLAYED_HEADER
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.contract.messages import AuthData
 from worker.documents.openapi.parts import (
@@ -25,7 +26,7 @@ _NOT_FOUND: Final = Failure(
     " workspace's), or the route does not exist.",
 )
 _CONFIRM_FAILURES: Final = (
-    Failure("invalid_request", "Malformed `account_id` or body."),
+    Failure("invalid_request", f"Malformed `account_id` or body, or {KEY_RULE}."),
     Failure("provider_invalid_request"),
     *KEY_CHECK,
     _NOT_FOUND,
@@ -41,7 +42,31 @@ _CONFIRM_FAILURES: Final = (
     Failure("provider_unavailable", refined=(30010,)),
     Failure("provider_adapter_not_found"),
     BODY_TIMEOUT,
+    Failure("idempotency_key_reused"),
+    Failure("idempotency_key_in_progress"),
+    Failure("idempotency_keys_exhausted"),
 )
+#: ``Idempotency-Key`` of the confirm (``worker.api.idempotency``).
+_IDEMPOTENCY_KEY: Final = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": (
+        "Optional. A repeat of this request (same workspace, key, account and body byte for"
+        " byte) within 24 hours answers the first answer (same status, `request_id` and"
+        " `data`; `Idempotent-Replayed: true`) without confirming again, on any front-end"
+        " replica. The key with another request answers 409 `idempotency_key_reused`; while"
+        " the first request is being answered, 409 `idempotency_key_in_progress`. Keys are the"
+        " workspace's own. A 500 keeps nothing: the key can be retried."
+    ),
+    "schema": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": KEY_MAX_CHARS,
+        "pattern": f"^[!-~]{{1,{KEY_MAX_CHARS}}}$",
+    },
+    "example": "order-7f3a9c2e",
+}
 _AUTH_FAILURES: Final = (
     Failure("invalid_request", "Malformed `account_id`."),
     *KEY_CHECK,
@@ -66,6 +91,17 @@ def _auth_ok(description: str) -> dict[str, Any]:
     return json_response(description, AuthResponse, example=example.model_dump())
 
 
+def _replayable(response: dict[str, Any]) -> dict[str, Any]:
+    """A confirm's answer, which a repeated ``Idempotency-Key`` gets again."""
+    response["headers"][REPLAYED_HEADER] = {
+        "required": False,
+        "description": "`true` on the kept answer of an `Idempotency-Key` sent again (the"
+        " body is the first answer's, its `request_id` included).",
+        "schema": {"type": "string", "const": "true"},
+    }
+    return response
+
+
 def account_paths() -> dict[str, Any]:
     """``POST .../passkey-confirm`` and ``GET .../auth`` (``worker.api.routes``)."""
     parameters = [
@@ -86,13 +122,15 @@ def account_paths() -> dict[str, Any]:
                 ),
                 "tags": ["auth"],
                 "security": [{"ApiKey": []}],
-                "parameters": parameters,
+                "parameters": [*parameters, _IDEMPOTENCY_KEY],
                 "requestBody": dict(EMPTY_BODY),
                 "responses": {
-                    "200": _auth_ok(
-                        "Confirmed: `status` and `auth_status` are"
-                        " `passkey_confirmation_sent` (or the current status when it was"
-                        " already sent)."
+                    "200": _replayable(
+                        _auth_ok(
+                            "Confirmed: `status` and `auth_status` are"
+                            " `passkey_confirmation_sent` (or the current status when it was"
+                            " already sent)."
+                        )
                     ),
                     **error_responses(_CONFIRM_FAILURES),
                 },

@@ -8,6 +8,7 @@ from typing import Any, Final
 from pydantic import BaseModel, TypeAdapter
 
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
+from worker.api.event_types import EventTypesResponse
 from worker.api.portal.sessions import PortalSessionBody, PortalSessionResponse
 from worker.api.routes import ACCOUNT_ID_RULE
 from worker.api.webhooks.bodies import (
@@ -43,6 +44,7 @@ _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
     ReplayAcceptedResponse,
     PortalSessionBody,
     PortalSessionResponse,
+    EventTypesResponse,
 )
 
 
@@ -99,8 +101,10 @@ def components(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, Any]:
         "headers": {
             "X-Request-Id": {
                 "description": (
-                    "Diagnostic handle of the request, equal to the body's `request_id`:"
-                    " the caller's `X-Request-Id` when valid, else `req_<32 hex>`."
+                    "Diagnostic handle of the request, equal to the body's `request_id`"
+                    " (except on a kept answer replayed for an `Idempotency-Key`, whose body"
+                    " is the first answer's): the caller's `X-Request-Id` when valid, else"
+                    " `req_<32 hex>`."
                 ),
                 "required": True,
                 "schema": identifier,

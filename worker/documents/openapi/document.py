@@ -15,6 +15,7 @@ from worker.documents.openapi.accounts import account_paths
 from worker.documents.openapi.components import components
 from worker.documents.openapi.deliveries import delivery_paths
 from worker.documents.openapi.endpoints import endpoint_paths
+from worker.documents.openapi.event_types import event_type_paths, webhooks_section
 from worker.documents.openapi.parts import with_allow
 from worker.documents.openapi.portal import portal_paths
 from worker.documents.openapi.probes import probe_paths
@@ -80,9 +81,11 @@ def openapi_document(
                 **delivery_paths(),
                 **replay_paths(),
                 **portal_paths(),
+                **event_type_paths(),
                 **probe_paths(),
             }
         ),
+        "webhooks": webhooks_section(),
         "components": components(limits, policy),
     }
 
