@@ -336,6 +336,13 @@ EXTENSIONS: Final[tuple[CatalogueEntry, ...]] = (
         " another.",
         extension=True,
     ),
+    CatalogueEntry(
+        "event_history_window_exceeded",
+        90010,
+        400,
+        "`since` is older than the account event history's window (7 days); ask from a later time.",
+        extension=True,
+    ),
 )
 
 PROVIDER_DETAIL_CODES: Final[frozenset[int]] = frozenset(

@@ -100,7 +100,7 @@ def _webhook_body_schemas(schemas: dict[str, Any]) -> dict[str, Any]:
     its wire-only fields, so the schemas are the events' schemas minus those properties."""
     out: dict[str, Any] = {}
     variants = []
-    for event_type, model in zip(EVENT_TYPES, (AuthStatusChanged, AuthError), strict=True):
+    for event_type, model in zip(EVENT_TYPES[:2], (AuthStatusChanged, AuthError), strict=True):
         event = schemas[model.__name__]
         data = {
             **event,

@@ -15,6 +15,7 @@ from worker.documents.openapi.accounts import account_paths
 from worker.documents.openapi.components import components
 from worker.documents.openapi.deliveries import delivery_paths
 from worker.documents.openapi.endpoints import endpoint_paths
+from worker.documents.openapi.follow import follow_paths
 from worker.documents.openapi.parts import with_allow
 from worker.documents.openapi.probes import probe_paths
 from worker.documents.openapi.replays import replay_paths
@@ -77,6 +78,7 @@ def openapi_document(
                 **signing_secret_paths(),
                 **delivery_paths(),
                 **replay_paths(),
+                **follow_paths(),
                 **probe_paths(),
             }
         ),
