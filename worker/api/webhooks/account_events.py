@@ -33,6 +33,7 @@ from worker.contract.catalogue import ServiceError
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
 from worker.engine.home_partition import home_partition
+from worker.engine.replay import high_water_marks
 from worker.engine.tail import partitions_of
 from worker.runtime.logs import get_logger
 from worker.webhooks.events import WebhookEvent, from_error, from_status
@@ -238,13 +239,16 @@ class AccountEvents:
             start = since or datetime.now(UTC) - timedelta(seconds=WINDOW_S)
             start_ms = max(int((start.timestamp() - self._seek_margin_s) * 1000), 0)
         reads = []
-        for topic, at in (
-            (self._status_topic, None if cursor is None else cursor.status),
-            (self._errors_topic, None if cursor is None else cursor.errors),
-        ):
-            reads.append(
-                await self._read(topic, workspace_id, account_id, at, start_ms, since, deadline)
-            )
+        # The reads stop at ``deadline``; this bounds the broker calls around them too.
+        async with asyncio.timeout(2 * self.timeout_s + 5):
+            for topic, at in (
+                (self._status_topic, None if cursor is None else cursor.status),
+                (self._errors_topic, None if cursor is None else cursor.errors),
+            ):
+                read = await self._read(
+                    topic, workspace_id, account_id, at, start_ms, since, deadline
+                )
+                reads.append(read)
         status, errors = reads
         return _merge(workspace_id, account_id, status, errors, limit)
 
@@ -259,8 +263,8 @@ class AccountEvents:
         deadline: float,
     ) -> _TopicRead:
         consumer = self._consumer_factory()
-        await consumer.start()
-        try:
+        try:  # stopped even when cancelled while starting
+            await consumer.start()
             parts = await partitions_of(consumer, topic, deadline=deadline)
             if not parts:
                 raise TimeoutError(f"no metadata for {topic}")
@@ -268,9 +272,8 @@ class AccountEvents:
             if at is not None and at[0] != partition:
                 raise CursorError("the topic's partitions changed")
             tp = TopicPartition(topic, partition)
-            consumer.assign([tp])
+            end = (await high_water_marks(consumer, [tp]))[tp]  # end_offsets() is short on Tansu
             first = (await consumer.beginning_offsets([tp]))[tp]
-            end = (await consumer.end_offsets([tp]))[tp]
             if at is not None:
                 offset = max(at[1], first)
             else:

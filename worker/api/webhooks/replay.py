@@ -353,8 +353,8 @@ class ReplayRunner:
         # to one topic does not learn another's metadata.
         for topic in (self._status_topic, self._errors_topic):
             consumer = self._consumer_factory()
-            await consumer.start()
-            try:
+            try:  # stopped even when cancelled while starting
+                await consumer.start()
                 await self._scan_topic(consumer, topic, replay_id, endpoint, since, counts)
             finally:
                 await consumer.stop()

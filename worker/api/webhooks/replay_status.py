@@ -23,6 +23,8 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from worker.api.presence import Presence
+from worker.api.webhooks.quotas import REPLAY_CAPACITY, TOO_MANY, Refused
+from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
 from worker.engine.outage import BrokerHealth, send_retrying
 from worker.runtime.logs import get_logger
@@ -194,16 +196,18 @@ class ReplayBoard:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _apply(self, progress: ReplayProgress) -> None:
+    def _apply(self, progress: ReplayProgress) -> bool:
+        """Keep ``progress``; false when it is of a new replay and ``max_tracked`` are held."""
         held = self._replays.get(progress.replay_id)
         if held is None and len(self._replays) >= self.max_tracked:
             self.ignored += 1
-            return
+            return False
         if held is not None and held.ended and not progress.ended:
-            return  # a late progress record never reopens an ended replay
+            return True  # a late progress record never reopens an ended replay
         if held is not None and progress.updated_at < held.updated_at and not progress.ended:
-            return
+            return True
         self._replays[progress.replay_id] = progress
+        return True
 
     def get(self, workspace_id: str, endpoint_id: str, replay_id: str) -> ReplayProgress | None:
         """The replay as the caller may see it: ``None`` unless it is of ``workspace_id`` and
@@ -257,8 +261,17 @@ class ReplayBoard:
         )
 
     async def publish(self, progress: ReplayProgress) -> None:
-        """Write ``progress`` (acknowledged) and apply it here at once (read-your-writes)."""
-        self._apply(progress)
+        """Write ``progress`` (acknowledged) and apply it here at once (read-your-writes);
+        ``Refused`` (429), nothing written, for a new replay while ``max_tracked`` are held."""
+        if not self._apply(progress):
+            raise Refused(
+                REPLAY_CAPACITY,
+                ServiceError.of(
+                    TOO_MANY,
+                    "Too many replays are kept on this service; retry later. Nothing was started.",
+                ),
+                60,
+            )
         await self._send(progress.replay_id, progress.model_dump_json().encode())
 
     async def request_cancel(self, progress: ReplayProgress) -> None:
