@@ -22,6 +22,7 @@ from tests.api.support import KEY_B, headers, produce, running_api
 from tests.api.test_api_http import assert_error
 from tests.api.webhooks.test_routes import error_event, status_event
 from worker.api.webhooks.account_events import AccountEvents, CursorCodec, CursorError
+from worker.api.webhooks.quotas import Refused
 from worker.engine.kafka import build_consumer
 from worker.settings import Settings
 from worker.webhooks.events import from_error, from_status
@@ -231,10 +232,10 @@ async def test_a_huge_scan_is_read_a_bounded_slice_per_request(
     assert pages == 5 and reader.records_read == 2001
 
     with reader.turn("ws_a"):
-        with pytest.raises(Exception) as refused:
-            with reader.turn("ws_a"):
-                pass
-        assert getattr(refused.value, "quota", None) == "account_event_scans"
+        with pytest.raises(Refused) as refused, reader.turn("ws_a"):
+            pass
+        assert refused.value.quota == "account_event_scans"
+        assert refused.value.error.http_status == 429
         with reader.turn("ws_b"):  # another workspace is still served
             pass
 
