@@ -25,12 +25,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.contract.messages import Identifier
 from worker.engine.outage import BrokerHealth, send_retrying
-from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry, now_rfc3339
+from worker.webhooks.endpoints import (
+    EVENT_ENDPOINT_DISABLED,
+    EVENT_ENDPOINT_ENABLED,
+    EndpointRecord,
+    EndpointRegistry,
+    now_rfc3339,
+)
 from worker.webhooks.events import WebhookEvent
 from worker.webhooks.instrumentation import Incoming
 
-EVENT_ENDPOINT_DISABLED: Final = "endpoint.disabled"
-EVENT_ENDPOINT_ENABLED: Final = "endpoint.enabled"
 OPERATIONAL_EVENT_TYPES: Final = (EVENT_ENDPOINT_DISABLED, EVENT_ENDPOINT_ENABLED)
 #: Failures an ``endpoint.disabled`` event lists at most.
 MAX_LAST_FAILURES: Final = 5
@@ -183,14 +187,17 @@ def is_operational(value: bytes | None) -> bool:
 
 
 def incoming(value: bytes, endpoints: EndpointRegistry) -> Incoming:
-    """The deliveries of an operational record: the workspace's active endpoints subscribed
-    to its type, the subject endpoint excepted. Raises ``pydantic.ValidationError`` for a
-    value that is not one."""
+    """The deliveries of an operational record: the workspace's active endpoints whose
+    ``event_types`` name its type (opt-in: an endpoint without a filter keeps receiving the
+    account events it was built for, never a body of another shape), the subject endpoint
+    excepted. Raises ``pydantic.ValidationError`` for a value that is not one."""
     record = OperationalRecord.model_validate_json(value)
     targets = [
         e
         for e in endpoints.subscribers(record.workspace_id, record.event_type)
         if e.id != record.endpoint_id
+        and e.event_types is not None
+        and record.event_type in e.event_types
     ]
     return Incoming(record.event(), targets)
 
