@@ -15,6 +15,12 @@ from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorRespon
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_MAX_AGE_S
 from worker.api.methods import allow_value
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
+from worker.api.webhooks.follow_routes import (
+    ACCOUNT_EVENTS,
+    FOLLOW_ROUTES,
+    WEBHOOK_REPLAY_CANCEL,
+    WEBHOOK_REPLAY_STATUS,
+)
 from worker.api.webhooks.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
 from worker.api.webhooks.routes import (
     WEBHOOK_ACTIVATE,
@@ -167,6 +173,10 @@ def test_schemathesis_accepts_the_document() -> None:
         "GET /readyz",
         *WEBHOOK_OPERATIONS,
         *(f"OPTIONS {path}" for path in WEBHOOK_PATHS),
+        f"GET {WEBHOOK_REPLAY_STATUS}",
+        f"POST {WEBHOOK_REPLAY_CANCEL}",
+        f"GET {ACCOUNT_EVENTS}",
+        *(f"OPTIONS {path}" for path in FOLLOW_ROUTES),
     }
 
 
@@ -291,7 +301,9 @@ def test_links_lead_from_an_endpoint_to_every_operation_on_it() -> None:
     on_one = {
         op_id
         for op_id, (path, op) in by_id.items()
-        if path.startswith(WEBHOOK_ENDPOINT) and not op_id.startswith("preflight")
+        if path.startswith(WEBHOOK_ENDPOINT)
+        and "{replay_id}" not in path  # reached from a replay's answer (below)
+        and not op_id.startswith("preflight")
     }
     assert len(on_one) == 9
     for op_id, status in (
@@ -304,6 +316,11 @@ def test_links_lead_from_an_endpoint_to_every_operation_on_it() -> None:
         assert {link["operationId"] for link in links.values()} == on_one, op_id
         for link in links.values():
             assert link["parameters"] == {"endpoint_id": "$response.body#/data/id"}
+    replay_links = by_id["replayWebhookEvents"][1]["responses"]["202"]["links"]
+    assert {link["operationId"] for link in replay_links.values()} == {
+        "getWebhookReplay",
+        "cancelWebhookReplay",
+    }
 
 
 def _limits_of(doc: dict[str, Any], body: str) -> tuple[int, int, int]:

@@ -1,18 +1,8 @@
-"""Operational events: ``endpoint.disabled`` (the dispatcher stopped a failing endpoint) and
-``endpoint.enabled`` (a disabled endpoint was activated again), delivered to the workspace's
-*other* active endpoints subscribed to them, through the normal signed delivery path
-(docs/architecture.md, "Operational events").
-
-The models here (``EndpointDisabledEvent``, ``EndpointEnabledEvent`` and ``EXAMPLES``) are what
-the event catalogue and the API documents list; the same models render the webhook body.
-
-One id per announcement, for ever: the event id is derived from the endpoint id, the revision of
-the endpoint record that the transition writes and the event type (``operational_event_id``), so
-an announcement sent again (the writer retried after a crash) is the same event under the same
-``webhook-id``, never a second one. The announcement is published *before* the endpoint write
-(``Announcer``): a crash between the two leaves the transition undone, and the next attempt
-announces the same id again, so a transition that happened was always announced.
-"""
+"""Operational events: ``endpoint.disabled`` and ``endpoint.enabled``, fanned out by the
+dispatcher to the workspace's other active endpoints whose ``event_types`` name them. Their
+models and one example each (``MODELS``, ``EXAMPLES``) are what the event catalogue lists. One
+id per transition: derived from the endpoint, the revision the transition writes and the type,
+and announced before the endpoint write (docs/architecture.md, "Operational events")."""
 
 from __future__ import annotations
 

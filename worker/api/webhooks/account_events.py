@@ -1,14 +1,9 @@
-"""``GET /v1/accounts/{account_id}/events``: an account's status and error events, read from
-its home partition of auth.status and auth.errors (the partition its key hashes to, as the
-worker's producer put it there: ``worker.engine.home_partition``), each with the event id,
-version and body its webhook carries (``worker.webhooks.events``), so polling and webhooks agree
-(docs/api.md, "Polling an account's events").
-
-Bounded per request: at most ``SCAN_RECORDS`` records of each topic and ``SCAN_TIMEOUT_S``;
-``since`` no older than ``WINDOW_S``; one scan per workspace and ``MAX_SCANS`` per process at a
-time. What a page did not reach, the next page's cursor resumes: the cursor holds the next
-offset of each topic, the account and the workspace, with an HMAC so that it can be neither
-forged nor moved to another account (docs/architecture.md, "An account's event history")."""
+"""``GET /v1/accounts/{account_id}/events``: the account's status and error events from its home
+partition of auth.status and auth.errors, rendered as its webhooks are
+(``worker.webhooks.events``), so polling and webhooks agree. Bounded per request
+(``SCAN_RECORDS`` per topic, ``SCAN_TIMEOUT_S``, ``since`` within ``WINDOW_S``, one read per
+workspace and ``MAX_SCANS`` per process); the next page resumes from a cursor signed with an
+HMAC, bound to the account and workspace (docs/architecture.md, "An account's event history")."""
 
 from __future__ import annotations
 

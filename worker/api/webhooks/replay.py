@@ -1,15 +1,10 @@
 """``POST .../replay``: re-send an endpoint's past events. A bounded background scan of
-auth.status and auth.errors turns matching events into ``Replay`` records the dispatcher
-delivers under their original webhook-ids; per-workspace (across the live front-end replicas,
-through ``worker.api.presence``) and per-process bounds refuse with 429 (docs/operations.md,
-"Quotas"). The scan reads each partition from ``since`` (the broker's
-timestamp index) to the high-water mark of its start, yielding to the loop as it decodes
-(``ReplayRunner._scan_topic``). With a ``ReplayBoard``, a replay's state and counts are
-written where every replica reads them, and a cancellation read there is honoured by the
-replica that runs it (``worker.api.webhooks.replay_status``).
-
-Over 500 lines: the scan (its bounds, its time-out) and a replay's life (quotas, progress,
-cancellation) share one runner's state; the progress records themselves live apart."""
+auth.status and auth.errors (from ``since`` by the timestamp index to the high-water mark of
+its start) turns matching events into ``Replay`` records the dispatcher delivers under their
+original webhook-ids; quotas per workspace and process refuse with 429 (docs/operations.md,
+"Quotas"). Progress and cancellation, on every replica: ``worker.api.webhooks.replay_status``.
+Over 500 lines: the scan and a replay's life (quotas, progress, cancellation) share one
+runner's state; the progress records live apart."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""Replays that can be followed from any front-end replica: the replica that runs a replay
-writes its progress (state and counts) to the compacted, one-partition ``api.presence`` topic
-under the replay id, and every replica tails those records (``ReplayBoard``); a cancellation is
-a record of its own (key ``<replay id>/cancel``) that the running replica reads and honours
-(docs/architecture.md, "Following a replay").
-
-Bounded: a workspace's newest ``KEPT_PER_WORKSPACE`` replays are kept, none past
-``KEPT_FOR_S`` after it was last written, and ``MAX_TRACKED`` in all; what falls out is
-tombstoned by whichever replica sweeps first, so neither the topic nor any replica's memory
-keeps it. A replay whose runner stopped writing (its replica died) reads as ``failed`` once its
-last record is ``STALE_AFTER_S`` old."""
+"""Replays that can be followed from any front-end replica: the runner writes a replay's
+progress to the compacted ``api.presence`` topic under its id, every replica's presence tail
+hands those records to its ``ReplayBoard``, and a cancellation (key ``<id>/cancel``) is
+honoured by the replica that runs it. Bounded per workspace, by age and in all; a replay whose
+runner went silent reads as failed (docs/architecture.md, "Following a replay")."""
 
 from __future__ import annotations
 

@@ -66,10 +66,44 @@ def _replay_operation(operation_id: str, summary: str, description: str, **kw: A
     return operation
 
 
+def replay_links(response: dict[str, Any]) -> dict[str, Any]:
+    """``response`` (a replay's 202) with links to following and cancelling that replay."""
+    parameters = {
+        "endpoint_id": "$response.body#/data/endpoint_id",
+        "replay_id": "$response.body#/data/replay_id",
+    }
+    links = {
+        "GetWebhookReplay": {"operationId": "getWebhookReplay", "parameters": parameters},
+        "CancelWebhookReplay": {"operationId": "cancelWebhookReplay", "parameters": parameters},
+    }
+    return {**response, "links": links}
+
+
 def follow_paths() -> dict[str, Any]:
     """``GET .../replays/{replay_id}``, ``POST .../replays/{replay_id}/cancel``,
     ``GET /v1/accounts/{account_id}/events``."""
     status = json_response("The replay.", ReplayStatusResponse)
+    cancel = _replay_operation(
+        "cancelWebhookReplay",
+        "Cancel a replay",
+        "202: the cancellation is asked for; the replica running the replay stops it within"
+        " about a second (`state` becomes `cancelled`; events already handed to the"
+        " dispatcher are still delivered). 200: the replay had already ended, it is unchanged.",
+        ok_status="202",
+        ok=json_response("The cancellation is asked for.", ReplayStatusResponse),
+        failures=(
+            *webhook_failures(
+                "update_webhook_endpoint_failed",
+                bad_request=_CANCEL_BAD_REQUEST,
+                not_found=False,
+            ),
+            _REPLAY_NOT_FOUND,
+        ),
+    )
+    cancel["responses"] = {
+        "200": json_response("The replay had already ended: unchanged.", ReplayStatusResponse),
+        **cancel["responses"],
+    }
     return {
         WEBHOOK_REPLAY_STATUS: {
             "get": _replay_operation(
@@ -91,24 +125,7 @@ def follow_paths() -> dict[str, Any]:
             "options": preflight("preflightWebhookReplay", "replay_id"),
         },
         WEBHOOK_REPLAY_CANCEL: {
-            "post": _replay_operation(
-                "cancelWebhookReplay",
-                "Cancel a replay",
-                "202: the cancellation is asked for; the replica running the replay stops it"
-                " within about a second (`state` becomes `cancelled`; events already handed to"
-                " the dispatcher are still delivered). 200: the replay had already ended, it is"
-                " unchanged.",
-                ok_status="202",
-                ok=status,
-                failures=(
-                    *webhook_failures(
-                        "update_webhook_endpoint_failed",
-                        bad_request=_CANCEL_BAD_REQUEST,
-                        not_found=False,
-                    ),
-                    _REPLAY_NOT_FOUND,
-                ),
-            ),
+            "post": cancel,
             "options": preflight("preflightCancelWebhookReplay", "replay_id"),
         },
         ACCOUNT_EVENTS: {
