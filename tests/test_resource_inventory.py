@@ -157,8 +157,8 @@ NOT_GROWN: dict[str, str] = {
     "webhooks/operational.py:EndpointDisabledData.last_failures": (
         "one event's field: ≤ MAX_LAST_FAILURES (5)"
     ),
-    "api/webhooks/follow_bodies.py:AccountEventData.body": "one event's body, as the worker wrote it",
-    "api/webhooks/follow_bodies.py:AccountEventsResponse.data": "an answer: ≤ MAX_LIMIT (100) events",
+    "api/webhooks/follow_bodies.py:AccountEventData.body": "one event's body, as written",
+    "api/webhooks/follow_bodies.py:AccountEventsResponse.data": "an answer: ≤ MAX_LIMIT events",
     "api/webhooks/account_events.py:EventPage.events": "one page: ≤ MAX_LIMIT (100) events",
     # -- operator tools (python -m worker dlq|keys): run by hand, not fed by outside input --
     "dlq/cli.py:RedriveReport.redriven": "operator CLI: counts by target topic",

@@ -163,6 +163,7 @@ def build_app(
         clients=FollowClients.of(webhooks),
         admitted_workspace=api.admitted_workspace,
         wait_s=settings.webhook_store_timeout_s,
+        refused=lambda quota: metrics.quota_refusals.labels(quota).inc(),
     )
     hooks = WebhookRoutes(
         clients=webhooks,

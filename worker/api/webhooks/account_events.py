@@ -23,7 +23,7 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
-from worker.api.webhooks.quotas import TOO_MANY, Refused
+from worker.api.webhooks.quotas import EVENT_SCANS, TOO_MANY, Refused
 from worker.contract.catalogue import ServiceError
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
@@ -46,8 +46,6 @@ WINDOW_S: Final = 7 * 86_400.0
 SEEK_MARGIN_S: Final = 60.0
 MAX_SCANS: Final = 4
 CURSOR_MAX_CHARS: Final = 512
-#: ``passkey_api_quota_refusals`` label of a refused scan.
-EVENT_SCANS: Final = "account_event_scans"
 WINDOW_EXCEEDED: Final = "event_history_window_exceeded"
 INVALID_CURSOR: Final = "invalid_cursor"
 _FETCH_MAX_RECORDS: Final = 2000

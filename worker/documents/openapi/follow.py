@@ -60,6 +60,17 @@ def _query(name: str, description: str, schema: dict[str, Any], example: Any) ->
     }
 
 
+def _preflight(operation_id: str) -> dict[str, Any]:
+    """``OPTIONS`` on a route with two path parameters (``preflight`` names one)."""
+    operation = preflight(operation_id, "endpoint_id")
+    endpoint_id = operation["parameters"][0]
+    operation["parameters"] = [
+        *operation["parameters"],
+        {**endpoint_id, "name": "replay_id"},
+    ]
+    return operation
+
+
 def _replay_operation(operation_id: str, summary: str, description: str, **kw: Any) -> Any:
     operation = webhook_operation(operation_id, summary, description, one_endpoint=True, **kw)
     operation["parameters"].insert(1, _REPLAY_ID)
@@ -122,11 +133,11 @@ def follow_paths() -> dict[str, Any]:
                     _REPLAY_NOT_FOUND,
                 ),
             ),
-            "options": preflight("preflightWebhookReplay", "replay_id"),
+            "options": _preflight("preflightWebhookReplay"),
         },
         WEBHOOK_REPLAY_CANCEL: {
             "post": cancel,
-            "options": preflight("preflightCancelWebhookReplay", "replay_id"),
+            "options": _preflight("preflightCancelWebhookReplay"),
         },
         ACCOUNT_EVENTS: {
             "get": _events_operation(),
