@@ -57,7 +57,8 @@ async def test_disabled_and_enabled_reach_the_workspaces_other_subscribed_endpoi
         api_keys_file=write_keys(tmp_path / "keys.json"),
         webhook_retry_schedule_s="30",
     )
-    gone = Receiver(answer=lambda body, tries: 410)
+    answers = [410]  # gone until it is fixed, after the disable
+    gone = Receiver(answer=lambda body, tries: answers[0])
     watcher = Receiver()
     plain = Receiver()
     elsewhere = Receiver()
@@ -98,6 +99,7 @@ async def test_disabled_and_enabled_reach_the_workspaces_other_subscribed_endpoi
             )
             disabled = registry.get("ws_a", ep_gone["id"])
             assert disabled is not None
+            answers[0] = 204  # the receiver is fixed, then the endpoint activated again
 
             activated = await http.post(
                 f"/v1/webhook-endpoints/{ep_gone['id']}/activate", headers={"X-Api-Key": KEY_A}
@@ -115,6 +117,7 @@ async def test_disabled_and_enabled_reach_the_workspaces_other_subscribed_endpoi
             assert again.status_code == 200
             await publish_events(settings, [status_event(new_account(), 1)])
             await wait_until(lambda: len([d for d in watcher.seen if d.status == 204]) >= 4)
+            await wait_until(lambda: len([d for d in gone.seen if d.status == 204]) == 1)
 
     ops = [d for d in watcher.seen if d.body["type"] in OPS]
     assert [d.body["type"] for d in ops] == OPS  # each once, in order
