@@ -251,9 +251,9 @@ class ScanTurns:
 
 __all__ = [
     "DELIVERY_SCANS",
-    "EVENT_SCANS",
     "ENDPOINTS",
     "ENDPOINT_QUOTA",
+    "EVENT_SCANS",
     "QUOTAS",
     "REPLAYS",
     "REPLAY_CAPACITY",
