@@ -117,6 +117,9 @@ NOT_GROWN: dict[str, str] = {
     "documents/openapi/parts.py:RID_HEADER": "constant of the OpenAPI document",
     "documents/openapi/parts.py:EMPTY_BODY": "constant of the OpenAPI document",
     "documents/openapi/webhook_parts.py:_ENDPOINT_LINKS": "constant of the OpenAPI document",
+    "documents/openapi/follow.py:_REPLAY_ID": "constant of the OpenAPI document",
+    "webhooks/operational.py:MODELS": "constant: one model per operational event type",
+    "webhooks/operational.py:EXAMPLES": "constant: one example per operational event type",
     "dlq/letter.py:_UNITS": "constant: byte units for the operator's listing",
     "engine/topics.py:KAFKA_DEFAULTS": "constant: Kafka's topic-config defaults",
     "contract/topics.py:PROCESS_TOPICS": "constant: which process needs which topic",
@@ -160,6 +163,12 @@ NOT_GROWN: dict[str, str] = {
     "engine/topics.py:TopicObservation.configs": "one DescribeConfigs answer of an operator check",
     "webhooks/delivery_store.py:AccountDeliveries.endpoints": "old-form record, read to migrate",
     "webhooks/publish.py:_LogBatch.entries": "one log batch: ≤ LOG_BATCH_MAX (200) entries",
+    "webhooks/operational.py:EndpointDisabledData.last_failures": (
+        "one event's field: ≤ MAX_LAST_FAILURES (5)"
+    ),
+    "api/webhooks/follow_bodies.py:AccountEventData.body": "one event's body, as written",
+    "api/webhooks/follow_bodies.py:AccountEventsResponse.data": "an answer: ≤ MAX_LIMIT events",
+    "api/webhooks/account_events.py:EventPage.events": "one page: ≤ MAX_LIMIT (100) events",
     # -- operator tools (python -m worker dlq|keys): run by hand, not fed by outside input --
     "dlq/cli.py:RedriveReport.redriven": "operator CLI: counts by target topic",
     "dlq/cli.py:RedriveReport.skipped": "operator CLI: counts by fixed skip reason",

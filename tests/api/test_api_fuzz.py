@@ -44,6 +44,7 @@ from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_A, register, running_api, running_worker
 from worker.api.event_types import EVENT_TYPES_PATH
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
+from worker.api.webhooks.follow_routes import ACCOUNT_EVENTS, WEBHOOK_REPLAY_STATUS
 from worker.api.webhooks.routes import WEBHOOK_ENDPOINT, WEBHOOK_ENDPOINTS
 from worker.webhooks.secrets_box import generate_key
 
@@ -186,6 +187,9 @@ async def test_schemathesis_with_every_check_and_phase_finds_nothing(
     assert answered[(WEBHOOK_ENDPOINT, "GET", "200")] > 0
     assert answered[(WEBHOOK_ENDPOINT, "PATCH", "200")] > 0
     assert answered[(WEBHOOK_ENDPOINT, "DELETE", "204")] > 0
+    # the new routes were reached: a replay's status through the replay's links
+    assert answered[(WEBHOOK_REPLAY_STATUS, "GET", "200")] > 0
+    assert sum(n for (route, _, _), n in answered.items() if route == ACCOUNT_EVENTS) > 0
 
 
 def test_the_committed_document_loads_with_its_links(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -197,13 +201,22 @@ def test_the_committed_document_loads_with_its_links(monkeypatch: pytest.MonkeyP
     schema = schemathesis.openapi.from_path(COMMITTED, config=config)
     ops = [op.ok() for op in schema.get_all_operations() if isinstance(op, Ok)]
     # 6 auth/probe operations, 11 webhook ones and their 8 preflights, the event catalogue and
-    # its preflight
-    assert len(ops) == 27
+    # its preflight, a portal session and its preflight; a replay's status and cancel, an
+    # account's events and their 3 preflights
+    assert len(ops) == 35
     create = next(op for op in ops if op.label == f"POST {WEBHOOK_ENDPOINTS}")
     links = create.definition.raw["responses"]["201"]["links"]
     targets = {link["operationId"] for link in links.values()}
     by_id = {op.definition.raw["operationId"] for op in ops}
     assert targets <= by_id and len(targets) == 9
+    replay = next(op for op in ops if op.definition.raw["operationId"] == "replayWebhookEvents")
+    followed = {
+        link["operationId"] for link in replay.definition.raw["responses"]["202"]["links"].values()
+    }
+    assert followed == {"getWebhookReplay", "cancelWebhookReplay"} <= by_id
+    events = next(op for op in ops if op.definition.raw["operationId"] == "listAccountEvents")
+    accepted = schema.config.checks_config_for(operation=events, phase="fuzzing")
+    assert "400" in accepted.positive_data_acceptance.expected_statuses
     for op in ops:
         for phase in (None, "coverage", "fuzzing", "stateful"):
             checks = schema.config.checks_config_for(operation=op, phase=phase)

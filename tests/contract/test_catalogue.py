@@ -194,13 +194,15 @@ def test_code_status_pairs_are_unique() -> None:
 
 def test_extension_rows() -> None:
     """The front door's refusals: 408 (a body too slow), 429 (a workspace's rate limit), 405
-    (a method the route does not take) and 409 (the endpoint quota), in a 90000 block, as
-    real rows ``ServiceError.of`` builds."""
+    (a method the route does not take), 409 (the endpoint quota) and 400 (an event history
+    asked from before its window), in a 90000 block, as real rows ``ServiceError.of``
+    builds."""
     assert [(e.code, e.numeric_code, e.http_status) for e in EXTENSIONS] == [
         ("request_timeout", 90001, 408),
         ("rate_limited", 90002, 429),
         ("method_not_allowed", 90003, 405),
         ("webhook_endpoint_quota_exceeded", 90004, 409),
+        ("event_history_window_exceeded", 90010, 400),
         ("portal_session_invalid", 90020, 401),
         ("portal_scope_forbidden", 90021, 403),
         ("create_portal_session_failed", 90022, 500),

@@ -17,6 +17,12 @@ from worker.api.event_types import EVENT_TYPES_PATH
 from worker.api.methods import allow_value
 from worker.api.portal.tokens import in_portal_scope
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
+from worker.api.webhooks.follow_routes import (
+    ACCOUNT_EVENTS,
+    FOLLOW_ROUTES,
+    WEBHOOK_REPLAY_CANCEL,
+    WEBHOOK_REPLAY_STATUS,
+)
 from worker.api.webhooks.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
 from worker.api.webhooks.routes import (
     WEBHOOK_ACTIVATE,
@@ -173,6 +179,10 @@ def test_schemathesis_accepts_the_document() -> None:
         *(f"OPTIONS {path}" for path in WEBHOOK_PATHS),
         "POST /v1/portal-sessions",
         "OPTIONS /v1/portal-sessions",
+        f"GET {WEBHOOK_REPLAY_STATUS}",
+        f"POST {WEBHOOK_REPLAY_CANCEL}",
+        f"GET {ACCOUNT_EVENTS}",
+        *(f"OPTIONS {path}" for path in FOLLOW_ROUTES),
     }
 
 
@@ -299,7 +309,9 @@ def test_links_lead_from_an_endpoint_to_every_operation_on_it() -> None:
     on_one = {
         op_id
         for op_id, (path, op) in by_id.items()
-        if path.startswith(WEBHOOK_ENDPOINT) and not op_id.startswith("preflight")
+        if path.startswith(WEBHOOK_ENDPOINT)
+        and "{replay_id}" not in path  # reached from a replay's answer (below)
+        and not op_id.startswith("preflight")
     }
     assert len(on_one) == 9
     for op_id, status in (
@@ -312,6 +324,11 @@ def test_links_lead_from_an_endpoint_to_every_operation_on_it() -> None:
         assert {link["operationId"] for link in links.values()} == on_one, op_id
         for link in links.values():
             assert link["parameters"] == {"endpoint_id": "$response.body#/data/id"}
+    replay_links = by_id["replayWebhookEvents"][1]["responses"]["202"]["links"]
+    assert {link["operationId"] for link in replay_links.values()} == {
+        "getWebhookReplay",
+        "cancelWebhookReplay",
+    }
 
 
 def _limits_of(doc: dict[str, Any], body: str) -> tuple[int, int, int]:

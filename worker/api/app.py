@@ -36,9 +36,12 @@ from worker.api.routes import (
     on_service_error,
 )
 from worker.api.server import ApiRuntime, serve_runtime
+from worker.api.webhooks.account_events import AccountEvents, CursorCodec
 from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
+from worker.api.webhooks.follow_routes import FOLLOW_ROUTES, FollowClients, FollowRoutes
 from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.replay_status import ReplayBoard
 from worker.api.webhooks.routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
 from worker.contract.topics import used_by
 from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, verify_topics
@@ -53,6 +56,7 @@ from worker.runtime.process import on_stop_signals
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
+from worker.webhooks.operational import Announcer
 from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.targets import TargetPolicy
 
@@ -171,6 +175,12 @@ def build_app(
         allow_http=settings.webhook_allow_http,
         allow_private=settings.webhook_allow_private_targets,
     )
+    follow = FollowRoutes(
+        clients=FollowClients.of(webhooks),
+        admitted_workspace=api.admitted_workspace,
+        wait_s=settings.webhook_store_timeout_s,
+        refused=lambda quota: metrics.quota_refusals.labels(quota).inc(),
+    )
     hooks = WebhookRoutes(
         clients=webhooks,
         admitted_workspace=api.admitted_workspace,
@@ -195,6 +205,7 @@ def build_app(
         *sessions.routes(),
         *page_routes(),
         *EventTypeRoutes(api.admitted_workspace).routes(),
+        *follow.routes(),
         *probes.health_routes(),
         *(documents(limits, policy) if documents is not None else ()),
     ]
@@ -203,7 +214,13 @@ def build_app(
         metrics=metrics,
         cors=CorsPolicy(frozenset(settings.api_cors_origins)),
         routes=routes,
-        preflight_routes=(*API_ROUTES, *WEBHOOK_ROUTES, PORTAL_SESSIONS, EVENT_TYPES_PATH),
+        preflight_routes=(
+            *API_ROUTES,
+            *WEBHOOK_ROUTES,
+            PORTAL_SESSIONS,
+            EVENT_TYPES_PATH,
+            *FOLLOW_ROUTES,
+        ),
         body_timeout_s=settings.api_body_timeout_s,
         direct_routes=API_ROUTES,
         on_service_error=on_service_error,
@@ -251,6 +268,7 @@ def webhook_clients(
         window=settings.webhook_deliveries_scan_records,
         timeout_s=settings.webhook_deliveries_scan_timeout_s,
     )
+    board = None if presence is None else ReplayBoard(presence, producer, health=broker)
     replays = ReplayRunner(
         consumer_factory=lambda: _view_reader(kafka),
         producer=producer,
@@ -262,8 +280,21 @@ def webhook_clients(
         max_queued=settings.webhook_replay_max_queued,
         per_workspace=settings.webhook_replays_per_workspace,
         presence=presence,
+        board=board,
     )
-    return WebhookClients(endpoints=endpoints, store=store, deliveries=deliveries, replays=replays)
+    events = AccountEvents(
+        lambda: _view_reader(kafka), status_topic=topics.status, errors_topic=topics.errors
+    )
+    return WebhookClients(
+        endpoints=endpoints,
+        store=store,
+        deliveries=deliveries,
+        replays=replays,
+        announcer=Announcer(producer, topics.webhook_replays, broker),
+        board=board,
+        events=events,
+        cursors=CursorCodec(key.get_secret_value().encode()),
+    )
 
 
 @contextlib.asynccontextmanager
@@ -345,6 +376,9 @@ async def api_runtime(
                 started.append(tail.stop)
             await webhooks.deliveries.start()
             started.append(webhooks.deliveries.stop)
+            if webhooks.board is not None:
+                await webhooks.board.start()
+                started.append(webhooks.board.stop)
             started.append(webhooks.replays.stop)  # stopped first: it produces
         runtime = ApiRuntime(
             settings,

@@ -98,6 +98,8 @@ class Presence(TopicTail):
         self.undecodable = 0
         #: Records of replicas past ``MAX_REPLICAS``, ignored.
         self.ignored = 0
+        #: Told each replay record (key ``rp_...``) the topic also carries.
+        self.forward: Callable[[Any], None] | None = None
 
     # -- what the others hold ------------------------------------------------------------------
 
@@ -121,6 +123,10 @@ class Presence(TopicTail):
 
     def handle(self, records: list[Any]) -> None:
         for msg in records:
+            if msg.key and msg.key.startswith(b"rp_"):
+                if self.forward is not None:  # a replay's (worker.api.webhooks.replay_status)
+                    self.forward(msg)
+                continue
             if msg.value is None:
                 if msg.key:
                     self._seen.pop(msg.key.decode("utf-8", "replace"), None)

@@ -337,6 +337,13 @@ EXTENSIONS: Final[tuple[CatalogueEntry, ...]] = (
         extension=True,
     ),
     CatalogueEntry(
+        "event_history_window_exceeded",
+        90010,
+        400,
+        "`since` is older than the account event history's window (7 days); ask from a later time.",
+        extension=True,
+    ),
+    CatalogueEntry(
         "portal_session_invalid",
         90020,
         401,

@@ -36,6 +36,7 @@ from worker.webhooks.endpoint_gate import GateConfig
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
 from worker.webhooks.metrics import WebhookMetrics
+from worker.webhooks.operational import Announcer
 from worker.webhooks.publish import DeliveryPublisher
 from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.sender import Sender as HttpSender
@@ -181,6 +182,7 @@ async def run_dispatcher(
             hold_s=settings.webhook_take_in_hold_s,
         ),
         metrics=metrics,
+        announcer=Announcer(producer, topics.webhook_replays, health),
     )
     # Pairs held now, read at scrape time (idle pairs are dropped, so this follows what is
     # pending, not every account ever delivered).

@@ -1,17 +1,20 @@
 """Disabling an endpoint that keeps failing: one that answered 410 Gone, or has failed for
 ``disable_after_s`` with no success here meanwhile, is disabled with a note in its delivery log
-(docs/architecture.md, "Webhook fan-out")."""
+(docs/architecture.md, "Webhook fan-out"), and announced first as an ``endpoint.disabled``
+event to the workspace's other endpoints (``worker.webhooks.operational``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from worker.runtime.logs import get_logger
 from worker.webhooks.delivery import Settled
 from worker.webhooks.endpoint_gate import SWEEP_FLOOR
 from worker.webhooks.endpoints import EndpointRecord
 from worker.webhooks.metrics import WebhookMetrics
+from worker.webhooks.operational import Announcer, EndpointFailure, disabled_record
 from worker.webhooks.publish import NOTE_ENDPOINT_DISABLED, DeliveryPublisher
 
 # The lines are the dispatcher's: they keep its logger name, which dashboards and searches use.
@@ -42,8 +45,10 @@ class Disabling:
         metrics: WebhookMetrics,
         known: Callable[[str], bool],
         disable_after_s: float,
+        announcer: Announcer | None = None,
     ) -> None:
         self._writer = writer
+        self._announcer = announcer
         self._gate = gate
         self._publisher = publisher
         self.metrics = metrics
@@ -86,6 +91,10 @@ class Disabling:
         if reason is None:
             return
         try:
+            if self._announcer is not None:
+                # Before the write: announced under the id of the revision it writes, so a
+                # crash in between announces the same id again on the next try.
+                await self._announcer.announce(_disabled(endpoint, reason, settled, since))
             await self._writer.disable(endpoint, reason)
         except Exception as exc:  # the next failure tries again; never fatal for a lane
             log.error("endpoint_disable_failed", endpoint_id=endpoint.id, error=repr(exc))
@@ -104,3 +113,35 @@ class Disabling:
             detail=reason,
             now=now,
         )
+
+
+def _disabled(endpoint: EndpointRecord, reason: str, settled: Settled, since: float | None) -> Any:
+    """The ``endpoint.disabled`` announcement: the failure that decided it."""
+    head = settled.state.head()
+    failures = []
+    if settled.finished is not None:
+        f = settled.finished
+        failures.append(
+            EndpointFailure(
+                at=_rfc3339(f.finished_at),
+                status=f.last_status,
+                error=f.last_error,
+                attempts=f.attempts,
+            )
+        )
+    elif head is not None:
+        failures.append(
+            EndpointFailure(
+                at=None, status=head.last_status, error=head.last_error, attempts=head.attempts
+            )
+        )
+    return disabled_record(
+        endpoint,
+        reason,
+        failing_since=None if since is None else _rfc3339(since),
+        failures=failures,
+    )
+
+
+def _rfc3339(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

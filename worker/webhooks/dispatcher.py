@@ -20,6 +20,7 @@ from aiokafka.structs import ConsumerRecord
 from worker.engine.faults import Fault
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
+from worker.webhooks import operational
 from worker.webhooks.delivery import (
     AttemptResult,
     DeliveryState,
@@ -110,6 +111,7 @@ class Dispatcher:
         metrics: WebhookMetrics,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        announcer: operational.Announcer | None = None,
     ) -> None:
         self.store = store
         self.endpoints = endpoints
@@ -138,6 +140,7 @@ class Dispatcher:
             metrics=metrics,
             known=self._known,
             disable_after_s=config.disable_after_s,
+            announcer=announcer,
         )
         self._migration = Migration(store, publisher, self._writes.write_now, self._instrument)
 
@@ -155,6 +158,8 @@ class Dispatcher:
         workspace than the event)."""
         replay: Replay | None = None
         try:
+            if msg.topic == self.config.replay_topic and operational.is_operational(msg.value):
+                return operational.incoming(msg.value or b"", self.endpoints)
             if msg.topic == self.config.replay_topic:
                 replay = decode_replay(msg.value or b"")
                 event = (from_status if replay.source == "status" else from_error)(

@@ -22,9 +22,19 @@ log = get_logger(__name__)
 
 EVENT_STATUS_CHANGED: Final = "account.auth_status_changed"
 EVENT_ERROR: Final = "account.auth_error"
-EVENT_TYPES: Final = (EVENT_STATUS_CHANGED, EVENT_ERROR)
+#: Operational events (``worker.webhooks.operational``): about the workspace's endpoints.
+EVENT_ENDPOINT_DISABLED: Final = "endpoint.disabled"
+EVENT_ENDPOINT_ENABLED: Final = "endpoint.enabled"
+EVENT_TYPES: Final = (
+    EVENT_STATUS_CHANGED,
+    EVENT_ERROR,
+    EVENT_ENDPOINT_DISABLED,
+    EVENT_ENDPOINT_ENABLED,
+)
 
-EventType = Literal["account.auth_status_changed", "account.auth_error"]
+EventType = Literal[
+    "account.auth_status_changed", "account.auth_error", "endpoint.disabled", "endpoint.enabled"
+]
 EndpointStatus = Literal["active", "inactive", "disabled"]
 #: The current secret and the previous one.
 MAX_SIGNING_SECRETS: Final = 2

@@ -18,8 +18,15 @@ from pydantic import BaseModel
 
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, event_id
-from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED
+from worker.webhooks.endpoints import (
+    EVENT_ENDPOINT_DISABLED,
+    EVENT_ENDPOINT_ENABLED,
+    EVENT_ERROR,
+    EVENT_STATUS_CHANGED,
+)
 from worker.webhooks.events import WIRE_ONLY, WebhookEvent, from_error, from_status
+from worker.webhooks.operational import EXAMPLES as OPERATIONAL_EXAMPLES
+from worker.webhooks.operational import MODELS as OPERATIONAL_MODELS
 from worker.webhooks.signing import SECRET_PREFIX, headers
 
 JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
@@ -96,6 +103,36 @@ class EventType:
         }
 
 
+def _operational(name: str, description: str) -> EventType:
+    """An operational event, whose webhook body is its own model (``{type, timestamp,
+    data}``, ``worker.webhooks.operational``): ``model`` is its ``data``, ``render`` reads the
+    body as the dispatcher sends it."""
+    body_model = OPERATIONAL_MODELS[name]
+    data_model = body_model.model_fields["data"].annotation
+    assert isinstance(data_model, type) and issubclass(data_model, BaseModel)
+
+    def render(raw: bytes) -> WebhookEvent:
+        body = body_model.model_validate_json(raw)
+        data = body.data  # type: ignore[attr-defined]
+        return WebhookEvent(
+            event_type=name,
+            event_id=data.event_id,
+            account_id=data.endpoint_id,
+            workspace_id=data.workspace_id,
+            version=None,
+            occurred_at=data.occurred_at,
+            body=json.dumps(body.model_dump(mode="json"), separators=(",", ":")),
+        )
+
+    return EventType(
+        name=name,
+        description=description,
+        model=data_model,
+        render=render,
+        example=OPERATIONAL_EXAMPLES[name],
+    )
+
+
 _EXAMPLE_ACCOUNT: Final = "acc_demo_1"
 
 EVENT_CATALOGUE: Final[tuple[EventType, ...]] = (
@@ -139,6 +176,17 @@ EVENT_CATALOGUE: Final[tuple[EventType, ...]] = (
             error=ErrorBody.model_validate(ServiceError.of("provider_not_ready").body()),
             occurred_at=EXAMPLE_OCCURRED_AT,
         ),
+    ),
+    _operational(
+        EVENT_ENDPOINT_DISABLED,
+        "The dispatcher disabled one of the workspace's endpoints (it answered 410 Gone, or"
+        " kept failing), with the reason and its last failures; sent to the workspace's other"
+        " active endpoints that list it in `event_types`.",
+    ),
+    _operational(
+        EVENT_ENDPOINT_ENABLED,
+        "A disabled endpoint of the workspace was activated again; sent to the workspace's"
+        " other active endpoints that list it in `event_types`.",
     ),
 )
 """Every event type sent to webhooks, in the order they are listed."""

@@ -24,6 +24,7 @@ ENDPOINTS: Final = "webhook_endpoints"
 REPLAYS: Final = "webhook_replays"
 REPLAY_CAPACITY: Final = "webhook_replay_capacity"
 DELIVERY_SCANS: Final = "webhook_delivery_scans"
+EVENT_SCANS: Final = "account_event_scans"
 URL_LENGTH: Final = "webhook_url_length"
 DESCRIPTION_LENGTH: Final = "webhook_description_length"
 EVENT_TYPES_ITEMS: Final = "webhook_event_types_items"
@@ -32,6 +33,7 @@ QUOTAS: Final = (
     REPLAYS,
     REPLAY_CAPACITY,
     DELIVERY_SCANS,
+    EVENT_SCANS,
     URL_LENGTH,
     DESCRIPTION_LENGTH,
     EVENT_TYPES_ITEMS,
@@ -251,6 +253,7 @@ __all__ = [
     "DELIVERY_SCANS",
     "ENDPOINTS",
     "ENDPOINT_QUOTA",
+    "EVENT_SCANS",
     "QUOTAS",
     "REPLAYS",
     "REPLAY_CAPACITY",

@@ -1,10 +1,10 @@
 """``POST .../replay``: re-send an endpoint's past events. A bounded background scan of
-auth.status and auth.errors turns matching events into ``Replay`` records the dispatcher
-delivers under their original webhook-ids; per-workspace (across the live front-end replicas,
-through ``worker.api.presence``) and per-process bounds refuse with 429 (docs/operations.md,
-"Quotas"). The scan reads each partition from ``since`` (the broker's
-timestamp index) to the high-water mark of its start, yielding to the loop as it decodes
-(``ReplayRunner._scan_topic``)."""
+auth.status and auth.errors (from ``since`` by the timestamp index to the high-water mark of
+its start) turns matching events into ``Replay`` records the dispatcher delivers under their
+original webhook-ids; quotas per workspace and process refuse with 429 (docs/operations.md,
+"Quotas"). Progress and cancellation, on every replica: ``worker.api.webhooks.replay_status``.
+Over 500 lines: the scan and a replay's life (quotas, progress, cancellation) share one
+runner's state; the progress records live apart."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ from pydantic import ValidationError
 from worker.api.presence import Presence
 from worker.api.webhooks.bodies import parse_rfc3339
 from worker.api.webhooks.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
+from worker.api.webhooks.replay_status import (
+    PROGRESS_EVERY_S,
+    ReplayBoard,
+    ReplayProgress,
+    ReplayState,
+    ending,
+    progress_record,
+)
 from worker.contract.catalogue import ServiceError
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
@@ -95,8 +103,14 @@ class ReplayRunner:
         timeout_s: float = REPLAY_TIMEOUT_S,
         seek_margin_s: float = SEEK_MARGIN_S,
         presence: Presence | None = None,
+        board: ReplayBoard | None = None,
+        progress_every_s: float = PROGRESS_EVERY_S,
     ) -> None:
         self._presence = presence
+        self.board = board
+        self._progress_every_s = progress_every_s
+        self._cancelling: set[str] = set()  # replays here whose cancellation was asked for
+        self._created: dict[str, float] = {}
         self._consumer_factory = consumer_factory
         self._producer = producer
         self._status_topic = status_topic
@@ -130,16 +144,22 @@ class ReplayRunner:
         """``start``, with the workspace's slot claimed across the live replicas first (when
         this runner has a ``presence``); raises ``Refused`` (429) as ``start`` does, and when
         the other replicas hold the workspace's quota."""
-        if self._presence is None:
-            return self.start(endpoint, since)
         workspace_id = endpoint.workspace_id
         self._refuse_over(workspace_id, self.in_flight(workspace_id))
-        if not await self._presence.claim(workspace_id, self._per_workspace):
-            raise _over_quota(self._per_workspace)
+        claimed = False
+        if self._presence is not None:
+            if not await self._presence.claim(workspace_id, self._per_workspace):
+                raise _over_quota(self._per_workspace)
+            claimed = True
+        replay_id = new_replay_id()
         try:
-            return self.start(endpoint, since, claimed=True)
+            if self.board is not None:  # readable on every replica before the 202
+                await self.board.publish(self._progress(replay_id, endpoint, since, "queued"))
+            return self.start(endpoint, since, claimed=claimed, replay_id=replay_id)
         except BaseException:
-            self._presence.release(workspace_id)
+            self._created.pop(replay_id, None)
+            if claimed and self._presence is not None:
+                self._presence.release(workspace_id)
             raise
 
     def _refuse_over(self, workspace_id: str, count: int) -> None:
@@ -156,7 +176,14 @@ class ReplayRunner:
                 RETRY_AFTER_S,
             )
 
-    def start(self, endpoint: EndpointRecord, since: datetime, *, claimed: bool = False) -> str:
+    def start(
+        self,
+        endpoint: EndpointRecord,
+        since: datetime,
+        *,
+        claimed: bool = False,
+        replay_id: str | None = None,
+    ) -> str:
         """Queue a replay of ``endpoint``'s events since ``since``; its id.
 
         Raises ``Refused`` (429, ``Retry-After``) when the workspace already has
@@ -166,7 +193,7 @@ class ReplayRunner:
         workspace_id = endpoint.workspace_id
         count, lock = self._workspaces.get(workspace_id, (0, asyncio.Lock()))
         self._refuse_over(workspace_id, count)
-        replay_id = new_replay_id()
+        replay_id = replay_id or new_replay_id()
         self._workspaces[workspace_id] = (count + 1, lock)
         task = asyncio.create_task(self._run(replay_id, endpoint, since, lock), name=replay_id)
         self._tasks[replay_id] = task
@@ -190,6 +217,15 @@ class ReplayRunner:
                 await asyncio.wait_for(asyncio.shield(task), timeout)
         return self._outcomes.get(replay_id)
 
+    def cancel(self, replay_id: str) -> bool:
+        """Cancel a replay of this process (asked for on any replica); whether it ran here."""
+        task = self._tasks.get(replay_id)
+        if task is None:
+            return False
+        self._cancelling.add(replay_id)
+        task.cancel()
+        return True
+
     async def stop(self) -> None:
         """Cancel every replay (shutdown: before the producer closes)."""
         tasks = list(self._tasks.values())
@@ -202,11 +238,15 @@ class ReplayRunner:
     async def _run(
         self, replay_id: str, endpoint: EndpointRecord, since: datetime, turn: asyncio.Lock
     ) -> ReplayOutcome:
-        counts = [0, 0]  # replayed, scanned: kept outside the scan so a time-out can tell
+        # replayed (acknowledged), scanned, found: kept outside the scan so a time-out can tell
+        counts = [0, 0, 0]
         started = time.perf_counter()
         state: Literal["finished", "timed_out", "failed", "cancelled"] = "failed"
+        phase: list[ReplayState] = ["queued"]
+        follower = self._follow(replay_id, endpoint, since, counts, phase)
         try:
             async with turn, self._slots:
+                phase[0] = "running"
                 try:
                     async with asyncio.timeout(self._timeout_s):
                         await self._scan(replay_id, endpoint, since, counts)
@@ -233,6 +273,10 @@ class ReplayRunner:
                 seconds=round(time.perf_counter() - started, 3),
             )
             self._remember(outcome)
+            if follower is not None:
+                follower.cancel()
+                await self._ended_status(endpoint, since, outcome, counts[2])
+            self._cancelling.discard(replay_id)
             log.info(
                 "webhook_replay_ended",
                 replay_id=replay_id,
@@ -244,6 +288,53 @@ class ReplayRunner:
                 seconds=outcome.seconds,
             )
         return outcome
+
+    # -- progress, where every replica reads it -------------------------------------------------
+
+    def _progress(
+        self,
+        replay_id: str,
+        endpoint: EndpointRecord,
+        since: datetime,
+        state: ReplayState,
+        counts: list[int] | None = None,
+        **more: Any,
+    ) -> ReplayProgress:
+        created = self._created.setdefault(replay_id, time.time())
+        return progress_record(replay_id, endpoint, since, state, created, counts, **more)
+
+    def _follow(
+        self,
+        replay_id: str,
+        endpoint: EndpointRecord,
+        since: datetime,
+        counts: list[int],
+        phase: list[ReplayState],
+    ) -> asyncio.Task[None] | None:
+        """The replay's progress writes, and its cancellation when any replica asks."""
+        if self.board is None:
+            return None
+        return self.board.follow(  # held by ``_run``, which cancels it
+            replay_id,
+            lambda: self._progress(replay_id, endpoint, since, phase[0], counts),
+            lambda: self.cancel(replay_id),
+            self._progress_every_s,
+        )
+
+    async def _ended_status(
+        self, endpoint: EndpointRecord, since: datetime, outcome: ReplayOutcome, found: int
+    ) -> None:
+        """Write how the replay ended (shielded: written when it was cancelled too)."""
+        assert self.board is not None
+        rid = outcome.replay_id
+        state, error = ending(outcome.state, rid in self._cancelling, self._timeout_s)
+        failed = 0 if state in ("done", "cancelled") else max(found - outcome.replayed, 0)
+        counts = [outcome.replayed, outcome.scanned, found]
+        more = {"events_failed": failed, "error": error}
+        done = self._progress(rid, endpoint, since, state, counts, **more)
+        self._created.pop(rid, None)
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(asyncio.ensure_future(self.board.publish(done)))
 
     def _remember(self, outcome: ReplayOutcome) -> None:
         self._outcomes[outcome.replay_id] = outcome
@@ -257,8 +348,8 @@ class ReplayRunner:
         # to one topic does not learn another's metadata.
         for topic in (self._status_topic, self._errors_topic):
             consumer = self._consumer_factory()
-            await consumer.start()
-            try:
+            try:  # stopped even when cancelled while starting
+                await consumer.start()
                 await self._scan_topic(consumer, topic, replay_id, endpoint, since, counts)
             finally:
                 await consumer.stop()
@@ -308,7 +399,7 @@ class ReplayRunner:
                 counts[1] += len(records)
                 end = ends[tp]
                 mine = [r for r in records if r.offset < end]
-                counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, mine)
+                counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, mine, counts)
             for tp in list(pending):
                 if await consumer.position(tp) >= ends[tp]:
                     pending.discard(tp)
@@ -331,6 +422,7 @@ class ReplayRunner:
         since: datetime,
         tp: TopicPartition,
         records: list[Any],
+        counts: list[int],
     ) -> int:
         """Produce a ``Replay`` for each record of ``endpoint`` since ``since``; wait for
         the acks, sending again what an outage failed (a lost record would be a silently
@@ -353,6 +445,7 @@ class ReplayRunner:
                 or not _since(event, since)
             ):
                 continue
+            counts[2] += 1
             replay = Replay(
                 replay_id=replay_id,
                 endpoint_id=endpoint.id,

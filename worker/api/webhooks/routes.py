@@ -26,6 +26,7 @@ from worker.api.routes import (
     read_body,
     request_id_of,
 )
+from worker.api.webhooks.account_events import AccountEvents, CursorCodec
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
     DeliveryData,
@@ -45,12 +46,14 @@ from worker.api.webhooks.delivery_log_scan import DeliveryLogScan, DeliveryScanF
 from worker.api.webhooks.guard import Handler, guarded
 from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota, ScanTurns
 from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.replay_status import ReplayBoard
 from worker.api.webhooks.urls import url_form_allowed, url_rule_text
 from worker.contract.catalogue import ServiceError
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointRecord, EndpointsTail
+from worker.webhooks.operational import Announcer, enabled_record
 from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
 
 log = get_logger(__name__)
@@ -94,6 +97,12 @@ class WebhookClients:
     store: EndpointStore
     deliveries: DeliveryLogScan
     replays: ReplayRunner
+    #: Announces ``endpoint.enabled`` (``worker.webhooks.operational``); ``None``: not at all.
+    announcer: Announcer | None = None
+    #: Replays' progress, an account's events and their cursors (``follow_routes``).
+    board: ReplayBoard | None = None
+    events: AccountEvents | None = None
+    cursors: CursorCodec | None = None
 
     @property
     def tails(self) -> tuple[TopicTail, ...]:
@@ -369,6 +378,10 @@ class WebhookRoutes:
         clients, workspace_id, endpoint_id = await self._current(request, failure, body=True)
         async with self._exclusive(endpoint_id):
             current = self._find(clients, workspace_id, endpoint_id)
+            if status == "active" and current.status == "disabled" and clients.announcer:
+                # Before the write, under the id of the revision it writes (no second id).
+                announced = clients.announcer.announce(enabled_record(current))
+                await asyncio.wait_for(announced, self.wait_s)  # else the route's 500
             record = await _confirmed(clients.store.set_status(current, status))
         self._secrets_dropped("trimmed", current, record)
         log.info("webhook_endpoint_status_set", endpoint_id=record.id, status=record.status)

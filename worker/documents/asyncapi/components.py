@@ -114,7 +114,7 @@ def _webhook_body_schemas(schemas: dict[str, Any]) -> dict[str, Any]:
     variants = []
     for kind in EVENT_CATALOGUE:
         event_type, model = kind.name, kind.model
-        event = schemas[model.__name__]
+        event = schemas.get(model.__name__) or _inlined(kind.data_schema())
         data = {
             **event,
             "title": f"{model.__name__}Data",
@@ -146,3 +146,23 @@ def _webhook_body_schemas(schemas: dict[str, Any]) -> dict[str, Any]:
         "oneOf": variants,
     }
     return out
+
+
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its ``$defs`` written in place of their ``$ref``s: an event's data that
+    is not a wire model of its own (the operational events) has no component to point at."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            target = node.get("$ref", "")
+            if isinstance(target, str) and target.startswith("#/$defs/"):
+                return walk(defs[target.removeprefix("#/$defs/")])
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    inlined: dict[str, Any] = walk(schema)
+    return inlined
+

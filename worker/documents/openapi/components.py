@@ -21,6 +21,7 @@ from worker.api.webhooks.bodies import (
     ReplayBody,
     UpdateEndpointBody,
 )
+from worker.api.webhooks.follow_bodies import AccountEventsResponse, ReplayStatusResponse
 from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.webhooks.routes import ENDPOINT_ID_RULE
 from worker.api.webhooks.urls import url_pattern
@@ -45,6 +46,8 @@ _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
     PortalSessionBody,
     PortalSessionResponse,
     EventTypesResponse,
+    ReplayStatusResponse,
+    AccountEventsResponse,
 )
 
 

@@ -16,6 +16,7 @@ from worker.documents.openapi.components import components
 from worker.documents.openapi.deliveries import delivery_paths
 from worker.documents.openapi.endpoints import endpoint_paths
 from worker.documents.openapi.event_types import event_type_paths, webhooks_section
+from worker.documents.openapi.follow import follow_paths
 from worker.documents.openapi.parts import with_allow
 from worker.documents.openapi.portal import portal_paths
 from worker.documents.openapi.probes import probe_paths
@@ -82,6 +83,7 @@ def openapi_document(
                 **replay_paths(),
                 **portal_paths(),
                 **event_type_paths(),
+                **follow_paths(),
                 **probe_paths(),
             }
         ),

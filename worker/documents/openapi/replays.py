@@ -7,6 +7,7 @@ from typing import Any, Final
 from worker.api.webhooks.bodies import ReplayAcceptedResponse, ReplayBody
 from worker.api.webhooks.quotas import TOO_MANY
 from worker.api.webhooks.routes import WEBHOOK_REPLAY
+from worker.documents.openapi.follow import replay_links
 from worker.documents.openapi.parts import Failure, json_body, json_response, preflight
 from worker.documents.openapi.webhook_parts import webhook_failures, webhook_operation
 from worker.settings import Settings
@@ -26,7 +27,7 @@ def replay_paths() -> dict[str, Any]:
                 " `webhook-id` (receivers de-duplicate on it).",
                 one_endpoint=True,
                 ok_status="202",
-                ok=json_response("Accepted.", ReplayAcceptedResponse),
+                ok=replay_links(json_response("Accepted.", ReplayAcceptedResponse)),
                 failures=(
                     *webhook_failures(
                         "update_webhook_endpoint_failed",

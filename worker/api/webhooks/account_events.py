@@ -1,0 +1,377 @@
+"""``GET /v1/accounts/{account_id}/events``: the account's status and error events from its home
+partition of auth.status and auth.errors, rendered as its webhooks are
+(``worker.webhooks.events``), so polling and webhooks agree. Bounded per request
+(``SCAN_RECORDS`` per topic, ``SCAN_TIMEOUT_S``, ``since`` within ``WINDOW_S``, one read per
+workspace and ``MAX_SCANS`` per process); the next page resumes from a cursor signed with an
+HMAC, bound to the account and workspace (docs/architecture.md, "An account's event history")."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from aiokafka import TopicPartition
+from pydantic import ValidationError
+
+from worker.api.webhooks.quotas import EVENT_SCANS, TOO_MANY, Refused
+from worker.contract.catalogue import ServiceError
+from worker.engine.fetch import getmany as fetch_records
+from worker.engine.fetch import skipping
+from worker.engine.home_partition import home_partition
+from worker.engine.replay import high_water_marks
+from worker.engine.tail import partitions_of
+from worker.runtime.logs import get_logger
+from worker.webhooks.events import WebhookEvent, from_error, from_status
+
+log = get_logger(__name__)
+
+DEFAULT_LIMIT: Final = 50
+MAX_LIMIT: Final = 100
+#: Records of each topic's home partition one request reads at most.
+SCAN_RECORDS: Final = 20_000
+SCAN_TIMEOUT_S: Final = 5.0
+#: The oldest ``since`` a first page may start from (and where it starts without one).
+WINDOW_S: Final = 7 * 86_400.0
+#: How much earlier than ``since`` a partition is read from (the replay's margin).
+SEEK_MARGIN_S: Final = 60.0
+MAX_SCANS: Final = 4
+CURSOR_MAX_CHARS: Final = 512
+WINDOW_EXCEEDED: Final = "event_history_window_exceeded"
+INVALID_CURSOR: Final = "invalid_cursor"
+_FETCH_MAX_RECORDS: Final = 2000
+_MAC_BYTES: Final = 16
+_CURSOR_VERSION: Final = 1
+
+
+class CursorError(ValueError):
+    """A cursor that is malformed, forged, or of another account or workspace."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where the next page starts: the next offset of the home partition of each topic."""
+
+    account_id: str
+    workspace_id: str
+    status: tuple[int, int]  # (partition, next offset)
+    errors: tuple[int, int]
+
+
+class CursorCodec:
+    """Opaque cursors: base64url JSON and a truncated HMAC-SHA256 under a key derived from the
+    front-ends' shared ``WEBHOOK_SECRETS_KEY`` (any replica reads any replica's cursor)."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._key = hmac.new(secret, b"account-events-cursor/v1", hashlib.sha256).digest()
+
+    def _mac(self, payload: bytes) -> bytes:
+        return hmac.new(self._key, payload, hashlib.sha256).digest()[:_MAC_BYTES]
+
+    def encode(self, cursor: Cursor) -> str:
+        payload = json.dumps(
+            {
+                "v": _CURSOR_VERSION,
+                "a": cursor.account_id,
+                "w": cursor.workspace_id,
+                "s": list(cursor.status),
+                "e": list(cursor.errors),
+            },
+            separators=(",", ":"),
+        ).encode()
+        return f"{_b64(payload)}.{_b64(self._mac(payload))}"
+
+    def decode(self, text: str, *, account_id: str, workspace_id: str) -> Cursor:
+        """The cursor ``text`` names, when it is one this service issued for this account of
+        this workspace; raises ``CursorError`` otherwise (the reason is not told)."""
+        if len(text) > CURSOR_MAX_CHARS or text.count(".") != 1:
+            raise CursorError("malformed")
+        body, mac = text.split(".")
+        try:
+            payload, tag = _unb64(body), _unb64(mac)
+        except (binascii.Error, ValueError):
+            raise CursorError("malformed") from None
+        if not hmac.compare_digest(tag, self._mac(payload)):
+            raise CursorError("forged")
+        try:
+            raw = json.loads(payload)
+            cursor = Cursor(
+                account_id=str(raw["a"]),
+                workspace_id=str(raw["w"]),
+                status=_position(raw["s"]),
+                errors=_position(raw["e"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            raise CursorError("malformed") from None
+        if raw.get("v") != _CURSOR_VERSION:
+            raise CursorError("version")
+        if cursor.account_id != account_id or cursor.workspace_id != workspace_id:
+            raise CursorError("another account")
+        return cursor
+
+
+def _position(value: Any) -> tuple[int, int]:
+    partition, offset = value
+    if not (isinstance(partition, int) and isinstance(offset, int)):
+        raise TypeError("not integers")
+    if partition < 0 or offset < 0:
+        raise ValueError("negative")
+    return partition, offset
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+@dataclass(frozen=True, slots=True)
+class FoundEvent:
+    """One event of the account, where it was read."""
+
+    event: WebhookEvent
+    source: str  # "status" or "errors"
+    timestamp_ms: int
+    offset: int
+
+    def order(self) -> tuple[int, int, int]:
+        return (self.timestamp_ms, 0 if self.source == "status" else 1, self.offset)
+
+
+@dataclass(slots=True)
+class _TopicRead:
+    partition: int
+    next_offset: int
+    complete: bool = False
+    last_timestamp_ms: int | None = None
+    found: list[FoundEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage:
+    """A page: ``events`` in order, the ``cursor`` to continue from (always: new events keep
+    arriving), ``has_more`` when this page stopped short of the end of either topic."""
+
+    events: list[FoundEvent]
+    cursor: Cursor
+    has_more: bool
+    found_any: bool
+    records_read: int
+
+
+class AccountEvents:
+    """Reads pages of an account's events (see the module docstring). ``consumer_factory``
+    builds an unstarted, group-less consumer per topic scanned."""
+
+    def __init__(
+        self,
+        consumer_factory: Callable[[], Any],
+        *,
+        status_topic: str,
+        errors_topic: str,
+        scan_records: int = SCAN_RECORDS,
+        timeout_s: float = SCAN_TIMEOUT_S,
+        max_scans: int = MAX_SCANS,
+        seek_margin_s: float = SEEK_MARGIN_S,
+    ) -> None:
+        self._consumer_factory = consumer_factory
+        self._status_topic = status_topic
+        self._errors_topic = errors_topic
+        self.scan_records = scan_records
+        self.timeout_s = timeout_s
+        self.max_scans = max_scans
+        self._seek_margin_s = seek_margin_s
+        self._busy: set[str] = set()
+        self._skip = skipping("account-events", log)
+        #: Records read by every scan of this process: what the scans cost.
+        self.records_read = 0
+
+    @contextlib.contextmanager
+    def turn(self, workspace_id: str) -> Iterator[None]:
+        """One scan per workspace and ``max_scans`` in all on this process, else ``Refused``."""
+        if workspace_id in self._busy or len(self._busy) >= self.max_scans:
+            raise Refused(
+                EVENT_SCANS,
+                ServiceError.of(
+                    TOO_MANY,
+                    "Too many event-history reads are in progress (one per workspace at a"
+                    " time); retry shortly.",
+                ),
+                1,
+            )
+        self._busy.add(workspace_id)
+        try:
+            yield
+        finally:
+            self._busy.discard(workspace_id)
+
+    async def page(
+        self,
+        workspace_id: str,
+        account_id: str,
+        *,
+        cursor: Cursor | None,
+        since: datetime | None,
+        limit: int,
+    ) -> EventPage:
+        """The next ``limit`` events at most from ``cursor`` (or from ``since``)."""
+        deadline = time.monotonic() + self.timeout_s
+        start_ms = None
+        if cursor is None:
+            start = since or datetime.now(UTC) - timedelta(seconds=WINDOW_S)
+            start_ms = max(int((start.timestamp() - self._seek_margin_s) * 1000), 0)
+        reads = []
+        # The reads stop at ``deadline``; this bounds the broker calls around them too.
+        async with asyncio.timeout(2 * self.timeout_s + 5):
+            for topic, at in (
+                (self._status_topic, None if cursor is None else cursor.status),
+                (self._errors_topic, None if cursor is None else cursor.errors),
+            ):
+                read = await self._read(
+                    topic, workspace_id, account_id, at, start_ms, since, deadline
+                )
+                reads.append(read)
+        status, errors = reads
+        return _merge(workspace_id, account_id, status, errors, limit)
+
+    async def _read(
+        self,
+        topic: str,
+        workspace_id: str,
+        account_id: str,
+        at: tuple[int, int] | None,
+        start_ms: int | None,
+        since: datetime | None,
+        deadline: float,
+    ) -> _TopicRead:
+        consumer = self._consumer_factory()
+        try:  # stopped even when cancelled while starting
+            await consumer.start()
+            parts = await partitions_of(consumer, topic, deadline=deadline)
+            if not parts:
+                raise TimeoutError(f"no metadata for {topic}")
+            partition = home_partition(account_id.encode(), max(parts) + 1)
+            if at is not None and at[0] != partition:
+                raise CursorError("the topic's partitions changed")
+            tp = TopicPartition(topic, partition)
+            end = (await high_water_marks(consumer, [tp]))[tp]  # end_offsets() is short on Tansu
+            first = (await consumer.beginning_offsets([tp]))[tp]
+            if at is not None:
+                offset = max(at[1], first)
+            else:
+                found = (await consumer.offsets_for_times({tp: start_ms or 0})).get(tp)
+                offset = (
+                    end
+                    if found is None or found.timestamp < 0 or found.offset < 0
+                    else min(int(found.offset), end)
+                )
+            offset = min(offset, end)
+            read = _TopicRead(partition=partition, next_offset=offset)
+            stop = min(end, offset + self.scan_records)
+            consumer.seek(tp, offset)
+            source = "status" if topic == self._status_topic else "errors"
+            decode = from_status if source == "status" else from_error
+            while read.next_offset < stop and time.monotonic() < deadline:
+                chunk = await fetch_records(
+                    consumer,
+                    timeout_ms=200,
+                    max_records=_FETCH_MAX_RECORDS,
+                    on_unreadable=self._skip,
+                    owned=[tp],
+                )
+                for msg in chunk.get(tp, []):
+                    if msg.offset >= stop:
+                        break
+                    self.records_read += 1
+                    read.next_offset = msg.offset + 1
+                    read.last_timestamp_ms = msg.timestamp
+                    event = _event(decode, msg.value, msg.key, account_id)
+                    if event is None or event.workspace_id != workspace_id:
+                        continue
+                    if since is not None and at is None and not _at_or_after(event, since):
+                        continue
+                    read.found.append(FoundEvent(event, source, msg.timestamp, msg.offset))
+                read.next_offset = max(read.next_offset, min(await consumer.position(tp), stop))
+                await asyncio.sleep(0)
+            read.complete = read.next_offset >= end
+            return read
+        finally:
+            await consumer.stop()
+
+
+def _event(
+    decode: Callable[[bytes], WebhookEvent], value: bytes | None, key: bytes | None, account: str
+) -> WebhookEvent | None:
+    if value is None or key != account.encode():
+        return None  # another account's (its key), or a tombstone
+    try:
+        event = decode(value)
+    except ValidationError:
+        return None
+    return event if event.account_id == account else None
+
+
+def _at_or_after(event: WebhookEvent, since: datetime) -> bool:
+    try:
+        return datetime.fromisoformat(event.occurred_at.replace("Z", "+00:00")) >= since
+    except ValueError:
+        return False
+
+
+def _merge(
+    workspace_id: str, account_id: str, status: _TopicRead, errors: _TopicRead, limit: int
+) -> EventPage:
+    """The page: both topics' events by broker time, none later than where an unfinished
+    topic's read stopped (it may still hold earlier ones), ``limit`` at most; each topic's
+    next offset is its first event not on the page, or where its read stopped."""
+    horizons = [r.last_timestamp_ms for r in (status, errors) if not r.complete]
+    horizon = None
+    if horizons:
+        horizon = min(-1 if h is None else h for h in horizons)
+    candidates = sorted((*status.found, *errors.found), key=FoundEvent.order)
+    taken = [e for e in candidates if horizon is None or e.timestamp_ms <= horizon][:limit]
+    chosen = {(e.source, e.offset) for e in taken}
+
+    def next_offset(read: _TopicRead, source: str) -> int:
+        left = [e.offset for e in read.found if (source, e.offset) not in chosen]
+        return min(left) if left else read.next_offset
+
+    cursor = Cursor(
+        account_id=account_id,
+        workspace_id=workspace_id,
+        status=(status.partition, next_offset(status, "status")),
+        errors=(errors.partition, next_offset(errors, "errors")),
+    )
+    more = not (status.complete and errors.complete) or len(taken) < len(candidates)
+    return EventPage(
+        events=taken,
+        cursor=cursor,
+        has_more=more,
+        found_any=bool(candidates),
+        records_read=0,
+    )
+
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "MAX_LIMIT",
+    "SCAN_RECORDS",
+    "WINDOW_S",
+    "AccountEvents",
+    "Cursor",
+    "CursorCodec",
+    "CursorError",
+    "EventPage",
+    "FoundEvent",
+]

@@ -1,0 +1,265 @@
+"""The routes that follow what the webhooks do: a replay's state and its cancellation
+(``worker.api.webhooks.replay_status``), and an account's event history
+(``worker.api.webhooks.account_events``). Each runs in the webhook routes' wrapper
+(``worker.api.webhooks.guard``), behind the same key check and per-workspace rate limit, and
+answers another workspace's ids exactly as unknown ones (docs/api.md, "Following a replay",
+"Polling an account's events")."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from worker.api.bodies import json_response, valid_id
+from worker.api.routes import ACCOUNT_ID_RULE, check_body, request_id_of
+from worker.api.webhooks.account_events import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    WINDOW_EXCEEDED,
+    WINDOW_S,
+    AccountEvents,
+    CursorCodec,
+    CursorError,
+)
+from worker.api.webhooks.bodies import parse_rfc3339
+from worker.api.webhooks.follow_bodies import (
+    AccountEventData,
+    AccountEventsResponse,
+    ReplayStatusData,
+    ReplayStatusResponse,
+)
+from worker.api.webhooks.guard import Handler, guarded
+from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.replay_status import REPLAY_ID_RE, ReplayBoard
+from worker.api.webhooks.routes import ENDPOINT_ID_RULE, NOT_CONFIGURED, NOT_FOUND, WebhookClients
+from worker.contract.catalogue import ServiceError
+from worker.engine.tail import TopicTail
+from worker.runtime.logs import get_logger
+from worker.webhooks.endpoints import EndpointsTail
+
+log = get_logger(__name__)
+
+WEBHOOK_REPLAY_STATUS: Final = "/v1/webhook-endpoints/{endpoint_id}/replays/{replay_id}"
+WEBHOOK_REPLAY_CANCEL: Final = "/v1/webhook-endpoints/{endpoint_id}/replays/{replay_id}/cancel"
+ACCOUNT_EVENTS: Final = "/v1/accounts/{account_id}/events"
+FOLLOW_ROUTES: Final = (WEBHOOK_REPLAY_STATUS, WEBHOOK_REPLAY_CANCEL, ACCOUNT_EVENTS)
+REPLAY_NOT_FOUND: Final = "The replay does not exist for this endpoint in this workspace."
+NO_EVENTS: Final = (
+    "The account has no events in this workspace within the history window (unknown, another"
+    " workspace's, or none yet)."
+)
+REPLAY_ID_RULE: Final = "replay_id must be rp_ followed by 32 lowercase hexadecimal digits"
+#: How long a status request for an unknown replay id waits for this replica to read it (a
+#: replay started on another replica a moment ago).
+RECENT_WAIT_S: Final = 0.5
+_QUERY: Final = frozenset({"cursor", "limit", "since"})
+_REPLAY_FAILURE: Final = "get_webhook_endpoint_failed"
+_CANCEL_FAILURE: Final = "update_webhook_endpoint_failed"
+_EVENTS_FAILURE: Final = "get_webhook_endpoint_failed"
+
+
+@dataclass(frozen=True)
+class FollowClients:
+    """What the routes read: the endpoint registry, the replays' board, the runner (to cancel
+    one of its own at once), the account-event reader and its cursors."""
+
+    endpoints: EndpointsTail
+    board: ReplayBoard
+    replays: ReplayRunner
+    events: AccountEvents
+    cursors: CursorCodec
+
+    @classmethod
+    def of(cls, clients: WebhookClients | None) -> FollowClients | None:
+        """The webhook clients' parts these routes use; ``None`` when any is missing."""
+        if clients is None:
+            return None
+        board, events, cursors = clients.board, clients.events, clients.cursors
+        if board is None or events is None or cursors is None:
+            return None
+        return cls(clients.endpoints, board, clients.replays, events, cursors)
+
+
+class FollowRoutes:
+    """The handlers; ``clients`` is ``None`` without webhooks (every route answers its 500).
+    ``admitted_workspace`` is the key check and rate limit; ``refused`` counts quota refusals."""
+
+    def __init__(
+        self,
+        *,
+        clients: FollowClients | None,
+        admitted_workspace: Callable[[Request], str],
+        wait_s: float,
+        refused: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.clients = clients
+        self.admitted_workspace = admitted_workspace
+        self.wait_s = wait_s
+        self._refused = refused
+
+    def routes(self) -> list[Route]:
+        def route(path: str, handler: Handler, method: str, failure: str) -> Route:
+            return Route(path, guarded(handler, failure, path, self._refused), methods=[method])
+
+        return [
+            route(WEBHOOK_REPLAY_STATUS, self.replay_status, "GET", _REPLAY_FAILURE),
+            route(WEBHOOK_REPLAY_CANCEL, self.cancel_replay, "POST", _CANCEL_FAILURE),
+            route(ACCOUNT_EVENTS, self.account_events, "GET", _EVENTS_FAILURE),
+        ]
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def _configured(self, failure: str) -> FollowClients:
+        if self.clients is None:
+            raise ServiceError.of(failure, NOT_CONFIGURED)
+        return self.clients
+
+    async def _ready(self, failure: str, *tails: TopicTail) -> None:
+        for tail in tails:
+            if not tail.caught_up and not await tail.wait_caught_up(self.wait_s):
+                raise ServiceError.of(failure, "Not available yet; retry shortly.")
+            if not tail.running:
+                raise ServiceError.of(failure, "Not available right now.")
+
+    async def _replay(self, request: Request, failure: str) -> tuple[FollowClients, str, str]:
+        """Key, configured, ids well-formed, the endpoint of the workspace, the replay of the
+        endpoint: (clients, workspace, replay id); 404 for anything not the caller's."""
+        workspace_id = self.admitted_workspace(request)
+        clients = self._configured(failure)
+        endpoint_id: str = request.path_params["endpoint_id"]
+        replay_id: str = request.path_params["replay_id"]
+        if not valid_id(endpoint_id):
+            raise ServiceError.of("invalid_request", f"Invalid path parameter: {ENDPOINT_ID_RULE}.")
+        if REPLAY_ID_RE.fullmatch(replay_id) is None:
+            raise ServiceError.of("invalid_request", f"Invalid path parameter: {REPLAY_ID_RULE}.")
+        await self._ready(failure, clients.endpoints, clients.board.presence)
+        if clients.endpoints.registry.get(workspace_id, endpoint_id) is None:
+            raise ServiceError.of("not_found", NOT_FOUND)
+        if clients.board.get(workspace_id, endpoint_id, replay_id) is None:
+            await clients.board.seen(replay_id, RECENT_WAIT_S)
+            if clients.board.get(workspace_id, endpoint_id, replay_id) is None:
+                raise ServiceError.of("not_found", REPLAY_NOT_FOUND)
+        return clients, workspace_id, replay_id
+
+    # -- replays -----------------------------------------------------------------------------
+
+    async def replay_status(self, request: Request) -> Response:
+        clients, workspace_id, replay_id = await self._replay(request, _REPLAY_FAILURE)
+        progress = clients.board.get(workspace_id, request.path_params["endpoint_id"], replay_id)
+        assert progress is not None  # _replay checked it
+        return json_response(
+            ReplayStatusResponse(
+                request_id=request_id_of(request), data=ReplayStatusData.of(progress)
+            )
+        )
+
+    async def cancel_replay(self, request: Request) -> Response:
+        """Ask for the replay's cancellation: 202 while it runs (the replica running it stops
+        within a progress interval), 200 with the replay unchanged once it has ended."""
+        await check_body(request)
+        clients, workspace_id, replay_id = await self._replay(request, _CANCEL_FAILURE)
+        endpoint_id = request.path_params["endpoint_id"]
+        progress = clients.board.get(workspace_id, endpoint_id, replay_id)
+        assert progress is not None
+        if progress.ended:
+            return json_response(
+                ReplayStatusResponse(
+                    request_id=request_id_of(request), data=ReplayStatusData.of(progress)
+                )
+            )
+        await clients.board.request_cancel(progress)
+        clients.replays.cancel(replay_id)  # at once when it runs here
+        log.info("webhook_replay_cancel_requested", replay_id=replay_id, endpoint_id=endpoint_id)
+        progress = progress.model_copy(update={"cancel_requested": True})
+        return json_response(
+            ReplayStatusResponse(
+                request_id=request_id_of(request), data=ReplayStatusData.of(progress)
+            ),
+            202,
+        )
+
+    # -- an account's events -----------------------------------------------------------------
+
+    async def account_events(self, request: Request) -> Response:
+        workspace_id = self.admitted_workspace(request)
+        clients = self._configured(_EVENTS_FAILURE)
+        account_id: str = request.path_params["account_id"]
+        if not valid_id(account_id):
+            raise ServiceError.of("invalid_request", f"Invalid path parameter: {ACCOUNT_ID_RULE}.")
+        query = request.query_params
+        for name in query:
+            if name not in _QUERY:
+                raise ServiceError.of("invalid_request", f"Unknown query parameter: {name[:40]}.")
+            if len(query.getlist(name)) > 1:
+                raise ServiceError.of("invalid_request", f"Repeated query parameter: {name}.")
+        limit = _limit(query.get("limit"))
+        cursor_text = query.get("cursor")
+        since_text = query.get("since")
+        if cursor_text is not None and since_text is not None:
+            raise ServiceError.of("invalid_request", "Give either cursor or since, not both.")
+        cursor = None
+        if cursor_text is not None:
+            try:
+                cursor = clients.cursors.decode(
+                    cursor_text, account_id=account_id, workspace_id=workspace_id
+                )
+            except CursorError:
+                raise ServiceError.of(
+                    "invalid_request",
+                    "Invalid query parameter: cursor is not one this service issued for this"
+                    " account (pass next_cursor unchanged).",
+                ) from None
+        since = None
+        if since_text is not None:
+            try:
+                since = parse_rfc3339(since_text)
+            except ValueError as exc:
+                raise ServiceError.of(
+                    "invalid_request", f"Invalid query parameter: since {exc}."
+                ) from None
+            if since.timestamp() < _now() - WINDOW_S:
+                raise ServiceError.of(WINDOW_EXCEEDED)
+        with clients.events.turn(workspace_id):
+            try:
+                page = await clients.events.page(
+                    workspace_id, account_id, cursor=cursor, since=since, limit=limit
+                )
+            except CursorError:
+                raise ServiceError.of(
+                    "invalid_request",
+                    "Invalid query parameter: cursor no longer applies (the topics changed);"
+                    " start again without it.",
+                ) from None
+        if cursor is None and not page.found_any and not page.has_more:
+            raise ServiceError.of("not_found", NO_EVENTS)
+        return json_response(
+            AccountEventsResponse(
+                request_id=request_id_of(request),
+                data=[AccountEventData.of(e) for e in page.events],
+                next_cursor=clients.cursors.encode(page.cursor),
+                has_more=page.has_more,
+            )
+        )
+
+
+def _limit(text: str | None) -> int:
+    if text is None:
+        return DEFAULT_LIMIT
+    if not (text.isascii() and text.isdigit()) or len(text) > 4 or not 1 <= int(text) <= MAX_LIMIT:
+        raise ServiceError.of(
+            "invalid_request", f"Invalid query parameter: limit must be 1-{MAX_LIMIT}."
+        )
+    return int(text)
+
+
+def _now() -> float:
+    return time.time()
+
+
+__all__ = ["ACCOUNT_EVENTS", "FOLLOW_ROUTES", "FollowClients", "FollowRoutes"]

@@ -1,0 +1,356 @@
+"""Replays that can be followed from any front-end replica: the runner writes a replay's
+progress to the compacted ``api.presence`` topic under its id, every replica's presence tail
+hands those records to its ``ReplayBoard``, and a cancellation (key ``<id>/cancel``) is
+honoured by the replica that runs it. Bounded per workspace, by age and in all; a replay whose
+runner went silent reads as failed (docs/architecture.md, "Following a replay")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from worker.api.presence import Presence
+from worker.api.webhooks.quotas import REPLAY_CAPACITY, TOO_MANY, Refused
+from worker.contract.catalogue import ServiceError
+from worker.contract.messages import Identifier
+from worker.engine.outage import BrokerHealth, send_retrying
+from worker.runtime.logs import get_logger
+from worker.webhooks.endpoints import EndpointRecord
+
+log = get_logger(__name__)
+
+REPLAY_ID_RE: Final = re.compile(r"^rp_[0-9a-f]{32}$")
+#: Every key on ``api.presence`` that is a replay's (``worker.api.presence`` skips them).
+KEY_PREFIX: Final = b"rp_"
+CANCEL_SUFFIX: Final = "/cancel"
+KEPT_PER_WORKSPACE: Final = 20
+KEPT_FOR_S: Final = 24 * 3600.0
+MAX_TRACKED: Final = 10_000
+#: How often a running replay writes its progress (and looks for a cancellation).
+PROGRESS_EVERY_S: Final = 1.0
+STALE_AFTER_S: Final = 15 * PROGRESS_EVERY_S
+SWEEP_EVERY_S: Final = 60.0
+#: How long a status write waits for the broker before the request fails.
+WRITE_TIMEOUT_S: Final = 5.0
+ERROR_CHARS: Final = 200
+
+ReplayState = Literal["queued", "running", "done", "cancelled", "failed"]
+ENDED: Final = frozenset({"done", "cancelled", "failed"})
+
+
+class ReplayProgress(BaseModel):
+    """One replay's state and counts (value on ``api.presence``, key: ``replay_id``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["webhook_replay_status"] = "webhook_replay_status"
+    schema_version: Literal[1] = 1
+    replay_id: str = Field(pattern=REPLAY_ID_RE.pattern)
+    workspace_id: Identifier
+    endpoint_id: Identifier
+    since: str = Field(max_length=64)
+    state: ReplayState
+    events_found: int = Field(default=0, ge=0)
+    events_sent: int = Field(default=0, ge=0)
+    events_failed: int = Field(default=0, ge=0)
+    records_scanned: int = Field(default=0, ge=0)
+    created_at: float
+    updated_at: float
+    error: str | None = Field(default=None, max_length=ERROR_CHARS)
+    cancel_requested: bool = False
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+class ReplayCancel(BaseModel):
+    """A request to cancel a replay (key: ``<replay id>/cancel``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["webhook_replay_cancel"] = "webhook_replay_cancel"
+    schema_version: Literal[1] = 1
+    replay_id: str = Field(pattern=REPLAY_ID_RE.pattern)
+    workspace_id: Identifier
+    at: float
+
+
+def progress_record(
+    replay_id: str,
+    endpoint: EndpointRecord,
+    since: datetime,
+    state: ReplayState,
+    created_at: float,
+    counts: list[int] | None = None,
+    **more: Any,
+) -> ReplayProgress:
+    """A replay's record now; ``counts``: events sent (acknowledged), records scanned,
+    events found (the runner's)."""
+    sent, scanned, found = counts or (0, 0, 0)
+    return ReplayProgress(
+        replay_id=replay_id,
+        workspace_id=endpoint.workspace_id,
+        endpoint_id=endpoint.id,
+        since=since.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        state=state,
+        events_found=found,
+        events_sent=sent,
+        records_scanned=scanned,
+        created_at=created_at,
+        updated_at=time.time(),
+        **more,
+    )
+
+
+def ending(outcome: str, cancel_asked: bool, timeout_s: float) -> tuple[ReplayState, str | None]:
+    """The public state (and error) of a replay that ended as ``outcome`` (the runner's
+    ``ReplayOutcome.state``): a cancellation nobody asked for is the replica stopping."""
+    if outcome == "finished":
+        return "done", None
+    if outcome == "cancelled" and cancel_asked:
+        return "cancelled", None
+    if outcome == "timed_out":
+        return "failed", f"timed out after {timeout_s:g} s"
+    if outcome == "cancelled":
+        return "failed", "the front-end replica running the replay stopped"
+    return "failed", "internal error"
+
+
+class ReplayBoard:
+    """Every replica's view of the replays' progress, and the writes to it (see the module
+    docstring). ``presence`` (unstarted) reads the topic and forwards the replays' records
+    here; ``producer`` is the front-end's started producer; ``clock`` (wall clock) is
+    injectable."""
+
+    def __init__(
+        self,
+        presence: Presence,
+        producer: Any,
+        *,
+        health: BrokerHealth | None = None,
+        clock: Callable[[], float] = time.time,
+        kept_per_workspace: int = KEPT_PER_WORKSPACE,
+        kept_for_s: float = KEPT_FOR_S,
+        max_tracked: int = MAX_TRACKED,
+        stale_after_s: float = STALE_AFTER_S,
+    ) -> None:
+        self.presence = presence
+        self.topic = presence.topic
+        presence.forward = self.take
+        self._producer = producer
+        self._health = health or BrokerHealth()
+        self._clock = clock
+        self.kept_per_workspace = kept_per_workspace
+        self.kept_for_s = kept_for_s
+        self.max_tracked = max_tracked
+        self.stale_after_s = stale_after_s
+        self._replays: dict[str, ReplayProgress] = {}
+        self._cancels: set[str] = set()
+        self._changed = asyncio.Event()
+        self._sweeper: asyncio.Task[None] | None = None
+        #: Records of replays past ``max_tracked``, ignored (and counted).
+        self.ignored = 0
+        self.undecodable = 0
+
+    def __len__(self) -> int:
+        return len(self._replays)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.presence.running
+
+    def take(self, msg: Any) -> None:
+        """One record of a replay, as the presence tail read it."""
+        key = (msg.key or b"").decode("utf-8", "replace")
+        if msg.value is None:
+            if key.endswith(CANCEL_SUFFIX):
+                self._cancels.discard(key.removesuffix(CANCEL_SUFFIX))
+            else:
+                self._replays.pop(key, None)
+        else:
+            try:
+                if key.endswith(CANCEL_SUFFIX):
+                    cancel = ReplayCancel.model_validate_json(msg.value)
+                    if cancel.replay_id in self._replays:
+                        self._cancels.add(cancel.replay_id)
+                else:
+                    self._apply(ReplayProgress.model_validate_json(msg.value))
+            except ValidationError:
+                self.undecodable += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _apply(self, progress: ReplayProgress) -> bool:
+        """Keep ``progress``; false when it is of a new replay and ``max_tracked`` are held."""
+        held = self._replays.get(progress.replay_id)
+        if held is None and len(self._replays) >= self.max_tracked:
+            self.ignored += 1
+            return False
+        if held is not None and held.ended and not progress.ended:
+            return True  # a late progress record never reopens an ended replay
+        if held is not None and progress.updated_at < held.updated_at and not progress.ended:
+            return True
+        self._replays[progress.replay_id] = progress
+        return True
+
+    def get(self, workspace_id: str, endpoint_id: str, replay_id: str) -> ReplayProgress | None:
+        """The replay as the caller may see it: ``None`` unless it is of ``workspace_id`` and
+        ``endpoint_id`` and still kept; a queued or running replay whose runner went silent
+        reads as failed."""
+        progress = self._replays.get(replay_id)
+        if (
+            progress is None
+            or progress.workspace_id != workspace_id
+            or progress.endpoint_id != endpoint_id
+        ):
+            return None
+        now = self._clock()
+        if now - progress.updated_at > self.kept_for_s:
+            return None
+        requested = progress.cancel_requested or replay_id in self._cancels
+        if not progress.ended and now - progress.updated_at > self.stale_after_s:
+            return progress.model_copy(
+                update={
+                    "state": "failed",
+                    "error": "the front-end replica running the replay stopped",
+                    "cancel_requested": requested,
+                }
+            )
+        return progress.model_copy(update={"cancel_requested": requested})
+
+    def cancel_requested(self, replay_id: str) -> bool:
+        return replay_id in self._cancels
+
+    async def seen(self, replay_id: str, timeout: float) -> bool:
+        """Whether ``replay_id`` is known here, waiting up to ``timeout`` for this replica to
+        read it (a replay started on another replica a moment ago)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while replay_id not in self._replays:
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not self.running:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return True
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    async def _send(self, key: str, value: bytes | None) -> None:
+        await asyncio.wait_for(
+            send_retrying(
+                self._producer, self._health, self.topic, value, key=key.encode(), partition=0
+            ),
+            WRITE_TIMEOUT_S,
+        )
+
+    async def publish(self, progress: ReplayProgress) -> None:
+        """Write ``progress`` (acknowledged) and apply it here at once (read-your-writes);
+        ``Refused`` (429), nothing written, for a new replay while ``max_tracked`` are held."""
+        if not self._apply(progress):
+            raise Refused(
+                REPLAY_CAPACITY,
+                ServiceError.of(
+                    TOO_MANY,
+                    "Too many replays are kept on this service; retry later. Nothing was started.",
+                ),
+                60,
+            )
+        await self._send(progress.replay_id, progress.model_dump_json().encode())
+
+    async def request_cancel(self, progress: ReplayProgress) -> None:
+        """Ask whichever replica runs ``progress`` to cancel it."""
+        cancel = ReplayCancel(
+            replay_id=progress.replay_id, workspace_id=progress.workspace_id, at=self._clock()
+        )
+        self._cancels.add(progress.replay_id)
+        await self._send(progress.replay_id + CANCEL_SUFFIX, cancel.model_dump_json().encode())
+
+    def follow(
+        self,
+        replay_id: str,
+        progress: Callable[[], ReplayProgress],
+        cancel: Callable[[], object],
+        every_s: float,
+    ) -> asyncio.Task[None]:
+        """A running replay's task: every ``every_s``, ``cancel`` it when a cancellation was
+        asked for (on any replica), else write ``progress()``."""
+
+        async def follow() -> None:
+            while True:
+                await asyncio.sleep(every_s)
+                if self.cancel_requested(replay_id):
+                    cancel()
+                    return
+                with contextlib.suppress(Exception):  # the next write says it again
+                    await self.publish(progress())
+
+        return asyncio.create_task(follow(), name=f"{replay_id}-progress")
+
+    def expired(self) -> list[str]:
+        """Replay ids past their keeping: older than ``kept_for_s``, or ended and beyond the
+        newest ``kept_per_workspace`` of their workspace."""
+        now = self._clock()
+        by_workspace: dict[str, list[ReplayProgress]] = {}
+        out = []
+        for progress in self._replays.values():
+            if now - progress.updated_at > self.kept_for_s:
+                out.append(progress.replay_id)
+            else:
+                by_workspace.setdefault(progress.workspace_id, []).append(progress)
+        for kept in by_workspace.values():
+            kept.sort(key=lambda p: p.created_at, reverse=True)
+            out += [p.replay_id for p in kept[self.kept_per_workspace :] if p.ended]
+        return out
+
+    async def sweep(self) -> int:
+        """Tombstone (both keys) and forget every expired replay; how many."""
+        gone = self.expired()
+        for replay_id in gone:
+            self._replays.pop(replay_id, None)
+            self._cancels.discard(replay_id)
+            await self._send(replay_id, None)
+            await self._send(replay_id + CANCEL_SUFFIX, None)
+        return len(gone)
+
+    async def _sweeping(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            try:
+                await self.sweep()
+            except Exception as exc:  # the next sweep tries again
+                log.warning("webhook_replay_sweep_failed", error=repr(exc))
+
+    async def start(self) -> None:
+        """Start sweeping (the presence tail is started by its owner)."""
+        self._sweeper = asyncio.create_task(self._sweeping(), name="webhook-replay-sweep")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sweeper
+
+
+__all__ = [
+    "KEPT_FOR_S",
+    "KEPT_PER_WORKSPACE",
+    "MAX_TRACKED",
+    "REPLAY_ID_RE",
+    "ReplayBoard",
+    "ReplayCancel",
+    "ReplayProgress",
+    "ReplayState",
+    "ending",
+    "progress_record",
+]
