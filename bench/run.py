@@ -7,6 +7,9 @@ fresh topics and a fresh consumer group, each contender in its own process(es):
 ==================  ======================================================================
 ceiling             pass-through consumer: decodes nothing, calls nothing, produces the same
                     records per command as the worker (``bench.proc``)
+floor               the worker's floor: decodes, makes the worker's provider call with its
+                    HTTP client, produces state, reply and event, one ack wait and commit per
+                    batch; no decision, store or instrumentation (``bench.floor``)
 baseline            partition-ordered loop: one record at a time per partition, partitions
                     concurrent, HTTP provider (``bench.proc``)
 worker-1p           ``python -m worker run``, HTTP provider
@@ -88,7 +91,7 @@ WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].de
 WINDOW: int = Settings.model_fields["worker_dedup_window"].default
 HTTP_WORKERS_1P = ("worker-1p",)
 HTTP_WORKERS = ("worker-1p", "worker-2p")
-Kind = Literal["ceiling", "baseline", "worker"]
+Kind = Literal["ceiling", "floor", "baseline", "worker"]
 Provider = Literal["http", "inproc"]
 
 
@@ -108,6 +111,7 @@ SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
         Scenario("ceiling", "ceiling"),
+        Scenario("floor", "floor"),
         Scenario("baseline", "baseline"),
         Scenario("worker-1p", "worker"),
         Scenario("worker-2p", "worker", processes=2),
@@ -116,7 +120,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("worker-1p-spread", "worker", mix="spread"),
     )
 }
-QUICK_SCENARIOS = ("ceiling", "baseline", "worker-1p", "worker-2p", "worker-inproc")
+QUICK_SCENARIOS = ("ceiling", "floor", "baseline", "worker-1p", "worker-2p", "worker-inproc")
 
 
 class ScenarioFailed(RuntimeError):
@@ -349,6 +353,14 @@ class Bench:
         self.sim_url = f"http://127.0.0.1:{port}"
         (await self.http.get(f"{self.sim_url}/healthz")).raise_for_status()
 
+    async def sim_calls(self) -> int:
+        """Provider calls the simulator has answered since its last reset."""
+        if not self.sim_url:
+            return 0
+        answer = await self.http.get(f"{self.sim_url}/_sim/stats")
+        answer.raise_for_status()
+        return int(answer.json()["total_calls"])
+
     async def reset_simulator(self) -> None:
         if self.sim_url:
             (await self.http.post(f"{self.sim_url}/_sim/reset")).raise_for_status()
@@ -454,6 +466,7 @@ class Bench:
             what = "confirm" if sc.rate is None else f"confirm @{sc.rate:.0f}/s"
             progress = Progress(f"[{label}] {what}", commands)
             sent = SendLog()
+            calls = await self.sim_calls()
             before = self.snapshot(procs)
             deadline = time.monotonic() + a.phase_timeout
             generator = asyncio.create_task(
@@ -474,12 +487,16 @@ class Bench:
                 await outputs.pump(timeout_ms=50)
                 progress.update(outputs.matched)
             after = self.snapshot(procs)
+            calls = await self.sim_calls() - calls
             progress.close(outputs.matched)
             if not generator.done():
                 generator.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await generator
-            return self._result(sc, label, workload, outputs, sent, before, after, procs)
+            result = self._result(sc, label, workload, outputs, sent, before, after, procs)
+            done = outputs.matched
+            result["provider_calls_per_command"] = round(calls / done, 3) if done else None
+            return result
         finally:
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
@@ -662,6 +679,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         memory.append(store_memory(n, confirms=WINDOW - 1).as_dict())
     results["memory"] = memory
     results["ratios"] = ratios(results["scenarios"])
+    results["cpu_ratios"] = cpu_ratios(results["scenarios"])
     results["targets"] = targets(results, args)
     results["meta"]["seconds"] = round(time.monotonic() - args.t0, 1)
     return results
@@ -678,6 +696,22 @@ def ratios(scenarios: dict[str, Any]) -> dict[str, float]:
             refs = [r for r in scenarios.values() if r["kind"] == kind and r["mix"] == s["mix"]]
             if refs and refs[0]["throughput"]:
                 out[f"{name}/{refs[0]['name']}"] = round(s["throughput"] / refs[0]["throughput"], 2)
+    return out
+
+
+def cpu_ratios(scenarios: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """CPU per command of every worker scenario over the ceiling's and the floor's of the same
+    mix (the floor: what a minimal service on the same libraries spends, ``bench.floor``)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, s in scenarios.items():
+        cpu = s.get("cpu_us_per_command")
+        if s["kind"] != "worker" or cpu is None or math.isnan(cpu):
+            continue
+        for kind in ("ceiling", "floor"):
+            refs = [r for r in scenarios.values() if r["kind"] == kind and r["mix"] == s["mix"]]
+            ref = refs[0].get("cpu_us_per_command") if refs else None
+            if ref and not math.isnan(ref):
+                out.setdefault(name, {})[kind] = round(cpu / ref, 2)
     return out
 
 
@@ -703,6 +737,15 @@ def targets(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
         ratio,
         None if ratio is None else ratio <= 4,
         "" if ratio is None else f"{w:,.0f} ÷ {c:,.0f} µs, same run",
+    )
+    f = cpu("floor")
+    by_floor = round(w / f, 2) if w is not None and f else None
+    add(
+        "worker-1p CPU per command ÷ floor CPU per command",
+        "≤ 1.3",
+        by_floor,
+        None if by_floor is None else by_floor <= 1.3,
+        "" if by_floor is None else f"{w:,.0f} ÷ {f:,.0f} µs, same run",
     )
     best = max(
         ((r[f"{n}/baseline"], n) for n in HTTP_WORKERS if f"{n}/baseline" in r), default=None
@@ -782,11 +825,13 @@ def table(results: dict[str, Any]) -> str:
     rows = [
         "| scenario | ok cmd/s | ok % | p50 ms | p95 ms | p99 ms | CPU µs/cmd (user+sys) "
         "| peak RSS MB "
-        "| x ceiling | x baseline | cores: contender/broker/sim/loadgen |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| x ceiling | x baseline | CPU ÷ ceiling | CPU ÷ floor | provider calls/cmd "
+        "| cores: contender/broker/sim/loadgen |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     scenarios: dict[str, Any] = results["scenarios"]
     r: dict[str, float] = results["ratios"]
+    by_cpu: dict[str, dict[str, float]] = results.get("cpu_ratios", {})
     for name, s in scenarios.items():
         tp = s["throughput"]
         lat = s["latency_ms"]
@@ -800,12 +845,15 @@ def table(results: dict[str, Any]) -> str:
             f"| {fmt(lat['p99'], ',.1f')} | {cpu_cell(s)} "
             f"| {fmt(s['peak_rss_mb'], '.0f')} | {fmt(x_ceiling, '.2f')} "
             f"| {fmt(x_base, '.2f')} "
+            f"| {fmt(by_cpu.get(name, {}).get('ceiling'), '.2f')} "
+            f"| {fmt(by_cpu.get(name, {}).get('floor'), '.2f')} "
+            f"| {fmt(s.get('provider_calls_per_command'), '.2f')} "
             f"| {c['contender']:.2f}/{c['broker']:.2f}/{c['simulator']:.2f}"
             f"/{c['load_generator']:.2f} |"
         )
     for name, why in results["failures"].items():
         reason = why.strip().splitlines()[-1] if why.strip() else "failed"
-        rows.append(f"| {name} | FAILED: {reason[:120]} |" + " |" * 9)
+        rows.append(f"| {name} | FAILED: {reason[:120]} |" + " |" * 12)
     out = ["\n".join(rows)]
     if results["latency_curve"]:
         curve = [
