@@ -54,6 +54,7 @@ from typing import Any, Literal
 import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
+from bench import baseline
 from bench.common import (
     REPO_ROOT,
     base_env,
@@ -246,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="LOG_LEVEL of the contender processes (WARNING)",
     )
+    baseline.add_arguments(p)
     return p
 
 
@@ -699,6 +701,26 @@ def ratios(scenarios: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def baseline_figures(results: dict[str, Any]) -> dict[str, float]:
+    """What ``--baseline`` compares: CPU per command and rate of each scenario, the worker's
+    CPU ratios (when the tree has them), p99 and CPU of each curve point."""
+    out: dict[str, float] = {}
+    for name, s in results["scenarios"].items():
+        out[f"{name}: CPU µs/cmd"] = _number(s.get("cpu_us_per_command"))
+        out[f"{name}: ok cmd/s"] = _number(s.get("throughput"))
+    for name, by in results.get("cpu_ratios", {}).items():
+        for kind, value in by.items():
+            out[f"{name}: CPU ÷ {kind}"] = _number(value)
+    for p in results.get("latency_curve", []):
+        out[f"{p['name']}: p99 ms"] = _number(p["latency_ms"]["p99"])
+        out[f"{p['name']}: CPU µs/cmd"] = _number(p.get("cpu_us_per_command"))
+    return out
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
 def cpu_ratios(scenarios: dict[str, Any]) -> dict[str, dict[str, float]]:
     """CPU per command of every worker scenario over the ceiling's and the floor's of the same
     mix (the floor: what a minimal service on the same libraries spends, ``bench.floor``)."""
@@ -961,7 +983,20 @@ def main(settings: Settings, argv: list[str]) -> int:
         from bench import webhooks
 
         return webhooks.main([a for a in argv if a != "--webhooks"])
-    args = resolve_defaults(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = resolve_defaults(parser.parse_args(argv))
+    if args.baseline:
+        return baseline.run(
+            module="bench",
+            argv=argv,
+            parser=parser,
+            ref=args.baseline,
+            rounds=args.baseline_rounds,
+            out_args=lambda d: ["--out-dir", str(d), "--no-plot"],
+            results_file=lambda d: d / "results.json",
+            figures=baseline_figures,
+            summary=args.baseline_json,
+        )
     args.argv = argv
     args.t0 = time.monotonic()
     log_dir = Path(tempfile.mkdtemp(prefix="worker-bench-"))

@@ -47,6 +47,7 @@ from typing import Any, Final
 import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from bench import baseline
 from bench.common import REPO_ROOT, base_env, clean, machine, names
 from bench.kafka_floor import CLIENTS, Floor
 from bench.stack import (
@@ -440,6 +441,30 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def baseline_figures(result: dict[str, Any]) -> dict[str, float]:
+    """What ``--baseline`` compares: medians over the rounds of the stack's, the front-end's
+    and each process's CPU per confirm, the ceiling, the floors, the rate and the p99s."""
+
+    def median(values: list[Any]) -> float:
+        real = [float(v) for v in values if v is not None]
+        return statistics.median(real) if real else math.nan
+
+    runs = result["frontend"]
+    out = {
+        "stack µs/confirm": median([r["stack_total_us"] for r in runs]),
+        "front-end ÷ ceiling": median(result["ratio"]),
+        "front-end ÷ floor": median(result.get("frontend_by_floor", [])),
+        "ceiling µs/POST": median([c["cpu"]["total_us"] for c in result["ceiling"]]),
+        "Kafka floor µs/req": median(result.get("floor_us", [])),
+        "closed-loop rate /s": float(result["max_rate"]),
+    }
+    for name in runs[0]["cpu"] if runs else []:
+        out[f"{name} µs/confirm"] = median([r["cpu"][name]["total_us"] for r in runs])
+    for point in result["latency"]:
+        out[f"p99 ms at {point['fraction']:.0%}"] = float(point["p99_ms"])
+    return out
+
+
 def floor_figures(
     ceiling_runs: list[dict[str, Any]],
     frontend_runs: list[dict[str, Any]],
@@ -635,7 +660,20 @@ def main(argv: list[str] | None = None) -> int:
     from bench import replica_cost
 
     replica_cost.add_arguments(parser)
+    baseline.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.baseline:
+        return baseline.run(
+            module="bench.stack_cost",
+            argv=sys.argv[1:] if argv is None else argv,
+            parser=parser,
+            ref=args.baseline,
+            rounds=args.baseline_rounds,
+            out_args=lambda d: ["--out", str(d / "stack-cost.json")],
+            results_file=lambda d: d / "stack-cost.json",
+            figures=baseline_figures,
+            summary=args.baseline_json,
+        )
     if args.replicas > 1:
         args.out = args.out or REPO_ROOT / "bench" / "replica-cost.json"
         return replica_cost.run(args)

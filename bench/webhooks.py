@@ -55,6 +55,7 @@ from typing import Any
 import httpx
 from aiokafka import AIOKafkaProducer
 
+from bench import baseline
 from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, run_meta, topics_named
 from bench.load import (
     Progress,
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--keep-logs", action="store_true", help="keep the process logs (temp dir)")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    baseline.add_arguments(p)
     return p
 
 
@@ -801,6 +803,29 @@ def by_floor(results: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def baseline_figures(results: dict[str, Any]) -> dict[str, float]:
+    """What ``--baseline`` compares: rate and CPU per delivery of the max-rate run and of the
+    floor (when the tree has one), each curve point's p99, the noisy neighbour's p99s."""
+    out: dict[str, float] = {}
+    for name in ("max_rate", "floor"):
+        phase = results.get(name)
+        if phase:
+            label = "dispatcher" if name == "max_rate" else "floor"
+            out[f"{label} deliveries/s"] = float(phase["deliveries_per_s"])
+            cpu = phase.get("cpu_us_per_delivery") or {}
+            out[f"{label} CPU µs/delivery"] = float(cpu.get("total") or math.nan)
+    ratio = (results.get("by_floor") or {}).get("cpu_ratio")
+    if ratio is not None:
+        out["dispatcher ÷ floor"] = float(ratio)
+    for p in results.get("latency_curve", []):
+        out[f"p99 ms at {p['fraction_of_max']:.0%}"] = float(p["latency_ms"]["p99"])
+    noisy = results.get("noisy_neighbour")
+    if noisy:
+        out["noisy: p99 ms alone"] = float(noisy["p99_alone_ms"])
+        out["noisy: p99 ms beside hanging"] = float(noisy["p99_beside_hanging_ms"])
+    return out
+
+
 def aims(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The aims next to what was measured (None: not measured in this run)."""
     rate = (results["max_rate"] or {}).get("deliveries_per_s")
@@ -901,7 +926,20 @@ def table(results: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     """Entry point; returns the exit status (1 when a phase failed or lost deliveries)."""
-    args = build_parser().parse_args([a for a in argv if a != "--"])
+    parser = build_parser()
+    args = parser.parse_args([a for a in argv if a != "--"])
+    if args.baseline:
+        return baseline.run(
+            module="bench.webhooks",
+            argv=[a for a in argv if a != "--"],
+            parser=parser,
+            ref=args.baseline,
+            rounds=args.baseline_rounds,
+            out_args=lambda d: ["--out", str(d / "webhooks.json")],
+            results_file=lambda d: d / "webhooks.json",
+            figures=baseline_figures,
+            summary=args.baseline_json,
+        )
     args.argv = list(argv)
     args.t0 = time.monotonic()
     log_dir = Path(tempfile.mkdtemp(prefix="webhook-bench-"))
