@@ -113,8 +113,10 @@ def check_imports(tree: Path) -> None:
         env=tree_env(tree),
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"a run from {tree} cannot import worker and bench:\n{done.stderr}")
     for path in done.stdout.split():
         if not Path(path).resolve().is_relative_to(tree.resolve()):
             raise RuntimeError(f"a run from {tree} imports {path}, outside it")
@@ -267,6 +269,7 @@ def run(
                 json.dumps(
                     {
                         "module": module,
+                        "work_dir": str(work),
                         "argv": argv,
                         "baseline_argv": base_argv,
                         "ref": ref,

@@ -228,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="directory for py-spy profiles (raw collapsed stacks) of the worker scenarios",
     )
+    p.add_argument(
+        "--cprofile",
+        type=Path,
+        default=None,
+        help="directory for cProfile files of the python -m worker run contenders (where "
+        "py-spy cannot attach; cProfile slows them, so read shares, not times)",
+    )
     p.add_argument("--keep-logs", action="store_true", help="keep contender logs (temp dir)")
     p.add_argument(
         "--record-spans",
@@ -379,6 +386,10 @@ class Bench:
             env = self.env_for(settings, port, self.max_in_flight(sc))
             if sc.kind == "worker" and sc.provider == "http":
                 argv = ["-m", "bench.traced" if self.args.record_spans else "worker", "run"]
+                if self.args.cprofile is not None:
+                    self.args.cprofile.mkdir(parents=True, exist_ok=True)
+                    out = self.args.cprofile / f"{settings.kafka_consumer_group}-{i}.prof"
+                    argv = ["-m", "cProfile", "-o", str(out), *argv]
             elif sc.kind == "worker":
                 argv = ["-m", "bench.proc", "worker-inproc"]
             else:
