@@ -232,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--cprofile",
         type=Path,
         default=None,
-        help="directory for cProfile files of the python -m worker run contenders (where "
-        "py-spy cannot attach; cProfile slows them, so read shares, not times)",
+        help="directory for cProfile files (CPU time, bench.cprofiled) of the python -m "
+        "worker run contenders, where py-spy cannot attach; cProfile slows them, so read "
+        "shares, not times",
     )
     p.add_argument("--keep-logs", action="store_true", help="keep contender logs (temp dir)")
     p.add_argument(
@@ -389,7 +390,7 @@ class Bench:
                 if self.args.cprofile is not None:
                     self.args.cprofile.mkdir(parents=True, exist_ok=True)
                     out = self.args.cprofile / f"{settings.kafka_consumer_group}-{i}.prof"
-                    argv = ["-m", "cProfile", "-o", str(out), *argv]
+                    argv = ["-m", "bench.cprofiled", str(out), *argv[1:]]
             elif sc.kind == "worker":
                 argv = ["-m", "bench.proc", "worker-inproc"]
             else:
@@ -719,7 +720,8 @@ def baseline_figures(results: dict[str, Any]) -> dict[str, float]:
     for name, s in results["scenarios"].items():
         out[f"{name}: CPU µs/cmd"] = _number(s.get("cpu_us_per_command"))
         out[f"{name}: ok cmd/s"] = _number(s.get("throughput"))
-    for name, by in results.get("cpu_ratios", {}).items():
+    # From the scenarios, not ``cpu_ratios``: a tree from before the floor has none.
+    for name, by in cpu_ratios(results["scenarios"]).items():
         for kind, value in by.items():
             out[f"{name}: CPU ÷ {kind}"] = _number(value)
     for p in results.get("latency_curve", []):
@@ -1003,7 +1005,11 @@ def main(settings: Settings, argv: list[str]) -> int:
             parser=parser,
             ref=args.baseline,
             rounds=args.baseline_rounds,
-            out_args=lambda d: ["--out-dir", str(d), "--no-plot"],
+            out_args=lambda d: [
+                "--out-dir",
+                str(d),
+                *([] if "--no-plot" in argv else ["--no-plot"]),
+            ],
             results_file=lambda d: d / "results.json",
             figures=baseline_figures,
             summary=args.baseline_json,

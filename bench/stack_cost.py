@@ -453,7 +453,16 @@ def baseline_figures(result: dict[str, Any]) -> dict[str, float]:
     out = {
         "stack µs/confirm": median([r["stack_total_us"] for r in runs]),
         "front-end ÷ ceiling": median(result["ratio"]),
-        "front-end ÷ floor": median(result.get("frontend_by_floor", [])),
+        # From the rounds, not ``frontend_by_floor``: a tree from before it has the parts.
+        "front-end ÷ floor": median(
+            [
+                f["cpu"]["front-end"]["total_us"] / (c["cpu"]["total_us"] + u)
+                for c, f, u in zip(
+                    result["ceiling"], runs, result.get("floor_us", []), strict=False
+                )
+                if c["cpu"]["total_us"] + u
+            ]
+        ),
         "ceiling µs/POST": median([c["cpu"]["total_us"] for c in result["ceiling"]]),
         "Kafka floor µs/req": median(result.get("floor_us", [])),
         "closed-loop rate /s": float(result["max_rate"]),
