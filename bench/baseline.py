@@ -9,8 +9,9 @@ directory and ``PYTHONPATH``, so ``import worker`` and ``import bench`` resolve 
 product code. Runs alternate current, baseline, baseline, current, ... (the order flips each
 round, so a machine that slows down during the session is charged to both alike); each writes
 its results file into the temporary directory, never into the repository. Options the
-baseline's benchmark does not know (``--help``) are left out of its runs, as are
-``--scenarios`` it does not have.
+baseline's benchmark does not know (``--help``) are left out of its runs, and
+``--scenarios`` it does not have out of both trees' runs (a scenario before another in the
+same run changes what the later one measures).
 """
 
 from __future__ import annotations
@@ -208,19 +209,21 @@ def run(
         trees = {"current": REPO_ROOT, "baseline": base_tree}
         for tree in trees.values():
             check_imports(tree)
-        base_argv, dropped = adapt(
-            argv,
-            parser,
-            known_options(module, base_tree),
-            known_scenarios(base_tree) if module == "bench" else None,
-        )
+        scenarios = known_scenarios(base_tree) if module == "bench" else None
+        base_argv, dropped = adapt(argv, parser, known_options(module, base_tree), scenarios)
+        # The same scenarios on both sides: one run before another in the same broker and
+        # simulator changes what the later one measures.
+        argv, _ = adapt(argv, parser, set(parser._option_string_actions), scenarios)
         print(
             f"baseline {ref} = {commit[:12]} in {base_tree}; current = {REPO_ROOT}; "
             f"{rounds} round(s), alternating",
             file=sys.stderr,
         )
         if dropped:
-            print(f"left out of the baseline's runs: {' '.join(dropped)}", file=sys.stderr)
+            print(
+                f"left out of the baseline's runs (scenarios: of both): {' '.join(dropped)}",
+                file=sys.stderr,
+            )
         runs: dict[str, list[dict[str, float]]] = {"current": [], "baseline": []}
         loads: list[tuple[str, int, float, float]] = []
         failed = 0

@@ -156,9 +156,9 @@ class WorkerFloor:
         self, command: PasskeyConfirm, account: Account
     ) -> tuple[int, dict[str, Any]]:
         """The worker's provider call for a first confirm; (status, JSON body or {})."""
-        url = f"{self.urls[account.provider]}/v1/accounts/{quote(account.ref, safe='')}"
         headers = {"Idempotency-Key": command.command_id, "Accept": "application/json"}
         try:
+            url = f"{self.urls[account.provider]}/v1/accounts/{quote(account.ref, safe='')}"
             answer = await self.http.request("POST", url + "/passkey/confirm", headers=headers)
             body = json.loads(answer.body) if answer.ok else {}
         except Exception:  # a minimal service answers a failed call, it does not crash
@@ -170,8 +170,8 @@ class WorkerFloor:
     ) -> list[tuple[str, bytes, bytes, int | None]]:
         account = Account(
             command.workspace_id,
-            command.provider,
-            command.provider_account_ref,
+            command.provider or "",
+            command.provider_account_ref or "",
             command.status,
             1,
         )

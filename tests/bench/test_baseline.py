@@ -40,7 +40,7 @@ def test_a_tree_imports_its_own_code(tmp_path: Path) -> None:
         baseline.check_imports(tmp_path)  # not a tree: no bench to import
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "__init__.py").write_text("")
-    with pytest.raises(RuntimeError, match="cannot import|outside it"):
+    with pytest.raises(RuntimeError, match=r"cannot import|outside it"):
         baseline.check_imports(tmp_path)  # worker, if importable at all, is another tree's
 
 
