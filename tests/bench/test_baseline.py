@@ -25,6 +25,10 @@ def test_options_and_scenarios_the_baseline_lacks_are_left_out() -> None:
     kept, dropped = baseline.adapt(argv, parser, known, {"ceiling", "worker-1p"})
     assert kept == ["--commands", "10", "--scenarios", "worker-1p", "--quick"]
     assert dropped == ["--max-in-flight 5", "--scenarios floor"]
+    # The current tree's runs: every option kept, the same scenarios as the baseline's.
+    everything = set(parser._option_string_actions)
+    kept, _ = baseline.adapt(argv, parser, everything, {"ceiling", "worker-1p"})
+    assert kept == [*argv[:4], "--scenarios", "worker-1p", "--quick"]
     kept, dropped = baseline.adapt(
         ["--no-floor", "--events=5"], webhooks.build_parser(), set(), None
     )
