@@ -7,6 +7,9 @@ fresh topics and a fresh consumer group, each contender in its own process(es):
 ==================  ======================================================================
 ceiling             pass-through consumer: decodes nothing, calls nothing, produces the same
                     records per command as the worker (``bench.proc``)
+floor               the worker's floor: decodes, makes the worker's provider call with its
+                    HTTP client, produces state, reply and event, one ack wait and commit per
+                    batch; no decision, store or instrumentation (``bench.floor``)
 baseline            partition-ordered loop: one record at a time per partition, partitions
                     concurrent, HTTP provider (``bench.proc``)
 worker-1p           ``python -m worker run``, HTTP provider
@@ -51,6 +54,7 @@ from typing import Any, Literal
 import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
+from bench import baseline
 from bench.common import (
     REPO_ROOT,
     base_env,
@@ -88,7 +92,7 @@ WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].de
 WINDOW: int = Settings.model_fields["worker_dedup_window"].default
 HTTP_WORKERS_1P = ("worker-1p",)
 HTTP_WORKERS = ("worker-1p", "worker-2p")
-Kind = Literal["ceiling", "baseline", "worker"]
+Kind = Literal["ceiling", "floor", "baseline", "worker"]
 Provider = Literal["http", "inproc"]
 
 
@@ -108,6 +112,7 @@ SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
         Scenario("ceiling", "ceiling"),
+        Scenario("floor", "floor"),
         Scenario("baseline", "baseline"),
         Scenario("worker-1p", "worker"),
         Scenario("worker-2p", "worker", processes=2),
@@ -116,7 +121,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("worker-1p-spread", "worker", mix="spread"),
     )
 }
-QUICK_SCENARIOS = ("ceiling", "baseline", "worker-1p", "worker-2p", "worker-inproc")
+QUICK_SCENARIOS = ("ceiling", "floor", "baseline", "worker-1p", "worker-2p", "worker-inproc")
 
 
 class ScenarioFailed(RuntimeError):
@@ -223,6 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="directory for py-spy profiles (raw collapsed stacks) of the worker scenarios",
     )
+    p.add_argument(
+        "--cprofile",
+        type=Path,
+        default=None,
+        help="directory for cProfile files (CPU time, bench.cprofiled) of the python -m "
+        "worker run contenders, where py-spy cannot attach; cProfile slows them, so read "
+        "shares, not times",
+    )
     p.add_argument("--keep-logs", action="store_true", help="keep contender logs (temp dir)")
     p.add_argument(
         "--record-spans",
@@ -242,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="LOG_LEVEL of the contender processes (WARNING)",
     )
+    baseline.add_arguments(p)
     return p
 
 
@@ -349,6 +363,14 @@ class Bench:
         self.sim_url = f"http://127.0.0.1:{port}"
         (await self.http.get(f"{self.sim_url}/healthz")).raise_for_status()
 
+    async def sim_calls(self) -> int:
+        """Provider calls the simulator has answered since its last reset."""
+        if not self.sim_url:
+            return 0
+        answer = await self.http.get(f"{self.sim_url}/_sim/stats")
+        answer.raise_for_status()
+        return int(answer.json()["total_calls"])
+
     async def reset_simulator(self) -> None:
         if self.sim_url:
             (await self.http.post(f"{self.sim_url}/_sim/reset")).raise_for_status()
@@ -365,6 +387,10 @@ class Bench:
             env = self.env_for(settings, port, self.max_in_flight(sc))
             if sc.kind == "worker" and sc.provider == "http":
                 argv = ["-m", "bench.traced" if self.args.record_spans else "worker", "run"]
+                if self.args.cprofile is not None:
+                    self.args.cprofile.mkdir(parents=True, exist_ok=True)
+                    out = self.args.cprofile / f"{settings.kafka_consumer_group}-{i}.prof"
+                    argv = ["-m", "bench.cprofiled", str(out), *argv[1:]]
             elif sc.kind == "worker":
                 argv = ["-m", "bench.proc", "worker-inproc"]
             else:
@@ -454,6 +480,7 @@ class Bench:
             what = "confirm" if sc.rate is None else f"confirm @{sc.rate:.0f}/s"
             progress = Progress(f"[{label}] {what}", commands)
             sent = SendLog()
+            calls = await self.sim_calls()
             before = self.snapshot(procs)
             deadline = time.monotonic() + a.phase_timeout
             generator = asyncio.create_task(
@@ -474,12 +501,16 @@ class Bench:
                 await outputs.pump(timeout_ms=50)
                 progress.update(outputs.matched)
             after = self.snapshot(procs)
+            calls = await self.sim_calls() - calls
             progress.close(outputs.matched)
             if not generator.done():
                 generator.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await generator
-            return self._result(sc, label, workload, outputs, sent, before, after, procs)
+            result = self._result(sc, label, workload, outputs, sent, before, after, procs)
+            done = outputs.matched
+            result["provider_calls_per_command"] = round(calls / done, 3) if done else None
+            return result
         finally:
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
@@ -662,6 +693,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         memory.append(store_memory(n, confirms=WINDOW - 1).as_dict())
     results["memory"] = memory
     results["ratios"] = ratios(results["scenarios"])
+    results["cpu_ratios"] = cpu_ratios(results["scenarios"])
     results["targets"] = targets(results, args)
     results["meta"]["seconds"] = round(time.monotonic() - args.t0, 1)
     return results
@@ -678,6 +710,43 @@ def ratios(scenarios: dict[str, Any]) -> dict[str, float]:
             refs = [r for r in scenarios.values() if r["kind"] == kind and r["mix"] == s["mix"]]
             if refs and refs[0]["throughput"]:
                 out[f"{name}/{refs[0]['name']}"] = round(s["throughput"] / refs[0]["throughput"], 2)
+    return out
+
+
+def baseline_figures(results: dict[str, Any]) -> dict[str, float]:
+    """What ``--baseline`` compares: CPU per command and rate of each scenario, the worker's
+    CPU ratios (when the tree has them), p99 and CPU of each curve point."""
+    out: dict[str, float] = {}
+    for name, s in results["scenarios"].items():
+        out[f"{name}: CPU µs/cmd"] = _number(s.get("cpu_us_per_command"))
+        out[f"{name}: ok cmd/s"] = _number(s.get("throughput"))
+    # From the scenarios, not ``cpu_ratios``: a tree from before the floor has none.
+    for name, by in cpu_ratios(results["scenarios"]).items():
+        for kind, value in by.items():
+            out[f"{name}: CPU ÷ {kind}"] = _number(value)
+    for p in results.get("latency_curve", []):
+        out[f"{p['name']}: p99 ms"] = _number(p["latency_ms"]["p99"])
+        out[f"{p['name']}: CPU µs/cmd"] = _number(p.get("cpu_us_per_command"))
+    return out
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def cpu_ratios(scenarios: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """CPU per command of every worker scenario over the ceiling's and the floor's of the same
+    mix (the floor: what a minimal service on the same libraries spends, ``bench.floor``)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, s in scenarios.items():
+        cpu = s.get("cpu_us_per_command")
+        if s["kind"] != "worker" or cpu is None or math.isnan(cpu):
+            continue
+        for kind in ("ceiling", "floor"):
+            refs = [r for r in scenarios.values() if r["kind"] == kind and r["mix"] == s["mix"]]
+            ref = refs[0].get("cpu_us_per_command") if refs else None
+            if ref and not math.isnan(ref):
+                out.setdefault(name, {})[kind] = round(cpu / ref, 2)
     return out
 
 
@@ -703,6 +772,15 @@ def targets(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
         ratio,
         None if ratio is None else ratio <= 4,
         "" if ratio is None else f"{w:,.0f} ÷ {c:,.0f} µs, same run",
+    )
+    f = cpu("floor")
+    by_floor = round(w / f, 2) if w is not None and f else None
+    add(
+        "worker-1p CPU per command ÷ floor CPU per command",
+        "≤ 1.3",
+        by_floor,
+        None if by_floor is None else by_floor <= 1.3,
+        "" if by_floor is None else f"{w:,.0f} ÷ {f:,.0f} µs, same run",
     )
     best = max(
         ((r[f"{n}/baseline"], n) for n in HTTP_WORKERS if f"{n}/baseline" in r), default=None
@@ -782,11 +860,13 @@ def table(results: dict[str, Any]) -> str:
     rows = [
         "| scenario | ok cmd/s | ok % | p50 ms | p95 ms | p99 ms | CPU µs/cmd (user+sys) "
         "| peak RSS MB "
-        "| x ceiling | x baseline | cores: contender/broker/sim/loadgen |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| x ceiling | x baseline | CPU ÷ ceiling | CPU ÷ floor | provider calls/cmd "
+        "| cores: contender/broker/sim/loadgen |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     scenarios: dict[str, Any] = results["scenarios"]
     r: dict[str, float] = results["ratios"]
+    by_cpu: dict[str, dict[str, float]] = results.get("cpu_ratios", {})
     for name, s in scenarios.items():
         tp = s["throughput"]
         lat = s["latency_ms"]
@@ -800,12 +880,15 @@ def table(results: dict[str, Any]) -> str:
             f"| {fmt(lat['p99'], ',.1f')} | {cpu_cell(s)} "
             f"| {fmt(s['peak_rss_mb'], '.0f')} | {fmt(x_ceiling, '.2f')} "
             f"| {fmt(x_base, '.2f')} "
+            f"| {fmt(by_cpu.get(name, {}).get('ceiling'), '.2f')} "
+            f"| {fmt(by_cpu.get(name, {}).get('floor'), '.2f')} "
+            f"| {fmt(s.get('provider_calls_per_command'), '.2f')} "
             f"| {c['contender']:.2f}/{c['broker']:.2f}/{c['simulator']:.2f}"
             f"/{c['load_generator']:.2f} |"
         )
     for name, why in results["failures"].items():
         reason = why.strip().splitlines()[-1] if why.strip() else "failed"
-        rows.append(f"| {name} | FAILED: {reason[:120]} |" + " |" * 9)
+        rows.append(f"| {name} | FAILED: {reason[:120]} |" + " |" * 12)
     out = ["\n".join(rows)]
     if results["latency_curve"]:
         curve = [
@@ -913,7 +996,24 @@ def main(settings: Settings, argv: list[str]) -> int:
         from bench import webhooks
 
         return webhooks.main([a for a in argv if a != "--webhooks"])
-    args = resolve_defaults(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = resolve_defaults(parser.parse_args(argv))
+    if args.baseline:
+        return baseline.run(
+            module="bench",
+            argv=argv,
+            parser=parser,
+            ref=args.baseline,
+            rounds=args.baseline_rounds,
+            out_args=lambda d: [
+                "--out-dir",
+                str(d),
+                *([] if "--no-plot" in argv else ["--no-plot"]),
+            ],
+            results_file=lambda d: d / "results.json",
+            figures=baseline_figures,
+            summary=args.baseline_json,
+        )
     args.argv = argv
     args.t0 = time.monotonic()
     log_dir = Path(tempfile.mkdtemp(prefix="worker-bench-"))

@@ -47,6 +47,7 @@ from typing import Any, Final
 import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from bench import baseline
 from bench.common import REPO_ROOT, base_env, clean, machine, names
 from bench.kafka_floor import CLIENTS, Floor
 from bench.stack import (
@@ -66,6 +67,7 @@ from worker.runtime import eventloop
 
 ROUTE: Final = "/v1/accounts/acc_demo_{n}/auth/passkey-confirm"
 TARGET_RATIO: Final = 3.0
+TARGET_FLOOR_RATIO: Final = 1.5
 TARGET_STACK_MS: Final = 2.5
 TARGET_P99_SLACK_MS: Final = 30.0
 
@@ -439,6 +441,39 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def baseline_figures(result: dict[str, Any]) -> dict[str, float]:
+    """What ``--baseline`` compares: medians over the rounds of the stack's, the front-end's
+    and each process's CPU per confirm, the ceiling, the floors, the rate and the p99s."""
+
+    def median(values: list[Any]) -> float:
+        real = [float(v) for v in values if v is not None]
+        return statistics.median(real) if real else math.nan
+
+    runs = result["frontend"]
+    out = {
+        "stack µs/confirm": median([r["stack_total_us"] for r in runs]),
+        "front-end ÷ ceiling": median(result["ratio"]),
+        # From the rounds, not ``frontend_by_floor``: a tree from before it has the parts.
+        "front-end ÷ floor": median(
+            [
+                f["cpu"]["front-end"]["total_us"] / (c["cpu"]["total_us"] + u)
+                for c, f, u in zip(
+                    result["ceiling"], runs, result.get("floor_us", []), strict=False
+                )
+                if c["cpu"]["total_us"] + u
+            ]
+        ),
+        "ceiling µs/POST": median([c["cpu"]["total_us"] for c in result["ceiling"]]),
+        "Kafka floor µs/req": median(result.get("floor_us", [])),
+        "closed-loop rate /s": float(result["max_rate"]),
+    }
+    for name in runs[0]["cpu"] if runs else []:
+        out[f"{name} µs/confirm"] = median([r["cpu"][name]["total_us"] for r in runs])
+    for point in result["latency"]:
+        out[f"p99 ms at {point['fraction']:.0%}"] = float(point["p99_ms"])
+    return out
+
+
 def floor_figures(
     ceiling_runs: list[dict[str, Any]],
     frontend_runs: list[dict[str, Any]],
@@ -451,9 +486,19 @@ def floor_figures(
         (c["cpu"]["total_us"] + f) / c["cpu"]["total_us"] if c["cpu"]["total_us"] else None
         for c, f in zip(ceiling_runs, floor_us, strict=False)
     ]
+    # The front-end ÷ its floor (the HTTP ceiling + the Kafka floor): what of its CPU per POST
+    # is its own code, next to front-end ÷ ceiling.
+    by_floor = [
+        f["cpu"]["front-end"]["total_us"] / (c["cpu"]["total_us"] + u)
+        if c["cpu"]["total_us"] + u
+        else None
+        for c, f, u in zip(ceiling_runs, frontend_runs, floor_us, strict=False)
+    ]
     return {
         "floor_us": floor_us,
         "floor_ratio": floor_ratios,
+        "frontend_by_floor": by_floor,
+        "frontend_by_floor_spread": spread([r for r in by_floor if r is not None]),
         "floor_ratio_spread": spread([r for r in floor_ratios if r is not None]),
         "frontend_minus_floor_us": [
             f["cpu"]["front-end"]["total_us"] - u
@@ -497,6 +542,16 @@ def report(result: dict[str, Any]) -> str:
         ),
         f"front-end ÷ ceiling  {ratio['min']:.2f}-{ratio['max']:.2f}x"
         f"  target ≤ {TARGET_RATIO}x  {'OK' if ratio['median'] <= TARGET_RATIO else 'MISS'}",
+        *(
+            [
+                f"front-end ÷ floor    {by['min']:.2f}-{by['max']:.2f}x  (floor = ceiling + "
+                f"Kafka floor; target ≤ {TARGET_FLOOR_RATIO}x  "
+                f"{'OK' if by['median'] <= TARGET_FLOOR_RATIO else 'MISS'})"
+            ]
+            if result["floor"]
+            and not math.isnan((by := result["frontend_by_floor_spread"])["median"])
+            else []
+        ),
         *floor_lines(result["floor"], result, "Kafka floor"),
         *floor_lines(
             (result["floor_confluent"] or {}).get("runs", []),
@@ -614,7 +669,20 @@ def main(argv: list[str] | None = None) -> int:
     from bench import replica_cost
 
     replica_cost.add_arguments(parser)
+    baseline.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.baseline:
+        return baseline.run(
+            module="bench.stack_cost",
+            argv=sys.argv[1:] if argv is None else argv,
+            parser=parser,
+            ref=args.baseline,
+            rounds=args.baseline_rounds,
+            out_args=lambda d: ["--out", str(d / "stack-cost.json")],
+            results_file=lambda d: d / "stack-cost.json",
+            figures=baseline_figures,
+            summary=args.baseline_json,
+        )
     if args.replicas > 1:
         args.out = args.out or REPO_ROOT / "bench" / "replica-cost.json"
         return replica_cost.run(args)

@@ -21,6 +21,12 @@ no network, a receiver that does nothing.
    to it waits the dispatcher's whole time-out). The healthy endpoint's p99 both times, and
    their ratio, against the aim: within max(2 s, 5x its p99 alone).
 
+0. *Floor* (unless ``--no-floor``): the same count of events, pre-loaded on topics of their
+   own, drained by the dispatcher's floor (``bench.webhook_floor``: render, sign, POST with
+   the dispatcher's client, one delivery-log entry per delivery, batched; nothing else), in
+   its own process before the dispatcher starts; its CPU per delivery as in phase 1, and the
+   dispatcher's ÷ the floor's printed after the table.
+
 Every phase is bounded in count and time (``--phase-timeout``). Writes ``--out`` (JSON) and
 prints the measured figures next to the aims: ≥ 2,000 signed deliveries/s per process,
 p99 ≤ 100 ms at 50 % of the max rate, and the noisy-neighbour bound. Method and measured
@@ -49,6 +55,7 @@ from typing import Any
 import httpx
 from aiokafka import AIOKafkaProducer
 
+from bench import baseline
 from bench.common import REPO_ROOT, base_env, clean, fmt, fractions, run_meta, topics_named
 from bench.load import (
     Progress,
@@ -117,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--partitions", type=int, default=12, help="partitions per topic (12)")
     p.add_argument(
+        "--no-floor", action="store_true", help="skip the floor phase (bench.webhook_floor)"
+    )
+    p.add_argument(
         "--max-in-flight", type=int, default=None, help="WEBHOOK_MAX_IN_FLIGHT (worker default)"
     )
     p.add_argument(
@@ -136,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--keep-logs", action="store_true", help="keep the process logs (temp dir)")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    baseline.add_arguments(p)
     return p
 
 
@@ -259,6 +270,7 @@ class HookBench:
     secret: str = ""
     receiver: Proc | None = None
     dispatcher: Proc | None = None
+    floor: Proc | None = None
     dispatcher_port: int = 0
     http: httpx.AsyncClient | None = None
 
@@ -345,7 +357,7 @@ class HookBench:
             await asyncio.sleep(0.2)
 
     def check_alive(self) -> None:
-        for proc in (self.dispatcher, self.receiver):
+        for proc in (self.dispatcher, self.floor, self.receiver):
             if proc is not None and not proc.alive():
                 raise PhaseFailed(f"{proc.name} exited:\n{proc.tail()}")
 
@@ -363,9 +375,15 @@ class HookBench:
         taken: dict[str, Any] = answer.json()
         return taken
 
+    @property
+    def measured(self) -> Proc | None:
+        """The delivering process: the floor while its phase runs, else the dispatcher."""
+        return self.floor or self.dispatcher
+
     def snapshot(self, delivered: int) -> Snapshot:
-        assert self.dispatcher is not None and self.receiver is not None
-        user, system = proc_user_sys_s(self.dispatcher.pid)
+        measured = self.measured
+        assert measured is not None and self.receiver is not None
+        user, system = proc_user_sys_s(measured.pid)
         return Snapshot(
             wall=time.monotonic(),
             delivered=delivered,
@@ -396,7 +414,8 @@ class HookBench:
 
     # -- phases ------------------------------------------------------------------------------
 
-    async def preload(self, events: Events) -> None:
+    async def preload(self, events: Events, topics: Topics | None = None) -> None:
+        topic = (topics or self.settings.topics).status
         producer = build_producer(self.settings.kafka_config())
         await producer.start()
         try:
@@ -404,7 +423,7 @@ class HookBench:
             now = time.time()
             for i in range(events.count):
                 _, key, value = events.at(i, now)
-                pending.append(await producer.send(self.settings.topics.status, value, key=key))
+                pending.append(await producer.send(topic, value, key=key))
                 if len(pending) >= 2000:
                     await asyncio.gather(*pending)
                     pending.clear()
@@ -420,9 +439,48 @@ class HookBench:
         await self.preload(events)
         self.start_dispatcher()
         assert self.dispatcher is not None
-        profiler = None if a.profile is None else start_profiler(self.dispatcher.pid, a.profile)
+        out = await self.drain(events, self.dispatcher, a.profile)
+        out["dispatcher_peak_rss_mb"] = round(proc_peak_rss(self.dispatcher.pid) / 2**20, 1)
+        return out
+
+    async def floor_rate(self, tag: str) -> dict[str, Any]:
+        """The same pre-loaded count drained by the dispatcher's floor, on topics of its own
+        (the dispatcher, when running, sees none of them)."""
+        a = self.args
+        topics = topics_named(f"hooks-{tag}-floor")
+        floor_settings = self.settings.model_copy(update={"topics": topics})
+        await ensure_topics(floor_settings.kafka_config(), floor_settings.topic_plan())
+        events = Events("floor", a.events, a.versions)
+        print(f"floor: producing {events.count:,} events ...", file=sys.stderr)
+        await self.preload(events, topics)
+        assert self.endpoint is not None
+        env = self.dispatcher_env() | {
+            f"TOPIC_{f.upper()}": getattr(topics, f) for f in Topics.model_fields
+        }
+        env |= {
+            "WEBHOOK_CONSUMER_GROUP": f"hooks-{tag}-floor.group",
+            "FLOOR_ENDPOINT_ID": self.endpoint.id,
+            "FLOOR_ENDPOINT_URL": self.endpoint.url,
+            "FLOOR_WORKSPACE_ID": WORKSPACE,
+            SECRET_ENV: self.secret,
+        }
+        self.floor = start_proc("floor", ["-m", "bench.webhook_floor"], env, self.log_dir)
         try:
-            progress = Progress("[max rate] delivered", events.count)
+            out = await self.drain(events, self.floor, None, label="[floor] delivered")
+            out["floor_peak_rss_mb"] = round(proc_peak_rss(self.floor.pid) / 2**20, 1)
+        finally:
+            await asyncio.to_thread(stop_procs, [self.floor])
+            self.floor = None
+        return out
+
+    async def drain(
+        self, events: Events, proc: Proc, profile: Path | None, label: str = "[max rate] delivered"
+    ) -> dict[str, Any]:
+        """Wait until ``proc`` delivered every pre-loaded event; rate and CPU per delivery."""
+        a = self.args
+        profiler = None if profile is None else start_profiler(proc.pid, profile)
+        try:
+            progress = Progress(label, events.count)
             deadline = time.monotonic() + a.phase_timeout
             first, last = await self.wait_delivered(events.count, progress, deadline)
         finally:
@@ -449,7 +507,6 @@ class HookBench:
             "deliveries_per_s": round((len(times) - 1) / window, 1) if window > 0 else 0.0,
         }
         out |= self._cpu(first, last)
-        out["dispatcher_peak_rss_mb"] = round(proc_peak_rss(self.dispatcher.pid) / 2**20, 1)
         return out
 
     async def curve_point(self, fraction: float, max_rate: float, index: int) -> dict[str, Any]:
@@ -656,6 +713,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 "noisy_seconds": args.noisy_seconds,
             },
         ),
+        "floor": None,
         "max_rate": None,
         "latency_curve": [],
         "noisy_neighbour": None,
@@ -684,6 +742,13 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             port = free_port()
             await bench.create_endpoint(f"http://127.0.0.1:{port}/hooks")
             await asyncio.to_thread(bench.start_receiver, port)
+            if not args.no_floor:
+                try:
+                    results["floor"] = await bench.floor_rate(tag)
+                except PhaseFailed as exc:
+                    print(f"\n[floor] FAILED: {exc}", file=sys.stderr)
+                    results["failures"]["floor"] = str(exc)
+                await bench.take_arrivals()  # the floor's arrivals are not the dispatcher's
             max_rate = args.max_rate
             if max_rate is None:
                 try:
@@ -713,12 +778,52 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                     print(f"\n[noisy neighbour] FAILED: {exc}", file=sys.stderr)
                     results["failures"]["noisy_neighbour"] = str(exc)
         finally:
-            procs = [p for p in (bench.dispatcher, bench.receiver) if p is not None]
+            procs = [p for p in (bench.dispatcher, bench.floor, bench.receiver) if p is not None]
             await asyncio.to_thread(stop_procs, procs)
             await bench.client.aclose()
     results["aims"] = aims(results)
+    results["by_floor"] = by_floor(results)
     results["meta"]["seconds"] = round(time.monotonic() - args.t0, 1)
     return results
+
+
+def by_floor(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The dispatcher's CPU per delivery and rate against its floor's, same run."""
+    floor, disp = results.get("floor"), results.get("max_rate")
+    if not floor or not disp:
+        return None
+    f = (floor.get("cpu_us_per_delivery") or {}).get("total")
+    d = (disp.get("cpu_us_per_delivery") or {}).get("total")
+    return {
+        "dispatcher_us": d,
+        "floor_us": f,
+        "cpu_ratio": round(d / f, 2) if d and f else None,
+        "floor_per_s": floor["deliveries_per_s"],
+        "dispatcher_per_s": disp["deliveries_per_s"],
+    }
+
+
+def baseline_figures(results: dict[str, Any]) -> dict[str, float]:
+    """What ``--baseline`` compares: rate and CPU per delivery of the max-rate run and of the
+    floor (when the tree has one), each curve point's p99, the noisy neighbour's p99s."""
+    out: dict[str, float] = {}
+    for name in ("max_rate", "floor"):
+        phase = results.get(name)
+        if phase:
+            label = "dispatcher" if name == "max_rate" else "floor"
+            out[f"{label} deliveries/s"] = float(phase["deliveries_per_s"])
+            cpu = phase.get("cpu_us_per_delivery") or {}
+            out[f"{label} CPU µs/delivery"] = float(cpu.get("total") or math.nan)
+    ratio = (results.get("by_floor") or {}).get("cpu_ratio")
+    if ratio is not None:
+        out["dispatcher ÷ floor"] = float(ratio)
+    for p in results.get("latency_curve", []):
+        out[f"p99 ms at {p['fraction_of_max']:.0%}"] = float(p["latency_ms"]["p99"])
+    noisy = results.get("noisy_neighbour")
+    if noisy:
+        out["noisy: p99 ms alone"] = float(noisy["p99_alone_ms"])
+        out["noisy: p99 ms beside hanging"] = float(noisy["p99_beside_hanging_ms"])
+    return out
 
 
 def aims(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -762,6 +867,8 @@ def table(results: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     phases: list[tuple[str, dict[str, Any]]] = []
+    if results.get("floor"):
+        phases.append(("floor, max rate (pre-loaded)", results["floor"]))
     if results["max_rate"]:
         phases.append(("max rate (pre-loaded)", results["max_rate"]))
     for p in results["latency_curve"]:
@@ -791,6 +898,14 @@ def table(results: dict[str, Any]) -> str:
             )
         )
     out = ["\n".join(rows)]
+    ratio = results.get("by_floor")
+    if ratio and ratio["cpu_ratio"] is not None:
+        out.append(
+            f"dispatcher ÷ floor, CPU per delivery: {ratio['cpu_ratio']:.2f}x "
+            f"({ratio['dispatcher_us']:,.0f} ÷ {ratio['floor_us']:,.0f} µs; "
+            f"{ratio['dispatcher_per_s']:,.0f} against {ratio['floor_per_s']:,.0f} deliveries/s)"
+            f"  target ≤ 1.5x"
+        )
     aim_rows = ["| aim | wanted | measured | met |", "|---|---|---:|---|"]
     for a in results["aims"]:
         met = {True: "yes", False: "**no**", None: "not measured"}[a["met"]]
@@ -811,7 +926,20 @@ def table(results: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str]) -> int:
     """Entry point; returns the exit status (1 when a phase failed or lost deliveries)."""
-    args = build_parser().parse_args([a for a in argv if a != "--"])
+    parser = build_parser()
+    args = parser.parse_args([a for a in argv if a != "--"])
+    if args.baseline:
+        return baseline.run(
+            module="bench.webhooks",
+            argv=[a for a in argv if a != "--"],
+            parser=parser,
+            ref=args.baseline,
+            rounds=args.baseline_rounds,
+            out_args=lambda d: ["--out", str(d / "webhooks.json")],
+            results_file=lambda d: d / "webhooks.json",
+            figures=baseline_figures,
+            summary=args.baseline_json,
+        )
     args.argv = list(argv)
     args.t0 = time.monotonic()
     log_dir = Path(tempfile.mkdtemp(prefix="webhook-bench-"))
@@ -826,6 +954,7 @@ def main(argv: Sequence[str]) -> int:
     print(f"\nwrote {args.out}")
     noisy = results["noisy_neighbour"]
     phases = [
+        *([results["floor"]] if results["floor"] else []),
         *([results["max_rate"]] if results["max_rate"] else []),
         *results["latency_curve"],
         *([noisy["alone"], noisy["beside_hanging"]] if noisy else []),

@@ -98,6 +98,8 @@ async def test_the_owner_answers_a_query_and_writes_nothing_but_the_reply(
             )
 
         assert (count("ok"), count("error")) == (1.0, 2.0)
+        # The store's size is read on scrape (not set per command): the one account.
+        assert running.registry.get_sample_value("passkey_auth_state_store_accounts") == 1.0
         assert count("ok", "passkey_confirm") == 1.0  # the confirm alone
         assert running.registry.get_sample_value(
             "passkey_auth_errors_total",

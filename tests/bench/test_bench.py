@@ -14,7 +14,7 @@ from bench.load import Workload, percentile
 from tests.bench import run_bench
 from worker.contract.messages import PasskeyConfirm, RegisterAccount, decode_command
 
-SCENARIOS = ("ceiling", "baseline", "worker-1p", "worker-inproc")
+SCENARIOS = ("ceiling", "floor", "baseline", "worker-1p", "worker-inproc")
 
 
 def test_workload_commands_decode_as_the_worker_decodes_them() -> None:
@@ -67,6 +67,17 @@ def test_tiny_bench_run_measures_every_scenario(tmp_path: Path) -> None:
         assert s["cpu_us_per_command"] > 0, name
         assert s["peak_rss_mb"] > 0, name
     assert results["ratios"]["worker-inproc/ceiling"] > 0
+    # The floor makes the provider calls the worker makes, and the worker's CPU is printed
+    # over both the ceiling's and the floor's.
+    scenarios = results["scenarios"]
+    assert scenarios["floor"]["provider_calls_per_command"] == 1.0
+    assert scenarios["worker-1p"]["provider_calls_per_command"] == 1.0
+    assert scenarios["ceiling"]["provider_calls_per_command"] == 0.0
+    by_cpu = results["cpu_ratios"]["worker-1p"]
+    assert by_cpu["floor"] == round(
+        scenarios["worker-1p"]["cpu_us_per_command"] / scenarios["floor"]["cpu_us_per_command"], 2
+    )
+    assert by_cpu["ceiling"] > 0
     assert results["ratios"]["worker-1p/baseline"] > 0
 
     [point] = results["latency_curve"]

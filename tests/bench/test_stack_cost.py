@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.stack_cost import baseline_figures
 from tests.bench import run_bench
 
 ROLES = {"broker", "simulator", "worker", "dispatcher", "front-end", "receiver"}
@@ -43,6 +44,13 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     (floor_ratio,) = result["floor_ratio"]
     assert floor_ratio is not None and floor_ratio > 1
     assert len(result["frontend_minus_floor_us"]) == 1
+    (by_floor,) = result["frontend_by_floor"]
+    assert by_floor == front["cpu"]["front-end"]["total_us"] / (
+        ceiling["cpu"]["total_us"] + result["floor_us"][0]
+    )
+    figures = baseline_figures(result)
+    assert figures["front-end ÷ floor"] == by_floor
+    assert {"stack µs/confirm", "worker µs/confirm", "p99 ms at 50%"} <= set(figures)
     confluent = result["floor_confluent"]
     (floor,) = confluent["runs"]
     assert floor["answered"] == 300 and floor["cpu"]["total_us"] > 0
@@ -54,3 +62,4 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     assert "front-end" in done.stdout and "target" in done.stdout
     assert "Kafka floor" in done.stdout and "(ceiling + floor)" in done.stdout
     assert "Kafka floor, librdkafka" in done.stdout
+    assert "front-end ÷ floor" in done.stdout

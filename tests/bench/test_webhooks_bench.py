@@ -43,6 +43,15 @@ def test_tiny_webhook_bench_run_delivers_everything(tmp_path: Path) -> None:
     results: dict[str, Any] = json.loads(out.read_text())
     assert not results["failures"]
 
+    # The floor signs as the dispatcher does: the receiver verified every delivery of it.
+    floor = results["floor"]
+    assert floor["complete"] and floor["delivered"] == floor["events"] == 500
+    assert floor["verified"] == floor["requests"] >= 500 and floor["verify_failed"] == 0
+    assert floor["duplicates"] == 0 and floor["cpu_us_per_delivery"]["total"] > 0
+    by_floor = results["by_floor"]
+    assert by_floor["floor_us"] == floor["cpu_us_per_delivery"]["total"]
+    assert by_floor["cpu_ratio"] > 0 and "dispatcher ÷ floor" in done.stdout
+
     top = results["max_rate"]
     assert top["complete"] and top["delivered"] == top["events"] == 500
     assert top["verified"] == top["requests"] >= 500 and top["verify_failed"] == 0

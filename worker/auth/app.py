@@ -89,6 +89,9 @@ async def run_worker(
         kafka, limits, settings.kafka_consumer_group, consumer_class=consumer_class
     )
     store = StateStore()
+    # Read on scrape, as the dispatcher's: setting it after every write summed the store's
+    # partitions once per command (bench/README.md, "Floors").
+    metrics.store_accounts.set_function(lambda: float(len(store)))
     executor = Executor(
         store=store,
         publisher=Publisher(producer, topics, health),

@@ -332,7 +332,6 @@ class Executor:
                 )
                 if changed and decision.record is not None:
                     self.store.put(partition, decision.record)
-                    self.metrics.store_accounts.set(len(self.store))
             finally:
                 if window is not None:
                     self._close_window(window)
