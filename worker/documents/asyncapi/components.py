@@ -165,4 +165,3 @@ def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
 
     inlined: dict[str, Any] = walk(schema)
     return inlined
-
