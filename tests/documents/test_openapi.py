@@ -16,6 +16,7 @@ from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_MAX_AGE_S
 from worker.api.methods import allow_value
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
 from worker.api.webhooks.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
+from worker.api.webhooks.delivery_routes import WEBHOOK_DELIVERY, WEBHOOK_RESEND, WEBHOOK_TEST
 from worker.api.webhooks.routes import (
     WEBHOOK_ACTIVATE,
     WEBHOOK_DEACTIVATE,
@@ -119,7 +120,9 @@ def test_error_examples_match_catalogue_and_schema() -> None:
             continue
         if status.startswith("2"):
             if "example" in content:
-                jsonschema_rs.validate(ok_schema, content["example"])
+                name = content["schema"]["$ref"].rsplit("/", 1)[-1]
+                schema = ok_schema if name == "AuthResponse" else _resolver_schema(doc, name)
+                jsonschema_rs.validate(schema, content["example"])
             continue
         assert content["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
         assert content["examples"], (path, method, status)
@@ -179,6 +182,9 @@ WEBHOOK_PATHS = (
     WEBHOOK_EXPIRE_PREVIOUS,
     WEBHOOK_DELIVERIES,
     WEBHOOK_REPLAY,
+    WEBHOOK_DELIVERY,
+    WEBHOOK_RESEND,
+    WEBHOOK_TEST,
 )
 WEBHOOK_OPERATIONS = {
     f"POST {WEBHOOK_ENDPOINTS}": {"201", "400", "401", "409", "500"},
@@ -192,6 +198,9 @@ WEBHOOK_OPERATIONS = {
     f"POST {WEBHOOK_EXPIRE_PREVIOUS}": {"200", "400", "401", "404", "500"},
     f"GET {WEBHOOK_DELIVERIES}": {"200", "400", "401", "404", "500"},
     f"POST {WEBHOOK_REPLAY}": {"202", "400", "401", "404", "500"},
+    f"GET {WEBHOOK_DELIVERY}": {"200", "400", "401", "404", "500"},
+    f"POST {WEBHOOK_RESEND}": {"202", "400", "401", "404", "500"},
+    f"POST {WEBHOOK_TEST}": {"202", "400", "401", "404", "500"},
 }
 
 
@@ -221,6 +230,9 @@ def test_webhook_operations_and_their_500s() -> None:
         f"POST {WEBHOOK_EXPIRE_PREVIOUS}": {"update_webhook_endpoint_failed"},
         f"GET {WEBHOOK_DELIVERIES}": {"get_webhook_endpoint_failed"},
         f"POST {WEBHOOK_REPLAY}": {"update_webhook_endpoint_failed"},
+        f"GET {WEBHOOK_DELIVERY}": {"get_webhook_endpoint_failed"},
+        f"POST {WEBHOOK_RESEND}": {"update_webhook_endpoint_failed"},
+        f"POST {WEBHOOK_TEST}": {"update_webhook_endpoint_failed"},
     }
 
 
@@ -291,9 +303,11 @@ def test_links_lead_from_an_endpoint_to_every_operation_on_it() -> None:
     on_one = {
         op_id
         for op_id, (path, op) in by_id.items()
-        if path.startswith(WEBHOOK_ENDPOINT) and not op_id.startswith("preflight")
+        if path.startswith(WEBHOOK_ENDPOINT)
+        and not op_id.startswith("preflight")
+        and "{delivery_id}" not in path
     }
-    assert len(on_one) == 9
+    assert len(on_one) == 10
     for op_id, status in (
         ("createWebhookEndpoint", "201"),
         ("getWebhookEndpoint", "200"),
@@ -304,6 +318,20 @@ def test_links_lead_from_an_endpoint_to_every_operation_on_it() -> None:
         assert {link["operationId"] for link in links.values()} == on_one, op_id
         for link in links.values():
             assert link["parameters"] == {"endpoint_id": "$response.body#/data/id"}
+
+
+def test_links_lead_from_a_test_send_to_its_delivery_and_its_resend() -> None:
+    """create → test → the log → one delivery → resend: the stateful phase's chain."""
+    doc = openapi_document()
+    test = doc["paths"][WEBHOOK_TEST]["post"]["responses"]["202"]["links"]
+    listed = doc["paths"][WEBHOOK_DELIVERIES]["get"]["responses"]["200"]["links"]
+    for links, pointer in ((test, "/data/delivery_id"), (listed, "/data/0/delivery_id")):
+        assert links["GetWebhookDelivery"]["operationId"] == "getWebhookDelivery"
+        assert links["ResendWebhookDelivery"]["parameters"] == {
+            "endpoint_id": "$request.path.endpoint_id",
+            "delivery_id": f"$response.body#{pointer}",
+        }
+        assert links["ListWebhookDeliveries"]["operationId"] == "listWebhookDeliveries"
 
 
 def _limits_of(doc: dict[str, Any], body: str) -> tuple[int, int, int]:

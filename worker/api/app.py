@@ -35,6 +35,7 @@ from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
 from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
+from worker.api.webhooks.sends import DeliverySends
 from worker.contract.topics import used_by
 from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, verify_topics
 from worker.engine.metrics import TailSkips
@@ -239,7 +240,10 @@ def webhook_clients(
         per_workspace=settings.webhook_replays_per_workspace,
         presence=presence,
     )
-    return WebhookClients(endpoints=endpoints, store=store, deliveries=deliveries, replays=replays)
+    sends = DeliverySends(producer, topics.webhook_replays, health=broker)
+    return WebhookClients(
+        endpoints=endpoints, store=store, deliveries=deliveries, replays=replays, sends=sends
+    )
 
 
 @contextlib.asynccontextmanager

@@ -11,13 +11,18 @@ from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorRespon
 from worker.api.routes import ACCOUNT_ID_RULE
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
-    DeliveryListResponse,
     EndpointListResponse,
     EndpointResponse,
     EndpointSecretResponse,
     ReplayAcceptedResponse,
     ReplayBody,
     UpdateEndpointBody,
+)
+from worker.api.webhooks.delivery_bodies import (
+    DeliveryDetailResponse,
+    DeliveryPageResponse,
+    QueuedResponse,
+    TestSendBody,
 )
 from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.webhooks.routes import ENDPOINT_ID_RULE
@@ -37,7 +42,10 @@ _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
     EndpointResponse,
     EndpointSecretResponse,
     EndpointListResponse,
-    DeliveryListResponse,
+    DeliveryPageResponse,
+    DeliveryDetailResponse,
+    QueuedResponse,
+    TestSendBody,
     ReplayAcceptedResponse,
 )
 

@@ -85,6 +85,7 @@ _ENDPOINT_LINKS: Final = {
     "ExpirePreviousWebhookEndpointSecret": "expirePreviousWebhookEndpointSecret",
     "ListWebhookDeliveries": "listWebhookDeliveries",
     "ReplayWebhookEvents": "replayWebhookEvents",
+    "SendWebhookTest": "sendWebhookTest",
 }
 
 
