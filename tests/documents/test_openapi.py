@@ -15,8 +15,8 @@ from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorRespon
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_MAX_AGE_S
 from worker.api.methods import allow_value
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
-from worker.api.webhooks.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
 from worker.api.webhooks.delivery_routes import WEBHOOK_DELIVERY, WEBHOOK_RESEND, WEBHOOK_TEST
+from worker.api.webhooks.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
 from worker.api.webhooks.routes import (
     WEBHOOK_ACTIVATE,
     WEBHOOK_DEACTIVATE,

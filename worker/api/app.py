@@ -164,6 +164,7 @@ def build_app(
         limits=limits,
         endpoints_per_workspace=settings.webhook_endpoints_per_workspace,
         metrics=metrics,
+        sends_per_minute=settings.webhook_sends_per_minute,
     )
     if webhooks is not None:
         replays = webhooks.replays
@@ -240,7 +241,9 @@ def webhook_clients(
         per_workspace=settings.webhook_replays_per_workspace,
         presence=presence,
     )
-    sends = DeliverySends(producer, topics.webhook_replays, health=broker)
+    sends = DeliverySends(
+        producer, topics.webhook_replays, log_topic=topics.webhook_deliveries, health=broker
+    )
     return WebhookClients(
         endpoints=endpoints, store=store, deliveries=deliveries, replays=replays, sends=sends
     )

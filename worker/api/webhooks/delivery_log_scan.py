@@ -202,20 +202,25 @@ class DeliveryLogScan:
     async def _slice(
         self, consumer: Any, endpoint_id: str, upto: int | None, lo: int | None, deadline: float
     ) -> LogSlice:
+        """``read``'s scan. Without ``upto`` the end is the high-water mark of the first
+        fetch's answer when that is further than ``end_offsets`` said (the embedded broker
+        answers the start of its last batch there), and the start follows it, so a slice
+        is never wider than ``window``; with ``upto`` (a cursor's) the slice is as given."""
         key = endpoint_id.encode()
         tp = await self._partition(consumer, key, deadline)
         consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
         start = (await consumer.beginning_offsets([tp]))[tp]
-        hi = end if upto is None else min(upto, end)
+        end = (await consumer.end_offsets([tp]))[tp]
+        hi = end if upto is None else upto
         low = max(start, hi - self.window if lo is None else lo)
-        found = LogSlice(tp.partition, low, hi, [])
-        if low >= hi:
-            return found
+        entries: list[tuple[tuple[int, int], DeliveryLogEntry]] = []
+        if upto is not None and hi <= low:
+            return LogSlice(tp.partition, low, hi, entries)
         consumer.seek(tp, low)
         read = 0
         idle = 0
-        while await consumer.position(tp) < hi and idle < 3:
+        learned = upto is not None
+        while idle < 3 and (not learned or await consumer.position(tp) < hi):
             batch = await fetch_records(
                 consumer,
                 timeout_ms=self._idle_timeout_ms,
@@ -226,24 +231,30 @@ class DeliveryLogScan:
             records = batch.get(tp, ())
             read += len(records)
             idle = 0 if records else idle + 1  # a gap the broker never fills: stop
+            if not learned:
+                learned = True
+                highwater = consumer.highwater(tp)
+                if highwater is not None and highwater > hi:
+                    hi = highwater
+                    low = max(low, hi - self.window)
             for msg in records:
-                if msg.offset >= hi or msg.key != key:
+                if not low <= msg.offset < hi or msg.key != key:
                     continue
                 try:
-                    entries = decode_log(msg.value or b"")
+                    decoded = decode_log(msg.value or b"")
                 except ValidationError:
                     log.error(
                         "delivery_log_undecodable", partition=msg.partition, offset=msg.offset
                     )
                     continue
-                found.entries.extend(
+                entries.extend(
                     ((msg.offset, i), e)
-                    for i, e in enumerate(entries)
+                    for i, e in enumerate(decoded)
                     if e.endpoint_id == endpoint_id
                 )
         self.scans += 1
         self.records_read += read
-        return found
+        return LogSlice(tp.partition, low, hi, entries)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,7 @@ from worker.api.webhooks.delivery_routes import (
 from worker.api.webhooks.guard import Handler, guarded
 from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota, ScanTurns
 from worker.api.webhooks.replay import ReplayRunner
-from worker.api.webhooks.sends import DeliverySends, SendBudget
+from worker.api.webhooks.sends import SENDS_PER_MINUTE, DeliverySends, SendBudget
 from worker.api.webhooks.urls import url_form_allowed, url_rule_text
 from worker.contract.catalogue import ServiceError
 from worker.engine.tail import TopicTail
@@ -125,6 +125,7 @@ class WebhookRoutes:
         limits: EndpointLimits | None = None,
         endpoints_per_workspace: int = 16,
         metrics: ApiMetrics | None = None,
+        sends_per_minute: int = SENDS_PER_MINUTE,
     ) -> None:
         self.clients = clients
         self.admitted_workspace = admitted_workspace
@@ -145,7 +146,7 @@ class WebhookRoutes:
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.scans = ScanTurns()
         self.delivery_log = DeliveryRoutes(
-            endpoint_of=self.endpoint_of, scans=self.scans, budget=SendBudget()
+            endpoint_of=self.endpoint_of, scans=self.scans, budget=SendBudget(sends_per_minute)
         )
 
     def routes(self) -> list[Route]:

@@ -16,17 +16,18 @@ from typing import Any, Final, Literal
 from worker.api.request_rate import RateLimiter
 from worker.api.webhooks.quotas import TOO_MANY, Refused
 from worker.contract.catalogue import ServiceError
+from worker.contract.messages import rfc3339
 from worker.engine.outage import BrokerHealth, acknowledged, enqueue
+from worker.webhooks.delivery import webhook_id
 from worker.webhooks.endpoints import EndpointRecord
 from worker.webhooks.events import EventCopy
-from worker.webhooks.publish import Replay
+from worker.webhooks.publish import DeliveryLogEntry, Replay
 
 SENDS: Final = "webhook_sends"
 """The ``quota`` label of a refused resend or test send."""
 SENDS_PER_MINUTE: Final = 30
-"""Resends and test sends a workspace may queue per minute on one front-end (a burst of
-``SENDS_BURST``)."""
-SENDS_BURST: Final = 10
+"""``WEBHOOK_SENDS_PER_MINUTE`` by default: resends and test sends a workspace may queue per
+minute on one front-end, a burst of a third of it."""
 
 
 def new_send_id(kind: Literal["resend", "test"]) -> str:
@@ -37,25 +38,28 @@ def new_send_id(kind: Literal["resend", "test"]) -> str:
 
 class SendBudget:
     """Resends and test sends per workspace: a token bucket each (``RateLimiter``, bounded
-    memory), refused with 429 ``rate_limited`` and ``Retry-After`` past it."""
+    memory), refused with 429 ``rate_limited`` and ``Retry-After`` past it; ``per_minute``
+    0 admits every send."""
 
     def __init__(
-        self,
-        per_minute: int = SENDS_PER_MINUTE,
-        burst: int = SENDS_BURST,
-        *,
-        clock: Callable[[], float] = time.monotonic,
+        self, per_minute: int = SENDS_PER_MINUTE, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.limiter = RateLimiter(per_minute / 60.0, burst, clock=clock)
+        self.per_minute = per_minute
+        self.burst = max(1, per_minute // 3)
+        self.limiter = (
+            RateLimiter(per_minute / 60.0, self.burst, clock=clock) if per_minute > 0 else None
+        )
 
     def spend(self, workspace_id: str) -> None:
+        if self.limiter is None:
+            return
         wait = self.limiter.take(workspace_id)
         if wait > 0:
             raise Refused(
                 SENDS,
                 ServiceError.of(
                     TOO_MANY,
-                    f"The workspace queued its {SENDS_PER_MINUTE} resends and test sends of"
+                    f"The workspace queued its {self.per_minute} resends and test sends of"
                     " this minute; retry after Retry-After seconds. Nothing was queued.",
                 ),
                 max(1, int(wait + 0.999)),
@@ -63,14 +67,49 @@ class SendBudget:
 
 
 class DeliverySends:
-    """Puts one delivery on the replay topic and waits for the broker's ack."""
+    """Puts one delivery on the replay topic, its ``pending`` entry on the delivery log first,
+    and waits for the broker's acks: the answer's ``delivery_id`` can be read at once, and the
+    dispatcher's entries, written after it, are the later ones. (A replay record that then
+    fails to be written leaves that entry pending; the answer says the outcome is unknown.)"""
 
-    def __init__(self, producer: Any, topic: str, *, health: BrokerHealth | None = None) -> None:
+    def __init__(
+        self,
+        producer: Any,
+        topic: str,
+        *,
+        log_topic: str,
+        health: BrokerHealth | None = None,
+    ) -> None:
         self._producer = producer
         self._topic = topic
+        self._log_topic = log_topic
         self._health = health or BrokerHealth()
 
     async def queue(self, endpoint: EndpointRecord, copy: EventCopy, send_id: str) -> None:
+        now = rfc3339(time.time())
+        entry = DeliveryLogEntry(
+            webhook_id=webhook_id(copy.event_id, endpoint.id),
+            endpoint_id=endpoint.id,
+            workspace_id=endpoint.workspace_id,
+            account_id=copy.account_id,
+            event_type=copy.event_type,
+            event_id=copy.event_id,
+            version=copy.version,
+            attempts=0,
+            state="pending",
+            next_attempt_at=now,
+            updated_at=now,
+            replay=send_id,
+            body=copy.body,
+            occurred_at=copy.occurred_at,
+        )
+        logged = await enqueue(
+            self._producer,
+            self._log_topic,
+            entry.model_dump_json().encode(),
+            key=endpoint.id.encode(),
+        )
+        await acknowledged(self._producer, self._health, [logged])
         replay = Replay(
             replay_id=send_id,
             endpoint_id=endpoint.id,

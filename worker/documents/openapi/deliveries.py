@@ -16,7 +16,7 @@ from worker.api.webhooks.delivery_log import CURSOR_MAX_CHARS, PAGE_DEFAULT, PAG
 from worker.api.webhooks.delivery_routes import WEBHOOK_DELIVERY, WEBHOOK_RESEND, WEBHOOK_TEST
 from worker.api.webhooks.quotas import TOO_MANY
 from worker.api.webhooks.routes import WEBHOOK_DELIVERIES
-from worker.api.webhooks.sends import SENDS_BURST, SENDS_PER_MINUTE
+from worker.api.webhooks.sends import SENDS_PER_MINUTE
 from worker.contract.messages import ID_PATTERN
 from worker.documents.openapi.parts import (
     EMPTY_BODY,
@@ -62,9 +62,9 @@ _SCAN_BUSY: Final = Failure(
 )
 _SENDS: Final = Failure(
     TOO_MANY,
-    f"The workspace queued its {SENDS_PER_MINUTE} resends and test sends of the minute on this"
-    f" front-end (a burst of {SENDS_BURST}); nothing was queued, retry after `Retry-After`"
-    " seconds.",
+    "The workspace queued its `WEBHOOK_SENDS_PER_MINUTE` resends and test sends (default"
+    f" {SENDS_PER_MINUTE}, a burst of a third of it) of the minute on this front-end; nothing"
+    " was queued, retry after `Retry-After` seconds.",
 )
 _DELIVERY_ID: Final = {
     "name": "delivery_id",
