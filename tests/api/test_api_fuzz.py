@@ -6,8 +6,8 @@ method the document does not declare on each path), fuzzing (valid and invalid r
 the stateful phase, which follows the document's links (create an endpoint, then get, change,
 rotate, replay, delete it; send it a test, read the log and the delivery, resend it). It sends
 over loopback HTTP to the app served by uvicorn in this event loop, backed by the real broker,
-worker and provider simulator. A 5xx, a status or header the document does not state, a schema-
-valid body refused, an invalid one accepted, a missing key not answered 401, an undeclared
+worker and provider simulator. A 5xx, a status or header the document does not state, a
+schema-valid body refused, an invalid one accepted, a missing key not answered 401, an undeclared
 method not answered 405 with ``Allow``, a deleted endpoint still served: all fail the test. The
 configuration (``tests/api/schemathesis.toml``, shared with the long run against ``make run``)
 switches off one check for one method, with its reason: ``use_after_free`` for ``OPTIONS``,
@@ -16,10 +16,10 @@ which answers for the route, not the endpoint.
 The front-end is configured as ``make run`` is, where that matters to the contract: no
 per-workspace rate limit (it would answer the fuzzer 429, documented but testing nothing), and
 private webhook targets allowed (the address policy is the one rule the document states in
-words, not in the ``pattern``; the committed document is the production one, ``https`` only,
-so ``http`` stays refused). The resend and test-send budget is off (429 again). The endpoint
-quota is raised so that the fuzzing phase's creates do
-not leave the stateful phase nothing to create; writes stay bounded by the example count.
+words, not in the ``pattern``; the committed document is the production one, ``https`` only, so
+``http`` stays refused). The resend and test-send budget is off (429 again). The endpoint quota
+is raised so that the fuzzing phase's creates do not leave the stateful phase nothing to
+create; writes stay bounded by the example count.
 
 Bounded: ``API_FUZZ_MAX_EXAMPLES`` (default 15) cases per operation and phase, and a wall-clock
 cap on the subprocess; ``API_FUZZ_MAX_TIME_S`` (unset by default) makes it a timed run instead,
