@@ -11,9 +11,7 @@ records, whatever the page."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, Literal
@@ -136,7 +134,9 @@ class Filters:
 @dataclass(frozen=True, slots=True)
 class Cursor:
     """Where the next page starts: the slice (``partition``, ``[lo, hi)``) and the position
-    of the last delivery shown."""
+    of the last delivery shown. Written ``c1.<partition>.<lo>.<hi>.<offset>.<index>``: opaque
+    to callers, and any value of that form is read (``CURSOR_PATTERN``), clamped to what a
+    page may read."""
 
     partition: int
     lo: int
@@ -144,10 +144,11 @@ class Cursor:
     before: Position
 
     def encode(self) -> str:
-        raw = json.dumps(
-            [1, self.partition, self.lo, self.hi, *self.before], separators=(",", ":")
-        ).encode()
-        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        return ".".join(("c1", *(str(n) for n in (self.partition, self.lo, self.hi, *self.before))))
+
+
+CURSOR_PATTERN: Final = r"^c1(\.[0-9]{1,18}){5}$"
+_CURSOR: Final = re.compile(CURSOR_PATTERN.replace("^", "").replace("$", ""))
 
 
 def bad_cursor() -> ServiceError:
@@ -158,26 +159,13 @@ def bad_cursor() -> ServiceError:
 
 
 def decode_cursor(text: str, *, window: int) -> Cursor:
-    """A cursor this route answered; raises ``ServiceError`` (400) for anything else,
-    including a slice wider than the scan's window (a forged cursor must not buy a longer
-    scan)."""
-    if not text or len(text) > CURSOR_MAX_CHARS:
+    """A cursor of the form this route answers, its slice clamped to at most ``window``
+    records ending at its ``hi`` (a forged cursor cannot buy a longer scan, and reads at worst
+    an empty page); raises ``ServiceError`` (400) for anything not of that form."""
+    if len(text) > CURSOR_MAX_CHARS or _CURSOR.fullmatch(text) is None:
         raise bad_cursor()
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        value = json.loads(raw)
-    except (binascii.Error, ValueError):
-        raise bad_cursor() from None
-    if (
-        not isinstance(value, list)
-        or len(value) != 6
-        or value[0] != 1
-        or not all(type(v) is int and 0 <= v < 2**62 for v in value[1:])
-    ):
-        raise bad_cursor()
-    _, partition, lo, hi, offset, index = value
-    if not lo <= hi or hi - lo > window or not lo <= offset <= hi:
-        raise bad_cursor()
+    partition, lo, hi, offset, index = (int(n) for n in text.split(".")[1:])
+    lo = min(max(lo, hi - window), hi)
     return Cursor(partition, lo, hi, (offset, index))
 
 
@@ -201,6 +189,7 @@ def find(found: LogSlice, wanted: str) -> Delivery | None:
 
 
 __all__ = [
+    "CURSOR_PATTERN",
     "PAGE_DEFAULT",
     "PAGE_MAX",
     "STATUSES",

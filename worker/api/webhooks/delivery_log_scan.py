@@ -205,7 +205,8 @@ class DeliveryLogScan:
         """``read``'s scan. Without ``upto`` the end is the high-water mark of the first
         fetch's answer when that is further than ``end_offsets`` said (the embedded broker
         answers the start of its last batch there), and the start follows it, so a slice
-        is never wider than ``window``; with ``upto`` (a cursor's) the slice is as given."""
+        is never wider than ``window``; with ``upto`` (a cursor's) the slice is as given,
+        read within the same budget of records whatever it says."""
         key = endpoint_id.encode()
         tp = await self._partition(consumer, key, deadline)
         consumer.assign([tp])
@@ -231,6 +232,8 @@ class DeliveryLogScan:
             records = batch.get(tp, ())
             read += len(records)
             idle = 0 if records else idle + 1  # a gap the broker never fills: stop
+            if read > self.window + self._max_records:
+                break  # a cursor's end past the partition's: no more than a page's budget
             if not learned:
                 learned = True
                 highwater = consumer.highwater(tp)

@@ -34,7 +34,6 @@ from worker.api.webhooks.delivery_log import (
     STATUSES,
     Delivery,
     Filters,
-    bad_cursor,
     decode_cursor,
     find,
     page,
@@ -139,8 +138,6 @@ class DeliveryRoutes:
             upto=None if cursor is None else cursor.hi,
             lo=None if cursor is None else cursor.lo,
         )
-        if cursor is not None and found.partition != cursor.partition:
-            raise bad_cursor()
         shown, following = page(
             found, filters, before=None if cursor is None else cursor.before, limit=limit
         )

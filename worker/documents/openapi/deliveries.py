@@ -12,7 +12,13 @@ from worker.api.webhooks.delivery_bodies import (
     QueuedResponse,
     TestSendBody,
 )
-from worker.api.webhooks.delivery_log import CURSOR_MAX_CHARS, PAGE_DEFAULT, PAGE_MAX, STATUSES
+from worker.api.webhooks.delivery_log import (
+    CURSOR_MAX_CHARS,
+    CURSOR_PATTERN,
+    PAGE_DEFAULT,
+    PAGE_MAX,
+    STATUSES,
+)
 from worker.api.webhooks.delivery_routes import WEBHOOK_DELIVERY, WEBHOOK_RESEND, WEBHOOK_TEST
 from worker.api.webhooks.quotas import TOO_MANY
 from worker.api.webhooks.routes import WEBHOOK_DELIVERIES
@@ -121,7 +127,7 @@ _LIST_PARAMETERS: Final = (
     _query(
         "cursor",
         "The `next_cursor` of the previous page; absent for the first page.",
-        {"type": "string", "minLength": 1, "maxLength": CURSOR_MAX_CHARS},
+        {"type": "string", "pattern": CURSOR_PATTERN, "maxLength": CURSOR_MAX_CHARS},
     ),
 )
 
@@ -185,14 +191,14 @@ def delivery_paths() -> dict[str, Any]:
             "get_webhook_endpoint_failed",
             bad_request="Malformed `endpoint_id`, a malformed query parameter (`status` not"
             f" one of its values, `limit` not 1 to {PAGE_MAX}, a date-time that is not RFC"
-            " 3339), or a `cursor` this route did not answer.",
+            " 3339), or a `cursor` not of the form this route answers.",
         ),
         _SCAN_BUSY,
     )
     page_example = {
         "request_id": _RID,
         "data": [_EXAMPLE_DELIVERY],
-        "next_cursor": "WzEsMCwwLDUwMDAsNDIsMF0",
+        "next_cursor": "c1.0.0.5000.4213.0",
     }
     detail_example = {
         "request_id": _RID,
