@@ -1,13 +1,8 @@
 """The delivery log as an integrator reads it: an endpoint's entries of one slice of its log
 partition (``worker.api.webhooks.delivery_log_scan.LogSlice``) grouped into deliveries, filtered
-and paged by an opaque cursor (docs/architecture.md, "The delivery log an integrator reads").
-
-A cursor pins the slice its first page read (partition, ``[lo, hi)``) and the position of the
-last delivery shown. Every page of one cursor's chain reads that same slice, so entries
-appended meanwhile are not seen and a delivery keeps the position of its first entry in the
-slice: pages never repeat or skip a delivery while new ones arrive. A fresh first page (no
-cursor) sees them. A page costs one bounded scan of at most ``WEBHOOK_DELIVERIES_SCAN_RECORDS``
-records, whatever the page."""
+and paged by a cursor that pins the slice its first page read, so pages of one cursor neither
+repeat nor skip a delivery while new ones arrive (docs/architecture.md, "The delivery log an
+integrator reads")."""
 
 from __future__ import annotations
 
