@@ -441,8 +441,9 @@ class Settings(BaseSettings):
         default=30,
         ge=0,
         le=100_000,
-        description="Resends and test sends a workspace may queue per minute per front-end "
-        "process (a burst of a third of it, at least 1); past it 429 rate_limited. 0: no limit.",
+        description="Resends and test sends a workspace may queue per minute, shared out over "
+        "the live front-end replicas (a burst of a third of it, at least 1); past it 429 "
+        "rate_limited. 0: no limit.",
     )
     webhook_replay_max_queued: int = Field(
         default=8, ge=0, description="Replays waiting for a slot per front-end process."

@@ -165,6 +165,7 @@ def build_app(
         endpoints_per_workspace=settings.webhook_endpoints_per_workspace,
         metrics=metrics,
         sends_per_minute=settings.webhook_sends_per_minute,
+        replicas=None if presence is None else presence.live,
     )
     if webhooks is not None:
         replays = webhooks.replays

@@ -126,6 +126,7 @@ class WebhookRoutes:
         endpoints_per_workspace: int = 16,
         metrics: ApiMetrics | None = None,
         sends_per_minute: int = SENDS_PER_MINUTE,
+        replicas: Callable[[], int] | None = None,
     ) -> None:
         self.clients = clients
         self.admitted_workspace = admitted_workspace
@@ -146,7 +147,9 @@ class WebhookRoutes:
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.scans = ScanTurns()
         self.delivery_log = DeliveryRoutes(
-            endpoint_of=self.endpoint_of, scans=self.scans, budget=SendBudget(sends_per_minute)
+            endpoint_of=self.endpoint_of,
+            scans=self.scans,
+            budget=SendBudget(sends_per_minute, replicas=replicas),
         )
 
     def routes(self) -> list[Route]:

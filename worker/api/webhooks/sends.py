@@ -39,15 +39,22 @@ def new_send_id(kind: Literal["resend", "test"]) -> str:
 class SendBudget:
     """Resends and test sends per workspace: a token bucket each (``RateLimiter``, bounded
     memory), refused with 429 ``rate_limited`` and ``Retry-After`` past it; ``per_minute``
-    0 admits every send."""
+    0 admits every send. With ``replicas`` (the live front-ends, ``worker.api.presence``)
+    each process takes its share, so the budget holds across replicas."""
 
     def __init__(
-        self, per_minute: int = SENDS_PER_MINUTE, *, clock: Callable[[], float] = time.monotonic
+        self,
+        per_minute: int = SENDS_PER_MINUTE,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        replicas: Callable[[], int] | None = None,
     ) -> None:
         self.per_minute = per_minute
         self.burst = max(1, per_minute // 3)
         self.limiter = (
-            RateLimiter(per_minute / 60.0, self.burst, clock=clock) if per_minute > 0 else None
+            RateLimiter(per_minute / 60.0, self.burst, clock=clock, replicas=replicas)
+            if per_minute > 0
+            else None
         )
 
     def spend(self, workspace_id: str) -> None:

@@ -69,8 +69,8 @@ _SCAN_BUSY: Final = Failure(
 _SENDS: Final = Failure(
     TOO_MANY,
     "The workspace queued its `WEBHOOK_SENDS_PER_MINUTE` resends and test sends (default"
-    f" {SENDS_PER_MINUTE}, a burst of a third of it) of the minute on this front-end; nothing"
-    " was queued, retry after `Retry-After` seconds.",
+    f" {SENDS_PER_MINUTE}, a burst of a third of it) of the minute, across the live"
+    " front-ends; nothing was queued, retry after `Retry-After` seconds.",
 )
 _DELIVERY_ID: Final = {
     "name": "delivery_id",
