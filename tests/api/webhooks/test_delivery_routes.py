@@ -15,9 +15,11 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema_rs
 import pytest
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook
@@ -41,6 +43,7 @@ from worker.webhooks.secrets_box import generate_key
 pytestmark = pytest.mark.integration
 
 ENDPOINTS = "/v1/webhook-endpoints"
+ASYNCAPI = Path(__file__).resolve().parents[3] / "schemas" / "asyncapi.json"
 HOSTILE = b"<script>alert(1)</script>\xff\xfe\x00" + b"B" * 2000
 
 
@@ -169,8 +172,14 @@ async def test_a_test_send_arrives_signed_shows_in_the_log_and_a_resend_repeats_
         assert first.verified and first.webhook_id == queued["webhook_id"]
         body = json.loads(first.raw)
         assert body["test"] is True and body["type"] == EVENT_STATUS_CHANGED
-        # ``data`` is the published event: the real event model reads it back
+        # ``data`` is the published event: the real event model reads it back, and the
+        # whole body, test marker included, is valid against the published schema
         AuthStatusChanged.model_validate(body["data"])
+        published = json.loads(ASYNCAPI.read_text())
+        jsonschema_rs.validate(
+            {"$ref": "#/components/schemas/WebhookBody", "components": published["components"]},
+            body,
+        )
 
         path = f"{one}/deliveries/{queued['delivery_id']}"
         detail = await delivery_when(http, path, lambda d: d["status"] == "succeeded")
