@@ -9,7 +9,7 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 DEV_STAMP     := $(VENV)/.installed-dev
 SOURCES := worker devstack bench tests
 
-.PHONY: run test test-fast lint fmt schemas lock bench clean help
+.PHONY: run test test-fast lint fmt schemas lock bench clean help portal-screenshot
 
 help:
 	@echo "make run      start the whole stack (broker, simulator, worker, front-end)"
@@ -19,6 +19,7 @@ help:
 	@echo "make schemas  re-export schemas/ and docs/ (JSON Schemas, catalogue, OpenAPI, flow)"
 	@echo "make bench    throughput/latency benchmark (bench/results.json)"
 	@echo "make lock     re-resolve both locks from pyproject.toml"
+	@echo "make portal-screenshot  refresh docs/portal.png from the portal browser test"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +61,11 @@ fmt: $(DEV_STAMP)
 
 schemas: $(DEV_STAMP)
 	$(BIN)/python -m worker schemas
+
+# docs/portal.png (the README's): the portal's first browser test, with the screenshot kept.
+portal-screenshot: $(DEV_STAMP)
+	PORTAL_SCREENSHOT=docs/portal.png $(BIN)/python -m pytest -p no:xdist -q \
+		"tests/portal/test_portal_browser.py::test_make_run_prints_a_portal_url_that_shows_the_endpoint_and_its_deliveries"
 
 bench: $(DEV_STAMP)
 	$(BIN)/python -m bench

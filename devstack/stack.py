@@ -218,7 +218,7 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
         if not stop.is_set():
             accounts = demo_account_refs(demo_accounts)
             await register_accounts(settings, DEV_WORKSPACE, accounts)
-            _banner(settings, accounts, endpoint_id)
+            _banner(settings, accounts, endpoint_id, await portal_url(settings))
         while not stop.is_set():
             supervise(components, time.monotonic())
             await asyncio.sleep(0.25)
@@ -313,6 +313,24 @@ async def create_demo_endpoint(settings: DevSettings) -> tuple[str, str]:
     return record.id, secret
 
 
+async def portal_url(settings: DevSettings) -> str:
+    """A portal session URL for the demo workspace, asked of the front-end with the dev key
+    (``POST /v1/portal-sessions``, as an integrator's backend would), or why there is none."""
+    url = f"http://{settings.api_host}:{settings.api_port}/v1/portal-sessions"
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.post(url, headers={"X-Api-Key": DEV_KEY}) as response,
+        ):
+            body = await response.json(content_type=None)
+            if response.status != 201:
+                return f"not available (HTTP {response.status}: {body['error']['code']})"
+            portal: str = body["data"]["url"]
+            return portal
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+        return f"not available ({type(exc).__name__})"
+
+
 def _traces_line() -> list[str]:
     """One banner line when OTEL_* sends traces somewhere (the children inherit it)."""
     try:
@@ -324,7 +342,9 @@ def _traces_line() -> list[str]:
     return [f"  traces            {', '.join(targets)} (OTEL_* of this shell)"]
 
 
-def _banner(settings: DevSettings, accounts: list[tuple[str, str]], endpoint_id: str) -> None:
+def _banner(
+    settings: DevSettings, accounts: list[tuple[str, str]], endpoint_id: str, portal: str
+) -> None:
     base = f"http://{settings.api_host}:{settings.api_port}"
     first = accounts[0][0]
     lines = [
@@ -342,6 +362,8 @@ def _banner(settings: DevSettings, accounts: list[tuple[str, str]], endpoint_id:
         f"{settings.webhook_metrics_port}/metrics; demo endpoint {endpoint_id} ->"
         f" http://{settings.receiver_host}:{settings.receiver_port}/webhooks"
         " (each delivery is printed below)",
+        f"  webhook portal    {portal}",
+        "                    (the demo workspace's portal for 1 h; the link is its password)",
         "",
         "try a flow:",
         f"  curl -s -X POST -H 'X-Api-Key: {DEV_KEY}' "

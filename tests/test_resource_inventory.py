@@ -93,6 +93,9 @@ GROWING_TYPES = frozenset(
 NOT_GROWN: dict[str, str] = {
     # -- constants and registries built at import or start-up, never added to afterwards --
     "api/keys_cli.py:_UNIT_S": "constant: the CLI's time units",
+    "api/portal/page.py:PAGE_FILES": "constant: the portal page's three files",
+    "api/portal/page.py:_HEADERS": "constant: the portal page's response headers",
+    "documents/openapi/portal.py:PORTAL_SCHEME": "constant: the portal's security scheme",
     "api/routes.py:EXCEPTION_HANDLERS": "constant: Starlette's exception handlers",
     "api/middleware.py:FrontDoor._takes": "built at start-up from the app's fixed routes",
     "api/middleware.py:FrontDoor._allow": "built at start-up from the app's fixed routes",

@@ -390,6 +390,18 @@ class Settings(BaseSettings):
     api_rate_limit_burst: int = Field(
         default=200, ge=1, description="Per-workspace bucket size: requests allowed at once."
     )
+    api_portal_secret: SecretStr | None = Field(
+        default=None,
+        description="Secret the portal session tokens' signing key is derived from (the same on "
+        "every front-end replica). Unset: derived from WEBHOOK_SECRETS_KEY; neither: no portal.",
+    )
+    api_portal_session_ttl_s: float = Field(
+        default=3600.0,
+        ge=60,
+        le=86_400,
+        description="How long a portal session lasts unless the request asks for less "
+        "(at most 24 h).",
+    )
 
     # --- webhooks ------------------------------------------------------------------------
     webhook_secrets_key: SecretStr | None = Field(

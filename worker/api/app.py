@@ -20,6 +20,9 @@ from worker.api.cors import CorsPolicy
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics, ReplyReaderSeries
 from worker.api.middleware import FrontDoor
+from worker.api.portal.page import page_routes
+from worker.api.portal.sessions import PORTAL_SESSIONS, PortalSessions
+from worker.api.portal.tokens import PortalTokens
 from worker.api.presence import Presence
 from worker.api.replies import ReplyRouter
 from worker.api.request_rate import RateLimiter
@@ -113,6 +116,14 @@ def rate_limiter(settings: Settings, presence: Presence | None = None) -> RateLi
     )
 
 
+def portal_tokens(settings: Settings) -> PortalTokens | None:
+    """The portal session tokens' signer: from ``API_PORTAL_SECRET``, else from
+    ``WEBHOOK_SECRETS_KEY`` (each replica has it already; the derivation's label keeps the
+    two uses apart), else ``None`` (no portal)."""
+    secret = settings.api_portal_secret or settings.webhook_secrets_key
+    return None if secret is None else PortalTokens(secret.get_secret_value())
+
+
 def build_app(
     settings: Settings,
     *,
@@ -149,6 +160,7 @@ def build_app(
         broker=broker,
         rate_limiter=rate_limiter(settings, presence),
         presence=presence,
+        portal=portal_tokens(settings),
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
     limits = EndpointLimits.of(settings)
@@ -171,9 +183,16 @@ def build_app(
         replays = webhooks.replays
         metrics.replays_in_flight.set_function(lambda: float(replays.active))
     probes = Probes(registry, health=api.health, readiness=api.readiness)
+    sessions = PortalSessions(
+        admitted_workspace=api.admitted_workspace,
+        tokens=api.portal,
+        ttl_s=settings.api_portal_session_ttl_s,
+    )
     routes = [
         *api.routes(),
         *hooks.routes(),
+        *sessions.routes(),
+        *page_routes(),
         *probes.health_routes(),
         *(documents(limits, policy) if documents is not None else ()),
     ]
@@ -182,7 +201,7 @@ def build_app(
         metrics=metrics,
         cors=CorsPolicy(frozenset(settings.api_cors_origins)),
         routes=routes,
-        preflight_routes=(*API_ROUTES, *WEBHOOK_ROUTES),
+        preflight_routes=(*API_ROUTES, *WEBHOOK_ROUTES, PORTAL_SESSIONS),
         body_timeout_s=settings.api_body_timeout_s,
         direct_routes=API_ROUTES,
         on_service_error=on_service_error,

@@ -145,6 +145,11 @@ class KeyStore:
 
     def resolve(self, raw_key: str) -> str | None:
         """The workspace id of an active, unexpired key, else ``None``."""
+        entry = self.resolve_entry(raw_key)
+        return None if entry is None else entry.workspace_id
+
+    def resolve_entry(self, raw_key: str) -> KeyEntry | None:
+        """The entry of an active, unexpired key, else ``None`` (as ``resolve``)."""
         self._maybe_reload()
         if not raw_key or len(raw_key) > MAX_KEY_LENGTH:
             return None
@@ -157,7 +162,17 @@ class KeyStore:
             return None
         now = self._clock()
         self._last_used[found.key_id] = now
-        return found.workspace_id if found.valid_at(now) else None
+        return found if found.valid_at(now) else None
+
+    def key_in_force(self, key_id: str, workspace_id: str) -> bool:
+        """Whether the key ``key_id`` of ``workspace_id`` is still in the file, active and
+        unexpired: a portal session minted by it lives no longer than the key does."""
+        self._maybe_reload()
+        now = self._clock()
+        return any(
+            e.key_id == key_id and e.workspace_id == workspace_id and e.valid_at(now)
+            for e in self._entries
+        )
 
     def last_used(self) -> list[tuple[str, str, float]]:
         """``(key_id, workspace_id, unix time)`` of each stored key presented since start."""

@@ -130,6 +130,8 @@ class FrontDoor:
         request_id = _request_id(seen)
         scope.setdefault("state", {})["request_id"] = request_id
         template, params = self._match(scope["path"])
+        # The route's template: a portal session's scope is checked against it (routes.py).
+        scope["state"]["route"] = template
         method: str = scope["method"]
         reply = _Stamped(send, request_id, self.cors, self._cors_origin(method, seen))
         traced = template in self._traced_routes and method != "OPTIONS"

@@ -130,7 +130,6 @@ class ReplyRouter(TopicTail):
         self.behind_after_s = behind_after_s
         self._next_offset: dict[Any, int] = {}
         self._spread = max(1, spread)
-        self._turn = 0
         self._lagging_since: float | None = None
         self._reported_behind = False
         self._wanted = partition
@@ -161,14 +160,6 @@ class ReplyRouter(TopicTail):
         """The first partition this replica reads (once started)."""
         partition: int = self.partitions[0].partition
         return partition
-
-    def next_partition_index(self) -> int:
-        """Where the next command's reply goes, as an index into ``partitions``: this
-        replica's partitions in turn, so each holds 1/``spread`` of its replies (the embedded
-        broker's fetch cost grows with what a partition holds; docs/architecture.md, "The
-        embedded broker")."""
-        self._turn = (self._turn + 1) % len(self._tps)
-        return self._turn
 
     @property
     def ready(self) -> bool:

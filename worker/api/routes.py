@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -30,6 +31,7 @@ from worker.api.bodies import (
 from worker.api.ids import new_command_id
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
+from worker.api.portal.tokens import PortalTokens, in_portal_scope
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
 from worker.api.request_rate import RateLimited, RateLimiter
 from worker.contract.catalogue import ServiceError
@@ -104,6 +106,17 @@ def _header(request: Request, name: bytes) -> str | None:
     return None
 
 
+def _bearer(request: Request) -> str | None:
+    """The credential of an ``Authorization: Bearer`` header, else ``None``."""
+    raw = _header(request, b"authorization")
+    if raw is None:
+        return None
+    scheme, _, credential = raw.strip().partition(" ")
+    if scheme.lower() != "bearer" or not credential.strip():
+        return None
+    return credential.strip()
+
+
 def check_account_id(account_id: str) -> None:
     if not valid_id(account_id):
         raise ServiceError.of("invalid_request", f"Invalid path parameter: {ACCOUNT_ID_RULE}.")
@@ -176,8 +189,11 @@ class ApiRoutes:
         broker: BrokerHealth | None = None,
         rate_limiter: RateLimiter | None = None,
         presence: TopicTail | None = None,
+        portal: PortalTokens | None = None,
     ) -> None:
         self.producer = producer
+        #: Verifies portal session tokens (``None``: no portal secret, every token refused).
+        self.portal = portal
         self.rate_limiter = rate_limiter
         #: The replicas' presence (``worker.api.presence``): the rate limit's share needs it.
         self.presence = presence
@@ -192,18 +208,16 @@ class ApiRoutes:
         self._receive_span = f"receive {replies.topic}"
 
     @functools.cached_property
-    def _reply_headers(self) -> tuple[tuple[str, bytes], ...]:
-        """The ``reply-partition`` header of each of this replica's reply partitions (known
+    def _reply_headers(self) -> Iterator[tuple[str, bytes]]:
+        """The ``reply-partition`` header of each next command: this replica's reply
+        partitions in turn, so each holds 1/``API_REPLY_PARTITIONS`` of its replies (known
         once the router started)."""
-        return tuple((REPLY_PARTITION, b"%d" % tp.partition) for tp in self.replies.partitions)
+        partitions = [tp.partition for tp in self.replies.partitions] or [self.replies.partition]
+        return itertools.cycle([(REPLY_PARTITION, b"%d" % p) for p in partitions])
 
     def _reply_partition(self) -> tuple[str, bytes]:
-        """The ``reply-partition`` header of the next command: the replica's partitions in
-        turn."""
-        headers = self._reply_headers
-        if len(headers) == 1:
-            return headers[0]
-        return headers[self.replies.next_partition_index()]
+        """The ``reply-partition`` header of the next command."""
+        return next(self._reply_headers)
 
     def routes(self) -> list[Route]:
         return [
@@ -238,17 +252,36 @@ class ApiRoutes:
     # -- checks ------------------------------------------------------------------------------
 
     def authenticate(self, request: Request) -> str:
-        """The workspace of the request's API key: the workspace never comes from anywhere
-        else. 401 when the key is missing, unknown or disabled."""
+        """The workspace of the request's API key, or of its portal session token
+        (``Authorization: Bearer``, used only without ``X-Api-Key``): the workspace never
+        comes from anywhere else. 401 when the key is missing, unknown or disabled; a portal
+        token is checked as ``portal_workspace`` says. The key's id is kept in the request's
+        state (``key_id``) for the routes that need it (portal sessions)."""
         raw = _header(request, b"x-api-key")
         if raw is None or not raw.strip():
+            bearer = _bearer(request)
+            if bearer is not None:
+                return self.portal_workspace(request, bearer)
             raise ServiceError.of("missing_api_key", "The X-Api-Key request header is missing.")
-        workspace_id = self.keys.resolve(raw.strip())
-        if workspace_id is None:
+        entry = self.keys.resolve_entry(raw.strip())
+        if entry is None:
             raise ServiceError.of(
                 "invalid_api_key", "The API key is not recognised or has been disabled."
             )
-        return workspace_id
+        request.scope["state"]["key_id"] = entry.key_id
+        return entry.workspace_id
+
+    def portal_workspace(self, request: Request, token: str) -> str:
+        """The workspace of a portal session token: 401 ``portal_session_invalid`` unless it
+        is well formed, signed with this service's portal key, unexpired and its minting key
+        is still in force; then 403 ``portal_scope_forbidden`` unless the route (its template,
+        which ``FrontDoor`` put in the request's state) is in the portal's scope."""
+        claims = None if self.portal is None else self.portal.verify(token)
+        if claims is None or not self.keys.key_in_force(claims.key_id, claims.workspace_id):
+            raise ServiceError.of("portal_session_invalid")
+        if not in_portal_scope(request.method, request.scope["state"].get("route")):
+            raise ServiceError.of("portal_scope_forbidden")
+        return claims.workspace_id
 
     def admit(self, workspace_id: str) -> None:
         """Spend one of the workspace's requests from its rate (``worker.api.request_rate``);

@@ -336,6 +336,29 @@ EXTENSIONS: Final[tuple[CatalogueEntry, ...]] = (
         " another.",
         extension=True,
     ),
+    CatalogueEntry(
+        "portal_session_invalid",
+        90020,
+        401,
+        "The portal session token is malformed, expired, of another front-end's secret, or its"
+        " API key has been disabled or deleted; open a new portal session.",
+        extension=True,
+    ),
+    CatalogueEntry(
+        "portal_scope_forbidden",
+        90021,
+        403,
+        "A portal session may read endpoints, event types and deliveries, send tests, resend,"
+        " rotate a secret and deactivate or activate an endpoint; this route needs an API key.",
+        extension=True,
+    ),
+    CatalogueEntry(
+        "create_portal_session_failed",
+        90022,
+        500,
+        "Creating a portal session: the service has no portal secret configured.",
+        extension=True,
+    ),
 )
 
 PROVIDER_DETAIL_CODES: Final[frozenset[int]] = frozenset(

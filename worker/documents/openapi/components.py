@@ -8,6 +8,7 @@ from typing import Any, Final
 from pydantic import BaseModel, TypeAdapter
 
 from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
+from worker.api.portal.sessions import PortalSessionBody, PortalSessionResponse
 from worker.api.routes import ACCOUNT_ID_RULE
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
@@ -29,6 +30,7 @@ from worker.api.webhooks.routes import ENDPOINT_ID_RULE
 from worker.api.webhooks.urls import url_pattern
 from worker.contract.messages import Identifier
 from worker.documents.openapi.parts import REF
+from worker.documents.openapi.portal import PORTAL_SCHEME
 from worker.webhooks.targets import TargetPolicy
 
 _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
@@ -47,6 +49,8 @@ _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
     QueuedResponse,
     TestSendBody,
     ReplayAcceptedResponse,
+    PortalSessionBody,
+    PortalSessionResponse,
 )
 
 
@@ -97,7 +101,8 @@ def components(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, Any]:
                 "in": "header",
                 "name": "X-Api-Key",
                 "description": "Server-side workspace API key; selects the workspace.",
-            }
+            },
+            "PortalSession": PORTAL_SCHEME,
         },
         "headers": {
             "X-Request-Id": {

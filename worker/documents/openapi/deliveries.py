@@ -225,6 +225,7 @@ def delivery_paths() -> dict[str, Any]:
                     " The log covers the endpoint's recent deliveries (the last"
                     " `WEBHOOK_DELIVERIES_SCAN_RECORDS` records of its log partition).",
                     one_endpoint=True,
+                    portal=True,
                     ok_status="200",
                     ok=_links(
                         json_response(
@@ -246,6 +247,7 @@ def delivery_paths() -> dict[str, Any]:
                     "Its latest state, every attempt the log holds (time, status, latency,"
                     " the first bytes of the answer, the error kind) and the exact body sent.",
                     one_endpoint=True,
+                    portal=True,
                     ok_status="200",
                     ok=json_response(
                         "The delivery.", DeliveryDetailResponse, example=detail_example
@@ -272,6 +274,7 @@ def delivery_paths() -> dict[str, Any]:
                     " de-duplicate on the id), through the normal delivery path (signing with"
                     " the current secrets, retries, the log). Answers the new delivery's id.",
                     one_endpoint=True,
+                    portal=True,
                     ok_status="202",
                     ok=json_response("Queued.", QueuedResponse, example=_queued_example("resend")),
                     failures=(
@@ -300,6 +303,7 @@ def delivery_paths() -> dict[str, Any]:
                 " subscribes to, through the normal delivery path (the endpoint's gate,"
                 " signing, retries, the log). Its account is `acc_test_send`.",
                 one_endpoint=True,
+                portal=True,
                 ok_status="202",
                 ok=_links(
                     json_response("Queued.", QueuedResponse, example=_queued_example("test")),

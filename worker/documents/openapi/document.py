@@ -16,6 +16,7 @@ from worker.documents.openapi.components import components
 from worker.documents.openapi.deliveries import delivery_paths
 from worker.documents.openapi.endpoints import endpoint_paths
 from worker.documents.openapi.parts import with_allow
+from worker.documents.openapi.portal import portal_paths
 from worker.documents.openapi.probes import probe_paths
 from worker.documents.openapi.replays import replay_paths
 from worker.documents.openapi.signing_secrets import signing_secret_paths
@@ -64,6 +65,7 @@ def openapi_document(
         "tags": [
             {"name": "auth", "description": "Account authorization flow."},
             {"name": "webhooks", "description": "Webhook endpoints of the key's workspace."},
+            {"name": "portal", "description": "The webhook portal's sessions."},
             {"name": "cors", "description": "Browser preflights."},
             {
                 "name": "operations",
@@ -77,6 +79,7 @@ def openapi_document(
                 **signing_secret_paths(),
                 **delivery_paths(),
                 **replay_paths(),
+                **portal_paths(),
                 **probe_paths(),
             }
         ),

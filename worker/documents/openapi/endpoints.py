@@ -106,6 +106,7 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 "List the workspace's webhook endpoints",
                 "Oldest first; secrets are never listed.",
                 one_endpoint=False,
+                portal=True,
                 ok_status="200",
                 ok=json_response("The endpoints.", EndpointListResponse),
                 failures=webhook_failures(
@@ -120,6 +121,7 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 "A webhook endpoint",
                 "Its signing secret is not shown.",
                 one_endpoint=True,
+                portal=True,
                 ok_status="200",
                 ok=endpoint_answer(),
                 failures=webhook_failures(
@@ -162,6 +164,7 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 "`status` becomes `inactive`; events that occur meanwhile are not delivered"
                 " (replay them after activating).",
                 one_endpoint=True,
+                portal=True,
                 ok_status="200",
                 ok=endpoint_answer(),
                 failures=webhook_failures(
@@ -177,6 +180,7 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 "Resume deliveries to an endpoint",
                 "`status` becomes `active`, also after the dispatcher disabled it.",
                 one_endpoint=True,
+                portal=True,
                 ok_status="200",
                 ok=endpoint_answer(),
                 failures=webhook_failures(

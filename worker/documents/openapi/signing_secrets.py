@@ -31,6 +31,7 @@ def signing_secret_paths() -> dict[str, Any]:
                 " stops signing: at most two ever sign. `expire-previous-secret` ends the"
                 " overlap early.",
                 one_endpoint=True,
+                portal=True,
                 ok_status="200",
                 ok=endpoint_links(json_response(f"Rotated. {WITH_SECRET}", EndpointSecretResponse)),
                 failures=webhook_failures(

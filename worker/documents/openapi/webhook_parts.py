@@ -54,7 +54,10 @@ def webhook_operation(
     ok: dict[str, Any],
     failures: tuple[Failure, ...],
     body: dict[str, Any] | None = None,
+    portal: bool = False,
 ) -> dict[str, Any]:
+    """One webhook operation; ``portal``: a portal session token may call it too
+    (``worker.api.portal.tokens.PORTAL_SCOPE``)."""
     parameters = [
         *(({"$ref": "#/components/parameters/EndpointId"},) if one_endpoint else ()),
         {"$ref": "#/components/parameters/RequestId"},
@@ -64,7 +67,7 @@ def webhook_operation(
         "summary": summary,
         "description": description,
         "tags": ["webhooks"],
-        "security": [{"ApiKey": []}],
+        "security": [{"ApiKey": []}, *([{"PortalSession": []}] if portal else [])],
         "parameters": parameters,
     }
     if body is not None:

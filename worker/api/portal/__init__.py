@@ -1,0 +1,2 @@
+"""The webhook portal: scoped, stateless session tokens and the static page that uses them
+(docs/api.md, "The portal")."""
