@@ -328,10 +328,13 @@ def test_links_lead_from_a_test_send_to_its_delivery_and_its_resend() -> None:
     doc = openapi_document()
     test = doc["paths"][WEBHOOK_TEST]["post"]["responses"]["202"]["links"]
     listed = doc["paths"][WEBHOOK_DELIVERIES]["get"]["responses"]["200"]["links"]
-    for links, pointer in ((test, "/data/delivery_id"), (listed, "/data/0/delivery_id")):
+    for links, pointer, endpoint in (
+        (test, "/data/delivery_id", "$response.body#/data/endpoint_id"),
+        (listed, "/data/0/delivery_id", "$request.path.endpoint_id"),
+    ):
         assert links["GetWebhookDelivery"]["operationId"] == "getWebhookDelivery"
         assert links["ResendWebhookDelivery"]["parameters"] == {
-            "endpoint_id": "$request.path.endpoint_id",
+            "endpoint_id": endpoint,
             "delivery_id": f"$response.body#{pointer}",
         }
         assert links["ListWebhookDeliveries"]["operationId"] == "listWebhookDeliveries"

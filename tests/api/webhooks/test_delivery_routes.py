@@ -511,3 +511,29 @@ async def test_sends_are_bounded_per_workspace_and_the_other_workspace_still_sen
         assert int(refused.headers["retry-after"]) >= 1
         other = await http.post(f"{ENDPOINTS}/{theirs}/test", json=body, headers=headers(KEY_B))
         assert other.status_code == 202, other.text
+
+
+async def test_a_queued_send_is_in_the_log_when_it_is_answered(
+    hook_settings: Callable[..., Settings],
+) -> None:
+    """Read-your-writes: the answered ``delivery_id`` reads at once (its pending entry is
+    acknowledged before the answer), again and again, also as the log's newest record."""
+    settings = hook_settings()
+    async with running_api(settings) as api, httpx.AsyncClient(base_url=api.url) as http:
+        one = f"{ENDPOINTS}/{(await create(http, 'https://hooks.example.com/a'))['id']}"
+        for _ in range(5):
+            queued = data(
+                await http.post(f"{one}/test", json={"event_type": EVENT_ERROR}, headers=headers()),
+                202,
+            )
+            got = data(
+                await http.get(f"{one}/deliveries/{queued['delivery_id']}", headers=headers())
+            )
+            assert got["status"] == "pending" and got["attempts_detail"] == []
+            listed = data(await http.get(f"{one}/deliveries", headers=headers()))
+            assert listed[0]["delivery_id"] == queued["delivery_id"]
+            again = data(
+                await http.post(f"{one}/deliveries/{got['delivery_id']}/resend", headers=headers()),
+                202,
+            )
+            assert again["webhook_id"] == queued["webhook_id"]

@@ -145,12 +145,10 @@ def _with(operation: dict[str, Any], *parameters: dict[str, Any]) -> dict[str, A
     return operation
 
 
-def _links(response: dict[str, Any], *, pointer: str) -> dict[str, Any]:
-    """``response`` with links from the delivery at ``pointer`` to reading and resending it."""
-    parameters = {
-        "endpoint_id": "$request.path.endpoint_id",
-        "delivery_id": f"$response.body#{pointer}",
-    }
+def _links(response: dict[str, Any], *, pointer: str, endpoint: str) -> dict[str, Any]:
+    """``response`` with links from the delivery at ``pointer`` (of the endpoint at
+    ``endpoint``, a runtime expression) to reading and resending it."""
+    parameters = {"endpoint_id": endpoint, "delivery_id": f"$response.body#{pointer}"}
     return {
         **response,
         "links": {
@@ -161,7 +159,7 @@ def _links(response: dict[str, Any], *, pointer: str) -> dict[str, Any]:
             },
             "ListWebhookDeliveries": {
                 "operationId": "listWebhookDeliveries",
-                "parameters": {"endpoint_id": "$request.path.endpoint_id"},
+                "parameters": {"endpoint_id": endpoint},
             },
         },
     }
@@ -232,6 +230,7 @@ def delivery_paths() -> dict[str, Any]:
                             "One page of deliveries.", DeliveryPageResponse, example=page_example
                         ),
                         pointer="/data/0/delivery_id",
+                        endpoint="$request.path.endpoint_id",
                     ),
                     failures=read_failures,
                 ),
@@ -308,6 +307,7 @@ def delivery_paths() -> dict[str, Any]:
                 ok=_links(
                     json_response("Queued.", QueuedResponse, example=_queued_example("test")),
                     pointer="/data/delivery_id",
+                    endpoint="$response.body#/data/endpoint_id",
                 ),
                 failures=(
                     *webhook_failures(
