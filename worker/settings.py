@@ -456,6 +456,14 @@ class Settings(BaseSettings):
     webhook_replay_max_running: int = Field(
         default=2, ge=1, description="Replays running at once per front-end process."
     )
+    webhook_sends_per_minute: int = Field(
+        default=30,
+        ge=0,
+        le=100_000,
+        description="Resends and test sends a workspace may queue per minute, shared out over "
+        "the live front-end replicas (a burst of a third of it, at least 1); past it 429 "
+        "rate_limited. 0: no limit.",
+    )
     webhook_replay_max_queued: int = Field(
         default=8, ge=0, description="Replays waiting for a slot per front-end process."
     )

@@ -4,20 +4,22 @@ schemathesis' own runner (``schemathesis run``, in a subprocess) with every chec
 phase: the document's examples, coverage (boundary values, each required header missing, every
 method the document does not declare on each path), fuzzing (valid and invalid requests) and
 the stateful phase, which follows the document's links (create an endpoint, then get, change,
-rotate, replay, delete it). It sends over loopback HTTP to the app served by uvicorn in this
-event loop, backed by the real broker, worker and provider simulator. A 5xx, a status or
-header the document does not state, a schema-valid body refused, an invalid one accepted, a
-missing key not answered 401, an undeclared method not answered 405 with ``Allow``, a deleted
-endpoint still served: all fail the test. The configuration (``tests/api/schemathesis.toml``,
-shared with the long run against ``make run``) switches off one check for one method, with
-its reason: ``use_after_free`` for ``OPTIONS``, which answers for the route, not the endpoint.
+rotate, replay, delete it; send it a test, read the log and the delivery, resend it). It sends
+over loopback HTTP to the app served by uvicorn in this event loop, backed by the real broker,
+worker and provider simulator. A 5xx, a status or header the document does not state, a
+schema-valid body refused, an invalid one accepted, a missing key not answered 401, an undeclared
+method not answered 405 with ``Allow``, a deleted endpoint still served: all fail the test. The
+configuration (``tests/api/schemathesis.toml``, shared with the long run against ``make run``)
+switches off one check for one method, with its reason: ``use_after_free`` for ``OPTIONS``,
+which answers for the route, not the endpoint.
 
 The front-end is configured as ``make run`` is, where that matters to the contract: no
 per-workspace rate limit (it would answer the fuzzer 429, documented but testing nothing), and
 private webhook targets allowed (the address policy is the one rule the document states in
-words, not in the ``pattern``; the committed document is the production one, ``https`` only,
-so ``http`` stays refused). The endpoint quota is raised so that the fuzzing phase's creates do
-not leave the stateful phase nothing to create; writes stay bounded by the example count.
+words, not in the ``pattern``; the committed document is the production one, ``https`` only, so
+``http`` stays refused). The resend and test-send budget is off (429 again). The endpoint quota
+is raised so that the fuzzing phase's creates do not leave the stateful phase nothing to
+create; writes stay bounded by the example count.
 
 Bounded: ``API_FUZZ_MAX_EXAMPLES`` (default 15) cases per operation and phase, and a wall-clock
 cap on the subprocess; ``API_FUZZ_MAX_TIME_S`` (unset by default) makes it a timed run instead,
@@ -44,8 +46,9 @@ from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_A, register, running_api, running_worker
 from worker.api.event_types import EVENT_TYPES_PATH
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
+from worker.api.webhooks.delivery_routes import WEBHOOK_DELIVERY, WEBHOOK_RESEND, WEBHOOK_TEST
 from worker.api.webhooks.follow_routes import ACCOUNT_EVENTS, WEBHOOK_REPLAY_STATUS
-from worker.api.webhooks.routes import WEBHOOK_ENDPOINT, WEBHOOK_ENDPOINTS
+from worker.api.webhooks.routes import WEBHOOK_DELIVERIES, WEBHOOK_ENDPOINT, WEBHOOK_ENDPOINTS
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -140,6 +143,7 @@ async def test_schemathesis_with_every_check_and_phase_finds_nothing(
         webhook_secrets_key=generate_key(),
         webhook_allow_private_targets=True,
         webhook_endpoints_per_workspace=10_000,
+        webhook_sends_per_minute=0,
     )
     registry = CollectorRegistry()
     async with running_worker(settings), running_api(settings, registry=registry) as api:
@@ -190,6 +194,15 @@ async def test_schemathesis_with_every_check_and_phase_finds_nothing(
     # the new routes were reached: a replay's status through the replay's links
     assert answered[(WEBHOOK_REPLAY_STATUS, "GET", "200")] > 0
     assert sum(n for (route, _, _), n in answered.items() if route == ACCOUNT_EVENTS) > 0
+    # the delivery routes, reached through the links from a create: a test send, the log.
+    # (One delivery and its resend are linked from the test send too, but this seed's
+    # stateful phase does not reach them with the right endpoint: schemathesis answers
+    # them 404 only, "missing test data"; tests/api/webhooks/test_delivery_routes.py covers
+    # them on the same broker.)
+    assert answered[(WEBHOOK_TEST, "POST", "202")] > 0
+    assert answered[(WEBHOOK_DELIVERIES, "GET", "200")] > 0
+    assert answered[(WEBHOOK_DELIVERY, "GET", "404")] > 0
+    assert answered[(WEBHOOK_RESEND, "POST", "404")] > 0
 
 
 def test_the_committed_document_loads_with_its_links(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,15 +213,15 @@ def test_the_committed_document_loads_with_its_links(monkeypatch: pytest.MonkeyP
     config = schemathesis.Config.from_path(CONFIG)
     schema = schemathesis.openapi.from_path(COMMITTED, config=config)
     ops = [op.ok() for op in schema.get_all_operations() if isinstance(op, Ok)]
-    # 6 auth/probe operations, 11 webhook ones and their 8 preflights, the event catalogue and
-    # its preflight, a portal session and its preflight; a replay's status and cancel, an
-    # account's events and their 3 preflights
-    assert len(ops) == 35
+    # 6 auth/probe operations, 14 webhook ones and their 11 preflights, the event catalogue
+    # and its preflight, a portal session and its preflight; a replay's status and cancel,
+    # an account's events and their 3 preflights
+    assert len(ops) == 41
     create = next(op for op in ops if op.label == f"POST {WEBHOOK_ENDPOINTS}")
     links = create.definition.raw["responses"]["201"]["links"]
     targets = {link["operationId"] for link in links.values()}
     by_id = {op.definition.raw["operationId"] for op in ops}
-    assert targets <= by_id and len(targets) == 9
+    assert targets <= by_id and len(targets) == 10
     replay = next(op for op in ops if op.definition.raw["operationId"] == "replayWebhookEvents")
     followed = {
         link["operationId"] for link in replay.definition.raw["responses"]["202"]["links"].values()
@@ -217,6 +230,12 @@ def test_the_committed_document_loads_with_its_links(monkeypatch: pytest.MonkeyP
     events = next(op for op in ops if op.definition.raw["operationId"] == "listAccountEvents")
     accepted = schema.config.checks_config_for(operation=events, phase="fuzzing")
     assert "400" in accepted.positive_data_acceptance.expected_statuses
+    # create → test → the log → one delivery → resend (the issue's stateful chain)
+    test = next(op for op in ops if op.label == f"POST {WEBHOOK_TEST}")
+    chained = {
+        link["operationId"] for link in test.definition.raw["responses"]["202"]["links"].values()
+    }
+    assert chained == {"getWebhookDelivery", "resendWebhookDelivery", "listWebhookDeliveries"}
     for op in ops:
         for phase in (None, "coverage", "fuzzing", "stateful"):
             checks = schema.config.checks_config_for(operation=op, phase=phase)

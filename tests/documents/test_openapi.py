@@ -17,6 +17,7 @@ from worker.api.event_types import EVENT_TYPES_PATH
 from worker.api.methods import allow_value
 from worker.api.portal.tokens import in_portal_scope
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
+from worker.api.webhooks.delivery_routes import WEBHOOK_DELIVERY, WEBHOOK_RESEND, WEBHOOK_TEST
 from worker.api.webhooks.follow_routes import (
     ACCOUNT_EVENTS,
     FOLLOW_ROUTES,
@@ -195,6 +196,9 @@ WEBHOOK_PATHS = (
     WEBHOOK_EXPIRE_PREVIOUS,
     WEBHOOK_DELIVERIES,
     WEBHOOK_REPLAY,
+    WEBHOOK_DELIVERY,
+    WEBHOOK_RESEND,
+    WEBHOOK_TEST,
 )
 WEBHOOK_OPERATIONS = {
     f"POST {WEBHOOK_ENDPOINTS}": {"201", "400", "401", "409", "500"},
@@ -208,6 +212,9 @@ WEBHOOK_OPERATIONS = {
     f"POST {WEBHOOK_EXPIRE_PREVIOUS}": {"200", "400", "401", "404", "500"},
     f"GET {WEBHOOK_DELIVERIES}": {"200", "400", "401", "404", "500"},
     f"POST {WEBHOOK_REPLAY}": {"202", "400", "401", "404", "500"},
+    f"GET {WEBHOOK_DELIVERY}": {"200", "400", "401", "404", "500"},
+    f"POST {WEBHOOK_RESEND}": {"202", "400", "401", "404", "500"},
+    f"POST {WEBHOOK_TEST}": {"202", "400", "401", "404", "500"},
 }
 
 
@@ -239,6 +246,9 @@ def test_webhook_operations_and_their_500s() -> None:
         f"POST {WEBHOOK_EXPIRE_PREVIOUS}": {"update_webhook_endpoint_failed"},
         f"GET {WEBHOOK_DELIVERIES}": {"get_webhook_endpoint_failed"},
         f"POST {WEBHOOK_REPLAY}": {"update_webhook_endpoint_failed"},
+        f"GET {WEBHOOK_DELIVERY}": {"get_webhook_endpoint_failed"},
+        f"POST {WEBHOOK_RESEND}": {"update_webhook_endpoint_failed"},
+        f"POST {WEBHOOK_TEST}": {"update_webhook_endpoint_failed"},
     }
 
 
@@ -312,8 +322,9 @@ def test_links_lead_from_an_endpoint_to_every_operation_on_it() -> None:
         if path.startswith(WEBHOOK_ENDPOINT)
         and "{replay_id}" not in path  # reached from a replay's answer (below)
         and not op_id.startswith("preflight")
+        and "{delivery_id}" not in path
     }
-    assert len(on_one) == 9
+    assert len(on_one) == 10
     for op_id, status in (
         ("createWebhookEndpoint", "201"),
         ("getWebhookEndpoint", "200"),
@@ -329,6 +340,23 @@ def test_links_lead_from_an_endpoint_to_every_operation_on_it() -> None:
         "getWebhookReplay",
         "cancelWebhookReplay",
     }
+
+
+def test_links_lead_from_a_test_send_to_its_delivery_and_its_resend() -> None:
+    """create → test → the log → one delivery → resend: the stateful phase's chain."""
+    doc = openapi_document()
+    test = doc["paths"][WEBHOOK_TEST]["post"]["responses"]["202"]["links"]
+    listed = doc["paths"][WEBHOOK_DELIVERIES]["get"]["responses"]["200"]["links"]
+    for links, pointer, endpoint in (
+        (test, "/data/delivery_id", "$response.body#/data/endpoint_id"),
+        (listed, "/data/0/delivery_id", "$request.path.endpoint_id"),
+    ):
+        assert links["GetWebhookDelivery"]["operationId"] == "getWebhookDelivery"
+        assert links["ResendWebhookDelivery"]["parameters"] == {
+            "endpoint_id": endpoint,
+            "delivery_id": f"$response.body#{pointer}",
+        }
+        assert links["ListWebhookDeliveries"]["operationId"] == "listWebhookDeliveries"
 
 
 def _limits_of(doc: dict[str, Any], body: str) -> tuple[int, int, int]:

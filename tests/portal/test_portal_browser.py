@@ -239,9 +239,8 @@ async def test_test_send_arrives_and_a_delivery_is_resent_from_the_page(
         before = len((await api(stack, "GET", f"{one}/deliveries"))["data"])
         await page.locator("#test-type").select_option("account.auth_status_changed")
         await page.locator("#test-button").click()
-        await page.wait_for_function(
-            "document.getElementById('notice').textContent.includes('sent')"
-        )
+        # (a locator, not wait_for_function: the page's CSP refuses evaluated strings)
+        await page.locator("#notice").filter(has_text="sent").wait_for()
         deadline = time.monotonic() + 60
         while len((await api(stack, "GET", f"{one}/deliveries"))["data"]) <= before:
             assert time.monotonic() < deadline, "the test send never reached the log"
@@ -249,12 +248,11 @@ async def test_test_send_arrives_and_a_delivery_is_resent_from_the_page(
         assert "test" in stack.log().lower()  # the demo receiver printed it
         if not await _route_exists(stack, "POST", f"{one}/deliveries/x/resend"):
             pytest.skip("POST .../deliveries/{id}/resend is not served yet (issue 34)")
-        await page.reload()
-        await page.wait_for_selector("body[data-loaded='true']")
+        # a fresh session: the page drops its token from the URL, so a reload has none
+        await page.close()
+        page, _ = await open_portal(browser, await session_url(stack))
         await page.locator("#deliveries button[data-action='resend']").first.click()
-        await page.wait_for_function(
-            "document.getElementById('notice').textContent.includes('queued again')"
-        )
+        await page.locator("#notice").filter(has_text="queued again").wait_for()
     finally:
         await page.close()
 

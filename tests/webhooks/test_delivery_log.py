@@ -15,6 +15,7 @@ from worker.api.webhooks.delivery_log_view import DeliveryLogView
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.webhooks.delivery import DeliveryState, Finished, Pending
 from worker.webhooks.publish import (
+    LOG_BATCH_BYTES,
     LOG_BATCH_MAX,
     DeliveryLogBatch,
     DeliveryLogEntry,
@@ -126,3 +127,40 @@ def test_a_batch_is_bounded_and_never_empty() -> None:
     with pytest.raises(ValidationError):
         decode_log(b'{"type":"webhook_delivery_batch","endpoint_id":"ep_a","entries":[]}')
     assert decode_log(_entry("ep_a", 1).model_dump_json().encode())[0].webhook_id == "msg_1"
+
+
+async def test_a_batch_of_large_entries_is_closed_by_its_bytes(
+    make_settings: SettingsFactory,
+) -> None:
+    """Entries carry their body: a window of large ones goes out in several records, each
+    under ``LOG_BATCH_BYTES`` and the broker's limit, in order, each entry once."""
+    settings = make_settings()
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer = build_producer(settings.kafka_config())
+    await producer.start()
+    big = "x" * 60_000  # an event body near the event model's limit
+    try:
+        publisher = DeliveryPublisher(
+            producer,
+            state_topic=settings.topics.webhook_state,
+            log_topic=settings.topics.webhook_deliveries,
+            dlq_topic=settings.topics.webhook_dlq,
+            log_flush_s=0.5,
+        )
+        state = DeliveryState(endpoint_id="ep_big", account_id="acc_1", workspace_id="ws_a")
+        await asyncio.gather(
+            *(
+                publisher.log_finished(
+                    state, pending(n).model_copy(update={"body": big}), delivered(n)
+                )
+                for n in range(20)
+            )
+        )
+    finally:
+        await producer.stop()
+    records = await read_topic(settings, settings.topics.webhook_deliveries)
+    assert len(records) > 1
+    assert all(len(r.value) <= LOG_BATCH_BYTES + 64 * 1024 for r in records)
+    entries = [e for r in records for e in decode_log(r.value)]
+    assert [e.webhook_id for e in entries] == [f"msg_{n}" for n in range(20)]
+    assert all(e.body == big for e in entries)

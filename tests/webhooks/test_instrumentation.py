@@ -66,10 +66,14 @@ class NotingPublisher:
     async def log_pending(self, taken: Any, *, now: float) -> None:
         self._note("log_pending")
 
-    async def log_retry(self, state: DeliveryState, head: Pending, *, now: float) -> None:
+    async def log_retry(
+        self, state: DeliveryState, head: Pending, *, now: float, attempt: Any = None
+    ) -> None:
         self._note("log_retry")
 
-    async def log_finished(self, state: DeliveryState, head: Pending, finished: Finished) -> None:
+    async def log_finished(
+        self, state: DeliveryState, head: Pending, finished: Finished, *, attempt: Any = None
+    ) -> None:
         self._note("log_finished")
 
     async def log_note(self, **_: Any) -> None:

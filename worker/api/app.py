@@ -43,6 +43,7 @@ from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.replay_status import ReplayBoard
 from worker.api.webhooks.routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
+from worker.api.webhooks.sends import DeliverySends
 from worker.contract.topics import used_by
 from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, verify_topics
 from worker.engine.metrics import TailSkips
@@ -189,6 +190,8 @@ def build_app(
         limits=limits,
         endpoints_per_workspace=settings.webhook_endpoints_per_workspace,
         metrics=metrics,
+        sends_per_minute=settings.webhook_sends_per_minute,
+        replicas=None if presence is None else presence.live,
     )
     if webhooks is not None:
         replays = webhooks.replays
@@ -294,6 +297,9 @@ def webhook_clients(
         board=board,
         events=events,
         cursors=CursorCodec(key.get_secret_value().encode()),
+        sends=DeliverySends(
+            producer, topics.webhook_replays, log_topic=topics.webhook_deliveries, health=broker
+        ),
     )
 
 

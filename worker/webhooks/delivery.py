@@ -13,6 +13,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from worker.webhooks.attempt_log import AttemptRecord
+
 DeliveryStateName = Literal["pending", "delivered", "failed"]
 Outcome = Literal["delivered", "retry", "failed", "gone"]
 
@@ -164,6 +166,8 @@ class AttemptResult:
     status: int | None
     error: str | None = None
     retry_after_s: float | None = None
+    record: AttemptRecord | None = None
+    """What the delivery log keeps of the attempt (``worker.webhooks.attempt_log``)."""
 
     @property
     def ok(self) -> bool:

@@ -13,7 +13,6 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from aiokafka.structs import ConsumerRecord
 
@@ -21,6 +20,7 @@ from worker.engine.faults import Fault
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 from worker.webhooks import operational
+from worker.webhooks.attempt_log import AttemptRecord, attempt_record
 from worker.webhooks.delivery import (
     AttemptResult,
     DeliveryState,
@@ -37,9 +37,10 @@ from worker.webhooks.delivery import (
 )
 from worker.webhooks.delivery_store import DeliveryStore
 from worker.webhooks.disabling import Disabling
+from worker.webhooks.dispatch_ports import EndpointWriter, Sender, Signer
 from worker.webhooks.endpoint_gate import EndpointGate, GateConfig
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry, is_active
-from worker.webhooks.events import WebhookEvent, from_error, from_status
+from worker.webhooks.events import WebhookEvent, from_copy, from_error, from_status
 from worker.webhooks.instrumentation import (
     Attempted,
     DeadLettered,
@@ -54,29 +55,9 @@ from worker.webhooks.migration import Migration, is_old_form
 from worker.webhooks.pair_writes import PairWrites
 from worker.webhooks.publish import DeliveryPublisher, Replay, decode_replay
 from worker.webhooks.refusals import Refusals
-from worker.webhooks.sender import DeliveryResult, ErrorKind
+from worker.webhooks.sender import ErrorKind
 
 log = get_logger(__name__)
-
-
-class Sender(Protocol):
-    """What the dispatcher needs of ``worker.webhooks.sender.Sender``."""
-
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> DeliveryResult: ...
-
-
-class Signer(Protocol):
-    def __call__(
-        self, secrets: Sequence[str], webhook_id: str, timestamp: int, body: bytes
-    ) -> dict[str, str]: ...
-
-
-class EndpointWriter(Protocol):
-    """Disables endpoints (``EndpointStore``): the only endpoint write a dispatcher makes."""
-
-    def signing_secrets(self, record: EndpointRecord) -> list[str]: ...
-
-    async def disable(self, current: EndpointRecord, reason: str) -> EndpointRecord: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +143,8 @@ class Dispatcher:
                 return operational.incoming(msg.value or b"", self.endpoints)
             if msg.topic == self.config.replay_topic:
                 replay = decode_replay(msg.value or b"")
-                event = (from_status if replay.source == "status" else from_error)(
-                    replay.event.encode()
-                )
+                read = {"status": from_status, "errors": from_error, "webhook": from_copy}
+                event = read[replay.source](replay.event.encode())
             else:
                 if msg.value is None:
                     raise ValueError("no value")
@@ -406,27 +386,31 @@ class Dispatcher:
             settled = fail_head(state, reason, now=now)
         else:
             settled = settle(state, result, now=now, schedule=self.config.schedule, rng=self._rng)
-        await self._apply(partition, key, endpoint, settled, head)
+        attempt = None if result is None else result.record
+        await self._apply(partition, key, endpoint, settled, head, attempt)
         return Attempted(head, settled, endpoint, result)
 
     async def _attempt(self, endpoint: EndpointRecord, head: Pending) -> AttemptResult:
         started = time.perf_counter()
+        at = self._clock()
         self.metrics.in_flight_attempts.inc()
         try:
             body = head.body.encode()
             secrets = self._writer.signing_secrets(endpoint)
             headers = {
-                **self._sign(secrets, head.webhook_id, int(self._clock()), body),
+                **self._sign(secrets, head.webhook_id, int(at), body),
                 **tracing.http_headers(),
             }
             answer = await self._sender.post(endpoint.url, body, headers)
             error = None if answer.error is None else str(answer.error)
-            result = AttemptResult(answer.status, error, answer.retry_after_s)
+            record = attempt_record(at, answer)
+            result = AttemptResult(answer.status, error, answer.retry_after_s, record)
         except Exception as exc:
             # Whatever one attempt raises (an answer that broke the sender, a secret that does
             # not decrypt) fails that attempt, retried on the schedule; never the loop.
             log.error("webhook_attempt_crashed", endpoint_id=endpoint.id, error=type(exc).__name__)
-            result = AttemptResult(None, str(ErrorKind.INTERNAL))
+            kind = str(ErrorKind.INTERNAL)
+            result = AttemptResult(None, kind, record=attempt_record(at, None, kind))
         finally:
             self.metrics.in_flight_attempts.dec()
         self.metrics.attempt(result, time.perf_counter() - started)
@@ -439,6 +423,7 @@ class Dispatcher:
         endpoint: EndpointRecord | None,
         settled: Settled,
         head: Pending,
+        attempt: AttemptRecord | None = None,
     ) -> None:
         now = self._clock()
         state = settled.state
@@ -449,7 +434,7 @@ class Dispatcher:
             # webhook-id instead of losing the failure. It is counted from what the attempt came
             # to (``worker.webhooks.instrumentation``), after all this.
             await self._publisher.dead_letter(state, head, finished)
-            await self._publisher.log_finished(state, head, finished)
+            await self._publisher.log_finished(state, head, finished, attempt=attempt)
         # The account's lane may have taken deliveries in meanwhile: carry the outcome over
         # onto the state as it is now, stored with no await in between.
         current = self.store.pair(partition, key) or state
@@ -464,7 +449,7 @@ class Dispatcher:
         if unsaved is not None and finished is not None:
             if finished.state == "delivered":
                 self.disabling.succeeded(merged.endpoint_id, now)
-                await self._publisher.log_finished(merged, head, finished)
+                await self._publisher.log_finished(merged, head, finished, attempt=attempt)
             unsaved.done()
             if self.store.stale(partition, key):
                 await self._writes.write_now(partition, [key])  # its tombstone
@@ -475,11 +460,11 @@ class Dispatcher:
         if finished is None:
             # A retry or a delivery: its log entry only informs ``GET .../deliveries``, so it
             # goes out beside the state instead of before it.
-            logged = self._publisher.log_retry(merged, merged.queue[0], now=now)
+            logged = self._publisher.log_retry(merged, merged.queue[0], now=now, attempt=attempt)
             await asyncio.gather(written, logged)
         elif finished.state == "delivered":
             self.disabling.succeeded(merged.endpoint_id, now)
-            logged = self._publisher.log_finished(merged, head, finished)
+            logged = self._publisher.log_finished(merged, head, finished, attempt=attempt)
             await asyncio.gather(written, logged)
         else:
             await written

@@ -85,6 +85,12 @@ class EventType:
                     "description": "When the event occurred (RFC 3339, UTC): `data.occurred_at`.",
                 },
                 "data": data,
+                "test": {
+                    "type": "boolean",
+                    "const": True,
+                    "description": "Present, and true, only on a test send"
+                    " (`POST .../webhook-endpoints/{endpoint_id}/test`).",
+                },
             },
             "required": ["type", "timestamp", "data"],
             "additionalProperties": False,

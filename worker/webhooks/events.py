@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 from typing import Final
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from worker.contract.messages import AuthError, AuthStatusChanged
+from worker.contract.messages import MAX_RECORD_BYTES, AuthError, AuthStatusChanged
 from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED
 
 #: The event record's fields a webhook body leaves out of ``data`` (the catalogue's schemas too).
@@ -62,4 +62,55 @@ def _event(
     )
 
 
-__all__ = ["WIRE_ONLY", "ValidationError", "WebhookEvent", "from_error", "from_status"]
+class EventCopy(BaseModel):
+    """An event with its rendered body, as the delivery log keeps it: what a resend or a test
+    send puts on the replay topic (``Replay.source == "webhook"``) in place of a record of
+    auth.status / auth.errors, so the dispatcher sends these exact bytes under the webhook-id
+    of ``event_id``."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    event_type: str = Field(max_length=128)
+    event_id: str = Field(max_length=128)
+    account_id: str = Field(max_length=128)
+    workspace_id: str = Field(max_length=128)
+    version: int | None = None
+    occurred_at: str = Field(max_length=64)
+    body: str = Field(max_length=MAX_RECORD_BYTES)
+
+    @classmethod
+    def of(cls, event: WebhookEvent, workspace_id: str) -> EventCopy:
+        return cls(
+            event_type=event.event_type,
+            event_id=event.event_id,
+            account_id=event.account_id,
+            workspace_id=workspace_id,
+            version=event.version,
+            occurred_at=event.occurred_at,
+            body=event.body,
+        )
+
+
+def from_copy(value: bytes) -> WebhookEvent:
+    """An ``EventCopy``; raises ``ValidationError`` for anything else."""
+    copy = EventCopy.model_validate_json(value)
+    return WebhookEvent(
+        event_type=copy.event_type,
+        event_id=copy.event_id,
+        account_id=copy.account_id,
+        workspace_id=copy.workspace_id,
+        version=copy.version,
+        occurred_at=copy.occurred_at,
+        body=copy.body,
+    )
+
+
+__all__ = [
+    "WIRE_ONLY",
+    "EventCopy",
+    "ValidationError",
+    "WebhookEvent",
+    "from_copy",
+    "from_error",
+    "from_status",
+]

@@ -17,6 +17,7 @@ from worker.engine.dead_letter import dead_letter
 from worker.engine.faults import Fault
 from worker.engine.outage import BrokerHealth, Sent, acknowledged, enqueue
 from worker.runtime import tracing
+from worker.webhooks.attempt_log import AttemptRecord
 from worker.webhooks.delivery import DeliveryState, Finished, Pending
 from worker.webhooks.delivery_store import DeliveryStore
 
@@ -46,11 +47,20 @@ class DeliveryLogEntry(BaseModel):
     next_attempt_at: str | None = None
     updated_at: str
     replay: str | None = None
+    # Added for the integrator's log (absent from older entries, read as None):
+    attempt: AttemptRecord | None = None
+    """The attempt this entry is the outcome of (none: taken in, refused, failed unattempted)."""
+    body: str | None = None
+    """The exact body signed and sent: what a resend sends again."""
+    occurred_at: str | None = None
 
 
 LOG_BATCH_MAX: Final = 200
-"""Entries one delivery-log record holds at most (a few hundred bytes each: far below the
-broker's record limit)."""
+"""Entries one delivery-log record holds at most."""
+LOG_BATCH_BYTES: Final = 512 * 1024
+"""About the most bytes of entries one delivery-log record holds (an entry carries its body,
+at most ``MAX_RECORD_BYTES``, and an attempt's excerpt): far below the broker's record
+limit. A batch is sent once it is over."""
 
 
 class DeliveryLogBatch(BaseModel):
@@ -88,15 +98,22 @@ class _LogBatch:
     """Entries of one endpoint waiting for their window to close, and what their writers
     wait on."""
 
-    __slots__ = ("closed", "done", "entries", "headers")
+    __slots__ = ("bytes", "closed", "done", "entries", "headers")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, headers: list[tuple[str, bytes]]) -> None:
         self.entries: list[DeliveryLogEntry] = []
+        self.bytes = 0
         self.done: asyncio.Future[None] = loop.create_future()
         # Retrieved here too: writers that were cancelled no longer look at a failure.
         self.done.add_done_callback(_retrieve)
         self.headers = headers
         self.closed = False
+
+
+def _size(entry: DeliveryLogEntry) -> int:
+    """About the bytes ``entry`` takes in a record: its body and excerpt, and the rest."""
+    excerpt = entry.attempt.response_excerpt if entry.attempt is not None else None
+    return len(entry.body or "") + 2 * len(excerpt or "") + 1024
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
@@ -106,7 +123,9 @@ def _retrieve(future: asyncio.Future[None]) -> None:
 
 class Replay(BaseModel):
     """A ``POST .../replay`` request for one event and one endpoint (on the replay topic,
-    key: account id, so it reaches the lane of the account like the event itself did)."""
+    key: account id, so it reaches the lane of the account like the event itself did).
+    ``source`` ``webhook``: ``event`` is an ``EventCopy`` (a resend or a test send,
+    ``worker.api.webhooks.sends``), not a record of auth.status / auth.errors."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -115,7 +134,7 @@ class Replay(BaseModel):
     replay_id: str = Field(max_length=64)
     endpoint_id: str
     workspace_id: str
-    source: Literal["status", "errors"]
+    source: Literal["status", "errors", "webhook"]
     event: str
 
 
@@ -237,11 +256,25 @@ class DeliveryPublisher:
         entries = [self._entry(state, d, "pending", d.next_attempt_at, now) for state, d in taken]
         await self._log(entries)
 
-    async def log_retry(self, state: DeliveryState, head: Pending, *, now: float) -> None:
-        entry = self._entry(state, head, "pending", head.next_attempt_at, now)
+    async def log_retry(
+        self,
+        state: DeliveryState,
+        head: Pending,
+        *,
+        now: float,
+        attempt: AttemptRecord | None = None,
+    ) -> None:
+        entry = self._entry(state, head, "pending", head.next_attempt_at, now, attempt)
         await self._log([entry])
 
-    async def log_finished(self, state: DeliveryState, head: Pending, finished: Finished) -> None:
+    async def log_finished(
+        self,
+        state: DeliveryState,
+        head: Pending,
+        finished: Finished,
+        *,
+        attempt: AttemptRecord | None = None,
+    ) -> None:
         done = head.model_copy(
             update={
                 "attempts": finished.attempts,
@@ -249,7 +282,7 @@ class DeliveryPublisher:
                 "last_error": finished.last_error,
             }
         )
-        entry = self._entry(state, done, finished.state, None, finished.finished_at)
+        entry = self._entry(state, done, finished.state, None, finished.finished_at, attempt)
         await self._log([entry])
 
     async def log_note(
@@ -305,6 +338,7 @@ class DeliveryPublisher:
         outcome: Literal["pending", "delivered", "failed"],
         next_at: float | None,
         now: float,
+        attempt: AttemptRecord | None = None,
     ) -> DeliveryLogEntry:
         return DeliveryLogEntry(
             webhook_id=delivery.webhook_id,
@@ -321,6 +355,9 @@ class DeliveryPublisher:
             next_attempt_at=None if next_at is None else rfc3339(next_at),
             updated_at=rfc3339(now),
             replay=delivery.replay,
+            attempt=attempt,
+            body=delivery.body,
+            occurred_at=delivery.occurred_at,
         )
 
     async def _log(self, entries: list[DeliveryLogEntry]) -> None:
@@ -349,9 +386,10 @@ class DeliveryPublisher:
                 batch = self._log_open[entry.endpoint_id] = _LogBatch(loop, tracing.kafka_headers())
                 loop.call_later(self._log_flush_s, self._close_log, entry.endpoint_id, batch)
             batch.entries.append(entry)
+            batch.bytes += _size(entry)
             if batch.done not in waits:
                 waits.append(batch.done)
-            if len(batch.entries) >= LOG_BATCH_MAX:
+            if len(batch.entries) >= LOG_BATCH_MAX or batch.bytes >= LOG_BATCH_BYTES:
                 self._close_log(entry.endpoint_id, batch)
         # Shielded: a writer that is cancelled must not cancel the others' wait.
         await asyncio.gather(*(asyncio.shield(w) for w in waits))

@@ -135,7 +135,9 @@ async def test_every_route_of_the_table(hook_settings: Callable[..., Settings]) 
         assert rotated["secret"] != created["secret"]
         assert "secret" not in ok(await http.get(one, headers=headers()))
 
-        assert ok(await http.get(f"{one}/deliveries", headers=headers())) == []
+        empty = await http.get(f"{one}/deliveries", headers=headers())
+        assert empty.status_code == 200
+        assert empty.json()["data"] == [] and empty.json()["next_cursor"] is None
 
         since = "2020-01-01T00:00:00Z"
         accepted = ok(
@@ -184,6 +186,9 @@ async def test_workspaces_never_see_each_other(hook_settings: Callable[..., Sett
             ("POST", "/activate", None),
             ("POST", "/rotate-secret", None),
             ("GET", "/deliveries", None),
+            ("GET", "/deliveries/msg_1", None),
+            ("POST", "/deliveries/msg_1/resend", None),
+            ("POST", "/test", {"event_type": EVENT_ERROR}),
             ("POST", "/replay", {"since": "2020-01-01T00:00:00Z"}),
             ("DELETE", "", None),
         ]
@@ -495,6 +500,15 @@ def log_entry(
     )
 
 
+def listed(resp: httpx.Response) -> list[dict[str, Any]]:
+    """A page of the delivery log: its ``data``."""
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert set(body) == {"request_id", "data", "next_cursor"}
+    page: list[dict[str, Any]] = body["data"]
+    return page
+
+
 async def log(settings: Settings, entries: list[DeliveryLogEntry], **kw: Any) -> None:
     await produce(
         settings,
@@ -508,13 +522,13 @@ async def test_deliveries_come_from_the_delivery_log(
     hook_settings: Callable[..., Settings],
 ) -> None:
     """Read on demand: a delivery acknowledged on the log shows in the next answer, its
-    latest entry only, most recently changed first; the front-end keeps no tail on it."""
+    latest entry only, newest (first logged) first; the front-end keeps no tail on it."""
     settings = hook_settings()
     async with running_api(settings) as api, httpx.AsyncClient(base_url=api.url) as http:
         assert all(t.topic != settings.topics.webhook_deliveries for t in api.tails)
         endpoint = await create(http)
         path = ONE.format(endpoint["id"]) + "/deliveries"
-        assert ok(await http.get(path, headers=headers())) == []
+        assert listed(await http.get(path, headers=headers())) == []
         entries = [
             log_entry(endpoint["id"], "msg_1", "pending", 1),
             log_entry(endpoint["id"], "msg_2", "failed", 8),
@@ -522,11 +536,12 @@ async def test_deliveries_come_from_the_delivery_log(
             log_entry("ep_someone_else", "msg_9", "failed", 1),
         ]
         await log(settings, entries)
-        data = ok(await http.get(path, headers=headers()))
-        assert [(d["webhook_id"], d["state"], d["attempts"]) for d in data] == [
-            ("msg_1", "delivered", 2),
+        data = listed(await http.get(path, headers=headers()))
+        assert [(d["webhook_id"], d["status"], d["attempts"]) for d in data] == [
             ("msg_2", "failed", 8),
+            ("msg_1", "succeeded", 2),
         ]
+        data.reverse()
         assert data[0]["last_status"] == 204 and data[0]["replay_id"] is None
         assert data[1]["next_attempt_at"] is None
         assert_error(await http.get(path, headers=headers(KEY_B)), 404, "not_found", 10001)
@@ -548,7 +563,7 @@ async def test_deliveries_show_the_last_hundred_within_the_scan_window(
         # 150 deliveries of the endpoint, one undecodable record among them
         await log(settings, [log_entry(ep, f"msg_{i:03d}", "delivered", 1) for i in range(150)])
         await produce(settings, settings.topics.webhook_deliveries, [(ep.encode(), b"{not json")])
-        data = ok(await http.get(path, headers=headers()))
+        data = listed(await http.get(path, params={"limit": 100}, headers=headers()))
         assert [d["webhook_id"] for d in data] == [f"msg_{i:03d}" for i in range(149, 49, -1)]
         # Another endpoint's traffic in the same partition pushes msg_000.. out of the window.
         # (in batches of 10: the embedded broker's end estimate is its last batch's start)
@@ -561,7 +576,7 @@ async def test_deliveries_show_the_last_hundred_within_the_scan_window(
                 ],
                 partition=partition,
             )
-        data = ok(await http.get(path, headers=headers()))
+        data = listed(await http.get(path, params={"limit": 100}, headers=headers()))
         shown = [d["webhook_id"] for d in data]
         assert shown == [f"msg_{i:03d}" for i in range(149, 149 - len(shown), -1)]
         assert 0 < len(shown) < 100  # fewer than it had: the window is 200 records

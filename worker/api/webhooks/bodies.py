@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final
 
 from pydantic import (
     AfterValidator,
@@ -21,7 +21,6 @@ from pydantic import (
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
 from worker.webhooks.endpoints import EndpointRecord, EndpointStatus, EventType, RateLimit
-from worker.webhooks.publish import DeliveryLogEntry
 from worker.webhooks.signing import SECRET_PREFIX
 
 _RFC3339: Final = re.compile(
@@ -240,51 +239,6 @@ class EndpointListResponse(BaseModel):
 
     request_id: Identifier
     data: list[EndpointData]
-
-
-class DeliveryData(BaseModel):
-    """The latest state of one delivery to the endpoint."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    webhook_id: str = Field(description="The `webhook-id` header; the same on every attempt.")
-    event_id: str
-    event_type: str
-    account_id: str
-    version: int | None
-    attempts: int
-    state: Literal["pending", "delivered", "failed"]
-    last_status: int | None
-    last_error: str | None
-    next_attempt_at: str | None
-    updated_at: str
-    replay_id: str | None = Field(description="Set when the delivery came from a replay.")
-
-    @classmethod
-    def of(cls, entry: DeliveryLogEntry) -> DeliveryData:
-        return cls(
-            webhook_id=entry.webhook_id,
-            event_id=entry.event_id,
-            event_type=entry.event_type,
-            account_id=entry.account_id,
-            version=entry.version,
-            attempts=entry.attempts,
-            state=entry.state,
-            last_status=entry.last_status,
-            last_error=entry.last_error,
-            next_attempt_at=entry.next_attempt_at,
-            updated_at=entry.updated_at,
-            replay_id=entry.replay,
-        )
-
-
-class DeliveryListResponse(BaseModel):
-    """Success: the endpoint's recent deliveries, most recently changed first."""
-
-    model_config = ConfigDict(frozen=True)
-
-    request_id: Identifier
-    data: list[DeliveryData]
 
 
 class ReplayData(BaseModel):

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
 from aiokafka import TopicPartition
+from pydantic import ValidationError
 
 from worker.api.webhooks.delivery_log_view import DeliveryLogView
 from worker.engine.fetch import getmany as fetch_records
@@ -20,9 +22,11 @@ from worker.engine.fetch import skipping
 from worker.engine.home_partition import home_partition
 from worker.engine.tail import partitions_of
 from worker.runtime.logs import get_logger
-from worker.webhooks.publish import DeliveryLogEntry
+from worker.webhooks.publish import DeliveryLogEntry, decode_log
 
 log = get_logger(__name__)
+
+Scanned = TypeVar("Scanned")
 
 SHOWN_MAX = 100
 """Deliveries one answer shows at most (docs/api.md)."""
@@ -100,6 +104,17 @@ class DeliveryLogScan:
     async def recent(self, endpoint_id: str) -> list[DeliveryLogEntry]:
         """The endpoint's most recent deliveries (at most ``SHOWN_MAX``), most recently
         changed first; raises ``DeliveryScanFailed``."""
+        return await self._run(endpoint_id, lambda c, d: self._scan(c, endpoint_id, d))
+
+    async def read(self, endpoint_id: str, *, upto: int | None, lo: int | None) -> LogSlice:
+        """The endpoint's entries in ``[lo, upto)`` of its partition, with their positions:
+        ``upto`` ``None`` is the end now, ``lo`` ``None`` is ``window`` records before
+        ``upto`` (never before the partition's start); raises ``DeliveryScanFailed``."""
+        return await self._run(endpoint_id, lambda c, d: self._slice(c, endpoint_id, upto, lo, d))
+
+    async def _run(
+        self, endpoint_id: str, scan: Callable[[Any, float], Awaitable[Scanned]]
+    ) -> Scanned:
         deadline = time.monotonic() + self.timeout_s
         try:
             async with asyncio.timeout(self.timeout_s), self._slots:
@@ -107,7 +122,7 @@ class DeliveryLogScan:
                 self.running += 1
                 self.peak_running = max(self.peak_running, self.running)
                 try:
-                    return await self._scan(consumer, endpoint_id, deadline)
+                    return await scan(consumer, deadline)
                 finally:
                     self.running -= 1
                     self._give_back(consumer)
@@ -183,6 +198,77 @@ class DeliveryLogScan:
         self.scans += 1
         self.records_read += read
         return view.of_endpoint(endpoint_id, limit=SHOWN_MAX)
+
+    async def _slice(
+        self, consumer: Any, endpoint_id: str, upto: int | None, lo: int | None, deadline: float
+    ) -> LogSlice:
+        """``read``'s scan. Without ``upto`` the end is the high-water mark of the first
+        fetch's answer when that is further than ``end_offsets`` said (the embedded broker
+        answers the start of its last batch there), and the start follows it, so a slice
+        is never wider than ``window``; with ``upto`` (a cursor's) the slice is as given,
+        read within the same budget of records whatever it says."""
+        key = endpoint_id.encode()
+        tp = await self._partition(consumer, key, deadline)
+        consumer.assign([tp])
+        start = (await consumer.beginning_offsets([tp]))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        hi = end if upto is None else upto
+        low = max(start, hi - self.window if lo is None else lo)
+        entries: list[tuple[tuple[int, int], DeliveryLogEntry]] = []
+        if upto is not None and hi <= low:
+            return LogSlice(tp.partition, low, hi, entries)
+        consumer.seek(tp, low)
+        read = 0
+        idle = 0
+        learned = upto is not None
+        while idle < 3 and (not learned or await consumer.position(tp) < hi):
+            batch = await fetch_records(
+                consumer,
+                timeout_ms=self._idle_timeout_ms,
+                max_records=self._max_records,
+                on_unreadable=self._skip,
+                owned=[tp],
+            )
+            records = batch.get(tp, ())
+            read += len(records)
+            idle = 0 if records else idle + 1  # a gap the broker never fills: stop
+            if read > self.window + self._max_records:
+                break  # a cursor's end past the partition's: no more than a page's budget
+            if not learned:
+                learned = True
+                highwater = consumer.highwater(tp)
+                if highwater is not None and highwater > hi:
+                    hi = highwater
+                    low = max(low, hi - self.window)
+            for msg in records:
+                if not low <= msg.offset < hi or msg.key != key:
+                    continue
+                try:
+                    decoded = decode_log(msg.value or b"")
+                except ValidationError:
+                    log.error(
+                        "delivery_log_undecodable", partition=msg.partition, offset=msg.offset
+                    )
+                    continue
+                entries.extend(
+                    ((msg.offset, i), e)
+                    for i, e in enumerate(decoded)
+                    if e.endpoint_id == endpoint_id
+                )
+        self.scans += 1
+        self.records_read += read
+        return LogSlice(tp.partition, low, hi, entries)
+
+
+@dataclass(frozen=True, slots=True)
+class LogSlice:
+    """An endpoint's entries read from ``[lo, hi)`` of ``partition``, oldest first, each with
+    its position (offset, index in its record)."""
+
+    partition: int
+    lo: int
+    hi: int
+    entries: list[tuple[tuple[int, int], DeliveryLogEntry]]
 
 
 async def _close(consumer: Any) -> None:

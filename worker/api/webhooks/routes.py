@@ -29,8 +29,6 @@ from worker.api.routes import (
 from worker.api.webhooks.account_events import AccountEvents, CursorCodec
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
-    DeliveryData,
-    DeliveryListResponse,
     EndpointData,
     EndpointListResponse,
     EndpointResponse,
@@ -42,11 +40,19 @@ from worker.api.webhooks.bodies import (
     UpdateEndpointBody,
     invalid_body,
 )
-from worker.api.webhooks.delivery_log_scan import DeliveryLogScan, DeliveryScanFailed
+from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
+from worker.api.webhooks.delivery_routes import (
+    DELIVERY_ROUTES,
+    WEBHOOK_DELIVERY,
+    WEBHOOK_RESEND,
+    WEBHOOK_TEST,
+    DeliveryRoutes,
+)
 from worker.api.webhooks.guard import Handler, guarded
 from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota, ScanTurns
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.replay_status import ReplayBoard
+from worker.api.webhooks.sends import SENDS_PER_MINUTE, DeliverySends, SendBudget
 from worker.api.webhooks.urls import url_form_allowed, url_rule_text
 from worker.contract.catalogue import ServiceError
 from worker.engine.tail import TopicTail
@@ -75,6 +81,7 @@ WEBHOOK_ROUTES: Final = (
     WEBHOOK_EXPIRE_PREVIOUS,
     WEBHOOK_DELIVERIES,
     WEBHOOK_REPLAY,
+    *DELIVERY_ROUTES,
 )
 NOT_CONFIGURED: Final = "The service is not configured for webhooks; nothing was changed."
 NOT_FOUND: Final = "The webhook endpoint does not exist in this workspace."
@@ -103,6 +110,7 @@ class WebhookClients:
     board: ReplayBoard | None = None
     events: AccountEvents | None = None
     cursors: CursorCodec | None = None
+    sends: DeliverySends | None = None
 
     @property
     def tails(self) -> tuple[TopicTail, ...]:
@@ -126,6 +134,8 @@ class WebhookRoutes:
         limits: EndpointLimits | None = None,
         endpoints_per_workspace: int = 16,
         metrics: ApiMetrics | None = None,
+        sends_per_minute: int = SENDS_PER_MINUTE,
+        replicas: Callable[[], int] | None = None,
     ) -> None:
         self.clients = clients
         self.admitted_workspace = admitted_workspace
@@ -145,6 +155,11 @@ class WebhookRoutes:
         )
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.scans = ScanTurns()
+        self.delivery_log = DeliveryRoutes(
+            endpoint_of=self.endpoint_of,
+            scans=self.scans,
+            budget=SendBudget(sends_per_minute, replicas=replicas),
+        )
 
     def routes(self) -> list[Route]:
         def route(path: str, handler: Handler, method: str, failure: str) -> Route:
@@ -170,9 +185,27 @@ class WebhookRoutes:
                 "POST",
                 "update_webhook_endpoint_failed",
             ),
-            route(WEBHOOK_DELIVERIES, self.deliveries, "GET", "get_webhook_endpoint_failed"),
             route(WEBHOOK_REPLAY, self.replay, "POST", "update_webhook_endpoint_failed"),
+            *self._delivery_routes(route),
         ]
+
+    def _delivery_routes(self, route: Callable[[str, Handler, str, str], Route]) -> list[Route]:
+        """The integrator's delivery routes (``worker.api.webhooks.delivery_routes``)."""
+        log_routes = self.delivery_log
+        read, send = "get_webhook_endpoint_failed", "update_webhook_endpoint_failed"
+        return [
+            route(WEBHOOK_DELIVERIES, log_routes.list_deliveries, "GET", read),
+            route(WEBHOOK_DELIVERY, log_routes.get, "GET", read),
+            route(WEBHOOK_RESEND, log_routes.resend, "POST", send),
+            route(WEBHOOK_TEST, log_routes.test, "POST", send),
+        ]
+
+    async def endpoint_of(
+        self, request: Request, failure: str, *, body: bool = False
+    ) -> tuple[WebhookClients, str, EndpointRecord]:
+        """``_current`` and the endpoint of the key's workspace (the one 404 otherwise)."""
+        clients, workspace_id, endpoint_id = await self._current(request, failure, body=body)
+        return clients, workspace_id, self._find(clients, workspace_id, endpoint_id)
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -421,23 +454,6 @@ class WebhookRoutes:
             "webhook_previous_secret_expired", endpoint_id=record.id, workspace_id=workspace_id
         )
         return _endpoint(request, record)
-
-    async def deliveries(self, request: Request) -> Response:
-        failure = "get_webhook_endpoint_failed"
-        clients, workspace_id, endpoint_id = await self._current(request, failure)
-        record = self._find(clients, workspace_id, endpoint_id)
-        try:
-            with self.scans.turn(workspace_id):
-                entries = await clients.deliveries.recent(record.id)
-        except DeliveryScanFailed:
-            raise ServiceError.of(
-                failure, "The deliveries are not available right now; retry shortly."
-            ) from None
-        return json_response(
-            DeliveryListResponse(
-                request_id=request_id_of(request), data=[DeliveryData.of(e) for e in entries]
-            )
-        )
 
     async def replay(self, request: Request) -> Response:
         failure = "update_webhook_endpoint_failed"

@@ -79,14 +79,16 @@ def all_channels() -> list[Channel]:
         Channel(
             "webhook_deliveries",
             "The delivery log: each state of each delivery (pending, delivered, failed), keyed "
-            "by endpoint id; read by `GET .../deliveries`. One record holds one entry, or the "
+            "by endpoint id, each entry after an attempt with that attempt and the body; read by "
+            "`GET .../deliveries`. One record holds one entry, or the "
             "entries of one endpoint written within the dispatcher's flush window "
             "(`WEBHOOK_LOG_FLUSH_S`); readers accept both.",
             ("webhook_delivery", "webhook_delivery_batch"),
         ),
         Channel(
             "webhook_replays",
-            "Requests to send one event again to one endpoint (`POST .../replay`).",
+            "Requests to send one event again to one endpoint (`POST .../replay`), or one"
+            " logged delivery with its body (`source` `webhook`: a resend or a test send).",
             ("webhook_replay",),
         ),
         Channel(

@@ -134,6 +134,12 @@ def _webhook_body_schemas(schemas: dict[str, Any]) -> dict[str, Any]:
                 "type": {"const": event_type, "type": "string"},
                 "timestamp": {"type": "string", "description": "The event's `occurred_at`."},
                 "data": ref(f"{model.__name__}Data"),
+                "test": {
+                    "const": True,
+                    "type": "boolean",
+                    "description": "Present only on a test send (`POST .../test`): an example"
+                    " event, not a real one.",
+                },
             },
             "required": ["type", "timestamp", "data"],
             "description": kind.description,

@@ -13,13 +13,18 @@ from worker.api.portal.sessions import PortalSessionBody, PortalSessionResponse
 from worker.api.routes import ACCOUNT_ID_RULE
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
-    DeliveryListResponse,
     EndpointListResponse,
     EndpointResponse,
     EndpointSecretResponse,
     ReplayAcceptedResponse,
     ReplayBody,
     UpdateEndpointBody,
+)
+from worker.api.webhooks.delivery_bodies import (
+    DeliveryDetailResponse,
+    DeliveryPageResponse,
+    QueuedResponse,
+    TestSendBody,
 )
 from worker.api.webhooks.follow_bodies import AccountEventsResponse, ReplayStatusResponse
 from worker.api.webhooks.quotas import EndpointLimits
@@ -41,7 +46,10 @@ _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
     EndpointResponse,
     EndpointSecretResponse,
     EndpointListResponse,
-    DeliveryListResponse,
+    DeliveryPageResponse,
+    DeliveryDetailResponse,
+    QueuedResponse,
+    TestSendBody,
     ReplayAcceptedResponse,
     PortalSessionBody,
     PortalSessionResponse,

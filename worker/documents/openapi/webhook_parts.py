@@ -88,6 +88,7 @@ _ENDPOINT_LINKS: Final = {
     "ExpirePreviousWebhookEndpointSecret": "expirePreviousWebhookEndpointSecret",
     "ListWebhookDeliveries": "listWebhookDeliveries",
     "ReplayWebhookEvents": "replayWebhookEvents",
+    "SendWebhookTest": "sendWebhookTest",
 }
 
 

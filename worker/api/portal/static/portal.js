@@ -273,7 +273,8 @@
     return act('Loading the delivery', async () => {
       const body = await api('GET', '/v1/webhook-endpoints/' + enc(state.selected) + '/deliveries/' + enc(id));
       const data = (body && body.data) || {};
-      const attempts = Array.isArray(data.attempts) ? data.attempts : [];
+      const attempts = Array.isArray(data.attempts_detail) ? data.attempts_detail
+        : Array.isArray(data.attempts) ? data.attempts : [];
       $('detail-id').textContent = id;
       const columns = [];
       for (const a of attempts) for (const k of Object.keys(a || {})) if (!columns.includes(k)) columns.push(k);

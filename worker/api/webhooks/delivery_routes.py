@@ -1,0 +1,266 @@
+"""The integrator's delivery routes on one endpoint: the paged, filtered log, one delivery with
+every attempt, a resend and a test send (docs/api.md, "Reading the delivery log", "Resending
+one delivery", "Sending a test"). Each runs behind ``WebhookRoutes.endpoint_of`` (key, rate
+limit, configured, the endpoint of the key's workspace or the one 404); reads take the
+workspace's scan turn (``ScanTurns``), sends its ``SendBudget``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Final
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from worker.api.bodies import json_response, valid_id
+from worker.api.routes import decode_json, read_body, request_id_of
+from worker.api.webhooks.bodies import invalid_body, parse_rfc3339
+from worker.api.webhooks.delivery_bodies import (
+    DeliveryDetail,
+    DeliveryDetailResponse,
+    DeliveryItem,
+    DeliveryPageResponse,
+    QueuedData,
+    QueuedResponse,
+    TestSendBody,
+)
+from worker.api.webhooks.delivery_log import (
+    PAGE_DEFAULT,
+    PAGE_MAX,
+    STATUSES,
+    Delivery,
+    Filters,
+    decode_cursor,
+    find,
+    page,
+)
+from worker.api.webhooks.delivery_log_scan import DeliveryScanFailed, LogSlice
+from worker.api.webhooks.quotas import ScanTurns
+from worker.api.webhooks.sends import SendBudget, new_send_id
+from worker.contract.catalogue import ServiceError
+from worker.runtime.logs import get_logger
+from worker.webhooks.delivery import webhook_id
+from worker.webhooks.endpoints import EndpointRecord
+from worker.webhooks.events import EventCopy
+from worker.webhooks.samples import sample_event
+
+if TYPE_CHECKING:
+    from worker.api.webhooks.routes import WebhookClients
+
+log = get_logger(__name__)
+
+WEBHOOK_DELIVERY: Final = "/v1/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}"
+WEBHOOK_RESEND: Final = "/v1/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/resend"
+WEBHOOK_TEST: Final = "/v1/webhook-endpoints/{endpoint_id}/test"
+DELIVERY_ROUTES: Final = (WEBHOOK_DELIVERY, WEBHOOK_RESEND, WEBHOOK_TEST)
+READ_FAILED: Final = "get_webhook_endpoint_failed"
+SEND_FAILED: Final = "update_webhook_endpoint_failed"
+DELIVERY_NOT_FOUND: Final = (
+    "The delivery does not exist in this endpoint's recent log (or the endpoint in this workspace)."
+)
+UNAVAILABLE: Final = "The deliveries are not available right now; retry shortly."
+SEND_TIMEOUT_S: Final = 10.0
+"""How long a send waits for the broker's ack before answering that it is unconfirmed."""
+
+EndpointOf = Callable[..., Awaitable[tuple["WebhookClients", str, EndpointRecord]]]
+
+
+def _invalid_query(rule: str) -> ServiceError:
+    return ServiceError.of("invalid_request", f"Invalid query parameter: {rule}.")
+
+
+def filters_of(request: Request) -> tuple[Filters, int, str | None]:
+    """The list's filters, page size and cursor from the query; 400 for any malformed one."""
+    query = request.query_params
+    status = query.get("status")
+    if status is not None and status not in STATUSES:
+        raise _invalid_query(f"status must be one of {', '.join(STATUSES)}")
+    event_type = query.get("event_type")
+    if event_type is not None and not 0 < len(event_type) <= 128:
+        raise _invalid_query("event_type must be 1 to 128 characters")
+    account_id = query.get("account_id")
+    if account_id is not None and not valid_id(account_id):
+        raise _invalid_query("account_id must match the identifier format")
+    since, until = (_instant(query.get(name), name) for name in ("since", "until"))
+    limit_text = query.get("limit")
+    limit = PAGE_DEFAULT
+    if limit_text is not None:
+        if not (limit_text.isascii() and limit_text.isdigit() and len(limit_text) <= 3):
+            raise _invalid_query(f"limit must be an integer from 1 to {PAGE_MAX}")
+        limit = int(limit_text)
+        if not 1 <= limit <= PAGE_MAX:
+            raise _invalid_query(f"limit must be an integer from 1 to {PAGE_MAX}")
+    filters = Filters(status, event_type, account_id, since, until)
+    return filters, limit, query.get("cursor")
+
+
+def _instant(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return parse_rfc3339(value)
+    except ValueError:
+        raise _invalid_query(f"{name} must be an RFC 3339 date-time") from None
+
+
+class DeliveryRoutes:
+    """The handlers; ``endpoint_of`` is ``WebhookRoutes.endpoint_of``, ``scans`` its
+    ``ScanTurns``."""
+
+    def __init__(self, *, endpoint_of: EndpointOf, scans: ScanTurns, budget: SendBudget) -> None:
+        self._endpoint_of = endpoint_of
+        self._scans = scans
+        self.budget = budget
+
+    async def _read(
+        self, clients: WebhookClients, workspace_id: str, record: EndpointRecord, **at: int | None
+    ) -> LogSlice:
+        try:
+            with self._scans.turn(workspace_id):
+                return await clients.deliveries.read(record.id, **at)
+        except DeliveryScanFailed:
+            raise ServiceError.of(READ_FAILED, UNAVAILABLE) from None
+
+    async def list_deliveries(self, request: Request) -> Response:
+        clients, workspace_id, record = await self._endpoint_of(request, READ_FAILED)
+        filters, limit, cursor_text = filters_of(request)
+        cursor = None
+        if cursor_text is not None:
+            cursor = decode_cursor(cursor_text, window=clients.deliveries.window)
+        found = await self._read(
+            clients,
+            workspace_id,
+            record,
+            upto=None if cursor is None else cursor.hi,
+            lo=None if cursor is None else cursor.lo,
+        )
+        shown, following = page(
+            found, filters, before=None if cursor is None else cursor.before, limit=limit
+        )
+        body = DeliveryPageResponse(
+            request_id=request_id_of(request),
+            data=[DeliveryItem.of(d) for d in shown],
+            next_cursor=None if following is None else following.encode(),
+        )
+        return json_response(body)
+
+    async def _delivery(
+        self, request: Request, failure: str, *, body: bool = False
+    ) -> tuple[WebhookClients, EndpointRecord, Delivery]:
+        clients, workspace_id, record = await self._endpoint_of(request, failure, body=body)
+        wanted: str = request.path_params["delivery_id"]
+        if not valid_id(wanted):
+            raise _invalid_path()
+        found = await self._read(clients, workspace_id, record, upto=None, lo=None)
+        delivery = find(found, wanted)
+        if delivery is None or delivery.latest.workspace_id != workspace_id:
+            raise ServiceError.of("not_found", DELIVERY_NOT_FOUND)
+        return clients, record, delivery
+
+    async def get(self, request: Request) -> Response:
+        _, _, delivery = await self._delivery(request, READ_FAILED)
+        data = DeliveryDetail.of_detail(delivery)
+        return json_response(DeliveryDetailResponse(request_id=request_id_of(request), data=data))
+
+    async def resend(self, request: Request) -> Response:
+        clients, record, delivery = await self._delivery(request, SEND_FAILED, body=True)
+        latest = delivery.latest
+        if delivery.body is None or not latest.account_id:
+            raise ServiceError.of(
+                "invalid_request",
+                "The delivery cannot be resent: the log holds no body for it (logged before"
+                " bodies were, or a note about the endpoint). Replay its events instead.",
+            )
+        self.budget.spend(record.workspace_id)
+        copy = EventCopy(
+            event_type=latest.event_type,
+            event_id=latest.event_id,
+            account_id=latest.account_id,
+            workspace_id=record.workspace_id,
+            version=latest.version,
+            occurred_at=latest.occurred_at or latest.updated_at,
+            body=delivery.body,
+        )
+        return await self._queue(request, clients, record, copy, "resend")
+
+    async def test(self, request: Request) -> Response:
+        clients, _, record = await self._endpoint_of(request, SEND_FAILED)
+        body = await _test_body(request)
+        self.budget.spend(record.workspace_id)
+        event = sample_event(body.event_type, workspace_id=record.workspace_id, now=time.time())
+        copy = EventCopy.of(event, record.workspace_id)
+        return await self._queue(request, clients, record, copy, "test")
+
+    async def _queue(
+        self,
+        request: Request,
+        clients: WebhookClients,
+        record: EndpointRecord,
+        copy: EventCopy,
+        kind: str,
+    ) -> Response:
+        send_id = new_send_id("resend" if kind == "resend" else "test")
+        sends = clients.sends
+        if sends is None:
+            raise ServiceError.of(SEND_FAILED)
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await sends.queue(record, copy, send_id)
+        except TimeoutError:
+            raise ServiceError.of(
+                SEND_FAILED,
+                "The send was not confirmed in time and may still be delivered; read the"
+                " delivery log before retrying.",
+            ) from None
+        hook_id = webhook_id(copy.event_id, record.id)
+        log.info(
+            "webhook_send_queued",
+            kind=kind,
+            send_id=send_id,
+            endpoint_id=record.id,
+            workspace_id=record.workspace_id,
+            webhook_id=hook_id,
+        )
+        data = QueuedData(
+            delivery_id=f"{hook_id}.{send_id}",
+            webhook_id=hook_id,
+            event_id=copy.event_id,
+            event_type=copy.event_type,
+            account_id=copy.account_id,
+            endpoint_id=record.id,
+            kind="resend" if kind == "resend" else "test",
+        )
+        return json_response(QueuedResponse(request_id=request_id_of(request), data=data), 202)
+
+
+def _invalid_path() -> ServiceError:
+    return ServiceError.of(
+        "invalid_request",
+        "Invalid path parameter: delivery_id must be a delivery id this endpoint's log shows.",
+    )
+
+
+async def _test_body(request: Request) -> TestSendBody:
+    raw = await read_body(request)
+    if not raw:
+        raise ServiceError.of("invalid_request", "A JSON object request body is required.")
+    value = decode_json(raw)
+    if not isinstance(value, dict):
+        raise ServiceError.of("invalid_request", "The request body must be a JSON object.")
+    try:
+        return TestSendBody.model_validate(value)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+
+
+__all__ = [
+    "DELIVERY_ROUTES",
+    "WEBHOOK_DELIVERY",
+    "WEBHOOK_RESEND",
+    "WEBHOOK_TEST",
+    "DeliveryRoutes",
+]

@@ -1,0 +1,136 @@
+"""Resends and test sends: one delivery queued on the replay topic, keyed by its account so the
+dispatcher's lane of the account takes it in behind the account's newer events, as a replay's
+are; from there it goes the normal delivery path (endpoint gate, signing, retries, the log).
+A resend carries the delivery's logged body and event id, so it goes out under the same
+webhook-id with the same bytes (Standard Webhooks' redelivery); a test send carries an example
+event (``worker.webhooks.samples``). Both are bounded per workspace by ``SendBudget``
+(docs/operations.md, "Quotas")."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+from worker.api.request_rate import RateLimiter
+from worker.api.webhooks.quotas import TOO_MANY, Refused
+from worker.contract.catalogue import ServiceError
+from worker.contract.messages import rfc3339
+from worker.engine.outage import BrokerHealth, acknowledged, enqueue
+from worker.webhooks.delivery import webhook_id
+from worker.webhooks.endpoints import EndpointRecord
+from worker.webhooks.events import EventCopy
+from worker.webhooks.publish import DeliveryLogEntry, Replay
+
+SENDS: Final = "webhook_sends"
+"""The ``quota`` label of a refused resend or test send."""
+SENDS_PER_MINUTE: Final = 30
+"""``WEBHOOK_SENDS_PER_MINUTE`` by default: resends and test sends a workspace may queue per
+minute on one front-end, a burst of a third of it."""
+
+
+def new_send_id(kind: Literal["resend", "test"]) -> str:
+    """``rs_`` (resend) or ``ts_`` (test) + 32 hex characters: the delivery's own id beside
+    its webhook-id (the dispatcher's de-duplication keeps each such send once)."""
+    return f"{'rs' if kind == 'resend' else 'ts'}_{uuid.uuid4().hex}"
+
+
+class SendBudget:
+    """Resends and test sends per workspace: a token bucket each (``RateLimiter``, bounded
+    memory), refused with 429 ``rate_limited`` and ``Retry-After`` past it; ``per_minute``
+    0 admits every send. With ``replicas`` (the live front-ends, ``worker.api.presence``)
+    each process takes its share, so the budget holds across replicas."""
+
+    def __init__(
+        self,
+        per_minute: int = SENDS_PER_MINUTE,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        replicas: Callable[[], int] | None = None,
+    ) -> None:
+        self.per_minute = per_minute
+        self.burst = max(1, per_minute // 3)
+        self.limiter = (
+            RateLimiter(per_minute / 60.0, self.burst, clock=clock, replicas=replicas)
+            if per_minute > 0
+            else None
+        )
+
+    def spend(self, workspace_id: str) -> None:
+        if self.limiter is None:
+            return
+        wait = self.limiter.take(workspace_id)
+        if wait > 0:
+            raise Refused(
+                SENDS,
+                ServiceError.of(
+                    TOO_MANY,
+                    f"The workspace queued its {self.per_minute} resends and test sends of"
+                    " this minute; retry after Retry-After seconds. Nothing was queued.",
+                ),
+                max(1, int(wait + 0.999)),
+            )
+
+
+class DeliverySends:
+    """Puts one delivery on the replay topic, its ``pending`` entry on the delivery log first,
+    and waits for the broker's acks: the answer's ``delivery_id`` can be read at once, and the
+    dispatcher's entries, written after it, are the later ones. (A replay record that then
+    fails to be written leaves that entry pending; the answer says the outcome is unknown.)"""
+
+    def __init__(
+        self,
+        producer: Any,
+        topic: str,
+        *,
+        log_topic: str,
+        health: BrokerHealth | None = None,
+    ) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._log_topic = log_topic
+        self._health = health or BrokerHealth()
+
+    async def queue(self, endpoint: EndpointRecord, copy: EventCopy, send_id: str) -> None:
+        now = rfc3339(time.time())
+        entry = DeliveryLogEntry(
+            webhook_id=webhook_id(copy.event_id, endpoint.id),
+            endpoint_id=endpoint.id,
+            workspace_id=endpoint.workspace_id,
+            account_id=copy.account_id,
+            event_type=copy.event_type,
+            event_id=copy.event_id,
+            version=copy.version,
+            attempts=0,
+            state="pending",
+            next_attempt_at=now,
+            updated_at=now,
+            replay=send_id,
+            body=copy.body,
+            occurred_at=copy.occurred_at,
+        )
+        logged = await enqueue(
+            self._producer,
+            self._log_topic,
+            entry.model_dump_json().encode(),
+            key=endpoint.id.encode(),
+        )
+        await acknowledged(self._producer, self._health, [logged])
+        replay = Replay(
+            replay_id=send_id,
+            endpoint_id=endpoint.id,
+            workspace_id=endpoint.workspace_id,
+            source="webhook",
+            event=copy.model_dump_json(),
+        )
+        sent = await enqueue(
+            self._producer,
+            self._topic,
+            replay.model_dump_json().encode(),
+            key=copy.account_id.encode(),
+        )
+        await acknowledged(self._producer, self._health, [sent])
+
+
+__all__ = ["SENDS", "DeliverySends", "SendBudget", "new_send_id"]

@@ -1,0 +1,31 @@
+"""What the dispatcher takes from the process that builds it: the HTTP sender, the signer and
+the one endpoint write it makes (disabling), as protocols, so the dispatcher's tests and
+benchmarks can hand it their own."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from worker.webhooks.endpoints import EndpointRecord
+from worker.webhooks.sender import DeliveryResult
+
+
+class Sender(Protocol):
+    """What the dispatcher needs of ``worker.webhooks.sender.Sender``."""
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> DeliveryResult: ...
+
+
+class Signer(Protocol):
+    def __call__(
+        self, secrets: Sequence[str], webhook_id: str, timestamp: int, body: bytes
+    ) -> dict[str, str]: ...
+
+
+class EndpointWriter(Protocol):
+    """Disables endpoints (``EndpointStore``): the only endpoint write a dispatcher makes."""
+
+    def signing_secrets(self, record: EndpointRecord) -> list[str]: ...
+
+    async def disable(self, current: EndpointRecord, reason: str) -> EndpointRecord: ...

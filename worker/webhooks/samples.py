@@ -1,0 +1,120 @@
+"""Example events of every type the service sends, built from the same models and the same
+rendering as the real ones (``worker.webhooks.events``), for ``POST .../test`` (a test send).
+A test send's body is marked ``"test": true`` at the top level of the Standard Webhooks
+envelope, beside ``type``, ``timestamp`` and ``data``: ``data`` stays exactly the event's
+published schema, and receivers that do not know the field ignore it (the envelope allows
+more properties; docs/api.md, "Sending a test")."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Final
+
+from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
+from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EVENT_TYPES
+from worker.webhooks.events import WebhookEvent, from_error, from_status
+from worker.webhooks.operational import EXAMPLES as OPERATIONAL_EXAMPLES
+
+TEST_ACCOUNT: Final = "acc_test_send"
+"""The account id of every test event: its own (endpoint, account) lane, so a test send
+waits behind no real account's deliveries and delays none."""
+TEST_MARK: Final = "test"
+"""The envelope field that marks a test send (``true``)."""
+
+
+def new_test_event_id() -> str:
+    """``evt_test_`` + 32 hex characters: a fresh event, so a fresh webhook-id per test."""
+    return f"evt_test_{uuid.uuid4().hex}"
+
+
+def example_record(event_type: str, *, workspace_id: str, event_id: str, now: float) -> bytes:
+    """An example record of ``event_type`` as auth.status / auth.errors carry it."""
+    occurred_at = rfc3339(now)
+    if event_type == EVENT_STATUS_CHANGED:
+        return (
+            AuthStatusChanged(
+                event_id=event_id,
+                account_id=TEST_ACCOUNT,
+                workspace_id=workspace_id,
+                previous_status="pending",
+                status="active",
+                auth_status="authenticated",
+                version=1,
+                occurred_at=occurred_at,
+            )
+            .model_dump_json()
+            .encode()
+        )
+    if event_type == EVENT_ERROR:
+        return (
+            AuthError(
+                event_id=event_id,
+                account_id=TEST_ACCOUNT,
+                workspace_id=workspace_id,
+                command_id=None,
+                request_id=None,
+                http_status=409,
+                error=ErrorBody(
+                    code="account_allocation_busy",
+                    numeric_code=20011,
+                    message="Account allocation lock is held; retry after a short delay.",
+                ),
+                occurred_at=occurred_at,
+            )
+            .model_dump_json()
+            .encode()
+        )
+    raise ValueError(f"unknown event type; one of {', '.join(EVENT_TYPES)}")
+
+
+def sample_event(event_type: str, *, workspace_id: str, now: float) -> WebhookEvent:
+    """An example event of ``event_type``, rendered as the dispatcher renders real ones,
+    with ``"test": true`` in its envelope; raises ``ValueError`` for an unknown type."""
+    event_id = new_test_event_id()
+    if event_type in OPERATIONAL_EXAMPLES:
+        return _operational_sample(
+            event_type, workspace_id=workspace_id, event_id=event_id, now=now
+        )
+    record = example_record(event_type, workspace_id=workspace_id, event_id=event_id, now=now)
+    event = (from_status if event_type == EVENT_STATUS_CHANGED else from_error)(record)
+    envelope = json.loads(event.body)
+    envelope[TEST_MARK] = True
+    body = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
+    return WebhookEvent(
+        event_type=event.event_type,
+        event_id=event.event_id,
+        account_id=event.account_id,
+        workspace_id=workspace_id,
+        version=event.version,
+        occurred_at=event.occurred_at,
+        body=body,
+    )
+
+
+def _operational_sample(
+    event_type: str, *, workspace_id: str, event_id: str, now: float
+) -> WebhookEvent:
+    """An operational event's example (its body is its own model), made this workspace's and
+    this moment's, marked as a test."""
+    occurred_at = rfc3339(now)
+    example = OPERATIONAL_EXAMPLES[event_type]
+    data = example.data.model_copy(  # type: ignore[attr-defined]
+        update={"event_id": event_id, "workspace_id": workspace_id, "occurred_at": occurred_at}
+    )
+    envelope = example.model_copy(update={"timestamp": occurred_at, "data": data}).model_dump(
+        mode="json"
+    )
+    envelope[TEST_MARK] = True
+    return WebhookEvent(
+        event_type=event_type,
+        event_id=event_id,
+        account_id=TEST_ACCOUNT,
+        workspace_id=workspace_id,
+        version=None,
+        occurred_at=occurred_at,
+        body=json.dumps(envelope, separators=(",", ":"), ensure_ascii=False),
+    )
+
+
+__all__ = ["TEST_ACCOUNT", "TEST_MARK", "example_record", "new_test_event_id", "sample_event"]
