@@ -15,7 +15,6 @@ from worker.settings import Settings
 
 __all__ = [
     "EMBEDDED_API_FETCH_MAX_WAIT_MS",
-    "EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS",
     "EMBEDDED_FETCH_MAX_WAIT_MS",
     "DevSettings",
 ]
@@ -25,12 +24,6 @@ __all__ = [
 EMBEDDED_FETCH_MAX_WAIT_MS: Final = 20
 #: The front-end's on the embedded broker: each POST waits for its reply's fetch.
 EMBEDDED_API_FETCH_MAX_WAIT_MS: Final = 10
-#: The dispatcher's there: a fetch that returns data lists every batch its partition holds, so
-#: each fetch of a status partition costs more the longer the stack runs. The broker answers a
-#: fetch of this wait after ~250 ms (it sleeps half of a wait over 250 ms), so a partition is
-#: listed ~4 times a second, not once per status event; a webhook may wait that much more
-#: where a reply may not (docs/architecture.md, "The embedded broker").
-EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS: Final = 500
 
 
 class DevSettings(Settings):

@@ -38,11 +38,7 @@ from pydantic import SecretStr
 from devstack.broker import EmbeddedBroker, die_with_parent, wait_for_port
 from devstack.demo import register_accounts
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
-from devstack.settings import (
-    EMBEDDED_API_FETCH_MAX_WAIT_MS,
-    EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS,
-    DevSettings,
-)
+from devstack.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS, DevSettings
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
@@ -184,12 +180,7 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     # The product's worker and dispatcher with the embedded broker's group consumer (a no-op
     # on Kafka): a restarted one gets its partitions at once, not a session timeout later.
     worker = Component("worker", ["devstack", "worker"], env=env)
-    dispatcher_env = env
-    if broker is not None:
-        dispatcher_env = env | {
-            "KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS)
-        }
-    dispatcher = Component("dispatcher", ["devstack", "webhooks"], env=dispatcher_env)
+    dispatcher = Component("dispatcher", ["devstack", "webhooks"], env=env)
     # The dev stack is what the load benchmarks drive (bench/api_load.py, bench.stack_cost):
     # thousands of requests a second from one workspace. Its front-end has no per-workspace
     # rate limit unless API_RATE_LIMIT_PER_S is set.

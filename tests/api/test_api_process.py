@@ -20,7 +20,7 @@ from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_A, headers, running_api
 from tests.cluster import kafka_env
 from worker.api.app import serve_api
-from worker.api.keys import KeyStore
+from worker.api.keys import KeyEntry, KeyStore
 from worker.engine.kafka import ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -112,6 +112,9 @@ async def test_a_taken_port_fails_loudly(api_settings: ApiSettings) -> None:
 
 class _ExplodingKeys(KeyStore):
     def resolve(self, raw_key: str) -> str | None:
+        raise RuntimeError("key store bug")
+
+    def resolve_entry(self, raw_key: str) -> KeyEntry | None:
         raise RuntimeError("key store bug")
 
 

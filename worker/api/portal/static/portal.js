@@ -356,7 +356,8 @@
   // -- the event catalogue -------------------------------------------------------------------
   async function loadCatalogue() {
     const body = await api('GET', '/v1/event-types');
-    const types = (body && Array.isArray(body.data)) ? body.data : [];
+    const data = body ? body.data : null;
+    const types = (data && Array.isArray(data.event_types)) ? data.event_types : [];
     const box = $('catalogue');
     clear(box);
     for (const t of types) {
