@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import json
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -36,6 +35,7 @@ from urllib.parse import quote
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from bench.floor_loop import consume_in_batches
 from worker.auth.provider import build_http_client
 from worker.auth.provider.transport import AiohttpClient
 from worker.contract.messages import (
@@ -88,33 +88,15 @@ class WorkerFloor:
     async def run(self, stop: asyncio.Event) -> None:
         await self.producer.start()
         await self.consumer.start()
-        pending: deque[tuple[asyncio.Task[None], dict[TopicPartition, int], int]] = deque()
-        in_flight = 0
-        limit = self.settings.worker_max_in_flight
-        announced = False
         try:
-            while not stop.is_set():
-                while pending and (pending[0][0].done() or in_flight >= limit):
-                    task, offsets, n = pending.popleft()
-                    await task
-                    in_flight -= n
-                    await self.consumer.commit(offsets)
-                batch = await self.consumer.getmany(
-                    timeout_ms=100, max_records=self.settings.kafka_max_poll_records
-                )
-                if not announced and self.consumer.assignment():
-                    print(f"assigned {len(self.consumer.assignment())}", flush=True)
-                    announced = True
-                if not batch:
-                    continue
-                n = sum(len(records) for records in batch.values())
-                offsets = {tp: records[-1].offset + 1 for tp, records in batch.items()}
-                pending.append((asyncio.create_task(self.handle(batch)), offsets, n))
-                in_flight += n
+            await consume_in_batches(
+                self.consumer,
+                self.handle,
+                limit=self.settings.worker_max_in_flight,
+                max_records=self.settings.kafka_max_poll_records,
+                stop=stop,
+            )
         finally:
-            for task, _, _ in pending:
-                task.cancel()
-            await asyncio.gather(*(t for t, _, _ in pending), return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self.consumer.stop()
             await self.producer.stop()

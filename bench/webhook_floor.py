@@ -33,11 +33,12 @@ import hmac
 import os
 import sys
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from bench.floor_loop import consume_in_batches
 from bench.webhook_receiver import SECRET_ENV
 from worker.contract.messages import rfc3339
 from worker.engine.kafka import build_consumer, build_producer
@@ -81,32 +82,15 @@ class DispatcherFloor:
         self.sender = Sender(session, timeout_s=s.webhook_timeout_s)
         await self.producer.start()
         await self.consumer.start()
-        pending: deque[tuple[asyncio.Task[None], dict[TopicPartition, int], int]] = deque()
-        in_flight = 0
-        announced = False
         try:
-            while not stop.is_set():
-                while pending and (pending[0][0].done() or in_flight >= s.webhook_max_in_flight):
-                    task, offsets, n = pending.popleft()
-                    await task
-                    in_flight -= n
-                    await self.consumer.commit(offsets)
-                batch = await self.consumer.getmany(
-                    timeout_ms=100, max_records=s.kafka_max_poll_records
-                )
-                if not announced and self.consumer.assignment():
-                    print(f"assigned {len(self.consumer.assignment())}", flush=True)
-                    announced = True
-                if not batch:
-                    continue
-                n = sum(len(records) for records in batch.values())
-                offsets = {tp: records[-1].offset + 1 for tp, records in batch.items()}
-                pending.append((asyncio.create_task(self.handle(batch)), offsets, n))
-                in_flight += n
+            await consume_in_batches(
+                self.consumer,
+                self.handle,
+                limit=s.webhook_max_in_flight,
+                max_records=s.kafka_max_poll_records,
+                stop=stop,
+            )
         finally:
-            for task, _, _ in pending:
-                task.cancel()
-            await asyncio.gather(*(t for t, _, _ in pending), return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self.consumer.stop()
             await self.producer.stop()
