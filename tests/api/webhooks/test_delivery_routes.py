@@ -13,7 +13,7 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from standardwebhooks.webhooks import Webhook
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_B, headers, produce, running_api, wait_until
 from tests.api.test_api_http import assert_error
-from tests.webhooks.support import running_dispatcher
+from tests.webhooks.support import receiving, running_dispatcher
 from worker.api.webhooks.delivery_log import Cursor
 from worker.api.webhooks.sends import SendBudget
 from worker.contract.messages import AuthStatusChanged, rfc3339
@@ -74,22 +74,6 @@ class RawReceiver:
             verified = True
         self.seen.append(Seen(hdrs["webhook-id"], raw, verified))
         return web.Response(status=self.status, body=self.body)
-
-
-@contextlib.asynccontextmanager
-async def serving(receiver: RawReceiver) -> AsyncIterator[RawReceiver]:
-    app = web.Application()
-    app.router.add_post("/hooks", receiver.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    receiver.url = f"http://127.0.0.1:{port}/hooks"
-    try:
-        yield receiver
-    finally:
-        await runner.cleanup()
 
 
 def closed_port_url() -> str:
@@ -151,7 +135,7 @@ async def test_a_test_send_arrives_signed_shows_in_the_log_and_a_resend_repeats_
     settings = hook_settings()
     receiver = RawReceiver()
     async with (
-        serving(receiver),
+        receiving(receiver),
         running_dispatcher(settings),
         running_api(settings) as api,
         httpx.AsyncClient(base_url=api.url, timeout=15) as http,
@@ -213,7 +197,7 @@ async def test_a_resend_of_a_real_event_goes_behind_the_accounts_newer_events(
     receiver = RawReceiver()
     account = "acc_resend_order"
     async with (
-        serving(receiver),
+        receiving(receiver),
         running_dispatcher(settings),
         running_api(settings) as api,
         httpx.AsyncClient(base_url=api.url, timeout=15) as http,
@@ -287,7 +271,7 @@ async def test_a_failing_receivers_attempts_carry_status_latency_excerpt_and_err
     settings = hook_settings(webhook_retry_schedule_s="0.2,0.2")
     receiver = RawReceiver(status=500, body=HOSTILE)
     async with (
-        serving(receiver),
+        receiving(receiver),
         running_dispatcher(settings),
         running_api(settings) as api,
         httpx.AsyncClient(base_url=api.url, timeout=15) as http,
