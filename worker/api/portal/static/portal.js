@@ -5,6 +5,8 @@
 
 (function () {
   const PAGE_SIZE = 20;
+  const RETRIES_ON_429 = 4;
+  const MAX_RETRY_WAIT_S = 5;
   const state = {
     token: null,
     features: {},
@@ -61,7 +63,14 @@
       init.headers['Content-Type'] = 'application/json';
       init.body = JSON.stringify(body);
     }
-    const response = await fetch(path, init);
+    // A 429 was refused before anything was done (the workspace's one deliveries scan is
+    // busy, or its request rate spent): wait its Retry-After and try again, a few times.
+    let response = await fetch(path, init);
+    for (let tries = 1; response.status === 429 && tries < RETRIES_ON_429; tries += 1) {
+      const wait = Math.min(Number(response.headers.get('Retry-After')) || 1, MAX_RETRY_WAIT_S);
+      await new Promise((resolve) => setTimeout(resolve, wait * 1000));
+      response = await fetch(path, init);
+    }
     let data = null;
     try { data = await response.json(); } catch (_) { data = null; }
     if (response.status === 401) {
@@ -138,7 +147,8 @@
     const body = await api('GET', '/v1/webhook-endpoints');
     state.endpoints = (body && Array.isArray(body.data)) ? body.data : [];
     if (state.endpoints.length) $('workspace').textContent = 'Workspace ' + state.endpoints[0].workspace_id;
-    await Promise.all(state.endpoints.map(async (e) => {
+    // One after another: the service runs one deliveries scan per workspace at a time.
+    for (const e of state.endpoints) {
       try {
         const body2 = await api('GET', '/v1/webhook-endpoints/' + enc(e.id) + '/deliveries');
         const rows = (body2 && Array.isArray(body2.data)) ? body2.data : [];
@@ -147,7 +157,7 @@
         if (err instanceof SessionEnded) throw err;
         state.failures[e.id] = null;
       }
-    }));
+    }
     renderEndpoints();
   }
 
