@@ -9,12 +9,16 @@ delivery) and ``demo`` (send commands straight to Kafka and print what comes bac
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Sequence
+from worker.runtime.early_stop import exit_on_sigterm_while_starting
 
-from devstack.settings import DevSettings
-from worker.runtime.process import run_subcommand, run_until_signal, tune_gc
+exit_on_sigterm_while_starting()  # before the imports below, which take most of a start
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+from devstack.settings import DevSettings  # noqa: E402
+from worker.runtime.process import run_subcommand, run_until_signal, tune_gc  # noqa: E402
 
 
 def cmd_stack(settings: DevSettings, args: argparse.Namespace) -> int:
