@@ -22,6 +22,7 @@ configures both sides of the provider credential: a token generated for the run 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import signal
@@ -152,6 +153,9 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     # Readable logs for a person at a terminal; production's default stays JSON.
     env.setdefault("LOG_FORMAT", "console")
     env.pop("PROVIDER_SIMULATOR_TOKEN", None)  # the file below is the worker's credential
+    # The worker calls the simulator this stack starts, on whatever SIMULATOR_PORT says (the
+    # product's default names 8090 alone), unless PROVIDER_URLS names providers of its own.
+    env.setdefault("PROVIDER_URLS", json.dumps({"simulator": simulator_url(settings)}))
     env.update(
         {
             "ENVIRONMENT": "development",
@@ -258,6 +262,11 @@ async def _until_ready(
                 await asyncio.sleep(0.2)
 
 
+def simulator_url(settings: DevSettings) -> str:
+    """Where the stack's provider simulator listens (``SIMULATOR_HOST``, ``SIMULATOR_PORT``)."""
+    return f"http://{settings.simulator_host}:{settings.simulator_port}"
+
+
 def provider_credential(settings: DevSettings, directory: Path) -> dict[str, str]:
     """Both sides of the simulator's credential: ``SIMULATOR_TOKEN`` for the simulator and
     ``PROVIDER_SIMULATOR_TOKEN_FILE`` (written here, mode 0600) for the worker."""
@@ -342,7 +351,7 @@ def _banner(
         "",
         "passkey auth-flow stack is up",
         f"  kafka bootstrap   {settings.bootstrap}",
-        f"  provider sim      http://{settings.simulator_host}:{settings.simulator_port}"
+        f"  provider sim      {simulator_url(settings)}"
         " (bearer token required: SIMULATOR_TOKEN, PROVIDER_SIMULATOR_TOKEN_FILE)",
         f"  worker probes     http://{settings.worker_metrics_host}:{settings.worker_metrics_port}"
         "/metrics  /healthz  /readyz",

@@ -4,9 +4,10 @@ schemathesis' own runner (``schemathesis run``, in a subprocess) with every chec
 phase: the document's examples, coverage (boundary values, each required header missing, every
 method the document does not declare on each path), fuzzing (valid and invalid requests) and
 the stateful phase, which follows the document's links (create an endpoint, then get, change,
-rotate, replay, delete it; send it a test, read the log and the delivery, resend it). It sends
-over loopback HTTP to the app served by uvicorn in this event loop, backed by the real broker,
-worker and provider simulator. A 5xx, a status or header the document does not state, a
+rotate, replay, delete it; send it a test, read the log and that delivery, resend it: the
+configuration gives it 60 scenarios of 30 steps and leaves out schemathesis' guessed links). It
+sends over loopback HTTP to the app served by uvicorn in this event loop, backed by the real
+broker, worker and provider simulator. A 5xx, a status or header the document does not state, a
 schema-valid body refused, an invalid one accepted, a missing key not answered 401, an undeclared
 method not answered 405 with ``Allow``, a deleted endpoint still served: all fail the test. The
 configuration (``tests/api/schemathesis.toml``, shared with the long run against ``make run``)
@@ -194,15 +195,12 @@ async def test_schemathesis_with_every_check_and_phase_finds_nothing(
     # the new routes were reached: a replay's status through the replay's links
     assert answered[(WEBHOOK_REPLAY_STATUS, "GET", "200")] > 0
     assert sum(n for (route, _, _), n in answered.items() if route == ACCOUNT_EVENTS) > 0
-    # the delivery routes, reached through the links from a create: a test send, the log.
-    # (One delivery and its resend are linked from the test send too, but this seed's
-    # stateful phase does not reach them with the right endpoint: schemathesis answers
-    # them 404 only, "missing test data"; tests/api/webhooks/test_delivery_routes.py covers
-    # them on the same broker.)
+    # the delivery routes, reached through the links: create → a test send → the log, that
+    # delivery (both ids from the test send's answer) → its resend
     assert answered[(WEBHOOK_TEST, "POST", "202")] > 0
     assert answered[(WEBHOOK_DELIVERIES, "GET", "200")] > 0
-    assert answered[(WEBHOOK_DELIVERY, "GET", "404")] > 0
-    assert answered[(WEBHOOK_RESEND, "POST", "404")] > 0
+    assert answered[(WEBHOOK_DELIVERY, "GET", "200")] > 0
+    assert answered[(WEBHOOK_RESEND, "POST", "202")] > 0
 
 
 def test_the_committed_document_loads_with_its_links(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,6 +234,18 @@ def test_the_committed_document_loads_with_its_links(monkeypatch: pytest.MonkeyP
         link["operationId"] for link in test.definition.raw["responses"]["202"]["links"].values()
     }
     assert chained == {"getWebhookDelivery", "resendWebhookDelivery", "listWebhookDeliveries"}
+    delivery = next(op for op in ops if op.label == f"GET {WEBHOOK_DELIVERY}")
+    onward = delivery.definition.raw["responses"]["200"]["links"]
+    assert onward["ResendWebhookDelivery"]["parameters"] == {
+        "endpoint_id": "$request.path.endpoint_id",
+        "delivery_id": "$response.body#/data/delivery_id",
+    }
+    # The stateful phase follows the document's links only (no guessed ones), in scenarios
+    # long enough for create → test → delivery → resend.
+    stateful = schema.config.phases.stateful
+    assert stateful.max_steps == 30
+    assert stateful.generation.max_examples == 60
+    assert [str(a) for a in stateful.inference.algorithms] == ["location-headers"]
     for op in ops:
         for phase in (None, "coverage", "fuzzing", "stateful"):
             checks = schema.config.checks_config_for(operation=op, phase=phase)

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tests.api.conftest import ApiSettings
 from tests.api.support import (
@@ -25,6 +26,7 @@ from tests.api.support import (
     wait_until,
 )
 from worker.api.idempotency import REPLAYED_HEADER
+from worker.api.metrics import IDEMPOTENCY_REFUSALS
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import PasskeyConfirm
 
@@ -346,3 +348,75 @@ async def test_a_restarted_replica_still_knows_the_keys(api_settings: ApiSetting
             again = await http.post(api.url + CONFIRM.format("acc_1"), headers=keyed("durable"))
         assert again.json() == first.json()
         assert len(worker.commands) == 1
+
+
+def _idempotency_counts(registry: CollectorRegistry) -> dict[str, float]:
+    """The front-end's idempotency counters: ``stored``, ``replayed`` and one per refusal
+    reason; fails if any of their series carries a label beyond ``reason``."""
+    counts: dict[str, float] = {}
+    for metric in registry.collect():
+        for sample in metric.samples:
+            if not sample.name.startswith("passkey_api_idempotency_"):
+                continue
+            assert set(sample.labels) <= {"reason"}, sample  # never a key or a workspace
+            if not sample.name.endswith("_total"):
+                continue
+            if sample.name == "passkey_api_idempotency_refusals_total":
+                counts[sample.labels["reason"]] = sample.value
+            elif sample.name == "passkey_api_idempotency_replays_total":
+                counts["replayed"] = sample.value
+            elif sample.name == "passkey_api_idempotency_keys_stored_total":
+                counts["stored"] = sample.value
+    return counts
+
+
+async def test_each_outcome_of_a_key_moves_its_counter(api_settings: ApiSettings) -> None:
+    """Stored, replayed, and each refusal (in progress, reused, exhausted) counted once per
+    request on the front-end's own ``/metrics`` registry; a request that gets no answer
+    stores nothing."""
+
+    def silent_for_slow(cmd: PasskeyConfirm) -> tuple[int, dict[str, Any]] | None:
+        return None if cmd.account_id == "acc_slow" else ok_answer(cmd)
+
+    settings = api_settings(api_idempotency_keys_per_workspace=2, api_reply_timeout_s=1.0)
+    registry = CollectorRegistry()
+    zero = {"stored": 0.0, "replayed": 0.0, **dict.fromkeys(IDEMPOTENCY_REFUSALS, 0.0)}
+    async with (
+        responder(settings, silent_for_slow) as worker,
+        running_api(settings, registry=registry) as api,
+        httpx.AsyncClient(base_url=api.url, timeout=20) as http,
+    ):
+        assert _idempotency_counts(registry) == zero  # every series exported from the start
+        first = await http.post(CONFIRM.format("acc_1"), headers=keyed("m-1"), content=b"{}")
+        assert first.status_code == 200
+        assert _idempotency_counts(registry) == {**zero, "stored": 1}
+        again = await http.post(CONFIRM.format("acc_1"), headers=keyed("m-1"), content=b"{}")
+        assert again.headers[REPLAYED_HEADER] == "true"
+        assert _idempotency_counts(registry) == {**zero, "stored": 1, "replayed": 1}
+        reused = await http.post(CONFIRM.format("acc_1"), headers=keyed("m-1"), content=b"{ }")
+        assert_error(reused, 409, "idempotency_key_reused")
+        assert _idempotency_counts(registry)["reused"] == 1
+
+        slow = asyncio.create_task(http.post(CONFIRM.format("acc_slow"), headers=keyed("m-2")))
+        await wait_until(lambda: len(worker.commands) == 2, what="the slow command")
+        busy = await http.post(CONFIRM.format("acc_slow"), headers=keyed("m-2"))
+        assert_error(busy, 409, "idempotency_key_in_progress")
+        assert _idempotency_counts(registry)["in_progress"] == 1
+        assert (await slow).status_code == 500  # no answer: the key is given up, not stored
+        assert _idempotency_counts(registry)["stored"] == 1
+
+        assert (await http.post(CONFIRM.format("acc_1"), headers=keyed("m-3"))).status_code == 200
+        over = await http.post(CONFIRM.format("acc_1"), headers=keyed("m-4"))
+        assert_error(over, 429, "idempotency_keys_exhausted")
+        assert _idempotency_counts(registry) == {
+            "stored": 2,
+            "replayed": 1,
+            "in_progress": 1,
+            "reused": 1,
+            "exhausted": 1,
+        }
+        # And on the scrape an operator reads: the families by their exported names.
+        scraped = (await http.get(f"{api.metrics_url}/metrics")).text
+        assert 'passkey_api_idempotency_refusals_total{reason="exhausted"} 1.0' in scraped
+        assert "passkey_api_idempotency_replays_total 1.0" in scraped
+        assert "passkey_api_idempotency_keys_stored_total 2.0" in scraped

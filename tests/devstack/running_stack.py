@@ -84,10 +84,12 @@ async def running_stack(*args: str, **env: str) -> AsyncIterator[RunningStack]:
     up and printing its banner; killed on exit if still running."""
     ports = {name: free_port() for name in PORTS}
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "TOPIC_"))}
+    # No PROVIDER_URLS: the stack points its worker at the simulator it starts on the free
+    # SIMULATOR_PORT below (test_stack_up_flow_and_clean_ctrl_c's flow depends on it).
+    environ.pop("PROVIDER_URLS", None)
     environ.update({k: str(v) for k, v in ports.items()})
     environ.update(
         {
-            "PROVIDER_URLS": f'{{"simulator": "http://127.0.0.1:{ports["SIMULATOR_PORT"]}"}}',
             "COMMANDS_PARTITIONS": "3",
             "OTHER_PARTITIONS": "3",
             "SIMULATOR_AUTHORIZE_DELAY_S": "0.5",

@@ -343,13 +343,16 @@ def test_links_lead_from_an_endpoint_to_every_operation_on_it() -> None:
 
 
 def test_links_lead_from_a_test_send_to_its_delivery_and_its_resend() -> None:
-    """create → test → the log → one delivery → resend: the stateful phase's chain."""
+    """create → test → the log → one delivery → resend: the stateful phase's chain; each link
+    to one delivery carries both its endpoint id and its delivery id."""
     doc = openapi_document()
     test = doc["paths"][WEBHOOK_TEST]["post"]["responses"]["202"]["links"]
     listed = doc["paths"][WEBHOOK_DELIVERIES]["get"]["responses"]["200"]["links"]
+    one = doc["paths"][WEBHOOK_DELIVERY]["get"]["responses"]["200"]["links"]
     for links, pointer, endpoint in (
         (test, "/data/delivery_id", "$response.body#/data/endpoint_id"),
         (listed, "/data/0/delivery_id", "$request.path.endpoint_id"),
+        (one, "/data/delivery_id", "$request.path.endpoint_id"),
     ):
         assert links["GetWebhookDelivery"]["operationId"] == "getWebhookDelivery"
         assert links["ResendWebhookDelivery"]["parameters"] == {
@@ -357,6 +360,85 @@ def test_links_lead_from_a_test_send_to_its_delivery_and_its_resend() -> None:
             "delivery_id": f"$response.body#{pointer}",
         }
         assert links["ListWebhookDeliveries"]["operationId"] == "listWebhookDeliveries"
+
+
+def _pointer(value: Any, pointer: str) -> Any:
+    """``value`` at a JSON pointer (``KeyError``/``IndexError`` when it is not there)."""
+    for token in pointer.lstrip("/").split("/"):
+        token = token.replace("~1", "/").replace("~0", "~")
+        value = value[int(token)] if isinstance(value, list) else value[token]
+    return value
+
+
+def _schema_at(doc: dict[str, Any], schema: dict[str, Any], pointer: str) -> dict[str, Any]:
+    """The schema of the value at a JSON pointer into a body of ``schema`` (``$ref`` and a
+    nullable ``anyOf`` followed; fails when the pointer leads nowhere)."""
+
+    def plain(node: dict[str, Any]) -> dict[str, Any]:
+        while True:
+            if "$ref" in node:
+                node = _pointer(doc, node["$ref"].removeprefix("#"))
+            elif "anyOf" in node:
+                (node,) = (n for n in node["anyOf"] if n.get("type") != "null")
+            else:
+                return node
+
+    node = plain(schema)
+    for token in pointer.lstrip("/").split("/"):
+        node = plain(node["items"] if token.isdigit() else node["properties"][token])
+    return node
+
+
+def test_every_link_resolves() -> None:
+    """Every link names an existing operation and only parameters that operation takes, all of
+    its required path parameters; every ``$request.path.*`` is a path parameter of the source,
+    and every ``$response.body#...`` points at a value in the source answer's example (so a
+    client or the stateful fuzzer following it finds something there)."""
+    doc = openapi_document()
+
+    def parameters(op: dict[str, Any]) -> list[dict[str, Any]]:
+        found = []
+        for parameter in op.get("parameters", []):
+            if "$ref" in parameter:
+                parameter = _pointer(doc, parameter["$ref"].removeprefix("#"))
+            found.append(parameter)
+        return found
+
+    by_id = {
+        op["operationId"]: op
+        for item in doc["paths"].values()
+        for op in item.values()
+        if isinstance(op, dict) and "operationId" in op
+    }
+    seen = 0
+    for item in doc["paths"].values():
+        for source in item.values():
+            if not isinstance(source, dict):
+                continue
+            source_path = {p["name"] for p in parameters(source) if p["in"] == "path"}
+            for status, response in source.get("responses", {}).items():
+                for name, link in response.get("links", {}).items():
+                    seen += 1
+                    where = (source["operationId"], status, name)
+                    target = by_id.get(link["operationId"])
+                    assert target is not None, where
+                    taken = {p["name"]: p for p in parameters(target)}
+                    given = link["parameters"]
+                    assert set(given) <= set(taken), where
+                    required = {n for n, p in taken.items() if p["in"] == "path"}
+                    assert required <= set(given), where
+                    for expression in given.values():
+                        if expression.startswith("$request.path."):
+                            assert expression.removeprefix("$request.path.") in source_path
+                            continue
+                        assert expression.startswith("$response.body#"), where
+                        pointer = expression.removeprefix("$response.body#")
+                        body = response["content"]["application/json"]
+                        assert _schema_at(doc, body["schema"], pointer)["type"] == "string"
+                        if "example" in body:
+                            value = _pointer(body["example"], pointer)
+                            assert isinstance(value, str) and value, where
+    assert seen > 40
 
 
 def _limits_of(doc: dict[str, Any], body: str) -> tuple[int, int, int]:

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from worker.api.bodies import error_response
+from worker.api.metrics import ApiMetrics
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
 from worker.engine.outage import BrokerHealth, send_retrying
@@ -365,16 +366,21 @@ async def _quietly(write: Awaitable[None]) -> None:
         await write
 
 
-def _replayed(held: IdempotencyRecord, print_: str, request_id: str) -> Response:
+def _replayed(
+    held: IdempotencyRecord, print_: str, request_id: str, metrics: ApiMetrics
+) -> Response:
     """The answer to a request whose key another request holds."""
     if held.fingerprint != print_:
+        metrics.idempotency_refusals.labels("reused").inc()
         return error_response(request_id, ServiceError.of("idempotency_key_reused"))
     if held.answer is None:
+        metrics.idempotency_refusals.labels("in_progress").inc()
         return error_response(
             request_id,
             ServiceError.of("idempotency_key_in_progress"),
             headers={"Retry-After": str(IN_PROGRESS_RETRY_S)},
         )
+    metrics.idempotency_replays.inc()
     return Response(
         held.answer.body.encode("utf-8"),
         status_code=held.answer.status,
@@ -391,10 +397,11 @@ async def answer_once(
     print_: str,
     request_id: str,
     run: Callable[[], Awaitable[Response]],
+    metrics: ApiMetrics,
 ) -> Response:
     """``run``'s answer, given once per key: a repeat gets the kept answer, another request
-    with the key 409, a workspace out of keys 429. An error ``run`` raises (no answer from the
-    worker) gives the key up, so a retry runs again."""
+    with the key 409, a workspace out of keys 429, each counted in ``metrics``. An error
+    ``run`` raises (no answer from the worker) gives the key up, so a retry runs again."""
     if not keys.caught_up and not await keys.wait_caught_up(CLAIM_TIMEOUT_S):
         raise ServiceError.of(
             "run_auth_action_failed",
@@ -402,14 +409,18 @@ async def answer_once(
         )
     held = keys.holder(workspace_id, key)
     if held is not None:
-        return _replayed(held, print_, request_id)
-    exhausted = error_response(
-        request_id,
-        ServiceError.of("idempotency_keys_exhausted"),
-        headers={"Retry-After": str(EXHAUSTED_RETRY_S)},
-    )
+        return _replayed(held, print_, request_id, metrics)
+
+    def exhausted() -> Response:
+        metrics.idempotency_refusals.labels("exhausted").inc()
+        return error_response(
+            request_id,
+            ServiceError.of("idempotency_keys_exhausted"),
+            headers={"Retry-After": str(EXHAUSTED_RETRY_S)},
+        )
+
     if keys.held(workspace_id) >= keys.per_workspace:
-        return exhausted
+        return exhausted()
     won, outcome = await keys.claim(workspace_id, key, print_)
     if outcome is None:
         raise ServiceError.of(
@@ -417,13 +428,15 @@ async def answer_once(
             "The Idempotency-Key could not be recorded in time; nothing was sent. Retry.",
         )
     if isinstance(outcome, _Full):
-        return exhausted
+        return exhausted()
     if not won:
-        return _replayed(outcome, print_, request_id)
+        return _replayed(outcome, print_, request_id, metrics)
     kept = False
     try:
         response = await run()
         kept = await keys.answered(outcome, response.status_code, bytes(response.body))
+        if kept:
+            metrics.idempotency_keys_stored.inc()
         return response
     finally:
         if not kept:  # no answer kept (an error, a time-out, a cancel): a retry runs again

@@ -30,6 +30,11 @@ REFUSAL_REASONS: Final = (
 """``passkey_api_refusals_total{reason}``: what the front door refuses (docs/operations.md,
 "Front-door limits"). Never labelled by workspace: the label set stays this small."""
 
+IDEMPOTENCY_REFUSALS: Final = ("in_progress", "reused", "exhausted")
+"""``passkey_api_idempotency_refusals_total{reason}``: an ``Idempotency-Key`` another request
+holds and has not answered yet (409), one held for another body or account (409), a workspace
+out of keys (429). Never labelled by key or workspace."""
+
 
 #: ``(key_id, workspace_id, unix time)`` of each key presented (``KeyStore.last_used``).
 KeyUsage = Callable[[], Iterable[tuple[str, str, float]]]
@@ -126,6 +131,28 @@ class ApiMetrics:
         )
         for reason in ("rotated", "expired", "trimmed"):
             self.secrets_dropped.labels(reason)
+        # Idempotent confirms (worker/api/idempotency.py): bounded labels only, never a key.
+        self.idempotency_replays = Counter(
+            "passkey_api_idempotency_replays",
+            "passkey-confirm requests answered with the kept answer of their Idempotency-Key"
+            " (no command sent)",
+            registry=registry,
+        )
+        self.idempotency_refusals = Counter(
+            "passkey_api_idempotency_refusals",
+            "passkey-confirm requests with an Idempotency-Key refused, by reason: in_progress"
+            " (409), reused (409, another body or account), exhausted (429, workspace out of"
+            " keys)",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in IDEMPOTENCY_REFUSALS:
+            self.idempotency_refusals.labels(reason)
+        self.idempotency_keys_stored = Counter(
+            "passkey_api_idempotency_keys_stored",
+            "Idempotency-Key answers this front-end kept (one per key that ran its command)",
+            registry=registry,
+        )
         self.replays_in_flight = Gauge(
             "passkey_api_webhook_replays_in_flight",
             "Webhook replays running or waiting for a slot in this process",

@@ -308,6 +308,7 @@ class ApiRoutes:
                 print_=fingerprint(account_id, raw),
                 request_id=request_id,
                 run=lambda: self._confirm(request_id, workspace_id, account_id, deadline),
+                metrics=self.metrics,
             )
         return await self._confirm(request_id, workspace_id, account_id, deadline)
 

@@ -16,7 +16,6 @@ from typing import Any, Final, TypeVar
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
-from worker.api.webhooks.delivery_log_view import DeliveryLogView
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
 from worker.engine.home_partition import home_partition
@@ -28,9 +27,6 @@ log = get_logger(__name__)
 
 Scanned = TypeVar("Scanned")
 
-SHOWN_MAX = 100
-"""Deliveries one answer shows at most (docs/api.md)."""
-
 MAX_CONCURRENT_SCANS: Final = 4
 """Scans running at once on one process, each on its consumer (one consumer each)."""
 
@@ -40,7 +36,7 @@ class DeliveryScanFailed(Exception):
 
 
 class DeliveryLogScan:
-    """Reads one endpoint's recent deliveries from ``topic`` on demand.
+    """Reads one endpoint's entries of the delivery log from ``topic`` on demand (``read``).
 
     ``consumer_factory`` builds an unstarted, group-less consumer; ``start`` builds and starts
     the first, a scan that finds none idle builds another, up to ``max_concurrent``; ``stop``
@@ -100,11 +96,6 @@ class DeliveryLogScan:
         for consumer in consumers:
             with contextlib.suppress(Exception):
                 await consumer.stop()
-
-    async def recent(self, endpoint_id: str) -> list[DeliveryLogEntry]:
-        """The endpoint's most recent deliveries (at most ``SHOWN_MAX``), most recently
-        changed first; raises ``DeliveryScanFailed``."""
-        return await self._run(endpoint_id, lambda c, d: self._scan(c, endpoint_id, d))
 
     async def read(self, endpoint_id: str, *, upto: int | None, lo: int | None) -> LogSlice:
         """The endpoint's entries in ``[lo, upto)`` of its partition, with their positions:
@@ -166,38 +157,6 @@ class DeliveryLogScan:
         if not parts:
             raise DeliveryScanFailed(f"topic {self.topic!r} has no partitions")
         return TopicPartition(self.topic, home_partition(key, len(parts)))
-
-    async def _scan(
-        self, consumer: Any, endpoint_id: str, deadline: float
-    ) -> list[DeliveryLogEntry]:
-        key = endpoint_id.encode()
-        tp = await self._partition(consumer, key, deadline)
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        consumer.seek(tp, max(0, end - self.window))
-        view = DeliveryLogView(per_endpoint=SHOWN_MAX)
-        target: int | None = None
-        read = 0
-        while True:
-            batch = await fetch_records(
-                consumer,
-                timeout_ms=self._idle_timeout_ms,
-                max_records=self._max_records,
-                on_unreadable=self._skip,
-                owned=[tp],
-            )
-            records = batch.get(tp, ())
-            read += len(records)
-            view.handle(r for r in records if r.key == key)
-            if target is None:
-                target = consumer.highwater(tp)  # the end as of the first response
-            if target is not None and await consumer.position(tp) >= target:
-                break
-            if read > self.window + self._max_records:
-                break  # a short end estimate on a busy partition: enough has been read
-        self.scans += 1
-        self.records_read += read
-        return view.of_endpoint(endpoint_id, limit=SHOWN_MAX)
 
     async def _slice(
         self, consumer: Any, endpoint_id: str, upto: int | None, lo: int | None, deadline: float

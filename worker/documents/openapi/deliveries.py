@@ -1,6 +1,9 @@
 """The OpenAPI table of the delivery routes: an endpoint's delivery log (paged, filtered), one
 delivery with its attempts, a resend of one, and a test send; with examples, and the links the
-stateful fuzzer follows from a test send to the log and a resend."""
+stateful fuzzer follows: from each answer that names a delivery (a test send's, the log's first,
+one delivery's) to reading it, resending it and the log, with both the endpoint id and the
+delivery id. A resend's answer has no links: an operation with links is one the stateful phase
+may also start a scenario with, with a made-up endpoint id (a 404 that tests nothing new)."""
 
 from __future__ import annotations
 
@@ -248,8 +251,12 @@ def delivery_paths() -> dict[str, Any]:
                     one_endpoint=True,
                     portal=True,
                     ok_status="200",
-                    ok=json_response(
-                        "The delivery.", DeliveryDetailResponse, example=detail_example
+                    ok=_links(
+                        json_response(
+                            "The delivery.", DeliveryDetailResponse, example=detail_example
+                        ),
+                        pointer="/data/delivery_id",
+                        endpoint="$request.path.endpoint_id",
                     ),
                     failures=(
                         *webhook_failures(
