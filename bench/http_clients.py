@@ -15,10 +15,11 @@ the same ~100-byte JSON answer, each answer checked (status 200, body parsed):
 
 The receiver runs in its own process (bench/http_receiver.py; uvloop and httptools, so its
 CPU is not counted and it is not the bottleneck) with three listeners: plain, TLS and mTLS (a
-client certificate required), on certificates made at start with ``cryptography``. Each trial: a warm-up, then ``--calls`` calls (``--calls-50`` with 50 in
-flight) from that many lanes; CPU is ``time.process_time`` of this process over the window,
-so every thread counts. Rounds alternate the contenders' order so noise hits all of them;
-each trial stops at ``--trial-max-s`` whatever it has done.
+client certificate required), on certificates made at start with ``cryptography``. Each
+trial: a warm-up, then ``--calls`` calls (``--calls-50`` with 50 in flight) from that many
+lanes; CPU is ``time.process_time`` of this process over the window, so every thread counts.
+Rounds alternate the contenders' order so noise hits all of them; each trial stops at
+``--trial-max-s`` whatever it has done.
 """
 
 from __future__ import annotations
