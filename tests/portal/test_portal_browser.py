@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import pytest_asyncio
+from aiohttp import web
 
 from devstack.keys import DEV_KEY
 from tests.devstack.running_stack import RunningStack, running_stack
@@ -168,6 +169,62 @@ async def test_attacker_controlled_text_is_shown_as_text(
         await page.close()
         await api(stack, "DELETE", f"{ENDPOINTS}/{created['id']}")
     assert all(u.startswith(stack.api + "/") for u in requested), requested
+
+
+async def test_a_receivers_answer_holding_markup_is_shown_as_text(
+    stack: RunningStack, browser: Browser
+) -> None:
+    """A receiver controls its answer's body; the page shows the stored excerpt of it in a
+    delivery's attempts as text, and runs none of it."""
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=500, text=HOSTILE, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    created = (
+        await api(
+            stack,
+            "POST",
+            ENDPOINTS,
+            json={"url": f"http://127.0.0.1:{port}/hook", "description": "answers with markup"},
+        )
+    )["data"]
+    one = f"{ENDPOINTS}/{created['id']}"
+    page: Page | None = None
+    try:
+        queued = (
+            await api(
+                stack, "POST", f"{one}/test", json={"event_type": "account.auth_status_changed"}
+            )
+        )["data"]
+        deadline = time.monotonic() + 60
+        while not (await api(stack, "GET", f"{one}/deliveries/{queued['delivery_id']}"))["data"][
+            "attempts_detail"
+        ]:
+            assert time.monotonic() < deadline, "the failing attempt never reached the log"
+            await _sleep(0.5)
+        page, requested = await open_portal(browser, await session_url(stack))
+        row = page.locator(f"#endpoints tr[data-endpoint='{created['id']}']")
+        await row.locator("button[data-action='deliveries']").click()
+        await page.locator("#deliveries button[data-action='attempts']").first.click()
+        shown = page.locator("#attempts pre").filter(has_text="<script>")
+        await shown.first.wait_for()
+        assert HOSTILE in await shown.first.inner_text()
+        assert await page.evaluate("window.__pwned") is None
+        assert await page.locator("#detail script, #detail img").count() == 0
+        assert all(u.startswith(stack.api + "/") for u in requested), requested
+    finally:
+        if page is not None:
+            await page.close()
+        await api(stack, "DELETE", one)
+        await runner.cleanup()
 
 
 async def test_expired_forged_and_other_workspace_sessions_are_refused(
