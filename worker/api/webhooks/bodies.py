@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -17,7 +17,9 @@ from pydantic import (
     ValidationError,
     WithJsonSchema,
 )
+from starlette.requests import Request
 
+from worker.api.routes import decode_json, read_body
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
 from worker.webhooks.endpoints import EndpointRecord, EndpointStatus, EventType, RateLimit
@@ -129,6 +131,24 @@ def invalid_body(exc: ValidationError) -> ServiceError:
         where = ".".join(str(part) for part in err["loc"]) or "body"
         problems.append(f"{where}: {err['msg']}")
     return ServiceError.of("invalid_request", "Invalid request body: " + "; ".join(problems) + ".")
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+async def json_object_body(request: Request, model: type[Model]) -> Model:
+    """The request's body as ``model``: 400 when it is empty, not a JSON object, or not valid
+    (each bad field named, never its value)."""
+    raw = await read_body(request)
+    if not raw:
+        raise ServiceError.of("invalid_request", "A JSON object request body is required.")
+    value = decode_json(raw)
+    if not isinstance(value, dict):
+        raise ServiceError.of("invalid_request", "The request body must be a JSON object.")
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
 
 
 def _no_default(schema: dict[str, Any]) -> None:

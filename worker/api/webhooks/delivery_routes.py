@@ -12,13 +12,12 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from worker.api.bodies import json_response, valid_id
-from worker.api.routes import decode_json, read_body, request_id_of
-from worker.api.webhooks.bodies import invalid_body, parse_rfc3339
+from worker.api.routes import request_id_of
+from worker.api.webhooks.bodies import json_object_body, parse_rfc3339
 from worker.api.webhooks.delivery_bodies import (
     DeliveryDetail,
     DeliveryDetailResponse,
@@ -189,7 +188,7 @@ class DeliveryRoutes:
 
     async def test(self, request: Request) -> Response:
         clients, _, record = await self._endpoint_of(request, SEND_FAILED)
-        body = await _test_body(request)
+        body = await json_object_body(request, TestSendBody)
         self.budget.spend(record.workspace_id)
         event = sample_event(body.event_type, workspace_id=record.workspace_id, now=time.time())
         copy = EventCopy.of(event, record.workspace_id)
@@ -242,19 +241,6 @@ def _invalid_path() -> ServiceError:
         "invalid_request",
         "Invalid path parameter: delivery_id must be a delivery id this endpoint's log shows.",
     )
-
-
-async def _test_body(request: Request) -> TestSendBody:
-    raw = await read_body(request)
-    if not raw:
-        raise ServiceError.of("invalid_request", "A JSON object request body is required.")
-    value = decode_json(raw)
-    if not isinstance(value, dict):
-        raise ServiceError.of("invalid_request", "The request body must be a JSON object.")
-    try:
-        return TestSendBody.model_validate(value)
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
 
 
 __all__ = [

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -22,8 +21,6 @@ from worker.api.metrics import ApiMetrics
 from worker.api.routes import (
     ACCOUNT_ID_RULE,
     check_body,
-    decode_json,
-    read_body,
     request_id_of,
 )
 from worker.api.webhooks.account_events import AccountEvents, CursorCodec
@@ -38,7 +35,7 @@ from worker.api.webhooks.bodies import (
     ReplayBody,
     ReplayData,
     UpdateEndpointBody,
-    invalid_body,
+    json_object_body,
 )
 from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
 from worker.api.webhooks.delivery_routes import (
@@ -92,7 +89,6 @@ UNCONFIRMED: Final = (
     " endpoints before retrying."
 )
 
-Body = TypeVar("Body", bound=BaseModel)
 Written = TypeVar("Written")
 
 
@@ -259,19 +255,6 @@ class WebhookRoutes:
             )
 
     @staticmethod
-    async def _body(request: Request, model: type[Body]) -> Body:
-        raw = await read_body(request)
-        if not raw:
-            raise ServiceError.of("invalid_request", "A JSON object request body is required.")
-        value = decode_json(raw)
-        if not isinstance(value, dict):
-            raise ServiceError.of("invalid_request", "The request body must be a JSON object.")
-        try:
-            return model.model_validate(value)
-        except ValidationError as exc:
-            raise invalid_body(exc) from None
-
-    @staticmethod
     def _endpoint_id(request: Request) -> str:
         """The path's endpoint id, in the identifier format (400 otherwise, like account ids)."""
         endpoint_id: str = request.path_params["endpoint_id"]
@@ -314,7 +297,7 @@ class WebhookRoutes:
         failure = "create_webhook_endpoint_failed"
         workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
-        body = await self._body(request, CreateEndpointBody)
+        body = await json_object_body(request, CreateEndpointBody)
         self.limits.check(url=body.url, description=body.description, event_types=body.event_types)
         self._check_url(body.url)
         event_types = None if body.event_types is None else tuple(dict.fromkeys(body.event_types))
@@ -378,7 +361,7 @@ class WebhookRoutes:
         workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
         endpoint_id = self._endpoint_id(request)
-        body = await self._body(request, UpdateEndpointBody)
+        body = await json_object_body(request, UpdateEndpointBody)
         changes = body.changes()
         if not changes:
             raise ServiceError.of(
@@ -460,7 +443,7 @@ class WebhookRoutes:
         workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
         endpoint_id = self._endpoint_id(request)
-        body = await self._body(request, ReplayBody)
+        body = await json_object_body(request, ReplayBody)
         await self._ready(failure, clients.endpoints)
         record = self._find(clients, workspace_id, endpoint_id)
         replay_id = await clients.replays.begin(record, body.since)
