@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 from aiokafka import TopicPartition
 
-from bench.common import run_meta
+from bench.common import REPO_ROOT, run_meta
 from bench.stack import Connection, cpu_of, start_stack, stop_process
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
 from worker.contract.messages import RegisterAccount
@@ -333,7 +333,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "COMMANDS_PARTITIONS": str(args.partitions),
             "OTHER_PARTITIONS": str(args.partitions),
         }
-    stack = start_stack(2, workdir, keys, args.start_timeout_s, partitions)
+    tree = args.stack_tree or REPO_ROOT
+    stack = start_stack(2, workdir, keys, args.start_timeout_s, partitions, tree=tree)
     settings = Settings(
         kafka_bootstrap_servers=f"127.0.0.1:{stack.ports['broker']}",
         log_format="console",
@@ -436,6 +437,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="partitions of the stack's topics (0: make run's); the embedded broker's cost "
         "per data-bearing fetch grows with what the fetched partition holds",
+    )
+    parser.add_argument(
+        "--stack-tree",
+        type=Path,
+        default=None,
+        help="run the stack of another checkout under this driver (for example a worktree of "
+        "an older commit, to see what it keeps), with this interpreter",
     )
     parser.add_argument("--sample-s", type=float, default=30)
     parser.add_argument("--drain-s", type=float, default=30)

@@ -139,7 +139,10 @@ def start_stack(
     keys: Path,
     timeout_s: float,
     extra_env: dict[str, str] | None = None,
+    tree: Path = REPO_ROOT,
 ) -> Stack:
+    """``python -m devstack stack`` on free loopback ports, until it says it is up. ``tree`` is
+    the checkout whose stack runs (another commit's, to compare under the same driver)."""
     ports = {
         name: free_port()
         for name in ("broker", "simulator", "receiver", "api", "api_metrics", "worker", "webhooks")
@@ -157,13 +160,14 @@ def start_stack(
             "API_KEYS_FILE": str(keys),
             "PROVIDER_URLS": json.dumps({"simulator": f"http://127.0.0.1:{ports['simulator']}"}),
         }
+        | {"PYTHONPATH": str(tree)}
         | (extra_env or {})
     )
     log = workdir / "stack.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "devstack", "stack", "--demo-accounts", str(accounts)],
-            cwd=REPO_ROOT,
+            cwd=tree,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
