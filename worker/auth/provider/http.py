@@ -1,7 +1,8 @@
 """The HTTP provider adapter, on one client built at start-up and shared by every adapter
 (docs/architecture.md, "The provider's wire contract"). An attempt raises nothing but a
 catalogued ``ProviderError``. The adapter writes each attempt's CLIENT span and ``traceparent``
-itself rather than instrumenting aiohttp, so a process that exports nothing pays no span."""
+itself rather than instrumenting the HTTP client, so a process that exports nothing pays no
+span."""
 
 from __future__ import annotations
 
