@@ -219,6 +219,13 @@ async def test_the_resolved_address_is_the_one_dialled(receiver: Receiver) -> No
     assert receiver.seen[0].headers["host"] == f"hooks.test:{receiver.port}"
 
 
+async def test_a_literal_address_is_dialled_without_a_lookup(receiver: Receiver) -> None:
+    calls, lookup = fixed(["10.9.9.9"])
+    result = await post(receiver.url("/ok"), LAX, lookup=lookup)
+    assert (result.status, calls) == (204, [])
+    assert "accept-encoding" not in receiver.seen[0].headers  # the body is kept as sent
+
+
 async def test_redirects_are_not_followed(receiver: Receiver) -> None:
     result = await post(receiver.url("/redirect"))
     assert result.status == 302 and not result.ok

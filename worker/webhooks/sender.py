@@ -4,6 +4,7 @@ vetted addresses only (one lookup, no rebinding), never raising, with the receiv
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 import time
 import weakref
@@ -32,6 +33,7 @@ from worker.webhooks.targets import (
     BlockedTarget,
     IPAddress,
     TargetPolicy,
+    check_address,
     resolve_target,
     validate_url,
 )
@@ -53,6 +55,7 @@ DEFAULT_TIMEOUT_S: Final = 15.0
 DEFAULT_BODY_CAP: Final = 4096
 DEFAULT_RETRY_AFTER_MAX_S: Final = max(DEFAULT_SCHEDULE_S)
 _RETRY_AFTER_STATUSES: Final = frozenset({429, 503})
+_WHOLE_ATTEMPT_S: Final = 24 * 3600.0
 DEFAULT_HEADERS: Final = {"User-Agent": "passkey-auth-worker-webhooks", "Accept": "*/*"}
 """Sent with every attempt besides the caller's. No ``Accept-Encoding``: the body is kept as
 sent, so the receiver is not invited to compress it."""
@@ -107,8 +110,14 @@ class VettingResolver:
 
     async def resolve(self, host: str, port: int) -> list[IPAddress]:
         """The addresses to dial, in the lookup's order, once the policy accepted every one
-        (``BlockedTarget`` otherwise; a failed lookup is an ``OSError``)."""
-        return await resolve_target(host, port, self._policy, self._lookup)
+        (``BlockedTarget`` otherwise; a failed lookup is an ``OSError``). A literal address
+        is judged as it is, with no lookup."""
+        try:
+            literal = ipaddress.ip_address(host)
+        except ValueError:
+            return await resolve_target(host, port, self._policy, self._lookup)
+        check_address(literal, self._policy)
+        return [literal]
 
 
 # Clients built by ``open_session``, with their policy: ``Sender`` refuses any other,
@@ -137,9 +146,10 @@ def open_session(
     client = Http1Client(
         max_connections=max_connections,
         max_per_host=max_connections_per_host,
-        connect_s=DEFAULT_TIMEOUT_S,
-        headers_s=DEFAULT_TIMEOUT_S,
-        body_s=DEFAULT_TIMEOUT_S,
+        # no limit per phase: the attempt's time-out (``Sender``) bounds them all together
+        connect_s=_WHOLE_ATTEMPT_S,
+        headers_s=_WHOLE_ATTEMPT_S,
+        body_s=_WHOLE_ATTEMPT_S,
         body_cap=DEFAULT_BODY_CAP,
         headers=DEFAULT_HEADERS,
         ssl_context=ssl_context,
