@@ -381,6 +381,22 @@ async def test_connections_in_all_are_bounded_across_origins() -> None:
         assert client.open_connections <= 2
 
 
+async def test_idle_connections_past_their_time_are_closed_not_reused() -> None:
+    async with (
+        serving(always(OK)) as one,
+        serving(always(OK)) as two,
+        Http1Client(idle_s=0.1) as client,
+    ):
+        await client.request("GET", one.url)
+        await asyncio.sleep(0.15)
+        await client.request("GET", two.url)  # a new connection: the sweep closes one's
+        await asyncio.sleep(0.05)
+        assert (one.open_now, client.open_connections) == (0, 1)
+        await asyncio.sleep(0.15)
+        await client.request("GET", two.url)  # too old to reuse: dialled anew
+        assert two.connections == 2
+
+
 async def test_a_caller_waits_for_a_connection_no_longer_than_its_connect_time_out() -> None:
     async with (
         serving(always(OK, hold_s=1.0)) as server,

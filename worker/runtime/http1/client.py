@@ -228,9 +228,12 @@ class Http1Client:
         while True:
             if self._closed:
                 raise RuntimeError("the HTTP client is closed")
-            conn, _ = self._idle(origin, asyncio.get_running_loop().time())
+            now = asyncio.get_running_loop().time()
+            conn, _ = self._idle(origin, now)
             if conn is not None:
                 return conn
+            if self._idle_total:
+                self._sweep(now)
             pool = self._pools.get(origin)
             if pool is None:
                 pool = self._pools[origin] = _Pool()
@@ -255,6 +258,20 @@ class Http1Client:
                     self._wake()  # it was woken for room it will not use: pass it on
                 raise
             woken = True
+
+    def _sweep(self, now: float) -> None:
+        """Close every connection idle for ``idle_s`` or more, or closed by its peer, of any
+        origin (run when a connection is about to be opened: rarely, and never per call)."""
+        for origin, pool in list(self._pools.items()):
+            while pool.idle and (
+                now - pool.idle[0].idle_since >= self._idle_s or not pool.idle[0].open
+            ):
+                self._idle_total -= 1
+                self._discard(origin, pool, pool.idle.popleft())
+            for conn in [c for c in pool.idle if not c.open]:
+                pool.idle.remove(conn)
+                self._idle_total -= 1
+                self._discard(origin, pool, conn)
 
     def _evict_idle(self) -> bool:
         """Close the longest-idle connection of any origin to make room; false if none."""
