@@ -20,6 +20,7 @@ from worker.runtime.http1 import (
     InvalidRequest,
     PeerClosed,
     ProtocolError,
+    wire,
 )
 
 Reply = Callable[[int, bytes, asyncio.StreamWriter], Awaitable[bool]]
@@ -474,6 +475,18 @@ async def test_the_request_on_the_wire() -> None:
     assert "Content-Length: 0" in post
     assert get[0] == "GET /p%20q/%C3%BC HTTP/1.1"
     assert not any(line.lower().startswith("content-length") for line in get)
+
+
+async def test_the_header_names_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wire, "_NAMES", {})
+    monkeypatch.setattr(wire, "_NAMES_KEPT", 2)
+    headers = {f"X-H{n}": str(n) for n in range(5)}
+    async with serving(always(OK)) as server, Http1Client() as client:
+        await client.request("GET", server.url, headers=headers)
+        await client.request("GET", server.url, headers=headers)
+    assert len(wire._NAMES) == 2
+    for head in server.requests:
+        assert all(f"X-H{n}: {n}\r\n".encode() in head for n in range(5))
 
 
 async def test_a_closed_client_refuses_requests() -> None:

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from worker.runtime.http1 import Http1Client
+from worker.webhooks import sender as sender_module
 from worker.webhooks.lookup import Lookup, system_lookup
 from worker.webhooks.sender import (
     DeliveryResult,
@@ -320,6 +321,22 @@ async def test_one_session_serves_many_deliveries(receiver: Receiver) -> None:
         )
     assert {r.status for r in results} == {204}
     assert len(receiver.seen) == 20
+
+
+async def test_the_vetted_urls_a_sender_keeps_are_bounded(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sender_module, "TARGETS_KEPT", 3)
+    async with open_session(HTTP_ONLY) as session:
+        sender = Sender(session, body_cap=CAP)
+        for n in range(5):
+            assert (await sender.post(receiver.url(f"/ok?n={n}"), BODY, {})).error == "blocked"
+        assert sender._targets == {}  # refused URLs are not kept
+    async with open_session(LAX) as session:
+        sender = Sender(session, body_cap=CAP)
+        for n in range(5):
+            assert (await sender.post(receiver.url(f"/ok?n={n}"), BODY, {})).status == 204
+        assert sorted(sender._targets) == [receiver.url(f"/ok?n={n}") for n in (2, 3, 4)]
 
 
 # --- the resolver pins what it checked -------------------------------------------------------

@@ -22,6 +22,7 @@ from worker.runtime.http1 import (
     PeerClosed,
     ProtocolError,
     SocketFactory,
+    Target,
     TlsFailed,
     target,
 )
@@ -56,6 +57,8 @@ DEFAULT_BODY_CAP: Final = 4096
 DEFAULT_RETRY_AFTER_MAX_S: Final = max(DEFAULT_SCHEDULE_S)
 _RETRY_AFTER_STATUSES: Final = frozenset({429, 503})
 _WHOLE_ATTEMPT_S: Final = 24 * 3600.0
+TARGETS_KEPT: Final = 1024
+"""Endpoint URLs a ``Sender`` keeps vetted and parsed (each at most ``MAX_URL_LENGTH``)."""
 DEFAULT_HEADERS: Final = {"User-Agent": "passkey-auth-worker-webhooks", "Accept": "*/*"}
 """Sent with every attempt besides the caller's. No ``Accept-Encoding``: the body is kept as
 sent, so the receiver is not invited to compress it."""
@@ -180,6 +183,9 @@ class Sender:
             )
         self._session = session
         self._policy = policy
+        # URL → its vetted, parsed target: ``validate_url`` is pure (no DNS), and the same
+        # few endpoint URLs come back delivery after delivery. Refused URLs are not kept.
+        self._targets: dict[str, Target] = {}
         self._timeout_s = timeout_s
         self._body_cap = body_cap
         self._retry_after_max_s = retry_after_max_s
@@ -187,6 +193,22 @@ class Sender:
     @property
     def policy(self) -> TargetPolicy:
         return self._policy
+
+    def _vetted(self, url: str) -> Target:
+        """``url`` checked by ``validate_url`` (``BlockedTarget`` when refused) and parsed for
+        the client from what it parsed, not parsed again; the last ``TARGETS_KEPT`` kept."""
+        vetted = validate_url(url, self._policy)
+        to = target(
+            vetted.scheme,
+            vetted.raw_host or "",
+            vetted.port or 0,
+            vetted.raw_path_qs,
+            vetted.raw_authority,
+        )
+        if len(self._targets) >= TARGETS_KEPT:
+            del self._targets[next(iter(self._targets))]  # the oldest first
+        self._targets[url] = to
+        return to
 
     async def post(
         self,
@@ -200,17 +222,12 @@ class Sender:
         started = time.monotonic()
         limit = self._timeout_s if timeout_s is None else timeout_s
         try:
-            vetted = validate_url(url, self._policy)
+            to = self._targets.get(url)
+            if to is None:
+                to = self._vetted(url)
             answer = await self._session.request(
                 "POST",
-                # the URL validate_url parsed, not parsed again
-                target(
-                    vetted.scheme,
-                    vetted.raw_host or "",
-                    vetted.port or 0,
-                    vetted.raw_path_qs,
-                    vetted.raw_authority,
-                ),
+                to,
                 headers=headers,
                 body=body,
                 body_cap=self._body_cap,

@@ -190,8 +190,8 @@ class Http1Client:
 
     # -- the pool -----------------------------------------------------------------------------
     def _idle(self, origin: Origin, now: float) -> tuple[Connection | None, bool]:
-        """A live idle connection to ``origin``, or a reserved slot (None) when there is
-        room for a new one without waiting; stale idle connections are closed on the way."""
+        """A live idle connection to ``origin`` (the most recently used), or None; stale
+        ones (closed by the peer, or idle for ``idle_s``) are closed on the way."""
         pool = self._pools.get(origin)
         if pool is None:
             return None, False

@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 _TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE: Final = frozenset("\r\n\0")
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 # The client writes these itself: a caller's copy would frame the request twice.
 _OWNED: Final = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 # Characters sent as they are in a request target; anything else is percent-encoded.
@@ -60,7 +60,7 @@ def target(scheme: str, host: str, port: int, path_qs: str, authority: str) -> T
         except UnicodeError:
             raise InvalidRequest("url_invalid") from None
     path = path_qs or "/"
-    if any(c < " " or c == "\x7f" for c in path) or any(c < " " for c in authority):
+    if _CONTROL.search(path) or _CONTROL.search(authority):
         raise InvalidRequest("url_invalid")
     if not path.isascii() or " " in path:
         path = quote(path, safe=_TARGET_SAFE)
@@ -90,17 +90,37 @@ def _ascii(text: str) -> bytes:
         return text.encode("idna")
 
 
+#: Header names seen, checked and encoded once: name → (lower-cased, ``b"Name: "``). Callers
+#: use a handful of fixed names; past ``_NAMES_KEPT`` a name is checked on every use.
+_NAMES: dict[str, tuple[str, bytes]] = {}
+_NAMES_KEPT: Final = 256
+
+
+def _name(name: str) -> tuple[str, bytes]:
+    known = _NAMES.get(name)
+    if known is None:
+        lowered = name.lower()
+        if not _TOKEN.fullmatch(name) or lowered in _OWNED:
+            raise InvalidRequest("header_name_refused")
+        known = (lowered, name.encode("ascii") + b": ")
+        if len(_NAMES) < _NAMES_KEPT:
+            _NAMES[name] = known
+    return known
+
+
+def _value(value: str) -> bytes:
+    if "\r" in value or "\n" in value or "\0" in value:
+        raise InvalidRequest("header_value_refused")
+    return value.encode("utf-8")
+
+
 def encode_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, bytes]]:
     """Each header as (lower-cased name, its encoded line); raises ``InvalidRequest`` for a
     name that is no token, a value holding CR, LF or NUL, or a header the client owns."""
     lines: list[tuple[str, bytes]] = []
     for name, value in headers:
-        lowered = name.lower()
-        if not _TOKEN.fullmatch(name) or lowered in _OWNED:
-            raise InvalidRequest("header_name_refused")
-        if not _BAD_VALUE.isdisjoint(value):
-            raise InvalidRequest("header_value_refused")
-        lines.append((lowered, b"%s: %s\r\n" % (name.encode("ascii"), value.encode("utf-8"))))
+        lowered, prefix = _name(name)
+        lines.append((lowered, prefix + _value(value) + b"\r\n"))
     return lines
 
 
@@ -114,11 +134,16 @@ def request_head(
     """The request's bytes: request line, ``Host``, the client's default headers that the
     caller's do not replace, the caller's, ``Content-Length`` when a body is or may be sent
     (``0`` for an empty POST, as other clients send), then the body."""
-    given = encode_headers(headers.items()) if headers else []
-    names = {name for name, _ in given}
     parts = [method.encode("ascii"), b" ", to.path, b" HTTP/1.1\r\nHost: ", to.authority, b"\r\n"]
+    given: list[bytes] = []
+    names: set[str] = set()
+    if headers:
+        for name, value in headers.items():
+            lowered, prefix = _name(name)
+            given += (prefix, _value(value), b"\r\n")
+            names.add(lowered)
     parts += [line for name, line in defaults if name not in names]
-    parts += [line for _, line in given]
+    parts += given
     if body or method not in _METHODS_WITHOUT_BODY:
         parts.append(b"Content-Length: %d\r\n" % len(body))
     parts += (b"\r\n", body)
