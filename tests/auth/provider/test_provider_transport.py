@@ -1,5 +1,5 @@
 """The provider client at its boundary: answers arrive as ``ProviderAnswer`` (status, headers,
-bounded body), and every aiohttp failure becomes the ``TransportFailure`` that
+bounded body), and every failure of the HTTP client becomes the ``TransportFailure`` that
 ``map_upstream_failure`` maps.
 
 Real sockets on loopback only: the simulator, a server that hangs up, a closed port.
