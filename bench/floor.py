@@ -10,7 +10,7 @@ For every fetched batch of auth.commands, as one task (batches overlap, at most
   no dedup window, no timers), write its state record and its status event;
 * a first confirm: the provider call the worker makes for it (``POST .../passkey/confirm``
   with the command id as idempotency key) through the worker's own client
-  (``build_http_client``: the same aiohttp session, pool, time-outs and body cap), the answer
+  (``build_http_client``: the same HTTP client, pool, time-outs and body cap), the answer
   parsed as JSON; then its state record, its reply (the worker's ``Reply``, so the bench
   matches it as the worker's) and its status event. A repeat confirm: state record and reply;
 * every record of the batch handed to the producer at once, ONE wait for all their acks, then
@@ -37,7 +37,7 @@ from aiokafka.structs import ConsumerRecord
 
 from bench.floor_loop import consume_in_batches
 from worker.auth.provider import build_http_client
-from worker.auth.provider.transport import AiohttpClient
+from worker.auth.provider.transport import ProviderHttpClient
 from worker.contract.messages import (
     AuthData,
     AuthStatusChanged,
@@ -81,7 +81,7 @@ class WorkerFloor:
             session_timeout_ms=settings.kafka_session_timeout_ms,
             heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
         )
-        self.http: AiohttpClient = build_http_client(settings)
+        self.http: ProviderHttpClient = build_http_client(settings)
         self.urls = {name: url.rstrip("/") for name, url in settings.provider_urls.items()}
         self.accounts: dict[str, Account] = {}
 

@@ -4,14 +4,18 @@ issue 33, deliverable 3: lower the floor where a library sets it).
 
 Contenders, each the same JSON POST (~300 bytes, the dispatcher's signed-delivery headers) and
 the same ~100-byte JSON answer, each answer checked (status 200, body parsed):
-- ``aiohttp-today``: the dispatcher's client as the product builds it (``open_session`` and
-  ``Sender`` of worker/webhooks/sender.py, its pool limits from ``Settings``) -- the reference;
-- ``aiohttp-provider``: the worker's provider client as built today (``build_http_client``);
-  it sends no body (a provider call has none), so it is shown, not compared like for like;
+- ``aiohttp-sender``: the dispatcher's client as the product built it on aiohttp until
+  ``worker.runtime.http1`` replaced it (bench/http_aiohttp.py; its pool limits from
+  ``Settings``) -- the reference (called ``aiohttp-today`` in runs before the change);
+- ``aiohttp-provider``: the worker's provider client as it was on aiohttp; it sends no body
+  (a provider call has none), so it is shown, not compared like for like;
 - ``aiohttp-tuned``: aiohttp with only what keeps the wire, the vetting and the bounds
   (``tuned_session``);
 - ``pycurl``: libcurl's multi interface on the loop (bench/http_curl.py), when importable;
-- ``httptools``: a minimal keep-alive client on the loop's transports (bench/http_mini.py).
+- ``http1-sender``: the dispatcher's client as the product builds it now (``open_session``
+  and ``Sender`` of worker/webhooks/sender.py on ``worker.runtime.http1``);
+- ``http1-provider``: the worker's provider client as built now (``build_http_client``), the
+  same call as ``aiohttp-provider``.
 
 The receiver runs in its own process (bench/http_receiver.py; uvloop and httptools, so its
 CPU is not counted and it is not the bottleneck) with three listeners: plain, TLS and mTLS (a
@@ -42,17 +46,34 @@ from typing import Any
 import aiohttp
 
 from bench.common import fmt, ints, names
+from bench.http_aiohttp import (
+    AiohttpVettingResolver,
+    provider_request,
+    provider_session,
+    sender_post,
+    sender_session,
+)
 from bench.http_curl import CurlClient, load_pycurl
-from bench.http_mini import MiniClient
 from bench.http_receiver import ANSWER, Material, make_material, receiver
+from worker import __version__
 from worker.auth.provider import build_http_client
 from worker.runtime import eventloop
 from worker.settings import Settings
-from worker.webhooks.sender import DEFAULT_BODY_CAP, Sender, VettingResolver, open_session
+from worker.webhooks.sender import DEFAULT_BODY_CAP, Sender, open_session
 from worker.webhooks.signing import headers as signed_headers
 from worker.webhooks.targets import TargetPolicy, validate_url
 
-CONTENDERS = ("aiohttp-today", "aiohttp-provider", "aiohttp-tuned", "pycurl", "httptools")
+CONTENDERS = (
+    "aiohttp-sender",
+    "aiohttp-provider",
+    "aiohttp-tuned",
+    "pycurl",
+    "http1-sender",
+    "http1-provider",
+)
+REFERENCE = "aiohttp-sender"
+PROVIDER_HEADERS = {"Idempotency-Key": "cmd_000000000001", "Accept": "application/json"}
+"""What a provider contender asks with (a confirm's headers; no body)."""
 MODES = ("plain", "tls", "mtls")
 USER_AGENT = "passkey-auth-worker-webhooks"  # open_session's, sent by every contender
 LOCAL = TargetPolicy(allow_http=True, allow_private=True)  # loopback receivers only
@@ -94,7 +115,7 @@ def tuned_session(settings: Settings, context: ssl.SSLContext | None) -> aiohttp
     call, and the default headers computed by us once rather than by aiohttp per call."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(
-            resolver=VettingResolver(LOCAL),
+            resolver=AiohttpVettingResolver(LOCAL),
             limit=settings.webhook_max_connections,
             limit_per_host=settings.webhook_max_connections_per_host,
             ssl=context if context is not None else True,
@@ -109,7 +130,7 @@ def tuned_session(settings: Settings, context: ssl.SSLContext | None) -> aiohttp
 
 
 DEFAULT_HEADERS = {"User-Agent": USER_AGENT, "Accept": "*/*", "Accept-Encoding": "gzip, deflate"}
-"""What aiohttp-today puts on the wire besides the caller's headers (Host and Content-Length
+"""What aiohttp-sender puts on the wire besides the caller's headers (Host and Content-Length
 aside): the session's User-Agent and aiohttp's own Accept and Accept-Encoding."""
 
 
@@ -118,33 +139,38 @@ async def build(
 ) -> Contender:
     context = None if mode == "plain" else material.client_context(mode == "mtls")
     cap = DEFAULT_BODY_CAP
-    if name == "aiohttp-today":
-        session = open_session(
+    if name == "aiohttp-sender":
+        session = sender_session(
             LOCAL,
             max_connections=settings.webhook_max_connections,
             max_connections_per_host=settings.webhook_max_connections_per_host,
             ssl_context=context,
         )
-        sender = Sender(session, timeout_s=settings.webhook_timeout_s)
 
-        async def today(
+        async def aiohttp_sender(
             url: str, body: bytes, headers: Mapping[str, str]
         ) -> tuple[int | None, bytes]:
-            result = await sender.post(url, body, headers)
-            return result.status, result.body
+            return await sender_post(
+                session, LOCAL, url, body, headers, timeout_s=settings.webhook_timeout_s, cap=cap
+            )
 
-        return Contender(today, session.close)
+        return Contender(aiohttp_sender, session.close)
     if name == "aiohttp-provider":
-        client = build_http_client(settings, tls=context)
-        asked = {"Idempotency-Key": "cmd_000000000001", "Accept": "application/json"}
+        old = provider_session(
+            timeout_s=settings.provider_timeout_s,
+            max_connections=settings.provider_max_connections,
+            user_agent=f"passkey-auth-worker/{__version__}",
+            tls=context,
+        )
+        provider_cap = settings.provider_body_cap_bytes
 
-        async def provider(
+        async def aiohttp_provider(
             url: str, body: bytes, headers: Mapping[str, str]
         ) -> tuple[int | None, bytes]:
-            answer = await client.request("POST", url, headers=asked)
+            answer = await provider_request(old, "POST", url, PROVIDER_HEADERS, provider_cap)
             return answer.status, answer.body
 
-        return Contender(provider, client.aclose)
+        return Contender(aiohttp_provider, old.close)
     if name == "aiohttp-tuned":
         tuned = tuned_session(settings, context)
 
@@ -158,7 +184,6 @@ async def build(
                 return answer.status, await _capped(answer, cap) or b""
 
         return Contender(tuned_post, tuned.close)
-    wire = DEFAULT_HEADERS
     if name == "pycurl":
         curl = CurlClient(
             pycurl,
@@ -172,23 +197,34 @@ async def build(
         async def curl_post(
             url: str, body: bytes, headers: Mapping[str, str]
         ) -> tuple[int | None, bytes]:
-            return await curl.post(url, body, {**wire, **headers})
+            return await curl.post(url, body, {**DEFAULT_HEADERS, **headers})
 
         return Contender(curl_post, curl.aclose)
-    mini = MiniClient(
-        ssl_context=context,
-        max_per_host=settings.webhook_max_connections_per_host,
-        headers_timeout_s=settings.webhook_timeout_s,
-        body_timeout_s=settings.webhook_timeout_s,
-        body_cap=cap,
-    )
+    if name == "http1-sender":
+        client = open_session(
+            LOCAL,
+            max_connections=settings.webhook_max_connections,
+            max_connections_per_host=settings.webhook_max_connections_per_host,
+            ssl_context=context,
+        )
+        sender = Sender(client, timeout_s=settings.webhook_timeout_s)
 
-    async def mini_post(
+        async def http1_sender(
+            url: str, body: bytes, headers: Mapping[str, str]
+        ) -> tuple[int | None, bytes]:
+            result = await sender.post(url, body, headers)
+            return result.status, result.body
+
+        return Contender(http1_sender, client.aclose)
+    provider = build_http_client(settings, tls=context)
+
+    async def http1_provider(
         url: str, body: bytes, headers: Mapping[str, str]
     ) -> tuple[int | None, bytes]:
-        return await mini.post(url, body, {**wire, **headers})
+        answer = await provider.request("POST", url, headers=PROVIDER_HEADERS)
+        return answer.status, answer.body
 
-    return Contender(mini_post, mini.aclose)
+    return Contender(http1_provider, provider.aclose)
 
 
 # -- trials -----------------------------------------------------------------------------
@@ -300,7 +336,8 @@ async def measure(
 
 
 def table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per contender, in-flight and mode: medians over the rounds, ratio to today's."""
+    """One row per contender, in-flight and mode: medians over the rounds, ratio to the
+    reference's."""
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for row in results:
         groups.setdefault((row["contender"], row["in_flight"], row["mode"]), []).append(row)
@@ -319,7 +356,7 @@ def table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     reference = {
-        (r["in_flight"], r["mode"]): r["cpu_us"] for r in rows if r["contender"] == "aiohttp-today"
+        (r["in_flight"], r["mode"]): r["cpu_us"] for r in rows if r["contender"] == REFERENCE
     }
     for row in rows:
         base = reference.get((row["in_flight"], row["mode"]))
@@ -331,7 +368,7 @@ def table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def render(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| contender | in flight | TLS | µs client CPU per call | calls/s | ÷ aiohttp-today "
+        "| contender | in flight | TLS | µs client CPU per call | calls/s | ÷ aiohttp-sender "
         "| valid |",
         "|---|---:|---|---:|---:|---:|---:|",
     ]

@@ -1,6 +1,7 @@
 """The product package holds the product only: no module of ``worker`` imports the development
 tools, the benchmark, the embedded broker, a plotting library or the tests' HTTP client
-(httpx: aiohttp is the product's one client), statically or at run time."""
+(httpx: the product's outbound client is its own, worker/runtime/http1/), statically or at
+run time."""
 
 from __future__ import annotations
 

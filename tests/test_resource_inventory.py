@@ -93,6 +93,7 @@ GROWING_TYPES = frozenset(
 NOT_GROWN: dict[str, str] = {
     # -- constants and registries built at import or start-up, never added to afterwards --
     "api/keys_cli.py:_UNIT_S": "constant: the CLI's time units",
+    "webhooks/sender.py:DEFAULT_HEADERS": "constant: the sender's default request headers",
     "api/portal/page.py:PAGE_FILES": "constant: the portal page's three files",
     "api/portal/page.py:_HEADERS": "constant: the portal page's response headers",
     "documents/openapi/portal.py:PORTAL_SCHEME": "constant: the portal's security scheme",
@@ -105,7 +106,7 @@ NOT_GROWN: dict[str, str] = {
     "auth/machine.py:TRANSITIONS": "constant: the state machine's transitions",
     "auth/provider/errors.py:_BY_TYPE": "constant: failure type to catalogued error",
     "auth/provider/registry.py:ProviderRegistry._adapters": "one adapter per PROVIDER_URLS entry",
-    "auth/provider/transport.py:AiohttpClient.headers": "fixed default headers of the client",
+    "auth/provider/transport.py:ProviderHttpClient.headers": "fixed default headers of the client",
     "contract/catalogue.py:_MESSAGE_OVERRIDES": "constant: the catalogue's messages",
     "documents/asyncapi/headers.py:TRACE_HEADERS": "constant of the AsyncAPI document",
     "documents/asyncapi/headers.py:AUTH_DLQ_HEADERS": "constant of the AsyncAPI document",
@@ -167,7 +168,7 @@ NOT_GROWN: dict[str, str] = {
     "api/webhooks/delivery_bodies.py:DeliveryPageResponse.data": (
         "an answer: ≤ PAGE_MAX (100) deliveries"
     ),
-    "auth/provider/answer.py:ProviderAnswer.headers": "one answer: aiohttp's header limits",
+    "auth/provider/answer.py:ProviderAnswer.headers": "one answer: the client's 64 KiB head cap",
     "engine/topics.py:TopicObservation.configs": "one DescribeConfigs answer of an operator check",
     "webhooks/delivery_store.py:AccountDeliveries.endpoints": "old-form record, read to migrate",
     "webhooks/publish.py:_LogBatch.entries": "one log batch: ≤ LOG_BATCH_MAX (200) entries",
@@ -349,7 +350,7 @@ def table_rows(text: str) -> list[list[str]]:
     return rows
 
 
-NAME = re.compile(r"`([a-z_/]+\.py):([A-Za-z_][A-Za-z0-9_.]*)`")
+NAME = re.compile(r"`([a-z0-9_/]+\.py):([A-Za-z_][A-Za-z0-9_.]*)`")
 TEST_REF = re.compile(r"`(tests/[A-Za-z0-9_/]+\.py)(?:::([A-Za-z0-9_]+))?`")
 
 

@@ -1,11 +1,10 @@
-"""One webhook attempt over aiohttp, to vetted addresses only (one lookup, no rebinding),
-never raising, with the receiver bounded (docs/architecture.md, "Webhook fan-out", SSRF;
-"Bounded remote answers")."""
+"""One webhook attempt over the process's HTTP/1.1 client (``worker.runtime.http1``), to
+vetted addresses only (one lookup, no rebinding), never raising, with the receiver bounded
+(docs/architecture.md, "Webhook fan-out", SSRF; "Bounded remote answers")."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
+import ipaddress
 import ssl
 import time
 import weakref
@@ -14,16 +13,31 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.connector import SocketFactoryType
-from yarl import URL
-
+from worker.runtime.http1 import (
+    DialFailed,
+    Http1Client,
+    HttpError,
+    HttpTimeout,
+    NameNotResolved,
+    PeerClosed,
+    ProtocolError,
+    SocketFactory,
+    Target,
+    TlsFailed,
+    target,
+)
 from worker.runtime.logs import get_logger
 from worker.runtime.retry_after import parse_retry_after
 from worker.webhooks.delivery import DEFAULT_SCHEDULE_S
 from worker.webhooks.lookup import Lookup, system_lookup
-from worker.webhooks.targets import BlockedTarget, TargetPolicy, resolve_target, validate_url
+from worker.webhooks.targets import (
+    BlockedTarget,
+    IPAddress,
+    TargetPolicy,
+    check_address,
+    resolve_target,
+    validate_url,
+)
 
 __all__ = [
     "DEFAULT_BODY_CAP",
@@ -42,6 +56,12 @@ DEFAULT_TIMEOUT_S: Final = 15.0
 DEFAULT_BODY_CAP: Final = 4096
 DEFAULT_RETRY_AFTER_MAX_S: Final = max(DEFAULT_SCHEDULE_S)
 _RETRY_AFTER_STATUSES: Final = frozenset({429, 503})
+_WHOLE_ATTEMPT_S: Final = 24 * 3600.0
+TARGETS_KEPT: Final = 1024
+"""Endpoint URLs a ``Sender`` keeps vetted and parsed (each at most ``MAX_URL_LENGTH``)."""
+DEFAULT_HEADERS: Final = {"User-Agent": "passkey-auth-worker-webhooks", "Accept": "*/*"}
+"""Sent with every attempt besides the caller's. No ``Accept-Encoding``: the body is kept as
+sent, so the receiver is not invited to compress it."""
 
 
 class ErrorKind(StrEnum):
@@ -80,8 +100,8 @@ class DeliveryResult:
         return self.status is not None and 200 <= self.status < 300
 
 
-class VettingResolver(AbstractResolver):
-    """An aiohttp resolver that returns only addresses the policy accepts.
+class VettingResolver:
+    """The sender's lookup: one DNS lookup per new connection, every address vetted.
 
     ``lookup`` is injectable so tests can answer differently on each call (rebinding)
     without a DNS server.
@@ -91,38 +111,21 @@ class VettingResolver(AbstractResolver):
         self._policy = policy
         self._lookup = lookup
 
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        addresses = await resolve_target(host, port, self._policy, self._lookup)
-        results: list[ResolveResult] = []
-        for ip in addresses:
-            ip_family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
-            if family not in (socket.AF_UNSPEC, ip_family):
-                continue
-            results.append(
-                ResolveResult(
-                    hostname=host,
-                    host=str(ip),
-                    port=port,
-                    family=ip_family,
-                    proto=0,
-                    flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
-                )
-            )
-        if not results:
-            raise OSError(f"no address of the requested family for {host!r}")
-        return results
-
-    async def close(self) -> None:
-        """Nothing to release: the lookup owns no resources."""
+    async def resolve(self, host: str, port: int) -> list[IPAddress]:
+        """The addresses to dial, in the lookup's order, once the policy accepted every one
+        (``BlockedTarget`` otherwise; a failed lookup is an ``OSError``). A literal address
+        is judged as it is, with no lookup."""
+        try:
+            literal = ipaddress.ip_address(host)
+        except ValueError:
+            return await resolve_target(host, port, self._policy, self._lookup)
+        check_address(literal, self._policy)
+        return [literal]
 
 
-# Sessions built by ``open_session``, with their policy: ``Sender`` refuses any other,
-# since a plain session would dial whatever DNS says.
-_VETTED: weakref.WeakKeyDictionary[aiohttp.ClientSession, TargetPolicy] = (
-    weakref.WeakKeyDictionary()
-)
+# Clients built by ``open_session``, with their policy: ``Sender`` refuses any other,
+# since a plain client would dial whatever DNS says.
+_VETTED: weakref.WeakKeyDictionary[Http1Client, TargetPolicy] = weakref.WeakKeyDictionary()
 
 
 def open_session(
@@ -132,30 +135,32 @@ def open_session(
     max_connections: int = 100,
     max_connections_per_host: int = 10,
     ssl_context: ssl.SSLContext | None = None,
-    socket_factory: SocketFactoryType | None = None,
-) -> aiohttp.ClientSession:
-    """The dispatcher's one pooled session (its owner closes it), dialling vetted addresses only.
+    socket_factory: SocketFactory | None = None,
+) -> Http1Client:
+    """The dispatcher's one pooled client (its owner closes it), dialling vetted addresses
+    only: a new connection looks the name up once, and dials only what the policy accepted,
+    TLS verifying the URL's name (no rebinding between the check and the dial).
 
-    Call inside the running event loop. ``ssl_context`` replaces the default trust store
-    (certificate and hostname verification stay on); ``socket_factory`` is aiohttp's hook
-    for creating the sockets (tests use it to see what is dialled without dialling).
+    ``ssl_context`` replaces the default trust store (certificate and hostname verification
+    stay on); ``socket_factory(address, port)`` makes the sockets (tests use it to see what
+    is dialled without dialling). No proxy is ever used, no cookie kept, no body decoded:
+    the capped body is kept as sent.
     """
-    connector = aiohttp.TCPConnector(
-        resolver=VettingResolver(policy, lookup),
-        limit=max_connections,
-        limit_per_host=max_connections_per_host,
-        ssl=ssl_context if ssl_context is not None else True,
+    client = Http1Client(
+        max_connections=max_connections,
+        max_per_host=max_connections_per_host,
+        # no limit per phase: the attempt's time-out (``Sender``) bounds them all together
+        connect_s=_WHOLE_ATTEMPT_S,
+        headers_s=_WHOLE_ATTEMPT_S,
+        body_s=_WHOLE_ATTEMPT_S,
+        body_cap=DEFAULT_BODY_CAP,
+        headers=DEFAULT_HEADERS,
+        ssl_context=ssl_context,
+        resolve=VettingResolver(policy, lookup).resolve,
         socket_factory=socket_factory,
     )
-    session = aiohttp.ClientSession(
-        connector=connector,
-        trust_env=False,  # no HTTP(S)_PROXY: a proxy would reach the target unvetted
-        cookie_jar=aiohttp.DummyCookieJar(),  # integrators must not share state through us
-        auto_decompress=False,  # the capped body is kept as sent; no decompression bombs
-        headers={"User-Agent": "passkey-auth-worker-webhooks"},
-    )
-    _VETTED[session] = policy
-    return session
+    _VETTED[client] = policy
+    return client
 
 
 class Sender:
@@ -163,7 +168,7 @@ class Sender:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        session: Http1Client,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         body_cap: int = DEFAULT_BODY_CAP,
@@ -178,6 +183,9 @@ class Sender:
             )
         self._session = session
         self._policy = policy
+        # URL → its vetted, parsed target: ``validate_url`` is pure (no DNS), and the same
+        # few endpoint URLs come back delivery after delivery. Refused URLs are not kept.
+        self._targets: dict[str, Target] = {}
         self._timeout_s = timeout_s
         self._body_cap = body_cap
         self._retry_after_max_s = retry_after_max_s
@@ -185,6 +193,22 @@ class Sender:
     @property
     def policy(self) -> TargetPolicy:
         return self._policy
+
+    def _vetted(self, url: str) -> Target:
+        """``url`` checked by ``validate_url`` (``BlockedTarget`` when refused) and parsed for
+        the client from what it parsed, not parsed again; the last ``TARGETS_KEPT`` kept."""
+        vetted = validate_url(url, self._policy)
+        to = target(
+            vetted.scheme,
+            vetted.raw_host or "",
+            vetted.port or 0,
+            vetted.raw_path_qs,
+            vetted.raw_authority,
+        )
+        if len(self._targets) >= TARGETS_KEPT:
+            del self._targets[next(iter(self._targets))]  # the oldest first
+        self._targets[url] = to
+        return to
 
     async def post(
         self,
@@ -198,70 +222,40 @@ class Sender:
         started = time.monotonic()
         limit = self._timeout_s if timeout_s is None else timeout_s
         try:
-            target = validate_url(url, self._policy)
-            async with asyncio.timeout(limit):
-                return await self._attempt(target, body, headers, started, limit)
+            to = self._targets.get(url)
+            if to is None:
+                to = self._vetted(url)
+            answer = await self._session.request(
+                "POST",
+                to,
+                headers=headers,
+                body=body,
+                body_cap=self._body_cap,
+                timeout_s=limit,
+            )
         except BlockedTarget as exc:
             return _failure(started, ErrorKind.BLOCKED, exc.reason)
-        except (aiohttp.ClientError, OSError) as exc:  # TimeoutError is an OSError
-            blocked = _blocked_cause(exc)
-            if blocked is not None:
-                return _failure(started, ErrorKind.BLOCKED, blocked.reason)
-            return _failure(started, _error_kind(exc), type(exc).__name__)
+        except HttpError as exc:
+            return _failure(started, *_error_kind(exc))
+        except OSError as exc:
+            return _failure(started, ErrorKind.CONNECT, type(exc).__name__)
         except Exception as exc:
             # One receiver's answer must not reach the dispatcher's loop, whatever it broke:
             # the attempt failed, and is retried on the schedule like any other failure.
             log.warning("webhook_attempt_raised", error=type(exc).__name__)
             return _failure(started, ErrorKind.INTERNAL, type(exc).__name__)
-
-    async def _attempt(
-        self,
-        target: URL,
-        body: bytes,
-        headers: Mapping[str, str],
-        started: float,
-        limit: float,
-    ) -> DeliveryResult:
-        async with self._session.post(
-            target,  # the URL validate_url parsed, not parsed again
-            data=body,
-            headers=dict(headers),
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=limit),
-            read_bufsize=max(self._body_cap, 1024),
-        ) as answer:
-            if not 100 <= answer.status <= 599:  # three digits, yet no HTTP status (RFC 9110)
-                answer.close()
-                return _failure(started, ErrorKind.PROTOCOL, "status_out_of_range")
-            content, truncated = await _read_capped(answer, self._body_cap)
-            if truncated:
-                answer.close()  # drop the connection rather than drain what we will not read
-            retry_after = None
-            if answer.status in _RETRY_AFTER_STATUSES:
-                retry_after = parse_retry_after(
-                    answer.headers.get("Retry-After"), max_s=self._retry_after_max_s
-                )
-            return DeliveryResult(
-                status=answer.status,
-                elapsed_s=time.monotonic() - started,
-                retry_after_s=retry_after,
-                body=content,
-                truncated=truncated,
+        retry_after = None
+        if answer.status in _RETRY_AFTER_STATUSES:
+            retry_after = parse_retry_after(
+                answer.headers.get("Retry-After"), max_s=self._retry_after_max_s
             )
-
-
-async def _read_capped(answer: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool]:
-    """At most ``cap`` bytes of the body, and whether more followed."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < cap:
-        chunk = await answer.content.read(cap - size)
-        if not chunk:
-            return b"".join(chunks), False
-        chunks.append(chunk)
-        size += len(chunk)
-    more = not answer.content.at_eof() and bool(await answer.content.read(1))
-    return b"".join(chunks), more
+        return DeliveryResult(
+            status=answer.status,
+            elapsed_s=time.monotonic() - started,
+            retry_after_s=retry_after,
+            body=answer.body,
+            truncated=answer.truncated,
+        )
 
 
 def _failure(started: float, kind: ErrorKind, detail: str) -> DeliveryResult:
@@ -270,31 +264,16 @@ def _failure(started: float, kind: ErrorKind, detail: str) -> DeliveryResult:
     )
 
 
-def _blocked_cause(exc: BaseException) -> BlockedTarget | None:
-    """The ``BlockedTarget`` raised by the resolver, however aiohttp wrapped it."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, BlockedTarget):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def _error_kind(exc: BaseException) -> ErrorKind:
-    """Which ``ErrorKind`` a network exception is (order matters: subclasses first)."""
-    if isinstance(exc, TimeoutError):  # includes aiohttp's ServerTimeoutError and friends
-        return ErrorKind.TIMEOUT
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return ErrorKind.DNS
-    if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
-        return ErrorKind.TLS
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return ErrorKind.CONNECT
-    if isinstance(
-        exc,
-        aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientResponseError,
-    ):
-        return ErrorKind.PROTOCOL
-    return ErrorKind.CONNECT
+def _error_kind(exc: HttpError) -> tuple[ErrorKind, str]:
+    """Which ``ErrorKind`` a failure of the client is, and its detail."""
+    if isinstance(exc, NameNotResolved):
+        return ErrorKind.DNS, exc.reason
+    if isinstance(exc, TlsFailed):  # before DialFailed: it is one
+        return ErrorKind.TLS, exc.reason
+    if isinstance(exc, DialFailed):
+        return ErrorKind.CONNECT, exc.reason
+    if isinstance(exc, HttpTimeout):
+        return ErrorKind.TIMEOUT, exc.reason
+    if isinstance(exc, ProtocolError | PeerClosed):
+        return ErrorKind.PROTOCOL, exc.reason
+    return ErrorKind.INTERNAL, exc.reason  # InvalidRequest: a header of ours is refused

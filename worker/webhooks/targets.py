@@ -203,8 +203,8 @@ def validate_url(url: str, policy: TargetPolicy) -> URL:
     Absolute ``https`` (``http`` only with ``allow_http``), a host, no user or password
     (credentials would be stored and logged as part of the URL), a port in range. A literal
     address or ``localhost`` is judged at once; other names are judged on delivery, by their
-    addresses. The result is what the sender dials: parsing once, with the parser aiohttp
-    itself uses, leaves no room for two parsers to disagree about the host.
+    addresses. The result is what the sender dials: it hands the HTTP client the parts parsed
+    here, so no second parser can disagree about the host.
     """
     return _check_url(url, policy)
 

@@ -16,12 +16,12 @@ import pytest
 from devstack.simulator import ProviderSimulator, in_process_provider, running_simulator
 from tests.auth.provider.hostile import HostileProvider, Script, http, in_turn, json_answer, written
 from worker.auth.provider import (
-    AiohttpClient,
     BreakerState,
     CircuitBreaker,
     HttpProviderAdapter,
     ProviderAdapter,
     ProviderError,
+    ProviderHttpClient,
     ProviderRegistry,
     build_http_client,
     build_registry,
@@ -92,7 +92,7 @@ async def served() -> AsyncIterator[tuple[ProviderSimulator, str]]:
 
 
 @pytest.fixture(scope="module")
-async def client() -> AsyncIterator[AiohttpClient]:
+async def client() -> AsyncIterator[ProviderHttpClient]:
     """The shared client, built the way the worker builds it."""
     settings = Settings(provider_timeout_s=5.0)
     async with build_http_client(settings) as shared:
@@ -114,7 +114,7 @@ AdapterFactory = Callable[..., HttpProviderAdapter]
 
 @pytest.fixture
 def adapter(
-    served: tuple[ProviderSimulator, str], client: AiohttpClient, sim: ProviderSimulator
+    served: tuple[ProviderSimulator, str], client: ProviderHttpClient, sim: ProviderSimulator
 ) -> AdapterFactory:
     def make(**kwargs: Any) -> HttpProviderAdapter:
         kwargs.setdefault("backoff_base_s", 0.001)
@@ -337,7 +337,7 @@ async def test_cancelled_probe_frees_the_half_open_slot(
     assert state(breaker) == "closed"
 
 
-async def test_connection_refused_is_unavailable_after_retries(client: AiohttpClient) -> None:
+async def test_connection_refused_is_unavailable_after_retries(client: ProviderHttpClient) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
@@ -372,7 +372,7 @@ async def mock_adapter(
     scripted: HostileProvider,
 ) -> AsyncIterator[Callable[..., HttpProviderAdapter]]:
     """An adapter on its own client, against ``scripted`` answering with the scripts given."""
-    async with AiohttpClient(timeout_s=2.0, max_connections=4) as client:
+    async with ProviderHttpClient(timeout_s=2.0, max_connections=4) as client:
 
         def make(*answers: bytes | Script, **kwargs: Any) -> HttpProviderAdapter:
             scripted.script = in_turn(*(written(a) if isinstance(a, bytes) else a for a in answers))
@@ -502,7 +502,7 @@ async def test_build_http_client_uses_settings() -> None:
     assert built.is_closed
 
 
-async def test_registry_from_provider_urls(client: AiohttpClient) -> None:
+async def test_registry_from_provider_urls(client: ProviderHttpClient) -> None:
     settings = Settings(
         provider_urls={"simulator": "http://127.0.0.1:8090", "other": "https://p.example/api/"},
         provider_max_attempts=2,

@@ -1,5 +1,5 @@
 """The provider client at its boundary: answers arrive as ``ProviderAnswer`` (status, headers,
-bounded body), and every aiohttp failure becomes the ``TransportFailure`` that
+bounded body), and every failure of the HTTP client becomes the ``TransportFailure`` that
 ``map_upstream_failure`` maps.
 
 Real sockets on loopback only: the simulator, a server that hangs up, a closed port.
@@ -17,13 +17,13 @@ import pytest
 
 from devstack.simulator import ProviderSimulator, running_simulator
 from worker.auth.provider import (
-    AiohttpClient,
     ConnectFailed,
     ConnectionLost,
     HttpProviderAdapter,
     InvalidTarget,
     ProviderAnswer,
     ProviderError,
+    ProviderHttpClient,
     TimedOut,
     TransportFailure,
     map_upstream_failure,
@@ -38,7 +38,9 @@ async def sim_url() -> AsyncIterator[str]:
 
 
 async def test_answers_are_passed_through_unchanged(sim_url: str) -> None:
-    async with AiohttpClient(timeout_s=5, max_connections=2, headers={"User-Agent": "t/1"}) as c:
+    async with ProviderHttpClient(
+        timeout_s=5, max_connections=2, headers={"User-Agent": "t/1"}
+    ) as c:
         ok = await c.request("GET", f"{sim_url}/v1/accounts/acct-1/auth-state")
         assert isinstance(ok, ProviderAnswer) and ok.ok
         assert ok.status == 200
@@ -59,7 +61,7 @@ async def test_answers_are_passed_through_unchanged(sim_url: str) -> None:
 
 
 async def test_a_slow_answer_is_a_read_timeout_and_transient(sim_url: str) -> None:
-    async with AiohttpClient(timeout_s=0.1, max_connections=2) as c:
+    async with ProviderHttpClient(timeout_s=0.1, max_connections=2) as c:
         with pytest.raises(TimedOut) as caught:
             await c.request("GET", f"{sim_url}/v1/accounts/sim-slow-1/auth-state")
         assert caught.value.phase == "read"
@@ -75,7 +77,7 @@ async def test_a_refused_connection_is_a_connect_error() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: nothing listens there
-    async with AiohttpClient(timeout_s=2, max_connections=2) as c:
+    async with ProviderHttpClient(timeout_s=2, max_connections=2) as c:
         with pytest.raises(ConnectFailed) as caught:
             await c.request("GET", f"http://127.0.0.1:{port}/x")
         assert map_upstream_failure(caught.value).transient
@@ -89,7 +91,7 @@ async def test_a_server_that_hangs_up_is_a_transient_protocol_failure() -> None:
     server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        async with AiohttpClient(timeout_s=2, max_connections=2) as c:
+        async with ProviderHttpClient(timeout_s=2, max_connections=2) as c:
             with pytest.raises(ConnectionLost) as caught:
                 await c.request("GET", f"http://127.0.0.1:{port}/x")
             assert map_upstream_failure(caught.value).transient
@@ -99,7 +101,7 @@ async def test_a_server_that_hangs_up_is_a_transient_protocol_failure() -> None:
 
 
 async def test_a_malformed_url_is_not_retried() -> None:
-    async with AiohttpClient(timeout_s=2, max_connections=2) as c:
+    async with ProviderHttpClient(timeout_s=2, max_connections=2) as c:
         with pytest.raises(InvalidTarget) as invalid:
             await c.request("GET", "http://[::1/x")
         assert not invalid.value.transient
@@ -114,7 +116,7 @@ async def test_a_malformed_url_is_not_retried() -> None:
 
 
 async def test_a_closed_client_refuses_requests() -> None:
-    c = AiohttpClient(timeout_s=1, max_connections=1)
+    c = ProviderHttpClient(timeout_s=1, max_connections=1)
     await c.aclose()
     assert c.is_closed
     with pytest.raises(RuntimeError, match="closed"):

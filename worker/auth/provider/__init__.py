@@ -27,11 +27,10 @@ from worker.auth.provider.failures import (
 from worker.auth.provider.http import HttpProviderAdapter, build_http_client
 from worker.auth.provider.registry import ProviderRegistry, build_registry
 from worker.auth.provider.retry import RetryPolicy
-from worker.auth.provider.transport import AiohttpClient
+from worker.auth.provider.transport import ProviderHttpClient
 
 __all__ = [
     "BREAKER_STATES",
-    "AiohttpClient",
     "BreakerState",
     "CallObserver",
     "CallOutcome",
@@ -45,6 +44,7 @@ __all__ = [
     "ProviderAnswer",
     "ProviderAuthState",
     "ProviderError",
+    "ProviderHttpClient",
     "ProviderRegistry",
     "RetryObserver",
     "RetryPolicy",

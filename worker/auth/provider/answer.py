@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -20,7 +20,6 @@ __all__ = [
     "ProviderAnswer",
     "decoded_body",
     "load_json",
-    "read_capped",
 ]
 
 DEFAULT_BODY_CAP: Final = 64 * 1024
@@ -60,22 +59,6 @@ class ProviderAnswer:
     def ok(self) -> bool:
         """A 2xx status: the only answers whose body may hold an auth state."""
         return 200 <= self.status < 300
-
-
-async def read_capped(chunks: AsyncIterator[bytes], cap: int) -> tuple[bytes, bool]:
-    """At most ``cap`` bytes of a body, and whether more followed (then the body is cut).
-
-    ``chunks`` as they arrive (aiohttp's ``iter_any``): no more than
-    ``cap`` plus one chunk is ever held, however much the peer sends.
-    """
-    kept: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
-        kept.append(chunk)
-        size += len(chunk)
-        if size > cap:
-            return b"".join(kept)[:cap], True
-    return b"".join(kept), False
 
 
 def decoded_body(raw: bytes, *, truncated: bool, coding: str | None, cap: int) -> bytes:

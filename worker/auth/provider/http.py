@@ -1,7 +1,8 @@
 """The HTTP provider adapter, on one client built at start-up and shared by every adapter
 (docs/architecture.md, "The provider's wire contract"). An attempt raises nothing but a
 catalogued ``ProviderError``. The adapter writes each attempt's CLIENT span and ``traceparent``
-itself rather than instrumenting aiohttp, so a process that exports nothing pays no span."""
+itself rather than instrumenting the HTTP client, so a process that exports nothing pays no
+span."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from worker.auth.provider.credentials import Credential
 from worker.auth.provider.errors import invalid_call, map_unexpected, map_upstream_failure
 from worker.auth.provider.failures import TransportFailure
 from worker.auth.provider.retry import RetryPolicy, call_with_retries
-from worker.auth.provider.transport import AiohttpClient
+from worker.auth.provider.transport import ProviderHttpClient
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 
@@ -44,7 +45,7 @@ _STATE_PATH = "/v1/accounts/{ref}/auth-state"
 
 
 class Requester(Protocol):
-    """What an adapter needs of its HTTP client: ``AiohttpClient``, or the simulator's
+    """What an adapter needs of its HTTP client: ``ProviderHttpClient``, or the simulator's
     in-process stand-in. An answer is bounded before it is returned; a request that gets
     none raises ``TransportFailure``."""
 
@@ -59,7 +60,7 @@ def build_http_client(
     tls: ssl.SSLContext | None = None,
     timeout_s: float | None = None,
     connect_timeout_s: float | None = None,
-) -> AiohttpClient:
+) -> ProviderHttpClient:
     """The process-wide provider client: per phase timeouts of ``PROVIDER_TIMEOUT_S``,
     ``PROVIDER_MAX_CONNECTIONS`` connections, answers read up to ``PROVIDER_BODY_CAP_BYTES``
     (decompressed too). The adapters gate concurrent calls at the same bound.
@@ -68,7 +69,7 @@ def build_http_client(
     of its own: ``tls`` (CA bundle, client certificate) and the timeouts replace the defaults.
     """
     read_s = settings.provider_timeout_s if timeout_s is None else timeout_s
-    return AiohttpClient(
+    return ProviderHttpClient(
         timeout_s=read_s,
         connect_timeout_s=read_s if connect_timeout_s is None else connect_timeout_s,
         max_connections=settings.provider_max_connections,

@@ -10,7 +10,7 @@ from worker.auth.provider.base import CallObserver, ProviderAdapter, RetryObserv
 from worker.auth.provider.breaker import CircuitBreaker
 from worker.auth.provider.credentials import Credential, client_tls
 from worker.auth.provider.http import HttpProviderAdapter, Requester, build_http_client
-from worker.auth.provider.transport import AiohttpClient
+from worker.auth.provider.transport import ProviderHttpClient
 
 if TYPE_CHECKING:
     from worker.settings import Settings
@@ -25,7 +25,7 @@ class ProviderRegistry(Mapping[str, ProviderAdapter]):
         self,
         adapters: Iterable[ProviderAdapter] = (),
         *,
-        clients: Iterable[AiohttpClient] = (),
+        clients: Iterable[ProviderHttpClient] = (),
     ) -> None:
         self._clients = tuple(clients)
         self._adapters: dict[str, ProviderAdapter] = {}
@@ -77,7 +77,7 @@ def build_registry(
     loaded (``worker.preflight`` reports the same before a worker starts).
     """
     adapters: list[HttpProviderAdapter] = []
-    owned: list[AiohttpClient] = []  # open no connection until their first request
+    owned: list[ProviderHttpClient] = []  # open no connection until their first request
     for name, url in settings.provider_urls.items():
         connection = settings.provider_connection(name)
         credential = Credential.for_provider(name, connection)

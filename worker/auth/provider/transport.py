@@ -1,20 +1,17 @@
-"""The provider client: one aiohttp session answering the provider's own types (a bounded
-``ProviderAnswer``, or a ``TransportFailure``), so nothing past it knows the HTTP library
-(docs/architecture.md, "Bounded remote answers")."""
+"""The provider client: the process's HTTP/1.1 client (``worker.runtime.http1``) answering the
+provider's own types (a bounded ``ProviderAnswer``, or a ``TransportFailure``), so nothing past
+it knows the HTTP client (docs/architecture.md, "Bounded remote answers")."""
 
 from __future__ import annotations
 
 import ssl
 from types import TracebackType
 
-import aiohttp
-
 from worker.auth.provider.answer import (
     ACCEPT_ENCODING,
     DEFAULT_BODY_CAP,
     ProviderAnswer,
     decoded_body,
-    read_capped,
 )
 from worker.auth.provider.failures import (
     ConnectFailed,
@@ -23,15 +20,25 @@ from worker.auth.provider.failures import (
     TimedOut,
     TransportFailure,
 )
+from worker.runtime.http1 import (
+    DialFailed,
+    Http1Client,
+    HttpError,
+    HttpTimeout,
+    InvalidRequest,
+    NameNotResolved,
+    PeerClosed,
+    ProtocolError,
+)
 
-__all__ = ["AiohttpClient"]
+__all__ = ["ProviderHttpClient"]
 
 
-class AiohttpClient:
-    """One ``aiohttp.ClientSession`` with a bounded connection pool, built at start-up and
-    shared by every adapter (adapters never close it). Redirects are never followed.
+class ProviderHttpClient:
+    """One pooled ``Http1Client`` (``max_connections`` in all), built at start-up and shared
+    by every adapter (adapters never close it). Redirects are never followed.
 
-    The session is opened on the first request, inside the running event loop, so building
+    Connections are opened on the first request, inside the running event loop, so building
     the client needs no loop.
     """
 
@@ -50,17 +57,19 @@ class AiohttpClient:
         self.timeout_s = timeout_s
         self.connect_timeout_s = timeout_s if connect_timeout_s is None else connect_timeout_s
         self.max_connections = max_connections
-        self.headers = {**(headers or {}), "Accept-Encoding": ACCEPT_ENCODING}
+        self.headers = {"Accept": "*/*", **(headers or {}), "Accept-Encoding": ACCEPT_ENCODING}
         self.body_cap = body_cap
-        self._tls = tls
         # No total: the adapter's deadline bounds a call; these bound each phase (connect,
-        # and each read of the socket).
-        connect_s = self.connect_timeout_s
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=connect_s, sock_connect=connect_s, sock_read=timeout_s
+        # the answer's head, its body).
+        self._client = Http1Client(
+            max_connections=max_connections,
+            connect_s=self.connect_timeout_s,
+            headers_s=timeout_s,
+            body_s=timeout_s,
+            body_cap=body_cap,
+            headers=self.headers,
+            ssl_context=tls,
         )
-        self._session: aiohttp.ClientSession | None = None
-        self._closed = False
 
     @property
     def follow_redirects(self) -> bool:
@@ -69,49 +78,29 @@ class AiohttpClient:
 
     @property
     def is_closed(self) -> bool:
-        return self._closed
-
-    def _open(self) -> aiohttp.ClientSession:
-        if self._closed:
-            raise RuntimeError("the provider client is closed")
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self.max_connections,
-                    limit_per_host=0,
-                    ssl=True if self._tls is None else self._tls,
-                ),
-                timeout=self._timeout,
-                headers=self.headers,
-                auto_decompress=False,  # decoded_body inflates, up to the cap
-            )
-        return self._session
+        return self._client.is_closed
 
     async def request(
         self, method: str, url: str, *, headers: dict[str, str] | None = None
     ) -> ProviderAnswer:
         """Send one request; the body (bounded, decoded) is read before returning. Raises
         ``TransportFailure`` when no answer could be read."""
-        session = self._open()
+        if self._client.is_closed:
+            raise RuntimeError("the provider client is closed")
         try:
-            async with session.request(
-                method, url, headers=headers, allow_redirects=False
-            ) as answer:
-                raw, truncated = await read_capped(answer.content.iter_any(), self.body_cap)
-                if truncated:
-                    answer.close()  # drop the connection rather than drain what is not read
-                coding = answer.headers.get("Content-Encoding")
-                body = decoded_body(raw, truncated=truncated, coding=coding, cap=self.body_cap)
-                return ProviderAnswer(answer.status, body, answer.headers)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            answer = await self._client.request(method, url, headers=headers)
+        except HttpError as exc:
             raise _translate(exc) from exc
+        coding = answer.headers.get("Content-Encoding")
+        body = decoded_body(
+            answer.body, truncated=answer.truncated, coding=coding, cap=self.body_cap
+        )
+        return ProviderAnswer(answer.status, body, answer.headers)
 
     async def aclose(self) -> None:
-        self._closed = True
-        if self._session is not None:
-            await self._session.close()
+        await self._client.aclose()
 
-    async def __aenter__(self) -> AiohttpClient:
+    async def __aenter__(self) -> ProviderHttpClient:
         return self
 
     async def __aexit__(
@@ -120,29 +109,23 @@ class AiohttpClient:
         await self.aclose()
 
 
-def _translate(exc: aiohttp.ClientError | TimeoutError) -> TransportFailure:
-    """Our failure that means what ``exc`` means; the one place aiohttp's exceptions are read.
+def _translate(exc: HttpError) -> TransportFailure:
+    """Our failure that means what ``exc`` means; the one place the client's errors are read.
 
-    aiohttp.ConnectionTimeoutError (connect phase)    → TimedOut(phase="connect")  transient
-    any other TimeoutError (ServerTimeoutError: read) → TimedOut(phase="read")     transient
-    aiohttp.ClientConnectorError (refused, DNS, TLS)  → ConnectFailed              transient
-    aiohttp.ServerDisconnectedError,
-    aiohttp.ClientPayloadError, aiohttp.ClientOSError → ConnectionLost             transient
-    aiohttp.InvalidURL                                → InvalidTarget (our call is wrong)
-    any other aiohttp.ClientError (e.g. a malformed
-      status line)                                    → TransportFailure (not transient)
+    HttpTimeout, connect phase                      → TimedOut(phase="connect")  transient
+    HttpTimeout, head or body phase                 → TimedOut(phase="read")     transient
+    DialFailed, TlsFailed, NameNotResolved          → ConnectFailed              transient
+    PeerClosed; ProtocolError in the body (framing) → ConnectionLost             transient
+    InvalidRequest                                  → InvalidTarget (our call is wrong)
+    ProtocolError in the status line or headers     → TransportFailure (not transient)
     """
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return TimedOut(text, phase="connect")
-    if isinstance(exc, TimeoutError):  # ServerTimeoutError is one too
-        return TimedOut(text, phase="read")
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    text = exc.reason
+    if isinstance(exc, HttpTimeout):
+        return TimedOut(text, phase="connect" if exc.phase == "connect" else "read")
+    if isinstance(exc, DialFailed | NameNotResolved):
         return ConnectFailed(text)
-    if isinstance(
-        exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError
-    ):
+    if isinstance(exc, PeerClosed) or (isinstance(exc, ProtocolError) and exc.in_body):
         return ConnectionLost(text)
-    if isinstance(exc, aiohttp.InvalidURL):
+    if isinstance(exc, InvalidRequest):
         return InvalidTarget(text)
     return TransportFailure(text)
