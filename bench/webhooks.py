@@ -144,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="py-spy raw collapsed stacks of the dispatcher over the max-rate run (a file)",
     )
+    p.add_argument(
+        "--cprofile",
+        type=Path,
+        default=None,
+        help="run the dispatcher under cProfile timed by CPU (bench.cprofiled) and write its "
+        "stats here; it slows the dispatcher several times over, so read shares, not times",
+    )
     p.add_argument("--keep-logs", action="store_true", help="keep the process logs (temp dir)")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     baseline.add_arguments(p)
@@ -341,6 +348,8 @@ class HookBench:
     def start_dispatcher(self) -> None:
         self.dispatcher_port = free_port()
         argv = ["-m", "worker", "webhooks"]
+        if self.args.cprofile is not None:
+            argv = ["-m", "bench.cprofiled", str(self.args.cprofile.resolve()), *argv[1:]]
         self.dispatcher = start_proc("dispatcher", argv, self.dispatcher_env(), self.log_dir)
 
     async def wait_dispatcher_ready(self, timeout: float = 90.0) -> None:

@@ -31,7 +31,7 @@ RETRIES_ON_429 = 10
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 try:
-    from playwright.async_api import Browser, Page, async_playwright
+    from playwright.async_api import Browser, Page, Route, async_playwright
 except ImportError:  # pragma: no cover - the dev lock installs it
     async_playwright = None  # type: ignore[assignment]
 
@@ -211,8 +211,11 @@ async def test_a_receivers_answer_holding_markup_is_shown_as_text(
             assert time.monotonic() < deadline, "the failing attempt never reached the log"
             await _sleep(0.5)
         page, requested = await open_portal(browser, await session_url(stack))
+        # The page opens on the first endpoint; choose this one once it has.
+        await page.locator("#endpoints tr.selected").wait_for()
         row = page.locator(f"#endpoints tr[data-endpoint='{created['id']}']")
         await row.locator("button[data-action='deliveries']").click()
+        await page.locator(f"#endpoints tr.selected[data-endpoint='{created['id']}']").wait_for()
         await page.locator("#deliveries button[data-action='attempts']").first.click()
         shown = page.locator("#attempts pre").filter(has_text="<script>")
         await shown.first.wait_for()
@@ -325,3 +328,46 @@ async def test_test_send_arrives_and_a_delivery_is_resent_from_the_page(
 
 async def _sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
+
+
+async def test_a_late_answer_for_the_endpoint_left_behind_is_not_shown(
+    stack: RunningStack, browser: Browser
+) -> None:
+    """The demo endpoint's deliveries answer 2 s late; the person chooses it, then at once an
+    endpoint with no deliveries. The late answer must not fill the table under the second
+    endpoint (before: it did, and an Attempts or Resend click on one of its rows asked the
+    second endpoint for a delivery it never had: 404)."""
+    demo = await demo_endpoint(stack)
+    deadline = time.monotonic() + 60
+    while not (await api(stack, "GET", f"{ENDPOINTS}/{demo['id']}/deliveries"))["data"]:
+        assert time.monotonic() < deadline, "the demo endpoint never had a delivery"
+        await _sleep(0.5)
+    empty = (
+        await api(
+            stack,
+            "POST",
+            ENDPOINTS,
+            json={"url": "http://127.0.0.1:9/never", "description": "never delivered to"},
+        )
+    )["data"]
+    page, _ = await open_portal(browser, await session_url(stack))
+    try:
+        await page.locator("#endpoints tr.selected").wait_for()
+
+        async def late(route: Route) -> None:
+            await asyncio.sleep(2.0)
+            await route.continue_()
+
+        await page.route(f"**/v1/webhook-endpoints/{demo['id']}/deliveries", late)
+        endpoints = page.locator("#endpoints")
+        await endpoints.locator(
+            f"tr[data-endpoint='{demo['id']}'] button[data-action='deliveries']"
+        ).click()
+        await endpoints.locator(
+            f"tr[data-endpoint='{empty['id']}'] button[data-action='deliveries']"
+        ).click()
+        await endpoints.locator(f"tr.selected[data-endpoint='{empty['id']}']").wait_for()
+        await _sleep(3.5)  # past the late answer
+        assert await page.locator("#deliveries tbody tr").count() == 0
+    finally:
+        await page.close()

@@ -18,10 +18,10 @@ from aiokafka import TopicPartition
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_B, headers, running_api
 from tests.api.test_api_http import assert_error
-from tests.api.webhooks.test_routes import ONE, create, hooks
+from tests.api.webhooks.test_routes import ONE, create, hooks, log_entry
 from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
 from worker.engine.home_partition import home_partition
-from worker.engine.kafka import build_consumer, ensure_topics
+from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.settings import Settings
 from worker.webhooks.secrets_box import generate_key
 
@@ -142,3 +142,67 @@ async def test_scans_of_many_workspaces_run_at_once_bounded_by_max_concurrent(
     assert [a.entries for a in answers] == [[]] * 5
     assert (built, scan.peak_running, scan.scans) == (2, 2, 5)
     assert scan.consumers == 0  # all closed by stop
+
+
+class LateFirstAnswer:
+    """A real consumer whose first poll comes back empty before any fetch answer, as on a
+    loaded broker: until a poll hands out records it reports no high-water mark."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.answered = False
+        self.polls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self._inner.highwater(tp) if self.answered else None
+
+    async def getmany(self, *args: Any, **kwargs: Any) -> Any:
+        self.polls += 1
+        if self.polls == 1:
+            return {}
+        batch = await self._inner.getmany(*args, **kwargs)
+        self.answered = self.answered or bool(batch)
+        return batch
+
+
+async def test_a_scan_learns_where_the_partition_ends_from_an_answer_not_an_empty_poll(
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Two log records in one batch, the wanted delivery in the second. The embedded broker's
+    ``end_offsets`` names the start of its last batch + 1, so the scan takes the end from the
+    first fetch answer's high-water mark; a first poll that comes back before any answer
+    must not stand for it (before: it did, the end stayed short of the batch's second record,
+    and the delivery's page answered 404 while the list, read a moment earlier, showed it;
+    seen in the portal's browser test)."""
+    settings = make_settings(partitions=1)
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    topic = settings.topics.webhook_deliveries
+    producer = build_producer(settings.kafka_config())
+    await producer.start()
+    try:
+        batch = producer.create_batch()
+        for webhook_id in ("msg_other", "msg_wanted"):
+            entry = log_entry("ep_batched", webhook_id, "delivered", 1)
+            batch.append(key=b"ep_batched", value=entry.model_dump_json().encode(), timestamp=None)
+        batch.close()
+        await (await producer.send_batch(batch, topic, partition=0))
+    finally:
+        await producer.stop()
+
+    made: list[LateFirstAnswer] = []
+
+    def factory() -> LateFirstAnswer:
+        made.append(LateFirstAnswer(build_consumer(settings.kafka_config(), fetch_max_wait_ms=50)))
+        return made[-1]
+
+    scan = DeliveryLogScan(factory, topic, window=100, timeout_s=20)
+    await scan.start()
+    try:
+        found = await scan.read("ep_batched", upto=None, lo=None)
+    finally:
+        await scan.stop()
+    assert made[0].polls >= 2
+    assert [e.webhook_id for _, e in found.entries] == ["msg_other", "msg_wanted"]

@@ -190,15 +190,20 @@ class DeliveryLogScan:
             )
             records = batch.get(tp, ())
             read += len(records)
-            idle = 0 if records else idle + 1  # a gap the broker never fills: stop
-            if read > self.window + self._max_records:
-                break  # a cursor's end past the partition's: no more than a page's budget
             if not learned:
-                learned = True
                 highwater = consumer.highwater(tp)
+                if highwater is None and not records:
+                    # No answer for the partition yet (a new consumer still connecting, a
+                    # loaded broker): an empty poll says nothing of it, so it neither ends
+                    # the scan nor counts as idle; the scan's time-out bounds the wait.
+                    continue
+                learned = True
                 if highwater is not None and highwater > hi:
                     hi = highwater
                     low = max(low, hi - self.window)
+            idle = 0 if records else idle + 1  # a gap the broker never fills: stop
+            if read > self.window + self._max_records:
+                break  # a cursor's end past the partition's: no more than a page's budget
             for msg in records:
                 if not low <= msg.offset < hi or msg.key != key:
                     continue

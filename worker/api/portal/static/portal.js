@@ -224,12 +224,20 @@
     $('endpoint-name').textContent = endpoint ? endpoint.url : endpointId;
     $('endpoint-section').hidden = false;
     $('detail').hidden = true;
+    // The previous endpoint's rows go at once: an Attempts or Resend click on one of them
+    // would ask this endpoint for a delivery it never had.
+    state.deliveries = [];
+    state.nextCursor = null;
+    renderDeliveries();
     return refreshDeliveries();
   }
 
   function refreshDeliveries() {
+    const endpointId = state.selected;
     return act('Loading the deliveries', async () => {
-      const { rows, next } = await loadDeliveries(state.selected, null);
+      const { rows, next } = await loadDeliveries(endpointId, null);
+      // Another endpoint was chosen while this one loaded: its answer is not what is shown.
+      if (state.selected !== endpointId) return;
       state.deliveries = rows;
       state.nextCursor = next;
       renderDeliveries();
@@ -240,8 +248,10 @@
   async function older() {
     const shown = (state.page + 1) * PAGE_SIZE;
     if (shown >= state.deliveries.length && state.nextCursor) {
+      const endpointId = state.selected;
       await act('Loading older deliveries', async () => {
-        const { rows, next } = await loadDeliveries(state.selected, state.nextCursor);
+        const { rows, next } = await loadDeliveries(endpointId, state.nextCursor);
+        if (state.selected !== endpointId) return;
         state.deliveries = state.deliveries.concat(rows);
         state.nextCursor = next;
       });
@@ -254,15 +264,16 @@
     const tbody = $('deliveries').tBodies[0];
     clear(tbody);
     const start = state.page * PAGE_SIZE;
+    const endpointId = state.selected;  // each row's buttons ask the endpoint it was read for
     for (const d of state.deliveries.slice(start, start + PAGE_SIZE)) {
       const id = deliveryId(d);
       const last = [d.last_status, d.last_error].filter((v) => v != null && v !== '').join(' ');
       const buttons = el('td', {});
       if (state.features.detail) {
-        buttons.append(el('button', { type: 'button', class: 'link', 'data-action': 'attempts', text: 'Attempts', onclick: () => showDetail(id) }));
+        buttons.append(el('button', { type: 'button', class: 'link', 'data-action': 'attempts', text: 'Attempts', onclick: () => showDetail(endpointId, id) }));
       }
       if (state.features.resend) {
-        buttons.append(el('button', { type: 'button', 'data-action': 'resend', text: 'Resend', onclick: () => resend(id) }));
+        buttons.append(el('button', { type: 'button', 'data-action': 'resend', text: 'Resend', onclick: () => resend(endpointId, id) }));
       }
       tbody.append(el('tr', { 'data-delivery': id },
         el('td', { text: when(d) }),
@@ -279,9 +290,9 @@
     $('older').disabled = start + PAGE_SIZE >= state.deliveries.length && !state.nextCursor;
   }
 
-  function showDetail(id) {
+  function showDetail(endpointId, id) {
     return act('Loading the delivery', async () => {
-      const body = await api('GET', '/v1/webhook-endpoints/' + enc(state.selected) + '/deliveries/' + enc(id));
+      const body = await api('GET', '/v1/webhook-endpoints/' + enc(endpointId) + '/deliveries/' + enc(id));
       const data = (body && body.data) || {};
       const attempts = Array.isArray(data.attempts_detail) ? data.attempts_detail
         : Array.isArray(data.attempts) ? data.attempts : [];
@@ -304,9 +315,9 @@
     });
   }
 
-  function resend(id) {
+  function resend(endpointId, id) {
     return act('Resend', async () => {
-      await api('POST', '/v1/webhook-endpoints/' + enc(state.selected) + '/deliveries/' + enc(id) + '/resend');
+      await api('POST', '/v1/webhook-endpoints/' + enc(endpointId) + '/deliveries/' + enc(id) + '/resend');
       notice('Delivery ' + id + ' queued again.');
       await refreshDeliveries();
     });
