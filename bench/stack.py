@@ -159,6 +159,9 @@ def start_stack(
             "WEBHOOK_METRICS_PORT": str(ports["webhooks"]),
             "API_KEYS_FILE": str(keys),
             "PROVIDER_URLS": json.dumps({"simulator": f"http://127.0.0.1:{ports['simulator']}"}),
+            # What make run's receiver does (its runtime lock has no jsonschema): the stack's
+            # cost, not the demo's schema check (a dev-lock extra).
+            "RECEIVER_SCHEMA_CHECK": "false",
         }
         | {"PYTHONPATH": str(tree)}
         | (extra_env or {})

@@ -278,7 +278,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     keys = dev_keys_file(workdir / "api-keys.json")
     latency_total = int(sum(args.fractions) * args.max_rate_guess * args.latency_s * 1.6)
     accounts = args.rounds * args.requests + latency_total + 200
-    stack = start_stack(accounts, workdir, keys, args.start_timeout_s)
+    replies = {"API_REPLY_PARTITIONS": str(args.reply_partitions)} if args.reply_partitions else {}
+    stack = start_stack(accounts, workdir, keys, args.start_timeout_s, replies)
     ceiling_port = free_port()
     ceiling = subprocess.Popen(  # noqa: ASYNC220 - started once, before any measurement
         [
@@ -646,6 +647,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--provider-latency-ms", type=float, default=20.0)
     parser.add_argument("--start-timeout-s", type=float, default=120.0)
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the front-end")
+    parser.add_argument(
+        "--reply-partitions",
+        type=int,
+        default=1,
+        help="auth.replies partitions the front-end reads: 1, the product's default (as "
+        "c650674's stack ran it); 0, the dev stack's every one, which keeps a long run's reply "
+        "fetches small on the embedded broker and costs its broker more per confirm in a short "
+        "one (bench/README.md, 'Front-end cost')",
+    )
     parser.add_argument("--no-floor", action="store_true", help="no Kafka-floor phases")
     parser.add_argument(
         "--floor-clients",

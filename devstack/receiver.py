@@ -53,9 +53,9 @@ def schema_check() -> Callable[[Any], str] | None:
     return check
 
 
-def build_receiver_app(secret: str | None) -> web.Application:
+def build_receiver_app(secret: str | None, *, check_schemas: bool = True) -> web.Application:
     verifier = Webhook(secret) if secret else None
-    checked = schema_check()
+    checked = schema_check() if check_schemas else None
 
     async def receive(request: web.Request) -> web.Response:
         raw = await request.read()
@@ -88,7 +88,10 @@ def build_receiver_app(secret: str | None) -> web.Application:
 
 async def serve_receiver(settings: DevSettings) -> None:
     """Run until cancelled (``python -m devstack receiver``)."""
-    runner = web.AppRunner(build_receiver_app(os.environ.get("RECEIVER_SECRET")), access_log=None)
+    app = build_receiver_app(
+        os.environ.get("RECEIVER_SECRET"), check_schemas=settings.receiver_schema_check
+    )
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.receiver_host, settings.receiver_port)
     await site.start()

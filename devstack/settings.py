@@ -55,6 +55,12 @@ class DevSettings(Settings):
 
     receiver_host: str = "127.0.0.1"
     receiver_port: int = 8070
+    receiver_schema_check: bool = Field(
+        default=True,
+        description="The demo receiver checks each body against its published schema where "
+        "jsonschema is installed (the dev lock); the load benchmarks turn it off, as make run's "
+        "runtime lock has it off, so they measure the stack and not the check.",
+    )
 
     @property
     def bootstrap(self) -> str:

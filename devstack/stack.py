@@ -193,10 +193,12 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
         # Each POST waits for its reply's fetch, which the embedded broker holds in full.
         # And its one front-end reads every reply partition: a fetch there costs what the
         # fetched partition holds, so one partition holding every reply slowed each POST the
-        # longer the stack ran (docs/architecture.md, "The embedded broker").
+        # longer the stack ran (docs/architecture.md, "The embedded broker"). An
+        # API_REPLY_PARTITIONS of the caller's is kept (bench.stack_cost runs the product's 1).
         api_env = api_env | {
             "KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_API_FETCH_MAX_WAIT_MS),
-            "API_REPLY_PARTITIONS": str(settings.other_partitions),
+            "API_REPLY_PARTITIONS": env.get("API_REPLY_PARTITIONS")
+            or str(settings.other_partitions),
         }
     api = Component("api", ["worker", "api"], env=api_env)
     components = [simulator, worker, dispatcher, api]
