@@ -294,30 +294,26 @@ class Http1Client:
             pool.idle.append(conn)
             self._idle_total += 1
         else:
-            conn.abort()
-            pool.count -= 1
-            self._total -= 1
-            if pool.count == 0 and not pool.idle:
-                del self._pools[origin]
+            self._discard(origin, pool, conn)
         if self._waiters:
             self._wake()
 
     def _discard(self, origin: Origin, pool: _Pool, conn: Connection) -> None:
         conn.abort()
+        self._free_slot(origin, pool)
+
+    def _forget(self, origin: Origin) -> None:
+        """Give back the slot a failed dial had reserved."""
+        self._free_slot(origin, self._pools[origin])
+        if self._waiters:
+            self._wake()
+
+    def _free_slot(self, origin: Origin, pool: _Pool) -> None:
+        """One connection of ``origin`` fewer; an origin with none (idle ones count) goes."""
         pool.count -= 1
         self._total -= 1
         if pool.count == 0:
             del self._pools[origin]
-
-    def _forget(self, origin: Origin) -> None:
-        """Give back the slot a failed dial had reserved."""
-        pool = self._pools[origin]
-        pool.count -= 1
-        self._total -= 1
-        if pool.count == 0 and not pool.idle:
-            del self._pools[origin]
-        if self._waiters:
-            self._wake()
 
     def _wake(self) -> None:
         """Wake the first waiting caller that can now go on (an idle connection to its
