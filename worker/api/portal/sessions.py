@@ -8,15 +8,15 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from worker.api.bodies import json_response
 from worker.api.portal.tokens import PortalTokens
-from worker.api.routes import decode_json, read_body, request_id_of
-from worker.api.webhooks.bodies import invalid_body
+from worker.api.routes import request_id_of
+from worker.api.webhooks.bodies import json_object_body
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
 from worker.runtime.logs import get_logger
@@ -88,7 +88,7 @@ class PortalSessions:
     async def create(self, request: Request) -> Response:
         workspace_id = self.admitted_workspace(request)
         key_id: str = request.scope["state"]["key_id"]
-        body = await _body(request)
+        body = await json_object_body(request, PortalSessionBody, when_empty=PortalSessionBody())
         if self.tokens is None:
             raise ServiceError.of(
                 FAILURE,
@@ -106,20 +106,6 @@ class PortalSessions:
         return json_response(
             PortalSessionResponse(request_id=request_id_of(request), data=data), 201
         )
-
-
-async def _body(request: Request) -> PortalSessionBody:
-    """The optional body: empty, or a JSON object of ``PortalSessionBody``."""
-    raw = await read_body(request)
-    if not raw:
-        return PortalSessionBody()
-    value = decode_json(raw)
-    if not isinstance(value, dict):
-        raise ServiceError.of("invalid_request", "The request body must be a JSON object or empty.")
-    try:
-        return PortalSessionBody.model_validate(value)
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
 
 
 __all__ = [

@@ -136,15 +136,21 @@ def invalid_body(exc: ValidationError) -> ServiceError:
 Model = TypeVar("Model", bound=BaseModel)
 
 
-async def json_object_body(request: Request, model: type[Model]) -> Model:
-    """The request's body as ``model``: 400 when it is empty, not a JSON object, or not valid
-    (each bad field named, never its value)."""
+async def json_object_body(
+    request: Request, model: type[Model], *, when_empty: Model | None = None
+) -> Model:
+    """The request's body as ``model``: 400 when it is not a JSON object or not valid (each
+    bad field named, never its value), and when it is empty unless ``when_empty`` is given
+    (an optional body: that is the answer then)."""
     raw = await read_body(request)
     if not raw:
+        if when_empty is not None:
+            return when_empty
         raise ServiceError.of("invalid_request", "A JSON object request body is required.")
     value = decode_json(raw)
     if not isinstance(value, dict):
-        raise ServiceError.of("invalid_request", "The request body must be a JSON object.")
+        expected = "a JSON object" if when_empty is None else "a JSON object or empty"
+        raise ServiceError.of("invalid_request", f"The request body must be {expected}.")
     try:
         return model.model_validate(value)
     except ValidationError as exc:
