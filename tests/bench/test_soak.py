@@ -2,15 +2,22 @@
 confirm answered 200, every registration handled, and nothing kept per finished account by the
 dispatcher (its pairs drop to what is pending) nor, beyond a loose bound, by any process.
 
-What the dispatcher keeps per account is checked on the structure itself (its pairs held at
-the end). The RSS bounds are loose on purpose: over a minute the dispatcher's warm-up (its
-first ~2,000 accounts, bench/README.md "Soak") and the machine's load move the slope by more
-than a kilobyte per account; they catch a process that keeps kilobytes per account, not a
-drift. The embedded broker is left out: it keeps every record in memory by design."""
+What the dispatcher keeps per account is checked twice: on the structure itself (its pairs
+held at the end, a gauge read at scrape time) and by its RSS slope over the second half of the
+run, which starts past its warm-up (its first ~2,000 accounts): 100 s at 40/s is the shortest
+run in which c650674's dispatcher, which kept ~1.7 KB per (endpoint, account) pair, is told
+apart from one that keeps nothing (bench/README.md, "Soak", the short soak against c650674);
+its gauge was not live, so only the slope catches it there. The other RSS bounds are loose:
+they catch a process that keeps kilobytes per account, not a drift. The embedded broker is
+left out: it keeps every record in memory by design.
+
+``SOAK_STACK_TREE=DIR`` runs the same soak against another tree's stack (``bench.soak
+--stack-tree``), e.g. a ``git worktree`` of c650674, where this test fails."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,9 +25,9 @@ import pytest
 from tests.bench import run_bench
 
 RATE = 40
-DURATION_S = 50
+DURATION_S = 100
 #: MB of RSS per 1,000 finished accounts, over the run's second half.
-MB_PER_1000 = {"front-end": 4.0, "dispatcher": 6.0, "worker": 6.0}
+MB_PER_1000 = {"front-end": 1.0, "dispatcher": 1.5, "worker": 6.0}
 
 
 @pytest.mark.slow
@@ -32,7 +39,9 @@ def test_a_minute_of_steady_confirms_is_answered_and_leaves_nothing_behind(
         *("--duration-s", str(DURATION_S), "--rate", str(RATE), "--sample-s", "3"),
         *("--connections", "16", "--drain-s", "30", "--out", str(out)),
     ]
-    run_bench("bench.soak", *argv, timeout=300)  # exits non-zero on any confirm not 200
+    if tree := os.environ.get("SOAK_STACK_TREE"):
+        argv += ["--stack-tree", tree]
+    run_bench("bench.soak", *argv, timeout=400)  # exits non-zero on any confirm not 200
     result = json.loads(out.read_text())
     accounts = result["accounts"]
     assert accounts >= RATE * DURATION_S * 0.9
