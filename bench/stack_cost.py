@@ -324,7 +324,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         topics = Topics().all()
         counter = RecordCounter(f"127.0.0.1:{stack.ports['broker']}", topics)
         await counter.start()
-        idle = CpuWindow(stack.pids)
+        # The floors' requesters and the ceiling idle beside the stack: each one's idle cost
+        # is left out of its busy figure below, as the front-end's is.
+        idle = CpuWindow(
+            stack.pids
+            | {"ceiling": ceiling.pid}
+            | {f"floor-{c}": floor.pids["requester"] for c, floor in floors.items()}
+        )
         idle.start()
         await asyncio.sleep(args.idle_s)
         idle.stop()
@@ -340,7 +346,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             load = await closed_loop(ceiling_port, fake, n, args.connections, DEV_KEY)
             window.stop()
             ceiling_runs.append(
-                load | {"cpu": per_request(window, n)["ceiling"], "loadavg_1m": loadavg}
+                load
+                | {
+                    "cpu": per_request(window, n)["ceiling"],
+                    "loadavg_1m": loadavg,
+                    "window_s": window.wall,
+                }
             )
 
             for client, floor in floors.items():
@@ -414,12 +425,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         f["cpu"]["front-end"]["total_us"] / c["cpu"]["total_us"] if c["cpu"]["total_us"] else None
         for c, f in zip(ceiling_runs, frontend_runs, strict=True)
     ]
-    aiokafka_floor = floor_figures(ceiling_runs, frontend_runs, floor_runs.get("aiokafka", []))
+    idle_cores = {name: (u + s) / idle.wall for name, (u, s) in idle.spent.items()}
+    aiokafka_floor = floor_figures(
+        ceiling_runs, frontend_runs, floor_runs.get("aiokafka", []), idle_cores, "aiokafka"
+    )
     return {
         "parameters": vars(args) | {"out": str(args.out)},
         "machine": machine() | {"loadavg_end": os.getloadavg()},
         "pids": stack.pids,
-        "idle_cores": {name: (u + s) / idle.wall for name, (u, s) in idle.spent.items()},
+        "idle_cores": idle_cores,
         "ceiling": ceiling_runs,
         "floor": floor_runs.get("aiokafka", []),
         "frontend": frontend_runs,
@@ -429,7 +443,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         # The same floor with the requester on librdkafka: what a C client would leave.
         "floor_confluent": {
             "runs": runs,
-            **floor_figures(ceiling_runs, frontend_runs, runs),
+            **floor_figures(ceiling_runs, frontend_runs, runs, idle_cores, "confluent"),
         }
         if (runs := floor_runs.get("confluent"))
         else None,
@@ -479,9 +493,34 @@ def floor_figures(
     ceiling_runs: list[dict[str, Any]],
     frontend_runs: list[dict[str, Any]],
     floor_runs: list[dict[str, Any]],
+    idle_cores: dict[str, float] | None = None,
+    client: str = "aiokafka",
 ) -> dict[str, Any]:
-    """A floor's CPU per request beside the ceiling's and the front-end's, round by round."""
+    """A floor's CPU per request beside the ceiling's and the front-end's, round by round.
+
+    ``frontend_by_floor_busy`` is the same ratio with each side's idle cost left out (its CPU
+    while the stack idles, in cores, times its phase's wall time): on the embedded broker a
+    fetch is held for its whole wait, so the front-end's readers fetch ~100 times a second
+    with nothing to do, a fixed cost per second that its closed loop spreads over ~6 times
+    fewer requests than the Kafka floor's (bench/README.md, "Front-end cost")."""
     floor_us = [f["cpu"]["total_us"] for f in floor_runs]
+    idle = idle_cores or {}
+
+    def busy(total_us: float, cores: float, run: dict[str, Any], n: int) -> float | None:
+        if "window_s" not in run or not n:
+            return None
+        return float(total_us - cores * run["window_s"] * 1e6 / n)
+
+    busy_ratios: list[float | None] = []
+    for c, f, u in zip(ceiling_runs, frontend_runs, floor_runs, strict=False):
+        fe = busy(
+            f["cpu"]["front-end"]["total_us"], idle.get("front-end", 0.0), f, f.get("requests", 0)
+        )
+        ce = busy(c["cpu"]["total_us"], idle.get("ceiling", 0.0), c, c.get("requests", 0))
+        fl = busy(u["cpu"]["total_us"], idle.get(f"floor-{client}", 0.0), u, u.get("requests", 0))
+        busy_ratios.append(
+            None if fe is None or ce is None or fl is None or ce + fl <= 0 else fe / (ce + fl)
+        )
     # (ceiling + floor) ÷ ceiling: what a front-end costing only HTTP and Kafka would score.
     floor_ratios = [
         (c["cpu"]["total_us"] + f) / c["cpu"]["total_us"] if c["cpu"]["total_us"] else None
@@ -506,6 +545,8 @@ def floor_figures(
             for f, u in zip(frontend_runs, floor_us, strict=False)
         ],
         "floor_us_spread": spread(floor_us),
+        "frontend_by_floor_busy": busy_ratios,
+        "frontend_by_floor_busy_spread": spread([r for r in busy_ratios if r is not None]),
     }
 
 
@@ -524,7 +565,13 @@ async def floor_phase(floor: Floor, n: int, window: CpuWindow | None = None) -> 
     if window is None:
         return load
     cpu = per_request(window, n)
-    return load | {"cpu": cpu["requester"], "processes": cpu, "loadavg_1m": loadavg}
+    return load | {
+        "cpu": cpu["requester"],
+        "processes": cpu,
+        "loadavg_1m": loadavg,
+        "window_s": window.wall,
+        "requests": n,
+    }
 
 
 def report(result: dict[str, Any]) -> str:
@@ -551,6 +598,15 @@ def report(result: dict[str, Any]) -> str:
             ]
             if result["floor"]
             and not math.isnan((by := result["frontend_by_floor_spread"])["median"])
+            else []
+        ),
+        *(
+            [
+                f"  idle cost left out {busy['min']:.2f}-{busy['max']:.2f}x  (each side's CPU"
+                " while the stack idles, times its phase's time, per request)"
+            ]
+            if result["floor"]
+            and not math.isnan((busy := result["frontend_by_floor_busy_spread"])["median"])
             else []
         ),
         *floor_lines(result["floor"], result, "Kafka floor"),

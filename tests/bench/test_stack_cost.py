@@ -48,6 +48,19 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     assert by_floor == front["cpu"]["front-end"]["total_us"] / (
         ceiling["cpu"]["total_us"] + result["floor_us"][0]
     )
+    # Each side's idle cost left out: smaller than the front-end's whole CPU, and the same
+    # arithmetic as the JSON's own figures.
+    idle = result["idle_cores"]
+    assert {"ceiling", "floor-aiokafka", "front-end"} <= set(idle)
+    (busy_ratio,) = result["frontend_by_floor_busy"]
+    fe_busy = (
+        front["cpu"]["front-end"]["total_us"] - idle["front-end"] * front["window_s"] * 1e6 / 60
+    )
+    ce_busy = ceiling["cpu"]["total_us"] - idle["ceiling"] * ceiling["window_s"] * 1e6 / 600
+    fl_busy = (
+        result["floor_us"][0] - idle["floor-aiokafka"] * result["floor"][0]["window_s"] * 1e6 / 300
+    )
+    assert busy_ratio == pytest.approx(fe_busy / (ce_busy + fl_busy))
     figures = baseline_figures(result)
     assert figures["front-end ÷ floor"] == by_floor
     assert {"stack µs/confirm", "worker µs/confirm", "p99 ms at 50%"} <= set(figures)
