@@ -107,6 +107,10 @@ async def closed_loop(
     }
 
 
+#: Below every keep-alive time-out of the servers measured (uvicorn's default is 5 s).
+IDLE_REUSE_S = 2.0
+
+
 async def open_loop(
     port: int,
     numbers: Iterator[int],
@@ -120,8 +124,10 @@ async def open_loop(
     """Arrivals every ``1/rate`` s for ``seconds``, whatever the answers do; each request on an
     idle connection (a new one when none is idle, at most ``cap``). Latency counts from the
     scheduled arrival, so a stall is charged to every request it delays. At most ``limit``
-    requests (the demo accounts left)."""
-    idle: list[Connection] = []
+    requests (the demo accounts left). A connection idle for ``IDLE_REUSE_S`` or longer is
+    closed rather than reused: the server may have closed it (its keep-alive time-out), and a
+    POST written to it would be answered by the end of the stream."""
+    idle: list[tuple[Connection, float]] = []
     opened = 0
     latencies: list[float] = []
     statuses: Counter[int] = Counter()
@@ -133,15 +139,19 @@ async def open_loop(
     async def one(scheduled: float) -> None:
         nonlocal opened
         async with slots:
-            if idle:
-                conn = idle.pop()
-            else:
+            conn = None
+            while idle and conn is None:
+                conn, since = idle.pop()
+                if loop.time() - since >= IDLE_REUSE_S:
+                    conn.close()
+                    conn = None
+            if conn is None:
                 opened += 1
                 conn = await Connection.open(port)
             status, _ = await conn.post(ROUTE.format(n=next(numbers)), key)
             latencies.append(loop.time() - scheduled)
             statuses[status] += 1
-            idle.append(conn)
+            idle.append((conn, loop.time()))
 
     tasks = []
     for i in range(total):
@@ -152,7 +162,7 @@ async def open_loop(
         tasks.append(asyncio.create_task(one(at)))
     await asyncio.gather(*tasks)
     elapsed = loop.time() - start
-    for c in idle:
+    for c, _ in idle:
         c.close()
     latencies.sort()
     return {
