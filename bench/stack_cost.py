@@ -47,7 +47,7 @@ from typing import Any, Final
 import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bench import baseline
+from bench import baseline, post_trace
 from bench.common import REPO_ROOT, base_env, clean, machine, names
 from bench.kafka_floor import CLIENTS, Floor
 from bench.stack import (
@@ -65,7 +65,8 @@ from worker.contract.topics import Topics
 from worker.engine.tail import partitions_of
 from worker.runtime import eventloop
 
-ROUTE: Final = "/v1/accounts/acc_demo_{n}/auth/passkey-confirm"
+ACCOUNT: Final = "acc_demo_{n}"
+ROUTE: Final = "/v1/accounts/" + ACCOUNT + "/auth/passkey-confirm"
 TARGET_RATIO: Final = 3.0
 TARGET_FLOOR_RATIO: Final = 1.5
 TARGET_STACK_MS: Final = 2.5
@@ -120,13 +121,15 @@ async def open_loop(
     *,
     limit: int,
     cap: int = 400,
+    timings: dict[str, tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     """Arrivals every ``1/rate`` s for ``seconds``, whatever the answers do; each request on an
     idle connection (a new one when none is idle, at most ``cap``). Latency counts from the
     scheduled arrival, so a stall is charged to every request it delays. At most ``limit``
     requests (the demo accounts left). A connection idle for ``IDLE_REUSE_S`` or longer is
     closed rather than reused: the server may have closed it (its keep-alive time-out), and a
-    POST written to it would be answered by the end of the stream."""
+    POST written to it would be answered by the end of the stream. ``timings``, when given,
+    gets each account's scheduled and answered times (epoch seconds) for ``bench.post_trace``."""
     idle: list[tuple[Connection, float]] = []
     opened = 0
     latencies: list[float] = []
@@ -134,6 +137,7 @@ async def open_loop(
     total = max(1, min(int(rate * seconds), limit))
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.05
+    to_epoch = time.time() - loop.time()
     slots = asyncio.Semaphore(cap)
 
     async def one(scheduled: float) -> None:
@@ -148,8 +152,11 @@ async def open_loop(
             if conn is None:
                 opened += 1
                 conn = await Connection.open(port)
-            status, _ = await conn.post(ROUTE.format(n=next(numbers)), key)
+            n = next(numbers)
+            status, _ = await conn.post(ROUTE.format(n=n), key)
             latencies.append(loop.time() - scheduled)
+            if timings is not None:
+                timings[ACCOUNT.format(n=n)] = (scheduled + to_epoch, loop.time() + to_epoch)
             statuses[status] += 1
             idle.append((conn, loop.time()))
 
@@ -190,6 +197,9 @@ class RecordCounter:
         )
         self.topics = topics
         self.tps: list[TopicPartition] = []
+        #: (topic, account) → CreateTime in epoch seconds of the first command, state record
+        #: and reply of each account read by the last ``count`` (``bench.post_trace``).
+        self.stamps: dict[tuple[str, str], float] = {}
 
     async def start(self) -> None:
         await self.consumer.start()
@@ -208,11 +218,16 @@ class RecordCounter:
         high-water mark and ``quiet_polls`` polls in a row were empty."""
         self.consumer.resume(*self.tps)
         got: Counter[str] = Counter()
+        self.stamps = {}
         quiet = 0
         while quiet < quiet_polls:
             chunk = await self.consumer.getmany(timeout_ms=300, max_records=10_000)
             for tp, records in chunk.items():
                 got[tp.topic] += len(records)
+                if tp.topic in post_trace.TRACED:
+                    for record in records:
+                        if account := post_trace.account_of(record.value):
+                            self.stamps.setdefault((tp.topic, account), record.timestamp / 1000)
             behind = False
             for tp in self.tps:
                 high = self.consumer.highwater(tp)
@@ -401,11 +416,21 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         for fraction in args.fractions if args.latency_s > 0 else []:
             left = accounts - next(numbers) + 1
             window = CpuWindow({"front-end": stack.pids["front-end"]})
+            timings: dict[str, tuple[float, float]] = {}
             window.start()
             point = await open_loop(
-                api, numbers, max_rate * fraction, args.latency_s, DEV_KEY, limit=left
+                api,
+                numbers,
+                max_rate * fraction,
+                args.latency_s,
+                DEV_KEY,
+                limit=left,
+                timings=timings,
             )
             window.stop()
+            await asyncio.sleep(args.settle_s)
+            await counter.count()
+            trace = post_trace.summary(post_trace.legs(timings, counter.stamps))
             # The ceiling at the same offered rate: the closed-loop ceiling runs at many times
             # the front-end's rate, where one loop wake-up serves many requests; paced, both
             # pay the same per-request wake-ups, so this ratio compares code, not rates.
@@ -421,6 +446,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     "fraction": fraction,
                     "frontend_cpu_us": per_request(window, point["requests"])["front-end"],
                     "ceiling_cpu_us": per_request(paced, ceiling_point["requests"])["ceiling"],
+                    "trace": trace,
                 }
             )
     finally:
@@ -659,6 +685,8 @@ def report(result: dict[str, Any]) -> str:
                 f"  paced at that rate, CPU/request µs: front-end {fe:,.0f}, ceiling {ce:,.0f}"
                 f" ({paced})"
             )
+        if "trace" in point:
+            lines.extend(post_trace.lines(point["trace"]))
     return "\n".join(lines)
 
 

@@ -72,6 +72,9 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     assert [p["fraction"] for p in result["latency"]] == [0.1, 0.5, 0.9]
     for point in result["latency"]:
         assert {"p50_ms", "p99_ms", "offered_rate", "achieved_rate"} <= set(point)
+        # Every request of the point traced from its command and reply records.
+        assert point["trace"]["traced"] == point["requests"]
+        assert point["trace"]["median"]["worker"] > 0
     assert "front-end" in done.stdout and "target" in done.stdout
     assert "Kafka floor" in done.stdout and "(ceiling + floor)" in done.stdout
     assert "Kafka floor, librdkafka" in done.stdout
