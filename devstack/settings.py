@@ -15,6 +15,7 @@ from worker.settings import Settings
 
 __all__ = [
     "EMBEDDED_API_FETCH_MAX_WAIT_MS",
+    "EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS",
     "EMBEDDED_FETCH_MAX_WAIT_MS",
     "DevSettings",
 ]
@@ -24,6 +25,10 @@ __all__ = [
 EMBEDDED_FETCH_MAX_WAIT_MS: Final = 20
 #: The front-end's on the embedded broker: each POST waits for its reply's fetch.
 EMBEDDED_API_FETCH_MAX_WAIT_MS: Final = 10
+#: The dispatcher's on the embedded broker: webhooks are off the confirm's path, and each of
+#: its fetches walks every partition it names, so a short wait costs the broker most of its
+#: idle CPU (bench/README.md, "Soak").
+EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS: Final = 250
 
 
 class DevSettings(Settings):
@@ -32,6 +37,13 @@ class DevSettings(Settings):
     embedded_broker_port: int = 9092
     # The development tools talk to the embedded broker, which holds a fetch for the full wait.
     kafka_fetch_max_wait_ms: int = Field(default=EMBEDDED_FETCH_MAX_WAIT_MS, ge=1)
+    dispatcher_fetch_max_wait_ms: int = Field(
+        default=EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS,
+        ge=1,
+        description="The dev stack's dispatcher's KAFKA_FETCH_MAX_WAIT_MS on the embedded "
+        "broker: webhooks are off the confirm's path, so it can fetch less often than the "
+        "worker.",
+    )
     # One broker, topics made on demand: the stack and the tests create what they use.
     kafka_auto_create_topics: bool = True
     kafka_replication_factor: int = Field(default=1, ge=1)

@@ -184,7 +184,12 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     # The product's worker and dispatcher with the embedded broker's group consumer (a no-op
     # on Kafka): a restarted one gets its partitions at once, not a session timeout later.
     worker = Component("worker", ["devstack", "worker"], env=env)
-    dispatcher = Component("dispatcher", ["devstack", "webhooks"], env=env)
+    dispatcher_env = env
+    if broker is not None:
+        dispatcher_env = env | {
+            "KAFKA_FETCH_MAX_WAIT_MS": str(settings.dispatcher_fetch_max_wait_ms)
+        }
+    dispatcher = Component("dispatcher", ["devstack", "webhooks"], env=dispatcher_env)
     # The dev stack is what the load benchmarks drive (bench/api_load.py, bench.stack_cost):
     # thousands of requests a second from one workspace. Its front-end has no per-workspace
     # rate limit unless API_RATE_LIMIT_PER_S is set.

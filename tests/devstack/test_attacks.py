@@ -326,7 +326,9 @@ async def test_confirms_on_made_up_accounts_leave_the_dispatcher_small(
             assert time.monotonic() < deadline, f"{missing} error events never delivered"
             await asyncio.sleep(0.5)
     grown = peak_rss - baseline
-    assert peak_state <= 50, peak_state
+    # What it holds at once is what is pending: about one fetch's worth of events (the flood's
+    # rate times the dispatcher's fetch wait, 250 ms on the dev stack), never the accounts seen.
+    assert peak_state <= MADE_UP // 10, peak_state
     assert grown < 30 * MIB, f"the dispatcher grew {grown / MIB:.1f} MiB"
     await attacked.other_served("127.0.0.1")
     attacked.assert_unharmed()
