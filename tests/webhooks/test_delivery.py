@@ -151,6 +151,30 @@ def test_an_outcome_carries_over_onto_what_was_taken_in_meanwhile() -> None:
     assert final.failing_since is None
 
 
+@pytest.mark.parametrize(
+    ("status", "behind"),
+    [(500, 0), (500, 1), (200, 0), (200, 1), (410, 1), (None, 1)],
+)
+def test_an_outcome_carried_over_onto_an_unchanged_state_is_the_settled_state(
+    status: int | None, behind: int
+) -> None:
+    state = enqueue(empty(), pending(1))[0]
+    if behind:
+        waiting = pending(2, at=NOW + 60)  # queued behind, its own time later than the outcome
+        state = enqueue(state, waiting)[0]
+    settled = (
+        fail_head(state, "endpoint_deleted", now=NOW)
+        if status is None
+        else settle(state, AttemptResult(status), now=NOW, rng=random.Random(3))
+    )
+    same = carry_over(state, settled)
+    assert same is settled.state, "nothing changed meanwhile: no copy"
+    # what the general path (a copy of the state as it is now) makes of it is the same
+    copy = state.model_copy()
+    assert copy is not state
+    assert carry_over(copy, settled) == same
+
+
 def test_parse_schedule() -> None:
     assert parse_schedule("5,300, 1800") == (5.0, 300.0, 1800.0)
     with pytest.raises(ValueError, match=">= 0"):

@@ -115,3 +115,54 @@ def test_dropping_a_partition_forgets_its_pairs_old_records_and_deferrals() -> N
     assert len(store) == 0 and store.timers.live == {}
     store.put(0, pair("ep_1", "ev_1"))
     assert store.timers.live["ep_1/acc_1"][0] == NOW, "no deferral survives the drop"
+
+
+def test_a_claimed_pair_is_armed_once_on_release_at_the_state_it_was_left_in() -> None:
+    store = DeliveryStore()
+    key = state_key("ep_1", "acc_1")
+    state = pair("ep_1", "ev_1", "ev_2")
+    store.put(0, state)
+    store.claim(key)
+    assert key not in store.timers.live, "its lane works on it: the sweep must not bring it"
+    head = state.queue[0]
+    retried = head.model_copy(update={"attempts": 1, "next_attempt_at": NOW + 5})
+    store.put(0, state.model_copy(update={"queue": (retried, *state.queue[1:])}))
+    assert key not in store.timers.live, "writes meanwhile arm nothing"
+    assert store.pop_due(NOW + 10, retry_at=NOW + 11) is None
+    store.release(0, key)
+    assert store.timers.live[key][0] == NOW + 5, "the retry's own time"
+    assert store.pop_due(NOW + 4.9, retry_at=NOW + 6) is None
+    assert store.pop_due(NOW + 5, retry_at=NOW + 6) == (key, 0)
+
+
+def test_a_deferral_or_wake_while_claimed_holds_at_release() -> None:
+    store = DeliveryStore()
+    key = state_key("ep_1", "acc_1")
+    store.put(0, pair("ep_1", "ev_1"))
+    store.claim(key)
+    store.defer(0, key, NOW + 30)  # its endpoint had no room (or paused it)
+    assert key not in store.timers.live
+    store.release(0, key)
+    assert store.timers.live[key][0] == NOW + 30, "the later of the head's time and the deferral"
+    store.claim(key)
+    assert store.wake(0, key, NOW + 2), "a claimed pair with a head can be woken"
+    assert key not in store.timers.live
+    store.release(0, key)
+    assert store.timers.live[key][0] == NOW + 2
+
+
+def test_a_claimed_pair_that_went_idle_or_was_dropped_is_not_armed() -> None:
+    store = DeliveryStore()
+    key = state_key("ep_1", "acc_1")
+    state = pair("ep_1", "ev_1")
+    store.put(0, state)
+    store.claim(key)
+    store.put(0, state.model_copy(update={"queue": ()}))  # delivered: idle, dropped
+    store.release(0, key)
+    assert key not in store.timers.live and not store.claimed(key)
+    store.put(1, pair("ep_1", "ev_2"))
+    store.claim(key)
+    store.drop(1)  # revoked while its lane ran
+    assert not store.claimed(key)
+    store.release(1, key)
+    assert key not in store.timers.live

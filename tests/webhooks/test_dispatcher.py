@@ -6,6 +6,8 @@ per (event, endpoint) across retries, a failing endpoint delays nobody else, 410
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from typing import Any
 
 import pytest
@@ -91,6 +93,35 @@ async def test_signed_ordered_deliveries_with_retries_under_one_id(
     assert len(retried) == want, "each first attempt failed and was retried"
     assert {d.webhook_id for d in retried} == set(flaky.verified_once())
     assert len(steady.seen) == want, "the other workspace's endpoint got nothing"
+
+
+async def test_a_retry_waits_out_its_schedule_step_and_then_comes(
+    settings_for: SettingsFactory,
+) -> None:
+    """The pair's timer is armed once, when its follow-up ends: from the retried head's due
+    time, so the next attempt comes then (not at once, not never), and the delivery queued
+    behind waits for it."""
+    settings = settings_for(webhook_retry_schedule_s="1.0,1.0")
+    arrivals: dict[int, list[float]] = {}
+
+    def answer(body: dict[str, Any], tries: int) -> int:
+        arrivals.setdefault(body["data"]["version"], []).append(time.monotonic())
+        return 500 if body["data"]["version"] == 1 and tries < 2 else 204
+
+    flaky = Receiver(answer=answer)
+    account = new_account()
+    async with receiving(flaky), endpoint_store(settings) as store:
+        _, secret = await create_endpoint(store, "ws_a", flaky.url)
+        flaky.secrets.append(secret)
+        async with running_dispatcher(settings):
+            await publish_events(settings, [status_event(account, v) for v in (1, 2)])
+            await wait_until(lambda: len(flaky.verified_once()) == 2, timeout=30)
+
+    first = arrivals[1]
+    assert len(first) == 3, "two failed attempts, then the delivery"
+    gaps = [later - earlier for earlier, later in itertools.pairwise(first)]
+    assert all(gap >= 0.8 - 0.05 for gap in gaps), f"each retry waits its step: {gaps}"
+    assert arrivals[2][0] >= first[-1], "the next event waits behind the retried one"
 
 
 async def test_a_failing_endpoint_delays_no_one_and_gone_disables(

@@ -178,7 +178,6 @@ async def run_dispatcher(
             disable_after_s=settings.webhook_disable_after_s,
             limits=queue_limits(settings),
             gate=gate_config(settings),
-            attempt_hold_s=settings.webhook_timeout_s + 5.0,
             hold_s=settings.webhook_take_in_hold_s,
         ),
         metrics=metrics,

@@ -182,6 +182,8 @@ class Settled:
     outcome: Outcome
     finished: Finished | None = None
     retry_at: float | None = None
+    base: DeliveryState | None = None
+    """The state the outcome was decided from: ``carry_over`` onto it is ``state`` itself."""
 
 
 def enqueue(state: DeliveryState, delivery: Pending) -> tuple[DeliveryState, bool]:
@@ -281,7 +283,7 @@ def settle(
         }
     )
     nxt = state.model_copy(update={"queue": (retried, *state.queue[1:]), "failing_since": since})
-    return Settled(nxt, "retry", retry_at=now + wait)
+    return Settled(nxt, "retry", retry_at=now + wait, base=state)
 
 
 def fail_head(state: DeliveryState, reason: str, *, now: float) -> Settled:
@@ -315,7 +317,7 @@ def _finish(
         rest = (rest[0].model_copy(update={"next_attempt_at": now}), *rest[1:])
     since = None if final == "delivered" else (state.failing_since or now)
     nxt = state.model_copy(update={"queue": rest, "failing_since": since})
-    return Settled(nxt, outcome, finished=done)
+    return Settled(nxt, outcome, finished=done, base=state)
 
 
 def _cut(error: str | None) -> str | None:
@@ -325,7 +327,10 @@ def _cut(error: str | None) -> str | None:
 def carry_over(current: DeliveryState, settled: Settled) -> DeliveryState:
     """``settled`` applied onto ``current``: the state may have changed while the outcome was
     being written (the account's lane appends deliveries and webhook-ids behind the head), but
-    only the attempting lane ever changes the head, so its transition carries over as is."""
+    only the attempting lane ever changes the head, so its transition carries over as is.
+    Nothing changed meanwhile (the usual case): the settled state is that, no copy made."""
+    if current is settled.base:
+        return settled.state
     if settled.finished is None:
         queue = (settled.state.queue[0], *current.queue[1:])
     else:

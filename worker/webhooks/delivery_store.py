@@ -63,6 +63,9 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     ``unsaved`` says which deliveries are in memory only (``worker.webhooks.holds``).
     ``park`` marks a pair its endpoint paused (back-off, ``Retry-After``, rate limit) until its
     next follow-up; the mark goes with the pair, or with its partition when that is dropped.
+    ``claim`` takes a pair's timer away while its lane works on it (``release`` arms it once,
+    from the state the lane left): every step of a follow-up changes the pair, and arming at
+    each would only have the loop's sweep find it due, and its lane busy, again and again.
 
     Only pairs with something pending are held: ``put`` of an idle pair (``DeliveryState.idle``)
     drops it, with its timer and deferral. Which pairs have a live record on the changelog is
@@ -79,6 +82,7 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
         self._live: dict[int, set[str]] = {}
         self._pending: dict[int, Counter[str]] = {}
         self._parked: dict[int, set[str]] = {}
+        self._claimed: set[str] = set()
         self.unsaved = Unsaved()
 
     @staticmethod
@@ -208,6 +212,7 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     def drop(self, partition: int) -> None:
         for key in self._parts.get(partition, {}):
             self._deferred.pop(key, None)
+            self._claimed.discard(key)
         for key in self._live.pop(partition, set()):
             if self.pair(partition, key) is None:
                 self.timers.cancel(key)  # a stale pair's tombstone: the next owner's
@@ -222,6 +227,23 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
         )
 
     # -- timers ------------------------------------------------------------------------------
+
+    def claim(self, key: str) -> None:
+        """The pair's lane works on it: no timer until ``release`` (its follow-up re-reads the
+        pair at every step, so nothing the pair's writes arm meanwhile is needed)."""
+        self._claimed.add(key)
+        self.timers.cancel(key)
+
+    def release(self, partition: int, key: str) -> None:
+        """The pair's lane is done with it: arm its timer once, from its state now (its head's
+        due time, or a deferral or wake set meanwhile, whichever is later)."""
+        self._claimed.discard(key)
+        state = self.pair(partition, key)
+        if state is not None:
+            self._arm(partition, state)
+
+    def claimed(self, key: str) -> bool:
+        return key in self._claimed
 
     def defer(self, partition: int, key: str, until: float) -> None:
         """Hold the pair's timer at ``until`` (or its head's due time, if later)."""
@@ -255,6 +277,8 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
             self._deferred.pop(key, None)
             self.timers.cancel(key)
             return
+        if key in self._claimed:
+            return  # armed when its lane releases it
         self.timers.arm(key, partition, max(due, self._deferred.get(key, 0.0)))
 
     def _timer_keys(self, record: DeliveryState | AccountDeliveries) -> list[str]:

@@ -69,8 +69,6 @@ class DispatchConfig:
     disable_after_s: float
     limits: QueueLimits = field(default_factory=QueueLimits)
     gate: GateConfig = field(default_factory=GateConfig)
-    attempt_hold_s: float = 30.0
-    """Longer than one attempt can take (the sender's time-out and some)."""
     hold_s: float = 0.0
     """Take in without writing, holding the event's offset (``worker.webhooks.holds``); the
     loop's ``hold_overdue_s`` is this. 0: write each pair at take-in."""
@@ -305,6 +303,14 @@ class Dispatcher:
         if is_old_form(key):
             await self._migration.follow_up(partition, key)
             return
+        # The pair's timer is armed once, when this ends, from the state it leaves.
+        self.store.claim(key)
+        try:
+            await self._follow_up(partition, key)
+        finally:
+            self.store.release(partition, key)
+
+    async def _follow_up(self, partition: int, key: str) -> None:
         endpoint_id, _, _ = key.partition("/")
         self.store.unpark(partition, key)
         while True:
@@ -319,9 +325,8 @@ class Dispatcher:
                     await self._writes.write_now(partition, [key])
                 return
             if head.next_attempt_at > now:
-                self.store.put(partition, state)  # re-arm at the head's own time
                 await self._writes.save_unsaved(partition, key)
-                return
+                return  # armed at the head's own time when released
             endpoint = self.endpoints.get(state.workspace_id, endpoint_id)
             if is_active(endpoint):
                 admission = self.gate.admit(
@@ -365,10 +370,8 @@ class Dispatcher:
         inactive or deleted endpoint's head fails without an attempt."""
         result: AttemptResult | None = None
         if is_active(endpoint):
-            # The head stays due while it is attempted: hold the pair's timer past the
-            # attempt, or the loop's sweep would find it due (and its lane busy) on every
-            # tick. The write after the attempt arms it from the new state.
-            self.store.defer(partition, key, now + self.config.attempt_hold_s)
+            # The head stays due while it is attempted; its pair is claimed (``follow_up``),
+            # so no timer brings it back meanwhile.
             try:
                 result = await self._attempt(endpoint, head)
             finally:

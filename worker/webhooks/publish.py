@@ -275,14 +275,9 @@ class DeliveryPublisher:
         *,
         attempt: AttemptRecord | None = None,
     ) -> None:
-        done = head.model_copy(
-            update={
-                "attempts": finished.attempts,
-                "last_status": finished.last_status,
-                "last_error": finished.last_error,
-            }
+        entry = self._entry(
+            state, head, finished.state, None, finished.finished_at, attempt, finished=finished
         )
-        entry = self._entry(state, done, finished.state, None, finished.finished_at, attempt)
         await self._log([entry])
 
     async def log_note(
@@ -339,7 +334,12 @@ class DeliveryPublisher:
         next_at: float | None,
         now: float,
         attempt: AttemptRecord | None = None,
+        *,
+        finished: Finished | None = None,
     ) -> DeliveryLogEntry:
+        """The entry of ``delivery`` as it is, or as ``finished`` left it (its attempts and
+        last answer)."""
+        last = delivery if finished is None else finished
         return DeliveryLogEntry(
             webhook_id=delivery.webhook_id,
             endpoint_id=state.endpoint_id,
@@ -348,10 +348,10 @@ class DeliveryPublisher:
             event_type=delivery.event_type,
             event_id=delivery.event_id,
             version=delivery.version,
-            attempts=delivery.attempts,
+            attempts=last.attempts,
             state=outcome,
-            last_status=delivery.last_status,
-            last_error=delivery.last_error,
+            last_status=last.last_status,
+            last_error=last.last_error,
             next_attempt_at=None if next_at is None else rfc3339(next_at),
             updated_at=rfc3339(now),
             replay=delivery.replay,
