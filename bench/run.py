@@ -236,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
         "worker run contenders, where py-spy cannot attach; cProfile slows them, so read "
         "shares, not times",
     )
+    p.add_argument(
+        "--latency-trace",
+        type=Path,
+        default=None,
+        help="directory for per-command step timestamps, collector pauses and loop lag "
+        "(bench.latency_trace) of the python -m worker run contenders; "
+        "python -m bench.latency_trace report FILE... breaks them down",
+    )
     p.add_argument("--keep-logs", action="store_true", help="keep contender logs (temp dir)")
     p.add_argument(
         "--record-spans",
@@ -391,6 +399,10 @@ class Bench:
                     self.args.cprofile.mkdir(parents=True, exist_ok=True)
                     out = self.args.cprofile / f"{settings.kafka_consumer_group}-{i}.prof"
                     argv = ["-m", "bench.cprofiled", str(out), *argv[1:]]
+                elif self.args.latency_trace is not None:
+                    self.args.latency_trace.mkdir(parents=True, exist_ok=True)
+                    out = self.args.latency_trace / f"{settings.kafka_consumer_group}-{i}.json"
+                    argv = ["-m", "bench.latency_trace", str(out.resolve()), *argv[2:]]
             elif sc.kind == "worker":
                 argv = ["-m", "bench.proc", "worker-inproc"]
             else:
