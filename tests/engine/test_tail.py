@@ -5,6 +5,7 @@ also of a topic created while it waits, and gives up empty at its deadline."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -13,7 +14,7 @@ from aiokafka import TopicPartition
 
 from tests.conftest import SettingsFactory
 from worker.engine.kafka import build_consumer, build_producer, create_topics, ensure_topics
-from worker.engine.tail import SharedConsumer, assign_all, partitions_of
+from worker.engine.tail import SharedConsumer, TopicTail, assign_all, partitions_of
 from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -114,3 +115,61 @@ async def test_a_topic_that_never_appears_gives_nothing_at_the_deadline(
             assert never not in await consumer.topics()
     finally:
         await consumer.stop()
+
+
+class Recording(TopicTail):
+    """A tail that keeps the values it handled."""
+
+    def __init__(self, consumer: Any, topic: str) -> None:
+        super().__init__(consumer, topic, name="recording")
+        self.values: list[bytes] = []
+
+    def handle(self, records: list[Any]) -> None:
+        self.values.extend(r.value for r in records)
+
+
+async def test_read_to_end_returns_once_a_record_written_before_it_is_handled(
+    settings: Settings,
+) -> None:
+    """A reader that meets a key the tail has not applied yet (another consumer ran ahead)
+    reads the tail to the topic's end: a record written before the call is handled when it
+    returns, however long the tail's fetches are held (3 s here, on the embedded broker)."""
+    topic = settings.topics.webhook_endpoints
+    tail = Recording(build_consumer(settings.kafka_config(), fetch_max_wait_ms=3000), topic)
+    producer = build_producer(settings.kafka_config())
+    await producer.start()
+    await tail.start()
+    try:
+        async with asyncio.timeout(OUTER_S):
+            assert await tail.wait_caught_up(20)
+            await asyncio.sleep(0.2)  # the tail's next fetch is held now
+            for n in range(3):
+                await producer.send_and_wait(topic, f"v{n}".encode(), key=b"k", partition=n)
+            # Its held fetch comes back up to 3 s later; without the wait these are missing.
+            assert await tail.read_to_end(timeout=20)
+            assert sorted(tail.values) == [b"v0", b"v1", b"v2"]
+    finally:
+        await tail.stop()
+        await producer.stop()
+
+
+async def test_read_to_end_of_a_stopped_tail_is_false_at_its_time_out(
+    settings: Settings,
+) -> None:
+    topic = settings.topics.webhook_endpoints
+    tail = Recording(build_consumer(settings.kafka_config(), fetch_max_wait_ms=50), topic)
+    producer = build_producer(settings.kafka_config())
+    await producer.start()
+    await tail.start()
+    try:
+        async with asyncio.timeout(OUTER_S):
+            assert await tail.wait_caught_up(20)
+            tail.task.cancel()  # the loop is gone; the consumer still answers
+            with contextlib.suppress(asyncio.CancelledError):
+                await tail.task
+            await producer.send_and_wait(topic, b"late", key=b"k", partition=0)
+            assert not await tail.read_to_end(timeout=1)
+            assert tail.values == []
+    finally:
+        await tail.stop()
+        await producer.stop()

@@ -104,6 +104,8 @@ class TopicTail:
         self._idle_timeout_ms = idle_timeout_ms
         self._max_records = max_records
         self._caught_up = asyncio.Event()
+        #: Notified after every fetch the loop handled (``read_to_end`` waits on it).
+        self._fetched = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._tps: list[TopicPartition] = []
         self.failure: BaseException | None = None
@@ -140,6 +142,29 @@ class TopicTail:
         finally:
             waiter.cancel()
         return self._caught_up.is_set() and self.running
+
+    async def read_to_end(self, timeout: float) -> bool:
+        """True once the tail has handled every record its topic held when this was called
+        (each partition's position at the end ``end_offsets`` names now); false when
+        ``timeout`` passed first or the loop died. For a reader that meets a key this tail
+        has not applied yet, but whose record was written before the one it is reading:
+        another consumer's fetch can run ahead of this tail's. Needs the tail's own consumer
+        (``end_offsets``: one request; on the embedded broker it names the last batch's first
+        offset + 1, so a record later in a batch of several may not be waited for)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        if not await self.wait_caught_up(timeout):
+            return False
+        ends = await asyncio.wait_for(self.consumer.end_offsets(list(self._tps)), timeout)
+        async with self._fetched:
+            while True:
+                behind = [tp for tp, end in ends.items() if await self.consumer.position(tp) < end]
+                if not behind:
+                    return True
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0 or not self.running:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._fetched.wait(), left)
 
     async def start(self) -> None:
         await self.consumer.start()
@@ -226,6 +251,8 @@ class TopicTail:
                 for tp, records in batch.items():
                     self._take(tp, records)
                 self.after_fetch()
+                async with self._fetched:
+                    self._fetched.notify_all()
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise

@@ -5,6 +5,7 @@ endpoints registry is read to its end first, so no event fans out against a part
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer
@@ -158,6 +159,9 @@ async def run_dispatcher(
     dispatcher = Dispatcher(
         store=DeliveryStore(workspace_of=tail.registry.workspace_of),
         endpoints=tail.registry,
+        endpoints_to_end=functools.partial(
+            tail.read_to_end, timeout=settings.webhook_store_timeout_s
+        ),
         writer=writer,
         sender=sender,
         sign=signed_headers,

@@ -11,7 +11,7 @@ import asyncio
 import functools
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka.structs import ConsumerRecord
@@ -40,7 +40,7 @@ from worker.webhooks.disabling import Disabling
 from worker.webhooks.dispatch_ports import EndpointWriter, Sender, Signer
 from worker.webhooks.endpoint_gate import EndpointGate, GateConfig
 from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry, is_active
-from worker.webhooks.events import WebhookEvent, from_copy, from_error, from_status
+from worker.webhooks.events import WebhookEvent
 from worker.webhooks.instrumentation import (
     Attempted,
     DeadLettered,
@@ -50,10 +50,11 @@ from worker.webhooks.instrumentation import (
     TakenIn,
     Undecodable,
 )
+from worker.webhooks.intake import Intake
 from worker.webhooks.metrics import WebhookMetrics
 from worker.webhooks.migration import Migration, is_old_form
 from worker.webhooks.pair_writes import PairWrites
-from worker.webhooks.publish import DeliveryPublisher, Replay, decode_replay
+from worker.webhooks.publish import DeliveryPublisher
 from worker.webhooks.refusals import Refusals
 from worker.webhooks.sender import ErrorKind
 
@@ -91,9 +92,11 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         announcer: operational.Announcer | None = None,
+        endpoints_to_end: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
         self.endpoints = endpoints
+        self._intake = Intake(endpoints, config.status_topic, config.replay_topic, endpoints_to_end)
         self._writer = writer
         self._sender = sender
         self._sign = sign
@@ -128,37 +131,8 @@ class Dispatcher:
     async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> list[str]:
         """Take one record in; returns the (endpoint, account) keys due at once."""
         with tracing.consume_span(msg):
-            read = self._read(msg)
+            read = await self._intake.read_current(msg)
             return await self._instrument.run_record(msg, read, lambda: self._receive(msg, read))
-
-    def _read(self, msg: ConsumerRecord[bytes, bytes]) -> Incoming | Undecodable:
-        """The record's event and the endpoints it goes to: those of its workspace subscribed
-        to its type, or a replay request's one endpoint (none when it is gone, or of another
-        workspace than the event)."""
-        replay: Replay | None = None
-        try:
-            if msg.topic == self.config.replay_topic and operational.is_operational(msg.value):
-                return operational.incoming(msg.value or b"", self.endpoints)
-            if msg.topic == self.config.replay_topic:
-                replay = decode_replay(msg.value or b"")
-                read = {"status": from_status, "errors": from_error, "webhook": from_copy}
-                event = read[replay.source](replay.event.encode())
-            else:
-                if msg.value is None:
-                    raise ValueError("no value")
-                decode = from_status if msg.topic == self.config.status_topic else from_error
-                event = decode(msg.value)
-        except Exception as exc:
-            # Nothing can be delivered from it: to the DLQ as it came, never fatal.
-            return Undecodable(type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:200]}")
-        if replay is not None:
-            endpoint = self.endpoints.get(replay.workspace_id, replay.endpoint_id)
-            if endpoint is None or event.workspace_id != replay.workspace_id:
-                return Incoming(event, ())
-            return Incoming(event, (endpoint,), replay.replay_id)
-        if event.workspace_id is None:
-            return Incoming(event, ())
-        return Incoming(event, self.endpoints.subscribers(event.workspace_id, event.event_type))
 
     async def _receive(
         self, msg: ConsumerRecord[bytes, bytes], read: Incoming | Undecodable

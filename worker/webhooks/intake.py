@@ -1,0 +1,85 @@
+"""What a record of auth.status, auth.errors or webhook.replays asks of the dispatcher: its
+event and the endpoints it goes to, read against the endpoint registry (docs/architecture.md,
+"Webhook fan-out"). Decoding only: nothing is written here."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiokafka.structs import ConsumerRecord
+
+from worker.runtime.logs import get_logger
+from worker.webhooks import operational
+from worker.webhooks.endpoints import EndpointRegistry
+from worker.webhooks.events import from_copy, from_error, from_status
+from worker.webhooks.instrumentation import Incoming, Undecodable
+from worker.webhooks.publish import Replay, decode_replay
+
+log = get_logger(__name__)
+
+_REPLAYED = {"status": from_status, "errors": from_error, "webhook": from_copy}
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    """Reads records against ``endpoints``. ``endpoints_to_end`` reads the registry's tail to
+    the end webhook.endpoints has now (``TopicTail.read_to_end``): the front-end writes an
+    endpoint before it accepts a replay for it, but the tail's own consumer can be behind the
+    one that fetched the replay (a fetch wait apart, or a start's catch-up)."""
+
+    endpoints: EndpointRegistry
+    status_topic: str
+    replay_topic: str
+    endpoints_to_end: Callable[[], Awaitable[bool]] | None = None
+
+    async def read_current(self, msg: ConsumerRecord[bytes, bytes]) -> Incoming | Undecodable:
+        """``read``, and for a replay whose endpoint the registry lacks, again once its tail
+        read to the end. Still lacking: deleted, or another workspace's; it goes nowhere."""
+        read = self.read(msg)
+        if (
+            self.endpoints_to_end is None
+            or msg.topic != self.replay_topic
+            or not isinstance(read, Incoming)
+            or read.targets
+            or operational.is_operational(msg.value)
+        ):
+            return read
+        current = await self.endpoints_to_end()
+        read = self.read(msg)
+        if isinstance(read, Incoming) and not read.targets:
+            log.info(
+                "webhook_replay_endpoint_gone",
+                partition=msg.partition,
+                offset=msg.offset,
+                registry_current=current,
+            )
+        return read
+
+    def read(self, msg: ConsumerRecord[bytes, bytes]) -> Incoming | Undecodable:
+        """The record's event and the endpoints it goes to: those of its workspace subscribed
+        to its type, or a replay request's one endpoint (none when it is gone, or of another
+        workspace than the event)."""
+        replay: Replay | None = None
+        try:
+            if msg.topic == self.replay_topic and operational.is_operational(msg.value):
+                return operational.incoming(msg.value or b"", self.endpoints)
+            if msg.topic == self.replay_topic:
+                replay = decode_replay(msg.value or b"")
+                event = _REPLAYED[replay.source](replay.event.encode())
+            else:
+                if msg.value is None:
+                    raise ValueError("no value")
+                decode = from_status if msg.topic == self.status_topic else from_error
+                event = decode(msg.value)
+        except Exception as exc:
+            # Nothing can be delivered from it: to the DLQ as it came, never fatal.
+            return Undecodable(type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:200]}")
+        if replay is not None:
+            endpoint = self.endpoints.get(replay.workspace_id, replay.endpoint_id)
+            if endpoint is None or event.workspace_id != replay.workspace_id:
+                return Incoming(event, ())
+            return Incoming(event, (endpoint,), replay.replay_id)
+        if event.workspace_id is None:
+            return Incoming(event, ())
+        return Incoming(event, self.endpoints.subscribers(event.workspace_id, event.event_type))
