@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -128,48 +129,47 @@ class Recording(TopicTail):
         self.values.extend(r.value for r in records)
 
 
+@contextlib.asynccontextmanager
+async def recording(settings: Settings, fetch_wait_ms: int) -> AsyncIterator[tuple[Recording, Any]]:
+    """A started ``Recording`` tail of webhook.endpoints, caught up, and a producer."""
+    topic = settings.topics.webhook_endpoints
+    tail = Recording(
+        build_consumer(settings.kafka_config(), fetch_max_wait_ms=fetch_wait_ms), topic
+    )
+    producer = build_producer(settings.kafka_config())
+    await producer.start()
+    await tail.start()
+    try:
+        async with asyncio.timeout(OUTER_S):
+            assert await tail.wait_caught_up(20)
+            yield tail, producer
+    finally:
+        await tail.stop()
+        await producer.stop()
+
+
 async def test_read_to_end_returns_once_a_record_written_before_it_is_handled(
     settings: Settings,
 ) -> None:
     """A reader that meets a key the tail has not applied yet (another consumer ran ahead)
     reads the tail to the topic's end: a record written before the call is handled when it
     returns, however long the tail's fetches are held (3 s here, on the embedded broker)."""
-    topic = settings.topics.webhook_endpoints
-    tail = Recording(build_consumer(settings.kafka_config(), fetch_max_wait_ms=3000), topic)
-    producer = build_producer(settings.kafka_config())
-    await producer.start()
-    await tail.start()
-    try:
-        async with asyncio.timeout(OUTER_S):
-            assert await tail.wait_caught_up(20)
-            await asyncio.sleep(0.2)  # the tail's next fetch is held now
-            for n in range(3):
-                await producer.send_and_wait(topic, f"v{n}".encode(), key=b"k", partition=n)
-            # Its held fetch comes back up to 3 s later; without the wait these are missing.
-            assert await tail.read_to_end(timeout=20)
-            assert sorted(tail.values) == [b"v0", b"v1", b"v2"]
-    finally:
-        await tail.stop()
-        await producer.stop()
+    async with recording(settings, 3000) as (tail, producer):
+        await asyncio.sleep(0.2)  # the tail's next fetch is held now
+        for n in range(3):
+            await producer.send_and_wait(tail.topic, f"v{n}".encode(), key=b"k", partition=n)
+        # Its held fetch comes back up to 3 s later; without the wait these are missing.
+        assert await tail.read_to_end(timeout=20)
+        assert sorted(tail.values) == [b"v0", b"v1", b"v2"]
 
 
 async def test_read_to_end_of_a_stopped_tail_is_false_at_its_time_out(
     settings: Settings,
 ) -> None:
-    topic = settings.topics.webhook_endpoints
-    tail = Recording(build_consumer(settings.kafka_config(), fetch_max_wait_ms=50), topic)
-    producer = build_producer(settings.kafka_config())
-    await producer.start()
-    await tail.start()
-    try:
-        async with asyncio.timeout(OUTER_S):
-            assert await tail.wait_caught_up(20)
-            tail.task.cancel()  # the loop is gone; the consumer still answers
-            with contextlib.suppress(asyncio.CancelledError):
-                await tail.task
-            await producer.send_and_wait(topic, b"late", key=b"k", partition=0)
-            assert not await tail.read_to_end(timeout=1)
-            assert tail.values == []
-    finally:
-        await tail.stop()
-        await producer.stop()
+    async with recording(settings, 50) as (tail, producer):
+        tail.task.cancel()  # the loop is gone; the consumer still answers
+        with contextlib.suppress(asyncio.CancelledError):
+            await tail.task
+        await producer.send_and_wait(tail.topic, b"late", key=b"k", partition=0)
+        assert not await tail.read_to_end(timeout=1)
+        assert tail.values == []
