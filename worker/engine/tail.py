@@ -151,16 +151,24 @@ class TopicTail:
         another consumer's fetch can run ahead of this tail's. Needs the tail's own consumer
         (``end_offsets``: one request; on the embedded broker it names the last batch's first
         offset + 1, so a record later in a batch of several may not be waited for)."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         if not await self.wait_caught_up(timeout):
             return False
-        ends = await asyncio.wait_for(self.consumer.end_offsets(list(self._tps)), timeout)
+        try:  # within what is left of ``timeout``, not a second one
+            ends = await asyncio.wait_for(
+                self.consumer.end_offsets(list(self._tps)), max(0.0, deadline - loop.time())
+            )
+        except TimeoutError:
+            return False
         async with self._fetched:
             while True:
-                behind = [tp for tp, end in ends.items() if await self.consumer.position(tp) < end]
-                if not behind:
+                for tp, end in ends.items():
+                    if await self.consumer.position(tp) < end:
+                        break
+                else:
                     return True
-                left = deadline - asyncio.get_running_loop().time()
+                left = deadline - loop.time()
                 if left <= 0 or not self.running:
                     return False
                 with contextlib.suppress(TimeoutError):
