@@ -4,6 +4,7 @@ round trip, the W3C tracestate cut, and the log processor's ids."""
 from __future__ import annotations
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, TraceState
@@ -76,3 +77,47 @@ def test_recording_makes_children_and_cuts_a_long_tracestate() -> None:
     state = headers["tracestate"].decode()
     assert len(state) <= tracing.TRACESTATE_MAX
     assert state.startswith("k0=") and TraceState.from_header([state])
+
+
+class _Record:
+    topic, partition, offset = "auth.commands", 0, 1
+
+    def __init__(self, headers: list[tuple[str, bytes]]) -> None:
+        self.headers = headers
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("traceparent", CALLER.encode())],
+        [("reply-partition", b"1"), ("traceparent", CALLER.encode())],
+        [("traceparent", CALLER.upper().encode())],
+        [("traceparent", ("00-" + "0" * 32 + CALLER[35:]).encode())],
+        [("traceparent", (CALLER[:36] + "0" * 16 + CALLER[52:]).encode())],
+        [("traceparent", ("ff" + CALLER[2:]).encode())],
+        [("traceparent", (CALLER + "-x").encode())],
+        [("traceparent", ("01" + CALLER[2:] + "-future").encode())],
+        [("traceparent", (" " + CALLER).encode())],
+        [("traceparent", CALLER[:-1].encode())],
+        [("traceparent", CALLER.encode()), ("tracestate", b"a=1,b=2")],
+        [("traceparent", b"")],
+        [],
+    ],
+)
+def test_a_record_s_context_is_carried_as_the_propagator_reads_it(
+    headers: list[tuple[str, bytes]],
+) -> None:
+    """Recording nothing, the worker reads a plain ``traceparent`` itself and writes it on as
+    it came: the same context and the same outgoing headers as through the propagator."""
+    expected = trace.get_current_span(tracing.context_from_headers(headers)).get_span_context()
+    assert tracing.incoming_span_context(headers) == expected
+    assert not tracing.recording()
+    with tracing.consume_span(_Record(headers)):
+        carried = trace.get_current_span().get_span_context()
+        if expected.is_valid:
+            assert carried == expected
+        else:
+            assert carried.is_valid, "a record without a usable context starts a trace"
+        assert tracing.kafka_headers() == tracing.kafka_headers(carried)
+        assert tracing.http_headers() == tracing.http_headers(carried)
+        assert tracing.kafka_headers()[0][1].decode() == tracing.http_headers()["traceparent"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
@@ -68,6 +68,20 @@ class Instrumentation:
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self.metrics = metrics
+        #: The count and duration series of each (command type, verdict), looked up once:
+        #: both are fixed sets (``COMMAND_TYPES``, ``Verdict``).
+        self._series: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def _count(self, command_type: str, verdict: str, started: float) -> None:
+        """One command of ``command_type`` came to ``verdict``: counted and timed."""
+        series = self._series.get((command_type, verdict))
+        if series is None:
+            series = self._series[(command_type, verdict)] = (
+                self.metrics.commands.labels(command_type, verdict),
+                self.metrics.command_seconds.labels(command_type),
+            )
+        series[0].inc()
+        series[1].observe(time.perf_counter() - started)
 
     async def run(
         self,
@@ -86,8 +100,8 @@ class Instrumentation:
             handled = await handler()
             self._record(msg, handled, started)
             return handled
-        span = trace.get_current_span()
-        if span.is_recording():
+        span = trace.get_current_span() if tracing.recording() else None
+        if span is not None and span.is_recording():
             span.set_attributes(
                 {
                     "passkey.command.type": command.type,
@@ -125,16 +139,14 @@ class Instrumentation:
         metrics = self.metrics
         match handled:
             case Decided(command=GetAuthState() as query, verdict=verdict):
-                metrics.commands.labels(query.type, verdict).inc()
-                metrics.command_seconds.labels(query.type).observe(time.perf_counter() - started)
+                self._count(query.type, verdict, started)
             case Decided(command=command, verdict=verdict, error=error):
-                span = trace.get_current_span()
-                if span.is_recording():
+                span = trace.get_current_span() if tracing.recording() else None
+                if span is not None and span.is_recording():
                     span.set_attribute("passkey.verdict", verdict)
                     if error is not None:
                         span.set_attribute("passkey.error.code", error.code)
-                metrics.commands.labels(command.type, verdict).inc()
-                metrics.command_seconds.labels(command.type).observe(time.perf_counter() - started)
+                self._count(command.type, verdict, started)
                 if error is not None:
                     log.info("command_failed", code=error.code)
             case Forwarded(command=command, home=home):

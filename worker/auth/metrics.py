@@ -7,6 +7,7 @@ account id. A test scrapes a live worker and compares the names with ``deploy/me
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -130,6 +131,9 @@ class WorkerMetrics(LoopSeries):
             registry=registry,
         )
 
+        #: The duration series of each (provider, operation, outcome), looked up once: the
+        #: configured providers, two operations and the fixed outcomes.
+        self._provider_series: dict[tuple[str, str, str], Any] = {}
         self._precreate()
 
     def _precreate(self) -> None:
@@ -148,7 +152,12 @@ class WorkerMetrics(LoopSeries):
 
     def provider_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None:
         """Observer hook handed to provider adapters (they never see the registry)."""
-        self.provider_seconds.labels(provider, operation, outcome).observe(seconds)
+        series = self._provider_series.get((provider, operation, outcome))
+        if series is None:
+            series = self._provider_series[(provider, operation, outcome)] = (
+                self.provider_seconds.labels(provider, operation, outcome)
+            )
+        series.observe(seconds)
 
     def provider_retry(self, provider: str, operation: str) -> None:
         self.provider_retries.labels(provider, operation).inc()

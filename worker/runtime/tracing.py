@@ -1,10 +1,15 @@
 """OpenTelemetry: one trace from the caller's request through Kafka to the provider and every
 webhook. Spans are exported when the ``OTEL_*`` variables say so; otherwise each hop only
-passes the context on (docs/operations.md, "Tracing")."""
+passes the context on (docs/operations.md, "Tracing"), each record's as it came.
+
+Over 500 lines: the set-up, the spans and the headers that cross process boundaries share one
+process-wide state and the carried span, which one module keeps private.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from contextvars import Token
 from dataclasses import dataclass
@@ -25,6 +30,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import (
     INVALID_SPAN,
+    INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
     Span,
     SpanContext,
@@ -51,6 +57,7 @@ __all__ = [
     "current_traceparent",
     "export_targets",
     "http_headers",
+    "incoming_span_context",
     "kafka_headers",
     "new_root",
     "recording",
@@ -228,6 +235,28 @@ def new_root() -> SpanContext:
     )
 
 
+class _Carried(NonRecordingSpan):
+    """A record's trace carried through this process unrecorded, with its outgoing headers
+    made once for all the records and requests of its command: its ``traceparent`` as it came
+    when that was a plain one (the same bytes ``kafka_headers`` would write), else on first
+    use."""
+
+    def __init__(self, context: SpanContext, kafka: list[tuple[str, bytes]] | None) -> None:
+        super().__init__(context)
+        self._kafka = kafka
+        self._http: dict[str, str] | None = None
+
+    def kafka(self) -> list[tuple[str, bytes]]:
+        if self._kafka is None:
+            self._kafka = [(k, v.encode("ascii")) for k, v in _carried(self._context)]
+        return self._kafka
+
+    def http(self) -> dict[str, str]:
+        if self._http is None:
+            self._http = dict(_carried(self._context))
+        return self._http
+
+
 class _Active:
     """Makes ``span`` current for the block; ends it (if ``end``) and records an escaping
     exception on it. A class rather than ``@contextmanager``: this runs per command."""
@@ -256,12 +285,14 @@ class _Active:
 
 
 class _Current:
-    """The current span, unchanged: the non-recording child of a span in this process."""
+    """A child span in a process that records nothing: no span at all. The block gets the
+    invalid span (``is_recording()`` false, like every span here) and the current context,
+    which carries the trace on, stays as it is."""
 
     __slots__ = ()
 
     def __enter__(self) -> Span:
-        return trace.get_current_span()
+        return INVALID_SPAN
 
     def __exit__(self, *_: object) -> None:
         return None
@@ -346,7 +377,13 @@ def kafka_headers(span_context: SpanContext | None = None) -> list[tuple[str, by
     span's); empty without a valid context. The last answer is reused while the context is the
     same (one command writes several records under one span); callers must not mutate it."""
     global _last_kafka
-    ctx = trace.get_current_span().get_span_context() if span_context is None else span_context
+    if span_context is None:
+        current = trace.get_current_span()
+        if type(current) is _Carried:
+            return current.kafka()
+        ctx = current.get_span_context()
+    else:
+        ctx = span_context
     if _last_kafka[0] is ctx:
         return _last_kafka[1]
     headers = [(k, v.encode("ascii")) for k, v in _carried(ctx)]
@@ -355,9 +392,13 @@ def kafka_headers(span_context: SpanContext | None = None) -> list[tuple[str, by
 
 
 def http_headers(span_context: SpanContext | None = None) -> dict[str, str]:
-    """The same as HTTP request headers."""
-    ctx = trace.get_current_span().get_span_context() if span_context is None else span_context
-    return dict(_carried(ctx))
+    """The same as HTTP request headers; callers must not mutate the answer."""
+    if span_context is None:
+        current = trace.get_current_span()
+        if type(current) is _Carried:
+            return current.http()
+        span_context = current.get_span_context()
+    return dict(_carried(span_context))
 
 
 def current_traceparent() -> tuple[str | None, str | None]:
@@ -389,6 +430,53 @@ def context_from_headers(headers: Iterable[tuple[str, bytes]] | None) -> Context
     return context_from_traceparent(traceparent, tracestate)
 
 
+#: A ``traceparent`` of version 00 and nothing else: what every hop of this service writes.
+_PLAIN_TRACEPARENT: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_NO_TRACE: Final = "0" * 32
+_NO_SPAN: Final = "0" * 16
+
+
+def incoming_span_context(headers: Iterable[tuple[str, bytes]] | None) -> SpanContext:
+    """The span context in a Kafka record's headers (invalid when it has none): what
+    ``context_from_headers`` finds, read without building a context."""
+    return _incoming(headers)[0]
+
+
+def _incoming(
+    headers: Iterable[tuple[str, bytes]] | None,
+) -> tuple[SpanContext, list[tuple[str, bytes]] | None]:
+    """``incoming_span_context``, and the headers to carry it on when the record's
+    ``traceparent`` is a plain one (version 00, no ``tracestate``: what every hop of this
+    service writes), parsed here by the propagator's own rules; any other goes through the
+    propagator."""
+    traceparent = raw = tracestate = None
+    for key, value in headers or ():
+        if not value:
+            continue
+        if key == TRACEPARENT:
+            raw = value[:512]
+            traceparent = raw.decode("latin-1")
+        elif key == TRACESTATE:
+            tracestate = value[:512].decode("latin-1")
+    if traceparent is None or raw is None:
+        return INVALID_SPAN_CONTEXT, None
+    if tracestate is None and len(traceparent) == 55:
+        plain = _PLAIN_TRACEPARENT.fullmatch(traceparent)
+        if plain is not None:
+            trace_id, span_id, flags = plain.groups()
+            if trace_id == _NO_TRACE or span_id == _NO_SPAN:
+                return INVALID_SPAN_CONTEXT, None
+            context = SpanContext(
+                int(trace_id, 16),
+                int(span_id, 16),
+                is_remote=True,
+                trace_flags=TraceFlags(int(flags, 16)),
+            )
+            return context, [(TRACEPARENT, raw)]
+    parent = context_from_traceparent(traceparent, tracestate)
+    return trace.get_current_span(parent).get_span_context(), None
+
+
 def messaging(operation: str, topic: str | None = None) -> dict[str, Any]:
     """OpenTelemetry's messaging attributes of a Kafka ``operation`` (``send``, ``receive``,
     ``process``) on ``topic``: one spelling of the semantic conventions for every span."""
@@ -400,7 +488,13 @@ def messaging(operation: str, topic: str | None = None) -> dict[str, Any]:
 
 def consume_span(msg: Any) -> _Active | _Current:
     """The CONSUMER span of processing one Kafka record, continuing the trace in its headers
-    (the worker's commands, the dispatcher's events)."""
+    (the worker's commands, the dispatcher's events). Recording nothing, the record's context
+    is carried on as it came (a new root when it has none)."""
+    if not _state.recording:
+        incoming, carried = _incoming(msg.headers)
+        if not incoming.is_valid:
+            incoming, carried = new_root(), None
+        return _Active(_Carried(incoming, carried), end=False)
     return span(
         f"process {msg.topic}",
         kind=SpanKind.CONSUMER,
