@@ -324,17 +324,24 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=80)
 
 
+def stack_env(args: argparse.Namespace) -> dict[str, str]:
+    """The stack's partition counts and the dispatcher's fetch wait, where the run sets them
+    (unset: make run's)."""
+    env = {}
+    if args.partitions:
+        env["COMMANDS_PARTITIONS"] = env["OTHER_PARTITIONS"] = str(args.partitions)
+    if args.commands_partitions:
+        env["COMMANDS_PARTITIONS"] = str(args.commands_partitions)
+    if args.dispatcher_fetch_wait_ms:
+        env["DISPATCHER_FETCH_MAX_WAIT_MS"] = str(args.dispatcher_fetch_wait_ms)
+    return env
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="soak-"))
     keys = dev_keys_file(workdir / "api-keys.json")
-    partitions = {}
-    if args.partitions:
-        partitions = {
-            "COMMANDS_PARTITIONS": str(args.partitions),
-            "OTHER_PARTITIONS": str(args.partitions),
-        }
     tree = args.stack_tree or REPO_ROOT
-    stack = start_stack(2, workdir, keys, args.start_timeout_s, partitions, tree=tree)
+    stack = start_stack(2, workdir, keys, args.start_timeout_s, stack_env(args), tree=tree)
     settings = Settings(
         kafka_bootstrap_servers=f"127.0.0.1:{stack.ports['broker']}",
         log_format="console",
@@ -425,7 +432,7 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
     parser.add_argument("--duration-s", type=float, default=1800)
     parser.add_argument("--rate", type=float, default=50, help="accounts registered a second")
@@ -439,6 +446,21 @@ def main(argv: list[str] | None = None) -> int:
         "per data-bearing fetch grows with what the fetched partition holds",
     )
     parser.add_argument(
+        "--commands-partitions",
+        type=int,
+        default=0,
+        help="partitions of auth.commands and auth.state (0: as --partitions); the topic read "
+        "with the shortest wait at the highest rate, so the largest share of the embedded "
+        "broker's listing",
+    )
+    parser.add_argument(
+        "--dispatcher-fetch-wait-ms",
+        type=int,
+        default=0,
+        help="the dev stack's DISPATCHER_FETCH_MAX_WAIT_MS (0: its default); a longer wait "
+        "makes the dispatcher's reads of auth.status list each partition less often",
+    )
+    parser.add_argument(
         "--stack-tree",
         type=Path,
         default=None,
@@ -450,7 +472,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout-s", type=float, default=120)
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     parser.add_argument("--plot", type=Path, default=None, help="PNG of RSS and CPU over time")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     result = asyncio.run(run(args))
     print(report(result), flush=True)
     if args.out:

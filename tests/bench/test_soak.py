@@ -54,3 +54,23 @@ def test_a_minute_of_steady_confirms_is_answered_and_leaves_nothing_behind(
     slopes = result["mb_per_1000_finished"]
     for name, bound in MB_PER_1000.items():
         assert slopes[name] is not None and slopes[name] < bound, (name, slopes)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        ([], {}),
+        (["--partitions", "48"], {"COMMANDS_PARTITIONS": "48", "OTHER_PARTITIONS": "48"}),
+        (
+            ["--partitions", "48", "--commands-partitions", "96"],
+            {"COMMANDS_PARTITIONS": "96", "OTHER_PARTITIONS": "48"},
+        ),
+        (["--dispatcher-fetch-wait-ms", "2000"], {"DISPATCHER_FETCH_MAX_WAIT_MS": "2000"}),
+    ],
+)
+def test_the_stack_gets_only_the_settings_the_run_names(
+    argv: list[str], env: dict[str, str]
+) -> None:
+    from bench.soak import build_parser, stack_env
+
+    assert stack_env(build_parser().parse_args(argv)) == env

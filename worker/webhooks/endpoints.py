@@ -6,6 +6,7 @@ fan-out")."""
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,6 +42,9 @@ MAX_SIGNING_SECRETS: Final = 2
 # The record accepts up to the ceilings; the configured (lower) limits apply to API input.
 DescriptionText = Annotated[str, Field(max_length=DESCRIPTION_MAX_CHARS_CEILING)]
 UrlText = Annotated[str, Field(min_length=1, max_length=URL_MAX_CHARS_CEILING)]
+#: Endpoint ids the registry remembers as deleted (for a replay naming one, which then needs no
+#: catch-up read); the oldest is forgotten first. ~100 bytes each.
+GONE_REMEMBERED: Final = 4096
 MAX_RATE_LIMIT: Final = 10_000
 RateLimit = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT, strict=True)]
 """Svix's ``rateLimit``: attempts per second at most to the endpoint (per dispatcher process)."""
@@ -140,10 +144,12 @@ class EndpointRegistry:
     and the tail deliver the same records does not matter.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, gone_remembered: int = GONE_REMEMBERED) -> None:
         self._by_id: dict[str, EndpointRecord] = {}
         self._by_workspace: dict[str, dict[str, EndpointRecord]] = {}
         self._deleted: dict[str, Tombstone] = {}
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._gone_max = gone_remembered
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -158,6 +164,7 @@ class EndpointRegistry:
             return False
         self._by_id[record.id] = record
         self._by_workspace.setdefault(record.workspace_id, {})[record.id] = record
+        self._gone.pop(record.id, None)
         return True
 
     def delete(self, endpoint_id: str, *, revision: int | None = None) -> None:
@@ -174,6 +181,16 @@ class EndpointRegistry:
             self._deleted.pop(endpoint_id, None)
         elif held is not None:
             self._deleted[endpoint_id] = Tombstone(held.workspace_id, revision)
+        self._gone[endpoint_id] = None
+        self._gone.move_to_end(endpoint_id)
+        while len(self._gone) > self._gone_max:
+            self._gone.popitem(last=False)
+
+    def known(self, endpoint_id: str) -> bool:
+        """Whether this registry has read anything of ``endpoint_id``: it holds it (in whatever
+        workspace) or saw it deleted lately (the last ``GONE_REMEMBERED``). A lookup that finds
+        nothing for a known id is final; for an unknown one the registry may be behind."""
+        return endpoint_id in self._by_id or endpoint_id in self._gone
 
     def get(self, workspace_id: str, endpoint_id: str) -> EndpointRecord | None:
         """The endpoint if ``workspace_id`` owns it; ``None`` otherwise (missing or not yours)."""

@@ -34,8 +34,10 @@ class Intake:
     endpoints_to_end: Callable[[], Awaitable[bool]] | None = None
 
     async def read_current(self, msg: ConsumerRecord[bytes, bytes]) -> Incoming | Undecodable:
-        """``read``, and for a replay whose endpoint the registry lacks, again once its tail
-        read to the end. Still lacking: deleted, or another workspace's; it goes nowhere."""
+        """``read``, and for a replay whose endpoint the registry has never read, again once
+        its tail read to the end. Still lacking: deleted, or another workspace's; it goes
+        nowhere. An endpoint the registry holds for another workspace, or saw deleted, needs no
+        second read: one ListOffsets request per queued replay of a deleted endpoint saved."""
         read = self.read(msg)
         if (
             self.endpoints_to_end is None
@@ -45,8 +47,10 @@ class Intake:
             or operational.is_operational(msg.value)
         ):
             return read
-        current = await self.endpoints_to_end()
-        read = self.read(msg)
+        current = True
+        if not self.endpoints.known(decode_replay(msg.value or b"").endpoint_id):
+            current = await self.endpoints_to_end()
+            read = self.read(msg)
         if isinstance(read, Incoming) and not read.targets:
             log.info(
                 "webhook_replay_endpoint_gone",

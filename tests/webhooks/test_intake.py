@@ -1,0 +1,108 @@
+"""What a replay asks of the dispatcher when the registry lacks its endpoint: a catch-up read
+of the registry's tail only when the registry has never read that endpoint id; one it holds for
+another workspace, or saw deleted, is final at once (and the registry's memory of deleted ids is
+bounded)."""
+
+from __future__ import annotations
+
+from aiokafka.structs import ConsumerRecord
+
+from tests.webhooks.support import status_event
+from tests.webhooks.test_endpoints import record
+from worker.webhooks.endpoints import EndpointRegistry
+from worker.webhooks.instrumentation import Incoming
+from worker.webhooks.intake import Intake
+from worker.webhooks.publish import Replay
+
+STATUS = "auth.status"
+REPLAYS = "webhook.replays"
+
+
+def replay_message(endpoint_id: str, *, workspace: str = "ws_a") -> ConsumerRecord[bytes, bytes]:
+    event = status_event("acc_1", 1, workspace=workspace)
+    value = Replay(
+        replay_id="rpl_1",
+        endpoint_id=endpoint_id,
+        workspace_id=workspace,
+        source="status",
+        event=event.model_dump_json(),
+    ).model_dump_json()
+    return ConsumerRecord(REPLAYS, 0, 7, 0, 0, b"acc_1", value.encode(), None, 5, len(value), [])
+
+
+class CatchUp:
+    """The registry's tail read to the end: counts its calls, and applies what the topic held
+    that the registry had not read yet."""
+
+    def __init__(self, registry: EndpointRegistry, *behind: object) -> None:
+        self.registry = registry
+        self.behind = list(behind)
+        self.calls = 0
+
+    async def __call__(self) -> bool:
+        self.calls += 1
+        for held in self.behind:
+            self.registry.apply(held)  # type: ignore[arg-type]
+        self.behind.clear()
+        return True
+
+
+def intake(registry: EndpointRegistry, catch_up: CatchUp) -> Intake:
+    return Intake(registry, STATUS, REPLAYS, catch_up)
+
+
+async def test_a_replay_for_an_endpoint_not_read_yet_waits_for_the_registry_and_is_sent() -> None:
+    registry = EndpointRegistry()
+    catch_up = CatchUp(registry, record("ep_new", 1))
+    read = await intake(registry, catch_up).read_current(replay_message("ep_new"))
+    assert catch_up.calls == 1
+    assert isinstance(read, Incoming) and [t.id for t in read.targets] == ["ep_new"]
+
+
+async def test_a_replay_for_a_deleted_endpoint_goes_nowhere_without_a_catch_up_read() -> None:
+    registry = EndpointRegistry()
+    registry.apply(record("ep_old", 1))
+    registry.delete("ep_old")  # its tombstone, read from the topic
+    catch_up = CatchUp(registry)
+    reader = intake(registry, catch_up)
+    for _ in range(3):
+        read = await reader.read_current(replay_message("ep_old"))
+        assert isinstance(read, Incoming) and read.targets == ()
+    assert catch_up.calls == 0
+
+
+async def test_a_replay_naming_another_workspaces_endpoint_goes_nowhere_at_once() -> None:
+    registry = EndpointRegistry()
+    registry.apply(record("ep_theirs", 1, workspace="ws_b"))
+    catch_up = CatchUp(registry)
+    read = await intake(registry, catch_up).read_current(replay_message("ep_theirs"))
+    assert isinstance(read, Incoming) and read.targets == ()
+    assert catch_up.calls == 0
+
+
+async def test_an_unknown_endpoint_still_missing_after_the_catch_up_goes_nowhere() -> None:
+    registry = EndpointRegistry()
+    catch_up = CatchUp(registry)
+    reader = intake(registry, catch_up)
+    read = await reader.read_current(replay_message("ep_never"))
+    assert isinstance(read, Incoming) and read.targets == ()
+    await reader.read_current(replay_message("ep_never"))
+    assert catch_up.calls == 2, "an id never read is not remembered as gone"
+
+
+def test_the_registry_remembers_a_bounded_number_of_deleted_ids_oldest_forgotten_first() -> None:
+    registry = EndpointRegistry(gone_remembered=3)
+    for n in range(10):
+        registry.apply(record(f"ep_{n}", 1))
+        registry.delete(f"ep_{n}")
+    assert [registry.known(f"ep_{n}") for n in range(10)] == [False] * 7 + [True] * 3
+
+
+def test_an_endpoint_recreated_under_a_deleted_id_is_held_again() -> None:
+    registry = EndpointRegistry()
+    registry.apply(record("ep_a", 1))
+    registry.delete("ep_a")
+    assert registry.apply(record("ep_a", 2))
+    assert registry.get("ws_a", "ep_a") is not None and registry.known("ep_a")
+    registry.delete("ep_a")
+    assert registry.get("ws_a", "ep_a") is None and registry.known("ep_a")
