@@ -78,7 +78,7 @@ async def settle() -> None:
 
 async def test_states_are_acknowledged_before_replies_are_sent() -> None:
     producer = HeldProducer()
-    publisher = Publisher(producer, Topics())  # type: ignore[arg-type]
+    publisher = Publisher(producer, Topics())
     first, second = (
         asyncio.create_task(publisher.publish(0, decision(a), state_changed=True, reply_to=1))
         for a in ("acc_1", "acc_2")
@@ -95,7 +95,7 @@ async def test_states_are_acknowledged_before_replies_are_sent() -> None:
 
 async def test_a_record_too_large_fails_its_own_command_only() -> None:
     producer = HeldProducer()
-    publisher = Publisher(producer, Topics())  # type: ignore[arg-type]
+    publisher = Publisher(producer, Topics())
     big = asyncio.create_task(
         publisher.publish(0, decision("acc_1", extra=MAX_RECORD_BYTES), state_changed=True)
     )
@@ -113,7 +113,7 @@ async def test_a_record_too_large_fails_its_own_command_only() -> None:
 
 async def test_a_cancelled_command_sends_nothing_more() -> None:
     producer = HeldProducer()
-    publisher = Publisher(producer, Topics())  # type: ignore[arg-type]
+    publisher = Publisher(producer, Topics())
     task = asyncio.create_task(publisher.publish(0, decision("acc_1"), state_changed=True))
     await settle()
     task.cancel()
