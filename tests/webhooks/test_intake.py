@@ -106,3 +106,12 @@ def test_an_endpoint_recreated_under_a_deleted_id_is_held_again() -> None:
     assert registry.get("ws_a", "ep_a") is not None and registry.known("ep_a")
     registry.delete("ep_a")
     assert registry.get("ws_a", "ep_a") is None and registry.known("ep_a")
+
+
+def test_a_tombstone_whose_key_is_no_endpoint_id_is_not_remembered() -> None:
+    registry = EndpointRegistry(gone_remembered=3)
+    registry.delete("ep_kept")
+    for key in ("x" * 1_000_000, "", "ep\nnewline", "../ep"):
+        registry.delete(key)
+        assert not registry.known(key)
+    assert registry.known("ep_kept"), "the junk keys pushed out nothing"

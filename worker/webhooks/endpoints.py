@@ -5,6 +5,7 @@ fan-out")."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -43,8 +44,10 @@ MAX_SIGNING_SECRETS: Final = 2
 DescriptionText = Annotated[str, Field(max_length=DESCRIPTION_MAX_CHARS_CEILING)]
 UrlText = Annotated[str, Field(min_length=1, max_length=URL_MAX_CHARS_CEILING)]
 #: Endpoint ids the registry remembers as deleted (for a replay naming one, which then needs no
-#: catch-up read); the oldest is forgotten first. ~100 bytes each.
+#: catch-up read); the oldest is forgotten first. Only ids by the id rule (≤ 128 characters) are
+#: remembered: a tombstone's key is whatever its writer put there.
 GONE_REMEMBERED: Final = 4096
+_ID: Final = re.compile(ID_PATTERN)
 MAX_RATE_LIMIT: Final = 10_000
 RateLimit = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT, strict=True)]
 """Svix's ``rateLimit``: attempts per second at most to the endpoint (per dispatcher process)."""
@@ -181,10 +184,11 @@ class EndpointRegistry:
             self._deleted.pop(endpoint_id, None)
         elif held is not None:
             self._deleted[endpoint_id] = Tombstone(held.workspace_id, revision)
-        self._gone[endpoint_id] = None
-        self._gone.move_to_end(endpoint_id)
-        while len(self._gone) > self._gone_max:
-            self._gone.popitem(last=False)
+        if _ID.fullmatch(endpoint_id):
+            self._gone[endpoint_id] = None
+            self._gone.move_to_end(endpoint_id)
+            while len(self._gone) > self._gone_max:
+                self._gone.popitem(last=False)
 
     def known(self, endpoint_id: str) -> bool:
         """Whether this registry has read anything of ``endpoint_id``: it holds it (in whatever

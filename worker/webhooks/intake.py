@@ -12,7 +12,7 @@ from aiokafka.structs import ConsumerRecord
 from worker.runtime.logs import get_logger
 from worker.webhooks import operational
 from worker.webhooks.endpoints import EndpointRegistry
-from worker.webhooks.events import from_copy, from_error, from_status
+from worker.webhooks.events import WebhookEvent, from_copy, from_error, from_status
 from worker.webhooks.instrumentation import Incoming, Undecodable
 from worker.webhooks.publish import Replay, decode_replay
 
@@ -34,24 +34,24 @@ class Intake:
     endpoints_to_end: Callable[[], Awaitable[bool]] | None = None
 
     async def read_current(self, msg: ConsumerRecord[bytes, bytes]) -> Incoming | Undecodable:
-        """``read``, and for a replay whose endpoint the registry has never read, again once
-        its tail read to the end. Still lacking: deleted, or another workspace's; it goes
-        nowhere. An endpoint the registry holds for another workspace, or saw deleted, needs no
-        second read: one ListOffsets request per queued replay of a deleted endpoint saved."""
-        read = self.read(msg)
+        """The record's event and its endpoints (``_decode``); for a replay whose endpoint the
+        registry has never read, that endpoint looked up again once the registry's tail read to
+        the end. Still lacking: deleted, or another workspace's; it goes nowhere. An endpoint
+        the registry holds for another workspace, or saw deleted, needs no second look: one
+        ListOffsets request per queued replay of a deleted endpoint saved."""
+        read, replay = self._decode(msg)
         if (
-            self.endpoints_to_end is None
-            or msg.topic != self.replay_topic
+            replay is None
+            or self.endpoints_to_end is None
             or not isinstance(read, Incoming)
             or read.targets
-            or operational.is_operational(msg.value)
         ):
             return read
         current = True
-        if not self.endpoints.known(decode_replay(msg.value or b"").endpoint_id):
+        if not self.endpoints.known(replay.endpoint_id):
             current = await self.endpoints_to_end()
-            read = self.read(msg)
-        if isinstance(read, Incoming) and not read.targets:
+            read = self._replay_to(read.event, replay)
+        if not read.targets:
             log.info(
                 "webhook_replay_endpoint_gone",
                 partition=msg.partition,
@@ -60,30 +60,37 @@ class Intake:
             )
         return read
 
-    def read(self, msg: ConsumerRecord[bytes, bytes]) -> Incoming | Undecodable:
-        """The record's event and the endpoints it goes to: those of its workspace subscribed
-        to its type, or a replay request's one endpoint (none when it is gone, or of another
-        workspace than the event)."""
-        replay: Replay | None = None
+    def _decode(
+        self, msg: ConsumerRecord[bytes, bytes]
+    ) -> tuple[Incoming | Undecodable, Replay | None]:
+        """The record's event and the endpoints it goes to (those of its workspace subscribed to
+        its type, or a replay request's one endpoint: none when it is gone, or of another
+        workspace than the event), and the replay request it was (``None`` for any other)."""
         try:
             if msg.topic == self.replay_topic and operational.is_operational(msg.value):
-                return operational.incoming(msg.value or b"", self.endpoints)
+                return operational.incoming(msg.value or b"", self.endpoints), None
             if msg.topic == self.replay_topic:
                 replay = decode_replay(msg.value or b"")
-                event = _REPLAYED[replay.source](replay.event.encode())
-            else:
-                if msg.value is None:
-                    raise ValueError("no value")
-                decode = from_status if msg.topic == self.status_topic else from_error
-                event = decode(msg.value)
+                return self._replay_to(
+                    _REPLAYED[replay.source](replay.event.encode()), replay
+                ), replay
+            if msg.value is None:
+                raise ValueError("no value")
+            decode = from_status if msg.topic == self.status_topic else from_error
+            event = decode(msg.value)
         except Exception as exc:
             # Nothing can be delivered from it: to the DLQ as it came, never fatal.
-            return Undecodable(type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:200]}")
-        if replay is not None:
-            endpoint = self.endpoints.get(replay.workspace_id, replay.endpoint_id)
-            if endpoint is None or event.workspace_id != replay.workspace_id:
-                return Incoming(event, ())
-            return Incoming(event, (endpoint,), replay.replay_id)
+            undecodable = Undecodable(type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:200]}")
+            return undecodable, None
         if event.workspace_id is None:
+            return Incoming(event, ()), None
+        return Incoming(
+            event, self.endpoints.subscribers(event.workspace_id, event.event_type)
+        ), None
+
+    def _replay_to(self, event: WebhookEvent, replay: Replay) -> Incoming:
+        """A replay's event to its one endpoint, as the registry holds it now."""
+        endpoint = self.endpoints.get(replay.workspace_id, replay.endpoint_id)
+        if endpoint is None or event.workspace_id != replay.workspace_id:
             return Incoming(event, ())
-        return Incoming(event, self.endpoints.subscribers(event.workspace_id, event.event_type))
+        return Incoming(event, (endpoint,), replay.replay_id)
