@@ -419,15 +419,22 @@ def context_from_traceparent(traceparent: str | None, tracestate: str | None = N
 
 def context_from_headers(headers: Iterable[tuple[str, bytes]] | None) -> Context:
     """The parent context in a Kafka record's headers (``ROOT`` when it has none)."""
-    traceparent = tracestate = None
+    raw, tracestate = _trace_headers(headers)
+    return context_from_traceparent(None if raw is None else raw.decode("latin-1"), tracestate)
+
+
+def _trace_headers(headers: Iterable[tuple[str, bytes]] | None) -> tuple[bytes | None, str | None]:
+    """A record's ``traceparent`` (its bytes, cut at 512) and ``tracestate``, the last of
+    each; a header without a value (null) carries no context."""
+    raw = tracestate = None
     for key, value in headers or ():
-        if not value:  # a header without a value (null) carries no context
+        if not value:
             continue
         if key == TRACEPARENT:
-            traceparent = value[:512].decode("latin-1")
+            raw = value[:512]
         elif key == TRACESTATE:
             tracestate = value[:512].decode("latin-1")
-    return context_from_traceparent(traceparent, tracestate)
+    return raw, tracestate
 
 
 #: A ``traceparent`` of version 00 and nothing else: what every hop of this service writes.
@@ -449,17 +456,10 @@ def _incoming(
     ``traceparent`` is a plain one (version 00, no ``tracestate``: what every hop of this
     service writes), parsed here by the propagator's own rules; any other goes through the
     propagator."""
-    traceparent = raw = tracestate = None
-    for key, value in headers or ():
-        if not value:
-            continue
-        if key == TRACEPARENT:
-            raw = value[:512]
-            traceparent = raw.decode("latin-1")
-        elif key == TRACESTATE:
-            tracestate = value[:512].decode("latin-1")
-    if traceparent is None or raw is None:
+    raw, tracestate = _trace_headers(headers)
+    if raw is None:
         return INVALID_SPAN_CONTEXT, None
+    traceparent = raw.decode("latin-1")
     if tracestate is None and len(traceparent) == 55:
         plain = _PLAIN_TRACEPARENT.fullmatch(traceparent)
         if plain is not None:
