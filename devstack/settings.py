@@ -20,8 +20,9 @@ __all__ = [
     "DevSettings",
 ]
 
-#: ``KAFKA_FETCH_MAX_WAIT_MS`` for processes on the embedded broker, which holds every fetch for
-#: the full wait: there the wait is per-hop latency.
+#: ``KAFKA_FETCH_MAX_WAIT_MS`` for processes on the embedded broker, where a fetch whose pass
+#: finds nothing sleeps half its remaining wait before it looks again: there the wait is
+#: per-hop latency.
 EMBEDDED_FETCH_MAX_WAIT_MS: Final = 20
 #: The front-end's on the embedded broker: each POST waits for its reply's fetch.
 EMBEDDED_API_FETCH_MAX_WAIT_MS: Final = 10
@@ -35,7 +36,7 @@ class DevSettings(Settings):
     """``Settings`` for ``python -m devstack`` processes and the tests that start them."""
 
     embedded_broker_port: int = 9092
-    # The development tools talk to the embedded broker, which holds a fetch for the full wait.
+    # The development tools talk to the embedded broker: a wait there is per-hop latency.
     kafka_fetch_max_wait_ms: int = Field(default=EMBEDDED_FETCH_MAX_WAIT_MS, ge=1)
     dispatcher_fetch_max_wait_ms: int = Field(
         default=EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS,

@@ -176,8 +176,9 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     assert settings.webhook_secrets_key is not None
     env["WEBHOOK_SECRETS_KEY"] = settings.webhook_secrets_key.get_secret_value()
     if broker is not None:
-        # The embedded broker holds every fetch for the full wait (the production default is
-        # long: Kafka answers early); a short one keeps the stack responsive.
+        # The embedded broker looks for data again only after half a fetch's remaining wait
+        # (the production default is long: Kafka answers when data arrives); a short one keeps
+        # the stack responsive.
         env.setdefault("KAFKA_FETCH_MAX_WAIT_MS", str(settings.kafka_fetch_max_wait_ms))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     simulator = Component("simulator", ["devstack", "simulator"], env=env)
@@ -195,11 +196,10 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
     # rate limit unless API_RATE_LIMIT_PER_S is set.
     api_env = {"API_RATE_LIMIT_PER_S": "0"} | env
     if broker is not None:
-        # Each POST waits for its reply's fetch, which the embedded broker holds in full.
-        # And its one front-end reads every reply partition: a fetch there costs what the
-        # fetched partition holds, so one partition holding every reply slowed each POST the
-        # longer the stack ran (docs/architecture.md, "The embedded broker"). An
-        # API_REPLY_PARTITIONS of the caller's is kept (bench.stack_cost runs the product's 1).
+        # Each POST waits for its reply's fetch, so the front-end's wait is short. And its one
+        # front-end reads every reply partition: with one partition holding every reply, each
+        # POST slowed the longer the stack ran (docs/architecture.md, "The embedded broker").
+        # An API_REPLY_PARTITIONS of the caller's is kept (bench.stack_cost runs the product's 1).
         api_env = api_env | {
             "KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_API_FETCH_MAX_WAIT_MS),
             "API_REPLY_PARTITIONS": env.get("API_REPLY_PARTITIONS")

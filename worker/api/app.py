@@ -83,7 +83,8 @@ VIEW_FETCH_MIN_WAIT_MS: Final = 50
 """The shortest fetch wait of the consumer the read models share (webhook.endpoints, through
 ``worker.engine.tail.SharedConsumer``) and of the deliveries scan's. Replies wait
 ``KAFKA_FETCH_MAX_WAIT_MS``, which Kafka cuts short when a reply arrives;
-the embedded broker holds every fetch for the full wait, so the dev stack sets a short one for
+the embedded broker, when a pass finds nothing, looks again only after half the remaining
+wait, so the dev stack sets a short one for
 the front-end, and the read models, which tolerate a few more milliseconds of lag, poll less
 often than that (figures: bench/README.md)."""
 
