@@ -166,7 +166,7 @@ async def confirmer(port: int, soak: Soak, after_s: float, stop: asyncio.Event) 
             pause = registered_at + after_s - time.monotonic()
             if pause > 0:
                 await asyncio.sleep(pause)
-            if time.monotonic() - used > IDLE_EXPIRY_S:  # as HTTP clients' pools do
+            if conn.closing or time.monotonic() - used > IDLE_EXPIRY_S:  # as HTTP pools do
                 conn.close()
                 conn = await Connection.open(port)
             started = used = time.monotonic()

@@ -93,6 +93,9 @@ class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        #: The last answer said ``Connection: close`` (the server closes it after answering):
+        #: the caller opens a new one instead of sending on this.
+        self.closing = False
 
     @classmethod
     async def open(cls, port: int) -> Connection:
@@ -109,6 +112,8 @@ class Connection:
         for line in head.split(b"\r\n"):
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
+            elif line[:11].lower() == b"connection:":
+                self.closing = line[11:].strip().lower() == b"close"
         body = await self.reader.readexactly(length)
         return int(head[9:12]), body
 
