@@ -4,25 +4,16 @@ confirm route returns the worker's ``AuthData`` unchanged, so both routes answer
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from typing import Annotated, Final, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
 
 from worker.api.ids import new_request_id as new_request_id  # the request-id rule, with valid_id
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import ID_PATTERN, AuthData, ErrorBody, Identifier
-
-_ID_RE: Final = re.compile(ID_PATTERN)
-
-
-def valid_id(value: str) -> bool:
-    """The identifier rule (``worker.contract.messages.ID_PATTERN``) of account ids and caller
-    request ids, matched against the whole value."""
-    return _ID_RE.fullmatch(value) is not None
-
+from worker.contract.messages import AuthData, ErrorBody, Identifier
+from worker.contract.messages import valid_id as valid_id  # account ids, caller request ids
 
 # The models' docstrings are their descriptions in the OpenAPI document: written for callers.
 

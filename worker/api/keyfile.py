@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from worker.api.keys import ID_RE, FileEntry, generate_key, hash_key, parse_keys_file
-from worker.contract.messages import ID_PATTERN
+from worker.api.keys import FileEntry, generate_key, hash_key, parse_keys_file
+from worker.contract.messages import ID_PATTERN, valid_id
 
 __all__ = [
     "LOCK_TIMEOUT_S",
@@ -158,14 +158,14 @@ def _info(entry: dict[str, Any]) -> KeyInfo:
 def _new_entry(
     document: dict[str, Any], path: Path, workspace_id: str, raw_key: str, key_id: str | None
 ) -> dict[str, Any]:
-    if not ID_RE.fullmatch(workspace_id):
+    if not valid_id(workspace_id):
         raise KeyFileError(f"workspace id {workspace_id!r} does not match {ID_PATTERN}")
     taken = {e.get("key_id") for e in document["keys"]}
     if key_id is None:
         key_id = f"key_{secrets.token_hex(6)}"
         while key_id in taken:
             key_id = f"key_{secrets.token_hex(6)}"
-    elif not ID_RE.fullmatch(key_id):
+    elif not valid_id(key_id):
         raise KeyFileError(f"key id {key_id!r} does not match {ID_PATTERN}")
     elif key_id in taken:
         raise KeyFileError(f"key id {key_id!r} already exists in {path}")

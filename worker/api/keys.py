@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterable
@@ -25,7 +24,6 @@ log = get_logger(__name__)
 KEY_PREFIX: Final = "pk_"
 
 MAX_KEY_LENGTH: Final = 512
-ID_RE: Final = re.compile(ID_PATTERN)
 
 
 def hash_key(raw_key: str) -> str:

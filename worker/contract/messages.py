@@ -383,9 +383,14 @@ class DecodeFailure:
 _ID_RE = re.compile(ID_PATTERN)
 
 
+def valid_id(value: str) -> bool:
+    """The identifier rule (``ID_PATTERN``), matched against the whole value."""
+    return _ID_RE.fullmatch(value) is not None
+
+
 def _readable_id(obj: dict[str, Any], name: str) -> str | None:
     value = obj.get(name)
-    return value if isinstance(value, str) and _ID_RE.fullmatch(value) else None
+    return value if isinstance(value, str) and valid_id(value) else None
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -5,7 +5,6 @@ fan-out")."""
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -16,7 +15,7 @@ from typing import Annotated, Any, Final, Literal, TypeGuard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from worker.contract.endpoint_ceilings import DESCRIPTION_MAX_CHARS_CEILING, URL_MAX_CHARS_CEILING
-from worker.contract.messages import ID_PATTERN, Identifier
+from worker.contract.messages import ID_PATTERN, Identifier, valid_id
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
 
@@ -47,7 +46,6 @@ UrlText = Annotated[str, Field(min_length=1, max_length=URL_MAX_CHARS_CEILING)]
 #: catch-up read); the oldest is forgotten first. Only ids by the id rule (≤ 128 characters) are
 #: remembered: a tombstone's key is whatever its writer put there.
 GONE_REMEMBERED: Final = 4096
-_ID: Final = re.compile(ID_PATTERN)
 MAX_RATE_LIMIT: Final = 10_000
 RateLimit = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT, strict=True)]
 """Svix's ``rateLimit``: attempts per second at most to the endpoint (per dispatcher process)."""
@@ -184,7 +182,7 @@ class EndpointRegistry:
             self._deleted.pop(endpoint_id, None)
         elif held is not None:
             self._deleted[endpoint_id] = Tombstone(held.workspace_id, revision)
-        if _ID.fullmatch(endpoint_id):
+        if valid_id(endpoint_id):
             self._gone[endpoint_id] = None
             self._gone.move_to_end(endpoint_id)
             while len(self._gone) > self._gone_max:

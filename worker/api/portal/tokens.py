@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from worker.api.keys import ID_RE
+from worker.contract.messages import valid_id
 
 __all__ = [
     "MAX_TOKEN_CHARS",
@@ -119,9 +119,9 @@ class PortalTokens:
         if not isinstance(claims, dict):
             return None
         workspace_id, key_id, expires_at = claims.get("w"), claims.get("k"), claims.get("e")
-        if not (isinstance(workspace_id, str) and ID_RE.fullmatch(workspace_id)):
+        if not (isinstance(workspace_id, str) and valid_id(workspace_id)):
             return None
-        if not (isinstance(key_id, str) and ID_RE.fullmatch(key_id)):
+        if not (isinstance(key_id, str) and valid_id(key_id)):
             return None
         if not isinstance(expires_at, int) or isinstance(expires_at, bool):
             return None
