@@ -33,7 +33,7 @@ import httpx
 from aiokafka import TopicPartition
 
 from bench.common import REPO_ROOT, run_meta
-from bench.stack import Connection, cpu_of, start_stack, stop_process
+from bench.stack import Connection, cpu_of, percentile, start_stack, stop_process
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
 from worker.contract.messages import RegisterAccount
 from worker.engine.kafka import build_consumer, build_producer
@@ -84,6 +84,10 @@ class Soak:
     samples: list[dict[str, Any]] = field(default_factory=list)
     confirmed: int = 0
     seen: set[str] = field(default_factory=set)
+    #: Seconds each confirm was sent after it was due (the pool was full, or seen late).
+    late: list[float] = field(default_factory=list)
+    #: When each confirm was sent (monotonic), for the rate minute by minute.
+    sent_at: list[float] = field(default_factory=list)
 
 
 async def watch_status(
@@ -151,47 +155,123 @@ async def register(settings: Settings, soak: Soak, rate: float, until: float) ->
         await producer.stop()
 
 
-async def confirmer(port: int, soak: Soak, after_s: float, stop: asyncio.Event) -> None:
-    """One keep-alive connection confirming accounts whose registration was seen."""
-    conn = await Connection.open(port)
-    used = time.monotonic()
+class Pool:
+    """Keep-alive connections to the front-end, spread over several loopback client addresses
+    (127.0.0.1, 127.0.0.2, ...) as many callers would be: the front-end bounds the connections
+    of one address, and an open-loop schedule at a rising latency needs more than that bound.
+    Idle connections are reused last-in first-out, so the hot ones stay hot and the cold ones
+    expire instead of racing the server's keep-alive time-out."""
+
+    def __init__(self, port: int, addresses: int, per_address: int) -> None:
+        self.port = port
+        self.open_by_address = dict.fromkeys((f"127.0.0.{i}" for i in range(1, addresses + 1)), 0)
+        self.per_address = per_address
+        self.idle: list[tuple[float, str, Connection]] = []
+        self.freed = asyncio.Condition()
+
+    @property
+    def capacity(self) -> int:
+        return self.per_address * len(self.open_by_address)
+
+    async def take(self) -> tuple[str, Connection]:
+        """An idle connection, a new one while an address has room, else wait for one."""
+        async with self.freed:
+            while True:
+                while self.idle:
+                    used, address, conn = self.idle.pop()
+                    if time.monotonic() - used <= IDLE_EXPIRY_S:
+                        return address, conn
+                    self._closed(address, conn)
+                address = min(self.open_by_address, key=self.open_by_address.__getitem__)
+                if self.open_by_address[address] < self.per_address:
+                    self.open_by_address[address] += 1
+                    break
+                await self.freed.wait()
+        try:
+            return address, await Connection.open(self.port, local_host=address)
+        except OSError:
+            async with self.freed:
+                self.open_by_address[address] -= 1
+                self.freed.notify()
+            raise
+
+    async def give(self, address: str, conn: Connection, reusable: bool) -> None:
+        async with self.freed:
+            if reusable and not conn.closing:
+                self.idle.append((time.monotonic(), address, conn))
+            else:
+                self._closed(address, conn)
+            self.freed.notify()
+
+    def _closed(self, address: str, conn: Connection) -> None:
+        conn.close()
+        self.open_by_address[address] -= 1
+
+    def close(self) -> None:
+        for _, address, conn in self.idle:
+            self._closed(address, conn)
+        self.idle.clear()
+
+
+async def confirm(pool: Pool, soak: Soak, account: str, due: float) -> None:
+    """One confirm, its outcome and how late it was sent counted."""
+    started, took = time.monotonic(), 0.0
+    try:
+        address, conn = await pool.take()
+    except OSError as exc:
+        status, body = 0, repr(exc).encode()
+    else:
+        started = time.monotonic()
+        reusable = False
+        try:
+            status, body = await conn.post(CONFIRM.format(account), DEV_KEY)
+            reusable = True
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            status, body = 0, repr(exc).encode()
+        took = time.monotonic() - started
+        await pool.give(address, conn, reusable)
+    soak.confirmed += 1
+    soak.outcomes[status] += 1
+    soak.latencies.append(took)
+    soak.late.append(max(0.0, started - due))
+    soak.sent_at.append(started)
+    if status != 200:
+        soak.failed.append(
+            {
+                "account_id": account,
+                "status": status,
+                "seconds": round(took, 3),
+                "at_s": round(started, 3),
+                "body": body[:300].decode(errors="replace"),
+            }
+        )
+
+
+async def confirmer(pool: Pool, soak: Soak, after_s: float, stop: asyncio.Event) -> None:
+    """Confirm each account ``after_s`` after its registration, once it is seen waiting, on an
+    open-loop schedule: a confirm is sent when due whatever the earlier ones are still waiting
+    for (up to the pool's capacity), so a rising latency shows as latency, not as a falling
+    rate. How late each was sent is kept (``late``)."""
+    in_flight: set[asyncio.Task[None]] = set()
     try:
         while not stop.is_set():
             account = next(iter(soak.waiting), None)
             if account is None:
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.01)
                 continue
-            registered_at = soak.registered[account]
             del soak.waiting[account]
-            pause = registered_at + after_s - time.monotonic()
-            if pause > 0:
+            due = soak.registered[account] + after_s
+            if (pause := due - time.monotonic()) > 0:
                 await asyncio.sleep(pause)
-            if conn.closing or time.monotonic() - used > IDLE_EXPIRY_S:  # as HTTP pools do
-                conn.close()
-                conn = await Connection.open(port)
-            started = used = time.monotonic()
-            try:
-                status, body = await conn.post(CONFIRM.format(account), DEV_KEY)
-            except (OSError, asyncio.IncompleteReadError) as exc:
-                status, body = 0, repr(exc).encode()
-                conn.close()
-                conn = await Connection.open(port)
-            took = time.monotonic() - started
-            soak.confirmed += 1
-            soak.outcomes[status] += 1
-            soak.latencies.append(took)
-            if status != 200:
-                soak.failed.append(
-                    {
-                        "account_id": account,
-                        "status": status,
-                        "seconds": round(took, 3),
-                        "at_s": round(started, 3),
-                        "body": body[:300].decode(errors="replace"),
-                    }
-                )
+            task = asyncio.create_task(confirm(pool, soak, account, due))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        if in_flight:  # each is answered within the front-end's reply deadline
+            await asyncio.wait(in_flight, timeout=60)
     finally:
-        conn.close()
+        for task in in_flight:
+            task.cancel()
+        pool.close()
 
 
 async def sample(pids: dict[str, int], soak: Soak, every_s: float, stop: asyncio.Event) -> None:
@@ -228,6 +308,16 @@ async def held_in_memory(ports: dict[str, int]) -> dict[str, float | None]:
                     if line.startswith(metric + " "):
                         out[name] = float(line.split()[1])
     return out
+
+
+def confirms_per_minute(sent_at: list[float]) -> list[int]:
+    """Confirms sent in each whole minute from the first (a last, partial minute left out)."""
+    if not sent_at:
+        return []
+    first = min(sent_at)
+    counts = Counter(int((t - first) // 60) for t in sent_at)
+    whole = int((max(sent_at) - first) // 60)
+    return [counts[m] for m in range(whole)]
 
 
 def slopes(samples: list[dict[str, Any]], names: list[str]) -> dict[str, float | None]:
@@ -353,15 +443,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     soak = Soak(prefix=f"acc_soak_{uuid.uuid4().hex[:6]}_")
     stop = asyncio.Event()
     names = [n for n in PROCESSES if n in stack.pids]
+    pool = Pool(stack.ports["api"], args.client_addresses, args.connections)
     pids = {n: stack.pids[n] for n in names}
     try:
         tasks = [
             asyncio.create_task(watch_status(settings, soak, stop, args.watch_fetch_wait_ms)),
             asyncio.create_task(sample(pids, soak, args.sample_s, stop)),
-            *(
-                asyncio.create_task(confirmer(stack.ports["api"], soak, args.confirm_after_s, stop))
-                for _ in range(args.connections)
-            ),
+            asyncio.create_task(confirmer(pool, soak, args.confirm_after_s, stop)),
         ]
         await asyncio.sleep(1)  # the status watcher is at the end before the first account
         until = time.monotonic() + args.duration_s
@@ -385,6 +473,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         stop.set()
         stop_process(stack.proc)
     latencies = sorted(soak.latencies)
+    late = sorted(soak.late)
     result = {
         **run_meta(
             "python -m bench.soak", sys.argv[1:], {k: str(v) for k, v in vars(args).items()}
@@ -395,6 +484,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "registrations_never_seen": never_seen,
         "outcomes": {str(k): v for k, v in soak.outcomes.items()},
         "finished": soak.finished,
+        "unconfirmed": len(soak.registered) - soak.confirmed,
+        "sent_late_s": {
+            "p50": round(percentile(late, 0.5), 3) if late else None,
+            "p99": round(percentile(late, 0.99), 3) if late else None,
+            "max": round(late[-1], 3) if late else None,
+        },
+        "confirms_per_minute": confirms_per_minute(soak.sent_at),
         "latency_p50_ms": round(latencies[len(latencies) // 2] * 1000, 1) if latencies else None,
         "latency_p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 1)
         if latencies
@@ -415,6 +511,8 @@ def report(result: dict[str, Any]) -> str:
         f"outcomes {result['outcomes']}, finished {result['finished']}, "
         f"registrations never seen {result['registrations_never_seen']}",
         f"confirm latency p50 {result['latency_p50_ms']} ms, p99 {result['latency_p99_ms']} ms",
+        f"registered but not confirmed by the end {result['unconfirmed']}; confirms sent after "
+        f"due (s) {result['sent_late_s']}; sent per minute {result['confirms_per_minute']}",
         "MB per 1,000 finished accounts (second half): "
         + ", ".join(f"{k} {v}" for k, v in result["mb_per_1000_finished"].items()),
     ]
@@ -440,7 +538,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration-s", type=float, default=1800)
     parser.add_argument("--rate", type=float, default=50, help="accounts registered a second")
     parser.add_argument("--confirm-after-s", type=float, default=1.0)
-    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=90,
+        help="keep-alive connections at most per client address (the front-end refuses more "
+        "than API_MAX_CONNECTIONS_PER_CLIENT, 100 by default)",
+    )
+    parser.add_argument(
+        "--client-addresses",
+        type=int,
+        default=4,
+        help="loopback addresses the confirms come from (127.0.0.1 up): the pool's capacity is "
+        "this times --connections, what the open-loop schedule can have in flight",
+    )
     parser.add_argument(
         "--partitions",
         type=int,

@@ -98,8 +98,11 @@ class Connection:
         self.closing = False
 
     @classmethod
-    async def open(cls, port: int) -> Connection:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def open(cls, port: int, local_host: str = "127.0.0.1") -> Connection:
+        """To the stack on 127.0.0.1, from ``local_host`` (any of 127.0.0.0/8 on Linux)."""
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, local_addr=(local_host, 0)
+        )
         return cls(reader, writer)
 
     async def post(self, path: str, key: str, method: str = "POST") -> tuple[int, bytes]:

@@ -16,6 +16,7 @@ left out: it keeps every record in memory by design.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -37,7 +38,7 @@ def test_a_minute_of_steady_confirms_is_answered_and_leaves_nothing_behind(
     out = tmp_path / "soak.json"
     argv = [
         *("--duration-s", str(DURATION_S), "--rate", str(RATE), "--sample-s", "3"),
-        *("--connections", "16", "--drain-s", "30", "--out", str(out)),
+        *("--drain-s", "30", "--out", str(out)),
         # Its reader of auth.status as before the 10 s default: a finish is seen within ~1 s,
         # and 100 s of history cost the broker little.
         *("--watch-fetch-wait-ms", "1000"),
@@ -77,3 +78,63 @@ def test_the_stack_gets_only_the_settings_the_run_names(
     from bench.soak import build_parser, stack_env
 
     assert stack_env(build_parser().parse_args(argv)) == env
+
+
+async def test_confirms_go_out_when_due_whatever_earlier_ones_still_wait_for() -> None:
+    """The soak's confirms are open-loop: a server that answers nothing until it holds 24
+    requests at once gets them all (a pool of connections each waiting for its answer would
+    stall at its size), from two client addresses, never more connections from one than the
+    bound, and the connections answered are reused for the next confirms."""
+    import time
+    from collections import Counter
+
+    from bench.soak import Pool, Soak, confirmer
+
+    held, peers, answered = 24, Counter[str](), asyncio.Event()
+    waiting: list[asyncio.StreamWriter] = []
+    open_now: Counter[str] = Counter()
+    most_open: Counter[str] = Counter()
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host = writer.get_extra_info("peername")[0]
+        peers[host] += 1
+        open_now[host] += 1
+        most_open[host] = max(most_open[host], open_now[host])
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                if answered.is_set():
+                    writer.write(answer)
+                    continue
+                waiting.append(writer)
+                if len(waiting) >= held:
+                    for w in waiting:
+                        w.write(answer)
+                    answered.set()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            open_now[host] -= 1
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    async with server:
+        pool = Pool(server.sockets[0].getsockname()[1], addresses=2, per_address=15)
+        soak, stop = Soak(prefix="acc_"), asyncio.Event()
+        now = time.monotonic()
+        for n in range(2 * held):
+            soak.registered[f"acc_{n}"] = now
+            soak.waiting[f"acc_{n}"] = now
+        task = asyncio.create_task(confirmer(pool, soak, 0.0, stop))
+        for _ in range(500):
+            if soak.confirmed == 2 * held:
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+    assert soak.outcomes == {200: 2 * held}
+    assert answered.is_set()  # 24 were in flight at once
+    assert set(peers) == {"127.0.0.1", "127.0.0.2"}
+    assert max(most_open.values()) <= 15
+    assert sum(peers.values()) < 2 * held  # answered connections were used again
+    assert len(soak.late) == len(soak.sent_at) == 2 * held
