@@ -320,6 +320,21 @@ def confirms_per_minute(sent_at: list[float]) -> list[int]:
     return [counts[m] for m in range(whole)]
 
 
+async def refusals(ports: dict[str, int]) -> dict[str, float]:
+    """The front door's refusals by reason (``passkey_api_refusals_total``), scraped at the end:
+    a plain-text 503 below the app names no reason, its counter does."""
+    out: dict[str, float] = {}
+    prefix = "passkey_api_refusals_total{"
+    async with httpx.AsyncClient(timeout=5) as client:
+        with contextlib.suppress(httpx.HTTPError):
+            text = (await client.get(f"http://127.0.0.1:{ports['api_metrics']}/metrics")).text
+            for line in text.splitlines():
+                if line.startswith(prefix):
+                    labels, value = line[len(prefix) :].rsplit("} ", 1)
+                    out[labels] = float(value)
+    return out
+
+
 def slopes(samples: list[dict[str, Any]], names: list[str]) -> dict[str, float | None]:
     """MB per 1,000 finished accounts, per process, over the second half of the samples."""
     half = samples[len(samples) // 2 :]
@@ -468,6 +483,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if a not in soak.seen
         ]
         held = await held_in_memory(stack.ports)
+        refused = await refusals(stack.ports)
         await trace(settings, soak.failed + unseen[:50], stack.log)
     finally:
         stop.set()
@@ -497,6 +513,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         else None,
         "mb_per_1000_finished": slopes(soak.samples, names),
         "held_at_end": held,
+        "front_door_refusals": refused,
         "failed": soak.failed,
         "never_seen": unseen[:50],
         "samples": soak.samples,
@@ -526,6 +543,8 @@ def report(result: dict[str, Any]) -> str:
         "RSS at the end (MB): "
         + ", ".join(f"{k} {last[k]['rss_mb']}" for k in result["processes"] if k in last)
     )
+    refused = {k: v for k, v in result["front_door_refusals"].items() if v}
+    lines.append(f"front door's refusals by reason (nonzero): {refused}")
     for f in result["failed"][:20]:
         lines.append(f"  not 200: {json.dumps(f)[:600]}")
     for f in result["never_seen"][:10]:
@@ -541,14 +560,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--connections",
         type=int,
-        default=90,
-        help="keep-alive connections at most per client address (the front-end refuses more "
-        "than API_MAX_CONNECTIONS_PER_CLIENT, 100 by default)",
+        default=50,
+        help="keep-alive connections at most per client address: half the front-end's "
+        "API_MAX_CONNECTIONS_PER_CLIENT (100 by default), because when a bunch of confirms "
+        "comes due the pool replaces its expired idle connections at once, and the server "
+        "counts the closed ones until it has read their end",
     )
     parser.add_argument(
         "--client-addresses",
         type=int,
-        default=4,
+        default=8,
         help="loopback addresses the confirms come from (127.0.0.1 up): the pool's capacity is "
         "this times --connections, what the open-loop schedule can have in flight",
     )
