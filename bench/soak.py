@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 from aiokafka import TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import REPO_ROOT, run_meta
 from bench.stack import Connection, cpu_of, percentile, start_stack, stop_process
@@ -169,10 +170,6 @@ class Pool:
         self.idle: list[tuple[float, str, Connection]] = []
         self.freed = asyncio.Condition()
 
-    @property
-    def capacity(self) -> int:
-        return self.per_address * len(self.open_by_address)
-
     async def take(self) -> tuple[str, Connection]:
         """An idle connection, a new one while an address has room, else wait for one."""
         async with self.freed:
@@ -226,10 +223,11 @@ async def confirm(pool: Pool, soak: Soak, account: str, due: float) -> None:
         try:
             status, body = await conn.post(CONFIRM.format(account), DEV_KEY)
             reusable = True
-        except (OSError, asyncio.IncompleteReadError) as exc:
+        except Exception as exc:  # any failed exchange (a malformed answer too) is its outcome
             status, body = 0, repr(exc).encode()
-        took = time.monotonic() - started
-        await pool.give(address, conn, reusable)
+        finally:  # the slot goes back whatever the exchange raised (a cancel included)
+            took = time.monotonic() - started
+            await pool.give(address, conn, reusable)
     soak.confirmed += 1
     soak.outcomes[status] += 1
     soak.latencies.append(took)
@@ -291,6 +289,21 @@ async def sample(pids: dict[str, int], soak: Soak, every_s: float, stop: asyncio
             await asyncio.wait_for(stop.wait(), every_s)
 
 
+async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A process's metrics page at the end of the run, each sample by (name, labels); empty when
+    the page cannot be read. Parsed with prometheus-client's own parser."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        try:
+            text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+        except httpx.HTTPError:
+            return {}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 async def held_in_memory(ports: dict[str, int]) -> dict[str, float | None]:
     """What the worker and the dispatcher say they hold, scraped from their metrics at the end:
     accounts in the worker's store, (endpoint, account) pairs in the dispatcher's."""
@@ -298,16 +311,7 @@ async def held_in_memory(ports: dict[str, int]) -> dict[str, float | None]:
         "worker": (ports["worker"], "passkey_auth_state_store_accounts"),
         "dispatcher": (ports["webhooks"], "passkey_webhook_state_store_accounts"),
     }
-    out: dict[str, float | None] = {}
-    async with httpx.AsyncClient(timeout=5) as client:
-        for name, (port, metric) in wanted.items():
-            out[name] = None
-            with contextlib.suppress(httpx.HTTPError):
-                text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-                for line in text.splitlines():
-                    if line.startswith(metric + " "):
-                        out[name] = float(line.split()[1])
-    return out
+    return {name: (await scrape(port)).get((metric, ())) for name, (port, metric) in wanted.items()}
 
 
 def confirms_per_minute(sent_at: list[float]) -> list[int]:
@@ -323,16 +327,11 @@ def confirms_per_minute(sent_at: list[float]) -> list[int]:
 async def refusals(ports: dict[str, int]) -> dict[str, float]:
     """The front door's refusals by reason (``passkey_api_refusals_total``), scraped at the end:
     a plain-text 503 below the app names no reason, its counter does."""
-    out: dict[str, float] = {}
-    prefix = "passkey_api_refusals_total{"
-    async with httpx.AsyncClient(timeout=5) as client:
-        with contextlib.suppress(httpx.HTTPError):
-            text = (await client.get(f"http://127.0.0.1:{ports['api_metrics']}/metrics")).text
-            for line in text.splitlines():
-                if line.startswith(prefix):
-                    labels, value = line[len(prefix) :].rsplit("} ", 1)
-                    out[labels] = float(value)
-    return out
+    return {
+        f'reason="{dict(labels).get("reason", "")}"': value
+        for (name, labels), value in (await scrape(ports["api_metrics"])).items()
+        if name == "passkey_api_refusals_total"
+    }
 
 
 def slopes(samples: list[dict[str, Any]], names: list[str]) -> dict[str, float | None]:

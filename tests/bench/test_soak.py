@@ -138,3 +138,26 @@ async def test_confirms_go_out_when_due_whatever_earlier_ones_still_wait_for() -
     assert max(most_open.values()) <= 15
     assert sum(peers.values()) < 2 * held  # answered connections were used again
     assert len(soak.late) == len(soak.sent_at) == 2 * held
+
+
+async def test_a_malformed_answer_is_the_confirms_outcome_and_gives_its_slot_back() -> None:
+    """An answer the client cannot read (here a Content-Length that is not a number) counts as
+    that confirm's failure, and its connection's slot is freed, not leaked from the pool."""
+    from bench.soak import Pool, Soak, confirm
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: many\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    async with server:
+        pool = Pool(server.sockets[0].getsockname()[1], addresses=1, per_address=1)
+        soak = Soak(prefix="acc_")
+        await confirm(pool, soak, "acc_1", due=0.0)
+        await confirm(pool, soak, "acc_2", due=0.0)  # would wait forever on a leaked slot
+    assert soak.outcomes == {0: 2}
+    assert "ValueError" in soak.failed[0]["body"]
+    assert pool.open_by_address == {"127.0.0.1": 0}
