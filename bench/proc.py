@@ -1,8 +1,8 @@
 """The benchmark's contenders that are not ``python -m worker run`` itself, one per process so
 that each one's CPU time and peak RSS can be read from ``/proc`` alone.
 
-``python -m bench.proc {ceiling,floor,baseline,worker-inproc}``; configuration comes from the
-environment exactly as for ``python -m worker run`` (``KAFKA_*``, ``TOPIC_*``,
+``python -m bench.proc {ceiling,floor,batched,baseline,worker-inproc}``; configuration comes
+from the environment exactly as for ``python -m worker run`` (``KAFKA_*``, ``TOPIC_*``,
 ``PROVIDER_URLS``, ``SIMULATOR_LATENCY_MS``, ``WORKER_GC_THRESHOLD`` ...): every contender
 process gets the garbage-collector threshold ``python -m worker run`` sets for itself, so the
 comparison is between designs, not GC settings. SIGTERM/SIGINT stop the process cleanly.
@@ -14,6 +14,8 @@ comparison is between designs, not GC settings. SIGTERM/SIGINT stop the process 
 * ``floor``: the worker's floor (``bench.floor``): the same provider call per first confirm
   through the worker's own HTTP client, the same output records, one ack wait and one commit
   per fetched batch; no decision, store or instrumentation.
+* ``batched``: the worker's own decision, adapter and records in the floor's shape
+  (``bench.batched``): what the contract's work costs when a fetched batch is the unit of work.
 * ``baseline``: the partition-ordered loop a plain aiokafka service would be: per partition, one
   record at a time, in order (partitions concurrent): decode, decide (the worker's own pure
   decision), call the provider through the HTTP adapter, produce the outputs, await their acks;
@@ -34,6 +36,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from bench.batched import run_batched
 from bench.floor import run_floor
 from devstack.settings import DevSettings
 from devstack.simulator import ProviderSimulator, in_process_provider
@@ -222,6 +225,7 @@ async def run_worker_inproc(settings: Settings, stop: asyncio.Event) -> None:
 CONTENDERS: dict[str, Callable[[Settings, asyncio.Event], Awaitable[None]]] = {
     "ceiling": run_ceiling,
     "floor": run_floor,
+    "batched": run_batched,
     "baseline": run_baseline,
     "worker-inproc": run_worker_inproc,
 }

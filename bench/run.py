@@ -10,6 +10,9 @@ ceiling             pass-through consumer: decodes nothing, calls nothing, produ
 floor               the worker's floor: decodes, makes the worker's provider call with its
                     HTTP client, produces state, reply and event, one ack wait and commit per
                     batch; no decision, store or instrumentation (``bench.floor``)
+batched             the worker's decision, provider adapter and full records in the floor's
+                    shape: per batch, states then one ack wait, replies and events then one
+                    more; no engine lanes or instrumentation (``bench.batched``)
 baseline            partition-ordered loop: one record at a time per partition, partitions
                     concurrent, HTTP provider (``bench.proc``)
 worker-1p           ``python -m worker run``, HTTP provider
@@ -17,6 +20,7 @@ worker-2p           two ``python -m worker run`` in one consumer group, HTTP pro
 worker-inproc       the HTTP adapter on the in-process simulator transport (no sockets)
 baseline-spread     the baseline, ``spread`` mix (repeat confirms per account)
 worker-1p-spread    worker-1p, ``spread`` mix
+batched-spread      the batched contender, ``spread`` mix (each account's order across batches)
 ==================  ======================================================================
 
 Every scenario first registers its accounts (``register_account`` at
@@ -92,7 +96,7 @@ WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].de
 WINDOW: int = Settings.model_fields["worker_dedup_window"].default
 HTTP_WORKERS_1P = ("worker-1p",)
 HTTP_WORKERS = ("worker-1p", "worker-2p")
-Kind = Literal["ceiling", "floor", "baseline", "worker"]
+Kind = Literal["ceiling", "floor", "batched", "baseline", "worker"]
 Provider = Literal["http", "inproc"]
 
 
@@ -113,12 +117,14 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario("ceiling", "ceiling"),
         Scenario("floor", "floor"),
+        Scenario("batched", "batched"),
         Scenario("baseline", "baseline"),
         Scenario("worker-1p", "worker"),
         Scenario("worker-2p", "worker", processes=2),
         Scenario("worker-inproc", "worker", provider="inproc"),
         Scenario("baseline-spread", "baseline", mix="spread"),
         Scenario("worker-1p-spread", "worker", mix="spread"),
+        Scenario("batched-spread", "batched", mix="spread"),
     )
 }
 QUICK_SCENARIOS = ("ceiling", "floor", "baseline", "worker-1p", "worker-2p", "worker-inproc")
@@ -233,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="directory for cProfile files (CPU time, bench.cprofiled) of the python -m "
-        "worker run contenders, where py-spy cannot attach; cProfile slows them, so read "
-        "shares, not times",
+        "worker run, floor and batched contenders, where py-spy cannot attach; cProfile "
+        "slows them, so read shares, not times",
     )
     p.add_argument(
         "--latency-trace",
@@ -407,6 +413,10 @@ class Bench:
                 argv = ["-m", "bench.proc", "worker-inproc"]
             else:
                 argv = ["-m", "bench.proc", sc.kind]
+                if self.args.cprofile is not None and sc.kind in ("floor", "batched"):
+                    self.args.cprofile.mkdir(parents=True, exist_ok=True)
+                    out = self.args.cprofile / f"{settings.kafka_consumer_group}-{i}.prof"
+                    argv = ["-m", "bench.cprofiled", str(out), *argv[1:]]
             proc = start_proc(f"{settings.kafka_consumer_group}-{i}", argv, env, self.log_dir)
             proc.port = port if sc.kind == "worker" else None
             procs.append(proc)
@@ -747,14 +757,18 @@ def _number(value: Any) -> float:
 
 
 def cpu_ratios(scenarios: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """CPU per command of every worker scenario over the ceiling's and the floor's of the same
-    mix (the floor: what a minimal service on the same libraries spends, ``bench.floor``)."""
+    """CPU per command of every worker scenario over the ceiling's, the floor's and the batched
+    contender's of the same mix (the floor: what a minimal service on the same libraries
+    spends, ``bench.floor``; batched: the worker's own decisions in the floor's shape,
+    ``bench.batched``), and of the batched contender over the floor's and the ceiling's."""
     out: dict[str, dict[str, float]] = {}
     for name, s in scenarios.items():
         cpu = s.get("cpu_us_per_command")
-        if s["kind"] != "worker" or cpu is None or math.isnan(cpu):
+        if s["kind"] not in ("worker", "batched") or cpu is None or math.isnan(cpu):
             continue
-        for kind in ("ceiling", "floor"):
+        for kind in ("ceiling", "floor", "batched"):
+            if kind == s["kind"]:
+                continue
             refs = [r for r in scenarios.values() if r["kind"] == kind and r["mix"] == s["mix"]]
             ref = refs[0].get("cpu_us_per_command") if refs else None
             if ref and not math.isnan(ref):
@@ -793,6 +807,15 @@ def targets(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
         by_floor,
         None if by_floor is None else by_floor <= 1.3,
         "" if by_floor is None else f"{w:,.0f} ÷ {f:,.0f} µs, same run",
+    )
+    b = cpu("batched")
+    batched_by_floor = round(b / f, 2) if b is not None and f else None
+    add(
+        "batched (the worker's decisions in the floor's shape) ÷ floor, CPU per command",
+        "≤ 1.3",
+        batched_by_floor,
+        None if batched_by_floor is None else batched_by_floor <= 1.3,
+        "" if batched_by_floor is None else f"{b:,.0f} ÷ {f:,.0f} µs, same run",
     )
     best = max(
         ((r[f"{n}/baseline"], n) for n in HTTP_WORKERS if f"{n}/baseline" in r), default=None
@@ -872,9 +895,9 @@ def table(results: dict[str, Any]) -> str:
     rows = [
         "| scenario | ok cmd/s | ok % | p50 ms | p95 ms | p99 ms | CPU µs/cmd (user+sys) "
         "| peak RSS MB "
-        "| x ceiling | x baseline | CPU ÷ ceiling | CPU ÷ floor | provider calls/cmd "
-        "| cores: contender/broker/sim/loadgen |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| x ceiling | x baseline | CPU ÷ ceiling | CPU ÷ floor | CPU ÷ batched "
+        "| provider calls/cmd | cores: contender/broker/sim/loadgen |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     scenarios: dict[str, Any] = results["scenarios"]
     r: dict[str, float] = results["ratios"]
@@ -894,6 +917,7 @@ def table(results: dict[str, Any]) -> str:
             f"| {fmt(x_base, '.2f')} "
             f"| {fmt(by_cpu.get(name, {}).get('ceiling'), '.2f')} "
             f"| {fmt(by_cpu.get(name, {}).get('floor'), '.2f')} "
+            f"| {fmt(by_cpu.get(name, {}).get('batched'), '.2f')} "
             f"| {fmt(s.get('provider_calls_per_command'), '.2f')} "
             f"| {c['contender']:.2f}/{c['broker']:.2f}/{c['simulator']:.2f}"
             f"/{c['load_generator']:.2f} |"
