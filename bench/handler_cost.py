@@ -1,22 +1,27 @@
-"""CPU per confirm of the floor's and the batched contender's handlers, in one process, with
-Kafka and the provider answered in process (``python -m bench.handler_cost``).
+"""CPU per confirm of three handlers, in one process, with Kafka and the provider answered in
+process (``python -m bench.handler_cost``): the floor's, the batched contender's, and the
+worker's own per-command ``Executor``.
 
 ``python -m bench`` measures the contenders end to end on a shared machine, where single
 figures move by ±20 %. This takes the I/O out: the same synthetic fetched batches of
-registrations, then of first confirms, go through ``WorkerFloor.handle`` and
-``BatchedWorker.handle`` with a producer that acknowledges at once and an HTTP client that
-answers 200 at once (the batched contender's provider adapter keeps its retry loop, breaker,
-deadline and gate around it). What is left is each handler's own Python work per confirm,
-so the difference is what the worker's decision, adapter and records cost above the floor's
-(bench/README.md, "The worker's decisions in the floor's shape"). Rounds alternate between
-the two and the best round of each is reported, as ``timeit`` does. Reports numbers; asserts
-nothing.
+registrations, then of first confirms, go through ``WorkerFloor.handle``,
+``BatchedWorker.handle`` and, for ``executor``, every record of a batch through the worker's
+``Executor.handle`` at once (one task each, as the consume loop's lanes run them, but without
+the loop: no lanes, pressure or watermarks), with a producer that acknowledges in the next loop turn and an
+HTTP client that answers 200 after one loop turn (the provider adapters keep their retry
+loop, breaker, deadline and gate around it). What is left is each handler's own Python work
+per confirm: batched - floor is what the worker's decision, adapter and records cost above
+the floor's; executor - batched what its per-command handling adds (instrumentation,
+tracing, per-command publication and ack waits, the store); bench/README.md, "The worker's
+decisions in the floor's shape". Rounds alternate and the best round of each is reported,
+as ``timeit`` does. Reports numbers; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import time
 from collections import Counter
@@ -25,20 +30,31 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
+from prometheus_client import CollectorRegistry
 
 from bench.batched import BatchedWorker
 from bench.floor import WorkerFloor
 from bench.load import Workload
+from worker.auth.app import policy_from
+from worker.auth.execute import Executor
+from worker.auth.metrics import WorkerMetrics
+from worker.auth.provider import build_registry
 from worker.auth.provider.answer import ProviderAnswer
+from worker.auth.publish import Publisher
+from worker.auth.store import StateStore
+from worker.engine.home_partition import Router, home_partition
+from worker.runtime import logs
+from worker.runtime.process import tune_gc
 from worker.settings import Settings
 
 Batch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 PARTITIONS = 12
+KINDS = ("floor", "batched", "executor")
 ANSWER = b'{"status":"active","auth_status":"active"}'
 
 
 class Producer:
-    """Acknowledges every record at once; counts the replies' HTTP statuses."""
+    """Acknowledges every record in the next loop turn; counts the replies' HTTP statuses."""
 
     def __init__(self, replies_topic: str) -> None:
         self.replies_topic = replies_topic
@@ -56,9 +72,10 @@ class Producer:
         self.records += 1
         if topic == self.replies_topic:
             self.statuses[json.loads(value)["http_status"]] += 1
-        done = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
+        loop = asyncio.get_running_loop()
+        acked = loop.create_future()
+        loop.call_soon(acked.set_result, None)  # as an ack would: after the sender awaits it
+        return acked
 
 
 class Provider:
@@ -77,49 +94,85 @@ class Provider:
         return ProviderAnswer(200, ANSWER, {})
 
 
-def batches(workload: Workload, size: int) -> tuple[list[Batch], list[Batch]]:
-    """The workload's registrations and first confirms as fetched batches of ``size``."""
+def batches(workload: Workload, size: int, topic: str) -> tuple[list[Batch], list[Batch]]:
+    """The workload's registrations and first confirms as fetched batches of ``size`` of
+    ``topic``, each record on its key's home partition."""
     now = time.time()
     registrations = [(key, value) for key, value, _ in workload.register_commands()]
     confirms = [workload.confirm(i, now)[1:3] for i in range(workload.registered)]
-    return _chunks(registrations, size), _chunks(confirms, size)
+    return _chunks(registrations, size, topic), _chunks(confirms, size, topic)
 
 
-def _chunks(commands: list[tuple[bytes, bytes]], size: int) -> list[Batch]:
+def _chunks(commands: list[tuple[bytes, bytes]], size: int, topic: str) -> list[Batch]:
     out: list[Batch] = []
     for start in range(0, len(commands), size):
         batch: Batch = {}
         for offset, (key, value) in enumerate(commands[start : start + size], start):
-            tp = TopicPartition("commands", offset % PARTITIONS)
+            tp = TopicPartition(topic, home_partition(key, PARTITIONS))
             batch.setdefault(tp, []).append(
                 ConsumerRecord(
-                    tp.topic, tp.partition, offset, 0, 0, key, value, None, len(key),
-                    len(value), [],
+                    tp.topic, tp.partition, offset, int(time.time() * 1000), 0, key, value,
+                    None, len(key), len(value), [],
                 )
             )  # fmt: skip
         out.append(batch)
     return out
 
 
+class WorkerHandler:
+    """The worker's ``Executor`` built as ``worker.auth.app`` builds it (store, publisher,
+    adapters with their metric hooks, policy, router, metrics), records of a batch handled
+    concurrently, one task each."""
+
+    def __init__(self, settings: Settings, producer: Producer, provider: Provider) -> None:
+        metrics = WorkerMetrics(CollectorRegistry())
+        providers = build_registry(
+            settings, provider, on_call=metrics.provider_call, on_retry=metrics.provider_retry
+        )
+        self.store = StateStore()
+        topic = settings.topics.commands
+        for partition in range(PARTITIONS):
+            self.store.handed_over(topic, partition, 0)  # nothing inherited: no re-drives
+        self.executor = Executor(
+            store=self.store,
+            publisher=Publisher(producer, settings.topics),
+            providers=providers,
+            policy=policy_from(settings, set(providers)),
+            metrics=metrics,
+            router=Router(topic, partitions_for_topic=lambda _: None, fallback=PARTITIONS),
+        )
+
+    async def handle(self, batch: Batch) -> None:
+        await asyncio.gather(
+            *(self.executor.handle(msg) for msgs in batch.values() for msg in msgs)
+        )
+
+
 async def one_round(kind: str, n: int, size: int, tag: str) -> dict[str, Any]:
     """µs of CPU per first confirm through ``kind``'s handler (registrations not counted)."""
     settings = Settings(provider_urls={"simulator": "http://127.0.0.1:9"})
-    registrations, confirms = batches(Workload(tag, commands=n, accounts=n, mix="fresh"), size)
+    workload = Workload(tag, commands=n, accounts=n, mix="fresh")
+    registrations, confirms = batches(workload, size, settings.topics.commands)
     producer = Producer(settings.topics.replies)
     provider = Provider()
-    contender: WorkerFloor | BatchedWorker
-    if kind == "floor":
-        contender = WorkerFloor(settings)
-        contender.http = provider  # type: ignore[assignment]
+    contender: WorkerFloor | BatchedWorker | WorkerHandler
+    unused: tuple[Any, ...] = ()
+    if kind == "executor":
+        contender = WorkerHandler(settings, producer, provider)
     else:
-        contender = BatchedWorker(settings)
-        for adapter in contender.providers.values():
-            adapter._client = provider  # type: ignore[attr-defined]
-    unused = contender.producer, contender.consumer  # built, never started: closed below
-    contender.producer = producer
+        if kind == "floor":
+            contender = WorkerFloor(settings)
+            contender.http = provider  # type: ignore[assignment]
+        else:
+            contender = BatchedWorker(settings)
+            for adapter in contender.providers.values():
+                adapter._client = provider  # type: ignore[attr-defined]
+        unused = contender.producer, contender.consumer  # built, never started: closed below
+        contender.producer = producer
     for batch in registrations:
         await contender.handle(batch)
     producer.statuses.clear()
+    gc.collect()  # the earlier rounds' garbage is not this round's cost
     started = time.process_time()
     for batch in confirms:
         await contender.handle(batch)
@@ -136,7 +189,7 @@ async def one_round(kind: str, n: int, size: int, tag: str) -> dict[str, Any]:
 async def measure(n: int, size: int, rounds: int) -> dict[str, dict[str, Any]]:
     best: dict[str, dict[str, Any]] = {}
     for r in range(rounds):
-        for kind in ("floor", "batched"):
+        for kind in KINDS:
             got = await one_round(kind, n, size, f"h{r}{kind[0]}")
             if kind not in best or got["us_per_confirm"] < best[kind]["us_per_confirm"]:
                 best[kind] = got
@@ -149,14 +202,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=100, help="records per fetched batch")
     p.add_argument("--rounds", type=int, default=5, help="rounds of each; the best is kept")
     a = p.parse_args(argv)
+    logs.configure("WARNING")  # as python -m bench runs the worker
+    tune_gc(Settings().worker_gc_threshold)  # as python -m worker run and bench.proc do
     best = asyncio.run(measure(a.confirms, a.batch, a.rounds))
     for kind, got in best.items():
         print(
             f"{kind:8} {got['us_per_confirm']:8.1f} µs/confirm  provider calls "
             f"{got['provider_calls']}  replies {got['replies']}"
         )
-    ratio = best["batched"]["us_per_confirm"] / best["floor"]["us_per_confirm"]
-    print(f"batched ÷ floor {ratio:.2f} (best of {a.rounds} rounds of {a.confirms:,} each)")
+    cpu = {kind: got["us_per_confirm"] for kind, got in best.items()}
+    print(
+        f"batched ÷ floor {cpu['batched'] / cpu['floor']:.2f}, executor ÷ batched "
+        f"{cpu['executor'] / cpu['batched']:.2f}, executor ÷ floor "
+        f"{cpu['executor'] / cpu['floor']:.2f} (best of {a.rounds} rounds of "
+        f"{a.confirms:,} each)"
+    )
     return 0
 
 
