@@ -5,16 +5,16 @@ worker's own per-command ``Executor``.
 ``python -m bench`` measures the contenders end to end on a shared machine, where single
 figures move by ±20 %. This takes the I/O out: the same synthetic fetched batches of
 registrations, then of first confirms, go through ``WorkerFloor.handle``,
-``BatchedWorker.handle`` and, for ``executor``, every record of a batch through the worker's
-``Executor.handle`` at once (one task each, as the consume loop's lanes run them, but without
-the loop: no lanes, pressure or watermarks), with a producer that acknowledges in the next loop turn and an
-HTTP client that answers 200 after one loop turn (the provider adapters keep their retry
-loop, breaker, deadline and gate around it). What is left is each handler's own Python work
-per confirm: batched - floor is what the worker's decision, adapter and records cost above
-the floor's; executor - batched what its per-command handling adds (instrumentation,
-tracing, per-command publication and ack waits, the store); bench/README.md, "The worker's
-decisions in the floor's shape". Rounds alternate and the best round of each is reported,
-as ``timeit`` does. Reports numbers; asserts nothing.
+``BatchedWorker.handle`` and, for ``executor``, every record of a batch through the
+worker's ``Executor.handle`` at once (one task each, as the consume loop's lanes run them,
+but without the loop: no lanes, pressure or watermarks). The producer acknowledges in the
+next loop turn; the HTTP client answers 200 after one loop turn (the provider adapters keep
+their retry loop, breaker, deadline and gate around it). What is left is each handler's own
+Python work per confirm: batched - floor is what the worker's decision, adapter and records
+cost above the floor's; executor - batched what its per-command handling adds
+(instrumentation, tracing, per-command publication and ack waits, the store);
+bench/README.md, "The worker's decisions in the floor's shape". Rounds alternate and the
+best round of each is reported, as ``timeit`` does. Reports numbers; asserts nothing.
 """
 
 from __future__ import annotations
