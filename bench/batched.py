@@ -27,14 +27,13 @@ instrumentation add on top of it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from bench.floor_loop import consume_in_batches
+from bench.floor_loop import group_clients, serve_batches
 from worker.auth.app import policy_from
 from worker.auth.commands import ProviderOutcome, answer_query, decide, settle_confirm
 from worker.auth.flow import Decision, Policy
@@ -55,7 +54,6 @@ from worker.contract.messages import (
     decode_command,
     encode_record,
 )
-from worker.engine.kafka import build_consumer, build_producer
 from worker.settings import Settings
 
 Batch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
@@ -89,13 +87,8 @@ class BatchedWorker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topics = settings.topics
-        self.producer = build_producer(settings.kafka_config())
-        self.consumer = build_consumer(
-            settings.kafka_config(),
-            settings.topics.commands,
-            group_id=settings.kafka_consumer_group,
-            session_timeout_ms=settings.kafka_session_timeout_ms,
-            heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
+        self.producer, self.consumer = group_clients(
+            settings, settings.topics.commands, settings.kafka_consumer_group
         )
         self.http = build_http_client(settings)
         self.providers: ProviderRegistry = build_registry(settings, self.http)
@@ -106,10 +99,9 @@ class BatchedWorker:
         self.busy: dict[str, asyncio.Future[None]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.producer.start()
-        await self.consumer.start()
         try:
-            await consume_in_batches(
+            await serve_batches(
+                self.producer,
                 self.consumer,
                 self.handle,
                 limit=self.settings.worker_max_in_flight,
@@ -117,9 +109,6 @@ class BatchedWorker:
                 stop=stop,
             )
         finally:
-            with contextlib.suppress(Exception):
-                await self.consumer.stop()
-            await self.producer.stop()
             await self.providers.aclose()
             await self.http.aclose()
 

@@ -25,7 +25,6 @@ command), not the worker's full record with its dedup window.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from urllib.parse import quote
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from bench.floor_loop import consume_in_batches
+from bench.floor_loop import group_clients, serve_batches
 from worker.auth.provider import build_http_client
 from worker.auth.provider.transport import ProviderHttpClient
 from worker.contract.messages import (
@@ -49,7 +48,6 @@ from worker.contract.messages import (
     event_id,
     rfc3339,
 )
-from worker.engine.kafka import build_consumer, build_producer
 from worker.settings import Settings
 
 Batch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
@@ -73,23 +71,17 @@ class WorkerFloor:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topics = settings.topics
-        self.producer = build_producer(settings.kafka_config())
-        self.consumer = build_consumer(
-            settings.kafka_config(),
-            settings.topics.commands,
-            group_id=settings.kafka_consumer_group,
-            session_timeout_ms=settings.kafka_session_timeout_ms,
-            heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
+        self.producer, self.consumer = group_clients(
+            settings, settings.topics.commands, settings.kafka_consumer_group
         )
         self.http: ProviderHttpClient = build_http_client(settings)
         self.urls = {name: url.rstrip("/") for name, url in settings.provider_urls.items()}
         self.accounts: dict[str, Account] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.producer.start()
-        await self.consumer.start()
         try:
-            await consume_in_batches(
+            await serve_batches(
+                self.producer,
                 self.consumer,
                 self.handle,
                 limit=self.settings.worker_max_in_flight,
@@ -97,9 +89,6 @@ class WorkerFloor:
                 stop=stop,
             )
         finally:
-            with contextlib.suppress(Exception):
-                await self.consumer.stop()
-            await self.producer.stop()
             await self.http.aclose()
 
     async def handle(self, batch: Batch) -> None:

@@ -6,11 +6,15 @@ and nothing more."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiokafka import TopicPartition
+
+from worker.engine.kafka import build_consumer, build_producer
+from worker.settings import Settings
 
 Batch = dict[TopicPartition, list[Any]]
 
@@ -49,3 +53,37 @@ async def consume_in_batches(
         for task, _, _ in pending:
             task.cancel()
         await asyncio.gather(*(t for t, _, _ in pending), return_exceptions=True)
+
+
+def group_clients(settings: Settings, topic: str, group_id: str) -> tuple[Any, Any]:
+    """A producer and a consumer of ``topic`` in ``group_id``, built as the process they stand
+    beside builds its own (``worker.engine.kafka``); started by ``serve_batches``."""
+    producer = build_producer(settings.kafka_config())
+    consumer = build_consumer(
+        settings.kafka_config(),
+        topic,
+        group_id=group_id,
+        session_timeout_ms=settings.kafka_session_timeout_ms,
+        heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
+    )
+    return producer, consumer
+
+
+async def serve_batches(
+    producer: Any,
+    consumer: Any,
+    handle: Callable[[Batch], Coroutine[Any, Any, None]],
+    *,
+    limit: int,
+    max_records: int,
+    stop: asyncio.Event,
+) -> None:
+    """Start both clients, ``consume_in_batches`` until ``stop``, stop both."""
+    await producer.start()
+    await consumer.start()
+    try:
+        await consume_in_batches(consumer, handle, limit=limit, max_records=max_records, stop=stop)
+    finally:
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        await producer.stop()

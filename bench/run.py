@@ -790,32 +790,22 @@ def targets(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
         v = scenarios.get(name, {}).get("cpu_us_per_command")
         return None if v is None or math.isnan(v) else float(v)
 
-    w, c = cpu("worker-1p"), cpu("ceiling")
-    ratio = round(w / c, 2) if w is not None and c else None
-    add(
-        "worker-1p CPU per command ÷ ceiling CPU per command",
-        "≤ 4",
-        ratio,
-        None if ratio is None else ratio <= 4,
-        "" if ratio is None else f"{w:,.0f} ÷ {c:,.0f} µs, same run",
-    )
-    f = cpu("floor")
-    by_floor = round(w / f, 2) if w is not None and f else None
-    add(
-        "worker-1p CPU per command ÷ floor CPU per command",
-        "≤ 1.3",
-        by_floor,
-        None if by_floor is None else by_floor <= 1.3,
-        "" if by_floor is None else f"{w:,.0f} ÷ {f:,.0f} µs, same run",
-    )
-    b = cpu("batched")
-    batched_by_floor = round(b / f, 2) if b is not None and f else None
-    add(
-        "batched (the worker's decisions in the floor's shape) ÷ floor, CPU per command",
-        "≤ 1.3",
-        batched_by_floor,
-        None if batched_by_floor is None else batched_by_floor <= 1.3,
-        "" if batched_by_floor is None else f"{b:,.0f} ÷ {f:,.0f} µs, same run",
+    def cpu_ratio(name: str, num: float | None, den: float | None, limit: float) -> None:
+        """One CPU-per-command ratio of this run against its wanted bound."""
+        value = round(num / den, 2) if num is not None and den else None
+        add(
+            name,
+            f"≤ {limit:g}",
+            value,
+            None if value is None else value <= limit,
+            "" if value is None else f"{num:,.0f} ÷ {den:,.0f} µs, same run",
+        )
+
+    w, c, f, b = cpu("worker-1p"), cpu("ceiling"), cpu("floor"), cpu("batched")
+    cpu_ratio("worker-1p CPU per command ÷ ceiling CPU per command", w, c, 4)
+    cpu_ratio("worker-1p CPU per command ÷ floor CPU per command", w, f, 1.3)
+    cpu_ratio(
+        "batched (the worker's decisions in the floor's shape) ÷ floor, CPU per command", b, f, 1.3
     )
     best = max(
         ((r[f"{n}/baseline"], n) for n in HTTP_WORKERS if f"{n}/baseline" in r), default=None

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import hmac
 import os
@@ -38,10 +37,9 @@ from collections import defaultdict
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from bench.floor_loop import consume_in_batches
+from bench.floor_loop import group_clients, serve_batches
 from bench.webhook_receiver import SECRET_ENV
 from worker.contract.messages import rfc3339
-from worker.engine.kafka import build_consumer, build_producer
 from worker.runtime import eventloop, logs
 from worker.runtime.process import on_stop_signals, tune_gc
 from worker.settings import Settings
@@ -62,14 +60,8 @@ class DispatcherFloor:
         self.url = url
         self.workspace = workspace
         self.key = base64.b64decode(os.environ[SECRET_ENV].removeprefix(SECRET_PREFIX))
-        kafka = settings.kafka_config()
-        self.producer = build_producer(kafka)
-        self.consumer = build_consumer(
-            kafka,
-            settings.topics.status,
-            group_id=settings.webhook_consumer_group,
-            session_timeout_ms=settings.kafka_session_timeout_ms,
-            heartbeat_interval_ms=settings.kafka_heartbeat_interval_ms,
+        self.producer, self.consumer = group_clients(
+            settings, settings.topics.status, settings.webhook_consumer_group
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -80,10 +72,9 @@ class DispatcherFloor:
             max_connections_per_host=s.webhook_max_connections_per_host,
         )
         self.sender = Sender(session, timeout_s=s.webhook_timeout_s)
-        await self.producer.start()
-        await self.consumer.start()
         try:
-            await consume_in_batches(
+            await serve_batches(
+                self.producer,
                 self.consumer,
                 self.handle,
                 limit=s.webhook_max_in_flight,
@@ -91,9 +82,6 @@ class DispatcherFloor:
                 stop=stop,
             )
         finally:
-            with contextlib.suppress(Exception):
-                await self.consumer.stop()
-            await self.producer.stop()
             await session.close()
 
     async def handle(self, batch: Batch) -> None:
