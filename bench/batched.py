@@ -75,7 +75,7 @@ class Settled:
 
 @dataclass(slots=True)
 class Account:
-    """The commands of one account in one batch, and the record they see in turn."""
+    """The commands of one account in one batch, in fetch order, and their partition."""
 
     partition: int
     commands: list[Command] = field(default_factory=list)
