@@ -325,8 +325,7 @@ async def acknowledged(producer: Any, health: BrokerHealth, sent: Sequence[Sent]
     The acks are awaited one after another, not gathered: a unit's records mostly go out in
     one produce request, so the first wait is usually the only one that suspends, where a
     ``gather`` costs a future, a callback per record and a loop turn of its own (the worker
-    waits twice per confirm; bench/README.md, "The worker's decisions in the floor's
-    shape")."""
+    waits twice per confirm)."""
     if not sent:
         return
     failed = False
