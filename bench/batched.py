@@ -30,10 +30,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from aiokafka import TopicPartition
-from aiokafka.structs import ConsumerRecord
-
-from bench.floor_loop import group_clients, serve_batches
+from bench.floor_loop import Batch, group_clients, serve_batches
 from worker.auth.app import policy_from
 from worker.auth.commands import ProviderOutcome, answer_query, decide, settle_confirm
 from worker.auth.flow import Decision, Policy
@@ -55,8 +52,6 @@ from worker.contract.messages import (
     encode_record,
 )
 from worker.settings import Settings
-
-Batch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
 
 @dataclass(slots=True)

@@ -31,10 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from aiokafka import TopicPartition
-from aiokafka.structs import ConsumerRecord
-
-from bench.floor_loop import group_clients, serve_batches
+from bench.floor_loop import Batch, group_clients, serve_batches
 from worker.auth.provider import build_http_client
 from worker.auth.provider.transport import ProviderHttpClient
 from worker.contract.messages import (
@@ -49,8 +46,6 @@ from worker.contract.messages import (
     rfc3339,
 )
 from worker.settings import Settings
-
-Batch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
 
 @dataclass(slots=True)

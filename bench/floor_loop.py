@@ -12,11 +12,13 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from worker.engine.kafka import build_consumer, build_producer
 from worker.settings import Settings
 
-Batch = dict[TopicPartition, list[Any]]
+#: One fetch's records by partition, as every contender on this loop is handed them.
+Batch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
 
 async def consume_in_batches(
@@ -58,9 +60,10 @@ async def consume_in_batches(
 def group_clients(settings: Settings, topic: str, group_id: str) -> tuple[Any, Any]:
     """A producer and a consumer of ``topic`` in ``group_id``, built as the process they stand
     beside builds its own (``worker.engine.kafka``); started by ``serve_batches``."""
-    producer = build_producer(settings.kafka_config())
+    kafka = settings.kafka_config()
+    producer = build_producer(kafka)
     consumer = build_consumer(
-        settings.kafka_config(),
+        kafka,
         topic,
         group_id=group_id,
         session_timeout_ms=settings.kafka_session_timeout_ms,

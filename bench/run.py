@@ -402,9 +402,7 @@ class Bench:
             if sc.kind == "worker" and sc.provider == "http":
                 argv = ["-m", "bench.traced" if self.args.record_spans else "worker", "run"]
                 if self.args.cprofile is not None:
-                    self.args.cprofile.mkdir(parents=True, exist_ok=True)
-                    out = self.args.cprofile / f"{settings.kafka_consumer_group}-{i}.prof"
-                    argv = ["-m", "bench.cprofiled", str(out), *argv[1:]]
+                    argv = self.cprofiled(argv, settings, i)
                 elif self.args.latency_trace is not None:
                     self.args.latency_trace.mkdir(parents=True, exist_ok=True)
                     out = self.args.latency_trace / f"{settings.kafka_consumer_group}-{i}.json"
@@ -414,13 +412,18 @@ class Bench:
             else:
                 argv = ["-m", "bench.proc", sc.kind]
                 if self.args.cprofile is not None and sc.kind in ("floor", "batched"):
-                    self.args.cprofile.mkdir(parents=True, exist_ok=True)
-                    out = self.args.cprofile / f"{settings.kafka_consumer_group}-{i}.prof"
-                    argv = ["-m", "bench.cprofiled", str(out), *argv[1:]]
+                    argv = self.cprofiled(argv, settings, i)
             proc = start_proc(f"{settings.kafka_consumer_group}-{i}", argv, env, self.log_dir)
             proc.port = port if sc.kind == "worker" else None
             procs.append(proc)
         return procs
+
+    def cprofiled(self, argv: list[str], settings: Settings, i: int) -> list[str]:
+        """``python -m MODULE ...`` run under ``bench.cprofiled``, its stats in ``--cprofile``."""
+        assert self.args.cprofile is not None
+        self.args.cprofile.mkdir(parents=True, exist_ok=True)
+        out = self.args.cprofile / f"{settings.kafka_consumer_group}-{i}.prof"
+        return ["-m", "bench.cprofiled", str(out), *argv[1:]]
 
     async def wait_ready(self, procs: list[Proc], timeout: float = 90.0) -> None:
         """Workers: /readyz 200 and partitions assigned (so no rebalance is left to happen);

@@ -34,10 +34,7 @@ import sys
 import time
 from collections import defaultdict
 
-from aiokafka import TopicPartition
-from aiokafka.structs import ConsumerRecord
-
-from bench.floor_loop import group_clients, serve_batches
+from bench.floor_loop import Batch, group_clients, serve_batches
 from bench.webhook_receiver import SECRET_ENV
 from worker.contract.messages import rfc3339
 from worker.runtime import eventloop, logs
@@ -49,8 +46,6 @@ from worker.webhooks.events import WebhookEvent, from_status
 from worker.webhooks.publish import LOG_BATCH_MAX, DeliveryLogBatch, DeliveryLogEntry
 from worker.webhooks.sender import Sender, open_session
 from worker.webhooks.signing import SECRET_PREFIX
-
-Batch = dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
 
 
 class DispatcherFloor:
