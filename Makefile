@@ -39,8 +39,8 @@ $(DEV_STAMP): $(RUNTIME_STAMP) requirements-dev.lock
 run: $(RUNTIME_STAMP)
 	$(BIN)/python -m devstack stack
 
-# Three workers on the two cores: most tests wait on the broker; tests/conftest.py keeps the
-# slow and chaos ones on one worker, one at a time. TEST_WORKERS=0 runs in one process.
+# Three workers on the two cores: most tests wait on the broker; tests/conftest.py runs the
+# slow and chaos ones in two lanes, one at a time in each. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 

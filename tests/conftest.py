@@ -124,14 +124,25 @@ def logged() -> Iterator[list[MutableMapping[str, Any]]]:
         yield events
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for ``pytest-xdist``'s ``--dist loadgroup`` (``make test`` runs 3 workers): the
-    slow and chaos tests, which start whole stacks or pools and kill processes, run one after
-    the other on one worker, so no two of them share the two cores at once; every other test
-    runs with the rest of its file (module fixtures are built once)."""
+    """Groups for ``pytest-xdist``'s ``--dist loadgroup`` (``make test`` runs 3 workers). The
+    slow and chaos tests, which start whole stacks or pools and kill or freeze processes, run
+    in two lanes, each one test at a time: the benchmark's runs (tests/bench/, the soak among
+    them) in one, every other heavy test in the other; so at most two of them share the two
+    cores, and neither lane is longer than the rest of the suite spread over the three
+    workers. Every other test runs with the rest of its file (module fixtures are built once,
+    and a fixture that installs into the tree, like the AsyncAPI parser's ``npm ci``, never
+    races a twin on another worker).
+
+    ``tryfirst``: xdist's worker reads the ``xdist_group`` marks in its own
+    ``pytest_collection_modifyitems``; without it that hook runs before this one, sees no
+    marks, and every test is scheduled alone (tests/test_suite_groups.py)."""
     for item in items:
-        heavy = item.get_closest_marker("slow") or item.get_closest_marker("chaos")
-        group = "heavy" if heavy else item.nodeid.split("::", 1)[0]
+        path = item.nodeid.split("::", 1)[0]
+        group = path
+        if item.get_closest_marker("slow") or item.get_closest_marker("chaos"):
+            group = "heavy-bench" if path.startswith("tests/bench/") else "heavy"
         item.add_marker(pytest.mark.xdist_group(group))
 
 
