@@ -21,12 +21,7 @@ from tests.harness import REPO, bus, confirm_cmd, register_cmd, worker_env
 from worker.auth.app import run_worker
 from worker.engine.consume_loop import FINAL_COMMIT_TIMEOUT_S, ConsumeLoop
 from worker.engine.faults import ProcessFault
-from worker.engine.runner import (
-    CLOSE_STEP_TIMEOUT_S,
-    _bounded,
-    _graceful_then_forced,
-    shutdown_hard_limit,
-)
+from worker.engine.runner import CLOSE_STEP_TIMEOUT_S, shutdown_hard_limit
 from worker.runtime.probes import build_probe_app
 from worker.runtime.serving import serving
 from worker.settings import Settings
@@ -141,50 +136,6 @@ async def test_sigterm_drains_and_exits_zero(
             proc.kill()
             proc.wait()
         log_file.close()
-
-
-async def test_a_shutdown_step_that_absorbs_cancellation_is_abandoned() -> None:
-    """``_bounded`` returns at its time-out even when the step ignores the first cancel
-    (``wait_for`` would wait for it: the hang a stop in mid-rebalance can cause)."""
-    finished = asyncio.Event()
-
-    async def stubborn() -> None:
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            await asyncio.sleep(0.3)  # clean-up that outlives the time-out
-        finished.set()
-
-    await _bounded(stubborn(), "stubborn", 0.05)
-    assert not finished.is_set(), "the bounded step was waited for past its time-out"
-    await asyncio.wait_for(finished.wait(), timeout=5)
-
-
-async def test_a_stop_that_overruns_its_hard_limit_exits_70(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    exits: list[int] = []
-    exited = asyncio.Event()
-
-    def fake_exit(code: int) -> None:
-        exits.append(code)
-        exited.set()
-
-    class Stuck:
-        stopped = 0
-
-        def stop(self) -> None:
-            self.stopped += 1  # ... and then never finishes stopping
-
-    monkeypatch.setattr("worker.engine.runner.os._exit", fake_exit)
-    stuck = Stuck()
-    handler = _graceful_then_forced(stuck, hard_limit_s=0.05)  # type: ignore[arg-type]
-    handler()
-    assert stuck.stopped == 1
-    await asyncio.wait_for(exited.wait(), timeout=5)
-    assert exits == [70]
-    handler()  # a second signal: immediate exit
-    assert exits == [70, 130]
 
 
 def test_the_hard_limit_covers_the_drain_the_final_commit_and_both_close_steps() -> None:

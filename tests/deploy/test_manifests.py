@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from worker.api.server import shutdown_hard_limit as api_shutdown_hard_limit
 from worker.contract.topics import Topics
 from worker.engine.runner import shutdown_hard_limit
 from worker.settings import Settings
@@ -417,6 +418,9 @@ def test_termination_grace_outlasts_the_drain(kubectl: str, target: str) -> None
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     assert api["terminationGracePeriodSeconds"] > float(pre_stop[1]) + reply_timeout
+    # The front-end's watchdog (server grace, close budget, margin) fires before the SIGKILL.
+    api_limit = api_shutdown_hard_limit(Settings(api_reply_timeout_s=reply_timeout))
+    assert api["terminationGracePeriodSeconds"] > float(pre_stop[1]) + api_limit
 
 
 @pytest.mark.parametrize("target", TARGETS)

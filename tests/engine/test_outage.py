@@ -231,6 +231,13 @@ def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
         )
 
 
+def tail(log: Path, pool: OutagePool, name: str, lines: int = 60) -> str:
+    """The end of a process's log: the pool's own for a worker, ``log`` for the others."""
+    if name.startswith("worker-"):
+        return pool.log_tail(int(name.removeprefix("worker-")), lines)
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
 async def status(client: httpx.AsyncClient, url: str) -> int | None:
     try:
         return (await client.get(url, timeout=2.0)).status_code
@@ -291,7 +298,7 @@ async def test_processes_ride_out_a_frozen_broker(
     }
     accounts = [f"out-{uuid.uuid4().hex[:8]}-{i}" for i in range(ACCOUNTS)]
     sent: dict[str, str] = {}
-    codes: list[int | None] = []
+    codes: dict[str, int | None] = {}
     async with bus(settings) as b, httpx.AsyncClient() as http:
         try:
             for acc in accounts:
@@ -392,16 +399,23 @@ async def test_processes_ride_out_a_frozen_broker(
             alive |= {name: p.pid for name, p in others.items() if p.poll() is None}
             assert alive == pids, "a process exited or was replaced during the outage"
         finally:
-            codes = pool.stop_all()
-            for proc in others.values():
+            codes = {f"worker-{i}": code for i, code in enumerate(pool.stop_all())}
+            for name, proc in others.items():
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
                     try:
                         proc.wait(timeout=45)
                     except subprocess.TimeoutExpired:
                         proc.kill()
-                codes.append(proc.wait())
-        assert codes == [0] * len(codes), codes
+                codes[name] = proc.wait()
+        failed = {name: code for name, code in codes.items() if code != 0}
+        assert not failed, f"{failed}\n" + "\n".join(
+            f"--- {name}:\n{tail(tmp_path / f'{name}.log', pool, name)}" for name in failed
+        )
+        # Each one's stop was clean: no close step outran its bound (worker.runtime.shutdown).
+        for name in others:
+            text = (tmp_path / f"{name}.log").read_text(errors="replace")
+            assert "shutdown_step_timed_out" not in text, tail(tmp_path / f"{name}.log", pool, name)
         await asyncio.sleep(0.5)
         await b.pump(500)
         # Every command: exactly one distinct reply (identical re-sends allowed).

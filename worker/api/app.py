@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,7 +35,13 @@ from worker.api.routes import (
     ApiRoutes,
     on_service_error,
 )
-from worker.api.server import ApiRuntime, serve_runtime
+from worker.api.server import (
+    CLOSE_BUDGET_S,
+    CLOSE_STEP_FLOOR_S,
+    ApiRuntime,
+    serve_runtime,
+    shutdown_hard_limit,
+)
 from worker.api.webhooks.account_events import AccountEvents, CursorCodec
 from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
 from worker.api.webhooks.follow_routes import FOLLOW_ROUTES, FollowClients, FollowRoutes
@@ -54,6 +60,7 @@ from worker.runtime.logs import get_logger
 from worker.runtime.metrics import API_PREFIX, export_process_metrics
 from worker.runtime.probes import Probes
 from worker.runtime.process import on_stop_signals
+from worker.runtime.shutdown import CloseBudget, graceful_then_forced
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
@@ -367,26 +374,29 @@ async def api_runtime(
         documents=documents,
         idempotency=idempotency,
     )
-    started: list[Callable[[], Any]] = []
+    # Each client's close, in start order, named for the log; closed in reverse, all within
+    # one budget (``worker.runtime.shutdown.CloseBudget``).
+    started: list[tuple[str, Callable[[], Awaitable[object]]]] = []
     try:
         await producer.start()
-        started.append(producer.stop)
+        started.append(("producer_stop", producer.stop))
         await replies.start()
-        started.append(replies.stop)
+        started.append(("replies_stop", replies.stop))
         await presence.start()
-        started.append(presence.stop)  # before the producer: it tombstones this replica
+        # before the producer: it tombstones this replica
+        started.append(("presence_stop", presence.stop))
         await idempotency.start()
-        started.append(idempotency.stop)
+        started.append(("idempotency_stop", idempotency.stop))
         if webhooks is not None:
             for tail in webhooks.tails:
                 await tail.start()
-                started.append(tail.stop)
+                started.append((f"{tail.name}_stop", tail.stop))
             await webhooks.deliveries.start()
-            started.append(webhooks.deliveries.stop)
+            started.append(("deliveries_stop", webhooks.deliveries.stop))
             if webhooks.board is not None:
                 await webhooks.board.start()
-                started.append(webhooks.board.stop)
-            started.append(webhooks.replays.stop)  # stopped first: it produces
+                started.append(("replay_board_stop", webhooks.board.stop))
+            started.append(("replays_stop", webhooks.replays.stop))  # stopped first: it produces
         runtime = ApiRuntime(
             settings,
             apps.api,
@@ -404,9 +414,9 @@ async def api_runtime(
         registry.register(TailSkips(API_PREFIX, lambda: runtime.tails))
         yield runtime
     finally:
-        for stop in reversed(started):
-            with contextlib.suppress(Exception):
-                await stop()
+        budget = CloseBudget(CLOSE_BUDGET_S, floor_s=CLOSE_STEP_FLOOR_S)
+        for name, stop in reversed(started):
+            await budget.step(stop(), name)
 
 
 async def serve_api(
@@ -422,16 +432,19 @@ async def serve_api(
     """One front-end process until SIGTERM/SIGINT, ``stop`` or cancellation.
 
     Shutdown: stop accepting connections, let in-flight requests finish (up to the reply
-    timeout), then close the Kafka clients. Raises if a Kafka tail dies, so the process exits
-    non-zero rather than serving stale data. ``settings.api_port`` 0 picks a free port; the
-    address is in ``runtime.base_url`` when ``on_started`` is called (the side door's in
-    ``runtime.metrics_url``). ``keys`` replaces the
-    store read from ``settings.api_keys_file``. ``install_signals=False`` leaves the signals
-    to the caller (in-process tests). ``documents``: as ``build_app``'s (``worker/cli.py``
-    passes the OpenAPI document's route).
+    timeout), then close the Kafka clients within one budget; a watchdog exits (70) if the
+    whole stop overruns its hard limit, a second signal at once (130). Raises if a Kafka tail
+    dies, so the process exits non-zero rather than serving stale data. ``settings.api_port``
+    0 picks a free port; the address is in ``runtime.base_url`` when ``on_started`` is called
+    (the side door's in ``runtime.metrics_url``). ``keys`` replaces the store read from
+    ``settings.api_keys_file``. ``install_signals=False`` leaves the signals to the caller
+    (in-process tests). ``documents``: as ``build_app``'s (``worker/cli.py`` passes the
+    OpenAPI document's route).
     """
     stop = stop if stop is not None else asyncio.Event()
-    with on_stop_signals(stop.set, enabled=install_signals):
+    # Installed for the whole run, close steps included: a second signal exits at once (130).
+    on_signal = graceful_then_forced(stop.set, hard_limit_s=shutdown_hard_limit(settings))
+    with on_stop_signals(on_signal, enabled=install_signals):
         async with api_runtime(
             settings, registry=registry, keys=keys, documents=documents
         ) as runtime:

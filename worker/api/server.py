@@ -77,6 +77,31 @@ async def _listen(server: uvicorn.Server, settings: Settings) -> None:
         ) from None
 
 
+#: What the front-end's close steps share after the server stops (its Kafka readers, the
+#: presence tombstone, the producer's flush); each step is given what is left of it, and at
+#: least ``CLOSE_STEP_FLOOR_S`` (``worker.runtime.shutdown.CloseBudget``).
+CLOSE_BUDGET_S = 8.0
+CLOSE_STEP_FLOOR_S = 0.2
+#: The most close steps ``worker.api.app.api_runtime`` has (every reader and writer of a
+#: front-end with webhooks; tests/api/test_api_shutdown.py counts them).
+MAX_CLOSE_STEPS = 12
+
+
+def http_grace_s(settings: Settings) -> int:
+    """How long the server lets in-flight requests finish on a stop: the longest wait for a
+    reply, and a margin to write it."""
+    return int(settings.api_reply_timeout_s) + 2
+
+
+def shutdown_hard_limit(settings: Settings) -> float:
+    """Seconds from SIGTERM to the front-end's forced exit (``worker.runtime.shutdown``): the
+    server's grace, the close budget with each step's floor, and a margin; each is bounded on
+    its own, so only a stuck server or loop reaches it. Kubernetes'
+    ``terminationGracePeriodSeconds`` must exceed it plus the pre-stop sleep
+    (tests/deploy/test_manifests.py), so the process ends by its own hand."""
+    return http_grace_s(settings) + CLOSE_BUDGET_S + MAX_CLOSE_STEPS * CLOSE_STEP_FLOOR_S + 1.0
+
+
 def connection_limits(settings: Settings) -> ConnectionLimits:
     return ConnectionLimits(
         max_head_bytes=settings.api_max_header_bytes,
@@ -127,7 +152,7 @@ async def _serve_api(
             log_level="info" if settings.api_access_log else "warning",
             access_log=settings.api_access_log,
             lifespan="off",
-            timeout_graceful_shutdown=int(settings.api_reply_timeout_s) + 2,
+            timeout_graceful_shutdown=http_grace_s(settings),
         )
     )
     serving = asyncio.create_task(_listen(server, settings), name="api-http")

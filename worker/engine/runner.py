@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +29,7 @@ from worker.runtime.logs import get_logger
 from worker.runtime.probes import build_probe_app
 from worker.runtime.process import on_stop_signals
 from worker.runtime.serving import serving
+from worker.runtime.shutdown import bounded, graceful_then_forced
 
 log = get_logger(__name__)
 
@@ -98,8 +97,8 @@ async def run_consume_loop(loop: ConsumeLoop, parts: ProcessParts, run: RunOptio
         served = serving(app, host=run.probes.host, port=run.probes.port, name=run.probes.name)
     # Installed for the whole run, close steps included: a second signal during them still
     # exits at once (130).
-    on_signal = _graceful_then_forced(
-        loop, hard_limit_s=shutdown_hard_limit(loop.config.shutdown_grace_s)
+    on_signal = graceful_then_forced(
+        loop.stop, hard_limit_s=shutdown_hard_limit(loop.config.shutdown_grace_s)
     )
     with on_stop_signals(on_signal, enabled=run.install_signals):
         stop = run.stop
@@ -121,8 +120,8 @@ async def run_consume_loop(loop: ConsumeLoop, parts: ProcessParts, run: RunOptio
         finally:
             if stopper is not None:
                 stopper.cancel()
-            await _bounded(consumer.stop(), "consumer_stop", CLOSE_STEP_TIMEOUT_S)
-            await _bounded(producer.stop(), "producer_stop", CLOSE_STEP_TIMEOUT_S)
+            await bounded(consumer.stop(), "consumer_stop", CLOSE_STEP_TIMEOUT_S)
+            await bounded(producer.stop(), "producer_stop", CLOSE_STEP_TIMEOUT_S)
             for close in parts.closers:
                 await close()
             log.info(f"{run.name}_stopped")
@@ -162,51 +161,6 @@ def shutdown_hard_limit(shutdown_grace_s: float) -> float:
     with a log line saying why, rather than by the kubelet's SIGKILL.
     """
     return shutdown_grace_s + FINAL_COMMIT_TIMEOUT_S + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
-
-
-def _graceful_then_forced(worker: ConsumeLoop, *, hard_limit_s: float) -> Callable[[], None]:
-    """First SIGTERM/SIGINT: drain and leave, with a watchdog that exits (code 70) if the
-    clean stop overruns ``hard_limit_s``. A second signal: exit at once (code 130)."""
-    signals = 0
-
-    def overran() -> None:
-        log.error("shutdown_overran", hard_limit_s=hard_limit_s)
-        os._exit(70)
-
-    def handler() -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:
-            log.error("forced_exit")
-            os._exit(130)
-            return  # only reached when os._exit is replaced (tests)
-        log.info("stop_requested", hard_limit_s=hard_limit_s)
-        asyncio.get_running_loop().call_later(hard_limit_s, overran)
-        worker.stop()
-
-    return handler
-
-
-async def _bounded(step: Coroutine[Any, Any, None], what: str, timeout: float) -> None:
-    """Run a shutdown step for at most ``timeout`` seconds.
-
-    ``asyncio.wait`` rather than ``wait_for``: on time-out ``wait_for`` waits for the
-    cancelled step to finish, which a library that absorbs the cancellation (a rebalance in
-    the middle of ``consumer.stop()``) can make unbounded. Here the step is cancelled and
-    left behind; the process is about to exit.
-    """
-    started = time.monotonic()
-    task = asyncio.ensure_future(step)
-    done, _ = await asyncio.wait({task}, timeout=timeout)
-    if not done:
-        task.cancel()
-        log.error("shutdown_step_timed_out", step=what, timeout_s=timeout)
-        return
-    if task.cancelled() or (exc := task.exception()) is not None:
-        error = "cancelled" if task.cancelled() else repr(exc)
-        log.warning("shutdown_step_failed", step=what, error=error)
-        return
-    log.info("shutdown_step_done", step=what, seconds=round(time.monotonic() - started, 3))
 
 
 async def _stop_when(event: asyncio.Event, loop: ConsumeLoop) -> None:
