@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from worker.api.webhooks.quotas import EVENT_SCANS, TOO_MANY, Refused
 from worker.contract.catalogue import ServiceError
+from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
 from worker.engine.home_partition import home_partition
@@ -186,6 +187,7 @@ class AccountEvents:
         seek_margin_s: float = SEEK_MARGIN_S,
     ) -> None:
         self._consumer_factory = consumer_factory
+        self._aside = AsideCloses()
         self._status_topic = status_topic
         self._errors_topic = errors_topic
         self.scan_records = scan_records
@@ -256,8 +258,8 @@ class AccountEvents:
         deadline: float,
     ) -> _TopicRead:
         consumer = self._consumer_factory()
-        try:  # stopped even when cancelled while starting
-            await consumer.start()
+        await self._aside.start(consumer)  # a start cut short is closed aside
+        try:
             parts = await partitions_of(consumer, topic, deadline=deadline)
             if not parts:
                 raise TimeoutError(f"no metadata for {topic}")

@@ -16,6 +16,7 @@ from typing import Any, Final, TypeVar
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
+from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
 from worker.engine.home_partition import home_partition
@@ -73,7 +74,7 @@ class DeliveryLogScan:
         self._started = False
         self._idle: list[Any] = []
         self._consumers: list[Any] = []  # every one built and not stopped: at most max_concurrent
-        self._stopping: set[asyncio.Task[None]] = set()
+        self._stopping = AsideCloses()
         self._skip = skipping("delivery-log-scan", log)
         self.scans = 0
         self.records_read = 0
@@ -96,6 +97,7 @@ class DeliveryLogScan:
         for consumer in consumers:
             with contextlib.suppress(Exception):
                 await consumer.stop()
+        await self._stopping.drain()
 
     async def read(self, endpoint_id: str, *, upto: int | None, lo: int | None) -> LogSlice:
         """The endpoint's entries in ``[lo, upto)`` of its partition, with their positions:
@@ -140,15 +142,9 @@ class DeliveryLogScan:
 
     async def _build(self) -> Any:
         consumer = self._factory()
-        try:
-            await consumer.start()
-        except BaseException:
-            # Cancelled (the request's time-out) or failed while starting: closed aside, so
-            # a half-started consumer holds no connection.
-            task = asyncio.get_running_loop().create_task(_close(consumer))
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
-            raise
+        # Cancelled (the request's time-out) or failed while starting: closed aside, so a
+        # half-started consumer holds no connection.
+        await self._stopping.start(consumer)
         self._consumers.append(consumer)
         return consumer
 
@@ -233,8 +229,3 @@ class LogSlice:
     lo: int
     hi: int
     entries: list[tuple[tuple[int, int], DeliveryLogEntry]]
-
-
-async def _close(consumer: Any) -> None:
-    with contextlib.suppress(Exception):
-        await consumer.stop()

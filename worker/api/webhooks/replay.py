@@ -34,6 +34,7 @@ from worker.api.webhooks.replay_status import (
     progress_record,
 )
 from worker.contract.catalogue import ServiceError
+from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
 from worker.engine.outage import BrokerHealth, acknowledged, enqueue
@@ -112,6 +113,7 @@ class ReplayRunner:
         self._cancelling: set[str] = set()  # replays here whose cancellation was asked for
         self._created: dict[str, float] = {}
         self._consumer_factory = consumer_factory
+        self._aside = AsideCloses()  # at most one per running replay
         self._producer = producer
         self._status_topic = status_topic
         self._errors_topic = errors_topic
@@ -232,6 +234,7 @@ class ReplayRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._aside.drain()
 
     # -- one replay ---------------------------------------------------------------------------
 
@@ -348,8 +351,8 @@ class ReplayRunner:
         # to one topic does not learn another's metadata.
         for topic in (self._status_topic, self._errors_topic):
             consumer = self._consumer_factory()
-            try:  # stopped even when cancelled while starting
-                await consumer.start()
+            await self._aside.start(consumer)  # a start cut short is closed aside
+            try:
                 await self._scan_topic(consumer, topic, replay_id, endpoint, since, counts)
             finally:
                 await consumer.stop()
