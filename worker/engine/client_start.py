@@ -19,7 +19,8 @@ __all__ = ["AsideCloses"]
 
 class AsideCloses:
     """The clients of one owner whose start was cut short, each closed in the background once
-    its start has ended. At most one per start the owner runs at once (its own bound)."""
+    its start has ended: held at most the client's request time-out per bootstrap host, so
+    there are at most as many as the starts the owner began in that time."""
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[None]] = set()

@@ -113,7 +113,7 @@ class ReplayRunner:
         self._cancelling: set[str] = set()  # replays here whose cancellation was asked for
         self._created: dict[str, float] = {}
         self._consumer_factory = consumer_factory
-        self._aside = AsideCloses()  # at most one per running replay
+        self._aside = AsideCloses()  # replays' consumers whose start a cancel cut short
         self._producer = producer
         self._status_topic = status_topic
         self._errors_topic = errors_topic
