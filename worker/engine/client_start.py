@@ -1,12 +1,10 @@
 """Starting a short-lived Kafka client (a scan's or a replay's consumer) so that a start cut
-short by a cancellation or a failure still ends with the client closed.
-
-aiokafka's bootstrap opens a first connection, asks it for metadata and closes it; cancelled
-while it waits for that answer, it leaves the connection open, and the client's ``stop()``
-does not know it. A request's time-out, a cancelled replay or a shutdown can cancel a start at
-that moment. So the start is never cut: the caller's wait is shielded and ends at once, while
-the start runs on (bounded by the client's own request time-out) and the client is then
-stopped, in a task its owner holds (docs/architecture.md, "Resource bounds")."""
+short still ends with the client closed: aiokafka's bootstrap, cancelled while it waits for
+the metadata answer, leaves its first connection open, unknown to the client's ``stop()``. A
+request's time-out, a cancelled replay or a shutdown can cancel a start then. So the start is
+never cut: the caller's wait ends at once, the start runs on (bounded by the client's request
+time-out) and the client is then stopped, in a task its owner holds (docs/architecture.md,
+"Resource bounds")."""
 
 from __future__ import annotations
 
