@@ -6,6 +6,7 @@ ones, and the bounds of what is kept (per workspace, by age, a silent runner).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -162,14 +163,18 @@ async def test_a_replay_started_on_one_replica_is_followed_on_another(
 
 
 class SlowStart:
-    """A consumer whose ``start`` waits first: a replay that stays running a while."""
+    """A consumer whose ``start`` waits first (up to ``wait_s``, or until ``released``): a
+    replay that stays running a while. A cancelled start is not cut short (it runs on aside,
+    ``worker.engine.client_start``), so the test releases it rather than wait it out."""
 
-    def __init__(self, consumer: Any, wait_s: float) -> None:
+    def __init__(self, consumer: Any, wait_s: float, released: asyncio.Event) -> None:
         self._consumer = consumer
         self._wait_s = wait_s
+        self._released = released
 
     async def start(self) -> None:
-        await asyncio.sleep(self._wait_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._released.wait(), self._wait_s)
         await self._consumer.start()
 
     def __getattr__(self, name: str) -> Any:
@@ -217,11 +222,12 @@ async def test_a_cancellation_asked_on_another_replica_is_honoured_by_the_runner
     await ensure_topics(settings.kafka_config(), settings.topic_plan())
     producer = build_producer(settings.kafka_config())
     await producer.start()
+    released = asyncio.Event()
     try:
         async with replica(settings, producer) as a, replica(settings, producer) as b:
             runner = ReplayRunner(
                 consumer_factory=lambda: SlowStart(
-                    build_consumer(settings.kafka_config(), fetch_max_wait_ms=50), 30.0
+                    build_consumer(settings.kafka_config(), fetch_max_wait_ms=50), 30.0, released
                 ),
                 producer=producer,
                 status_topic=settings.topics.status,
@@ -254,7 +260,9 @@ async def test_a_cancellation_asked_on_another_replica_is_honoured_by_the_runner
             ended = b.get("ws_a", ep.id, first)
             assert ended is not None and ended.cancel_requested and ended.error is None
             # the workspace's other replay is not affected; stopping the replica is no
-            # cancellation anybody asked for: it reads as failed
+            # cancellation anybody asked for: it reads as failed. The starts the cancellations
+            # cut short are let finish, so the runner's stop (which waits for them) ends.
+            released.set()
             await runner.stop()
             await wait_until(
                 lambda: (got := b.get("ws_a", ep.id, second)) is not None and got.state == "failed",
