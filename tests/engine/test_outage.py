@@ -231,11 +231,11 @@ def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
         )
 
 
-def tail(log: Path, pool: OutagePool, name: str, lines: int = 60) -> str:
-    """The end of a process's log: the pool's own for a worker, ``log`` for the others."""
+def tail(pool: OutagePool, logs: Path, name: str, lines: int = 60) -> str:
+    """The end of a process's log: the pool's own for a worker, ``logs/<name>.log`` else."""
     if name.startswith("worker-"):
         return pool.log_tail(int(name.removeprefix("worker-")), lines)
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    return "\n".join((logs / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
 
 
 async def status(client: httpx.AsyncClient, url: str) -> int | None:
@@ -410,12 +410,12 @@ async def test_processes_ride_out_a_frozen_broker(
                 codes[name] = proc.wait()
         failed = {name: code for name, code in codes.items() if code != 0}
         assert not failed, f"{failed}\n" + "\n".join(
-            f"--- {name}:\n{tail(tmp_path / f'{name}.log', pool, name)}" for name in failed
+            f"--- {name}:\n{tail(pool, tmp_path, name)}" for name in failed
         )
         # Each one's stop was clean: no close step outran its bound (worker.runtime.shutdown).
         for name in others:
             text = (tmp_path / f"{name}.log").read_text(errors="replace")
-            assert "shutdown_step_timed_out" not in text, tail(tmp_path / f"{name}.log", pool, name)
+            assert "shutdown_step_timed_out" not in text, tail(pool, tmp_path, name)
         await asyncio.sleep(0.5)
         await b.pump(500)
         # Every command: exactly one distinct reply (identical re-sends allowed).

@@ -74,7 +74,7 @@ class DeliveryLogScan:
         self._started = False
         self._idle: list[Any] = []
         self._consumers: list[Any] = []  # every one built and not stopped: at most max_concurrent
-        self._stopping = AsideCloses()
+        self._aside = AsideCloses()
         self._skip = skipping("delivery-log-scan", log)
         self.scans = 0
         self.records_read = 0
@@ -97,7 +97,7 @@ class DeliveryLogScan:
         for consumer in consumers:
             with contextlib.suppress(Exception):
                 await consumer.stop()
-        await self._stopping.drain()
+        await self._aside.drain()
 
     async def read(self, endpoint_id: str, *, upto: int | None, lo: int | None) -> LogSlice:
         """The endpoint's entries in ``[lo, upto)`` of its partition, with their positions:
@@ -144,7 +144,7 @@ class DeliveryLogScan:
         consumer = self._factory()
         # Cancelled (the request's time-out) or failed while starting: closed aside, so a
         # half-started consumer holds no connection.
-        await self._stopping.start(consumer)
+        await self._aside.start(consumer)
         self._consumers.append(consumer)
         return consumer
 
