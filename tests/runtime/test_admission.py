@@ -110,5 +110,5 @@ def test_the_owners_remembered_are_bounded_and_debts_are_forgotten_oldest_first(
 def test_impossible_shares_are_refused_at_start_up(
     capacity: int, per_owner: int, reserve: int
 ) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be"):
         Share(capacity=capacity, per_owner=per_owner, reserve=reserve)

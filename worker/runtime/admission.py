@@ -91,7 +91,7 @@ class TimeCharge:
 
 
 class _Owner:
-    __slots__ = ("held", "balance", "at")
+    __slots__ = ("at", "balance", "held")
 
     def __init__(self, balance: float, at: float) -> None:
         self.held = 0
@@ -103,7 +103,7 @@ class Slot:
     """One slot held by ``owner``: give it back with ``release`` (idempotent) or by leaving
     its ``with`` block; the seconds it was held are charged then."""
 
-    __slots__ = ("_admission", "owner", "taken_at", "_released")
+    __slots__ = ("_admission", "_released", "owner", "taken_at")
 
     def __init__(self, admission: Admission, owner: str, taken_at: float) -> None:
         self._admission = admission
