@@ -192,6 +192,7 @@ NOT_GROWN: dict[str, str] = {
     "dlq/cli.py:RedriveReport.skipped": "operator CLI: counts by fixed skip reason",
     "dlq/cli.py:RedriveReport.failed": "operator CLI: counts by error class",
     "dlq/cli.py:Redriver._pending": "operator CLI: ≤ SENDS_IN_FLIGHT sends, PENDING_BYTES",
+    "runtime/admission.py:Admission.refused": "one count per fixed refusal reason",
     # -- one call's scratch state --
     "runtime/logs.py:log_context._token": "a ContextVar token of one `with` block",
 }
@@ -482,3 +483,81 @@ def test_the_scan_finds_what_it_should_and_nothing_else(tmp_path: Path) -> None:
 )
 def test_rows_name_structures_in_one_form(row: str, names: set[str]) -> None:
     assert named_in_table(row) == names
+
+
+# -- the one admission rule (docs/architecture.md, "Admission") --
+
+#: Pools built on a semaphore or a thread pool of their own, each with why it is no shared slot
+#: that owners could take from one another (its waiters are bounded by an admission upstream).
+OWN_POOLS: dict[str, str] = {
+    "auth/provider/http.py": "provider calls: its callers are the engine's in-flight records,"
+    " admitted per partition through the rule",
+    "webhooks/lookup.py": "the resolver's threads, each taken through the rule"
+    " (LookupThreads' Admission) before a thread runs",
+}
+POOL_CALLS = frozenset({"Semaphore", "BoundedSemaphore", "ThreadPoolExecutor"})
+
+
+def own_pools(root: Path = PACKAGE) -> dict[str, int]:
+    """Modules that build a semaphore or a thread pool: ``path`` → first line."""
+    found: dict[str, int] = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = parse(path)
+        imports = _imported_from(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _called_name(node.func, imports) in POOL_CALLS:
+                found.setdefault(path.relative_to(root).as_posix(), node.lineno)
+    return found
+
+
+def admissions(root: Path = PACKAGE) -> set[str]:
+    """Every structure whose value is an ``Admission(...)``: a shared slot under the rule."""
+    found: set[str] = set()
+    for path in sorted(root.rglob("*.py")):
+        tree = parse(path)
+        module = path.relative_to(root).as_posix()
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for node in ast.walk(cls):
+                if not isinstance(node, ast.Assign | ast.AnnAssign):
+                    continue
+                value = node.value
+                if not (
+                    isinstance(value, ast.Call) and _called_name(value.func, {}) == "Admission"
+                ):
+                    continue
+                for target in _targets(node):
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+                        found.add(f"{module}:{cls.name}.{target.attr}")
+    return found
+
+
+def test_no_pool_keeps_its_own_first_come_rule() -> None:
+    pools = own_pools()
+    assert sorted(set(pools) - set(OWN_POOLS)) == [], (
+        "a semaphore or thread pool outside the admission rule (worker/runtime/admission.py):"
+        f" {pools}"
+    )
+    assert sorted(set(OWN_POOLS) - set(pools)) == [], "OWN_POOLS names a pool no longer there"
+
+
+def test_every_shared_slot_is_in_the_inventory_with_its_share() -> None:
+    found = admissions()
+    assert found, "no shared slot is taken through the admission rule"
+    rows = table_rows(_doc_section())
+    for name in sorted(found):
+        row = next((r for r in rows if f"`{name}`" in " ".join(r)), None)
+        assert row is not None, f"{name}: a shared slot with no row in Resource bounds"
+        text = " ".join(row).lower()
+        assert "admission" in text and "share" in text, (
+            f"{name}: its row must say it is taken through the admission rule and the share"
+            " each owner gets"
+        )
+
+
+def test_the_pool_finders_see_a_semaphore_and_an_admission(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text(
+        "import asyncio\nclass A:\n    def __init__(self):\n"
+        "        self.s = asyncio.Semaphore(2)\n        self.p = Admission('x', share)\n"
+    )
+    assert own_pools(tmp_path) == {"a.py": 4}
+    assert admissions(tmp_path) == {"a.py:A.p"}
