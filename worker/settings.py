@@ -506,12 +506,22 @@ class Settings(BaseSettings):
         default=64,
         ge=1,
         description="Attempts all the endpoints of one workspace may have under way at once "
-        "in one dispatcher process: many hanging endpoints hold no more than a few.",
+        "in one dispatcher process: many hanging endpoints hold no more than a few. Each "
+        "holds a connection of WEBHOOK_MAX_CONNECTIONS, of which a workspace gets at most "
+        "this and at most three sixteenths (a quarter kept for workspaces holding none).",
     )
     webhook_endpoint_backoff_after: int = Field(
         default=5,
         ge=1,
         description="Failed attempts in a row after which an endpoint backs off as a whole "
+    webhook_workspace_max_pending: int = Field(
+        default=10_000,
+        ge=1,
+        description="Deliveries one workspace may have waiting in one dispatcher process, all "
+        "its endpoints and the owned partitions together; a delivery that would pass it fails "
+        "into the webhook DLQ (workspace_queue_full), so one workspace's failing endpoints "
+        "hold a bounded part of the dispatcher's memory.",
+    )
         "(one probe at a time, pauses doubling from WEBHOOK_ENDPOINT_BACKOFF_BASE_S).",
     )
     webhook_timer_interval_s: float = Field(

@@ -19,6 +19,7 @@ from worker.runtime.http1 import (
     HttpTimeout,
     InvalidRequest,
     PeerClosed,
+    PoolTimeout,
     ProtocolError,
     wire,
 )
@@ -410,6 +411,35 @@ async def test_a_caller_waits_for_a_connection_no_longer_than_its_connect_time_o
         assert caught.value.phase == "connect"
         assert (await busy).status == 200
         assert client.open_connections == 1
+
+
+async def test_a_wait_for_the_pool_is_told_from_a_time_out_of_the_peer() -> None:
+    """A caller whose time-out runs out while it waits for a place in the pool gets a
+    ``PoolTimeout`` (nothing was dialled: the wait was the client's own); one whose lookup
+    or dial outlasts it gets a plain connect ``HttpTimeout``. Both are connect time-outs to
+    callers that do not tell them apart. Before, both were the same ``HttpTimeout``."""
+
+    async def never(host: str, port: int) -> list[str]:
+        await asyncio.sleep(10)
+        return []
+
+    async with (
+        serving(always(OK, hold_s=1.0)) as server,
+        Http1Client(max_connections=4, max_per_host=1) as client,
+        Http1Client(connect_s=0.2, resolve=never) as stuck,
+    ):
+        busy = asyncio.create_task(client.request("GET", server.url))
+        await asyncio.sleep(0.05)
+        with pytest.raises(PoolTimeout) as waited:
+            await client.request("GET", server.url, timeout_s=0.2)
+        assert (waited.value.phase, waited.value.reason) == ("connect", "pool_wait_timed_out")
+        assert isinstance(waited.value, HttpTimeout)
+        with pytest.raises(HttpTimeout) as dialled:
+            await stuck.request("GET", "http://name.test/")
+        assert not isinstance(dialled.value, PoolTimeout)
+        assert dialled.value.reason == "connect_timed_out"
+        assert (await busy).status == 200
+        assert (client.open_connections, stuck.open_connections) == (1, 0)
 
 
 async def test_a_cancelled_call_gives_its_connection_back() -> None:

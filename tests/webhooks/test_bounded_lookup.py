@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from worker.runtime.admission import NoRoom
 from worker.webhooks.endpoint_gate import EndpointGate, GateConfig
 from worker.webhooks.lookup import LOOKUP_WORKSPACE, BoundedLookup, system_lookup
 from worker.webhooks.sender import ErrorKind, Sender, open_session
@@ -111,7 +112,9 @@ async def test_a_hanging_zone_of_one_workspace_leaves_the_others_lookups_prompt(
     finally:
         zone.released.set()
         results = await asyncio.gather(*hanging, return_exceptions=True)
-    assert all(isinstance(r, socket.gaierror) for r in results), results
+    # Two had ws_a's threads and failed; the other ten were refused a thread at once.
+    assert sum(isinstance(r, socket.gaierror) for r in results) == 2, results
+    assert sum(isinstance(r, NoRoom) for r in results) == 10, results
     await wait_for(lambda: zone.blocked == 0)
 
 
@@ -164,10 +167,10 @@ async def test_the_time_out_frees_the_caller_and_a_failing_host_fails_fast() -> 
     lookup.close()
 
 
-async def test_a_workspace_past_its_threads_waits_only_for_its_own() -> None:
-    """ws_a's third lookup waits for one of its two threads (and gives up at its time-out,
-    leaving the host unmarked: its wait said nothing of the host); ws_b takes a thread at
-    once; the thread pool never holds more than ``threads``."""
+async def test_a_workspace_past_its_threads_is_refused_at_once_and_only_it() -> None:
+    """ws_a's third lookup finds no thread of its share: refused at once (``NoRoom``, with a
+    Retry-After), leaving the host unmarked (the refusal said nothing of the host); ws_b
+    takes a thread at once; the thread pool never holds more than ``threads``."""
     zone = HangingZone()
     lookup = BoundedLookup(threads=3, per_workspace=2, timeout_s=0.3, resolve=zone.resolve)
     hanging = [
@@ -176,9 +179,12 @@ async def test_a_workspace_past_its_threads_waits_only_for_its_own() -> None:
     ]
     try:
         await wait_for(lambda: zone.blocked == 2)
-        with pytest.raises(socket.gaierror):
+        started = time.monotonic()
+        with pytest.raises(NoRoom) as refused:
             await looked_up_for("ws_a", lookup, "third.row6-3.test")
-        assert (lookup.failed_fast, lookup.lookups) == (0, 2), "it never had a thread"
+        assert time.monotonic() - started < 0.2, "refused at once, not at the time-out"
+        assert (refused.value.reason, refused.value.retry_after_s) == ("share", 1)
+        assert (lookup.failed_fast, lookup.lookups, lookup.refused) == (0, 2, 1)
         assert list(await looked_up_for("ws_b", lookup, "third.row6-3.test")) == ["127.0.0.1"]
         assert lookup.failed_fast == 0, "ws_a's wait did not mark the host"
         assert lookup.threads_held <= lookup.threads
@@ -210,10 +216,10 @@ async def receiver() -> AsyncGenerator[int, None]:
 
 
 async def test_the_gate_names_the_workspace_of_the_attempts_lookup() -> None:
-    """End to end through the dispatcher's gate and the real sender (aiohttp's connector
-    runs the lookup in a task of its own): ws_a's 8 attempts to hanging hosts hold ws_a's
-    2 threads and end as DNS errors at the lookup's time-out; ws_b's attempt, admitted
-    meanwhile, is delivered to the loopback receiver at once."""
+    """End to end through the dispatcher's gate and the real sender: ws_a's 8 attempts to
+    hanging hosts hold ws_a's 2 threads (two end as DNS errors at the lookup's time-out, the
+    other six find no thread of ws_a's: ``capacity``, the dispatcher's to defer, not the
+    receiver's failure); ws_b's attempt, admitted meanwhile, is delivered at once."""
     zone = HangingZone()
     lookup = BoundedLookup(threads=4, per_workspace=2, timeout_s=1.0, resolve=zone.resolve)
     gate = EndpointGate(GateConfig(), wake=lambda *_: True)
@@ -253,11 +259,40 @@ async def test_the_gate_names_the_workspace_of_the_attempts_lookup() -> None:
         assert delivered.status == 204 and elapsed < 0.5
         assert (lookup.held("ws_a"), zone.blocked) == (2, 2)
         failed = await asyncio.gather(*hanging)
-        assert {r.error for r in failed} == {ErrorKind.DNS}, failed
+        kinds = sorted(str(r.error) for r in failed)
+        assert kinds == ["capacity"] * 6 + ["dns"] * 2, failed
+        assert all(r.retry_after_s == 1.0 for r in failed if r.error == ErrorKind.CAPACITY)
         assert max(r.elapsed_s for r in failed) < 3.0, "each caller freed by the time-out"
     finally:
         zone.released.set()
         await session.close()
         await serving.aclose()
+    await wait_for(lambda: lookup.threads_held == 0)
+    lookup.close()
+
+
+async def test_eight_workspaces_at_their_share_leave_threads_for_a_ninth() -> None:
+    """The default pool (16 threads, 2 a workspace): eight workspaces each looking up hosts
+    that hang hold no more than 14 threads (the rule keeps a quarter for workspaces holding
+    none, beyond their first), so a ninth workspace's lookup is answered at once. Before,
+    8 x 2 held all 16 and the ninth waited out its time-out."""
+    zone = HangingZone()
+    lookup = BoundedLookup(timeout_s=3.0, resolve=zone.resolve)
+    hanging = [
+        asyncio.create_task(looked_up_for(f"ws_{w}", lookup, f"h{i}.w{w}.row5.hang.test"))
+        for w in range(8)
+        for i in range(2)
+    ]
+    try:
+        await wait_for(lambda: all(t.done() for t in hanging) or zone.blocked >= 14)
+        await asyncio.sleep(0.05)  # every one of them has had its chance at a thread
+        assert lookup.threads_held < lookup.threads, "the eight took every thread"
+        assert lookup.threads_held == zone.blocked <= 14
+        assert all(lookup.held(f"ws_{w}") >= 1 for w in range(8)), "each has its first"
+        answer = await asyncio.wait_for(looked_up_for("ws_new", lookup, "new.row5.test"), 1.0)
+        assert list(answer) == ["127.0.0.1"]
+    finally:
+        zone.released.set()
+        await asyncio.gather(*hanging, return_exceptions=True)
     await wait_for(lambda: lookup.threads_held == 0)
     lookup.close()

@@ -83,6 +83,7 @@ def gate_config(settings: Settings) -> GateConfig:
     return GateConfig(
         max_in_flight=settings.webhook_endpoint_max_in_flight,
         workspace_max_in_flight=settings.webhook_workspace_max_in_flight,
+        max_connections=settings.webhook_max_connections,
         backoff_after=settings.webhook_endpoint_backoff_after,
         backoff_base_s=settings.webhook_endpoint_backoff_base_s,
         backoff_max_s=max(
@@ -93,11 +94,13 @@ def gate_config(settings: Settings) -> GateConfig:
 
 
 def queue_limits(settings: Settings) -> QueueLimits:
-    """One pair's queue and one endpoint's pending pairs per partition."""
+    """One pair's queue, one endpoint's pending pairs per partition, one workspace's pending
+    deliveries per process."""
     return QueueLimits(
         max_pending=settings.webhook_pair_max_pending,
         max_bytes=settings.webhook_pair_max_bytes,
         max_pairs_per_endpoint=settings.webhook_max_pairs_per_endpoint,
+        workspace_max_pending=settings.webhook_workspace_max_pending,
     )
 
 

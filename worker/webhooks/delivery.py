@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict
 from worker.webhooks.attempt_log import AttemptRecord
 
 DeliveryStateName = Literal["pending", "delivered", "failed"]
-Outcome = Literal["delivered", "retry", "failed", "gone"]
+Outcome = Literal["delivered", "retry", "failed", "gone", "deferred"]
+"""``deferred``: not attempted for want of a slot of ours (a connection, a lookup thread):
+nothing changes in the pair, no retry step is spent, the receiver is not charged."""
 
 SEEN_KEPT: Final = 64
 """Webhook-ids remembered per (endpoint, account) to drop replays of the same event."""
@@ -33,6 +35,10 @@ MARKER_CHARS: Final = 100
 """The longest dedup marker (a webhook-id, ``#`` and a replay id), for the size bound."""
 MAX_PAIRS_PER_ENDPOINT: Final = 1000
 """``QueueLimits.max_pairs_per_endpoint`` by default: per endpoint and partition."""
+WORKSPACE_MAX_PENDING: Final = 10 * MAX_PAIRS_PER_ENDPOINT
+"""``QueueLimits.workspace_max_pending`` by default: deliveries per workspace and dispatcher
+process, as many as one delivery waiting on every pair of ten endpoints at their cap of pairs
+in one partition; a workspace's 16 endpoints at their caps could hold 1,600 times that."""
 STATE_HEADROOM: Final = SEEN_KEPT * MARKER_CHARS + 1024
 """What a pair record may still grow by after a take-in was judged to fit: the dedup window
 filling up (``SEEN_KEPT`` markers) and the head's bookkeeping after attempts (attempt count,
@@ -140,12 +146,21 @@ class QueueLimits:
     pairs that wait keep their place), so a failing endpoint fed events for ever new accounts
     (an error event per made-up account id) holds a bounded number of records, in memory and
     on the changelog, charged to that endpoint alone."""
+    workspace_max_pending: int = WORKSPACE_MAX_PENDING
+    """Deliveries waiting one workspace may have in one dispatcher process, every endpoint and
+    owned partition together (``DeliveryStore.pending_deliveries``), the owner-level sibling of
+    the two caps above: a delivery that would pass it is refused (``workspace_queue_full``,
+    into the webhook DLQ and the delivery log), so one workspace's failing endpoints hold a
+    bounded part of the dispatcher's memory and timers, and the others' deliveries are still
+    taken in."""
 
     def __post_init__(self) -> None:
         if self.max_pending < 1:
             raise ValueError("max_pending must be >= 1")
         if self.max_pairs_per_endpoint < 1:
             raise ValueError("max_pairs_per_endpoint must be >= 1")
+        if self.workspace_max_pending < 1:
+            raise ValueError("workspace_max_pending must be >= 1")
         if self.max_bytes < 2 * STATE_HEADROOM:
             raise ValueError(f"max_bytes must be >= {2 * STATE_HEADROOM}")
 

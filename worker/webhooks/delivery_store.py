@@ -72,7 +72,9 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     known (``live``: written with a queue and not tombstoned since, or restored so), so that a
     dropped pair's record is tombstoned (``stale``) and one never written needs no write at all.
     Both sets, and the count of pending pairs per endpoint (``pending_pairs``), hold pending
-    pairs only (and stale ones until their tombstone is handed to the producer).
+    pairs only (and stale ones until their tombstone is handed to the producer). The pending
+    deliveries of each workspace are counted too, over every owned partition
+    (``pending_deliveries``; ``QueueLimits.workspace_max_pending`` bounds it).
     """
 
     def __init__(self, *, workspace_of: WorkspaceOf | None = None) -> None:
@@ -81,6 +83,8 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
         self._deferred: dict[str, float] = {}
         self._live: dict[int, set[str]] = {}
         self._pending: dict[int, Counter[str]] = {}
+        self._workspace_pending: dict[int, Counter[str]] = {}
+        self._workspace_total: Counter[str] = Counter()
         self._parked: dict[int, set[str]] = {}
         self._claimed: set[str] = set()
         self.unsaved = Unsaved()
@@ -106,6 +110,10 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
         held = self._parts.setdefault(partition, {})
         if isinstance(record, DeliveryState):
             key = record.key
+            old = held.get(key)
+            if isinstance(old, DeliveryState):
+                self._count_deliveries(partition, old.workspace_id, -len(old.queue))
+            self._count_deliveries(partition, record.workspace_id, len(record.queue))
             if record.idle:
                 if isinstance(held.pop(key, None), DeliveryState):
                     self._count(partition, record.endpoint_id, -1)
@@ -122,6 +130,22 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
         counts[endpoint_id] += delta
         if counts[endpoint_id] <= 0:
             del counts[endpoint_id]
+
+    def _count_deliveries(self, partition: int, workspace_id: str, delta: int) -> None:
+        if delta == 0:
+            return
+        counts = self._workspace_pending.setdefault(partition, Counter())
+        counts[workspace_id] += delta
+        self._workspace_total[workspace_id] += delta
+        if counts[workspace_id] <= 0:
+            del counts[workspace_id]
+        if self._workspace_total[workspace_id] <= 0:
+            del self._workspace_total[workspace_id]
+
+    def pending_deliveries(self, workspace_id: str) -> int:
+        """How many deliveries of ``workspace_id`` wait in the pairs this store holds, every
+        owned partition together (``QueueLimits.workspace_max_pending`` bounds it)."""
+        return self._workspace_total[workspace_id]
 
     def pending_pairs(self, partition: int, endpoint_id: str) -> int:
         """How many pairs of ``endpoint_id`` with something pending this store holds in
@@ -217,6 +241,10 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
             if self.pair(partition, key) is None:
                 self.timers.cancel(key)  # a stale pair's tombstone: the next owner's
         self._pending.pop(partition, None)
+        for workspace_id, count in self._workspace_pending.pop(partition, Counter()).items():
+            self._workspace_total[workspace_id] -= count
+            if self._workspace_total[workspace_id] <= 0:
+                del self._workspace_total[workspace_id]
         self._parked.pop(partition, None)
         self.unsaved.drop(partition)
         super().drop(partition)

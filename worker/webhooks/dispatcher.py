@@ -192,6 +192,7 @@ class Dispatcher:
         taken: list[tuple[DeliveryState, Pending]] = []
         full: list[tuple[DeliveryState, Pending]] = []
         crowded: list[tuple[DeliveryState, Pending]] = []
+        over: list[tuple[DeliveryState, Pending]] = []  # past the workspace's cap
         for endpoint in targets:
             if endpoint.workspace_id != workspace:
                 continue  # an event reaches its own workspace's endpoints only
@@ -213,7 +214,9 @@ class Dispatcher:
                 crowded.append((pair, delivery))
                 continue
             state, verdict = take_in(pair, delivery, self.config.limits)
-            if verdict == "taken":
+            if verdict == "taken" and self._refusals.workspace_full(workspace, len(taken)):
+                over.append((pair, delivery))  # after the dedup: a duplicate is no new one
+            elif verdict == "taken":
                 taken.append((state, delivery))
             elif verdict == "full":
                 full.append((state, delivery))
@@ -243,6 +246,11 @@ class Dispatcher:
         refused = await self._refusals.queue_full(partition, full, now) if full else ()
         if crowded:
             refused = (*refused, *await self._refusals.new_pairs(partition, crowded, now))
+        if over:
+            refused = (
+                *refused,
+                *await self._refusals.new_pairs(partition, over, now, workspace=True),
+            )
         # Pairs whose new delivery is at the head are attempted at once: their first log entry
         # is the attempt's outcome. The others wait behind an earlier one: say so in the log.
         due: list[str] = []
@@ -324,12 +332,14 @@ class Dispatcher:
                     return
             else:
                 self.gate.forget(endpoint_id, key, now)
-            await self._instrument.run_attempt(
+            attempted = await self._instrument.run_attempt(
                 partition,
                 state,
                 head,
                 functools.partial(self._attempt_head, partition, key, state, head, endpoint, now),
             )
+            if attempted.settled.outcome == "deferred":
+                return  # its timer is armed at the deferral when the pair is released
 
     async def _attempt_head(
         self,
@@ -349,15 +359,24 @@ class Dispatcher:
             try:
                 result = await self._attempt(endpoint, head)
             finally:
+                ours = result is not None and _our_capacity(result)
                 self.store.undefer(key)
                 self.gate.release(
                     endpoint.id,
-                    ok=None if result is None else result.ok,
+                    ok=None if result is None or ours else result.ok,
                     now=self._clock(),
                     retry_after_s=None if result is None else _pause_asked(result),
                 )
         state = self.store.pair(partition, key) or state
         now = self._clock()
+        if result is not None and _our_capacity(result):
+            # No slot of ours (a connection, a lookup thread): nothing was sent, so nothing
+            # is settled; the pair looks again shortly, its retry schedule, its endpoint's
+            # failures and disable clock untouched.
+            wait = (result.retry_after_s or 1.0) * self._rng.uniform(1.0, 1.5)
+            self.store.defer(partition, key, now + wait)
+            deferred = Settled(state, "deferred", retry_at=now + wait, base=state)
+            return Attempted(head, deferred, endpoint, result)
         if result is None:
             reason = "endpoint_deleted" if endpoint is None else f"endpoint_{endpoint.status}"
             settled = fail_head(state, reason, now=now)
@@ -382,6 +401,9 @@ class Dispatcher:
             error = None if answer.error is None else str(answer.error)
             record = attempt_record(at, answer)
             result = AttemptResult(answer.status, error, answer.retry_after_s, record)
+            if _our_capacity(result):
+                self.metrics.deferred("capacity")
+                return result  # not a request sent: no attempt counted
         except Exception as exc:
             # Whatever one attempt raises (an answer that broke the sender, a secret that does
             # not decrypt) fails that attempt, retried on the schedule; never the loop.
@@ -451,6 +473,11 @@ class Dispatcher:
     def _known(self, endpoint_id: str) -> bool:
         """Whether the endpoint is in the registry (not deleted)."""
         return self.endpoints.workspace_of(endpoint_id) is not None
+
+
+def _our_capacity(result: AttemptResult) -> bool:
+    """The attempt found no slot of ours (``ErrorKind.CAPACITY``): nothing was sent."""
+    return result.status is None and result.error == ErrorKind.CAPACITY
 
 
 def _pause_asked(result: AttemptResult) -> float | None:

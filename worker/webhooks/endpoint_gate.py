@@ -1,9 +1,10 @@
 """Each endpoint's share of the dispatcher (attempts in flight, rate, back-off) and each
-workspace's, in memory per process: without it one hanging endpoint would hold a lane and a
-slot per account until the loop's limit stopped everyone (docs/architecture.md, "Webhook
-fan-out"). Admitting an attempt also names its workspace to the DNS lookup the attempt makes
-(``lookup.LOOKUP_WORKSPACE``), whose threads are shared out per workspace. An endpoint's
-entry lives while it holds something (``EndpointGate._drop_if_idle``, ``_sweep``)."""
+workspace's, in memory per process (docs/architecture.md, "Webhook fan-out"). A workspace's
+attempts in flight are its connections of the dispatcher's pool, taken through the one
+admission rule ("Admission"): workspaces at their share leave a reserve to the others, and no
+attempt waits in the HTTP client for the pool as a whole. Admitting an attempt also names its
+workspace to its DNS lookup (``lookup.LOOKUP_WORKSPACE``). An endpoint's entry lives while it
+holds something (``EndpointGate._drop_if_idle``, ``_sweep``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from worker.runtime.admission import Admission as SlotPool
+from worker.runtime.admission import Share, Slot
 from worker.runtime.logs import get_logger
 from worker.webhooks.lookup import LOOKUP_WORKSPACE
 
@@ -42,17 +45,29 @@ class GateMetrics(Protocol):
 @dataclass(frozen=True, slots=True)
 class GateConfig:
     """``max_in_flight``: attempts one endpoint may have under way at once (per process);
-    ``workspace_max_in_flight``: all the endpoints of one workspace together.
+    ``workspace_max_in_flight``: all the endpoints of one workspace together, within its
+    share of ``max_connections`` (the HTTP pool, ``connection_share``).
     ``backoff_after``: failed attempts in a row that make an endpoint back off.
     ``park_s``: the fallback wait of the first pair in line (a wake normally comes first);
     pairs further back wait proportionally longer."""
 
     max_in_flight: int = 32
     workspace_max_in_flight: int = 64
+    max_connections: int = 256
     backoff_after: int = 5
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     park_s: float = 30.0
+
+    def connection_share(self) -> Share:
+        """The rule's numbers for the dispatcher's connections: ``Share.split`` of
+        ``max_connections`` over four workspaces (a quarter kept for workspaces holding none),
+        a workspace's share at most ``workspace_max_in_flight``. Four workspaces at their
+        share (48 each of 256 by default) leave 64 connections to every other workspace,
+        whose first attempt is always admitted while one is free."""
+        split = Share.split(self.max_connections, owners=4)
+        per_owner = min(self.workspace_max_in_flight, split.per_owner)
+        return Share(capacity=self.max_connections, per_owner=per_owner, reserve=split.reserve)
 
     def backoff(self, failures: int) -> float:
         """The pause after ``failures`` failed attempts in a row (``>= backoff_after``)."""
@@ -73,7 +88,7 @@ class Admission:
 class _Endpoint:
     revision: int = 0
     workspace: str = ""
-    in_flight: int = 0
+    held: list[Slot] = field(default_factory=list)
     failures: int = 0
     failing_since: float | None = None
     blocked_until: float = 0.0
@@ -82,6 +97,11 @@ class _Endpoint:
     refilled_at: float = 0.0
     waiters: OrderedDict[str, int] = field(default_factory=OrderedDict)
     woken: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts under way: each holds one connection slot of its workspace."""
+        return len(self.held)
 
     @property
     def backing_off(self) -> bool:
@@ -123,7 +143,7 @@ class EndpointGate:
         self._known = known
         self._endpoints: dict[str, _Endpoint] = {}
         self._backing_off = 0
-        self._workspace_in_flight: dict[str, int] = {}
+        self._connections = SlotPool("webhook connections", config.connection_share())
         self._workspace_endpoints: dict[str, set[str]] = {}
         self._sweep_at = SWEEP_FLOOR
 
@@ -134,6 +154,15 @@ class EndpointGate:
     def workspaces(self) -> int:
         """Workspaces with an endpoint entry held."""
         return len(self._workspace_endpoints)
+
+    def connections(self, workspace_id: str) -> int:
+        """Connection slots the workspace's attempts hold now."""
+        return self._connections.held(workspace_id)
+
+    @property
+    def connections_in_use(self) -> int:
+        """Connection slots held by every workspace's attempts."""
+        return self._connections.in_use
 
     def in_flight(self, endpoint_id: str) -> int:
         held = self._endpoints.get(endpoint_id)
@@ -180,10 +209,7 @@ class EndpointGate:
         reason, ready_at = self._refusal(e, key, now, was_woken)
         if reason is None:
             e.waiters.pop(key, None)
-            e.in_flight += 1
-            self._workspace_in_flight[e.workspace] = (
-                self._workspace_in_flight.get(e.workspace, 0) + 1
-            )
+            e.held.append(self._connections.take(e.workspace))  # room checked (_refusal)
             self._wake_next(e, now)
             LOOKUP_WORKSPACE.set(e.workspace)
             return Admission(True)
@@ -219,6 +245,10 @@ class EndpointGate:
             # queues behind them.
             self._wake_next(e, now)
             return "capacity", None
+        if self._pool_room(e.workspace) <= 0:
+            # The connections free are the reserve of workspaces holding none (or there are
+            # none): no release of this workspace's frees one, so it looks again shortly.
+            return "capacity", now + self._connections.retry_after_s
         if e.rate_limit is not None:
             self._refill(e, now)
             if e.tokens < 1.0:
@@ -235,13 +265,22 @@ class EndpointGate:
         return 1 if e.backing_off else self.config.max_in_flight
 
     def _workspace_free(self, e: _Endpoint) -> int:
-        """Slots the endpoint's workspace has left: its attempts under way and its woken
-        pairs (every endpoint of it) count against ``workspace_max_in_flight``."""
+        """Slots the endpoint's workspace has left of its share: its attempts under way and
+        its woken pairs (every endpoint of it) count against it."""
         woken = sum(
             len(self._endpoints[x].woken) for x in self._workspace_endpoints.get(e.workspace, ())
         )
-        used = self._workspace_in_flight.get(e.workspace, 0) + woken
-        return self.config.workspace_max_in_flight - used
+        used = self._connections.held(e.workspace) + woken
+        return self._connections.share.per_owner - used
+
+    def _pool_room(self, workspace: str) -> int:
+        """Connection slots the rule would give ``workspace`` now, one after another (its share
+        aside): a workspace holding none may take its first from the reserve."""
+        share, in_use = self._connections.share, self._connections.in_use
+        beyond = max(0, share.capacity - in_use - share.reserve)
+        if self._connections.held(workspace) == 0 and in_use < share.capacity:
+            return max(1, beyond)
+        return beyond
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -257,12 +296,8 @@ class EndpointGate:
         e = self._endpoints.get(endpoint_id)
         if e is None:
             return
-        e.in_flight = max(0, e.in_flight - 1)
-        held = self._workspace_in_flight.get(e.workspace, 0)
-        if held > 1:
-            self._workspace_in_flight[e.workspace] = held - 1
-        else:
-            self._workspace_in_flight.pop(e.workspace, None)
+        if e.held:
+            e.held.pop().release()
         if ok:
             if e.backing_off:
                 log.info("endpoint_recovered", endpoint_id=endpoint_id, failures=e.failures)
@@ -360,7 +395,11 @@ class EndpointGate:
             return
         self._expire_wakes(e, now)
         at = max(now, e.blocked_until)
-        free = min(self._cap(e) - e.in_flight - len(e.woken), self._workspace_free(e))
+        free = min(
+            self._cap(e) - e.in_flight - len(e.woken),
+            self._workspace_free(e),
+            self._pool_room(e.workspace),
+        )
         if e.rate_limit is not None:
             self._refill(e, now)
             if e.tokens < 1.0:

@@ -59,13 +59,14 @@ class Undecodable:
 class Refused:
     """A delivery failed at take-in: its pair's queue full (``queue_full``; ``pending`` is
     that queue's length), or its endpoint at its cap of pending pairs in the partition
-    (``endpoint_queue_full``; ``pending`` is that count)."""
+    (``endpoint_queue_full``; ``pending`` is that count), or its workspace at its cap of
+    pending deliveries in the process (``workspace_queue_full``; ``pending`` is that count)."""
 
     endpoint_id: str
     account_id: str
     webhook_id: str
     pending: int
-    reason: Literal["queue_full", "endpoint_queue_full"] = "queue_full"
+    reason: Literal["queue_full", "endpoint_queue_full", "workspace_queue_full"] = "queue_full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +164,7 @@ class Instrumentation:
         state: DeliveryState,
         head: Pending,
         handler: Callable[[], Awaitable[Attempted]],
-    ) -> None:
+    ) -> Attempted:
         """One attempt at the pair's head, in a CLIENT span whose parent is the trace of the
         event the delivery came from (its context is stored with it)."""
         with (
@@ -179,6 +180,7 @@ class Instrumentation:
             if span.is_recording():
                 _attempt_outcome(span, attempted)
             self._record_attempt(attempted)
+        return attempted
 
     async def run_give_up(
         self,
@@ -239,6 +241,8 @@ class Instrumentation:
 
     def _record_attempt(self, attempted: Attempted) -> None:
         finished = attempted.settled.finished
+        if attempted.settled.outcome == "deferred":
+            return  # counted as a deferral where it was decided (``Dispatcher._attempt``)
         if finished is None:
             self.metrics.retries.inc()
         elif finished.state == "failed":

@@ -1,8 +1,8 @@
-"""Delivery's DNS lookups, bounded: the system resolver run on threads of its own, with a
-share per workspace, a time-out and failing names answered from memory, so a zone whose
-nameserver never answers holds its own workspace's resolver threads, not everyone's
-(docs/architecture.md, "Webhook fan-out"). What the answers may be is
-``worker.webhooks.targets``'s."""
+"""Delivery's DNS lookups, bounded: the system resolver run on threads of its own, shared out
+per workspace by the one admission rule (``worker.runtime.admission``), with a time-out and
+failing names answered from memory, so a zone whose nameserver never answers holds its own
+workspace's resolver threads, not everyone's (docs/architecture.md, "Webhook fan-out",
+"Admission"). What the answers may be is ``worker.webhooks.targets``'s."""
 
 from __future__ import annotations
 
@@ -17,11 +17,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Final
 
+from worker.runtime.admission import Admission, NoRoom, Share, Slot
+
 __all__ = [
     "LOOKUP_WORKSPACE",
     "BoundedLookup",
     "Lookup",
     "Resolve",
+    "lookup_share",
     "system_lookup",
     "system_resolve",
 ]
@@ -52,24 +55,36 @@ LOOKUP_FAILURE_TTL_S: Final = 30.0
 LOOKUP_FAILURES_KEPT: Final = 4096
 
 
+def lookup_share(threads: int, per_workspace: int) -> Share:
+    """The rule's numbers for ``threads`` lookup threads: a workspace holds at most
+    ``per_workspace`` (capped at ``threads``), and a quarter of them (at least one; none of
+    a single thread) stays for workspaces holding none, so however many workspaces sit at
+    their share, a newcomer's lookup still finds a thread."""
+    reserve = min(threads - 1, max(1, threads // 4)) if threads > 1 else 0
+    return Share(capacity=threads, per_owner=min(per_workspace, threads), reserve=reserve)
+
+
 class BoundedLookup:
     """A ``Lookup`` that runs ``resolve`` (getaddrinfo) on ``threads`` threads of its own, not
     the event loop's default pool, which every other blocking call of the process shares.
 
     A thread blocked in getaddrinfo cannot be cancelled, so what bounds the harm is who holds
-    the threads: a lookup takes a thread for the workspace in ``LOOKUP_WORKSPACE``, and a
-    workspace holds at most ``per_workspace`` of them, counted until the thread returns
-    (callers that gave up included); beyond that its lookups wait, and only its own. A caller
-    waits ``timeout_s`` at most (for a thread and for the answer), then fails with a DNS
-    error (``socket.gaierror``, EAI_AGAIN) while the thread runs on. A host looked up while a
+    the threads: a lookup takes a thread for the workspace in ``LOOKUP_WORKSPACE`` through
+    the admission rule (``threads`` slots, at most ``per_workspace`` for one workspace, and a
+    quarter kept for workspaces holding none, ``lookup_share``), held until the thread
+    returns (callers that gave up included). A lookup with no thread for its workspace is
+    refused at once (``NoRoom``, with a ``Retry-After``): nothing waits for a thread, and the
+    caller (the webhook sender) defers its attempt instead of failing the receiver. A caller
+    waits ``timeout_s`` at most for the answer, then fails with a DNS error
+    (``socket.gaierror``, EAI_AGAIN) while the thread runs on. A host looked up while a
     lookup of it runs joins that one instead of taking a thread; a host whose lookup failed
     or outlasted ``timeout_s`` fails at once for ``failure_ttl_s`` (at most ``failures_kept``
-    hosts are remembered, the oldest forgotten first). A caller that gave up while waiting
-    for a thread does not mark the host: that says nothing of it.
+    hosts are remembered, the oldest forgotten first). A lookup refused a thread does not
+    mark the host: that says nothing of it.
 
-    Safe to share between event loops (state under a thread lock; waiters are woken on their
-    own loop). Counters: ``lookups`` (threads started), ``joined``, ``failed_fast`` (answered
-    from the memory of failures), ``timed_out``; ``threads_held`` and ``held(workspace)``.
+    Safe to share between event loops (state, the admission included, under a thread lock).
+    Counters: ``lookups`` (threads started), ``joined``, ``failed_fast`` (answered from the
+    memory of failures), ``timed_out``, ``refused``; ``threads_held`` and ``held(workspace)``.
     """
 
     def __init__(
@@ -94,45 +109,44 @@ class BoundedLookup:
         self._clock = clock
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._held: dict[str, int] = {}
-        self._threads_held = 0
+        self._threads = Admission(
+            "webhook lookup threads",
+            lookup_share(threads, per_workspace),
+            retry_after_s=1.0,
+        )
         self._running: dict[str, concurrent.futures.Future[Sequence[str]]] = {}
         self._failed: OrderedDict[str, tuple[float, int]] = OrderedDict()
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self.lookups = 0
         self.joined = 0
         self.failed_fast = 0
         self.timed_out = 0
+        self.refused = 0
+
+    @property
+    def share(self) -> Share:
+        return self._threads.share
 
     @property
     def threads_held(self) -> int:
         """Threads running a lookup now, whether or not anyone still waits for it."""
-        return self._threads_held
+        return self._threads.in_use
 
     def held(self, workspace_id: str) -> int:
         """Threads the workspace's lookups hold now."""
-        return self._held.get(workspace_id, 0)
+        with self._lock:
+            return self._threads.held(workspace_id)
 
     async def __call__(self, host: str, port: int) -> Sequence[str]:
         workspace = LOOKUP_WORKSPACE.get()
         name = host.lower()
         self._fail_if_failing(name, host)
-        running = False
+        future = self._start(name, host, port, workspace)  # NoRoom: no thread for it now
         try:
             async with asyncio.timeout(self.timeout_s):
-                with self._lock:
-                    future = self._running.get(name)
-                if future is None:
-                    await self._take_thread(workspace)
-                    future = self._start(name, host, port, workspace)
-                else:
-                    self.joined += 1
-                running = True
                 return list(await _on_this_loop(future))
         except TimeoutError:
-            if running:  # the host outlasted the time-out, not the wait for a thread
-                self.timed_out += 1
-                self._remember_failure(name, socket.EAI_AGAIN)
+            self.timed_out += 1
+            self._remember_failure(name, socket.EAI_AGAIN)
             raise socket.gaierror(
                 socket.EAI_AGAIN, f"lookup of {host!r} gave no answer in {self.timeout_s}s"
             ) from None
@@ -156,58 +170,44 @@ class BoundedLookup:
             while len(self._failed) > self._failures_kept:
                 self._failed.popitem(last=False)
 
-    async def _take_thread(self, workspace: str) -> None:
-        """Reserve a thread for ``workspace``, waiting while it holds its share or all are
-        held (the caller's time-out bounds the wait)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            with self._lock:
-                if (
-                    self._held.get(workspace, 0) < self.per_workspace
-                    and self._threads_held < self.threads
-                ):
-                    self._held[workspace] = self._held.get(workspace, 0) + 1
-                    self._threads_held += 1
-                    return
-                waiter: asyncio.Future[None] = loop.create_future()
-                self._waiters.append((loop, waiter))
-            try:
-                await waiter
-            finally:
-                with self._lock, contextlib.suppress(ValueError):
-                    self._waiters.remove((loop, waiter))
-
     def _start(
         self, name: str, host: str, port: int, workspace: str
     ) -> concurrent.futures.Future[Sequence[str]]:
-        """Run the lookup on the thread reserved for it; or, when a lookup of the host was
-        started while this one waited for its thread, give the thread back and join that."""
+        """Join the running lookup of the host, or run one on a thread taken for
+        ``workspace`` (``NoRoom`` when the rule gives it none: refused at once)."""
         with self._lock:
             running = self._running.get(name)
-            if running is not None:
-                self._give_back(workspace)
-            elif self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.threads, thread_name_prefix="webhook-dns"
-                )
-            executor = self._executor
+            if running is None:
+                try:
+                    slot = self._threads.take(workspace)
+                except NoRoom:
+                    self.refused += 1
+                    raise
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=self.threads, thread_name_prefix="webhook-dns"
+                    )
+                executor = self._executor
         if running is not None:
-            self._wake_all()
             self.joined += 1
             return running
-        assert executor is not None
-        # Never queued inside the executor: a thread was reserved for it.
-        future = executor.submit(self._resolve, host, port)
+        # Never queued inside the executor: a thread was taken for it.
+        try:
+            future = executor.submit(self._resolve, host, port)
+        except BaseException:  # closed meanwhile: the thread taken is given back
+            with self._lock:
+                slot.release()
+            raise
         self.lookups += 1
         with self._lock:
             self._running[name] = future
-        future.add_done_callback(lambda f: self._ended(name, workspace, f))
+        future.add_done_callback(lambda f: self._ended(name, slot, f))
         return future
 
     def _ended(
-        self, name: str, workspace: str, future: concurrent.futures.Future[Sequence[str]]
+        self, name: str, slot: Slot, future: concurrent.futures.Future[Sequence[str]]
     ) -> None:
-        """On the lookup's thread: give the thread back, remember a failure, wake waiters."""
+        """On the lookup's thread: give the thread back, remember a failure."""
         error = future.exception()
         if isinstance(error, OSError):
             self._remember_failure(name, error.errno or socket.EAI_FAIL)
@@ -216,25 +216,7 @@ class BoundedLookup:
                 del self._running[name]
             if error is None:
                 self._failed.pop(name, None)
-            self._give_back(workspace)
-        self._wake_all()
-
-    def _give_back(self, workspace: str) -> None:
-        """A reserved thread is free again (called under the lock)."""
-        held = self._held.get(workspace, 0) - 1
-        if held > 0:
-            self._held[workspace] = held
-        else:
-            self._held.pop(workspace, None)
-        self._threads_held -= 1
-
-    def _wake_all(self) -> None:
-        """Every lookup waiting for a thread looks again, on its own loop."""
-        with self._lock:
-            waiters, self._waiters = self._waiters, []
-        for loop, waiter in waiters:
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there
-                loop.call_soon_threadsafe(_wake, waiter)
+            slot.release()
 
     def close(self) -> None:
         """Stop accepting lookups' threads (those blocked still end on their own)."""
@@ -242,11 +224,6 @@ class BoundedLookup:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=False)
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 def _on_this_loop(

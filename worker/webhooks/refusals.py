@@ -1,10 +1,11 @@
 """Deliveries refused at take-in, which fail at once with their failure recorded (DLQ copy and
-delivery log entry, acknowledged): a pair whose queue is full, or a new pair past its endpoint's
-cap in the partition (docs/architecture.md, "Resource bounds")."""
+delivery log entry, acknowledged): a pair whose queue is full, a new pair past its endpoint's
+cap in the partition, or a delivery past its workspace's cap of pending deliveries in the
+process (docs/architecture.md, "Resource bounds")."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 from worker.webhooks.delivery import DeliveryState, Pending, QueueLimits, refused, remember
 from worker.webhooks.delivery_store import DeliveryStore
@@ -15,6 +16,9 @@ from worker.webhooks.publish import DeliveryPublisher
 REFUSED_ENDPOINT_FULL: Final = "endpoint_queue_full"
 """``last_error`` of a delivery refused because its endpoint has as many pending pairs in the
 partition as ``QueueLimits.max_pairs_per_endpoint`` allows."""
+REFUSED_WORKSPACE_FULL: Final = "workspace_queue_full"
+"""``last_error`` of a delivery refused because its workspace has as many deliveries pending
+in the process as ``QueueLimits.workspace_max_pending`` allows."""
 
 
 class Refusals:
@@ -37,6 +41,12 @@ class Refusals:
         (``QueueLimits.max_pairs_per_endpoint``): no new pair of it is opened."""
         cap = self.limits.max_pairs_per_endpoint
         return self.store.pending_pairs(partition, endpoint_id) >= cap
+
+    def workspace_full(self, workspace_id: str, taking: int) -> bool:
+        """``workspace_id`` has as many deliveries pending in the process as it may
+        (``QueueLimits.workspace_max_pending``), counting ``taking`` more about to be stored."""
+        cap = self.limits.workspace_max_pending
+        return self.store.pending_deliveries(workspace_id) + taking >= cap
 
     async def queue_full(
         self, partition: int, full: list[tuple[DeliveryState, Pending]], now: float
@@ -62,14 +72,23 @@ class Refusals:
         )
 
     async def new_pairs(
-        self, partition: int, crowded: list[tuple[DeliveryState, Pending]], now: float
+        self,
+        partition: int,
+        crowded: list[tuple[DeliveryState, Pending]],
+        now: float,
+        *,
+        workspace: bool = False,
     ) -> tuple[Refused, ...]:
-        """Deliveries that would open a pair past their endpoint's cap fail at once
-        (``endpoint_queue_full``): DLQ copy and log entry, acknowledged. Nothing is kept or
-        written for the pair: the same event read again after a crash is refused again under
-        the same webhook-id (a second failure entry, never a lost one)."""
+        """Deliveries that would open a pair past their endpoint's cap (``endpoint_queue_full``)
+        or pass their workspace's (``workspace`` true: ``workspace_queue_full``) fail at once:
+        DLQ copy and log entry, acknowledged. Nothing is kept or written for the pair: the
+        same event read again after a crash is refused again under the same webhook-id (a
+        second failure entry, never a lost one)."""
+        reason: Literal["endpoint_queue_full", "workspace_queue_full"] = (
+            REFUSED_WORKSPACE_FULL if workspace else REFUSED_ENDPOINT_FULL
+        )
         for state, delivery in crowded:
-            finished = refused(delivery, REFUSED_ENDPOINT_FULL, now=now)
+            finished = refused(delivery, reason, now=now)
             await self._publisher.dead_letter(state, delivery, finished)
             await self._publisher.log_finished(state, delivery, finished)
         return tuple(
@@ -77,8 +96,10 @@ class Refusals:
                 state.endpoint_id,
                 state.account_id,
                 delivery.webhook_id,
-                self.store.pending_pairs(partition, state.endpoint_id),
-                REFUSED_ENDPOINT_FULL,
+                self.store.pending_deliveries(state.workspace_id)
+                if workspace
+                else self.store.pending_pairs(partition, state.endpoint_id),
+                reason,
             )
             for state, delivery in crowded
         )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from worker.runtime.admission import NoRoom
 from worker.runtime.http1 import (
     DialFailed,
     Http1Client,
@@ -20,6 +21,7 @@ from worker.runtime.http1 import (
     HttpTimeout,
     NameNotResolved,
     PeerClosed,
+    PoolTimeout,
     ProtocolError,
     SocketFactory,
     Target,
@@ -74,6 +76,10 @@ class ErrorKind(StrEnum):
     TIMEOUT = "timeout"  # the attempt's total time ran out
     PROTOCOL = "protocol"  # the peer disconnected or answered something not HTTP
     INTERNAL = "internal"  # the attempt raised something unforeseen (``detail``: its type)
+    # No connection or lookup thread of ours for it (the pool's wait ran out, or the rule gave
+    # its workspace no thread): nothing reached the receiver, so it is not the receiver's
+    # failure; the dispatcher defers the attempt (``retry_after_s``: when to look again).
+    CAPACITY = "capacity"
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +241,10 @@ class Sender:
             )
         except BlockedTarget as exc:
             return _failure(started, ErrorKind.BLOCKED, exc.reason)
+        except PoolTimeout as exc:
+            return _failure(started, ErrorKind.CAPACITY, exc.reason)
+        except NoRoom as exc:
+            return _failure(started, ErrorKind.CAPACITY, exc.pool, float(exc.retry_after_s))
         except HttpError as exc:
             return _failure(started, *_error_kind(exc))
         except OSError as exc:
@@ -258,9 +268,15 @@ class Sender:
         )
 
 
-def _failure(started: float, kind: ErrorKind, detail: str) -> DeliveryResult:
+def _failure(
+    started: float, kind: ErrorKind, detail: str, retry_after_s: float | None = None
+) -> DeliveryResult:
     return DeliveryResult(
-        status=None, elapsed_s=time.monotonic() - started, error=kind, detail=detail
+        status=None,
+        elapsed_s=time.monotonic() - started,
+        error=kind,
+        detail=detail,
+        retry_after_s=retry_after_s,
     )
 
 

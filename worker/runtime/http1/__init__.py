@@ -10,6 +10,7 @@ from worker.runtime.http1.errors import (
     InvalidRequest,
     NameNotResolved,
     PeerClosed,
+    PoolTimeout,
     ProtocolError,
     TlsFailed,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "NameNotResolved",
     "Origin",
     "PeerClosed",
+    "PoolTimeout",
     "ProtocolError",
     "Resolve",
     "SocketFactory",

@@ -26,6 +26,7 @@ from worker.runtime.http1.errors import (
     HttpTimeout,
     NameNotResolved,
     PeerClosed,
+    PoolTimeout,
     TlsFailed,
 )
 from worker.runtime.http1.wire import (
@@ -91,7 +92,8 @@ class _Pool:
 class Http1Client:
     """Requests over pooled keep-alive connections: at most ``max_connections`` open in all
     and ``max_per_host`` per origin (0: no limit of its own); callers beyond wait, within
-    their connect time-out. ``request`` answers an ``Answer`` or raises an ``HttpError``.
+    their connect time-out (``PoolTimeout`` past it: the wait was for the pool, not the
+    peer). ``request`` answers an ``Answer`` or raises an ``HttpError``.
 
     Time-outs per phase: ``connect_s`` (waiting for a connection, the lookup, TCP and the TLS
     handshake), ``headers_s`` (from the request written to the end of the answer's head) and
@@ -205,21 +207,25 @@ class Http1Client:
 
     async def _connect(self, origin: Origin, deadline: float) -> tuple[Connection, bool]:
         """A new connection to ``origin`` (or an idle one freed while waiting: then true),
-        within the connect time-out: waiting for room in the pool, the lookup, TCP, TLS."""
+        within the connect time-out: waiting for room in the pool, the lookup, TCP, TLS.
+        A time-out while waiting for room is a ``PoolTimeout`` (nothing was dialled: the
+        pool is ours, not the peer's); one in the lookup, TCP or TLS an ``HttpTimeout``."""
         loop = asyncio.get_running_loop()
         budget = max(0.0, min(self.connect_s, deadline - loop.time()))
+        dialling = False
         try:
             async with asyncio.timeout(budget):
                 conn = await self._room(origin)
                 if conn is not None:
                     return conn, True
+                dialling = True
                 try:
                     return await self._dial(origin), False
                 except BaseException:
                     self._forget(origin)
                     raise
         except TimeoutError:
-            raise HttpTimeout("connect") from None
+            raise (HttpTimeout("connect") if dialling else PoolTimeout()) from None
 
     async def _room(self, origin: Origin) -> Connection | None:
         """Wait until a connection to ``origin`` can be opened (its slot is then reserved:

@@ -13,6 +13,7 @@ __all__ = [
     "InvalidRequest",
     "NameNotResolved",
     "PeerClosed",
+    "PoolTimeout",
     "ProtocolError",
     "TlsFailed",
 ]
@@ -52,6 +53,18 @@ class HttpTimeout(HttpError):
     def __init__(self, phase: Literal["connect", "headers", "body"]) -> None:
         super().__init__(f"{phase}_timed_out")
         self.phase = phase
+
+
+class PoolTimeout(HttpTimeout):
+    """The call's connect time-out (or deadline) ran out while it waited for a place in the
+    client's own pool (``max_connections``, ``max_per_host``): nothing was dialled, so it says
+    nothing of the peer. A ``connect`` time-out still, for callers that do not tell them
+    apart; the webhook sender does (waiting for a slot of ours is not a receiver's failure)."""
+
+    def __init__(self) -> None:
+        super().__init__("connect")
+        self.reason = "pool_wait_timed_out"
+        self.args = (self.reason,)
 
 
 class PeerClosed(HttpError):
