@@ -300,15 +300,18 @@ async def test_hot_partition_resumes_at_half_the_share() -> None:
 
 
 async def test_the_total_bound_is_hard_within_one_batch() -> None:
+    """Twelve partitions holding nothing (each admitted by its partition's share): the
+    eleventh and twelfth records meet the bound itself, and every partition pauses."""
     consumer = _Consumer()
     handler = _Gates()
     loop = _loop(handler, consumer, max_in_flight=10, max_in_flight_per_key=10)
-    tp0 = TopicPartition("t", 0)
-    taken = [loop._dispatch(tp0, _record(0, i, f"k{i}".encode())) for i in range(12)]
+    loop.active = set(range(12))
+    tps = [TopicPartition("t", p) for p in range(12)]
+    taken = [loop._dispatch(tps[i], _record(i, 0, f"k{i}".encode())) for i in range(12)]
     assert taken == [True] * 10 + [False] * 2
     assert loop.in_flight == 10
     loop.pressure.apply()
-    assert consumer.paused() == {TopicPartition("t", 0), TopicPartition("t", 1)}
+    assert consumer.paused() == set(tps)
     for i in range(10):
         handler.let(f"k{i}")
     await _settle(lambda: loop.in_flight == 0)

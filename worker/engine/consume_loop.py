@@ -325,7 +325,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             tracker.finished(msg.offset)
 
     def _enqueue(self, key: str, partition: int, item: LaneItem) -> None:
-        self.pressure.add(1)
+        self.pressure.add(partition, 1)
         lane = self.lanes.get((partition, key))
         if lane is None:
             lane = self.lanes[(partition, key)] = Lane(partition)
@@ -347,7 +347,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                     for due_key in due or ():
                         self._enqueue(due_key, lane.partition, DUE)
                 lane.items.popleft()
-                pressure.add(-1)
+                pressure.add(lane.partition, -1)
                 pressure.cooled(lane.partition, key)
         except asyncio.CancelledError:
             raise
@@ -358,7 +358,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             self._fatal = exc
             self._stopping.set()
         finally:
-            pressure.add(-len(lane.items))
+            pressure.add(lane.partition, -len(lane.items))
             if self.lanes.get((lane.partition, key)) is lane:
                 del self.lanes[(lane.partition, key)]
             lane.items.clear()
@@ -367,8 +367,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
     async def _sweep_timers(self) -> None:
         """Enqueue a follow-up step for every idle account whose poll or deadline is due.
 
-        An account that is busy (its lane runs) or on a partition not yet active is retried
-        one interval later, as is everything still due when the in-flight limit is reached.
+        An account that is busy (its lane runs), on a partition not yet active or at its share
+        of the bound (``Pressure.admits``) is retried one interval later, as is everything
+        still due when the in-flight limit is reached.
         """
         now = time.time()
         retry_at = now + self.config.timer_interval_s
@@ -377,7 +378,11 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             if due is None:
                 return
             account_id, partition = due
-            if partition in self.pressure.active and (partition, account_id) not in self.lanes:
+            if (
+                partition in self.pressure.active
+                and (partition, account_id) not in self.lanes
+                and self.pressure.admits(partition)
+            ):
                 self._enqueue(account_id, partition, DUE)
 
     # -- rebalance -----------------------------------------------------------------------------

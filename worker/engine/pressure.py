@@ -1,20 +1,43 @@
 """The consume loop's backpressure: the count of records and due keys in flight (the one place
-it changes), the in-flight bound, and each key's share of it. Too much in flight pauses every
-partition; a key at its share pauses its own partition only (docs/architecture.md, "The consume
-engine", "Per-account lanes")."""
+it changes), the in-flight bound, each partition's share of it (taken through the one admission
+rule, ``worker.runtime.admission.Share``) and each key's share. Too much in flight pauses every
+partition; a partition at its share, or a key at its share, pauses that partition only
+(docs/architecture.md, "The consume engine", "Per-account lanes", "Admission")."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from worker.engine.lanes import LOGGED_KEY_CHARS, Lane
+from worker.runtime.admission import Share
 from worker.runtime.logs import get_logger
 
 # The lines are the consume loop's: they keep its logger name, which dashboards and searches use.
 log = get_logger("worker.engine.consume_loop")
+
+
+#: A partition's share of the in-flight bound is ``Share.split(bound, owners=2)``: two
+#: partitions at their share leave a quarter of the bound to partitions holding none (375 of
+#: the default 1000 each, 250 kept). Many keys of one partition, each under its key share,
+#: then fill their partition's share, not the bound; a record of another partition still finds
+#: room. A single partition never holds more than its share, even alone on the process.
+PARTITION_SHARE_OWNERS: Final = 2
+
+
+def partition_shares(max_in_flight: int) -> tuple[Share, Share]:
+    """The rule a partition's record is admitted by, and the one a partition paused for its
+    share resumes by: down to half its share, with half a share of room above the reserve
+    (so that one slot freed does not resume it only to pause it again at the next record)."""
+    take = Share.split(max_in_flight, owners=PARTITION_SHARE_OWNERS)
+    resume = Share(
+        capacity=take.capacity,
+        per_owner=take.per_owner // 2 + 1,
+        reserve=min(take.capacity - 1, take.reserve + take.per_owner // 2),
+    )
+    return take, resume
 
 
 def input_partitions(topics: Iterable[str], numbers: Iterable[int]) -> list[TopicPartition]:
@@ -46,36 +69,63 @@ class Pressure:
         self.key_share = key_share
         #: A hot key's partition resumes once every hot key of it is down to this.
         self.key_resume_at = key_share // 2
+        #: Each partition's share of the bound (``partition_shares``): owner = the partition.
+        self.partition_share, self.partition_resume = partition_shares(max_in_flight)
         self.in_flight = 0
+        #: What each partition holds of ``in_flight`` (only partitions holding some).
+        self.held: dict[int, int] = {}
+        #: Partitions the rule refused (at their share, or the reserve reached), until the
+        #: resume rule admits them again (only active partitions).
+        self.crowded: set[int] = set()
+        #: Of ``key_paused``, those paused for their partition's share (for the log lines).
+        self.share_paused: set[int] = set()
         #: Queries running beside their lane, per (partition, key).
         self.aside_load: dict[tuple[int, str], int] = {}
         #: Keys at their share, per partition number (only active partitions).
         self.hot: dict[int, set[str]] = {}
-        #: Partition numbers paused in the consumer because a key of theirs is hot.
+        #: Partition numbers paused alone in the consumer: a key of theirs is hot, or the
+        #: partition is at its share.
         self.key_paused: set[int] = set()
         #: Partition numbers assigned and restored: the only ones dispatched, paused or resumed.
         self.active: set[int] = set()
         self.paused = False
 
-    def add(self, count: int) -> None:
-        """Records and due keys taken in (``count`` > 0) or let go (< 0): the gauge follows."""
+    def add(self, partition: int, count: int) -> None:
+        """Records and due keys of ``partition`` taken in (``count`` > 0) or let go (< 0):
+        the gauge follows."""
         self.in_flight += count
         self.metrics.in_flight.set(self.in_flight)
+        left = self.held.get(partition, 0) + count
+        if left > 0:
+            self.held[partition] = left
+        else:
+            self.held.pop(partition, None)
+
+    def admits(self, partition: int) -> bool:
+        """Whether ``partition`` may take one more of the bound (``partition_share``)."""
+        return self.partition_share.admits(self.held.get(partition, 0), self.in_flight)
 
     def room(self, partition: int, key: str) -> bool:
         """Whether a fetched record of ``key`` may be dispatched: the loop's in-flight bound
-        (``max_in_flight``) and the key's share of it (``key_share``) both hard.
+        (``max_in_flight``), the key's share of it (``key_share``) and the partition's
+        (``partition_share``, the admission rule) all hard.
 
         A key at its share (one account's 404 flood, one account's events behind failing
         endpoints) pauses its own partition only (``apply``), so other partitions keep flowing
-        instead of the whole bound filling with one slow lane and every partition pausing. The
+        instead of the whole bound filling with one slow lane and every partition pausing. A
+        partition at its share (many keys, each under its own share) pauses itself only the
+        same way, and the rule's reserve keeps room for partitions holding none. The
         partition is Kafka's ordering unit: the other keys of a paused partition wait too, for
         as long as the hot lane takes to drain from its share to half of it; that is the
-        trade-off, and all a hot key can hold up."""
+        trade-off, and all a hot key or a crowded partition can hold up."""
         if self.in_flight >= self.max_in_flight:
             return False
         if self.load(partition, key) >= self.key_share:
             self._heat(partition, key)
+            return False
+        if not self.admits(partition):
+            if partition in self.active:
+                self.crowded.add(partition)
             return False
         return True
 
@@ -107,15 +157,17 @@ class Pressure:
 
     def aside_started(self, where: tuple[int, str]) -> None:
         """A query of ``where`` (partition, key) runs beside its lane."""
-        self.add(1)
+        self.add(where[0], 1)
         self.aside_load[where] = self.aside_load.get(where, 0) + 1
         self.heat_if_full(*where)
 
     def aside_finished(self, where: tuple[int, str] | None) -> None:
-        """A query beside its lane is done (``None``: one whose partition was let go)."""
-        self.add(-1)
+        """A query beside its lane is done (``None``: one the loop no longer knew)."""
         if where is None:
+            self.in_flight -= 1
+            self.metrics.in_flight.set(self.in_flight)
             return
+        self.add(where[0], -1)
         left = self.aside_load.get(where, 0) - 1
         if left > 0:
             self.aside_load[where] = left
@@ -126,13 +178,31 @@ class Pressure:
     def apply(self) -> None:
         """Pause fetching while too much is in flight, every partition; resume at half the
         limit. Pause the partition of a key at its share (``room``) alone; resume it once
-        every hot key of it is down to half the share. Called between fetches only, so that
-        no pause races a rebalance: ``active`` holds assigned partitions only."""
+        every hot key of it is down to half the share. Pause a partition the rule refused
+        alone too; resume it once ``partition_resume`` admits it. Called between fetches only,
+        so that no pause races a rebalance: ``active`` holds assigned partitions only."""
         active = self.active
+        resume = self.partition_resume
+        self.crowded = {
+            p
+            for p in self.crowded
+            if p in active and not resume.admits(self.held.get(p, 0), self.in_flight)
+        }
         hot = {p for p in self.hot if p in active}
-        heated = hot - self.key_paused
-        cooled = (self.key_paused - hot) & active
+        alone = hot | self.crowded
+        heated = alone - self.key_paused
+        cooled = (self.key_paused - alone) & active
         for p in sorted(heated):
+            if p not in hot:
+                log.warning(
+                    "partition_paused_for_share",
+                    partition=p,
+                    held=self.held.get(p, 0),
+                    share=self.partition_share.per_owner,
+                    reserve=self.partition_share.reserve,
+                    in_flight=self.in_flight,
+                )
+                continue
             keys = sorted(self.hot[p])
             log.warning(
                 "partition_paused_for_key",
@@ -144,13 +214,20 @@ class Pressure:
             )
             self.metrics.key_pauses.inc()
         for p in sorted(cooled):
-            log.info("partition_resumed_for_key", partition=p, in_flight=self.in_flight)
-        self.key_paused = hot
+            log.info(
+                "partition_resumed_for_share"
+                if p in self.share_paused
+                else "partition_resumed_for_key",
+                partition=p,
+                in_flight=self.in_flight,
+            )
+        self.share_paused = (self.share_paused | (heated - hot)) & alone
+        self.key_paused = alone
         if not self.paused and self.in_flight >= self.max_in_flight:
             self.consumer.pause(*input_partitions(self.topics, active))
             self.paused = True
         elif self.paused and self.in_flight < self.max_in_flight // 2:
-            self.consumer.resume(*input_partitions(self.topics, active - hot))
+            self.consumer.resume(*input_partitions(self.topics, active - alone))
             self.paused = False
         elif not self.paused:
             if heated:
@@ -163,4 +240,6 @@ class Pressure:
         pauses; so does this."""
         for p in partitions:
             self.hot.pop(p, None)
+        self.crowded -= partitions
+        self.share_paused -= partitions
         self.key_paused -= partitions
