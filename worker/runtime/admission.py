@@ -1,16 +1,11 @@
-"""One admission rule for every shared slot (docs/architecture.md, "Resource bounds",
-"Admission"): connections, lookup threads, scans, reads, in-flight per partition, held input.
+"""One admission rule for every shared slot (docs/architecture.md, "Admission").
 
-A pool of ``capacity`` slots is shared by owners (a workspace; a client address where no key
-was presented; a partition inside the engine). The rule, ``Share.admits``: an owner holds at
-most ``per_owner`` slots, and takes a slot beyond its first only while ``reserve`` slots stay
-free for owners that hold none, so when the others hold all they may, a newcomer still finds
-room. Where a slot is spent in time rather than count (a scan, a read), ``Admission`` also
-charges the seconds held to the owner: a bucket of slot-seconds refilled at ``rate`` per second
-up to ``burst_s``; an owner in debt is refused until the debt is repaid, so a loop of long
-reads cannot keep a slot for ever. A refusal is immediate (``NoRoom`` with a ``Retry-After``);
-nothing here waits, so waiting for a slot of ours is never a remote party's time.
-"""
+An owner (a workspace; a client address without a key; a partition in the engine) holds at
+most ``per_owner`` of a pool's slots, and a slot beyond its first only while ``reserve`` stay
+free for owners holding none (``Share.admits``). Where a slot is spent in time (a scan, a
+read), the seconds held are charged to the owner's bucket (``TimeCharge``) and an owner in
+debt waits it out. Refusal is immediate (``NoRoom`` with a ``Retry-After``): nothing here
+waits, so waiting for a slot of ours is never a remote party's time."""
 
 from __future__ import annotations
 
