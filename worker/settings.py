@@ -409,6 +409,14 @@ class Settings(BaseSettings):
         description="Idempotency-Keys of the last 24 h a workspace may hold, across the "
         "front-end replicas; past it a confirm with a new key answers 429.",
     )
+    api_idempotency_keys_max: int = Field(
+        default=100_000,
+        ge=1,
+        le=10_000_000,
+        description="Idempotency-Keys of the last 24 h every front-end replica holds, all "
+        "workspaces together (each replica keeps them all); past it, or past a workspace's "
+        "share of it, a confirm with a new key answers 429.",
+    )
 
     # --- webhooks ------------------------------------------------------------------------
     webhook_secrets_key: SecretStr | None = Field(

@@ -2,7 +2,8 @@
 answer (its ``request_id``) and the stand-in worker sees one command; another request with the
 key answers 409 ``idempotency_key_reused``; a key in progress 409
 ``idempotency_key_in_progress``; keys are the workspace's own, shared by every front-end
-replica, bounded per workspace; a hostile header is refused before anything is sent
+replica, bounded per workspace and per process by the one admission rule; a hostile header
+is refused before anything is sent
 (docs/api.md, "Idempotent confirms"; docs/architecture.md, "Idempotent confirms")."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from worker.contract.messages import PasskeyConfirm
 pytestmark = pytest.mark.integration
 
 CONFIRM = "/v1/accounts/{}/auth/passkey-confirm"
+EXHAUSTED = "idempotency_keys_exhausted"
 
 
 def keyed(key: str, api_key: str | None = None) -> dict[str, str]:
@@ -301,6 +303,43 @@ async def test_a_workspace_holds_at_most_its_quota_of_keys(api_settings: ApiSett
         assert len(worker.commands) == 5
         assert api.idempotency is not None
         assert api.idempotency.held("ws_a") == 3  # type: ignore[attr-defined]
+
+
+async def test_the_process_cap_refuses_with_429_and_a_workspace_holding_none_is_served(
+    api_settings: ApiSettings,
+) -> None:
+    """``API_IDEMPOTENCY_KEYS_MAX`` through the one admission rule: past the reserve a
+    workspace below its own quota is refused (429, ``Retry-After``), one holding no key is
+    still served, then past the cap none; a replica started afterwards reads the same counts
+    back and refuses the same keys, and every key held still replays."""
+    settings = api_settings(api_idempotency_keys_per_workspace=4, api_idempotency_keys_max=4)
+    async with responder(settings) as worker, httpx.AsyncClient(timeout=20) as http:
+        async with running_api(settings) as api:
+            url = api.url + CONFIRM.format("acc_1")
+            first = [(await http.post(url, headers=keyed(f"cap-{i}"))) for i in range(3)]
+            assert [r.status_code for r in first] == [200, 200, 200]
+            over = await http.post(url, headers=keyed("cap-3"))  # its quota is 4
+            assert_error(over, 429, "idempotency_keys_exhausted")
+            assert int(over.headers["retry-after"]) >= 1
+            theirs = await http.post(url, headers=keyed("cap-b0", KEY_B))
+            assert theirs.status_code == 200, theirs.text
+            full = await http.post(url, headers=keyed("cap-b1", KEY_B))
+            assert_error(full, 429, "idempotency_keys_exhausted")
+            assert (await http.post(url, headers=headers())).status_code == 200  # no key
+            assert api.idempotency is not None
+            assert api.idempotency.in_use == 4  # type: ignore[attr-defined]
+        assert len(worker.commands) == 5
+        async with running_api(settings) as restarted:
+            url = restarted.url + CONFIRM.format("acc_1")
+            assert restarted.idempotency is not None
+            assert restarted.idempotency.in_use == 4  # type: ignore[attr-defined]
+            assert restarted.idempotency.held("ws_a") == 3  # type: ignore[attr-defined]
+            for refused in (keyed("cap-3"), keyed("cap-b1", KEY_B)):
+                assert_error(await http.post(url, headers=refused), 429, EXHAUSTED)
+            again = await http.post(url, headers=keyed("cap-0"))
+            assert again.json() == first[0].json()
+            assert again.headers[REPLAYED_HEADER] == "true"
+        assert len(worker.commands) == 5
 
 
 async def test_two_replicas_share_the_keys(api_settings: ApiSettings) -> None:

@@ -358,6 +358,7 @@ async def api_runtime(
         producer,
         replica_id=presence.replica_id,
         per_workspace=settings.api_idempotency_keys_per_workspace,
+        keys_max=settings.api_idempotency_keys_max,
         claim_ttl_s=settings.api_reply_timeout_s + CLAIM_MARGIN_S,
         health=broker,
     )

@@ -1,10 +1,11 @@
 """Idempotent confirms: an ``Idempotency-Key`` on ``POST .../passkey-confirm`` answers a repeat
-(same workspace, key, account and body, within 24 h) with the first answer and no second command
-(docs/architecture.md, "Idempotent confirms"). Every front-end replica shares the keys through
-the compacted, one-partition ``api.idempotency`` topic, read by its shared view consumer: a
-request *claims* its key with a record, the first claim of a key in the topic's one order wins
-on every replica alike, and the winner writes its answer under its claim. A key is held 24 h,
-at most ``API_IDEMPOTENCY_KEYS_PER_WORKSPACE`` per workspace."""
+(same workspace, key, account and body, within 24 h) with the first answer and no second command.
+The replicas share the keys through the compacted ``api.idempotency`` topic: the first claim of a
+key in the topic's order wins on every replica alike, and a new key is admitted by the one
+admission rule (docs/architecture.md, "Idempotent confirms", "Admission").
+
+Over 500 lines: the record, the view every replica applies it to and a request's path through
+them are one protocol, read together."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import hashlib
 import re
 import time
 import uuid
-from collections import Counter
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal
 
@@ -28,6 +29,7 @@ from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
 from worker.engine.outage import BrokerHealth, send_retrying
 from worker.engine.tail import TopicTail
+from worker.runtime.admission import Share
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
@@ -55,8 +57,23 @@ MAX_STALE: Final = 10_000
 IN_PROGRESS_RETRY_S: Final = 1
 EXHAUSTED_RETRY_S: Final = 60
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
-
-Slot = tuple[str, str]  # (workspace id, SHA-256 of the key)
+#: Keys held in a process by default (``API_IDEMPOTENCY_KEYS_MAX``).
+KEYS_MAX: Final = 100_000
+#: A hundredth of the cap is the reserve for workspaces holding no key (``keys_share``).
+RESERVE_DIVISOR: Final = 100
+#: ``Held.status`` of a claim its request gave up on this replica.
+GIVEN_UP: Final = -1
+#: Kept answers longer than this are deflated in memory (the topic keeps the JSON as is).
+DEFLATE_OVER: Final = 64
+#: Raw deflate with a 1 KiB window: answers are ≤ 4 KiB and mostly far shorter.
+_WBITS: Final = -10
+#: A preset dictionary of the answers' common text: a typical answer deflates to a third.
+_ENVELOPE: Final = (
+    b'{"request_id":"req_","data":{"account_id":"acc_","status":"passkey_confirmation_sent",'
+    b'"auth_status":"passkey_confirmation_sent"},"error":{"code":"","numeric_code":,'
+    b'"message":"The provider ","retryable":false,"details":{}}}'
+)
+_HEX64: Final = re.compile(rb"[0-9a-f]{64}")
 
 
 def key_of(request: Request) -> str | None:
@@ -104,19 +121,80 @@ class IdempotencyRecord(BaseModel):
     answer: StoredAnswer | None = None
 
     @property
-    def slot(self) -> Slot:
-        return (self.workspace_id, self.key_sha256)
-
-    @property
     def record_key(self) -> bytes:
         return f"{self.workspace_id}/{self.key_sha256}/{self.claim_id}".encode()
 
 
 class _Full:
-    """A claim refused: the workspace holds its quota of keys."""
+    """A claim refused: the workspace holds its share of the keys, or the process its cap."""
 
 
 FULL: Final = _Full()
+
+
+def keys_share(per_workspace: int, keys_max: int) -> Share:
+    """The admission rule's numbers for the keys (``worker.runtime.admission.Share``): at most
+    ``keys_max`` in the process, ``per_workspace`` of them for one workspace, and a hundredth
+    of the cap (at least one key) kept for workspaces that hold none."""
+    reserve = min(keys_max - 1, max(1, keys_max // RESERVE_DIVISOR))
+    return Share(capacity=keys_max, per_owner=min(per_workspace, keys_max), reserve=reserve)
+
+
+class Held:
+    """One key as the view keeps it, compactly because every replica keeps every workspace's
+    keys (docs/architecture.md, "Resource bounds"): no model per key, the hashes as raw
+    bytes, the answer as its encoded body (deflated when that pays), nothing derivable."""
+
+    __slots__ = ("at", "body", "claim_id", "deflated", "print_", "status")
+
+    def __init__(
+        self,
+        claim_id: str,
+        print_: bytes,
+        at: float,
+        status: int = 0,
+        body: bytes = b"",
+        deflated: bool = False,
+    ) -> None:
+        self.claim_id = claim_id
+        #: SHA-256 of the account and the body (``fingerprint``), 32 bytes.
+        self.print_ = print_
+        self.at = at
+        #: The answer's status; 0 while the claim has none, ``GIVEN_UP`` once its request
+        #: gave it up here (its tombstone is on its way).
+        self.status = status
+        self.body = body
+        self.deflated = deflated
+
+    @classmethod
+    def of(cls, record: IdempotencyRecord) -> Held:
+        print_ = bytes.fromhex(record.fingerprint)
+        if record.answer is None:
+            return cls(record.claim_id, print_, record.at)
+        body = record.answer.body.encode("utf-8")
+        packed = _deflate(body) if len(body) > DEFLATE_OVER else body
+        deflated = len(packed) < len(body)
+        return cls(
+            record.claim_id,
+            print_,
+            record.at,
+            record.answer.status,
+            packed if deflated else body,
+            deflated,
+        )
+
+    @property
+    def answered(self) -> bool:
+        return self.status > 0
+
+    def answer_body(self) -> bytes:
+        """The answer's body, byte for byte as first sent."""
+        return _inflate(self.body) if self.deflated else self.body
+
+
+def record_key(workspace_id: str, digest: bytes, claim_id: str) -> bytes:
+    """The topic's record key of a claim (``IdempotencyRecord.record_key``)."""
+    return f"{workspace_id}/{digest.hex()}/{claim_id}".encode()
 
 
 class IdempotencyKeys(TopicTail):
@@ -125,7 +203,11 @@ class IdempotencyKeys(TopicTail):
     Every replica applies the records in the topic's order with the same rule (``_apply``),
     so all agree on which claim holds a key: the first, unless it expired by the time of the
     next one (answered: ``KEY_TTL_S``; unanswered: ``claim_ttl_s``), and an answer over a
-    claim (compaction may have removed its claim record)."""
+    claim (compaction may have removed its claim record); and on which claims the admission
+    rule refuses (``keys_share``). So that the counts it reads are the same on every replica,
+    the view changes only in the topic's order: the sweep tombstones expired keys and drops
+    them when it reads the tombstones back, and a claim given up stays counted until its
+    tombstone is read."""
 
     def __init__(
         self,
@@ -136,6 +218,7 @@ class IdempotencyKeys(TopicTail):
         replica_id: str,
         per_workspace: int,
         claim_ttl_s: float,
+        keys_max: int = KEYS_MAX,
         health: BrokerHealth | None = None,
         ttl_s: float = KEY_TTL_S,
         claim_timeout_s: float = CLAIM_TIMEOUT_S,
@@ -144,7 +227,7 @@ class IdempotencyKeys(TopicTail):
     ) -> None:
         super().__init__(consumer, topic, name="api-idempotency", idle_timeout_ms=200)
         self.replica_id = replica_id
-        self.per_workspace = per_workspace
+        self.share = keys_share(per_workspace, keys_max)
         self._producer = producer
         self._health = health or BrokerHealth()
         self._ttl_s = ttl_s
@@ -152,9 +235,13 @@ class IdempotencyKeys(TopicTail):
         self._claim_timeout_s = claim_timeout_s
         self._sweep_interval_s = sweep_interval_s
         self._clock = clock
-        self._slots: dict[Slot, IdempotencyRecord] = {}
-        self._counts: Counter[str] = Counter()
-        self._deciding: dict[str, asyncio.Future[IdempotencyRecord | _Full]] = {}
+        #: workspace id -> SHA-256 of the key (32 bytes) -> the claim holding it.
+        self._slots: dict[str, dict[bytes, Held]] = {}
+        #: Keys held in the process: the admission rule's ``in_use``.
+        self.in_use = 0
+        #: Of those, claims given up here whose tombstones are not read yet (``admits``).
+        self.given_up = 0
+        self._deciding: dict[str, asyncio.Future[Held | _Full]] = {}
         self._stale: dict[bytes, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[None]] = set()
@@ -164,56 +251,82 @@ class IdempotencyKeys(TopicTail):
 
     def held(self, workspace_id: str) -> int:
         """The workspace's keys in the view."""
-        return self._counts[workspace_id]
+        keys = self._slots.get(workspace_id)
+        return len(keys) if keys else 0
 
-    def _expired(self, record: IdempotencyRecord, at: float) -> bool:
-        limit = self._ttl_s if record.answer is not None else self._claim_ttl_s
-        return at - record.at > limit
+    def admits(self, workspace_id: str) -> bool:
+        """Whether a new claim of the workspace is worth writing: ``_apply``'s rule on this
+        replica's view, counting the claims given up here as gone (their tombstones, written
+        first, are read before the new claim). ``_apply`` decides, in the topic's order."""
+        held = max(0, self.held(workspace_id) - self.given_up)
+        return self.share.admits(held, self.in_use - self.given_up)
 
-    def _hold(self, record: IdempotencyRecord) -> None:
-        if record.slot not in self._slots:
-            self._counts[record.workspace_id] += 1
-        self._slots[record.slot] = record
+    def _expired(self, held: Held, at: float) -> bool:
+        limit = self._ttl_s if held.answered else self._claim_ttl_s
+        return at - held.at > limit
 
-    def _drop(self, slot: Slot) -> None:
-        record = self._slots.pop(slot, None)
-        if record is not None:
-            self._counts[record.workspace_id] -= 1
-            if self._counts[record.workspace_id] <= 0:
-                del self._counts[record.workspace_id]
+    def _hold(self, workspace_id: str, digest: bytes, held: Held) -> Held:
+        keys = self._slots.get(workspace_id)
+        if keys is None:
+            keys = self._slots[workspace_id] = {}
+        old = keys.get(digest)
+        if old is None:
+            self.in_use += 1
+        elif old.status == GIVEN_UP:
+            self.given_up -= 1
+        keys[digest] = held
+        return held
 
-    def _mark_stale(self, record: IdempotencyRecord) -> None:
+    def _drop(self, workspace_id: str, digest: bytes) -> None:
+        keys = self._slots.get(workspace_id)
+        old = keys.pop(digest, None) if keys is not None else None
+        if keys is not None and old is not None:
+            self.in_use -= 1
+            if old.status == GIVEN_UP:
+                self.given_up -= 1
+            if not keys:
+                del self._slots[workspace_id]
+
+    def _mark_stale(self, key: bytes, at: float) -> None:
         if len(self._stale) < MAX_STALE:
-            self._stale[record.record_key] = record.at
+            self._stale[key] = at
 
-    def _apply(self, record: IdempotencyRecord) -> IdempotencyRecord | _Full:
-        """Apply one record; the record that holds its key afterwards (``FULL``: a claim
-        refused for the workspace's quota)."""
-        current = self._slots.get(record.slot)
+    def _apply(self, record: IdempotencyRecord) -> Held | _Full:
+        """Apply one record; the claim that holds its key afterwards (``FULL``: a claim
+        refused by the admission rule)."""
+        workspace_id, digest = record.workspace_id, bytes.fromhex(record.key_sha256)
+        keys = self._slots.get(workspace_id)
+        current = keys.get(digest) if keys else None
         if (
             current is not None
             and current.claim_id != record.claim_id
             and self._expired(current, record.at)
         ):
-            self._mark_stale(current)
-            self._drop(record.slot)
+            self._mark_stale(record_key(workspace_id, digest, current.claim_id), current.at)
+            self._drop(workspace_id, digest)
             current = None
         if current is None:
-            if record.answer is None and self._counts[record.workspace_id] >= self.per_workspace:
-                self._mark_stale(record)
+            if record.answer is None and not self.share.admits(
+                self.held(workspace_id), self.in_use
+            ):
+                self._mark_stale(record.record_key, record.at)
                 return FULL
-            self._hold(record)
-            return record
+            return self._keep(record, digest)
         if current.claim_id == record.claim_id:
-            if record.answer is not None:
-                self._hold(record)
-            return self._slots[record.slot]
-        if record.answer is not None and current.answer is None:
-            self._mark_stale(current)
-            self._hold(record)
-            return record
-        self._mark_stale(record)
+            if record.answer is not None and not current.answered:
+                return self._keep(record, digest)
+            return current
+        if record.answer is not None and not current.answered:
+            self._mark_stale(record_key(workspace_id, digest, current.claim_id), current.at)
+            return self._keep(record, digest)
+        self._mark_stale(record.record_key, record.at)
         return current
+
+    def _keep(self, record: IdempotencyRecord, digest: bytes) -> Held:
+        # A record that holds its key is never one to tombstone (a claim refused on one
+        # replica's earlier view may come back with its answer).
+        self._stale.pop(record.record_key, None)
+        return self._hold(record.workspace_id, digest, Held.of(record))
 
     def handle(self, records: list[Any]) -> None:
         for msg in records:
@@ -236,17 +349,21 @@ class IdempotencyKeys(TopicTail):
 
     def _tombstoned(self, key: bytes) -> None:
         self._stale.pop(key, None)
-        parts = key.decode("utf-8", "replace").split("/")
-        if len(parts) != 3:
+        parts = key.split(b"/")
+        if len(parts) != 3 or _HEX64.fullmatch(parts[1]) is None:
             return
-        held = self._slots.get((parts[0], parts[1]))
-        if held is not None and held.claim_id == parts[2]:
-            self._drop(held.slot)
+        workspace_id = parts[0].decode("utf-8", "replace")
+        digest = bytes.fromhex(parts[1].decode("ascii"))
+        keys = self._slots.get(workspace_id)
+        held = keys.get(digest) if keys else None
+        if held is not None and held.claim_id == parts[2].decode("utf-8", "replace"):
+            self._drop(workspace_id, digest)
 
-    def holder(self, workspace_id: str, key: str) -> IdempotencyRecord | None:
-        """The live record holding ``key`` in the workspace, by this replica's clock."""
-        held = self._slots.get((workspace_id, _sha256(key)))
-        if held is None or self._expired(held, self._clock()):
+    def holder(self, workspace_id: str, key: str) -> Held | None:
+        """The live claim holding ``key`` in the workspace, by this replica's clock."""
+        keys = self._slots.get(workspace_id)
+        held = keys.get(_digest(key)) if keys else None
+        if held is None or held.status == GIVEN_UP or self._expired(held, self._clock()):
             return None
         return held
 
@@ -257,21 +374,19 @@ class IdempotencyKeys(TopicTail):
 
     async def claim(
         self, workspace_id: str, key: str, print_: str
-    ) -> tuple[bool, IdempotencyRecord | _Full | None]:
-        """Claim ``key``: whether this claim won, and the record that holds the key once it
-        is read back (this claim when it won; ``FULL`` when the workspace holds its quota;
-        ``None`` when the claim could not be written and read back in time: nothing held)."""
+    ) -> tuple[IdempotencyRecord | None, Held | _Full | None]:
+        """Claim ``key``: this claim when it won (else ``None``), and the claim that holds the
+        key once it is read back (``FULL`` when the admission rule refused it; ``None`` when
+        the claim could not be written and read back in time: nothing held)."""
         claim = IdempotencyRecord(
             workspace_id=workspace_id,
-            key_sha256=_sha256(key),
+            key_sha256=_digest(key).hex(),
             claim_id=f"idm_{uuid.uuid4().hex}",
             replica_id=self.replica_id,
             fingerprint=print_,
             at=self._clock(),
         )
-        decided: asyncio.Future[IdempotencyRecord | _Full] = (
-            asyncio.get_running_loop().create_future()
-        )
+        decided: asyncio.Future[Held | _Full] = asyncio.get_running_loop().create_future()
         self._deciding[claim.claim_id] = decided
         try:
             async with asyncio.timeout(self._claim_timeout_s):
@@ -281,11 +396,11 @@ class IdempotencyKeys(TopicTail):
             self._deciding.pop(claim.claim_id, None)
             log.warning("api_idempotency_claim_failed", error=type(exc).__name__)
             self.forget(claim)
-            return False, None
-        won = isinstance(outcome, IdempotencyRecord) and outcome.claim_id == claim.claim_id
-        if not won:
-            self.forget(claim)  # lost: its record goes
-        return won, outcome
+            return None, None
+        if isinstance(outcome, Held) and outcome.claim_id == claim.claim_id:
+            return claim, outcome
+        self.forget(claim)  # lost: its record goes
+        return None, outcome
 
     async def answered(self, claim: IdempotencyRecord, status: int, body: bytes) -> bool:
         """Keep the answer of a won claim (written before it is sent, so a repeat on any
@@ -308,8 +423,14 @@ class IdempotencyKeys(TopicTail):
 
     def forget(self, claim: IdempotencyRecord) -> None:
         """Tombstone ``claim`` in the background (a lost claim, or one whose request failed
-        before an answer: a later request with the key runs again); dropped here at once."""
-        self._tombstoned(claim.record_key)
+        before an answer: a later request with the key runs again). Here it is given up at
+        once, so a retry claims again, but it stays counted until its tombstone is read, as on
+        every other replica."""
+        keys = self._slots.get(claim.workspace_id)
+        held = keys.get(bytes.fromhex(claim.key_sha256)) if keys else None
+        if held is not None and held.claim_id == claim.claim_id and held.status == 0:
+            held.status = GIVEN_UP
+            self.given_up += 1
         self._background(self._send(claim.record_key, None))
 
     def _background(self, write: Awaitable[None]) -> None:
@@ -324,13 +445,19 @@ class IdempotencyKeys(TopicTail):
     # -- expiry ------------------------------------------------------------------------------
 
     async def sweep(self) -> None:
-        """Drop the expired keys from the view and tombstone them, and the lost claims whose
-        requests are surely over."""
+        """Tombstone the expired keys (the view drops them when it reads the tombstones, in
+        the topic's order like every replica) and the lost claims whose requests are surely
+        over."""
         now = self._clock()
-        gone = [r for r in self._slots.values() if self._expired(r, now)]
-        for record in gone:
-            self._drop(record.slot)
-            self._stale[record.record_key] = record.at
+        gone = [
+            record_key(workspace_id, digest, held.claim_id)
+            for workspace_id, keys in self._slots.items()
+            for digest, held in keys.items()
+            if self._expired(held, now)
+        ]
+        for key in gone:
+            self._stale.pop(key, None)
+            await self._send(key, None)
         for key, at in list(self._stale.items()):
             if now - at > self._claim_ttl_s:
                 del self._stale[key]
@@ -357,8 +484,18 @@ class IdempotencyKeys(TopicTail):
         await super().stop()
 
 
-def _sha256(key: str) -> str:
-    return hashlib.sha256(key.encode("ascii")).hexdigest()
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("ascii")).digest()
+
+
+def _deflate(body: bytes) -> bytes:
+    packer = zlib.compressobj(6, zlib.DEFLATED, _WBITS, 1, zlib.Z_DEFAULT_STRATEGY, _ENVELOPE)
+    return packer.compress(body) + packer.flush()
+
+
+def _inflate(packed: bytes) -> bytes:
+    unpacker = zlib.decompressobj(_WBITS, _ENVELOPE)
+    return unpacker.decompress(packed) + unpacker.flush()
 
 
 async def _quietly(write: Awaitable[None]) -> None:
@@ -366,14 +503,12 @@ async def _quietly(write: Awaitable[None]) -> None:
         await write
 
 
-def _replayed(
-    held: IdempotencyRecord, print_: str, request_id: str, metrics: ApiMetrics
-) -> Response:
+def _replayed(held: Held, print_: str, request_id: str, metrics: ApiMetrics) -> Response:
     """The answer to a request whose key another request holds."""
-    if held.fingerprint != print_:
+    if held.print_ != bytes.fromhex(print_):
         metrics.idempotency_refusals.labels("reused").inc()
         return error_response(request_id, ServiceError.of("idempotency_key_reused"))
-    if held.answer is None:
+    if not held.answered:
         metrics.idempotency_refusals.labels("in_progress").inc()
         return error_response(
             request_id,
@@ -382,8 +517,8 @@ def _replayed(
         )
     metrics.idempotency_replays.inc()
     return Response(
-        held.answer.body.encode("utf-8"),
-        status_code=held.answer.status,
+        held.answer_body(),
+        status_code=held.status,
         media_type=JSONResponse.media_type,
         headers={REPLAYED_HEADER: "true"},
     )
@@ -400,7 +535,8 @@ async def answer_once(
     metrics: ApiMetrics,
 ) -> Response:
     """``run``'s answer, given once per key: a repeat gets the kept answer, another request
-    with the key 409, a workspace out of keys 429, each counted in ``metrics``. An error
+    with the key 409, a new key the admission rule refuses (the workspace's share, the
+    process's cap) 429, each counted in ``metrics``. An error
     ``run`` raises (no answer from the worker) gives the key up, so a retry runs again."""
     if not keys.caught_up and not await keys.wait_caught_up(CLAIM_TIMEOUT_S):
         raise ServiceError.of(
@@ -419,9 +555,9 @@ async def answer_once(
             headers={"Retry-After": str(EXHAUSTED_RETRY_S)},
         )
 
-    if keys.held(workspace_id) >= keys.per_workspace:
+    if not keys.admits(workspace_id):
         return exhausted()
-    won, outcome = await keys.claim(workspace_id, key, print_)
+    mine, outcome = await keys.claim(workspace_id, key, print_)
     if outcome is None:
         raise ServiceError.of(
             "run_auth_action_failed",
@@ -429,31 +565,34 @@ async def answer_once(
         )
     if isinstance(outcome, _Full):
         return exhausted()
-    if not won:
+    if mine is None:
         return _replayed(outcome, print_, request_id, metrics)
     kept = False
     try:
         response = await run()
-        kept = await keys.answered(outcome, response.status_code, bytes(response.body))
+        kept = await keys.answered(mine, response.status_code, bytes(response.body))
         if kept:
             metrics.idempotency_keys_stored.inc()
         return response
     finally:
         if not kept:  # no answer kept (an error, a time-out, a cancel): a retry runs again
-            keys.forget(outcome)
+            keys.forget(mine)
 
 
 __all__ = [
     "ANSWER_MAX_BYTES",
     "FULL",
     "HEADER",
+    "KEYS_MAX",
     "KEY_MAX_CHARS",
     "KEY_TTL_S",
     "REPLAYED_HEADER",
+    "Held",
     "IdempotencyKeys",
     "IdempotencyRecord",
     "StoredAnswer",
     "answer_once",
     "fingerprint",
     "key_of",
+    "keys_share",
 ]
