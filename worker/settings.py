@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, Self
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -402,6 +403,13 @@ class Settings(BaseSettings):
         description="How long a portal session lasts unless the request asks for less "
         "(at most 24 h).",
     )
+    api_public_base_url: str | None = Field(
+        default=None,
+        description="The front-end's public origin, e.g. https://api.example.com (http or "
+        "https, host and optional port, no path, query or user): portal session URLs are built "
+        "on it. Unset: they are relative (/portal#token=...). Never taken from a request's Host "
+        "or forwarded headers.",
+    )
     api_idempotency_keys_per_workspace: int = Field(
         default=10_000,
         ge=1,
@@ -639,6 +647,31 @@ class Settings(BaseSettings):
                 "acks=all write would fail"
             )
         return self
+
+    @field_validator("api_public_base_url")
+    @classmethod
+    def _public_base_is_an_origin(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        origin = value.removesuffix("/")
+        parts = urlsplit(origin)
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or "@" in parts.netloc
+            or parts.path
+            or parts.query
+            or parts.fragment
+            or urlunsplit(parts) != origin
+            or not origin.isascii()
+            or any(c.isspace() or c == "\\" for c in origin)
+        ):
+            raise ValueError(
+                "API_PUBLIC_BASE_URL must be an http(s) origin like https://api.example.com"
+                " (no path, query, fragment or user)"
+            )
+        parts.port  # noqa: B018 - raises ValueError on a port out of range
+        return origin
 
     @field_validator("provider_urls")
     @classmethod

@@ -12,7 +12,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 import pytest
@@ -22,6 +22,7 @@ from aiohttp import web
 from devstack.keys import DEV_KEY
 from tests.devstack.running_stack import RunningStack, running_stack
 from worker.api.keyfile import create_key
+from worker.api.keys import KeyEntry, hash_key
 from worker.api.portal.tokens import PortalTokens
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -81,7 +82,7 @@ async def session_url(stack: RunningStack, key: str = DEV_KEY) -> str:
         resp = await http.post("/v1/portal-sessions", headers={"X-Api-Key": key})
         assert resp.status_code == 201, resp.text
         url: str = resp.json()["data"]["url"]
-        return url
+        return urljoin(stack.api, url)  # relative unless API_PUBLIC_BASE_URL is set
 
 
 async def open_portal(browser: Browser, url: str) -> tuple[Page, list[str]]:
@@ -116,7 +117,7 @@ async def demo_endpoint(stack: RunningStack) -> dict[str, Any]:
 async def test_make_run_prints_a_portal_url_that_shows_the_endpoint_and_its_deliveries(
     stack: RunningStack, browser: Browser
 ) -> None:
-    url = portal_line(stack.banner)
+    url = urljoin(stack.api, portal_line(stack.banner))
     assert url.startswith(f"{stack.api}/portal#token=pts1.")
     endpoint = await demo_endpoint(stack)
     # A flow: the confirm's status events are delivered to the demo receiver.
@@ -234,11 +235,10 @@ async def test_expired_forged_and_other_workspace_sessions_are_refused(
     stack: RunningStack, browser: Browser
 ) -> None:
     endpoint = await demo_endpoint(stack)
-    expired, _ = PortalTokens(SECRET, clock=lambda: time.time() - 7200).mint(
-        "ws_demo", "key_dev_demo", 3600
-    )
-    forged, _ = PortalTokens("not the service's secret").mint("ws_demo", "key_dev_demo", 3600)
-    for token in (expired, forged):
+    key = KeyEntry("ws_demo", "key_dev_demo", bytes.fromhex(hash_key(DEV_KEY)))
+    expired = PortalTokens(SECRET, clock=lambda: time.time() - 7200).mint("ws_demo", key, 3600)
+    forged = PortalTokens("not the service's secret").mint("ws_demo", key, 3600)
+    for token in (expired.token, forged.token):
         page, _ = await open_portal(browser, f"{stack.api}/portal#token={token}")
         try:
             assert "not valid" in await page.locator("#notice").inner_text()

@@ -23,7 +23,8 @@ from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics, ReplyReaderSeries
 from worker.api.middleware import FrontDoor
 from worker.api.portal.page import page_routes
-from worker.api.portal.sessions import PORTAL_SESSIONS, PortalSessions
+from worker.api.portal.revocations import PortalRevocations
+from worker.api.portal.sessions import PORTAL_SESSION, PORTAL_SESSIONS, PortalSessions
 from worker.api.portal.tokens import PortalTokens
 from worker.api.presence import Presence
 from worker.api.replies import ReplyRouter
@@ -135,7 +136,9 @@ def portal_tokens(settings: Settings) -> PortalTokens | None:
     ``WEBHOOK_SECRETS_KEY`` (each replica has it already; the derivation's label keeps the
     two uses apart), else ``None`` (no portal)."""
     secret = settings.api_portal_secret or settings.webhook_secrets_key
-    return None if secret is None else PortalTokens(secret.get_secret_value())
+    if secret is None:
+        return None
+    return PortalTokens(secret.get_secret_value(), max_ttl_s=settings.api_portal_session_ttl_s)
 
 
 def build_app(
@@ -150,6 +153,7 @@ def build_app(
     presence: Presence | None = None,
     documents: DocumentRoutes | None = None,
     idempotency: IdempotencyKeys | None = None,
+    portal_revocations: PortalRevocations | None = None,
 ) -> FrontEndApps:
     """The front-end's apps over clients built (and started) by the caller.
 
@@ -157,13 +161,19 @@ def build_app(
     by the caller too (``webhooks`` ``None``: the webhook routes answer 500, the
     service is not configured for them), like ``presence`` (``None``: the limits are this
     process's alone). Metrics are registered on ``registry`` (one app per
-    registry). ``documents`` adds the routes that serve the API's documents (``None``:
-    none is served).
+    registry). ``portal_revocations``: the revoked portal sessions the replicas share
+    (``None``: this process's own). ``documents`` adds the routes that serve the API's
+    documents (``None``: none is served).
     """
     metrics = ApiMetrics(registry)
     metrics.pending_replies.set_function(lambda: float(replies.pending))
     registry.register(ReplyReaderSeries(replies))
     metrics.export_key_usage(keys.last_used)
+    revocations = (
+        PortalRevocations(None, producer, ttl_s=settings.api_portal_session_ttl_s)
+        if portal_revocations is None
+        else portal_revocations
+    )
     api = ApiRoutes(
         producer=producer,
         replies=replies,
@@ -177,6 +187,7 @@ def build_app(
         presence=presence,
         portal=portal_tokens(settings),
         idempotency=idempotency,
+        portal_revocations=revocations,
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
     limits = EndpointLimits.of(settings)
@@ -207,8 +218,11 @@ def build_app(
     probes = Probes(registry, health=api.health, readiness=api.readiness)
     sessions = PortalSessions(
         admitted_workspace=api.admitted_workspace,
+        keys=keys,
         tokens=api.portal,
+        revocations=revocations,
         ttl_s=settings.api_portal_session_ttl_s,
+        public_base_url=settings.api_public_base_url,
     )
     routes = [
         *api.routes(),
@@ -229,6 +243,7 @@ def build_app(
             *API_ROUTES,
             *WEBHOOK_ROUTES,
             PORTAL_SESSIONS,
+            PORTAL_SESSION,
             EVENT_TYPES_PATH,
             *FOLLOW_ROUTES,
         ),
@@ -362,6 +377,9 @@ async def api_runtime(
         claim_ttl_s=settings.api_reply_timeout_s + CLAIM_MARGIN_S,
         health=broker,
     )
+    revocations = PortalRevocations(
+        presence, producer, ttl_s=settings.api_portal_session_ttl_s, health=broker
+    )
     webhooks = webhook_clients(settings, kafka, producer, broker, shared, presence)
     apps = build_app(
         settings,
@@ -374,6 +392,7 @@ async def api_runtime(
         presence=presence,
         documents=documents,
         idempotency=idempotency,
+        portal_revocations=revocations,
     )
     # Each client's close, in start order, named for the log; closed in reverse, all within
     # one budget (``worker.runtime.shutdown.CloseBudget``).
@@ -388,6 +407,8 @@ async def api_runtime(
         started.append(("presence_stop", presence.stop))
         await idempotency.start()
         started.append(("idempotency_stop", idempotency.stop))
+        await revocations.start()
+        started.append(("portal_revocations_stop", revocations.stop))
         if webhooks is not None:
             for tail in webhooks.tails:
                 await tail.start()

@@ -76,8 +76,14 @@ class KeyInfo:
         return "expiring" if (now or datetime.now(UTC)) < self.expires_at else "expired"
 
 
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+def _iso(moment: datetime, timespec: str = "seconds") -> str:
+    return moment.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+def _changed_now(entry: dict[str, Any]) -> None:
+    """Stamp a disable or enable (milliseconds: a portal session opened before it is refused,
+    one opened just after is not)."""
+    entry["changed_at"] = _iso(datetime.now(UTC), "milliseconds")
 
 
 @contextlib.contextmanager
@@ -209,11 +215,13 @@ add_key = create_key
 
 def set_active(path: Path, key_id: str, active: bool) -> KeyInfo:
     """Disable (``active=False``) or enable a key. Enabling also clears a rotation's
-    ``expires_at``, so the key is valid again without limit."""
+    ``expires_at``, so the key is valid again without limit. Either stamps ``changed_at``:
+    the key's portal sessions opened before it stay dead once it is enabled again."""
     with locked(path):
         document = _read(path)
         entry = _find(document, key_id, path)
         entry["active"] = active
+        _changed_now(entry)
         if active:
             entry.pop("expires_at", None)
         _write_atomic(path, document)
@@ -235,6 +243,7 @@ def rotate_key(path: Path, key_id: str, *, grace_s: float = 0.0) -> tuple[KeyInf
         until = datetime.now(UTC) + timedelta(seconds=grace_s)
         if grace_s <= 0:
             old["active"] = False
+            _changed_now(old)
         elif current is None or until < current:  # a grace never extends an earlier expiry
             old["expires_at"] = _iso(until)
         _write_atomic(path, document)

@@ -48,6 +48,9 @@ class FileEntry(BaseModel):
     created_at: AwareDatetime | None = None
     expires_at: AwareDatetime | None = None
     replaced_by: Annotated[str, Field(pattern=ID_PATTERN, max_length=128)] | None = None
+    #: When the key was last disabled or enabled (absent in older files): a portal session
+    #: opened before it is refused, so enabling a key again revives none of its sessions.
+    changed_at: AwareDatetime | None = None
 
 
 class KeysFile(BaseModel):
@@ -67,6 +70,8 @@ class KeyEntry:
     digest: bytes
     active: bool = True
     expires_at: float | None = None  # Unix time; the key is refused from then on
+    created_at: float | None = None  # Unix time; with the digest, tells a re-created key apart
+    changed_at: float | None = None  # Unix time of the last disable or enable
 
     def valid_at(self, now: float) -> bool:
         return self.active and (self.expires_at is None or now < self.expires_at)
@@ -96,7 +101,13 @@ def load_keys(path: Path) -> list[KeyEntry]:
     """The entries of a keys file; raises ``ValueError`` on malformed content."""
     return [
         KeyEntry(
-            e.workspace_id, e.key_id, bytes.fromhex(e.sha256), e.active, _timestamp(e.expires_at)
+            e.workspace_id,
+            e.key_id,
+            bytes.fromhex(e.sha256),
+            e.active,
+            _timestamp(e.expires_at),
+            _timestamp(e.created_at),
+            _timestamp(e.changed_at),
         )
         for e in parse_keys_file(path).keys
     ]
@@ -164,13 +175,19 @@ class KeyStore:
 
     def key_in_force(self, key_id: str, workspace_id: str) -> bool:
         """Whether the key ``key_id`` of ``workspace_id`` is still in the file, active and
-        unexpired: a portal session minted by it lives no longer than the key does."""
+        unexpired."""
+        return self.entry_in_force(key_id, workspace_id) is not None
+
+    def entry_in_force(self, key_id: str, workspace_id: str) -> KeyEntry | None:
+        """The entry of key ``key_id`` of ``workspace_id`` while it is in the file, active and
+        unexpired: a portal session minted by it lives no longer than the key does, and is
+        checked against the entry's digest, creation and last change (``worker.api.portal``)."""
         self._maybe_reload()
         now = self._clock()
-        return any(
-            e.key_id == key_id and e.workspace_id == workspace_id and e.valid_at(now)
-            for e in self._entries
-        )
+        for e in self._entries:
+            if e.key_id == key_id and e.workspace_id == workspace_id and e.valid_at(now):
+                return e
+        return None
 
     def last_used(self) -> list[tuple[str, str, float]]:
         """``(key_id, workspace_id, unix time)`` of each stored key presented since start."""

@@ -100,6 +100,9 @@ class Presence(TopicTail):
         self.ignored = 0
         #: Told each replay record (key ``rp_...``) the topic also carries.
         self.forward: Callable[[Any], None] | None = None
+        #: Told each record whose key starts with a prefix here (``ps_``: a portal session's
+        #: revocation, ``worker.api.portal.revocations``), as ``forward`` is told replays'.
+        self.takers: dict[bytes, Callable[[Any], None]] = {}
 
     # -- what the others hold ------------------------------------------------------------------
 
@@ -126,6 +129,10 @@ class Presence(TopicTail):
             if msg.key and msg.key.startswith(b"rp_"):
                 if self.forward is not None:  # a replay's (worker.api.webhooks.replay_status)
                     self.forward(msg)
+                continue
+            taker = _taker(self.takers, msg.key)
+            if taker is not None:
+                taker(msg)
                 continue
             if msg.value is None:
                 if msg.key:
@@ -253,6 +260,16 @@ class Presence(TopicTail):
     async def _quietly(beat: Any) -> None:
         with contextlib.suppress(Exception):
             await beat
+
+
+def _taker(
+    takers: dict[bytes, Callable[[Any], None]], key: bytes | None
+) -> Callable[[Any], None] | None:
+    if key:
+        for prefix, taker in takers.items():
+            if key.startswith(prefix):
+                return taker
+    return None
 
 
 __all__ = [

@@ -33,6 +33,7 @@ from worker.api.idempotency import IdempotencyKeys, answer_once, fingerprint, ke
 from worker.api.ids import new_command_id
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
+from worker.api.portal.revocations import PortalRevocations, session_claims
 from worker.api.portal.tokens import PortalTokens, in_portal_scope
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
 from worker.api.request_rate import RateLimited, RateLimiter
@@ -174,10 +175,13 @@ class ApiRoutes:
         presence: TopicTail | None = None,
         portal: PortalTokens | None = None,
         idempotency: IdempotencyKeys | None = None,
+        portal_revocations: PortalRevocations | None = None,
     ) -> None:
         self.producer = producer
         #: Verifies portal session tokens (``None``: no portal secret, every token refused).
         self.portal = portal
+        #: The portal sessions revoked, shared by the replicas (``worker.api.portal``).
+        self.portal_revocations = portal_revocations
         #: The replicas' shared ``Idempotency-Key``s (``worker.api.idempotency``).
         self.idempotency = idempotency
         self.rate_limiter = rate_limiter
@@ -263,11 +267,12 @@ class ApiRoutes:
 
     def portal_workspace(self, request: Request, token: str) -> str:
         """The workspace of a portal session token: 401 ``portal_session_invalid`` unless it
-        is well formed, signed with this service's portal key, unexpired and its minting key
-        is still in force; then 403 ``portal_scope_forbidden`` unless the route (its template,
-        which ``FrontDoor`` put in the request's state) is in the portal's scope."""
-        claims = None if self.portal is None else self.portal.verify(token)
-        if claims is None or not self.keys.key_in_force(claims.key_id, claims.workspace_id):
+        is well formed, signed with this service's portal key, unexpired, its minting key
+        still in force and unchanged since, and the session not revoked; then 403
+        ``portal_scope_forbidden`` unless the route (its template, which ``FrontDoor`` put in
+        the request's state) is in the portal's scope."""
+        claims = session_claims(token, self.portal, self.keys, self.portal_revocations)
+        if claims is None:
             raise ServiceError.of("portal_session_invalid")
         if not in_portal_scope(request.method, request.scope["state"].get("route")):
             raise ServiceError.of("portal_scope_forbidden")

@@ -10,14 +10,14 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import pytest
 
-from tests.api.support import KEY_A, KEY_B, headers, running_api
+from tests.api.support import KEY_A, KEY_B, KEY_DISABLED, headers, running_api
 from tests.api.test_api_http import assert_error
-from worker.api.keys import hash_key
+from worker.api.keys import KeyEntry, hash_key
 from worker.api.portal.page import CSP, PAGE_FILES
 from worker.api.portal.tokens import MAX_TOKEN_CHARS, PORTAL_SCOPE, PortalTokens
 from worker.settings import Settings
@@ -42,6 +42,14 @@ def portal_settings(api_settings: Callable[..., Settings]) -> Callable[..., Sett
     return factory
 
 
+def entry(key_id: str, raw_key: str, workspace_id: str = "ws_a") -> KeyEntry:
+    """A key as the test keys file holds it (no creation time)."""
+    return KeyEntry(workspace_id, key_id, bytes.fromhex(hash_key(raw_key)))
+
+
+KEY_ENTRY_A: Final = entry("key_a", KEY_A)
+
+
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
@@ -52,7 +60,7 @@ async def session(
     resp = await http.post(SESSIONS, headers=headers(key), json=body or None)
     assert resp.status_code == 201, resp.text
     data = resp.json()["data"]
-    assert set(data) == {"url", "workspace_id", "expires_at"}
+    assert set(data) == {"url", "session_id", "workspace_id", "expires_at"}
     page, _, fragment = data["url"].partition("#")
     assert page.endswith("/portal") and "token" not in page  # the token never reaches a log
     assert fragment.startswith("token=")
@@ -139,14 +147,18 @@ async def test_expired_tampered_foreign_and_oversized_tokens_are_refused(
     portal_settings: Callable[..., Settings],
 ) -> None:
     past = PortalTokens(PORTAL_SECRET, clock=lambda: time.time() - 7200)
-    expired, _ = past.mint("ws_a", "key_a", 3600)
-    other_secret, _ = PortalTokens("another secret").mint("ws_a", "key_a", 3600)
+    expired = past.mint("ws_a", KEY_ENTRY_A, 3600).token
+    other_secret = PortalTokens("another secret").mint("ws_a", KEY_ENTRY_A, 3600).token
     signer = PortalTokens(PORTAL_SECRET)
     # Well signed, but naming another workspace for ws_a's key: the key check refuses it.
-    wrong_workspace, _ = signer.mint("ws_b", "key_a", 3600)
-    unknown_key, _ = signer.mint("ws_a", "key_nobody", 3600)
-    disabled_key, _ = signer.mint("ws_a", "key_off", 3600)
-    good, _ = signer.mint("ws_a", "key_a", 3600)
+    wrong_workspace = signer.mint("ws_b", KEY_ENTRY_A, 3600).token
+    unknown_key = signer.mint("ws_a", entry("key_nobody", KEY_A), 3600).token
+    disabled_key = signer.mint("ws_a", entry("key_off", KEY_DISABLED), 3600).token
+    # The right key id, another key's hash (a key deleted and created again under its id).
+    other_print = signer.mint("ws_a", entry("key_a", "pk_another"), 3600).token
+    # Longer-lived than the service's sessions: a revocation could not cover it.
+    too_long = signer.mint("ws_a", KEY_ENTRY_A, 7200).token
+    good = signer.mint("ws_a", KEY_ENTRY_A, 3600).token
     prefix, payload, signature = good.split(".")
     claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     forged_payload = (
@@ -159,6 +171,8 @@ async def test_expired_tampered_foreign_and_oversized_tokens_are_refused(
         wrong_workspace,
         unknown_key,
         disabled_key,
+        other_print,
+        too_long,
         tampered,
         good[:-2],
         "pts1.",
@@ -251,7 +265,7 @@ async def test_without_any_secret_the_route_answers_500(
     ):
         resp = await http.post(SESSIONS, headers=headers())
         assert_error(resp, 500, "create_portal_session_failed", 90022)
-        token, _ = PortalTokens("whatever").mint("ws_a", "key_a", 600)
+        token = PortalTokens("whatever").mint("ws_a", KEY_ENTRY_A, 600).token
         resp = await http.get(ENDPOINTS, headers=bearer(token))
         assert_error(resp, 401, "portal_session_invalid", 90020)
 

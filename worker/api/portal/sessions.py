@@ -1,11 +1,15 @@
-"""``POST /v1/portal-sessions``: an API key asks for a portal URL for its workspace (docs/api.md,
-"The portal"). The answer holds a stateless token (``worker.api.portal.tokens``) in the URL's
-fragment, which browsers never send to a server, so it reaches no access log."""
+"""``POST /v1/portal-sessions``: an API key asks for a portal URL for its workspace; ``DELETE
+/v1/portal-sessions/{session_id}`` and ``DELETE /v1/portal-sessions`` revoke one session or
+all those opened so far (docs/api.md, "The portal"). The answer holds a signed token
+(``worker.api.portal.tokens``) in the URL's fragment, which browsers never send to a server,
+so it reaches no access log; the URL is built on ``API_PUBLIC_BASE_URL`` (else relative), never
+on the request's ``Host``, and the answer is never cached (``Cache-Control: no-store``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,7 +18,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from worker.api.bodies import json_response
-from worker.api.portal.tokens import PortalTokens
+from worker.api.keys import KeyStore
+from worker.api.portal.revocations import PortalRevocations
+from worker.api.portal.tokens import SESSION_ID_RE, PortalTokens
 from worker.api.routes import request_id_of
 from worker.api.webhooks.bodies import json_object_body
 from worker.contract.catalogue import ServiceError
@@ -24,6 +30,9 @@ from worker.runtime.logs import get_logger
 log = get_logger(__name__)
 
 PORTAL_SESSIONS: Final = "/v1/portal-sessions"
+PORTAL_SESSION: Final = "/v1/portal-sessions/{session_id}"
+SESSION_ID_RULE: Final = "session_id must be ps_ and 32 lowercase hex digits"
+NO_STORE: Final = MappingProxyType({"Cache-Control": "no-store"})
 PORTAL_PAGE: Final = "/portal"
 MIN_TTL_S: Final = 60
 FAILURE: Final = "create_portal_session_failed"
@@ -51,7 +60,14 @@ class PortalSessionData(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    url: str = Field(description="The page's URL with the session token in its fragment.")
+    url: str = Field(
+        description="The page's URL with the session token in its fragment: on the service's"
+        " `API_PUBLIC_BASE_URL`, or relative (`/portal#token=...`) when that is not set."
+    )
+    session_id: str = Field(
+        pattern=SESSION_ID_RE.pattern,
+        description="The session's id: `DELETE /v1/portal-sessions/{session_id}` revokes it.",
+    )
     workspace_id: Identifier
     expires_at: str = Field(description="RFC 3339 UTC time the session ends.")
 
@@ -66,51 +82,105 @@ class PortalSessionResponse(BaseModel):
 
 
 class PortalSessions:
-    """The handler. ``admitted_workspace`` is the front-end's key check and rate limit (a
-    portal token is refused there: minting is outside its scope); ``tokens`` is ``None``
-    without a portal secret, and the route then answers its 500; ``ttl_s`` is the longest
-    (and default) life of a session."""
+    """The handlers. ``admitted_workspace`` is the front-end's key check and rate limit (a
+    portal token is refused there: minting and revoking are outside its scope); ``keys`` the
+    key store (a token is bound to the entry of the key that minted it); ``tokens`` is
+    ``None`` without a portal secret, and the routes then answer their 500; ``ttl_s`` is the
+    longest (and default) life of a session; ``public_base_url`` the origin of the URLs
+    answered (``None``: relative URLs)."""
 
     def __init__(
         self,
         *,
         admitted_workspace: Callable[[Request], str],
+        keys: KeyStore,
         tokens: PortalTokens | None,
+        revocations: PortalRevocations,
         ttl_s: float,
+        public_base_url: str | None = None,
     ) -> None:
         self.admitted_workspace = admitted_workspace
+        self.keys = keys
         self.tokens = tokens
+        self.revocations = revocations
         self.ttl_s = ttl_s
+        self.public_base_url = public_base_url or ""
 
     def routes(self) -> list[Route]:
-        return [Route(PORTAL_SESSIONS, self.create, methods=["POST"])]
+        return [
+            Route(PORTAL_SESSIONS, self.create, methods=["POST"]),
+            Route(PORTAL_SESSIONS, self.revoke_all, methods=["DELETE"]),
+            Route(PORTAL_SESSION, self.revoke, methods=["DELETE"]),
+        ]
+
+    @staticmethod
+    def _no_portal(what: str) -> ServiceError:
+        return ServiceError.of(
+            FAILURE,
+            f"The service has no portal secret (API_PORTAL_SECRET or WEBHOOK_SECRETS_KEY); {what}.",
+        )
 
     async def create(self, request: Request) -> Response:
         workspace_id = self.admitted_workspace(request)
         key_id: str = request.scope["state"]["key_id"]
         body = await json_object_body(request, PortalSessionBody, when_empty=PortalSessionBody())
         if self.tokens is None:
+            raise self._no_portal("no session was created")
+        key = self.keys.entry_in_force(key_id, workspace_id)
+        if key is None:  # disabled between the check and now
             raise ServiceError.of(
-                FAILURE,
-                "The service has no portal secret (API_PORTAL_SECRET or WEBHOOK_SECRETS_KEY);"
-                " no session was created.",
+                "invalid_api_key", "The API key is not recognised or has been disabled."
             )
         ttl_s = self.ttl_s if body.ttl_s is None else min(float(body.ttl_s), self.ttl_s)
-        token, expires_at = self.tokens.mint(workspace_id, key_id, ttl_s)
-        base = str(request.base_url).rstrip("/")
-        expires = datetime.fromtimestamp(expires_at, UTC).isoformat().replace("+00:00", "Z")
-        log.info("portal_session_created", workspace_id=workspace_id, expires_at=expires)
+        minted = self.tokens.mint(workspace_id, key, ttl_s)
+        expires = datetime.fromtimestamp(minted.expires_at, UTC).isoformat()
+        expires = expires.replace("+00:00", "Z")
+        log.info(
+            "portal_session_created",
+            workspace_id=workspace_id,
+            session_id=minted.session_id,
+            expires_at=expires,
+        )
         data = PortalSessionData(
-            url=f"{base}{PORTAL_PAGE}#token={token}", workspace_id=workspace_id, expires_at=expires
+            url=f"{self.public_base_url}{PORTAL_PAGE}#token={minted.token}",
+            session_id=minted.session_id,
+            workspace_id=workspace_id,
+            expires_at=expires,
         )
         return json_response(
-            PortalSessionResponse(request_id=request_id_of(request), data=data), 201
+            PortalSessionResponse(request_id=request_id_of(request), data=data), 201, NO_STORE
         )
+
+    async def revoke(self, request: Request) -> Response:
+        """204 for every well-formed id: the workspace's own session is revoked; an id it
+        never opened (unknown, or another workspace's) is recorded under this workspace and
+        so revokes nothing, with the same answer."""
+        workspace_id = self.admitted_workspace(request)
+        session_id: str = request.path_params["session_id"]
+        if SESSION_ID_RE.fullmatch(session_id) is None:
+            raise ServiceError.of("invalid_request", f"Invalid path parameter: {SESSION_ID_RULE}.")
+        if self.tokens is None:
+            raise self._no_portal("there are no sessions to revoke")
+        await self.revocations.revoke_session(workspace_id, session_id)
+        log.info("portal_session_revoked", workspace_id=workspace_id, session_id=session_id)
+        return Response(status_code=204, headers=NO_STORE)
+
+    async def revoke_all(self, request: Request) -> Response:
+        """204: every session of the workspace opened until now is revoked."""
+        workspace_id = self.admitted_workspace(request)
+        if self.tokens is None:
+            raise self._no_portal("there are no sessions to revoke")
+        await self.revocations.revoke_all(workspace_id)
+        log.info("portal_sessions_revoked", workspace_id=workspace_id)
+        return Response(status_code=204, headers=NO_STORE)
 
 
 __all__ = [
+    "NO_STORE",
     "PORTAL_PAGE",
+    "PORTAL_SESSION",
     "PORTAL_SESSIONS",
+    "SESSION_ID_RULE",
     "PortalSessionBody",
     "PortalSessionData",
     "PortalSessionResponse",

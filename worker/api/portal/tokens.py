@@ -1,8 +1,11 @@
-"""Portal session tokens: stateless (nothing stored), HMAC-signed, expiring, carrying their
-workspace and the id of the API key that minted them, re-checked in the keys file on every
-request, so a disabled or deleted key ends its sessions at the next reload. The signing key
-is derived from ``API_PORTAL_SECRET`` or else ``WEBHOOK_SECRETS_KEY``. Tokens are never logged
-and reach the page in the URL fragment (docs/architecture.md, "The portal")."""
+"""Portal session tokens: HMAC-signed, expiring, carrying their workspace, a session id, their
+issue time and the minting API key's id and *print* (a keyed digest of the key's stored hash
+and creation time). Each request re-checks them against the keys file: the key must be in
+force, the same key (a key deleted and created again under its id has another print) and not
+disabled or enabled since the token was issued (the entry's ``changed_at``); and against the
+revocations the replicas share (``worker.api.portal.revocations``). The signing key is
+derived from ``API_PORTAL_SECRET`` or else ``WEBHOOK_SECRETS_KEY``. Tokens are never logged and
+reach the page in the URL fragment (docs/architecture.md, "The portal")."""
 
 from __future__ import annotations
 
@@ -11,17 +14,22 @@ import binascii
 import hashlib
 import hmac
 import json
+import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from worker.api.keys import KeyEntry
 from worker.contract.messages import valid_id
 
 __all__ = [
     "MAX_TOKEN_CHARS",
     "PORTAL_SCOPE",
+    "SESSION_ID_RE",
     "TOKEN_PREFIX",
+    "MintedSession",
     "PortalClaims",
     "PortalTokens",
     "in_portal_scope",
@@ -31,6 +39,10 @@ TOKEN_PREFIX: Final = "pts1."
 MAX_TOKEN_CHARS: Final = 1024
 """Longer bearer values are refused before any decoding (a token is about 250 characters)."""
 _LABEL: Final = b"passkey-auth-worker portal session v1"
+_PRINT_LABEL: Final = b"key print\x00"
+SESSION_ID_RE: Final = re.compile(r"^ps_[0-9a-f]{32}$")
+#: A token may outlive its TTL by this much (the expiry is rounded to whole seconds).
+_TTL_SLACK_S: Final = 2.0
 
 PORTAL_SCOPE: Final[frozenset[tuple[str, str]]] = frozenset(
     {
@@ -62,10 +74,24 @@ def in_portal_scope(method: str, template: str | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class PortalClaims:
-    """What a valid token says: its workspace, the minting key's id, its expiry (Unix s)."""
+    """What a valid token says: its workspace, the minting key's id and print, its session id,
+    when it was issued (Unix ms) and its expiry (Unix s)."""
 
     workspace_id: str
     key_id: str
+    key_print: str
+    session_id: str
+    issued_at_ms: int
+    expires_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class MintedSession:
+    """A new token and what the session-create answer says of it."""
+
+    token: str
+    session_id: str
+    issued_at_ms: int
     expires_at: int
 
 
@@ -82,11 +108,20 @@ class PortalTokens:
     fixed label): the configured secret itself never signs anything, so a token reveals
     nothing about it, and the same secret used elsewhere gives unrelated signatures."""
 
-    def __init__(self, secret: str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        secret: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_ttl_s: float = 86_400.0,
+    ) -> None:
         if not secret:
             raise ValueError("the portal secret must not be empty")
         self._key = hmac.new(secret.encode("utf-8"), _LABEL, hashlib.sha256).digest()
         self._clock = clock
+        #: A token whose life is longer is refused, so a revocation kept ``max_ttl_s`` covers
+        #: every token it can name (``API_PORTAL_SESSION_TTL_S``).
+        self.max_ttl_s = max_ttl_s
 
     def __repr__(self) -> str:  # never the key
         return "PortalTokens(<key hidden>)"
@@ -94,13 +129,43 @@ class PortalTokens:
     def _sign(self, payload: str) -> str:
         return _b64(hmac.new(self._key, payload.encode("ascii"), hashlib.sha256).digest())
 
-    def mint(self, workspace_id: str, key_id: str, ttl_s: float) -> tuple[str, int]:
-        """A token for ``workspace_id`` minted by ``key_id``, valid ``ttl_s`` seconds from now;
-        returns it and its expiry (Unix seconds)."""
-        expires_at = int(self._clock() + ttl_s)
-        claims = {"w": workspace_id, "k": key_id, "e": expires_at}
+    def key_print(self, entry: KeyEntry) -> str:
+        """The print of a stored key: its digest and creation time under the signing key, so
+        a key deleted and created again under the same id (even with the same raw key, at
+        another time) has another print, and a token shows nothing of the key's hash."""
+        created = "" if entry.created_at is None else repr(entry.created_at)
+        mac = hmac.new(self._key, _PRINT_LABEL + entry.digest, hashlib.sha256)
+        mac.update(b"\x00" + created.encode("ascii"))
+        return _b64(mac.digest()[:12])
+
+    def mint(self, workspace_id: str, key: KeyEntry, ttl_s: float) -> MintedSession:
+        """A token for ``workspace_id`` minted by ``key``, valid ``ttl_s`` seconds from now
+        (at most ``max_ttl_s``), under a new session id."""
+        now = self._clock()
+        issued_at_ms = int(now * 1000)
+        expires_at = int(now + min(ttl_s, self.max_ttl_s))
+        session_id = f"ps_{uuid.uuid4().hex}"
+        claims = {
+            "w": workspace_id,
+            "k": key.key_id,
+            "p": self.key_print(key),
+            "s": session_id,
+            "i": issued_at_ms,
+            "e": expires_at,
+        }
         payload = _b64(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode())
-        return f"{TOKEN_PREFIX}{payload}.{self._sign(payload)}", expires_at
+        token = f"{TOKEN_PREFIX}{payload}.{self._sign(payload)}"
+        return MintedSession(token, session_id, issued_at_ms, expires_at)
+
+    def bound(self, claims: PortalClaims, key: KeyEntry | None) -> bool:
+        """Whether ``claims`` still hold for ``key`` (the entry in force under the claims'
+        key id and workspace, ``None`` when there is none): the same key (its print) and not
+        disabled or enabled since the token was issued."""
+        if key is None or key.workspace_id != claims.workspace_id:
+            return False
+        if not hmac.compare_digest(self.key_print(key), claims.key_print):
+            return False
+        return key.changed_at is None or claims.issued_at_ms >= round(key.changed_at * 1000)
 
     def verify(self, token: str) -> PortalClaims | None:
         """The claims of a well-formed, correctly signed, unexpired token, else ``None``. The
@@ -118,13 +183,21 @@ class PortalTokens:
             return None
         if not isinstance(claims, dict):
             return None
-        workspace_id, key_id, expires_at = claims.get("w"), claims.get("k"), claims.get("e")
+        workspace_id, key_id, key_print = claims.get("w"), claims.get("k"), claims.get("p")
+        session_id, issued_at_ms, expires_at = claims.get("s"), claims.get("i"), claims.get("e")
         if not (isinstance(workspace_id, str) and valid_id(workspace_id)):
             return None
         if not (isinstance(key_id, str) and valid_id(key_id)):
             return None
-        if not isinstance(expires_at, int) or isinstance(expires_at, bool):
+        if not (isinstance(key_print, str) and key_print.isascii() and len(key_print) == 16):
             return None
-        if self._clock() >= expires_at:
+        if not (isinstance(session_id, str) and SESSION_ID_RE.fullmatch(session_id)):
             return None
-        return PortalClaims(workspace_id, key_id, expires_at)
+        if not (isinstance(expires_at, int) and isinstance(issued_at_ms, int)):
+            return None
+        if isinstance(expires_at, bool) or isinstance(issued_at_ms, bool):
+            return None
+        now = self._clock()
+        if now >= expires_at or expires_at - issued_at_ms / 1000 > self.max_ttl_s + _TTL_SLACK_S:
+            return None
+        return PortalClaims(workspace_id, key_id, key_print, session_id, issued_at_ms, expires_at)
