@@ -512,6 +512,14 @@ class Settings(BaseSettings):
         "per partition of the delivery state; a delivery that would open one more fails into "
         "the webhook DLQ (endpoint_queue_full).",
     )
+    webhook_workspace_max_pending: int = Field(
+        default=10_000,
+        ge=1,
+        description="Deliveries one workspace may have waiting in one dispatcher process, all "
+        "its endpoints and the owned partitions together; a delivery that would pass it fails "
+        "into the webhook DLQ (workspace_queue_full), so one workspace's failing endpoints "
+        "hold a bounded part of the dispatcher's memory.",
+    )
     webhook_endpoint_max_in_flight: int = Field(
         default=32,
         ge=1,
@@ -530,14 +538,6 @@ class Settings(BaseSettings):
         default=5,
         ge=1,
         description="Failed attempts in a row after which an endpoint backs off as a whole "
-    webhook_workspace_max_pending: int = Field(
-        default=10_000,
-        ge=1,
-        description="Deliveries one workspace may have waiting in one dispatcher process, all "
-        "its endpoints and the owned partitions together; a delivery that would pass it fails "
-        "into the webhook DLQ (workspace_queue_full), so one workspace's failing endpoints "
-        "hold a bounded part of the dispatcher's memory.",
-    )
         "(one probe at a time, pauses doubling from WEBHOOK_ENDPOINT_BACKOFF_BASE_S).",
     )
     webhook_timer_interval_s: float = Field(
