@@ -173,6 +173,9 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
             "WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
         }
     )
+    # Portal links are built on the configured public base, never on a request's Host: here,
+    # the address this stack serves the front-end on (an operator's own setting wins).
+    env.setdefault("API_PUBLIC_BASE_URL", f"http://{settings.api_host}:{settings.api_port}")
     assert settings.webhook_secrets_key is not None
     env["WEBHOOK_SECRETS_KEY"] = settings.webhook_secrets_key.get_secret_value()
     if broker is not None:
