@@ -5,18 +5,29 @@ A dead letter always fits under ``MAX_RECORD_BYTES``, whatever the record it sta
 letter refused for its size would leave the record nowhere, and fail the lane): the original
 is kept whole when it fits, else its key, value and headers are cut to fit, and
 ``dlq.truncated`` with the original sizes and SHA-256 digests say so. ``python -m worker dlq
-redrive`` refuses a truncated letter."""
+redrive`` refuses a truncated letter.
+
+The topic may still refuse it (a ``max.message.bytes`` below ours, a record-level refusal: not
+an outage): the letter is then sent again in its minimal form (``minimal_parts``: the
+original's coordinates, the fault's reason and exception class, sizes and SHA-256 digests, no
+copy of key, value or headers). If even that is refused, ``DeadLetterLost`` says so, and the
+consume loop counts it, logs it and lets the record go: what is lost is the copy only, the
+record stays on its input topic until retention (docs/architecture.md, "Failure handling")."""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
 from worker.engine.faults import PREFIX, Fault, RecordRejected
-from worker.engine.outage import MAX_RECORD_BYTES, Sent, enqueue, record_size
+from worker.engine.outage import MAX_RECORD_BYTES, BrokerHealth, Sent, enqueue, record_size
+from worker.runtime.logs import get_logger
+
+log = get_logger(__name__)
 
 #: Header names of a truncated dead letter, after the fault's. ``dlq.truncated`` lists the
 #: parts cut (``key``, ``value``, ``headers``, comma-separated); the others describe the
@@ -44,21 +55,86 @@ TRUNCATED_KEY_BYTES: Final = 1024
 _HEADER_OVERHEAD: Final = 10
 
 
+#: ``dlq.detail`` of a minimal dead letter: the fault's own detail (up to 1 KiB) stays in the
+#: process's log lines, not in a letter that must be as small as it can be.
+MINIMAL_DETAIL: Final = "minimal dead letter: the full one was refused"
+
+Parts = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]
+
+
+class DeadLetterLost(RecordRejected):
+    """The dead-letter topic refused even the minimal letter: the record is let go without
+    a copy (the consume loop counts and logs it, ``worker.engine.units``)."""
+
+
+@dataclass(slots=True)
+class LetterSent(Sent):
+    """A dead letter handed to the producer. A refusal of it (``RecordRejected`` at hand-over
+    or acknowledgement) is not raised at once: ``acked`` answers False and ``again`` sends
+    the minimal form; a refusal of that raises ``DeadLetterLost``."""
+
+    minimal: Parts | None = None
+    """The minimal form, not yet tried (``None`` once it is the one sent)."""
+    refused: RecordRejected | None = None
+    """Why even the minimal form could not be handed over."""
+
+    async def acked(self, health: BrokerHealth) -> bool:
+        if self.refused is not None:
+            raise DeadLetterLost(self.refused.reason, self.refused.detail) from self.refused
+        try:
+            return await Sent.acked(self, health)
+        except RecordRejected as exc:
+            if self.minimal is None:
+                raise DeadLetterLost(exc.reason, exc.detail) from exc
+            log.warning("dead_letter_refused", topic=self.topic, error=exc.detail)
+            self.key, self.value, self.headers = self.minimal
+            self.minimal = None
+            self.future, self.error = None, exc
+            return False  # the caller hands it over again: the minimal form
+
+    async def again(self, producer: Any) -> Sent:
+        parts = (self.key, self.value, self.headers or [])
+        return await _hand_over(producer, self.topic, parts, self.minimal)
+
+
 async def dead_letter(
     producer: AIOKafkaProducer, topic: str, msg: ConsumerRecord[bytes, bytes], fault: Fault
 ) -> Sent:
     """Hand ``msg`` to the dead-letter ``topic`` with ``fault`` in its headers, cut to fit
-    (the module docstring); never refused for the record's size. Any ``dlq.*`` headers of an
-    earlier dead-lettering (which a redrive carries) are dropped from the original's."""
+    (the module docstring); never refused for the record's size by us, and a refusal by the
+    producer or the broker falls back to the minimal form (``LetterSent``). Any ``dlq.*``
+    headers of an earlier dead-lettering (which a redrive carries) are dropped from the
+    original's."""
     source = (msg.topic, msg.partition, msg.offset)
-    key, value, headers = letter_parts(msg.key, msg.value, msg.headers, fault, source)
-    try:
-        return await enqueue(producer, topic, value, key=key, headers=headers)
-    except RecordRejected:
-        # The producer refused even a record under the bound (its own limit is lower): the
-        # fault and the original's coordinates, sizes and digests alone.
-        key, value, headers = letter_parts(msg.key, msg.value, msg.headers, fault, source, room=0)
-        return await enqueue(producer, topic, value, key=key, headers=headers)
+    full = letter_parts(msg.key, msg.value, msg.headers, fault, source)
+    return await _hand_over(producer, topic, full, minimal_parts(msg, fault))
+
+
+def minimal_parts(msg: ConsumerRecord[bytes, bytes], fault: Fault) -> Parts:
+    """The smallest dead letter of ``msg``: its coordinates (``dlq.source``), the fault's
+    reason, exception class, fingerprint and attempts, and the original's sizes and SHA-256
+    digests (``dlq.truncated``: every part cut); an empty key and value."""
+    source = (msg.topic, msg.partition, msg.offset)
+    short = replace(fault, detail=MINIMAL_DETAIL)
+    return letter_parts(msg.key, msg.value, msg.headers, short, source, room=0)
+
+
+async def _hand_over(producer: Any, topic: str, parts: Parts, minimal: Parts | None) -> LetterSent:
+    """``parts`` to the producer; the ``minimal`` form at once when the producer refuses
+    them; a ``LetterSent`` holding the refusal when it refuses that too."""
+    while True:
+        key, value, headers = parts
+        try:
+            sent = await enqueue(producer, topic, value, key=key, headers=headers)
+        except RecordRejected as exc:
+            if minimal is None:
+                return LetterSent(None, topic, value, key, None, headers, exc, refused=exc)
+            log.warning("dead_letter_refused", topic=topic, error=exc.detail)
+            parts, minimal = minimal, None
+            continue
+        return LetterSent(
+            sent.future, topic, value, key, None, headers, sent.error, minimal=minimal
+        )
 
 
 def letter_parts(
@@ -172,12 +248,16 @@ __all__ = [
     "HEADERS_COUNT",
     "KEY_BYTES",
     "KEY_SHA256",
+    "MINIMAL_DETAIL",
     "ORIGINAL_BYTES",
     "PARTS",
     "TRUNCATED",
     "TRUNCATED_KEY_BYTES",
     "VALUE_BYTES",
     "VALUE_SHA256",
+    "DeadLetterLost",
+    "LetterSent",
     "dead_letter",
     "letter_parts",
+    "minimal_parts",
 ]

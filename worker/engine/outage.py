@@ -14,6 +14,8 @@ from typing import Any, Final
 from aiokafka.client import ConnectionGroup
 from aiokafka.errors import (
     CorruptRecordException,
+    InvalidMessageError,
+    InvalidTimestampError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
@@ -36,12 +38,16 @@ PROBE_TIMEOUT_S: Final = 3.0
 #: ``max_request_size`` (aiokafka's default, 1 MiB) with room for the batch's framing. Checked
 #: before producing, so no caller, and no tenant, can make a write fail at the broker.
 MAX_RECORD_BYTES: Final = 1_000_000
-#: Errors that say the record itself is wrong: sending it again fails again.
+#: Errors that say the record itself is wrong: sending it again fails again. The broker's
+#: answer for a record over the topic's ``max.message.bytes`` is ``MessageSizeTooLargeError``
+#: (aiokafka fails the batch's futures with it), as is the producer's own refusal.
 _REJECTED: Final = (
     MessageSizeTooLargeError,
     RecordTooLargeError,
     RecordListTooLargeError,
     CorruptRecordException,
+    InvalidMessageError,
+    InvalidTimestampError,
 )
 #: Pause before re-sending after a failed produce: doubling from the first to the last.
 RESEND_BACKOFF_S: Final = (0.1, 1.0)
@@ -212,7 +218,9 @@ class Sent:
 
     async def acked(self, health: BrokerHealth) -> bool:
         """Wait for the broker: ``True`` once acknowledged, ``False`` after an outage error
-        (recorded in ``health``); any other error is raised."""
+        (recorded in ``health``): hand it over ``again``. A refusal of the record itself is
+        ``RecordRejected`` (a dead letter's answers False instead and is sent again in its
+        minimal form, ``worker.engine.dead_letter.LetterSent``); any other error is raised."""
         if self.future is None:
             health.failed(self.error or "send failed")
             return False
@@ -325,7 +333,10 @@ async def acknowledged(producer: Any, health: BrokerHealth, sent: Sequence[Sent]
     The acks are awaited one after another, not gathered: a unit's records mostly go out in
     one produce request, so the first wait is usually the only one that suspends, where a
     ``gather`` costs a future, a callback per record and a loop turn of its own (the worker
-    waits twice per confirm)."""
+    waits twice per confirm).
+
+    A record refused for itself (``RecordRejected``) does not stop the others: each is waited
+    for (re-sent through outages), then the first error is raised, a refusal last."""
     if not sent:
         return
     failed = False
@@ -340,7 +351,26 @@ async def acknowledged(producer: Any, health: BrokerHealth, sent: Sequence[Sent]
     if not failed:
         health.succeeded()
         return
-    retry = [s for s in sent if not await s.acked(health)]
+    retry: list[Sent] = []
+    refusals: list[BaseException] = []
+    for s in sent:
+        try:
+            if not await s.acked(health):
+                retry.append(s)
+        except RecordRejected as exc:
+            refusals.append(exc)
     # Handed over again at once, in their order; pauses only between later attempts.
-    again = [await s.again(producer) for s in retry]
-    await asyncio.gather(*(_until_acked(producer, health, s) for s in again))
+    again = []
+    for s in retry:
+        try:
+            again.append(await s.again(producer))
+        except RecordRejected as exc:
+            refusals.append(exc)
+    ends = await asyncio.gather(
+        *(_until_acked(producer, health, s) for s in again), return_exceptions=True
+    )
+    failures = [e for e in ends if isinstance(e, BaseException)]
+    # Anything but a refusal (a process fault) first: it must not hide behind a refusal.
+    errors = [*(e for e in failures if not isinstance(e, RecordRejected)), *refusals, *failures]
+    if errors:
+        raise errors[0]

@@ -13,6 +13,7 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from worker.engine.commits import Commits
+from worker.engine.dead_letter import DeadLetterLost
 from worker.engine.faults import Fault, is_permanent, is_process_fault
 from worker.engine.handler import Handler
 from worker.engine.lanes import DUE, LOGGED_KEY_CHARS, LaneItem, Unreadable
@@ -61,8 +62,7 @@ class Units:
             log.error(
                 "record_unreadable", partition=partition, offset=item.offset, error=item.error
             )
-            await self.executor.recover(item, Fault("unreadable", item.error[:300]))
-            self.metrics.unit_failures.labels(stage, "dead_lettered").inc()
+            await self._recover(item, Fault("unreadable", item.error[:300]), key, partition)
             return None
         attempt = 1
         while True:
@@ -102,8 +102,7 @@ class Units:
                     **where,
                 )
                 if item is not DUE:
-                    await self.executor.recover(item, fault)
-                    self.metrics.unit_failures.labels(stage, "dead_lettered").inc()
+                    await self._recover(item, fault, key, partition)
                 else:
                     await self._give_up(partition, key, fault)
                 return None
@@ -119,6 +118,32 @@ class Units:
             return await self.executor.handle(item)
         finally:
             HANDLING.reset(token)
+
+    async def _recover(
+        self, item: ConsumerRecord[bytes, bytes], fault: Fault, key: str, partition: int
+    ) -> None:
+        """Hand a record that failed for good to the handler's ``recover`` (its dead letter).
+        A dead letter the topic refused even in its minimal form (``DeadLetterLost``) is
+        counted (``unit_failures{stage="record",outcome="dead_letter_lost"}``) and logged,
+        and the record let go all the same: only its copy is lost, and holding the lane on it
+        would stop the key, and the loop, for good (docs/architecture.md, "Failure
+        handling"). Anything else ``recover`` raises still ends the loop."""
+        try:
+            await self.executor.recover(item, fault)
+        except DeadLetterLost as exc:
+            log.error(
+                "dead_letter_lost",
+                key=key[:LOGGED_KEY_CHARS],
+                partition=partition,
+                offset=item.offset,
+                reason=fault.reason,
+                exception=fault.exception,
+                fingerprint=fault.fingerprint,
+                error=exc.detail,
+            )
+            self.metrics.unit_failures.labels("record", "dead_letter_lost").inc()
+            return
+        self.metrics.unit_failures.labels("record", "dead_lettered").inc()
 
     async def _give_up(self, partition: int, key: str, fault: Fault) -> None:
         """Postpone a due key that keeps failing; a failure to postpone is only logged (the
