@@ -18,12 +18,14 @@ import httpx
 import pytest
 
 from tests.api.conftest import ApiSettings
-from tests.api.support import KEY_B, headers, produce, running_api
+from tests.api.support import KEY_B, headers, produce, running_api, wait_until
 from tests.api.test_api_http import assert_error
-from tests.api.webhooks.test_routes import error_event, status_event
+from tests.api.webhooks.test_routes import error_event, hooks, status_event
+from worker.api.keys import KeyEntry, KeyStore, hash_key
 from worker.api.webhooks.account_events import AccountEvents, CursorCodec, CursorError
 from worker.api.webhooks.quotas import Refused
 from worker.engine.kafka import build_consumer
+from worker.runtime.admission import Admission, TimeCharge
 from worker.settings import Settings
 from worker.webhooks.events import from_error, from_status
 from worker.webhooks.secrets_box import generate_key
@@ -186,7 +188,7 @@ async def test_cursor_tampering_and_hostile_queries_are_refused(
             {"limit": "²"},
             {"limit": "-1"},
             {"since": "yesterday"},
-            {"cursor": cursor, "since": datetime.now(UTC).isoformat()},
+            {"cursor": cursor, "since": "yesterday"},  # with a cursor, still its form
             {"unknown": "1"},
         ):
             resp = await http.get(path, params=params, headers=headers())
@@ -248,3 +250,112 @@ async def test_a_huge_scan_is_read_a_bounded_slice_per_request(
     with pytest.raises(CursorError):
         CursorCodec(b"j" * 32).decode(text, account_id=account, workspace_id="ws_a")
     await asyncio.sleep(0)
+
+
+# -- the reads' admission (issue "Tenant budgets", row 3) -----------------------------------
+
+LOOPERS = ("ws_l1", "ws_l2", "ws_l3", "ws_l4")
+FIFTH = "ws_fifth"
+
+
+def five_workspaces() -> KeyStore:
+    return KeyStore(
+        [KeyEntry(w, f"key_{w}", bytes.fromhex(hash_key(f"pk_{w}"))) for w in (*LOOPERS, FIFTH)]
+    )
+
+
+async def test_workspaces_looping_on_reads_spend_their_own_time_and_a_fifth_is_served(
+    hook_settings: Callable[..., Settings],
+) -> None:
+    """Four workspaces loop on reads, each holding one of the four read slots. Each spends its
+    own read time (a small budget here, so the test does not wait): once it is in debt its
+    reads are refused 429 with Retry-After and a message saying so, while a fifth workspace is
+    served. On main the loopers held all four slots for as long as they looped: they were
+    never refused, and a fifth got 429 whenever all four were reading."""
+    settings = hook_settings(api_rate_limit_per_s=0)
+    now = datetime.now(UTC)
+    accounts = {w: f"acc_{w}_{uuid.uuid4().hex[:6]}" for w in (*LOOPERS, FIFTH)}
+    await produce(
+        settings,
+        settings.topics.status,
+        records([status_event(a, w, now) for w, a in accounts.items()]),
+    )
+    refused: dict[str, httpx.Response] = {}
+    served = dict.fromkeys(LOOPERS, 0)
+    stop = asyncio.Event()
+    async with (
+        running_api(settings, keys=five_workspaces()) as api,
+        httpx.AsyncClient(base_url=api.url, timeout=30) as http,
+    ):
+        events = hooks(api).events
+        assert events is not None
+        # The same rule, with a budget of 0.3 slot-seconds and almost no refill.
+        events.admission = Admission(
+            events.admission.name,
+            events.admission.share,
+            time=TimeCharge(rate=0.01, burst_s=0.3),
+        )
+
+        async def loop(workspace: str) -> None:
+            path = EVENTS.format(accounts[workspace])
+            for _ in range(2000):  # bounded: stops long before
+                if stop.is_set():
+                    return
+                resp = await http.get(path, headers=headers(f"pk_{workspace}"))
+                if resp.status_code == 200:
+                    served[workspace] += 1
+                elif resp.status_code == 429:
+                    refused.setdefault(workspace, resp)
+                    await asyncio.sleep(0.05)
+                else:
+                    raise AssertionError(resp.text)
+
+        loopers = [asyncio.create_task(loop(w)) for w in LOOPERS]
+        try:
+            await wait_until(lambda: set(refused) == set(LOOPERS), what="every looper in debt")
+            answers = []
+            for _ in range(20):  # while the loopers go on looping
+                resp = await http.get(
+                    EVENTS.format(accounts[FIFTH]), headers=headers(f"pk_{FIFTH}")
+                )
+                answers.append(resp.status_code)
+                if resp.status_code == 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert answers[-1] == 200, answers
+            assert not any(task.done() for task in loopers), "the loopers still loop"
+        finally:
+            stop.set()
+            await asyncio.gather(*loopers)
+    for workspace, resp in refused.items():
+        body = assert_error(resp, 429, "rate_limited", 90002)
+        assert "share of read time" in body["error"]["message"], body
+        assert int(resp.headers["retry-after"]) >= 1
+        assert served[workspace] >= 1
+    assert events.admission.refused["time"] >= len(LOOPERS)
+
+
+async def test_a_cursor_with_the_first_pages_since_continues_from_the_cursor(
+    hook_settings: Callable[..., Settings],
+) -> None:
+    """The document allows ``cursor`` and ``since`` together: the cursor decides where the
+    page starts, ``since`` (sent again as the first page's, or any other) is ignored but for
+    its form, even once it is older than the window. On main: 400 for both."""
+    settings = hook_settings()
+    now = datetime.now(UTC)
+    account = f"acc_{uuid.uuid4().hex[:8]}"
+    events = [status_event(account, "ws_a", now, version=v) for v in (1, 2, 3)]
+    await produce(settings, settings.topics.status, records(events))
+    since = (now - timedelta(minutes=5)).isoformat()
+    async with running_api(settings) as api, httpx.AsyncClient(base_url=api.url) as http:
+        path = EVENTS.format(account)
+        first = page(await http.get(path, params={"since": since, "limit": 1}, headers=headers()))
+        assert [e["version"] for e in first["data"]] == [1]
+        cursor = first["next_cursor"]
+        alone = page(await http.get(path, params={"cursor": cursor}, headers=headers()))
+        for other in (since, (now + timedelta(days=1)).isoformat(), "2000-01-01T00:00:00Z"):
+            both = page(
+                await http.get(path, params={"cursor": cursor, "since": other}, headers=headers())
+            )
+            assert [e["event_id"] for e in both["data"]] == [e["event_id"] for e in alone["data"]]
+        assert [e["version"] for e in alone["data"]] == [2, 3]

@@ -16,12 +16,14 @@ import pytest
 from aiokafka import TopicPartition
 
 from tests.api.conftest import ApiSettings
-from tests.api.support import KEY_B, headers, running_api
+from tests.api.support import KEY_B, headers, running_api, wait_until
 from tests.api.test_api_http import assert_error
 from tests.api.webhooks.test_routes import ONE, create, hooks, log_entry
-from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
+from worker.api.keys import KeyEntry, KeyStore, hash_key
+from worker.api.webhooks.delivery_log_scan import DeliveryLogScan, LogSlice
 from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.runtime.admission import NoRoom
 from worker.settings import Settings
 from worker.webhooks.secrets_box import generate_key
 
@@ -106,8 +108,10 @@ async def test_a_slow_workspace_does_not_turn_another_workspaces_deliveries_into
 async def test_scans_of_many_workspaces_run_at_once_bounded_by_max_concurrent(
     make_settings: Callable[..., Settings],
 ) -> None:
-    """Five scans of five endpoints at once on a scan of ``max_concurrent=2``: two consumers
-    are built and two scans run at once, never more; all five are answered."""
+    """Five scans of five workspaces at once on a scan of ``max_concurrent=2``: two consumers
+    are built and two scans run at once, never more; the other three are refused at once
+    (``NoRoom``, the pool full, a Retry-After), not queued; once the two end, the rest are
+    served. One workspace's second scan while its first runs is refused for its share."""
     settings = make_settings(partitions=3)
     await ensure_topics(settings.kafka_config(), settings.topic_plan())
     delay = 0.3
@@ -135,13 +139,71 @@ async def test_scans_of_many_workspaces_run_at_once_bounded_by_max_concurrent(
     await scan.start()
     try:
         answers = await asyncio.gather(
-            *(scan.read(f"ep_{i}", upto=None, lo=None) for i in range(5))
+            *(scan.read(f"ep_{i}", owner=f"ws_{i}", upto=None, lo=None) for i in range(5)),
+            return_exceptions=True,
         )
+        refused = [a for a in answers if isinstance(a, NoRoom)]
+        assert [a.reason for a in refused] == ["full"] * 3
+        assert all(a.retry_after_s >= 1 for a in refused)
+        assert [a.entries for a in answers if isinstance(a, LogSlice)] == [[]] * 2
+        for i in range(2, 5):  # served now that the two have ended
+            assert (await scan.read(f"ep_{i}", owner=f"ws_{i}", upto=None, lo=None)).entries == []
+        first = asyncio.create_task(scan.read("ep_0", owner="ws_0", upto=None, lo=None))
+        await wait_until(lambda: scan.running == 1, what="ws_0's scan running")
+        with pytest.raises(NoRoom) as again:
+            await scan.read("ep_9", owner="ws_0", upto=None, lo=None)
+        assert again.value.reason == "share"
+        await first
     finally:
         await scan.stop()
-    assert [a.entries for a in answers] == [[]] * 5
-    assert (built, scan.peak_running, scan.scans) == (2, 2, 5)
+    assert (built, scan.peak_running, scan.scans) == (2, 2, 6)
     assert scan.consumers == 0  # all closed by stop
+
+
+async def test_scans_full_answer_429_with_retry_after_at_once_never_500(
+    scan_settings: Callable[..., Settings],
+) -> None:
+    """Four workspaces' deliveries scans hang (their log answers slowly) and hold the four
+    scan slots; a fifth workspace's ``GET .../deliveries`` is answered 429 ``rate_limited``
+    with Retry-After at once. On main it waited for the semaphore until its 3 s time-out and
+    answered 500 ``get_webhook_endpoint_failed`` with no Retry-After."""
+    workspaces = [f"ws_s{i}" for i in range(5)]
+    keys = KeyStore([KeyEntry(w, f"k_{w}", bytes.fromhex(hash_key(f"pk_{w}"))) for w in workspaces])
+    settings = scan_settings(webhook_deliveries_scan_timeout_s=3.0)
+    async with (
+        running_api(settings, keys=keys) as api,
+        httpx.AsyncClient(base_url=api.url, timeout=30) as http,
+    ):
+        ids = {w: (await create(http, f"pk_{w}"))["id"] for w in workspaces}
+        scan = hooks(api).deliveries
+        entered = asyncio.Event()
+        every = {
+            TopicPartition(settings.topics.webhook_deliveries, p)
+            for p in range(settings.other_partitions)
+        }
+        real = scan._factory
+        scan._factory = lambda: SlowPartition(real(), every, entered)
+        await scan.stop()
+        await scan.start()
+        hanging = [
+            asyncio.create_task(
+                http.get(f"{ONE.format(ids[w])}/deliveries", headers=headers(f"pk_{w}"))
+            )
+            for w in workspaces[:4]
+        ]
+        await wait_until(lambda: scan.running == 4, what="four scans holding the slots")
+        fifth = workspaces[4]
+        resp = await http.get(
+            f"{ONE.format(ids[fifth])}/deliveries", headers=headers(f"pk_{fifth}")
+        )
+        body = assert_error(resp, 429, "rate_limited", 90002)
+        assert "every deliveries scan slot" in body["error"]["message"]
+        assert int(resp.headers["retry-after"]) >= 1
+        assert not any(t.done() for t in hanging), "the four still hold their slots"
+        for answer in await asyncio.gather(*hanging):
+            assert answer.status_code == 500  # their own scans' time-out, their own 500
+        # the slots are free again, and the four spent their own time, not the fifth's
+        assert scan.running == 0 and scan.admission.in_use == 0
 
 
 class LateFirstAnswer:
@@ -201,7 +263,7 @@ async def test_a_scan_learns_where_the_partition_ends_from_an_answer_not_an_empt
     scan = DeliveryLogScan(factory, topic, window=100, timeout_s=20)
     await scan.start()
     try:
-        found = await scan.read("ep_batched", upto=None, lo=None)
+        found = await scan.read("ep_batched", owner="ws_a", upto=None, lo=None)
     finally:
         await scan.stop()
     assert made[0].polls >= 2

@@ -31,7 +31,7 @@ from tests.api.webhooks.test_routes import (
     status_event,
 )
 from worker.api.app import ApiRuntime
-from worker.api.webhooks import quotas
+from worker.api.webhooks import creates, quotas
 from worker.settings import Settings
 from worker.webhooks.endpoints import EndpointRecord, StoredSecret, decode_endpoint
 from worker.webhooks.publish import decode_replay
@@ -301,7 +301,7 @@ async def test_forty_rotations_leave_two_secrets_and_a_bounded_record(
         for _ in range(39):
             secrets.append(ok(await http.post(rotate, headers=headers()))["secret"])
         record = store.registry.get("ws_a", endpoint["id"])
-        assert record is not None and record.revision == 41
+        assert record is not None and record.revision == after_one.revision + 39
         assert len(record.secrets) == 2
         assert store.signing_secrets(record) == [secrets[-1], secrets[-2]]
         # the same size as after one rotation, give or take the digits of the revision and
@@ -503,3 +503,122 @@ async def test_the_default_limits_refuse_what_fills_the_body_limit(
             message = assert_error(resp, 400, "invalid_request", 10000)["error"]["message"]
             assert fragment in message, message
         assert ok(await http.get(ENDPOINTS, headers=headers())) == []
+
+
+# -- endpoint creates: never deliverable before the quota check (issue "Tenant budgets") ----
+
+
+class HeldCreate:
+    """A front-end's producer whose first record of ``workspace`` on the endpoints topic is held
+    until ``released`` and then sent, even when its caller has stopped waiting (a write that
+    timed out and still lands); every other record goes through."""
+
+    def __init__(self, producer: Any, topic: str, workspace: str) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._workspace = workspace
+        self.released = asyncio.Event()
+        self.held = 0
+        self.late: list[asyncio.Task[Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    async def send(self, topic: str, value: bytes | None, **kwargs: Any) -> Any:
+        mine = (
+            topic == self._topic
+            and value is not None
+            and decode_endpoint(value).workspace_id == self._workspace
+        )
+        if not mine or self.held:
+            return await self._producer.send(topic, value, **kwargs)
+        self.held += 1
+
+        async def late() -> Any:
+            await self.released.wait()
+            return await self._producer.send(topic, value, **kwargs)
+
+        self.late.append(asyncio.create_task(late()))
+        return await asyncio.shield(self.late[-1])
+
+
+def hold_create(api: ApiRuntime, settings: Settings, workspace: str) -> HeldCreate:
+    store = hooks(api).store
+    held = HeldCreate(store._producer, settings.topics.webhook_endpoints, workspace)
+    store._producer = held  # the store writes through it from now on
+    return held
+
+
+async def records_of(settings: Settings, workspace: str) -> list[EndpointRecord]:
+    """Every endpoint record of ``workspace`` on the topic, in order (tombstones left out)."""
+    return [
+        record
+        for msg in await read_all(settings, settings.topics.webhook_endpoints)
+        if msg.value is not None
+        and (record := decode_endpoint(msg.value)).workspace_id == workspace
+    ]
+
+
+async def test_an_endpoint_over_the_quota_across_replicas_is_never_active(
+    quota_settings: Callable[..., Settings],
+) -> None:
+    """Two replicas each admit the workspace's last endpoint (quota 1): replica one's create is
+    held on its way to the topic while replica two's is written and kept. Released, replica
+    one's lands after it on the workspace's partition, is not kept and answers the quota's
+    409; it was written pending (inactive) and deleted, so no active record of it ever
+    reached the topic and no dispatcher could deliver to it. On main it was written active,
+    checked, then deleted: deliverable for as long as the check took."""
+    registry = CollectorRegistry()
+    settings = quota_settings(webhook_endpoints_per_workspace=1)
+    async with (
+        running_api(settings, registry=registry) as one,
+        running_api(settings) as two,
+        httpx.AsyncClient(base_url=one.url, timeout=30) as http_one,
+        httpx.AsyncClient(base_url=two.url, timeout=30) as http_two,
+    ):
+        held = hold_create(one, settings, "ws_a")
+        first = asyncio.create_task(http_one.post(ENDPOINTS, json={"url": URL}, headers=headers()))
+        await wait_until(lambda: held.held == 1, what="replica one's create held")
+        kept = await create(http_two)  # replica two has not read replica one's: admitted
+        held.released.set()
+        over_quota(await first, 1)
+        assert refusals(registry, quotas.ENDPOINTS) == 1
+        for http in (http_one, http_two):
+            listed = [e["id"] for e in ok(await http.get(ENDPOINTS, headers=headers()))]
+            assert listed == [kept["id"]]
+    written = await records_of(settings, "ws_a")
+    refused = {r.id for r in written} - {kept["id"]}
+    assert len(refused) == 1, written  # replica one's create reached the topic, pending
+    assert [r.status for r in written if r.id in refused] == ["inactive"]
+    assert [r.status for r in written if r.id == kept["id"]][-1] == "active"
+
+
+async def test_a_create_whose_write_timed_out_is_never_an_endpoint_and_is_cleaned(
+    quota_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create whose write times out answers 500 "nothing was created"; the record that
+    still lands later is pending, so it is never listed, found or delivered to, and the
+    workspace's next create deletes it once it is stale (``STALE_S``, shortened here) and is
+    admitted (quota 1). On main the late record was an active endpoint the answer denied,
+    never re-checked against the quota."""
+    monkeypatch.setattr(creates, "STALE_S", 0.5)
+    settings = quota_settings(webhook_endpoints_per_workspace=1, webhook_store_timeout_s=1.0)
+    async with running_api(settings) as api, httpx.AsyncClient(base_url=api.url) as http:
+        held = hold_create(api, settings, "ws_a")
+        timed_out = await http.post(ENDPOINTS, json={"url": URL}, headers=headers())
+        message = assert_error(timed_out, 500, "create_webhook_endpoint_failed", 40001)
+        assert "nothing was created" in message["error"]["message"]
+        held.released.set()
+        await asyncio.gather(*held.late)
+        registry = hooks(api).store.registry
+        await wait_until(lambda: registry.count("ws_a") == 1, what="the late record read")
+        (late,) = registry.of_workspace("ws_a")
+        assert creates.is_pending(late)
+        assert ok(await http.get(ENDPOINTS, headers=headers())) == []
+        gone = await http.get(ONE.format(late.id), headers=headers())
+        assert gone.status_code == 404
+        await asyncio.sleep(0.6)  # past the (shortened) STALE_S
+        admitted = await create(http)
+        assert [r.id for r in registry.of_workspace("ws_a")] == [admitted["id"]]
+    written = await records_of(settings, "ws_a")
+    assert {r.status for r in written if r.id == late.id} == {"inactive"}

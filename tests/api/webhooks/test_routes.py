@@ -27,9 +27,11 @@ from tests.api.support import (
 )
 from tests.api.test_api_http import assert_error
 from worker.api.app import ApiRuntime
+from worker.api.webhooks import creates
 from worker.api.webhooks.replay import ReplayRunner
-from worker.api.webhooks.routes import UNCONFIRMED, WebhookClients
+from worker.api.webhooks.routes import WebhookClients
 from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
+from worker.documents.openapi.document import openapi_document
 from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.tail import assign_all
@@ -420,14 +422,16 @@ async def test_a_write_not_acknowledged_in_time_answers_500(
     hook_settings: Callable[..., Settings],
 ) -> None:
     """A store timeout far below one broker round trip. The record may still reach the
-    topic afterwards (the producer keeps it), so the message says the outcome is unknown."""
+    topic afterwards (the producer keeps it), but only pending, never an endpoint: the
+    message says nothing was created."""
     settings = hook_settings(webhook_store_timeout_s=1e-6)
     async with running_api(settings) as api, httpx.AsyncClient(base_url=api.url) as http:
         resp = await http.post(ENDPOINTS, json={"url": URL}, headers=headers())
         message = assert_error(resp, 500, "create_webhook_endpoint_failed", 40001)["error"][
             "message"
         ]
-        assert message == UNCONFIRMED
+        assert message == creates.NOT_WRITTEN
+        assert ok(await http.get(ENDPOINTS, headers=headers())) == []
 
 
 async def test_writes_a_broken_producer_cannot_make_answer_500(
@@ -817,3 +821,28 @@ async def test_readiness_covers_the_webhook_readers(hook_settings: Callable[...,
         # replies, the replicas' presence and Idempotency-Keys, the endpoints registry
         assert len(api.tails) == 4
         await asyncio.sleep(0)
+
+
+async def test_answers_that_carry_a_secret_are_never_stored(
+    hook_settings: Callable[..., Settings],
+) -> None:
+    """The create's and the rotation's answers carry the signing secret in clear: each says
+    ``Cache-Control: no-store``, as the document says; answers without one are unchanged."""
+    async with (
+        running_api(hook_settings()) as api,
+        httpx.AsyncClient(base_url=api.url) as http,
+    ):
+        created = await http.post(ENDPOINTS, json={"url": URL}, headers=headers())
+        assert created.status_code == 201 and created.headers["cache-control"] == "no-store"
+        endpoint_id = created.json()["data"]["id"]
+        rotated = await http.post(ONE.format(endpoint_id) + "/rotate-secret", headers=headers())
+        assert rotated.status_code == 200 and rotated.headers["cache-control"] == "no-store"
+        read = await http.get(ONE.format(endpoint_id), headers=headers())
+        assert read.status_code == 200 and "secret" not in read.json()["data"]
+    document = openapi_document()
+    rotate = "/v1/webhook-endpoints/{endpoint_id}/rotate-secret"
+    for path, method in ((ENDPOINTS, "post"), (rotate, "post")):
+        operation = document["paths"][path][method]
+        ok_status = "201" if path == ENDPOINTS else "200"
+        header = operation["responses"][ok_status]["headers"]["Cache-Control"]
+        assert header["schema"]["const"] == "no-store"

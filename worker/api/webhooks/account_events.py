@@ -1,8 +1,10 @@
 """``GET /v1/accounts/{account_id}/events``: the account's status and error events from its home
 partition of auth.status and auth.errors, rendered as its webhooks are
 (``worker.webhooks.events``), so polling and webhooks agree. Bounded per request
-(``SCAN_RECORDS`` per topic, ``SCAN_TIMEOUT_S``, ``since`` within ``WINDOW_S``, one read per
-workspace and ``MAX_SCANS`` per process); the next page resumes from a cursor signed with an
+(``SCAN_RECORDS`` per topic, ``SCAN_TIMEOUT_S``, ``since`` within ``WINDOW_S``); reads take a
+slot through the admission rule (``MAX_SCANS`` per process, one per workspace, the seconds held
+charged to the workspace), so workspaces that loop on reads spend their own time, not the
+others' (docs/architecture.md, "Admission"); the next page resumes from a cursor signed with an
 HMAC, bound to the account and workspace (docs/architecture.md, "An account's event history")."""
 
 from __future__ import annotations
@@ -23,14 +25,14 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
-from worker.api.webhooks.quotas import EVENT_SCANS, TOO_MANY, Refused
-from worker.contract.catalogue import ServiceError
+from worker.api.webhooks.quotas import EVENT_SCANS, SCAN_RETRY_AFTER_S, SCAN_TIME, busy
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
 from worker.engine.home_partition import home_partition
 from worker.engine.replay import high_water_marks
 from worker.engine.tail import partitions_of
+from worker.runtime.admission import Admission, NoRoom, Share, TimeCharge
 from worker.runtime.logs import get_logger
 from worker.webhooks.events import WebhookEvent, from_error, from_status
 
@@ -173,7 +175,8 @@ class EventPage:
 
 class AccountEvents:
     """Reads pages of an account's events (see the module docstring). ``consumer_factory``
-    builds an unstarted, group-less consumer per topic scanned."""
+    builds an unstarted, group-less consumer per topic scanned; ``admission`` holds the reads'
+    slots (``max_scans``, one per workspace, ``time_charge`` charged; ``clock`` for tests)."""
 
     def __init__(
         self,
@@ -185,6 +188,8 @@ class AccountEvents:
         timeout_s: float = SCAN_TIMEOUT_S,
         max_scans: int = MAX_SCANS,
         seek_margin_s: float = SEEK_MARGIN_S,
+        time_charge: TimeCharge = SCAN_TIME,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._consumer_factory = consumer_factory
         self._aside = AsideCloses()
@@ -194,29 +199,28 @@ class AccountEvents:
         self.timeout_s = timeout_s
         self.max_scans = max_scans
         self._seek_margin_s = seek_margin_s
-        self._busy: set[str] = set()
+        self.admission = Admission(
+            "account_event_reads",
+            Share(capacity=max_scans, per_owner=1),
+            time=time_charge,
+            retry_after_s=SCAN_RETRY_AFTER_S,
+            clock=clock,
+        )
         self._skip = skipping("account-events", log)
         #: Records read by every scan of this process: what the scans cost.
         self.records_read = 0
 
     @contextlib.contextmanager
     def turn(self, workspace_id: str) -> Iterator[None]:
-        """One scan per workspace and ``max_scans`` in all on this process, else ``Refused``."""
-        if workspace_id in self._busy or len(self._busy) >= self.max_scans:
-            raise Refused(
-                EVENT_SCANS,
-                ServiceError.of(
-                    TOO_MANY,
-                    "Too many event-history reads are in progress (one per workspace at a"
-                    " time); retry shortly.",
-                ),
-                1,
-            )
-        self._busy.add(workspace_id)
+        """The workspace's read slot for the ``with`` block, or ``Refused`` (429 with the
+        admission's ``Retry-After``): the pool full, the workspace's one read under way, or
+        its read time spent."""
         try:
+            slot = self.admission.take(workspace_id)
+        except NoRoom as exc:
+            raise busy(EVENT_SCANS, "event-history read", exc) from None
+        with slot:
             yield
-        finally:
-            self._busy.discard(workspace_id)
 
     async def page(
         self,

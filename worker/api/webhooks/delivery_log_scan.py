@@ -1,8 +1,9 @@
 """``GET .../deliveries`` as a bounded, on-demand scan of the endpoint's partition of the
 delivery log: a replica holds no log and a request costs at most ``window`` records
-(docs/architecture.md, "A replica's cost follows its own traffic"). Scans do not queue behind
-each other across workspaces: each runs on a consumer of its own, ``max_concurrent`` at most
-per process (``DeliveryLogScan``)."""
+(docs/architecture.md, "A replica's cost follows its own traffic"). Scans never queue: each
+takes a slot through the admission rule (``max_concurrent`` per process, one per workspace, the
+seconds held charged to the workspace) or is refused at once with ``NoRoom``, and runs on a
+consumer of its own (``DeliveryLogScan``; docs/architecture.md, "Admission")."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from typing import Any, Final, TypeVar
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
+from worker.api.webhooks.quotas import SCAN_RETRY_AFTER_S, SCAN_TIME
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
 from worker.engine.home_partition import home_partition
 from worker.engine.tail import partitions_of
+from worker.runtime.admission import Admission, Share, TimeCharge
 from worker.runtime.logs import get_logger
 from worker.webhooks.publish import DeliveryLogEntry, decode_log
 
@@ -40,14 +43,16 @@ class DeliveryLogScan:
     """Reads one endpoint's entries of the delivery log from ``topic`` on demand (``read``).
 
     ``consumer_factory`` builds an unstarted, group-less consumer; ``start`` builds and starts
-    the first, a scan that finds none idle builds another, up to ``max_concurrent``; ``stop``
-    closes them all. ``window`` is how many of the partition's last records a scan reads at
-    most (plus one fetched batch).
+    the first, a scan that finds none idle builds another; ``stop`` closes them all.
+    ``window`` is how many of the partition's last records a scan reads at most (plus one
+    fetched batch).
 
-    The route allows one scan per workspace at a time (``ScanTurns``, a second answers 429),
-    so a workspace whose scans are slow holds one consumer, never the others'; a request waits
-    for a consumer only while ``max_concurrent`` other workspaces scan, and that wait counts
-    against its ``timeout_s``.
+    A scan first takes a slot of ``admission`` for its workspace (``max_concurrent`` slots, one
+    per workspace, ``time_charge`` charged; ``clock`` for tests), else ``NoRoom`` at once: a
+    workspace whose scans are slow holds one slot and spends its own time, never the others',
+    and nothing waits for a slot, so no request turns into a 500 behind other workspaces'
+    scans. Each running scan holds its slot and one consumer, so there are never more
+    consumers than ``max_concurrent``.
     """
 
     def __init__(
@@ -60,6 +65,8 @@ class DeliveryLogScan:
         idle_timeout_ms: int = 200,
         max_records: int = 2000,
         max_concurrent: int = MAX_CONCURRENT_SCANS,
+        time_charge: TimeCharge = SCAN_TIME,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
@@ -70,10 +77,17 @@ class DeliveryLogScan:
         self.max_concurrent = max_concurrent
         self._idle_timeout_ms = idle_timeout_ms
         self._max_records = max_records
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self.admission = Admission(
+            "deliveries_scans",
+            Share(capacity=max_concurrent, per_owner=1),
+            time=time_charge,
+            retry_after_s=SCAN_RETRY_AFTER_S,
+            clock=clock,
+        )
         self._started = False
         self._idle: list[Any] = []
-        self._consumers: list[Any] = []  # every one built and not stopped: at most max_concurrent
+        # Every one built and not stopped: at most max_concurrent (one per admission slot).
+        self._consumers: list[Any] = []
         self._aside = AsideCloses()
         self._skip = skipping("delivery-log-scan", log)
         self.scans = 0
@@ -99,26 +113,35 @@ class DeliveryLogScan:
                 await consumer.stop()
         await self._aside.drain()
 
-    async def read(self, endpoint_id: str, *, upto: int | None, lo: int | None) -> LogSlice:
+    async def read(
+        self, endpoint_id: str, *, owner: str, upto: int | None, lo: int | None
+    ) -> LogSlice:
         """The endpoint's entries in ``[lo, upto)`` of its partition, with their positions:
         ``upto`` ``None`` is the end now, ``lo`` ``None`` is ``window`` records before
-        ``upto`` (never before the partition's start); raises ``DeliveryScanFailed``."""
-        return await self._run(endpoint_id, lambda c, d: self._slice(c, endpoint_id, upto, lo, d))
+        ``upto`` (never before the partition's start). The scan is charged to ``owner`` (the
+        workspace); raises ``NoRoom`` at once when it has no slot, ``DeliveryScanFailed``."""
+        return await self._run(
+            endpoint_id, owner, lambda c, d: self._slice(c, endpoint_id, upto, lo, d)
+        )
 
     async def _run(
-        self, endpoint_id: str, scan: Callable[[Any, float], Awaitable[Scanned]]
+        self, endpoint_id: str, owner: str, scan: Callable[[Any, float], Awaitable[Scanned]]
     ) -> Scanned:
+        if not self._started:
+            raise DeliveryScanFailed("not started")
+        slot = self.admission.take(owner)  # NoRoom: refused now, never queued
         deadline = time.monotonic() + self.timeout_s
         try:
-            async with asyncio.timeout(self.timeout_s), self._slots:
-                consumer = await self._take()
-                self.running += 1
-                self.peak_running = max(self.peak_running, self.running)
-                try:
-                    return await scan(consumer, deadline)
-                finally:
-                    self.running -= 1
-                    self._give_back(consumer)
+            with slot:  # released after the consumer is given back (same step, no await)
+                async with asyncio.timeout(self.timeout_s):
+                    consumer = await self._take()
+                    self.running += 1
+                    self.peak_running = max(self.peak_running, self.running)
+                    try:
+                        return await scan(consumer, deadline)
+                    finally:
+                        self.running -= 1
+                        self._give_back(consumer)
         except TimeoutError:
             log.warning("delivery_scan_timeout", endpoint_id=endpoint_id, timeout_s=self.timeout_s)
             raise DeliveryScanFailed("the scan did not finish in time") from None
@@ -129,7 +152,7 @@ class DeliveryLogScan:
             raise DeliveryScanFailed(repr(exc)) from None
 
     async def _take(self) -> Any:
-        """An idle consumer, or a new one (the slot held bounds how many there are)."""
+        """An idle consumer, or a new one (the admission slot held bounds how many)."""
         if not self._started:
             raise DeliveryScanFailed("not started")
         if self._idle:

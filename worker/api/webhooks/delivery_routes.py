@@ -1,8 +1,9 @@
 """The integrator's delivery routes on one endpoint: the paged, filtered log, one delivery with
 every attempt, a resend and a test send (docs/api.md, "Reading the delivery log", "Resending
 one delivery", "Sending a test"). Each runs behind ``WebhookRoutes.endpoint_of`` (key, rate
-limit, configured, the endpoint of the key's workspace or the one 404); reads take the
-workspace's scan turn (``ScanTurns``), sends its ``SendBudget``."""
+limit, configured, the endpoint of the key's workspace or the one 404); reads take a slot of
+the scan's admission for the workspace (else 429 with ``Retry-After`` at once), sends its
+``SendBudget``."""
 
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ from worker.api.webhooks.delivery_log import (
     page,
 )
 from worker.api.webhooks.delivery_log_scan import DeliveryScanFailed, LogSlice
-from worker.api.webhooks.quotas import ScanTurns
+from worker.api.webhooks.quotas import DELIVERY_SCANS, busy
 from worker.api.webhooks.sends import SendBudget, new_send_id
 from worker.contract.catalogue import ServiceError
+from worker.runtime.admission import NoRoom
 from worker.runtime.logs import get_logger
 from worker.webhooks.delivery import webhook_id
 from worker.webhooks.endpoints import EndpointRecord
@@ -107,20 +109,19 @@ def _instant(value: str | None, name: str) -> datetime | None:
 
 
 class DeliveryRoutes:
-    """The handlers; ``endpoint_of`` is ``WebhookRoutes.endpoint_of``, ``scans`` its
-    ``ScanTurns``."""
+    """The handlers; ``endpoint_of`` is ``WebhookRoutes.endpoint_of``."""
 
-    def __init__(self, *, endpoint_of: EndpointOf, scans: ScanTurns, budget: SendBudget) -> None:
+    def __init__(self, *, endpoint_of: EndpointOf, budget: SendBudget) -> None:
         self._endpoint_of = endpoint_of
-        self._scans = scans
         self.budget = budget
 
     async def _read(
         self, clients: WebhookClients, workspace_id: str, record: EndpointRecord, **at: int | None
     ) -> LogSlice:
         try:
-            with self._scans.turn(workspace_id):
-                return await clients.deliveries.read(record.id, **at)
+            return await clients.deliveries.read(record.id, owner=workspace_id, **at)
+        except NoRoom as exc:
+            raise busy(DELIVERY_SCANS, "deliveries scan", exc) from None
         except DeliveryScanFailed:
             raise ServiceError.of(READ_FAILED, UNAVAILABLE) from None
 

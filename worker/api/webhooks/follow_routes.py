@@ -28,6 +28,7 @@ from worker.api.webhooks.account_events import (
     CursorError,
 )
 from worker.api.webhooks.bodies import parse_rfc3339
+from worker.api.webhooks.creates import is_pending
 from worker.api.webhooks.follow_bodies import (
     AccountEventData,
     AccountEventsResponse,
@@ -139,7 +140,8 @@ class FollowRoutes:
         if REPLAY_ID_RE.fullmatch(replay_id) is None:
             raise ServiceError.of("invalid_request", f"Invalid path parameter: {REPLAY_ID_RULE}.")
         await self._ready(failure, clients.endpoints, clients.board.presence)
-        if clients.endpoints.registry.get(workspace_id, endpoint_id) is None:
+        endpoint = clients.endpoints.registry.get(workspace_id, endpoint_id)
+        if endpoint is None or is_pending(endpoint):
             raise ServiceError.of("not_found", NOT_FOUND)
         if clients.board.get(workspace_id, endpoint_id, replay_id) is None:
             await clients.board.seen(replay_id, RECENT_WAIT_S)
@@ -201,8 +203,8 @@ class FollowRoutes:
         limit = _limit(query.get("limit"))
         cursor_text = query.get("cursor")
         since_text = query.get("since")
-        if cursor_text is not None and since_text is not None:
-            raise ServiceError.of("invalid_request", "Give either cursor or since, not both.")
+        # With a cursor, ``since`` (the first page's, sent again as paged APIs' clients do) is
+        # checked for its form and otherwise ignored: the cursor already starts after it.
         cursor = None
         if cursor_text is not None:
             try:
@@ -223,7 +225,9 @@ class FollowRoutes:
                 raise ServiceError.of(
                     "invalid_request", f"Invalid query parameter: since {exc}."
                 ) from None
-            if since.timestamp() < _now() - WINDOW_S:
+            if cursor is not None:
+                since = None
+            elif since.timestamp() < _now() - WINDOW_S:
                 raise ServiceError.of(WINDOW_EXCEEDED)
         with clients.events.turn(workspace_id):
             try:

@@ -16,6 +16,7 @@ from typing import Final
 from aiokafka.partitioner import murmur2
 
 from worker.contract.catalogue import ServiceError
+from worker.runtime.admission import NoRoom, TimeCharge
 from worker.settings import Settings
 from worker.webhooks.endpoints import EndpointRegistry, new_endpoint_id
 
@@ -44,9 +45,16 @@ TOO_MANY: Final = "rate_limited"
 #: The catalogue's 409 row of the endpoint quota (a service extension, like the contract's 409
 #: ``workspace_account_quota_exceeded`` of accounts): a limit, not a fault, so never a 500.
 ENDPOINT_QUOTA: Final = "webhook_endpoint_quota_exceeded"
-#: ``Retry-After`` of a deliveries request refused while the workspace's last one runs: a scan
-#: ends within ``WEBHOOK_DELIVERIES_SCAN_TIMEOUT_S``, usually far sooner.
+#: ``Retry-After`` of a scan or read refused while the pool or the workspace's one slot is busy:
+#: a scan ends within its time-out (3 s deliveries, 5 s per topic of an account read), usually
+#: far sooner.
 SCAN_RETRY_AFTER_S: Final = 1
+#: The slot-seconds a workspace's deliveries scans and account-event reads may spend
+#: (``worker.runtime.admission.TimeCharge``): 10 s saved up covers a few full-length reads in a
+#: row (one page is ≤ 3-15 s, a usual one milliseconds), so a person paging never meets it;
+#: past it a workspace earns a quarter of a slot's time, so when four workspaces loop on reads
+#: and hold every slot, their reads use about one slot on average and leave three to the rest.
+SCAN_TIME: Final = TimeCharge(rate=0.25, burst_s=10.0)
 
 
 class Refused(Exception):
@@ -58,6 +66,22 @@ class Refused(Exception):
         self.quota = quota
         self.error = error
         self.retry_after_s = retry_after_s
+
+
+def busy(quota: str, what: str, exc: NoRoom) -> Refused:
+    """The 429 of a scan or read the admission rule refused (``NoRoom``), with its
+    ``Retry-After`` (docs/architecture.md, "Admission"); the message says which limit."""
+    if exc.reason == "time":
+        reason = f"this workspace's {what}s have used their share of read time for now"
+    elif exc.reason == "share":
+        reason = f"this workspace's last {what} (one at a time) is still being answered"
+    else:
+        reason = f"every {what} slot of this service is in use"
+    return Refused(
+        quota,
+        ServiceError.of(TOO_MANY, f"Not now: {reason}; retry after the Retry-After seconds."),
+        exc.retry_after_s,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,36 +243,6 @@ class EndpointQuota:
                 self._creating.pop(workspace_id, None)
 
 
-class ScanTurns:
-    """One deliveries scan per workspace on this process, running or waiting. The process
-    scans one endpoint at a time (``worker.api.webhooks.delivery_log_scan``) and a request's
-    wait counts against the scan's time-out, so without this one workspace's requests would
-    queue ahead of every other workspace's until theirs timed out; with it, a request waits
-    behind at most one scan of each other workspace."""
-
-    def __init__(self) -> None:
-        self._busy: set[str] = set()
-
-    @contextlib.contextmanager
-    def turn(self, workspace_id: str) -> Iterator[None]:
-        """The workspace's turn for one scan, or ``Refused`` (429) while it has one."""
-        if workspace_id in self._busy:
-            raise Refused(
-                DELIVERY_SCANS,
-                ServiceError.of(
-                    TOO_MANY,
-                    "A deliveries request of this workspace is still being answered on this"
-                    " service; retry when it has been.",
-                ),
-                SCAN_RETRY_AFTER_S,
-            )
-        self._busy.add(workspace_id)
-        try:
-            yield
-        finally:
-            self._busy.discard(workspace_id)
-
-
 __all__ = [
     "DELIVERY_SCANS",
     "ENDPOINTS",
@@ -257,9 +251,10 @@ __all__ = [
     "QUOTAS",
     "REPLAYS",
     "REPLAY_CAPACITY",
+    "SCAN_TIME",
     "TOO_MANY",
     "EndpointLimits",
     "EndpointQuota",
     "Refused",
-    "ScanTurns",
+    "busy",
 ]

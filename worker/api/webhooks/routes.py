@@ -23,6 +23,7 @@ from worker.api.routes import (
     check_body,
     request_id_of,
 )
+from worker.api.webhooks import creates
 from worker.api.webhooks.account_events import AccountEvents, CursorCodec
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
@@ -37,6 +38,7 @@ from worker.api.webhooks.bodies import (
     UpdateEndpointBody,
     json_object_body,
 )
+from worker.api.webhooks.creates import NewEndpoint, is_pending
 from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
 from worker.api.webhooks.delivery_routes import (
     DELIVERY_ROUTES,
@@ -46,7 +48,7 @@ from worker.api.webhooks.delivery_routes import (
     DeliveryRoutes,
 )
 from worker.api.webhooks.guard import Handler, guarded
-from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota, ScanTurns
+from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.replay_status import ReplayBoard
 from worker.api.webhooks.sends import SENDS_PER_MINUTE, DeliverySends, SendBudget
@@ -150,10 +152,8 @@ class WebhookRoutes:
             )
         )
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        self.scans = ScanTurns()
         self.delivery_log = DeliveryRoutes(
             endpoint_of=self.endpoint_of,
-            scans=self.scans,
             budget=SendBudget(sends_per_minute, replicas=replicas),
         )
 
@@ -264,8 +264,9 @@ class WebhookRoutes:
 
     @staticmethod
     def _find(clients: WebhookClients, workspace_id: str, endpoint_id: str) -> EndpointRecord:
+        """The workspace's endpoint, or the one 404 (also for a create not yet admitted)."""
         record = clients.store.registry.get(workspace_id, endpoint_id)
-        if record is None:
+        if record is None or is_pending(record):
             raise ServiceError.of("not_found", NOT_FOUND)
         return record
 
@@ -304,35 +305,10 @@ class WebhookRoutes:
         # The quota counts the registry: a replica still reading it would count too few.
         await self._ready(failure, clients.endpoints)
         assert self.quota is not None  # built with the clients
-        endpoint_id = self.quota.new_id(workspace_id)
-        with self.quota.slot(workspace_id, endpoint_id):
-            record, secret = await _confirmed(
-                clients.store.create(
-                    workspace_id,
-                    url=body.url,
-                    event_types=event_types,
-                    description=body.description,
-                    endpoint_id=endpoint_id,
-                    rate_limit=body.rate_limit,
-                )
-            )
-            # Across replicas: kept only when fewer than the quota were created before it.
-            kept = await self.quota.kept(workspace_id, endpoint_id, self.wait_s)
-        if not kept:
-            await _confirmed(clients.store.delete(record))
-            log.info(
-                "webhook_endpoint_create_rolled_back",
-                endpoint_id=record.id,
-                workspace_id=workspace_id,
-                over_quota=kept is False,
-            )
-            if kept is False:
-                raise self.quota.refused()
-            raise ServiceError.of(
-                failure,
-                "The new endpoint could not be confirmed in time and was deleted; nothing was"
-                " created. Retry shortly.",
-            )
+        new = NewEndpoint(body.url, event_types, body.description, body.rate_limit)
+        record, secret = await creates.create(
+            clients.store, self.quota, workspace_id, new, wait_s=self.wait_s
+        )
         log.info("webhook_endpoint_created", endpoint_id=record.id, workspace_id=workspace_id)
         return _with_secret(request, record, secret, status_code=201)
 
@@ -340,7 +316,9 @@ class WebhookRoutes:
         workspace_id = self.admitted_workspace(request)
         clients = self._configured("list_webhook_endpoints_failed")
         await self._ready("list_webhook_endpoints_failed", clients.endpoints)
-        records = clients.store.registry.of_workspace(workspace_id)
+        records = [
+            r for r in clients.store.registry.of_workspace(workspace_id) if not is_pending(r)
+        ]
         return json_response(
             EndpointListResponse(
                 request_id=request_id_of(request), data=[EndpointData.of(r) for r in records]
@@ -476,7 +454,9 @@ def _with_secret(
 ) -> Response:
     data = EndpointWithSecret(**EndpointData.of(record).model_dump(), secret=secret)
     body = EndpointSecretResponse(request_id=request_id_of(request), data=data)
-    return json_response(body, status_code)
+    response = json_response(body, status_code)
+    response.headers["Cache-Control"] = "no-store"  # a secret: no cache keeps it
+    return response
 
 
 __all__ = ["WEBHOOK_ROUTES", "WebhookClients", "WebhookRoutes"]

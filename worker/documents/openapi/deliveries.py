@@ -66,8 +66,10 @@ _EXAMPLE_DELIVERY: Final = {
 _RID: Final = "req_example_1"
 _SCAN_BUSY: Final = Failure(
     TOO_MANY,
-    "A deliveries request of the same workspace is still being answered on this front-end"
-    " (one at a time per workspace); retry after `Retry-After` seconds.",
+    "No deliveries scan for the workspace now, answered at once: one of the same workspace"
+    " is still being answered on this front-end (one at a time per workspace), every scan"
+    " slot is in use, or the workspace's scans have used their share of scan time for now;"
+    " retry after `Retry-After` seconds.",
 )
 _SENDS: Final = Failure(
     TOO_MANY,

@@ -31,7 +31,7 @@ from worker.documents.openapi.webhook_parts import (
     OPTIONAL_BODY,
     WITH_SECRET,
     endpoint_answer,
-    endpoint_links,
+    secret_response,
     webhook_failures,
     webhook_operation,
 )
@@ -84,7 +84,7 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 f" {_ENDPOINT_QUOTA}; deleted ones do not count).",
                 one_endpoint=False,
                 ok_status="201",
-                ok=endpoint_links(json_response(f"Created. {WITH_SECRET}", EndpointSecretResponse)),
+                ok=secret_response(f"Created. {WITH_SECRET}", EndpointSecretResponse),
                 failures=(
                     *webhook_failures(
                         "create_webhook_endpoint_failed",

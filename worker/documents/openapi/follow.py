@@ -163,8 +163,8 @@ def _events_operation() -> dict[str, Any]:
             *webhook_failures(
                 "get_webhook_endpoint_failed",
                 bad_request="Malformed `account_id`, `limit` or `since`; a `cursor` this"
-                " service did not issue for this account; both `cursor` and `since`; an"
-                " unknown or repeated query parameter.",
+                " service did not issue for this account; an unknown or repeated query"
+                " parameter.",
                 not_found=False,
             ),
             Failure(
@@ -176,8 +176,8 @@ def _events_operation() -> dict[str, Any]:
             Failure(
                 TOO_MANY,
                 "An event-history read of the same workspace is still being answered on this"
-                " front-end, or it answers as many as it reads at once; retry after"
-                " `Retry-After` seconds.",
+                " front-end, every read slot is in use, or the workspace's reads have used"
+                " their share of read time for now; retry after `Retry-After` seconds.",
             ),
         ),
     )
@@ -198,7 +198,9 @@ def _events_operation() -> dict[str, Any]:
         ),
         _query(
             "since",
-            "The first page's start (RFC 3339), within the last 7 days; not with `cursor`.",
+            "The first page's start (RFC 3339), within the last 7 days. With `cursor` the"
+            " cursor decides where the page starts: `since` may be sent again (as the first"
+            " page's) and is then only checked for its form, otherwise ignored.",
             {"type": "string", "format": "date-time"},
             "2026-11-27T09:00:00Z",
         ),

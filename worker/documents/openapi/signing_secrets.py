@@ -7,12 +7,12 @@ from typing import Any
 
 from worker.api.webhooks.bodies import EndpointSecretResponse
 from worker.api.webhooks.routes import WEBHOOK_EXPIRE_PREVIOUS, WEBHOOK_ROTATE
-from worker.documents.openapi.parts import EMPTY_BODY, json_response, preflight
+from worker.documents.openapi.parts import EMPTY_BODY, preflight
 from worker.documents.openapi.webhook_parts import (
     OPTIONAL_BODY,
     WITH_SECRET,
     endpoint_answer,
-    endpoint_links,
+    secret_response,
     webhook_failures,
     webhook_operation,
 )
@@ -33,7 +33,7 @@ def signing_secret_paths() -> dict[str, Any]:
                 one_endpoint=True,
                 portal=True,
                 ok_status="200",
-                ok=endpoint_links(json_response(f"Rotated. {WITH_SECRET}", EndpointSecretResponse)),
+                ok=secret_response(f"Rotated. {WITH_SECRET}", EndpointSecretResponse),
                 failures=webhook_failures(
                     "update_webhook_endpoint_failed", bad_request=OPTIONAL_BODY
                 ),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from pydantic import BaseModel
+
 from worker.api.webhooks.bodies import EndpointResponse
 from worker.documents.openapi.parts import (
     BODY_TIMEOUT,
@@ -28,6 +30,20 @@ _NOT_CONFIGURED: Final = (
 OPTIONAL_BODY: Final = "Malformed `endpoint_id`, or a body that is not empty or a JSON object."
 #: The success of a route that shows a signing secret.
 WITH_SECRET: Final = "The endpoint and its signing secret (`whsec_...`): store it now."
+
+
+def secret_response(description: str, model: type[BaseModel]) -> dict[str, Any]:
+    """The success of a route that shows a signing secret: never stored by a cache."""
+    response = endpoint_links(json_response(description, model))
+    response["headers"] = {
+        **response["headers"],
+        "Cache-Control": {
+            "required": True,
+            "schema": {"type": "string", "const": "no-store"},
+            "description": "The answer carries a signing secret: never cached.",
+        },
+    }
+    return response
 
 
 def webhook_failures(
