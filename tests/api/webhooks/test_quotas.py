@@ -279,6 +279,37 @@ async def test_a_full_process_refuses_with_429_not_500(
             held.released.set()
 
 
+async def test_a_workspace_at_its_share_of_replays_leaves_a_place_for_another(
+    quota_settings: Callable[..., Settings],
+) -> None:
+    """Two places in all (one running, one queued), two per workspace: through the admission
+    rule ws_a's second replay would leave no place for a workspace holding none, so it is
+    refused 429 and ws_b's first is taken (before the rule, ws_a took both and ws_b was
+    refused)."""
+    registry = CollectorRegistry()
+    settings = quota_settings(
+        webhook_replays_per_workspace=2, webhook_replay_max_running=1, webhook_replay_max_queued=1
+    )
+    await events_of(settings, "ws_a", "ws_b")
+    async with (
+        running_api(settings, registry=registry) as api,
+        httpx.AsyncClient(base_url=api.url) as http,
+    ):
+        held = hold_replays(api, settings, "ws_a")
+        try:
+            mine = await create(http)
+            theirs = await create(http, KEY_B)
+            ok(await replay(http, mine["id"]), 202)
+            refused = await replay(http, mine["id"])
+            assert_error(refused, 429, *TOO_MANY)
+            assert int(refused.headers["retry-after"]) > 0
+            assert refusals(registry, quotas.REPLAY_CAPACITY) == 1
+            ok(await replay(http, theirs["id"], KEY_B), 202)
+            assert hooks(api).replays.in_flight("ws_b") == 1
+        finally:
+            held.released.set()
+
+
 # -- deliveries scans per workspace ---------------------------------------------------------
 
 

@@ -40,6 +40,7 @@ from worker.engine.fetch import skipping
 from worker.engine.outage import BrokerHealth, acknowledged, enqueue
 from worker.engine.replay import high_water_marks
 from worker.engine.tail import assign_all
+from worker.runtime.admission import Admission, Share, Slot
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoints import EndpointRecord
 from worker.webhooks.events import WebhookEvent, from_error, from_status
@@ -119,8 +120,21 @@ class ReplayRunner:
         self._errors_topic = errors_topic
         self._replays_topic = replays_topic
         self._health = health or BrokerHealth()
+        # Replays admitted (running or queued) through the one admission rule: a workspace
+        # holds at most ``per_workspace``, and a quarter stays for workspaces holding none.
+        # Admitted replays run in arrival order, one per workspace at a time (its lock).
         self._slots = asyncio.Semaphore(max_running)
-        self._capacity = max_running + max_queued
+        capacity = max_running + max_queued
+        self._admission = Admission(
+            "webhook-replays",
+            Share(
+                capacity=capacity,
+                per_owner=min(per_workspace, capacity),
+                reserve=min(capacity - 1, max(1, capacity // 4)) if capacity > 1 else 0,
+            ),
+            retry_after_s=RETRY_AFTER_S,
+        )
+        self._admitted: dict[str, Slot] = {}
         self._per_workspace = per_workspace
         self._timeout_s = timeout_s
         self._seek_margin_s = seek_margin_s
@@ -147,7 +161,7 @@ class ReplayRunner:
         this runner has a ``presence``); raises ``Refused`` (429) as ``start`` does, and when
         the other replicas hold the workspace's quota."""
         workspace_id = endpoint.workspace_id
-        self._refuse_over(workspace_id, self.in_flight(workspace_id))
+        self._refuse_over(workspace_id)
         claimed = False
         if self._presence is not None:
             if not await self._presence.claim(workspace_id, self._per_workspace):
@@ -164,10 +178,12 @@ class ReplayRunner:
                 self._presence.release(workspace_id)
             raise
 
-    def _refuse_over(self, workspace_id: str, count: int) -> None:
+    def _refuse_over(self, workspace_id: str) -> None:
+        """``Refused`` when the admission rule has no room for one more of the workspace's."""
+        count = self._admission.held(workspace_id)
         if count >= self._per_workspace:
             raise _over_quota(count)
-        if len(self._tasks) >= self._capacity:
+        if self._admission.share.refusal(count, self._admission.in_use) is not None:
             raise Refused(
                 REPLAY_CAPACITY,
                 ServiceError.of(
@@ -194,8 +210,9 @@ class ReplayRunner:
         """
         workspace_id = endpoint.workspace_id
         count, lock = self._workspaces.get(workspace_id, (0, asyncio.Lock()))
-        self._refuse_over(workspace_id, count)
+        self._refuse_over(workspace_id)
         replay_id = replay_id or new_replay_id()
+        self._admitted[replay_id] = self._admission.take(workspace_id)
         self._workspaces[workspace_id] = (count + 1, lock)
         task = asyncio.create_task(self._run(replay_id, endpoint, since, lock), name=replay_id)
         self._tasks[replay_id] = task
@@ -206,6 +223,9 @@ class ReplayRunner:
         if claimed and self._presence is not None:
             self._presence.release(workspace_id)
         self._tasks.pop(replay_id, None)
+        admitted = self._admitted.pop(replay_id, None)
+        if admitted is not None:
+            admitted.release()
         count, lock = self._workspaces.pop(workspace_id, (1, None))
         if count > 1 and lock is not None:
             self._workspaces[workspace_id] = (count - 1, lock)
