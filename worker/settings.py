@@ -249,6 +249,13 @@ class Settings(BaseSettings):
     worker_commit_interval_ms: int = Field(default=200, ge=10)
     worker_shutdown_grace_s: float = Field(default=20.0, gt=0)
     worker_dedup_window: int = Field(default=8, ge=1, le=256)
+    worker_accounts_per_workspace: int = Field(
+        default=1_000_000,
+        ge=1,
+        description="Live accounts one workspace may hold; a register_account for a new "
+        "account past it answers 409 workspace_account_quota_exceeded. Enforced per "
+        "partition, each holding a share with headroom (docs/architecture.md).",
+    )
     worker_follow_up_poll_s: float = Field(default=2.0, gt=0)
     worker_follow_up_poll_max_s: float = Field(
         default=30.0,

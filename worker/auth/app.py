@@ -46,6 +46,7 @@ def policy_from(settings: Settings, providers: set[str]) -> Policy:
         follow_up_poll_max_s=settings.worker_follow_up_poll_max_s,
         follow_up_deadline_s=settings.worker_follow_up_deadline_s,
         command_deadline_s=settings.worker_command_deadline_s,
+        accounts_per_workspace=settings.worker_accounts_per_workspace,
     )
 
 

@@ -10,10 +10,12 @@ from typing import Protocol, TypeAlias, assert_never
 from worker.auth.answers import error_body, reply
 from worker.auth.flow import (
     Decision,
+    Headcount,
     Policy,
     failure,
     is_owner,
     observe,
+    partition_quota,
     recorded,
     replay,
     settle,
@@ -35,16 +37,24 @@ from worker.contract.messages import (
 )
 
 
-def decide(record: AccountRecord | None, cmd: Command, *, now: float, policy: Policy) -> Decision:
+def decide(
+    record: AccountRecord | None,
+    cmd: Command,
+    *,
+    now: float,
+    policy: Policy,
+    headcount: Headcount | None = None,
+) -> Decision:
     """Apply one command to one account record (docs/architecture.md, "The confirm decision
-    table"). Pure."""
+    table"). Pure. ``headcount`` is what a ``register_account`` is held to the workspace's
+    account quota by (``None``: not counted)."""
     match cmd:
         case PasskeyConfirm():
             return _confirm(record, cmd, now, policy)
         case ObserveAuthState():
             return _observe_command(record, cmd, now, policy)
         case RegisterAccount():
-            return _register(record, cmd, now, policy)
+            return _register(record, cmd, now, policy, headcount)
         case GetAuthState():
             return answer_query(record, cmd)
         case DeregisterAccount():
@@ -204,7 +214,11 @@ def _observe_command(
 
 
 def _register(
-    record: AccountRecord | None, cmd: RegisterAccount, now: float, policy: Policy
+    record: AccountRecord | None,
+    cmd: RegisterAccount,
+    now: float,
+    policy: Policy,
+    headcount: Headcount | None,
 ) -> Decision:
     if record is not None and record.workspace_id != cmd.workspace_id and not record.deregistered:
         return failure(None, cmd, ServiceError.of("invalid_request"), now, policy)
@@ -217,6 +231,10 @@ def _register(
     # A re-registration keeps the version count, the auth state unless it was deregistered,
     # and the dedup window of the same workspace.
     live = record if record is not None and not record.deregistered else None
+    if live is None and _over_quota(policy, headcount):
+        # A new live account past the workspace's share on this partition: refused, and
+        # nothing written. Re-registering a live account is never refused.
+        return failure(None, cmd, ServiceError.of("workspace_account_quota_exceeded"), now, policy)
     same = record if record is not None and record.workspace_id == cmd.workspace_id else None
     base = AccountRecord(
         account_id=cmd.account_id,
@@ -240,6 +258,14 @@ def _register(
         with_reply=False,
     )
     return decision
+
+
+def _over_quota(policy: Policy, headcount: Headcount | None) -> bool:
+    """Whether the workspace holds its share of the quota on this partition already."""
+    quota = policy.accounts_per_workspace
+    if quota is None or headcount is None:
+        return False
+    return headcount.live >= partition_quota(quota, headcount.partitions)
 
 
 def _deregister(

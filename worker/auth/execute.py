@@ -15,7 +15,16 @@ from opentelemetry.trace import SpanKind
 
 from worker.auth.answers import error_body, error_event, reply
 from worker.auth.commands import ProviderOutcome, answer_query, decide, settle_confirm
-from worker.auth.flow import Decision, Policy, expire, is_owner, observe, reschedule
+from worker.auth.flow import (
+    Decision,
+    Headcount,
+    Policy,
+    expire,
+    is_owner,
+    joins,
+    observe,
+    reschedule,
+)
 from worker.auth.instrumentation import (
     DeadLettered,
     Decided,
@@ -36,6 +45,7 @@ from worker.contract.messages import (
     DecodeFailure,
     GetAuthState,
     InFlight,
+    RegisterAccount,
     decode_command,
     event_id,
     request_id_of,
@@ -146,8 +156,14 @@ class Executor:
             settled = await self._resolve(record, redrive=True)
             await self._publish(partition, record, settled)
             record = settled.record
+        headcount = None
+        if isinstance(command, RegisterAccount):
+            live = self.store.workspace_accounts(partition, command.workspace_id)
+            headcount = Headcount(live=live, partitions=self.router.partitions())
         with tracing.span("decide") as deciding:
-            decision = decide(record, command, now=self.clock.now(), policy=self.policy)
+            decision = decide(
+                record, command, now=self.clock.now(), policy=self.policy, headcount=headcount
+            )
             if deciding.is_recording():
                 deciding.set_attribute("passkey.verdict", decision.verdict)
                 if decision.call is not None:
@@ -169,7 +185,10 @@ class Executor:
             self.store.put(partition, intent)
             decision = await self._resolve(intent, redrive=redrive)
             record = intent
-        await self._publish(partition, record, decision, reply_to=reply_partition(msg.headers))
+        # A new account is counted from its decision on (``StateStore.joining``).
+        new = isinstance(command, RegisterAccount) and joins(record, decision)
+        with self.store.joining(partition, workspace_id_of(command) or "", counted=new):
+            await self._publish(partition, record, decision, reply_to=reply_partition(msg.headers))
         return Decided(command, decision.verdict, decision.error)
 
     async def _answer(self, msg: ConsumerRecord[bytes, bytes], query: GetAuthState) -> Decided:

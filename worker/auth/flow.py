@@ -8,6 +8,7 @@ which, ``worker.auth.machine``'s."""
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Container
 from dataclasses import dataclass, replace
@@ -49,6 +50,38 @@ class Policy:
     follow_up_poll_max_s: float = 30.0
     follow_up_deadline_s: float = 300.0
     command_deadline_s: float = 30.0
+    accounts_per_workspace: int | None = None
+    """The workspace account quota (``WORKER_ACCOUNTS_PER_WORKSPACE``), enforced per partition
+    (``partition_quota``); ``None``: no quota."""
+
+
+@dataclass(frozen=True, slots=True)
+class Headcount:
+    """What a ``register_account`` is decided against: the live (not deregistered) accounts
+    its workspace holds on the command's partition, and how many partitions the commands
+    topic has (the store holds one partition's accounts only)."""
+
+    live: int
+    partitions: int
+
+
+def joins(before: AccountRecord | None, decision: Decision) -> bool:
+    """Whether ``decision`` makes a new live account (none, or a deregistered one, before)."""
+    after = decision.record
+    new = before is None or before.deregistered
+    return new and after is not None and not after.deregistered
+
+
+def partition_quota(quota: int, partitions: int) -> int:
+    """A workspace's share of ``quota`` on one of ``partitions``: the mean ``m = quota /
+    partitions`` plus four standard deviations of how keys spread (binomial: at most
+    ``sqrt(m)``) plus 4 for small quotas, never more than the quota. Account ids hash to
+    partitions unevenly, so an exact ``ceil(m)`` would refuse a workspace still under its
+    quota on its fullest partition; with this headroom that happens with a probability of the
+    order of 1e-5 per partition, and the workspace can hold at most ``partitions`` times this in
+    all (docs/architecture.md, "Resource bounds")."""
+    mean = quota / max(1, partitions)
+    return min(quota, math.ceil(mean + 4 * math.sqrt(mean) + 4))
 
 
 @dataclass(frozen=True, slots=True)

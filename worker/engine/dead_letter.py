@@ -1,18 +1,10 @@
 """Handing a record to a dead-letter topic, the fault in its headers (docs/architecture.md,
-"Failure handling"); what an operator reads back is ``worker.dlq``.
-
-A dead letter always fits under ``MAX_RECORD_BYTES``, whatever the record it stands for (a
-letter refused for its size would leave the record nowhere, and fail the lane): the original
-is kept whole when it fits, else its key, value and headers are cut to fit, and
-``dlq.truncated`` with the original sizes and SHA-256 digests say so. ``python -m worker dlq
-redrive`` refuses a truncated letter.
-
-The topic may still refuse it (a ``max.message.bytes`` below ours, a record-level refusal: not
-an outage): the letter is then sent again in its minimal form (``minimal_parts``: the
-original's coordinates, the fault's reason and exception class, sizes and SHA-256 digests, no
-copy of key, value or headers). If even that is refused, ``DeadLetterLost`` says so, and the
-consume loop counts it, logs it and lets the record go: what is lost is the copy only, the
-record stays on its input topic until retention (docs/architecture.md, "Failure handling")."""
+"Failure handling"); what an operator reads back is ``worker.dlq``. A dead letter always fits
+under ``MAX_RECORD_BYTES``: the original whole when it fits, else cut to fit, with
+``dlq.truncated``, the original sizes and SHA-256 digests (``dlq redrive`` refuses it). A letter
+the topic still refuses (its ``max.message.bytes``; not an outage) is sent again in its minimal
+form, no copy of the record; one refused even then is ``DeadLetterLost``: the loop counts and
+logs it and lets the record go, losing only the copy."""
 
 from __future__ import annotations
 
