@@ -6,11 +6,14 @@ hostile batch is refused whole."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 
 import pytest
 from pydantic import ValidationError
 
 from tests.conftest import SettingsFactory
+from tests.engine.test_dead_letter_refused import _SmallDeadLetterTopic
 from tests.webhooks.support import read_topic
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.webhooks.delivery import DeliveryState, Finished, Pending
@@ -160,3 +163,51 @@ async def test_a_batch_of_large_entries_is_closed_by_its_bytes(
     entries = [e for r in records for e in decode_log(r.value)]
     assert [e.webhook_id for e in entries] == [f"msg_{n}" for n in range(20)]
     assert all(e.body == big for e in entries)
+
+
+@pytest.mark.parametrize(("limit", "kept"), [(2000, True), (10, False)])
+async def test_a_failed_deliverys_dead_letter_refused_for_its_size_is_sent_without_its_body(
+    make_settings: SettingsFactory, limit: int, kept: bool
+) -> None:
+    """A webhook DLQ topic whose records may not hold the body (a small
+    ``max.message.bytes``; the embedded broker does not enforce it, so the refusal is made at
+    the producer's boundary as the broker would answer): the letter goes again without its
+    body, its size and digest in its place; refused even so, the failure is logged and the
+    attempt's path goes on instead of raising out of the lane."""
+    settings = make_settings()
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer = build_producer(settings.kafka_config())
+    await producer.start()
+    small = _SmallDeadLetterTopic(producer, settings.topics.webhook_dlq, limit)
+    body = json.dumps({"padding": "x" * 5000})
+    head = pending(1).model_copy(update={"body": body})
+    failed = Finished(
+        webhook_id=head.webhook_id,
+        event_type=head.event_type,
+        attempts=3,
+        state="failed",
+        last_status=500,
+        finished_at=1.0,
+    )
+    try:
+        publisher = DeliveryPublisher(
+            small,
+            state_topic=settings.topics.webhook_state,
+            log_topic=settings.topics.webhook_deliveries,
+            dlq_topic=settings.topics.webhook_dlq,
+        )
+        state = DeliveryState(endpoint_id="ep_1", account_id="acc_1", workspace_id="ws_a")
+        await publisher.dead_letter(state, head, failed)
+    finally:
+        await producer.stop()
+    assert small.refused  # the full letter was refused
+    letters = await read_topic(settings, settings.topics.webhook_dlq)
+    if not kept:
+        assert letters == []
+        return
+    [letter] = letters
+    names = dict(letter.headers)
+    assert letter.value is None
+    assert names["webhook.id"] == head.webhook_id.encode()
+    assert names["webhook.body_bytes"] == str(len(body.encode())).encode()
+    assert names["webhook.body_sha256"] == hashlib.sha256(body.encode()).hexdigest().encode()

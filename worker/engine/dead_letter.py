@@ -86,7 +86,7 @@ class LetterSent(Sent):
 
     async def again(self, producer: Any) -> Sent:
         parts = (self.key, self.value, self.headers or [])
-        return await _hand_over(producer, self.topic, parts, self.minimal)
+        return await hand_over(producer, self.topic, parts, self.minimal)
 
 
 async def dead_letter(
@@ -99,7 +99,7 @@ async def dead_letter(
     original's."""
     source = (msg.topic, msg.partition, msg.offset)
     full = letter_parts(msg.key, msg.value, msg.headers, fault, source)
-    return await _hand_over(producer, topic, full, minimal_parts(msg, fault))
+    return await hand_over(producer, topic, full, minimal_parts(msg, fault))
 
 
 def minimal_parts(msg: ConsumerRecord[bytes, bytes], fault: Fault) -> Parts:
@@ -111,9 +111,10 @@ def minimal_parts(msg: ConsumerRecord[bytes, bytes], fault: Fault) -> Parts:
     return letter_parts(msg.key, msg.value, msg.headers, short, source, room=0)
 
 
-async def _hand_over(producer: Any, topic: str, parts: Parts, minimal: Parts | None) -> LetterSent:
+async def hand_over(producer: Any, topic: str, parts: Parts, minimal: Parts | None) -> LetterSent:
     """``parts`` to the producer; the ``minimal`` form at once when the producer refuses
-    them; a ``LetterSent`` holding the refusal when it refuses that too."""
+    them; a ``LetterSent`` holding the refusal when it refuses that too. Every dead letter
+    goes through here: an input record's (``dead_letter``) and a failed delivery's."""
     while True:
         key, value, headers = parts
         try:

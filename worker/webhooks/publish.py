@@ -5,6 +5,7 @@ it (docs/architecture.md, "Webhook fan-out")."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Final, Literal, Self
 
@@ -13,10 +14,11 @@ from aiokafka.structs import ConsumerRecord
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from worker.contract.messages import rfc3339
-from worker.engine.dead_letter import dead_letter
+from worker.engine.dead_letter import DeadLetterLost, dead_letter, hand_over
 from worker.engine.faults import Fault
 from worker.engine.outage import BrokerHealth, Sent, acknowledged, enqueue
 from worker.runtime import tracing
+from worker.runtime.logs import get_logger
 from worker.webhooks.attempt_log import AttemptRecord
 from worker.webhooks.delivery import DeliveryState, Finished, Pending
 from worker.webhooks.delivery_store import DeliveryStore
@@ -24,6 +26,8 @@ from worker.webhooks.delivery_store import DeliveryStore
 NOTE_ENDPOINT_DISABLED: Final = "endpoint.disabled"
 """The ``event_type`` of the delivery-log note written when the dispatcher disables an
 endpoint (410, or failing for the configured period)."""
+
+log = get_logger(__name__)
 
 
 class DeliveryLogEntry(BaseModel):
@@ -311,14 +315,28 @@ class DeliveryPublisher:
             ("webhook.last_error", (finished.last_error or "").encode()[:512]),
             *tracing.kafka_headers(),
         ]
-        sent = await enqueue(
-            self._producer,
-            self._dlq_topic,
-            head.body.encode(),
-            key=state.account_id.encode(),
-            headers=headers,
+        body = head.body.encode()
+        key = state.account_id.encode()
+        # Refused for its size (a DLQ topic with a small max.message.bytes): the letter again
+        # without the body, its size and digest in its place; refused even so, it is logged
+        # and the failure stands in the delivery log (docs/architecture.md, "Failure handling").
+        minimal = [
+            *headers,
+            ("webhook.body_bytes", str(len(body)).encode()),
+            ("webhook.body_sha256", hashlib.sha256(body).hexdigest().encode()),
+        ]
+        sent = await hand_over(
+            self._producer, self._dlq_topic, (key, body, headers), (key, None, minimal)
         )
-        await acknowledged(self._producer, self._health, [sent])
+        try:
+            await acknowledged(self._producer, self._health, [sent])
+        except DeadLetterLost as exc:
+            log.error(
+                "webhook_dead_letter_lost",
+                webhook_id=head.webhook_id,
+                endpoint_id=state.endpoint_id,
+                error=exc.detail,
+            )
 
     async def dead_letter_record(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
         """An input record (an event, a replay) that could not be processed, to the DLQ as it
