@@ -169,16 +169,12 @@ NOT_GROWN: dict[str, str] = {
         "a body field: WEBHOOK_EVENT_TYPES_MAX_ITEMS"
     ),
     "engine/outage.py:Sent.headers": "one produced record's headers, built by the process",
-    "api/webhooks/bodies.py:EndpointListResponse.data": "an answer: ≤ the workspace's endpoints",
     "api/webhooks/delivery_bodies.py:DeliveryDetail.attempts_detail": (
         "an answer: ≤ the delivery's entries in one bounded slice"
     ),
     "documents/openapi/deliveries.py:_EXAMPLE_ATTEMPT": "constant: a document example",
     "documents/openapi/deliveries.py:_EXAMPLE_DELIVERY": "constant: a document example",
     "documents/openapi/deliveries.py:_DELIVERY_ID": "constant: a document parameter",
-    "api/webhooks/delivery_bodies.py:DeliveryPageResponse.data": (
-        "an answer: ≤ PAGE_MAX (100) deliveries"
-    ),
     "auth/provider/answer.py:ProviderAnswer.headers": "one answer: the client's 64 KiB head cap",
     "engine/topics.py:TopicObservation.configs": "one DescribeConfigs answer of an operator check",
     "webhooks/delivery_store.py:AccountDeliveries.endpoints": "old-form record, read to migrate",
@@ -187,7 +183,6 @@ NOT_GROWN: dict[str, str] = {
         "one event's field: ≤ MAX_LAST_FAILURES (5)"
     ),
     "api/webhooks/follow_bodies.py:AccountEventData.body": "one event's body, as written",
-    "api/webhooks/follow_bodies.py:AccountEventsResponse.data": "an answer: ≤ MAX_LIMIT events",
     "api/webhooks/account_events.py:EventPage.events": "one page: ≤ MAX_LIMIT (100) events",
     # -- operator tools (python -m worker dlq|keys): run by hand, not fed by outside input --
     "dlq/cli.py:RedriveReport.redriven": "operator CLI: counts by target topic",

@@ -5,7 +5,7 @@ confirm route returns the worker's ``AuthData`` unchanged, so both routes answer
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import JSONResponse
@@ -18,13 +18,21 @@ from worker.contract.messages import valid_id as valid_id  # account ids, caller
 # The models' docstrings are their descriptions in the OpenAPI document: written for callers.
 
 
-class AuthResponse(BaseModel):
-    """Success: the account's current status."""
+T = TypeVar("T")
+
+
+class DataResponse(BaseModel, Generic[T]):
+    """Every success: ``request_id`` and ``data`` (a page adds its cursor). Each route's answer
+    is a subclass adding only its docstring, so the OpenAPI document names and describes it."""
 
     model_config = ConfigDict(frozen=True)
 
     request_id: Identifier
-    data: AuthData
+    data: T
+
+
+class AuthResponse(DataResponse[AuthData]):
+    """Success: the account's current status."""
 
 
 # The worker's ErrorBody, with the bounds the HTTP contract promises on top.

@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from worker.api.bodies import DataResponse
 from worker.api.routes import request_id_of
-from worker.contract.messages import Identifier
 from worker.webhooks.event_types import catalogue_document
 
 EVENT_TYPES_PATH: Final = "/v1/event-types"
@@ -65,13 +65,8 @@ class EventCatalogue(BaseModel):
     event_types: list[EventTypeEntry]
 
 
-class EventTypesResponse(BaseModel):
+class EventTypesResponse(DataResponse[EventCatalogue]):
     """Success: the event catalogue."""
-
-    model_config = ConfigDict(frozen=True)
-
-    request_id: Identifier
-    data: EventCatalogue
 
 
 def _data_json() -> str:

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from worker.api.bodies import json_response
+from worker.api.bodies import DataResponse, json_response
 from worker.api.keys import KeyStore
 from worker.api.portal.revocations import PortalRevocations
 from worker.api.portal.tokens import SESSION_ID_RE, PortalTokens
@@ -72,13 +72,8 @@ class PortalSessionData(BaseModel):
     expires_at: str = Field(description="RFC 3339 UTC time the session ends.")
 
 
-class PortalSessionResponse(BaseModel):
+class PortalSessionResponse(DataResponse[PortalSessionData]):
     """Success: the portal session."""
-
-    model_config = ConfigDict(frozen=True)
-
-    request_id: Identifier
-    data: PortalSessionData
 
 
 class PortalSessions:

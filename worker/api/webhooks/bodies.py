@@ -19,6 +19,7 @@ from pydantic import (
 )
 from starlette.requests import Request
 
+from worker.api.bodies import DataResponse
 from worker.api.routes import decode_json, read_body
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
@@ -240,31 +241,16 @@ class EndpointWithSecret(EndpointData):
     secret: Annotated[str, Field(pattern=f"^{SECRET_PREFIX}[A-Za-z0-9+/=]+$")]
 
 
-class EndpointResponse(BaseModel):
+class EndpointResponse(DataResponse[EndpointData]):
     """Success: one endpoint."""
 
-    model_config = ConfigDict(frozen=True)
 
-    request_id: Identifier
-    data: EndpointData
-
-
-class EndpointSecretResponse(BaseModel):
+class EndpointSecretResponse(DataResponse[EndpointWithSecret]):
     """Success: one endpoint and its new signing secret."""
 
-    model_config = ConfigDict(frozen=True)
 
-    request_id: Identifier
-    data: EndpointWithSecret
-
-
-class EndpointListResponse(BaseModel):
+class EndpointListResponse(DataResponse[list[EndpointData]]):
     """Success: the workspace's endpoints, oldest first."""
-
-    model_config = ConfigDict(frozen=True)
-
-    request_id: Identifier
-    data: list[EndpointData]
 
 
 class ReplayData(BaseModel):
@@ -277,10 +263,5 @@ class ReplayData(BaseModel):
     since: str
 
 
-class ReplayAcceptedResponse(BaseModel):
+class ReplayAcceptedResponse(DataResponse[ReplayData]):
     """Accepted: the replay runs in the background."""
-
-    model_config = ConfigDict(frozen=True)
-
-    request_id: Identifier
-    data: ReplayData

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from worker.api.bodies import DataResponse
 from worker.api.webhooks.delivery_log import Delivery, Status, status_of
 from worker.contract.messages import Identifier
 from worker.webhooks.attempt_log import AttemptRecord
@@ -95,13 +96,9 @@ class DeliveryItem(BaseModel):
         return cls.model_validate(cls.fields_of(delivery))
 
 
-class DeliveryPageResponse(BaseModel):
+class DeliveryPageResponse(DataResponse[list[DeliveryItem]]):
     """Success: one page of the endpoint's deliveries, newest first."""
 
-    model_config = ConfigDict(frozen=True)
-
-    request_id: Identifier
-    data: list[DeliveryItem]
     next_cursor: str | None = Field(
         description="Pass as `cursor` for the next page (the same filters); `null` on the"
         " last page. Opaque; pages of one cursor do not change while new deliveries arrive."
@@ -128,13 +125,8 @@ class DeliveryDetail(DeliveryItem):
         )
 
 
-class DeliveryDetailResponse(BaseModel):
+class DeliveryDetailResponse(DataResponse[DeliveryDetail]):
     """Success: the delivery."""
-
-    model_config = ConfigDict(frozen=True)
-
-    request_id: Identifier
-    data: DeliveryDetail
 
 
 class QueuedData(BaseModel):
@@ -151,13 +143,8 @@ class QueuedData(BaseModel):
     kind: Literal["resend", "test"]
 
 
-class QueuedResponse(BaseModel):
+class QueuedResponse(DataResponse[QueuedData]):
     """Accepted: the delivery is queued and goes through the normal delivery path."""
-
-    model_config = ConfigDict(frozen=True)
-
-    request_id: Identifier
-    data: QueuedData
 
 
 class TestSendBody(BaseModel):

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from worker.api.bodies import DataResponse
 from worker.api.webhooks.account_events import FoundEvent
 from worker.api.webhooks.replay_status import ReplayProgress, ReplayState
 from worker.contract.messages import Identifier
@@ -81,13 +82,8 @@ class ReplayStatusData(BaseModel):
         )
 
 
-class ReplayStatusResponse(BaseModel):
+class ReplayStatusResponse(DataResponse[ReplayStatusData]):
     """Success: one replay."""
-
-    model_config = ConfigDict(frozen=True)
-
-    request_id: Identifier
-    data: ReplayStatusData
 
 
 class AccountEventData(BaseModel):
@@ -139,13 +135,9 @@ class AccountEventData(BaseModel):
         )
 
 
-class AccountEventsResponse(BaseModel):
+class AccountEventsResponse(DataResponse[list[AccountEventData]]):
     """Success: a page of the account's events, oldest first."""
 
-    model_config = ConfigDict(frozen=True)
-
-    request_id: Identifier
-    data: list[AccountEventData]
     next_cursor: str = Field(
         description="Pass as `cursor` for the next page, now or later (new events arrive after it)."
     )
