@@ -221,9 +221,9 @@ def test_the_committed_document_loads_with_its_links(monkeypatch: pytest.MonkeyP
     schema = schemathesis.openapi.from_path(COMMITTED, config=config)
     ops = [op.ok() for op in schema.get_all_operations() if isinstance(op, Ok)]
     # 6 auth/probe operations, 14 webhook ones and their 11 preflights, the event catalogue
-    # and its preflight, a portal session and its preflight; a replay's status and cancel,
-    # an account's events and their 3 preflights
-    assert len(ops) == 41
+    # and its preflight, a portal session, its revocations (one, all) and their 2 preflights;
+    # a replay's status and cancel, an account's events and their 3 preflights
+    assert len(ops) == 44
     create = next(op for op in ops if op.label == f"POST {WEBHOOK_ENDPOINTS}")
     links = create.definition.raw["responses"]["201"]["links"]
     targets = {link["operationId"] for link in links.values()}
