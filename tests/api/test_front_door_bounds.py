@@ -20,6 +20,11 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_A, running_api
@@ -31,7 +36,13 @@ from tests.api.test_front_door import (
     rss_bytes,
 )
 from worker.api import server as api_server
-from worker.api.protocol import MAX_PIPELINED, ConnectionLimits
+from worker.api.protocol import (
+    MAX_PIPELINED,
+    READ_BYTES,
+    ConnectionLimits,
+    LimitedHttpProtocol,
+    limited_protocol,
+)
 from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -113,6 +124,73 @@ async def test_a_pipelined_flood_whose_answers_are_never_read_holds_bounded_memo
         assert grown < RSS_BOUND, f"RSS grew {grown >> 20} MiB under {ATTACKERS} floods"
         # The process serves on.
         assert await healthz(api.url, source="127.0.0.1") == 200
+
+
+@contextlib.asynccontextmanager
+async def held_server(release: asyncio.Event) -> AsyncIterator[uvicorn.Server]:
+    """uvicorn on the limited protocol over an app whose every answer waits for ``release``,
+    so a pipelining client's connection fills its pipeline and pauses."""
+
+    async def held(_: Request) -> PlainTextResponse:
+        await release.wait()
+        return PlainTextResponse("ok")
+
+    limits = ConnectionLimits(
+        max_head_bytes=16_384,
+        max_headers=100,
+        head_timeout_s=60.0,
+        body_timeout_s=60.0,
+        max_connections=16,
+        max_connections_per_client=8,
+    )
+    config = uvicorn.Config(
+        Starlette(routes=[Route("/", held)]),
+        host="127.0.0.1",
+        port=0,
+        http=limited_protocol(limits, lambda _: None),
+        log_config=None,
+        log_level="warning",
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not server.started:
+            assert time.monotonic() < deadline and not task.done(), "uvicorn did not start"
+            await asyncio.sleep(0.01)
+        yield server
+    finally:
+        release.set()
+        server.should_exit = True
+        await asyncio.wait_for(task, WAIT_S)
+
+
+def held_input(server: uvicorn.Server) -> list[int]:
+    """The unparsed input each open connection holds."""
+    return [
+        len(c._input) - c._input_at
+        for c in server.server_state.connections
+        if isinstance(c, LimitedHttpProtocol)
+    ]
+
+
+async def test_a_paused_connection_holds_at_most_one_small_read_unparsed() -> None:
+    """Four connections each write 1 MiB of pipelined requests while the first answer waits:
+    each reads ``MAX_PIPELINED`` requests ahead, pauses, and holds at most ``READ_BYTES`` of
+    input unparsed (main: up to a 256 KiB read each)."""
+    release = asyncio.Event()
+    async with held_server(release) as server, contextlib.AsyncExitStack() as stack:
+        port = server.servers[0].sockets[0].getsockname()[1]
+        for _ in range(4):
+            _, writer = await stack.enter_async_context(raw_connection(f"http://127.0.0.1:{port}"))
+            writer.write(TINY * 60_000)
+        deadline = time.monotonic() + WAIT_S
+        while sum(1 for held in held_input(server) if held > 0) < 4:
+            assert time.monotonic() < deadline, f"no connection paused: {held_input(server)}"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # a read that would come in after the pause
+        assert max(held_input(server)) <= READ_BYTES, held_input(server)
 
 
 async def test_answers_left_unread_are_cut_off_at_the_write_deadline(
@@ -221,6 +299,30 @@ async def test_one_client_address_cannot_hold_every_connection_slot(
         while await healthz_or_refused(api.url, "127.0.0.1") != 200:
             assert time.monotonic() < deadline, "the closed connection's slot never came back"
             await asyncio.sleep(0.05)
+
+
+async def test_addresses_at_their_share_leave_the_last_slots_to_new_addresses(
+    api_settings: ApiSettings,
+) -> None:
+    """8 connections, 3 per address, a quarter kept for addresses holding none: 127.0.0.1 and
+    .2 hold 3 each, .3 holds 1 and its 2nd is refused (``client_connection_limit``) though a
+    slot is free, so .4 is still served (main: .3 took the last slots and .4 was refused)."""
+    settings = api_settings(
+        api_max_connections=8, api_max_connections_per_client=3, api_head_timeout_s=60.0
+    )
+    async with running_api(settings) as api, contextlib.AsyncExitStack() as stack:
+        for source in ("127.0.0.1", "127.0.0.2"):
+            for _ in range(3):
+                await hold(stack, api.url, source)
+        await hold(stack, api.url, "127.0.0.3")
+        async with raw_connection(api.url, source="127.0.0.3") as (reader, writer):
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await read_response(reader)
+            assert answer.status == 503, answer
+            assert answer.headers["retry-after"] == "1"
+        assert refusals(api, "client_connection_limit") == 1
+        await hold(stack, api.url, "127.0.0.4")
+        assert refusals_or_zero(api, "connection_limit") == 0
 
 
 async def healthz_or_refused(url: str, source: str) -> int:

@@ -170,7 +170,7 @@ async def test_the_sweep_drops_expired_keys_and_tombstones_them_and_the_lost_cla
     feed(keys, record("new", 1050, answered=True, key="b" * 64))
     keys.clock[0] = 1101  # type: ignore[attr-defined]
     await keys.sweep()
-    tombstoned = {k for k, v in keys._producer.sent if v is None}
+    tombstoned = {k for k, v in keys.producer.sent if v is None}
     assert tombstoned == {record("old", 0).record_key, record("lost", 0).record_key}
     assert keys.held("ws_a") == 2 and keys.in_use == 2  # still counted until read back
     assert keys.holder("ws_a", "never-sent") is None

@@ -9,8 +9,6 @@ them are one protocol, read together."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import re
 import time
@@ -19,7 +17,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -27,8 +25,8 @@ from worker.api.bodies import error_response
 from worker.api.metrics import ApiMetrics
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
-from worker.engine.outage import BrokerHealth, send_retrying
-from worker.engine.tail import TopicTail
+from worker.engine.compacted_view import CompactedView
+from worker.engine.outage import BrokerHealth
 from worker.runtime.admission import Share
 from worker.runtime.logs import get_logger
 
@@ -197,7 +195,7 @@ def record_key(workspace_id: str, digest: bytes, claim_id: str) -> bytes:
     return f"{workspace_id}/{digest.hex()}/{claim_id}".encode()
 
 
-class IdempotencyKeys(TopicTail):
+class IdempotencyKeys(CompactedView):
     """Every replica's view of the keys held, and this replica's claims (module docstring).
 
     Every replica applies the records in the topic's order with the same rule (``_apply``),
@@ -225,11 +223,9 @@ class IdempotencyKeys(TopicTail):
         sweep_interval_s: float = SWEEP_INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(consumer, topic, name="api-idempotency", idle_timeout_ms=200)
+        super().__init__(consumer, topic, producer, name="api-idempotency", health=health)
         self.replica_id = replica_id
         self.share = keys_share(per_workspace, keys_max)
-        self._producer = producer
-        self._health = health or BrokerHealth()
         self._ttl_s = ttl_s
         self._claim_ttl_s = claim_ttl_s
         self._claim_timeout_s = claim_timeout_s
@@ -241,11 +237,7 @@ class IdempotencyKeys(TopicTail):
         self.in_use = 0
         #: Of those, claims given up here whose tombstones are not read yet (``admits``).
         self.given_up = 0
-        self._deciding: dict[str, asyncio.Future[Held | _Full]] = {}
         self._stale: dict[bytes, float] = {}
-        self._sweeper: asyncio.Task[None] | None = None
-        self._writes: set[asyncio.Task[None]] = set()
-        self.undecodable = 0
 
     # -- the view ----------------------------------------------------------------------------
 
@@ -328,24 +320,19 @@ class IdempotencyKeys(TopicTail):
         self._stale.pop(record.record_key, None)
         return self._hold(record.workspace_id, digest, Held.of(record))
 
-    def handle(self, records: list[Any]) -> None:
-        for msg in records:
-            if msg.value is None:
-                self._tombstoned(msg.key or b"")
-                continue
-            try:
-                record = IdempotencyRecord.model_validate_json(msg.value)
-            except ValidationError:
-                self.undecodable += 1
-                continue
-            if msg.key != record.record_key:
-                self.undecodable += 1
-                continue
-            outcome = self._apply(record)
-            if record.answer is None:
-                deciding = self._deciding.pop(record.claim_id, None)
-                if deciding is not None and not deciding.done():
-                    deciding.set_result(outcome)
+    def take(self, msg: Any) -> None:
+        if msg.value is None:
+            self._tombstoned(msg.key or b"")
+            return
+        record = self.decoded(IdempotencyRecord.model_validate_json, msg.value)
+        if record is None:
+            return
+        if msg.key != record.record_key:
+            self.undecodable += 1
+            return
+        outcome = self._apply(record)
+        if record.answer is None:
+            self.read_back(record.claim_id, lambda: outcome)
 
     def _tombstoned(self, key: bytes) -> None:
         self._stale.pop(key, None)
@@ -369,9 +356,6 @@ class IdempotencyKeys(TopicTail):
 
     # -- writing -----------------------------------------------------------------------------
 
-    async def _send(self, key: bytes, value: bytes | None) -> None:
-        await send_retrying(self._producer, self._health, self.topic, value, key=key, partition=0)
-
     async def claim(
         self, workspace_id: str, key: str, print_: str
     ) -> tuple[IdempotencyRecord | None, Held | _Full | None]:
@@ -386,14 +370,14 @@ class IdempotencyKeys(TopicTail):
             fingerprint=print_,
             at=self._clock(),
         )
-        decided: asyncio.Future[Held | _Full] = asyncio.get_running_loop().create_future()
-        self._deciding[claim.claim_id] = decided
         try:
-            async with asyncio.timeout(self._claim_timeout_s):
-                await self._send(claim.record_key, claim.model_dump_json().encode())
-                outcome = await decided
+            outcome: Held | _Full = await self.send_read_back(
+                claim.claim_id,
+                claim.record_key,
+                claim.model_dump_json().encode(),
+                self._claim_timeout_s,
+            )
         except Exception as exc:  # time-out or broker: nothing is claimed
-            self._deciding.pop(claim.claim_id, None)
             log.warning("api_idempotency_claim_failed", error=type(exc).__name__)
             self.forget(claim)
             return None, None
@@ -411,8 +395,11 @@ class IdempotencyKeys(TopicTail):
             update={"answer": StoredAnswer(status=status, body=body.decode("utf-8"))}
         )
         try:
-            async with asyncio.timeout(max(CLAIM_MARGIN_S - 1.0, 0.5)):
-                await self._send(record.record_key, record.model_dump_json().encode())
+            await self.send(
+                record.record_key,
+                record.model_dump_json().encode(),
+                timeout_s=max(CLAIM_MARGIN_S - 1.0, 0.5),
+            )
         except Exception as exc:
             log.warning("api_idempotency_answer_not_kept", error=type(exc).__name__)
             return False
@@ -431,16 +418,7 @@ class IdempotencyKeys(TopicTail):
         if held is not None and held.claim_id == claim.claim_id and held.status == 0:
             held.status = GIVEN_UP
             self.given_up += 1
-        self._background(self._send(claim.record_key, None))
-
-    def _background(self, write: Awaitable[None]) -> None:
-        if not self.running:
-            if asyncio.iscoroutine(write):
-                write.close()
-            return
-        task = asyncio.get_running_loop().create_task(_quietly(write))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        self.send_quietly(claim.record_key, None)
 
     # -- expiry ------------------------------------------------------------------------------
 
@@ -457,31 +435,16 @@ class IdempotencyKeys(TopicTail):
         ]
         for key in gone:
             self._stale.pop(key, None)
-            await self._send(key, None)
+        await self.tombstone(gone)
         for key, at in list(self._stale.items()):
             if now - at > self._claim_ttl_s:
                 del self._stale[key]
-                await self._send(key, None)
-
-    async def _sweeping(self) -> None:
-        while True:
-            await asyncio.sleep(self._sweep_interval_s)
-            try:
-                await asyncio.wait_for(self.sweep(), self._sweep_interval_s)
-            except Exception as exc:  # the next sweep tries again
-                log.warning("api_idempotency_sweep_failed", error=repr(exc))
+                await self.send(key, None)
 
     async def start(self) -> None:
         await super().start()
-        self._sweeper = asyncio.create_task(self._sweeping(), name="api-idempotency-sweep")
-
-    async def stop(self) -> None:
-        for task in [self._sweeper, *self._writes]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        await super().stop()
+        interval = self._sweep_interval_s
+        self.chores.every(interval, self.sweep, timeout_s=interval)
 
 
 def _digest(key: str) -> bytes:
@@ -496,11 +459,6 @@ def _deflate(body: bytes) -> bytes:
 def _inflate(packed: bytes) -> bytes:
     unpacker = zlib.decompressobj(_WBITS, _ENVELOPE)
     return unpacker.decompress(packed) + unpacker.flush()
-
-
-async def _quietly(write: Awaitable[None]) -> None:
-    with contextlib.suppress(Exception):
-        await write
 
 
 def _replayed(held: Held, print_: str, request_id: str, metrics: ApiMetrics) -> Response:

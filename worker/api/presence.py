@@ -17,14 +17,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from worker.contract.messages import Identifier
-from worker.engine.outage import BrokerHealth, send_retrying
-from worker.engine.tail import TopicTail
-from worker.runtime.logs import get_logger
-
-log = get_logger(__name__)
+from worker.engine.compacted_view import CompactedView
+from worker.engine.outage import BrokerHealth
 
 PRESENCE_INTERVAL_S: Final = 2.0
 #: A replica without a record younger than this is not live (three missed heartbeats).
@@ -61,7 +58,7 @@ class PresenceRecord(BaseModel):
     replays: dict[Identifier, int] = Field(default_factory=dict, max_length=MAX_CLAIMED_WORKSPACES)
 
 
-class Presence(TopicTail):
+class Presence(CompactedView):
     """This replica's heartbeat and its view of the others (see the module docstring).
 
     ``consumer`` is unstarted and group-less (a ``SharedConsumer`` share); ``producer`` the
@@ -80,10 +77,8 @@ class Presence(TopicTail):
         claim_timeout_s: float = CLAIM_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(consumer, topic, name="api-presence", idle_timeout_ms=200)
+        super().__init__(consumer, topic, producer, name="api-presence", health=health)
         self.replica_id = replica_id or new_replica_id()
-        self._producer = producer
-        self._health = health or BrokerHealth()
         self._interval_s = interval_s
         self._ttl_s = ttl_s
         self._claim_timeout_s = claim_timeout_s
@@ -91,18 +86,11 @@ class Presence(TopicTail):
         self._seen: dict[str, PresenceRecord] = {}
         self._held: Counter[str] = Counter()  # this replica's replays, claims included
         self._seq = 0
-        self._deciding: dict[int, tuple[str, asyncio.Future[int]]] = {}
         self._claiming = asyncio.Lock()
-        self._beat: asyncio.Task[None] | None = None
-        self._releases: set[asyncio.Task[None]] = set()
-        self.undecodable = 0
+        #: The workspace of the claim being decided (one at a time: ``_claiming``).
+        self._claiming_for = ""
         #: Records of replicas past ``MAX_REPLICAS``, ignored.
         self.ignored = 0
-        #: Told each replay record (key ``rp_...``) the topic also carries.
-        self.forward: Callable[[Any], None] | None = None
-        #: Told each record whose key starts with a prefix here (``ps_``: a portal session's
-        #: revocation, ``worker.api.portal.revocations``), as ``forward`` is told replays'.
-        self.takers: dict[bytes, Callable[[Any], None]] = {}
 
     # -- what the others hold ------------------------------------------------------------------
 
@@ -124,36 +112,23 @@ class Presence(TopicTail):
         """The workspace's replays on the other live replicas, as read so far."""
         return sum(r.replays.get(workspace_id, 0) for r in self._others())
 
-    def handle(self, records: list[Any]) -> None:
-        for msg in records:
-            if msg.key and msg.key.startswith(b"rp_"):
-                if self.forward is not None:  # a replay's (worker.api.webhooks.replay_status)
-                    self.forward(msg)
-                continue
-            taker = _taker(self.takers, msg.key)
-            if taker is not None:
-                taker(msg)
-                continue
-            if msg.value is None:
-                if msg.key:
-                    self._seen.pop(msg.key.decode("utf-8", "replace"), None)
-                continue
-            try:
-                record = PresenceRecord.model_validate_json(msg.value)
-            except ValidationError:
-                self.undecodable += 1
-                continue
-            held = self._seen.get(record.replica_id)
-            if held is None and len(self._seen) >= MAX_REPLICAS:
-                self.ignored += 1
-                continue
-            if held is None or held.seq < record.seq:  # a resent record may come late
-                self._seen[record.replica_id] = record
-            if record.replica_id == self.replica_id:
-                deciding = self._deciding.pop(record.seq, None)
-                if deciding is not None and not deciding[1].done():
-                    # Every other replica's latest record before this one: the claim's order.
-                    deciding[1].set_result(self.held_elsewhere(deciding[0]))
+    def take(self, msg: Any) -> None:
+        if msg.value is None:
+            if msg.key:
+                self._seen.pop(msg.key.decode("utf-8", "replace"), None)
+            return
+        record = self.decoded(PresenceRecord.model_validate_json, msg.value)
+        if record is None:
+            return
+        held = self._seen.get(record.replica_id)
+        if held is None and len(self._seen) >= MAX_REPLICAS:
+            self.ignored += 1
+            return
+        if held is None or held.seq < record.seq:  # a resent record may come late
+            self._seen[record.replica_id] = record
+        if record.replica_id == self.replica_id:
+            # Every other replica's latest record before this one: the claim's order.
+            self.read_back(record.seq, lambda: self.held_elsewhere(self._claiming_for))
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -164,19 +139,9 @@ class Presence(TopicTail):
         record = PresenceRecord(replica_id=self.replica_id, at=self._clock(), seq=seq, replays=held)
         return seq, record.model_dump_json().encode()
 
-    async def _send(self, value: bytes | None) -> None:
-        await send_retrying(
-            self._producer,
-            self._health,
-            self.topic,
-            value,
-            key=self.replica_id.encode(),
-            partition=0,
-        )
-
     async def beat(self) -> None:
         """Write this replica's record now."""
-        await self._send(self._next()[1])
+        await self.send(self.replica_id, self._next()[1])
 
     async def forget_dead(self) -> None:
         """Tombstone the records of replicas silent for ``FORGET_AFTER_S``."""
@@ -184,39 +149,23 @@ class Presence(TopicTail):
         for replica_id, record in list(self._seen.items()):
             if replica_id != self.replica_id and abs(now - record.at) > FORGET_AFTER_S:
                 del self._seen[replica_id]
-                await send_retrying(
-                    self._producer,
-                    self._health,
-                    self.topic,
-                    None,
-                    key=replica_id.encode(),
-                    partition=0,
-                )
+                await self.send(replica_id, None)
 
-    async def _beating(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self.beat(), self._interval_s * 2)
-                await asyncio.wait_for(self.forget_dead(), self._interval_s * 2)
-            except Exception as exc:  # the next beat tries again
-                log.warning("api_presence_beat_failed", error=repr(exc))
-            await asyncio.sleep(self._interval_s)
+    async def _beat_and_forget(self) -> None:
+        await self.beat()
+        await self.forget_dead()
 
     async def start(self) -> None:
         await super().start()
         await self.beat()
-        self._beat = asyncio.create_task(self._beating(), name="api-presence-beat")
+        self.chores.every(self._interval_s, self._beat_and_forget, timeout_s=self._interval_s * 4)
 
     async def stop(self) -> None:
         """Stop beating and tombstone this replica's key (best effort: the TTL covers a
         replica that dies without it)."""
-        for task in [self._beat, *self._releases]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await self.chores.stop()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._send(None), 2.0)
+            await self.send(self.replica_id, None, timeout_s=2.0)
         await super().stop()
 
     # -- replay slots ----------------------------------------------------------------------------
@@ -230,15 +179,13 @@ class Presence(TopicTail):
             if mine >= limit or mine + self.held_elsewhere(workspace_id) >= limit:
                 return False
             self._held[workspace_id] += 1
+            self._claiming_for = workspace_id
             seq, value = self._next()
-            decided: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            self._deciding[seq] = (workspace_id, decided)
             try:
-                async with asyncio.timeout(self._claim_timeout_s):
-                    await self._send(value)
-                    elsewhere = await decided
+                elsewhere = await self.send_read_back(
+                    seq, self.replica_id, value, self._claim_timeout_s
+                )
             except Exception:  # time-out or broker: refused, the slot given back
-                self._deciding.pop(seq, None)
                 self.release(workspace_id)
                 return False
             if mine + elsewhere >= limit:
@@ -251,25 +198,7 @@ class Presence(TopicTail):
         self._held[workspace_id] -= 1
         if self._held[workspace_id] <= 0:
             del self._held[workspace_id]
-        if self.running:
-            task = asyncio.get_running_loop().create_task(self._quietly(self.beat()))
-            self._releases.add(task)
-            task.add_done_callback(self._releases.discard)
-
-    @staticmethod
-    async def _quietly(beat: Any) -> None:
-        with contextlib.suppress(Exception):
-            await beat
-
-
-def _taker(
-    takers: dict[bytes, Callable[[Any], None]], key: bytes | None
-) -> Callable[[Any], None] | None:
-    if key:
-        for prefix, taker in takers.items():
-            if key.startswith(prefix):
-                return taker
-    return None
+        self.send_quietly(self.replica_id, self._next()[1])
 
 
 __all__ = [

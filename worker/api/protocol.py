@@ -2,21 +2,27 @@
 header-count, time-out, pipelining and connection limits uvicorn lacks (docs/operations.md,
 "Front-door limits"; why: docs/architecture.md, "The front-end"). Refusals below the app are
 plain text with ``Connection: close``, then a linger, so the client reads the answer, not a
-reset."""
+reset.
+
+Over 500 lines: one connection's life (admission, reads, pipelining, answers, refusals) is
+one class, whose parts share its state."""
 
 from __future__ import annotations
 
 import asyncio
 import http
 import ipaddress
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, cast
 
 from uvicorn.config import Config
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
+
+from worker.runtime.admission import Admission, NoRoom, Share, Slot
 
 LINGER_S: Final = 1.0
 """How long a refused connection's input is drained before it is closed."""
@@ -25,7 +31,11 @@ MAX_PIPELINED: Final = 16
 """Requests read ahead of the one being answered on a connection (HTTP/1.1 pipelining). At
 the bound the connection is not read further (``pause_reading``) and the rest of the last read
 is held unparsed until an answer makes room: the connection holds at most this many parsed
-requests plus one read, never a whole flood's worth."""
+requests plus one read (``READ_BYTES``), never a whole flood's worth."""
+
+READ_BYTES: Final = 16 * 1024
+"""The most one read of a connection brings in, so the most unparsed input a paused connection
+holds (the event loops read up to 256 KiB at a time into a plain protocol)."""
 
 WRITE_TIMEOUT_S: Final = 30.0
 """Longest a peer may leave its answers unread: from the moment the unsent answer bytes pass
@@ -41,11 +51,12 @@ the last byte of a ``\\n\\r\\n``, which is what ``_slice_end`` counts (a superse
 class ConnectionLimits:
     """The per-connection limits (settings ``API_MAX_HEADER_BYTES`` and the rest).
 
-    ``max_connections_per_client`` bounds the connections of one client address (an IPv6
-    client's /64), ``0`` for no bound. The address is the TCP peer's: behind a proxy or a
-    load balancer that does not keep client addresses (a Kubernetes Service with
-    ``externalTrafficPolicy: Cluster``, an ingress, a sidecar) every client shares the
-    proxy's address, and the bound is then one on the proxy: raise it or set ``0`` there.
+    ``max_connections_per_client`` is a client address's share (an IPv6 client's /64) of
+    ``max_connections`` under the admission rule (``connection_share``), ``0`` for no share.
+    The address is the TCP peer's: behind a proxy or a load balancer that does not keep client
+    addresses (a Kubernetes Service with ``externalTrafficPolicy: Cluster``, an ingress, a
+    sidecar) every client shares the proxy's address, and the share is then the proxy's: raise
+    it or set ``0`` there.
     """
 
     max_head_bytes: int
@@ -70,13 +81,32 @@ Refusal = Callable[[str], None]
 """Called with the reason of each refusal (the metric's label)."""
 
 
-@dataclass(frozen=True, slots=True)
+def connection_share(limits: ConnectionLimits) -> Share:
+    """The connections' share per client address: ``max_connections_per_client`` of
+    ``max_connections``, and a quarter of them (never so many that one address could not reach
+    its share) kept for addresses holding none, so addresses at their share leave room for new
+    ones. No share (``0``): one pool, first come."""
+    capacity = limits.max_connections
+    per_client = limits.max_connections_per_client
+    if per_client <= 0:
+        return Share(capacity=capacity, per_owner=capacity)
+    per_owner = min(per_client, capacity)
+    return Share(capacity, per_owner, reserve=min(capacity // 4, capacity - per_owner))
+
+
 class _Policy:
-    limits: ConnectionLimits
-    on_refusal: Refusal
-    clients: dict[str, int] = field(default_factory=dict)
-    """Open connections per client address (``client_key``), of one server; a key goes with
-    its last connection, so the map is never larger than the connections."""
+    """One server's limits, refusal counter and connection slots; a connection's slot is its
+    client address's (``client_key``; every connection's, ``*``, when there is no share)."""
+
+    def __init__(self, limits: ConnectionLimits, on_refusal: Refusal) -> None:
+        self.limits = limits
+        self.on_refusal = on_refusal
+        self.slots = Admission("connections", connection_share(limits), retry_after_s=1.0)
+
+    def owner(self, client: tuple[str, int] | None) -> str:
+        if self.limits.max_connections_per_client <= 0 or client is None:
+            return "*"
+        return client_key(client[0])
 
 
 def client_key(host: str) -> str:
@@ -179,7 +209,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._pump_scheduled = False
         # The write deadline: armed while answers go unread (``WRITE_TIMEOUT_S``).
         self._write_timer: asyncio.TimerHandle | None = None
-        self._client_key: str | None = None
+        self._slot: Slot | None = None
         # The request being answered (uvicorn's ``cycle`` is the last one read).
         self._answering: RequestResponseCycle | None = None
 
@@ -188,11 +218,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.flow = _Flow(transport, self._holding)
-        if len(self.connections) > self.limits.max_connections:
-            self._refuse(503, "connection_limit")
-            return
-        if not self._take_client_slot():
-            self._refuse(503, "client_connection_limit")
+        try:
+            self._slot = self.policy.slots.take(self.policy.owner(self.client))
+        except NoRoom as refused:
+            full = refused.reason == "full"
+            self._refuse(503, "connection_limit" if full else "client_connection_limit")
             return
         self._reading_head = True
         self._arm_timer()
@@ -209,31 +239,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._input_at = 0
         super().connection_lost(exc)
 
-    def _take_client_slot(self) -> bool:
-        """Count the connection under its client's address; ``False`` when the address holds
-        its bound already."""
-        limit = self.limits.max_connections_per_client
-        if limit <= 0 or self.client is None:
-            return True
-        key = client_key(self.client[0])
-        clients = self.policy.clients
-        held = clients.get(key, 0)
-        if held >= limit:
-            return False
-        clients[key] = held + 1
-        self._client_key = key
-        return True
-
     def _release_client_slot(self) -> None:
-        key, self._client_key = self._client_key, None
-        if key is None:
-            return
-        clients = self.policy.clients
-        left = clients.get(key, 1) - 1
-        if left > 0:
-            clients[key] = left
-        else:
-            clients.pop(key, None)
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
 
     # -- reading: pipelining within its bound -------------------------------------------------
 
@@ -476,8 +485,61 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._timer = self.loop.call_later(LINGER_S, self._close)
 
 
-def limited_protocol(limits: ConnectionLimits, on_refusal: Refusal) -> type[LimitedHttpProtocol]:
-    """The protocol class for one server (uvicorn's ``Config(http=...)``)."""
-    return type(
+class _Reads(threading.local):
+    """One read buffer per thread (each loop's reads run one at a time, each handed on as
+    bytes before the next), so an idle connection holds none."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(READ_BYTES)
+
+
+_READS: Final = _Reads()
+
+
+class BoundedReads(asyncio.BufferedProtocol):
+    """What the transport sees: reads of at most ``READ_BYTES`` handed on to the connection's
+    ``LimitedHttpProtocol`` (``http``). A buffered protocol is the one way to set the read size
+    on both loops (uvloop reads a plain ``asyncio.Protocol`` 256 KiB at a time, and only takes
+    a protocol that is not one as buffered)."""
+
+    http_class: ClassVar[type[LimitedHttpProtocol]]
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.http = self.http_class(config, server_state, app_state, _loop)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.http.connection_made(cast(asyncio.Transport, transport))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.http.connection_lost(exc)
+
+    def eof_received(self) -> None:
+        self.http.eof_received()
+
+    def pause_writing(self) -> None:
+        self.http.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.http.resume_writing()
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return _READS.buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.http.data_received(bytes(memoryview(_READS.buffer)[:nbytes]))
+
+
+def limited_protocol(limits: ConnectionLimits, on_refusal: Refusal) -> type[asyncio.Protocol]:
+    """The protocol class for one server (uvicorn's ``Config(http=...)``, which is typed for a
+    plain protocol but only calls the class)."""
+    http_class = type(
         "LimitedHttpProtocol", (LimitedHttpProtocol,), {"policy": _Policy(limits, on_refusal)}
     )
+    reads = type("BoundedReads", (BoundedReads,), {"http_class": http_class})
+    return cast(type[asyncio.Protocol], reads)

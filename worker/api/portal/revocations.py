@@ -8,23 +8,19 @@ revokes more (docs/api.md, "The portal"; docs/architecture.md, "Resource bounds"
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from worker.api.keys import KeyStore
 from worker.api.portal.tokens import SESSION_ID_RE, PortalClaims, PortalTokens
 from worker.api.presence import Presence
 from worker.api.request_rate import RateLimited
 from worker.contract.messages import Identifier
-from worker.engine.outage import BrokerHealth, send_retrying
-from worker.runtime.logs import get_logger
-
-log = get_logger(__name__)
+from worker.engine.compacted_view import ViewPart
+from worker.engine.outage import BrokerHealth
 
 #: Every key on ``api.presence`` that is a portal revocation's.
 KEY_PREFIX: Final = b"ps_"
@@ -36,8 +32,6 @@ MAX_TRACKED: Final = 50_000
 #: know would be needed) every portal session is refused until the extra records expire.
 MAX_WORKSPACES: Final = 10_000
 SWEEP_EVERY_S: Final = 60.0
-#: How long a revocation write waits for the broker before the request fails (500).
-WRITE_TIMEOUT_S: Final = 5.0
 
 
 class PortalRevocation(BaseModel):
@@ -60,17 +54,18 @@ class PortalRevocation(BaseModel):
         return f"ps_s/{self.workspace_id}/{self.session_id}"
 
 
-class PortalRevocations:
+class PortalRevocations(ViewPart):
     """Every replica's view of the revoked sessions, and the writes to it (module docstring).
 
     ``presence`` (unstarted; ``None``: this process's view only, as in apps built without
-    one) reads the topic and hands the ``ps_`` records here; ``producer`` is the front-end's
-    started producer; ``ttl_s`` the longest session. ``clock`` (wall clock) is injectable."""
+    one) reads the topic, hands the ``ps_`` records here and writes this view's with its own
+    producer and broker health (``producer`` and ``health`` are accepted for the callers'
+    sake, unused); ``ttl_s`` the longest session. ``clock`` (wall clock) is injectable."""
 
     def __init__(
         self,
         presence: Presence | None,
-        producer: Any,
+        producer: Any = None,
         *,
         ttl_s: float,
         health: BrokerHealth | None = None,
@@ -79,11 +74,12 @@ class PortalRevocations:
         max_tracked: int = MAX_TRACKED,
         max_workspaces: int = MAX_WORKSPACES,
     ) -> None:
-        self.presence = presence
-        if presence is not None:
-            presence.takers[KEY_PREFIX] = self.take
-        self._producer = producer
-        self._health = health or BrokerHealth()
+        super().__init__(
+            presence,
+            KEY_PREFIX,
+            name="portal-revocations",
+            sweep_every_s=SWEEP_EVERY_S,
+        )
         self._clock = clock
         self.ttl_s = ttl_s
         self.per_workspace = per_workspace
@@ -96,8 +92,6 @@ class PortalRevocations:
         self._tracked = 0
         #: Every session is refused until then: a cut-off past ``max_workspaces`` was read.
         self._refuse_all_until = 0.0
-        self._sweeper: asyncio.Task[None] | None = None
-        self.undecodable = 0
         #: Records read past a bound (turned into cut-offs, or refusing every session).
         self.overflowed = 0
 
@@ -115,7 +109,7 @@ class PortalRevocations:
     def ready(self) -> bool:
         """Whether every revocation written before this replica started has been read: until
         then no portal session is accepted (a revoked one could be)."""
-        return self.presence is None or (self.presence.caught_up and self.presence.running)
+        return self.view is None or (self.view.caught_up and self.view.running)
 
     def revoked(self, claims: PortalClaims) -> bool:
         """Whether the session of ``claims`` is revoked (or cannot be told apart yet)."""
@@ -135,15 +129,11 @@ class PortalRevocations:
         if msg.value is None:
             self._tombstoned(key)
             return
-        try:
-            record = PortalRevocation.model_validate_json(msg.value)
-        except ValidationError:
+        record = self.decoded(PortalRevocation.model_validate_json, msg.value)
+        if record is not None and record.record_key != key:
             self.undecodable += 1
-            return
-        if record.record_key != key:
-            self.undecodable += 1
-            return
-        self._apply(record)
+        elif record is not None:
+            self._apply(record)
 
     def _tombstoned(self, key: str) -> None:
         """A tombstone is written only for an expired record: dropping early is harmless to
@@ -232,19 +222,7 @@ class PortalRevocations:
 
     async def _write(self, record: PortalRevocation) -> None:
         self._apply(record)
-        if self.presence is None:
-            return
-        await asyncio.wait_for(
-            send_retrying(
-                self._producer,
-                self._health,
-                self.presence.topic,
-                record.model_dump_json().encode(),
-                key=record.record_key.encode(),
-                partition=0,
-            ),
-            WRITE_TIMEOUT_S,
-        )
+        await self.send(record.record_key, record.model_dump_json().encode())
 
     # -- expiry ------------------------------------------------------------------------------
 
@@ -264,33 +242,7 @@ class PortalRevocations:
     async def sweep(self) -> None:
         """Drop the expired records here and tombstone them on the topic (every replica does;
         a second tombstone of a key is harmless)."""
-        for key in self.expired():
-            if self.presence is not None:
-                await send_retrying(
-                    self._producer,
-                    self._health,
-                    self.presence.topic,
-                    None,
-                    key=key.encode(),
-                    partition=0,
-                )
-
-    async def _sweeping(self) -> None:
-        while True:
-            await asyncio.sleep(SWEEP_EVERY_S)
-            try:
-                await asyncio.wait_for(self.sweep(), SWEEP_EVERY_S)
-            except Exception as exc:  # the next sweep tries again
-                log.warning("portal_revocations_sweep_failed", error=repr(exc))
-
-    async def start(self) -> None:
-        self._sweeper = asyncio.create_task(self._sweeping(), name="portal-revocations-sweep")
-
-    async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._sweeper
+        await self.tombstone(self.expired())
 
 
 def session_claims(

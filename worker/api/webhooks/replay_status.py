@@ -14,20 +14,18 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from worker.api.presence import Presence
 from worker.api.webhooks.quotas import REPLAY_CAPACITY, TOO_MANY, Refused
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
-from worker.engine.outage import BrokerHealth, send_retrying
-from worker.runtime.logs import get_logger
+from worker.engine.compacted_view import ViewPart
+from worker.engine.outage import BrokerHealth
 from worker.webhooks.endpoints import EndpointRecord
 
-log = get_logger(__name__)
-
 REPLAY_ID_RE: Final = re.compile(r"^rp_[0-9a-f]{32}$")
-#: Every key on ``api.presence`` that is a replay's (``worker.api.presence`` skips them).
+#: Every key on ``api.presence`` that is a replay's (the presence tail hands them here).
 KEY_PREFIX: Final = b"rp_"
 CANCEL_SUFFIX: Final = "/cancel"
 KEPT_PER_WORKSPACE: Final = 20
@@ -37,8 +35,6 @@ MAX_TRACKED: Final = 10_000
 PROGRESS_EVERY_S: Final = 1.0
 STALE_AFTER_S: Final = 15 * PROGRESS_EVERY_S
 SWEEP_EVERY_S: Final = 60.0
-#: How long a status write waits for the broker before the request fails.
-WRITE_TIMEOUT_S: Final = 5.0
 ERROR_CHARS: Final = 200
 
 ReplayState = Literal["queued", "running", "done", "cancelled", "failed"]
@@ -124,16 +120,16 @@ def ending(outcome: str, cancel_asked: bool, timeout_s: float) -> tuple[ReplaySt
     return "failed", "internal error"
 
 
-class ReplayBoard:
+class ReplayBoard(ViewPart):
     """Every replica's view of the replays' progress, and the writes to it (see the module
-    docstring). ``presence`` (unstarted) reads the topic and forwards the replays' records
-    here; ``producer`` is the front-end's started producer; ``clock`` (wall clock) is
-    injectable."""
+    docstring). ``presence`` (unstarted) reads the topic, hands the replays' records here and
+    writes the board's with its own producer and broker health (``producer`` and ``health``
+    are accepted for the callers' sake, unused); ``clock`` (wall clock) is injectable."""
 
     def __init__(
         self,
         presence: Presence,
-        producer: Any,
+        producer: Any = None,
         *,
         health: BrokerHealth | None = None,
         clock: Callable[[], float] = time.time,
@@ -142,11 +138,13 @@ class ReplayBoard:
         max_tracked: int = MAX_TRACKED,
         stale_after_s: float = STALE_AFTER_S,
     ) -> None:
+        super().__init__(
+            presence,
+            KEY_PREFIX,
+            name="webhook-replay",
+            sweep_every_s=SWEEP_EVERY_S,
+        )
         self.presence = presence
-        self.topic = presence.topic
-        presence.forward = self.take
-        self._producer = producer
-        self._health = health or BrokerHealth()
         self._clock = clock
         self.kept_per_workspace = kept_per_workspace
         self.kept_for_s = kept_for_s
@@ -155,10 +153,8 @@ class ReplayBoard:
         self._replays: dict[str, ReplayProgress] = {}
         self._cancels: set[str] = set()
         self._changed = asyncio.Event()
-        self._sweeper: asyncio.Task[None] | None = None
         #: Records of replays past ``max_tracked``, ignored (and counted).
         self.ignored = 0
-        self.undecodable = 0
 
     def __len__(self) -> int:
         return len(self._replays)
@@ -177,16 +173,12 @@ class ReplayBoard:
                 self._cancels.discard(key.removesuffix(CANCEL_SUFFIX))
             else:
                 self._replays.pop(key, None)
-        else:
-            try:
-                if key.endswith(CANCEL_SUFFIX):
-                    cancel = ReplayCancel.model_validate_json(msg.value)
-                    if cancel.replay_id in self._replays:
-                        self._cancels.add(cancel.replay_id)
-                else:
-                    self._apply(ReplayProgress.model_validate_json(msg.value))
-            except ValidationError:
-                self.undecodable += 1
+        elif key.endswith(CANCEL_SUFFIX):
+            cancel = self.decoded(ReplayCancel.model_validate_json, msg.value)
+            if cancel is not None and cancel.replay_id in self._replays:
+                self._cancels.add(cancel.replay_id)
+        elif (progress := self.decoded(ReplayProgress.model_validate_json, msg.value)) is not None:
+            self._apply(progress)
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -246,14 +238,6 @@ class ReplayBoard:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    async def _send(self, key: str, value: bytes | None) -> None:
-        await asyncio.wait_for(
-            send_retrying(
-                self._producer, self._health, self.topic, value, key=key.encode(), partition=0
-            ),
-            WRITE_TIMEOUT_S,
-        )
-
     async def publish(self, progress: ReplayProgress) -> None:
         """Write ``progress`` (acknowledged) and apply it here at once (read-your-writes);
         ``Refused`` (429), nothing written, for a new replay while ``max_tracked`` are held."""
@@ -266,7 +250,7 @@ class ReplayBoard:
                 ),
                 60,
             )
-        await self._send(progress.replay_id, progress.model_dump_json().encode())
+        await self.send(progress.replay_id, progress.model_dump_json().encode())
 
     async def request_cancel(self, progress: ReplayProgress) -> None:
         """Ask whichever replica runs ``progress`` to cancel it."""
@@ -274,7 +258,7 @@ class ReplayBoard:
             replay_id=progress.replay_id, workspace_id=progress.workspace_id, at=self._clock()
         )
         self._cancels.add(progress.replay_id)
-        await self._send(progress.replay_id + CANCEL_SUFFIX, cancel.model_dump_json().encode())
+        await self.send(progress.replay_id + CANCEL_SUFFIX, cancel.model_dump_json().encode())
 
     def follow(
         self,
@@ -319,27 +303,8 @@ class ReplayBoard:
         for replay_id in gone:
             self._replays.pop(replay_id, None)
             self._cancels.discard(replay_id)
-            await self._send(replay_id, None)
-            await self._send(replay_id + CANCEL_SUFFIX, None)
+            await self.tombstone((replay_id, replay_id + CANCEL_SUFFIX))
         return len(gone)
-
-    async def _sweeping(self) -> None:
-        while True:
-            await asyncio.sleep(SWEEP_EVERY_S)
-            try:
-                await self.sweep()
-            except Exception as exc:  # the next sweep tries again
-                log.warning("webhook_replay_sweep_failed", error=repr(exc))
-
-    async def start(self) -> None:
-        """Start sweeping (the presence tail is started by its owner)."""
-        self._sweeper = asyncio.create_task(self._sweeping(), name="webhook-replay-sweep")
-
-    async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._sweeper
 
 
 __all__ = [
