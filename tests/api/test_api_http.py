@@ -411,6 +411,7 @@ async def test_get_auth_is_answered_by_the_owner_of_the_account(
                 "account_id": "acc_mine",
                 "status": "passkey_confirmation",
                 "auth_status": "passkey_confirmation",
+                "version": 1,
             },
         }
         moved = await http.get(AUTH.format("acc_moved"), headers=headers())
@@ -575,7 +576,8 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
         httpx.AsyncClient(base_url=api.url) as http,
     ):
         assert (await http.get("/healthz")).json() == {"status": "ok"}
-        ready = await http.get("/readyz")
+        assert (await http.get("/readyz")).json() == {"ready": True}  # no details in public
+        ready = await http.get(f"{api.metrics_url}/readyz")
         assert ready.status_code == 200
         # no WEBHOOK_SECRETS_KEY in these settings: webhooks are off (null), not "not ready"
         assert ready.json() == {

@@ -1,5 +1,6 @@
 """``/metrics``, ``/healthz`` and ``/readyz``: one implementation for every process's side door
-(the front-end mounts the health routes next to its API too); each process supplies its checks."""
+(the front-end mounts the health routes next to its API too, its ``/readyz`` without the
+details); each process supplies its checks."""
 
 from __future__ import annotations
 
@@ -29,14 +30,21 @@ class Probes:
         self._readiness = readiness
 
     def routes(self) -> list[Route]:
-        """``GET`` routes (Starlette adds ``HEAD`` to them; the front-end takes it off)."""
-        return [Route("/metrics", self.metrics, methods=["GET"]), *self.health_routes()]
-
-    def health_routes(self) -> list[Route]:
-        """``/healthz`` and ``/readyz`` alone."""
+        """The side door's ``GET`` routes, ``/readyz`` with its details (Starlette adds
+        ``HEAD`` to them; the front-end takes it off)."""
         return [
+            Route("/metrics", self.metrics, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
+        ]
+
+    def health_routes(self) -> list[Route]:
+        """``/healthz`` and ``/readyz`` for a public port: readiness is ``{"ready": ...}``
+        alone, since which dependency is down (the broker, a reader) is the operator's to know,
+        on the side door, not every caller's."""
+        return [
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.public_readyz, methods=["GET"]),
         ]
 
     async def metrics(self, _: Request) -> Response:
@@ -48,9 +56,19 @@ class Probes:
     async def readyz(self, _: Request) -> Response:
         return _answer(*self._readiness())
 
+    async def public_readyz(self, _: Request) -> Response:
+        ok, _details = self._readiness()
+        return _answer(ok, PublicReadiness(ready=ok))
+
 
 def _answer(ok: bool, body: BaseModel) -> Response:
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if ok else 503)
+
+
+class PublicReadiness(BaseModel):
+    """``/readyz`` on a public port: ready or not, nothing of why."""
+
+    ready: bool
 
 
 class WorkerHealth(BaseModel):

@@ -33,6 +33,7 @@ from worker.api.webhooks.urls import url_pattern
 from worker.contract.messages import Identifier
 from worker.documents.openapi.parts import REF
 from worker.documents.openapi.portal import PORTAL_SCHEME
+from worker.runtime.probes import PublicReadiness
 from worker.webhooks.targets import TargetPolicy
 
 _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
@@ -40,6 +41,7 @@ _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
     ErrorResponse,
     ApiHealth,
     ApiReadiness,
+    PublicReadiness,
     CreateEndpointBody,
     UpdateEndpointBody,
     ReplayBody,

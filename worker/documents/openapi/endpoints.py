@@ -47,13 +47,12 @@ def _url_rule(policy: TargetPolicy) -> str:
     return (
         f"`url` must be an absolute {scheme} URL (no user or password) of the form its"
         f" `pattern` states ({url_rule_text(allow_http=policy.allow_http)}), whose host is"
-        + (
-            " any address but an unspecified, multicast or broadcast one (this deployment"
-            " allows private targets)."
-            if policy.allow_private
-            else " not a loopback, private, link-local or otherwise special address (checked"
-            " again, on every address the name resolves to, when delivering)."
-        )
+        # The same words whichever way private targets are set: the public document does not
+        # tell which (a deployment's configuration is the operator's).
+        " not a loopback, private, link-local or otherwise special address unless the"
+        " deployment allows private targets (then any but an unspecified, multicast or"
+        " broadcast one); checked again, on every address the name resolves to, when"
+        " delivering."
     )
 
 

@@ -6,8 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from worker.api.bodies import ApiHealth, ApiReadiness
+from worker.api.bodies import ApiHealth
 from worker.documents.openapi.parts import json_response
+from worker.runtime.probes import PublicReadiness
 
 
 def _probe(
@@ -40,8 +41,8 @@ def probe_paths() -> dict[str, Any]:
         "/readyz": _probe(
             "readyz",
             "Readiness: reply consumer positioned and webhook registry caught up",
-            ApiReadiness,
+            PublicReadiness,
             "Ready.",
-            "Not ready.",
+            "Not ready (why is on the operator's side door).",
         ),
     }
