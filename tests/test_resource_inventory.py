@@ -100,7 +100,8 @@ NOT_GROWN: dict[str, str] = {
     "auth/metrics.py:WorkerMetrics._provider_series": "one entry per (provider, operation,"
     " outcome): the configured providers, two operations, the fixed outcomes",
     "engine/tail.py:TopicTail._fetched": "a condition: its waiters are read_to_end calls,"
-    " one per record the dispatcher is taking in, bounded by its consume loop",
+    " one per record the dispatcher is taking in, bounded by its consume loop, and"
+    " CompactedView.until calls, one per replay-follow request (connections), each timed",
     # -- constants and registries built at import or start-up, never added to afterwards --
     "api/keys_cli.py:_UNIT_S": "constant: the CLI's time units",
     "webhooks/intake.py:_REPLAYED": "constant: a replay's decoder by its source",

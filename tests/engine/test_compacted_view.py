@@ -1,8 +1,8 @@
 """``worker.engine.compacted_view`` on the real (embedded) broker: a view reads its own write
-back and tells the writer what it made of it, hands the records under a taker's prefix to that
-part, and a fresh view reads the same (tombstones included); a part's sweep runs on its
-interval and tombstones; a failed background write is logged, never raised; a stop ends its
-tasks, and does not wait past its bound for one that will not end."""
+back and tells the writer what it made of it, waits for a record another writes, hands the
+records under a taker's prefix to that part, and a fresh view reads the same (tombstones too);
+a part's sweep runs on its interval and tombstones; a failed background write is logged, never
+raised; a stop ends its tasks, and does not wait past its bound for one that will not end."""
 
 from __future__ import annotations
 
@@ -102,6 +102,11 @@ async def test_a_write_is_read_back_a_prefix_goes_to_its_part_and_a_fresh_view_a
             await until(lambda: b"x_1" in part.kept and b"k2" not in view.kept)
             assert view.kept == {b"k1": b"one"}, "the part's record is not the view's"
             assert not view._reading, "a write read back leaves no waiter"
+            waiting = asyncio.create_task(view.until(lambda: b"k3" in view.kept, OUTER_S))
+            await view.send(b"k3", b"three")
+            assert await waiting, "woken by the record read after it began to wait"
+            assert not await view.until(lambda: b"never" in view.kept, 0.2)
+            await view.send(b"k3", None)
             fresh = Keyed(settings, producer)
             fresh_part = Expiring(fresh)
             await fresh.start()
@@ -111,6 +116,7 @@ async def test_a_write_is_read_back_a_prefix_goes_to_its_part_and_a_fresh_view_a
                 assert fresh.kept == view.kept and fresh_part.kept == part.kept
             finally:
                 await fresh.stop()
+            assert not await fresh.until(lambda: False, OUTER_S), "stopped: no wait"
     finally:
         await view.stop()
 

@@ -7,6 +7,7 @@ with each view; the records under a key prefix another owner keeps are handed to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
 from typing import Any, Final, TypeVar
 
@@ -115,6 +116,15 @@ class CompactedView(TopicTail, Decoding):
 
     def take(self, msg: Any) -> None:
         """Apply one record of the view's own keys (``msg.value`` ``None``: a tombstone)."""
+
+    async def until(self, check: Callable[[], bool], timeout_s: float) -> bool:
+        """Whether ``check()`` holds, waiting up to ``timeout_s`` while the view reads on (a
+        record another process wrote a moment ago); at once when the tail is not running."""
+        if not check() and self.running:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s), self._fetched:
+                    await self._fetched.wait_for(check)
+        return check()
 
     def read_back(self, token: Hashable, outcome: Callable[[], object]) -> None:
         """The view read the record ``token`` names: its writer, if it still waits, is told

@@ -152,7 +152,6 @@ class ReplayBoard(ViewPart):
         self.stale_after_s = stale_after_s
         self._replays: dict[str, ReplayProgress] = {}
         self._cancels: set[str] = set()
-        self._changed = asyncio.Event()
         #: Records of replays past ``max_tracked``, ignored (and counted).
         self.ignored = 0
 
@@ -160,10 +159,6 @@ class ReplayBoard(ViewPart):
         return len(self._replays)
 
     # -- reading ---------------------------------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        return self.presence.running
 
     def take(self, msg: Any) -> None:
         """One record of a replay, as the presence tail read it."""
@@ -179,8 +174,6 @@ class ReplayBoard(ViewPart):
                 self._cancels.add(cancel.replay_id)
         elif (progress := self.decoded(ReplayProgress.model_validate_json, msg.value)) is not None:
             self._apply(progress)
-        self._changed.set()
-        self._changed = asyncio.Event()
 
     def _apply(self, progress: ReplayProgress) -> bool:
         """Keep ``progress``; false when it is of a new replay and ``max_tracked`` are held."""
@@ -226,15 +219,7 @@ class ReplayBoard(ViewPart):
     async def seen(self, replay_id: str, timeout: float) -> bool:
         """Whether ``replay_id`` is known here, waiting up to ``timeout`` for this replica to
         read it (a replay started on another replica a moment ago)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while replay_id not in self._replays:
-            remaining = deadline - loop.time()
-            if remaining <= 0 or not self.running:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
-        return True
+        return await self.presence.until(lambda: replay_id in self._replays, timeout)
 
     # -- writing ---------------------------------------------------------------------------------
 
