@@ -38,6 +38,7 @@ from tests.api.test_front_door import (
 from worker.api import server as api_server
 from worker.api.protocol import (
     MAX_PIPELINED,
+    PIPELINED_BYTES,
     READ_BYTES,
     ConnectionLimits,
     LimitedHttpProtocol,
@@ -191,6 +192,28 @@ async def test_a_paused_connection_holds_at_most_one_small_read_unparsed() -> No
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.2)  # a read that would come in after the pause
         assert max(held_input(server)) <= READ_BYTES, held_input(server)
+
+
+async def test_pipelined_requests_with_large_heads_are_read_ahead_within_a_byte_budget() -> None:
+    """Pipelined requests of 4 KiB heads while the first answer waits: the connection parses
+    at most ``PIPELINED_BYTES`` ahead of the request being answered, not ``MAX_PIPELINED``
+    heads of up to 16 KiB each (before: all 16 parsed, ~64 KiB held per connection)."""
+    big = b"GET / HTTP/1.1\r\nx-pad: " + b"a" * 4000 + b"\r\n\r\n"
+    release = asyncio.Event()
+    async with held_server(release) as server, contextlib.AsyncExitStack() as stack:
+        port = server.servers[0].sockets[0].getsockname()[1]
+        _, writer = await stack.enter_async_context(raw_connection(f"http://127.0.0.1:{port}"))
+        writer.write(big * 40)
+        deadline = time.monotonic() + WAIT_S
+        while not any(held > 0 for held in held_input(server)):
+            assert time.monotonic() < deadline, f"the connection never paused: {held_input(server)}"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # a read that would come in after the pause
+        [conn] = [c for c in server.server_state.connections if isinstance(c, LimitedHttpProtocol)]
+        assert len(conn.pipeline) <= PIPELINED_BYTES // len(big) + 2, len(conn.pipeline)
+        assert len(conn.pipeline) < MAX_PIPELINED // 2  # the byte budget, not the count, held it
+        assert len(conn._input) - conn._input_at <= READ_BYTES
+        release.set()
 
 
 async def test_answers_left_unread_are_cut_off_at_the_write_deadline(

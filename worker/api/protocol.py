@@ -33,9 +33,14 @@ the bound the connection is not read further (``pause_reading``) and the rest of
 is held unparsed until an answer makes room: the connection holds at most this many parsed
 requests plus one read (``READ_BYTES``), never a whole flood's worth."""
 
-READ_BYTES: Final = 16 * 1024
+READ_BYTES: Final = 8 * 1024
 """The most one read of a connection brings in, so the most unparsed input a paused connection
 holds (the event loops read up to 256 KiB at a time into a plain protocol)."""
+
+PIPELINED_BYTES: Final = 8 * 1024
+"""The most input parsed ahead of the request being answered (pipelined requests' heads and
+bodies): past it the connection is read no further until its pipeline is empty. With one read
+held unparsed, a connection holds at most 16 KiB of input beyond the request it is answering."""
 
 WRITE_TIMEOUT_S: Final = 30.0
 """Longest a peer may leave its answers unread: from the moment the unsent answer bytes pass
@@ -206,6 +211,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # Input read but not parsed yet (the pipeline was full): ``_input[_input_at:]``.
         self._input = b""
         self._input_at = 0
+        # Input parsed since the pipeline was last empty: ``PIPELINED_BYTES`` bounds it.
+        self._ahead = 0
         self._pump_scheduled = False
         # The write deadline: armed while answers go unread (``WRITE_TIMEOUT_S``).
         self._write_timer: asyncio.TimerHandle | None = None
@@ -274,6 +281,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 break
             start = self._input_at
             end = _slice_end(data, start, room)
+            if not self.pipeline:
+                self._ahead = 0
+            elif self._ahead >= PIPELINED_BYTES:
+                break
+            else:
+                end = min(end, start + PIPELINED_BYTES - self._ahead)
+            self._ahead += end - start
             self._input_at = end
             self._parse(data if start == 0 and end == len(data) else memoryview(data)[start:end])
         if self._refused or self.transport.is_closing() or self._input_at >= len(self._input):
