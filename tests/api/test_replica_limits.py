@@ -19,6 +19,7 @@ from tests.api.support import headers, running_api, wait_until
 from tests.api.webhooks.test_quotas import events_of, hold_replays, quota_settings, replay
 from tests.api.webhooks.test_routes import ENDPOINTS, URL, create, hooks, read_all
 from worker.api.app import ApiRuntime
+from worker.api.webhooks import creates
 from worker.settings import Settings
 from worker.webhooks.endpoints import decode_endpoint
 
@@ -140,10 +141,14 @@ async def test_replays_in_flight_over_three_replicas_stay_within_the_quota(
         clients = [httpx.AsyncClient(base_url=api.url) for api in apis]
         try:
             endpoint = await create(clients[0])
-            await wait_until(
-                lambda: all(hooks(a).store.registry.get("ws_a", endpoint["id"]) for a in apis),
-                what="every replica has the endpoint",
-            )
+
+            def active_everywhere() -> bool:
+                found = [hooks(a).store.registry.get("ws_a", endpoint["id"]) for a in apis]
+                return all(r is not None and not creates.is_pending(r) for r in found)
+
+            # A create is written pending, then activated: each replica answers the endpoint
+            # once it has read the activation (docs/architecture.md, "Endpoint creates and the quota").
+            await wait_until(active_everywhere, what="every replica has the endpoint, active")
             answers = await asyncio.gather(
                 *(replay(clients[n % REPLICAS], endpoint["id"]) for n in range(9))
             )
