@@ -22,7 +22,8 @@ from tests.api.support import KEY_B, headers, produce, running_api, wait_until
 from tests.api.test_api_http import assert_error
 from tests.api.webhooks.test_routes import error_event, hooks, status_event
 from worker.api.keys import KeyEntry, KeyStore, hash_key
-from worker.api.webhooks.account_events import AccountEvents, CursorCodec, CursorError
+from worker.api.portal.tokens import PortalTokens
+from worker.api.webhooks.account_events import AccountEvents, Cursor, CursorCodec, CursorError
 from worker.api.webhooks.quotas import Refused
 from worker.engine.kafka import build_consumer
 from worker.runtime.admission import Admission, TimeCharge
@@ -142,19 +143,36 @@ async def test_another_workspaces_account_answers_as_an_unknown_one(
 
 
 def tampered(cursor: str) -> list[str]:
-    body, mac = cursor.split(".")
+    prefix, body, mac = cursor.split(".")
     payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
     payload["s"][1] = 0
     forged = base64.urlsafe_b64encode(json.dumps(payload).encode()).rstrip(b"=").decode()
     return [
-        f"{forged}.{mac}",  # offsets changed, the old MAC
-        f"{body}.{'A' * len(mac)}",  # another MAC
-        f"{body}{mac}",  # no separator
+        f"{prefix}.{forged}.{mac}",  # offsets changed, the old MAC
+        f"{prefix}.{body}.{'A' * len(mac)}",  # another MAC
+        f"{prefix}.{body}{mac}",  # no separator
+        f"{body}.{mac}",  # no version prefix: the first form's shape
         "not a cursor",
         "%%%.%%%",
         "a" * 600,  # oversized
-        f"{body}.{mac}.{mac}",
+        f"{prefix}.{body}.{mac}.{mac}",
     ]
+
+
+def test_a_cursor_is_never_a_portal_token_nor_a_portal_token_a_cursor() -> None:
+    """Both are signed by one codec and may share a secret (the portal's falls back to
+    ``WEBHOOK_SECRETS_KEY``); each kind signs under its own label, so neither verifies as the
+    other, not even with its prefix changed to the other kind's."""
+    secret = generate_key()
+    cursors, portal = CursorCodec(secret.encode()), PortalTokens(secret)
+    cursor = cursors.encode(Cursor("acc_1", "ws_a", (0, 5), (1, 7)))
+    token = portal.mint("ws_a", KeyEntry("ws_a", "key_a", bytes.fromhex(hash_key("pk_a"))), 60)
+    assert portal.verify(token.token) is not None
+    for as_token in (cursor, "pts1." + cursor.split(".", 1)[1]):
+        assert portal.verify(as_token) is None
+    for as_cursor in (token.token, "evc2." + token.token.split(".", 1)[1]):
+        with pytest.raises(CursorError):
+            cursors.decode(as_cursor, account_id="acc_1", workspace_id="ws_a")
 
 
 async def test_cursor_tampering_and_hostile_queries_are_refused(

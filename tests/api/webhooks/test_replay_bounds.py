@@ -16,8 +16,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tests.api.support import produce, wait_until
 from tests.api.webhooks.test_routes import read_all, status_event
-from worker.api.webhooks.replay import ReplayRunner, _start
+from worker.api.webhooks.replay import ReplayRunner
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.engine.range_read import start_at
 from worker.settings import Settings
 from worker.webhooks.endpoints import EndpointRecord
 from worker.webhooks.publish import decode_replay
@@ -148,7 +149,7 @@ class HeldProducer:
 async def test_the_embedded_broker_finds_offsets_by_time_and_says_none_its_own_way(
     make_settings: Callable[..., Settings],
 ) -> None:
-    """What ``_starts`` relies on: ListOffsets by time finds the first record stamped at or
+    """What ``start_at`` relies on: ListOffsets by time finds the first record stamped at or
     after a time within the log; after the last record the answer is "none", which Kafka
     says with offset -1 (``None``) and Tansu with offset 0 and timestamp -1, both read as
     the end. Tansu stamps by append time, so the test separates the two groups in time."""
@@ -169,9 +170,9 @@ async def test_the_embedded_broker_finds_offsets_by_time_and_says_none_its_own_w
         consumer.assign([tp])
         found = await consumer.offsets_for_times({tp: between})
         assert found[tp] is not None and found[tp].offset == 20, found
-        assert _start(found[tp], 24) == 20
+        assert start_at(found[tp], 24) == 20
         none = (await consumer.offsets_for_times({tp: after}))[tp]
         assert none is None or none.timestamp < 0, none
-        assert _start(none, 24) == 24
+        assert start_at(none, 24) == 24
     finally:
         await consumer.stop()

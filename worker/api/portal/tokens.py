@@ -9,11 +9,7 @@ reach the page in the URL fragment (docs/architecture.md, "The portal")."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import hmac
-import json
 import re
 import time
 import uuid
@@ -23,6 +19,7 @@ from typing import Final
 
 from worker.api.keys import KeyEntry
 from worker.contract.messages import valid_id
+from worker.runtime.signed import SignedCodec
 
 __all__ = [
     "MAX_TOKEN_CHARS",
@@ -95,18 +92,9 @@ class MintedSession:
     expires_at: int
 
 
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 class PortalTokens:
-    """Mints and verifies portal tokens with a key derived from ``secret`` (HMAC-SHA256 of a
-    fixed label): the configured secret itself never signs anything, so a token reveals
-    nothing about it, and the same secret used elsewhere gives unrelated signatures."""
+    """Mints and verifies portal tokens (``worker.runtime.signed``, under the portal's own
+    label: the same secret used elsewhere, for cursors, gives unrelated signatures)."""
 
     def __init__(
         self,
@@ -115,9 +103,9 @@ class PortalTokens:
         clock: Callable[[], float] = time.time,
         max_ttl_s: float = 86_400.0,
     ) -> None:
-        if not secret:
-            raise ValueError("the portal secret must not be empty")
-        self._key = hmac.new(secret.encode("utf-8"), _LABEL, hashlib.sha256).digest()
+        self._codec = SignedCodec(
+            secret.encode("utf-8"), label=_LABEL, prefix=TOKEN_PREFIX, max_chars=MAX_TOKEN_CHARS
+        )
         self._clock = clock
         #: A token whose life is longer is refused, so a revocation kept ``max_ttl_s`` covers
         #: every token it can name (``API_PORTAL_SESSION_TTL_S``).
@@ -126,17 +114,12 @@ class PortalTokens:
     def __repr__(self) -> str:  # never the key
         return "PortalTokens(<key hidden>)"
 
-    def _sign(self, payload: str) -> str:
-        return _b64(hmac.new(self._key, payload.encode("ascii"), hashlib.sha256).digest())
-
     def key_print(self, entry: KeyEntry) -> str:
         """The print of a stored key: its digest and creation time under the signing key, so
         a key deleted and created again under the same id (even with the same raw key, at
         another time) has another print, and a token shows nothing of the key's hash."""
         created = "" if entry.created_at is None else repr(entry.created_at)
-        mac = hmac.new(self._key, _PRINT_LABEL + entry.digest, hashlib.sha256)
-        mac.update(b"\x00" + created.encode("ascii"))
-        return _b64(mac.digest()[:12])
+        return self._codec.digest(_PRINT_LABEL + entry.digest + b"\x00" + created.encode(), 12)
 
     def mint(self, workspace_id: str, key: KeyEntry, ttl_s: float) -> MintedSession:
         """A token for ``workspace_id`` minted by ``key``, valid ``ttl_s`` seconds from now
@@ -153,9 +136,7 @@ class PortalTokens:
             "i": issued_at_ms,
             "e": expires_at,
         }
-        payload = _b64(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode())
-        token = f"{TOKEN_PREFIX}{payload}.{self._sign(payload)}"
-        return MintedSession(token, session_id, issued_at_ms, expires_at)
+        return MintedSession(self._codec.encode(claims), session_id, issued_at_ms, expires_at)
 
     def bound(self, claims: PortalClaims, key: KeyEntry | None) -> bool:
         """Whether ``claims`` still hold for ``key`` (the entry in force under the claims'
@@ -168,36 +149,23 @@ class PortalTokens:
         return key.changed_at is None or claims.issued_at_ms >= round(key.changed_at * 1000)
 
     def verify(self, token: str) -> PortalClaims | None:
-        """The claims of a well-formed, correctly signed, unexpired token, else ``None``. The
-        signature is checked (in constant time) before the payload is decoded."""
-        if len(token) > MAX_TOKEN_CHARS or not token.startswith(TOKEN_PREFIX):
+        """The claims of a well-formed, correctly signed, unexpired token, else ``None``."""
+        claims = self._codec.decode(token) or {}
+        workspace, key_id, key_print, session, issued_ms, expires = map(claims.get, "wkpsie")
+        if not (
+            isinstance(workspace, str)
+            and valid_id(workspace)
+            and isinstance(key_id, str)
+            and valid_id(key_id)
+            and isinstance(key_print, str)
+            and key_print.isascii()
+            and len(key_print) == 16
+            and isinstance(session, str)
+            and SESSION_ID_RE.fullmatch(session)
+            and type(issued_ms) is int
+            and type(expires) is int
+        ):
             return None
-        payload, dot, signature = token[len(TOKEN_PREFIX) :].partition(".")
-        if not dot or not payload or not payload.isascii() or not signature.isascii():
+        if self._clock() >= expires or expires - issued_ms / 1000 > self.max_ttl_s + _TTL_SLACK_S:
             return None
-        if not hmac.compare_digest(self._sign(payload), signature):
-            return None
-        try:
-            claims = json.loads(_unb64(payload))
-        except (ValueError, binascii.Error):
-            return None
-        if not isinstance(claims, dict):
-            return None
-        workspace_id, key_id, key_print = claims.get("w"), claims.get("k"), claims.get("p")
-        session_id, issued_at_ms, expires_at = claims.get("s"), claims.get("i"), claims.get("e")
-        if not (isinstance(workspace_id, str) and valid_id(workspace_id)):
-            return None
-        if not (isinstance(key_id, str) and valid_id(key_id)):
-            return None
-        if not (isinstance(key_print, str) and key_print.isascii() and len(key_print) == 16):
-            return None
-        if not (isinstance(session_id, str) and SESSION_ID_RE.fullmatch(session_id)):
-            return None
-        if not (isinstance(expires_at, int) and isinstance(issued_at_ms, int)):
-            return None
-        if isinstance(expires_at, bool) or isinstance(issued_at_ms, bool):
-            return None
-        now = self._clock()
-        if now >= expires_at or expires_at - issued_at_ms / 1000 > self.max_ttl_s + _TTL_SLACK_S:
-            return None
-        return PortalClaims(workspace_id, key_id, key_print, session_id, issued_at_ms, expires_at)
+        return PortalClaims(workspace, key_id, key_print, session, issued_ms, expires)

@@ -10,30 +10,23 @@ HMAC, bound to the account and workspace (docs/architecture.md, "An account's ev
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import hashlib
-import hmac
-import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from aiokafka import TopicPartition
-from pydantic import ValidationError
 
 from worker.api.webhooks.quotas import EVENT_SCANS, SCAN_RETRY_AFTER_S, SCAN_TIME, busy
+from worker.api.webhooks.replay import SEEK_MARGIN_S, event_of, occurred_since
 from worker.engine.client_start import AsideCloses
-from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
-from worker.engine.home_partition import home_partition
-from worker.engine.replay import high_water_marks
-from worker.engine.tail import partitions_of
+from worker.engine.range_read import Span, partitions, read_range
 from worker.runtime.admission import Admission, NoRoom, Share, TimeCharge
 from worker.runtime.logs import get_logger
+from worker.runtime.signed import SignedCodec
 from worker.webhooks.events import WebhookEvent, from_error, from_status
 
 log = get_logger(__name__)
@@ -45,15 +38,12 @@ SCAN_RECORDS: Final = 20_000
 SCAN_TIMEOUT_S: Final = 5.0
 #: The oldest ``since`` a first page may start from (and where it starts without one).
 WINDOW_S: Final = 7 * 86_400.0
-#: How much earlier than ``since`` a partition is read from (the replay's margin).
-SEEK_MARGIN_S: Final = 60.0
 MAX_SCANS: Final = 4
 CURSOR_MAX_CHARS: Final = 512
 WINDOW_EXCEEDED: Final = "event_history_window_exceeded"
 INVALID_CURSOR: Final = "invalid_cursor"
-_FETCH_MAX_RECORDS: Final = 2000
-_MAC_BYTES: Final = 16
-_CURSOR_VERSION: Final = 1
+#: The cursors' form: a cursor of the first form (no prefix) is refused as any invalid one.
+CURSOR_PREFIX: Final = "evc2."
 
 
 class CursorError(ValueError):
@@ -71,42 +61,31 @@ class Cursor:
 
 
 class CursorCodec:
-    """Opaque cursors: base64url JSON and a truncated HMAC-SHA256 under a key derived from the
+    """Opaque cursors signed (``worker.runtime.signed``) under the cursors' own label with the
     front-ends' shared ``WEBHOOK_SECRETS_KEY`` (any replica reads any replica's cursor)."""
 
     def __init__(self, secret: bytes) -> None:
-        self._key = hmac.new(secret, b"account-events-cursor/v1", hashlib.sha256).digest()
-
-    def _mac(self, payload: bytes) -> bytes:
-        return hmac.new(self._key, payload, hashlib.sha256).digest()[:_MAC_BYTES]
+        self._codec = SignedCodec(
+            secret, label=b"account-events-cursor", prefix=CURSOR_PREFIX, max_chars=CURSOR_MAX_CHARS
+        )
 
     def encode(self, cursor: Cursor) -> str:
-        payload = json.dumps(
+        return self._codec.encode(
             {
-                "v": _CURSOR_VERSION,
                 "a": cursor.account_id,
                 "w": cursor.workspace_id,
                 "s": list(cursor.status),
                 "e": list(cursor.errors),
-            },
-            separators=(",", ":"),
-        ).encode()
-        return f"{_b64(payload)}.{_b64(self._mac(payload))}"
+            }
+        )
 
     def decode(self, text: str, *, account_id: str, workspace_id: str) -> Cursor:
         """The cursor ``text`` names, when it is one this service issued for this account of
         this workspace; raises ``CursorError`` otherwise (the reason is not told)."""
-        if len(text) > CURSOR_MAX_CHARS or text.count(".") != 1:
-            raise CursorError("malformed")
-        body, mac = text.split(".")
+        raw = self._codec.decode(text)
+        if raw is None:
+            raise CursorError("malformed or forged")
         try:
-            payload, tag = _unb64(body), _unb64(mac)
-        except (binascii.Error, ValueError):
-            raise CursorError("malformed") from None
-        if not hmac.compare_digest(tag, self._mac(payload)):
-            raise CursorError("forged")
-        try:
-            raw = json.loads(payload)
             cursor = Cursor(
                 account_id=str(raw["a"]),
                 workspace_id=str(raw["w"]),
@@ -115,8 +94,6 @@ class CursorCodec:
             )
         except (ValueError, KeyError, TypeError):
             raise CursorError("malformed") from None
-        if raw.get("v") != _CURSOR_VERSION:
-            raise CursorError("version")
         if cursor.account_id != account_id or cursor.workspace_id != workspace_id:
             raise CursorError("another account")
         return cursor
@@ -124,19 +101,9 @@ class CursorCodec:
 
 def _position(value: Any) -> tuple[int, int]:
     partition, offset = value
-    if not (isinstance(partition, int) and isinstance(offset, int)):
-        raise TypeError("not integers")
-    if partition < 0 or offset < 0:
-        raise ValueError("negative")
+    if type(partition) is not int or type(offset) is not int or min(partition, offset) < 0:
+        raise ValueError("not a position")
     return partition, offset
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +119,11 @@ class FoundEvent:
         return (self.timestamp_ms, 0 if self.source == "status" else 1, self.offset)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _TopicRead:
     partition: int
-    next_offset: int
-    complete: bool = False
-    last_timestamp_ms: int | None = None
-    found: list[FoundEvent] = field(default_factory=list)
+    span: Span
+    found: list[FoundEvent]
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +152,6 @@ class AccountEvents:
         scan_records: int = SCAN_RECORDS,
         timeout_s: float = SCAN_TIMEOUT_S,
         max_scans: int = MAX_SCANS,
-        seek_margin_s: float = SEEK_MARGIN_S,
         time_charge: TimeCharge = SCAN_TIME,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -197,8 +161,6 @@ class AccountEvents:
         self._errors_topic = errors_topic
         self.scan_records = scan_records
         self.timeout_s = timeout_s
-        self.max_scans = max_scans
-        self._seek_margin_s = seek_margin_s
         self.admission = Admission(
             "account_event_reads",
             Share(capacity=max_scans, per_owner=1),
@@ -236,19 +198,16 @@ class AccountEvents:
         start_ms = None
         if cursor is None:
             start = since or datetime.now(UTC) - timedelta(seconds=WINDOW_S)
-            start_ms = max(int((start.timestamp() - self._seek_margin_s) * 1000), 0)
-        reads = []
+            start_ms = int((start.timestamp() - SEEK_MARGIN_S) * 1000)
         # The reads stop at ``deadline``; this bounds the broker calls around them too.
         async with asyncio.timeout(2 * self.timeout_s + 5):
-            for topic, at in (
-                (self._status_topic, None if cursor is None else cursor.status),
-                (self._errors_topic, None if cursor is None else cursor.errors),
-            ):
-                read = await self._read(
-                    topic, workspace_id, account_id, at, start_ms, since, deadline
+            status, errors = [
+                await self._read(topic, workspace_id, account_id, at, start_ms, since, deadline)
+                for topic, at in (
+                    (self._status_topic, None if cursor is None else cursor.status),
+                    (self._errors_topic, None if cursor is None else cursor.errors),
                 )
-                reads.append(read)
-        status, errors = reads
+            ]
         return _merge(workspace_id, account_id, status, errors, limit)
 
     async def _read(
@@ -264,54 +223,35 @@ class AccountEvents:
         consumer = self._consumer_factory()
         await self._aside.start(consumer)  # a start cut short is closed aside
         try:
-            parts = await partitions_of(consumer, topic, deadline=deadline)
-            if not parts:
-                raise TimeoutError(f"no metadata for {topic}")
-            partition = home_partition(account_id.encode(), max(parts) + 1)
-            if at is not None and at[0] != partition:
+            key = account_id.encode()
+            (tp,) = await partitions(consumer, topic, deadline=deadline, key=key)
+            if at is not None and at[0] != tp.partition:
                 raise CursorError("the topic's partitions changed")
-            tp = TopicPartition(topic, partition)
-            end = (await high_water_marks(consumer, [tp]))[tp]  # end_offsets() is short on Tansu
-            first = (await consumer.beginning_offsets([tp]))[tp]
-            if at is not None:
-                offset = max(at[1], first)
-            else:
-                found = (await consumer.offsets_for_times({tp: start_ms or 0})).get(tp)
-                offset = (
-                    end
-                    if found is None or found.timestamp < 0 or found.offset < 0
-                    else min(int(found.offset), end)
-                )
-            offset = min(offset, end)
-            read = _TopicRead(partition=partition, next_offset=offset)
-            stop = min(end, offset + self.scan_records)
-            consumer.seek(tp, offset)
+            found: list[FoundEvent] = []
             source = "status" if topic == self._status_topic else "errors"
             decode = from_status if source == "status" else from_error
-            while read.next_offset < stop and time.monotonic() < deadline:
-                chunk = await fetch_records(
-                    consumer,
-                    timeout_ms=200,
-                    max_records=_FETCH_MAX_RECORDS,
-                    on_unreadable=self._skip,
-                    owned=[tp],
-                )
-                for msg in chunk.get(tp, []):
-                    if msg.offset >= stop:
-                        break
-                    self.records_read += 1
-                    read.next_offset = msg.offset + 1
-                    read.last_timestamp_ms = msg.timestamp
+
+            def keep(_: TopicPartition, records: list[Any]) -> None:
+                self.records_read += len(records)
+                for msg in records:
                     event = _event(decode, msg.value, msg.key, account_id)
                     if event is None or event.workspace_id != workspace_id:
                         continue
-                    if since is not None and at is None and not _at_or_after(event, since):
+                    if since is not None and at is None and not occurred_since(event, since):
                         continue
-                    read.found.append(FoundEvent(event, source, msg.timestamp, msg.offset))
-                read.next_offset = max(read.next_offset, min(await consumer.position(tp), stop))
-                await asyncio.sleep(0)
-            read.complete = read.next_offset >= end
-            return read
+                    found.append(FoundEvent(event, source, msg.timestamp, msg.offset))
+
+            spans = await read_range(
+                consumer,
+                [tp],
+                keep,
+                on_unreadable=self._skip,
+                offsets=None if at is None else {tp: at[1]},
+                since_ms=start_ms,
+                max_records=self.scan_records,
+                deadline=deadline,
+            )
+            return _TopicRead(tp.partition, spans[tp], found)
         finally:
             await consumer.stop()
 
@@ -321,18 +261,8 @@ def _event(
 ) -> WebhookEvent | None:
     if value is None or key != account.encode():
         return None  # another account's (its key), or a tombstone
-    try:
-        event = decode(value)
-    except ValidationError:
-        return None
-    return event if event.account_id == account else None
-
-
-def _at_or_after(event: WebhookEvent, since: datetime) -> bool:
-    try:
-        return datetime.fromisoformat(event.occurred_at.replace("Z", "+00:00")) >= since
-    except ValueError:
-        return False
+    event = event_of(decode, value)
+    return event if event is not None and event.account_id == account else None
 
 
 def _merge(
@@ -341,7 +271,7 @@ def _merge(
     """The page: both topics' events by broker time, none later than where an unfinished
     topic's read stopped (it may still hold earlier ones), ``limit`` at most; each topic's
     next offset is its first event not on the page, or where its read stopped."""
-    horizons = [r.last_timestamp_ms for r in (status, errors) if not r.complete]
+    horizons = [r.span.last_timestamp_ms for r in (status, errors) if not r.span.complete]
     horizon = None
     if horizons:
         horizon = min(-1 if h is None else h for h in horizons)
@@ -351,7 +281,7 @@ def _merge(
 
     def next_offset(read: _TopicRead, source: str) -> int:
         left = [e.offset for e in read.found if (source, e.offset) not in chosen]
-        return min(left) if left else read.next_offset
+        return min(left) if left else read.span.next
 
     cursor = Cursor(
         account_id=account_id,
@@ -359,7 +289,7 @@ def _merge(
         status=(status.partition, next_offset(status, "status")),
         errors=(errors.partition, next_offset(errors, "errors")),
     )
-    more = not (status.complete and errors.complete) or len(taken) < len(candidates)
+    more = not (status.span.complete and errors.span.complete) or len(taken) < len(candidates)
     return EventPage(
         events=taken,
         cursor=cursor,

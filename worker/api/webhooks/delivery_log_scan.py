@@ -10,26 +10,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
 from worker.api.webhooks.quotas import SCAN_RETRY_AFTER_S, SCAN_TIME
 from worker.engine.client_start import AsideCloses
-from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
-from worker.engine.home_partition import home_partition
-from worker.engine.tail import partitions_of
+from worker.engine.range_read import partitions, read_range
 from worker.runtime.admission import Admission, Share, TimeCharge
 from worker.runtime.logs import get_logger
 from worker.webhooks.publish import DeliveryLogEntry, decode_log
 
 log = get_logger(__name__)
-
-Scanned = TypeVar("Scanned")
 
 MAX_CONCURRENT_SCANS: Final = 4
 """Scans running at once on one process, each on its consumer (one consumer each)."""
@@ -44,8 +40,7 @@ class DeliveryLogScan:
 
     ``consumer_factory`` builds an unstarted, group-less consumer; ``start`` builds and starts
     the first, a scan that finds none idle builds another; ``stop`` closes them all.
-    ``window`` is how many of the partition's last records a scan reads at most (plus one
-    fetched batch).
+    ``window`` is how many of the partition's last records a scan reads at most.
 
     A scan first takes a slot of ``admission`` for its workspace (``max_concurrent`` slots, one
     per workspace, ``time_charge`` charged; ``clock`` for tests), else ``NoRoom`` at once: a
@@ -62,8 +57,6 @@ class DeliveryLogScan:
         *,
         window: int,
         timeout_s: float,
-        idle_timeout_ms: int = 200,
-        max_records: int = 2000,
         max_concurrent: int = MAX_CONCURRENT_SCANS,
         time_charge: TimeCharge = SCAN_TIME,
         clock: Callable[[], float] | None = None,
@@ -75,8 +68,6 @@ class DeliveryLogScan:
         self.window = window
         self.timeout_s = timeout_s
         self.max_concurrent = max_concurrent
-        self._idle_timeout_ms = idle_timeout_ms
-        self._max_records = max_records
         self.admission = Admission(
             "deliveries_scans",
             Share(capacity=max_concurrent, per_owner=1),
@@ -120,13 +111,6 @@ class DeliveryLogScan:
         ``upto`` ``None`` is the end now, ``lo`` ``None`` is ``window`` records before
         ``upto`` (never before the partition's start). The scan is charged to ``owner`` (the
         workspace); raises ``NoRoom`` at once when it has no slot, ``DeliveryScanFailed``."""
-        return await self._run(
-            endpoint_id, owner, lambda c, d: self._slice(c, endpoint_id, upto, lo, d)
-        )
-
-    async def _run(
-        self, endpoint_id: str, owner: str, scan: Callable[[Any, float], Awaitable[Scanned]]
-    ) -> Scanned:
         if not self._started:
             raise DeliveryScanFailed("not started")
         slot = self.admission.take(owner)  # NoRoom: refused now, never queued
@@ -138,7 +122,7 @@ class DeliveryLogScan:
                     self.running += 1
                     self.peak_running = max(self.peak_running, self.running)
                     try:
-                        return await scan(consumer, deadline)
+                        return await self._slice(consumer, endpoint_id, upto, lo, deadline)
                     finally:
                         self.running -= 1
                         self._give_back(consumer)
@@ -171,60 +155,19 @@ class DeliveryLogScan:
         self._consumers.append(consumer)
         return consumer
 
-    async def _partition(self, consumer: Any, key: bytes, deadline: float) -> TopicPartition:
-        parts = await partitions_of(consumer, self.topic, deadline=deadline, pause_s=0.05)
-        if not parts:
-            raise DeliveryScanFailed(f"topic {self.topic!r} has no partitions")
-        return TopicPartition(self.topic, home_partition(key, len(parts)))
-
     async def _slice(
         self, consumer: Any, endpoint_id: str, upto: int | None, lo: int | None, deadline: float
     ) -> LogSlice:
-        """``read``'s scan. Without ``upto`` the end is the high-water mark of the first
-        fetch's answer when that is further than ``end_offsets`` said (the embedded broker
-        answers the start of its last batch there), and the start follows it, so a slice
-        is never wider than ``window``; with ``upto`` (a cursor's) the slice is as given,
-        read within the same budget of records whatever it says."""
+        """``read``'s scan (``worker.engine.range_read``): without ``upto``, the last
+        ``window`` records before the end the partition had when the scan began; with it (a
+        cursor's), ``[lo, upto)`` as given, never past that end nor wider than ``window``."""
         key = endpoint_id.encode()
-        tp = await self._partition(consumer, key, deadline)
-        consumer.assign([tp])
-        start = (await consumer.beginning_offsets([tp]))[tp]
-        end = (await consumer.end_offsets([tp]))[tp]
-        hi = end if upto is None else upto
-        low = max(start, hi - self.window if lo is None else lo)
+        (tp,) = await partitions(consumer, self.topic, deadline=deadline, key=key)
         entries: list[tuple[tuple[int, int], DeliveryLogEntry]] = []
-        if upto is not None and hi <= low:
-            return LogSlice(tp.partition, low, hi, entries)
-        consumer.seek(tp, low)
-        read = 0
-        idle = 0
-        learned = upto is not None
-        while idle < 3 and (not learned or await consumer.position(tp) < hi):
-            batch = await fetch_records(
-                consumer,
-                timeout_ms=self._idle_timeout_ms,
-                max_records=self._max_records,
-                on_unreadable=self._skip,
-                owned=[tp],
-            )
-            records = batch.get(tp, ())
-            read += len(records)
-            if not learned:
-                highwater = consumer.highwater(tp)
-                if highwater is None and not records:
-                    # No answer for the partition yet (a new consumer still connecting, a
-                    # loaded broker): an empty poll says nothing of it, so it neither ends
-                    # the scan nor counts as idle; the scan's time-out bounds the wait.
-                    continue
-                learned = True
-                if highwater is not None and highwater > hi:
-                    hi = highwater
-                    low = max(low, hi - self.window)
-            idle = 0 if records else idle + 1  # a gap the broker never fills: stop
-            if read > self.window + self._max_records:
-                break  # a cursor's end past the partition's: no more than a page's budget
+
+        def keep(_: TopicPartition, records: list[Any]) -> None:
             for msg in records:
-                if not low <= msg.offset < hi or msg.key != key:
+                if msg.key != key:
                     continue
                 try:
                     decoded = decode_log(msg.value or b"")
@@ -238,9 +181,22 @@ class DeliveryLogScan:
                     for i, e in enumerate(decoded)
                     if e.endpoint_id == endpoint_id
                 )
+
+        low = None if upto is None else min(max(lo or 0, upto - self.window), upto)
+        span = (
+            await read_range(
+                consumer,
+                [tp],
+                keep,
+                on_unreadable=self._skip,
+                offsets=None if low is None else {tp: low},
+                last=self.window if low is None else None,
+                max_records=None if upto is None or low is None else upto - low,
+            )
+        )[tp]
         self.scans += 1
-        self.records_read += read
-        return LogSlice(tp.partition, low, hi, entries)
+        self.records_read += span.records
+        return LogSlice(tp.partition, span.start, span.end if upto is None else upto, entries)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from aiokafka import TopicPartition
-from aiokafka.structs import OffsetAndTimestamp
 from pydantic import ValidationError
 
 from worker.api.presence import Presence
@@ -35,11 +34,9 @@ from worker.api.webhooks.replay_status import (
 )
 from worker.contract.catalogue import ServiceError
 from worker.engine.client_start import AsideCloses
-from worker.engine.fetch import getmany as fetch_records
 from worker.engine.fetch import skipping
 from worker.engine.outage import BrokerHealth, acknowledged, enqueue
-from worker.engine.replay import high_water_marks
-from worker.engine.tail import assign_all
+from worker.engine.range_read import partitions, read_range
 from worker.runtime.admission import Admission, Share, Slot
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoints import EndpointRecord
@@ -60,7 +57,6 @@ REPLAY_TIMEOUT_S: Final = 300.0
 SEEK_MARGIN_S: Final = 60.0
 #: Records decoded between two yields to the event loop.
 DECODE_SLICE: Final = 100
-_FETCH_MAX_RECORDS: Final = 2000
 _KEPT_OUTCOMES: Final = 256
 
 
@@ -367,76 +363,27 @@ class ReplayRunner:
     async def _scan(
         self, replay_id: str, endpoint: EndpointRecord, since: datetime, counts: list[int]
     ) -> None:
-        # One consumer per topic: ``assign_all`` assigns one topic, and a consumer assigned
-        # to one topic does not learn another's metadata.
+        """Read each topic's partitions from the first record stamped at or after ``since``
+        less ``seek_margin_s`` (clocks that disagree) to their ends of now
+        (``worker.engine.range_read``), on a consumer per topic (one assigned to a topic does
+        not learn another's metadata). An event is replayed only when its ``occurred_at`` is
+        at or after ``since`` too, so an index that starts early costs reading, never a wrong
+        delivery."""
+
+        async def replay(tp: TopicPartition, records: list[Any]) -> None:
+            self.records_read += len(records)
+            counts[1] += len(records)
+            counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, records, counts)
+
+        at = int((since.timestamp() - self._seek_margin_s) * 1000)
         for topic in (self._status_topic, self._errors_topic):
             consumer = self._consumer_factory()
             await self._aside.start(consumer)  # a start cut short is closed aside
             try:
-                await self._scan_topic(consumer, topic, replay_id, endpoint, since, counts)
+                tps = await partitions(consumer, topic, deadline=time.monotonic() + 30.0)
+                await read_range(consumer, tps, replay, on_unreadable=self._skip, since_ms=at)
             finally:
                 await consumer.stop()
-
-    async def _scan_topic(
-        self,
-        consumer: Any,
-        topic: str,
-        replay_id: str,
-        endpoint: EndpointRecord,
-        since: datetime,
-        counts: list[int],
-    ) -> None:
-        """Read ``topic`` from ``since`` to the high-water marks of now.
-
-        The request answered with the replay id at once; this runs in the replay's task, one
-        per workspace and ``max_running`` in all. Each partition is read from the first record
-        stamped at or after ``since`` less ``seek_margin_s`` (clocks that disagree) as the
-        broker's timestamp index (ListOffsets by time, ``offsets_for_times``) finds it, up to
-        the high-water mark taken here, never what arrives afterwards; a partition without
-        such a record is not read. Kafka answers "none" with offset -1 (aiokafka's ``None``);
-        the embedded broker (Tansu) indexes by append time, correctly for a time within the
-        log, and answers "none" with offset 0 and timestamp -1: both read as "nothing to
-        read", never as offset 0. An event is replayed only when its ``occurred_at`` is at or
-        after ``since`` too, so an index that starts early costs reading, never a wrong
-        delivery. ``DECODE_SLICE`` records are decoded between yields to the event loop (the
-        front-end's)."""
-        tps = await assign_all(consumer, topic)
-        ends = await high_water_marks(consumer, tps)
-        starts = await self._starts(consumer, ends, since)
-        pending = {tp for tp in tps if starts[tp] < ends[tp]}
-        for tp in tps:
-            consumer.seek(tp, starts[tp])
-        consumer.pause(*(tp for tp in tps if tp not in pending))
-        while pending:
-            chunk = await fetch_records(
-                consumer,
-                timeout_ms=200,
-                max_records=_FETCH_MAX_RECORDS,
-                on_unreadable=self._skip,
-                owned=tps,
-            )
-            for tp, records in chunk.items():
-                if tp not in pending:
-                    continue
-                self.records_read += len(records)
-                counts[1] += len(records)
-                end = ends[tp]
-                mine = [r for r in records if r.offset < end]
-                counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, mine, counts)
-            for tp in list(pending):
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-                    consumer.pause(tp)  # what arrived after the scan started is not read
-            await asyncio.sleep(0)
-
-    async def _starts(
-        self, consumer: Any, ends: dict[TopicPartition, int], since: datetime
-    ) -> dict[TopicPartition, int]:
-        """Where each partition's read starts: the first offset stamped at or after
-        ``since`` less the margin, or its end when none is (see the module docstring)."""
-        at = int((since.timestamp() - self._seek_margin_s) * 1000)
-        found = await consumer.offsets_for_times(dict.fromkeys(ends, max(at, 0)))
-        return {tp: _start(found.get(tp), end) for tp, end in ends.items()}
 
     async def _replay_batch(
         self,
@@ -460,12 +407,12 @@ class ReplayRunner:
                 await asyncio.sleep(0)  # the front-end's loop serves requests meanwhile
             if msg.value is None:
                 continue
-            event = _event(decode, msg.value)
+            event = event_of(decode, msg.value)
             if (
                 event is None
                 or event.workspace_id != endpoint.workspace_id
                 or not endpoint.subscribes(event.event_type)
-                or not _since(event, since)
+                or not occurred_since(event, since)
             ):
                 continue
             counts[2] += 1
@@ -501,23 +448,15 @@ def _over_quota(count: int) -> Refused:
     )
 
 
-def _start(found: OffsetAndTimestamp | None, end: int) -> int:
-    """The offset a partition is read from, given the broker's answer for ``since``: none
-    (Kafka's ``None``; Tansu's offset 0 with timestamp -1) means no record at or after it
-    before ``end``."""
-    if found is None or found.timestamp < 0 or found.offset < 0:
-        return end
-    return min(int(found.offset), end)
-
-
-def _event(decode: Callable[[bytes], WebhookEvent], value: bytes) -> WebhookEvent | None:
+def event_of(decode: Callable[[bytes], WebhookEvent], value: bytes) -> WebhookEvent | None:
+    """The event ``value`` holds, or ``None`` when it holds none."""
     try:
         return decode(value)
     except ValidationError:
         return None  # not an event (the dispatcher skips it too)
 
 
-def _since(event: WebhookEvent, since: datetime) -> bool:
+def occurred_since(event: WebhookEvent, since: datetime) -> bool:
     try:
         return parse_rfc3339(event.occurred_at) >= since
     except ValueError:
