@@ -256,6 +256,23 @@ class Settings(BaseSettings):
         "account past it answers 409 workspace_account_quota_exceeded. Enforced per "
         "partition, each holding a share with headroom (docs/architecture.md).",
     )
+    worker_parked_waits_max: int = Field(
+        default=10_000,
+        ge=1,
+        description="Long-polls (GET .../auth with wait_s) one worker parks at once; past it "
+        "a long-poll is answered at once with the current state.",
+    )
+    worker_parked_waits_per_workspace: int = Field(
+        default=1_000,
+        ge=1,
+        description="Long-polls of one workspace a worker parks at once (its share of "
+        "WORKER_PARKED_WAITS_MAX); past it answered at once.",
+    )
+    worker_parked_waits_per_account: int = Field(
+        default=64,
+        ge=1,
+        description="Long-polls of one account a worker parks at once; past it answered at once.",
+    )
     worker_follow_up_poll_s: float = Field(default=2.0, gt=0)
     worker_follow_up_poll_max_s: float = Field(
         default=30.0,

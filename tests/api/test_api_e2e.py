@@ -74,7 +74,9 @@ async def test_confirm_then_poll_until_authorized(
             "account_id": account,
             "status": "passkey_confirmation",
             "auth_status": "passkey_confirmation",
+            "version": before["data"]["version"],
         }
+        assert isinstance(before["data"]["version"], int)
 
         resp = await http.post(
             CONFIRM.format(account), headers=headers(**{"X-Request-Id": "e2e-1"})

@@ -35,6 +35,20 @@ class AuthResponse(DataResponse[AuthData]):
     """Success: the account's current status."""
 
 
+class AuthState(AuthData):
+    """The account's status, and the version of its record: pass it back as
+    ``after_version`` to wait for the next change."""
+
+    version: Annotated[
+        int,
+        Field(ge=0, description="The account record's version; grows with every change."),
+    ]
+
+
+class AuthStateResponse(DataResponse[AuthState]):
+    """Success: the account's current status and its version."""
+
+
 # The worker's ErrorBody, with the bounds the HTTP contract promises on top.
 class ErrorObject(ErrorBody):
     """The error: branch on ``code`` / ``numeric_code``, never on ``message``."""

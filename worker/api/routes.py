@@ -20,10 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from worker.api import long_poll
 from worker.api.bodies import (
     ApiHealth,
     ApiReadiness,
-    AuthResponse,
+    AuthStateResponse,
     error_response,
     json_response,
     valid_id,
@@ -38,7 +39,7 @@ from worker.api.portal.tokens import PortalTokens, in_portal_scope
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
 from worker.api.request_rate import RateLimited, RateLimiter
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import AuthData, GetAuthState, PasskeyConfirm
+from worker.contract.messages import GetAuthState, PasskeyConfirm
 from worker.engine.home_partition import REPLY_PARTITION
 from worker.engine.outage import BrokerHealth, send_retrying
 from worker.engine.tail import TopicTail
@@ -445,11 +446,15 @@ class ApiRoutes:
     # -- GET /v1/accounts/{account_id}/auth --------------------------------------------------
 
     async def account_auth(self, request: Request) -> Response:
+        """The account's state from its owner; with ``wait_s``, a long-poll the owner parks
+        (``worker.api.long_poll``), its reply deadline ``wait_s`` later. One request of the
+        rate limit, parked or not."""
         account_id: str = request.path_params["account_id"]
         request_id = request_id_of(request)
         workspace_id = self.admitted_workspace(request)
         check_account_id(account_id)
-        deadline = time.monotonic() + self.reply_timeout_s
+        wait = long_poll.Wait.of(request)
+        deadline = time.monotonic() + wait.wait_s + self.reply_timeout_s
         replies = self.replies
         if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
             raise ServiceError.of(
@@ -457,17 +462,14 @@ class ApiRoutes:
                 "The authentication state is not available yet (reply consumer not ready);"
                 " retry shortly.",
             )
-        query = GetAuthState(
-            command_id=new_command_id(),
-            request_id=request_id,
-            workspace_id=workspace_id,
-            account_id=account_id,
-        )
+        query = wait.query(new_command_id(), request_id, workspace_id, account_id)
         unavailable = "The authentication state is not available; retry shortly."
         try:
-            reply = await self._round_trip(query, deadline)
+            reply = await wait.unless_gone(request, self._round_trip(query, deadline))
         except _RoundTripFailed:
             raise ServiceError.of("get_auth_state_failed", unavailable) from None
+        except long_poll.CallerGone:
+            return Response(status_code=long_poll.CALLER_GONE)
         if reply is None:
             self.metrics.query_timeouts.inc()
             log.warning(
@@ -475,19 +477,12 @@ class ApiRoutes:
                 request_id=request_id,
                 command_id=query.command_id,
                 account_id=account_id,
-                timeout_s=self.reply_timeout_s,
+                timeout_s=wait.wait_s + self.reply_timeout_s,
                 **self.replies.state(),
             )
             raise ServiceError.of(
                 "get_auth_state_failed",
-                f"No answer within {self.reply_timeout_s:g} s. {unavailable}",
+                f"No answer within {wait.wait_s + self.reply_timeout_s:g} s. {unavailable}",
             )
-        answer = reply.reply.body
-        if reply.http_status == 404:
-            raise ServiceError.of("not_found", "The account does not exist in this workspace.")
-        if reply.http_status != 200 or answer.data is None or answer.data.account_id != account_id:
-            log.error("api_query_bad_reply", request_id=request_id, status=reply.http_status)
-            raise ServiceError.of("get_auth_state_failed", unavailable)
-        found = answer.data
-        data = AuthData(account_id=account_id, status=found.status, auth_status=found.auth_status)
-        return json_response(AuthResponse(request_id=request_id, data=data))
+        data = long_poll.auth_state(reply, account_id, request_id, unavailable)
+        return json_response(AuthStateResponse(request_id=request_id, data=data))

@@ -15,6 +15,7 @@ from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderRegistry, build_http_client, build_registry
 from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
+from worker.auth.waits import WaitLimits
 from worker.contract.topics import used_by
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.home_partition import Router
@@ -105,6 +106,11 @@ async def run_worker(
             fallback=settings.commands_partitions,
         ),
         write_ahead=settings.worker_write_ahead_intent,
+        wait_limits=WaitLimits(
+            process=settings.worker_parked_waits_max,
+            per_workspace=settings.worker_parked_waits_per_workspace,
+            per_account=settings.worker_parked_waits_per_account,
+        ),
     )
     worker = consume_loop(
         kafka,
@@ -132,6 +138,8 @@ async def run_worker(
             registry=registry,
             health=health,
             closers=(providers.aclose, http.aclose),
+            # Parked long-polls are answered once the loop has ended, on the open producer.
+            drains=(executor.waits.close,),
         ),
         RunOptions(
             name="worker",

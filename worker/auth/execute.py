@@ -38,6 +38,7 @@ from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderAuthState, ProviderError, ProviderRegistry
 from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
+from worker.auth.waits import ParkedWaits, WaitLimits
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import (
     AccountRecord,
@@ -85,6 +86,7 @@ class Executor:
         router: Router,
         clock: Clock | None = None,
         write_ahead: bool = False,
+        wait_limits: WaitLimits | None = None,
     ) -> None:
         self.store = store
         self.write_ahead = write_ahead
@@ -96,6 +98,8 @@ class Executor:
         self.clock = clock or Clock()
         self._instrument = Instrumentation(metrics)
         self._windows: dict[tuple[int, str], asyncio.Future[None]] = {}
+        #: Parked long-polls (``worker.auth.waits``), answered from ``_publish``'s next version.
+        self.waits = ParkedWaits(store, publisher, metrics, self._windows.get, wait_limits)
 
     def unordered(self, msg: ConsumerRecord[bytes, bytes]) -> bool:
         """Whether ``msg`` is a query for an account of its own partition: the consume loop
@@ -192,11 +196,15 @@ class Executor:
         return Decided(command, decision.verdict, decision.error)
 
     async def _answer(self, msg: ConsumerRecord[bytes, bytes], query: GetAuthState) -> Decided:
-        """Answer a query from the store, after the account's open publication window."""
+        """Answer a query from the store, after the account's open publication window; park a
+        long-poll with something to wait for and return (nothing awaits between read and park)."""
         window = self._windows.get((msg.partition, query.account_id))
         if window is not None:
             await asyncio.shield(window)
-        decision = answer_query(self.store.get(msg.partition, query.account_id), query)
+        record = self.store.get(msg.partition, query.account_id)
+        if self.waits.park(msg.partition, query, record, reply_partition(msg.headers)):
+            return Decided(query, "ok")
+        decision = answer_query(record, query)
         await self.publisher.publish(
             msg.partition, decision, state_changed=False, reply_to=reply_partition(msg.headers)
         )
@@ -351,6 +359,7 @@ class Executor:
                 )
                 if changed and decision.record is not None:
                     self.store.put(partition, decision.record)
+                    self.waits.changed(partition, decision.record)  # they wait for this version
             finally:
                 if window is not None:
                     self._close_window(window)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -19,6 +19,9 @@ from worker.contract.messages import COMMAND_TYPES
 from worker.dlq.letter import DLQ_REASONS
 from worker.engine.metrics import LATENCY_BUCKETS, LoopSeries
 from worker.runtime.metrics import WORKER_PREFIX
+
+#: How a parked long-poll ended (``worker.auth.waits.END_REASONS``, which imports this module).
+WAIT_END_REASONS: tuple[str, ...] = ("changed", "timeout", "cap", "revoked", "stop")
 
 # Every (code, http_status, numeric_code) the worker itself can produce (docs/architecture.md,
 # "The confirm decision table", plus invalid_request for undecodable input).
@@ -130,6 +133,18 @@ class WorkerMetrics(LoopSeries):
             "Flows failed by the follow-up deadline",
             registry=registry,
         )
+        self.parked_waits = Gauge(
+            "passkey_auth_parked_waits",
+            "Long-polls (get_auth_state with wait_ms) parked until their account changes",
+            registry=registry,
+        )
+        self.parked_waits_ended = Counter(
+            "passkey_auth_parked_waits_ended",
+            "Long-polls answered, by how their wait ended: changed, timeout, cap (answered at "
+            "once past a cap), revoked (their partition left), stop",
+            ["reason"],
+            registry=registry,
+        )
 
         #: The duration series of each (provider, operation, outcome), looked up once: the
         #: configured providers, two operations and the fixed outcomes.
@@ -143,6 +158,8 @@ class WorkerMetrics(LoopSeries):
             self.dlq.labels(reason)
         for command_type in COMMAND_TYPES:
             self.forwarded.labels(command_type)
+        for reason in WAIT_END_REASONS:
+            self.parked_waits_ended.labels(reason)
         for code, http_status, numeric_code in WORKER_ERRORS:
             self.errors.labels(code, str(numeric_code), str(http_status))
 

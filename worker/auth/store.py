@@ -5,7 +5,7 @@ in flow; which commands a previous owner may have sent (docs/architecture.md,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 from worker.contract.messages import AccountRecord, decode_record
@@ -37,6 +37,10 @@ class StateStore(PartitionedStore[AccountRecord]):
         #: with the stored ones, so that registrations running side by side (one lane per
         #: account) cannot pass the quota together. Dropped at 0; ≤ the lanes running.
         self.joining_accounts: dict[tuple[int, str], int] = {}
+        #: Called with a partition before its records are dropped (a revocation, or a
+        #: partition restored again): the executor's parked long-polls are answered from
+        #: the records still held (``worker.auth.waits``).
+        self.before_drop: Callable[[int], None] | None = None
 
     def workspace_accounts(self, partition: int, workspace_id: str) -> int:
         """Live accounts of ``workspace_id`` on ``partition``, those being stored included."""
@@ -70,6 +74,8 @@ class StateStore(PartitionedStore[AccountRecord]):
             self._count(partition, record.workspace_id, 1)
 
     def drop(self, partition: int) -> None:
+        if self.before_drop is not None:
+            self.before_drop(partition)
         super().drop(partition)
         self.live_accounts.pop(partition, None)
 

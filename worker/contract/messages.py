@@ -112,17 +112,40 @@ class DeregisterAccount(_Message):
     account_id: Identifier
 
 
+#: The longest a query may ask to be parked (``GetAuthState.wait_ms``): 30 s.
+MAX_WAIT_MS = 30_000
+
+
 class GetAuthState(_Message):
     """A query, produced by the API front-end for ``GET /v1/accounts/{account_id}/auth``: the
     owner of the account's partition answers it from its store with one reply (the same
     ``reply-partition`` header as a confirm), and writes nothing else. Behind a confirm of the
-    same account in the partition, it sees that confirm's outcome (read-your-writes)."""
+    same account in the partition, it sees that confirm's outcome (read-your-writes).
+
+    A long-poll (``wait_ms`` > 0) is answered once the account's version passes
+    ``after_version`` (at once if it already has; the version it holds now when absent), or
+    after ``wait_ms`` with the state as it is then; the owner parks it without holding the
+    record (docs/architecture.md, "Long-polls"). Both fields are optional: a worker older than
+    them ignores them (``extra="ignore"``) and answers at once."""
 
     type: Literal["get_auth_state"] = "get_auth_state"
     command_id: Identifier
     request_id: Identifier
     workspace_id: Identifier
     account_id: Identifier
+    after_version: int | None = Field(
+        default=None,
+        ge=0,
+        description="Answer once the account's version is above this (absent: the version it "
+        "has when the query is handled). Only with wait_ms.",
+    )
+    wait_ms: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_WAIT_MS,
+        description="A long-poll: wait up to this long for the version to pass after_version, "
+        "then answer with the state as it is. Absent or 0: answer at once.",
+    )
 
 
 Command = Annotated[

@@ -50,7 +50,9 @@ class ProcessParts:
     """The clients a consuming process runs its loop with, built by the caller.
 
     ``run_consume_loop`` starts ``producer`` and the loop's consumer, and closes them at the
-    end, then runs ``closers`` in order. ``health`` is the outage state the process's writers
+    end, then runs ``closers`` in order; ``drains`` are awaited once the loop has ended and
+    before the clients close (answers still owed, such as the worker's parked long-polls, go
+    out on the open producer). ``health`` is the outage state the process's writers
     report to; it is probed through the producer's client and turns ``/readyz`` red during an
     outage. ``registry`` is what the probes' ``/metrics`` serves.
     """
@@ -59,6 +61,7 @@ class ProcessParts:
     registry: CollectorRegistry
     health: BrokerHealth
     closers: Sequence[Callable[[], Awaitable[None]]] = ()
+    drains: Sequence[Callable[[], Awaitable[None]]] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +123,8 @@ async def run_consume_loop(loop: ConsumeLoop, parts: ProcessParts, run: RunOptio
         finally:
             if stopper is not None:
                 stopper.cancel()
+            for drain in parts.drains:
+                await bounded(drain(), "drain", CLOSE_STEP_TIMEOUT_S)
             await bounded(consumer.stop(), "consumer_stop", CLOSE_STEP_TIMEOUT_S)
             await bounded(producer.stop(), "producer_stop", CLOSE_STEP_TIMEOUT_S)
             for close in parts.closers:

@@ -1,14 +1,14 @@
-"""The OpenAPI table of an account's routes: the Passkey confirmation and the state query (the
-polling route), with what each can answer."""
+"""The OpenAPI table of an account's routes: the Passkey confirmation and the state query (poll
+or long-poll), with what each can answer."""
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from worker.api.bodies import AuthResponse
+from worker.api.bodies import AuthResponse, AuthState, AuthStateResponse
 from worker.api.idempotency import KEY_MAX_CHARS, KEY_RULE, REPLAYED_HEADER
 from worker.api.routes import ACCOUNT_AUTH, PASSKEY_CONFIRM
-from worker.contract.messages import AuthData
+from worker.contract.messages import MAX_WAIT_MS, AuthData
 from worker.documents.openapi.parts import (
     BODY_TIMEOUT,
     EMPTY_BODY,
@@ -68,14 +68,47 @@ _IDEMPOTENCY_KEY: Final = {
     "example": "order-7f3a9c2e",
 }
 _AUTH_FAILURES: Final = (
-    Failure("invalid_request", "Malformed `account_id`."),
+    Failure(
+        "invalid_request",
+        "Malformed `account_id`, or `after_version` / `wait_s` not one value in its range.",
+    ),
     *KEY_CHECK,
     _NOT_FOUND,
     Failure(
         "get_auth_state_failed",
-        "No worker answered within `API_REPLY_TIMEOUT_S` (or the front-end is starting);"
-        " nothing was changed: retry shortly.",
+        "No worker answered within `wait_s` + `API_REPLY_TIMEOUT_S` (or the front-end is"
+        " starting); nothing was changed: retry shortly.",
     ),
+)
+#: The long-poll's query parameters (``worker.api.long_poll``).
+_LONG_POLL: Final = (
+    {
+        "name": "after_version",
+        "in": "query",
+        "required": False,
+        "description": (
+            "The `data.version` the caller saw last. With `wait_s`, the answer comes as soon"
+            " as the account's version is above it (at once if it already is). Without it, a"
+            " long-poll waits past the version the account has when the query arrives."
+        ),
+        "schema": {"type": "integer", "minimum": 0, "maximum": 2**53},
+        "example": 3,
+    },
+    {
+        "name": "wait_s",
+        "in": "query",
+        "required": False,
+        "description": (
+            "Seconds to wait for a change past `after_version` (a long-poll). The answer is"
+            " the state once the version passes it, or after `wait_s` the state as it is then"
+            " (the same `version`): ask again with it. Without it, or 0, the answer is"
+            " immediate. A long-poll is one request of the workspace's rate limit. When too"
+            " many wait at once (per account, per workspace, per worker) it is answered at"
+            " once with the current state, never refused."
+        ),
+        "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_MS // 1000},
+        "example": 25,
+    },
 )
 
 
@@ -89,6 +122,19 @@ def _auth_ok(description: str) -> dict[str, Any]:
         ),
     )
     return json_response(description, AuthResponse, example=example.model_dump())
+
+
+def _state_ok(description: str) -> dict[str, Any]:
+    example = AuthStateResponse(
+        request_id=EXAMPLE_RID,
+        data=AuthState(
+            account_id="acc_demo_1",
+            status="passkey_confirmation_sent",
+            auth_status="passkey_confirmation_sent",
+            version=3,
+        ),
+    )
+    return json_response(description, AuthStateResponse, example=example.model_dump())
 
 
 def _replayable(response: dict[str, Any]) -> dict[str, Any]:
@@ -114,8 +160,9 @@ def account_paths() -> dict[str, Any]:
                 "operationId": "confirmPasskey",
                 "summary": "Confirm the pending Passkey challenge of an account",
                 "description": (
-                    "Call it once the account's status is `passkey_confirmation`, then poll"
-                    f" `GET {ACCOUNT_AUTH}` until the status is `authorized` or `failed`."
+                    "Call it once the account's status is `passkey_confirmation`, then"
+                    f" long-poll `GET {ACCOUNT_AUTH}` (`after_version`, `wait_s`) until the"
+                    " status is `authorized` or `failed`."
                     " No body is required; an empty body or any JSON object (ignored) is"
                     " accepted. On 500 check `GET .../auth` before retrying: the"
                     " confirmation may still be applied."
@@ -140,17 +187,19 @@ def account_paths() -> dict[str, Any]:
         ACCOUNT_AUTH: {
             "get": {
                 "operationId": "getAuthState",
-                "summary": "Authentication state of an account (the polling route)",
+                "summary": "Authentication state of an account (poll or long-poll)",
                 "description": (
-                    "Poll until `status` is `authorized` or `failed`. Answered by the"
-                    " worker that owns the account: a poll sent after a confirmation's"
-                    " 200 shows that confirmation's outcome or a newer one."
+                    "Ask until `status` is `authorized` or `failed`, best as a long-poll:"
+                    " pass the `data.version` of the last answer as `after_version` with"
+                    " `wait_s`, and the answer comes when the state changes. Answered by"
+                    " the worker that owns the account: a query sent after a"
+                    " confirmation's 200 shows that confirmation's outcome or a newer one."
                 ),
                 "tags": ["auth"],
                 "security": [{"ApiKey": []}],
-                "parameters": parameters,
+                "parameters": [*parameters, *_LONG_POLL],
                 "responses": {
-                    "200": _auth_ok("The account's current status."),
+                    "200": _state_ok("The account's current status and its version."),
                     **error_responses(_AUTH_FAILURES),
                 },
             },

@@ -7,7 +7,13 @@ from typing import Any, Final
 
 from pydantic import BaseModel, TypeAdapter
 
-from worker.api.bodies import ApiHealth, ApiReadiness, AuthResponse, ErrorResponse
+from worker.api.bodies import (
+    ApiHealth,
+    ApiReadiness,
+    AuthResponse,
+    AuthStateResponse,
+    ErrorResponse,
+)
 from worker.api.event_types import EventTypesResponse
 from worker.api.portal.sessions import PortalSessionBody, PortalSessionResponse
 from worker.api.routes import ACCOUNT_ID_RULE
@@ -38,6 +44,7 @@ from worker.webhooks.targets import TargetPolicy
 
 _COMPONENT_MODELS: Final[tuple[type[BaseModel], ...]] = (
     AuthResponse,
+    AuthStateResponse,
     ErrorResponse,
     ApiHealth,
     ApiReadiness,

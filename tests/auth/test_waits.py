@@ -1,0 +1,314 @@
+"""Long-polls parked by the owner (worker.auth.waits; docs/architecture.md, "Long-polls"): the
+handler parks and returns, the decision that stores the next version answers, the wait's timer
+answers with the state as it is, and the caps, a revocation and the stop answer at once. The
+executor over an in-memory store and a publisher that records what it sends (the Kafka side
+is tests/api/test_long_poll.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from aiokafka.structs import ConsumerRecord
+from prometheus_client import CollectorRegistry
+
+from worker.auth.execute import Executor
+from worker.auth.flow import Decision, Policy
+from worker.auth.metrics import WorkerMetrics
+from worker.auth.provider import ProviderRegistry
+from worker.auth.store import StateStore
+from worker.auth.waits import WaitLimits
+from worker.contract.messages import AccountRecord, GetAuthState
+from worker.engine.home_partition import REPLY_PARTITION, Router, home_partition
+
+PARTITIONS = 3
+
+
+class Recorder:
+    """Records each reply published; a changed record's send waits for ``release`` while
+    ``hold`` is set."""
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[Any, int | None]] = []
+        self.hold = False
+        self.release = asyncio.Event()
+        self.sending = asyncio.Event()
+        self.answered = asyncio.Event()
+
+    async def publish(
+        self, partition: int, decision: Decision, *, state_changed: bool, reply_to: int | None
+    ) -> None:
+        if state_changed and self.hold:
+            self.sending.set()
+            await self.release.wait()
+        if decision.reply is not None:
+            self.replies.append((decision.reply, reply_to))
+            self.answered.set()
+
+
+def record(status: str, version: int, *, account: str = "acc_1", ws: str = "ws_a") -> AccountRecord:
+    return AccountRecord(
+        account_id=account,
+        workspace_id=ws,
+        status=status,
+        auth_status=status,
+        version=version,
+        updated_at=1.0,
+    )
+
+
+def query(
+    *,
+    account: str = "acc_1",
+    ws: str = "ws_a",
+    after: int | None = None,
+    wait_ms: int | None = 30_000,
+) -> ConsumerRecord[bytes, bytes]:
+    cid = str(uuid.uuid4())
+    value = GetAuthState(
+        command_id=cid,
+        request_id=f"req-{cid}",
+        workspace_id=ws,
+        account_id=account,
+        after_version=after,
+        wait_ms=wait_ms,
+    ).model_dump_json()
+    partition = home_partition(account.encode(), PARTITIONS)
+    headers = [(REPLY_PARTITION, b"2")]
+    return ConsumerRecord(
+        "auth.commands", partition, 7, 0, 0, account.encode(), value.encode(), None, 5, 0, headers
+    )
+
+
+def setup(
+    *records: AccountRecord, limits: WaitLimits | None = None
+) -> tuple[Executor, StateStore, Recorder, WorkerMetrics]:
+    store = StateStore()
+    by_partition: dict[int, dict[str, AccountRecord]] = {}
+    for r in records:
+        by_partition.setdefault(home_partition(r.account_id.encode(), PARTITIONS), {})[
+            r.account_id
+        ] = r
+    for partition, held in by_partition.items():
+        store.load(partition, held)
+    recorder = Recorder()
+    metrics = WorkerMetrics(CollectorRegistry())
+    executor = Executor(
+        store=store,
+        publisher=recorder,  # type: ignore[arg-type]
+        providers=ProviderRegistry(),
+        policy=Policy(providers=()),
+        metrics=metrics,
+        router=Router("auth.commands", partitions_for_topic=lambda _: None, fallback=PARTITIONS),
+        wait_limits=limits,
+    )
+    return executor, store, recorder, metrics
+
+
+def ended(metrics: WorkerMetrics, reason: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "passkey_auth_parked_waits_ended_total", {"reason": reason}
+    )
+    return value or 0.0
+
+
+def parked(metrics: WorkerMetrics) -> float:
+    return metrics.registry.get_sample_value("passkey_auth_parked_waits") or 0.0
+
+
+async def settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_a_parked_query_returns_at_once_and_the_next_version_answers_it() -> None:
+    executor, store, recorder, metrics = setup(record("passkey_confirmation", 1))
+    msg = query(after=1)
+    partition = msg.partition
+    await asyncio.wait_for(executor.handle(msg), 5)  # the handler does not wait
+    assert recorder.replies == [] and parked(metrics) == 1
+    before = store.get(partition, "acc_1")
+    sent = record("passkey_confirmation_sent", 2)
+    await executor._publish(partition, before, Decision(verdict="ok", record=sent))
+    await settle()
+    ((reply, reply_to),) = recorder.replies
+    assert (reply.http_status, reply.version, reply_to) == (200, 2, 2)
+    assert reply.body.data.status == "passkey_confirmation_sent"
+    assert parked(metrics) == 0 and ended(metrics, "changed") == 1
+    assert executor.waits.waits == {} and executor.waits.admission.in_use == 0
+
+
+async def test_a_change_that_does_not_pass_the_version_leaves_the_wait_parked() -> None:
+    """Asked with a version it has not reached yet (a caller ahead of this owner's view): the
+    wait stays until the account passes it."""
+    executor, store, recorder, metrics = setup(record("passkey_confirmation", 1))
+    msg = query(after=2)
+    await executor.handle(msg)
+    before = store.get(msg.partition, "acc_1")
+    two = record("passkey_confirmation_sent", 2)
+    await executor._publish(msg.partition, before, Decision(verdict="ok", record=two))
+    await settle()
+    assert recorder.replies == [] and parked(metrics) == 1
+    three = record("authorized", 3)
+    await executor._publish(msg.partition, two, Decision(verdict="ok", record=three))
+    await settle()
+    ((reply, _),) = recorder.replies
+    assert (reply.version, reply.body.data.status) == (3, "authorized")
+
+
+async def test_nothing_to_wait_for_answers_after_the_wait_with_the_same_version() -> None:
+    executor, _, recorder, metrics = setup(record("passkey_confirmation", 4))
+    await executor.handle(query(after=4, wait_ms=50))
+    assert recorder.replies == []
+    await asyncio.wait_for(recorder.answered.wait(), 5)
+    ((reply, _),) = recorder.replies
+    assert (reply.http_status, reply.version) == (200, 4)
+    assert ended(metrics, "timeout") == 1 and parked(metrics) == 0
+
+
+async def test_without_after_version_it_waits_past_the_version_held_now() -> None:
+    executor, store, recorder, _ = setup(record("passkey_confirmation", 3))
+    msg = query(after=None)
+    await executor.handle(msg)
+    assert recorder.replies == []
+    four = record("passkey_confirmation_sent", 4)
+    await executor._publish(msg.partition, store.get(msg.partition, "acc_1"), Decision("ok", four))
+    await settle()
+    assert [r.version for r, _ in recorder.replies] == [4]
+
+
+async def test_a_version_already_passed_a_plain_query_and_an_unknown_account_answer_at_once() -> (
+    None
+):
+    executor, _, recorder, metrics = setup(record("authorized", 5))
+    await executor.handle(query(after=4))
+    await executor.handle(query(wait_ms=None))
+    await executor.handle(query(wait_ms=0))
+    await executor.handle(query(account="acc_unknown"))
+    await executor.handle(query(ws="ws_b"))  # another workspace's: 404, like an unknown one
+    assert [(r.http_status, r.version) for r, _ in recorder.replies] == [
+        (200, 5),
+        (200, 5),
+        (200, 5),
+        (404, None),
+        (404, None),
+    ]
+    assert parked(metrics) == 0 and sum(ended(metrics, r) for r in ("cap", "stop")) == 0
+
+
+async def test_a_timeout_inside_the_accounts_publication_window_answers_once_it_is_stored() -> None:
+    """Read-your-writes: the wait's time running out while the account's changed record is
+    being sent (its reply may be out already) does not answer with the older state."""
+    executor, store, recorder, _ = setup(record("passkey_confirmation", 1))
+    msg = query(after=1, wait_ms=20)
+    await executor.handle(msg)
+    recorder.hold = True
+    two = record("passkey_confirmation_sent", 2)
+    publishing = asyncio.create_task(
+        executor._publish(msg.partition, store.get(msg.partition, "acc_1"), Decision("ok", two))
+    )
+    await asyncio.wait_for(recorder.sending.wait(), 5)
+    await asyncio.sleep(0.1)  # the wait's 20 ms are up while the record is being sent
+    assert recorder.replies == []
+    recorder.release.set()
+    await asyncio.wait_for(publishing, 5)
+    await settle()
+    ((reply, _),) = recorder.replies
+    assert reply.version == 2
+
+
+async def test_past_the_account_cap_a_long_poll_is_answered_at_once() -> None:
+    limits = WaitLimits(process=100, per_workspace=50, per_account=2)
+    executor, _, recorder, metrics = setup(record("passkey_confirmation", 1), limits=limits)
+    for _ in range(3):
+        await executor.handle(query(after=1))
+    ((reply, _),) = recorder.replies
+    assert (reply.http_status, reply.version) == (200, 1)
+    assert parked(metrics) == 2 and ended(metrics, "cap") == 1
+
+
+async def test_past_the_workspace_cap_answered_at_once_and_another_workspace_still_parks() -> None:
+    limits = WaitLimits(process=10, per_workspace=2, per_account=64)
+    accounts = [record("passkey_confirmation", 1, account=f"acc_{i}") for i in range(3)]
+    theirs = record("passkey_confirmation", 1, account="acc_b", ws="ws_b")
+    executor, _, recorder, metrics = setup(*accounts, theirs, limits=limits)
+    for i in range(3):
+        await executor.handle(query(account=f"acc_{i}", after=1))
+    await executor.handle(query(account="acc_b", ws="ws_b", after=1))
+    assert [r.account_id for r, _ in recorder.replies] == ["acc_2"]
+    assert parked(metrics) == 3 and ended(metrics, "cap") == 1
+    assert executor.waits.admission.held("ws_a") == 2
+    assert executor.waits.admission.held("ws_b") == 1
+
+
+async def test_past_the_process_cap_answered_at_once() -> None:
+    limits = WaitLimits(process=3, per_workspace=3, per_account=64)
+    accounts = [
+        record("passkey_confirmation", 1, account=f"acc_{i}", ws=f"ws_{i}") for i in range(4)
+    ]
+    executor, _, recorder, metrics = setup(*accounts, limits=limits)
+    for i in range(4):
+        await executor.handle(query(account=f"acc_{i}", ws=f"ws_{i}", after=1))
+    assert [r.account_id for r, _ in recorder.replies] == ["acc_3"]
+    assert parked(metrics) == 3 and ended(metrics, "cap") == 1
+
+
+async def test_a_revoked_partition_answers_its_waits_with_the_current_state() -> None:
+    mine = record("passkey_confirmation_sent", 2)
+    executor, store, recorder, metrics = setup(mine)
+    msg = query(after=2)
+    await executor.handle(msg)
+    await executor.handle(query(after=2))
+    other = (msg.partition + 1) % PARTITIONS
+    store.drop(other)  # another partition: nothing to answer
+    await settle()
+    assert recorder.replies == []
+    store.drop(msg.partition)  # what the consume loop does with a revoked partition
+    await settle()
+    assert [(r.http_status, r.version) for r, _ in recorder.replies] == [(200, 2), (200, 2)]
+    assert ended(metrics, "revoked") == 2 and parked(metrics) == 0
+    assert executor.waits.waits == {} and executor.waits.admission.in_use == 0
+
+
+async def test_the_stop_answers_every_wait_and_then_parks_none() -> None:
+    executor, _, recorder, metrics = setup(
+        record("passkey_confirmation", 1), record("authorized", 7, account="acc_2")
+    )
+    await executor.handle(query(after=1))
+    await executor.handle(query(account="acc_2", after=7))
+    await asyncio.wait_for(executor.waits.close(), 5)  # returns once the answers are sent
+    assert sorted((r.account_id, r.version) for r, _ in recorder.replies) == [
+        ("acc_1", 1),
+        ("acc_2", 7),
+    ]
+    assert ended(metrics, "stop") == 2 and parked(metrics) == 0
+    await executor.handle(query(after=1))  # after the stop: answered at once
+    assert len(recorder.replies) == 3 and ended(metrics, "stop") == 3
+
+
+async def test_a_slot_is_held_until_the_answer_is_sent() -> None:
+    """The background answers are bounded by the caps: a wait's slot is given back only once
+    its answer is acknowledged."""
+    executor, store, _, _ = setup(record("passkey_confirmation", 1))
+    gate = asyncio.Event()
+    sent: list[int] = []
+
+    class Slow:
+        async def publish(
+            self, partition: int, decision: Decision, *, state_changed: bool, reply_to: int | None
+        ) -> None:
+            await gate.wait()
+            sent.append(partition)
+
+    executor.waits._publisher = Slow()
+    msg = query(after=1)
+    await executor.handle(msg)
+    two = record("passkey_confirmation_sent", 2)
+    await executor._publish(msg.partition, store.get(msg.partition, "acc_1"), Decision("ok", two))
+    await settle()
+    assert executor.waits.waits == {} and executor.waits.admission.in_use == 1
+    assert len(executor.waits.sends) == 1
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*executor.waits.sends), 5)
+    assert sent and executor.waits.admission.in_use == 0 and not executor.waits.sends

@@ -1,0 +1,142 @@
+"""The long-poll of ``GET /v1/accounts/{account_id}/auth`` on the front-end's side: its two
+query parameters, checked, and the wait for the worker's answer given up as soon as the caller
+disconnects (docs/architecture.md, "Long-polls")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Final
+
+from starlette.requests import Request
+
+from worker.api.bodies import AuthState
+from worker.api.replies import CorrelatedReply
+from worker.contract.catalogue import ServiceError
+from worker.contract.messages import MAX_WAIT_MS, GetAuthState
+from worker.runtime.logs import get_logger
+
+# The lines are the routes': they keep their logger name, which dashboards and searches use.
+log = get_logger("worker.api.routes")
+
+#: The status a long-poll whose caller went away is counted with (nginx's "client closed
+#: request"): nothing can be sent, the connection is gone.
+CALLER_GONE: Final = 499
+#: The largest ``after_version`` taken (a record's version is a count of its changes).
+MAX_VERSION: Final = 2**53
+_AFTER_RULE: Final = "after_version must be one integer from 0 to 2^53."
+_WAIT_RULE: Final = f"wait_s must be one number of seconds from 0 to {MAX_WAIT_MS // 1000}."
+
+
+class CallerGone(Exception):
+    """The caller of a long-poll disconnected before its answer came."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """A GET's long-poll parameters: ``after_version`` (``None``: the version the owner holds
+    now) and ``wait_s`` (0: answer at once, a plain GET)."""
+
+    after_version: int | None = None
+    wait_s: float = 0.0
+
+    @classmethod
+    def of(cls, request: Request) -> Wait:
+        """``after_version`` (an integer 0 to 2^53) and ``wait_s`` (seconds, 0 to 30), each
+        at most once; 400 ``invalid_request`` otherwise."""
+        params = request.query_params
+        after_version: int | None = None
+        wait_s = 0.0
+        raw_after = params.getlist("after_version")
+        if raw_after:
+            text = raw_after[0]
+            if len(raw_after) > 1 or not (text.isascii() and text.isdigit()) or len(text) > 16:
+                raise ServiceError.of("invalid_request", _AFTER_RULE)
+            after_version = int(text)
+            if after_version > MAX_VERSION:
+                raise ServiceError.of("invalid_request", _AFTER_RULE)
+        raw_wait = params.getlist("wait_s")
+        if raw_wait:
+            text = raw_wait[0]
+            try:
+                if len(raw_wait) > 1 or len(text) > 16 or not text.isascii():
+                    raise ValueError
+                wait_s = float(text)
+            except ValueError:
+                raise ServiceError.of("invalid_request", _WAIT_RULE) from None
+            if not 0 <= wait_s <= MAX_WAIT_MS / 1000:  # also false for nan
+                raise ServiceError.of("invalid_request", _WAIT_RULE)
+        return cls(after_version, wait_s)
+
+    def query(
+        self, command_id: str, request_id: str, workspace_id: str, account_id: str
+    ) -> GetAuthState:
+        """The query, filled, not validated again: every field was checked (the ids by the
+        identifier rule, the workspace id when the keys file was read, the numbers here)."""
+        return GetAuthState.model_construct(
+            command_id=command_id,
+            request_id=request_id,
+            workspace_id=workspace_id,
+            account_id=account_id,
+            after_version=self.after_version,
+            wait_ms=round(self.wait_s * 1000) if self.wait_s else None,
+        )
+
+    async def unless_gone(
+        self, request: Request, round_trip: Awaitable[CorrelatedReply | None]
+    ) -> CorrelatedReply | None:
+        """``round_trip``'s result; for a long-poll, ``CallerGone`` as soon as the caller
+        disconnected: the round trip is then cancelled, which frees its reply waiter (the
+        worker's parked wait ends at its own time, bounded by its caps; docs/architecture.md,
+        "Long-polls")."""
+        if not self.wait_s:
+            return await round_trip
+        answer = asyncio.ensure_future(round_trip)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not answer.done():
+                answer.cancel()
+                await asyncio.gather(answer, return_exceptions=True)
+        if answer.cancelled():
+            raise CallerGone
+        return answer.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the caller's connection is gone (``http.disconnect``). A GET's body, if
+    any, is read and dropped; past the body deadline (408 from ``receive``) it stops
+    watching."""
+    while True:
+        try:
+            message = await request.receive()
+        except ServiceError:
+            await asyncio.Event().wait()  # no more to learn; cancelled with the request
+            return
+        if message["type"] == "http.disconnect":
+            return
+
+
+def auth_state(
+    reply: CorrelatedReply, account_id: str, request_id: str, unavailable: str
+) -> AuthState:
+    """The state a 200 reply for ``account_id`` carries, with the record's version; 404
+    ``not_found`` for the worker's 404, 500 ``get_auth_state_failed`` (``unavailable``) for a
+    reply that is not one (another status or account, no data or no version)."""
+    if reply.http_status == 404:
+        raise ServiceError.of("not_found", "The account does not exist in this workspace.")
+    found, version = reply.reply.body.data, reply.reply.version
+    if (
+        reply.http_status != 200
+        or found is None
+        or found.account_id != account_id
+        or version is None
+    ):
+        log.error("api_query_bad_reply", request_id=request_id, status=reply.http_status)
+        raise ServiceError.of("get_auth_state_failed", unavailable)
+    return AuthState(
+        account_id=account_id, status=found.status, auth_status=found.auth_status, version=version
+    )

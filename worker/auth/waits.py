@@ -1,0 +1,245 @@
+"""Long-polls parked where the state lives (docs/architecture.md, "Long-polls"): the owner's
+handler parks a ``get_auth_state`` with ``wait_ms`` and returns (the record is done; no task,
+no slot of the loop); the decision that stores the account's next version answers it
+(``changed``), or its timer, its partition's revocation or the stop, in a tracked background
+send. Every wait holds a slot of the admission rule until its answer is acknowledged (process
+cap = capacity, workspace cap = share) and ≤ ``per_account`` per account; past a cap the query
+is answered at once with the current state, never refused."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Literal, Protocol
+
+from worker.auth.commands import answer_query
+from worker.auth.flow import Decision, is_owner
+from worker.auth.metrics import WorkerMetrics
+from worker.auth.store import StateStore
+from worker.contract.messages import AccountRecord, GetAuthState
+from worker.runtime.admission import Admission, NoRoom, Share, Slot
+from worker.runtime.logs import get_logger
+
+log = get_logger(__name__)
+
+#: How a parked wait ended (the ``reason`` label of ``passkey_auth_parked_waits_ended``, each
+#: series created at zero from ``WAIT_END_REASONS``).
+EndReason = Literal["changed", "timeout", "cap", "revoked", "stop"]
+
+#: Parked waits per process, per workspace and per account, unless the settings say otherwise
+#: (``WORKER_PARKED_WAITS_MAX``, ``WORKER_PARKED_WAITS_PER_WORKSPACE``,
+#: ``WORKER_PARKED_WAITS_PER_ACCOUNT``).
+PARKED_MAX: Final = 10_000
+PARKED_PER_WORKSPACE: Final = 1_000
+PARKED_PER_ACCOUNT: Final = 64
+#: How long the stop waits for the last answers to be acknowledged before the producer closes.
+STOP_BUDGET_S: Final = 5.0
+
+
+class Answers(Protocol):
+    """Where the answers go: the executor's ``Publisher``."""
+
+    async def publish(
+        self, partition: int, decision: Decision, *, state_changed: bool, reply_to: int | None
+    ) -> None: ...
+
+
+#: The account's open publication window, if any (``Executor._windows``).
+WindowOf = Callable[[tuple[int, str]], "asyncio.Future[None] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class WaitLimits:
+    """The caps of parked waits: per process, per workspace, per account."""
+
+    process: int = PARKED_MAX
+    per_workspace: int = PARKED_PER_WORKSPACE
+    per_account: int = PARKED_PER_ACCOUNT
+
+    def share(self) -> Share:
+        """The admission rule's numbers: a hundredth of the process's cap kept for
+        workspaces holding none, so one workspace at its share cannot starve the rest."""
+        reserve = self.process // 100 if self.per_workspace < self.process else 0
+        return Share(
+            capacity=self.process,
+            per_owner=min(self.per_workspace, self.process),
+            reserve=min(reserve, self.process - 1),
+        )
+
+
+class _Wait:
+    __slots__ = ("after", "ended", "partition", "query", "reply_to", "slot", "timer")
+
+    def __init__(
+        self, partition: int, query: GetAuthState, after: int, reply_to: int | None, slot: Slot
+    ) -> None:
+        self.partition = partition
+        self.query = query
+        self.after = after
+        self.reply_to = reply_to
+        self.slot = slot
+        self.ended = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return self.partition, self.query.account_id
+
+
+class ParkedWaits:
+    """The worker's parked long-polls (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        publisher: Answers,
+        metrics: WorkerMetrics,
+        window_of: WindowOf,
+        limits: WaitLimits | None = None,
+    ) -> None:
+        self.limits = limits or WaitLimits()
+        self._store = store
+        self._publisher = publisher
+        self._metrics = metrics
+        self._window_of = window_of
+        # The store tells of a partition it drops (a revocation) while it still holds it.
+        store.before_drop = self.revoked
+        self.admission = Admission("parked_waits", self.limits.share())
+        #: The parked waits of each (partition, account): ≤ ``per_account`` each, all of them
+        #: together ≤ the process's cap (each holds an admission slot).
+        self.waits: dict[tuple[int, str], list[_Wait]] = {}
+        #: Answers being sent; each holds its wait's slot until acknowledged.
+        self.sends: set[asyncio.Task[None]] = set()
+        self.parked = 0
+        self._closed = False
+
+    # -- parking ------------------------------------------------------------------------------
+
+    def park(
+        self,
+        partition: int,
+        query: GetAuthState,
+        record: AccountRecord | None,
+        reply_to: int | None,
+    ) -> bool:
+        """Park ``query`` when it asks to wait and has something to wait for; False when it
+        is to be answered at once (no wait asked, nothing to wait on, past a cap, stopping)."""
+        if not query.wait_ms or record is None or record.deregistered:
+            return False
+        if not is_owner(record, query):
+            return False  # answered 404 at once, as for an unknown account
+        after = record.version if query.after_version is None else query.after_version
+        if record.version > after:
+            return False  # already past it
+        if self._closed:
+            self._ended("stop")
+            return False
+        key = (partition, query.account_id)
+        waiting = self.waits.get(key)
+        if waiting is not None and len(waiting) >= self.limits.per_account:
+            self._ended("cap")
+            return False
+        try:
+            slot = self.admission.take(query.workspace_id)
+        except NoRoom:
+            self._ended("cap")
+            return False
+        wait = _Wait(partition, query, after, reply_to, slot)
+        wait.timer = asyncio.get_running_loop().call_later(
+            query.wait_ms / 1000, self._timed_out, wait
+        )
+        self.waits.setdefault(key, []).append(wait)
+        self.parked += 1
+        self._metrics.parked_waits.inc()
+        return True
+
+    # -- ending -------------------------------------------------------------------------------
+
+    def changed(self, partition: int, record: AccountRecord) -> None:
+        """``record`` was just stored: answer the waits it takes past their version, from it."""
+        waiting = self.waits.get((partition, record.account_id))
+        if not waiting:
+            return
+        for wait in [w for w in waiting if w.after < record.version]:
+            self._end(wait, "changed", record)
+
+    def revoked(self, partition: int) -> None:
+        """``partition`` is being dropped: answer its waits with the state as it is (their
+        callers ask again, and the new owner answers)."""
+        for key in [k for k in self.waits if k[0] == partition]:
+            for wait in list(self.waits.get(key, ())):
+                self._end(wait, "revoked", self._store.get(partition, key[1]))
+
+    async def close(self, budget_s: float = STOP_BUDGET_S) -> None:
+        """The process stops: answer every wait with the state as it is and wait (within
+        ``budget_s``) for the answers to be acknowledged, before the producer closes."""
+        self._closed = True
+        for key in list(self.waits):
+            for wait in list(self.waits.get(key, ())):
+                self._end(wait, "stop", self._store.get(*key))
+        if not self.sends:
+            return
+        _, pending = await asyncio.wait(set(self.sends), timeout=budget_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("parked_answers_abandoned", answers=len(pending))
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def _timed_out(self, wait: _Wait) -> None:
+        """The wait's time is up: answer with the state as it is, unless the account's
+        changed record is being sent right now; then once it is stored (its wake answers
+        first, with the new version, if it passes the wait's)."""
+        if wait.ended:
+            return
+        wait.timer = None
+        window = self._window_of(wait.key)
+        if window is not None and not window.done():
+            window.add_done_callback(lambda _: self._end_as_is(wait, "timeout"))
+            return
+        self._end_as_is(wait, "timeout")
+
+    def _end_as_is(self, wait: _Wait, reason: EndReason) -> None:
+        if not wait.ended:
+            self._end(wait, reason, self._store.get(*wait.key))
+
+    def _end(self, wait: _Wait, reason: EndReason, record: AccountRecord | None) -> None:
+        if wait.ended:
+            return
+        wait.ended = True
+        if wait.timer is not None:
+            wait.timer.cancel()
+            wait.timer = None
+        waiting = self.waits.get(wait.key)
+        if waiting is not None:
+            waiting.remove(wait)
+            if not waiting:
+                del self.waits[wait.key]
+        self.parked -= 1
+        self._metrics.parked_waits.dec()
+        self._ended(reason)
+        decision = answer_query(record, wait.query)
+        task = asyncio.get_running_loop().create_task(self._answer(wait, decision))
+        self.sends.add(task)
+        task.add_done_callback(self.sends.discard)
+
+    async def _answer(self, wait: _Wait, decision: Decision) -> None:
+        try:
+            await self._publisher.publish(
+                wait.partition, decision, state_changed=False, reply_to=wait.reply_to
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the caller's own deadline answers it
+            log.warning(
+                "parked_answer_failed",
+                account_id=wait.query.account_id,
+                command_id=wait.query.command_id,
+                error=repr(exc),
+            )
+        finally:
+            wait.slot.release()
+
+    def _ended(self, reason: EndReason) -> None:
+        self._metrics.parked_waits_ended.labels(reason).inc()
