@@ -13,7 +13,7 @@ the same ~100-byte JSON answer, each answer checked (status 200, body parsed):
   (``tuned_session``);
 - ``pycurl``: libcurl's multi interface on the loop (bench/http_curl.py), when importable;
 - ``http1-sender``: the dispatcher's client as the product builds it now (``open_session``
-  and ``Sender`` of worker/webhooks/sender.py on ``worker.runtime.http1``);
+  and ``Sender`` of worker/dispatcher/sender.py on ``worker.runtime.http1``);
 - ``http1-provider``: the worker's provider client as built now (``build_http_client``), the
   same call as ``aiohttp-provider``.
 
@@ -57,9 +57,9 @@ from bench.http_curl import CurlClient, load_pycurl
 from bench.http_receiver import ANSWER, Material, make_material, receiver
 from worker import __version__
 from worker.auth.provider import build_http_client
+from worker.dispatcher.sender import DEFAULT_BODY_CAP, Sender, open_session
 from worker.runtime import eventloop
 from worker.settings import Settings
-from worker.webhooks.sender import DEFAULT_BODY_CAP, Sender, open_session
 from worker.webhooks.signing import headers as signed_headers
 from worker.webhooks.targets import TargetPolicy, validate_url
 

@@ -36,15 +36,19 @@ from collections import defaultdict
 
 from bench.floor_loop import Batch, group_clients, serve_batches
 from bench.webhook_receiver import SECRET_ENV
+from worker.contract.delivery_log import (
+    LOG_BATCH_MAX,
+    DeliveryLogBatch,
+    DeliveryLogEntry,
+    webhook_id,
+)
 from worker.contract.messages import rfc3339
+from worker.contract.webhook_events import WebhookEvent, from_status
+from worker.dispatcher.app import target_policy
+from worker.dispatcher.sender import Sender, open_session
 from worker.runtime import eventloop, logs
 from worker.runtime.process import on_stop_signals, tune_gc
 from worker.settings import Settings
-from worker.webhooks.app import target_policy
-from worker.webhooks.delivery import webhook_id
-from worker.webhooks.events import WebhookEvent, from_status
-from worker.webhooks.publish import LOG_BATCH_MAX, DeliveryLogBatch, DeliveryLogEntry
-from worker.webhooks.sender import Sender, open_session
 from worker.webhooks.signing import SECRET_PREFIX
 
 

@@ -69,14 +69,15 @@ from bench.procs import Proc, start_proc, start_profiler, stop_procs
 from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
+from worker.contract.delivery_log import webhook_id
 from worker.contract.messages import AuthStatusChanged, event_id
 from worker.contract.topics import Topics
+from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.runtime import eventloop
 from worker.settings import Settings
-from worker.webhooks.delivery import webhook_id
 from worker.webhooks.endpoint_writes import EndpointStore
-from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
+from worker.webhooks.endpoints import EndpointRegistry
 from worker.webhooks.secrets_box import SecretsBox, generate_key
 
 WORKSPACE = "ws_bench_hooks"

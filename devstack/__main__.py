@@ -48,8 +48,8 @@ def cmd_worker(settings: DevSettings, _: argparse.Namespace) -> int:
 
 def cmd_webhooks(settings: DevSettings, _: argparse.Namespace) -> int:
     from devstack.consumer import EmbeddedBrokerConsumer
+    from worker.dispatcher.app import run_dispatcher
     from worker.runtime import tracing
-    from worker.webhooks.app import run_dispatcher
 
     tune_gc(settings.worker_gc_threshold)
     tracing.configure(tracing.SERVICE_WEBHOOKS)

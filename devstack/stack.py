@@ -40,11 +40,11 @@ from devstack.broker import EmbeddedBroker, die_with_parent, wait_for_port
 from devstack.demo import register_accounts
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
 from devstack.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS, DevSettings
+from worker.dispatcher.app import secrets_box
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 from worker.runtime.process import on_stop_signals
-from worker.webhooks.app import secrets_box
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointRegistry
 from worker.webhooks.secrets_box import generate_key

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 _BELOW_SETTINGS = {"runtime", "engine", "contract"}
 _BELOW_PROCESSES = {*_BELOW_SETTINGS, "settings", "dlq"}
-_PROCESSES = {"auth", "webhooks", "api"}
+_PROCESSES = {"auth", "webhooks", "dispatcher", "api"}
 _EVERYTHING = {*_BELOW_PROCESSES, *_PROCESSES, "documents"}
 
 #: What each layer (a package, or a top-level module by its name) may import from ``worker``
@@ -28,7 +28,10 @@ ALLOWED: dict[str, set[str]] = {
     "settings": _BELOW_SETTINGS,
     "dlq": {*_BELOW_SETTINGS, "settings"},
     "auth": _BELOW_PROCESSES,
+    # The webhook library both the front-end and the dispatcher use (the endpoint registry
+    # and store, signing, secrets at rest, URL checks, samples); its records are the contract's.
     "webhooks": _BELOW_PROCESSES,
+    "dispatcher": {*_BELOW_PROCESSES, "webhooks"},
     "api": {*_BELOW_PROCESSES, "webhooks"},
     "documents": _EVERYTHING,
     "cli": _EVERYTHING | {"preflight"},
@@ -191,6 +194,41 @@ def test_a_process_importing_another_or_the_documents_is_found(tmp_path: Path) -
         "worker/api/app.py imports worker.documents",
         "worker/auth/flow.py imports worker.webhooks",
         "worker/webhooks/gate.py imports worker.auth",
+    ]
+
+
+def test_the_front_end_and_the_dispatcher_share_only_the_webhook_library_and_the_contract() -> None:
+    """The front-end reads the dispatcher's records from ``worker.contract``, never from the
+    dispatcher, and no process imports another: what both use that is not a record is the
+    shared ``worker.webhooks`` library."""
+    for process in ("api", "dispatcher"):
+        assert "webhooks" in ALLOWED[process]
+        assert not ALLOWED[process] & {"auth", "api", "dispatcher"} - {process}
+    assert not ALLOWED["webhooks"] & _PROCESSES
+    assert not ALLOWED["auth"] & _PROCESSES
+
+
+def test_a_front_end_module_importing_the_dispatcher_is_found(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            "worker/api/webhooks/log.py": (
+                "from worker.contract.delivery_log import DeliveryLogEntry\n"
+                "from worker.webhooks.endpoints import EndpointsTail\n"
+                "from worker.dispatcher.publish import DeliveryPublisher\n"
+            ),
+            "worker/dispatcher/gate.py": (
+                "from worker.webhooks.targets import TargetPolicy\n"
+                "def late():\n"
+                "    from worker.api.webhooks import routes\n"
+            ),
+            "worker/webhooks/registry.py": "from worker.dispatcher.delivery import webhook_id\n",
+        },
+    )
+    assert crossings(tmp_path) == [
+        "worker/api/webhooks/log.py imports worker.dispatcher",
+        "worker/dispatcher/gate.py imports worker.api",
+        "worker/webhooks/registry.py imports worker.dispatcher",
     ]
 
 

@@ -104,8 +104,8 @@ NOT_GROWN: dict[str, str] = {
     " CompactedView.until calls, one per replay-follow request (connections), each timed",
     # -- constants and registries built at import or start-up, never added to afterwards --
     "api/keys_cli.py:_UNIT_S": "constant: the CLI's time units",
-    "webhooks/intake.py:_REPLAYED": "constant: a replay's decoder by its source",
-    "webhooks/sender.py:DEFAULT_HEADERS": "constant: the sender's default request headers",
+    "dispatcher/intake.py:_REPLAYED": "constant: a replay's decoder by its source",
+    "dispatcher/sender.py:DEFAULT_HEADERS": "constant: the sender's default request headers",
     "api/portal/page.py:PAGE_FILES": "constant: the portal page's three files",
     "api/portal/page.py:_HEADERS": "constant: the portal page's response headers",
     "documents/openapi/portal.py:PORTAL_SCHEME": "constant: the portal's security scheme",
@@ -131,8 +131,8 @@ NOT_GROWN: dict[str, str] = {
     "documents/openapi/parts.py:EMPTY_BODY": "constant of the OpenAPI document",
     "documents/openapi/webhook_parts.py:_ENDPOINT_LINKS": "constant of the OpenAPI document",
     "documents/openapi/follow.py:_REPLAY_ID": "constant of the OpenAPI document",
-    "webhooks/operational.py:MODELS": "constant: one model per operational event type",
-    "webhooks/operational.py:EXAMPLES": "constant: one example per operational event type",
+    "contract/operational_events.py:MODELS": "constant: one model per operational event type",
+    "contract/operational_events.py:EXAMPLES": "constant: one example per operational event type",
     "dlq/letter.py:_UNITS": "constant: byte units for the operator's listing",
     "engine/topics.py:KAFKA_DEFAULTS": "constant: Kafka's topic-config defaults",
     "contract/topics.py:PROCESS_TOPICS": "constant: which process needs which topic",
@@ -175,9 +175,9 @@ NOT_GROWN: dict[str, str] = {
     "documents/openapi/deliveries.py:_DELIVERY_ID": "constant: a document parameter",
     "auth/provider/answer.py:ProviderAnswer.headers": "one answer: the client's 64 KiB head cap",
     "engine/topics.py:TopicObservation.configs": "one DescribeConfigs answer of an operator check",
-    "webhooks/delivery_store.py:AccountDeliveries.endpoints": "old-form record, read to migrate",
-    "webhooks/publish.py:_LogBatch.entries": "one log batch: ≤ LOG_BATCH_MAX (200) entries",
-    "webhooks/operational.py:EndpointDisabledData.last_failures": (
+    "dispatcher/delivery_store.py:AccountDeliveries.endpoints": "old-form record, read to migrate",
+    "dispatcher/publish.py:_LogBatch.entries": "one log batch: ≤ LOG_BATCH_MAX (200) entries",
+    "contract/operational_events.py:EndpointDisabledData.last_failures": (
         "one event's field: ≤ MAX_LAST_FAILURES (5)"
     ),
     "api/webhooks/follow_bodies.py:AccountEventData.body": "one event's body, as written",

@@ -88,7 +88,7 @@ def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
-    from worker.webhooks.app import run_dispatcher
+    from worker.dispatcher.app import run_dispatcher
 
     if (refused := preflight.refuse(settings, "webhooks")) is not None:
         return refused

@@ -20,8 +20,8 @@ from tests.api.webhooks.test_quotas import events_of, hold_replays, quota_settin
 from tests.api.webhooks.test_routes import ENDPOINTS, URL, create, hooks, read_all
 from worker.api.app import ApiRuntime
 from worker.api.webhooks import creates
+from worker.contract.webhook_endpoints import decode_endpoint
 from worker.settings import Settings
-from worker.webhooks.endpoints import decode_endpoint
 
 __all__ = ["quota_settings"]  # the fixture, used here
 

@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from tests.harness import confirm_cmd, register_cmd
 from worker.api.replies import ReplyError, ReplyRouter
 from worker.auth.store import StateStore
+from worker.contract.delivery_log import DeliveryLogEntry, decode_log, decode_replay
 from worker.contract.messages import DecodeFailure, decode_command, decode_record
-from worker.webhooks.delivery_store import DeliveryStore
-from worker.webhooks.endpoints import decode_endpoint
-from worker.webhooks.events import from_error, from_status
-from worker.webhooks.publish import DeliveryLogEntry, decode_log, decode_replay
+from worker.contract.webhook_endpoints import decode_endpoint
+from worker.contract.webhook_events import from_error, from_status
+from worker.dispatcher.delivery_store import DeliveryStore
 
 pytestmark = pytest.mark.fuzz
 

@@ -4,7 +4,7 @@ front-end, and by each of them ``passkey_build_info`` and prometheus_client's st
 ``process_*``/``python_*`` families (``STANDARD_FAMILIES``, allowed by name rather than listed).
 
 The ``passkey_webhook_*`` families belong to the webhook dispatcher (``python -m worker
-webhooks``), whose production process tests/webhooks/test_dispatcher_process.py scrapes:
+webhooks``), whose production process tests/dispatcher/test_dispatcher_process.py scrapes:
 every comparison below with a live scrape covers the ``passkey_auth_``/``passkey_api_``
 prefixes alone.
 
@@ -300,7 +300,7 @@ def test_metrics_file_lists_exactly_what_the_processes_export(live: Live) -> Non
     (and so, by test_metric_names, to the dashboard); each process exports its prefix only,
     besides the shared and the standard families. Compares the passkey_auth_ and passkey_api_
     families only: the dispatcher's passkey_webhook_ families are checked by
-    tests/webhooks/test_dispatcher_process.py."""
+    tests/dispatcher/test_dispatcher_process.py."""
     listed = exported()
     worker = live.worker.listed_names() - SHARED_FAMILIES
     assert {n for n in worker if not n.startswith(WORKER_PREFIX)} == set()

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from worker.webhooks.delivery import (
+from worker.contract.delivery_log import webhook_id
+from worker.dispatcher.delivery import (
     DEFAULT_SCHEDULE_S,
     JITTER,
     STATE_HEADROOM,
@@ -24,7 +25,6 @@ from worker.webhooks.delivery import (
     settle,
     state_key,
     take_in,
-    webhook_id,
 )
 
 NOW = 1_800_000_000.0

@@ -15,16 +15,16 @@ from pydantic import ValidationError
 from tests.conftest import SettingsFactory
 from tests.engine.test_dead_letter_refused import _SmallDeadLetterTopic
 from tests.webhooks.support import read_topic
-from worker.engine.kafka import build_producer, ensure_topics
-from worker.webhooks.delivery import DeliveryState, Finished, Pending
-from worker.webhooks.publish import (
+from worker.contract.delivery_log import (
     LOG_BATCH_BYTES,
     LOG_BATCH_MAX,
     DeliveryLogBatch,
     DeliveryLogEntry,
-    DeliveryPublisher,
     decode_log,
 )
+from worker.dispatcher.delivery import DeliveryState, Finished, Pending
+from worker.dispatcher.publish import DeliveryPublisher
+from worker.engine.kafka import build_producer, ensure_topics
 
 pytestmark = pytest.mark.integration
 

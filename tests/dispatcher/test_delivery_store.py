@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from worker.webhooks.delivery import DeliveryState, Pending, enqueue, state_key, webhook_id
-from worker.webhooks.delivery_store import AccountDeliveries, DeliveryStore, decode_state, merge
+from worker.contract.delivery_log import webhook_id
+from worker.dispatcher.delivery import DeliveryState, Pending, enqueue, state_key
+from worker.dispatcher.delivery_store import AccountDeliveries, DeliveryStore, decode_state, merge
 
 NOW = 1_800_000_000.0
 

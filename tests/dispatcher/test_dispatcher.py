@@ -25,8 +25,7 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.webhooks.delivery import webhook_id
-from worker.webhooks.publish import decode_log
+from worker.contract.delivery_log import decode_log, webhook_id
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = pytest.mark.integration

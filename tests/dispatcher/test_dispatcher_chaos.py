@@ -39,10 +39,10 @@ from tests.webhooks.support import (
     receiving,
     status_event,
 )
+from worker.contract.delivery_log import webhook_id
 from worker.contract.messages import AuthStatusChanged
 from worker.engine.kafka import build_producer
 from worker.settings import Settings
-from worker.webhooks.delivery import webhook_id
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.integration]
 

@@ -27,9 +27,9 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.webhooks.app import run_dispatcher, target_policy
+from worker.dispatcher.app import run_dispatcher, target_policy
+from worker.dispatcher.sender import DeliveryResult, Sender, open_session
 from worker.webhooks.secrets_box import generate_key
-from worker.webhooks.sender import DeliveryResult, Sender, open_session
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def settings_for(make_settings: SettingsFactory) -> SettingsFactory:
             "webhook_retry_schedule_s": SCHEDULE,
             "webhook_timeout_s": 2.0,
             # These tests count every retry of the schedule; an endpoint backing off as a
-            # whole (tests/webhooks/test_isolation.py) would space them out past the test.
+            # whole (tests/dispatcher/test_isolation.py) would space them out past the test.
             "webhook_endpoint_backoff_after": 1000,
         }
         values.update(overrides)

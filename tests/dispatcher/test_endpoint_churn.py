@@ -2,19 +2,20 @@
 endpoints over and over (docs/architecture.md, "Resource bounds": the gate's entries, the
 last successes), and a pair its endpoint paused is forgotten with its partition when that is
 revoked. The dispatcher over an in-memory store, without a broker (the fakes of
-tests/webhooks/test_instrumentation.py)."""
+tests/dispatcher/test_instrumentation.py)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from tests.webhooks.test_instrumentation import AnsweringSender, NotingPublisher, Writer
-from worker.webhooks.delivery import DeliveryState, Pending, state_key
-from worker.webhooks.delivery_store import DeliveryStore
-from worker.webhooks.dispatcher import DispatchConfig, Dispatcher
-from worker.webhooks.endpoint_gate import SWEEP_FLOOR
-from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
-from worker.webhooks.metrics import WebhookMetrics
+from tests.dispatcher.test_instrumentation import AnsweringSender, NotingPublisher, Writer
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.dispatcher.delivery import DeliveryState, Pending, state_key
+from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.dispatcher import DispatchConfig, Dispatcher
+from worker.dispatcher.endpoint_gate import SWEEP_FLOOR
+from worker.dispatcher.metrics import WebhookMetrics
+from worker.webhooks.endpoints import EndpointRegistry
 
 NOW = 1_700_000_000.0
 PARTITION = 3

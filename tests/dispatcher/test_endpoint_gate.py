@@ -1,4 +1,4 @@
-"""Each endpoint's share of the dispatcher (``worker.webhooks.endpoint_gate``), without I/O: the
+"""Each endpoint's share of the dispatcher (``worker.dispatcher.endpoint_gate``), without I/O: the
 cap on attempts in flight, the line of waiting pairs and its wakes, backing off as a whole, and
 the rate limit."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from worker.webhooks.endpoint_gate import MAX_PARK_S, Admission, EndpointGate, GateConfig
+from worker.dispatcher.endpoint_gate import MAX_PARK_S, Admission, EndpointGate, GateConfig
 
 NOW = 1_800_000_000.0
 

@@ -19,6 +19,7 @@ from aiohttp import web
 from standardwebhooks.webhooks import Webhook
 
 from tests.conftest import SettingsFactory
+from tests.dispatcher.test_isolation import confirm_error, publish_errors
 from tests.webhooks.processes import dispatcher_settings
 from tests.webhooks.support import (
     Receiver,
@@ -32,9 +33,8 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from tests.webhooks.test_isolation import confirm_error, publish_errors
-from worker.webhooks.delivery import webhook_id
-from worker.webhooks.delivery_store import DeliveryStore
+from worker.contract.delivery_log import webhook_id
+from worker.dispatcher.delivery_store import DeliveryStore
 
 pytestmark = pytest.mark.integration
 

@@ -1,10 +1,10 @@
 """What an operator sees of each way a dispatcher record, attempt or migration ends
-(``worker.webhooks.instrumentation``): the counters, the span's attributes, the log lines, and
+(``worker.dispatcher.instrumentation``): the counters, the span's attributes, the log lines, and
 the record's or pair's identity in the log context of every write made while it is handled,
 never an endpoint's URL. Counts come after the writes they stand for: a write that fails
 counts nothing. The dispatcher over an in-memory store, a sender that answers as told (the
 HTTP boundary) and a publisher that notes the log context of each call (the Kafka side is
-covered by tests/webhooks/test_dispatcher.py, test_dispatcher_process.py and
+covered by tests/dispatcher/test_dispatcher.py, test_dispatcher_process.py and
 tests/api/test_tracing.py)."""
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ from prometheus_client import CollectorRegistry
 
 from tests.observed import one_span, passkey_attributes
 from tests.webhooks.support import status_event
+from worker.contract.delivery_log import Replay, webhook_id
+from worker.contract.webhook_endpoints import EndpointRecord, EndpointStatus
+from worker.dispatcher.delivery import DeliveryState, Finished, Pending, QueueLimits
+from worker.dispatcher.delivery_store import AccountDeliveries, DeliveryStore
+from worker.dispatcher.dispatcher import DispatchConfig, Dispatcher
+from worker.dispatcher.metrics import WebhookMetrics
+from worker.dispatcher.sender import DeliveryResult
 from worker.engine.faults import Fault
 from worker.runtime.logs import log_fields
-from worker.webhooks.delivery import DeliveryState, Finished, Pending, QueueLimits, webhook_id
-from worker.webhooks.delivery_store import AccountDeliveries, DeliveryStore
-from worker.webhooks.dispatcher import DispatchConfig, Dispatcher
-from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry, EndpointStatus
-from worker.webhooks.metrics import WebhookMetrics
-from worker.webhooks.publish import Replay
-from worker.webhooks.sender import DeliveryResult
+from worker.webhooks.endpoints import EndpointRegistry
 
 NOW = 1_700_000_000.0
 PARTITION = 2

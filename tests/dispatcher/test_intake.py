@@ -9,10 +9,10 @@ from aiokafka.structs import ConsumerRecord
 
 from tests.webhooks.support import status_event
 from tests.webhooks.test_endpoints import record
+from worker.contract.delivery_log import Replay
+from worker.dispatcher.instrumentation import Incoming
+from worker.dispatcher.intake import Intake
 from worker.webhooks.endpoints import EndpointRegistry
-from worker.webhooks.instrumentation import Incoming
-from worker.webhooks.intake import Intake
-from worker.webhooks.publish import Replay
 
 STATUS = "auth.status"
 REPLAYS = "webhook.replays"

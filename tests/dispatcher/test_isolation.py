@@ -34,15 +34,16 @@ from tests.webhooks.support import (
 )
 from worker.auth.commands import decide
 from worker.auth.flow import Policy
+from worker.contract.delivery_log import webhook_id
 from worker.contract.messages import AccountRecord, AuthError, AuthStatusChanged, PasskeyConfirm
+from worker.contract.webhook_events import from_status
+from worker.dispatcher.app import target_policy
+from worker.dispatcher.delivery import DeliveryState, Pending, state_key
+from worker.dispatcher.delivery_store import AccountDeliveries
+from worker.dispatcher.sender import Sender, open_session
 from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_producer
 from worker.settings import Settings
-from worker.webhooks.app import target_policy
-from worker.webhooks.delivery import DeliveryState, Pending, state_key, webhook_id
-from worker.webhooks.delivery_store import AccountDeliveries
-from worker.webhooks.events import from_status
-from worker.webhooks.sender import Sender, open_session
 
 pytestmark = pytest.mark.integration
 

@@ -24,9 +24,8 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.webhooks.delivery import webhook_id
-from worker.webhooks.endpoints import EndpointRecord
-from worker.webhooks.operational import (
+from worker.contract.delivery_log import webhook_id
+from worker.contract.operational_events import (
     EXAMPLES,
     MODELS,
     EndpointDisabledEvent,
@@ -35,6 +34,7 @@ from worker.webhooks.operational import (
     enabled_record,
     operational_event_id,
 )
+from worker.contract.webhook_endpoints import EndpointRecord
 
 pytestmark = pytest.mark.integration
 

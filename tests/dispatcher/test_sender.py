@@ -24,16 +24,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from worker.runtime.http1 import Http1Client
-from worker.webhooks import sender as sender_module
-from worker.webhooks.lookup import Lookup, system_lookup
-from worker.webhooks.sender import (
+from worker.dispatcher import sender as sender_module
+from worker.dispatcher.sender import (
     DeliveryResult,
     ErrorKind,
     Sender,
     VettingResolver,
     open_session,
 )
+from worker.runtime.http1 import Http1Client
+from worker.webhooks.lookup import Lookup, system_lookup
 from worker.webhooks.signing import generate_secret, headers
 from worker.webhooks.targets import BlockedTarget, TargetPolicy
 

@@ -33,7 +33,8 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.webhooks.delivery import DeliveryState, state_key, webhook_id
+from worker.contract.delivery_log import webhook_id
+from worker.dispatcher.delivery import DeliveryState, state_key
 
 pytestmark = pytest.mark.integration
 

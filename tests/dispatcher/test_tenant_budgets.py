@@ -17,15 +17,16 @@ from aiohttp import web
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
+from tests.dispatcher.test_instrumentation import NotingPublisher, Writer
 from tests.webhooks.support import Hanging, hanging, receiving, status_event, wait_until
-from tests.webhooks.test_instrumentation import NotingPublisher, Writer
-from worker.webhooks.delivery import DeliveryState, Finished, Pending, QueueLimits, state_key
-from worker.webhooks.delivery_store import DeliveryStore
-from worker.webhooks.dispatcher import DispatchConfig, Dispatcher
-from worker.webhooks.endpoint_gate import EndpointGate, GateConfig
-from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry
-from worker.webhooks.metrics import WebhookMetrics
-from worker.webhooks.sender import DeliveryResult, Sender, open_session
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.dispatcher.delivery import DeliveryState, Finished, Pending, QueueLimits, state_key
+from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.dispatcher import DispatchConfig, Dispatcher
+from worker.dispatcher.endpoint_gate import EndpointGate, GateConfig
+from worker.dispatcher.metrics import WebhookMetrics
+from worker.dispatcher.sender import DeliveryResult, Sender, open_session
+from worker.webhooks.endpoints import EndpointRegistry
 from worker.webhooks.targets import TargetPolicy
 
 LAX = TargetPolicy(allow_http=True, allow_private=True)

@@ -25,11 +25,11 @@ from pydantic import TypeAdapter
 from worker.auth.publish import Publisher
 from worker.contract.messages import ID_PATTERN
 from worker.contract.topics import Topics
+from worker.dispatcher.delivery import DeliveryState, Finished, Pending
+from worker.dispatcher.publish import DeliveryPublisher
 from worker.documents.asyncapi.components import SCHEMA_REF, WIRE_MODELS
 from worker.documents.asyncapi.document import asyncapi_document
 from worker.engine.faults import Fault
-from worker.webhooks.delivery import DeliveryState, Finished, Pending
-from worker.webhooks.publish import DeliveryPublisher
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENT = REPO / "schemas" / "asyncapi.json"

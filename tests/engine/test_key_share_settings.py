@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from tests.engine.test_hot_key import _Consumer, _Gates, _loop, _record, _settle
+from worker.dispatcher.app import queue_limits
 from worker.engine.runner import LoopSpec
 from worker.settings import Settings
-from worker.webhooks.app import queue_limits
 
 PACKAGE = Path(__file__).resolve().parents[2] / "worker"
 
@@ -69,7 +69,7 @@ def test_the_pairs_per_endpoint_reach_the_dispatchers_queue_limits(
     ("root", "setting"),
     [
         ("auth/app.py", "worker_max_in_flight_per_key"),
-        ("webhooks/app.py", "webhook_max_in_flight_per_key"),
+        ("dispatcher/app.py", "webhook_max_in_flight_per_key"),
     ],
 )
 def test_each_composition_root_passes_its_key_share(root: str, setting: str) -> None:

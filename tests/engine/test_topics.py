@@ -27,6 +27,7 @@ from worker.api.app import api_runtime
 from worker.api.keys import KeyStore
 from worker.auth.app import run_worker
 from worker.contract.topics import used_by
+from worker.dispatcher.app import run_dispatcher
 from worker.engine.kafka import client_options, ensure_topics, observe_topics, topics_report
 from worker.engine.topics import (
     KAFKA_DEFAULTS,
@@ -40,7 +41,6 @@ from worker.engine.topics import (
 )
 from worker.runtime.process import EX_CONFIG
 from worker.settings import Settings
-from worker.webhooks.app import run_dispatcher
 from worker.webhooks.secrets_box import generate_key
 
 # -- the decisions, on constructed observations -------------------------------------------------

@@ -23,20 +23,20 @@ from standardwebhooks.webhooks import Webhook
 from tests.harness import RunningWorker, running_loop
 from tests.webhooks import published_schemas
 from worker.contract.messages import AuthStatusChanged, event_id
-from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.replay import replay_to_highwater
-from worker.engine.tail import assign_all
-from worker.settings import Settings
-from worker.webhooks.app import run_dispatcher, secrets_box
-from worker.webhooks.endpoint_writes import EndpointStore
-from worker.webhooks.endpoints import (
+from worker.contract.webhook_endpoints import (
     EndpointRecord,
-    EndpointsTail,
     StoredSecret,
     new_endpoint_id,
     now_rfc3339,
 )
-from worker.webhooks.sender import DeliveryResult, Sender
+from worker.dispatcher.app import run_dispatcher, secrets_box
+from worker.dispatcher.sender import DeliveryResult, Sender
+from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.engine.replay import replay_to_highwater
+from worker.engine.tail import assign_all
+from worker.settings import Settings
+from worker.webhooks.endpoint_writes import EndpointStore
+from worker.webhooks.endpoints import EndpointsTail
 from worker.webhooks.signing import generate_secret
 
 

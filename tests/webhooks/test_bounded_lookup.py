@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from worker.dispatcher.endpoint_gate import EndpointGate, GateConfig
+from worker.dispatcher.sender import ErrorKind, Sender, open_session
 from worker.runtime.admission import NoRoom
-from worker.webhooks.endpoint_gate import EndpointGate, GateConfig
 from worker.webhooks.lookup import LOOKUP_WORKSPACE, BoundedLookup, system_lookup
-from worker.webhooks.sender import ErrorKind, Sender, open_session
 from worker.webhooks.targets import TargetPolicy
 
 LAX = TargetPolicy(allow_http=True, allow_private=True)

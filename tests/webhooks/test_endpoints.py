@@ -3,13 +3,13 @@ wins whatever order the writer and the tail deliver records in, and deletions st
 
 from __future__ import annotations
 
-from worker.webhooks.endpoints import (
+from worker.contract.webhook_endpoints import (
     MAX_SIGNING_SECRETS,
     EndpointRecord,
-    EndpointRegistry,
     StoredSecret,
     new_endpoint_id,
 )
+from worker.webhooks.endpoints import EndpointRegistry
 
 
 def record(

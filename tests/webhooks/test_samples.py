@@ -11,8 +11,8 @@ import jsonschema_rs
 import pytest
 
 from worker.contract.messages import AuthError, AuthStatusChanged
-from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EVENT_TYPES
-from worker.webhooks.events import EventCopy, from_copy, from_error, from_status
+from worker.contract.webhook_endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EVENT_TYPES
+from worker.contract.webhook_events import EventCopy, from_copy, from_error, from_status
 from worker.webhooks.samples import TEST_ACCOUNT, example_record, sample_event
 
 ASYNCAPI = Path(__file__).resolve().parents[2] / "schemas" / "asyncapi.json"

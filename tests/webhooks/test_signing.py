@@ -11,13 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from worker.webhooks.signing import (
-    SECRET_PREFIX,
-    InvalidSecret,
-    generate_secret,
-    headers,
-    sign,
-)
+from worker.webhooks.signing import SECRET_PREFIX, InvalidSecret, generate_secret, headers, sign
 
 BODY = json.dumps({"type": "auth.status", "data": {"id": "a1", "status": "confirmed"}}).encode()
 

@@ -63,9 +63,9 @@ from worker.runtime.probes import Probes
 from worker.runtime.process import on_stop_signals
 from worker.runtime.shutdown import CloseBudget, graceful_then_forced
 from worker.settings import Settings
+from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
-from worker.webhooks.operational import Announcer
 from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.targets import TargetPolicy
 

@@ -1,20 +1,16 @@
-"""What the delivery log keeps of one HTTP attempt (``AttemptRecord``): when, the answer's
-status, how long it took, the first bytes of the answer's body and why no status came back,
-so ``GET .../deliveries/{delivery_id}`` can show every attempt (docs/architecture.md, "The
-delivery log an integrator reads"). The body is the receiver's, so hostile: it is cut to
-``EXCERPT_BYTES`` bytes before anything else and kept as text, undecodable bytes escaped
-(``\\xNN``), never as bytes a reader would have to interpret."""
+"""The webhook delivery log's records, written by the dispatcher and read by the front-end:
+one delivery's state (``DeliveryLogEntry``, batched per endpoint), its stable ``webhook_id``,
+the replay request (``Replay``) and each attempt (``AttemptRecord``), so ``GET
+.../deliveries/{delivery_id}`` can show every one (docs/architecture.md, "The delivery log an
+integrator reads"). An answer's body is the receiver's, so hostile: cut to ``EXCERPT_BYTES``
+first and kept as text, undecodable bytes escaped (``\\xNN``), never bytes to interpret."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+import hashlib
+from typing import Annotated, Final, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from worker.contract.messages import rfc3339
-
-if TYPE_CHECKING:  # the sender imports the delivery model, which imports this
-    from worker.webhooks.sender import DeliveryResult
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 EXCERPT_BYTES: Final = 256
 """Bytes of an answer's body the log keeps per attempt (the sender reads at most its own cap,
@@ -58,22 +54,118 @@ def excerpt(body: bytes, *, truncated: bool = False) -> tuple[str, bool]:
     return text[:EXCERPT_CHARS], truncated or len(body) > EXCERPT_BYTES
 
 
-def attempt_record(
-    started_at: float, answer: DeliveryResult | None, error_kind: str | None = None
-) -> AttemptRecord:
-    """The record of one attempt from what the sender answered (``None``: the attempt
-    raised before an answer, ``error_kind`` says how)."""
-    if answer is None:
-        return AttemptRecord(at=rfc3339(started_at), error_kind=error_kind)
-    text, cut = excerpt(answer.body, truncated=answer.truncated)
-    return AttemptRecord(
-        at=rfc3339(started_at),
-        status=answer.status,
-        latency_ms=max(0, round(answer.elapsed_s * 1000)),
-        response_excerpt=text or None,
-        response_truncated=cut,
-        error_kind=None if answer.error is None else str(answer.error)[:64],
-    )
+def webhook_id(event_id: str, endpoint_id: str) -> str:
+    """One id per (event, endpoint), for ever: every retry, replay and redelivery reuses it."""
+    digest = hashlib.sha256(f"{event_id}\0{endpoint_id}".encode()).hexdigest()
+    return f"msg_{digest[:32]}"
 
 
-__all__ = ["EXCERPT_BYTES", "EXCERPT_CHARS", "AttemptRecord", "attempt_record", "excerpt"]
+NOTE_ENDPOINT_DISABLED: Final = "endpoint.disabled"
+"""The ``event_type`` of the delivery-log note written when the dispatcher disables an
+endpoint (410, or failing for the configured period)."""
+
+
+class DeliveryLogEntry(BaseModel):
+    """One state of one delivery on the delivery log (key: endpoint id; latest wins)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["webhook_delivery"] = "webhook_delivery"
+    schema_version: Literal[1] = 1
+    webhook_id: str
+    endpoint_id: str
+    workspace_id: str
+    account_id: str
+    event_type: str
+    event_id: str
+    version: int | None = None
+    attempts: int
+    state: Literal["pending", "delivered", "failed"]
+    last_status: int | None = None
+    last_error: str | None = None
+    next_attempt_at: str | None = None
+    updated_at: str
+    replay: str | None = None
+    # Added for the integrator's log (absent from older entries, read as None):
+    attempt: AttemptRecord | None = None
+    """The attempt this entry is the outcome of (none: taken in, refused, failed unattempted)."""
+    body: str | None = None
+    """The exact body signed and sent: what a resend sends again."""
+    occurred_at: str | None = None
+
+
+LOG_BATCH_MAX: Final = 200
+"""Entries one delivery-log record holds at most."""
+LOG_BATCH_BYTES: Final = 512 * 1024
+"""About the most bytes of entries one delivery-log record holds (an entry carries its body,
+at most ``MAX_RECORD_BYTES``, and an attempt's excerpt): far below the broker's record
+limit. A batch is sent once it is over."""
+
+
+class DeliveryLogBatch(BaseModel):
+    """Entries of one endpoint's delivery log written within one flush window, oldest first
+    (key: endpoint id), in one record instead of one each; latest wins per webhook-id as for
+    single entries."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["webhook_delivery_batch"] = "webhook_delivery_batch"
+    schema_version: Literal[1] = 1
+    endpoint_id: str
+    entries: tuple[DeliveryLogEntry, ...] = Field(min_length=1, max_length=LOG_BATCH_MAX)
+
+    @model_validator(mode="after")
+    def _one_endpoint(self) -> Self:
+        if any(e.endpoint_id != self.endpoint_id for e in self.entries):
+            raise ValueError("every entry must be of the record's endpoint")
+        return self
+
+
+_LOG_RECORD: TypeAdapter[DeliveryLogEntry | DeliveryLogBatch] = TypeAdapter(
+    Annotated[DeliveryLogEntry | DeliveryLogBatch, Field(discriminator="type")]
+)
+
+
+def decode_log(value: bytes) -> tuple[DeliveryLogEntry, ...]:
+    """A delivery-log value in either form as its entries, oldest first; raises
+    ``pydantic.ValidationError`` for anything else."""
+    record = _LOG_RECORD.validate_json(value)
+    return record.entries if isinstance(record, DeliveryLogBatch) else (record,)
+
+
+class Replay(BaseModel):
+    """A ``POST .../replay`` request for one event and one endpoint (on the replay topic,
+    key: account id, so it reaches the lane of the account like the event itself did).
+    ``source`` ``webhook``: ``event`` is an ``EventCopy`` (a resend or a test send,
+    ``worker.api.webhooks.sends``), not a record of auth.status / auth.errors."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["webhook_replay"] = "webhook_replay"
+    schema_version: Literal[1] = 1
+    replay_id: str = Field(max_length=64)
+    endpoint_id: str
+    workspace_id: str
+    source: Literal["status", "errors", "webhook"]
+    event: str
+
+
+def decode_replay(value: bytes) -> Replay:
+    return Replay.model_validate_json(value)
+
+
+__all__ = [
+    "EXCERPT_BYTES",
+    "EXCERPT_CHARS",
+    "LOG_BATCH_BYTES",
+    "LOG_BATCH_MAX",
+    "NOTE_ENDPOINT_DISABLED",
+    "AttemptRecord",
+    "DeliveryLogBatch",
+    "DeliveryLogEntry",
+    "Replay",
+    "decode_log",
+    "decode_replay",
+    "excerpt",
+    "webhook_id",
+]

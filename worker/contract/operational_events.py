@@ -2,28 +2,26 @@
 dispatcher to the workspace's other active endpoints whose ``event_types`` name them. Their
 models and one example each (``MODELS``, ``EXAMPLES``) are what the event catalogue lists. One
 id per transition: derived from the endpoint, the revision the transition writes and the type,
-and announced before the endpoint write (docs/architecture.md, "Operational events")."""
+and announced before the endpoint write (docs/architecture.md, "Operational events"). The records
+only: ``worker.webhooks.announcer`` publishes them, the dispatcher's intake fans them out."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.contract.messages import Identifier
-from worker.engine.outage import BrokerHealth, send_retrying
-from worker.webhooks.endpoints import (
+from worker.contract.webhook_endpoints import (
     EVENT_ENDPOINT_DISABLED,
     EVENT_ENDPOINT_ENABLED,
     EndpointRecord,
-    EndpointRegistry,
     now_rfc3339,
 )
-from worker.webhooks.events import WebhookEvent
-from worker.webhooks.instrumentation import Incoming
+from worker.contract.webhook_events import WebhookEvent
 
 OPERATIONAL_EVENT_TYPES: Final = (EVENT_ENDPOINT_DISABLED, EVENT_ENDPOINT_ENABLED)
 #: Failures an ``endpoint.disabled`` event lists at most.
@@ -176,22 +174,6 @@ def is_operational(value: bytes | None) -> bool:
     return value is not None and _RECORD_MARK in value[:64]
 
 
-def incoming(value: bytes, endpoints: EndpointRegistry) -> Incoming:
-    """The deliveries of an operational record: the workspace's active endpoints whose
-    ``event_types`` name its type (opt-in: an endpoint without a filter keeps receiving the
-    account events it was built for, never a body of another shape), the subject endpoint
-    excepted. Raises ``pydantic.ValidationError`` for a value that is not one."""
-    record = OperationalRecord.model_validate_json(value)
-    targets = [
-        e
-        for e in endpoints.subscribers(record.workspace_id, record.event_type)
-        if e.id != record.endpoint_id
-        and e.event_types is not None
-        and record.event_type in e.event_types
-    ]
-    return Incoming(record.event(), targets)
-
-
 def _body(model: BaseModel) -> str:
     return json.dumps(
         model.model_dump(mode="json"), separators=(",", ":"), ensure_ascii=False, sort_keys=False
@@ -257,32 +239,12 @@ def _record(
     )
 
 
-class Announcer:
-    """Publishes operational records to ``webhook.replays`` and waits for the ack (re-sent
-    through a broker outage): the caller writes the endpoint only after it returns."""
-
-    def __init__(self, producer: Any, topic: str, health: BrokerHealth | None = None) -> None:
-        self._producer = producer
-        self.topic = topic
-        self._health = health or BrokerHealth()
-
-    async def announce(self, record: OperationalRecord) -> None:
-        await send_retrying(
-            self._producer,
-            self._health,
-            self.topic,
-            record.model_dump_json().encode(),
-            key=record.endpoint_id.encode(),
-        )
-
-
 __all__ = [
     "EVENT_ENDPOINT_DISABLED",
     "EVENT_ENDPOINT_ENABLED",
     "EXAMPLES",
     "MODELS",
     "OPERATIONAL_EVENT_TYPES",
-    "Announcer",
     "EndpointDisabledData",
     "EndpointDisabledEvent",
     "EndpointEnabledData",
@@ -291,7 +253,6 @@ __all__ = [
     "OperationalRecord",
     "disabled_record",
     "enabled_record",
-    "incoming",
     "is_operational",
     "operational_event_id",
 ]

@@ -11,7 +11,7 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from worker.contract.messages import MAX_RECORD_BYTES, AuthError, AuthStatusChanged
-from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED
+from worker.contract.webhook_endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED
 
 #: The event record's fields a webhook body leaves out of ``data`` (the catalogue's schemas too).
 WIRE_ONLY: Final = frozenset({"type", "schema_version"})

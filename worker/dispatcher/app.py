@@ -13,6 +13,14 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from prometheus_client import CollectorRegistry
 
 from worker.contract.topics import used_by
+from worker.dispatcher.delivery import QueueLimits, parse_schedule
+from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.dispatcher import DispatchConfig, Dispatcher, Sender
+from worker.dispatcher.endpoint_gate import GateConfig
+from worker.dispatcher.metrics import WebhookMetrics
+from worker.dispatcher.publish import DeliveryPublisher
+from worker.dispatcher.sender import Sender as HttpSender
+from worker.dispatcher.sender import open_session
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.kafka import ConsumerClass, build_consumer, build_producer, verify_topics
 from worker.engine.metrics import TailSkips
@@ -30,18 +38,10 @@ from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 from worker.runtime.metrics import WEBHOOK_PREFIX, export_process_metrics
 from worker.settings import Settings
-from worker.webhooks.delivery import QueueLimits, parse_schedule
-from worker.webhooks.delivery_store import DeliveryStore
-from worker.webhooks.dispatcher import DispatchConfig, Dispatcher, Sender
-from worker.webhooks.endpoint_gate import GateConfig
+from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
-from worker.webhooks.metrics import WebhookMetrics
-from worker.webhooks.operational import Announcer
-from worker.webhooks.publish import DeliveryPublisher
 from worker.webhooks.secrets_box import SecretsBox
-from worker.webhooks.sender import Sender as HttpSender
-from worker.webhooks.sender import open_session
 from worker.webhooks.signing import headers as signed_headers
 from worker.webhooks.targets import TargetPolicy
 

@@ -4,7 +4,6 @@ a waiting or retrying delivery is a record with a due time, never a sleeping tas
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from worker.webhooks.attempt_log import AttemptRecord
+from worker.contract.delivery_log import AttemptRecord
 
 DeliveryStateName = Literal["pending", "delivered", "failed"]
 Outcome = Literal["delivered", "retry", "failed", "gone", "deferred"]
@@ -43,12 +42,6 @@ STATE_HEADROOM: Final = SEEN_KEPT * MARKER_CHARS + 1024
 """What a pair record may still grow by after a take-in was judged to fit: the dedup window
 filling up (``SEEN_KEPT`` markers) and the head's bookkeeping after attempts (attempt count,
 status, the cut ``last_error``, times)."""
-
-
-def webhook_id(event_id: str, endpoint_id: str) -> str:
-    """One id per (event, endpoint), for ever: every retry, replay and redelivery reuses it."""
-    digest = hashlib.sha256(f"{event_id}\0{endpoint_id}".encode()).hexdigest()
-    return f"msg_{digest[:32]}"
 
 
 def state_key(endpoint_id: str, account_id: str) -> str:
@@ -176,13 +169,13 @@ TakenIn = Literal["taken", "duplicate", "full"]
 
 @dataclass(frozen=True, slots=True)
 class AttemptResult:
-    """What one HTTP attempt came back with (``worker.webhooks.sender`` builds it)."""
+    """What one HTTP attempt came back with (``worker.dispatcher.sender`` builds it)."""
 
     status: int | None
     error: str | None = None
     retry_after_s: float | None = None
     record: AttemptRecord | None = None
-    """What the delivery log keeps of the attempt (``worker.webhooks.attempt_log``)."""
+    """What the delivery log keeps of the attempt (``worker.contract.delivery_log``)."""
 
     @property
     def ok(self) -> bool:

@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from worker.dispatcher.delivery import SEEN_KEPT, DeliveryState, marker
+from worker.dispatcher.holds import Unsaved
 from worker.engine.store import PartitionedStore
-from worker.webhooks.delivery import SEEN_KEPT, DeliveryState, marker
-from worker.webhooks.holds import Unsaved
 
 WorkspaceOf = Callable[[str], str | None]
 """An endpoint id → the workspace that owns it (``None``: unknown)."""
@@ -58,9 +58,9 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     records of the old form still to migrate (a timer under the account id each).
 
     ``defer`` keeps a pair's timer later than its head's due time (its endpoint has no room
-    now, ``worker.webhooks.endpoint_gate``) until ``wake``; writes of the pair meanwhile keep that
+    now, ``worker.dispatcher.endpoint_gate``) until ``wake``; writes of the pair meanwhile keep that
     later time, so a pair waiting for its endpoint does not run again on every event.
-    ``unsaved`` says which deliveries are in memory only (``worker.webhooks.holds``).
+    ``unsaved`` says which deliveries are in memory only (``worker.dispatcher.holds``).
     ``park`` marks a pair its endpoint paused (back-off, ``Retry-After``, rate limit) until its
     next follow-up; the mark goes with the pair, or with its partition when that is dropped.
     ``claim`` takes a pair's timer away while its lane works on it (``release`` arms it once,

@@ -1,7 +1,7 @@
 """Disabling an endpoint that keeps failing: one that answered 410 Gone, or has failed for
 ``disable_after_s`` with no success here meanwhile, is disabled with a note in its delivery log
 (docs/architecture.md, "Webhook fan-out"), and announced first as an ``endpoint.disabled``
-event to the workspace's other endpoints (``worker.webhooks.operational``)."""
+event to the workspace's other endpoints (``worker.contract.operational_events``)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from worker.contract.delivery_log import NOTE_ENDPOINT_DISABLED
+from worker.contract.operational_events import EndpointFailure, disabled_record
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.dispatcher.delivery import Settled
+from worker.dispatcher.endpoint_gate import SWEEP_FLOOR
+from worker.dispatcher.metrics import WebhookMetrics
+from worker.dispatcher.publish import DeliveryPublisher
 from worker.runtime.logs import get_logger
-from worker.webhooks.delivery import Settled
-from worker.webhooks.endpoint_gate import SWEEP_FLOOR
-from worker.webhooks.endpoints import EndpointRecord
-from worker.webhooks.metrics import WebhookMetrics
-from worker.webhooks.operational import Announcer, EndpointFailure, disabled_record
-from worker.webhooks.publish import NOTE_ENDPOINT_DISABLED, DeliveryPublisher
+from worker.webhooks.announcer import Announcer
 
 # The lines are the dispatcher's: they keep its logger name, which dashboards and searches use.
-log = get_logger("worker.webhooks.dispatcher")
+log = get_logger("worker.dispatcher.dispatcher")
 
 
 class Disabler(Protocol):

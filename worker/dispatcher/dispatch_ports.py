@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from worker.webhooks.endpoints import EndpointRecord
-from worker.webhooks.sender import DeliveryResult
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.dispatcher.sender import DeliveryResult
 
 
 class Sender(Protocol):
-    """What the dispatcher needs of ``worker.webhooks.sender.Sender``."""
+    """What the dispatcher needs of ``worker.dispatcher.sender.Sender``."""
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> DeliveryResult: ...
 

@@ -1,6 +1,6 @@
 """One unit of dispatcher work, run by the shared consume loop: take an event in (fan out to
 each pair's queue, the event's offset held until each delivery is safe), attempt a due
-delivery, or migrate an account's old one-record state (``worker.webhooks.migration``)
+delivery, or migrate an account's old one-record state (``worker.dispatcher.migration``)
 (docs/architecture.md, "Webhook fan-out"; its spans: docs/operations.md, "Tracing"). Its
 parts: the writes of pair states (``pair_writes``), refusals at take-in (``refusals``),
 disabling a failing endpoint (``disabling``)."""
@@ -16,12 +16,10 @@ from dataclasses import dataclass, field
 
 from aiokafka.structs import ConsumerRecord
 
-from worker.engine.faults import Fault
-from worker.runtime import tracing
-from worker.runtime.logs import get_logger
-from worker.webhooks import operational
-from worker.webhooks.attempt_log import AttemptRecord, attempt_record
-from worker.webhooks.delivery import (
+from worker.contract.delivery_log import AttemptRecord, webhook_id
+from worker.contract.webhook_endpoints import EndpointRecord, is_active
+from worker.contract.webhook_events import WebhookEvent
+from worker.dispatcher.delivery import (
     AttemptResult,
     DeliveryState,
     Pending,
@@ -33,15 +31,12 @@ from worker.webhooks.delivery import (
     settle,
     state_key,
     take_in,
-    webhook_id,
 )
-from worker.webhooks.delivery_store import DeliveryStore
-from worker.webhooks.disabling import Disabling
-from worker.webhooks.dispatch_ports import EndpointWriter, Sender, Signer
-from worker.webhooks.endpoint_gate import EndpointGate, GateConfig
-from worker.webhooks.endpoints import EndpointRecord, EndpointRegistry, is_active
-from worker.webhooks.events import WebhookEvent
-from worker.webhooks.instrumentation import (
+from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.disabling import Disabling
+from worker.dispatcher.dispatch_ports import EndpointWriter, Sender, Signer
+from worker.dispatcher.endpoint_gate import EndpointGate, GateConfig
+from worker.dispatcher.instrumentation import (
     Attempted,
     DeadLettered,
     Incoming,
@@ -50,13 +45,18 @@ from worker.webhooks.instrumentation import (
     TakenIn,
     Undecodable,
 )
-from worker.webhooks.intake import Intake
-from worker.webhooks.metrics import WebhookMetrics
-from worker.webhooks.migration import Migration, is_old_form
-from worker.webhooks.pair_writes import PairWrites
-from worker.webhooks.publish import DeliveryPublisher
-from worker.webhooks.refusals import Refusals
-from worker.webhooks.sender import ErrorKind
+from worker.dispatcher.intake import Intake
+from worker.dispatcher.metrics import WebhookMetrics
+from worker.dispatcher.migration import Migration, is_old_form
+from worker.dispatcher.pair_writes import PairWrites
+from worker.dispatcher.publish import DeliveryPublisher
+from worker.dispatcher.refusals import Refusals
+from worker.dispatcher.sender import ErrorKind, attempt_record
+from worker.engine.faults import Fault
+from worker.runtime import tracing
+from worker.runtime.logs import get_logger
+from worker.webhooks.announcer import Announcer
+from worker.webhooks.endpoints import EndpointRegistry
 
 log = get_logger(__name__)
 
@@ -71,7 +71,7 @@ class DispatchConfig:
     limits: QueueLimits = field(default_factory=QueueLimits)
     gate: GateConfig = field(default_factory=GateConfig)
     hold_s: float = 0.0
-    """Take in without writing, holding the event's offset (``worker.webhooks.holds``); the
+    """Take in without writing, holding the event's offset (``worker.dispatcher.holds``); the
     loop's ``hold_overdue_s`` is this. 0: write each pair at take-in."""
 
 
@@ -91,7 +91,7 @@ class Dispatcher:
         metrics: WebhookMetrics,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
-        announcer: operational.Announcer | None = None,
+        announcer: Announcer | None = None,
         endpoints_to_end: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
@@ -431,7 +431,7 @@ class Dispatcher:
             # A failure's record (DLQ copy, log entry) is acknowledged before the state that
             # drops the delivery: a crash in between repeats the attempt under the same
             # webhook-id instead of losing the failure. It is counted from what the attempt came
-            # to (``worker.webhooks.instrumentation``), after all this.
+            # to (``worker.dispatcher.instrumentation``), after all this.
             await self._publisher.dead_letter(state, head, finished)
             await self._publisher.log_finished(state, head, finished, attempt=attempt)
         # The account's lane may have taken deliveries in meanwhile: carry the outcome over

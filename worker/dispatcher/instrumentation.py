@@ -17,15 +17,15 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_events import WebhookEvent
+from worker.dispatcher.delivery import AttemptResult, DeliveryState, Pending, Settled
+from worker.dispatcher.metrics import WebhookMetrics
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger, log_context
-from worker.webhooks.delivery import AttemptResult, DeliveryState, Pending, Settled
-from worker.webhooks.endpoints import EndpointRecord
-from worker.webhooks.events import WebhookEvent
-from worker.webhooks.metrics import WebhookMetrics
 
 # The lines are the dispatcher's: they keep its logger name, which dashboards and searches use.
-log = get_logger("worker.webhooks.dispatcher")
+log = get_logger("worker.dispatcher.dispatcher")
 
 ATTEMPT_SPAN = "POST webhook"
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 from aiokafka.structs import ConsumerRecord
 
+from worker.contract.delivery_log import Replay, decode_replay
+from worker.contract.operational_events import OperationalRecord, is_operational
+from worker.contract.webhook_events import WebhookEvent, from_copy, from_error, from_status
+from worker.dispatcher.instrumentation import Incoming, Undecodable
 from worker.runtime.logs import get_logger
-from worker.webhooks import operational
 from worker.webhooks.endpoints import EndpointRegistry
-from worker.webhooks.events import WebhookEvent, from_copy, from_error, from_status
-from worker.webhooks.instrumentation import Incoming, Undecodable
-from worker.webhooks.publish import Replay, decode_replay
 
 log = get_logger(__name__)
 
@@ -67,8 +67,8 @@ class Intake:
         its type, or a replay request's one endpoint: none when it is gone, or of another
         workspace than the event), and the replay request it was (``None`` for any other)."""
         try:
-            if msg.topic == self.replay_topic and operational.is_operational(msg.value):
-                return operational.incoming(msg.value or b"", self.endpoints), None
+            if msg.topic == self.replay_topic and is_operational(msg.value):
+                return operational_incoming(msg.value or b"", self.endpoints), None
             if msg.topic == self.replay_topic:
                 replay = decode_replay(msg.value or b"")
                 return self._replay_to(
@@ -94,3 +94,19 @@ class Intake:
         if endpoint is None or event.workspace_id != replay.workspace_id:
             return Incoming(event, ())
         return Incoming(event, (endpoint,), replay.replay_id)
+
+
+def operational_incoming(value: bytes, endpoints: EndpointRegistry) -> Incoming:
+    """The deliveries of an operational record: the workspace's active endpoints whose
+    ``event_types`` name its type (opt-in: an endpoint without a filter keeps receiving the
+    account events it was built for, never a body of another shape), the subject endpoint
+    excepted. Raises ``pydantic.ValidationError`` for a value that is not one."""
+    record = OperationalRecord.model_validate_json(value)
+    targets = [
+        e
+        for e in endpoints.subscribers(record.workspace_id, record.event_type)
+        if e.id != record.endpoint_id
+        and e.event_types is not None
+        and record.event_type in e.event_types
+    ]
+    return Incoming(record.event(), targets)

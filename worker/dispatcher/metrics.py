@@ -7,10 +7,10 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from worker.dispatcher.delivery import AttemptResult
 from worker.dlq.letter import DLQ_REASONS
 from worker.engine.metrics import LoopSeries
 from worker.runtime.metrics import WEBHOOK_PREFIX
-from worker.webhooks.delivery import AttemptResult
 
 _ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0)
 _LATENCY_BUCKETS = (

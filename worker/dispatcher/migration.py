@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from worker.webhooks.delivery import state_key
-from worker.webhooks.delivery_store import DeliveryStore
-from worker.webhooks.instrumentation import Instrumentation, Migrated
-from worker.webhooks.publish import DeliveryPublisher
+from worker.dispatcher.delivery import state_key
+from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.instrumentation import Instrumentation, Migrated
+from worker.dispatcher.publish import DeliveryPublisher
 
 #: Writes pairs' records and waits for their acks (``PairWrites.write_now``).
 WriteNow = Callable[[int, Sequence[str]], Awaitable[None]]

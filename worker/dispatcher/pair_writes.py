@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Sequence
 
+from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.holds import EventHold
+from worker.dispatcher.publish import DeliveryPublisher
 from worker.engine.offsets import hold_record
 from worker.runtime.logs import get_logger
-from worker.webhooks.delivery_store import DeliveryStore
-from worker.webhooks.holds import EventHold
-from worker.webhooks.publish import DeliveryPublisher
 
 # The lines are the dispatcher's: they keep its logger name, which dashboards and searches use.
-log = get_logger("worker.webhooks.dispatcher")
+log = get_logger("worker.dispatcher.dispatcher")
 
 
 class PairWrites:

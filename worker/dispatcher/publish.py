@@ -7,95 +7,28 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Final, Literal, Self
+from typing import Literal
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from worker.contract.delivery_log import (
+    LOG_BATCH_BYTES,
+    LOG_BATCH_MAX,
+    AttemptRecord,
+    DeliveryLogBatch,
+    DeliveryLogEntry,
+)
 from worker.contract.messages import rfc3339
+from worker.dispatcher.delivery import DeliveryState, Finished, Pending
+from worker.dispatcher.delivery_store import DeliveryStore
 from worker.engine.dead_letter import DeadLetterLost, dead_letter, hand_over
 from worker.engine.faults import Fault
 from worker.engine.outage import BrokerHealth, Sent, acknowledged, enqueue
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
-from worker.webhooks.attempt_log import AttemptRecord
-from worker.webhooks.delivery import DeliveryState, Finished, Pending
-from worker.webhooks.delivery_store import DeliveryStore
-
-NOTE_ENDPOINT_DISABLED: Final = "endpoint.disabled"
-"""The ``event_type`` of the delivery-log note written when the dispatcher disables an
-endpoint (410, or failing for the configured period)."""
 
 log = get_logger(__name__)
-
-
-class DeliveryLogEntry(BaseModel):
-    """One state of one delivery on the delivery log (key: endpoint id; latest wins)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    type: Literal["webhook_delivery"] = "webhook_delivery"
-    schema_version: Literal[1] = 1
-    webhook_id: str
-    endpoint_id: str
-    workspace_id: str
-    account_id: str
-    event_type: str
-    event_id: str
-    version: int | None = None
-    attempts: int
-    state: Literal["pending", "delivered", "failed"]
-    last_status: int | None = None
-    last_error: str | None = None
-    next_attempt_at: str | None = None
-    updated_at: str
-    replay: str | None = None
-    # Added for the integrator's log (absent from older entries, read as None):
-    attempt: AttemptRecord | None = None
-    """The attempt this entry is the outcome of (none: taken in, refused, failed unattempted)."""
-    body: str | None = None
-    """The exact body signed and sent: what a resend sends again."""
-    occurred_at: str | None = None
-
-
-LOG_BATCH_MAX: Final = 200
-"""Entries one delivery-log record holds at most."""
-LOG_BATCH_BYTES: Final = 512 * 1024
-"""About the most bytes of entries one delivery-log record holds (an entry carries its body,
-at most ``MAX_RECORD_BYTES``, and an attempt's excerpt): far below the broker's record
-limit. A batch is sent once it is over."""
-
-
-class DeliveryLogBatch(BaseModel):
-    """Entries of one endpoint's delivery log written within one flush window, oldest first
-    (key: endpoint id), in one record instead of one each; latest wins per webhook-id as for
-    single entries."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    type: Literal["webhook_delivery_batch"] = "webhook_delivery_batch"
-    schema_version: Literal[1] = 1
-    endpoint_id: str
-    entries: tuple[DeliveryLogEntry, ...] = Field(min_length=1, max_length=LOG_BATCH_MAX)
-
-    @model_validator(mode="after")
-    def _one_endpoint(self) -> Self:
-        if any(e.endpoint_id != self.endpoint_id for e in self.entries):
-            raise ValueError("every entry must be of the record's endpoint")
-        return self
-
-
-_LOG_RECORD: TypeAdapter[DeliveryLogEntry | DeliveryLogBatch] = TypeAdapter(
-    Annotated[DeliveryLogEntry | DeliveryLogBatch, Field(discriminator="type")]
-)
-
-
-def decode_log(value: bytes) -> tuple[DeliveryLogEntry, ...]:
-    """A delivery-log value in either form as its entries, oldest first; raises
-    ``pydantic.ValidationError`` for anything else."""
-    record = _LOG_RECORD.validate_json(value)
-    return record.entries if isinstance(record, DeliveryLogBatch) else (record,)
 
 
 class _LogBatch:
@@ -123,27 +56,6 @@ def _size(entry: DeliveryLogEntry) -> int:
 def _retrieve(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-class Replay(BaseModel):
-    """A ``POST .../replay`` request for one event and one endpoint (on the replay topic,
-    key: account id, so it reaches the lane of the account like the event itself did).
-    ``source`` ``webhook``: ``event`` is an ``EventCopy`` (a resend or a test send,
-    ``worker.api.webhooks.sends``), not a record of auth.status / auth.errors."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    type: Literal["webhook_replay"] = "webhook_replay"
-    schema_version: Literal[1] = 1
-    replay_id: str = Field(max_length=64)
-    endpoint_id: str
-    workspace_id: str
-    source: Literal["status", "errors", "webhook"]
-    event: str
-
-
-def decode_replay(value: bytes) -> Replay:
-    return Replay.model_validate_json(value)
 
 
 class DeliveryPublisher:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from worker.webhooks.delivery import DeliveryState, Pending, QueueLimits, refused, remember
-from worker.webhooks.delivery_store import DeliveryStore
-from worker.webhooks.instrumentation import Refused
-from worker.webhooks.pair_writes import PairWrites
-from worker.webhooks.publish import DeliveryPublisher
+from worker.dispatcher.delivery import DeliveryState, Pending, QueueLimits, refused, remember
+from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.instrumentation import Refused
+from worker.dispatcher.pair_writes import PairWrites
+from worker.dispatcher.publish import DeliveryPublisher
 
 REFUSED_ENDPOINT_FULL: Final = "endpoint_queue_full"
 """``last_error`` of a delivery refused because its endpoint has as many pending pairs in the

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from worker.contract.delivery_log import AttemptRecord, excerpt
+from worker.contract.messages import rfc3339
+from worker.dispatcher.delivery import DEFAULT_SCHEDULE_S
 from worker.runtime.admission import NoRoom
 from worker.runtime.http1 import (
     DialFailed,
@@ -30,7 +33,6 @@ from worker.runtime.http1 import (
 )
 from worker.runtime.logs import get_logger
 from worker.runtime.retry_after import parse_retry_after
-from worker.webhooks.delivery import DEFAULT_SCHEDULE_S
 from worker.webhooks.lookup import Lookup, system_lookup
 from worker.webhooks.targets import (
     BlockedTarget,
@@ -49,6 +51,7 @@ __all__ = [
     "ErrorKind",
     "Sender",
     "VettingResolver",
+    "attempt_record",
     "open_session",
 ]
 
@@ -293,3 +296,21 @@ def _error_kind(exc: HttpError) -> tuple[ErrorKind, str]:
     if isinstance(exc, ProtocolError | PeerClosed):
         return ErrorKind.PROTOCOL, exc.reason
     return ErrorKind.INTERNAL, exc.reason  # InvalidRequest: a header of ours is refused
+
+
+def attempt_record(
+    started_at: float, answer: DeliveryResult | None, error_kind: str | None = None
+) -> AttemptRecord:
+    """The record of one attempt from what the sender answered (``None``: the attempt
+    raised before an answer, ``error_kind`` says how)."""
+    if answer is None:
+        return AttemptRecord(at=rfc3339(started_at), error_kind=error_kind)
+    text, cut = excerpt(answer.body, truncated=answer.truncated)
+    return AttemptRecord(
+        at=rfc3339(started_at),
+        status=answer.status,
+        latency_ms=max(0, round(answer.elapsed_s * 1000)),
+        response_excerpt=text or None,
+        response_truncated=cut,
+        error_kind=None if answer.error is None else str(answer.error)[:64],
+    )

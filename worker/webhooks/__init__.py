@@ -1,2 +1,5 @@
-"""Webhook fan-out: endpoints, the dispatcher and its delivery state, Standard Webhooks
-signing, secrets at rest and the SSRF-safe sender (docs/architecture.md, "Webhook fan-out")."""
+"""The webhook library the front-end and the dispatcher share: the endpoint registry and the
+endpoints topic's tail and store, Standard Webhooks signing, secrets at rest, URL checks and
+their bounded name lookups, the event catalogue and sample events, the operational-event
+announcer (docs/architecture.md, "Webhook fan-out"). The records both read and write are in
+``worker.contract``; the dispatcher itself is ``worker.dispatcher``."""

@@ -12,16 +12,16 @@ from typing import Any, Protocol
 from aiokafka.errors import KafkaError
 
 from worker.contract.catalogue import ServiceError
-from worker.engine.outage import BrokerHealth, send_retrying
-from worker.runtime.logs import get_logger
-from worker.webhooks.endpoints import (
+from worker.contract.webhook_endpoints import (
     EndpointRecord,
-    EndpointRegistry,
     EventType,
     StoredSecret,
     new_endpoint_id,
     now_rfc3339,
 )
+from worker.engine.outage import BrokerHealth, send_retrying
+from worker.runtime.logs import get_logger
+from worker.webhooks.endpoints import EndpointRegistry
 from worker.webhooks.signing import generate_secret
 
 log = get_logger(__name__)

@@ -1,132 +1,28 @@
-"""Webhook endpoints: the record on the compacted endpoints topic, the API's changes to it and
-the registry every front-end and dispatcher keeps; the highest ``revision`` wins, so a writer
+"""The endpoint registry every front-end and dispatcher keeps from the compacted endpoints topic
+(its record: ``worker.contract.webhook_endpoints``); the highest ``revision`` wins, so a writer
 reads its own write at once. Every lookup names a workspace (docs/architecture.md, "Webhook
 fan-out")."""
 
 from __future__ import annotations
 
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Annotated, Any, Final, Literal, TypeGuard
+from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from worker.contract.endpoint_ceilings import DESCRIPTION_MAX_CHARS_CEILING, URL_MAX_CHARS_CEILING
-from worker.contract.messages import ID_PATTERN, Identifier, valid_id
+from worker.contract.messages import valid_id
+from worker.contract.webhook_endpoints import EndpointRecord, decode_endpoint
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
 
-EVENT_STATUS_CHANGED: Final = "account.auth_status_changed"
-EVENT_ERROR: Final = "account.auth_error"
-#: Operational events (``worker.webhooks.operational``): about the workspace's endpoints.
-EVENT_ENDPOINT_DISABLED: Final = "endpoint.disabled"
-EVENT_ENDPOINT_ENABLED: Final = "endpoint.enabled"
-EVENT_TYPES: Final = (
-    EVENT_STATUS_CHANGED,
-    EVENT_ERROR,
-    EVENT_ENDPOINT_DISABLED,
-    EVENT_ENDPOINT_ENABLED,
-)
-
-EventType = Literal[
-    "account.auth_status_changed", "account.auth_error", "endpoint.disabled", "endpoint.enabled"
-]
-EndpointStatus = Literal["active", "inactive", "disabled"]
-#: The current secret and the previous one.
-MAX_SIGNING_SECRETS: Final = 2
-# The record accepts up to the ceilings; the configured (lower) limits apply to API input.
-DescriptionText = Annotated[str, Field(max_length=DESCRIPTION_MAX_CHARS_CEILING)]
-UrlText = Annotated[str, Field(min_length=1, max_length=URL_MAX_CHARS_CEILING)]
 #: Endpoint ids the registry remembers as deleted (for a replay naming one, which then needs no
 #: catch-up read); the oldest is forgotten first. Only ids by the id rule (≤ 128 characters) are
 #: remembered: a tombstone's key is whatever its writer put there.
 GONE_REMEMBERED: Final = 4096
-MAX_RATE_LIMIT: Final = 10_000
-RateLimit = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT, strict=True)]
-"""Svix's ``rateLimit``: attempts per second at most to the endpoint (per dispatcher process)."""
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def new_endpoint_id() -> str:
-    """``ep_`` + 32 hex characters: matches the account-id rule (``ID_PATTERN``)."""
-    return f"ep_{uuid.uuid4().hex}"
-
-
-class StoredSecret(BaseModel):
-    """One signing secret at rest: AES-GCM ciphertext; ``expires_at`` is set on the previous
-    secret when a rotation starts its overlap window."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    ciphertext: str
-    created_at: str
-    expires_at: float | None = None
-
-
-class EndpointRecord(BaseModel):
-    """The value on ``webhook.endpoints`` (key: ``id``). Secrets never leave it in clear."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    type: Literal["webhook_endpoint"] = "webhook_endpoint"
-    schema_version: Literal[1] = 1
-    id: Identifier
-    workspace_id: Identifier
-    url: UrlText
-    event_types: tuple[EventType, ...] | None = None
-    description: DescriptionText | None = None
-    rate_limit: RateLimit | None = None
-    status: EndpointStatus = "active"
-    disabled_reason: str | None = None
-    created_at: str
-    updated_at: str
-    revision: int = Field(ge=1)
-    secrets: tuple[StoredSecret, ...] = ()
-
-    def subscribes(self, event_type: str) -> bool:
-        return self.event_types is None or event_type in self.event_types
-
-    def live_secrets(self, now: float) -> list[StoredSecret]:
-        """The secrets that sign now, newest first: the current one and the previous one while
-        inside its overlap window; never more than ``MAX_SIGNING_SECRETS``, whatever an older
-        record holds."""
-        live = [s for s in self.secrets if s.expires_at is None or s.expires_at > now]
-        return live[:MAX_SIGNING_SECRETS]
-
-    def trimmed(self, now: float) -> EndpointRecord:
-        """This record holding only its ``live_secrets`` (itself when it already does)."""
-        live = tuple(self.live_secrets(now))
-        return self if live == self.secrets else self.model_copy(update={"secrets": live})
-
-    def public(self) -> dict[str, Any]:
-        """The API's view: every field but the secrets and the bookkeeping."""
-        return self.model_dump(
-            mode="json", exclude={"type", "schema_version", "secrets", "revision"}
-        )
-
-    def changed(self, **fields: Any) -> EndpointRecord:
-        """The next revision with ``fields`` changed and ``updated_at`` stamped."""
-        return self.model_copy(
-            update={**fields, "revision": self.revision + 1, "updated_at": now_rfc3339()}
-        )
-
-
-def is_active(endpoint: EndpointRecord | None) -> TypeGuard[EndpointRecord]:
-    """Whether deliveries go out to ``endpoint``: it exists (not deleted) and is active."""
-    return endpoint is not None and endpoint.status == "active"
-
-
-def decode_endpoint(value: bytes) -> EndpointRecord:
-    """Raises ``pydantic.ValidationError`` for anything that is not an endpoint record."""
-    return EndpointRecord.model_validate_json(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,19 +162,4 @@ class EndpointsTail(TopicTail):
                 self._on_change(record, record.id)
 
 
-__all__ = [
-    "EVENT_ERROR",
-    "EVENT_STATUS_CHANGED",
-    "EVENT_TYPES",
-    "ID_PATTERN",
-    "MAX_SIGNING_SECRETS",
-    "EndpointRecord",
-    "EndpointRegistry",
-    "EndpointStatus",
-    "EndpointsTail",
-    "EventType",
-    "StoredSecret",
-    "decode_endpoint",
-    "new_endpoint_id",
-    "now_rfc3339",
-]
+__all__ = ["GONE_REMEMBERED", "EndpointRegistry", "EndpointsTail", "Tombstone"]

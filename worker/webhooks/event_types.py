@@ -1,8 +1,8 @@
 """The event catalogue: every event type the dispatcher sends to webhook endpoints, with its
 description, the JSON Schema of its body and an example body, and the envelope a receiver gets
 (Standard Webhooks headers). Each entry names the event's wire model and the very function the
-dispatcher renders its record with (``worker.webhooks.events``), so schema and example come from
-the code that makes the deliveries. Adding an event type is one ``EventType`` in
+dispatcher renders its record with (``worker.contract.webhook_events``), so schema and example
+come from the code that makes the deliveries. Adding an event type is one ``EventType`` in
 ``EVENT_CATALOGUE``: ``GET /v1/event-types``, OpenAPI's ``webhooks:`` and AsyncAPI read it."""
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from pydantic import BaseModel
 
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, event_id
-from worker.webhooks.endpoints import (
+from worker.contract.operational_events import EXAMPLES as OPERATIONAL_EXAMPLES
+from worker.contract.operational_events import MODELS as OPERATIONAL_MODELS
+from worker.contract.webhook_endpoints import (
     EVENT_ENDPOINT_DISABLED,
     EVENT_ENDPOINT_ENABLED,
     EVENT_ERROR,
     EVENT_STATUS_CHANGED,
 )
-from worker.webhooks.events import WIRE_ONLY, WebhookEvent, from_error, from_status
-from worker.webhooks.operational import EXAMPLES as OPERATIONAL_EXAMPLES
-from worker.webhooks.operational import MODELS as OPERATIONAL_MODELS
+from worker.contract.webhook_events import WIRE_ONLY, WebhookEvent, from_error, from_status
 from worker.webhooks.signing import SECRET_PREFIX, headers
 
 JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
@@ -111,8 +111,8 @@ class EventType:
 
 def _operational(name: str, description: str) -> EventType:
     """An operational event, whose webhook body is its own model (``{type, timestamp,
-    data}``, ``worker.webhooks.operational``): ``model`` is its ``data``, ``render`` reads the
-    body as the dispatcher sends it."""
+    data}``, ``worker.contract.operational_events``): ``model`` is its ``data``, ``render``
+    reads the body as the dispatcher sends it."""
     body_model = OPERATIONAL_MODELS[name]
     data_model = body_model.model_fields["data"].annotation
     assert isinstance(data_model, type) and issubclass(data_model, BaseModel)

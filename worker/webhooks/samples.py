@@ -1,5 +1,6 @@
 """Example events of every type the service sends, built from the same models and the same
-rendering as the real ones (``worker.webhooks.events``), for ``POST .../test`` (a test send).
+rendering as the real ones (``worker.contract.webhook_events``), for ``POST .../test`` (a test
+send).
 A test send's body is marked ``"test": true`` at the top level of the Standard Webhooks
 envelope, beside ``type``, ``timestamp`` and ``data``: ``data`` stays exactly the event's
 published schema, and receivers that do not know the field ignore it (the envelope allows
@@ -12,9 +13,9 @@ import uuid
 from typing import Final
 
 from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
-from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EVENT_TYPES
-from worker.webhooks.events import WebhookEvent, from_error, from_status
-from worker.webhooks.operational import EXAMPLES as OPERATIONAL_EXAMPLES
+from worker.contract.operational_events import EXAMPLES as OPERATIONAL_EXAMPLES
+from worker.contract.webhook_endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EVENT_TYPES
+from worker.contract.webhook_events import WebhookEvent, from_error, from_status
 
 TEST_ACCOUNT: Final = "acc_test_send"
 """The account id of every test event: its own (endpoint, account) lane, so a test send

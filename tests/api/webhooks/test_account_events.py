@@ -25,10 +25,10 @@ from worker.api.keys import KeyEntry, KeyStore, hash_key
 from worker.api.portal.tokens import PortalTokens
 from worker.api.webhooks.account_events import AccountEvents, Cursor, CursorCodec, CursorError
 from worker.api.webhooks.quotas import Refused
+from worker.contract.webhook_events import from_error, from_status
 from worker.engine.kafka import build_consumer
 from worker.runtime.admission import Admission, TimeCharge
 from worker.settings import Settings
-from worker.webhooks.events import from_error, from_status
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = pytest.mark.integration

@@ -21,9 +21,14 @@ from worker.api.webhooks.delivery_log import (
 )
 from worker.api.webhooks.delivery_log_scan import LogSlice
 from worker.contract.catalogue import ServiceError
-from worker.webhooks.attempt_log import EXCERPT_BYTES, EXCERPT_CHARS, attempt_record, excerpt
-from worker.webhooks.publish import DeliveryLogEntry, decode_log
-from worker.webhooks.sender import DeliveryResult, ErrorKind
+from worker.contract.delivery_log import (
+    EXCERPT_BYTES,
+    EXCERPT_CHARS,
+    DeliveryLogEntry,
+    decode_log,
+    excerpt,
+)
+from worker.dispatcher.sender import DeliveryResult, ErrorKind, attempt_record
 
 EP = "ep_1"
 

@@ -30,13 +30,12 @@ from tests.api.test_api_http import assert_error
 from tests.webhooks.support import receiving, running_dispatcher
 from worker.api.webhooks.delivery_log import Cursor
 from worker.api.webhooks.sends import SendBudget
+from worker.contract.delivery_log import EXCERPT_CHARS, DeliveryLogEntry
 from worker.contract.messages import AuthStatusChanged, rfc3339
+from worker.contract.webhook_endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED
+from worker.contract.webhook_events import from_status
 from worker.engine.home_partition import home_partition
 from worker.settings import Settings
-from worker.webhooks.attempt_log import EXCERPT_CHARS
-from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED
-from worker.webhooks.events import from_status
-from worker.webhooks.publish import DeliveryLogEntry
 from worker.webhooks.samples import TEST_ACCOUNT
 from worker.webhooks.secrets_box import generate_key
 

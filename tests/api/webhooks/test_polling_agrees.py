@@ -22,7 +22,7 @@ from tests.api.webhooks.test_routes import error_event
 from tests.conftest import SettingsFactory
 from tests.webhooks.processes import DispatcherPool, dispatcher_settings
 from tests.webhooks.support import Receiver, new_account, receiving, status_event, wait_until
-from worker.webhooks.delivery import webhook_id
+from worker.contract.delivery_log import webhook_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

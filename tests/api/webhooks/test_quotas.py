@@ -32,9 +32,9 @@ from tests.api.webhooks.test_routes import (
 )
 from worker.api.app import ApiRuntime
 from worker.api.webhooks import creates, quotas
+from worker.contract.delivery_log import decode_replay
+from worker.contract.webhook_endpoints import EndpointRecord, StoredSecret, decode_endpoint
 from worker.settings import Settings
-from worker.webhooks.endpoints import EndpointRecord, StoredSecret, decode_endpoint
-from worker.webhooks.publish import decode_replay
 from worker.webhooks.secrets_box import SecretsBox, generate_key
 from worker.webhooks.signing import generate_secret, sign
 from worker.webhooks.signing import headers as signed_headers

@@ -17,11 +17,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.api.support import produce, wait_until
 from tests.api.webhooks.test_routes import read_all, status_event
 from worker.api.webhooks.replay import ReplayRunner
+from worker.contract.delivery_log import decode_replay
+from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.range_read import start_at
 from worker.settings import Settings
-from worker.webhooks.endpoints import EndpointRecord
-from worker.webhooks.publish import decode_replay
 
 pytestmark = pytest.mark.integration
 

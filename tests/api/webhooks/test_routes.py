@@ -30,15 +30,15 @@ from worker.api.app import ApiRuntime
 from worker.api.webhooks import creates
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.routes import WebhookClients
+from worker.contract.delivery_log import DeliveryLogEntry, Replay, decode_replay
 from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
+from worker.contract.webhook_endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EndpointRecord
 from worker.documents.openapi.document import openapi_document
 from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore
-from worker.webhooks.endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EndpointRecord
-from worker.webhooks.publish import DeliveryLogEntry, Replay, decode_replay
 from worker.webhooks.secrets_box import SecretsBox, generate_key
 
 pytestmark = pytest.mark.integration

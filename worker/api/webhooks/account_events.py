@@ -1,6 +1,6 @@
 """``GET /v1/accounts/{account_id}/events``: the account's status and error events from its home
 partition of auth.status and auth.errors, rendered as its webhooks are
-(``worker.webhooks.events``), so polling and webhooks agree. Bounded per request
+(``worker.contract.webhook_events``), so polling and webhooks agree. Bounded per request
 (``SCAN_RECORDS`` per topic, ``SCAN_TIMEOUT_S``, ``since`` within ``WINDOW_S``); reads take a
 slot through the admission rule (``MAX_SCANS`` per process, one per workspace, the seconds held
 charged to the workspace), so workspaces that loop on reads spend their own time, not the
@@ -21,13 +21,13 @@ from aiokafka import TopicPartition
 
 from worker.api.webhooks.quotas import EVENT_SCANS, SCAN_RETRY_AFTER_S, SCAN_TIME, busy
 from worker.api.webhooks.replay import SEEK_MARGIN_S, event_of, occurred_since
+from worker.contract.webhook_events import WebhookEvent, from_error, from_status
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
 from worker.engine.range_read import Span, partitions, read_range
 from worker.runtime.admission import Admission, NoRoom, Share, TimeCharge
 from worker.runtime.logs import get_logger
 from worker.runtime.signed import SignedCodec
-from worker.webhooks.events import WebhookEvent, from_error, from_status
 
 log = get_logger(__name__)
 

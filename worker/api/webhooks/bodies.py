@@ -23,7 +23,7 @@ from worker.api.bodies import DataResponse
 from worker.api.routes import decode_json, read_body
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
-from worker.webhooks.endpoints import EndpointRecord, EndpointStatus, EventType, RateLimit
+from worker.contract.webhook_endpoints import EndpointRecord, EndpointStatus, EventType, RateLimit
 from worker.webhooks.signing import SECRET_PREFIX
 
 _RFC3339: Final = re.compile(

@@ -14,9 +14,9 @@ from typing import Final
 
 from worker.api.webhooks.quotas import EndpointQuota
 from worker.contract.catalogue import ServiceError
+from worker.contract.webhook_endpoints import EndpointRecord, EventType, now_rfc3339
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoint_writes import EndpointStore
-from worker.webhooks.endpoints import EndpointRecord, EventType, now_rfc3339
 
 log = get_logger("worker.api.webhooks.routes")
 

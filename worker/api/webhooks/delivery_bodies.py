@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.api.bodies import DataResponse
 from worker.api.webhooks.delivery_log import Delivery, Status, status_of
+from worker.contract.delivery_log import AttemptRecord
 from worker.contract.messages import Identifier
-from worker.webhooks.attempt_log import AttemptRecord
-from worker.webhooks.endpoints import EventType
+from worker.contract.webhook_endpoints import EventType
 from worker.webhooks.samples import TEST_MARK
 
 

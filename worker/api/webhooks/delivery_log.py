@@ -14,8 +14,7 @@ from typing import Final, Literal
 from worker.api.webhooks.bodies import parse_rfc3339
 from worker.api.webhooks.delivery_log_scan import LogSlice
 from worker.contract.catalogue import ServiceError
-from worker.webhooks.attempt_log import AttemptRecord
-from worker.webhooks.publish import DeliveryLogEntry
+from worker.contract.delivery_log import AttemptRecord, DeliveryLogEntry
 
 Status = Literal["succeeded", "failing", "pending", "failed"]
 STATUSES: Final[tuple[Status, ...]] = ("succeeded", "failing", "pending", "failed")

@@ -18,12 +18,12 @@ from aiokafka import TopicPartition
 from pydantic import ValidationError
 
 from worker.api.webhooks.quotas import SCAN_RETRY_AFTER_S, SCAN_TIME
+from worker.contract.delivery_log import DeliveryLogEntry, decode_log
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
 from worker.engine.range_read import partitions, read_range
 from worker.runtime.admission import Admission, Share, TimeCharge
 from worker.runtime.logs import get_logger
-from worker.webhooks.publish import DeliveryLogEntry, decode_log
 
 log = get_logger(__name__)
 

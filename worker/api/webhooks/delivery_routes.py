@@ -42,11 +42,11 @@ from worker.api.webhooks.delivery_log_scan import DeliveryScanFailed, LogSlice
 from worker.api.webhooks.quotas import DELIVERY_SCANS, busy
 from worker.api.webhooks.sends import SendBudget, new_send_id
 from worker.contract.catalogue import ServiceError
+from worker.contract.delivery_log import webhook_id
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_events import EventCopy
 from worker.runtime.admission import NoRoom
 from worker.runtime.logs import get_logger
-from worker.webhooks.delivery import webhook_id
-from worker.webhooks.endpoints import EndpointRecord
-from worker.webhooks.events import EventCopy
 from worker.webhooks.samples import sample_event
 
 if TYPE_CHECKING:

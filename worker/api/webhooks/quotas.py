@@ -16,9 +16,10 @@ from typing import Final
 from aiokafka.partitioner import murmur2
 
 from worker.contract.catalogue import ServiceError
+from worker.contract.webhook_endpoints import new_endpoint_id
 from worker.runtime.admission import NoRoom, TimeCharge
 from worker.settings import Settings
-from worker.webhooks.endpoints import EndpointRegistry, new_endpoint_id
+from worker.webhooks.endpoints import EndpointRegistry
 
 #: The ``quota`` label values of ``passkey_api_quota_refusals``.
 ENDPOINTS: Final = "webhook_endpoints"

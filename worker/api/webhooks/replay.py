@@ -33,15 +33,15 @@ from worker.api.webhooks.replay_status import (
     progress_record,
 )
 from worker.contract.catalogue import ServiceError
+from worker.contract.delivery_log import Replay
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_events import WebhookEvent, from_error, from_status
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
 from worker.engine.outage import BrokerHealth, acknowledged, enqueue
 from worker.engine.range_read import partitions, read_range
 from worker.runtime.admission import Admission, Share, Slot
 from worker.runtime.logs import get_logger
-from worker.webhooks.endpoints import EndpointRecord
-from worker.webhooks.events import WebhookEvent, from_error, from_status
-from worker.webhooks.publish import Replay
 
 log = get_logger(__name__)
 

@@ -54,11 +54,13 @@ from worker.api.webhooks.replay_status import ReplayBoard
 from worker.api.webhooks.sends import SENDS_PER_MINUTE, DeliverySends, SendBudget
 from worker.api.webhooks.urls import url_form_allowed, url_rule_text
 from worker.contract.catalogue import ServiceError
+from worker.contract.operational_events import enabled_record
+from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
+from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoint_writes import EndpointStore
-from worker.webhooks.endpoints import EndpointRecord, EndpointsTail
-from worker.webhooks.operational import Announcer, enabled_record
+from worker.webhooks.endpoints import EndpointsTail
 from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
 
 log = get_logger(__name__)
@@ -102,7 +104,7 @@ class WebhookClients:
     store: EndpointStore
     deliveries: DeliveryLogScan
     replays: ReplayRunner
-    #: Announces ``endpoint.enabled`` (``worker.webhooks.operational``); ``None``: not at all.
+    #: Announces ``endpoint.enabled`` (``worker.webhooks.announcer``); ``None``: not at all.
     announcer: Announcer | None = None
     #: Replays' progress, an account's events and their cursors (``follow_routes``).
     board: ReplayBoard | None = None

@@ -16,12 +16,11 @@ from typing import Any, Final, Literal
 from worker.api.request_rate import RateLimiter
 from worker.api.webhooks.quotas import TOO_MANY, Refused
 from worker.contract.catalogue import ServiceError
+from worker.contract.delivery_log import DeliveryLogEntry, Replay, webhook_id
 from worker.contract.messages import rfc3339
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_events import EventCopy
 from worker.engine.outage import BrokerHealth, acknowledged, enqueue
-from worker.webhooks.delivery import webhook_id
-from worker.webhooks.endpoints import EndpointRecord
-from worker.webhooks.events import EventCopy
-from worker.webhooks.publish import DeliveryLogEntry, Replay
 
 SENDS: Final = "webhook_sends"
 """The ``quota`` label of a refused resend or test send."""

@@ -10,6 +10,7 @@ from pydantic.json_schema import JsonSchemaMode
 
 from worker.api.idempotency import IdempotencyRecord
 from worker.api.presence import PresenceRecord
+from worker.contract.delivery_log import DeliveryLogBatch, DeliveryLogEntry, Replay
 from worker.contract.messages import (
     AccountRecord,
     AuthError,
@@ -22,13 +23,12 @@ from worker.contract.messages import (
     RegisterAccount,
     Reply,
 )
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_events import WIRE_ONLY as WEBHOOK_BODY_DROPS
+from worker.dispatcher.delivery import DeliveryState
+from worker.dispatcher.delivery_store import AccountDeliveries
 from worker.documents.asyncapi.headers import header_schemas
-from worker.webhooks.delivery import DeliveryState
-from worker.webhooks.delivery_store import AccountDeliveries
-from worker.webhooks.endpoints import EndpointRecord
 from worker.webhooks.event_types import EVENT_CATALOGUE
-from worker.webhooks.events import WIRE_ONLY as WEBHOOK_BODY_DROPS
-from worker.webhooks.publish import DeliveryLogBatch, DeliveryLogEntry, Replay
 
 KAFKA_BINDING_VERSION: Final = "0.5.0"
 SCHEMA_REF: Final = "#/components/schemas/{model}"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from worker.contract.messages import DECODE_REASONS
+from worker.contract.webhook_endpoints import EVENT_TYPES
 from worker.engine.faults import FAULT_REASONS
-from worker.webhooks.endpoints import EVENT_TYPES
 
 #: W3C Trace Context (https://www.w3.org/TR/trace-context/) as Kafka headers: optional on
 #: every message, so a trace follows a command from the front-end to the webhook.
@@ -66,7 +66,7 @@ DLQ_FAULT_HEADERS: Final[dict[str, Any]] = {
     },
 }
 
-#: Headers of ``webhook.dlq`` (worker/webhooks/publish.py ``DeliveryPublisher.dead_letter``).
+#: Headers of ``webhook.dlq`` (worker/dispatcher/publish.py ``DeliveryPublisher.dead_letter``).
 WEBHOOK_DLQ_HEADERS: Final[dict[str, Any]] = {
     "webhook.id": {
         "type": "string",

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from worker.api.idempotency import IdempotencyRecord
 from worker.api.presence import PresenceRecord
+from worker.contract.delivery_log import DeliveryLogBatch, DeliveryLogEntry, Replay
 from worker.contract.messages import (
     AccountRecord,
     AuthError,
@@ -22,11 +23,10 @@ from worker.contract.messages import (
     RegisterAccount,
     Reply,
 )
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.dispatcher.delivery import DeliveryState
+from worker.dispatcher.delivery_store import AccountDeliveries
 from worker.documents.asyncapi.components import KAFKA_BINDING_VERSION, ref
-from worker.webhooks.delivery import DeliveryState
-from worker.webhooks.delivery_store import AccountDeliveries
-from worker.webhooks.endpoints import EndpointRecord
-from worker.webhooks.publish import DeliveryLogBatch, DeliveryLogEntry, Replay
 
 Key = Literal[
     "AccountId", "EndpointId", "DeadLetterKey", "DeliveryStateKey", "ReplicaId", "IdempotencySlot"

@@ -27,6 +27,7 @@ from worker.api.webhooks.quotas import TOO_MANY
 from worker.api.webhooks.routes import WEBHOOK_DELIVERIES
 from worker.api.webhooks.sends import SENDS_PER_MINUTE
 from worker.contract.messages import ID_PATTERN
+from worker.contract.webhook_endpoints import EVENT_STATUS_CHANGED, EVENT_TYPES
 from worker.documents.openapi.parts import (
     EMPTY_BODY,
     Failure,
@@ -35,7 +36,6 @@ from worker.documents.openapi.parts import (
     preflight,
 )
 from worker.documents.openapi.webhook_parts import webhook_failures, webhook_operation
-from worker.webhooks.endpoints import EVENT_STATUS_CHANGED, EVENT_TYPES
 
 _WEBHOOK_ID: Final = "msg_5d41402abc4b2a76b9719d911017c592"
 _EXAMPLE_ATTEMPT: Final = {
