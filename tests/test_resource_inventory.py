@@ -487,6 +487,8 @@ def test_rows_name_structures_in_one_form(row: str, names: set[str]) -> None:
 OWN_POOLS: dict[str, str] = {
     "auth/provider/http.py": "provider calls: its callers are the engine's in-flight records,"
     " admitted per partition through the rule",
+    "api/webhooks/replay.py": "the running replays: each admitted first through the rule"
+    " (ReplayRunner._admission); they run in arrival order, one per workspace at a time",
     "webhooks/lookup.py": "the resolver's threads, each taken through the rule"
     " (BoundedLookup._threads, an Admission) before a thread runs",
 }
