@@ -165,7 +165,10 @@ async def test_bad_parameters_are_400_before_a_query_is_sent_and_good_ones_reach
         "wait_s=inf",
         "wait_s=",
         "wait_s=1&wait_s=2",
-        "wait_s=" + "1" * 40,
+        "wait_s=" + "1" * 70,
+        "wait_s=1_0",
+        "wait_s= 1",
+        "wait_s=0x1",
     ]
     async with (
         responder(settings) as stand_in,
@@ -181,10 +184,16 @@ async def test_bad_parameters_are_400_before_a_query_is_sent_and_good_ones_reach
         polled = await http.get(
             f"{AUTH.format('acc_x')}?after_version=7&wait_s=2.5", headers=headers()
         )
-        assert plain.status_code == polled.status_code == 404  # the stand-in answers 404
-        first, second = stand_in.queries
+        long_decimals = await http.get(
+            f"{AUTH.format('acc_x')}?wait_s=0.6234376743612149", headers=headers()
+        )
+        exponent = await http.get(f"{AUTH.format('acc_x')}?wait_s=3e1", headers=headers())
+        statuses = {r.status_code for r in (plain, polled, long_decimals, exponent)}
+        assert statuses == {404}  # the stand-in answers 404
+        first, second, third, fourth = stand_in.queries
         assert (first.after_version, first.wait_ms) == (None, None)
         assert (second.after_version, second.wait_ms) == (7, 2500)
+        assert (third.wait_ms, fourth.wait_ms) == (623, 30_000)
 
 
 @pytest.mark.integration

@@ -92,7 +92,7 @@ _LONG_POLL: Final = (
             " long-poll waits past the version the account has when the query arrives."
         ),
         "schema": {"type": "integer", "minimum": 0, "maximum": 2**53},
-        "example": 3,
+        "example": 0,
     },
     {
         "name": "wait_s",
