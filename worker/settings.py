@@ -347,6 +347,13 @@ class Settings(BaseSettings):
         "often; a disabled, rotated or deleted key answers 401 within it.",
     )
     api_reply_timeout_s: float = Field(default=10.0, gt=0)
+    api_long_poll_max_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=30,
+        description="The longest a GET .../auth long-poll waits on this front-end: a larger "
+        "wait_s (the contract allows 30) is waited this long. 0: every GET answers at once.",
+    )
     api_reply_partition: int | None = Field(
         default=None,
         ge=0,

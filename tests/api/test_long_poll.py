@@ -242,3 +242,18 @@ async def test_a_caller_that_goes_away_frees_its_reply_waiter_at_once(
         # Freed long before its 30 s + 5 s deadline.
         await wait_until(lambda: api.replies.pending == 0, timeout=5, what="the waiter freed")
         assert await reader.read() == b""
+
+
+async def test_a_front_end_waits_at_most_its_long_poll_max(api_settings: ApiSettings) -> None:
+    """``API_LONG_POLL_MAX_S``: a longer ``wait_s`` is accepted and waited that long only."""
+    settings = api_settings(api_long_poll_max_s=1.5)
+    async with (
+        responder(settings) as stand_in,
+        running_api(settings) as api,
+        httpx.AsyncClient(base_url=api.url, timeout=15) as http,
+    ):
+        url = f"{AUTH.format('acc_x')}?after_version=2&wait_s=30"
+        resp = await http.get(url, headers=headers())
+        assert resp.status_code == 404  # the stand-in's answer
+        (query,) = stand_in.queries
+        assert (query.after_version, query.wait_ms) == (2, 1500)

@@ -181,6 +181,7 @@ def build_app(
         metrics=metrics,
         commands_topic=settings.topics.commands,
         reply_timeout_s=settings.api_reply_timeout_s,
+        long_poll_max_s=settings.api_long_poll_max_s,
         webhook_tails=None if webhooks is None else webhooks.tails,
         broker=broker,
         rate_limiter=rate_limiter(settings, presence),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from starlette.requests import Request
@@ -68,6 +68,10 @@ class Wait:
             if not 0 <= wait_s <= MAX_WAIT_MS / 1000:
                 raise ServiceError.of("invalid_request", _WAIT_RULE)
         return cls(after_version, wait_s)
+
+    def at_most(self, max_s: float) -> Wait:
+        """This wait, no longer than ``max_s`` (``API_LONG_POLL_MAX_S``)."""
+        return replace(self, wait_s=min(self.wait_s, max_s))
 
     def query(
         self, command_id: str, request_id: str, workspace_id: str, account_id: str

@@ -39,7 +39,7 @@ from worker.api.portal.tokens import PortalTokens, in_portal_scope
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
 from worker.api.request_rate import RateLimited, RateLimiter
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import GetAuthState, PasskeyConfirm
+from worker.contract.messages import MAX_WAIT_MS, GetAuthState, PasskeyConfirm
 from worker.engine.home_partition import REPLY_PARTITION
 from worker.engine.outage import BrokerHealth, send_retrying
 from worker.engine.tail import TopicTail
@@ -170,6 +170,7 @@ class ApiRoutes:
         metrics: ApiMetrics,
         commands_topic: str,
         reply_timeout_s: float,
+        long_poll_max_s: float = MAX_WAIT_MS / 1000,
         webhook_tails: Sequence[TopicTail] | None = None,
         broker: BrokerHealth | None = None,
         rate_limiter: RateLimiter | None = None,
@@ -194,6 +195,8 @@ class ApiRoutes:
         self.metrics = metrics
         self.commands_topic = commands_topic
         self.reply_timeout_s = reply_timeout_s
+        #: The longest a long-poll waits here (``API_LONG_POLL_MAX_S``).
+        self.long_poll_max_s = long_poll_max_s
         self.webhook_tails = webhook_tails
         self._send_span = f"send {commands_topic}"
         self._receive_span = f"receive {replies.topic}"
@@ -453,7 +456,7 @@ class ApiRoutes:
         request_id = request_id_of(request)
         workspace_id = self.admitted_workspace(request)
         check_account_id(account_id)
-        wait = long_poll.Wait.of(request)
+        wait = long_poll.Wait.of(request).at_most(self.long_poll_max_s)
         deadline = time.monotonic() + wait.wait_s + self.reply_timeout_s
         replies = self.replies
         if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
