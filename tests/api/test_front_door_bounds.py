@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ from tests.api.test_front_door import (
 )
 from worker.api import server as api_server
 from worker.api.protocol import (
+    MAX_LINGERING,
     MAX_PIPELINED,
     PIPELINED_BYTES,
     READ_BYTES,
@@ -213,6 +215,29 @@ async def test_pipelined_requests_with_large_heads_are_read_ahead_within_a_byte_
         assert len(conn.pipeline) <= PIPELINED_BYTES // len(big) + 2, len(conn.pipeline)
         assert len(conn.pipeline) < MAX_PIPELINED // 2  # the byte budget, not the count, held it
         assert len(conn._input) - conn._input_at <= READ_BYTES
+        release.set()
+
+
+async def test_refused_connections_drain_at_most_max_lingering_at_once() -> None:
+    """An address past its share opening connection after connection: each is answered 503,
+    but at most ``MAX_LINGERING`` of them are drained for ``LINGER_S`` at once; the rest are
+    closed at once, so refusals hold no sockets beyond a count (before: one per refusal for a
+    second, whatever the connect rate)."""
+    release = asyncio.Event()
+    async with held_server(release) as server, contextlib.AsyncExitStack() as stack:
+        port = server.servers[0].sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(8):  # the address's share, each waiting for its answer
+            _, writer = await stack.enter_async_context(raw_connection(url))
+            writer.write(TINY)
+        policy = server.config.http.http_class.policy  # type: ignore[attr-defined]
+        fds = len(os.listdir("/proc/self/fd"))
+        refused = [await stack.enter_async_context(raw_connection(url)) for _ in range(200)]
+        answers = [await asyncio.wait_for(reader.read(200), WAIT_S) for reader, _ in refused]
+        assert all(a.startswith(b"HTTP/1.1 503") for a in answers), answers[:3]
+        assert policy.lingering <= MAX_LINGERING
+        # 200 client sockets, and on the server's side at most the lingering ones
+        assert len(os.listdir("/proc/self/fd")) - fds <= 200 + MAX_LINGERING + 8
         release.set()
 
 

@@ -204,7 +204,7 @@ def test_a_new_key_is_admitted_by_the_shared_rule_the_process_cap_included() -> 
     # An answer is held whatever the counts: its claim was admitted where it was decided.
     keys._apply(record("d0", 1000, ws="ws_d", answered=True))
     assert keys.held("ws_d") == 1 and keys.in_use == 5
-    assert keys_share(10_000, 100_000).reserve == 1000
+    assert keys_share(10_000, 100_000).reserve == 25_000
     assert keys_share(10, 1).per_owner == 1
 
 

@@ -27,6 +27,10 @@ from worker.runtime.admission import Admission, NoRoom, Share, Slot
 LINGER_S: Final = 1.0
 """How long a refused connection's input is drained before it is closed."""
 
+MAX_LINGERING: Final = 64
+"""Refused connections draining at once per server: past it a refusal is written and the
+connection closed without the linger, so refusals cannot hold sockets beyond every count."""
+
 MAX_PIPELINED: Final = 16
 """Requests read ahead of the one being answered on a connection (HTTP/1.1 pipelining). At
 the bound the connection is not read further (``pause_reading``) and the rest of the last read
@@ -107,6 +111,8 @@ class _Policy:
         self.limits = limits
         self.on_refusal = on_refusal
         self.slots = Admission("connections", connection_share(limits), retry_after_s=1.0)
+        #: Refused connections draining now (``MAX_LINGERING`` at most).
+        self.lingering = 0
 
     def owner(self, client: tuple[str, int] | None) -> str:
         if self.limits.max_connections_per_client <= 0 or client is None:
@@ -217,6 +223,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # The write deadline: armed while answers go unread (``WRITE_TIMEOUT_S``).
         self._write_timer: asyncio.TimerHandle | None = None
         self._slot: Slot | None = None
+        self._lingering = False  # counted in ``policy.lingering`` while it drains
         # The request being answered (uvicorn's ``cycle`` is the last one read).
         self._answering: RequestResponseCycle | None = None
 
@@ -240,6 +247,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # transport: uvloop raises).
         self._answer_abandoned()
         self._cancel_timer()
+        self._stop_lingering()
         self._cancel_write_deadline()
         self._release_client_slot()
         self._input = b""
@@ -496,7 +504,22 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.transport.write(plain_response(status, retry_after_s=retry))
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        self._timer = self.loop.call_later(LINGER_S, self._close)
+        if self.policy.lingering >= MAX_LINGERING:
+            self._close()
+            return
+        self.policy.lingering += 1
+        self._lingering = True
+        self._timer = self.loop.call_later(LINGER_S, self._lingered)
+
+    def _lingered(self) -> None:
+        self._timer = None
+        self._stop_lingering()
+        self._close()
+
+    def _stop_lingering(self) -> None:
+        if self._lingering:
+            self._lingering = False
+            self.policy.lingering -= 1
 
 
 class _Reads(threading.local):

@@ -153,7 +153,9 @@ class WebhookRoutes:
                 partitions=lambda: len(clients.endpoints.partitions),
             )
         )
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
         self.delivery_log = DeliveryRoutes(
             endpoint_of=self.endpoint_of,
             budget=SendBudget(sends_per_minute, replicas=replicas),
@@ -273,11 +275,14 @@ class WebhookRoutes:
         return record
 
     @contextlib.asynccontextmanager
-    async def _exclusive(self, endpoint_id: str) -> AsyncIterator[None]:
-        """One write at a time per endpoint in this replica; the lock lives while used."""
-        lock = self._locks.get(endpoint_id)
+    async def _exclusive(self, workspace_id: str, endpoint_id: str) -> AsyncIterator[None]:
+        """One write at a time per endpoint in this replica; the lock lives while used. Keyed
+        by the caller's workspace too, so another workspace's requests naming the id never
+        queue behind the owner's."""
+        key = (workspace_id, endpoint_id)
+        lock = self._locks.get(key)
         if lock is None:
-            lock = self._locks[endpoint_id] = asyncio.Lock()
+            lock = self._locks[key] = asyncio.Lock()
         async with lock:
             yield
 
@@ -357,7 +362,7 @@ class WebhookRoutes:
         if "url" in changes:
             self._check_url(changes["url"])
         await self._ready(failure, clients.endpoints)
-        async with self._exclusive(endpoint_id):
+        async with self._exclusive(workspace_id, endpoint_id):
             current = self._find(clients, workspace_id, endpoint_id)
             record = await _confirmed(clients.store.update(current, **changes))
         self._secrets_dropped("trimmed", current, record)
@@ -372,7 +377,7 @@ class WebhookRoutes:
 
     async def _set_status(self, request: Request, status: str, failure: str) -> Response:
         clients, workspace_id, endpoint_id = await self._current(request, failure, body=True)
-        async with self._exclusive(endpoint_id):
+        async with self._exclusive(workspace_id, endpoint_id):
             current = self._find(clients, workspace_id, endpoint_id)
             if status == "active" and current.status == "disabled" and clients.announcer:
                 # Before the write, under the id of the revision it writes (no second id).
@@ -387,7 +392,7 @@ class WebhookRoutes:
         clients, workspace_id, endpoint_id = await self._current(
             request, "delete_webhook_endpoint_failed", body=True
         )
-        async with self._exclusive(endpoint_id):
+        async with self._exclusive(workspace_id, endpoint_id):
             current = self._find(clients, workspace_id, endpoint_id)
             await _confirmed(clients.store.delete(current))
         log.info("webhook_endpoint_deleted", endpoint_id=endpoint_id, workspace_id=workspace_id)
@@ -397,7 +402,7 @@ class WebhookRoutes:
         clients, workspace_id, endpoint_id = await self._current(
             request, "update_webhook_endpoint_failed", body=True
         )
-        async with self._exclusive(endpoint_id):
+        async with self._exclusive(workspace_id, endpoint_id):
             current = self._find(clients, workspace_id, endpoint_id)
             record, secret = await _confirmed(clients.store.rotate(current))
         self._secrets_dropped("rotated", current, record)
@@ -409,7 +414,7 @@ class WebhookRoutes:
         clients, workspace_id, endpoint_id = await self._current(
             request, "update_webhook_endpoint_failed", body=True
         )
-        async with self._exclusive(endpoint_id):
+        async with self._exclusive(workspace_id, endpoint_id):
             current = self._find(clients, workspace_id, endpoint_id)
             record = await _confirmed(clients.store.expire_previous(current))
         self._secrets_dropped("expired", current, record)
