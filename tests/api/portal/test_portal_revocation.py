@@ -309,3 +309,24 @@ async def test_what_is_kept_of_revocations_is_bounded() -> None:
     gone = view.expired()
     assert len(view) == 0 and view.revoked_in("ws_a") == 0
     assert "ps_ws/ws_a" in gone and f"ps_s/ws_a/{ids[0]}" in gone and len(gone) == 8
+
+
+async def test_a_full_table_is_paid_for_by_the_workspace_holding_most_not_the_revoker() -> None:
+    """Single revocations full in all (one workspace revoked a pile of made-up session ids):
+    the next workspace's revocation of one session revokes that one only, and the workspace
+    holding most gets a cut-off instead, so none of what it revoked comes back (before: the
+    next revoker's every session was cut off)."""
+    now = [1_000_000.0]
+    view = PortalRevocations(
+        None, None, ttl_s=600, clock=lambda: now[0], per_workspace=10, max_tracked=4
+    )
+    hog = [f"ps_{i:032x}" for i in range(4)]
+    for session_id in hog:
+        await view.revoke_session("ws_hog", session_id)
+    victim, other = f"ps_{100:032x}", f"ps_{101:032x}"
+    now[0] += 1
+    await view.revoke_session("ws_v", victim)
+    assert view.revoked(_claims("ws_v", victim, 999_000_000))
+    assert not view.revoked(_claims("ws_v", other, 999_000_000))
+    assert all(view.revoked(_claims("ws_hog", s, 999_000_000)) for s in hog)
+    assert view.overflowed == 1 and len(view) <= 4 + 1

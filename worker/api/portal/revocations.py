@@ -161,10 +161,15 @@ class PortalRevocations(ViewPart):
             sessions[record.session_id] = max(sessions[record.session_id], record.until)
             return
         # Two replicas may each admit one more than the bound at once: the view allows twice.
-        if len(sessions) >= 2 * self.per_workspace or self._tracked >= self.max_tracked:
+        if len(sessions) >= 2 * self.per_workspace:
             self.overflowed += 1
             self._cut(record.workspace_id, record.before_ms, record.until)
             return
+        if self._tracked >= self.max_tracked:
+            # Full in all: the workspace holding the most pays (its sessions fold into its own
+            # cut-off), never the one whose revocation arrives; the same on every replica.
+            self.overflowed += 1
+            self._fold_largest(record.before_ms)
         self._sessions.setdefault(record.workspace_id, {})[record.session_id] = record.until
         self._tracked += 1
 
@@ -177,6 +182,17 @@ class PortalRevocations(ViewPart):
         if held is not None:
             before_ms, until = max(before_ms, held[0]), max(until, held[1])
         self._cutoffs[workspace_id] = (before_ms, until)
+
+    def _fold_largest(self, before_ms: int) -> None:
+        """The workspace holding the most single revocations gets a cut-off at ``before_ms``
+        (every session of it issued until then dead, so nothing is un-revoked) instead."""
+        largest = max(self._sessions, key=lambda ws: (len(self._sessions[ws]), ws))
+        sessions = self._sessions.pop(largest)
+        self._tracked -= len(sessions)
+        until = max(sessions.values())
+        # A session revoked at r was issued before r (= its record's until less a life).
+        revoked_ms = int((until - self.ttl_s - 2.0) * 1000)
+        self._cut(largest, max(before_ms, revoked_ms), until)
 
     def _forget_session(self, workspace_id: str, session_id: str) -> None:
         sessions = self._sessions.get(workspace_id)
