@@ -145,6 +145,9 @@ async def test_schemathesis_with_every_check_and_phase_finds_nothing(
         webhook_allow_private_targets=True,
         webhook_endpoints_per_workspace=10_000,
         webhook_sends_per_minute=0,
+        # Long-polls wait at most half a second here: the fuzzer asks for up to 30 s on an
+        # account that does not change, which the document allows and the run cannot afford.
+        api_long_poll_max_s=0.5,
     )
     registry = CollectorRegistry()
     async with running_worker(settings), running_api(settings, registry=registry) as api:
