@@ -58,9 +58,9 @@ class WaitLimits:
     per_account: int = PARKED_PER_ACCOUNT
 
     def share(self) -> Share:
-        """The admission rule's numbers: a hundredth of the process's cap kept for
+        """The admission rule's numbers: a quarter of the process's cap kept for
         workspaces holding none, so one workspace at its share cannot starve the rest."""
-        reserve = self.process // 100 if self.per_workspace < self.process else 0
+        reserve = self.process // 4 if self.per_workspace < self.process else 0
         return Share(
             capacity=self.process,
             per_owner=min(self.per_workspace, self.process),
