@@ -25,6 +25,7 @@ from tests.api.support import (
     wait_until,
 )
 from tests.api.test_api_e2e import poll_status
+from worker.api import long_poll
 from worker.auth.execute import Executor
 from worker.engine.home_partition import home_partition
 
@@ -257,3 +258,25 @@ async def test_a_front_end_waits_at_most_its_long_poll_max(api_settings: ApiSett
         assert resp.status_code == 404  # the stand-in's answer
         (query,) = stand_in.queries
         assert (query.after_version, query.wait_ms) == (2, 1500)
+
+
+def test_long_polls_are_held_open_within_a_workspaces_share_then_answered_at_once() -> None:
+    """The front-end's long-polls through the admission rule: a workspace holding its share
+    gets its next GET answered at once (``wait_s`` 0, never refused), another workspace still
+    waits; a slot given back is taken again (second attacker's read: before, a key-holder
+    could hold every connection parked)."""
+    polls = long_poll.LongPolls(16)
+    wait = long_poll.Wait(after_version=3, wait_s=20.0)
+    share = polls.admission.share.per_owner
+    held = [polls.admit("ws_a", wait) for _ in range(share)]
+    assert all(slot is not None and w.wait_s == 20.0 for w, slot in held)
+    at_once, none = polls.admit("ws_a", wait)
+    assert none is None and at_once.wait_s == 0.0 and at_once.after_version == 3
+    theirs, slot = polls.admit("ws_b", wait)
+    assert slot is not None and theirs.wait_s == 20.0
+    plain, no_slot = polls.admit("ws_c", long_poll.Wait())
+    assert no_slot is None and plain.wait_s == 0.0
+    for _, s in held:
+        assert s is not None
+        s.release()
+    assert polls.admit("ws_a", wait)[1] is not None

@@ -182,6 +182,7 @@ def build_app(
         commands_topic=settings.topics.commands,
         reply_timeout_s=settings.api_reply_timeout_s,
         long_poll_max_s=settings.api_long_poll_max_s,
+        long_poll_slots=settings.api_max_connections // 2,
         webhook_tails=None if webhooks is None else webhooks.tails,
         broker=broker,
         rate_limiter=rate_limiter(settings, presence),

@@ -16,6 +16,7 @@ from worker.api.bodies import AuthState
 from worker.api.replies import CorrelatedReply
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import MAX_WAIT_MS, GetAuthState
+from worker.runtime.admission import Admission, NoRoom, Share, Slot
 from worker.runtime.logs import get_logger
 
 # The lines are the routes': they keep their logger name, which dashboards and searches use.
@@ -108,6 +109,27 @@ class Wait:
         if answer.cancelled():
             raise CallerGone
         return answer.result()
+
+
+class LongPolls:
+    """The long-polls this front-end holds open, taken through the admission rule (owner: the
+    workspace): ``capacity`` in all (half the connections by default), a workspace's share of
+    it, a quarter kept for workspaces holding none. Past it a long-poll is answered at once,
+    as a plain GET: never refused, and its connection never held for the wait."""
+
+    def __init__(self, capacity: int) -> None:
+        self.admission = Admission(
+            "long-polls", Share.split(max(2, capacity), owners=4), retry_after_s=1.0
+        )
+
+    def admit(self, workspace_id: str, wait: Wait) -> tuple[Wait, Slot | None]:
+        """``wait`` and its slot, or no wait (``wait_s`` 0) when the rule has no room."""
+        if not wait.wait_s:
+            return wait, None
+        try:
+            return wait, self.admission.take(workspace_id)
+        except NoRoom:
+            return replace(wait, wait_s=0.0), None
 
 
 async def _disconnected(request: Request) -> None:

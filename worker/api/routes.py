@@ -5,6 +5,7 @@ FastAPI (docs/architecture.md, "Design decisions")."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -171,6 +172,7 @@ class ApiRoutes:
         commands_topic: str,
         reply_timeout_s: float,
         long_poll_max_s: float = MAX_WAIT_MS / 1000,
+        long_poll_slots: int = 500,
         webhook_tails: Sequence[TopicTail] | None = None,
         broker: BrokerHealth | None = None,
         rate_limiter: RateLimiter | None = None,
@@ -197,6 +199,8 @@ class ApiRoutes:
         self.reply_timeout_s = reply_timeout_s
         #: The longest a long-poll waits here (``API_LONG_POLL_MAX_S``).
         self.long_poll_max_s = long_poll_max_s
+        #: Long-polls held open, by workspace (``worker.api.long_poll.LongPolls``).
+        self.long_polls = long_poll.LongPolls(long_poll_slots)
         self.webhook_tails = webhook_tails
         self._send_span = f"send {commands_topic}"
         self._receive_span = f"receive {replies.topic}"
@@ -457,35 +461,37 @@ class ApiRoutes:
         workspace_id = self.admitted_workspace(request)
         check_account_id(account_id)
         wait = long_poll.Wait.of(request).at_most(self.long_poll_max_s)
-        deadline = time.monotonic() + wait.wait_s + self.reply_timeout_s
-        replies = self.replies
-        if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
-            raise ServiceError.of(
-                "get_auth_state_failed",
-                "The authentication state is not available yet (reply consumer not ready);"
-                " retry shortly.",
-            )
-        query = wait.query(new_command_id(), request_id, workspace_id, account_id)
-        unavailable = "The authentication state is not available; retry shortly."
-        try:
-            reply = await wait.unless_gone(request, self._round_trip(query, deadline))
-        except _RoundTripFailed:
-            raise ServiceError.of("get_auth_state_failed", unavailable) from None
-        except long_poll.CallerGone:
-            return Response(status_code=long_poll.CALLER_GONE)
-        if reply is None:
-            self.metrics.query_timeouts.inc()
-            log.warning(
-                "api_query_timeout",
-                request_id=request_id,
-                command_id=query.command_id,
-                account_id=account_id,
-                timeout_s=wait.wait_s + self.reply_timeout_s,
-                **self.replies.state(),
-            )
-            raise ServiceError.of(
-                "get_auth_state_failed",
-                f"No answer within {wait.wait_s + self.reply_timeout_s:g} s. {unavailable}",
-            )
+        wait, slot = self.long_polls.admit(workspace_id, wait)
+        with slot or contextlib.nullcontext():
+            deadline = time.monotonic() + wait.wait_s + self.reply_timeout_s
+            replies = self.replies
+            if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
+                raise ServiceError.of(
+                    "get_auth_state_failed",
+                    "The authentication state is not available yet (reply consumer not ready);"
+                    " retry shortly.",
+                )
+            query = wait.query(new_command_id(), request_id, workspace_id, account_id)
+            unavailable = "The authentication state is not available; retry shortly."
+            try:
+                reply = await wait.unless_gone(request, self._round_trip(query, deadline))
+            except _RoundTripFailed:
+                raise ServiceError.of("get_auth_state_failed", unavailable) from None
+            except long_poll.CallerGone:
+                return Response(status_code=long_poll.CALLER_GONE)
+            if reply is None:
+                self.metrics.query_timeouts.inc()
+                log.warning(
+                    "api_query_timeout",
+                    request_id=request_id,
+                    command_id=query.command_id,
+                    account_id=account_id,
+                    timeout_s=wait.wait_s + self.reply_timeout_s,
+                    **self.replies.state(),
+                )
+                raise ServiceError.of(
+                    "get_auth_state_failed",
+                    f"No answer within {wait.wait_s + self.reply_timeout_s:g} s. {unavailable}",
+                )
         data = long_poll.auth_state(reply, account_id, request_id, unavailable)
         return json_response(AuthStateResponse(request_id=request_id, data=data))
