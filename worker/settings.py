@@ -151,8 +151,8 @@ class Settings(BaseSettings):
     # --- Kafka ---------------------------------------------------------------------------
     kafka_bootstrap_servers: str | None = Field(
         default=None,
-        description="Kafka bootstrap servers. Unset: 127.0.0.1:9092 (the dev stack starts its "
-        "embedded broker there).",
+        description="Kafka bootstrap servers. Unset: 127.0.0.1:9092 (where the dev stack starts "
+        "its broker).",
     )
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     kafka_sasl_mechanism: str | None = None
@@ -162,7 +162,9 @@ class Settings(BaseSettings):
     kafka_ssl_certfile: Path | None = None
     kafka_ssl_keyfile: Path | None = None
     kafka_idempotent_producer: bool = Field(
-        default=False, description="Enable on real Kafka; the embedded broker does not support it."
+        default=False,
+        description="Enable on real Kafka; off for a broker without InitProducerId (the dev "
+        "stack's).",
     )
     kafka_consumer_group: str = "passkey-auth-worker"
     kafka_session_timeout_ms: int = 10_000
@@ -172,9 +174,9 @@ class Settings(BaseSettings):
         default=500,
         ge=1,
         description="Longest a fetch waits for data. Kafka answers a fetch as soon as data "
-        "arrives, so a long wait costs no latency there and keeps idle consumers quiet; the "
-        "embedded broker always waits the full time, so whatever runs against it (devstack, "
-        "the bench, the tests) sets a short one (devstack/settings.py).",
+        "arrives, so a long wait costs no latency there and keeps idle consumers quiet; a broker "
+        "that waits the full time needs a short one (the dev stack, the bench and the tests "
+        "set theirs: devstack/settings.py).",
     )
     kafka_request_timeout_ms: int = Field(
         default=40_000,

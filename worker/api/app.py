@@ -91,15 +91,15 @@ VIEW_FETCH_MIN_WAIT_MS: Final = 50
 """The shortest fetch wait of the consumer the read models share (webhook.endpoints, through
 ``worker.engine.tail.SharedConsumer``) and of the deliveries scan's. Replies wait
 ``KAFKA_FETCH_MAX_WAIT_MS``, which Kafka cuts short when a reply arrives;
-the embedded broker, when a pass finds nothing, looks again only after half the remaining
-wait, so the dev stack sets a short one for
-the front-end, and the read models, which tolerate a few more milliseconds of lag, poll less
+a broker that, when a pass finds nothing, looks again only after half the remaining wait
+needs a short one (the dev stack sets it for
+the front-end), and the read models, which tolerate a few more milliseconds of lag, poll less
 often than that (figures: bench/README.md)."""
 
 
 def view_consumer(kafka: KafkaConfig) -> SharedConsumer:
     """The consumer the front-end's read models share (the replies keep their own, whose
-    fetches bound each round trip's latency on the embedded broker)."""
+    fetches bound each round trip's latency on a broker that holds a fetch for its wait)."""
     return SharedConsumer(_view_reader(kafka), idle_timeout_ms=200)
 
 

@@ -66,7 +66,7 @@ async def run_worker(
     error so the process exits non-zero, and ``TopicsMisconfigured`` before it starts when its
     topics are not as specified. ``providers`` replaces the HTTP adapters built from
     ``PROVIDER_URLS`` (the benchmark's in-process provider); ``consumer_class`` the group
-    consumer's class (the development tools', for the embedded broker)."""
+    consumer's class (``worker.engine.kafka.ConsumerClass``)."""
     registry = registry or CollectorRegistry()
     export_process_metrics(registry, tracing.SERVICE_WORKER)
     metrics = WorkerMetrics(registry)

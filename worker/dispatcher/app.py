@@ -118,7 +118,7 @@ async def run_dispatcher(
     """One dispatcher of the pool, until SIGTERM/SIGINT (or ``stop``); raises on a fatal loop
     error, and ``TopicsMisconfigured`` before it starts when its topics are not as specified.
     ``sender`` replaces the HTTP sender built from settings (tests); ``consumer_class`` the
-    group consumer's class (the development tools', for the embedded broker)."""
+    group consumer's class (``worker.engine.kafka.ConsumerClass``)."""
     registry = registry or CollectorRegistry()
     export_process_metrics(registry, tracing.SERVICE_WEBHOOKS)
     metrics = WebhookMetrics(registry)

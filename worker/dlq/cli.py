@@ -142,7 +142,7 @@ async def _read_to_end(
     on an empty poll while no fetch of the partition has come back (a slow broker, or a
     loaded host), which must not pass for an empty partition here. So unless a high-water
     mark is known, the partition is read on until its position reaches ``end_offsets()``
-    (exact on Kafka; on the embedded broker a lower bound of the end, 0 only when empty)."""
+    (exact on Kafka; on some brokers a lower bound of the end, 0 only when empty)."""
     for _ in range(END_CHECKS):
         await replay_to_highwater(consumer, [tp], on_batch, max_records=batch, assign=assign)
         assign = False

@@ -39,11 +39,11 @@ class GapWatch:
 
     Only for topics whose offsets are dense (``cleanup.policy=delete``, no transactions):
     there a gap is never normal. On Kafka it never happens (a fetch ends at the high-water
-    mark, below which every record is written); the embedded broker advances a partition's
-    end before it stores the batch, so with two producers on one partition a fetch can return
-    the second producer's batch while the first one's is not stored yet, and a reader that
-    takes it moves, and commits, past records it never saw (docs/architecture.md, "The
-    embedded broker"). Compacted topics have gaps by design: their readers pass no watch.
+    mark, below which every record is written); a broker that advances a partition's end
+    before it stores the batch can, with two producers on one partition, return the second
+    producer's batch while the first one's is not stored yet, and a reader that takes it
+    moves, and commits, past records it never saw (docs/architecture.md, "The consume
+    engine"). Compacted topics have gaps by design: their readers pass no watch.
 
     Bounded by the partitions read: one entry per partition that is waiting, dropped when the
     partition is read past the gap or is no longer read.

@@ -1,7 +1,7 @@
 """The one bounded range read: some partitions of a topic, each from an offset, from its last
 ``n`` records or from the first record stamped at or after a time, to the end it had when the
-read began (a fetch answer's high-water mark, ``high_water_marks``; docs/architecture.md, "The
-embedded broker"), within a record budget per partition and a deadline. What arrives after the
+read began (a fetch answer's high-water mark, ``high_water_marks``; docs/architecture.md,
+"The consume engine"), within a record budget per partition and a deadline. What arrives after the
 start is never read. The front-end's replays, account-event pages and delivery-log scans read
 through it, on a started, group-less consumer of their own."""
 
@@ -64,7 +64,7 @@ async def partitions(
 
 def start_at(found: OffsetAndTimestamp | None, end: int) -> int:
     """Where a read by time starts, given the broker's answer to ListOffsets by time: "none"
-    (Kafka's ``None``; the embedded broker's offset 0 with timestamp -1) is ``end``, nothing to
+    (Kafka's ``None``; other brokers' offset 0 with timestamp -1) is ``end``, nothing to
     read, never offset 0."""
     if found is None or found.timestamp < 0 or found.offset < 0:
         return end

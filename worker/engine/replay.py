@@ -1,7 +1,8 @@
 """Replay partitions from their beginning to their high-water mark: the one catch-up loop of
 the store's restore, the front-end's tails and the tools, so all agree on where a partition
-ends. That end is a fetch response's high-water mark, never ``end_offsets()`` nor an empty
-poll (docs/architecture.md, "The embedded broker")."""
+ends. That end is a fetch response's high-water mark, never ``end_offsets()`` (some brokers
+answer it with the last batch's first offset + 1) nor an empty poll (docs/architecture.md,
+"The consume engine")."""
 
 from __future__ import annotations
 
@@ -97,10 +98,10 @@ async def high_water_marks(
     consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition], *, idle_timeout_ms: int = 200
 ) -> dict[TopicPartition, int]:
     """Where each of ``tps`` ends now: the high-water mark of a fetch response received after
-    this call, never ``end_offsets()`` alone (wrong on the embedded broker, see the module
+    this call, never ``end_offsets()`` alone (wrong on some brokers, see the module
     docstring). Assigns ``tps`` to the started, group-less ``consumer`` (replacing whatever it
     had) and positions each at ``end_offsets()``, which is exact on Kafka and short of the end
-    on the embedded broker, so a fetch hands over at most a batch that is thrown away."""
+    on such brokers, so a fetch hands over at most a batch that is thrown away."""
     consumer.assign(list(tps))
     for tp, offset in (await consumer.end_offsets(list(tps))).items():
         consumer.seek(tp, offset)

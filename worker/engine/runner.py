@@ -197,7 +197,7 @@ def group_consumer(
 ) -> AIOKafkaConsumer:
     """The consumer of a consume loop: the group's liveness and rebalance timeouts are sized
     from the drain grace, so a member that drains on revocation is not thrown out for it.
-    ``consumer_class`` is the development tools' for the embedded broker (``devstack``)."""
+    ``consumer_class``: see ``worker.engine.kafka.ConsumerClass``."""
     grace_ms = int(limits.shutdown_grace_s * 1000)
     return build_consumer(
         kafka,

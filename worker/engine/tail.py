@@ -149,7 +149,7 @@ class TopicTail:
         ``timeout`` passed first or the loop died. For a reader that meets a key this tail
         has not applied yet, but whose record was written before the one it is reading:
         another consumer's fetch can run ahead of this tail's. Needs the tail's own consumer
-        (``end_offsets``: one request; on the embedded broker it names the last batch's first
+        (``end_offsets``: one request; on some brokers it names the last batch's first
         offset + 1, so a record later in a batch of several may not be waited for)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -277,8 +277,8 @@ class SharedConsumer:
     Each tail gets a ``share()`` in place of its own consumer: the share is assigned the
     tail's partitions, and one task fetches for all of them and hands each share the records
     of its partitions. Tails that tolerate the same fetch wait share one: every consumer is a
-    fetch request per ``fetch_max_wait_ms`` even when idle (on the embedded broker, every
-    fetch is held for the full wait), for the process and the broker alike.
+    fetch request per ``fetch_max_wait_ms`` even when idle (on a broker that holds
+    every fetch for the full wait, the more so), for the process and the broker alike.
 
     ``consumer`` is an unstarted, group-less consumer; the first share's ``start`` starts
     it and the last share's ``stop`` closes it. A fetch failure fails every share's

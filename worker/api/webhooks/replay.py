@@ -52,7 +52,7 @@ PER_WORKSPACE: Final = 2
 RETRY_AFTER_S: Final = 30
 REPLAY_TIMEOUT_S: Final = 300.0
 #: How much earlier than ``since`` a partition is read from: the broker's timestamps are the
-#: producer's clock (Kafka's CreateTime) or the broker's (append time, as on Tansu), and an
+#: producer's clock (Kafka's CreateTime) or the broker's (append time, on some brokers), and an
 #: event's ``occurred_at`` the worker's.
 SEEK_MARGIN_S: Final = 60.0
 #: Records decoded between two yields to the event loop.

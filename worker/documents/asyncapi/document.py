@@ -64,7 +64,7 @@ def asyncapi_document() -> dict[str, Any]:
             "development": {
                 "host": DEFAULT_BOOTSTRAP,
                 "protocol": "kafka",
-                "description": "The embedded broker of `make run`.",
+                "description": "The development broker of `make run`.",
             },
         },
         "channels": channel_objects,
