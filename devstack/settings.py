@@ -17,6 +17,7 @@ __all__ = [
     "EMBEDDED_API_FETCH_MAX_WAIT_MS",
     "EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS",
     "EMBEDDED_FETCH_MAX_WAIT_MS",
+    "EMBEDDED_OFFSET_GAP_HOLD_S",
     "DevSettings",
 ]
 
@@ -30,6 +31,10 @@ EMBEDDED_API_FETCH_MAX_WAIT_MS: Final = 10
 #: its fetches walks every partition it names, so a short wait costs the broker most of its
 #: idle CPU (bench/README.md, "Soak").
 EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS: Final = 250
+#: ``KAFKA_OFFSET_GAP_HOLD_S`` on the embedded broker: it advances a partition's end before it
+#: stores the batch, so a reader must wait for an offset it skipped (docs/architecture.md,
+#: "The embedded broker").
+EMBEDDED_OFFSET_GAP_HOLD_S: Final = 1.0
 
 
 class DevSettings(Settings):
@@ -38,6 +43,7 @@ class DevSettings(Settings):
     embedded_broker_port: int = 9092
     # The development tools talk to the embedded broker: a wait there is per-hop latency.
     kafka_fetch_max_wait_ms: int = Field(default=EMBEDDED_FETCH_MAX_WAIT_MS, ge=1)
+    kafka_offset_gap_hold_s: float = Field(default=EMBEDDED_OFFSET_GAP_HOLD_S, ge=0)
     dispatcher_fetch_max_wait_ms: int = Field(
         default=EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS,
         ge=1,

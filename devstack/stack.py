@@ -183,6 +183,8 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
         # (the production default is long: Kafka answers when data arrives); a short one keeps
         # the stack responsive.
         env.setdefault("KAFKA_FETCH_MAX_WAIT_MS", str(settings.kafka_fetch_max_wait_ms))
+        # A fetch there can skip a batch not stored yet: readers wait for it.
+        env.setdefault("KAFKA_OFFSET_GAP_HOLD_S", str(settings.kafka_offset_gap_hold_s))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     simulator = Component("simulator", ["devstack", "simulator"], env=env)
     # The product's worker and dispatcher with the embedded broker's group consumer (a no-op

@@ -166,6 +166,15 @@ class Settings(BaseSettings):
         description="Enable on real Kafka; off for a broker without InitProducerId (the dev "
         "stack's).",
     )
+    kafka_offset_gap_hold_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="How long the consume loop and the reply reader hold back a record past an "
+        "offset they never saw, waiting for it, before they pass the gap (logged, counted); 0: "
+        "off. Kafka has no such gap (a fetch ends at the high-water mark), so the watch holds "
+        "nothing there; a broker that advances a partition's end before it stores the batch "
+        "needs it (devstack sets it).",
+    )
     kafka_consumer_group: str = "passkey-auth-worker"
     kafka_session_timeout_ms: int = 10_000
     kafka_heartbeat_interval_ms: int = 1_000
@@ -768,6 +777,7 @@ class Settings(BaseSettings):
             session_timeout_ms=self.kafka_session_timeout_ms,
             heartbeat_interval_ms=self.kafka_heartbeat_interval_ms,
             idempotent_producer=self.kafka_idempotent_producer,
+            offset_gap_hold_s=self.kafka_offset_gap_hold_s,
         )
 
     def topic_sizing(self) -> TopicSizing:

@@ -13,15 +13,20 @@ import asyncio
 import time
 from typing import Any, cast
 
+import pytest
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from devstack.settings import EMBEDDED_OFFSET_GAP_HOLD_S, DevSettings
 from tests.conftest import SettingsFactory
+from worker.api.replies import ReplyRouter
 from worker.engine.consume_loop import ConsumeLoop, LoopConfig
 from worker.engine.fetch import GapWatch, getmany, skipping
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.offsets import OffsetTracker
+from worker.engine.runner import LoopLimits, LoopSpec, consume_loop
 from worker.runtime.logs import get_logger
+from worker.settings import Settings
 
 TP = TopicPartition("t", 0)
 
@@ -226,3 +231,28 @@ async def test_a_revocation_during_a_periodic_commit_does_not_end_periodic_commi
         await asyncio.sleep(0.01)
     ticker.cancel()
     assert calls >= 3, "the periodic task went on after one call raised"
+
+
+@pytest.mark.parametrize("hold_s", [0.0, 2.5])
+def test_the_gap_hold_is_a_setting_and_zero_turns_the_watch_off(hold_s: float) -> None:
+    """``KAFKA_OFFSET_GAP_HOLD_S`` reaches the consume loop and the reply reader; at 0 neither
+    carries a watch (Kafka has no gap to wait for)."""
+    kafka = Settings(kafka_offset_gap_hold_s=hold_s).kafka_config()
+    loop = consume_loop(
+        kafka,
+        LoopLimits(),
+        LoopSpec(("t",), "s", max_in_flight=10),
+        consumer=cast(Any, None),
+        handler=cast(Any, type("H", (), {"store": None})()),
+        metrics=cast(Any, None),
+    )
+    router = ReplyRouter(None, "replies", gap_hold_s=kafka.offset_gap_hold_s)
+    for gaps in (loop.gaps, router.gaps):
+        if hold_s == 0:
+            assert gaps is None
+        else:
+            assert gaps is not None and gaps.hold_s == hold_s
+
+
+def test_the_dev_tools_turn_the_gap_watch_on() -> None:
+    assert DevSettings().kafka_config().offset_gap_hold_s == EMBEDDED_OFFSET_GAP_HOLD_S > 0

@@ -366,6 +366,7 @@ async def api_runtime(
         topics.replies,
         partition=settings.api_reply_partition,
         spread=settings.api_reply_partitions,
+        gap_hold_s=kafka.offset_gap_hold_s,
     )
     shared = view_consumer(kafka)
     presence = Presence(shared.share(), topics.api_presence, producer, health=broker)

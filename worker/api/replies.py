@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from worker.contract.messages import Reply
-from worker.engine.fetch import GapWatch, gap_logger
+from worker.engine.fetch import GAP_HOLD_S, GapWatch, gap_logger
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
 
@@ -103,7 +103,8 @@ class ReplyRouter(TopicTail):
 
     ``consumer`` is an unstarted, group-less consumer (``build_consumer(kafka)``); the
     router starts and closes it. ``ready`` is true once the replies present at start-up were
-    skipped and while the loop runs.
+    skipped and while the loop runs. ``gap_hold_s`` is the offset gap watch's hold
+    (``KafkaConfig.offset_gap_hold_s``; 0: none).
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class ReplyRouter(TopicTail):
         spread: int = 1,
         rng: random.Random | None = None,
         behind_after_s: float = 5.0,
+        gap_hold_s: float = GAP_HOLD_S,
     ) -> None:
         super().__init__(
             consumer,
@@ -125,7 +127,11 @@ class ReplyRouter(TopicTail):
             idle_timeout_ms=idle_timeout_ms,
             max_records=max_records,
             only=self._pick,
-            gaps=GapWatch(gap_logger(log, "reply-router")),
+            gaps=(
+                GapWatch(gap_logger(log, "reply-router"), hold_s=gap_hold_s)
+                if gap_hold_s > 0
+                else None
+            ),
         )
         self.behind_after_s = behind_after_s
         self._next_offset: dict[Any, int] = {}

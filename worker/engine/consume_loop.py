@@ -86,7 +86,7 @@ class LoopConfig:
     """Age at which a record's unreleased hold gets its ``on_overdue`` call."""
     gap_hold_s: float = 1.0
     """How long an offset never seen below a fetched record is waited for before the loop
-    goes on past it, reported (``worker.engine.fetch.GapWatch``)."""
+    goes on past it, reported (``worker.engine.fetch.GapWatch``); 0: no watch."""
     max_in_flight_per_key: int | None = None
     """The share of ``max_in_flight`` one lane key (partition, key) may hold, queued and
     running; ``None``: ``default_key_share``. A key at its share pauses its partition only."""
@@ -154,9 +154,13 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.last_beat = time.monotonic()
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
-        self.gaps = GapWatch(
-            gap_logger(log, "consume-loop", lambda: metrics.offset_gaps.inc()),
-            hold_s=config.gap_hold_s,
+        self.gaps = (
+            GapWatch(
+                gap_logger(log, "consume-loop", lambda: metrics.offset_gaps.inc()),
+                hold_s=config.gap_hold_s,
+            )
+            if config.gap_hold_s > 0
+            else None
         )
 
     @property

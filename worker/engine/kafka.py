@@ -58,6 +58,9 @@ class KafkaConfig:
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
     idempotent_producer: bool = False
+    offset_gap_hold_s: float = 1.0
+    """How long a reader of a topic with dense offsets holds back a record past an offset it
+    never saw (``worker.engine.fetch.GapWatch``); 0: no watch."""
 
 
 def client_options(kafka: KafkaConfig) -> dict[str, Any]:

@@ -269,6 +269,6 @@ def consume_loop(
         restore_consumer=lambda: build_consumer(kafka, enable_auto_commit=False),
         executor=handler,
         metrics=metrics,
-        config=spec.config(limits),
+        config=dataclasses.replace(spec.config(limits), gap_hold_s=kafka.offset_gap_hold_s),
         unordered=unordered,
     )
