@@ -23,7 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from worker.api.bodies import error_response, new_request_id, valid_id
 from worker.api.keys import KeyStore
-from worker.api.routes import PASSKEY_CONFIRM, check_account_id, check_body
+from worker.api.reading import check_body
+from worker.api.routes import PASSKEY_CONFIRM, check_account_id
 from worker.contract.catalogue import ServiceError
 from worker.runtime import eventloop
 

@@ -235,3 +235,194 @@ def test_a_front_end_module_importing_the_dispatcher_is_found(tmp_path: Path) ->
 def test_a_module_outside_every_layer_is_found(tmp_path: Path) -> None:
     _tree(tmp_path, {"worker/extras/thing.py": "import json\n"})
     assert crossings(tmp_path) == ["worker/extras/thing.py has no layer"]
+
+
+# Direction inside a package. A package's composition roots wire its modules together, so
+# they import nearly everything in it; a module of a subpackage importing one of them would
+# point back up. Below the roots, the rule is the graph's: no module imports one that
+# (transitively) imports it back, type-only imports included, so every module can be read,
+# tested and moved knowing only what is under it.
+
+#: Each package's composition roots, which no module of its subpackages may import.
+ROOTS: dict[str, set[str]] = {
+    "worker.api": {"app", "routes", "server"},
+    "worker.auth": {"app"},
+    "worker.dispatcher": {"app"},
+    "worker.documents": {"export"},
+}
+
+
+def _modules(root: Path) -> dict[str, tuple[Path, bool]]:
+    """Every module of ``root/worker`` by dotted name, with its path and whether it is a
+    package's ``__init__``."""
+    found = {}
+    package_root = root / "worker"
+    for path in sorted(package_root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return found
+
+
+def _module_named(name: str, modules: dict[str, tuple[Path, bool]]) -> str | None:
+    """The module ``name`` denotes: itself, or the longest dotted prefix that is a module (an
+    attribute of it was imported)."""
+    parts = name.split(".")
+    while parts:
+        if ".".join(parts) in modules:
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Which ``worker`` modules each module of ``root/worker`` imports, every import counted:
+    at the top, in a function, under ``if TYPE_CHECKING:``. ``from p import m`` is an edge to
+    the module ``p.m`` when there is one, else to ``p`` (an attribute of it); the packages
+    Python imports on the way to a module are not edges (a package's ``__init__`` naming its
+    modules would otherwise close a circle with each)."""
+    modules = _modules(root)
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_package) in modules.items():
+        edges: set[str | None] = set()
+        for node in ast.walk(parse(path)):
+            if isinstance(node, ast.ImportFrom):
+                source = _absolute(node, name, is_package)
+                if source.split(".")[0] != "worker":
+                    continue
+                for alias in node.names:
+                    full = f"{source}.{alias.name}"
+                    edges.add(full if full in modules else _module_named(source, modules))
+            elif isinstance(node, ast.Import):
+                edges.update(
+                    _module_named(alias.name, modules)
+                    for alias in node.names
+                    if alias.name.split(".")[0] == "worker"
+                )
+        graph[name] = {e for e in edges if e is not None and e != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each set of modules that import each other in a circle (a strongly connected component
+    of more than one module), sorted; iterative Tarjan, so no recursion limit."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def upward(root: Path) -> list[str]:
+    """Every import of a package's composition root (``ROOTS``) by a module of one of its
+    subpackages (or by a subpackage's ``__init__``)."""
+    modules = _modules(root)
+    wrong: list[str] = []
+    for module, imports in sorted(import_graph(root).items()):
+        for package, roots in ROOTS.items():
+            rel = module.removeprefix(f"{package}.")
+            if rel == module or ("." not in rel and not modules[module][1]):
+                continue  # outside the package, or one of its own top modules
+            wrong.extend(
+                f"{module} imports {target}"
+                for target in sorted(imports)
+                if target.removeprefix(f"{package}.") in roots
+            )
+    return wrong
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    assert cycles(import_graph(REPO)) == []
+
+
+def test_no_subpackage_imports_its_package_composition_roots() -> None:
+    assert upward(REPO) == []
+
+
+def test_every_named_composition_root_exists() -> None:
+    modules = _modules(REPO)
+    assert {f"{p}.{r}" for p, roots in ROOTS.items() for r in roots} <= set(modules)
+
+
+def test_a_type_only_circle_is_found(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            "worker/__init__.py": "",
+            "worker/dispatcher/__init__.py": "",
+            "worker/dispatcher/log.py": "from worker.dispatcher.sender import Sender\n",
+            "worker/dispatcher/sender.py": "from worker.dispatcher import delivery\n",
+            "worker/dispatcher/delivery.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .log import Entry\n"
+            ),
+            "worker/dispatcher/alone.py": "def f():\n    import worker.dispatcher.log\n",
+        },
+    )
+    graph = import_graph(tmp_path)
+    assert graph["worker.dispatcher.alone"] == {"worker.dispatcher.log"}
+    assert cycles(graph) == [
+        ["worker.dispatcher.delivery", "worker.dispatcher.log", "worker.dispatcher.sender"]
+    ]
+
+
+def test_a_circle_through_a_function_body_import_is_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"d"}, "d": {"b"}, "e": {"a"}, "f": {"f"}}
+    assert cycles(graph) == [["b", "c", "d"]]
+
+
+def test_a_subpackage_importing_its_package_root_is_found(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            "worker/api/__init__.py": "",
+            "worker/api/routes.py": "from worker.api.reading import request_id_of\n",
+            "worker/api/reading.py": "",
+            "worker/api/app.py": "from worker.api.portal import sessions\n",
+            "worker/api/keys.py": "from worker.api.routes import X\n",
+            "worker/api/portal/__init__.py": "",
+            "worker/api/portal/sessions.py": (
+                "from worker.api.routes import request_id_of\n"
+                "from worker.api.keys import KeyStore\n"
+                "from worker.api.webhooks.bodies import json_object_body\n"
+            ),
+            "worker/api/webhooks/__init__.py": "",
+            "worker/api/webhooks/bodies.py": "from worker.api import app\n",
+        },
+    )
+    assert upward(tmp_path) == [
+        "worker.api.portal.sessions imports worker.api.routes",
+        "worker.api.webhooks.bodies imports worker.api.app",
+    ]

@@ -27,10 +27,10 @@ from worker.api.portal.revocations import PortalRevocations
 from worker.api.portal.sessions import PORTAL_SESSION, PORTAL_SESSIONS, PortalSessions
 from worker.api.portal.tokens import PortalTokens
 from worker.api.presence import Presence
+from worker.api.reading import ACCOUNT_ID_RULE
 from worker.api.replies import ReplyRouter
 from worker.api.request_rate import RateLimiter
 from worker.api.routes import (
-    ACCOUNT_ID_RULE,
     API_ROUTES,
     EXCEPTION_HANDLERS,
     ApiRoutes,

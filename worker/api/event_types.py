@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from worker.api.bodies import DataResponse
-from worker.api.routes import request_id_of
+from worker.api.reading import request_id_of
 from worker.webhooks.event_types import catalogue_document
 
 EVENT_TYPES_PATH: Final = "/v1/event-types"

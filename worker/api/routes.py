@@ -37,6 +37,7 @@ from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.portal.revocations import PortalRevocations, session_claims
 from worker.api.portal.tokens import PortalTokens, in_portal_scope
+from worker.api.reading import ACCOUNT_ID_RULE, check_body, request_id_of
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
 from worker.api.request_rate import RateLimited, RateLimiter
 from worker.contract.catalogue import ServiceError
@@ -52,20 +53,9 @@ log = get_logger(__name__)
 PASSKEY_CONFIRM: Final = "/v1/accounts/{account_id}/auth/passkey-confirm"
 ACCOUNT_AUTH: Final = "/v1/accounts/{account_id}/auth"
 API_ROUTES: Final = (PASSKEY_CONFIRM, ACCOUNT_AUTH)
-MAX_BODY_BYTES: Final = 64 * 1024
 _JSON: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 """``JSONResponse``'s encoding, built once (``json.dumps`` with its arguments builds an
 encoder per call)."""
-ACCOUNT_ID_RULE: Final = (
-    "account_id must be 1-128 characters: a letter or digit, then letters, digits,"
-    " '.', '_', ':', '@' or '-'"
-)
-
-
-def request_id_of(request: Request) -> str:
-    """The id ``FrontDoor`` chose for this request."""
-    rid: str = request.scope["state"]["request_id"]
-    return rid
 
 
 async def on_service_error(request: Request, exc: Exception) -> Response:
@@ -104,40 +94,6 @@ EXCEPTION_HANDLERS: Final[dict[Any, Callable[[Request, Exception], Awaitable[Res
 def check_account_id(account_id: str) -> None:
     if not valid_id(account_id):
         raise ServiceError.of("invalid_request", f"Invalid path parameter: {ACCOUNT_ID_RULE}.")
-
-
-async def read_body(request: Request) -> bytes:
-    """The raw body; 400 when larger than ``MAX_BODY_BYTES``."""
-    size = 0
-    chunks: list[bytes] = []
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ServiceError.of(
-                "invalid_request", f"The request body exceeds {MAX_BODY_BYTES} bytes."
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def decode_json(raw: bytes) -> Any:
-    """``raw`` as JSON; 400 when it is not."""
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ServiceError.of(
-            "invalid_request", "The request body cannot be decoded as JSON."
-        ) from None
-
-
-async def check_body(request: Request) -> bytes:
-    """No body is required; an empty body, or any JSON object (ignored), is accepted. Empty
-    means no byte at all: whitespace alone is not JSON, and neither is anything else. The raw
-    body, for an ``Idempotency-Key``'s comparison."""
-    raw = await read_body(request)
-    if raw and not isinstance(decode_json(raw), dict):
-        raise ServiceError.of("invalid_request", "The request body must be a JSON object or empty.")
-    return raw
 
 
 def _not_ready_message(what: str) -> str:

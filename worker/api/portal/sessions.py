@@ -21,7 +21,7 @@ from worker.api.bodies import DataResponse, json_response
 from worker.api.keys import KeyStore
 from worker.api.portal.revocations import PortalRevocations
 from worker.api.portal.tokens import SESSION_ID_RE, PortalTokens
-from worker.api.routes import request_id_of
+from worker.api.reading import request_id_of
 from worker.api.webhooks.bodies import json_object_body
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier

@@ -20,7 +20,7 @@ from pydantic import (
 from starlette.requests import Request
 
 from worker.api.bodies import DataResponse
-from worker.api.routes import decode_json, read_body
+from worker.api.reading import decode_json, read_body
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
 from worker.contract.webhook_endpoints import EndpointRecord, EndpointStatus, EventType, RateLimit

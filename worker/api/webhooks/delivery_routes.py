@@ -11,14 +11,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from worker.api.bodies import json_response, valid_id
-from worker.api.routes import request_id_of
+from worker.api.reading import request_id_of
 from worker.api.webhooks.bodies import json_object_body, parse_rfc3339
+from worker.api.webhooks.clients import WebhookClients
 from worker.api.webhooks.delivery_bodies import (
     DeliveryDetail,
     DeliveryDetailResponse,
@@ -49,9 +50,6 @@ from worker.runtime.admission import NoRoom
 from worker.runtime.logs import get_logger
 from worker.webhooks.samples import sample_event
 
-if TYPE_CHECKING:
-    from worker.api.webhooks.routes import WebhookClients
-
 log = get_logger(__name__)
 
 WEBHOOK_DELIVERY: Final = "/v1/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}"
@@ -67,7 +65,7 @@ UNAVAILABLE: Final = "The deliveries are not available right now; retry shortly.
 SEND_TIMEOUT_S: Final = 10.0
 """How long a send waits for the broker's ack before answering that it is unconfirmed."""
 
-EndpointOf = Callable[..., Awaitable[tuple["WebhookClients", str, EndpointRecord]]]
+EndpointOf = Callable[..., Awaitable[tuple[WebhookClients, str, EndpointRecord]]]
 
 
 def _invalid_query(rule: str) -> ServiceError:

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from worker.api.bodies import json_response, valid_id
-from worker.api.routes import ACCOUNT_ID_RULE, check_body, request_id_of
+from worker.api.reading import ACCOUNT_ID_RULE, check_body, request_id_of
 from worker.api.webhooks.account_events import (
     DEFAULT_LIMIT,
     MAX_LIMIT,

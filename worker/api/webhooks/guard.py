@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from worker.api.bodies import error_response
-from worker.api.routes import request_id_of
+from worker.api.reading import request_id_of
 from worker.api.webhooks.quotas import Refused
 from worker.contract.catalogue import ServiceError
 from worker.runtime.logs import get_logger

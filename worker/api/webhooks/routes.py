@@ -9,7 +9,6 @@ import contextlib
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from starlette.requests import Request
@@ -18,13 +17,8 @@ from starlette.routing import Route
 
 from worker.api.bodies import json_response, valid_id
 from worker.api.metrics import ApiMetrics
-from worker.api.routes import (
-    ACCOUNT_ID_RULE,
-    check_body,
-    request_id_of,
-)
+from worker.api.reading import ACCOUNT_ID_RULE, check_body, request_id_of
 from worker.api.webhooks import creates
-from worker.api.webhooks.account_events import AccountEvents, CursorCodec
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
     EndpointData,
@@ -38,8 +32,8 @@ from worker.api.webhooks.bodies import (
     UpdateEndpointBody,
     json_object_body,
 )
+from worker.api.webhooks.clients import WebhookClients
 from worker.api.webhooks.creates import NewEndpoint, is_pending
-from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
 from worker.api.webhooks.delivery_routes import (
     DELIVERY_ROUTES,
     WEBHOOK_DELIVERY,
@@ -49,18 +43,13 @@ from worker.api.webhooks.delivery_routes import (
 )
 from worker.api.webhooks.guard import Handler, guarded
 from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota
-from worker.api.webhooks.replay import ReplayRunner
-from worker.api.webhooks.replay_status import ReplayBoard
-from worker.api.webhooks.sends import SENDS_PER_MINUTE, DeliverySends, SendBudget
+from worker.api.webhooks.sends import SENDS_PER_MINUTE, SendBudget
 from worker.api.webhooks.urls import url_form_allowed, url_rule_text
 from worker.contract.catalogue import ServiceError
 from worker.contract.operational_events import enabled_record
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
-from worker.webhooks.announcer import Announcer
-from worker.webhooks.endpoint_writes import EndpointStore
-from worker.webhooks.endpoints import EndpointsTail
 from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
 
 log = get_logger(__name__)
@@ -94,27 +83,6 @@ UNCONFIRMED: Final = (
 )
 
 Written = TypeVar("Written")
-
-
-@dataclass(frozen=True)
-class WebhookClients:
-    """The started clients behind the routes, present only when webhooks are configured."""
-
-    endpoints: EndpointsTail
-    store: EndpointStore
-    deliveries: DeliveryLogScan
-    replays: ReplayRunner
-    #: Announces ``endpoint.enabled`` (``worker.webhooks.announcer``); ``None``: not at all.
-    announcer: Announcer | None = None
-    #: Replays' progress, an account's events and their cursors (``follow_routes``).
-    board: ReplayBoard | None = None
-    events: AccountEvents | None = None
-    cursors: CursorCodec | None = None
-    sends: DeliverySends | None = None
-
-    @property
-    def tails(self) -> tuple[TopicTail, ...]:
-        return (self.endpoints,)
 
 
 class WebhookRoutes:

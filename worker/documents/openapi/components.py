@@ -16,7 +16,7 @@ from worker.api.bodies import (
 )
 from worker.api.event_types import EventTypesResponse
 from worker.api.portal.sessions import PortalSessionBody, PortalSessionResponse
-from worker.api.routes import ACCOUNT_ID_RULE
+from worker.api.reading import ACCOUNT_ID_RULE
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
     EndpointListResponse,

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from worker.api.bodies import ErrorResponse
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_HEADERS, CORS_MAX_AGE_S, CORS_METHODS
 from worker.api.methods import allow_value
-from worker.api.routes import MAX_BODY_BYTES
+from worker.api.reading import MAX_BODY_BYTES
 from worker.contract.catalogue import ServiceError, by_numeric, entry
 
 JSON: Final = "application/json"

@@ -1,0 +1,60 @@
+"""What every route reads of a request: the id ``FrontDoor`` chose, a body bounded by
+``MAX_BODY_BYTES``, its JSON, and the account-id rule's wording. Below the contract's routes
+(``routes.py``) and the ``portal`` and ``webhooks`` subpackages, which all use it, so none of
+them imports a composition root (docs/architecture.md, "Where each concept lives in the
+code")."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from starlette.requests import Request
+
+from worker.contract.catalogue import ServiceError
+
+MAX_BODY_BYTES: Final = 64 * 1024
+ACCOUNT_ID_RULE: Final = (
+    "account_id must be 1-128 characters: a letter or digit, then letters, digits,"
+    " '.', '_', ':', '@' or '-'"
+)
+
+
+def request_id_of(request: Request) -> str:
+    """The id ``FrontDoor`` chose for this request."""
+    rid: str = request.scope["state"]["request_id"]
+    return rid
+
+
+async def read_body(request: Request) -> bytes:
+    """The raw body; 400 when larger than ``MAX_BODY_BYTES``."""
+    size = 0
+    chunks: list[bytes] = []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ServiceError.of(
+                "invalid_request", f"The request body exceeds {MAX_BODY_BYTES} bytes."
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_json(raw: bytes) -> Any:
+    """``raw`` as JSON; 400 when it is not."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ServiceError.of(
+            "invalid_request", "The request body cannot be decoded as JSON."
+        ) from None
+
+
+async def check_body(request: Request) -> bytes:
+    """No body is required; an empty body, or any JSON object (ignored), is accepted. Empty
+    means no byte at all: whitespace alone is not JSON, and neither is anything else. The raw
+    body, for an ``Idempotency-Key``'s comparison."""
+    raw = await read_body(request)
+    if raw and not isinstance(decode_json(raw), dict):
+        raise ServiceError.of("invalid_request", "The request body must be a JSON object or empty.")
+    return raw

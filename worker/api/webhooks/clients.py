@@ -1,0 +1,38 @@
+"""The started clients behind the webhook routes, in a module of their own so the route
+modules that take them (``routes``, ``delivery_routes``, ``follow_routes``) import it and not
+each other (tests/test_layers.py: no import cycles)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from worker.api.webhooks.account_events import AccountEvents, CursorCodec
+from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
+from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.replay_status import ReplayBoard
+from worker.api.webhooks.sends import DeliverySends
+from worker.engine.tail import TopicTail
+from worker.webhooks.announcer import Announcer
+from worker.webhooks.endpoint_writes import EndpointStore
+from worker.webhooks.endpoints import EndpointsTail
+
+
+@dataclass(frozen=True)
+class WebhookClients:
+    """The started clients behind the routes, present only when webhooks are configured."""
+
+    endpoints: EndpointsTail
+    store: EndpointStore
+    deliveries: DeliveryLogScan
+    replays: ReplayRunner
+    #: Announces ``endpoint.enabled`` (``worker.webhooks.announcer``); ``None``: not at all.
+    announcer: Announcer | None = None
+    #: Replays' progress, an account's events and their cursors (``follow_routes``).
+    board: ReplayBoard | None = None
+    events: AccountEvents | None = None
+    cursors: CursorCodec | None = None
+    sends: DeliverySends | None = None
+
+    @property
+    def tails(self) -> tuple[TopicTail, ...]:
+        return (self.endpoints,)
