@@ -3,3 +3,22 @@
 writes the delivery log and the webhook DLQ (docs/architecture.md, "Webhook fan-out"). It
 shares the webhook library (``worker.webhooks``) with the front-end and writes the records of
 ``worker.contract``; it imports no other process."""
+
+__all__ = [
+    "app",
+    "delivery",
+    "delivery_store",
+    "disabling",
+    "dispatch_ports",
+    "dispatcher",
+    "endpoint_gate",
+    "holds",
+    "instrumentation",
+    "intake",
+    "metrics",
+    "migration",
+    "pair_writes",
+    "publish",
+    "refusals",
+    "sender",
+]

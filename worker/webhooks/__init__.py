@@ -3,3 +3,15 @@ endpoints topic's tail and store, Standard Webhooks signing, secrets at rest, UR
 their bounded name lookups, the event catalogue and sample events, the operational-event
 announcer (docs/architecture.md, "Webhook fan-out"). The records both read and write are in
 ``worker.contract``; the dispatcher itself is ``worker.dispatcher``."""
+
+__all__ = [
+    "announcer",
+    "endpoint_writes",
+    "endpoints",
+    "event_types",
+    "lookup",
+    "samples",
+    "secrets_box",
+    "signing",
+    "targets",
+]

@@ -3,3 +3,12 @@ tools. Payloads, addresses and groups come from the code, so a drift test catche
 disagreement; what the code does not name (roles, compaction, inline header names) is stated
 once in this package and checked against the publishers (docs/architecture.md, "Topics and
 messages")."""
+
+__all__ = [
+    "channels",
+    "components",
+    "document",
+    "headers",
+    "messages",
+    "operations",
+]

@@ -3,3 +3,19 @@ catalogued errors, the id rule, CORS, limits and ``Allow`` are the handlers' own
 no second copy. Exported as ``schemas/openapi.json`` (drift-tested), served at
 ``/openapi.json``, fuzzed against the live app. ``document.py`` assembles one table per route
 group."""
+
+__all__ = [
+    "accounts",
+    "components",
+    "deliveries",
+    "document",
+    "endpoints",
+    "event_types",
+    "follow",
+    "parts",
+    "portal",
+    "probes",
+    "replays",
+    "signing_secrets",
+    "webhook_parts",
+]
