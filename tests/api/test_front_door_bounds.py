@@ -19,6 +19,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import pytest
 import uvicorn
@@ -230,7 +231,7 @@ async def test_refused_connections_drain_at_most_max_lingering_at_once() -> None
         for _ in range(8):  # the address's share, each waiting for its answer
             _, writer = await stack.enter_async_context(raw_connection(url))
             writer.write(TINY)
-        policy = server.config.http.http_class.policy  # type: ignore[attr-defined]
+        policy = cast(Any, server.config.http).http_class.policy
         fds = len(os.listdir("/proc/self/fd"))
         refused = [await stack.enter_async_context(raw_connection(url)) for _ in range(200)]
         answers = [await asyncio.wait_for(reader.read(200), WAIT_S) for reader, _ in refused]

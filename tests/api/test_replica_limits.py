@@ -147,7 +147,8 @@ async def test_replays_in_flight_over_three_replicas_stay_within_the_quota(
                 return all(r is not None and not creates.is_pending(r) for r in found)
 
             # A create is written pending, then activated: each replica answers the endpoint
-            # once it has read the activation (docs/architecture.md, "Endpoint creates and the quota").
+            # once it has read the activation (docs/architecture.md, "Endpoint creates and
+            # the quota").
             await wait_until(active_everywhere, what="every replica has the endpoint, active")
             answers = await asyncio.gather(
                 *(replay(clients[n % REPLICAS], endpoint["id"]) for n in range(9))

@@ -162,7 +162,10 @@ async def test_the_worker_refuses_a_new_account_past_the_workspace_quota(
         await b.send(other)
         await b.send(again)
         state = settings.topics.state
-        stored = lambda key: [k for k, _, _ in b.raw.get(state, [])].count(key)  # noqa: E731
+
+        def stored(key: bytes) -> int:
+            return [k for k, _, _ in b.raw.get(state, [])].count(key)
+
         await b.wait_for(lambda: stored(b"acc_1") == 2)
         await b.wait_for(lambda: bool(b.status_events(command_id=other.command_id)))
         assert b.errors(command_id=again.command_id) == []
