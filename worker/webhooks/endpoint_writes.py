@@ -89,11 +89,9 @@ class EndpointStore:
     ) -> tuple[EndpointRecord, str]:
         """A new active endpoint and its first secret (in clear, for the response only);
         ``endpoint_id`` when the caller chose it (a fresh ``new_endpoint_id()``)."""
-        endpoint_id = endpoint_id or new_endpoint_id()
-        secret = generate_secret()
         stamp = now_rfc3339()
-        record = EndpointRecord(
-            id=endpoint_id,
+        draft = EndpointRecord(
+            id=endpoint_id or new_endpoint_id(),
             workspace_id=workspace_id,
             url=url,
             event_types=event_types,
@@ -102,8 +100,15 @@ class EndpointStore:
             created_at=stamp,
             updated_at=stamp,
             revision=1,
-            secrets=(self._seal(endpoint_id, secret, stamp),),
         )
+        return await self.write_new(draft)
+
+    async def write_new(self, draft: EndpointRecord) -> tuple[EndpointRecord, str]:
+        """``draft`` (a new endpoint, any status, no secret yet) written as its first
+        revision with a first secret sealed onto it; the secret in clear, for the answer."""
+        secret = generate_secret()
+        sealed = self._seal(draft.id, secret, draft.created_at)
+        record = draft.model_copy(update={"secrets": (sealed,)})
         return await self._write(record, "create_webhook_endpoint_failed"), secret
 
     async def update(self, current: EndpointRecord, **fields: Any) -> EndpointRecord:

@@ -83,13 +83,11 @@ async def create(
             revision=1,
         )
         try:
-            # ``rotate`` seals a first secret onto the draft (it holds none) and writes it: the
-            # draft itself is never written, the pending record is its revision 2.
-            pending, secret = await store.rotate(draft)
+            pending, secret = await store.write_new(draft)
         except ServiceError:
             # It may still land (the producer keeps it): delete it behind it, same key and
             # partition; else the next create's sweep does.
-            await _delete(store, draft.changed(), "write_timed_out")
+            await _delete(store, draft, "write_timed_out")
             raise ServiceError.of(FAILURE, NOT_WRITTEN) from None
         kept = await quota.kept(workspace_id, endpoint_id, wait_s)
         if not kept:
