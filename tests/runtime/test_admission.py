@@ -112,3 +112,21 @@ def test_impossible_shares_are_refused_at_start_up(
 ) -> None:
     with pytest.raises(ValueError, match="must be"):
         Share(capacity=capacity, per_owner=per_owner, reserve=reserve)
+
+
+@pytest.mark.parametrize(
+    ("capacity", "per_owner", "expected"),
+    [
+        (16, 2, (2, 4)),
+        (100_000, 10_000, (10_000, 25_000)),
+        (4, 4, (4, 1)),
+        (2, 5, (2, 1)),
+        (1, 10, (1, 0)),
+    ],
+)
+def test_a_capped_share_keeps_a_quarter_for_owners_holding_none(
+    capacity: int, per_owner: int, expected: tuple[int, int]
+) -> None:
+    share = Share.capped(capacity, per_owner)
+    assert (share.per_owner, share.reserve) == expected
+    assert Share.split(capacity, owners=4).reserve == share.reserve

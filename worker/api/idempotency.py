@@ -57,9 +57,6 @@ EXHAUSTED_RETRY_S: Final = 60
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
 #: Keys held in a process by default (``API_IDEMPOTENCY_KEYS_MAX``).
 KEYS_MAX: Final = 100_000
-#: A quarter of the cap is the reserve for workspaces holding no key (``keys_share``), as in
-#: the other pools under the rule: ten workspaces at their quota cannot take it.
-RESERVE_DIVISOR: Final = 4
 #: ``Held.status`` of a claim its request gave up on this replica.
 GIVEN_UP: Final = -1
 #: Kept answers longer than this are deflated in memory (the topic keeps the JSON as is).
@@ -135,8 +132,7 @@ def keys_share(per_workspace: int, keys_max: int) -> Share:
     """The admission rule's numbers for the keys (``worker.runtime.admission.Share``): at most
     ``keys_max`` in the process, ``per_workspace`` of them for one workspace, and a quarter
     of the cap (at least one key) kept for workspaces that hold none."""
-    reserve = min(keys_max - 1, max(1, keys_max // RESERVE_DIVISOR))
-    return Share(capacity=keys_max, per_owner=min(per_workspace, keys_max), reserve=reserve)
+    return Share.capped(keys_max, per_workspace)
 
 
 class Held:

@@ -66,8 +66,9 @@ class GateConfig:
         share (48 each of 256 by default) leave 64 connections to every other workspace,
         whose first attempt is always admitted while one is free."""
         split = Share.split(self.max_connections, owners=4)
-        per_owner = min(self.workspace_max_in_flight, split.per_owner)
-        return Share(capacity=self.max_connections, per_owner=per_owner, reserve=split.reserve)
+        return Share.capped(
+            self.max_connections, min(self.workspace_max_in_flight, split.per_owner)
+        )
 
     def backoff(self, failures: int) -> float:
         """The pause after ``failures`` failed attempts in a row (``>= backoff_after``)."""

@@ -55,9 +55,17 @@ class Share:
     def split(cls, capacity: int, *, owners: int) -> Share:
         """``capacity`` split so that ``owners`` owners at their share leave a quarter of it
         (at least one slot) to everyone else: ``per_owner`` = ¾ capacity ÷ owners."""
-        reserve = min(capacity - 1, max(1, capacity // 4)) if capacity > 1 else 0
+        reserve = _quarter(capacity)
         per_owner = max(1, (capacity - reserve) // max(1, owners))
         return cls(capacity=capacity, per_owner=per_owner, reserve=reserve)
+
+    @classmethod
+    def capped(cls, capacity: int, per_owner: int) -> Share:
+        """``per_owner`` (at most ``capacity``) for each owner, and a quarter of ``capacity``
+        (at least one slot, none of a single one) kept for owners holding none."""
+        return cls(
+            capacity=capacity, per_owner=min(per_owner, capacity), reserve=_quarter(capacity)
+        )
 
     def admits(self, held: int, in_use: int) -> bool:
         """Whether an owner holding ``held`` of the ``in_use`` slots may take one more."""
@@ -228,6 +236,12 @@ class Admission:
         if reason == "time" and entry is not None and self.time is not None:
             return max(1, math.ceil(-entry.balance / self.time.rate + 1e-9))
         return max(1, math.ceil(self.retry_after_s))
+
+
+def _quarter(capacity: int) -> int:
+    """The reserve the rule keeps: a quarter of ``capacity``, at least one slot, fewer than
+    all of them (none of a single slot)."""
+    return min(capacity - 1, max(1, capacity // 4)) if capacity > 1 else 0
 
 
 def _monotonic() -> float:

@@ -60,8 +60,7 @@ def lookup_share(threads: int, per_workspace: int) -> Share:
     ``per_workspace`` (capped at ``threads``), and a quarter of them (at least one; none of
     a single thread) stays for workspaces holding none, so however many workspaces sit at
     their share, a newcomer's lookup still finds a thread."""
-    reserve = min(threads - 1, max(1, threads // 4)) if threads > 1 else 0
-    return Share(capacity=threads, per_owner=min(per_workspace, threads), reserve=reserve)
+    return Share.capped(threads, per_workspace)
 
 
 class BoundedLookup:

@@ -123,11 +123,7 @@ class ReplayRunner:
         capacity = max_running + max_queued
         self._admission = Admission(
             "webhook-replays",
-            Share(
-                capacity=capacity,
-                per_owner=min(per_workspace, capacity),
-                reserve=min(capacity - 1, max(1, capacity // 4)) if capacity > 1 else 0,
-            ),
+            Share.capped(capacity, per_workspace),
             retry_after_s=RETRY_AFTER_S,
         )
         self._admitted: dict[str, Slot] = {}
