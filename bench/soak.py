@@ -37,8 +37,8 @@ from bench.common import REPO_ROOT, run_meta
 from bench.stack import Connection, cpu_of, percentile, start_stack, stop_process
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
 from worker.contract.messages import RegisterAccount
+from worker.engine.catch_up import catch_up
 from worker.engine.kafka import build_consumer, build_producer
-from worker.engine.replay import replay_to_highwater
 from worker.engine.tail import partitions_of
 from worker.settings import Settings
 
@@ -388,7 +388,7 @@ async def trace(settings: Settings, failed: list[dict[str, Any]], log: Path) -> 
                                 }
                             accounts[account]["trace"][kind].append(entry)
 
-            await replay_to_highwater(consumer, tps, take, max_records=5000)
+            await catch_up(consumer, tps, take, max_records=5000)
         finally:
             await consumer.stop()
     await asyncio.to_thread(_log_lines, log, accounts)

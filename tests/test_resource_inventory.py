@@ -166,7 +166,7 @@ NOT_GROWN: dict[str, str] = {
     "api/webhooks/bodies.py:EndpointData.event_types": (
         "a body field: WEBHOOK_EVENT_TYPES_MAX_ITEMS"
     ),
-    "engine/outage.py:Sent.headers": "one produced record's headers, built by the process",
+    "engine/writes.py:Sent.headers": "one produced record's headers, built by the process",
     "api/webhooks/delivery_bodies.py:DeliveryDetail.attempts_detail": (
         "an answer: ≤ the delivery's entries in one bounded slice"
     ),

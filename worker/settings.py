@@ -191,7 +191,7 @@ class Settings(BaseSettings):
         default=40_000,
         ge=100,
         description="Request timeout of every Kafka client (aiokafka's default); a produce not "
-        "acknowledged in time is sent again while the outage lasts (worker/engine/outage.py).",
+        "acknowledged in time is sent again while the outage lasts (worker/engine/writes.py).",
     )
     kafka_outage_tolerance_s: float = Field(
         default=300.0,

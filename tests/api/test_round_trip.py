@@ -22,7 +22,7 @@ async def test_a_command_never_acknowledged_in_time_is_500_not_queued(
 ) -> None:
     """Every hand-over fails for an outage reason (the record never reached the broker), so
     the front-end re-sends until the request's deadline and then says so."""
-    monkeypatch.setattr("worker.engine.outage.RESEND_BACKOFF_S", (0.01, 0.05))
+    monkeypatch.setattr("worker.engine.broker_health.RESEND_BACKOFF_S", (0.01, 0.05))
     settings = api_settings(api_reply_timeout_s=1.0)
     async with (
         running_api(settings) as api,

@@ -18,7 +18,7 @@ from worker.auth.publish import Publisher
 from worker.contract.messages import AccountRecord, AuthData
 from worker.contract.topics import Topics
 from worker.engine.faults import RecordRejected
-from worker.engine.outage import MAX_RECORD_BYTES
+from worker.engine.writes import MAX_RECORD_BYTES
 
 
 class HeldProducer:

@@ -31,8 +31,8 @@ from tests.api.test_front_door_bounds import raw_connection
 from tests.devstack.running_stack import RunningStack, running_stack
 from worker.api.keyfile import create_key
 from worker.dlq.letter import DeadLetter
-from worker.engine.outage import MAX_RECORD_BYTES, record_size
 from worker.engine.tail import partitions_of
+from worker.engine.writes import MAX_RECORD_BYTES, record_size
 from worker.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

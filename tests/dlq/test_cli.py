@@ -31,8 +31,8 @@ from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
 from tests.harness import REPO
 from worker.cli import build_parser, main
 from worker.contract.topics import Topics
+from worker.engine.catch_up import catch_up
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.replay import replay_to_highwater
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 
@@ -184,7 +184,7 @@ async def read_all(settings: Settings, topic: str) -> list[Any]:
     got: list[Any] = []
     try:
         tps = await assign_all(consumer, topic)
-        await replay_to_highwater(consumer, tps, lambda _, rs: got.extend(rs))
+        await catch_up(consumer, tps, lambda _, rs: got.extend(rs))
     finally:
         await consumer.stop()
     return got

@@ -33,7 +33,7 @@ from worker.dlq.letter import DeadLetter, show_json, show_text
 from worker.engine.dead_letter import TRUNCATED_KEY_BYTES, dead_letter
 from worker.engine.faults import Fault
 from worker.engine.kafka import build_producer
-from worker.engine.outage import MAX_RECORD_BYTES, record_size
+from worker.engine.writes import MAX_RECORD_BYTES, record_size
 from worker.settings import Settings
 
 HUGE_KEY = b"k" * 1_010_000

@@ -29,12 +29,13 @@ from tests.conftest import SettingsFactory
 from tests.engine.test_faults import _Flaky, _until
 from tests.webhooks.support import read_topic
 from worker.auth.metrics import WorkerMetrics
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.dead_letter import MINIMAL_DETAIL, DeadLetterLost, dead_letter
 from worker.engine.faults import Fault
 from worker.engine.kafka import build_producer, ensure_topics
-from worker.engine.outage import BrokerHealth, acknowledged, record_size
 from worker.engine.runner import LoopSpec, consume_loop, group_consumer
+from worker.engine.writes import acknowledged, record_size
 from worker.settings import Settings
 
 POISON = b"p" * 5000

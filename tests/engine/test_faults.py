@@ -21,6 +21,7 @@ from tests.unparsable import produce_unparsable
 from worker.auth import commands
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
+from worker.engine.broker_health import BrokerOutageExceeded
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.faults import (
     Fault,
@@ -32,9 +33,9 @@ from worker.engine.faults import (
     is_process_fault,
 )
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.outage import MAX_RECORD_BYTES, BrokerOutageExceeded, enqueue
 from worker.engine.runner import LoopSpec, consume_loop, group_consumer
 from worker.engine.tail import TopicTail
+from worker.engine.writes import MAX_RECORD_BYTES, enqueue
 
 # --- the rule -------------------------------------------------------------------------------
 

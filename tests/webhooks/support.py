@@ -31,8 +31,8 @@ from worker.contract.webhook_endpoints import (
 )
 from worker.dispatcher.app import run_dispatcher, secrets_box
 from worker.dispatcher.sender import DeliveryResult, Sender
+from worker.engine.catch_up import catch_up
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.replay import replay_to_highwater
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore
@@ -251,7 +251,7 @@ async def read_topic(settings: Settings, topic: str) -> list[Any]:
 
     try:
         tps = await assign_all(consumer, topic)
-        await replay_to_highwater(consumer, tps, take)
+        await catch_up(consumer, tps, take)
     finally:
         await consumer.stop()
     return out

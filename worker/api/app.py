@@ -52,9 +52,9 @@ from worker.api.webhooks.replay_status import ReplayBoard
 from worker.api.webhooks.routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
 from worker.api.webhooks.sends import DeliverySends
 from worker.contract.topics import used_by
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, verify_topics
 from worker.engine.metrics import TailSkips
-from worker.engine.outage import BrokerHealth
 from worker.engine.tail import SharedConsumer
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger

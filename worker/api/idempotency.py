@@ -25,8 +25,8 @@ from worker.api.bodies import error_response
 from worker.api.metrics import ApiMetrics
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.compacted_view import CompactedView
-from worker.engine.outage import BrokerHealth
 from worker.runtime.admission import Share
 from worker.runtime.logs import get_logger
 

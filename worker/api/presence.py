@@ -20,8 +20,8 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.contract.messages import Identifier
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.compacted_view import CompactedView
-from worker.engine.outage import BrokerHealth
 
 PRESENCE_INTERVAL_S: Final = 2.0
 #: A replica without a record younger than this is not live (three missed heartbeats).

@@ -42,9 +42,10 @@ from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
 from worker.api.request_rate import RateLimited, RateLimiter
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import MAX_WAIT_MS, GetAuthState, PasskeyConfirm
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.home_partition import REPLY_PARTITION
-from worker.engine.outage import BrokerHealth, send_retrying
 from worker.engine.tail import TopicTail
+from worker.engine.writes import send_retrying
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 

@@ -18,7 +18,7 @@ from worker.api.metrics import ApiMetrics
 from worker.api.protocol import ConnectionLimits, limited_protocol
 from worker.api.replies import ReplyRouter
 from worker.api.webhooks.routes import WebhookClients
-from worker.engine.outage import BrokerHealth, metadata_probe
+from worker.engine.broker_health import BrokerHealth, metadata_probe
 from worker.engine.tail import TopicTail
 from worker.runtime.eventloop import running_loop_name
 from worker.runtime.logs import get_logger

@@ -17,11 +17,11 @@ from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
 from worker.auth.waits import WaitLimits
 from worker.contract.topics import used_by
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.home_partition import Router
 from worker.engine.kafka import ConsumerClass, build_producer, verify_topics
 from worker.engine.key_hash import KeyPartitioner
-from worker.engine.outage import BrokerHealth
 from worker.engine.runner import (
     LoopSpec,
     ProbeAddress,

@@ -102,7 +102,7 @@ def _confirm(
     if record is None or not is_owner(record, cmd):
         return failure(None, cmd, ServiceError.of("not_found"), now, policy)
     if record.in_flight is not None and record.in_flight.command_id == cmd.command_id:
-        # Replayed after a crash during the provider call: ask the provider, then settle.
+        # Redelivered after a crash during the provider call: ask the provider, then settle.
         return Decision(verdict="ok", record=record, call="redrive_confirm")
     seen = replay(record, cmd.command_id, with_reply=True)
     if seen is not None:

@@ -12,16 +12,11 @@ from pydantic import BaseModel
 from worker.auth.flow import Decision
 from worker.contract.messages import AccountRecord, AuthError, Reply, encode_record
 from worker.contract.topics import Topics
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.dead_letter import dead_letter
 from worker.engine.faults import Fault
 from worker.engine.home_partition import FORWARDED_FROM
-from worker.engine.outage import (
-    BrokerHealth,
-    Sent,
-    acknowledged,
-    enqueue,
-    send_retrying,
-)
+from worker.engine.writes import Sent, acknowledged, enqueue, send_retrying
 from worker.runtime import tracing
 
 

@@ -21,10 +21,10 @@ from worker.dispatcher.metrics import WebhookMetrics
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.dispatcher.sender import Sender as HttpSender
 from worker.dispatcher.sender import open_session
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.kafka import ConsumerClass, build_consumer, build_producer, verify_topics
 from worker.engine.metrics import TailSkips
-from worker.engine.outage import BrokerHealth
 from worker.engine.runner import (
     LoopSpec,
     ProbeAddress,

@@ -22,9 +22,10 @@ from worker.contract.delivery_log import (
 from worker.contract.messages import rfc3339
 from worker.dispatcher.delivery import DeliveryState, Finished, Pending
 from worker.dispatcher.delivery_store import DeliveryStore
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.dead_letter import DeadLetterLost, dead_letter, hand_over
 from worker.engine.faults import Fault
-from worker.engine.outage import BrokerHealth, Sent, acknowledged, enqueue
+from worker.engine.writes import Sent, acknowledged, enqueue
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
 

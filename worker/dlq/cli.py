@@ -23,9 +23,9 @@ from worker.dlq.letter import (
     show_json,
     show_text,
 )
+from worker.engine.catch_up import BatchHandler, catch_up
 from worker.engine.faults import REDRIVEN, SOURCE
 from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, partition_counts
-from worker.engine.replay import BatchHandler, replay_to_highwater
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 
@@ -138,13 +138,13 @@ async def _read_to_end(
     assign: bool,
     batch: int,
 ) -> None:
-    """``replay_to_highwater`` on one partition, made sure of its end: the replay also ends
+    """``catch_up`` on one partition, made sure of its end: the replay also ends
     on an empty poll while no fetch of the partition has come back (a slow broker, or a
     loaded host), which must not pass for an empty partition here. So unless a high-water
     mark is known, the partition is read on until its position reaches ``end_offsets()``
     (exact on Kafka; on some brokers a lower bound of the end, 0 only when empty)."""
     for _ in range(END_CHECKS):
-        await replay_to_highwater(consumer, [tp], on_batch, max_records=batch, assign=assign)
+        await catch_up(consumer, [tp], on_batch, max_records=batch, assign=assign)
         assign = False
         if consumer.highwater(tp) is not None:
             return

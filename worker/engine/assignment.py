@@ -10,8 +10,8 @@ from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from worker.engine.catch_up import high_water_marks
 from worker.engine.handler import LoopStore
-from worker.engine.replay import high_water_marks
 from worker.engine.store import RestoreStats, restore_partitions
 from worker.runtime.logs import get_logger
 

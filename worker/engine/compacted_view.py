@@ -11,8 +11,9 @@ import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
 from typing import Any, Final, TypeVar
 
-from worker.engine.outage import BrokerHealth, send_retrying
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.tail import TopicTail
+from worker.engine.writes import send_retrying
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)

@@ -15,8 +15,9 @@ from typing import Any, Final
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.faults import PREFIX, Fault, RecordRejected
-from worker.engine.outage import MAX_RECORD_BYTES, BrokerHealth, Sent, enqueue, record_size
+from worker.engine.writes import MAX_RECORD_BYTES, Sent, enqueue, record_size
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)

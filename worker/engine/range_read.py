@@ -17,10 +17,10 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndTimestamp
 
+from worker.engine.catch_up import BatchHandler, high_water_marks
 from worker.engine.fetch import OnUnreadable
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.home_partition import home_partition
-from worker.engine.replay import BatchHandler, high_water_marks
 from worker.engine.tail import partitions_of
 
 __all__ = ["Span", "partitions", "read_range", "start_at"]

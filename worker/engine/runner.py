@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
+from worker.engine.broker_health import BrokerHealth, metadata_probe
 from worker.engine.consume_loop import (
     FINAL_COMMIT_TIMEOUT_S,
     ConsumeLoop,
@@ -23,7 +24,6 @@ from worker.engine.consume_loop import (
     LoopMetrics,
 )
 from worker.engine.kafka import ConsumerClass, KafkaConfig, build_consumer
-from worker.engine.outage import BrokerHealth, metadata_probe
 from worker.runtime.eventloop import running_loop_name
 from worker.runtime.logs import get_logger
 from worker.runtime.probes import build_probe_app

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from worker.engine.replay import replay_to_highwater
+from worker.engine.catch_up import catch_up
 from worker.engine.timers import TimerQueue
 from worker.runtime.logs import get_logger
 
@@ -120,7 +120,7 @@ async def restore_partitions(
     record per key. ``decode`` turns a value into (key, record) or raises (the record is skipped).
 
     ``consumer`` is a group-less consumer used only for restoring; where a partition ends is
-    ``worker.engine.replay``'s rule, the one the front-end's tails use too.
+    ``worker.engine.catch_up``'s rule, the one the front-end's tails use too.
     """
     latest: dict[TopicPartition, dict[str, R]] = {tp: {} for tp in tps}
     bad = dict.fromkeys(tps, 0)
@@ -135,7 +135,7 @@ async def restore_partitions(
     collector_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        replayed = await replay_to_highwater(
+        replayed = await catch_up(
             consumer, tps, fold, idle_timeout_ms=idle_timeout_ms, max_records=batch
         )
     finally:

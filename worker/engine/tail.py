@@ -1,7 +1,7 @@
 """Group-less tailing of every partition of one topic, from the beginning, with catch-up (the
 front-end's reply router, the endpoints registry). Assigned, not subscribed: each process sees
 every record and never rebalances; caught up once every partition reached the end it had at
-the start, by ``worker.engine.replay``'s rule."""
+the start, by ``worker.engine.catch_up``'s rule."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
+from worker.engine.catch_up import catch_up
 from worker.engine.fetch import GapWatch, skipping
 from worker.engine.fetch import getmany as fetch_records
-from worker.engine.replay import replay_to_highwater
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
@@ -227,7 +227,7 @@ class TopicTail:
         started = time.perf_counter()
         skip = skipping(self.name, log, self._count_skip)
         try:
-            await replay_to_highwater(
+            await catch_up(
                 self.consumer,
                 self._tps,
                 self._take,
@@ -355,7 +355,7 @@ class SharedConsumer:
 
 class ConsumerShare:
     """The part of a ``SharedConsumer`` one tail reads: the consumer calls ``TopicTail`` and
-    ``replay_to_highwater`` make, answered from the shared fetch loop."""
+    ``catch_up`` make, answered from the shared fetch loop."""
 
     def __init__(self, hub: SharedConsumer) -> None:
         self._hub = hub

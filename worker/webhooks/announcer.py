@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from worker.contract.operational_events import OperationalRecord
-from worker.engine.outage import BrokerHealth, send_retrying
+from worker.engine.broker_health import BrokerHealth
+from worker.engine.writes import send_retrying
 
 
 class Announcer:

@@ -19,7 +19,8 @@ from worker.contract.webhook_endpoints import (
     new_endpoint_id,
     now_rfc3339,
 )
-from worker.engine.outage import BrokerHealth, send_retrying
+from worker.engine.broker_health import BrokerHealth
+from worker.engine.writes import send_retrying
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoints import EndpointRegistry
 from worker.webhooks.signing import generate_secret

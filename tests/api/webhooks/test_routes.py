@@ -742,7 +742,7 @@ class _AcksLostOnce:
 async def test_a_replay_sends_again_what_an_outage_failed(
     hook_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("worker.engine.outage.RESEND_BACKOFF_S", (0.01, 0.02))
+    monkeypatch.setattr("worker.engine.broker_health.RESEND_BACKOFF_S", (0.01, 0.02))
     settings = hook_settings()
     await ensure_topics(settings.kafka_config(), settings.topic_plan())
     now = datetime.now(UTC)

@@ -19,8 +19,8 @@ from worker.api.portal.tokens import SESSION_ID_RE, PortalClaims, PortalTokens
 from worker.api.presence import Presence
 from worker.api.request_rate import RateLimited
 from worker.contract.messages import Identifier
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.compacted_view import ViewPart
-from worker.engine.outage import BrokerHealth
 
 #: Every key on ``api.presence`` that is a portal revocation's.
 KEY_PREFIX: Final = b"ps_"

@@ -36,10 +36,11 @@ from worker.contract.catalogue import ServiceError
 from worker.contract.delivery_log import Replay
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.contract.webhook_events import WebhookEvent, from_error, from_status
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
-from worker.engine.outage import BrokerHealth, acknowledged, enqueue
 from worker.engine.range_read import partitions, read_range
+from worker.engine.writes import acknowledged, enqueue
 from worker.runtime.admission import Admission, Share, Slot
 from worker.runtime.logs import get_logger
 

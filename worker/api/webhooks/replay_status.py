@@ -21,8 +21,8 @@ from worker.api.webhooks.quotas import REPLAY_CAPACITY, TOO_MANY, Refused
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
 from worker.contract.webhook_endpoints import EndpointRecord
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.compacted_view import ViewPart
-from worker.engine.outage import BrokerHealth
 
 REPLAY_ID_RE: Final = re.compile(r"^rp_[0-9a-f]{32}$")
 #: Every key on ``api.presence`` that is a replay's (the presence tail hands them here).

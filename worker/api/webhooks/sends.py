@@ -20,7 +20,8 @@ from worker.contract.delivery_log import DeliveryLogEntry, Replay, webhook_id
 from worker.contract.messages import rfc3339
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.contract.webhook_events import EventCopy
-from worker.engine.outage import BrokerHealth, acknowledged, enqueue
+from worker.engine.broker_health import BrokerHealth
+from worker.engine.writes import acknowledged, enqueue
 
 SENDS: Final = "webhook_sends"
 """The ``quota`` label of a refused resend or test send."""

@@ -1,4 +1,4 @@
-"""``replay_to_highwater`` on the real (embedded) broker: every record up to the high-water mark
+"""``catch_up`` on the real (embedded) broker: every record up to the high-water mark
 of each partition, in offset order, nothing of other partitions, positions at the end, and a
 consumer that keeps reading afterwards; and the state store's restore built on it."""
 
@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.conftest import SettingsFactory
 from worker.auth.store import StateStore
 from worker.contract.messages import AccountRecord, encode_record
+from worker.engine.catch_up import catch_up, high_water_marks
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.replay import high_water_marks, replay_to_highwater
 from worker.engine.store import restore_partitions
 from worker.settings import Settings
 
@@ -81,7 +81,7 @@ async def test_every_partition_is_read_to_its_high_water_mark(
     tps = [TopicPartition(topic, p) for p in (0, 1, 2)]  # partition 3 is not replayed
     seen = Collector()
 
-    done = await replay_to_highwater(consumer, tps, seen, max_records=1000)
+    done = await catch_up(consumer, tps, seen, max_records=1000)
 
     assert list(done) == tps
     for tp in tps:
@@ -103,7 +103,7 @@ async def test_the_consumer_keeps_reading_after_the_replay(
     topic = settings.topics.replies
     await produce(settings, topic, [(0, b"k", b"old-0"), (1, b"k", b"old-1")])
     tps = [TopicPartition(topic, p) for p in range(4)]
-    done = await replay_to_highwater(consumer, tps, Collector())
+    done = await catch_up(consumer, tps, Collector())
     assert {tp.partition: r.position for tp, r in done.items()} == {0: 1, 1: 1, 2: 0, 3: 0}
 
     await produce(settings, topic, [(0, b"k", b"new-0"), (2, b"k", b"new-2")])
@@ -124,9 +124,9 @@ async def test_a_replay_always_starts_at_the_beginning(
     await produce(settings, topic, [(1, None, b"%d" % i) for i in range(5)])
     tp = TopicPartition(topic, 1)
     first, second = Collector(), Collector()
-    again = await replay_to_highwater(consumer, [tp], first)
+    again = await catch_up(consumer, [tp], first)
     assert (again[tp].position, again[tp].records) == (5, 5)
-    again = await replay_to_highwater(consumer, [tp], second)
+    again = await catch_up(consumer, [tp], second)
     assert (again[tp].position, again[tp].records) == (5, 5)
     assert first.seen == second.seen == {1: [(i, b"%d" % i) for i in range(5)]}
 
@@ -141,7 +141,7 @@ async def test_without_assign_the_callers_assignment_and_positions_are_used(
     consumer.assign([tp])
     consumer.seek(tp, 2)
     seen = Collector()
-    done = await replay_to_highwater(consumer, [tp], seen, assign=False)
+    done = await catch_up(consumer, [tp], seen, assign=False)
     assert (done[tp].position, done[tp].records) == (6, 4)
     assert seen.seen == {0: [(i, b"%d" % i) for i in range(2, 6)]}
 
@@ -151,7 +151,7 @@ async def test_an_empty_topic_is_complete_at_once(
 ) -> None:
     tps = [TopicPartition(settings.topics.errors, p) for p in range(4)]
     seen = Collector()
-    done = await replay_to_highwater(consumer, tps, seen)
+    done = await catch_up(consumer, tps, seen)
     assert [(r.position, r.records) for r in done.values()] == [(0, 0)] * 4
     assert seen.seen == {}
 
@@ -201,7 +201,7 @@ async def test_empty_polls_before_the_first_fetch_response_do_not_end_the_replay
     await produce(settings, tp.topic, [(1, b"k", b"%d" % i) for i in range(5)])
     seen = Collector()
     late = cast(AIOKafkaConsumer, _FirstResponseLate(consumer, polls=3))
-    done = await replay_to_highwater(late, [tp], seen, idle_timeout_ms=10)
+    done = await catch_up(late, [tp], seen, idle_timeout_ms=10)
     assert (done[tp].position, done[tp].records) == (5, 5)
     assert [offset for offset, _ in seen.seen[1]] == [0, 1, 2, 3, 4]
 

@@ -1,7 +1,7 @@
 """A Kafka outage: the cluster unreachable or hung for less than ``KAFKA_OUTAGE_TOLERANCE_S``
 is ridden out (no exit, nothing lost, nothing repeated), a longer one ends the process.
 
-The unit tests drive ``worker.engine.outage`` with a fake clock and fake producers. The process test
+The unit tests drive ``worker.engine.writes`` with a fake clock and fake producers. The process test
 freezes its own embedded broker (SIGSTOP, then SIGCONT) for longer than the clients' request
 timeout while worker processes, a dispatcher and a front-end run under load.
 """
@@ -37,14 +37,8 @@ from devstack.broker import EmbeddedBroker, free_port
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
 from tests.harness import REPO, bus, confirm_cmd, register_cmd, worker_env
 from tests.test_chaos import Pool
-from worker.engine.outage import (
-    BrokerHealth,
-    BrokerOutageExceeded,
-    acknowledged,
-    enqueue,
-    is_outage,
-    send_retrying,
-)
+from worker.engine.broker_health import BrokerHealth, BrokerOutageExceeded, is_outage
+from worker.engine.writes import acknowledged, enqueue, send_retrying
 from worker.settings import Settings
 from worker.webhooks.secrets_box import generate_key
 
@@ -163,7 +157,7 @@ class FlakyProducer:
 async def test_send_retrying_resends_through_outage_errors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("worker.engine.outage.RESEND_BACKOFF_S", (0.001, 0.002))
+    monkeypatch.setattr("worker.engine.broker_health.RESEND_BACKOFF_S", (0.001, 0.002))
     producer = FlakyProducer(
         [("send", KafkaTimeoutError()), ("ack", RequestTimedOutError()), ("ack", NodeDown())]
     )
@@ -180,7 +174,7 @@ async def test_other_errors_are_raised_at_once() -> None:
 
 
 async def test_acknowledged_resends_only_what_failed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("worker.engine.outage.RESEND_BACKOFF_S", (0.001, 0.002))
+    monkeypatch.setattr("worker.engine.broker_health.RESEND_BACKOFF_S", (0.001, 0.002))
     producer = FlakyProducer([("ack", RequestTimedOutError())])
     health = BrokerHealth()
     sent = [await enqueue(producer, topic, b"v", key=b"k") for topic in ("a", "b", "c")]

@@ -1,4 +1,4 @@
-"""Replay partitions from their beginning to their high-water mark: the one catch-up loop of
+"""Catch up on partitions, from their beginning to their high-water mark: the one loop of
 the store's restore, the front-end's tails and the tools, so all agree on where a partition
 ends. That end is a fetch response's high-water mark, never ``end_offsets()`` (some brokers
 answer it with the last batch's first offset + 1) nor an empty poll (docs/architecture.md,
@@ -21,25 +21,25 @@ from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["BatchHandler", "Replayed", "high_water_marks", "replay_to_highwater"]
+__all__ = ["BatchHandler", "CaughtUp", "catch_up", "high_water_marks"]
 
 BatchHandler = Callable[[TopicPartition, list[Any]], object]
 """Takes one partition's records (``ConsumerRecord``s, in offset order) as they arrive; when it
-returns an awaitable, the replay waits for it before fetching more (backpressure for a
+returns an awaitable, the catch-up waits for it before fetching more (backpressure for a
 handler that writes, such as the webhook replay)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Replayed:
-    """One partition at the moment its replay was complete: its position, the records handed
-    over until then, and the seconds since the replay started."""
+class CaughtUp:
+    """One partition at the moment it was caught up: its position, the records handed
+    over until then, and the seconds since the catch-up started."""
 
     position: int
     records: int
     seconds: float
 
 
-async def replay_to_highwater(
+async def catch_up(
     consumer: AIOKafkaConsumer,
     tps: Sequence[TopicPartition],
     on_batch: BatchHandler,
@@ -49,25 +49,25 @@ async def replay_to_highwater(
     assign: bool = True,
     on_unreadable: OnUnreadable | None = None,
     gaps: GapWatch | None = None,
-) -> dict[TopicPartition, Replayed]:
+) -> dict[TopicPartition, CaughtUp]:
     """Assign ``tps`` to the started, group-less ``consumer`` (replacing whatever it had), seek
     each to its beginning and hand every batch to ``on_batch`` until each partition reached
     its high-water mark (see the module docstring).
 
     ``assign=False`` skips the assignment and the seek, for a caller that already did both
-    (a tail does it when it starts, so its consumer fetches before the replay task runs).
+    (a tail does it when it starts, so its consumer fetches before the catch-up task runs).
     ``gaps`` (for topics with dense offsets) holds back records past an offset never seen.
     All partitions are read at once and none is paused: a partition that is complete early
     keeps handing over whatever arrives on it until the others are, so a caller that keeps
     reading afterwards (a tail) sees every record, in order, and continues where this ended.
     """
     started = time.perf_counter()
-    skip = on_unreadable or skipping("replay", log)
+    skip = on_unreadable or skipping("catch_up", log)
     if assign:
         consumer.assign(list(tps))
         await consumer.seek_to_beginning(*tps)
     counts = dict.fromkeys(tps, 0)
-    done: dict[TopicPartition, Replayed] = {}
+    done: dict[TopicPartition, CaughtUp] = {}
     while len(done) < len(counts):
         chunk = await fetch_records(
             consumer,
@@ -89,7 +89,7 @@ async def replay_to_highwater(
             position = await consumer.position(tp)
             if position < high:
                 continue
-            done[tp] = Replayed(position, counts[tp], time.perf_counter() - started)
+            done[tp] = CaughtUp(position, counts[tp], time.perf_counter() - started)
         await asyncio.sleep(0)
     return {tp: done[tp] for tp in tps}
 
