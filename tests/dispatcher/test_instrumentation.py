@@ -103,7 +103,9 @@ class Writer:
     def signing_secrets(self, record: EndpointRecord) -> list[str]:
         return ["whsec_c2VjcmV0LXNpZ25pbmcta2V5LW9mLWEtdGVzdA=="]
 
-    async def disable(self, current: EndpointRecord, reason: str) -> EndpointRecord:
+    async def disable(
+        self, current: EndpointRecord, reason: str, recovery: object = None
+    ) -> EndpointRecord:
         return current.model_copy(update={"status": "disabled", "disabled_reason": reason})
 
 

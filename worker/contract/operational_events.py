@@ -1,5 +1,6 @@
 """Operational events: ``endpoint.disabled`` and ``endpoint.enabled``, fanned out by the
-dispatcher to the workspace's other active endpoints whose ``event_types`` name them. Their
+dispatcher to the workspace's other active endpoints whose ``event_types`` name them, and
+``endpoint.probe``, sent to a disabled endpoint itself (``worker.dispatcher.probing``). Their
 models and one example each (``MODELS``, ``EXAMPLES``) are what the event catalogue lists. One
 id per transition: derived from the endpoint, the revision the transition writes and the type,
 and announced before the endpoint write (docs/architecture.md, "Operational events"). The records
@@ -18,6 +19,7 @@ from worker.contract.messages import Identifier
 from worker.contract.webhook_endpoints import (
     EVENT_ENDPOINT_DISABLED,
     EVENT_ENDPOINT_ENABLED,
+    EVENT_ENDPOINT_PROBE,
     EndpointRecord,
     now_rfc3339,
 )
@@ -77,6 +79,24 @@ class EndpointEnabledData(BaseModel):
     workspace_id: Identifier
     endpoint_id: Identifier = Field(description="The endpoint that was activated again.")
     description: ShortText | None = Field(description="The endpoint's description.")
+    reason: Literal["activated", "recovered"] = Field(
+        default="activated",
+        description="`activated`: by its owner (`POST .../activate`); `recovered`: it answered"
+        " a probe of the dispatcher with a 2xx.",
+    )
+    occurred_at: str
+
+
+class EndpointProbeData(BaseModel):
+    """``data`` of ``endpoint.probe``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: str = Field(description="The probe's id (its `webhook-id`): one per probe.")
+    workspace_id: Identifier
+    endpoint_id: Identifier = Field(description="The disabled endpoint probed (this one).")
+    disabled_at: str = Field(description="When the dispatcher disabled it (RFC 3339).")
+    probe: int = Field(ge=1, description="Probes sent since then, this one included.")
     occurred_at: str
 
 
@@ -94,8 +114,8 @@ class EndpointDisabledEvent(BaseModel):
 
 class EndpointEnabledEvent(BaseModel):
     """The webhook body of ``endpoint.enabled``: a disabled endpoint of the workspace was
-    activated again (``POST .../activate``); sent to the workspace's other active endpoints
-    that take it."""
+    activated again (``POST .../activate``, or it answered a probe); sent to the workspace's
+    other active endpoints that take it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -104,10 +124,22 @@ class EndpointEnabledEvent(BaseModel):
     data: EndpointEnabledData
 
 
+class EndpointProbeEvent(BaseModel):
+    """The webhook body of ``endpoint.probe``: sent, signed, to an endpoint the dispatcher
+    disabled, on a backing-off schedule; a 2xx answer re-enables it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["endpoint.probe"] = "endpoint.probe"
+    timestamp: str
+    data: EndpointProbeData
+
+
 #: One model per operational event type: what the catalogue lists.
 MODELS: Final[dict[str, type[BaseModel]]] = {
     EVENT_ENDPOINT_DISABLED: EndpointDisabledEvent,
     EVENT_ENDPOINT_ENABLED: EndpointEnabledEvent,
+    EVENT_ENDPOINT_PROBE: EndpointProbeEvent,
 }
 
 _EXAMPLE_AT: Final = "2026-11-27T09:30:00.000Z"
@@ -135,6 +167,18 @@ EXAMPLES: Final[dict[str, BaseModel]] = {
             workspace_id="ws_example",
             endpoint_id="ep_example",
             description="Orders service",
+            reason="recovered",
+            occurred_at=_EXAMPLE_AT,
+        ),
+    ),
+    EVENT_ENDPOINT_PROBE: EndpointProbeEvent(
+        timestamp=_EXAMPLE_AT,
+        data=EndpointProbeData(
+            event_id="evt_9b0d6c1e5f2a4b7c8d3e0f1a2b3c4d5e",
+            workspace_id="ws_example",
+            endpoint_id="ep_example",
+            disabled_at="2026-11-27T09:00:00.000Z",
+            probe=2,
             occurred_at=_EXAMPLE_AT,
         ),
     ),
@@ -207,7 +251,11 @@ def disabled_record(
     return _record(endpoint, EVENT_ENDPOINT_DISABLED, event_id, at, body)
 
 
-def enabled_record(endpoint: EndpointRecord, occurred_at: str | None = None) -> OperationalRecord:
+def enabled_record(
+    endpoint: EndpointRecord,
+    occurred_at: str | None = None,
+    reason: Literal["activated", "recovered"] = "activated",
+) -> OperationalRecord:
     """The announcement of ``endpoint`` (disabled) activated by its next revision."""
     at = occurred_at or now_rfc3339()
     event_id = operational_event_id(endpoint.id, endpoint.revision + 1, EVENT_ENDPOINT_ENABLED)
@@ -218,10 +266,27 @@ def enabled_record(endpoint: EndpointRecord, occurred_at: str | None = None) -> 
             workspace_id=endpoint.workspace_id,
             endpoint_id=endpoint.id,
             description=(endpoint.description or "")[:512] or None,
+            reason=reason,
             occurred_at=at,
         ),
     )
     return _record(endpoint, EVENT_ENDPOINT_ENABLED, event_id, at, body)
+
+
+def probe_body(endpoint: EndpointRecord, disabled_at: str, probe: int, at: str) -> tuple[str, str]:
+    """The ``n``-th probe of ``endpoint`` since it was disabled: its id (the same for a
+    probe sent again after a crash) and its body."""
+    digest = hashlib.sha256(f"{endpoint.id}\0{disabled_at}\0{probe}".encode()).hexdigest()
+    event_id = f"evt_{digest[:32]}"
+    data = EndpointProbeData(
+        event_id=event_id,
+        workspace_id=endpoint.workspace_id,
+        endpoint_id=endpoint.id,
+        disabled_at=disabled_at,
+        probe=probe,
+        occurred_at=at,
+    )
+    return event_id, _body(EndpointProbeEvent(timestamp=at, data=data))
 
 
 def _record(
@@ -250,9 +315,12 @@ __all__ = [
     "EndpointEnabledData",
     "EndpointEnabledEvent",
     "EndpointFailure",
+    "EndpointProbeData",
+    "EndpointProbeEvent",
     "OperationalRecord",
     "disabled_record",
     "enabled_record",
     "is_operational",
     "operational_event_id",
+    "probe_body",
 ]

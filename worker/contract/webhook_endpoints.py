@@ -18,15 +18,22 @@ EVENT_ERROR: Final = "account.auth_error"
 #: Operational events (``worker.contract.operational_events``): about the workspace's endpoints.
 EVENT_ENDPOINT_DISABLED: Final = "endpoint.disabled"
 EVENT_ENDPOINT_ENABLED: Final = "endpoint.enabled"
+#: Sent by the dispatcher to a disabled endpoint itself, never fanned out: is it back?
+EVENT_ENDPOINT_PROBE: Final = "endpoint.probe"
 EVENT_TYPES: Final = (
     EVENT_STATUS_CHANGED,
     EVENT_ERROR,
     EVENT_ENDPOINT_DISABLED,
     EVENT_ENDPOINT_ENABLED,
+    EVENT_ENDPOINT_PROBE,
 )
 
 EventType = Literal[
-    "account.auth_status_changed", "account.auth_error", "endpoint.disabled", "endpoint.enabled"
+    "account.auth_status_changed",
+    "account.auth_error",
+    "endpoint.disabled",
+    "endpoint.enabled",
+    "endpoint.probe",
 ]
 EndpointStatus = Literal["active", "inactive", "disabled"]
 #: The current secret and the previous one.
@@ -59,6 +66,37 @@ class StoredSecret(BaseModel):
     expires_at: float | None = None
 
 
+class ProbeAnswer(BaseModel):
+    """What the last probe of a disabled endpoint came to."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    at: str = Field(description="When the probe was sent (RFC 3339).")
+    status: int | None = Field(default=None, description="The HTTP status it answered.")
+    error: str | None = Field(
+        default=None, max_length=200, description="Why no 2xx came back (`http_500`, `timeout`)."
+    )
+
+
+class Recovery(BaseModel):
+    """The probing of an endpoint the dispatcher disabled (docs/architecture.md, "Webhook
+    fan-out"): kept on the record so another dispatcher continues it and the portal shows it;
+    kept after a recovery, so one that did not hold probes at a longer interval."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    disabled_at: float = Field(description="When the dispatcher disabled it (Unix seconds).")
+    interval_s: float = Field(gt=0, description="The wait before the next probe.")
+    next_probe_at: float | None = Field(
+        default=None, description="When it is probed next (Unix seconds); null: no more probes."
+    )
+    probes: int = Field(default=0, ge=0, description="Probes sent since it was disabled.")
+    last_probe: ProbeAnswer | None = None
+    recovered_at: float | None = Field(
+        default=None, description="When a probe last re-enabled it (Unix seconds)."
+    )
+
+
 class EndpointRecord(BaseModel):
     """The value on ``webhook.endpoints`` (key: ``id``). Secrets never leave it in clear."""
 
@@ -74,6 +112,9 @@ class EndpointRecord(BaseModel):
     rate_limit: RateLimit | None = None
     status: EndpointStatus = "active"
     disabled_reason: str | None = None
+    auto_recover: bool = True
+    """Probe it and re-enable it when the dispatcher disabled it (``Recovery``)."""
+    recovery: Recovery | None = None
     created_at: str
     updated_at: str
     revision: int = Field(ge=1)
@@ -120,6 +161,7 @@ def decode_endpoint(value: bytes) -> EndpointRecord:
 __all__ = [
     "EVENT_ENDPOINT_DISABLED",
     "EVENT_ENDPOINT_ENABLED",
+    "EVENT_ENDPOINT_PROBE",
     "EVENT_ERROR",
     "EVENT_STATUS_CHANGED",
     "EVENT_TYPES",
@@ -128,7 +170,9 @@ __all__ = [
     "EndpointRecord",
     "EndpointStatus",
     "EventType",
+    "ProbeAnswer",
     "RateLimit",
+    "Recovery",
     "StoredSecret",
     "decode_endpoint",
     "is_active",

@@ -10,14 +10,17 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import CollectorRegistry
 
 from worker.contract.topics import used_by
 from worker.dispatcher.delivery import QueueLimits, parse_schedule
 from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.disabling import ProbeConfig
 from worker.dispatcher.dispatcher import DispatchConfig, Dispatcher, Sender
 from worker.dispatcher.endpoint_gate import GateConfig
 from worker.dispatcher.metrics import WebhookMetrics
+from worker.dispatcher.probing import Prober
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.dispatcher.sender import Sender as HttpSender
 from worker.dispatcher.sender import open_session
@@ -159,6 +162,22 @@ async def run_dispatcher(
         overlap_s=settings.webhook_secret_overlap_s,
         health=health,
     )
+    probe = ProbeConfig(
+        first_s=settings.webhook_probe_first_s,
+        max_s=max(settings.webhook_probe_max_s, settings.webhook_probe_first_s),
+        for_s=settings.webhook_probe_for_s,
+        max_in_flight=settings.webhook_probe_max_in_flight,
+    )
+    publisher = DeliveryPublisher(
+        producer,
+        state_topic=topics.webhook_state,
+        log_topic=topics.webhook_deliveries,
+        dlq_topic=topics.webhook_dlq,
+        health=health,
+        on_state=metrics.state_record_bytes.observe,
+        log_flush_s=settings.webhook_log_flush_s,
+    )
+    announcer = Announcer(producer, topics.webhook_replays, health)
     dispatcher = Dispatcher(
         store=DeliveryStore(workspace_of=tail.registry.workspace_of),
         endpoints=tail.registry,
@@ -168,15 +187,7 @@ async def run_dispatcher(
         writer=writer,
         sender=sender,
         sign=signed_headers,
-        publisher=DeliveryPublisher(
-            producer,
-            state_topic=topics.webhook_state,
-            log_topic=topics.webhook_deliveries,
-            dlq_topic=topics.webhook_dlq,
-            health=health,
-            on_state=metrics.state_record_bytes.observe,
-            log_flush_s=settings.webhook_log_flush_s,
-        ),
+        publisher=publisher,
         config=DispatchConfig(
             status_topic=topics.status,
             errors_topic=topics.errors,
@@ -186,9 +197,24 @@ async def run_dispatcher(
             limits=queue_limits(settings),
             gate=gate_config(settings),
             hold_s=settings.webhook_take_in_hold_s,
+            probe=probe,
         ),
         metrics=metrics,
-        announcer=Announcer(producer, topics.webhook_replays, health),
+        announcer=announcer,
+    )
+    # An endpoint's probing is the member's holding the partition its operational events
+    # are keyed to (its id on webhook.replays), as the producer's partitioner places them.
+    plan = settings.topic_plan().specs
+    every = list(range(next(s.partitions for s in plan if s.name == topics.webhook_replays)))
+    prober = Prober(
+        endpoints=tail.registry,
+        writer=writer,
+        sender=sender,
+        sign=signed_headers,
+        publisher=publisher,
+        owns=lambda i: dispatcher.store.owns(DefaultPartitioner()(i.encode(), every, every)),
+        config=probe,
+        announcer=announcer,
     )
     # Pairs held now, read at scrape time (idle pairs are dropped, so this follows what is
     # pending, not every account ever delivered).
@@ -223,9 +249,11 @@ async def run_dispatcher(
     # Without a current registry, events would be fanned out to a stale set of endpoints:
     # a dead tail stops the dispatcher, which then exits non-zero (restarted by Kubernetes).
     watcher = asyncio.create_task(_stop_when_done(tail.task, loop))
+    probing: asyncio.Task[None] | None = None
     try:
         if not await tail.wait_caught_up(ENDPOINTS_CATCH_UP_S):
             raise RuntimeError("the webhook endpoints topic could not be read to its end")
+        probing = asyncio.create_task(prober.run())
         probes = None
         if serve_probes:
             probes = ProbeAddress(
@@ -252,6 +280,9 @@ async def run_dispatcher(
         )
     finally:
         watcher.cancel()
+        if probing is not None:
+            probing.cancel()
+            await asyncio.gather(probing, return_exceptions=True)
         await tail.stop()
     if tail.failure is not None:
         raise RuntimeError("the webhook endpoints tail failed") from tail.failure

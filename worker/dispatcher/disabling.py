@@ -1,17 +1,19 @@
 """Disabling an endpoint that keeps failing: one that answered 410 Gone, or has failed for
 ``disable_after_s`` with no success here meanwhile, is disabled with a note in its delivery log
 (docs/architecture.md, "Webhook fan-out"), and announced first as an ``endpoint.disabled``
-event to the workspace's other endpoints (``worker.contract.operational_events``)."""
+event to the workspace's other endpoints (``worker.contract.operational_events``). Its
+record starts its probing (``ProbeConfig.start``, ``worker.dispatcher.probing``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from worker.contract.delivery_log import NOTE_ENDPOINT_DISABLED
 from worker.contract.operational_events import EndpointFailure, disabled_record
-from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_endpoints import EndpointRecord, Recovery
 from worker.dispatcher.delivery import Settled
 from worker.dispatcher.endpoint_gate import SWEEP_FLOOR
 from worker.dispatcher.metrics import WebhookMetrics
@@ -24,9 +26,35 @@ log = get_logger("worker.dispatcher.dispatcher")
 
 
 class Disabler(Protocol):
-    """Disables endpoints (``EndpointStore``): the only endpoint write a dispatcher makes."""
+    """Disables endpoints (``EndpointStore``)."""
 
-    async def disable(self, current: EndpointRecord, reason: str) -> EndpointRecord: ...
+    async def disable(
+        self, current: EndpointRecord, reason: str, recovery: Recovery | None = None
+    ) -> EndpointRecord: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeConfig:
+    """The probing schedule of a disabled endpoint: ``first_s`` after it was disabled,
+    doubling after each failed probe up to ``max_s``, for ``for_s``; ``max_in_flight`` probes
+    at once per process (``WEBHOOK_PROBE_*``)."""
+
+    first_s: float = 300.0
+    max_s: float = 6 * 3600.0
+    for_s: float = 7 * 86_400.0
+    max_in_flight: int = 16
+
+    def start(self, endpoint: EndpointRecord, now: float) -> Recovery:
+        """The probing of ``endpoint`` disabled at ``now``. A recovery that did not hold
+        (re-enabled by a probe less than ``for_s`` ago) goes on from twice its last wait, its
+        ``recovered_at`` kept, so each flap of a receiver doubles it again."""
+        prior = endpoint.recovery
+        wait, recovered = self.first_s, None
+        if prior and prior.recovered_at is not None and now - prior.recovered_at < self.for_s:
+            wait, recovered = min(self.max_s, 2 * prior.interval_s), prior.recovered_at
+        return Recovery(
+            disabled_at=now, interval_s=wait, next_probe_at=now + wait, recovered_at=recovered
+        )
 
 
 class FailingSince(Protocol):
@@ -48,8 +76,10 @@ class Disabling:
         known: Callable[[str], bool],
         disable_after_s: float,
         announcer: Announcer | None = None,
+        probing: ProbeConfig | None = None,
     ) -> None:
         self._writer = writer
+        self._probing = probing or ProbeConfig()
         self._announcer = announcer
         self._gate = gate
         self._publisher = publisher
@@ -97,7 +127,7 @@ class Disabling:
                 # Before the write: announced under the id of the revision it writes, so a
                 # crash in between announces the same id again on the next try.
                 await self._announcer.announce(_disabled(endpoint, reason, settled, since))
-            await self._writer.disable(endpoint, reason)
+            await self._writer.disable(endpoint, reason, self._probing.start(endpoint, now))
         except Exception as exc:  # the next failure tries again; never fatal for a lane
             log.error("endpoint_disable_failed", endpoint_id=endpoint.id, error=repr(exc))
             return

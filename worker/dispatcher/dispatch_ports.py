@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_endpoints import EndpointRecord, Recovery
 from worker.dispatcher.sender import DeliveryResult
 
 
@@ -24,8 +24,10 @@ class Signer(Protocol):
 
 
 class EndpointWriter(Protocol):
-    """Disables endpoints (``EndpointStore``): the only endpoint write a dispatcher makes."""
+    """Disables endpoints (``EndpointStore``); its probing writes through ``update``."""
 
     def signing_secrets(self, record: EndpointRecord) -> list[str]: ...
 
-    async def disable(self, current: EndpointRecord, reason: str) -> EndpointRecord: ...
+    async def disable(
+        self, current: EndpointRecord, reason: str, recovery: Recovery | None = None
+    ) -> EndpointRecord: ...

@@ -33,7 +33,7 @@ from worker.dispatcher.delivery import (
     take_in,
 )
 from worker.dispatcher.delivery_store import DeliveryStore
-from worker.dispatcher.disabling import Disabling
+from worker.dispatcher.disabling import Disabling, ProbeConfig
 from worker.dispatcher.dispatch_ports import EndpointWriter, Sender, Signer
 from worker.dispatcher.endpoint_gate import EndpointGate, GateConfig
 from worker.dispatcher.instrumentation import (
@@ -73,6 +73,7 @@ class DispatchConfig:
     hold_s: float = 0.0
     """Take in without writing, holding the event's offset (``worker.dispatcher.holds``); the
     loop's ``hold_overdue_s`` is this. 0: write each pair at take-in."""
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
 
 class Dispatcher:
@@ -123,6 +124,7 @@ class Dispatcher:
             known=self._known,
             disable_after_s=config.disable_after_s,
             announcer=announcer,
+            probing=config.probe,
         )
         self._migration = Migration(store, publisher, self._writes.write_now, self._instrument)
 

@@ -15,6 +15,7 @@ from worker.contract.catalogue import ServiceError
 from worker.contract.webhook_endpoints import (
     EndpointRecord,
     EventType,
+    Recovery,
     StoredSecret,
     new_endpoint_id,
     now_rfc3339,
@@ -87,6 +88,7 @@ class EndpointStore:
         description: str | None,
         endpoint_id: str | None = None,
         rate_limit: int | None = None,
+        auto_recover: bool = True,
     ) -> tuple[EndpointRecord, str]:
         """A new active endpoint and its first secret (in clear, for the response only);
         ``endpoint_id`` when the caller chose it (a fresh ``new_endpoint_id()``)."""
@@ -98,6 +100,7 @@ class EndpointStore:
             event_types=event_types,
             description=description,
             rate_limit=rate_limit,
+            auto_recover=auto_recover,
             created_at=stamp,
             updated_at=stamp,
             revision=1,
@@ -113,13 +116,14 @@ class EndpointStore:
         return await self._write(record, "create_webhook_endpoint_failed"), secret
 
     async def update(self, current: EndpointRecord, **fields: Any) -> EndpointRecord:
-        """PATCH: any of url, event_types, description, rate_limit."""
+        """PATCH: any of url, event_types, description, rate_limit, auto_recover; the
+        dispatcher's probing writes (``recovery``, ``status``) too."""
         if not fields:
             return current
         return await self._write(current.changed(**fields), "update_webhook_endpoint_failed")
 
     async def set_status(self, current: EndpointRecord, status: str) -> EndpointRecord:
-        """activate / deactivate; activating also clears a dispatcher's disable."""
+        """activate / deactivate; either clears a dispatcher's disable and its probing."""
         code = (
             "deactivate_webhook_endpoint_failed"
             if status == "inactive"
@@ -127,12 +131,15 @@ class EndpointStore:
         )
         if current.status == status:
             return current
-        return await self._write(current.changed(status=status, disabled_reason=None), code)
+        record = current.changed(status=status, disabled_reason=None, recovery=None)
+        return await self._write(record, code)
 
-    async def disable(self, current: EndpointRecord, reason: str) -> EndpointRecord:
-        """The dispatcher's one write: stop deliveries to an endpoint that is gone (410) or
-        has failed continuously; ``activate`` undoes it."""
-        record = current.changed(status="disabled", disabled_reason=reason)
+    async def disable(
+        self, current: EndpointRecord, reason: str, recovery: Recovery | None = None
+    ) -> EndpointRecord:
+        """Stop deliveries to an endpoint that is gone (410) or has failed continuously,
+        with its probing's start; ``activate`` or a probe answered 2xx undoes it."""
+        record = current.changed(status="disabled", disabled_reason=reason, recovery=recovery)
         return await self._write(record, "update_webhook_endpoint_failed")
 
     async def rotate(self, current: EndpointRecord) -> tuple[EndpointRecord, str]:

@@ -90,6 +90,10 @@ class EndpointRegistry:
         nothing for a known id is final; for an unknown one the registry may be behind."""
         return endpoint_id in self._by_id or endpoint_id in self._gone
 
+    def records(self) -> list[EndpointRecord]:
+        """Every endpoint held (the dispatcher's probing looks for disabled ones)."""
+        return list(self._by_id.values())
+
     def get(self, workspace_id: str, endpoint_id: str) -> EndpointRecord | None:
         """The endpoint if ``workspace_id`` owns it; ``None`` otherwise (missing or not yours)."""
         record = self._by_id.get(endpoint_id)

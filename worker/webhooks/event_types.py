@@ -23,6 +23,7 @@ from worker.contract.operational_events import MODELS as OPERATIONAL_MODELS
 from worker.contract.webhook_endpoints import (
     EVENT_ENDPOINT_DISABLED,
     EVENT_ENDPOINT_ENABLED,
+    EVENT_ENDPOINT_PROBE,
     EVENT_ERROR,
     EVENT_STATUS_CHANGED,
 )
@@ -191,8 +192,15 @@ EVENT_CATALOGUE: Final[tuple[EventType, ...]] = (
     ),
     _operational(
         EVENT_ENDPOINT_ENABLED,
-        "A disabled endpoint of the workspace was activated again; sent to the workspace's"
-        " other active endpoints that list it in `event_types`.",
+        "A disabled endpoint of the workspace was activated again, by its owner or because"
+        " it answered a probe (`reason`); sent to the workspace's other active endpoints that"
+        " list it in `event_types`.",
+    ),
+    _operational(
+        EVENT_ENDPOINT_PROBE,
+        "Sent to an endpoint the dispatcher disabled, itself only, whatever its `event_types`,"
+        " on a backing-off schedule unless its `auto_recover` is false: answer it with a 2xx"
+        " and the endpoint is re-enabled.",
     ),
 )
 """Every event type sent to webhooks, in the order they are listed."""

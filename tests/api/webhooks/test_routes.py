@@ -32,7 +32,12 @@ from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.routes import WebhookClients
 from worker.contract.delivery_log import DeliveryLogEntry, Replay, decode_replay
 from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
-from worker.contract.webhook_endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EndpointRecord
+from worker.contract.webhook_endpoints import (
+    EVENT_ERROR,
+    EVENT_STATUS_CHANGED,
+    EndpointRecord,
+    Recovery,
+)
 from worker.documents.openapi.document import openapi_document
 from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
@@ -55,6 +60,8 @@ ENDPOINT_KEYS = {
     "rate_limit",
     "status",
     "disabled_reason",
+    "auto_recover",
+    "recovery",
     "created_at",
     "updated_at",
 }
@@ -292,6 +299,34 @@ async def test_an_endpoint_rate_limit_is_set_changed_and_lifted(
         assert integral["rate_limit"] == 7
         lifted = ok(await http.patch(one, json={"rate_limit": None}, headers=headers()))
         assert lifted["rate_limit"] is None
+
+
+async def test_auto_recover_is_set_on_create_and_update_and_cleared_probing_on_activate(
+    hook_settings: Callable[..., Settings],
+) -> None:
+    async with (
+        running_api(hook_settings()) as api,
+        httpx.AsyncClient(base_url=api.url) as http,
+    ):
+        assert (await create(http))["auto_recover"] is True  # on by default
+        endpoint = await create(http, auto_recover=False)
+        assert endpoint["auto_recover"] is False and endpoint["recovery"] is None
+        one = ONE.format(endpoint["id"])
+        bad = await http.patch(one, json={"auto_recover": None}, headers=headers())
+        assert bad.status_code == 400, bad.text
+        changed = ok(await http.patch(one, json={"auto_recover": True}, headers=headers()))
+        assert changed["auto_recover"] is True
+        # disabled by a dispatcher, with its probing: shown, and gone once activated
+        store = hooks(api).store
+        held = store.registry.get("ws_a", endpoint["id"])
+        assert held is not None and held.auto_recover is True
+        due = Recovery(disabled_at=time.time(), interval_s=300.0, next_probe_at=time.time() + 300)
+        await store.disable(held, "failing for 5 days", due)
+        shown = ok(await http.get(one, headers=headers()))
+        assert shown["status"] == "disabled"
+        assert shown["recovery"]["next_probe_at"] == due.next_probe_at
+        activated = ok(await http.post(f"{one}/activate", headers=headers()))
+        assert activated["status"] == "active" and activated["recovery"] is None
 
 
 async def test_the_url_form_the_document_states_is_enforced(

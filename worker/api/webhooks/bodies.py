@@ -23,7 +23,13 @@ from worker.api.bodies import DataResponse
 from worker.api.reading import decode_json, read_body
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
-from worker.contract.webhook_endpoints import EndpointRecord, EndpointStatus, EventType, RateLimit
+from worker.contract.webhook_endpoints import (
+    EndpointRecord,
+    EndpointStatus,
+    EventType,
+    RateLimit,
+    Recovery,
+)
 from worker.webhooks.signing import SECRET_PREFIX
 
 _RFC3339: Final = re.compile(
@@ -174,12 +180,17 @@ class CreateEndpointBody(BaseModel):
     event_types: EventTypes = None
     description: Description = None
     rate_limit: RateLimitField = None
+    auto_recover: bool = Field(
+        default=True,
+        description="Probe the endpoint when the dispatcher disables it, and re-enable it on a"
+        " 2xx answer (`endpoint.probe`).",
+    )
 
 
 class UpdateEndpointBody(BaseModel):
-    """Change any of `url`, `event_types`, `description`, `rate_limit` (at least one).
-    `event_types: null` subscribes to all event types; `description: null` clears it;
-    `rate_limit: null` lifts the limit."""
+    """Change any of `url`, `event_types`, `description`, `rate_limit`, `auto_recover` (at
+    least one). `event_types: null` subscribes to all event types; `description: null` clears
+    it; `rate_limit: null` lifts the limit."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"minProperties": 1})
 
@@ -188,6 +199,7 @@ class UpdateEndpointBody(BaseModel):
     event_types: EventTypes = None
     description: Description = None
     rate_limit: RateLimitField = None
+    auto_recover: bool = Field(default=True, json_schema_extra=_no_default)
 
     def changes(self) -> dict[str, Any]:
         """The fields the caller sent, with ``event_types`` as the record's tuple."""
@@ -224,9 +236,15 @@ class EndpointData(BaseModel):
     rate_limit: int | None = None
     status: EndpointStatus = Field(
         description="`disabled`: stopped by the dispatcher (see `disabled_reason`); `activate`"
-        " re-enables it."
+        " re-enables it, and so does a probe it answers with a 2xx (`recovery`)."
     )
     disabled_reason: str | None
+    auto_recover: bool = True
+    recovery: Recovery | None = Field(
+        default=None,
+        description="The probing since the dispatcher last disabled it (times in Unix"
+        " seconds): when it is probed next, and what the last probe came to.",
+    )
     created_at: str
     updated_at: str
 

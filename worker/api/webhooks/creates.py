@@ -52,6 +52,7 @@ class NewEndpoint:
     event_types: tuple[EventType, ...] | None
     description: str | None
     rate_limit: int | None
+    auto_recover: bool = True
 
 
 async def create(
@@ -76,6 +77,7 @@ async def create(
             event_types=new.event_types,
             description=new.description,
             rate_limit=new.rate_limit,
+            auto_recover=new.auto_recover,
             status="inactive",
             disabled_reason=PENDING,
             created_at=stamp,

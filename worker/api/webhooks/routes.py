@@ -280,7 +280,9 @@ class WebhookRoutes:
         # The quota counts the registry: a replica still reading it would count too few.
         await self._ready(failure, clients.endpoints)
         assert self.quota is not None  # built with the clients
-        new = NewEndpoint(body.url, event_types, body.description, body.rate_limit)
+        new = NewEndpoint(
+            body.url, event_types, body.description, body.rate_limit, body.auto_recover
+        )
         record, secret = await creates.create(
             clients.store, self.quota, workspace_id, new, wait_s=self.wait_s
         )
@@ -320,7 +322,7 @@ class WebhookRoutes:
             raise ServiceError.of(
                 "invalid_request",
                 "The request body must change at least one of url, event_types, description,"
-                " rate_limit.",
+                " rate_limit, auto_recover.",
             )
         self.limits.check(
             url=changes.get("url"),

@@ -1,0 +1,226 @@
+"""Probing an endpoint the dispatcher disabled (docs/architecture.md, "Webhook fan-out",
+"Endpoints that heal"): one dispatcher at a time for an endpoint, the one holding the
+partition its operational events are keyed to, sends it a signed ``endpoint.probe`` through
+the delivery's sender when its record's ``recovery.next_probe_at`` is due. A 2xx re-enables
+it (announced as ``endpoint.enabled``, reason ``recovered``); any other answer doubles the wait
+(up to ``ProbeConfig.max_s``) until ``for_s`` after it was disabled. Each probe is an entry of
+its own in the endpoint's delivery log. Probes at once: the admission rule, per workspace."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
+
+from worker.contract.delivery_log import AttemptRecord, DeliveryLogEntry
+from worker.contract.messages import rfc3339
+from worker.contract.operational_events import enabled_record, probe_body
+from worker.contract.webhook_endpoints import (
+    EVENT_ENDPOINT_PROBE,
+    EndpointRecord,
+    ProbeAnswer,
+    Recovery,
+)
+from worker.dispatcher.disabling import ProbeConfig
+from worker.dispatcher.dispatch_ports import Sender, Signer
+from worker.dispatcher.publish import DeliveryPublisher
+from worker.dispatcher.sender import ErrorKind, attempt_record
+from worker.runtime.admission import Admission, NoRoom, Share, Slot
+from worker.runtime.logs import get_logger
+from worker.webhooks.announcer import Announcer
+from worker.webhooks.endpoints import EndpointRegistry
+
+log = get_logger(__name__)
+
+#: Probes one workspace may have under way at once in one process.
+PER_WORKSPACE: Final = 2
+
+
+class ProbeWriter(Protocol):
+    """What probing needs of ``EndpointStore``."""
+
+    def signing_secrets(self, record: EndpointRecord) -> list[str]: ...
+
+    async def update(self, current: EndpointRecord, **fields: Any) -> EndpointRecord: ...
+
+
+class Prober:
+    """Looks for due probes every ``tick_s`` (``run``); ``owns`` says whether an endpoint's
+    probing is this process's. ``on_recovered`` is told of each endpoint a probe re-enabled."""
+
+    def __init__(
+        self,
+        *,
+        endpoints: EndpointRegistry,
+        writer: ProbeWriter,
+        sender: Sender,
+        sign: Signer,
+        publisher: DeliveryPublisher,
+        owns: Callable[[str], bool],
+        config: ProbeConfig,
+        announcer: Announcer | None = None,
+        on_recovered: Callable[[EndpointRecord], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._endpoints = endpoints
+        self._writer = writer
+        self._sender = sender
+        self._sign = sign
+        self._publisher = publisher
+        self._owns = owns
+        self.config = config
+        self._announcer = announcer
+        self._on_recovered = on_recovered
+        self._clock = clock
+        self.tick_s = min(5.0, config.first_s / 2)
+        self.slots = Admission("webhook-probes", Share.capped(config.max_in_flight, PER_WORKSPACE))
+        # Endpoints with a probe under way here: at most the pool's capacity.
+        self._running: dict[str, asyncio.Task[None]] = {}
+
+    def due(self, now: float) -> list[EndpointRecord]:
+        """This process's disabled endpoints whose next probe is due, none already probed."""
+        return [
+            e
+            for e in self._endpoints.records()
+            if e.status == "disabled"
+            and e.auto_recover
+            and e.recovery is not None
+            and e.recovery.next_probe_at is not None
+            and e.recovery.next_probe_at <= now
+            and e.id not in self._running
+            and self._owns(e.id)
+        ]
+
+    def sweep(self) -> int:
+        """Start the due probes there is room for (the rest wait for the next sweep)."""
+        started = 0
+        for endpoint in self.due(self._clock()):
+            try:
+                slot = self.slots.take(endpoint.workspace_id)
+            except NoRoom:
+                continue
+            task = asyncio.create_task(self._probe(endpoint))
+            self._running[endpoint.id] = task
+            task.add_done_callback(functools.partial(self._ended, endpoint.id, slot))
+            started += 1
+        return started
+
+    def _ended(self, endpoint_id: str, slot: Slot, _: object) -> None:
+        self._running.pop(endpoint_id, None)
+        slot.release()
+
+    async def run(self) -> None:
+        """Sweep until cancelled; the probes under way are cancelled with it (their
+        endpoints are due again, on this or the next owner)."""
+        try:
+            while True:
+                self.sweep()
+                await asyncio.sleep(self.tick_s)
+        finally:
+            tasks = list(self._running.values())
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _probe(self, endpoint: EndpointRecord) -> None:
+        try:
+            await self._send_probe(endpoint)
+        except Exception as exc:  # a write that failed: still due, the next sweep tries again
+            log.error("endpoint_probe_failed", endpoint_id=endpoint.id, error=repr(exc))
+
+    async def _send_probe(self, endpoint: EndpointRecord) -> None:
+        recovery = endpoint.recovery
+        assert recovery is not None
+        n, at = recovery.probes + 1, self._clock()
+        probe_id, body = probe_body(endpoint, rfc3339(recovery.disabled_at), n, rfc3339(at))
+        try:
+            secrets = self._writer.signing_secrets(endpoint)
+            headers = self._sign(secrets, probe_id, int(at), body.encode())
+            answer = await self._sender.post(endpoint.url, body.encode(), headers)
+            status, error = answer.status, None if answer.error is None else str(answer.error)
+            if status is None and error == ErrorKind.CAPACITY:
+                return  # nothing sent (no slot of ours): due again at the next sweep
+            ok, record = answer.ok, attempt_record(at, answer)
+        except Exception as exc:  # a secret that does not decrypt: a failed probe
+            log.error("endpoint_probe_crashed", endpoint_id=endpoint.id, error=type(exc).__name__)
+            status, error, ok = None, str(ErrorKind.INTERNAL), False
+            record = attempt_record(at, None, error)
+        if not ok and error is None:
+            error = f"http_{status}"
+        now = self._clock()
+        current = self._endpoints.get(endpoint.workspace_id, endpoint.id)
+        if current is None or current.status != "disabled" or current.recovery != recovery:
+            return  # changed meanwhile (activated, deleted, another probe): this one is moot
+        answered = ProbeAnswer(at=rfc3339(at), status=status, error=error)
+        await self._log(current, probe_id, body, ok, answered, record, now)
+        if ok:
+            await self._recover(current, recovery, n, answered, now)
+            return
+        wait = min(self.config.max_s, 2 * recovery.interval_s)
+        nxt: float | None = now + wait
+        if now + wait > recovery.disabled_at + self.config.for_s:
+            nxt = None  # probed long enough: its owner activates it
+        after = recovery.model_copy(
+            update={"probes": n, "last_probe": answered, "interval_s": wait, "next_probe_at": nxt}
+        )
+        await self._writer.update(current, recovery=after)
+
+    async def _recover(
+        self,
+        current: EndpointRecord,
+        recovery: Recovery,
+        probes: int,
+        answered: ProbeAnswer,
+        now: float,
+    ) -> None:
+        if self._announcer is not None:
+            # Before the write, under the id of the revision it writes (as a disable is).
+            await self._announcer.announce(enabled_record(current, reason="recovered"))
+        after = recovery.model_copy(
+            update={
+                "probes": probes,
+                "last_probe": answered,
+                "next_probe_at": None,
+                "recovered_at": now,
+            }
+        )
+        record = await self._writer.update(
+            current, status="active", disabled_reason=None, recovery=after
+        )
+        log.warning("endpoint_recovered", endpoint_id=current.id, probes=probes)
+        if self._on_recovered is not None:
+            await self._on_recovered(record)
+
+    async def _log(
+        self,
+        endpoint: EndpointRecord,
+        probe_id: str,
+        body: str,
+        ok: bool,
+        answered: ProbeAnswer,
+        record: AttemptRecord,
+        now: float,
+    ) -> None:
+        """The probe as a delivery of its own in the endpoint's delivery log."""
+        entry = DeliveryLogEntry(
+            webhook_id=probe_id,
+            endpoint_id=endpoint.id,
+            workspace_id=endpoint.workspace_id,
+            account_id="",
+            event_type=EVENT_ENDPOINT_PROBE,
+            event_id=probe_id,
+            attempts=1,
+            state="delivered" if ok else "failed",
+            last_status=answered.status,
+            last_error=answered.error,
+            updated_at=rfc3339(now),
+            attempt=record,
+            body=body,
+            occurred_at=answered.at,
+        )
+        await self._publisher.log([entry])
+
+
+__all__ = ["PER_WORKSPACE", "ProbeWriter", "Prober"]
