@@ -489,25 +489,11 @@ class Settings(BaseSettings):
         "more than there are waits.",
     )
     webhook_disable_after_s: float = Field(default=5 * 86_400.0, gt=0)
-    webhook_probe_first_s: float = Field(
-        default=300.0,
-        gt=0,
-        description="The first wait before probing an endpoint the dispatcher disabled; each "
-        "failed probe doubles it, up to WEBHOOK_PROBE_MAX_S.",
-    )
+    # probing the endpoints the dispatcher disabled (docs/configuration.md says what each is)
+    webhook_probe_first_s: float = Field(default=300.0, gt=0)
     webhook_probe_max_s: float = Field(default=6 * 3600.0, gt=0)
-    webhook_probe_for_s: float = Field(
-        default=7 * 86_400.0,
-        gt=0,
-        description="How long after it was disabled an endpoint is probed; then it stays "
-        "disabled until its owner activates it.",
-    )
-    webhook_probe_max_in_flight: int = Field(
-        default=16,
-        ge=1,
-        description="Probes under way at once per dispatcher process (a workspace at most 2, "
-        "a quarter kept for workspaces holding none).",
-    )
+    webhook_probe_for_s: float = Field(default=7 * 86_400.0, gt=0)
+    webhook_probe_max_in_flight: int = Field(default=16, ge=1)
     webhook_max_in_flight: int = Field(default=1000, ge=1)
     webhook_max_in_flight_per_key: int | None = Field(
         default=None,

@@ -258,7 +258,7 @@ async def test_probes_at_once_are_capped_per_workspace_by_the_admission_rule(
                     dlq_topic=settings.topics.webhook_dlq,
                 ),
                 owns=lambda _: True,
-                config=ProbeConfig(max_in_flight=16),
+                config=ProbeConfig(first_s=0.2, max_in_flight=16),
             )
             runs = asyncio.create_task(prober.run())
             await wait_until(lambda: len(sender.urls) == PER_WORKSPACE + 1)

@@ -371,3 +371,43 @@ async def test_a_late_answer_for_the_endpoint_left_behind_is_not_shown(
         assert await page.locator("#deliveries tbody tr").count() == 0
     finally:
         await page.close()
+
+
+async def test_a_disabled_endpoint_shows_its_next_probe_and_the_last_probes_answer(
+    stack: RunningStack, browser: Browser
+) -> None:
+    """The endpoint list as the API answers it for an endpoint the dispatcher disabled and
+    probes (issue 49): the row says when the next probe goes and what the last one got."""
+    created = (
+        await api(stack, "POST", ENDPOINTS, json={"url": "http://127.0.0.1:9/portal-probes"})
+    )["data"]
+    recovery = {
+        "disabled_at": 1795000000.0,
+        "interval_s": 600.0,
+        "next_probe_at": 1795000900.0,  # 2026-11-18T11:21:40Z
+        "probes": 1,
+        "last_probe": {"at": "2026-11-18T11:11:40.000Z", "status": 503, "error": "http_503"},
+        "recovered_at": None,
+    }
+
+    async def disabled(route: Route) -> None:
+        answer = await route.fetch()
+        body = await answer.json()
+        for e in body["data"]:
+            if e["id"] == created["id"]:
+                e.update(status="disabled", disabled_reason="failing for 5 days", recovery=recovery)
+        await route.fulfill(response=answer, json=body)
+
+    page = await browser.new_page()
+    try:
+        await page.route(f"**{ENDPOINTS}", disabled)
+        await page.goto(await session_url(stack))
+        await page.wait_for_selector("body[data-loaded='true']", timeout=20_000)
+        probe = page.locator(f"#endpoints tr[data-endpoint='{created['id']}'] .endpoint-probe")
+        await probe.wait_for()
+        text = await probe.inner_text()
+        assert "next probe 2026-11-18T11:21:40Z" in text
+        assert "last probe 2026-11-18T11:11:40.000Z: 503" in text
+    finally:
+        await page.close()
+        await api(stack, "DELETE", f"{ENDPOINTS}/{created['id']}")

@@ -79,8 +79,8 @@ class ProbeAnswer(BaseModel):
 
 
 class Recovery(BaseModel):
-    """The probing of an endpoint the dispatcher disabled (docs/architecture.md, "Webhook
-    fan-out"): kept on the record so another dispatcher continues it and the portal shows it;
+    """The probing of an endpoint the dispatcher disabled (docs/architecture.md, "Endpoints
+    that heal"): kept on the record so another dispatcher continues it and the portal shows it;
     kept after a recovery, so one that did not hold probes at a longer interval."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")

@@ -11,17 +11,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from worker.contract.delivery_log import AttemptRecord, DeliveryLogEntry
+from worker.contract.delivery_log import DeliveryLogEntry
 from worker.contract.messages import rfc3339
 from worker.contract.operational_events import enabled_record, probe_body
 from worker.contract.webhook_endpoints import (
     EVENT_ENDPOINT_PROBE,
     EndpointRecord,
     ProbeAnswer,
-    Recovery,
 )
 from worker.dispatcher.disabling import ProbeConfig
 from worker.dispatcher.dispatch_ports import Sender, Signer
@@ -48,7 +47,7 @@ class ProbeWriter(Protocol):
 
 class Prober:
     """Looks for due probes every ``tick_s`` (``run``); ``owns`` says whether an endpoint's
-    probing is this process's. ``on_recovered`` is told of each endpoint a probe re-enabled."""
+    probing is this process's."""
 
     def __init__(
         self,
@@ -61,7 +60,6 @@ class Prober:
         owns: Callable[[str], bool],
         config: ProbeConfig,
         announcer: Announcer | None = None,
-        on_recovered: Callable[[EndpointRecord], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._endpoints = endpoints
@@ -72,7 +70,6 @@ class Prober:
         self._owns = owns
         self.config = config
         self._announcer = announcer
-        self._on_recovered = on_recovered
         self._clock = clock
         self.tick_s = min(5.0, config.first_s / 2)
         self.slots = Admission("webhook-probes", Share.capped(config.max_in_flight, PER_WORKSPACE))
@@ -84,18 +81,13 @@ class Prober:
         return [
             e
             for e in self._endpoints.records()
-            if e.status == "disabled"
-            and e.auto_recover
-            and e.recovery is not None
-            and e.recovery.next_probe_at is not None
-            and e.recovery.next_probe_at <= now
-            and e.id not in self._running
-            and self._owns(e.id)
-        ]
+            if e.status == "disabled" and e.auto_recover and e.recovery is not None
+            and (e.recovery.next_probe_at or now + 1) <= now
+            and e.id not in self._running and self._owns(e.id)
+        ]  # fmt: skip
 
-    def sweep(self) -> int:
+    def sweep(self) -> None:
         """Start the due probes there is room for (the rest wait for the next sweep)."""
-        started = 0
         for endpoint in self.due(self._clock()):
             try:
                 slot = self.slots.take(endpoint.workspace_id)
@@ -104,8 +96,6 @@ class Prober:
             task = asyncio.create_task(self._probe(endpoint))
             self._running[endpoint.id] = task
             task.add_done_callback(functools.partial(self._ended, endpoint.id, slot))
-            started += 1
-        return started
 
     def _ended(self, endpoint_id: str, slot: Slot, _: object) -> None:
         self._running.pop(endpoint_id, None)
@@ -139,88 +129,45 @@ class Prober:
             secrets = self._writer.signing_secrets(endpoint)
             headers = self._sign(secrets, probe_id, int(at), body.encode())
             answer = await self._sender.post(endpoint.url, body.encode(), headers)
-            status, error = answer.status, None if answer.error is None else str(answer.error)
-            if status is None and error == ErrorKind.CAPACITY:
+            if answer.status is None and answer.error == ErrorKind.CAPACITY:
                 return  # nothing sent (no slot of ours): due again at the next sweep
-            ok, record = answer.ok, attempt_record(at, answer)
+            record = attempt_record(at, answer)
         except Exception as exc:  # a secret that does not decrypt: a failed probe
             log.error("endpoint_probe_crashed", endpoint_id=endpoint.id, error=type(exc).__name__)
-            status, error, ok = None, str(ErrorKind.INTERNAL), False
-            record = attempt_record(at, None, error)
-        if not ok and error is None:
-            error = f"http_{status}"
+            answer, record = None, attempt_record(at, None, str(ErrorKind.INTERNAL))
+        ok = answer is not None and answer.ok
+        status = None if answer is None else answer.status
+        error = None if ok else record.error_kind or f"http_{status}"
         now = self._clock()
         current = self._endpoints.get(endpoint.workspace_id, endpoint.id)
         if current is None or current.status != "disabled" or current.recovery != recovery:
             return  # changed meanwhile (activated, deleted, another probe): this one is moot
         answered = ProbeAnswer(at=rfc3339(at), status=status, error=error)
-        await self._log(current, probe_id, body, ok, answered, record, now)
+        entry = DeliveryLogEntry(  # the probe, a delivery of its own in the endpoint's log
+            webhook_id=probe_id, endpoint_id=current.id, workspace_id=current.workspace_id,
+            account_id="", event_type=EVENT_ENDPOINT_PROBE, event_id=probe_id, attempts=1,
+            state="delivered" if ok else "failed", last_status=status, last_error=error,
+            updated_at=rfc3339(now), attempt=record, body=body, occurred_at=answered.at,
+        )  # fmt: skip
+        await self._publisher.log([entry])
+        after = {"probes": n, "last_probe": answered}
         if ok:
-            await self._recover(current, recovery, n, answered, now)
+            if self._announcer is not None:  # before the write, as a disable is announced
+                await self._announcer.announce(enabled_record(current, reason="recovered"))
+            after |= {"next_probe_at": None, "recovered_at": now}
+            await self._writer.update(
+                current,
+                status="active",
+                disabled_reason=None,
+                recovery=recovery.model_copy(update=after),
+            )
+            log.warning("endpoint_recovered", endpoint_id=current.id, probes=n)
             return
         wait = min(self.config.max_s, 2 * recovery.interval_s)
-        nxt: float | None = now + wait
-        if now + wait > recovery.disabled_at + self.config.for_s:
-            nxt = None  # probed long enough: its owner activates it
-        after = recovery.model_copy(
-            update={"probes": n, "last_probe": answered, "interval_s": wait, "next_probe_at": nxt}
-        )
-        await self._writer.update(current, recovery=after)
-
-    async def _recover(
-        self,
-        current: EndpointRecord,
-        recovery: Recovery,
-        probes: int,
-        answered: ProbeAnswer,
-        now: float,
-    ) -> None:
-        if self._announcer is not None:
-            # Before the write, under the id of the revision it writes (as a disable is).
-            await self._announcer.announce(enabled_record(current, reason="recovered"))
-        after = recovery.model_copy(
-            update={
-                "probes": probes,
-                "last_probe": answered,
-                "next_probe_at": None,
-                "recovered_at": now,
-            }
-        )
-        record = await self._writer.update(
-            current, status="active", disabled_reason=None, recovery=after
-        )
-        log.warning("endpoint_recovered", endpoint_id=current.id, probes=probes)
-        if self._on_recovered is not None:
-            await self._on_recovered(record)
-
-    async def _log(
-        self,
-        endpoint: EndpointRecord,
-        probe_id: str,
-        body: str,
-        ok: bool,
-        answered: ProbeAnswer,
-        record: AttemptRecord,
-        now: float,
-    ) -> None:
-        """The probe as a delivery of its own in the endpoint's delivery log."""
-        entry = DeliveryLogEntry(
-            webhook_id=probe_id,
-            endpoint_id=endpoint.id,
-            workspace_id=endpoint.workspace_id,
-            account_id="",
-            event_type=EVENT_ENDPOINT_PROBE,
-            event_id=probe_id,
-            attempts=1,
-            state="delivered" if ok else "failed",
-            last_status=answered.status,
-            last_error=answered.error,
-            updated_at=rfc3339(now),
-            attempt=record,
-            body=body,
-            occurred_at=answered.at,
-        )
-        await self._publisher.log([entry])
+        # Probed long enough (``for_s``): no next probe, its owner activates it.
+        end = now + wait > recovery.disabled_at + self.config.for_s
+        after |= {"interval_s": wait, "next_probe_at": None if end else now + wait}
+        await self._writer.update(current, recovery=recovery.model_copy(update=after))
 
 
 __all__ = ["PER_WORKSPACE", "ProbeWriter", "Prober"]

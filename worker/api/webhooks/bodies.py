@@ -181,9 +181,7 @@ class CreateEndpointBody(BaseModel):
     description: Description = None
     rate_limit: RateLimitField = None
     auto_recover: bool = Field(
-        default=True,
-        description="Probe the endpoint when the dispatcher disables it, and re-enable it on a"
-        " 2xx answer (`endpoint.probe`).",
+        default=True, description="Re-enable it when it answers a probe after a disable."
     )
 
 

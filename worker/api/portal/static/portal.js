@@ -161,6 +161,19 @@
     renderEndpoints();
   }
 
+  // A disabled endpoint's recovery (docs/api.md, the endpoint object): its next probe and
+  // what the last one came to.
+  function probing(e) {
+    const r = e.recovery;
+    if (e.status !== 'disabled' || !r) return null;
+    const next = !e.auto_recover ? 'auto-recovery off'
+      : r.next_probe_at == null ? 'no more probes'
+        : 'next probe ' + new Date(r.next_probe_at * 1000).toISOString().slice(0, 19) + 'Z';
+    const p = r.last_probe;
+    const last = p ? 'last probe ' + p.at + ': ' + (p.status ?? p.error ?? 'no answer') : 'not probed yet';
+    return el('div', { class: 'muted endpoint-probe', text: next + '; ' + last });
+  }
+
   function renderEndpoints() {
     const tbody = $('endpoints').tBodies[0];
     clear(tbody);
@@ -179,7 +192,8 @@
           el('div', { class: 'muted endpoint-description', text: e.description || '' }),
           el('div', { class: 'muted', text: e.id })),
         el('td', { class: 'endpoint-state state-' + e.status },
-          e.status, e.disabled_reason ? el('div', { class: 'muted', text: e.disabled_reason }) : null),
+          e.status, e.disabled_reason ? el('div', { class: 'muted', text: e.disabled_reason }) : null,
+          probing(e)),
         el('td', { class: 'endpoint-failures', text: failures == null ? '–' : failures }),
         actions));
     }
