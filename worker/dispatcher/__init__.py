@@ -18,6 +18,7 @@ __all__ = [
     "metrics",
     "migration",
     "pair_writes",
+    "probing",
     "publish",
     "refusals",
     "sender",
