@@ -11,6 +11,7 @@ from worker.contract.catalogue import export as export_catalogue
 from worker.contract.messages import json_schemas
 from worker.documents.asyncapi.document import asyncapi_document
 from worker.documents.flowchart import flow_page
+from worker.documents.openapi.document import openapi_document
 from worker.webhooks.event_types import catalogue_document
 
 
@@ -24,12 +25,7 @@ def documents() -> dict[str, str]:
     docs["error-catalogue.json"] = _dump(export_catalogue())
     docs["asyncapi.json"] = _dump(asyncapi_document())
     docs["event-types.json"] = _dump(catalogue_document())
-    try:
-        from worker.documents.openapi.document import openapi_document
-    except ImportError:  # the front-end is optional for the worker's own schemas
-        pass
-    else:
-        docs["openapi.json"] = _dump(openapi_document())
+    docs["openapi.json"] = _dump(openapi_document())
     return docs
 
 

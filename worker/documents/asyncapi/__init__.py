@@ -4,11 +4,4 @@ disagreement; what the code does not name (roles, compaction, inline header name
 once in this package and checked against the publishers (docs/architecture.md, "Topics and
 messages")."""
 
-__all__ = [
-    "channels",
-    "components",
-    "document",
-    "headers",
-    "messages",
-    "operations",
-]
+__all__ = ["components", "document", "messages"]

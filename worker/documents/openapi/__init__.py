@@ -4,18 +4,4 @@ no second copy. Exported as ``schemas/openapi.json`` (drift-tested), served at
 ``/openapi.json``, fuzzed against the live app. ``document.py`` assembles one table per route
 group."""
 
-__all__ = [
-    "accounts",
-    "components",
-    "deliveries",
-    "document",
-    "endpoints",
-    "event_types",
-    "follow",
-    "parts",
-    "portal",
-    "probes",
-    "replays",
-    "signing_secrets",
-    "webhook_parts",
-]
+__all__ = ["accounts", "components", "deliveries", "document", "parts", "portal", "webhooks"]

@@ -9,19 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from worker.api.webhooks.delivery_bodies import (
-    DeliveryDetailResponse,
-    DeliveryPageResponse,
-    QueuedResponse,
-    TestSendBody,
-)
-from worker.api.webhooks.delivery_log import (
-    CURSOR_MAX_CHARS,
-    CURSOR_PATTERN,
-    PAGE_DEFAULT,
-    PAGE_MAX,
-    STATUSES,
-)
+from worker.api.webhooks import delivery_bodies
+from worker.api.webhooks import delivery_log as log
 from worker.api.webhooks.delivery_routes import WEBHOOK_DELIVERY, WEBHOOK_RESEND, WEBHOOK_TEST
 from worker.api.webhooks.quotas import TOO_MANY
 from worker.api.webhooks.routes import WEBHOOK_DELIVERIES
@@ -33,11 +22,15 @@ from worker.documents.openapi.parts import (
     Failure,
     json_body,
     json_response,
-    preflight,
+    linked,
+    operation,
+    param,
+    path_item,
 )
-from worker.documents.openapi.webhook_parts import webhook_failures, webhook_operation
+from worker.documents.openapi.webhooks import ON_ENDPOINT, webhook_failures
 
 _WEBHOOK_ID: Final = "msg_5d41402abc4b2a76b9719d911017c592"
+_RID: Final = "req_example_1"
 _EXAMPLE_ATTEMPT: Final = {
     "at": "2026-01-01T00:00:00.120Z",
     "status": 500,
@@ -46,12 +39,15 @@ _EXAMPLE_ATTEMPT: Final = {
     "response_truncated": False,
     "error_kind": None,
 }
-_EXAMPLE_DELIVERY: Final = {
-    "delivery_id": _WEBHOOK_ID,
+_EXAMPLE_EVENT: Final = {
     "webhook_id": _WEBHOOK_ID,
     "event_id": "0f8c2a4e-58e2-5b8e-9a53-4c1c6e1f2b7d",
     "event_type": EVENT_STATUS_CHANGED,
     "account_id": "acc_demo_1",
+}
+_EXAMPLE_DELIVERY: Final = {
+    "delivery_id": _WEBHOOK_ID,
+    **_EXAMPLE_EVENT,
     "version": 3,
     "status": "succeeded",
     "attempts": 2,
@@ -63,7 +59,6 @@ _EXAMPLE_DELIVERY: Final = {
     "replay_id": None,
     "test": False,
 }
-_RID: Final = "req_example_1"
 _SCAN_BUSY: Final = Failure(
     TOO_MANY,
     "No deliveries scan for the workspace now, answered at once: one of the same workspace"
@@ -77,232 +72,175 @@ _SENDS: Final = Failure(
     f" {SENDS_PER_MINUTE}, a burst of a third of it) of the minute, across the live"
     " front-ends; nothing was queued, retry after `Retry-After` seconds.",
 )
-_DELIVERY_ID: Final = {
-    "name": "delivery_id",
-    "in": "path",
-    "required": True,
-    "description": "A `delivery_id` the endpoint's log shows (`msg_...`, maybe followed by"
-    " `.` and a replay, resend or test id). Another endpoint's or workspace's answers 404"
-    " like an unknown one.",
-    "schema": {"type": "string", "pattern": ID_PATTERN, "maxLength": 128, "minLength": 1},
-}
-
-
-def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "in": "query",
-        "required": False,
-        "description": description,
-        "schema": schema,
-    }
-
-
-_LIST_PARAMETERS: Final = (
-    _query(
-        "status",
-        "Only deliveries in this state now.",
-        {"type": "string", "enum": list(STATUSES)},
+_ID_SCHEMA: Final = {"type": "string", "pattern": ID_PATTERN, "maxLength": 128}
+_ON_DELIVERY: Final = (
+    *ON_ENDPOINT,
+    param(
+        "delivery_id",
+        "path",
+        "A `delivery_id` the endpoint's log shows (`msg_...`, maybe followed by `.` and a"
+        " replay, resend or test id). Another endpoint's or workspace's answers 404 like an"
+        " unknown one.",
+        {**_ID_SCHEMA, "minLength": 1},
     ),
-    _query(
-        "event_type",
+)
+_LIST_QUERY: Final = {
+    "status": (
+        "Only deliveries in this state now.",
+        {"type": "string", "enum": list(log.STATUSES)},
+    ),
+    "event_type": (
         "Only deliveries of this event type.",
         {"type": "string", "minLength": 1, "maxLength": 128, "examples": list(EVENT_TYPES)},
     ),
-    _query(
-        "account_id",
-        "Only deliveries of this account.",
-        {"type": "string", "pattern": ID_PATTERN, "maxLength": 128},
-    ),
-    _query(
-        "since",
+    "account_id": ("Only deliveries of this account.", _ID_SCHEMA),
+    "since": (
         "Only deliveries that first appear in the log at or after this RFC 3339 date-time.",
         {"type": "string", "format": "date-time", "examples": ["2026-01-01T00:00:00Z"]},
     ),
-    _query(
-        "until",
+    "until": (
         "Only deliveries that first appear in the log before this RFC 3339 date-time.",
         {"type": "string", "format": "date-time", "examples": ["2026-01-02T00:00:00Z"]},
     ),
-    _query(
-        "limit",
-        f"Deliveries per page (default {PAGE_DEFAULT}).",
-        {"type": "integer", "minimum": 1, "maximum": PAGE_MAX, "default": PAGE_DEFAULT},
+    "limit": (
+        f"Deliveries per page (default {log.PAGE_DEFAULT}).",
+        {"type": "integer", "minimum": 1, "maximum": log.PAGE_MAX, "default": log.PAGE_DEFAULT},
     ),
-    _query(
-        "cursor",
+    "cursor": (
         "The `next_cursor` of the previous page; absent for the first page.",
-        {"type": "string", "pattern": CURSOR_PATTERN, "maxLength": CURSOR_MAX_CHARS},
+        {"type": "string", "pattern": log.CURSOR_PATTERN, "maxLength": log.CURSOR_MAX_CHARS},
     ),
-)
+}
 
 
-def _two_ids(operation_id: str) -> dict[str, Any]:
-    """The preflight of a route with both ``endpoint_id`` and ``delivery_id`` in its path."""
-    operation = preflight(operation_id, "endpoint_id")
-    first = operation["parameters"][0]
-    operation["parameters"].insert(1, {**first, "name": "delivery_id"})
-    return operation
-
-
-def _with(operation: dict[str, Any], *parameters: dict[str, Any]) -> dict[str, Any]:
-    operation["parameters"] = [*operation["parameters"], *parameters]
-    return operation
-
-
-def _links(response: dict[str, Any], *, pointer: str, endpoint: str) -> dict[str, Any]:
+def _to_delivery(response: dict[str, Any], pointer: str, endpoint: str) -> dict[str, Any]:
     """``response`` with links from the delivery at ``pointer`` (of the endpoint at
-    ``endpoint``, a runtime expression) to reading and resending it."""
-    parameters = {"endpoint_id": endpoint, "delivery_id": f"$response.body#{pointer}"}
-    return {
-        **response,
-        "links": {
-            "GetWebhookDelivery": {"operationId": "getWebhookDelivery", "parameters": parameters},
-            "ResendWebhookDelivery": {
-                "operationId": "resendWebhookDelivery",
-                "parameters": parameters,
-            },
-            "ListWebhookDeliveries": {
-                "operationId": "listWebhookDeliveries",
-                "parameters": {"endpoint_id": endpoint},
-            },
-        },
-    }
+    ``endpoint``, a runtime expression) to reading and resending it, and to the log."""
+    to_it = {"endpoint_id": endpoint, "delivery_id": f"$response.body#{pointer}"}
+    return linked(
+        response,
+        getWebhookDelivery=to_it,
+        resendWebhookDelivery=to_it,
+        listWebhookDeliveries={"endpoint_id": endpoint},
+    )
 
 
-def _queued_example(kind: str) -> dict[str, Any]:
-    send = "rs_" if kind == "resend" else "ts_"
-    return {
-        "request_id": _RID,
-        "data": {
-            "delivery_id": f"{_WEBHOOK_ID}.{send}7c9e6679742545e2b0c0a4a1c4c2f4d1",
-            "webhook_id": _WEBHOOK_ID,
-            "event_id": "0f8c2a4e-58e2-5b8e-9a53-4c1c6e1f2b7d",
-            "event_type": EVENT_STATUS_CHANGED,
-            "account_id": "acc_demo_1" if kind == "resend" else "acc_test_send",
-            "endpoint_id": "ep_0123456789abcdef0123456789abcdef",
-            "kind": kind,
-        },
+def _queued(kind: str) -> dict[str, Any]:
+    send, account = ("rs_", "acc_demo_1") if kind == "resend" else ("ts_", "acc_test_send")
+    data = {
+        "delivery_id": f"{_WEBHOOK_ID}.{send}7c9e6679742545e2b0c0a4a1c4c2f4d1",
+        **_EXAMPLE_EVENT,
+        "account_id": account,
+        "endpoint_id": "ep_0123456789abcdef0123456789abcdef",
+        "kind": kind,
     }
+    example = {"request_id": _RID, "data": data}
+    return json_response("Queued.", delivery_bodies.QueuedResponse, example=example)
 
 
 def delivery_paths() -> dict[str, Any]:
     """``GET .../deliveries``, ``GET .../deliveries/{delivery_id}``, ``POST .../resend``,
     ``POST .../test``."""
-    read_failures = (
-        *webhook_failures(
-            "get_webhook_endpoint_failed",
-            bad_request="Malformed `endpoint_id`, a malformed query parameter (`status` not"
-            f" one of its values, `limit` not 1 to {PAGE_MAX}, a date-time that is not RFC"
-            " 3339), or a `cursor` not of the form this route answers.",
-        ),
-        _SCAN_BUSY,
-    )
-    page_example = {
+    page = {"request_id": _RID, "data": [_EXAMPLE_DELIVERY], "next_cursor": "c1.0.0.5000.4213.0"}
+    attempts = [_EXAMPLE_ATTEMPT, {**_EXAMPLE_ATTEMPT, "status": 200, "response_excerpt": "ok"}]
+    body = '{"type":"account.auth_status_changed","timestamp":"2026-01-01T00:00:00.000Z","data":{}}'
+    detail = {
         "request_id": _RID,
-        "data": [_EXAMPLE_DELIVERY],
-        "next_cursor": "c1.0.0.5000.4213.0",
+        "data": {**_EXAMPLE_DELIVERY, "attempts_detail": attempts, "body": body},
     }
-    detail_example = {
-        "request_id": _RID,
-        "data": {
-            **_EXAMPLE_DELIVERY,
-            "attempts_detail": [
-                _EXAMPLE_ATTEMPT,
-                {**_EXAMPLE_ATTEMPT, "status": 200, "response_excerpt": "ok"},
-            ],
-            "body": '{"type":"account.auth_status_changed","timestamp":'
-            '"2026-01-01T00:00:00.000Z","data":{}}',
-        },
-    }
+    in_path = "$request.path.endpoint_id"
+    query = (param(name, "query", *spec) for name, spec in _LIST_QUERY.items())
     return {
-        WEBHOOK_DELIVERIES: {
-            "get": _with(
-                webhook_operation(
-                    "listWebhookDeliveries",
-                    "The endpoint's delivery log",
-                    "The endpoint's deliveries, newest first, each with its latest state,"
-                    " filtered and paged by an opaque `cursor`. The pages of one cursor read"
-                    " the same stretch of the log: deliveries that arrive meanwhile do not"
-                    " shift them (no repeats, no gaps); a request without `cursor` sees them."
-                    " The log covers the endpoint's recent deliveries (the last"
-                    " `WEBHOOK_DELIVERIES_SCAN_RECORDS` records of its log partition).",
-                    one_endpoint=True,
-                    portal=True,
-                    ok_status="200",
-                    ok=_links(
+        **path_item(
+            WEBHOOK_DELIVERIES,
+            get=operation(
+                "listWebhookDeliveries",
+                "The endpoint's delivery log",
+                "The endpoint's deliveries, newest first, each with its latest state,"
+                " filtered and paged by an opaque `cursor`. The pages of one cursor read"
+                " the same stretch of the log: deliveries that arrive meanwhile do not"
+                " shift them (no repeats, no gaps); a request without `cursor` sees them."
+                " The log covers the endpoint's recent deliveries (the last"
+                " `WEBHOOK_DELIVERIES_SCAN_RECORDS` records of its log partition).",
+                (
+                    *webhook_failures(
+                        "get_webhook_endpoint_failed",
+                        "Malformed `endpoint_id`, a malformed query parameter (`status` not one"
+                        f" of its values, `limit` not 1 to {log.PAGE_MAX}, a date-time"
+                        " that is not RFC 3339), or a `cursor` not of the form this route"
+                        " answers.",
+                    ),
+                    _SCAN_BUSY,
+                ),
+                ok={
+                    "200": _to_delivery(
                         json_response(
-                            "One page of deliveries.", DeliveryPageResponse, example=page_example
+                            "One page of deliveries.",
+                            delivery_bodies.DeliveryPageResponse,
+                            example=page,
                         ),
-                        pointer="/data/0/delivery_id",
-                        endpoint="$request.path.endpoint_id",
-                    ),
-                    failures=read_failures,
-                ),
-                *_LIST_PARAMETERS,
+                        "/data/0/delivery_id",
+                        in_path,
+                    )
+                },
+                params=(*ON_ENDPOINT, *query),
+                portal=True,
             ),
-            "options": preflight("preflightWebhookDeliveries", "endpoint_id"),
-        },
-        WEBHOOK_DELIVERY: {
-            "get": _with(
-                webhook_operation(
-                    "getWebhookDelivery",
-                    "One delivery with every attempt",
-                    "Its latest state, every attempt the log holds (time, status, latency,"
-                    " the first bytes of the answer, the error kind) and the exact body sent.",
-                    one_endpoint=True,
-                    portal=True,
-                    ok_status="200",
-                    ok=_links(
+        ),
+        **path_item(
+            WEBHOOK_DELIVERY,
+            get=operation(
+                "getWebhookDelivery",
+                "One delivery with every attempt",
+                "Its latest state, every attempt the log holds (time, status, latency, the"
+                " first bytes of the answer, the error kind) and the exact body sent.",
+                (
+                    *webhook_failures(
+                        "get_webhook_endpoint_failed", "Malformed `endpoint_id` or `delivery_id`."
+                    ),
+                    _SCAN_BUSY,
+                ),
+                ok={
+                    "200": _to_delivery(
                         json_response(
-                            "The delivery.", DeliveryDetailResponse, example=detail_example
+                            "The delivery.", delivery_bodies.DeliveryDetailResponse, example=detail
                         ),
-                        pointer="/data/delivery_id",
-                        endpoint="$request.path.endpoint_id",
-                    ),
-                    failures=(
-                        *webhook_failures(
-                            "get_webhook_endpoint_failed",
-                            bad_request="Malformed `endpoint_id` or `delivery_id`.",
-                        ),
-                        _SCAN_BUSY,
-                    ),
-                ),
-                _DELIVERY_ID,
+                        "/data/delivery_id",
+                        in_path,
+                    )
+                },
+                params=_ON_DELIVERY,
+                portal=True,
             ),
-            "options": _two_ids("preflightWebhookDelivery"),
-        },
-        WEBHOOK_RESEND: {
-            "post": _with(
-                webhook_operation(
-                    "resendWebhookDelivery",
-                    "Send one delivery again",
-                    "Queued at once behind the account's newer events, with the same"
-                    " `webhook-id` and the same body (a Standard Webhooks redelivery: receivers"
-                    " de-duplicate on the id), through the normal delivery path (signing with"
-                    " the current secrets, retries, the log). Answers the new delivery's id.",
-                    one_endpoint=True,
-                    portal=True,
-                    ok_status="202",
-                    ok=json_response("Queued.", QueuedResponse, example=_queued_example("resend")),
-                    failures=(
-                        *webhook_failures(
-                            "update_webhook_endpoint_failed",
-                            bad_request="Malformed `endpoint_id` or `delivery_id`; a body that"
-                            " is not empty or a JSON object; a delivery the log holds no body"
-                            " for (logged before bodies were, or a note about the endpoint).",
-                        ),
-                        _SCAN_BUSY,
-                        _SENDS,
+        ),
+        **path_item(
+            WEBHOOK_RESEND,
+            post=operation(
+                "resendWebhookDelivery",
+                "Send one delivery again",
+                "Queued at once behind the account's newer events, with the same `webhook-id`"
+                " and the same body (a Standard Webhooks redelivery: receivers de-duplicate on"
+                " the id), through the normal delivery path (signing with the current secrets,"
+                " retries, the log). Answers the new delivery's id.",
+                (
+                    *webhook_failures(
+                        "update_webhook_endpoint_failed",
+                        "Malformed `endpoint_id` or `delivery_id`; a body that is not empty or a"
+                        " JSON object; a delivery the log holds no body for (logged before"
+                        " bodies were, or a note about the endpoint).",
                     ),
-                    body=EMPTY_BODY,
+                    _SCAN_BUSY,
+                    _SENDS,
                 ),
-                _DELIVERY_ID,
+                ok={"202": _queued("resend")},
+                params=_ON_DELIVERY,
+                body=EMPTY_BODY,
+                portal=True,
             ),
-            "options": _two_ids("preflightResendWebhookDelivery"),
-        },
-        WEBHOOK_TEST: {
-            "post": webhook_operation(
+        ),
+        **path_item(
+            WEBHOOK_TEST,
+            post=operation(
                 "sendWebhookTest",
                 "Send a test event",
                 "Queues an example event of `event_type` (the same model as the real ones,"
@@ -310,24 +248,22 @@ def delivery_paths() -> dict[str, Any]:
                 " `timestamp` and `data`) for the endpoint alone, whatever types it"
                 " subscribes to, through the normal delivery path (the endpoint's gate,"
                 " signing, retries, the log). Its account is `acc_test_send`.",
-                one_endpoint=True,
-                portal=True,
-                ok_status="202",
-                ok=_links(
-                    json_response("Queued.", QueuedResponse, example=_queued_example("test")),
-                    pointer="/data/delivery_id",
-                    endpoint="$response.body#/data/endpoint_id",
-                ),
-                failures=(
+                (
                     *webhook_failures(
                         "update_webhook_endpoint_failed",
-                        bad_request="Malformed `endpoint_id`; a missing or invalid body"
-                        " (`event_type` not one the service sends, unknown fields).",
+                        "Malformed `endpoint_id`; a missing or invalid body (`event_type` not"
+                        " one the service sends, unknown fields).",
                     ),
                     _SENDS,
                 ),
-                body=json_body(TestSendBody, "Which event to send.", required=True),
+                ok={
+                    "202": _to_delivery(
+                        _queued("test"), "/data/delivery_id", "$response.body#/data/endpoint_id"
+                    )
+                },
+                params=ON_ENDPOINT,
+                body=json_body(delivery_bodies.TestSendBody, "Which event to send."),
+                portal=True,
             ),
-            "options": preflight("preflightSendWebhookTest", "endpoint_id"),
-        },
+        ),
     }

@@ -1,5 +1,7 @@
-"""The OpenAPI 3.1 document of the front-end, assembled from one table per route group; the
-route serving it at ``/openapi.json`` is wired into the front-end by ``worker/cli.py``."""
+"""The OpenAPI 3.1 document of the front-end, assembled from one table per route group, with the
+event catalogue's route and the ``webhooks:`` section (one operation per event type of
+``worker.webhooks.event_types``: the body's schema and example and the Standard Webhooks
+headers, the same the route answers); served at ``/openapi.json`` (wired by ``worker/cli.py``)."""
 
 from __future__ import annotations
 
@@ -9,23 +11,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from worker.api.bodies import ApiHealth
+from worker.api.event_types import EVENT_TYPES_PATH, EventTypesResponse
 from worker.api.webhooks.quotas import EndpointLimits
 from worker.contract.catalogue import ServiceError
 from worker.documents.openapi.accounts import account_paths
 from worker.documents.openapi.components import components
 from worker.documents.openapi.deliveries import delivery_paths
-from worker.documents.openapi.endpoints import endpoint_paths
-from worker.documents.openapi.event_types import event_type_paths, webhooks_section
-from worker.documents.openapi.follow import follow_paths
-from worker.documents.openapi.parts import with_allow
+from worker.documents.openapi.parts import (
+    EXAMPLE_RID,
+    JSON,
+    KEY_CHECK,
+    json_response,
+    operation,
+    path_item,
+)
 from worker.documents.openapi.portal import portal_paths
-from worker.documents.openapi.probes import probe_paths
-from worker.documents.openapi.replays import replay_paths
-from worker.documents.openapi.signing_secrets import signing_secret_paths
+from worker.documents.openapi.webhooks import endpoint_paths
+from worker.runtime.probes import PublicReadiness
 from worker.settings import Settings
+from worker.webhooks.event_types import EVENT_CATALOGUE, catalogue_document, envelope
 from worker.webhooks.targets import TargetPolicy
 
-OPENAPI_PATH: Final = "/openapi.json"
 SERVER_URL: Final = (
     f"http://{Settings.model_fields['api_host'].default}"
     f":{Settings.model_fields['api_port'].default}"
@@ -52,6 +59,75 @@ def _info() -> dict[str, Any]:
     }
 
 
+_OUTCOMES: Final = {
+    "2XX": "Delivered: any 2xx within the attempt's time-out.",
+    "410": "Gone: the endpoint is disabled at once.",
+    "default": "Failed: retried on the schedule (`Retry-After` honoured on 429 and 503), the"
+    " account's later events held behind it.",
+}
+
+
+def event_type_paths() -> dict[str, Any]:
+    """``GET /v1/event-types``."""
+    example = {"request_id": EXAMPLE_RID, "data": catalogue_document()}
+    return path_item(
+        EVENT_TYPES_PATH,
+        get=operation(
+            "listEventTypes",
+            "Every event type sent to webhook endpoints",
+            "Each type with its description, the JSON Schema (2020-12) of its body and an"
+            " example body, and the envelope every delivery carries (Standard Webhooks"
+            " headers). The same for every workspace; generated from the models the events are"
+            " built with, as is this document's `webhooks`.",
+            KEY_CHECK,
+            ok={"200": json_response("The event catalogue.", EventTypesResponse, example=example)},
+        ),
+    )
+
+
+def webhooks_section() -> dict[str, Any]:
+    """OpenAPI 3.1's ``webhooks``: what the service sends, by event type."""
+    headers = [
+        {"name": name, "in": "header", "required": True, "schema": {"type": "string"}, **spec}
+        for name, spec in envelope()["headers"].items()
+    ]
+    section: dict[str, Any] = {}
+    for kind in EVENT_CATALOGUE:
+        schema = kind.body_schema()
+        schema.pop("$schema", None)
+        section[kind.name] = {
+            "post": {
+                "operationId": "webhook_" + kind.name.replace(".", "_"),
+                "summary": kind.name,
+                "description": kind.description,
+                "tags": ["webhooks"],
+                "parameters": headers,
+                "requestBody": {
+                    "required": True,
+                    "content": {JSON: {"schema": schema, "example": kind.example_body()}},
+                },
+                "responses": {k: {"description": v} for k, v in _OUTCOMES.items()},
+            }
+        }
+    return section
+
+
+_TAGS: Final = {
+    "auth": "Account authorization flow.",
+    "webhooks": "Webhook endpoints of the key's workspace.",
+    "portal": "The webhook portal's sessions.",
+    "cors": "Browser preflights.",
+    "operations": "Probes (no API key; metrics are on the side door).",
+}
+
+
+def _probe(op_id: str, summary: str, model: Any, ok: str, failed: str) -> dict[str, Any]:
+    """A probe of the public port: no API key."""
+    responses = {"200": json_response(ok, model), "503": json_response(failed, model)}
+    probe = {"operationId": op_id, "summary": summary, "tags": ["operations"], "security": []}
+    return {"get": probe | {"responses": responses}}
+
+
 def openapi_document(
     limits: EndpointLimits | None = None, policy: TargetPolicy | None = None
 ) -> dict[str, Any]:
@@ -60,51 +136,45 @@ def openapi_document(
     endpoint bodies' schemas."""
     limits = limits or EndpointLimits.defaults()
     policy = policy or TargetPolicy()
+    paths = {
+        **account_paths(),
+        **endpoint_paths(limits, policy),
+        **delivery_paths(),
+        **portal_paths(),
+        **event_type_paths(),
+        "/healthz": _probe(
+            "healthz",
+            "Liveness: the process and its Kafka readers run",
+            ApiHealth,
+            "Alive.",
+            "A Kafka reader died.",
+        ),
+        "/readyz": _probe(
+            "readyz",
+            "Readiness: reply consumer positioned and webhook registry caught up",
+            PublicReadiness,
+            "Ready.",
+            "Not ready (why is on the operator's side door).",
+        ),
+    }
     return {
         "openapi": "3.1.0",
         "info": _info(),
         "servers": [{"url": SERVER_URL}],
-        "tags": [
-            {"name": "auth", "description": "Account authorization flow."},
-            {"name": "webhooks", "description": "Webhook endpoints of the key's workspace."},
-            {"name": "portal", "description": "The webhook portal's sessions."},
-            {"name": "cors", "description": "Browser preflights."},
-            {
-                "name": "operations",
-                "description": "Probes (no API key; metrics are on the side door).",
-            },
-        ],
-        "paths": with_allow(
-            {
-                **account_paths(),
-                **endpoint_paths(limits, policy),
-                **signing_secret_paths(),
-                **delivery_paths(),
-                **replay_paths(),
-                **portal_paths(),
-                **event_type_paths(),
-                **follow_paths(),
-                **probe_paths(),
-            }
-        ),
+        "tags": [{"name": name, "description": text} for name, text in _TAGS.items()],
+        "paths": paths,
         "webhooks": webhooks_section(),
-        "components": components(limits, policy),
+        "components": components(paths, limits, policy),
     }
 
 
-def openapi_route(
-    limits: EndpointLimits | None = None, policy: TargetPolicy | None = None
-) -> Route:
-    """``GET /openapi.json``: the document with this front-end's ``limits`` and target
+def document_routes(limits: EndpointLimits, policy: TargetPolicy) -> list[Route]:
+    """The routes that serve the front-end's documents (``worker.api.app.DocumentRoutes``):
+    ``GET /openapi.json``, the document with this front-end's ``limits`` and target
     ``policy``, built once."""
     document = openapi_document(limits, policy)
 
     async def openapi_json(_: Request) -> Response:
         return JSONResponse(document)
 
-    return Route(OPENAPI_PATH, openapi_json, methods=["GET"])
-
-
-def document_routes(limits: EndpointLimits, policy: TargetPolicy) -> list[Route]:
-    """The routes that serve the front-end's documents (``worker.api.app.DocumentRoutes``)."""
-    return [openapi_route(limits, policy)]
+    return [Route("/openapi.json", openapi_json, methods=["GET"])]

@@ -1,8 +1,10 @@
-"""The pieces every route table of the OpenAPI document is made of: catalogued failures and their
-responses, JSON bodies and answers, headers, and the ``OPTIONS`` operation each route has."""
+"""What every route table of the OpenAPI document is made of: catalogued failures and their
+responses, JSON bodies and answers, parameters, links, one operation and one path item (with
+the ``OPTIONS`` every route has and its ``Allow``)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -45,29 +47,80 @@ class Failure:
 
 # What every operation with an API key can answer at the key check: 401, and the workspace's
 # rate limit (429, a service extension).
-KEY_CHECK: Final = (
-    Failure("missing_api_key"),
-    Failure("invalid_api_key"),
-    Failure("rate_limited"),
-)
+KEY_CHECK: Final = (Failure("missing_api_key"), Failure("invalid_api_key"), Failure("rate_limited"))
 # Operations that read a body: the body's deadline (408, a service extension).
 BODY_TIMEOUT: Final = Failure("request_timeout")
 _PREFLIGHT_FAILURES: Final = (
     Failure("cors_forbidden"),
     Failure("not_found", "The route does not exist (e.g. a path parameter holding `/`)."),
 )
+#: The CORS headers of an allowed preflight: their schema (a string) and description.
+_CORS_ANSWER: Final = {
+    "Access-Control-Allow-Origin": ({}, "The request's Origin (a preflight allowed)."),
+    "Access-Control-Allow-Methods": ({"const": ALLOW_METHODS}, None),
+    "Access-Control-Allow-Headers": ({"const": ALLOW_HEADERS}, None),
+    "Access-Control-Max-Age": ({"const": str(CORS_MAX_AGE_S)}, "Seconds."),
+}
+#: The body of a route that reads none: anything small and JSON is accepted and ignored.
+EMPTY_BODY: Final = {
+    "required": False,
+    "description": f"Optional; ignored when it is a JSON object of at most {MAX_BODY_BYTES} bytes.",
+    "content": {JSON: {"schema": {"type": "object"}}},
+}
 
 
-def ref(model: type[BaseModel]) -> dict[str, str]:
-    return {"$ref": REF.format(model=model.__name__)}
+class Ref(dict[str, str]):
+    """``{"$ref": ...}`` to a model's schema, which keeps the model: the document's schemas
+    are those of the models its paths point at."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        super().__init__({"$ref": REF.format(model=model.__name__)})
+        self.model = model
 
 
 def json_response(description: str, model: type[BaseModel], **content: Any) -> dict[str, Any]:
+    json = {JSON: {"schema": Ref(model), **content}}
+    return {"description": description, "headers": dict(RID_HEADER), "content": json}
+
+
+def json_body(model: type[BaseModel], description: str, required: bool = True, **more: Any) -> Any:
+    body = json_response(description, model, **more) | {"required": required}
+    del body["headers"]
+    return body
+
+
+def header(schema: dict[str, Any], description: str | None = None, required: bool = True) -> Any:
+    described = {} if description is None else {"description": description}
+    return {"required": required, "schema": schema, **described}
+
+
+def no_store(response: dict[str, Any], why: str = "names a secret") -> dict[str, Any]:
+    """``response`` of a route that shows a secret: never stored by a cache."""
+    cache = header({"type": "string", "const": "no-store"}, f"The answer {why}: never cached.")
+    return {**response, "headers": {**response["headers"], "Cache-Control": cache}}
+
+
+def param(name: str, where: str, description: str, schema: Any, **more: Any) -> dict[str, Any]:
+    """A parameter: required in the path, optional elsewhere."""
+    required = where == "path"
     return {
+        "name": name,
+        "in": where,
+        "required": required,
         "description": description,
-        "headers": dict(RID_HEADER),
-        "content": {JSON: {"schema": ref(model), **content}},
+        "schema": schema,
+        **more,
     }
+
+
+def linked(response: dict[str, Any], **targets: dict[str, str]) -> dict[str, Any]:
+    """``response`` with a link to each operation id of ``targets`` (named after it), passing
+    it those parameters: what a client, or a stateful fuzzer, calls next."""
+    links = {
+        op[0].upper() + op[1:]: {"operationId": op, "parameters": parameters}
+        for op, parameters in targets.items()
+    }
+    return {**response, "links": links}
 
 
 def _error_example(err: ServiceError, summary: str) -> dict[str, Any]:
@@ -99,36 +152,57 @@ def error_responses(failures: tuple[Failure, ...]) -> dict[str, dict[str, Any]]:
     return responses
 
 
-def header(schema: dict[str, Any], description: str | None = None) -> dict[str, Any]:
-    found: dict[str, Any] = {"required": True, "schema": schema}
-    if description is not None:
-        found["description"] = description
-    return found
+def operation(
+    op_id: str,
+    summary: str,
+    description: str,
+    failures: tuple[Failure, ...],
+    *,
+    ok: dict[str, Any],
+    params: tuple[dict[str, Any] | str, ...] = ("RequestId",),
+    tag: str = "webhooks",
+    body: dict[str, Any] | None = None,
+    portal: bool = False,
+) -> dict[str, Any]:
+    """One operation taking the API key (``portal``: a portal session token too,
+    ``worker.api.portal.tokens.PORTAL_SCOPE``); a string in ``params`` names a component
+    parameter. One that reads a ``body`` can also answer the body's deadline."""
+    found: dict[str, Any] = {
+        "operationId": op_id,
+        "summary": summary,
+        "description": description,
+        "tags": [tag],
+        "security": [{"ApiKey": []}, *([{"PortalSession": []}] if portal else [])],
+        "parameters": [
+            {"$ref": f"#/components/parameters/{p}"} if isinstance(p, str) else p for p in params
+        ],
+    }
+    if body is not None:
+        found["requestBody"] = body
+        failures = (*failures, BODY_TIMEOUT)
+    return found | {"responses": {**ok, **error_responses(failures)}}
 
 
-def _optional_header(schema: dict[str, Any], description: str | None = None) -> dict[str, Any]:
-    return {**header(schema, description), "required": False}
+def path_item(path: str, preflight: str = "", **operations: dict[str, Any]) -> dict[str, Any]:
+    """``{path: its operations}`` and ``OPTIONS``, with the ``Allow`` the front door answers
+    (``worker.api.methods.allow_value``). ``OPTIONS`` is ``preflight``, by default that of the
+    ``GET`` without its verb (``listX``: ``preflightX``), else of the first operation."""
+    if not preflight:
+        first: str = operations.get("get", next(iter(operations.values())))["operationId"]
+        name = re.sub("^(get|list)", "", first) if "get" in operations else first
+        preflight = f"preflight{name[0].upper()}{name[1:]}"
+    options = _preflight(preflight, re.findall(r"\{(\w+)\}", path), allow_value(operations))
+    return {path: {**operations, "options": options}}
 
 
-def preflight(operation_id: str, parameter: str | None = None) -> dict[str, Any]:
+def _preflight(operation_id: str, parameters: list[str], allow: str) -> dict[str, Any]:
     """``OPTIONS`` on an API route: a CORS preflight when ``Origin`` and
     ``Access-Control-Request-Method`` are both sent, else the route's methods (``Allow``).
-    ``parameter`` names the route's path parameter, which ``OPTIONS`` does not check."""
+    It does not check the path's ``parameters``."""
     methods = ", ".join(f"`{m}`" for m in CORS_METHODS)
     headers = ", ".join(f"`{h}`" for h in CORS_HEADERS)
-    path_parameters = (
-        ()
-        if parameter is None
-        else (
-            {
-                "name": parameter,
-                "in": "path",
-                "required": True,
-                "description": "Not checked: `OPTIONS` answers for the route whatever its value.",
-                "schema": {"type": "string", "minLength": 1},
-            },
-        )
-    )
+    unchecked = "Not checked: `OPTIONS` answers for the route whatever its value."
+    cors = ("Origin", "Access-Control-Request-Method", "Access-Control-Request-Headers")
     return {
         "operationId": operation_id,
         "summary": "CORS preflight, or the route's methods",
@@ -142,14 +216,10 @@ def preflight(operation_id: str, parameter: str | None = None) -> dict[str, Any]
         "tags": ["cors"],
         "security": [],
         "parameters": [
-            *path_parameters,
+            *(param(p, "path", unchecked, {"type": "string", "minLength": 1}) for p in parameters),
             *(
-                {"name": name, "in": "header", "required": False, "schema": {"type": "string"}}
-                for name in (
-                    "Origin",
-                    "Access-Control-Request-Method",
-                    "Access-Control-Request-Headers",
-                )
+                {"name": n, "in": "header", "required": False, "schema": {"type": "string"}}
+                for n in cors
             ),
         ],
         "responses": {
@@ -160,49 +230,15 @@ def preflight(operation_id: str, parameter: str | None = None) -> dict[str, Any]
                 ),
                 "headers": {
                     **RID_HEADER,
-                    # The route's methods: set by ``with_allow`` from the path item.
-                    "Allow": header({"type": "string"}, "The methods the route takes."),
-                    "Access-Control-Allow-Origin": _optional_header(
-                        {"type": "string"}, "The request's Origin (a preflight allowed)."
+                    "Allow": header(
+                        {"type": "string", "const": allow}, "The methods the route takes."
                     ),
-                    "Access-Control-Allow-Methods": _optional_header(
-                        {"type": "string", "const": ALLOW_METHODS}
-                    ),
-                    "Access-Control-Allow-Headers": _optional_header(
-                        {"type": "string", "const": ALLOW_HEADERS}
-                    ),
-                    "Access-Control-Max-Age": _optional_header(
-                        {"type": "string", "const": str(CORS_MAX_AGE_S)}, "Seconds."
-                    ),
+                    **{
+                        name: header({"type": "string", **schema}, description, False)
+                        for name, (schema, description) in _CORS_ANSWER.items()
+                    },
                 },
             },
             **error_responses(_PREFLIGHT_FAILURES),
         },
     }
-
-
-def with_allow(paths: dict[str, Any]) -> dict[str, Any]:
-    """Each ``OPTIONS`` operation's ``Allow``, stated from its path item: what the front door
-    answers (``worker.api.methods.allow_value``, HEAD beside GET, OPTIONS everywhere)."""
-    for item in paths.values():
-        if "options" in item:
-            allow = allow_value(method.upper() for method in item)
-            headers = item["options"]["responses"]["204"]["headers"]
-            headers["Allow"]["schema"] = {"type": "string", "const": allow}
-    return paths
-
-
-def json_body(model: type[BaseModel], description: str, *, required: bool) -> dict[str, Any]:
-    return {
-        "required": required,
-        "description": description,
-        "content": {JSON: {"schema": ref(model)}},
-    }
-
-
-#: The body of a route that reads none: anything small and JSON is accepted and ignored.
-EMPTY_BODY: Final = {
-    "required": False,
-    "description": f"Optional; ignored when it is a JSON object of at most {MAX_BODY_BYTES} bytes.",
-    "content": {JSON: {"schema": {"type": "object"}}},
-}
