@@ -65,17 +65,10 @@ def mermaid_state_diagram(
     groups: Sequence[Group] = (),
     terminal: Iterable[str] = (),
 ) -> str:
-    """``machine`` as Mermaid ``stateDiagram-v2`` source, readable without hiding anything.
-
-    * A *group* (the six statuses before the challenge) is drawn as one node. That is only
-      faithful if its members are interchangeable, so every member must leave the group by the
-      same triggers to the same places; this raises otherwise.
-    * Edges between the same two nodes are merged into one, their triggers listed in machine
-      order; triggers that each name their destination (``observe_<status>``) are written once
-      as ``observe_(status)``.
-    * A trigger from a status to itself is left out: the decision handles a report of the
-      current status before it asks the machine (it only refreshes ``auth_status``).
-    """
+    """``machine`` as Mermaid ``stateDiagram-v2`` source. A *group* is one node, faithful only
+    if its members leave it by the same triggers to the same places (else this raises); edges
+    between two nodes are merged, ``observe_<status>`` written ``observe_(status)``; a trigger
+    from a status to itself is left out (the decision handles it before the machine)."""
     edges = machine_edges(machine)
     node: dict[str, str] = {}
     for group in groups:

@@ -1,7 +1,5 @@
-"""The AsyncAPI 3.0 document of the Kafka contract (``schemas/asyncapi.json``), for other teams'
-tools. Payloads, addresses and groups come from the code, so a drift test catches any
-disagreement; what the code does not name (roles, compaction, inline header names) is stated
-once in this package and checked against the publishers (docs/architecture.md, "Topics and
-messages")."""
+"""The AsyncAPI 3.0 document of the Kafka contract (``schemas/asyncapi.json``): payloads,
+addresses and groups from the code; what the code does not name (roles, header names) stated
+once here and checked against the publishers (docs/architecture.md, "Topics and messages")."""
 
 __all__ = ["components", "document", "messages"]

@@ -1,7 +1,5 @@
-"""The schemas of the AsyncAPI document's components, all from the code that reads and writes
-them: every wire model, the record keys, the exact webhook body, and the Kafka headers no model
-holds (the trace context on every record, the dead letters' headers), each checked against its
-publisher by the tests."""
+"""The AsyncAPI document's schemas: every wire model, the record keys, the exact webhook body,
+and the Kafka headers no model holds (the tests check them against their publishers)."""
 
 from __future__ import annotations
 
@@ -167,10 +165,8 @@ def component_schemas() -> dict[str, Any]:
 
 
 def _webhook_body_schemas(schemas: dict[str, Any]) -> dict[str, Any]:
-    """The Standard Webhooks body of every type of the event catalogue
-    (worker/webhooks/event_types.py): ``data`` is the event minus its wire-only fields, so the
-    schemas are the events' schemas minus those properties; each with the catalogue's
-    example."""
+    """The Standard Webhooks body of every type of the event catalogue, with its example:
+    ``data`` is the event's schema minus its wire-only fields."""
     out: dict[str, Any] = {}
     variants = []
     for kind in EVENT_CATALOGUE:

@@ -1,7 +1,5 @@
-"""The AsyncAPI 3.0 document of the Kafka contract (``schemas/asyncapi.json``), for other teams'
-tools: the channels (one per topic: what it holds, its cleanup policy, the topics it is
-co-partitioned with) and the operations (who sends or receives on each, in which consumer
-group, with which reply), around the messages and schemas of the other modules."""
+"""The AsyncAPI 3.0 document: one channel per topic (what it holds, its cleanup policy, its
+co-partitioned topics) and who sends or receives on each, in which group, with which reply."""
 
 from __future__ import annotations
 

@@ -47,32 +47,18 @@ _TOMBSTONES: Final = {
 _PAIRED: Final = {"PasskeyConfirm", "GetAuthState", "Reply"}
 
 
-def _message(
-    name: str,
-    title: str,
-    summary: str,
-    payload: dict[str, Any],
-    key: str,
-    headers: str = "TraceContextHeaders",
-    content_type: str = "application/json",
-    paired: bool = False,
-) -> dict[str, Any]:
-    message: dict[str, Any] = {
+def _message(name: str, title: str, summary: str, payload: Any, key: str, **more: Any) -> Any:
+    """A message; ``more`` overrides its ``headers`` or ``contentType``."""
+    return {
         "name": name,
         "title": title,
         "summary": summary,
-        "contentType": content_type,
-        "headers": ref(headers),
+        "contentType": "application/json",
+        "headers": ref("TraceContextHeaders"),
         "payload": payload,
         "bindings": {"kafka": {"key": ref(key), "bindingVersion": KAFKA_BINDING_VERSION}},
+        **more,
     }
-    if paired:
-        message["correlationId"] = {
-            "description": "`command_id` pairs a `passkey_confirm` or a `get_auth_state` "
-            "with its reply.",
-            "location": "$message.payload#/command_id",
-        }
-    return message
 
 
 def _wire(model: type[Any]) -> dict[str, Any]:
@@ -83,9 +69,14 @@ def _wire(model: type[Any]) -> dict[str, Any]:
         kind = {f.name: f.default for f in dataclasses.fields(model)}["type"]
     summary = " ".join((model.__doc__ or model.__name__).split("\n\n")[0].split())
     key = _KEYS.get(model.__name__, "AccountId")
-    return _message(
-        kind, model.__name__, summary, ref(model.__name__), key, paired=model.__name__ in _PAIRED
-    )
+    message: dict[str, Any] = _message(kind, model.__name__, summary, ref(model.__name__), key)
+    if model.__name__ in _PAIRED:
+        message["correlationId"] = {
+            "description": "`command_id` pairs a `passkey_confirm` or a `get_auth_state` "
+            "with its reply.",
+            "location": "$message.payload#/command_id",
+        }
+    return message
 
 
 def messages() -> dict[str, Any]:
@@ -98,8 +89,8 @@ def messages() -> dict[str, Any]:
             "A record of auth.commands that could not be decoded, with its original bytes.",
             {"description": "The original value, byte for byte; possibly not JSON at all."},
             "DeadLetterKey",
-            headers="AuthDeadLetterHeaders",
-            content_type="application/octet-stream",
+            headers=ref("AuthDeadLetterHeaders"),
+            contentType="application/octet-stream",
         ),
         _message(
             "webhook_dead_letter",
@@ -107,7 +98,7 @@ def messages() -> dict[str, Any]:
             "A delivery that failed for good: the exact body it was sent with.",
             ref("WebhookBody"),
             "AccountId",
-            headers="WebhookDeadLetterHeaders",
+            headers=ref("WebhookDeadLetterHeaders"),
         ),
         *(
             _message(name, title, f"Tombstone: {summary}", _TOMBSTONE, key)

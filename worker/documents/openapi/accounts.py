@@ -126,13 +126,10 @@ _EVENTS_QUERY: Final = {
         "2026-11-27T09:00:00Z",
     ),
 }
-_EVENTS_FAILURES: Final = (
-    *webhook_failures(
-        "get_webhook_endpoint_failed",
-        "Malformed `account_id`, `limit` or `since`; a `cursor` this service did not issue for"
-        " this account; an unknown or repeated query parameter.",
-        not_found=False,
-    ),
+_EVENTS_FAILURES: Final = webhook_failures(
+    "get_webhook_endpoint_failed",
+    "Malformed `account_id`, `limit` or `since`; a `cursor` this service did not issue for"
+    " this account; an unknown or repeated query parameter.",
     Failure(
         "not_found",
         "The account has no event in the key's workspace within the window (unknown,"
@@ -145,6 +142,7 @@ _EVENTS_FAILURES: Final = (
         " front-end, every read slot is in use, or the workspace's reads have used"
         " their share of read time for now; retry after `Retry-After` seconds.",
     ),
+    not_found=False,
 )
 
 

@@ -13,7 +13,7 @@ from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.webhooks.routes import ENDPOINT_ID_RULE
 from worker.api.webhooks.urls import url_pattern
 from worker.contract.messages import Identifier
-from worker.documents.openapi.parts import REF, Ref, param
+from worker.documents.openapi.parts import REF, Ref, header, param
 from worker.documents.openapi.portal import PORTAL_SCHEME
 from worker.webhooks.targets import TargetPolicy
 
@@ -41,10 +41,8 @@ def _component_schemas(paths: Any, limits: EndpointLimits, policy: TargetPolicy)
 
 
 def _with_limits(props: dict[str, Any], limits: EndpointLimits, policy: TargetPolicy) -> None:
-    """State what the handlers enforce in an endpoint body's schema: the form of ``url``
-    (``worker.api.webhooks.urls``: ``format: uri``, the ``pattern`` for ``policy``), and
-    ``limits``: ``maxLength`` on the string of ``url`` and ``description``, ``maxItems`` on the
-    array of ``event_types`` (inside ``anyOf`` where the field is nullable)."""
+    """State what the handlers enforce in an endpoint body's schema: the form of ``url`` for
+    ``policy`` (``worker.api.webhooks.urls``) and ``limits`` (inside ``anyOf`` if nullable)."""
     props["url"] |= {"format": "uri", "pattern": url_pattern(allow_http=policy.allow_http)}
     bounds = {
         "url": ("string", "maxLength", limits.url_max_chars),
@@ -58,8 +56,7 @@ def _with_limits(props: dict[str, Any], limits: EndpointLimits, policy: TargetPo
 
 
 def components(paths: Any, limits: EndpointLimits, policy: TargetPolicy) -> dict[str, Any]:
-    """The document's ``components`` for ``paths``, the bodies' schemas stating ``limits`` and
-    ``policy``."""
+    """The ``components`` for ``paths``, the bodies' schemas stating ``limits`` and ``policy``."""
     identifier = TypeAdapter(Identifier).json_schema()
     demo = "A demo account of the development stack (`make run`)"
     return {
@@ -73,16 +70,12 @@ def components(paths: Any, limits: EndpointLimits, policy: TargetPolicy) -> dict
             "PortalSession": PORTAL_SCHEME,
         },
         "headers": {
-            "X-Request-Id": {
-                "description": (
-                    "Diagnostic handle of the request, equal to the body's `request_id`"
-                    " (except on a kept answer replayed for an `Idempotency-Key`, whose body"
-                    " is the first answer's): the caller's `X-Request-Id` when valid, else"
-                    " `req_<32 hex>`."
-                ),
-                "required": True,
-                "schema": identifier,
-            }
+            "X-Request-Id": header(
+                identifier,
+                "Diagnostic handle of the request, equal to the body's `request_id` (except on a"
+                " kept answer replayed for an `Idempotency-Key`, whose body is the first"
+                " answer's): the caller's `X-Request-Id` when valid, else `req_<32 hex>`.",
+            )
         },
         "parameters": {
             "AccountId": param(

@@ -1,9 +1,7 @@
-"""The OpenAPI table of the delivery routes: an endpoint's delivery log (paged, filtered), one
-delivery with its attempts, a resend of one, and a test send; with examples, and the links the
-stateful fuzzer follows: from each answer that names a delivery (a test send's, the log's first,
-one delivery's) to reading it, resending it and the log, with both the endpoint id and the
-delivery id. A resend's answer has no links: an operation with links is one the stateful phase
-may also start a scenario with, with a made-up endpoint id (a 404 that tests nothing new)."""
+"""The OpenAPI table of the delivery routes (the log, one delivery, a resend, a test send), with
+examples and the links a stateful fuzzer follows from each answer naming a delivery. A
+resend's answer has none: the stateful phase may also start a scenario with an operation that
+has links, with a made-up endpoint id (a 404 that tests nothing new)."""
 
 from __future__ import annotations
 
@@ -162,14 +160,12 @@ def delivery_paths() -> dict[str, Any]:
                 " shift them (no repeats, no gaps); a request without `cursor` sees them."
                 " The log covers the endpoint's recent deliveries (the last"
                 " `WEBHOOK_DELIVERIES_SCAN_RECORDS` records of its log partition).",
-                (
-                    *webhook_failures(
-                        "get_webhook_endpoint_failed",
-                        "Malformed `endpoint_id`, a malformed query parameter (`status` not one"
-                        f" of its values, `limit` not 1 to {log.PAGE_MAX}, a date-time"
-                        " that is not RFC 3339), or a `cursor` not of the form this route"
-                        " answers.",
-                    ),
+                webhook_failures(
+                    "get_webhook_endpoint_failed",
+                    "Malformed `endpoint_id`, a malformed query parameter (`status` not one"
+                    f" of its values, `limit` not 1 to {log.PAGE_MAX}, a date-time"
+                    " that is not RFC 3339), or a `cursor` not of the form this route"
+                    " answers.",
                     _SCAN_BUSY,
                 ),
                 ok={
@@ -194,10 +190,9 @@ def delivery_paths() -> dict[str, Any]:
                 "One delivery with every attempt",
                 "Its latest state, every attempt the log holds (time, status, latency, the"
                 " first bytes of the answer, the error kind) and the exact body sent.",
-                (
-                    *webhook_failures(
-                        "get_webhook_endpoint_failed", "Malformed `endpoint_id` or `delivery_id`."
-                    ),
+                webhook_failures(
+                    "get_webhook_endpoint_failed",
+                    "Malformed `endpoint_id` or `delivery_id`.",
                     _SCAN_BUSY,
                 ),
                 ok={
@@ -222,13 +217,11 @@ def delivery_paths() -> dict[str, Any]:
                 " and the same body (a Standard Webhooks redelivery: receivers de-duplicate on"
                 " the id), through the normal delivery path (signing with the current secrets,"
                 " retries, the log). Answers the new delivery's id.",
-                (
-                    *webhook_failures(
-                        "update_webhook_endpoint_failed",
-                        "Malformed `endpoint_id` or `delivery_id`; a body that is not empty or a"
-                        " JSON object; a delivery the log holds no body for (logged before"
-                        " bodies were, or a note about the endpoint).",
-                    ),
+                webhook_failures(
+                    "update_webhook_endpoint_failed",
+                    "Malformed `endpoint_id` or `delivery_id`; a body that is not empty or a"
+                    " JSON object; a delivery the log holds no body for (logged before"
+                    " bodies were, or a note about the endpoint).",
                     _SCAN_BUSY,
                     _SENDS,
                 ),
@@ -248,12 +241,10 @@ def delivery_paths() -> dict[str, Any]:
                 " `timestamp` and `data`) for the endpoint alone, whatever types it"
                 " subscribes to, through the normal delivery path (the endpoint's gate,"
                 " signing, retries, the log). Its account is `acc_test_send`.",
-                (
-                    *webhook_failures(
-                        "update_webhook_endpoint_failed",
-                        "Malformed `endpoint_id`; a missing or invalid body (`event_type` not"
-                        " one the service sends, unknown fields).",
-                    ),
+                webhook_failures(
+                    "update_webhook_endpoint_failed",
+                    "Malformed `endpoint_id`; a missing or invalid body (`event_type` not"
+                    " one the service sends, unknown fields).",
                     _SENDS,
                 ),
                 ok={

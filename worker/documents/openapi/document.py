@@ -1,7 +1,5 @@
-"""The OpenAPI 3.1 document of the front-end, assembled from one table per route group, with the
-event catalogue's route and the ``webhooks:`` section (one operation per event type of
-``worker.webhooks.event_types``: the body's schema and example and the Standard Webhooks
-headers, the same the route answers); served at ``/openapi.json`` (wired by ``worker/cli.py``)."""
+"""The OpenAPI 3.1 document, from one table per route group, with the event catalogue's route
+and ``webhooks:`` (one per event type, as the route answers); served at ``/openapi.json``."""
 
 from __future__ import annotations
 
@@ -131,9 +129,8 @@ def _probe(op_id: str, summary: str, model: Any, ok: str, failed: str) -> dict[s
 def openapi_document(
     limits: EndpointLimits | None = None, policy: TargetPolicy | None = None
 ) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the front-end (deterministic: equal on every call), with
-    ``limits`` and the webhook target ``policy`` (the settings' defaults unless given) in the
-    endpoint bodies' schemas."""
+    """The document (equal on every call), with ``limits`` and the webhook target ``policy``
+    (the settings' defaults unless given) in the endpoint bodies' schemas."""
     limits = limits or EndpointLimits.defaults()
     policy = policy or TargetPolicy()
     paths = {
@@ -169,9 +166,8 @@ def openapi_document(
 
 
 def document_routes(limits: EndpointLimits, policy: TargetPolicy) -> list[Route]:
-    """The routes that serve the front-end's documents (``worker.api.app.DocumentRoutes``):
-    ``GET /openapi.json``, the document with this front-end's ``limits`` and target
-    ``policy``, built once."""
+    """``worker.api.app.DocumentRoutes``: ``GET /openapi.json``, the document with this
+    front-end's ``limits`` and target ``policy``, built once."""
     document = openapi_document(limits, policy)
 
     async def openapi_json(_: Request) -> Response:

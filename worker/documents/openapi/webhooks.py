@@ -68,10 +68,10 @@ _ON_ONE: Final = (
 
 
 def webhook_failures(
-    failure: str, bad_request: str | None, *, not_found: bool = True, extra: str = ""
+    failure: str, bad_request: str | None, *more: Failure, not_found: bool = True, extra: str = ""
 ) -> tuple[Failure, ...]:
     """What a webhook route can answer besides success: its 400 (when it reads input), 401,
-    404 (routes on one endpoint) and its one catalogued 500."""
+    404 (routes on one endpoint), its one catalogued 500, and ``more``."""
     return (
         *((Failure("invalid_request", bad_request),) if bad_request else ()),
         *KEY_CHECK,
@@ -81,6 +81,7 @@ def webhook_failures(
             "The service is not configured for webhooks, or the endpoints could not be read"
             f" or written in time; {extra or 'nothing was changed.'}",
         ),
+        *more,
     )
 
 
@@ -133,9 +134,6 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
         "The workspace has `WEBHOOK_ENDPOINTS_PER_WORKSPACE` endpoints (default"
         f" {_ENDPOINT_QUOTA}): delete one before creating another. Nothing was created.",
     )
-    create_failed = webhook_failures(
-        "create_webhook_endpoint_failed", body_400, not_found=False, extra="nothing was created."
-    )
     listed = webhook_failures("list_webhook_endpoints_failed", None, not_found=False)
     kept = (
         f"A workspace's newest {KEPT_PER_WORKSPACE} replays are kept, each for"
@@ -164,7 +162,13 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 " The answer is the only time the signing secret is shown (until a rotation)."
                 " A workspace has at most `WEBHOOK_ENDPOINTS_PER_WORKSPACE` endpoints (default"
                 f" {_ENDPOINT_QUOTA}; deleted ones do not count).",
-                (*create_failed, quota),
+                webhook_failures(
+                    "create_webhook_endpoint_failed",
+                    body_400,
+                    quota,
+                    not_found=False,
+                    extra="nothing was created.",
+                ),
                 ok=_secret("201", "Created."),
                 body=json_body(bodies.CreateEndpointBody, "The new endpoint."),
             ),
@@ -269,12 +273,10 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 "Accepted at once; the events of the endpoint's types that occurred at or after"
                 " `since` are delivered again in the background, with their original"
                 " `webhook-id` (receivers de-duplicate on it).",
-                (
-                    *webhook_failures(
-                        "update_webhook_endpoint_failed",
-                        "Malformed `endpoint_id`; a missing or invalid body (`since` not an RFC"
-                        " 3339 date-time, unknown fields).",
-                    ),
+                webhook_failures(
+                    "update_webhook_endpoint_failed",
+                    "Malformed `endpoint_id`; a missing or invalid body (`since` not an RFC"
+                    " 3339 date-time, unknown fields).",
                     replay_refused,
                 ),
                 ok={
@@ -295,13 +297,11 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 "A replay's state and counts",
                 "The state (`queued`, `running`, `done`, `cancelled`, `failed`) and counts of a"
                 " replay started by `POST .../replay`, from any front-end replica. " + kept,
-                (
-                    *webhook_failures(
-                        "get_webhook_endpoint_failed",
-                        "Malformed `endpoint_id` or `replay_id`.",
-                        not_found=False,
-                    ),
+                webhook_failures(
+                    "get_webhook_endpoint_failed",
+                    "Malformed `endpoint_id` or `replay_id`.",
                     _REPLAY_NOT_FOUND,
+                    not_found=False,
                 ),
                 ok={"200": replay_status},
                 params=on_replay,
@@ -316,13 +316,11 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 " within about a second (`state` becomes `cancelled`; events already handed to"
                 " the dispatcher are still delivered). 200: the replay had already ended, it is"
                 " unchanged.",
-                (
-                    *webhook_failures(
-                        "update_webhook_endpoint_failed",
-                        OPTIONAL_BODY.replace("`endpoint_id`", "`endpoint_id` or `replay_id`"),
-                        not_found=False,
-                    ),
+                webhook_failures(
+                    "update_webhook_endpoint_failed",
+                    OPTIONAL_BODY.replace("`endpoint_id`", "`endpoint_id` or `replay_id`"),
                     _REPLAY_NOT_FOUND,
+                    not_found=False,
                 ),
                 ok={
                     "200": json_response(
