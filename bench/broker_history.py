@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.load import proc_cpu_s
 from devstack.broker import EmbeddedBroker
-from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, EMBEDDED_OFFSET_GAP_HOLD_S
 from worker.engine.kafka import build_consumer, build_producer, create_topics
 from worker.runtime import eventloop
 from worker.settings import Settings
@@ -84,6 +84,7 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         settings = Settings(
             kafka_bootstrap_servers=broker.bootstrap,
             kafka_fetch_max_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
+            kafka_offset_gap_hold_s=EMBEDDED_OFFSET_GAP_HOLD_S,
         )
         names = [f"history-{i}" for i in range(args.topics)]
         await create_topics(

@@ -26,7 +26,7 @@ import httpx
 from bench.load import percentile
 from devstack.broker import EmbeddedBroker
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
-from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, EMBEDDED_OFFSET_GAP_HOLD_S
 from devstack.simulator import ProviderSimulator, running_simulator
 from worker.api.app import serve_api
 from worker.api.server import ApiRuntime
@@ -98,6 +98,7 @@ async def measure(accounts: int, timeout_s: float, keys_dir: str) -> list[float]
             settings = Settings(
                 kafka_bootstrap_servers=broker.bootstrap,
                 kafka_fetch_max_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
+                kafka_offset_gap_hold_s=EMBEDDED_OFFSET_GAP_HOLD_S,
                 provider_urls={"simulator": sim},
                 api_port=0,
                 api_metrics_port=0,

@@ -86,7 +86,7 @@ from bench.load import (
 from bench.memory import restore_rate, store_memory
 from bench.procs import Proc, start_proc, start_profiler, stop_procs
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
-from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, EMBEDDED_OFFSET_GAP_HOLD_S
 from worker.contract.topics import Topics
 from worker.engine.kafka import build_producer, client_options, ensure_topics
 from worker.runtime import eventloop
@@ -325,6 +325,7 @@ class Bench:
             kafka_consumer_group=group,
             commands_partitions=self.args.partitions,
             other_partitions=self.args.partitions,
+            kafka_offset_gap_hold_s=EMBEDDED_OFFSET_GAP_HOLD_S,
             provider_urls={"simulator": self.sim_url or "http://127.0.0.1:1"},
             topics=topics,
         )
@@ -341,6 +342,7 @@ class Bench:
                 "KAFKA_SESSION_TIMEOUT_MS": "6000",
                 "KAFKA_HEARTBEAT_INTERVAL_MS": "500",
                 "KAFKA_FETCH_MAX_WAIT_MS": str(a.fetch_max_wait_ms or EMBEDDED_FETCH_MAX_WAIT_MS),
+                "KAFKA_OFFSET_GAP_HOLD_S": str(EMBEDDED_OFFSET_GAP_HOLD_S),
                 "COMMANDS_PARTITIONS": str(a.partitions),
                 "OTHER_PARTITIONS": str(a.partitions),
                 "PROVIDER_URLS": json.dumps(settings.provider_urls),

@@ -68,7 +68,7 @@ from bench.load import (
 from bench.procs import Proc, start_proc, start_profiler, stop_procs
 from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
-from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, EMBEDDED_OFFSET_GAP_HOLD_S
 from worker.contract.delivery_log import webhook_id
 from worker.contract.messages import AuthStatusChanged, event_id
 from worker.contract.topics import Topics
@@ -331,6 +331,7 @@ class HookBench:
             "KAFKA_SESSION_TIMEOUT_MS": "6000",
             "KAFKA_HEARTBEAT_INTERVAL_MS": "500",
             "KAFKA_FETCH_MAX_WAIT_MS": str(EMBEDDED_FETCH_MAX_WAIT_MS),
+            "KAFKA_OFFSET_GAP_HOLD_S": str(EMBEDDED_OFFSET_GAP_HOLD_S),
             "COMMANDS_PARTITIONS": str(s.commands_partitions),
             "OTHER_PARTITIONS": str(s.other_partitions),
             "WEBHOOK_SECRETS_KEY": key.get_secret_value(),
@@ -734,6 +735,7 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         settings = Settings(
             kafka_bootstrap_servers=broker.bootstrap,
             kafka_fetch_max_wait_ms=EMBEDDED_FETCH_MAX_WAIT_MS,
+            kafka_offset_gap_hold_s=EMBEDDED_OFFSET_GAP_HOLD_S,
             commands_partitions=args.partitions,
             other_partitions=args.partitions,
             webhook_secrets_key=generate_key(),

@@ -18,6 +18,7 @@ __all__ = [
     "EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS",
     "EMBEDDED_FETCH_MAX_WAIT_MS",
     "EMBEDDED_OFFSET_GAP_HOLD_S",
+    "EMBEDDED_PARTITIONS",
     "DevSettings",
 ]
 
@@ -29,12 +30,18 @@ EMBEDDED_FETCH_MAX_WAIT_MS: Final = 20
 EMBEDDED_API_FETCH_MAX_WAIT_MS: Final = 10
 #: The dispatcher's on the embedded broker: webhooks are off the confirm's path, and each of
 #: its fetches walks every partition it names, so a short wait costs the broker most of its
-#: idle CPU (bench/README.md, "Soak").
+#: idle CPU (bench/README.md, "Soak"). Not longer: the dispatcher then takes its events in
+#: bunches, holding more at once.
 EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS: Final = 250
 #: ``KAFKA_OFFSET_GAP_HOLD_S`` on the embedded broker: it advances a partition's end before it
 #: stores the batch, so a reader must wait for an offset it skipped (docs/architecture.md,
-#: "The embedded broker").
+#: "The embedded broker"). The product's default is 0: Kafka has no such gap.
 EMBEDDED_OFFSET_GAP_HOLD_S: Final = 1.0
+#: ``COMMANDS_PARTITIONS`` and ``OTHER_PARTITIONS`` of the dev stack: the embedded broker's cost
+#: per data-bearing fetch grows with what the fetched partition holds, so at 12 a topic
+#: ``make run`` saturated it within minutes at 50 confirms a second; at 48 it held 30 minutes
+#: (bench/README.md, "Soak").
+EMBEDDED_PARTITIONS: Final = 48
 
 
 class DevSettings(Settings):
@@ -44,6 +51,8 @@ class DevSettings(Settings):
     # The development tools talk to the embedded broker: a wait there is per-hop latency.
     kafka_fetch_max_wait_ms: int = Field(default=EMBEDDED_FETCH_MAX_WAIT_MS, ge=1)
     kafka_offset_gap_hold_s: float = Field(default=EMBEDDED_OFFSET_GAP_HOLD_S, ge=0)
+    commands_partitions: int = Field(default=EMBEDDED_PARTITIONS, ge=1)
+    other_partitions: int = Field(default=EMBEDDED_PARTITIONS, ge=1)
     dispatcher_fetch_max_wait_ms: int = Field(
         default=EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS,
         ge=1,

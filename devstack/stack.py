@@ -166,6 +166,10 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
             "KAFKA_AUTO_CREATE_TOPICS": str(settings.kafka_auto_create_topics).lower(),
             "KAFKA_REPLICATION_FACTOR": str(settings.kafka_replication_factor),
             "KAFKA_MIN_INSYNC_REPLICAS": str(settings.kafka_min_insync_replicas),
+            # The partition counts the topics were made with (the dev stack's, devstack/settings.py)
+            # for every process, the front-end's reply partitions among them.
+            "COMMANDS_PARTITIONS": str(settings.commands_partitions),
+            "OTHER_PARTITIONS": str(settings.other_partitions),
             "API_KEYS_FILE": str(keys),
             # The demo receiver listens on loopback over plain HTTP: relaxed for this stack
             # only (the defaults allow public https targets alone).

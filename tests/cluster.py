@@ -69,6 +69,7 @@ def kafka_env(settings: Settings) -> dict[str, str]:
         "KAFKA_RETENTION_MS": str(settings.kafka_retention_ms),
         "KAFKA_REPLIES_RETENTION_MS": str(settings.kafka_replies_retention_ms),
         "KAFKA_IDEMPOTENT_PRODUCER": str(settings.kafka_idempotent_producer).lower(),
+        "KAFKA_OFFSET_GAP_HOLD_S": str(settings.kafka_offset_gap_hold_s),
     }
     optional = {
         "KAFKA_SASL_MECHANISM": settings.kafka_sasl_mechanism,

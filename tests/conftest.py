@@ -14,7 +14,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from devstack.broker import EmbeddedBroker
-from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, DevSettings
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, EMBEDDED_OFFSET_GAP_HOLD_S, DevSettings
 from tests.cluster import (
     RUN,
     ExistingCluster,
@@ -64,6 +64,7 @@ def make_settings(
             "kafka_session_timeout_ms": 6000,
             "kafka_heartbeat_interval_ms": 300,
             "kafka_fetch_max_wait_ms": EMBEDDED_FETCH_MAX_WAIT_MS,
+            "kafka_offset_gap_hold_s": EMBEDDED_OFFSET_GAP_HOLD_S,
             "commands_partitions": partitions,
             "other_partitions": partitions,
             "worker_metrics_port": 0,

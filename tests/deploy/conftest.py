@@ -31,7 +31,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from devstack.broker import EmbeddedBroker, free_port
-from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, EMBEDDED_OFFSET_GAP_HOLD_S
 from tests.cluster import RUN, ExistingCluster, topic_settings
 from worker.auth.app import run_worker
 from worker.contract.topics import Topics
@@ -103,6 +103,7 @@ def live_settings(
         "kafka_session_timeout_ms": 6000,
         "kafka_heartbeat_interval_ms": 300,
         "kafka_fetch_max_wait_ms": EMBEDDED_FETCH_MAX_WAIT_MS,
+        "kafka_offset_gap_hold_s": EMBEDDED_OFFSET_GAP_HOLD_S,
         "commands_partitions": 3,
         "other_partitions": 3,
         "worker_metrics_host": "127.0.0.1",

@@ -27,7 +27,7 @@ import pytest
 import structlog
 
 from devstack.broker import EmbeddedBroker, free_port
-from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS
+from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, EMBEDDED_OFFSET_GAP_HOLD_S
 from tests.harness import REPO
 from worker.cli import build_parser, main
 from worker.contract.topics import Topics
@@ -145,6 +145,7 @@ def env_settings(mp: pytest.MonkeyPatch, broker: EmbeddedBroker) -> Settings:
         mp.setenv(f"TOPIC_{name.upper()}", f"{prefix}.{name}")
     mp.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
     mp.setenv("KAFKA_FETCH_MAX_WAIT_MS", str(EMBEDDED_FETCH_MAX_WAIT_MS))
+    mp.setenv("KAFKA_OFFSET_GAP_HOLD_S", str(EMBEDDED_OFFSET_GAP_HOLD_S))
     mp.setenv("COMMANDS_PARTITIONS", "3")
     mp.setenv("OTHER_PARTITIONS", "3")
     mp.setenv("LOG_LEVEL", "WARNING")
