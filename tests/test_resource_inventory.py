@@ -189,6 +189,7 @@ NOT_GROWN: dict[str, str] = {
     ),
     "engine/writes.py:Sent.headers": "one produced record's headers, built by the process",
     "api/webhooks/delivery_bodies.py:DeliveryDetail.attempts_detail": (
+    "engine/writes.py:RecordOptions.headers": "the same record's headers, handed to enqueue",
         "an answer: ≤ the delivery's entries in one bounded slice"
     ),
     "documents/openapi/deliveries.py:_EXAMPLE_ATTEMPT": "constant: a document example",

@@ -8,9 +8,10 @@ description under a ``# ---`` heading per concept: one class keeps one environme
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # imported where used: every command reads settings, few buil
     from worker.runtime.logs import LogConfig
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+_C = TypeVar("_C")
 
 
 # --- provider connections (credentials, mTLS, timeouts): PROVIDER_<NAME>_* ---------------------
@@ -167,13 +169,13 @@ class Settings(BaseSettings):
         "stack's).",
     )
     kafka_offset_gap_hold_s: float = Field(
-        default=1.0,
+        default=0.0,
         ge=0,
         description="How long the consume loop and the reply reader hold back a record past an "
         "offset they never saw, waiting for it, before they pass the gap (logged, counted); 0: "
-        "off. Kafka has no such gap (a fetch ends at the high-water mark), so the watch holds "
-        "nothing there; a broker that advances a partition's end before it stores the batch "
-        "needs it (devstack sets it).",
+        "off, as Kafka needs (a fetch ends at the high-water mark, so there is no such gap). A "
+        "broker that advances a partition's end before it stores the batch needs it (devstack "
+        "and the tests set it).",
     )
     kafka_consumer_group: str = "passkey-auth-worker"
     kafka_session_timeout_ms: int = 10_000
@@ -670,20 +672,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _key_share_within_bound(self) -> Settings:
-        for share, bound, names in (
-            (
-                self.worker_max_in_flight_per_key,
-                self.worker_max_in_flight,
-                ("WORKER_MAX_IN_FLIGHT_PER_KEY", "WORKER_MAX_IN_FLIGHT"),
-            ),
-            (
-                self.webhook_max_in_flight_per_key,
-                self.webhook_max_in_flight,
-                ("WEBHOOK_MAX_IN_FLIGHT_PER_KEY", "WEBHOOK_MAX_IN_FLIGHT"),
-            ),
-        ):
-            if share is not None and share > bound:
-                raise ValueError(f"{names[0]} must not exceed {names[1]} (it is a share of it)")
+        for bound in ("worker_max_in_flight", "webhook_max_in_flight"):
+            share = getattr(self, f"{bound}_per_key")
+            if share is not None and share > getattr(self, bound):
+                name = bound.upper()
+                raise ValueError(f"{name}_PER_KEY must not exceed {name} (it is a share of it)")
         return self
 
     @model_validator(mode="after")
@@ -764,35 +757,24 @@ class Settings(BaseSettings):
 
     # --- the narrow configs of the engine and the runtime, built once per process -----------
 
+    def _narrowed(self, config: type[_C], prefix: str, **values: object) -> _C:
+        """``config`` (a dataclass) with each field not in ``values`` read from the setting of
+        its name after ``prefix``."""
+        names = [f.name for f in dataclasses.fields(cast(Any, config)) if f.name not in values]
+        return config(**values, **{n: getattr(self, prefix + n) for n in names})
+
     def kafka_config(self) -> KafkaConfig:
         """How this process's Kafka clients reach the cluster."""
         from worker.engine.kafka import KafkaConfig
 
-        return KafkaConfig(
-            bootstrap=self.bootstrap,
-            security_protocol=self.kafka_security_protocol,
-            sasl_mechanism=self.kafka_sasl_mechanism,
-            sasl_username=self.kafka_sasl_username,
-            sasl_password=self.kafka_sasl_password,
-            ssl_cafile=self.kafka_ssl_cafile,
-            ssl_certfile=self.kafka_ssl_certfile,
-            ssl_keyfile=self.kafka_ssl_keyfile,
-            request_timeout_ms=self.kafka_request_timeout_ms,
-            fetch_max_wait_ms=self.kafka_fetch_max_wait_ms,
-            session_timeout_ms=self.kafka_session_timeout_ms,
-            heartbeat_interval_ms=self.kafka_heartbeat_interval_ms,
-            idempotent_producer=self.kafka_idempotent_producer,
-            offset_gap_hold_s=self.kafka_offset_gap_hold_s,
-        )
+        return self._narrowed(KafkaConfig, "kafka_", bootstrap=self.bootstrap)
 
     def topic_sizing(self) -> TopicSizing:
-        return TopicSizing(
+        return self._narrowed(
+            TopicSizing,
+            "kafka_",
             commands_partitions=self.commands_partitions,
             other_partitions=self.other_partitions,
-            replication_factor=self.kafka_replication_factor,
-            min_insync_replicas=self.kafka_min_insync_replicas,
-            retention_ms=self.kafka_retention_ms,
-            replies_retention_ms=self.kafka_replies_retention_ms,
         )
 
     def topic_plan(self) -> TopicPlan:
@@ -814,9 +796,4 @@ class Settings(BaseSettings):
     def log_config(self) -> LogConfig:
         from worker.runtime.logs import LogConfig
 
-        return LogConfig(
-            level=self.log_level,
-            format=self.log_format,
-            library_level=self.log_library_level,
-            access_log=self.api_access_log,
-        )
+        return self._narrowed(LogConfig, "log_", access_log=self.api_access_log)

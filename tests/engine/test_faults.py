@@ -23,11 +23,11 @@ from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
 from worker.engine.broker_health import BrokerOutageExceeded
 from worker.engine.consume_loop import ConsumeLoop
+from worker.engine.dead_letter import letter_parts
 from worker.engine.faults import (
     Fault,
     ProcessFault,
     RecordRejected,
-    dead_letter_headers,
     fingerprint,
     is_permanent,
     is_process_fault,
@@ -87,8 +87,8 @@ def test_a_fault_is_short_and_says_why() -> None:
 
 def test_dead_letter_headers_keep_the_originals_and_drop_an_earlier_dead_letters() -> None:
     original = [("traceparent", b"tp"), ("dlq.reason", b"old"), ("reply.partition", b"2")]
-    headers = dead_letter_headers(
-        original, Fault("invalid", "why"), ("auth.commands", 1, 9), room=MAX_RECORD_BYTES
+    _, _, headers = letter_parts(
+        b"k", b"v", original, Fault("invalid", "why"), ("auth.commands", 1, 9)
     )
     names = [k for k, _ in headers]
     assert names[:2] == ["traceparent", "reply.partition"]
@@ -97,7 +97,9 @@ def test_dead_letter_headers_keep_the_originals_and_drop_an_earlier_dead_letters
     assert names.count("dlq.reason") == 1
     # Original headers that would not fit beside the fault's are dropped, the fault's kept.
     huge = [("h", b"x" * 900_000)]
-    squeezed = dead_letter_headers(huge, Fault("invalid", "why"), ("t", 0, 0), room=100_000)
+    _, _, squeezed = letter_parts(
+        b"k", b"v", huge, Fault("invalid", "why"), ("t", 0, 0), room=100_000
+    )
     assert squeezed[0][0] == "dlq.reason"
 
 

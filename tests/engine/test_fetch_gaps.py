@@ -256,3 +256,10 @@ def test_the_gap_hold_is_a_setting_and_zero_turns_the_watch_off(hold_s: float) -
 
 def test_the_dev_tools_turn_the_gap_watch_on() -> None:
     assert DevSettings().kafka_config().offset_gap_hold_s == EMBEDDED_OFFSET_GAP_HOLD_S > 0
+
+
+def test_the_product_holds_no_gap_by_default() -> None:
+    """Kafka has no offset gap, so a product process on a real cluster runs no watch unless
+    told to; the dev tools and the fixtures set it for the embedded broker."""
+    assert Settings().kafka_config().offset_gap_hold_s == 0
+    assert LoopConfig(("t",), "s").gap_hold_s == 0

@@ -1,8 +1,11 @@
 """The consume engine every process runs on: lanes, watermark commits, state stores,
-tails, replay, outages, faults and the Kafka clients."""
+tails, catch-up and range reads, the write path, broker health, faults and the Kafka
+clients."""
 
 __all__ = [
     "assignment",
+    "broker_health",
+    "catch_up",
     "client_start",
     "commits",
     "compacted_view",
@@ -17,14 +20,13 @@ __all__ = [
     "lanes",
     "metrics",
     "offsets",
-    "outage",
     "pressure",
     "range_read",
-    "replay",
     "runner",
     "store",
     "tail",
     "timers",
     "topics",
     "units",
+    "writes",
 ]

@@ -10,11 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from aiokafka.client import ConnectionGroup
-from aiokafka.errors import (
-    KafkaConnectionError,
-    KafkaError,
-    KafkaTimeoutError,
-)
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.protocol.metadata import MetadataRequest
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -35,11 +31,8 @@ Probe = Callable[[], Awaitable[object]]
 
 def is_outage(exc: BaseException) -> bool:
     """A Kafka error that a reachable, working cluster would not give: retried, never fatal.
-
-    aiokafka flags these ``retriable`` (connection lost, node not ready, request timed out,
-    leader not available or moved, coordinator moving); ``KafkaTimeoutError`` (a batch that
-    could not be queued in time) is not flagged but means the same here.
-    """
+    aiokafka flags these ``retriable``; ``KafkaTimeoutError`` (a batch not queued in time) is
+    not flagged but means the same here."""
     return isinstance(exc, KafkaTimeoutError) or (
         isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
     )
@@ -127,16 +120,13 @@ class BrokerHealth:
     def export(self, registry: CollectorRegistry, prefix: str) -> None:
         """``<prefix>kafka_outage_seconds`` and ``<prefix>kafka_broker_reachable``, computed
         at scrape time."""
-        Gauge(
-            f"{prefix}kafka_outage_seconds",
-            "Seconds the current Kafka outage has lasted (0: the cluster answers)",
-            registry=registry,
-        ).set_function(self.outage_seconds)
-        Gauge(
-            f"{prefix}kafka_broker_reachable",
-            "1 while the Kafka cluster answers, 0 during an outage",
-            registry=registry,
-        ).set_function(lambda: 1.0 if self.reachable else 0.0)
+        for name, doc, value in (
+            ("outage_seconds", "Seconds the current Kafka outage has lasted (0: the cluster "
+             "answers)", self.outage_seconds),
+            ("broker_reachable", "1 while the Kafka cluster answers, 0 during an outage",
+             lambda: 1.0 if self.reachable else 0.0),
+        ):  # fmt: skip
+            Gauge(f"{prefix}kafka_{name}", doc, registry=registry).set_function(value)
 
     async def pause(self, attempt: int) -> None:
         """The wait before the ``attempt``-th re-send (0-based)."""

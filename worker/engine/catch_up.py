@@ -50,17 +50,10 @@ async def catch_up(
     on_unreadable: OnUnreadable | None = None,
     gaps: GapWatch | None = None,
 ) -> dict[TopicPartition, CaughtUp]:
-    """Assign ``tps`` to the started, group-less ``consumer`` (replacing whatever it had), seek
-    each to its beginning and hand every batch to ``on_batch`` until each partition reached
-    its high-water mark (see the module docstring).
-
-    ``assign=False`` skips the assignment and the seek, for a caller that already did both
-    (a tail does it when it starts, so its consumer fetches before the catch-up task runs).
-    ``gaps`` (for topics with dense offsets) holds back records past an offset never seen.
-    All partitions are read at once and none is paused: a partition that is complete early
-    keeps handing over whatever arrives on it until the others are, so a caller that keeps
-    reading afterwards (a tail) sees every record, in order, and continues where this ended.
-    """
+    """Assign ``tps`` to the started, group-less ``consumer`` (``assign=False``: the caller
+    did, and sought to the beginning), and hand every batch to ``on_batch`` until each
+    partition reached its high-water mark. None is paused when complete, so a caller that
+    reads on (a tail) sees every record in order. ``gaps``: see ``GapWatch``."""
     started = time.perf_counter()
     skip = on_unreadable or skipping("catch_up", log)
     if assign:

@@ -1,10 +1,8 @@
 """Starting a short-lived Kafka client (a scan's or a replay's consumer) so that a start cut
 short still ends with the client closed: aiokafka's bootstrap, cancelled while it waits for
-the metadata answer, leaves its first connection open, unknown to the client's ``stop()``. A
-request's time-out, a cancelled replay or a shutdown can cancel a start then. So the start is
-never cut: the caller's wait ends at once, the start runs on (bounded by the client's request
-time-out) and the client is then stopped, in a task its owner holds (docs/architecture.md,
-"Resource bounds")."""
+metadata, leaves its first connection open, unknown to ``stop()``. So the start is never cut:
+the caller's wait ends at once, the start runs on (bounded by the request time-out) and the
+client is stopped, in a task its owner holds (docs/architecture.md, "Resource bounds")."""
 
 from __future__ import annotations
 

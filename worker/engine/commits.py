@@ -71,13 +71,8 @@ class Commits:
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
         """Commit every owned partition's watermark that moved; update lag."""
-        offsets: dict[TopicPartition, int] = {}
-        for tp, tracker in self.trackers.items():
-            if only is not None and tp not in only:
-                continue
-            mark = tracker.watermark()
-            if mark is not None and mark != tracker.committed:
-                offsets[tp] = mark
+        marks = {tp: t.watermark() for tp, t in self.trackers.items() if only is None or tp in only}
+        offsets = {tp: m for tp, m in marks.items() if m not in (None, self.trackers[tp].committed)}
         if offsets:
             await self.consumer.commit(offsets)
             for tp, mark in offsets.items():
@@ -92,13 +87,9 @@ class Commits:
                 )
 
     async def final_commit(self) -> None:
-        """The last commit before leaving, bounded in time and never fatal.
-
-        A commit refused because the group rebalanced (the partitions already belong to
-        someone else) or one the broker does not answer in time loses nothing: the records
-        after the last committed watermark are replayed by the next owner and answered from
-        the dedup window. Raising here would turn a clean SIGTERM into a non-zero exit.
-        """
+        """The last commit before leaving, bounded in time and never fatal: a refused or
+        unanswered one loses nothing (the next owner replays past the last watermark, answered
+        from the dedup window), and raising would make a clean SIGTERM a non-zero exit."""
         try:
             await asyncio.wait_for(self.commit(), timeout=self.final_timeout_s)
         except (KafkaError, TimeoutError) as exc:

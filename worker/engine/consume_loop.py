@@ -84,7 +84,7 @@ class LoopConfig:
     retry_backoff_s: tuple[float, float] = (0.2, 2.0)
     hold_overdue_s: float = 2.0
     """Age at which a record's unreleased hold gets its ``on_overdue`` call."""
-    gap_hold_s: float = 1.0
+    gap_hold_s: float = 0.0
     """How long an offset never seen below a fetched record is waited for before the loop
     goes on past it, reported (``worker.engine.fetch.GapWatch``); 0: no watch."""
     max_in_flight_per_key: int | None = None
@@ -230,26 +230,16 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
     async def _poll(
         self, stop_requested: asyncio.Future[Any]
     ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
-        """One fetch, given up as soon as ``stop()`` is called.
-
-        aiokafka's fetch waits without bound while a rebalance is in progress
-        (``Fetcher.fetched_records`` awaits the new assignment), and a rebalance lasts until
-        the slowest member rejoins: up to the group's rebalance timeout, or a session timeout
-        for a member that died. A SIGTERM must not wait for that. Giving up loses nothing:
-        records leave aiokafka's buffer only after that wait, in the step that returns them, and
-        the offsets of records never dispatched are never committed.
-        """
+        """One fetch, given up as soon as ``stop()`` is called: aiokafka's fetch waits without
+        bound during a rebalance (up to the slowest member's rejoin), which a SIGTERM must not.
+        Nothing is lost: records leave aiokafka's buffer only after that wait, and offsets of
+        records never dispatched are never committed."""
+        room = self.config.max_in_flight - self.pressure.in_flight
         fetch = asyncio.ensure_future(
             fetch_records(
                 self.consumer,
                 timeout_ms=self.config.poll_timeout_ms,
-                max_records=max(
-                    1,
-                    min(
-                        self.config.max_poll_records,
-                        self.config.max_in_flight - self.pressure.in_flight,
-                    ),
-                ),
+                max_records=max(1, min(self.config.max_poll_records, room)),
                 on_unreadable=Unreadable.of,
                 gaps=self.gaps,
             )
@@ -283,10 +273,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         key = msg.key.decode("utf-8", "replace") if msg.key else f"\0no-key:{tp.partition}"
         if not self.pressure.room(tp.partition, key):
             return False
-        tracker = self.trackers.get(tp)
-        if tracker is None:
-            tracker = self.commits.tracker(tp)
-        tracker.dispatched(msg.offset)
+        self.commits.tracker(tp).dispatched(msg.offset)
         if self._unordered is not None and self._unordered(msg):
             self._aside(key, tp, msg)
             return True
@@ -320,13 +307,17 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         except Revoked:
             return  # the next owner answers it
         except BaseException as exc:  # a process fault: as a lane's, it stops the loop
-            log.exception("aside_failed", account_id=key[:LOGGED_KEY_CHARS])
-            self._fatal = exc
-            self._stopping.set()
+            self._fail("aside_failed", key, exc)
             return
         tracker = self.trackers.get(tp)
         if tracker is not None:
             tracker.finished(msg.offset)
+
+    def _fail(self, event: str, key: str, exc: BaseException) -> None:
+        """A process fault in a unit of ``key``: the loop stops and ``run`` raises it."""
+        log.exception(event, account_id=key[:LOGGED_KEY_CHARS])
+        self._fatal = exc
+        self._stopping.set()
 
     def _enqueue(self, key: str, partition: int, item: LaneItem) -> None:
         self.pressure.add(partition, 1)
@@ -358,9 +349,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         except Revoked:
             pass  # the next owner replays what was not finished
         except BaseException as exc:
-            log.exception("lane_failed", account_id=key[:LOGGED_KEY_CHARS])
-            self._fatal = exc
-            self._stopping.set()
+            self._fail("lane_failed", key, exc)
         finally:
             pressure.add(lane.partition, -len(lane.items))
             if self.lanes.get((lane.partition, key)) is lane:
@@ -369,12 +358,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             pressure.cooled(lane.partition, key)
 
     async def _sweep_timers(self) -> None:
-        """Enqueue a follow-up step for every idle account whose poll or deadline is due.
-
-        An account that is busy (its lane runs), on a partition not yet active or at its share
-        of the bound (``Pressure.admits``) is retried one interval later, as is everything
-        still due when the in-flight limit is reached.
-        """
+        """Enqueue a follow-up for every idle account whose poll or deadline is due; a busy one
+        (its lane runs), one of a partition not active or at its share, and all still due at
+        the in-flight limit, are retried one interval later."""
         now = time.time()
         retry_at = now + self.config.timer_interval_s
         while self.pressure.in_flight < self.config.max_in_flight:
@@ -457,21 +443,11 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def _wait_lanes(self, partitions: set[int] | None, budget: float) -> None:
         """Let running work of ``partitions`` (all when None) finish; cancel it after budget.
-
-        Cancelling is safe: a cancelled confirm left its offset uncommitted, below the end the
-        next owner notes on assignment, so that owner re-drives it with the same idempotency
-        key (asking the provider first).
-        """
+        Safe: a cancelled unit's offset stays uncommitted, and its next owner re-drives it with
+        the same idempotency key (asking the provider first)."""
         deadline = time.monotonic() + budget
         while True:
-            busy = [
-                lane.task
-                for lane in self.lanes.values()
-                if lane.task is not None and (partitions is None or lane.partition in partitions)
-            ]
-            busy += [
-                t for t, (p, _) in self.asides.items() if partitions is None or p in partitions
-            ]
+            busy = self._tasks(partitions)
             if not busy:
                 return
             left = deadline - time.monotonic()
@@ -490,9 +466,14 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             self.consumer.pause(*owned)
         await self._wait_lanes(None, grace)
 
+    def _tasks(self, partitions: set[int] | None = None) -> list[asyncio.Task[None]]:
+        """The running lanes and queries beside them of ``partitions`` (all when None)."""
+        mine = [(lane.partition, lane.task) for lane in self.lanes.values() if lane.task]
+        mine += [(p, task) for task, (p, _) in self.asides.items()]
+        return [t for p, t in mine if partitions is None or p in partitions]
+
     async def _cancel_lanes(self) -> None:
-        tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
-        tasks += list(self.asides)
+        tasks = self._tasks()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import traceback
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -41,8 +40,6 @@ FAULT_REASONS: Final = (
     "unreadable",
 )
 
-#: Room left for the headers a dead letter adds, below the largest record the system writes.
-_HEADER_ROOM: Final = 4096
 DETAIL_LIMIT: Final = 1024
 
 
@@ -119,6 +116,10 @@ class Fault:
             attempts=attempts,
         )
 
+    def logged(self) -> dict[str, str | None]:
+        """What a log line about the fault names (its ``detail`` may quote input)."""
+        return {"reason": self.reason, "exception": self.exception, "fingerprint": self.fingerprint}
+
     def headers(self, source: tuple[str, int, int]) -> list[tuple[str, bytes]]:
         topic, partition, offset = source
         extra = [
@@ -140,28 +141,6 @@ def _short(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def dead_letter_headers(
-    original: Sequence[tuple[str, bytes]] | None,
-    fault: Fault,
-    source: tuple[str, int, int],
-    *,
-    room: int,
-) -> list[tuple[str, bytes]]:
-    """The dead letter's headers: the original record's (minus any ``dlq.*`` of an earlier
-    dead-lettering, which a redrive carries), then the fault's. The original headers are
-    dropped when they would not fit in ``room`` bytes beside the fault's: the fault's own
-    headers are what an operator needs, and the value is kept whole."""
-    kept = [(k, v) for k, v in (original or ()) if not k.startswith(PREFIX)]
-    extra = fault.headers(source)
-    if _size(kept) + _size(extra) > max(0, room - _HEADER_ROOM):
-        kept = []
-    return [*kept, *extra]
-
-
-def _size(headers: Iterable[tuple[str, bytes]]) -> int:
-    return sum(len(k) + len(v) + 8 for k, v in headers)
-
-
 __all__ = [
     "ATTEMPTS",
     "DETAIL",
@@ -175,7 +154,6 @@ __all__ = [
     "Fault",
     "ProcessFault",
     "RecordRejected",
-    "dead_letter_headers",
     "fingerprint",
     "is_permanent",
     "is_process_fault",

@@ -32,22 +32,13 @@ GAP_HOLD_S: Final = 1.0
 
 
 class GapWatch:
-    """Offsets a reader must see in sequence: a record handed out past an offset never seen
-    (an offset gap) is held back, and its partition read again from the missing offset, until
-    the missing records arrive or ``hold_s`` passed; then the gap is given up on, reported to
-    ``on_gap`` (a metric, a log line) and the reader goes on.
-
-    Only for topics whose offsets are dense (``cleanup.policy=delete``, no transactions):
-    there a gap is never normal. On Kafka it never happens (a fetch ends at the high-water
-    mark, below which every record is written); a broker that advances a partition's end
-    before it stores the batch can, with two producers on one partition, return the second
-    producer's batch while the first one's is not stored yet, and a reader that takes it
-    moves, and commits, past records it never saw (docs/architecture.md, "The consume
-    engine"). Compacted topics have gaps by design: their readers pass no watch.
-
-    Bounded by the partitions read: one entry per partition that is waiting, dropped when the
-    partition is read past the gap or is no longer read.
-    """
+    """A record past an offset never seen (a gap) is held back, its partition read again from
+    the missing offset, until the records arrive or ``hold_s`` passed; then ``on_gap`` is told
+    and the reader goes on. For topics with dense offsets only (compacted ones have gaps by
+    design). Kafka never has such a gap (a fetch ends at the high-water mark); a broker that
+    advances a partition's end before storing the batch does, and a reader would commit past
+    records it never saw (docs/architecture.md, "The consume engine"). Bounded: one entry per
+    partition waiting, dropped once read past the gap or no longer read."""
 
     def __init__(self, on_gap: OnGap, *, hold_s: float = GAP_HOLD_S) -> None:
         self.on_gap = on_gap
@@ -122,16 +113,11 @@ async def getmany(
     owned: Iterable[TopicPartition] | None = None,
     gaps: GapWatch | None = None,
 ) -> Batch:
-    """``consumer.getmany`` (of every partition it reads; ``owned`` names them when the
-    consumer cannot) that skips, and reports, the records the client cannot parse, and, with
-    ``gaps``, hands out no record past an offset it never saw (see ``GapWatch``).
-
-    A failed call hands out nothing, but may have moved the positions of the partitions it
-    drained before the one that failed: so every position is taken before the call, and after
-    a failure each partition goes back to it and is read again, one record at a time. Only
-    back: a rebalance during the call may have reset a partition to its committed offset,
-    below the position taken, and going forward from there would skip records.
-    """
+    """``consumer.getmany`` (``owned``: its partitions, when the consumer cannot say) that
+    skips and reports records the client cannot parse and, with ``gaps``, hands out none past
+    an offset never seen. A failed call may have moved positions of partitions it drained, so
+    each goes back to where it was (only back: a rebalance may have reset it lower) and is
+    read again one record at a time."""
     tps = list(consumer.assignment() if owned is None else owned)
     before = {tp: await consumer.position(tp) for tp in tps}
     try:

@@ -45,13 +45,9 @@ def forwarded_from(headers: Collection[tuple[str, bytes]]) -> str | None:
 
 
 class Router:
-    """Home partitions of one topic's keys.
-
-    The partition count comes from the consumer's metadata first: that is the count the
-    producers' partitioners used (they read the same metadata), and it follows partitions added
-    to the topic, where ``COMMANDS_PARTITIONS`` may be stale (it only sizes topics that do not
-    exist yet). The setting is the fallback for the moment before metadata is known.
-    """
+    """Home partitions of one topic's keys, by the partition count of the consumer's metadata
+    (the count the producers' partitioners used, following partitions added later), the
+    setting only before metadata is known (``COMMANDS_PARTITIONS`` sizes new topics only)."""
 
     def __init__(
         self,

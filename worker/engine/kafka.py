@@ -58,9 +58,9 @@ class KafkaConfig:
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
     idempotent_producer: bool = False
-    offset_gap_hold_s: float = 1.0
+    offset_gap_hold_s: float = 0.0
     """How long a reader of a topic with dense offsets holds back a record past an offset it
-    never saw (``worker.engine.fetch.GapWatch``); 0: no watch."""
+    never saw (``worker.engine.fetch.GapWatch``); 0: no watch (Kafka has no such gap)."""
 
 
 def client_options(kafka: KafkaConfig) -> dict[str, Any]:
@@ -133,27 +133,31 @@ def build_consumer(
 async def ensure_topics(
     kafka: KafkaConfig, plan: TopicPlan, *, attempts: int = 50
 ) -> list[Finding]:
-    """Create every missing topic of ``plan`` with its configuration, then check them all;
-    raises ``TopicsMisconfigured`` when one is not as specified (an existing topic is never
-    altered). The dev stack and the tests set up their topics with it."""
-    findings = await topics_report(kafka, plan, create=True, attempts=attempts)
-    _raise_on_problems(findings)
-    return findings
+    """Create every missing topic of ``plan`` with its configuration, then check them all (an
+    existing topic is never altered): how the dev stack and the tests set up their topics."""
+    return await verify_topics(kafka, plan, None, create=True, attempts=attempts)
 
 
 async def verify_topics(
     kafka: KafkaConfig,
     plan: TopicPlan,
-    names: Sequence[str],
+    names: Sequence[str] | None,
     *,
     create: bool,
     attempts: int = 50,
 ) -> list[Finding]:
-    """A process's start-up check of the topics it uses (``names``): missing ones are created
-    only when ``create`` (``KAFKA_AUTO_CREATE_TOPICS``); raises ``TopicsMisconfigured``,
-    naming each topic and setting that is wrong, so the process refuses to start."""
+    """A process's start-up check of the topics it uses (``names``; ``None``: all): missing
+    ones are created only when ``create`` (``KAFKA_AUTO_CREATE_TOPICS``); raises
+    ``TopicsMisconfigured``, naming each topic and setting that is wrong, so the process
+    refuses to start."""
     findings = await topics_report(kafka, plan, names, create=create, attempts=attempts)
-    _raise_on_problems(findings)
+    wrong = problems(findings)
+    if wrong:
+        raise TopicsMisconfigured(
+            wrong,
+            hint="`python -m worker topics check` prints every topic; `topics create` makes "
+            "the missing ones; an existing topic is fixed with the platform's tooling",
+        )
     return findings
 
 
@@ -179,14 +183,10 @@ async def topics_report(
 async def observe_topics(
     admin: AIOKafkaAdminClient, names: Sequence[str]
 ) -> dict[str, TopicObservation | None]:
-    """What the cluster says of ``names``: partition count, replication factor, configs;
-    ``None`` for a missing topic.
-
-    Only topics already listed are described: a Metadata request naming a missing topic
-    creates it, with the broker's defaults, on a cluster with ``auto.create.topics.enable``
-    (and always on the embedded broker). Every config is asked for: the embedded broker drops
-    the connection on a DescribeConfigs that names the configs it wants.
-    """
+    """What the cluster says of ``names`` (``None``: missing). Only listed topics are
+    described: naming a missing one may create it (``auto.create.topics.enable``, and always
+    on the embedded broker). Every config is asked for: the embedded broker drops the
+    connection on a DescribeConfigs that names the ones it wants."""
     existing = set(await admin.list_topics())
     present = [n for n in names if n in existing]
     observed: dict[str, TopicObservation | None] = dict.fromkeys(names)
@@ -233,16 +233,6 @@ async def _describe_configs(
                 None,
             )
     return out
-
-
-def _raise_on_problems(findings: Sequence[Finding]) -> None:
-    wrong = problems(findings)
-    if wrong:
-        raise TopicsMisconfigured(
-            wrong,
-            hint="`python -m worker topics check` prints every topic; `topics create` makes "
-            "the missing ones; an existing topic is fixed with the platform's tooling",
-        )
 
 
 async def create_topics(

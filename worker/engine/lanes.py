@@ -51,17 +51,5 @@ class Unreadable(ConsumerRecord[bytes, bytes]):  # type: ignore[misc]
 
     @classmethod
     def of(cls, tp: TopicPartition, offset: int, exc: BaseException) -> Unreadable:
-        return cls(
-            tp.topic,
-            tp.partition,
-            offset,
-            -1,
-            -1,
-            None,
-            None,
-            None,
-            -1,
-            -1,
-            [],
-            error=f"the Kafka client cannot parse the record: {type(exc).__name__}: {exc}",
-        )
+        error = f"the Kafka client cannot parse the record: {type(exc).__name__}: {exc}"
+        return cls(tp.topic, tp.partition, offset, -1, -1, None, None, None, -1, -1, [], error)

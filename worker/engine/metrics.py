@@ -47,70 +47,57 @@ class LoopSeries:
         records: str,
     ) -> None:
         self.registry = registry
-        self.in_flight = Gauge(f"{prefix}{in_flight[0]}", in_flight[1], registry=registry)
-        self.lag = Gauge(
-            f"{prefix}consumer_lag",
-            "High-water mark minus committed offset",
-            ["topic", "partition"],
-            registry=registry,
+
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(f"{prefix}{name}", doc, labels, registry=registry)
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(f"{prefix}{name}", doc, labels, registry=registry)
+
+        self.in_flight = gauge(*in_flight)
+        self.lag = gauge(
+            "consumer_lag", "High-water mark minus committed offset", "topic", "partition"
         )
-        self.store_accounts = Gauge(
-            f"{prefix}state_store_accounts", f"{records} held in memory", registry=registry
-        )
+        self.store_accounts = gauge("state_store_accounts", f"{records} held in memory")
         self.restore_seconds = Histogram(
             f"{prefix}state_restore_duration_seconds",
             "Time to restore one partition's state",
             buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=registry,
         )
-        self.restore_records = Counter(
-            f"{prefix}state_restore_records",
-            f"{records} read while restoring",
-            registry=registry,
-        )
-        self.rebalances = Counter(
-            f"{prefix}rebalances", "Partition assignment changes", ["kind"], registry=registry
-        )
-        self.restore_undecodable = Counter(
-            f"{prefix}state_restore_undecodable",
+        self.restore_records = counter("state_restore_records", f"{records} read while restoring")
+        self.rebalances = counter("rebalances", "Partition assignment changes", "kind")
+        self.restore_undecodable = counter(
+            "state_restore_undecodable",
             f"{records} skipped while restoring because they could not be decoded",
-            registry=registry,
         )
-        self.unit_failures = Counter(
-            f"{prefix}unit_failures",
+        self.unit_failures = counter(
+            "unit_failures",
             "Units of work (a record, or a due key's follow-up) that raised: retried, then "
             "dead-lettered (records) or given up (follow-ups)",
-            ["stage", "outcome"],
-            registry=registry,
+            "stage",
+            "outcome",
         )
-        self.offset_gaps = Counter(
-            f"{prefix}offset_gaps",
+        self.offset_gaps = counter(
+            "offset_gaps",
             "Offsets never seen below a fetched record, waited for and then passed (the "
             "broker handed out a record past one it had not stored; the log line names the "
             "topic)",
-            registry=registry,
         )
-        self.key_pauses = Counter(
-            f"{prefix}key_pauses",
+        self.key_pauses = counter(
+            "key_pauses",
             "Partitions paused because one lane key held its share of the in-flight bound "
             "(the partition_paused_for_key log line)",
-            registry=registry,
         )
-        self.ready = Gauge(f"{prefix}{role}_ready", "1 once joined and restored", registry=registry)
-        self.heartbeat = Gauge(
-            f"{prefix}{role}_heartbeat_timestamp_seconds",
-            "Last consume-loop iteration (epoch s)",
-            registry=registry,
+        self.ready = gauge(f"{role}_ready", "1 once joined and restored")
+        self.heartbeat = gauge(
+            f"{role}_heartbeat_timestamp_seconds", "Last consume-loop iteration (epoch s)"
         )
         for kind in ("assigned", "revoked"):
             self.rebalances.labels(kind)
-        for stage, outcome in (
-            ("record", "retried"),
-            ("record", "dead_lettered"),
-            ("follow_up", "retried"),
-            ("follow_up", "given_up"),
-        ):
-            self.unit_failures.labels(stage, outcome)
+        for stage in ("record", "follow_up"):
+            for outcome in ("retried", "dead_lettered" if stage == "record" else "given_up"):
+                self.unit_failures.labels(stage, outcome)
 
     def beat(self) -> None:
         self.heartbeat.set(time.time())

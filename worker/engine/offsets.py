@@ -52,9 +52,7 @@ class OffsetTracker:
             done.discard(order.popleft())
 
     def watermark(self) -> int | None:
-        if self._order:
-            return self._order[0]
-        return self.next_offset
+        return self._order[0] if self._order else self.next_offset
 
     @property
     def pending(self) -> int:
@@ -113,13 +111,10 @@ HANDLING: ContextVar[Handling | None] = ContextVar("handling", default=None)
 
 
 def hold_record(on_overdue: Callable[[], None] | None = None) -> Hold | None:
-    """A hold on the offset of the record this task is handling in ``Handler.handle``, or
-    ``None`` outside the consume loop (the caller then makes its work durable at once).
-
-    Until every hold on it is released the offset counts as unfinished: it and everything
-    after it in its partition stay uncommitted, so a crash replays the record. ``on_overdue``
-    is called once (from the loop's commit tick, never inside a lane) when the hold is older
-    than ``LoopConfig.hold_overdue_s`` and still not released."""
+    """A hold on the offset of the record this task handles in ``Handler.handle`` (``None``
+    outside the consume loop: make the work durable at once). Until released, it and every
+    later offset of its partition stay uncommitted, so a crash replays the record;
+    ``on_overdue`` is called once, from the commit tick, past ``LoopConfig.hold_overdue_s``."""
     handling = HANDLING.get()
     if handling is None:
         return None

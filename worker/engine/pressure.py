@@ -45,6 +45,14 @@ def input_partitions(topics: Iterable[str], numbers: Iterable[int]) -> list[Topi
     return [TopicPartition(t, p) for p in numbers for t in topics]
 
 
+def _bump(counts: dict[Any, int], key: Any, by: int) -> None:
+    """``counts[key] += by``, keeping only keys that count some."""
+    if (left := counts.get(key, 0) + by) > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
 class Pressure:
     """What is in flight and what it holds up. ``lanes`` is the loop's own map (read, never
     written here): a key's load is its lane's queue, the running item included, and its
@@ -95,29 +103,18 @@ class Pressure:
         the gauge follows."""
         self.in_flight += count
         self.metrics.in_flight.set(self.in_flight)
-        left = self.held.get(partition, 0) + count
-        if left > 0:
-            self.held[partition] = left
-        else:
-            self.held.pop(partition, None)
+        _bump(self.held, partition, count)
 
     def admits(self, partition: int) -> bool:
         """Whether ``partition`` may take one more of the bound (``partition_share``)."""
         return self.partition_share.admits(self.held.get(partition, 0), self.in_flight)
 
     def room(self, partition: int, key: str) -> bool:
-        """Whether a fetched record of ``key`` may be dispatched: the loop's in-flight bound
-        (``max_in_flight``), the key's share of it (``key_share``) and the partition's
-        (``partition_share``, the admission rule) all hard.
-
-        A key at its share (one account's 404 flood, one account's events behind failing
-        endpoints) pauses its own partition only (``apply``), so other partitions keep flowing
-        instead of the whole bound filling with one slow lane and every partition pausing. A
-        partition at its share (many keys, each under its own share) pauses itself only the
-        same way, and the rule's reserve keeps room for partitions holding none. The
-        partition is Kafka's ordering unit: the other keys of a paused partition wait too, for
-        as long as the hot lane takes to drain from its share to half of it; that is the
-        trade-off, and all a hot key or a crowded partition can hold up."""
+        """Whether a fetched record of ``key`` may be dispatched within the in-flight bound, the
+        key's share and the partition's (the admission rule). A key or a partition at its share
+        pauses that partition only (``apply``), so one slow lane cannot fill the bound and
+        pause every partition; the other keys of the paused partition (Kafka's ordering unit)
+        wait until the hot lane drains to half its share: that is all it can hold up."""
         if self.in_flight >= self.max_in_flight:
             return False
         if self.load(partition, key) >= self.key_share:
@@ -158,7 +155,7 @@ class Pressure:
     def aside_started(self, where: tuple[int, str]) -> None:
         """A query of ``where`` (partition, key) runs beside its lane."""
         self.add(where[0], 1)
-        self.aside_load[where] = self.aside_load.get(where, 0) + 1
+        _bump(self.aside_load, where, 1)
         self.heat_if_full(*where)
 
     def aside_finished(self, where: tuple[int, str] | None) -> None:
@@ -168,11 +165,7 @@ class Pressure:
             self.metrics.in_flight.set(self.in_flight)
             return
         self.add(where[0], -1)
-        left = self.aside_load.get(where, 0) - 1
-        if left > 0:
-            self.aside_load[where] = left
-        else:
-            self.aside_load.pop(where, None)
+        _bump(self.aside_load, where, -1)
         self.cooled(*where)
 
     def apply(self) -> None:

@@ -47,15 +47,11 @@ def _always_ready() -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ProcessParts:
-    """The clients a consuming process runs its loop with, built by the caller.
-
-    ``run_consume_loop`` starts ``producer`` and the loop's consumer, and closes them at the
-    end, then runs ``closers`` in order; ``drains`` are awaited once the loop has ended and
-    before the clients close (answers still owed, such as the worker's parked long-polls, go
-    out on the open producer). ``health`` is the outage state the process's writers
-    report to; it is probed through the producer's client and turns ``/readyz`` red during an
-    outage. ``registry`` is what the probes' ``/metrics`` serves.
-    """
+    """The clients a consuming process runs its loop with, built by the caller:
+    ``run_consume_loop`` starts ``producer`` and the consumer and closes them at the end, then
+    runs ``closers``; ``drains`` run after the loop, before the clients close (answers still
+    owed go out on the open producer). ``health`` is probed through the producer's client and
+    turns ``/readyz`` red during an outage; ``registry`` is what ``/metrics`` serves."""
 
     producer: AIOKafkaProducer
     registry: CollectorRegistry
@@ -66,13 +62,10 @@ class ProcessParts:
 
 @dataclass(frozen=True, slots=True)
 class RunOptions:
-    """How one run of a consume loop is named, served and stopped.
-
-    ``name`` prefixes the start and stop log events; ``group`` is the consumer group and
-    ``bootstrap`` the cluster, for the start log; ``probes`` ``None`` serves none; ``stop``
-    set stops the loop as a signal would; ``on_start`` is called once the clients are
-    started; ``also_ready`` adds the process's other conditions to ``/readyz``.
-    """
+    """How one run of a consume loop is named (``name``: of its start and stop log events;
+    ``group``, ``bootstrap``: for the start log), served (``probes``; ``None``: none) and
+    stopped (``stop`` set: as by a signal); ``on_start`` runs once the clients started, and
+    ``also_ready`` adds the process's other conditions to ``/readyz``."""
 
     name: str
     group: str
@@ -157,14 +150,10 @@ CLOSE_STEP_TIMEOUT_S = 10.0
 
 
 def shutdown_hard_limit(shutdown_grace_s: float) -> float:
-    """Seconds from SIGTERM to a forced exit: the drain (``shutdown_grace_s``), the final
-    commit, both close steps, and a margin; each of them is bounded on its own, so only a hung
-    event loop reaches it.
-
-    Kubernetes' ``terminationGracePeriodSeconds`` must exceed it (deploy/ uses 60 s; the
-    limit is 50 s for the default 20 s grace), so the process always ends by its own hand,
-    with a log line saying why, rather than by the kubelet's SIGKILL.
-    """
+    """Seconds from SIGTERM to a forced exit: the drain, the final commit, both close steps
+    and a margin, each bounded on its own, so only a hung event loop reaches it. Kubernetes'
+    ``terminationGracePeriodSeconds`` must exceed it (deploy/: 60 s against 50 s), so the
+    process ends by its own hand, with a log line, not by the kubelet's SIGKILL."""
     return shutdown_grace_s + FINAL_COMMIT_TIMEOUT_S + 2 * CLOSE_STEP_TIMEOUT_S + 5.0
 
 
@@ -213,15 +202,9 @@ def group_consumer(
 
 @dataclass(frozen=True, slots=True)
 class LoopSpec:
-    """What one process's consume loop reads, and the bounds its process sets; the budgets
-    every loop shares (commit interval, drain grace, poll size, retries) are the process's
-    ``LoopLimits`` (``config``).
-
-    ``topics`` are co-partitioned inputs and ``state_topic`` their changelog (``LoopConfig``);
-    ``timer_interval_s`` overrides the loop's timer sweep interval, ``hold_overdue_s`` the
-    age of an overdue hold, ``max_in_flight_per_key`` one key's share of ``max_in_flight``
-    (``None``: the loop's defaults; ``LoopConfig.key_share``).
-    """
+    """What one process's consume loop reads and the bounds its process sets (``LoopConfig``
+    says what each means; ``None``: the loop's default); the budgets every loop shares are the
+    process's ``LoopLimits``."""
 
     topics: tuple[str, ...]
     state_topic: str
@@ -232,7 +215,11 @@ class LoopSpec:
 
     def config(self, limits: LoopLimits) -> LoopConfig:
         backoff = limits.record_retry_backoff_s
-        config = LoopConfig(
+        optional: dict[str, Any] = {
+            "timer_interval_s": self.timer_interval_s,
+            "hold_overdue_s": self.hold_overdue_s,
+        }
+        return LoopConfig(
             topics=self.topics,
             state_topic=self.state_topic,
             max_in_flight=self.max_in_flight,
@@ -243,12 +230,8 @@ class LoopSpec:
             max_poll_records=limits.max_poll_records,
             record_attempts=limits.record_attempts,
             retry_backoff_s=(backoff, backoff * 10),
+            **{k: v for k, v in optional.items() if v is not None},  # else the loop's defaults
         )
-        if self.timer_interval_s is not None:
-            config = dataclasses.replace(config, timer_interval_s=self.timer_interval_s)
-        if self.hold_overdue_s is not None:
-            config = dataclasses.replace(config, hold_overdue_s=self.hold_overdue_s)
-        return config
 
 
 def consume_loop(

@@ -25,11 +25,8 @@ Decoder = Callable[[bytes], tuple[str, R]]
 
 class PartitionedStore(ABC, Generic[R]):
     """Records by owned partition and key, plus a ``TimerQueue`` of what is due when.
-
-    Subclasses say what a record's key is and which timers a record arms (``_arm``) and owns
-    (``_timer_keys``); loading and dropping partitions and handing out due keys is shared, so
-    the worker's and the dispatcher's stores behave alike under the consume loop.
-    """
+    Subclasses say what a record's key is and which timers it arms (``_arm``) and owns
+    (``_timer_keys``); the rest is shared by the worker's and the dispatcher's stores."""
 
     #: Whether the consume loop notes, on assignment, where each input partition ended
     #: (``handed_over``), so the handler can tell what a previous owner may have fetched.
@@ -115,13 +112,9 @@ async def restore_partitions(
     idle_timeout_ms: int = 200,
     batch: int = 10_000,
 ) -> dict[int, tuple[dict[str, R], RestoreStats]]:
-    """Read every partition in ``tps`` (of a changelog: auth.state, or the dispatcher's
-    delivery states) from the beginning to its high-water mark, all at once, keeping the last
-    record per key. ``decode`` turns a value into (key, record) or raises (the record is skipped).
-
-    ``consumer`` is a group-less consumer used only for restoring; where a partition ends is
-    ``worker.engine.catch_up``'s rule, the one the front-end's tails use too.
-    """
+    """Read every changelog partition in ``tps`` to its end (``catch_up``'s rule) on the
+    group-less ``consumer``, keeping the last record per key; ``decode`` turns a value into
+    (key, record) or raises (the record is skipped)."""
     latest: dict[TopicPartition, dict[str, R]] = {tp: {} for tp in tps}
     bad = dict.fromkeys(tps, 0)
 
@@ -141,19 +134,11 @@ async def restore_partitions(
     finally:
         if collector_was_enabled:
             gc.enable()
-    return {
-        tp.partition: (
-            latest[tp],
-            RestoreStats(
-                partition=tp.partition,
-                records=replayed[tp].records,
-                accounts=len(latest[tp]),
-                undecodable=bad[tp],
-                seconds=replayed[tp].seconds,
-            ),
-        )
-        for tp in tps
+    stats = {
+        tp: RestoreStats(tp.partition, done.records, len(latest[tp]), bad[tp], done.seconds)
+        for tp, done in replayed.items()
     }
+    return {tp.partition: (latest[tp], stats[tp]) for tp in tps}
 
 
 def _apply(

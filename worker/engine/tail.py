@@ -26,17 +26,10 @@ async def partitions_of(
     consumer: Any, topic: str, *, deadline: float, pause_s: float = 0.1
 ) -> set[int]:
     """The partition numbers of ``topic`` as the started, group-less ``consumer`` learns them
-    by ``deadline`` (monotonic); empty when it has not by then.
-
-    A consumer without an assignment may have no metadata for ``topic``, and aiokafka's
-    consumer has no public call that refreshes its own (``topics()`` reads every topic into a
-    throwaway copy). So: ``topics()`` says whether the topic exists (a request for every
-    topic, which never creates one, where naming a missing topic may have the broker create it
-    with its defaults); once it does, asking for the first offset of its partition 0 has the
-    consumer fetch the topic's metadata (it needs the partition's leader), and
-    ``partitions_for_topic`` then knows every partition. A topic that does not exist yet is
-    looked for again, ``pause_s`` apart, until ``deadline``.
-    """
+    by ``deadline`` (monotonic); empty if it has not. aiokafka has no public metadata refresh:
+    ``topics()`` says whether the topic exists (naming a missing topic may have the broker
+    create it), then the first offset of its partition 0 makes the consumer fetch the topic's
+    metadata. A missing topic is looked for again, ``pause_s`` apart."""
     probe = [TopicPartition(topic, 0)]
     while True:
         parts: set[int] | None = consumer.partitions_for_topic(topic)
@@ -73,13 +66,10 @@ async def assign_all(
 
 
 class TopicTail:
-    """Reads one topic from the beginning, forever, handing each batch to ``handle``.
-
-    Owns ``consumer`` (an unstarted, group-less ``AIOKafkaConsumer``): ``start`` starts it and
-    ``stop`` closes it. ``caught_up`` becomes true once every partition reached the end it had
-    when the tail started (see the module docstring) and stays true. If the loop fails, the
-    failure is kept in ``failure``, ``running`` turns false and the task ends with the error.
-    """
+    """Reads one topic from the beginning, forever, handing each batch to ``handle``. Owns
+    ``consumer`` (unstarted, group-less). ``caught_up`` turns true once every partition reached
+    the end it had at the start; a failed loop keeps its error in ``failure`` and stops
+    ``running``."""
 
     def __init__(
         self,
@@ -272,18 +262,11 @@ class TopicTail:
 
 
 class SharedConsumer:
-    """One group-less consumer, and so one fetch loop, under several tails.
-
-    Each tail gets a ``share()`` in place of its own consumer: the share is assigned the
-    tail's partitions, and one task fetches for all of them and hands each share the records
-    of its partitions. Tails that tolerate the same fetch wait share one: every consumer is a
-    fetch request per ``fetch_max_wait_ms`` even when idle (on a broker that holds
-    every fetch for the full wait, the more so), for the process and the broker alike.
-
-    ``consumer`` is an unstarted, group-less consumer; the first share's ``start`` starts
-    it and the last share's ``stop`` closes it. A fetch failure fails every share's
-    ``getmany``, so every tail on it ends with the error.
-    """
+    """One group-less consumer, and so one fetch loop, under several tails: each tail reads a
+    ``share()`` (its partitions, handed their records by the one fetch task) instead of a
+    consumer of its own, which would be a fetch request per ``fetch_max_wait_ms`` even idle.
+    ``consumer`` is unstarted: the first share's ``start`` starts it, the last one's ``stop``
+    closes it; a fetch failure fails every share's ``getmany``."""
 
     def __init__(self, consumer: Any, *, idle_timeout_ms: int = 200, max_records: int = 5000):
         self.consumer = consumer
@@ -398,19 +381,14 @@ class ConsumerShare:
         if self._pending:
             self._arrived.set()
 
-    def highwater(self, tp: TopicPartition) -> int | None:
-        high: int | None = self._hub.consumer.highwater(tp)
-        return high
+    def highwater(self, tp: TopicPartition) -> Any:
+        return self._hub.consumer.highwater(tp)
 
-    async def position(self, tp: TopicPartition) -> int:
+    async def position(self, tp: TopicPartition) -> Any:
         """The offset of the next record this share hands over (records fetched but not yet
         taken count as unread)."""
         queued = self._pending.get(tp)
-        if queued:
-            offset: int = queued[0].offset
-            return offset
-        position: int = await self._hub.consumer.position(tp)
-        return position
+        return queued[0].offset if queued else await self._hub.consumer.position(tp)
 
     async def getmany(self, *, timeout_ms: int, max_records: int | None = None) -> Any:
         """Every record fetched for this share since the last call (``max_records`` is the

@@ -110,16 +110,10 @@ def check(
     for group in groups:
         members = [name for name in group if name in checked]
         for name in members[1:]:
-            ref = members[0]
-            findings.append(
-                Finding(
-                    name,
-                    "co-partitioning",
-                    f"{checked[ref]} partitions, as {ref}",
-                    f"{checked[name]} partitions",
-                    checked[name] == checked[ref],
-                )
-            )
+            ref, count = members[0], checked[name]
+            expected = f"{checked[ref]} partitions, as {ref}"
+            same = count == checked[ref]
+            findings.append(Finding(name, "co-partitioning", expected, f"{count} partitions", same))
     return findings
 
 
@@ -145,16 +139,9 @@ def _compare(spec: TopicSpec, seen: TopicObservation) -> list[Finding]:
     wanted_policy = spec.configs["cleanup.policy"]
     rows.append(Finding(name, "cleanup.policy", wanted_policy, policy, policy == wanted_policy))
     if "retention.ms" in spec.configs:
-        wanted = int(spec.configs["retention.ms"])
-        rows.append(
-            Finding(
-                name,
-                "retention.ms",
-                "-1 (forever)" if wanted == -1 else f">= {wanted}",
-                actual["retention.ms"],
-                _retention_ok(actual["retention.ms"], wanted),
-            )
-        )
+        wanted, kept = int(spec.configs["retention.ms"]), actual["retention.ms"]
+        expected = "-1 (forever)" if wanted == -1 else f">= {wanted}"
+        rows.append(Finding(name, "retention.ms", expected, kept, _retention_ok(kept, wanted)))
     isr = _int(actual["min.insync.replicas"])
     isr_min = int(spec.configs["min.insync.replicas"])
     ok = isr is not None and isr_min <= isr <= seen.replication_factor
@@ -165,11 +152,7 @@ def _compare(spec: TopicSpec, seen: TopicObservation) -> list[Finding]:
 
 def _retention_ok(actual: str, wanted: int) -> bool:
     value = _int(actual)
-    if value is None:
-        return False
-    if value == -1:
-        return True
-    return wanted != -1 and value >= wanted
+    return value == -1 or (value is not None and wanted != -1 and value >= wanted)
 
 
 def _int(value: str) -> int | None:

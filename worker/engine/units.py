@@ -76,14 +76,8 @@ class Units:
             except BaseException as exc:
                 if is_process_fault(exc):
                     raise
-                where = {
-                    "stage": stage,
-                    "key": key[:LOGGED_KEY_CHARS],
-                    "partition": partition,
-                    "attempt": attempt,
-                }
-                if item is not DUE:
-                    where["offset"] = item.offset
+                where = {"stage": stage, "key": key[:LOGGED_KEY_CHARS], "partition": partition}
+                where |= {"attempt": attempt, "offset": getattr(item, "offset", None)}
                 if attempt < self.attempts and not is_permanent(exc):
                     log.warning("unit_failed_retrying", error=repr(exc)[:300], **where)
                     self.metrics.unit_failures.labels(stage, "retried").inc()
@@ -93,14 +87,7 @@ class Units:
                     attempt += 1
                     continue
                 fault = Fault.of(exc, attempts=attempt)
-                log.error(
-                    "unit_failed",
-                    reason=fault.reason,
-                    exception=fault.exception,
-                    fingerprint=fault.fingerprint,
-                    exc_info=exc,
-                    **where,
-                )
+                log.error("unit_failed", exc_info=exc, **fault.logged(), **where)
                 if item is not DUE:
                     await self._recover(item, fault, key, partition)
                 else:
@@ -131,16 +118,8 @@ class Units:
         try:
             await self.executor.recover(item, fault)
         except DeadLetterLost as exc:
-            log.error(
-                "dead_letter_lost",
-                key=key[:LOGGED_KEY_CHARS],
-                partition=partition,
-                offset=item.offset,
-                reason=fault.reason,
-                exception=fault.exception,
-                fingerprint=fault.fingerprint,
-                error=exc.detail,
-            )
+            where = {"key": key[:LOGGED_KEY_CHARS], "partition": partition, "offset": item.offset}
+            log.error("dead_letter_lost", error=exc.detail, **fault.logged(), **where)
             self.metrics.unit_failures.labels("record", "dead_letter_lost").inc()
             return
         self.metrics.unit_failures.labels("record", "dead_lettered").inc()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Required, TypedDict, Unpack
 
 from aiokafka.errors import (
     CorruptRecordException,
@@ -78,49 +78,56 @@ class Sent:
 
     async def again(self, producer: Any) -> Sent:
         """Hand the same record to the producer once more."""
-        return await enqueue(
-            producer,
-            self.topic,
-            self.value,
+        options = RecordOptions(
             key=self.key,
             partition=self.partition,
             headers=self.headers,
             timestamp_ms=self.timestamp_ms,
         )
+        return await enqueue(producer, self.topic, self.value, **options)
+
+
+class RecordOptions(TypedDict, total=False):
+    """A record's key (required), partition (unset: the producer's by key), headers and create
+    time (only where the record keeps one, a forward: the producer stamps others)."""
+
+    key: Required[bytes | None]
+    partition: int | None
+    headers: list[tuple[str, bytes]] | None
+    timestamp_ms: int | None
 
 
 async def enqueue(
-    producer: Any,
-    topic: str,
-    value: bytes | None,
-    *,
-    key: bytes | None,
-    partition: int | None = None,
-    headers: list[tuple[str, bytes]] | None = None,
-    timestamp_ms: int | None = None,
+    producer: Any, topic: str, value: bytes | None, **options: Unpack[RecordOptions]
 ) -> Sent:
     """Hand one record to the producer (which keeps the order of hand-overs per partition)
     without waiting for the broker. A record over ``MAX_RECORD_BYTES``, or one the producer
     refuses as malformed, raises ``RecordRejected``: it fails its unit of work, never the
     process."""
+    key, headers = options["key"], options.get("headers")
+    partition, stamp = options.get("partition"), options.get("timestamp_ms")
     size = record_size(value, key, headers)
     if size > MAX_RECORD_BYTES:
         raise RecordRejected(
             "too_large", f"a record of {size} bytes for {topic}, limit {MAX_RECORD_BYTES}"
         )
+    future, error = None, None
     try:
-        # A create time only where the record keeps one (a forward): the producer stamps others.
-        stamp = {} if timestamp_ms is None else {"timestamp_ms": timestamp_ms}
         future = await producer.send(
-            topic, value, key=key, partition=partition, headers=headers, **stamp
+            topic,
+            value,
+            key=key,
+            partition=partition,
+            headers=headers,
+            **({} if stamp is None else {"timestamp_ms": stamp}),
         )
     except _REJECTED as exc:
         raise RecordRejected("rejected", f"{type(exc).__name__} from {topic}") from exc
     except KafkaError as exc:
         if not is_outage(exc):
             raise
-        return Sent(None, topic, value, key, partition, headers, exc, timestamp_ms)
-    return Sent(future, topic, value, key, partition, headers, None, timestamp_ms)
+        error = exc
+    return Sent(future, topic, value, key, partition, headers, error, stamp)
 
 
 def record_size(
@@ -136,25 +143,12 @@ async def send_retrying(
     health: BrokerHealth,
     topic: str,
     value: bytes | None,
-    *,
-    key: bytes | None,
-    partition: int | None = None,
-    headers: list[tuple[str, bytes]] | None = None,
-    timestamp_ms: int | None = None,
+    **options: Unpack[RecordOptions],
 ) -> None:
     """Send one record and wait for its acknowledgement, sending it again after every outage
     error for as long as it takes: the process's ``monitor`` ends the process past the
     tolerance, and a caller with a deadline of its own bounds this with a time-out."""
-    sent = await enqueue(
-        producer,
-        topic,
-        value,
-        key=key,
-        partition=partition,
-        headers=headers,
-        timestamp_ms=timestamp_ms,
-    )
-    await _until_acked(producer, health, sent)
+    await _until_acked(producer, health, await enqueue(producer, topic, value, **options))
 
 
 async def _until_acked(producer: Any, health: BrokerHealth, sent: Sent) -> None:
@@ -168,15 +162,9 @@ async def _until_acked(producer: Any, health: BrokerHealth, sent: Sent) -> None:
 
 async def acknowledged(producer: Any, health: BrokerHealth, sent: Sequence[Sent]) -> None:
     """Wait until every record of ``sent`` is acknowledged, re-sending those that failed for
-    an outage reason (``send_retrying``).
-
-    The acks are awaited one after another, not gathered: a unit's records mostly go out in
-    one produce request, so the first wait is usually the only one that suspends, where a
-    ``gather`` costs a future, a callback per record and a loop turn of its own (the worker
-    waits twice per confirm).
-
-    A record refused for itself (``RecordRejected``) does not stop the others: each is waited
-    for (re-sent through outages), then the first error is raised, a refusal last."""
+    an outage reason. Awaited one by one, not gathered: a unit's records mostly share one
+    produce request, so only the first wait suspends. A record refused for itself does not
+    stop the others; the first error is raised once all are done, a refusal last."""
     if not sent:
         return
     failed = False
