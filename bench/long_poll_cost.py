@@ -1,126 +1,381 @@
 """What waiting costs the worker: callers polling ``GET .../auth`` once a second against the
-same number long-polling (``after_version``, ``wait_s``) an account that does not change, side
-by side in one run against a running stack (``make run``), the worker's CPU read from /proc.
+same number long-polling (``after_version``, ``wait_s``) accounts that do not change, in one
+run of the dev stack, the worker's CPU read from /proc.
 
-    python -m bench.long_poll_cost --worker-pid PID --keys KEY [KEY ...] --accounts ACC [ACC ...]
+    python -m bench.long_poll_cost --callers 500 --clients 4 --seconds 180 --rounds 2
 
-Each key is one workspace's, each account one of that workspace's (registered and quiet); the
-callers are spread evenly over the pairs (a workspace's long-polls are held open within its
-share, docs/architecture.md, "Long-polls"). Phases alternate (poll, long-poll, poll, …) so a
-drift of the machine does not favour either; an idle phase gives the worker's own cost, which
-the comparison subtracts. Loopback only; every loop ends with its phase."""
+It starts ``python -m devstack stack`` (what ``make run`` runs) on spare loopback ports with
+its own keys file, registers ``--workspaces`` workspaces of ``--accounts`` quiet accounts each
+(a workspace's long-polls are held within its share, docs/architecture.md, "Long-polls"), and
+spreads the callers evenly over them. The callers run in ``--clients`` processes, each caller
+on its own keep-alive connection speaking just enough HTTP (``bench.stack.Connection``), so
+the load offered is the load asked for and not the harness's ceiling.
+
+Phases alternate (idle, poll, long-poll, then the reverse) so a drift of the machine favours
+neither; the idle phase gives the worker's own cost, which the comparison subtracts. A poller
+asks on its own one-second grid (the grids spread over the first second). A long-poller asks
+once plainly, then again and again with the version it got and ``wait_s`` = ``--wait-s``; the
+first asks are spread over one wait, so the deadlines are spread as a population's would be,
+and only after ``--warmup-s`` is anything counted: what is measured is the steady state.
+Loopback only; every caller, client and phase ends by its deadline."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import os
+import resource
+import subprocess
+import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
 
-import httpx
+from bench.common import REPO_ROOT, base_env
+from bench.stack import Connection, cpu_of, start_stack, stop_process
 
-_TICKS = os.sysconf("SC_CLK_TCK")
+MODES: Final = ("idle", "poll", "long-poll")
+#: A caller whose answer came back unchanged sooner than this (its long-poll was not held:
+#: past a share) waits a second before it asks again, as docs/api.md's login loop does.
+EARLY_S: Final = 1.0
+#: Stack processes whose CPU each phase reads, by bench.stack's role names.
+ROLES: Final = ("worker", "front-end", "broker")
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+@dataclass
+class Tally:
+    """What one client process's callers did within the measured window."""
+
+    sent: int = 0
+    answered: int = 0
+    early: int = 0
+    errors: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    cpu_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: dict(v) if isinstance(v, Counter) else v for k, v in vars(self).items()}
+
+    def add(self, other: Tally) -> None:
+        self.sent += other.sent
+        self.answered += other.answered
+        self.early += other.early
+        self.errors += other.errors
+        self.statuses.update(other.statuses)
+        self.cpu_s += other.cpu_s
 
 
 @dataclass
 class Phase:
     mode: str
     seconds: float
-    worker_cpu_s: float
-    answers: int
+    cpu_s: dict[str, float]
+    tally: Tally
+    load_avg: float
 
-    @property
-    def cores(self) -> float:
-        return self.worker_cpu_s / self.seconds
-
-
-async def _idle(until: float) -> None:
-    await asyncio.sleep(max(0.0, until - time.monotonic()))
+    def cores(self, role: str = "worker") -> float:
+        return self.cpu_s[role] / self.seconds
 
 
-async def _caller(
-    http: httpx.AsyncClient, key: str, account: str, mode: str, until: float, count: list[int]
+def first_ask(index: int, callers: int, mode: str, wait_s: float) -> float:
+    """Seconds after the phase's start at which caller ``index`` asks first: pollers spread
+    over one second, long-pollers over one wait (so their deadlines are spread)."""
+    span = wait_s if mode == "long-poll" else 1.0
+    return span * index / max(1, callers)
+
+
+def summarize(phases: list[Phase]) -> dict[str, Any]:
+    """Per mode: the worker's cores (CPU seconds over wall seconds of that mode's phases),
+    what polling and long-polling cost above idle, and their ratio; offered and answered
+    GETs a second."""
+    out: dict[str, Any] = {"modes": {}}
+    for mode in MODES:
+        mine = [p for p in phases if p.mode == mode]
+        seconds = sum(p.seconds for p in mine)
+        if not seconds:
+            continue
+        out["modes"][mode] = {
+            "seconds": seconds,
+            "cores": {r: sum(p.cpu_s[r] for p in mine) / seconds for r in ROLES},
+            "offered_per_s": sum(p.tally.sent for p in mine) / seconds,
+            "answered_per_s": sum(p.tally.answered for p in mine) / seconds,
+        }
+    modes = out["modes"]
+    if {"idle", "poll", "long-poll"} <= modes.keys():
+        idle = modes["idle"]["cores"]["worker"]
+        poll = modes["poll"]["cores"]["worker"] - idle
+        wait = modes["long-poll"]["cores"]["worker"] - idle
+        out["poll_above_idle"] = poll
+        out["long_poll_above_idle"] = wait
+        out["ratio"] = wait / poll if poll > 0 else float("nan")
+    return out
+
+
+# -- one client process: its share of the callers for one phase ---------------------------------
+
+
+async def caller(
+    port: int,
+    key: str,
+    account: str,
+    mode: str,
+    at: float,
+    counted_from: float,
+    end: float,
+    wait_s: float,
+    tally: Tally,
 ) -> None:
-    url = f"/v1/accounts/{account}/auth"
-    headers = {"X-Api-Key": key}
+    """Ask until ``end`` (monotonic); count what is sent, and what is answered, between
+    ``counted_from`` and ``end`` (in the steady state the two rates agree)."""
+    path = f"/v1/accounts/{account}/auth"
     version: int | None = None
-    while time.monotonic() < until:
-        started = time.monotonic()
-        params: dict[str, str] = {}
-        if mode == "long-poll" and version is not None:
-            params = {"after_version": str(version), "wait_s": str(max(0.0, until - started))}
-        answer = await http.get(url, headers=headers, params=params)
-        count[0] += 1
-        if answer.status_code == 200:
-            version = answer.json()["data"]["version"]
-        if mode == "poll" or answer.status_code != 200:
-            await asyncio.sleep(max(0.0, started + 1.0 - time.monotonic()))
+    conn: Connection | None = None
+    try:
+        while (now := time.monotonic()) < end:
+            if at > now:
+                await asyncio.sleep(at - now)
+                continue
+            if conn is None or conn.closing:
+                if conn is not None:
+                    conn.close()
+                conn = await Connection.open(port)
+            query = ""
+            if mode == "long-poll" and version is not None:
+                query = f"?after_version={version}&wait_s={wait_s:g}"
+            sent = time.monotonic()
+            counted = sent >= counted_from
+            tally.sent += counted
+            try:
+                status, body = await asyncio.wait_for(
+                    conn.post(path + query, key, method="GET"), wait_s + 15
+                )
+            except (OSError, asyncio.IncompleteReadError, TimeoutError):
+                tally.errors += counted
+                conn.close()
+                conn = None
+                at = sent + 1.0
+                continue
+            done = time.monotonic()
+            counted = counted_from <= done <= end  # a rate: answers in the window
+            tally.statuses[str(status)] += counted
+            if status != 200:
+                at = sent + 1.0
+                continue
+            tally.answered += counted
+            got = int(json.loads(body)["data"]["version"])
+            if mode == "poll":  # the next tick of its grid; ticks missed while late are dropped
+                at = max(at + 1.0, done)
+            elif query and got == version and done - sent < EARLY_S:
+                tally.early += counted
+                at = sent + EARLY_S
+            else:
+                at = done
+            version = got
+    finally:
+        if conn is not None:
+            conn.close()
 
 
-async def phase(args: argparse.Namespace, mode: str) -> Phase:
-    pairs = list(zip(args.keys, args.accounts, strict=True))
-    limits = httpx.Limits(max_connections=args.callers, max_keepalive_connections=args.callers)
-    async with httpx.AsyncClient(base_url=args.api, timeout=60, limits=limits) as http:
-        count = [0]
-        until = time.monotonic() + args.seconds
-        before = cpu_s(args.worker_pid)
-        started = time.monotonic()
-        if mode == "idle":  # the worker's own cost with nobody asking: subtracted below
-            await _idle(until)
-        else:
-            await asyncio.gather(
-                *(
-                    _caller(http, *pairs[i % len(pairs)], mode, until, count)
-                    for i in range(args.callers)
+async def _callers(args: argparse.Namespace, pairs: list[list[str]]) -> Tally:
+    offset = time.monotonic() - time.time()  # wall-clock deadlines shared by every process
+    start, end = args.start + offset, args.end + offset
+    counted_from = start + args.warmup_s
+    tally = Tally()
+    tasks = [
+        asyncio.ensure_future(
+            caller(
+                args.port,
+                pairs[i % len(pairs)][0],
+                pairs[i % len(pairs)][1],
+                args.mode,
+                start + first_ask(i, args.total, args.mode, args.wait_s),
+                counted_from,
+                end,
+                args.wait_s,
+                tally,
+            )
+        )
+        for i in range(args.first, args.first + args.count)
+    ]
+    # A long-poll still held at the end is dropped with its connection (the caller went away).
+    await asyncio.wait(tasks, timeout=max(0.0, end - time.monotonic()) + 1.0)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    tally.cpu_s = usage.ru_utime + usage.ru_stime
+    return tally
+
+
+def run_callers(args: argparse.Namespace) -> None:
+    tally = asyncio.run(_callers(args, json.loads(Path(args.pairs_file).read_text())))
+    print(json.dumps(tally.as_dict()), flush=True)
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def make_keys(workdir: Path, workspaces: int, accounts: int) -> tuple[Path, list[list[str]]]:
+    """A keys file with one key per workspace, and the (key, account) pairs to ask about."""
+    from worker.api.keyfile import create_key
+
+    path = workdir / "api-keys.json"
+    pairs = []
+    for w in range(workspaces):
+        _, key = create_key(path, f"ws_lp{w}")
+        pairs += [[key, f"acc_lp{w}_{a}"] for a in range(accounts)]
+    return path, pairs
+
+
+async def register(bootstrap: str, pairs: list[list[str]], workspaces: int) -> None:
+    from devstack.demo import register_accounts
+    from worker.settings import Settings
+
+    settings = Settings(kafka_bootstrap_servers=bootstrap, environment="development")
+    for w in range(workspaces):
+        mine = [(acc, f"lp-{acc}") for _, acc in pairs if acc.startswith(f"acc_lp{w}_")]
+        await register_accounts(settings, f"ws_lp{w}", mine)
+
+
+async def until_known(port: int, pairs: list[list[str]], timeout_s: float) -> None:
+    """Until the front-end answers 200 for every account (the worker registered them)."""
+    deadline = time.monotonic() + timeout_s
+    conn = await Connection.open(port)
+    try:
+        for key, account in pairs:
+            while (await conn.post(f"/v1/accounts/{account}/auth", key, method="GET"))[0] != 200:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{account} not registered after {timeout_s}s")
+                await asyncio.sleep(0.5)
+    finally:
+        conn.close()
+
+
+def load_avg() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def phase(
+    args: argparse.Namespace, mode: str, port: int, pairs_file: Path, pids: dict[str, int]
+) -> Phase:
+    """One phase: the client processes start, ask from ``start``, are counted and the stack's
+    CPU read from ``start + warm-up`` to ``end``."""
+    warmup = 0.0 if mode == "idle" else args.warmup_s
+    start = time.time() + 3.0  # the clients' start-up is outside the phase
+    end = start + warmup + args.seconds
+    clients: list[subprocess.Popen[bytes]] = []
+    if mode != "idle":
+        share = -(-args.callers // args.clients)
+        for first in range(0, args.callers, share):
+            argv = [sys.executable, "-m", "bench.long_poll_cost", "callers"]
+            argv += ["--port", str(port), "--mode", mode, "--pairs-file", str(pairs_file)]
+            argv += ["--start", repr(start), "--end", repr(end), "--warmup-s", str(warmup)]
+            argv += ["--first", str(first), "--count", str(min(share, args.callers - first))]
+            argv += ["--total", str(args.callers), "--wait-s", str(args.wait_s)]
+            clients.append(
+                subprocess.Popen(
+                    argv, cwd=REPO_ROOT, env=base_env(), stdout=subprocess.PIPE, stdin=None
                 )
             )
-        return Phase(mode, time.monotonic() - started, cpu_s(args.worker_pid) - before, count[0])
+    time.sleep(max(0.0, start + warmup - time.time()))
+    before = {r: sum(cpu_of(pids[r])) for r in ROLES}
+    loads = []
+    while (left := end - time.time()) > 0:
+        time.sleep(min(left, 10.0))
+        loads.append(load_avg())
+    spent = {r: sum(cpu_of(pids[r])) - before[r] for r in ROLES}
+    tally = Tally()
+    for client in clients:
+        out, _ = client.communicate(timeout=60)
+        got = json.loads(out.decode().strip().splitlines()[-1])
+        got["statuses"] = Counter(got["statuses"])
+        tally.add(Tally(**got))
+    return Phase(mode, args.seconds, spent, tally, sum(loads) / len(loads))
 
 
-async def run(args: argparse.Namespace) -> list[Phase]:
-    phases = []
+def report(done: Phase) -> str:
+    t = done.tally
+    return (
+        f"{done.mode:>9}: offered {t.sent / done.seconds:.1f}/s answered"
+        f" {t.answered / done.seconds:.1f}/s ({dict(t.statuses)}, {t.errors} errors,"
+        f" {t.early} early); worker {done.cores():.3f} cores, front-end"
+        f" {done.cores('front-end'):.3f}, broker {done.cores('broker'):.3f}; clients"
+        f" {t.cpu_s:.1f} CPU s; load {done.load_avg:.2f}"
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Each phase on a stack of its own: the embedded broker's fetches cost what the fetched
+    topic holds (bench/README.md, "The embedded broker slows with history"), so on one stack
+    the later phases would pay for the earlier ones' GETs."""
+    phases: list[Phase] = []
     for round_ in range(args.rounds):
-        modes = ("idle", "poll", "long-poll") if round_ % 2 == 0 else ("long-poll", "poll", "idle")
-        for mode in modes:
-            done = await phase(args, mode)
-            print(
-                f"{done.mode:>9}: {done.answers} answers in {done.seconds:.1f} s, worker"
-                f" {done.worker_cpu_s:.2f} CPU s ({done.cores:.3f} cores)",
-                flush=True,
-            )
+        for mode in MODES if round_ % 2 == 0 else MODES[::-1]:
+            workdir = Path(tempfile.mkdtemp(prefix="long-poll-cost-"))
+            keys, pairs = make_keys(workdir, args.workspaces, args.accounts)
+            pairs_file = workdir / "pairs.json"
+            pairs_file.write_text(json.dumps(pairs))
+            connections = {
+                "API_MAX_CONNECTIONS": str(max(1000, 4 * args.callers)),
+                "API_MAX_CONNECTIONS_PER_CLIENT": "0",
+            }
+            stack = start_stack(1, workdir, keys, args.start_timeout_s, connections)
+            try:
+                port = stack.ports["api"]
+                bootstrap = f"127.0.0.1:{stack.ports['broker']}"
+                asyncio.run(register(bootstrap, pairs, args.workspaces))
+                asyncio.run(until_known(port, pairs, args.start_timeout_s))
+                done = phase(args, mode, port, pairs_file, stack.pids)
+            finally:
+                stop_process(stack.proc)
+            print(report(done), flush=True)
             phases.append(done)
-    return phases
+    summary = summarize(phases)
+    summary["phases"] = [
+        {"mode": p.mode, "seconds": p.seconds, "cpu_s": p.cpu_s, "load_avg": p.load_avg}
+        | {"cores": {r: p.cores(r) for r in ROLES}, "tally": p.tally.as_dict()}
+        for p in phases
+    ]
+    summary["args"] = {k: v for k, v in vars(args).items() if k != "fn"}
+    return summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--api", default="http://127.0.0.1:8080")
-    parser.add_argument("--worker-pid", type=int, required=True)
-    parser.add_argument("--keys", nargs="+", required=True)
-    parser.add_argument("--accounts", nargs="+", required=True)
     parser.add_argument("--callers", type=int, default=500)
-    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--clients", type=int, default=4, help="client processes")
+    parser.add_argument("--seconds", type=float, default=180.0, help="measured, per phase")
+    parser.add_argument("--warmup-s", type=float, default=30.0)
+    parser.add_argument("--wait-s", type=float, default=30.0, help="each long-poll's wait_s")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workspaces", type=int, default=10)
+    parser.add_argument("--accounts", type=int, default=10, help="per workspace")
+    parser.add_argument("--start-timeout-s", type=float, default=120.0)
+    parser.add_argument("--out", type=Path, default=None, help="write the summary here (JSON)")
+    sub = parser.add_subparsers(dest="command")
+    callers = sub.add_parser("callers", help="(internal) one client process's callers")
+    callers.add_argument("--port", type=int, required=True)
+    callers.add_argument("--mode", choices=MODES[1:], required=True)
+    callers.add_argument("--pairs-file", required=True)
+    callers.add_argument("--start", type=float, required=True)
+    callers.add_argument("--end", type=float, required=True)
+    callers.add_argument("--first", type=int, required=True)
+    callers.add_argument("--count", type=int, required=True)
+    callers.add_argument("--total", type=int, required=True)
+    callers.add_argument("--warmup-s", type=float, default=0.0)
+    callers.add_argument("--wait-s", type=float, default=30.0)
     args = parser.parse_args()
-    phases = asyncio.run(run(args))
-    cores = {
-        m: sum(p.worker_cpu_s for p in phases if p.mode == m)
-        / sum(p.seconds for p in phases if p.mode == m)
-        for m in ("idle", "poll", "long-poll")
-    }
-    poll, wait = cores["poll"] - cores["idle"], cores["long-poll"] - cores["idle"]
-    ratio = wait / poll if poll > 0 else float("nan")
-    answers = {m: sum(p.answers for p in phases if p.mode == m) for m in ("poll", "long-poll")}
-    print(json.dumps({"worker_cores": cores, "answers": answers, "over_idle_ratio": ratio}))
+    if args.command == "callers":
+        run_callers(args)
+        return
+    summary = run(args)
+    text = json.dumps(summary, indent=1, default=str)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(json.dumps({k: summary[k] for k in summary if k not in ("phases", "args")}))
 
 
 if __name__ == "__main__":

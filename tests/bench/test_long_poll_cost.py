@@ -1,0 +1,118 @@
+"""``bench.long_poll_cost``'s own logic: how a caller asks (against a loopback stub of the
+route) and how the phases are summed; the stack run itself is the benchmark's, not a test's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from bench.long_poll_cost import Phase, Tally, caller, first_ask, summarize
+
+Answer = Callable[[str], Awaitable[int]]
+
+
+@asynccontextmanager
+async def stub(answer: Answer, seen: list[str]) -> AsyncIterator[int]:
+    """A keep-alive HTTP/1.1 server on loopback: each GET's target is recorded, and answered
+    200 with ``{"data": {"version": await answer(target)}}``."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                target = head.split(b" ", 2)[1].decode()
+                seen.append(target)
+                body = json.dumps({"data": {"version": await answer(target)}}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+async def ask(mode: str, answer: Answer, seconds: float, wait_s: float) -> tuple[list[str], Tally]:
+    seen: list[str] = []
+    tally = Tally()
+    async with stub(answer, seen) as port:
+        now = time.monotonic()
+        await asyncio.wait_for(
+            caller(port, "k", "acc_1", mode, now, now, now + seconds, wait_s, tally), seconds + 5
+        )
+    return seen, tally
+
+
+async def test_a_long_poller_asks_again_with_the_version_it_got() -> None:
+    async def answer(target: str) -> int:
+        if "after_version" in target:
+            await asyncio.sleep(0.2)  # held as a long-poll is, then the next version
+            return int(target.split("after_version=")[1].split("&")[0]) + 1
+        return 7
+
+    seen, tally = await ask("long-poll", answer, seconds=0.5, wait_s=30)
+    assert seen[:3] == [
+        "/v1/accounts/acc_1/auth",
+        "/v1/accounts/acc_1/auth?after_version=7&wait_s=30",
+        "/v1/accounts/acc_1/auth?after_version=8&wait_s=30",
+    ]
+    assert tally.early == 0 and tally.errors == 0
+
+
+async def test_a_long_poll_answered_at_once_unchanged_is_not_asked_again_at_once() -> None:
+    async def answer(target: str) -> int:
+        return 3  # past a share: answered at once with the version it asked past
+
+    seen, tally = await ask("long-poll", answer, seconds=1.5, wait_s=30)
+    assert len(seen) == 3  # the plain GET, then one ask a second
+    assert tally.early == 2
+
+
+async def test_a_late_poller_drops_the_ticks_it_missed() -> None:
+    async def answer(target: str) -> int:
+        if not seen_first:
+            seen_first.append(target)
+            await asyncio.sleep(2.2)  # two ticks missed
+        return 1
+
+    seen_first: list[str] = []
+    seen, tally = await ask("poll", answer, seconds=3.5, wait_s=30)
+    # Asked at 0, answered at 2.2, asked again at once and then at 3.2: no burst of catch-ups.
+    assert len(seen) == 3
+    assert tally.sent == 3
+
+
+def test_first_asks_are_spread_over_a_second_or_one_wait() -> None:
+    assert [first_ask(i, 4, "poll", 30) for i in range(4)] == [0, 0.25, 0.5, 0.75]
+    assert [first_ask(i, 4, "long-poll", 30) for i in range(4)] == [0, 7.5, 15, 22.5]
+
+
+def phase(mode: str, worker_cpu_s: float, sent: int) -> Phase:
+    cpu = {"worker": worker_cpu_s, "front-end": 0.0, "broker": 0.0}
+    return Phase(mode, 100.0, cpu, Tally(sent=sent, answered=sent), load_avg=1.0)
+
+
+def test_the_summary_compares_each_mode_above_idle() -> None:
+    phases = [
+        phase("idle", 4.0, 0),
+        phase("poll", 14.0, 50_000),
+        phase("long-poll", 4.6, 1_700),
+        phase("long-poll", 4.4, 1_600),
+        phase("poll", 16.0, 49_000),
+        phase("idle", 6.0, 0),
+    ]
+    summary = summarize(phases)
+    assert summary["modes"]["idle"]["cores"]["worker"] == pytest.approx(0.05)
+    assert summary["poll_above_idle"] == pytest.approx(0.10)
+    assert summary["long_poll_above_idle"] == pytest.approx(-0.005)
+    assert summary["ratio"] == pytest.approx(-0.05)
+    assert summary["modes"]["poll"]["offered_per_s"] == pytest.approx(495)
+    assert summary["modes"]["long-poll"]["answered_per_s"] == pytest.approx(16.5)
