@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 
 from bench.floor_loop import Batch, group_clients, serve_batches
 from worker.auth.app import policy_from
-from worker.auth.commands import ProviderOutcome, answer_query, decide, settle_confirm
-from worker.auth.flow import Decision, Policy
+from worker.auth.flow import Decision, Policy, ProviderOutcome, answer_query, decide, settle_confirm
 from worker.auth.machine import CHALLENGE, SENT
 from worker.auth.provider import (
     ProviderAuthState,

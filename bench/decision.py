@@ -11,8 +11,7 @@ import argparse
 import time
 from datetime import UTC, datetime
 
-from worker.auth.commands import decide, settle_confirm
-from worker.auth.flow import Policy
+from worker.auth.flow import Policy, decide, settle_confirm
 from worker.auth.provider.base import ProviderAuthState
 from worker.contract.messages import AccountRecord, PasskeyConfirm
 

@@ -31,8 +31,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from worker.auth.commands import decide, settle_confirm
-from worker.auth.flow import Policy, observe
+from worker.auth.flow import Policy, decide, observe, settle_confirm
 from worker.auth.provider.base import ProviderAuthState
 from worker.auth.store import StateStore
 from worker.contract.messages import (

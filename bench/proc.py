@@ -41,7 +41,7 @@ from bench.floor import run_floor
 from devstack.settings import DevSettings
 from devstack.simulator import ProviderSimulator, in_process_provider
 from worker.auth.app import policy_from, run_worker
-from worker.auth.commands import decide, settle_confirm
+from worker.auth.flow import decide, settle_confirm
 from worker.auth.provider import (
     ProviderAuthState,
     ProviderError,

@@ -14,7 +14,7 @@ from tests.source import parse
 REPO = Path(__file__).resolve().parents[1]
 
 _BELOW_SETTINGS = {"runtime", "engine", "contract"}
-_BELOW_PROCESSES = {*_BELOW_SETTINGS, "settings", "dlq"}
+_BELOW_PROCESSES = {*_BELOW_SETTINGS, "settings", "dlq", "startup"}
 _PROCESSES = {"auth", "webhooks", "dispatcher", "api"}
 _EVERYTHING = {*_BELOW_PROCESSES, *_PROCESSES, "documents"}
 
@@ -27,6 +27,9 @@ ALLOWED: dict[str, set[str]] = {
     "contract": {"runtime", "engine"},
     "settings": _BELOW_SETTINGS,
     "dlq": {*_BELOW_SETTINGS, "settings"},
+    # The composition roots' one start-up prologue (registry, broker health, topics verified):
+    # above the settings it reads, below the three processes that run it first.
+    "startup": {*_BELOW_SETTINGS, "settings"},
     "auth": _BELOW_PROCESSES,
     # The webhook library both the front-end and the dispatcher use (the endpoint registry
     # and store, signing, secrets at rest, URL checks, samples); its records are the contract's.

@@ -158,6 +158,7 @@ NOT_GROWN: dict[str, str] = {
     "dlq/letter.py:_UNITS": "constant: byte units for the operator's listing",
     "engine/topics.py:KAFKA_DEFAULTS": "constant: Kafka's topic-config defaults",
     "contract/topics.py:PROCESS_TOPICS": "constant: which process needs which topic",
+    "startup.py:_NAMES": "constant: each process's service name and metric prefix",
     "settings.py:Settings.provider_urls": "configuration, read once at start-up",
     "settings.py:Settings.providers": "configuration, one per PROVIDER_URLS entry",
     "settings.py:Settings.api_cors_origins": "configuration, read once at start-up",

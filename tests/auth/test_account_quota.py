@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from tests.harness import bus, register_cmd, running_worker
-from worker.auth.commands import decide
-from worker.auth.flow import Headcount, Policy, partition_quota
+from worker.auth.flow import Headcount, Policy, decide, partition_quota
 from worker.auth.store import StateStore
 from worker.contract.messages import AccountRecord, DeregisterAccount, RegisterAccount
 

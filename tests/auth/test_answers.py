@@ -3,7 +3,7 @@ dead-lettered record carry the same error object in the same envelope."""
 
 from __future__ import annotations
 
-from worker.auth.answers import error_body, error_event, reply
+from worker.auth.flow import error_body, error_event, reply
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import AuthData
 

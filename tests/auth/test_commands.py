@@ -9,8 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from worker.auth.commands import decide
-from worker.auth.flow import Policy
+from worker.auth.flow import Policy, decide
 from worker.contract.messages import (
     AccountRecord,
     Command,

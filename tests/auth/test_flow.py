@@ -8,8 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.auth.commands import decide, settle_confirm
-from worker.auth.flow import Policy, expire, is_owner, observe
+from worker.auth.flow import Policy, decide, expire, is_owner, observe, settle_confirm
 from worker.auth.machine import (
     AUTHORIZED,
     CHALLENGE,

@@ -10,8 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.auth.commands import decide, settle_confirm
-from worker.auth.flow import Decision, Policy, expire
+from worker.auth.flow import Decision, Policy, decide, expire, settle_confirm
 from worker.auth.machine import STATUSES, next_status
 from worker.auth.provider.base import ProviderAuthState
 from worker.contract.catalogue import ServiceError

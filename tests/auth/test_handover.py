@@ -14,7 +14,7 @@ import pytest
 
 from tests.auth.provider.hostile import STATE, HostileProvider, http, written
 from tests.harness import Bus, bus, confirm_cmd, register_cmd, running_worker
-from worker.auth import commands
+from worker.auth import flow
 from worker.auth.store import StateStore
 from worker.contract.messages import AccountRecord, PasskeyConfirm, decode_record
 from worker.engine.home_partition import home_partition
@@ -165,7 +165,7 @@ async def test_a_confirm_let_go_unsettled_leaves_its_intent(
     def settle(record: AccountRecord, result: Any, **kw: Any) -> Any:
         if record.in_flight is not None and record.in_flight.command_id == cmd.command_id:
             raise ZeroDivisionError("a bug after the provider's answer")
-        return commands.settle_confirm(record, result, **kw)
+        return flow.settle_confirm(record, result, **kw)
 
     async with bus(settings) as b:
         async with running_worker(settings):
@@ -179,7 +179,7 @@ async def test_a_confirm_let_go_unsettled_leaves_its_intent(
         intent = state_records(b, acc)[-1].in_flight
         assert intent is not None and intent.command_id == cmd.command_id
 
-        monkeypatch.setattr("worker.auth.execute.settle_confirm", commands.settle_confirm)
+        monkeypatch.setattr("worker.auth.execute.settle_confirm", flow.settle_confirm)
         async with running_worker(settings):
             await b.send(cmd)  # the same command again, after the new owner's assignment
             await b.wait_for(lambda: len(b.replies(command_id=cmd.command_id)) == 2)

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from worker.auth.answers import reply
-from worker.auth.flow import Decision
+from worker.auth.flow import Decision, reply
 from worker.auth.publish import Publisher
 from worker.contract.messages import AccountRecord, AuthData
 from worker.contract.topics import Topics

@@ -11,7 +11,7 @@ import pytest
 
 from tests.auth.test_worker import error_of, registered, uid
 from tests.harness import bus, confirm_cmd, running_worker
-from worker.auth.commands import answer_query
+from worker.auth.flow import answer_query
 from worker.contract.messages import AccountRecord, GetAuthState
 
 

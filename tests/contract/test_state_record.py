@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.strategies import ids
-from worker.auth.commands import decide, settle_confirm
-from worker.auth.flow import Policy, expire, observe
+from worker.auth.flow import Policy, decide, expire, observe, settle_confirm
 from worker.auth.provider.base import ProviderAuthState
 from worker.contract.compact_ids import compact_id, expand_id
 from worker.contract.messages import (

@@ -32,8 +32,7 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.auth.commands import decide
-from worker.auth.flow import Policy
+from worker.auth.flow import Policy, decide
 from worker.contract.delivery_log import webhook_id
 from worker.contract.messages import AccountRecord, AuthError, AuthStatusChanged, PasskeyConfirm
 from worker.contract.webhook_events import from_status

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from tests.conftest import SettingsFactory
 from tests.harness import bus, confirm_cmd, register_cmd, running_worker
 from tests.unparsable import produce_unparsable
-from worker.auth import commands
+from worker.auth import flow
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
 from worker.engine.broker_health import BrokerOutageExceeded
@@ -377,7 +377,7 @@ async def test_a_command_whose_handling_raises_is_answered_500_and_dead_lettered
     def decide(record: Any, command: Any, **kw: Any) -> Any:
         if command.account_id == "acc_cursed" and command.type == "passkey_confirm":
             raise ZeroDivisionError("a decision bug")
-        return commands.decide(record, command, **kw)
+        return flow.decide(record, command, **kw)
 
     monkeypatch.setattr("worker.auth.execute.decide", decide)
     async with bus(settings) as b, running_worker(settings) as running:
@@ -402,7 +402,7 @@ async def test_a_command_whose_handling_raises_is_answered_500_and_dead_lettered
         assert len(named["dlq.fingerprint"]) == 16
         await b.wait_for(lambda: bool(b.errors(command_id=cursed.command_id)))
         # The account is not stuck: its next command is decided as usual.
-        monkeypatch.setattr("worker.auth.execute.decide", commands.decide)
+        monkeypatch.setattr("worker.auth.execute.decide", flow.decide)
         again = confirm_cmd("acc_cursed")
         await b.send(again)
         assert (await b.reply_to(again.command_id))["http_status"] == 200

@@ -51,18 +51,17 @@ from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.replay_status import ReplayBoard
 from worker.api.webhooks.routes import WEBHOOK_ROUTES, WebhookClients, WebhookRoutes
 from worker.api.webhooks.sends import DeliverySends
-from worker.contract.topics import used_by
 from worker.engine.broker_health import BrokerHealth
-from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, verify_topics
+from worker.engine.kafka import KafkaConfig, build_consumer, build_producer
 from worker.engine.metrics import TailSkips
 from worker.engine.tail import SharedConsumer
-from worker.runtime import tracing
 from worker.runtime.logs import get_logger
-from worker.runtime.metrics import API_PREFIX, export_process_metrics
+from worker.runtime.metrics import API_PREFIX
 from worker.runtime.probes import Probes
 from worker.runtime.process import on_stop_signals
 from worker.runtime.shutdown import CloseBudget, graceful_then_forced
 from worker.settings import Settings
+from worker.startup import prologue
 from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
@@ -338,14 +337,9 @@ async def api_runtime(
 ) -> AsyncIterator[ApiRuntime]:
     """Build and start the front-end's clients from ``settings``; stop them on exit.
     ``documents``: as ``build_app``'s."""
-    kafka = settings.kafka_config()
     webhooks_on = settings.webhook_secrets_key is not None
-    await verify_topics(
-        kafka,
-        settings.topic_plan(),
-        used_by(settings.topics, "api", webhooks=webhooks_on),
-        create=settings.kafka_auto_create_topics,
-    )
+    begun = await prologue(settings, "api", registry, webhooks=webhooks_on)
+    registry, broker, kafka = begun.registry, begun.health, begun.kafka
     keys = (
         keys
         if keys is not None
@@ -355,10 +349,6 @@ async def api_runtime(
     )
     if not len(keys):
         log.warning("api_no_keys", keys_file=str(settings.api_keys_file))
-    registry = registry if registry is not None else CollectorRegistry()
-    export_process_metrics(registry, tracing.SERVICE_API)
-    broker = BrokerHealth(settings.kafka_outage_tolerance_s, name="api")
-    broker.export(registry, API_PREFIX)
     topics = settings.topics
     producer = build_producer(kafka)
     replies = ReplyRouter(

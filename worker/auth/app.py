@@ -16,11 +16,9 @@ from worker.auth.provider import ProviderRegistry, build_http_client, build_regi
 from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
 from worker.auth.waits import WaitLimits
-from worker.contract.topics import used_by
-from worker.engine.broker_health import BrokerHealth
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.home_partition import Router
-from worker.engine.kafka import ConsumerClass, build_producer, verify_topics
+from worker.engine.kafka import ConsumerClass, build_producer
 from worker.engine.key_hash import KeyPartitioner
 from worker.engine.runner import (
     LoopSpec,
@@ -31,12 +29,8 @@ from worker.engine.runner import (
     group_consumer,
     run_consume_loop,
 )
-from worker.runtime import tracing
-from worker.runtime.logs import get_logger
-from worker.runtime.metrics import WORKER_PREFIX, export_process_metrics
 from worker.settings import Settings
-
-log = get_logger(__name__)
+from worker.startup import prologue
 
 
 def policy_from(settings: Settings, providers: set[str]) -> Policy:
@@ -67,19 +61,10 @@ async def run_worker(
     topics are not as specified. ``providers`` replaces the HTTP adapters built from
     ``PROVIDER_URLS`` (the benchmark's in-process provider); ``consumer_class`` the group
     consumer's class (``worker.engine.kafka.ConsumerClass``)."""
-    registry = registry or CollectorRegistry()
-    export_process_metrics(registry, tracing.SERVICE_WORKER)
+    started = await prologue(settings, "worker", registry)
+    registry, health, kafka = started.registry, started.health, started.kafka
+    limits, topics = settings.loop_limits(), settings.topics
     metrics = WorkerMetrics(registry)
-    health = BrokerHealth(settings.kafka_outage_tolerance_s, name="worker")
-    health.export(registry, WORKER_PREFIX)
-    kafka, limits = settings.kafka_config(), settings.loop_limits()
-    topics = settings.topics
-    await verify_topics(
-        kafka,
-        settings.topic_plan(),
-        used_by(topics, "worker"),
-        create=settings.kafka_auto_create_topics,
-    )
     producer = build_producer(kafka, partitioner=KeyPartitioner())
     http = build_http_client(settings)
     if providers is None:  # the benchmark passes an in-process provider instead

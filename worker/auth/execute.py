@@ -1,29 +1,34 @@
-"""One unit of work for one account: decode → decide → call the provider → publish, and the
-follow-up steps (poll, expiry). No locks: the loop runs one unit per account at a time. A
-command off its home partition is only forwarded (``worker.engine.home_partition``); a query
-runs beside its account's lane, which the publication window makes safe (docs/architecture.md,
-"A replica's cost follows its own traffic")."""
+"""The seams of one unit of work for one account: consume → decide (``worker.auth.flow``) →
+call the provider → publish, and the follow-up steps. No locks: the loop runs one unit per
+account at a time; a query runs beside its account's lane, which the publication window makes
+safe (docs/architecture.md, "A replica's cost follows its own traffic")."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aiokafka.structs import ConsumerRecord
 from opentelemetry.trace import SpanKind
 
-from worker.auth.answers import error_body, error_event, reply
-from worker.auth.commands import ProviderOutcome, answer_query, decide, settle_confirm
 from worker.auth.flow import (
     Decision,
     Headcount,
     Policy,
+    ProviderOutcome,
+    answer_query,
+    dead_lettered,
+    decide,
     expire,
-    is_owner,
     joins,
     observe,
+    redriven,
     reschedule,
+    settle_confirm,
+    unsettled_intent,
 )
 from worker.auth.instrumentation import (
     DeadLettered,
@@ -33,9 +38,8 @@ from worker.auth.instrumentation import (
     Handled,
     Instrumentation,
 )
-from worker.auth.machine import CHALLENGE, SENT
 from worker.auth.metrics import WorkerMetrics
-from worker.auth.provider import ProviderAuthState, ProviderError, ProviderRegistry
+from worker.auth.provider import ProviderError, ProviderRegistry
 from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
 from worker.auth.waits import ParkedWaits, WaitLimits
@@ -45,11 +49,9 @@ from worker.contract.messages import (
     Command,
     DecodeFailure,
     GetAuthState,
-    InFlight,
     RegisterAccount,
     decode_command,
     event_id,
-    request_id_of,
     rfc3339,
     workspace_id_of,
 )
@@ -73,7 +75,7 @@ class Clock:
 
 
 class Executor:
-    """The seams in one place: decide (pure), provider (I/O), publish (I/O)."""
+    """The seams in one place: decide (pure), call the provider, publish."""
 
     def __init__(
         self,
@@ -102,10 +104,8 @@ class Executor:
         self.waits = ParkedWaits(store, publisher, metrics, self._windows.get, wait_limits)
 
     def unordered(self, msg: ConsumerRecord[bytes, bytes]) -> bool:
-        """Whether ``msg`` is a query for an account of its own partition: the consume loop
-        then runs it beside the account's lane (the module docstring says why that is safe).
-        Anything else, including a query off its home partition (it is forwarded), keeps its
-        place in the lane."""
+        """Whether ``msg`` is a query for an account of its own partition, which the consume
+        loop runs beside the account's lane (one off its home partition is forwarded)."""
         value = msg.value
         if value is None or msg.key is None or b'"get_auth_state"' not in value:
             return False
@@ -130,9 +130,7 @@ class Executor:
     ) -> Handled:
         if isinstance(command, DecodeFailure):
             fault = Fault(reason=command.reason, detail=command.detail)
-            await self._dead_letter(
-                msg, fault, _Ids.of(command), ServiceError.of("invalid_request")
-            )
+            await self._dead_letter(msg, fault, command, ServiceError.of("invalid_request"))
             return DeadLettered("unknown", "invalid")
         home = msg.partition if msg.key is None else self.router.home(msg.key)
         if home != msg.partition:
@@ -142,21 +140,9 @@ class Executor:
         return await self._apply(msg, command)
 
     async def _apply(self, msg: ConsumerRecord[bytes, bytes], command: Command) -> Decided:
-        """Decide a command on its home partition, call the provider if the decision says so,
-        and publish the outputs."""
         partition = msg.partition
         record = self.store.get(partition, command.account_id)
-        if (
-            record is not None
-            and record.in_flight is not None
-            and record.in_flight.command_id != command.command_id
-            and is_owner(record, command)
-        ):
-            # An intent whose command is not this one (written by an older version before
-            # its owner crashed, or by ``recover`` for a command let go): settle it first,
-            # so this command sees the provider's real answer. Not for another workspace's
-            # command: that one is answered as for an unknown account and must not touch
-            # the owner's confirm.
+        if record is not None and unsettled_intent(record, command):
             settled = await self._resolve(record, redrive=True)
             await self._publish(partition, record, settled)
             record = settled.record
@@ -213,12 +199,9 @@ class Executor:
     async def _route_home(
         self, msg: ConsumerRecord[bytes, bytes], command: Command, home: int
     ) -> Forwarded | DeadLettered:
-        """A command off its key's home partition: this partition does not hold the account,
-        so nothing is decided here. It is forwarded home once (the forward is its output, so
-        its offset is committed only after the ack; a crash in between forwards it again and
-        the home partition's dedup window absorbs the copy). One that was forwarded already
-        and still is not home (the partition count changed between the hops) is dead-lettered
-        rather than sent round again."""
+        """A command off its key's home partition is forwarded home once (the home dedup
+        window absorbs a copy a crash re-forwards); one forwarded already and still not home
+        (the partition count changed between the hops) is dead-lettered, not sent round again."""
         origin = forwarded_from(msg.headers)
         if origin is not None:
             fault = Fault(
@@ -226,28 +209,22 @@ class Executor:
                 detail=f"forwarded from {origin} to partition {msg.partition}, but the key's "
                 f"home partition is {home} of {self.router.partitions()}",
             )
-            await self._dead_letter(
-                msg, fault, _Ids.of(command), ServiceError.of("invalid_request")
-            )
+            await self._dead_letter(msg, fault, command, ServiceError.of("invalid_request"))
             return DeadLettered(command.type, "invalid")
         await self.publisher.forward(msg, home)
         return Forwarded(command, home)
 
     async def _resolve(self, record: AccountRecord, *, redrive: bool) -> Decision:
-        """Finish the confirm recorded in ``record.in_flight``, always with its command_id as
-        the idempotency key. A re-drive asks the provider first and confirms again only if the
-        challenge is still pending there."""
+        """Finish the confirm in ``record.in_flight`` with the provider's answer."""
+        result = await self._call_provider(record, redrive=redrive)
+        return settle_confirm(record, result, now=self.clock.now(), policy=self.policy)
+
+    async def _call_provider(self, record: AccountRecord, *, redrive: bool) -> ProviderOutcome:
+        """The provider's answer to the confirm in flight, always with its command_id as the
+        idempotency key (a re-drive asks the state first: ``redriven``); never raises."""
         intent = record.in_flight
         if intent is None:
             raise ValueError("no confirm in flight")
-        result = await self._call_provider(record, intent, redrive=redrive)
-        return settle_confirm(record, result, now=self.clock.now(), policy=self.policy)
-
-    async def _call_provider(
-        self, record: AccountRecord, intent: InFlight, *, redrive: bool
-    ) -> ProviderOutcome:
-        """The provider's answer to the confirm ``intent``: its view of the flow, or the
-        catalogued error a failure maps to; never raises."""
         adapter = self.providers.get(record.provider or "")
         if adapter is None:
             return ServiceError.of("provider_adapter_not_found")
@@ -257,10 +234,9 @@ class Executor:
             if redrive:
                 seen = await adapter.get_auth_state(ref, deadline=deadline)
                 log.info("confirm_redriven", provider_status=seen.status)
-                if seen.status != CHALLENGE:
-                    # The provider is past the challenge: our confirm was applied. Answer as
-                    # the first attempt would have; the follow-up reports what came next.
-                    return ProviderAuthState(SENT, SENT)
+                answered = redriven(seen)
+                if answered is not None:
+                    return answered
             return await adapter.confirm_passkey(
                 ref, idempotency_key=intent.command_id, deadline=deadline
             )
@@ -279,44 +255,38 @@ class Executor:
         if record is None or record.follow_up is None or record.deregistered:
             return
         await self._instrument.run_follow_up(
-            partition, account_id, lambda: self._follow_up(partition, account_id)
+            partition, account_id, lambda: self._follow_up(partition, record)
         )
 
-    async def _follow_up(self, partition: int, account_id: str) -> Expired | None:
-        record = self.store.get(partition, account_id)
-        if record is None or record.follow_up is None or record.deregistered:
-            return None
+    async def _follow_up(self, partition: int, record: AccountRecord) -> Expired | None:
         now = self.clock.now()
-        if now >= record.follow_up.deadline_at:
+        if record.follow_up is not None and now >= record.follow_up.deadline_at:
             decision = expire(record, now=now, policy=self.policy)
             if decision.record is None:
                 return None
             await self._publish(partition, record, decision)
-            return Expired(account_id)
+            return Expired(record.account_id)
+        decision = Decision(verdict="ignored")
         adapter = self.providers.get(record.provider or "")
-        if adapter is None:
-            self.store.put(partition, reschedule(record, now=now, policy=self.policy))
-            return None
         try:
-            state = await adapter.get_auth_state(
-                record.provider_account_ref or "",
-                # A poll gets the same budget as a command: a deadline tighter than the
-                # provider's latency under load would fail polls that were fine, and
-                # those failures would open the circuit for the confirms as well.
-                deadline=time.monotonic() + self.policy.command_deadline_s,
-            )
+            if adapter is not None:
+                state = await adapter.get_auth_state(
+                    record.provider_account_ref or "",
+                    # A poll gets the same budget as a command: a deadline tighter than the
+                    # provider's latency under load would fail polls that were fine, and
+                    # those failures would open the circuit for the confirms as well.
+                    deadline=time.monotonic() + self.policy.command_deadline_s,
+                )
+                decision = observe(
+                    record,
+                    state.status,
+                    state.auth_status,
+                    command_id=None,
+                    now=self.clock.now(),
+                    policy=self.policy,
+                )
         except ProviderError as exc:
             log.info("follow_up_poll_failed", code=exc.error.code)
-            self.store.put(partition, reschedule(record, now=now, policy=self.policy))
-            return None
-        decision = observe(
-            record,
-            state.status,
-            state.auth_status,
-            command_id=None,
-            now=self.clock.now(),
-            policy=self.policy,
-        )
         if decision.record is not None:
             await self._publish(partition, record, decision)
         else:
@@ -352,44 +322,40 @@ class Executor:
                     tracing.messaging("send")
                     | {"messaging.batch.message_count": len(outputs), "passkey.outputs": outputs}
                 )
-            window = self._open_window(partition, decision.record) if changed else None
-            try:
+            record = decision.record if changed else None
+            with self._window(partition, record):
                 await self.publisher.publish(
                     partition, decision, state_changed=changed, reply_to=reply_to
                 )
-                if changed and decision.record is not None:
-                    self.store.put(partition, decision.record)
-                    self.waits.changed(partition, decision.record)  # they wait for this version
-            finally:
-                if window is not None:
-                    self._close_window(window)
-        if decision.status_event is not None and decision.verdict != "duplicate":
+                if record is not None:
+                    self.store.put(partition, record)
+                    self.waits.changed(partition, record)  # they wait for this version
+        if decision.verdict == "duplicate":
+            return
+        if decision.status_event is not None:
             self.metrics.status_changes.labels(decision.status_event.status).inc()
-        if decision.error_event is not None and decision.verdict != "duplicate":
-            e = decision.error_event
+        if (e := decision.error_event) is not None:
             self.metrics.errors.labels(
                 e.error.code, str(e.error.numeric_code), str(e.http_status)
             ).inc()
 
     # -- faults ---------------------------------------------------------------------------------
 
-    def _open_window(
-        self, partition: int, record: AccountRecord | None
-    ) -> tuple[tuple[int, str], asyncio.Future[None]] | None:
-        """The publication window of ``record``'s account (one at a time: its lane's)."""
+    @contextlib.contextmanager
+    def _window(self, partition: int, record: AccountRecord | None) -> Iterator[None]:
+        """The publication window of ``record``'s account while its new version is sent and
+        stored (one at a time: its lane's); a query of the account waits for it to close."""
         if record is None:
-            return None
+            yield
+            return
         key = (partition, record.account_id)
         future = self._windows[key] = asyncio.get_running_loop().create_future()
-        return key, future
-
-    def _close_window(self, window: tuple[tuple[int, str], asyncio.Future[None]] | None) -> None:
-        if window is None:
-            return
-        key, future = window
-        if self._windows.get(key) is future:
-            del self._windows[key]
-        future.set_result(None)
+        try:
+            yield
+        finally:
+            if self._windows.get(key) is future:
+                del self._windows[key]
+            future.set_result(None)
 
     async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
         """A command whose handling failed for good (the consume loop retried it): to the DLQ,
@@ -404,9 +370,7 @@ class Executor:
         if not isinstance(command, DecodeFailure):
             kind = command.type
             await self._keep_intent(msg.partition, command)
-        await self._dead_letter(
-            msg, fault, _Ids.of(command), ServiceError.of("run_auth_action_failed")
-        )
+        await self._dead_letter(msg, fault, command, ServiceError.of("run_auth_action_failed"))
         return DeadLettered(kind, "failed")
 
     async def _keep_intent(self, partition: int, command: Command) -> None:
@@ -437,32 +401,16 @@ class Executor:
         self,
         msg: ConsumerRecord[bytes, bytes],
         fault: Fault,
-        ids: _Ids,
+        command: Command | DecodeFailure,
         err: ServiceError,
     ) -> None:
-        """The record to the DLQ; an error event when its account id could be read, and a
-        reply when its caller (command and request ids) could be read too."""
-        event = answered = None
-        body = error_body(err, fault.detail)
-        if ids.account_id is not None:
-            event = error_event(
-                body,
-                event_id=event_id("dlq", msg.topic, msg.partition, msg.offset),
-                account_id=ids.account_id,
-                workspace_id=ids.workspace_id,
-                command_id=ids.command_id,
-                request_id=ids.request_id,
-                http_status=err.http_status,
-                occurred_at=rfc3339(msg.timestamp / 1000 if msg.timestamp else self.clock.now()),
-            )
-            if ids.command_id is not None and ids.request_id is not None:
-                answered = reply(
-                    body,
-                    command_id=ids.command_id,
-                    request_id=ids.request_id,
-                    account_id=ids.account_id,
-                    http_status=err.http_status,
-                )
+        event, answered = dead_lettered(
+            command,
+            err,
+            fault.detail,
+            event_id=event_id("dlq", msg.topic, msg.partition, msg.offset),
+            occurred_at=rfc3339(msg.timestamp / 1000 if msg.timestamp else self.clock.now()),
+        )
         await self.publisher.dead_letter(
             msg, fault, error_event=event, reply=answered, reply_to=reply_partition(msg.headers)
         )
@@ -474,27 +422,4 @@ class Executor:
             detail=fault.detail,
             partition=msg.partition,
             offset=msg.offset,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Ids:
-    """What a dead-lettered command still names: where its error event and reply go."""
-
-    account_id: str | None = None
-    workspace_id: str | None = None
-    command_id: str | None = None
-    request_id: str | None = None
-
-    @classmethod
-    def of(cls, command: Command | DecodeFailure) -> _Ids:
-        return cls(
-            account_id=command.account_id,
-            workspace_id=command.workspace_id
-            if isinstance(command, DecodeFailure)
-            else workspace_id_of(command),
-            command_id=command.command_id,
-            request_id=command.request_id
-            if isinstance(command, DecodeFailure)
-            else request_id_of(command),
         )

@@ -1,8 +1,6 @@
-"""Tracing, logging and metrics around the executor's handlers, as a middleware does them: the
-handlers (``worker.auth.execute``) return what a record came to (``Handled``), and
-``Instrumentation`` puts the command's identity on the span and in the log context around
-them, then counts and times it and logs ``command_failed``. A query is only counted and timed:
-its 404 is an answer, not a failed command."""
+"""Tracing, logging and metrics around the executor's handlers, as a middleware: they return
+what a record came to (``Handled``); this puts the command's identity on the span and in the log
+context, counts and times it. A query is only counted and timed: its 404 is an answer."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Every write of the worker, acknowledged before the offset may be committed (a crash
-replays; deterministic ids make the duplicates droppable), the state record on the command's
-own partition number, re-sent through a Kafka outage (docs/architecture.md, "At-least-once
-delivery and the dedup window")."""
+"""Every write of the worker, acknowledged before the offset may be committed, the state record
+on the command's own partition number (docs/architecture.md, "At-least-once delivery and the
+dedup window")."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from worker.runtime import tracing
 
 
 class Publisher:
-    """All writes of the worker go through here; one producer, built in main."""
+    """All writes of the worker; one producer, built by the composition root."""
 
     def __init__(
         self, producer: AIOKafkaProducer, topics: Topics, health: BrokerHealth | None = None
@@ -92,12 +91,7 @@ class Publisher:
             else:
                 futures.append(written)
         if decision.reply is not None:
-            reply = decision.reply
-            body = reply.model_dump_json(exclude_none=True).encode()
-            target = await self._reply_partition(reply_to)
-            futures.append(
-                await self._send(self._topics.replies, reply.account_id, body, partition=target)
-            )
+            futures.append(await self._reply(decision.reply, reply_to))
         if decision.status_event is not None:
             ev = decision.status_event
             futures.append(await self._model(self._topics.status, ev.account_id, ev))
@@ -106,18 +100,16 @@ class Publisher:
             futures.append(await self._model(self._topics.errors, err.account_id, err))
         await acknowledged(self._producer, self.health, futures)
 
-    async def _reply_partition(self, wanted: int | None) -> int | None:
-        """``wanted`` when auth.replies has that partition; otherwise ``None`` (keyed): a
+    async def _reply(self, reply: Reply, wanted: int | None) -> Sent:
+        """``reply`` to partition ``wanted`` when auth.replies has it; otherwise keyed: a
         sender's stale or bad header must not fail the command."""
-        if wanted is None:
-            return None
-        if self._reply_partitions is None:
+        if wanted is not None and self._reply_partitions is None:
             self._reply_partitions = frozenset(
                 await self._producer.partitions_for(self._topics.replies)
             )
-        if wanted in self._reply_partitions:
-            return wanted
-        return None
+        target = wanted if wanted in (self._reply_partitions or ()) else None
+        body = reply.model_dump_json(exclude_none=True).encode()
+        return await self._send(self._topics.replies, reply.account_id, body, partition=target)
 
     async def forward(self, msg: ConsumerRecord[bytes, bytes], partition: int) -> None:
         """Re-produce a command unchanged to ``partition`` of its own topic, with a header
@@ -155,9 +147,5 @@ class Publisher:
                 await self._model(self._topics.errors, error_event.account_id, error_event)
             )
         if reply is not None:
-            body = reply.model_dump_json(exclude_none=True).encode()
-            target = await self._reply_partition(reply_to)
-            futures.append(
-                await self._send(self._topics.replies, reply.account_id, body, partition=target)
-            )
+            futures.append(await self._reply(reply, reply_to))
         await acknowledged(self._producer, self.health, futures)

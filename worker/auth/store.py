@@ -1,6 +1,5 @@
-"""The worker's account records per owned partition, and the follow-up timers of the accounts
-in flow; which commands a previous owner may have sent (docs/architecture.md,
-"Write-ahead intent")."""
+"""The worker's account records per owned partition (docs/architecture.md, "Write-ahead
+intent")."""
 
 from __future__ import annotations
 
@@ -14,16 +13,10 @@ from worker.engine.timers import Timer
 
 
 class StateStore(PartitionedStore[AccountRecord]):
-    """The worker's account records, and the follow-up timers of the accounts in flow.
-
-    The timers are a heap by due time, so finding the due ones costs O(log n) each instead
-    of a scan of every account in flow four times a second. A record in flow arms its
-    account's timer; a settled or deregistered one cancels it.
-
-    It tracks the hand-over of each command partition (``inherited``): a confirm that a
-    previous owner may have sent to the provider is re-driven instead of sent blind
-    (docs/architecture.md, "Write-ahead intent").
-    """
+    """The worker's account records, and the follow-up timers of the accounts in flow: a heap
+    by due time, so finding the due ones costs O(log n) each, not a scan of every account in
+    flow. It tracks the hand-over of each command partition (``inherited``): a confirm that a
+    previous owner may have sent is re-driven instead of sent blind."""
 
     tracks_handover: ClassVar[bool] = True
 

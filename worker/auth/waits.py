@@ -1,10 +1,6 @@
-"""Long-polls parked where the state lives (docs/architecture.md, "Long-polls"): the owner's
-handler parks a ``get_auth_state`` with ``wait_ms`` and returns (the record is done; no task,
-no slot of the loop); the decision that stores the account's next version answers it
-(``changed``), or its timer, its partition's revocation or the stop, in a tracked background
-send. Every wait holds a slot of the admission rule until its answer is acknowledged (process
-cap = capacity, workspace cap = share) and ≤ ``per_account`` per account; past a cap the query
-is answered at once with the current state, never refused."""
+"""Long-polls parked where the state lives, answered by the account's next stored version, their
+timer, their partition's revocation or the stop; each holds an admission slot until its answer
+is acknowledged, and past a cap is answered at once (docs/architecture.md, "Long-polls")."""
 
 from __future__ import annotations
 
@@ -13,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
-from worker.auth.commands import answer_query
-from worker.auth.flow import Decision, is_owner
+from worker.auth.flow import Decision, answer_query, is_owner
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
 from worker.contract.messages import AccountRecord, GetAuthState
@@ -58,8 +53,8 @@ class WaitLimits:
     per_account: int = PARKED_PER_ACCOUNT
 
     def share(self) -> Share:
-        """The admission rule's numbers: a quarter of the process's cap kept for
-        workspaces holding none, so one workspace at its share cannot starve the rest."""
+        """A quarter of the process's cap kept for workspaces holding none, so one workspace
+        at its share cannot starve the rest."""
         reserve = self.process // 4 if self.per_workspace < self.process else 0
         return Share(
             capacity=self.process,
@@ -68,19 +63,15 @@ class WaitLimits:
         )
 
 
+@dataclass(eq=False, slots=True)
 class _Wait:
-    __slots__ = ("after", "ended", "partition", "query", "reply_to", "slot", "timer")
-
-    def __init__(
-        self, partition: int, query: GetAuthState, after: int, reply_to: int | None, slot: Slot
-    ) -> None:
-        self.partition = partition
-        self.query = query
-        self.after = after
-        self.reply_to = reply_to
-        self.slot = slot
-        self.ended = False
-        self.timer: asyncio.TimerHandle | None = None
+    partition: int
+    query: GetAuthState
+    after: int
+    reply_to: int | None
+    slot: Slot
+    ended: bool = False
+    timer: asyncio.TimerHandle | None = None
 
     @property
     def key(self) -> tuple[int, str]:
@@ -103,11 +94,9 @@ class ParkedWaits:
         self._publisher = publisher
         self._metrics = metrics
         self._window_of = window_of
-        # The store tells of a partition it drops (a revocation) while it still holds it.
         store.before_drop = self.revoked
         self.admission = Admission("parked_waits", self.limits.share())
-        #: The parked waits of each (partition, account): ≤ ``per_account`` each, all of them
-        #: together ≤ the process's cap (each holds an admission slot).
+        #: ≤ ``per_account`` per (partition, account); all ≤ the process's cap (admission).
         self.waits: dict[tuple[int, str], list[_Wait]] = {}
         #: Answers being sent; each holds its wait's slot until acknowledged.
         self.sends: set[asyncio.Task[None]] = set()

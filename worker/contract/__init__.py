@@ -6,7 +6,6 @@ __all__ = [
     "compact_ids",
     "delivery_log",
     "endpoint_ceilings",
-    "error_rows",
     "messages",
     "operational_events",
     "shared_timestamps",

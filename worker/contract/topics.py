@@ -49,21 +49,8 @@ class Topics(BaseSettings):
     api_idempotency: str = "api.idempotency"
 
     def all(self) -> list[str]:
-        return [
-            self.commands,
-            self.state,
-            self.status,
-            self.errors,
-            self.replies,
-            self.dlq,
-            self.webhook_endpoints,
-            self.webhook_deliveries,
-            self.webhook_state,
-            self.webhook_replays,
-            self.webhook_dlq,
-            self.api_presence,
-            self.api_idempotency,
-        ]
+        """Every topic name, in field order."""
+        return list(self.model_dump().values())
 
 
 #: ``Topics`` fields of the topics compacted to the latest record per key: the changelogs of

@@ -13,7 +13,6 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import CollectorRegistry
 
-from worker.contract.topics import used_by
 from worker.dispatcher.delivery import QueueLimits, parse_schedule
 from worker.dispatcher.delivery_store import DeliveryStore
 from worker.dispatcher.disabling import ProbeConfig
@@ -24,9 +23,8 @@ from worker.dispatcher.probing import Prober
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.dispatcher.sender import Sender as HttpSender
 from worker.dispatcher.sender import open_session
-from worker.engine.broker_health import BrokerHealth
 from worker.engine.consume_loop import ConsumeLoop
-from worker.engine.kafka import ConsumerClass, build_consumer, build_producer, verify_topics
+from worker.engine.kafka import ConsumerClass, build_consumer, build_producer
 from worker.engine.metrics import TailSkips
 from worker.engine.runner import (
     LoopSpec,
@@ -37,10 +35,10 @@ from worker.engine.runner import (
     group_consumer,
     run_consume_loop,
 )
-from worker.runtime import tracing
 from worker.runtime.logs import get_logger
-from worker.runtime.metrics import WEBHOOK_PREFIX, export_process_metrics
+from worker.runtime.metrics import WEBHOOK_PREFIX
 from worker.settings import Settings
+from worker.startup import prologue
 from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
@@ -122,20 +120,11 @@ async def run_dispatcher(
     error, and ``TopicsMisconfigured`` before it starts when its topics are not as specified.
     ``sender`` replaces the HTTP sender built from settings (tests); ``consumer_class`` the
     group consumer's class (``worker.engine.kafka.ConsumerClass``)."""
-    registry = registry or CollectorRegistry()
-    export_process_metrics(registry, tracing.SERVICE_WEBHOOKS)
-    metrics = WebhookMetrics(registry)
-    health = BrokerHealth(settings.kafka_outage_tolerance_s, name="dispatcher")
-    health.export(registry, WEBHOOK_PREFIX)
     box = secrets_box(settings)
-    kafka, limits = settings.kafka_config(), settings.loop_limits()
-    topics = settings.topics
-    await verify_topics(
-        kafka,
-        settings.topic_plan(),
-        used_by(topics, "dispatcher"),
-        create=settings.kafka_auto_create_topics,
-    )
+    started = await prologue(settings, "dispatcher", registry)
+    registry, health, kafka = started.registry, started.health, started.kafka
+    limits, topics = settings.loop_limits(), settings.topics
+    metrics = WebhookMetrics(registry)
     producer = build_producer(kafka)
     tail = EndpointsTail(build_consumer(kafka, enable_auto_commit=False), topics.webhook_endpoints)
     registry.register(TailSkips(WEBHOOK_PREFIX, lambda: (tail,)))

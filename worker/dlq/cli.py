@@ -23,7 +23,7 @@ from worker.dlq.letter import (
     show_json,
     show_text,
 )
-from worker.engine.catch_up import BatchHandler, catch_up
+from worker.engine.catch_up import catch_up
 from worker.engine.faults import REDRIVEN, SOURCE
 from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, partition_counts
 from worker.engine.tail import assign_all
@@ -55,8 +55,6 @@ SENDS_IN_FLIGHT: Final = 100
 PENDING_BYTES: Final = 8 * 1024 * 1024
 """A redrive waits for its acknowledgements after this many sends or bytes."""
 METADATA_TIMEOUT_S: Final = 10.0
-END_CHECKS: Final = 100
-"""Polls (of 200 ms when idle) a partition gets to answer its first fetch."""
 REPLAY_HINT: Final = (
     "a failed webhook delivery: replay it with POST /v1/webhook-endpoints/{endpoint_id}/replay "
     "(docs/api.md, Webhook endpoints)"
@@ -67,7 +65,7 @@ Visit = Callable[[DeadLetter], Awaitable[bool]]
 
 
 class _Stop(Exception):
-    """Raised out of a replay's batch handler to end it early."""
+    """Raised out of a catch-up's batch handler to end it early."""
 
 
 def dlq_topic(settings: Settings, name: str) -> str:
@@ -115,7 +113,7 @@ async def _assign(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition
 
 async def scan(consumer: AIOKafkaConsumer, topic: str, visit: Visit) -> None:
     """Hand every record of ``topic`` to ``visit``, partition by partition, each from its
-    beginning to its high-water mark, until ``visit`` returns False."""
+    beginning to its high-water mark (``catch_up``), until ``visit`` returns False."""
     tps = await _assign(consumer, topic)
 
     async def on_batch(_: TopicPartition, records: list[Any]) -> None:
@@ -125,33 +123,9 @@ async def scan(consumer: AIOKafkaConsumer, topic: str, visit: Visit) -> None:
 
     for tp in tps:
         try:
-            await _read_to_end(consumer, tp, on_batch, assign=True, batch=BATCH_RECORDS)
+            await catch_up(consumer, [tp], on_batch, max_records=BATCH_RECORDS)
         except _Stop:
             return
-
-
-async def _read_to_end(
-    consumer: AIOKafkaConsumer,
-    tp: TopicPartition,
-    on_batch: BatchHandler,
-    *,
-    assign: bool,
-    batch: int,
-) -> None:
-    """``catch_up`` on one partition, made sure of its end: the replay also ends
-    on an empty poll while no fetch of the partition has come back (a slow broker, or a
-    loaded host), which must not pass for an empty partition here. So unless a high-water
-    mark is known, the partition is read on until its position reaches ``end_offsets()``
-    (exact on Kafka; on some brokers a lower bound of the end, 0 only when empty)."""
-    for _ in range(END_CHECKS):
-        await catch_up(consumer, [tp], on_batch, max_records=batch, assign=assign)
-        assign = False
-        if consumer.highwater(tp) is not None:
-            return
-        end = (await consumer.end_offsets([tp]))[tp]
-        if await consumer.position(tp) >= end:
-            return
-    raise RuntimeError(f"no fetch of {tp.topic}:{tp.partition} came back")
 
 
 async def fetch(
@@ -175,7 +149,7 @@ async def fetch(
                 raise _Stop
 
     with contextlib.suppress(_Stop):
-        await _read_to_end(consumer, tp, on_batch, assign=False, batch=50)
+        await catch_up(consumer, [tp], on_batch, max_records=50, assign=False)
     return found[0] if found else None
 
 

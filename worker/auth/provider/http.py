@@ -61,13 +61,9 @@ def build_http_client(
     timeout_s: float | None = None,
     connect_timeout_s: float | None = None,
 ) -> ProviderHttpClient:
-    """The process-wide provider client: per phase timeouts of ``PROVIDER_TIMEOUT_S``,
-    ``PROVIDER_MAX_CONNECTIONS`` connections, answers read up to ``PROVIDER_BODY_CAP_BYTES``
-    (decompressed too). The adapters gate concurrent calls at the same bound.
-
-    A provider with TLS material or timeouts of its own (``PROVIDER_<NAME>_*``) gets a client
-    of its own: ``tls`` (CA bundle, client certificate) and the timeouts replace the defaults.
-    """
+    """The process-wide provider client (``PROVIDER_TIMEOUT_S`` per phase,
+    ``PROVIDER_MAX_CONNECTIONS``, ``PROVIDER_BODY_CAP_BYTES``); a provider with TLS material or
+    timeouts of its own (``PROVIDER_<NAME>_*``) gets one of its own with these replaced."""
     read_s = settings.provider_timeout_s if timeout_s is None else timeout_s
     return ProviderHttpClient(
         timeout_s=read_s,
@@ -107,14 +103,8 @@ def _host_port(url: str) -> tuple[str, int | None]:
 
 class HttpProviderAdapter:
     """A provider reached over HTTP: bounded retries, deadline, circuit breaker, error mapping.
-
-    ``policy`` is the retry policy (``RetryPolicy.from_settings`` in production, its defaults
-    otherwise); each retry keyword that is given overrides that field of it, so a test can
-    change one knob. ``breaker=None`` disables the breaker (tests); ``build_registry`` always
-    gives one per provider. ``on_call``/``on_retry`` are metric hooks, so this module needs no
-    registry. ``credential`` (``PROVIDER_<NAME>_TOKEN[_FILE]``) adds its header to every
-    request.
-    """
+    Each retry keyword given overrides that field of ``policy``, so a test can change one knob;
+    ``on_call``/``on_retry`` are metric hooks, so this module needs no registry."""
 
     def __init__(
         self,

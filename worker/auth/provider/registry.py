@@ -69,13 +69,10 @@ def build_registry(
     on_call: CallObserver | None = None,
     on_retry: RetryObserver | None = None,
 ) -> ProviderRegistry:
-    """One HTTP adapter (with its own circuit breaker) per entry of ``PROVIDER_URLS``.
-
-    Each carries its provider's credential (``PROVIDER_<NAME>_*``); a provider with a client
-    certificate, a CA bundle or timeouts of its own gets a client of its own, which the
-    registry closes. Raises ``ProviderConfigError`` when a credential or certificate cannot be
-    loaded (``worker.preflight`` reports the same before a worker starts).
-    """
+    """One HTTP adapter (with its own circuit breaker and credential) per entry of
+    ``PROVIDER_URLS``; a client of its own, which the registry closes, for a provider with TLS
+    material or timeouts of its own. Raises ``ProviderConfigError`` when a credential or
+    certificate cannot be loaded (``worker.preflight`` reports the same before a start)."""
     adapters: list[HttpProviderAdapter] = []
     owned: list[ProviderHttpClient] = []  # open no connection until their first request
     for name, url in settings.provider_urls.items():

@@ -110,15 +110,8 @@ class ProviderHttpClient:
 
 
 def _translate(exc: HttpError) -> TransportFailure:
-    """Our failure that means what ``exc`` means; the one place the client's errors are read.
-
-    HttpTimeout, connect phase                      → TimedOut(phase="connect")  transient
-    HttpTimeout, head or body phase                 → TimedOut(phase="read")     transient
-    DialFailed, TlsFailed, NameNotResolved          → ConnectFailed              transient
-    PeerClosed; ProtocolError in the body (framing) → ConnectionLost             transient
-    InvalidRequest                                  → InvalidTarget (our call is wrong)
-    ProtocolError in the status line or headers     → TransportFailure (not transient)
-    """
+    """Our failure that means what ``exc`` means; the one place the client's errors are read
+    (a malformed status line or headers is the one failure that is not transient)."""
     text = exc.reason
     if isinstance(exc, HttpTimeout):
         return TimedOut(text, phase="connect" if exc.phase == "connect" else "read")
