@@ -20,5 +20,6 @@ __all__ = [
     "preflight",
     "runtime",
     "settings",
+    "startup",
     "webhooks",
 ]
