@@ -28,8 +28,8 @@ from worker.api.idempotency import (
     IdempotencyRecord,
     StoredAnswer,
     fingerprint,
-    keys_share,
 )
+from worker.runtime.admission import Share
 
 PRINT = fingerprint("acc_1", b"")
 KEY_HASH = "a" * 64
@@ -204,8 +204,8 @@ def test_a_new_key_is_admitted_by_the_shared_rule_the_process_cap_included() -> 
     # An answer is held whatever the counts: its claim was admitted where it was decided.
     keys._apply(record("d0", 1000, ws="ws_d", answered=True))
     assert keys.held("ws_d") == 1 and keys.in_use == 5
-    assert keys_share(10_000, 100_000).reserve == 25_000
-    assert keys_share(10, 1).per_owner == 1
+    assert Share.capped(100_000, 10_000).reserve == 25_000
+    assert Share.capped(1, 10).per_owner == 1
 
 
 def test_a_claim_given_up_stays_counted_so_every_replica_refuses_the_same_claims() -> None:

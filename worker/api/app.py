@@ -154,22 +154,16 @@ def build_app(
     idempotency: IdempotencyKeys | None = None,
     portal_revocations: PortalRevocations | None = None,
 ) -> FrontEndApps:
-    """The front-end's apps over clients built (and started) by the caller.
-
-    ``producer`` is a started ``AIOKafkaProducer``; ``replies`` and ``webhooks`` are started
-    by the caller too (``webhooks`` ``None``: the webhook routes answer 500, the
-    service is not configured for them), like ``presence`` (``None``: the limits are this
-    process's alone). Metrics are registered on ``registry`` (one app per
-    registry). ``portal_revocations``: the revoked portal sessions the replicas share
-    (``None``: this process's own). ``documents`` adds the routes that serve the API's
-    documents (``None``: none is served).
-    """
+    """The front-end's apps over clients the caller built and started, metrics on
+    ``registry`` (one app per registry). ``None`` means: ``webhooks``, not configured (their
+    routes answer 500); ``presence``, limits of this process alone; ``portal_revocations``,
+    this process's own; ``documents``, no document served."""
     metrics = ApiMetrics(registry)
     metrics.pending_replies.set_function(lambda: float(replies.pending))
     registry.register(ReplyReaderSeries(replies))
     metrics.export_key_usage(keys.last_used)
     revocations = (
-        PortalRevocations(None, producer, ttl_s=settings.api_portal_session_ttl_s)
+        PortalRevocations(None, ttl_s=settings.api_portal_session_ttl_s)
         if portal_revocations is None
         else portal_revocations
     )
@@ -295,7 +289,7 @@ def webhook_clients(
         window=settings.webhook_deliveries_scan_records,
         timeout_s=settings.webhook_deliveries_scan_timeout_s,
     )
-    board = None if presence is None else ReplayBoard(presence, producer, health=broker)
+    board = None if presence is None else ReplayBoard(presence)
     replays = ReplayRunner(
         consumer_factory=lambda: _view_reader(kafka),
         producer=producer,
@@ -370,9 +364,7 @@ async def api_runtime(
         claim_ttl_s=settings.api_reply_timeout_s + CLAIM_MARGIN_S,
         health=broker,
     )
-    revocations = PortalRevocations(
-        presence, producer, ttl_s=settings.api_portal_session_ttl_s, health=broker
-    )
+    revocations = PortalRevocations(presence, ttl_s=settings.api_portal_session_ttl_s)
     webhooks = webhook_clients(settings, kafka, producer, broker, shared, presence)
     apps = build_app(
         settings,
@@ -391,26 +383,22 @@ async def api_runtime(
     # one budget (``worker.runtime.shutdown.CloseBudget``).
     started: list[tuple[str, Callable[[], Awaitable[object]]]] = []
     try:
-        await producer.start()
-        started.append(("producer_stop", producer.stop))
-        await replies.start()
-        started.append(("replies_stop", replies.stop))
-        await presence.start()
-        # before the producer: it tombstones this replica
-        started.append(("presence_stop", presence.stop))
-        await idempotency.start()
-        started.append(("idempotency_stop", idempotency.stop))
-        await revocations.start()
-        started.append(("portal_revocations_stop", revocations.stop))
+        clients: list[tuple[str, Any]] = [
+            ("producer", producer),
+            ("replies", replies),
+            ("presence", presence),  # stopped before the producer: it tombstones this replica
+            ("idempotency", idempotency),
+            ("portal_revocations", revocations),
+        ]
         if webhooks is not None:
-            for tail in webhooks.tails:
-                await tail.start()
-                started.append((f"{tail.name}_stop", tail.stop))
-            await webhooks.deliveries.start()
-            started.append(("deliveries_stop", webhooks.deliveries.stop))
+            clients += [(tail.name, tail) for tail in webhooks.tails]
+            clients.append(("deliveries", webhooks.deliveries))
             if webhooks.board is not None:
-                await webhooks.board.start()
-                started.append(("replay_board_stop", webhooks.board.stop))
+                clients.append(("replay_board", webhooks.board))
+        for name, client in clients:
+            await client.start()
+            started.append((f"{name}_stop", client.stop))
+        if webhooks is not None:
             started.append(("replays_stop", webhooks.replays.stop))  # stopped first: it produces
         runtime = ApiRuntime(
             settings,

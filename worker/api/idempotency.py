@@ -128,13 +128,6 @@ class _Full:
 FULL: Final = _Full()
 
 
-def keys_share(per_workspace: int, keys_max: int) -> Share:
-    """The admission rule's numbers for the keys (``worker.runtime.admission.Share``): at most
-    ``keys_max`` in the process, ``per_workspace`` of them for one workspace, and a quarter
-    of the cap (at least one key) kept for workspaces that hold none."""
-    return Share.capped(keys_max, per_workspace)
-
-
 class Held:
     """One key as the view keeps it, compactly because every replica keeps every workspace's
     keys (docs/architecture.md, "Resource bounds"): no model per key, the hashes as raw
@@ -199,7 +192,8 @@ class IdempotencyKeys(CompactedView):
     so all agree on which claim holds a key: the first, unless it expired by the time of the
     next one (answered: ``KEY_TTL_S``; unanswered: ``claim_ttl_s``), and an answer over a
     claim (compaction may have removed its claim record); and on which claims the admission
-    rule refuses (``keys_share``). So that the counts it reads are the same on every replica,
+    rule refuses (``share``: ``per_workspace`` of the process's ``keys_max``, a quarter kept
+    for workspaces holding none). So that the counts it reads are the same on every replica,
     the view changes only in the topic's order: the sweep tombstones expired keys and drops
     them when it reads the tombstones back, and a claim given up stays counted until its
     tombstone is read."""
@@ -222,7 +216,7 @@ class IdempotencyKeys(CompactedView):
     ) -> None:
         super().__init__(consumer, topic, producer, name="api-idempotency", health=health)
         self.replica_id = replica_id
-        self.share = keys_share(per_workspace, keys_max)
+        self.share = Share.capped(keys_max, per_workspace)
         self._ttl_s = ttl_s
         self._claim_ttl_s = claim_ttl_s
         self._claim_timeout_s = claim_timeout_s
@@ -549,5 +543,4 @@ __all__ = [
     "answer_once",
     "fingerprint",
     "key_of",
-    "keys_share",
 ]

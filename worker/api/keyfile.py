@@ -26,9 +26,9 @@ __all__ = [
     "KeyFileError",
     "KeyInfo",
     "KeyState",
-    "add_key",
     "create_key",
     "delete_key",
+    "iso",
     "list_keys",
     "locked",
     "rotate_key",
@@ -58,14 +58,7 @@ class KeyInfo:
 
     @classmethod
     def of(cls, entry: FileEntry) -> KeyInfo:
-        return cls(
-            entry.key_id,
-            entry.workspace_id,
-            entry.active,
-            entry.created_at,
-            entry.expires_at,
-            entry.replaced_by,
-        )
+        return cls(**entry.model_dump(include=set(cls.__dataclass_fields__)))
 
     def state(self, now: datetime | None = None) -> KeyState:
         """``active``; ``expiring`` (valid until ``expires_at``); ``expired``; ``disabled``."""
@@ -76,14 +69,15 @@ class KeyInfo:
         return "expiring" if (now or datetime.now(UTC)) < self.expires_at else "expired"
 
 
-def _iso(moment: datetime, timespec: str = "seconds") -> str:
+def iso(moment: datetime, timespec: str = "seconds") -> str:
+    """RFC 3339 in UTC, ``Z``-suffixed, as the file stores its times."""
     return moment.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def _changed_now(entry: dict[str, Any]) -> None:
     """Stamp a disable or enable (milliseconds: a portal session opened before it is refused,
     one opened just after is not)."""
-    entry["changed_at"] = _iso(datetime.now(UTC), "milliseconds")
+    entry["changed_at"] = iso(datetime.now(UTC), "milliseconds")
 
 
 @contextlib.contextmanager
@@ -180,7 +174,7 @@ def _new_entry(
         "key_id": key_id,
         "sha256": hash_key(raw_key),
         "active": True,
-        "created_at": _iso(datetime.now(UTC)),
+        "created_at": iso(datetime.now(UTC)),
     }
     document["keys"].append(entry)
     return entry
@@ -207,10 +201,6 @@ def create_key(
         entry = _new_entry(document, path, workspace_id, raw_key, key_id)
         _write_atomic(path, document)
     return entry["key_id"], raw_key
-
-
-#: The name of ``create_key`` before the key lifecycle commands.
-add_key = create_key
 
 
 def set_active(path: Path, key_id: str, active: bool) -> KeyInfo:
@@ -245,7 +235,7 @@ def rotate_key(path: Path, key_id: str, *, grace_s: float = 0.0) -> tuple[KeyInf
             old["active"] = False
             _changed_now(old)
         elif current is None or until < current:  # a grace never extends an earlier expiry
-            old["expires_at"] = _iso(until)
+            old["expires_at"] = iso(until)
         _write_atomic(path, document)
         return _info(old), new["key_id"], raw_key
 

@@ -173,11 +173,6 @@ class KeyStore:
         self._last_used[found.key_id] = now
         return found if found.valid_at(now) else None
 
-    def key_in_force(self, key_id: str, workspace_id: str) -> bool:
-        """Whether the key ``key_id`` of ``workspace_id`` is still in the file, active and
-        unexpired."""
-        return self.entry_in_force(key_id, workspace_id) is not None
-
     def entry_in_force(self, key_id: str, workspace_id: str) -> KeyEntry | None:
         """The entry of key ``key_id`` of ``workspace_id`` while it is in the file, active and
         unexpired: a portal session minted by it lives no longer than the key does, and is

@@ -21,6 +21,7 @@ from worker.api.keyfile import (
     KeyInfo,
     create_key,
     delete_key,
+    iso,
     list_keys,
     rotate_key,
     set_active,
@@ -123,14 +124,12 @@ def _secret(raw_key: str, what: str) -> int:
 
 
 def _when(moment: datetime | None) -> str:
-    if moment is None:
-        return "-"
-    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return "-" if moment is None else iso(moment)
 
 
 def _list(path: Path, metrics_urls: Sequence[str], *, as_json: bool) -> int:
     keys = list_keys(path)
-    last_used = scrape_last_used(metrics_urls) if metrics_urls else {}
+    last_used = asyncio.run(_scrape(metrics_urls)) if metrics_urls else {}
     now = datetime.now(UTC)
     rows: list[dict[str, Any]] = [_row(info, now, last_used.get(info.key_id)) for info in keys]
     if as_json:
@@ -159,13 +158,9 @@ def _row(info: KeyInfo, now: datetime, last_used: float | None) -> dict[str, Any
     }
 
 
-def scrape_last_used(urls: Sequence[str], *, timeout_s: float = 5.0) -> dict[str, float]:
+async def _scrape(urls: Sequence[str], timeout_s: float = 5.0) -> dict[str, float]:
     """The latest ``passkey_api_key_last_used_timestamp_seconds`` per key id over the front-ends at
     ``urls``; a page that cannot be read is reported on stderr and skipped."""
-    return asyncio.run(_scrape(urls, timeout_s))
-
-
-async def _scrape(urls: Sequence[str], timeout_s: float) -> dict[str, float]:
     latest: dict[str, float] = {}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as client:

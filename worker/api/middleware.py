@@ -105,10 +105,6 @@ class FrontDoor:
         self._counted: dict[tuple[str, str, int], Any] = {}
         self._timed: dict[tuple[str, str], Any] = {}
 
-    def route_template(self, path: str) -> str | None:
-        """The route template ``path`` belongs to (the metrics label), or ``None``."""
-        return self._match(path)[0]
-
     def _match(self, path: str) -> tuple[str | None, dict[str, Any]]:
         for template, pattern, convertors in self._templates:
             match = pattern.match(path)

@@ -541,14 +541,8 @@ class BoundedReads(asyncio.BufferedProtocol):
 
     http_class: ClassVar[type[LimitedHttpProtocol]]
 
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        self.http = self.http_class(config, server_state, app_state, _loop)
+    def __init__(self, **uvicorn_args: Any) -> None:
+        self.http = self.http_class(**uvicorn_args)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.http.connection_made(cast(asyncio.Transport, transport))

@@ -9,7 +9,6 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,9 +51,7 @@ class PendingReply:
     def __enter__(self) -> PendingReply:
         return self
 
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         self._router._discard(self)
         if not self._future.done():
             self._future.cancel()

@@ -27,14 +27,14 @@ class RateLimited(ServiceError):
     retry_after_s: int = 1
 
     @classmethod
-    def after(cls, wait_s: float) -> RateLimited:
+    def after(
+        cls, wait_s: float, message: str = "Too many requests for this workspace; retry after {} s."
+    ) -> RateLimited:
         """The refusal for a caller who must wait ``wait_s`` (rounded up to whole seconds,
-        at least 1: ``Retry-After`` takes whole seconds)."""
+        at least 1: ``Retry-After`` takes whole seconds), told in ``message`` (``{}``: the
+        seconds)."""
         retry_after_s = max(1, math.ceil(wait_s))
-        err = ServiceError.of(
-            "rate_limited",
-            f"Too many requests for this workspace; retry after {retry_after_s} s.",
-        )
+        err = ServiceError.of("rate_limited", message.format(retry_after_s))
         return cls(
             code=err.code,
             numeric_code=err.numeric_code,

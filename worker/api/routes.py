@@ -97,10 +97,6 @@ def check_account_id(account_id: str) -> None:
         raise ServiceError.of("invalid_request", f"Invalid path parameter: {ACCOUNT_ID_RULE}.")
 
 
-def _not_ready_message(what: str) -> str:
-    return f"The service is starting or degraded ({what} not ready); nothing was changed."
-
-
 class _RoundTripFailed(Exception):
     """The command could not be queued in time (``queued`` false) or its reply could not be
     used; each route answers with its own catalogued error."""
@@ -170,10 +166,6 @@ class ApiRoutes:
         partitions = [tp.partition for tp in self.replies.partitions] or [self.replies.partition]
         return itertools.cycle([(REPLY_PARTITION, b"%d" % p) for p in partitions])
 
-    def _reply_partition(self) -> tuple[str, bytes]:
-        """The ``reply-partition`` header of the next command."""
-        return next(self._reply_headers)
-
     def routes(self) -> list[Route]:
         return [
             Route(PASSKEY_CONFIRM, self.passkey_confirm, methods=["POST"]),
@@ -182,23 +174,23 @@ class ApiRoutes:
 
     # -- probes ------------------------------------------------------------------------------
 
+    @property
+    def _shared(self) -> list[TopicTail]:
+        """The replicas' shared views this replica reads: presence and idempotency keys."""
+        return [t for t in (self.presence, self.idempotency) if t is not None]
+
     def health(self) -> tuple[bool, ApiHealth]:
-        tails = [self.replies, *(self.webhook_tails or ())]
-        if self.presence is not None:
-            tails.append(self.presence)
-        if self.idempotency is not None:
-            tails.append(self.idempotency)
+        tails = [self.replies, *(self.webhook_tails or ()), *self._shared]
         ok = all(tail.running for tail in tails)
         return ok, ApiHealth(status="ok" if ok else "failed")
 
     def readiness(self) -> tuple[bool, ApiReadiness]:
         """Ready once the reply consumer is positioned (and the webhook registry caught up):
         nothing here reads auth.state, so the time to ready does not grow with accounts."""
+        # The replicas are known before a share is taken, and every key held before one is
+        # answered.
         replies = self.replies.ready and self.replies.keeping_up
-        if self.presence is not None:  # the replicas are known before a share is taken
-            replies = replies and self.presence.caught_up and self.presence.running
-        if self.idempotency is not None:  # every key held is known before one is answered
-            replies = replies and self.idempotency.caught_up and self.idempotency.running
+        replies = replies and all(t.caught_up and t.running for t in self._shared)
         webhooks = (
             None
             if self.webhook_tails is None
@@ -288,7 +280,11 @@ class ApiRoutes:
         """The confirm's round trip, once every check passed."""
         replies = self.replies
         if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
-            raise ServiceError.of("run_auth_action_failed", _not_ready_message("reply consumer"))
+            raise ServiceError.of(
+                "run_auth_action_failed",
+                "The service is starting or degraded (reply consumer not ready); nothing was"
+                " changed.",
+            )
         now = datetime.now(UTC)
         # Every field is checked already (the request id and account id by the identifier
         # rule, the workspace id when the keys file was read, the rest built here), so the
@@ -316,14 +312,7 @@ class ApiRoutes:
             raise ServiceError.of("run_auth_action_failed", f"{detail} {check_hint}") from None
         if reply is None:
             self.metrics.reply_timeouts.inc()
-            log.warning(
-                "api_reply_timeout",
-                request_id=request_id,
-                command_id=command.command_id,
-                account_id=account_id,
-                timeout_s=self.reply_timeout_s,
-                **self.replies.state(),
-            )
+            self._no_reply("api_reply_timeout", command, self.reply_timeout_s)
             raise ServiceError.of(
                 "run_auth_action_failed",
                 f"No outcome within {self.reply_timeout_s:g} s. {check_hint}",
@@ -336,6 +325,17 @@ class ApiRoutes:
             _JSON.encode(reply.body).encode(),
             status_code=reply.http_status,
             media_type=JSONResponse.media_type,
+        )
+
+    def _no_reply(self, event: str, command: PasskeyConfirm | GetAuthState, after_s: float) -> None:
+        """Log a command's reply that did not come in time, with where the reply reader is."""
+        log.warning(
+            event,
+            request_id=command.request_id,
+            command_id=command.command_id,
+            account_id=command.account_id,
+            timeout_s=after_s,
+            **self.replies.state(),
         )
 
     async def _round_trip(
@@ -374,7 +374,7 @@ class ApiRoutes:
                                     self.commands_topic,
                                     command.model_dump_json().encode(),
                                     key=command.account_id.encode(),
-                                    headers=[self._reply_partition(), *tracing.kafka_headers()],
+                                    headers=[next(self._reply_headers), *tracing.kafka_headers()],
                                 )
                             except asyncio.CancelledError:
                                 if limit.expired():  # the deadline, not a caller's cancel
@@ -438,14 +438,7 @@ class ApiRoutes:
                 return Response(status_code=long_poll.CALLER_GONE)
             if reply is None:
                 self.metrics.query_timeouts.inc()
-                log.warning(
-                    "api_query_timeout",
-                    request_id=request_id,
-                    command_id=query.command_id,
-                    account_id=account_id,
-                    timeout_s=wait.wait_s + self.reply_timeout_s,
-                    **self.replies.state(),
-                )
+                self._no_reply("api_query_timeout", query, wait.wait_s + self.reply_timeout_s)
                 raise ServiceError.of(
                     "get_auth_state_failed",
                     f"No answer within {wait.wait_s + self.reply_timeout_s:g} s. {unavailable}",

@@ -14,7 +14,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Final
 
 __all__ = ["MAX_OWNERS", "Admission", "NoRoom", "Share", "Slot", "TimeCharge"]
@@ -122,12 +121,7 @@ class Slot:
     def __enter__(self) -> Slot:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         self.release()
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -47,12 +47,7 @@ class log_context:
         outer = _CONTEXT.get()
         self._token = _CONTEXT.set({**outer, **self._fields} if outer else self._fields)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         if self._token is not None:
             _CONTEXT.reset(self._token)
             self._token = None

@@ -271,7 +271,7 @@ def _claims(workspace_id: str, session_id: str, issued_at_ms: int) -> PortalClai
 async def test_what_is_kept_of_revocations_is_bounded() -> None:
     now = [1_000_000.0]
     view = PortalRevocations(
-        None, None, ttl_s=600, clock=lambda: now[0], per_workspace=3, max_workspaces=2
+        None, ttl_s=600, clock=lambda: now[0], per_workspace=3, max_workspaces=2
     )
     ids = [f"ps_{i:032x}" for i in range(6)]
     for session_id in ids[:3]:
@@ -317,9 +317,7 @@ async def test_a_full_table_is_paid_for_by_the_workspace_holding_most_not_the_re
     holding most gets a cut-off instead, so none of what it revoked comes back (before: the
     next revoker's every session was cut off)."""
     now = [1_000_000.0]
-    view = PortalRevocations(
-        None, None, ttl_s=600, clock=lambda: now[0], per_workspace=10, max_tracked=4
-    )
+    view = PortalRevocations(None, ttl_s=600, clock=lambda: now[0], per_workspace=10, max_tracked=4)
     hog = [f"ps_{i:032x}" for i in range(4)]
     for session_id in hog:
         await view.revoke_session("ws_hog", session_id)

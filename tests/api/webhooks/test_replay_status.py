@@ -189,7 +189,7 @@ async def replica(settings: Settings, producer: Any, **board: Any) -> AsyncItera
         settings.topics.api_presence,
         producer,
     )
-    made = ReplayBoard(presence, producer, **board)
+    made = ReplayBoard(presence, **board)
     await presence.start()
     await made.start()
     try:

@@ -19,7 +19,6 @@ from worker.api.portal.tokens import SESSION_ID_RE, PortalClaims, PortalTokens
 from worker.api.presence import Presence
 from worker.api.request_rate import RateLimited
 from worker.contract.messages import Identifier
-from worker.engine.broker_health import BrokerHealth
 from worker.engine.compacted_view import ViewPart
 
 #: Every key on ``api.presence`` that is a portal revocation's.
@@ -31,7 +30,6 @@ MAX_TRACKED: Final = 50_000
 #: Workspaces with a cut-off held; past it (records of workspaces the keys file does not
 #: know would be needed) every portal session is refused until the extra records expire.
 MAX_WORKSPACES: Final = 10_000
-SWEEP_EVERY_S: Final = 60.0
 
 
 class PortalRevocation(BaseModel):
@@ -59,27 +57,20 @@ class PortalRevocations(ViewPart):
 
     ``presence`` (unstarted; ``None``: this process's view only, as in apps built without
     one) reads the topic, hands the ``ps_`` records here and writes this view's with its own
-    producer and broker health (``producer`` and ``health`` are accepted for the callers'
-    sake, unused); ``ttl_s`` the longest session. ``clock`` (wall clock) is injectable."""
+    producer and broker health; ``ttl_s`` the longest session. ``clock`` (wall clock) is
+    injectable."""
 
     def __init__(
         self,
         presence: Presence | None,
-        producer: Any = None,
         *,
         ttl_s: float,
-        health: BrokerHealth | None = None,
         clock: Callable[[], float] = time.time,
         per_workspace: int = MAX_REVOKED_PER_WORKSPACE,
         max_tracked: int = MAX_TRACKED,
         max_workspaces: int = MAX_WORKSPACES,
     ) -> None:
-        super().__init__(
-            presence,
-            KEY_PREFIX,
-            name="portal-revocations",
-            sweep_every_s=SWEEP_EVERY_S,
-        )
+        super().__init__(presence, KEY_PREFIX, name="portal-revocations", sweep_every_s=60.0)
         self._clock = clock
         self.ttl_s = ttl_s
         self.per_workspace = per_workspace
@@ -209,16 +200,11 @@ class PortalRevocations(ViewPart):
         workspace holds ``per_workspace`` sessions revoked one by one."""
         held = self._sessions.get(workspace_id, {})
         if session_id not in held and len(held) >= self.per_workspace:
-            wait_s = min(held.values()) - self._clock()
-            err = RateLimited.after(wait_s)
-            raise RateLimited(
-                code=err.code,
-                numeric_code=err.numeric_code,
-                http_status=err.http_status,
-                message=f"This workspace has revoked {self.per_workspace} portal sessions one by"
-                " one within a session's life; revoke them all (DELETE /v1/portal-sessions) or"
-                f" retry after {err.retry_after_s} s.",
-                retry_after_s=err.retry_after_s,
+            raise RateLimited.after(
+                min(held.values()) - self._clock(),
+                f"This workspace has revoked {self.per_workspace} portal sessions one by one"
+                " within a session's life; revoke them all (DELETE /v1/portal-sessions) or"
+                " retry after {} s.",
             )
         await self._write(self._record(workspace_id, session_id))
 

@@ -19,13 +19,13 @@ from typing import Any, Final
 
 from aiokafka import TopicPartition
 
-from worker.api.webhooks.quotas import EVENT_SCANS, SCAN_RETRY_AFTER_S, SCAN_TIME, busy
+from worker.api.webhooks.quotas import EVENT_SCANS, SCAN_TIME, busy, read_slots
 from worker.api.webhooks.replay import SEEK_MARGIN_S, event_of, occurred_since
 from worker.contract.webhook_events import WebhookEvent, from_error, from_status
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
 from worker.engine.range_read import Span, partitions, read_range
-from worker.runtime.admission import Admission, NoRoom, Share, TimeCharge
+from worker.runtime.admission import NoRoom, TimeCharge
 from worker.runtime.logs import get_logger
 from worker.runtime.signed import SignedCodec
 
@@ -41,7 +41,6 @@ WINDOW_S: Final = 7 * 86_400.0
 MAX_SCANS: Final = 4
 CURSOR_MAX_CHARS: Final = 512
 WINDOW_EXCEEDED: Final = "event_history_window_exceeded"
-INVALID_CURSOR: Final = "invalid_cursor"
 #: The cursors' form: a cursor of the first form (no prefix) is refused as any invalid one.
 CURSOR_PREFIX: Final = "evc2."
 
@@ -161,13 +160,7 @@ class AccountEvents:
         self._errors_topic = errors_topic
         self.scan_records = scan_records
         self.timeout_s = timeout_s
-        self.admission = Admission(
-            "account_event_reads",
-            Share(capacity=max_scans, per_owner=1),
-            time=time_charge,
-            retry_after_s=SCAN_RETRY_AFTER_S,
-            clock=clock,
-        )
+        self.admission = read_slots("account_event_reads", max_scans, time_charge, clock)
         self._skip = skipping("account-events", log)
         #: Records read by every scan of this process: what the scans cost.
         self.records_read = 0

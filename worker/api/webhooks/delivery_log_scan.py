@@ -17,12 +17,12 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
-from worker.api.webhooks.quotas import SCAN_RETRY_AFTER_S, SCAN_TIME
+from worker.api.webhooks.quotas import SCAN_TIME, read_slots
 from worker.contract.delivery_log import DeliveryLogEntry, decode_log
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
 from worker.engine.range_read import partitions, read_range
-from worker.runtime.admission import Admission, Share, TimeCharge
+from worker.runtime.admission import TimeCharge
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
@@ -36,19 +36,10 @@ class DeliveryScanFailed(Exception):
 
 
 class DeliveryLogScan:
-    """Reads one endpoint's entries of the delivery log from ``topic`` on demand (``read``).
-
-    ``consumer_factory`` builds an unstarted, group-less consumer; ``start`` builds and starts
-    the first, a scan that finds none idle builds another; ``stop`` closes them all.
-    ``window`` is how many of the partition's last records a scan reads at most.
-
-    A scan first takes a slot of ``admission`` for its workspace (``max_concurrent`` slots, one
-    per workspace, ``time_charge`` charged; ``clock`` for tests), else ``NoRoom`` at once: a
-    workspace whose scans are slow holds one slot and spends its own time, never the others',
-    and nothing waits for a slot, so no request turns into a 500 behind other workspaces'
-    scans. Each running scan holds its slot and one consumer, so there are never more
-    consumers than ``max_concurrent``.
-    """
+    """Reads one endpoint's entries of the delivery log from ``topic`` on demand (``read``),
+    each scan on a consumer of ``consumer_factory``'s (unstarted, group-less) while it holds its
+    ``admission`` slot (module docstring; ``clock`` for tests), so there are never more
+    consumers than ``max_concurrent``. ``window``: the most records a scan reads."""
 
     def __init__(
         self,
@@ -68,13 +59,7 @@ class DeliveryLogScan:
         self.window = window
         self.timeout_s = timeout_s
         self.max_concurrent = max_concurrent
-        self.admission = Admission(
-            "deliveries_scans",
-            Share(capacity=max_concurrent, per_owner=1),
-            time=time_charge,
-            retry_after_s=SCAN_RETRY_AFTER_S,
-            clock=clock,
-        )
+        self.admission = read_slots("deliveries_scans", max_concurrent, time_charge, clock)
         self._started = False
         self._idle: list[Any] = []
         # Every one built and not stopped: at most max_concurrent (one per admission slot).

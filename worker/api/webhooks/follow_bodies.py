@@ -66,20 +66,9 @@ class ReplayStatusData(BaseModel):
 
     @classmethod
     def of(cls, progress: ReplayProgress) -> ReplayStatusData:
-        return cls(
-            replay_id=progress.replay_id,
-            endpoint_id=progress.endpoint_id,
-            since=progress.since,
-            state=progress.state,
-            events_found=progress.events_found,
-            events_sent=progress.events_sent,
-            events_failed=progress.events_failed,
-            records_scanned=progress.records_scanned,
-            cancel_requested=progress.cancel_requested,
-            error=progress.error,
-            created_at=_rfc3339(progress.created_at),
-            updated_at=_rfc3339(progress.updated_at),
-        )
+        times = {"created_at", "updated_at"}
+        fields = progress.model_dump(include=cls.model_fields.keys() - times)
+        return cls(**fields, **{name: _rfc3339(getattr(progress, name)) for name in times})
 
 
 class ReplayStatusResponse(DataResponse[ReplayStatusData]):

@@ -37,7 +37,7 @@ from worker.api.webhooks.follow_bodies import (
 )
 from worker.api.webhooks.guard import Handler, guarded
 from worker.api.webhooks.replay import ReplayRunner
-from worker.api.webhooks.replay_status import REPLAY_ID_RE, ReplayBoard
+from worker.api.webhooks.replay_status import REPLAY_ID_RE, ReplayBoard, ReplayProgress
 from worker.api.webhooks.routes import ENDPOINT_ID_RULE, NOT_CONFIGURED, NOT_FOUND, WebhookClients
 from worker.contract.catalogue import ServiceError
 from worker.engine.tail import TopicTail
@@ -116,10 +116,12 @@ class FollowRoutes:
 
     # -- checks ------------------------------------------------------------------------------
 
-    def _configured(self, failure: str) -> FollowClients:
+    def _caller(self, request: Request, failure: str) -> tuple[FollowClients, str]:
+        """The clients and the key's workspace (key check and rate limit first)."""
+        workspace_id = self.admitted_workspace(request)
         if self.clients is None:
             raise ServiceError.of(failure, NOT_CONFIGURED)
-        return self.clients
+        return self.clients, workspace_id
 
     async def _ready(self, failure: str, *tails: TopicTail) -> None:
         for tail in tails:
@@ -128,11 +130,10 @@ class FollowRoutes:
             if not tail.running:
                 raise ServiceError.of(failure, "Not available right now.")
 
-    async def _replay(self, request: Request, failure: str) -> tuple[FollowClients, str, str]:
+    async def _replay(self, request: Request, failure: str) -> tuple[FollowClients, ReplayProgress]:
         """Key, configured, ids well-formed, the endpoint of the workspace, the replay of the
-        endpoint: (clients, workspace, replay id); 404 for anything not the caller's."""
-        workspace_id = self.admitted_workspace(request)
-        clients = self._configured(failure)
+        endpoint: (clients, the replay's progress); 404 for anything not the caller's."""
+        clients, workspace_id = self._caller(request, failure)
         endpoint_id: str = request.path_params["endpoint_id"]
         replay_id: str = request.path_params["replay_id"]
         if not valid_id(endpoint_id):
@@ -143,54 +144,39 @@ class FollowRoutes:
         endpoint = clients.endpoints.registry.get(workspace_id, endpoint_id)
         if endpoint is None or is_pending(endpoint):
             raise ServiceError.of("not_found", NOT_FOUND)
-        if clients.board.get(workspace_id, endpoint_id, replay_id) is None:
+        progress = clients.board.get(workspace_id, endpoint_id, replay_id)
+        if progress is None:
             await clients.board.seen(replay_id, RECENT_WAIT_S)
-            if clients.board.get(workspace_id, endpoint_id, replay_id) is None:
+            progress = clients.board.get(workspace_id, endpoint_id, replay_id)
+            if progress is None:
                 raise ServiceError.of("not_found", REPLAY_NOT_FOUND)
-        return clients, workspace_id, replay_id
+        return clients, progress
 
     # -- replays -----------------------------------------------------------------------------
 
     async def replay_status(self, request: Request) -> Response:
-        clients, workspace_id, replay_id = await self._replay(request, _REPLAY_FAILURE)
-        progress = clients.board.get(workspace_id, request.path_params["endpoint_id"], replay_id)
-        assert progress is not None  # _replay checked it
-        return json_response(
-            ReplayStatusResponse(
-                request_id=request_id_of(request), data=ReplayStatusData.of(progress)
-            )
-        )
+        return _status(request, (await self._replay(request, _REPLAY_FAILURE))[1])
 
     async def cancel_replay(self, request: Request) -> Response:
         """Ask for the replay's cancellation: 202 while it runs (the replica running it stops
         within a progress interval), 200 with the replay unchanged once it has ended."""
         await check_body(request)
-        clients, workspace_id, replay_id = await self._replay(request, _CANCEL_FAILURE)
-        endpoint_id = request.path_params["endpoint_id"]
-        progress = clients.board.get(workspace_id, endpoint_id, replay_id)
-        assert progress is not None
+        clients, progress = await self._replay(request, _CANCEL_FAILURE)
         if progress.ended:
-            return json_response(
-                ReplayStatusResponse(
-                    request_id=request_id_of(request), data=ReplayStatusData.of(progress)
-                )
-            )
+            return _status(request, progress)
         await clients.board.request_cancel(progress)
-        clients.replays.cancel(replay_id)  # at once when it runs here
-        log.info("webhook_replay_cancel_requested", replay_id=replay_id, endpoint_id=endpoint_id)
-        progress = progress.model_copy(update={"cancel_requested": True})
-        return json_response(
-            ReplayStatusResponse(
-                request_id=request_id_of(request), data=ReplayStatusData.of(progress)
-            ),
-            202,
+        clients.replays.cancel(progress.replay_id)  # at once when it runs here
+        log.info(
+            "webhook_replay_cancel_requested",
+            replay_id=progress.replay_id,
+            endpoint_id=progress.endpoint_id,
         )
+        return _status(request, progress.model_copy(update={"cancel_requested": True}), 202)
 
     # -- an account's events -----------------------------------------------------------------
 
     async def account_events(self, request: Request) -> Response:
-        workspace_id = self.admitted_workspace(request)
-        clients = self._configured(_EVENTS_FAILURE)
+        clients, workspace_id = self._caller(request, _EVENTS_FAILURE)
         account_id: str = request.path_params["account_id"]
         if not valid_id(account_id):
             raise ServiceError.of("invalid_request", f"Invalid path parameter: {ACCOUNT_ID_RULE}.")
@@ -250,6 +236,11 @@ class FollowRoutes:
                 has_more=page.has_more,
             )
         )
+
+
+def _status(request: Request, progress: ReplayProgress, status: int = 200) -> Response:
+    data = ReplayStatusData.of(progress)
+    return json_response(ReplayStatusResponse(request_id=request_id_of(request), data=data), status)
 
 
 def _limit(text: str | None) -> int:

@@ -17,7 +17,7 @@ from aiokafka.partitioner import murmur2
 
 from worker.contract.catalogue import ServiceError
 from worker.contract.webhook_endpoints import new_endpoint_id
-from worker.runtime.admission import NoRoom, TimeCharge
+from worker.runtime.admission import Admission, NoRoom, Share, TimeCharge
 from worker.settings import Settings
 from worker.webhooks.endpoints import EndpointRegistry
 
@@ -56,6 +56,16 @@ SCAN_RETRY_AFTER_S: Final = 1
 #: past it a workspace earns a quarter of a slot's time, so when four workspaces loop on reads
 #: and hold every slot, their reads use about one slot on average and leave three to the rest.
 SCAN_TIME: Final = TimeCharge(rate=0.25, burst_s=10.0)
+
+
+def read_slots(
+    name: str, capacity: int, time_charge: TimeCharge, clock: Callable[[], float] | None
+) -> Admission:
+    """The slots of a scan or read: ``capacity`` in the process, one per workspace at a time,
+    the seconds held charged to the workspace (``time_charge``), refused with
+    ``SCAN_RETRY_AFTER_S``."""
+    share = Share(capacity=capacity, per_owner=1)
+    return Admission(name, share, time=time_charge, retry_after_s=SCAN_RETRY_AFTER_S, clock=clock)
 
 
 class Refused(Exception):

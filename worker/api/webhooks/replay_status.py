@@ -21,7 +21,6 @@ from worker.api.webhooks.quotas import REPLAY_CAPACITY, TOO_MANY, Refused
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
 from worker.contract.webhook_endpoints import EndpointRecord
-from worker.engine.broker_health import BrokerHealth
 from worker.engine.compacted_view import ViewPart
 
 REPLAY_ID_RE: Final = re.compile(r"^rp_[0-9a-f]{32}$")
@@ -123,27 +122,20 @@ def ending(outcome: str, cancel_asked: bool, timeout_s: float) -> tuple[ReplaySt
 class ReplayBoard(ViewPart):
     """Every replica's view of the replays' progress, and the writes to it (see the module
     docstring). ``presence`` (unstarted) reads the topic, hands the replays' records here and
-    writes the board's with its own producer and broker health (``producer`` and ``health``
-    are accepted for the callers' sake, unused); ``clock`` (wall clock) is injectable."""
+    writes the board's with its own producer and broker health; ``clock`` (wall clock) is
+    injectable."""
 
     def __init__(
         self,
         presence: Presence,
-        producer: Any = None,
         *,
-        health: BrokerHealth | None = None,
         clock: Callable[[], float] = time.time,
         kept_per_workspace: int = KEPT_PER_WORKSPACE,
         kept_for_s: float = KEPT_FOR_S,
         max_tracked: int = MAX_TRACKED,
         stale_after_s: float = STALE_AFTER_S,
     ) -> None:
-        super().__init__(
-            presence,
-            KEY_PREFIX,
-            name="webhook-replay",
-            sweep_every_s=SWEEP_EVERY_S,
-        )
+        super().__init__(presence, KEY_PREFIX, name="webhook-replay", sweep_every_s=SWEEP_EVERY_S)
         self.presence = presence
         self._clock = clock
         self.kept_per_workspace = kept_per_workspace

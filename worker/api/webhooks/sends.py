@@ -110,13 +110,6 @@ class DeliverySends:
             body=copy.body,
             occurred_at=copy.occurred_at,
         )
-        logged = await enqueue(
-            self._producer,
-            self._log_topic,
-            entry.model_dump_json().encode(),
-            key=endpoint.id.encode(),
-        )
-        await acknowledged(self._producer, self._health, [logged])
         replay = Replay(
             replay_id=send_id,
             endpoint_id=endpoint.id,
@@ -124,13 +117,15 @@ class DeliverySends:
             source="webhook",
             event=copy.model_dump_json(),
         )
-        sent = await enqueue(
-            self._producer,
-            self._topic,
-            replay.model_dump_json().encode(),
-            key=copy.account_id.encode(),
-        )
-        await acknowledged(self._producer, self._health, [sent])
+        # The log's entry acknowledged first, then the send, keyed by its account.
+        for topic, record, key in (
+            (self._log_topic, entry, endpoint.id),
+            (self._topic, replay, copy.account_id),
+        ):
+            sent = await enqueue(
+                self._producer, topic, record.model_dump_json().encode(), key=key.encode()
+            )
+            await acknowledged(self._producer, self._health, [sent])
 
 
 __all__ = ["SENDS", "DeliverySends", "SendBudget", "new_send_id"]

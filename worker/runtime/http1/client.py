@@ -15,7 +15,6 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import TracebackType
 from typing import Final
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -179,14 +178,11 @@ class Http1Client:
                     deadline=deadline,
                 )
             except PeerClosed as exc:
-                self._release(origin, conn)
                 if reused and exc.before_answer and attempt == 0 and method in _IDEMPOTENT:
                     continue  # the peer had closed the idle connection: not a real attempt
                 raise
-            except BaseException:
+            finally:
                 self._release(origin, conn)
-                raise
-            self._release(origin, conn)
             return Answer(status, fields, content, truncated)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -427,7 +423,5 @@ class Http1Client:
     async def __aenter__(self) -> Http1Client:
         return self
 
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *_: object) -> None:
         await self.aclose()
