@@ -180,7 +180,6 @@ def delivery_paths() -> dict[str, Any]:
                     )
                 },
                 params=(*ON_ENDPOINT, *query),
-                portal=True,
             ),
         ),
         **path_item(
@@ -205,7 +204,6 @@ def delivery_paths() -> dict[str, Any]:
                     )
                 },
                 params=_ON_DELIVERY,
-                portal=True,
             ),
         ),
         **path_item(
@@ -228,7 +226,6 @@ def delivery_paths() -> dict[str, Any]:
                 ok={"202": _queued("resend")},
                 params=_ON_DELIVERY,
                 body=EMPTY_BODY,
-                portal=True,
             ),
         ),
         **path_item(
@@ -254,7 +251,6 @@ def delivery_paths() -> dict[str, Any]:
                 },
                 params=ON_ENDPOINT,
                 body=json_body(delivery_bodies.TestSendBody, "Which event to send."),
-                portal=True,
             ),
         ),
     }

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from worker.api.bodies import ErrorResponse
 from worker.api.cors import ALLOW_HEADERS, ALLOW_METHODS, CORS_HEADERS, CORS_MAX_AGE_S, CORS_METHODS
 from worker.api.methods import allow_value
+from worker.api.portal.tokens import in_portal_scope
 from worker.api.reading import MAX_BODY_BYTES
 from worker.contract.catalogue import ServiceError, by_numeric, entry
 
@@ -162,17 +163,15 @@ def operation(
     params: tuple[dict[str, Any] | str, ...] = ("RequestId",),
     tag: str = "webhooks",
     body: dict[str, Any] | None = None,
-    portal: bool = False,
 ) -> dict[str, Any]:
-    """One operation taking the API key (``portal``: a portal session token too,
-    ``worker.api.portal.tokens.PORTAL_SCOPE``); a string in ``params`` names a component
-    parameter. One that reads a ``body`` can also answer the body's deadline."""
+    """One operation taking the API key; a string in ``params`` names a component parameter.
+    One that reads a ``body`` can also answer the body's deadline."""
     found: dict[str, Any] = {
         "operationId": op_id,
         "summary": summary,
         "description": description,
         "tags": [tag],
-        "security": [{"ApiKey": []}, *([{"PortalSession": []}] if portal else [])],
+        "security": [{"ApiKey": []}],
         "parameters": [
             {"$ref": f"#/components/parameters/{p}"} if isinstance(p, str) else p for p in params
         ],
@@ -191,6 +190,9 @@ def path_item(path: str, preflight: str = "", **operations: dict[str, Any]) -> d
         first: str = operations.get("get", next(iter(operations.values())))["operationId"]
         name = re.sub("^(get|list)", "", first) if "get" in operations else first
         preflight = f"preflight{name[0].upper()}{name[1:]}"
+    for method, op in operations.items():
+        if in_portal_scope(method.upper(), path):  # a portal session token may call it too
+            op["security"] = [*op["security"], {"PortalSession": []}]
     options = _preflight(preflight, re.findall(r"\{(\w+)\}", path), allow_value(operations))
     return {path: {**operations, "options": options}}
 

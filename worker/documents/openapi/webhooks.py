@@ -96,11 +96,11 @@ def _secret(status: str, description: str) -> dict[str, Any]:
     return {status: no_store(answer, "carries a signing secret")}
 
 
-def _change(op_id: str, summary: str, description: str, ok: Any, failure: str, **kw: Any) -> Any:
+def _change(op_id: str, summary: str, description: str, ok: Any, failure: str) -> Any:
     """An operation on one endpoint that reads no body."""
     failures = webhook_failures(failure, OPTIONAL_BODY)
     return operation(
-        op_id, summary, description, failures, ok=ok, params=ON_ENDPOINT, body=EMPTY_BODY, **kw
+        op_id, summary, description, failures, ok=ok, params=ON_ENDPOINT, body=EMPTY_BODY
     )
 
 
@@ -178,7 +178,6 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 "Oldest first; secrets are never listed.",
                 listed,
                 ok={"200": json_response("The endpoints.", bodies.EndpointListResponse)},
-                portal=True,
             ),
         ),
         **path_item(
@@ -190,7 +189,6 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 webhook_failures("get_webhook_endpoint_failed", "Malformed `endpoint_id`."),
                 ok=_endpoint("The endpoint."),
                 params=ON_ENDPOINT,
-                portal=True,
             ),
             patch=operation(
                 "updateWebhookEndpoint",
@@ -223,7 +221,6 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 " (replay them after activating).",
                 _endpoint("The endpoint."),
                 "deactivate_webhook_endpoint_failed",
-                portal=True,
             ),
         ),
         **path_item(
@@ -234,7 +231,6 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 "`status` becomes `active`, also after the dispatcher disabled it.",
                 _endpoint("The endpoint."),
                 "update_webhook_endpoint_failed",
-                portal=True,
             ),
         ),
         **path_item(
@@ -249,7 +245,6 @@ def endpoint_paths(limits: EndpointLimits, policy: TargetPolicy) -> dict[str, An
                 " overlap early.",
                 _secret("200", "Rotated."),
                 "update_webhook_endpoint_failed",
-                portal=True,
             ),
         ),
         **path_item(
