@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from itertools import accumulate, takewhile
 from typing import Any, Final
 
 from aiokafka import AIOKafkaProducer
@@ -154,13 +155,8 @@ def letter_parts(
         rest = max(0, room - len(new_key or b""))
         value_room, headers_room = _shares(value_size, sum(header_sizes), rest)
         new_value = None if value is None else value[:value_room]
-        new_headers = []
-        used = 0
-        for header, size in zip(kept, header_sizes, strict=True):
-            if used + size > headers_room:
-                break
-            new_headers.append(header)
-            used += size
+        fitting = takewhile(lambda used: used <= headers_room, accumulate(header_sizes))
+        new_headers = kept[: len(list(fitting))]  # the first ones, as many as fit
     headers = [*new_headers, *fault.headers(source)]
     if not whole:
         headers += _truncation_headers(

@@ -224,14 +224,8 @@ async def _describe_configs(
                 error = for_code(res["error_code"]).__name__
                 out[res["resource_name"]] = (None, f"DescribeConfigs: {error}")
                 continue
-            out[res["resource_name"]] = (
-                {
-                    e["config_names"]: e["config_value"]
-                    for e in res["config_entries"]
-                    if e["config_value"] is not None
-                },
-                None,
-            )
+            entries = [(e["config_names"], e["config_value"]) for e in res["config_entries"]]
+            out[res["resource_name"]] = ({k: v for k, v in entries if v is not None}, None)
     return out
 
 

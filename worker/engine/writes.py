@@ -5,7 +5,7 @@ its own unit of work, never the process (docs/operations.md, "Kafka outages").""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Required, TypedDict, Unpack
 
@@ -64,14 +64,9 @@ class Sent:
         if self.future is None:
             health.failed(self.error or "send failed")
             return False
-        try:
-            await self.future
-        except _REJECTED as exc:
-            raise RecordRejected("rejected", f"{type(exc).__name__} from {self.topic}") from exc
-        except KafkaError as exc:
-            if not is_outage(exc):
-                raise
-            health.failed(exc)
+        _, error = await _answer(self.future, self.topic)
+        if error is not None:
+            health.failed(error)
             return False
         health.succeeded()
         return True
@@ -111,23 +106,23 @@ async def enqueue(
         raise RecordRejected(
             "too_large", f"a record of {size} bytes for {topic}, limit {MAX_RECORD_BYTES}"
         )
-    future, error = None, None
+    stamped = {} if stamp is None else {"timestamp_ms": stamp}
+    send = producer.send(topic, value, key=key, partition=partition, headers=headers, **stamped)
+    future, error = await _answer(send, topic)
+    return Sent(future, topic, value, key, partition, headers, error, stamp)
+
+
+async def _answer(call: Awaitable[Any], topic: str) -> tuple[Any, KafkaError | None]:
+    """What ``call`` returned, or the outage error it raised (``None`` then); a refusal of the
+    record itself raises ``RecordRejected``, any other error is raised as it is."""
     try:
-        future = await producer.send(
-            topic,
-            value,
-            key=key,
-            partition=partition,
-            headers=headers,
-            **({} if stamp is None else {"timestamp_ms": stamp}),
-        )
+        return await call, None
     except _REJECTED as exc:
         raise RecordRejected("rejected", f"{type(exc).__name__} from {topic}") from exc
     except KafkaError as exc:
         if not is_outage(exc):
             raise
-        error = exc
-    return Sent(future, topic, value, key, partition, headers, error, stamp)
+        return None, exc
 
 
 def record_size(
