@@ -4,9 +4,8 @@ not subscribe to everything); the setting-dependent length limits are checked by
 
 from __future__ import annotations
 
-import re
-from datetime import UTC, datetime
-from typing import Annotated, Any, Final, TypeVar
+from datetime import datetime
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -30,54 +29,8 @@ from worker.contract.webhook_endpoints import (
     RateLimit,
     Recovery,
 )
+from worker.contract.webhook_events import parse_rfc3339
 from worker.webhooks.signing import SECRET_PREFIX
-
-_RFC3339: Final = re.compile(
-    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
-    r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
-)
-
-
-_EARLIEST: Final = datetime.min.replace(tzinfo=UTC)
-_LATEST: Final = datetime.max.replace(tzinfo=UTC)
-
-
-def parse_rfc3339(value: object) -> datetime:
-    """An RFC 3339 date-time (``Z`` or an offset required) as an aware datetime in UTC.
-
-    Raises ``ValueError``. A leap second (``:60``) is read as the last microsecond before it.
-    RFC 3339 spans years 0000-9999 in any offset; Python's datetime does not (year 0, or
-    0001-01-01 east of UTC, 9999-12-31 west of it), so such an instant is clamped to the
-    earliest or latest one Python has: as a ``since`` it still means "everything" or
-    "nothing", rather than a refusal of a valid date-time.
-    """
-    if not isinstance(value, str):
-        raise ValueError("must be an RFC 3339 date-time string")
-    match = _RFC3339.fullmatch(value)  # ASCII digits only, no trailing newline
-    if match is None:
-        raise ValueError("must be an RFC 3339 date-time such as 2026-01-01T00:00:00Z")
-    year, month, day, hour, minute, second, fraction, offset = match.groups()
-    leap = second == "60"
-    micros = (fraction or "").ljust(6, "0")[:6]
-    # Year 0000 is valid RFC 3339 and a leap year, like 0004: the rest is checked as 0004.
-    year_zero = year == "0000"
-    text = (
-        f"{'0004' if year_zero else year}-{month}-{day}T{hour}:{minute}:"
-        f"{'59' if leap else second}.{micros}{'+00:00' if offset in ('Z', 'z') else offset}"
-    )
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError("must be an RFC 3339 date-time such as 2026-01-01T00:00:00Z") from None
-    if year_zero:
-        return _EARLIEST
-    if leap:
-        parsed = parsed.replace(microsecond=999_999)
-    try:
-        return parsed.astimezone(UTC)
-    except OverflowError:  # the instant falls before year 1 or after year 9999 in UTC
-        return _EARLIEST if parsed.year == 1 else _LATEST
-
 
 Rfc3339 = Annotated[
     datetime,

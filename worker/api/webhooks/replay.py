@@ -3,8 +3,8 @@ auth.status and auth.errors (from ``since`` by the timestamp index to the high-w
 its start) turns matching events into ``Replay`` records the dispatcher delivers under their
 original webhook-ids; quotas per workspace and process refuse with 429 (docs/operations.md,
 "Quotas"). Progress and cancellation, on every replica: ``worker.api.webhooks.replay_status``.
-Over 500 lines: the scan and a replay's life (quotas, progress, cancellation) share one
-runner's state; the progress records live apart."""
+The scan itself is the webhook library's (``worker.webhooks.replay_scan``), shared with the
+dispatcher's recovery of an endpoint."""
 
 from __future__ import annotations
 
@@ -18,31 +18,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from aiokafka import TopicPartition
-from pydantic import ValidationError
-
 from worker.api.presence import Presence
-from worker.api.webhooks.bodies import parse_rfc3339
 from worker.api.webhooks.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
-from worker.api.webhooks.replay_status import (
-    PROGRESS_EVERY_S,
-    ReplayBoard,
-    ReplayProgress,
-    ReplayState,
-    ending,
-    progress_record,
-)
+from worker.api.webhooks.replay_status import PROGRESS_EVERY_S, ReplayBoard, ending
 from worker.contract.catalogue import ServiceError
-from worker.contract.delivery_log import Replay
 from worker.contract.webhook_endpoints import EndpointRecord
-from worker.contract.webhook_events import WebhookEvent, from_error, from_status
 from worker.engine.broker_health import BrokerHealth
-from worker.engine.client_start import AsideCloses
-from worker.engine.fetch import skipping
-from worker.engine.range_read import partitions, read_range
-from worker.engine.writes import acknowledged, enqueue
 from worker.runtime.admission import Admission, Share, Slot
 from worker.runtime.logs import get_logger
+from worker.webhooks.replay_scan import (
+    SEEK_MARGIN_S,
+    ReplayProgress,
+    ReplayScan,
+    ReplayState,
+    event_of,
+    occurred_since,
+    progress_record,
+)
 
 log = get_logger(__name__)
 
@@ -52,12 +44,6 @@ PER_WORKSPACE: Final = 2
 #: ``Retry-After`` of a refusal: a replay takes seconds to minutes (``timeout_s`` at most).
 RETRY_AFTER_S: Final = 30
 REPLAY_TIMEOUT_S: Final = 300.0
-#: How much earlier than ``since`` a partition is read from: the broker's timestamps are the
-#: producer's clock (Kafka's CreateTime) or the broker's (append time, on some brokers), and an
-#: event's ``occurred_at`` the worker's.
-SEEK_MARGIN_S: Final = 60.0
-#: Records decoded between two yields to the event loop.
-DECODE_SLICE: Final = 100
 _KEPT_OUTCOMES: Final = 256
 
 
@@ -110,13 +96,15 @@ class ReplayRunner:
         self._progress_every_s = progress_every_s
         self._cancelling: set[str] = set()  # replays here whose cancellation was asked for
         self._created: dict[str, float] = {}
-        self._consumer_factory = consumer_factory
-        self._aside = AsideCloses()  # replays' consumers whose start a cancel cut short
-        self._producer = producer
-        self._status_topic = status_topic
-        self._errors_topic = errors_topic
-        self._replays_topic = replays_topic
-        self._health = health or BrokerHealth()
+        self.scan = ReplayScan(
+            consumer_factory=consumer_factory,
+            producer=producer,
+            status_topic=status_topic,
+            errors_topic=errors_topic,
+            replays_topic=replays_topic,
+            health=health,
+            seek_margin_s=seek_margin_s,
+        )
         # Replays admitted (running or queued) through the one admission rule: a workspace
         # holds at most ``per_workspace``, and a quarter stays for workspaces holding none.
         # Admitted replays run in arrival order, one per workspace at a time (its lock).
@@ -130,15 +118,15 @@ class ReplayRunner:
         self._admitted: dict[str, Slot] = {}
         self._per_workspace = per_workspace
         self._timeout_s = timeout_s
-        self._seek_margin_s = seek_margin_s
-        self._skip = skipping("webhook-replay", log)
-        #: Records fetched by every replay of this process (all workspaces' events are read,
-        #: the topics are keyed by account): what the scans cost.
-        self.records_read = 0
         self._tasks: dict[str, asyncio.Task[ReplayOutcome]] = {}
         self._outcomes: OrderedDict[str, ReplayOutcome] = OrderedDict()
         # Per workspace with a replay in flight: how many, and the lock they run under.
         self._workspaces: dict[str, tuple[int, asyncio.Lock]] = {}
+
+    @property
+    def records_read(self) -> int:
+        """Records fetched by every replay of this process: what the scans cost."""
+        return self.scan.records_read
 
     @property
     def active(self) -> int:
@@ -247,7 +235,7 @@ class ReplayRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._aside.drain()
+        await self.scan.aside.drain()
 
     # -- one replay ---------------------------------------------------------------------------
 
@@ -265,7 +253,7 @@ class ReplayRunner:
                 phase[0] = "running"
                 try:
                     async with asyncio.timeout(self._timeout_s):
-                        await self._scan(replay_id, endpoint, since, counts)
+                        await self.scan.run(replay_id, endpoint, since, counts)
                     state = "finished"
                 except TimeoutError:
                     state = "timed_out"
@@ -357,81 +345,6 @@ class ReplayRunner:
         while len(self._outcomes) > _KEPT_OUTCOMES:
             self._outcomes.popitem(last=False)
 
-    async def _scan(
-        self, replay_id: str, endpoint: EndpointRecord, since: datetime, counts: list[int]
-    ) -> None:
-        """Read each topic's partitions from the first record stamped at or after ``since``
-        less ``seek_margin_s`` (clocks that disagree) to their ends of now
-        (``worker.engine.range_read``), on a consumer per topic (one assigned to a topic does
-        not learn another's metadata). An event is replayed only when its ``occurred_at`` is
-        at or after ``since`` too, so an index that starts early costs reading, never a wrong
-        delivery."""
-
-        async def replay(tp: TopicPartition, records: list[Any]) -> None:
-            self.records_read += len(records)
-            counts[1] += len(records)
-            counts[0] += await self._replay_batch(replay_id, endpoint, since, tp, records, counts)
-
-        at = int((since.timestamp() - self._seek_margin_s) * 1000)
-        for topic in (self._status_topic, self._errors_topic):
-            consumer = self._consumer_factory()
-            await self._aside.start(consumer)  # a start cut short is closed aside
-            try:
-                tps = await partitions(consumer, topic, deadline=time.monotonic() + 30.0)
-                await read_range(consumer, tps, replay, on_unreadable=self._skip, since_ms=at)
-            finally:
-                await consumer.stop()
-
-    async def _replay_batch(
-        self,
-        replay_id: str,
-        endpoint: EndpointRecord,
-        since: datetime,
-        tp: TopicPartition,
-        records: list[Any],
-        counts: list[int],
-    ) -> int:
-        """Produce a ``Replay`` for each record of ``endpoint`` since ``since``; wait for
-        the acks, sending again what an outage failed (a lost record would be a silently
-        missing delivery)."""
-        source: Literal["status", "errors"] = (
-            "status" if tp.topic == self._status_topic else "errors"
-        )
-        decode = from_status if source == "status" else from_error
-        sent = []
-        for n, msg in enumerate(records, 1):
-            if n % DECODE_SLICE == 0:
-                await asyncio.sleep(0)  # the front-end's loop serves requests meanwhile
-            if msg.value is None:
-                continue
-            event = event_of(decode, msg.value)
-            if (
-                event is None
-                or event.workspace_id != endpoint.workspace_id
-                or not endpoint.subscribes(event.event_type)
-                or not occurred_since(event, since)
-            ):
-                continue
-            counts[2] += 1
-            replay = Replay(
-                replay_id=replay_id,
-                endpoint_id=endpoint.id,
-                workspace_id=endpoint.workspace_id,
-                source=source,
-                event=msg.value.decode("utf-8", "replace"),
-            )
-            sent.append(
-                await enqueue(
-                    self._producer,
-                    self._replays_topic,
-                    replay.model_dump_json().encode(),
-                    key=event.account_id.encode(),
-                    partition=msg.partition,
-                )
-            )
-        await acknowledged(self._producer, self._health, sent)
-        return len(sent)
-
 
 def _over_quota(count: int) -> Refused:
     return Refused(
@@ -445,16 +358,15 @@ def _over_quota(count: int) -> Refused:
     )
 
 
-def event_of(decode: Callable[[bytes], WebhookEvent], value: bytes) -> WebhookEvent | None:
-    """The event ``value`` holds, or ``None`` when it holds none."""
-    try:
-        return decode(value)
-    except ValidationError:
-        return None  # not an event (the dispatcher skips it too)
-
-
-def occurred_since(event: WebhookEvent, since: datetime) -> bool:
-    try:
-        return parse_rfc3339(event.occurred_at) >= since
-    except ValueError:
-        return False
+__all__ = [
+    "MAX_QUEUED",
+    "MAX_RUNNING",
+    "PER_WORKSPACE",
+    "REPLAY_TIMEOUT_S",
+    "SEEK_MARGIN_S",  # with event_of and occurred_since, for account_events
+    "ReplayOutcome",
+    "ReplayRunner",
+    "event_of",
+    "new_replay_id",
+    "occurred_since",
+]

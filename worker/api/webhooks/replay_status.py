@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,10 +18,9 @@ from worker.api.presence import Presence
 from worker.api.webhooks.quotas import REPLAY_CAPACITY, TOO_MANY, Refused
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
-from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.compacted_view import ViewPart
+from worker.webhooks.replay_scan import REPLAY_ID_RE, ReplayProgress, ReplayState
 
-REPLAY_ID_RE: Final = re.compile(r"^rp_[0-9a-f]{32}$")
 #: Every key on ``api.presence`` that is a replay's (the presence tail hands them here).
 KEY_PREFIX: Final = b"rp_"
 CANCEL_SUFFIX: Final = "/cancel"
@@ -34,36 +31,6 @@ MAX_TRACKED: Final = 10_000
 PROGRESS_EVERY_S: Final = 1.0
 STALE_AFTER_S: Final = 15 * PROGRESS_EVERY_S
 SWEEP_EVERY_S: Final = 60.0
-ERROR_CHARS: Final = 200
-
-ReplayState = Literal["queued", "running", "done", "cancelled", "failed"]
-ENDED: Final = frozenset({"done", "cancelled", "failed"})
-
-
-class ReplayProgress(BaseModel):
-    """One replay's state and counts (value on ``api.presence``, key: ``replay_id``)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    type: Literal["webhook_replay_status"] = "webhook_replay_status"
-    schema_version: Literal[1] = 1
-    replay_id: str = Field(pattern=REPLAY_ID_RE.pattern)
-    workspace_id: Identifier
-    endpoint_id: Identifier
-    since: str = Field(max_length=64)
-    state: ReplayState
-    events_found: int = Field(default=0, ge=0)
-    events_sent: int = Field(default=0, ge=0)
-    events_failed: int = Field(default=0, ge=0)
-    records_scanned: int = Field(default=0, ge=0)
-    created_at: float
-    updated_at: float
-    error: str | None = Field(default=None, max_length=ERROR_CHARS)
-    cancel_requested: bool = False
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ENDED
 
 
 class ReplayCancel(BaseModel):
@@ -76,33 +43,6 @@ class ReplayCancel(BaseModel):
     replay_id: str = Field(pattern=REPLAY_ID_RE.pattern)
     workspace_id: Identifier
     at: float
-
-
-def progress_record(
-    replay_id: str,
-    endpoint: EndpointRecord,
-    since: datetime,
-    state: ReplayState,
-    created_at: float,
-    counts: list[int] | None = None,
-    **more: Any,
-) -> ReplayProgress:
-    """A replay's record now; ``counts``: events sent (acknowledged), records scanned,
-    events found (the runner's)."""
-    sent, scanned, found = counts or (0, 0, 0)
-    return ReplayProgress(
-        replay_id=replay_id,
-        workspace_id=endpoint.workspace_id,
-        endpoint_id=endpoint.id,
-        since=since.isoformat(timespec="microseconds").replace("+00:00", "Z"),
-        state=state,
-        events_found=found,
-        events_sent=sent,
-        records_scanned=scanned,
-        created_at=created_at,
-        updated_at=time.time(),
-        **more,
-    )
 
 
 def ending(outcome: str, cancel_asked: bool, timeout_s: float) -> tuple[ReplayState, str | None]:
@@ -294,5 +234,4 @@ __all__ = [
     "ReplayProgress",
     "ReplayState",
     "ending",
-    "progress_record",
 ]

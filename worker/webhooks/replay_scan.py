@@ -1,0 +1,238 @@
+"""The scan behind a replay: a bounded read of auth.status and auth.errors from a time to their
+ends of now, each matching event turned into a ``Replay`` record on webhook.replays that the
+dispatcher delivers under the event's own webhook-id. Run by the front-end's ``POST
+.../replay`` and by the dispatcher recovering an endpoint (docs/architecture.md, "Endpoints
+that heal"); the progress both write to the replay board is ``ReplayProgress``."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from aiokafka import TopicPartition
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from worker.contract.delivery_log import Replay
+from worker.contract.messages import Identifier
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_events import WebhookEvent, from_error, from_status, parse_rfc3339
+from worker.engine.broker_health import BrokerHealth
+from worker.engine.client_start import AsideCloses
+from worker.engine.fetch import skipping
+from worker.engine.range_read import partitions, read_range
+from worker.engine.writes import acknowledged, enqueue
+from worker.runtime.logs import get_logger
+
+log = get_logger("worker.api.webhooks.replay")  # the replays' lines keep their logger name
+
+#: How much earlier than ``since`` a partition is read from: the broker's timestamps are the
+#: producer's clock (Kafka's CreateTime) or the broker's (append time, on some brokers), and an
+#: event's ``occurred_at`` the worker's.
+SEEK_MARGIN_S: Final = 60.0
+#: Records decoded between two yields to the event loop.
+DECODE_SLICE: Final = 100
+REPLAY_ID_RE: Final = re.compile(r"^rp_[0-9a-f]{32}$")
+ERROR_CHARS: Final = 200
+
+ReplayState = Literal["queued", "running", "done", "cancelled", "failed"]
+ENDED: Final = frozenset({"done", "cancelled", "failed"})
+
+
+def recovery_replay_id(endpoint_id: str, disabled_at: float) -> str:
+    """The one replay id of an endpoint's recovery from the disable at ``disabled_at``: a
+    recovery resumed after a crash replays under the same id (the dispatcher's dedup window
+    drops what it already took in)."""
+    digest = hashlib.sha256(f"{endpoint_id}\0{disabled_at!r}".encode()).hexdigest()
+    return f"rp_{digest[:32]}"
+
+
+class ReplayProgress(BaseModel):
+    """One replay's state and counts (value on ``api.presence``, key: ``replay_id``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["webhook_replay_status"] = "webhook_replay_status"
+    schema_version: Literal[1] = 1
+    replay_id: str = Field(pattern=REPLAY_ID_RE.pattern)
+    workspace_id: Identifier
+    endpoint_id: Identifier
+    since: str = Field(max_length=64)
+    state: ReplayState
+    events_found: int = Field(default=0, ge=0)
+    events_sent: int = Field(default=0, ge=0)
+    events_failed: int = Field(default=0, ge=0)
+    records_scanned: int = Field(default=0, ge=0)
+    created_at: float
+    updated_at: float
+    error: str | None = Field(default=None, max_length=ERROR_CHARS)
+    cancel_requested: bool = False
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+def progress_record(
+    replay_id: str,
+    endpoint: EndpointRecord,
+    since: datetime,
+    state: ReplayState,
+    created_at: float,
+    counts: list[int] | None = None,
+    **more: Any,
+) -> ReplayProgress:
+    """A replay's record now; ``counts``: events sent (acknowledged), records scanned,
+    events found (the scan's)."""
+    sent, scanned, found = counts or (0, 0, 0)
+    return ReplayProgress(
+        replay_id=replay_id,
+        workspace_id=endpoint.workspace_id,
+        endpoint_id=endpoint.id,
+        since=since.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+        state=state,
+        events_found=found,
+        events_sent=sent,
+        records_scanned=scanned,
+        created_at=created_at,
+        updated_at=time.time(),
+        **more,
+    )
+
+
+class ReplayScan:
+    """Scans for replays. ``consumer_factory`` builds an unstarted, group-less consumer per
+    topic scanned; ``producer`` is the process's started producer, ``health`` the broker
+    health its sends report to."""
+
+    def __init__(
+        self,
+        *,
+        consumer_factory: Callable[[], Any],
+        producer: Any,
+        status_topic: str,
+        errors_topic: str,
+        replays_topic: str,
+        health: BrokerHealth | None = None,
+        seek_margin_s: float = SEEK_MARGIN_S,
+    ) -> None:
+        self._consumer_factory = consumer_factory
+        self._producer = producer
+        self._status_topic = status_topic
+        self._errors_topic = errors_topic
+        self._replays_topic = replays_topic
+        self._health = health or BrokerHealth()
+        self._seek_margin_s = seek_margin_s
+        self.aside = AsideCloses()  # scans' consumers whose start a cancel cut short
+        self._skip = skipping("webhook-replay", log)
+        #: Records fetched by every scan of this process (all workspaces' events are read,
+        #: the topics are keyed by account): what the scans cost.
+        self.records_read = 0
+
+    async def run(
+        self, replay_id: str, endpoint: EndpointRecord, since: datetime, counts: list[int]
+    ) -> None:
+        """Read each topic's partitions from the first record stamped at or after ``since``
+        less ``seek_margin_s`` (clocks that disagree) to their ends of now
+        (``worker.engine.range_read``), on a consumer per topic (one assigned to a topic does
+        not learn another's metadata). An event is replayed only when its ``occurred_at`` is
+        at or after ``since`` too, so an index that starts early costs reading, never a wrong
+        delivery. ``counts`` (replayed and acknowledged, scanned, found) grows as it goes."""
+
+        async def replay(tp: TopicPartition, records: list[Any]) -> None:
+            self.records_read += len(records)
+            counts[1] += len(records)
+            counts[0] += await self._batch(replay_id, endpoint, since, tp, records, counts)
+
+        at = int((since.timestamp() - self._seek_margin_s) * 1000)
+        for topic in (self._status_topic, self._errors_topic):
+            consumer = self._consumer_factory()
+            await self.aside.start(consumer)  # a start cut short is closed aside
+            try:
+                tps = await partitions(consumer, topic, deadline=time.monotonic() + 30.0)
+                await read_range(consumer, tps, replay, on_unreadable=self._skip, since_ms=at)
+            finally:
+                await consumer.stop()
+
+    async def _batch(
+        self,
+        replay_id: str,
+        endpoint: EndpointRecord,
+        since: datetime,
+        tp: TopicPartition,
+        records: list[Any],
+        counts: list[int],
+    ) -> int:
+        """Produce a ``Replay`` for each record of ``endpoint`` since ``since``, on the
+        partition number the event was on (its account's lane); wait for the acks, sending
+        again what an outage failed (a lost record would be a silently missing delivery)."""
+        source: Literal["status", "errors"] = (
+            "status" if tp.topic == self._status_topic else "errors"
+        )
+        decode = from_status if source == "status" else from_error
+        sent = []
+        for n, msg in enumerate(records, 1):
+            if n % DECODE_SLICE == 0:
+                await asyncio.sleep(0)  # the process's loop serves the rest meanwhile
+            if msg.value is None:
+                continue
+            event = event_of(decode, msg.value)
+            if (
+                event is None
+                or event.workspace_id != endpoint.workspace_id
+                or not endpoint.subscribes(event.event_type)
+                or not occurred_since(event, since)
+            ):
+                continue
+            counts[2] += 1
+            replay = Replay(
+                replay_id=replay_id,
+                endpoint_id=endpoint.id,
+                workspace_id=endpoint.workspace_id,
+                source=source,
+                event=msg.value.decode("utf-8", "replace"),
+            )
+            sent.append(
+                await enqueue(
+                    self._producer,
+                    self._replays_topic,
+                    replay.model_dump_json().encode(),
+                    key=event.account_id.encode(),
+                    partition=msg.partition,
+                )
+            )
+        await acknowledged(self._producer, self._health, sent)
+        return len(sent)
+
+
+def event_of(decode: Callable[[bytes], WebhookEvent], value: bytes) -> WebhookEvent | None:
+    """The event ``value`` holds, or ``None`` when it holds none."""
+    try:
+        return decode(value)
+    except ValidationError:
+        return None  # not an event (the dispatcher skips it too)
+
+
+def occurred_since(event: WebhookEvent, since: datetime) -> bool:
+    try:
+        return parse_rfc3339(event.occurred_at) >= since
+    except ValueError:
+        return False
+
+
+__all__ = [
+    "ENDED",
+    "REPLAY_ID_RE",
+    "SEEK_MARGIN_S",
+    "ReplayProgress",
+    "ReplayScan",
+    "ReplayState",
+    "event_of",
+    "occurred_since",
+    "progress_record",
+    "recovery_replay_id",
+]
