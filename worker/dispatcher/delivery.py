@@ -158,28 +158,10 @@ class QueueLimits:
             raise ValueError(f"max_bytes must be >= {2 * STATE_HEADROOM}")
 
     def fits(self, state: DeliveryState) -> bool:
-        """Whether ``state`` (a queue with the new delivery in it) may be taken in. Its JSON
-        is serialized only when a bound on it (``_most_chars``) does not already say it fits."""
+        """Whether ``state`` (a queue with the new delivery in it) may be taken in."""
         if len(state.queue) > self.max_pending:
             return False
-        limit = self.max_bytes - STATE_HEADROOM
-        return _most_chars(state) <= limit or len(state.model_dump_json()) <= limit
-
-
-def _most_chars(state: DeliveryState) -> int:
-    """At least the characters of ``state``'s JSON: a character of a string is at most 12 of
-    JSON (an escaped surrogate pair), and the rest of a record or of a delivery (names, numbers,
-    punctuation) well under ``_REST`` characters."""
-    chars = len(state.endpoint_id) + len(state.account_id) + len(state.workspace_id)
-    chars += sum(len(m) + 1 for m in state.seen)
-    for p in state.queue:
-        chars += len(p.webhook_id) + len(p.event_type) + len(p.event_id) + len(p.body)
-        chars += len(p.occurred_at) + len(p.last_error or "") + len(p.replay or "")
-        chars += len(p.traceparent or "") + len(p.tracestate or "")
-    return 12 * chars + _REST * (1 + len(state.queue))
-
-
-_REST: Final = 1024
+        return len(state.model_dump_json()) <= self.max_bytes - STATE_HEADROOM
 
 
 TakenIn = Literal["taken", "duplicate", "full"]
@@ -198,16 +180,6 @@ class AttemptResult:
     @property
     def ok(self) -> bool:
         return self.status is not None and 200 <= self.status < 300
-
-    @property
-    def pause_asked(self) -> float | None:
-        """A ``Retry-After`` on 429/503 pauses the whole endpoint, not just this pair."""
-        return self.retry_after_s if self.status in (429, 503) else None
-
-    @property
-    def not_sent(self) -> bool:
-        """No slot of ours (``sender.ErrorKind.CAPACITY``): nothing was sent."""
-        return self.status is None and self.error == "capacity"
 
 
 @dataclass(frozen=True, slots=True)

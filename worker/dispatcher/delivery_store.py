@@ -4,10 +4,9 @@ and migrated (docs/operations.md, "Upgrading the delivery state")."""
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter, deque
-from collections.abc import Callable, Coroutine
-from typing import Any, Literal
+from collections import Counter
+from collections.abc import Callable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -54,37 +53,6 @@ def merge(newer: DeliveryState, older: DeliveryState) -> DeliveryState:
     return newer.model_copy(update={"queue": (*newer.queue, *extra), "seen": seen})
 
 
-class Batch:
-    """The pairs of one endpoint in one partition whose heads are due, attempted by one lane
-    (``Dispatcher.follow_up``): ``members`` are claimed until the batch is done with them,
-    queued or under way; ``ended`` the attempts that ended since the batch last looked.
-    ``poke`` wakes the batch's lane."""
-
-    __slots__ = ("ended", "members", "queue", "running", "under_way", "wakeup")
-
-    def __init__(self) -> None:
-        self.queue: deque[str] = deque()
-        self.members: set[str] = set()
-        self.under_way: set[asyncio.Task[Any]] = set()
-        self.ended: list[asyncio.Task[Any]] = []
-        self.running = False
-        self.wakeup: asyncio.Future[None] | None = None
-
-    def poke(self) -> None:
-        if self.wakeup is not None and not self.wakeup.done():
-            self.wakeup.set_result(None)
-
-    def start(self, work: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.create_task(work)
-        self.under_way.add(task)
-        task.add_done_callback(self.attempt_ended)
-
-    def attempt_ended(self, task: asyncio.Task[Any]) -> None:
-        self.under_way.discard(task)
-        self.ended.append(task)
-        self.poke()
-
-
 class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     """Delivery states by pair key, a timer per pair whose queue waits, and the account
     records of the old form still to migrate (a timer under the account id each).
@@ -120,8 +88,6 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
         self._parked: dict[int, set[str]] = {}
         self._claimed: set[str] = set()
         self.unsaved = Unsaved()
-        self.batches: dict[tuple[int, str], Batch] = {}
-        """The open batch of each (partition, endpoint id), dropped with its partition."""
 
     @staticmethod
     def decode(value: bytes) -> tuple[str, DeliveryState | AccountDeliveries]:
@@ -281,8 +247,6 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
                 del self._workspace_total[workspace_id]
         self._parked.pop(partition, None)
         self.unsaved.drop(partition)
-        for where in [w for w in self.batches if w[0] == partition]:
-            del self.batches[where]
         super().drop(partition)
 
     def __len__(self) -> int:
@@ -351,7 +315,6 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
 
 __all__ = [
     "AccountDeliveries",
-    "Batch",
     "DeliveryStore",
     "WorkspaceOf",
     "decode_state",

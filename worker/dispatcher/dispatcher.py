@@ -1,7 +1,6 @@
 """One unit of dispatcher work, run by the shared consume loop: take an event in (fan out to
-each pair's queue, the event's offset held until each delivery is safe), attempt the due
-deliveries of an endpoint in a partition as one batch, or migrate an account's old one-record
-state (``worker.dispatcher.migration``)
+each pair's queue, the event's offset held until each delivery is safe), attempt a due
+delivery, or migrate an account's old one-record state (``worker.dispatcher.migration``)
 (docs/architecture.md, "Webhook fan-out"; its spans: docs/operations.md, "Tracing"). Its
 parts: the writes of pair states (``pair_writes``), refusals at take-in (``refusals``),
 disabling a failing endpoint (``disabling``)."""
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 
 from aiokafka.structs import ConsumerRecord
 
-from worker.contract.delivery_log import webhook_id
+from worker.contract.delivery_log import AttemptRecord, webhook_id
 from worker.contract.webhook_endpoints import EndpointRecord, is_active
 from worker.contract.webhook_events import WebhookEvent
 from worker.dispatcher.delivery import (
@@ -26,13 +25,14 @@ from worker.dispatcher.delivery import (
     Pending,
     QueueLimits,
     Settled,
+    carry_over,
     fail_head,
     marker,
     settle,
     state_key,
     take_in,
 )
-from worker.dispatcher.delivery_store import Batch, DeliveryStore
+from worker.dispatcher.delivery_store import DeliveryStore
 from worker.dispatcher.disabling import Disabling, ProbeConfig
 from worker.dispatcher.dispatch_ports import EndpointWriter, Sender, Signer
 from worker.dispatcher.endpoint_gate import EndpointGate, GateConfig
@@ -108,7 +108,7 @@ class Dispatcher:
         self._rng = rng or random.Random()
         self.gate = EndpointGate(
             config.gate,
-            wake=self._wake,
+            wake=store.wake,
             metrics=metrics,
             rng=self._rng,
             known=self._known,
@@ -166,14 +166,17 @@ class Dispatcher:
         head = None if state is None else state.head()
         if state is None or head is None:
             return
+        await self._instrument.run_give_up(
+            partition, state, head, lambda: self._fail_head(partition, key, state, head, fault)
+        )
+
+    async def _fail_head(
+        self, partition: int, key: str, state: DeliveryState, head: Pending, fault: Fault
+    ) -> Attempted:
         settled = fail_head(state, f"internal_error: {fault.exception}", now=self._clock())
-        failed = Attempted(head, settled, self.endpoints.get(state.workspace_id, endpoint_id))
-
-        async def write() -> Attempted:
-            await self._writes.outcomes(partition, [failed], self.disabling, self._clock())
-            return failed
-
-        await self._instrument.run_give_up(partition, state, head, write)
+        endpoint = self.endpoints.get(state.workspace_id, state.endpoint_id)
+        await self._apply(partition, key, endpoint, settled, head)
+        return Attempted(head, settled, endpoint)
 
     async def _take_in(
         self,
@@ -250,19 +253,14 @@ class Dispatcher:
                 *refused,
                 *await self._refusals.new_pairs(partition, over, now, workspace=True),
             )
-        # Pairs whose new delivery is at the head are attempted at once, in their endpoint's
-        # batch: their first log entry is the attempt's outcome. A batch opened here is run by
-        # the lane of the key returned; one open already takes the pair in. The others wait
-        # behind an earlier one: say so in the log.
+        # Pairs whose new delivery is at the head are attempted at once: their first log entry
+        # is the attempt's outcome. The others wait behind an earlier one: say so in the log.
         due: list[str] = []
         waiting: list[tuple[DeliveryState, Pending]] = []
         for state, delivery in taken:
             head = state.queue[0]
             if head.webhook_id == delivery.webhook_id and head.replay == delivery.replay:
-                opened = (partition, state.endpoint_id) not in self.store.batches
-                self._join(partition, state.endpoint_id, state.key)
-                if opened:
-                    due.append(state.key)
+                due.append(state.key)
             else:
                 waiting.append((state, delivery))
         if waiting:
@@ -284,115 +282,35 @@ class Dispatcher:
     # -- attempting deliveries ---------------------------------------------------------------
 
     async def follow_up(self, partition: int, key: str) -> None:
-        """Attempt the due pairs of the key's endpoint in the partition as one batch (the key
-        joins it; a batch another lane runs takes it over); an old-form account record's key
-        is migrated instead."""
+        """Attempt the pair's due deliveries, head first, until one is not due or its endpoint
+        has no room; an old-form account record's key is migrated instead."""
         if is_old_form(key):
             await self._migration.follow_up(partition, key)
             return
-        endpoint_id = key.partition("/")[0]
-        batch = self._join(partition, endpoint_id, key)
-        if not batch.running:
-            await self._run(partition, endpoint_id, batch)
-
-    def _join(self, partition: int, endpoint_id: str, key: str) -> Batch:
-        """The pair in its endpoint's batch in ``partition`` (opened if there is none): claimed,
-        so no timer runs it beside the batch, until the batch is done with it."""
-        batch = self.store.batches.get((partition, endpoint_id))
-        if batch is None:
-            batch = self.store.batches[(partition, endpoint_id)] = Batch()
-        if key not in batch.members:
-            batch.members.add(key)
-            if self.gate.woken(endpoint_id, key):
-                batch.queue.appendleft(key)  # a slot is held for it
-            else:
-                batch.queue.append(key)
-            self.store.claim(key)
-            batch.poke()
-        return batch
-
-    def _wake(self, partition: int, key: str, at: float) -> bool:
-        """The gate's wake: a pair waiting in its running batch is told there, any other (the
-        first of a batch that waits with nothing under way) by its timer."""
-        batch = self.store.batches.get((partition, key.partition("/")[0]))
-        if batch is not None and batch.running and key in batch.queue:
-            batch.queue.remove(key)
-            batch.queue.appendleft(key)
-            batch.poke()
-            return True
-        return self.store.wake(partition, key, at)
-
-    def _leave(self, partition: int, batch: Batch, key: str) -> None:
-        batch.members.discard(key)
-        self.store.release(partition, key)  # its timer armed from the state it is left in
-
-    async def _run(self, partition: int, endpoint_id: str, batch: Batch) -> None:
-        """Attempt the batch's pairs, those in line for a slot as the gate gives them; the
-        attempts that ended meanwhile are written together (``PairWrites.outcomes``), their
-        pairs queued again for their next head. Ends with nothing under way: with nothing
-        queued the batch is closed, else it waits for its first pair's wake or timer."""
-        batch.running = True
-        loop = asyncio.get_running_loop()
+        # The pair's timer is armed once, when this ends, from the state it leaves.
+        self.store.claim(key)
         try:
-            while True:
-                await self._fill(partition, batch)
-                if not batch.ended:
-                    if not batch.under_way:
-                        break
-                    batch.wakeup = loop.create_future()
-                    await batch.wakeup  # an attempt ended, a pair joined or was woken
-                ended = [a for a in (t.result() for t in batch.ended) if a]  # a write raises
-                batch.ended.clear()
-                for a in ended:
-                    if a.settled.outcome == "deferred":
-                        self._leave(partition, batch, a.settled.state.key)
-                settled = [a for a in ended if a.settled.outcome != "deferred"]
-                if settled:  # written beside the next attempts: a pair is queued once written
-                    batch.start(self._written(partition, batch, settled))
-        except BaseException:
-            for task in batch.under_way:
-                task.cancel()
-            await asyncio.gather(*batch.under_way, return_exceptions=True)
-            batch.queue.clear()
-            for key in list(batch.members):
-                self._leave(partition, batch, key)
-            raise
+            await self._follow_up(partition, key)
         finally:
-            batch.running = False
-            if not batch.queue and self.store.batches.get((partition, endpoint_id)) is batch:
-                del self.store.batches[(partition, endpoint_id)]
+            self.store.release(partition, key)
 
-    async def _written(self, partition: int, batch: Batch, settled: list[Attempted]) -> None:
-        await self._writes.outcomes(partition, settled, self.disabling, self._clock())
-        for a in settled:
-            self._instrument.record_attempt(a)
-            batch.queue.append(a.settled.state.key)  # its next head, if due
-
-    async def _fill(self, partition: int, batch: Batch) -> None:
-        """Start an attempt for each queued pair the gate admits, in turn. A pair
-        with nothing due leaves the batch (its unsaved deliveries written); one refused a slot
-        while the batch has attempts under way stays, in the gate's line; any other refused
-        leaves, deferred (and written, when its endpoint paused it)."""
-        while batch.queue:
-            key = batch.queue.popleft()
-            self.store.claim(key)  # a batch's first may wait unclaimed (below)
-            endpoint_id = key.partition("/")[0]
-            self.store.unpark(partition, key)
+    async def _follow_up(self, partition: int, key: str) -> None:
+        endpoint_id, _, _ = key.partition("/")
+        self.store.unpark(partition, key)
+        while True:
             state = self.store.pair(partition, key)
             head = None if state is None else state.head()
             now = self._clock()
             if state is None or head is None:
-                self._leave(partition, batch, key)
                 self.gate.forget(endpoint_id, key, now)
                 if self.store.stale(partition, key):
                     # Idle, its record on the changelog still holds deliveries (restored, or
                     # a write that was not handed to the producer): tombstone it.
                     await self._writes.write_now(partition, [key])
-                continue
+                return
             if head.next_attempt_at > now:
-                self._leave(partition, batch, key)  # armed at the head's own time
                 await self._writes.save_unsaved(partition, key)
-                continue
+                return  # armed at the head's own time when released
             endpoint = self.endpoints.get(state.workspace_id, endpoint_id)
             if is_active(endpoint):
                 admission = self.gate.admit(
@@ -406,45 +324,54 @@ class Dispatcher:
                 )
                 if not admission.admitted:
                     self.store.defer(partition, key, admission.until)
-                    if admission.reason == "capacity":
-                        # First in the gate's line and its batch's: a slot its batch frees,
-                        # or its wake or timer, retries it. A wait that lasts (a hanging
-                        # endpoint) is written when its events' holds are overdue.
-                        batch.queue.appendleft(key)
-                        if not batch.under_way:
-                            self.store.release(partition, key)
-                        return
-                    # A pause (back-off, Retry-After, rate limit): written now.
-                    self._leave(partition, batch, key)
-                    self.store.park(partition, key)
-                    await self._writes.save_unsaved(partition, key)
-                    continue
+                    if admission.reason != "capacity":
+                        # A pause (back-off, Retry-After, rate limit): written now. A wait
+                        # for a slot ends when an attempt ends, at a busy endpoint within
+                        # milliseconds; one that lasts (a hanging endpoint) is written when
+                        # its events' holds are overdue.
+                        self.store.park(partition, key)
+                        await self._writes.save_unsaved(partition, key)
+                    return
             else:
                 self.gate.forget(endpoint_id, key, now)
-            attempt = functools.partial(self._attempt_head, partition, state, head, endpoint)
-            batch.start(self._instrument.run_attempt(partition, state, head, attempt))
+            attempted = await self._instrument.run_attempt(
+                partition,
+                state,
+                head,
+                functools.partial(self._attempt_head, partition, key, state, head, endpoint, now),
+            )
+            if attempted.settled.outcome == "deferred":
+                return  # its timer is armed at the deferral when the pair is released
 
     async def _attempt_head(
-        self, partition: int, state: DeliveryState, head: Pending, endpoint: EndpointRecord | None
+        self,
+        partition: int,
+        key: str,
+        state: DeliveryState,
+        head: Pending,
+        endpoint: EndpointRecord | None,
+        now: float,
     ) -> Attempted:
-        """Attempt the head (its endpoint active) and settle it; an inactive or deleted
-        endpoint's head fails without an attempt. Written by ``PairWrites.outcomes``."""
-        key, result = state.key, None
+        """Attempt the head (its endpoint active), settle it, and write what it came to; an
+        inactive or deleted endpoint's head fails without an attempt."""
+        result: AttemptResult | None = None
         if is_active(endpoint):
+            # The head stays due while it is attempted; its pair is claimed (``follow_up``),
+            # so no timer brings it back meanwhile.
             try:
                 result = await self._attempt(endpoint, head)
             finally:
-                ours = result is not None and result.not_sent
+                ours = result is not None and _our_capacity(result)
                 self.store.undefer(key)
                 self.gate.release(
                     endpoint.id,
                     ok=None if result is None or ours else result.ok,
                     now=self._clock(),
-                    retry_after_s=None if result is None else result.pause_asked,
+                    retry_after_s=None if result is None else _pause_asked(result),
                 )
         state = self.store.pair(partition, key) or state
         now = self._clock()
-        if result is not None and result.not_sent:
+        if result is not None and _our_capacity(result):
             # No slot of ours (a connection, a lookup thread): nothing was sent, so nothing
             # is settled; the pair looks again shortly, its retry schedule, its endpoint's
             # failures and disable clock untouched.
@@ -454,8 +381,11 @@ class Dispatcher:
             return Attempted(head, deferred, endpoint, result)
         if result is None:
             reason = "endpoint_deleted" if endpoint is None else f"endpoint_{endpoint.status}"
-            return Attempted(head, fail_head(state, reason, now=now), endpoint)
-        settled = settle(state, result, now=now, schedule=self.config.schedule, rng=self._rng)
+            settled = fail_head(state, reason, now=now)
+        else:
+            settled = settle(state, result, now=now, schedule=self.config.schedule, rng=self._rng)
+        attempt = None if result is None else result.record
+        await self._apply(partition, key, endpoint, settled, head, attempt)
         return Attempted(head, settled, endpoint, result)
 
     async def _attempt(self, endpoint: EndpointRecord, head: Pending) -> AttemptResult:
@@ -473,7 +403,7 @@ class Dispatcher:
             error = None if answer.error is None else str(answer.error)
             record = attempt_record(at, answer)
             result = AttemptResult(answer.status, error, answer.retry_after_s, record)
-            if result.not_sent:
+            if _our_capacity(result):
                 self.metrics.deferred("capacity")
                 return result  # not a request sent: no attempt counted
         except Exception as exc:
@@ -487,9 +417,74 @@ class Dispatcher:
         self.metrics.attempt(result, time.perf_counter() - started)
         return result
 
+    async def _apply(
+        self,
+        partition: int,
+        key: str,
+        endpoint: EndpointRecord | None,
+        settled: Settled,
+        head: Pending,
+        attempt: AttemptRecord | None = None,
+    ) -> None:
+        now = self._clock()
+        state = settled.state
+        finished = settled.finished
+        if finished is not None and finished.state == "failed":
+            # A failure's record (DLQ copy, log entry) is acknowledged before the state that
+            # drops the delivery: a crash in between repeats the attempt under the same
+            # webhook-id instead of losing the failure. It is counted from what the attempt came
+            # to (``worker.dispatcher.instrumentation``), after all this.
+            await self._publisher.dead_letter(state, head, finished)
+            await self._publisher.log_finished(state, head, finished, attempt=attempt)
+        # The account's lane may have taken deliveries in meanwhile: carry the outcome over
+        # onto the state as it is now, stored with no await in between.
+        current = self.store.pair(partition, key) or state
+        merged = carry_over(current, settled)
+        unsaved = None
+        if finished is not None and merged.failing_since == current.failing_since:
+            # A delivery that was never written and is now settled: the changelog never had
+            # it, so there is nothing to drop there. Its log entry (and DLQ copy) being
+            # acknowledged makes it safe; then its event's hold is released.
+            unsaved = self.store.unsaved.settled(partition, key, marker(head))
+        self.store.put(partition, merged)  # an idle pair is dropped (``DeliveryState.idle``)
+        if unsaved is not None and finished is not None:
+            if finished.state == "delivered":
+                self.disabling.succeeded(merged.endpoint_id, now)
+                await self._publisher.log_finished(merged, head, finished, attempt=attempt)
+            unsaved.done()
+            if self.store.stale(partition, key):
+                await self._writes.write_now(partition, [key])  # its tombstone
+            if is_active(endpoint):
+                await self.disabling.maybe_disable(endpoint, settled, now)
+            return
+        written = await self._writes.write(partition, [key])
+        if finished is None:
+            # A retry or a delivery: its log entry only informs ``GET .../deliveries``, so it
+            # goes out beside the state instead of before it.
+            logged = self._publisher.log_retry(merged, merged.queue[0], now=now, attempt=attempt)
+            await asyncio.gather(written, logged)
+        elif finished.state == "delivered":
+            self.disabling.succeeded(merged.endpoint_id, now)
+            logged = self._publisher.log_finished(merged, head, finished, attempt=attempt)
+            await asyncio.gather(written, logged)
+        else:
+            await written
+        if is_active(endpoint):
+            await self.disabling.maybe_disable(endpoint, settled, now)
+
     def _known(self, endpoint_id: str) -> bool:
         """Whether the endpoint is in the registry (not deleted)."""
         return self.endpoints.workspace_of(endpoint_id) is not None
+
+
+def _our_capacity(result: AttemptResult) -> bool:
+    """The attempt found no slot of ours (``ErrorKind.CAPACITY``): nothing was sent."""
+    return result.status is None and result.error == ErrorKind.CAPACITY
+
+
+def _pause_asked(result: AttemptResult) -> float | None:
+    """A ``Retry-After`` on 429/503 pauses the whole endpoint, not just this pair."""
+    return result.retry_after_s if result.status in (429, 503) else None
 
 
 __all__ = ["DispatchConfig", "Dispatcher", "EndpointWriter", "Sender", "Signer"]

@@ -173,11 +173,6 @@ class EndpointGate:
         held = self._endpoints.get(endpoint_id)
         return 0 if held is None else len(held.waiters)
 
-    def woken(self, endpoint_id: str, key: str) -> bool:
-        """Whether a slot of the endpoint is held for the pair (it was woken for it)."""
-        held = self._endpoints.get(endpoint_id)
-        return held is not None and key in held.woken
-
     def backing_off(self, endpoint_id: str) -> bool:
         held = self._endpoints.get(endpoint_id)
         return held is not None and held.backing_off

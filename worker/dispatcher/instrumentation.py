@@ -166,8 +166,7 @@ class Instrumentation:
         handler: Callable[[], Awaitable[Attempted]],
     ) -> Attempted:
         """One attempt at the pair's head, in a CLIENT span whose parent is the trace of the
-        event the delivery came from (its context is stored with it). Counted by
-        ``record_attempt`` once what it came to is written."""
+        event the delivery came from (its context is stored with it)."""
         with (
             tracing.span(
                 ATTEMPT_SPAN,
@@ -180,6 +179,7 @@ class Instrumentation:
             attempted = await handler()
             if span.is_recording():
                 _attempt_outcome(span, attempted)
+            self._record_attempt(attempted)
         return attempted
 
     async def run_give_up(
@@ -192,7 +192,7 @@ class Instrumentation:
         """The head of a pair whose attempts keep failing inside the dispatcher, failed
         without an attempt (no span: nothing is sent)."""
         with _pair_context(partition, state, head):
-            self.record_attempt(await handler())
+            self._record_attempt(await handler())
 
     async def run_migration(
         self, partition: int, account_id: str, handler: Callable[[], Awaitable[Migrated | None]]
@@ -239,7 +239,7 @@ class Instrumentation:
                     )
                 metrics.dlq.labels(reason).inc()
 
-    def record_attempt(self, attempted: Attempted) -> None:
+    def _record_attempt(self, attempted: Attempted) -> None:
         finished = attempted.settled.finished
         if attempted.settled.outcome == "deferred":
             return  # counted as a deferral where it was decided (``Dispatcher._attempt``)
@@ -249,14 +249,6 @@ class Instrumentation:
             self.metrics.failed.inc()
         else:
             self.metrics.delivered(attempted.head.occurred_at, finished.finished_at)
-
-
-def writes_context(partition: int, attempted: Sequence[Attempted]) -> log_context:
-    """The log context of the writes of attempts' outcomes: the pair's for one, the partition
-    and endpoint for several."""
-    if len(attempted) == 1:
-        return _pair_context(partition, attempted[0].settled.state, attempted[0].head)
-    return log_context(partition=partition, endpoint_id=attempted[0].settled.state.endpoint_id)
 
 
 def _pair_context(partition: int, state: DeliveryState, head: Pending) -> log_context:
@@ -314,5 +306,4 @@ __all__ = [
     "Refused",
     "TakenIn",
     "Undecodable",
-    "writes_context",
 ]

@@ -1,21 +1,14 @@
 """Writing pairs' delivery states so that what they hold is safe: a write's acks release the
 share of their events' holds that the pairs' unsaved deliveries took, and an event held too
-long gets its pairs written; and writing what attempts came to (docs/architecture.md, "Webhook
-fan-out")."""
+long gets its pairs written (docs/architecture.md, "Webhook fan-out")."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 
-from worker.contract.delivery_log import AttemptRecord
-from worker.contract.webhook_endpoints import is_active
-from worker.dispatcher.delivery import carry_over, marker
 from worker.dispatcher.delivery_store import DeliveryStore
-from worker.dispatcher.disabling import Disabling
 from worker.dispatcher.holds import EventHold
-from worker.dispatcher.instrumentation import Attempted, writes_context
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.engine.offsets import hold_record
 from worker.runtime.logs import get_logger
@@ -59,66 +52,6 @@ class PairWrites:
         for _, _, event_hold in taken:
             event_hold.done()
 
-    async def outcomes(
-        self, partition: int, attempted: Sequence[Attempted], disabling: Disabling, now: float
-    ) -> None:
-        """Write what attempts came to, their states in one write. A failure's record (DLQ
-        copy, log entry) is acknowledged before the state that drops the delivery: a crash in
-        between repeats the attempt under the same webhook-id instead of losing the failure.
-        A retry's or a delivery's log entry only informs ``GET .../deliveries``, so it goes out
-        beside the state, all in their endpoint's log window. A delivery never written (its
-        event's held offset its only copy) needs no state: once its entry (and DLQ copy) is
-        acknowledged, its share of the event's hold is released."""
-        publisher = self.publisher
-        with writes_context(partition, attempted):
-            for a in attempted:
-                if a.settled.finished is not None and a.settled.finished.state == "failed":
-                    state, record = a.settled.state, _record(a)
-                    await publisher.dead_letter(state, a.head, a.settled.finished)
-                    await publisher.log_finished(state, a.head, a.settled.finished, attempt=record)
-            logs: list[Callable[[], Awaitable[None]]] = []
-            keys, holds = [], []
-            for a in attempted:
-                settled, finished = a.settled, a.settled.finished
-                key = settled.state.key
-                # The account's lane may have taken deliveries in meanwhile: carry the outcome
-                # over onto the state as it is now, stored with no await in between.
-                current = self.store.pair(partition, key) or settled.state
-                merged = carry_over(current, settled)
-                hold = None
-                if finished is not None and merged.failing_since == current.failing_since:
-                    hold = self.store.unsaved.settled(partition, key, marker(a.head))
-                self.store.put(partition, merged)  # an idle pair is dropped (``idle``)
-                if finished is None:
-                    head = merged.queue[0]
-                    logs.append(
-                        functools.partial(
-                            publisher.log_retry, merged, head, now=now, attempt=_record(a)
-                        )
-                    )
-                elif finished.state == "delivered":
-                    disabling.succeeded(merged.endpoint_id, now)
-                    logs.append(
-                        functools.partial(
-                            publisher.log_finished, merged, a.head, finished, attempt=_record(a)
-                        )
-                    )
-                if hold is not None:
-                    holds.append(hold)
-                if hold is None or self.store.stale(partition, key):
-                    keys.append(key)  # its new state, or the tombstone of an idle pair
-            written = await self.write(partition, keys) if keys else None
-            if written is not None:
-                await written
-            for logged in [log() for log in logs]:  # each in its endpoint's log window
-                await logged
-        for hold in holds:
-            hold.done()
-        for a in attempted:
-            if is_active(a.endpoint):
-                assert a.endpoint is not None
-                await disabling.maybe_disable(a.endpoint, a.settled, now)
-
     async def write_now(self, partition: int, keys: Sequence[str]) -> None:
         """``write``, and wait for the acks."""
         acknowledged = await self.write(partition, keys)
@@ -161,7 +94,3 @@ class PairWrites:
             await self.write_now(partition, keys)
         except Exception as exc:  # the hold stays (not committed); the pair's next write frees it
             log.error("overdue_write_failed", pairs=len(keys), error=repr(exc)[:300])
-
-
-def _record(attempted: Attempted) -> AttemptRecord | None:
-    return None if attempted.result is None else attempted.result.record

@@ -54,10 +54,6 @@ def _size(entry: DeliveryLogEntry) -> int:
     return len(entry.body or "") + 2 * len(excerpt or "") + 1024
 
 
-async def _all(waits: list[asyncio.Future[None]]) -> None:
-    await asyncio.gather(*(asyncio.shield(w) for w in waits))
-
-
 def _retrieve(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
         future.exception()
@@ -90,6 +86,16 @@ class DeliveryPublisher:
         self._log_open: dict[str, _LogBatch] = {}
         self._log_lock = asyncio.Lock()
         self._log_sends: set[asyncio.Task[None]] = set()
+
+    async def persist(
+        self, partition: int, states: Sequence[DeliveryState], *, store: DeliveryStore
+    ) -> None:
+        """Store ``states`` and write them to their partition of the changelog; wait for the
+        acks. The store is updated before the first await, so a caller that computed
+        ``states`` from the store's current ones loses no concurrent change."""
+        for state in states:
+            store.put(partition, state)
+        await (await self.send_states(partition, [s.key for s in states], store=store))
 
     async def send_states(
         self, partition: int, keys: Sequence[str], *, store: DeliveryStore
@@ -165,33 +171,31 @@ class DeliveryPublisher:
 
     async def log_pending(self, taken: list[tuple[DeliveryState, Pending]], *, now: float) -> None:
         entries = [self._entry(state, d, "pending", d.next_attempt_at, now) for state, d in taken]
-        await self._logged(entries)
+        await self.log(entries)
 
-    def log_retry(
+    async def log_retry(
         self,
         state: DeliveryState,
         head: Pending,
         *,
         now: float,
         attempt: AttemptRecord | None = None,
-    ) -> Awaitable[None]:
-        """The entry goes into its window now; the result waits for its record's ack."""
+    ) -> None:
         entry = self._entry(state, head, "pending", head.next_attempt_at, now, attempt)
-        return self._logged([entry])
+        await self.log([entry])
 
-    def log_finished(
+    async def log_finished(
         self,
         state: DeliveryState,
         head: Pending,
         finished: Finished,
         *,
         attempt: AttemptRecord | None = None,
-    ) -> Awaitable[None]:
-        """As ``log_retry``."""
+    ) -> None:
         entry = self._entry(
             state, head, finished.state, None, finished.finished_at, attempt, finished=finished
         )
-        return self._logged([entry])
+        await self.log([entry])
 
     async def log_note(
         self, *, endpoint_id: str, workspace_id: str, note: str, detail: str, now: float
@@ -211,7 +215,7 @@ class DeliveryPublisher:
             last_error=detail[:200],
             updated_at=rfc3339(now),
         )
-        await self._logged([entry])
+        await self.log([entry])
 
     async def dead_letter(self, state: DeliveryState, head: Pending, finished: Finished) -> None:
         """The failed delivery's body, with why and where in headers."""
@@ -288,15 +292,24 @@ class DeliveryPublisher:
         )
 
     async def log(self, entries: list[DeliveryLogEntry]) -> None:
-        """Write ``entries`` (in their window's record, if batching); wait for the acks."""
-        if entries:
-            await self._logged(entries)
+        """Write ``entries`` (in their window's record, if batching); wait for the acks. Also
+        the prober's way to log a probe as an attempt of its own."""
+        if self._log_flush_s > 0:
+            await self._log_batched(entries)
+            return
+        sent = [
+            await enqueue(
+                self._producer,
+                self._log_topic,
+                e.model_dump_json().encode(),
+                key=e.endpoint_id.encode(),
+                headers=tracing.kafka_headers(),
+            )
+            for e in entries
+        ]
+        await acknowledged(self._producer, self._health, sent)
 
-    def _logged(self, entries: list[DeliveryLogEntry]) -> Awaitable[None]:
-        """Write ``entries``: into their endpoint's open window at once, if batching (what
-        waits for the acks is then the windows' records'), else one record each."""
-        if self._log_flush_s <= 0:
-            return self._log_each(entries)
+    async def _log_batched(self, entries: list[DeliveryLogEntry]) -> None:
         loop = asyncio.get_running_loop()
         waits: list[asyncio.Future[None]] = []
         for entry in entries:
@@ -311,22 +324,7 @@ class DeliveryPublisher:
             if len(batch.entries) >= LOG_BATCH_MAX or batch.bytes >= LOG_BATCH_BYTES:
                 self._close_log(entry.endpoint_id, batch)
         # Shielded: a writer that is cancelled must not cancel the others' wait.
-        if len(waits) == 1:
-            return asyncio.shield(waits[0])
-        return _all(waits)
-
-    async def _log_each(self, entries: list[DeliveryLogEntry]) -> None:
-        sent = [
-            await enqueue(
-                self._producer,
-                self._log_topic,
-                e.model_dump_json().encode(),
-                key=e.endpoint_id.encode(),
-                headers=tracing.kafka_headers(),
-            )
-            for e in entries
-        ]
-        await acknowledged(self._producer, self._health, sent)
+        await asyncio.gather(*(asyncio.shield(w) for w in waits))
 
     def _close_log(self, endpoint_id: str, batch: _LogBatch) -> None:
         """The window closed (or the batch is full): send it, once."""
