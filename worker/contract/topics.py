@@ -87,6 +87,7 @@ PROCESS_TOPICS: Final[Mapping[str, tuple[str, ...]]] = {
         "webhook_endpoints",
         "webhook_deliveries",
         "webhook_dlq",
+        "api_presence",  # a recovered endpoint's replay progress, for the front-ends' board
     ),
 }
 

@@ -95,6 +95,16 @@ class Recovery(BaseModel):
     recovered_at: float | None = Field(
         default=None, description="When a probe last re-enabled it (Unix seconds)."
     )
+    replay_id: str | None = Field(
+        default=None,
+        description="The replay of what it missed since `disabled_at`, started when a probe"
+        " re-enabled it: followed at `GET .../replays/{replay_id}`.",
+    )
+    replaying: bool = Field(
+        default=False,
+        description="That replay is still being queued (a dispatcher that stopped meanwhile is"
+        " followed by the next, under the same `replay_id`).",
+    )
 
 
 class EndpointRecord(BaseModel):
@@ -122,6 +132,13 @@ class EndpointRecord(BaseModel):
 
     def subscribes(self, event_type: str) -> bool:
         return self.event_types is None or event_type in self.event_types
+
+    @property
+    def replaying(self) -> bool:
+        """Re-enabled by a probe, its replay of what it missed still being queued (and its
+        owner has not turned recovery off meanwhile)."""
+        held = self.recovery
+        return self.status == "active" and self.auto_recover and bool(held and held.replaying)
 
     def live_secrets(self, now: float) -> list[StoredSecret]:
         """The secrets that sign now, newest first: the current one and the previous one while

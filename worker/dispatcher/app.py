@@ -42,6 +42,7 @@ from worker.startup import prologue
 from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
+from worker.webhooks.replay_scan import ReplayScan
 from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.signing import headers as signed_headers
 from worker.webhooks.targets import TargetPolicy
@@ -194,6 +195,15 @@ async def run_dispatcher(
     # An endpoint's probing is the member's holding the partition its operational events
     # are keyed to (its id on webhook.replays), as the producer's partitioner places them.
     plan = settings.topic_plan().specs
+    # A re-enabled endpoint's missed events: scanned as the front-end's replays are.
+    scan = ReplayScan(
+        consumer_factory=lambda: build_consumer(kafka),
+        producer=producer,
+        status_topic=topics.status,
+        errors_topic=topics.errors,
+        replays_topic=topics.webhook_replays,
+        health=health,
+    )
     every = list(range(next(s.partitions for s in plan if s.name == topics.webhook_replays)))
     prober = Prober(
         endpoints=tail.registry,
@@ -204,6 +214,8 @@ async def run_dispatcher(
         owns=lambda i: dispatcher.store.owns(DefaultPartitioner()(i.encode(), every, every)),
         config=probe,
         announcer=announcer,
+        scan=scan,
+        progress=functools.partial(scan.publish, topics.api_presence),
     )
     # Pairs held now, read at scrape time (idle pairs are dropped, so this follows what is
     # pending, not every account ever delivered).

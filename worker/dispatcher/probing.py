@@ -1,17 +1,20 @@
-"""Probing an endpoint the dispatcher disabled (docs/architecture.md, "Webhook fan-out",
-"Endpoints that heal"): one dispatcher at a time for an endpoint, the one holding the
-partition its operational events are keyed to, sends it a signed ``endpoint.probe`` through
-the delivery's sender when its record's ``recovery.next_probe_at`` is due. A 2xx re-enables
-it (announced as ``endpoint.enabled``, reason ``recovered``); any other answer doubles the wait
-(up to ``ProbeConfig.max_s``) until ``for_s`` after it was disabled. Each probe is an entry of
-its own in the endpoint's delivery log. Probes at once: the admission rule, per workspace."""
+"""Probing an endpoint the dispatcher disabled (docs/architecture.md, "Endpoints that heal"):
+the member holding the partition its operational events are keyed to sends it a signed
+``endpoint.probe`` when ``recovery.next_probe_at`` is due; any answer but a 2xx doubles the
+wait (up to ``max_s``, for ``for_s``), a 2xx re-enables it (``endpoint.enabled``, reason
+``recovered``) with ``recovery.replaying`` set: that member then queues the events it missed
+since ``disabled_at`` under one replay id (the same after a crash: no new ids), progress on the
+replay board, and clears it. Each probe is a delivery-log entry of its own; probes and replays
+at once: the admission rule, per workspace."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 from worker.contract.delivery_log import DeliveryLogEntry
@@ -30,11 +33,20 @@ from worker.runtime.admission import Admission, NoRoom, Share, Slot
 from worker.runtime.logs import get_logger
 from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoints import EndpointRegistry
+from worker.webhooks.replay_scan import (
+    ReplayProgress,
+    ReplayScan,
+    ReplayState,
+    progress_record,
+    recovery_replay_id,
+)
 
 log = get_logger(__name__)
 
 #: Probes one workspace may have under way at once in one process.
 PER_WORKSPACE: Final = 2
+#: How often a recovery's replay writes its progress (the board reads a silent one as failed).
+PROGRESS_EVERY_S: Final = 1.0
 
 
 class ProbeWriter(Protocol):
@@ -60,6 +72,8 @@ class Prober:
         owns: Callable[[str], bool],
         config: ProbeConfig,
         announcer: Announcer | None = None,
+        scan: ReplayScan | None = None,
+        progress: Callable[[ReplayProgress], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._endpoints = endpoints
@@ -70,30 +84,39 @@ class Prober:
         self._owns = owns
         self.config = config
         self._announcer = announcer
+        self._scan = scan  # none: a re-enabled endpoint is not replayed what it missed
+        self._progress = progress
         self._clock = clock
         self.tick_s = min(5.0, config.first_s / 2)
         self.slots = Admission("webhook-probes", Share.capped(config.max_in_flight, PER_WORKSPACE))
+        # Recoveries' replays: one a workspace, as the front-end runs them.
+        self.replays = Admission("webhook-recoveries", Share.capped(config.max_in_flight, 1))
         # Endpoints with a probe under way here: at most the pool's capacity.
         self._running: dict[str, asyncio.Task[None]] = {}
 
     def due(self, now: float) -> list[EndpointRecord]:
-        """This process's disabled endpoints whose next probe is due, none already probed."""
-        return [
-            e
-            for e in self._endpoints.records()
-            if e.status == "disabled" and e.auto_recover and e.recovery is not None
-            and (e.recovery.next_probe_at or now + 1) <= now
-            and e.id not in self._running and self._owns(e.id)
-        ]  # fmt: skip
+        """This process's disabled endpoints whose next probe is due, and its re-enabled ones
+        whose replay is still to queue; none already under way."""
+
+        def due(e: EndpointRecord) -> bool:
+            if e.replaying:
+                return self._scan is not None
+            probing = e.recovery if e.status == "disabled" and e.auto_recover else None
+            return probing is not None and (probing.next_probe_at or now + 1) <= now
+
+        records = self._endpoints.records()
+        return [e for e in records if due(e) and e.id not in self._running and self._owns(e.id)]
 
     def sweep(self) -> None:
-        """Start the due probes there is room for (the rest wait for the next sweep)."""
+        """Start the due probes and replays there is room for (the rest wait for the next
+        sweep)."""
         for endpoint in self.due(self._clock()):
+            probe = endpoint.status == "disabled"
             try:
-                slot = self.slots.take(endpoint.workspace_id)
+                slot = (self.slots if probe else self.replays).take(endpoint.workspace_id)
             except NoRoom:
                 continue
-            task = asyncio.create_task(self._probe(endpoint))
+            task = asyncio.create_task((self._probe if probe else self._replay)(endpoint))
             self._running[endpoint.id] = task
             task.add_done_callback(functools.partial(self._ended, endpoint.id, slot))
 
@@ -113,6 +136,8 @@ class Prober:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self._scan is not None:
+                await self._scan.aside.drain()  # consumers whose start a cancel cut short
 
     async def _probe(self, endpoint: EndpointRecord) -> None:
         try:
@@ -155,6 +180,9 @@ class Prober:
             if self._announcer is not None:  # before the write, as a disable is announced
                 await self._announcer.announce(enabled_record(current, reason="recovered"))
             after |= {"next_probe_at": None, "recovered_at": now}
+            if self._scan is not None:  # its replay, queued by the next sweep
+                rid = recovery_replay_id(current.id, recovery.disabled_at)
+                after |= {"replay_id": rid, "replaying": True}
             await self._writer.update(
                 current,
                 status="active",
@@ -168,6 +196,44 @@ class Prober:
         end = now + wait > recovery.disabled_at + self.config.for_s
         after |= {"interval_s": wait, "next_probe_at": None if end else now + wait}
         await self._writer.update(current, recovery=recovery.model_copy(update=after))
+
+    async def _replay(self, endpoint: EndpointRecord) -> None:
+        """Queue what ``endpoint`` missed since it was disabled, then clear ``replaying``. A
+        failure or a stop leaves it set: the next sweep, here or on the next owner, scans
+        again under the same replay id."""
+        recovery = endpoint.recovery
+        assert recovery is not None and recovery.replay_id is not None and self._scan
+        rid, since = recovery.replay_id, datetime.fromtimestamp(recovery.disabled_at, UTC)
+        counts, created = [0, 0, 0], self._clock()
+
+        async def note(state: ReplayState) -> None:
+            if self._progress is not None:
+                with contextlib.suppress(Exception):  # the next note says it again
+                    await self._progress(
+                        progress_record(rid, endpoint, since, state, created, counts)
+                    )
+
+        async def follow() -> None:
+            while True:
+                await note("running")
+                await asyncio.sleep(PROGRESS_EVERY_S)
+
+        follower = asyncio.create_task(follow())
+        try:
+            await self._scan.run(rid, endpoint, since, counts)
+            follower.cancel()
+            current = self._endpoints.get(endpoint.workspace_id, endpoint.id)
+            if current is not None and current.recovery == recovery:
+                await self._writer.update(
+                    current, recovery=recovery.model_copy(update={"replaying": False})
+                )
+            await note("done")
+            log.warning("endpoint_recovery_replayed", endpoint_id=endpoint.id, events=counts[0])
+        except Exception as exc:
+            log.error("endpoint_recovery_replay_failed", endpoint_id=endpoint.id, error=repr(exc))
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
 
 
 __all__ = ["PER_WORKSPACE", "ProbeWriter", "Prober"]

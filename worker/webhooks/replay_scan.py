@@ -25,7 +25,7 @@ from worker.engine.broker_health import BrokerHealth
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
 from worker.engine.range_read import partitions, read_range
-from worker.engine.writes import acknowledged, enqueue
+from worker.engine.writes import acknowledged, enqueue, send_retrying
 from worker.runtime.logs import get_logger
 
 log = get_logger("worker.api.webhooks.replay")  # the replays' lines keep their logger name
@@ -157,6 +157,13 @@ class ReplayScan:
                 await read_range(consumer, tps, replay, on_unreadable=self._skip, since_ms=at)
             finally:
                 await consumer.stop()
+
+    async def publish(self, topic: str, progress: ReplayProgress) -> None:
+        """Write ``progress`` where every front-end's replay board reads it (``topic``:
+        ``api.presence``, key: its replay id), acknowledged: a scan run by the dispatcher."""
+        value = progress.model_dump_json().encode()
+        key = progress.replay_id.encode()
+        await send_retrying(self._producer, self._health, topic, value, key=key, partition=0)
 
     async def _batch(
         self,

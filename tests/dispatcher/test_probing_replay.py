@@ -1,0 +1,173 @@
+"""Endpoints that heal, part 2 (issue 49), against the real broker, a dispatcher in this loop and
+a loopback receiver: a probe's 2xx re-enables an endpoint with ``recovery.replaying``, and the
+dispatcher replays the events it missed since ``disabled_at`` under the webhook-ids their failed
+deliveries carried, in each account's order, its progress on the replay board; a dispatcher
+that stopped before clearing it replays again under the same replay id; none when the owner
+turned recovery off."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import SettingsFactory
+from tests.webhooks.processes import dispatcher_settings
+from tests.webhooks.support import (
+    Receiver,
+    endpoint_store,
+    new_account,
+    publish_events,
+    read_topic,
+    receiving,
+    running_dispatcher,
+    status_event,
+    wait_until,
+)
+from worker.contract.delivery_log import webhook_id
+from worker.contract.webhook_endpoints import EndpointRecord, Recovery
+from worker.dispatcher.disabling import ProbeConfig
+from worker.dispatcher.probing import Prober
+from worker.webhooks.endpoint_writes import EndpointStore
+from worker.webhooks.replay_scan import ReplayProgress, ReplayScan, recovery_replay_id
+
+pytestmark = pytest.mark.integration
+
+
+def record(store: EndpointStore, endpoint_id: str) -> EndpointRecord:
+    found = store.registry.get("ws_a", endpoint_id)
+    assert found is not None
+    return found
+
+
+def delivered(receiver: Receiver) -> list[Any]:
+    """The events (not probes) the receiver took with a 2xx, in arrival order."""
+    return [
+        d for d in receiver.seen if 200 <= d.status < 300 and d.body["type"] != "endpoint.probe"
+    ]
+
+
+async def progress_of(settings: Any, replay_id: str) -> list[ReplayProgress]:
+    return [
+        ReplayProgress.model_validate_json(r.value)
+        for r in await read_topic(settings, settings.topics.api_presence)
+        if r.key == replay_id.encode() and r.value is not None
+    ]
+
+
+async def test_a_recovered_endpoint_receives_what_it_missed_under_its_webhook_ids_in_order(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = dispatcher_settings(
+        make_settings,
+        webhook_retry_schedule_s="30",
+        webhook_probe_first_s=0.5,
+        webhook_probe_max_s=0.5,
+    )
+    healed = [False]
+    target = Receiver(answer=lambda body, _: 204 if healed[0] else 410)
+    watcher = Receiver()  # an active endpoint of the workspace: sees when events were read
+    accounts = [new_account(), new_account()]
+    async with receiving(target), receiving(watcher), endpoint_store(settings) as store:
+        ep, secret = await store.create("ws_a", url=target.url, event_types=None, description=None)
+        target.secrets.append(secret)
+        _, watch_secret = await store.create(
+            "ws_a", url=watcher.url, event_types=("account.auth_status_changed",), description=None
+        )
+        watcher.secrets.append(watch_secret)
+        async with running_dispatcher(settings):
+            await publish_events(settings, [status_event(new_account(), 1)])  # 410: disabled
+            await wait_until(lambda: record(store, ep.id).status == "disabled")
+            missed = [status_event(a, v) for v in (1, 2, 3) for a in accounts]
+            await publish_events(settings, missed)
+            # read by the dispatcher while it was disabled: not a target, nothing sent
+            await wait_until(lambda: len(delivered(watcher)) == 1 + len(missed))
+            healed[0] = True
+            await wait_until(lambda: len(delivered(target)) >= len(missed), 30.0)
+            await wait_until(lambda: not record(store, ep.id).replaying)
+        healed_record = record(store, ep.id)
+        assert healed_record.recovery is not None and healed_record.recovery.replay_id
+        progress = await progress_of(settings, healed_record.recovery.replay_id)
+
+    got = delivered(target)
+    # every missed event, under the webhook-id it would have had (the watcher's are its own)
+    assert {d.webhook_id for d in got} == {webhook_id(e.event_id, ep.id) for e in missed}
+    assert len(got) == len(missed)
+    for account in accounts:  # each account's events in their order
+        versions = [
+            d.body["data"]["version"] for d in got if d.body["data"]["account_id"] == account
+        ]
+        assert versions == [1, 2, 3]
+    recovery = healed_record.recovery
+    assert healed_record.status == "active" and recovery.replaying is False
+    assert recovery.replay_id == recovery_replay_id(ep.id, recovery.disabled_at)
+    # readable as the front-end's replays are: its last progress record says done
+    assert progress and progress[-1].state == "done"
+    assert progress[-1].events_sent == len(missed) and progress[-1].endpoint_id == ep.id
+
+
+async def test_a_recovery_left_unfinished_is_replayed_again_under_the_same_id(
+    make_settings: SettingsFactory,
+) -> None:
+    """The record as a dispatcher stopped (or killed) between the re-enable and the end of its
+    replay leaves it: active, ``replaying``. The next dispatcher replays under the same id."""
+    settings = dispatcher_settings(make_settings, webhook_retry_schedule_s="30")
+    target = Receiver()
+    account = new_account()
+    async with receiving(target), endpoint_store(settings) as store:
+        ep, secret = await store.create("ws_a", url=target.url, event_types=None, description=None)
+        target.secrets.append(secret)
+        disabled_at = time.time() - 1.0
+        events = [status_event(account, v) for v in (1, 2)]
+        await publish_events(settings, events)  # occurred while it was disabled
+        rid = recovery_replay_id(ep.id, disabled_at)
+        left = Recovery(
+            disabled_at=disabled_at, interval_s=1.0, replay_id=rid, replaying=True, probes=1
+        )
+        await store.update(ep, recovery=left)  # active: as the re-enable wrote it
+        async with running_dispatcher(settings):
+            await wait_until(lambda: not record(store, ep.id).replaying, 30.0)
+            await wait_until(lambda: len(delivered(target)) >= 4)
+        progress = await progress_of(settings, rid)
+
+    # live (its first delivery) and replayed: the same two webhook-ids, the replay's id kept
+    assert {d.webhook_id for d in delivered(target)} == {
+        webhook_id(e.event_id, ep.id) for e in events
+    }
+    assert record(store, ep.id).recovery.replay_id == rid  # type: ignore[union-attr]
+    assert progress and progress[-1].state == "done" and progress[-1].events_sent == 2
+
+
+async def test_no_replay_when_the_owner_turned_recovery_off(
+    make_settings: SettingsFactory,
+) -> None:
+    settings = dispatcher_settings(make_settings)
+    async with endpoint_store(settings) as store:
+        ep, _ = await store.create(
+            "ws_a", url="http://127.0.0.1:9/", event_types=None, description=None
+        )
+        left = Recovery(disabled_at=1.0, interval_s=1.0, replay_id="rp_" + "0" * 32, replaying=True)
+        on = await store.update(ep, recovery=left)
+        prober = Prober(
+            endpoints=store.registry,
+            writer=store,
+            sender=None,  # type: ignore[arg-type]
+            sign=None,  # type: ignore[arg-type]
+            publisher=None,  # type: ignore[arg-type]
+            owns=lambda _: True,
+            config=ProbeConfig(),
+            scan=ReplayScan(
+                consumer_factory=lambda: None,
+                producer=None,
+                status_topic=settings.topics.status,
+                errors_topic=settings.topics.errors,
+                replays_topic=settings.topics.webhook_replays,
+            ),
+        )
+        await wait_until(lambda: record(store, ep.id).revision == on.revision)
+        assert [e.id for e in prober.due(time.time())] == [ep.id]  # the control
+        off = await store.update(on, auto_recover=False)
+        await wait_until(lambda: record(store, ep.id).revision == off.revision)
+        assert not record(store, ep.id).replaying
+        assert prober.due(time.time()) == []
