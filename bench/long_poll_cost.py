@@ -1,15 +1,16 @@
 """What waiting costs the worker: callers polling ``GET .../auth`` once a second against the
 same number long-polling (``after_version``, ``wait_s``) accounts that do not change, in one
-run of the dev stack, the worker's CPU read from /proc.
+run, the worker's CPU read from /proc.
 
     python -m bench.long_poll_cost --callers 500 --clients 4 --seconds 180 --rounds 2
 
-It starts ``python -m devstack stack`` (what ``make run`` runs) on spare loopback ports with
-its own keys file, registers ``--workspaces`` workspaces of ``--accounts`` quiet accounts each
-(a workspace's long-polls are held within its share, docs/architecture.md, "Long-polls"), and
-spreads the callers evenly over them. The callers run in ``--clients`` processes, each caller
-on its own keep-alive connection speaking just enough HTTP (``bench.stack.Connection``), so
-the load offered is the load asked for and not the harness's ceiling.
+For each phase it starts ``python -m devstack stack`` (what ``make run`` runs) afresh on
+spare loopback ports with its own keys file, registers ``--workspaces`` workspaces of
+``--accounts`` quiet accounts each (a workspace's long-polls are held within its share,
+docs/architecture.md, "Long-polls"), and spreads the callers evenly over them. The callers
+run in ``--clients`` processes, each caller on its own keep-alive connection speaking just
+enough HTTP (``bench.stack.Connection``), so the harness is not what limits the load offered;
+the rates offered and answered are printed.
 
 Phases alternate (idle, poll, long-poll, then the reverse) so a drift of the machine favours
 neither; the idle phase gives the worker's own cost, which the comparison subtracts. A poller
@@ -268,13 +269,14 @@ def phase(
     end = start + warmup + args.seconds
     clients: list[subprocess.Popen[bytes]] = []
     if mode != "idle":
-        share = -(-args.callers // args.clients)
-        for first in range(0, args.callers, share):
+        callers = args.poll_callers if mode == "poll" and args.poll_callers else args.callers
+        share = -(-callers // args.clients)
+        for first in range(0, callers, share):
             argv = [sys.executable, "-m", "bench.long_poll_cost", "callers"]
             argv += ["--port", str(port), "--mode", mode, "--pairs-file", str(pairs_file)]
             argv += ["--start", repr(start), "--end", repr(end), "--warmup-s", str(warmup)]
-            argv += ["--first", str(first), "--count", str(min(share, args.callers - first))]
-            argv += ["--total", str(args.callers), "--wait-s", str(args.wait_s)]
+            argv += ["--first", str(first), "--count", str(min(share, callers - first))]
+            argv += ["--total", str(callers), "--wait-s", str(args.wait_s)]
             clients.append(
                 subprocess.Popen(
                     argv, cwd=REPO_ROOT, env=base_env(), stdout=subprocess.PIPE, stdin=None
@@ -346,6 +348,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--callers", type=int, default=500)
+    parser.add_argument(
+        "--poll-callers",
+        type=int,
+        default=None,
+        help="pollers, if not --callers: as many as the long-polls' asks a second, to see "
+        "what the same query rate costs polled",
+    )
     parser.add_argument("--clients", type=int, default=4, help="client processes")
     parser.add_argument("--seconds", type=float, default=180.0, help="measured, per phase")
     parser.add_argument("--warmup-s", type=float, default=30.0)
