@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -518,6 +519,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "samples": soak.samples,
         "log": str(stack.log),
     }
+    if not (soak.failed or unseen or args.keep_logs):
+        # Nothing to trace: the stack's log and keys go (a run that failed keeps them).
+        shutil.rmtree(workdir, ignore_errors=True)
+        result["log"] = None
     return result
 
 
@@ -614,6 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drain-s", type=float, default=30)
     parser.add_argument("--start-timeout-s", type=float, default=120)
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
+    parser.add_argument(
+        "--keep-logs", action="store_true", help="keep the stack's log and keys after a clean run"
+    )
     parser.add_argument("--plot", type=Path, default=None, help="PNG of RSS and CPU over time")
     return parser
 

@@ -51,6 +51,7 @@ def test_a_minute_of_steady_confirms_is_answered_and_leaves_nothing_behind(
     assert accounts >= RATE * DURATION_S * 0.9
     assert result["outcomes"] == {"200": accounts}, result["failed"][:5]
     assert result["registrations_never_seen"] == 0, result["never_seen"][:5]
+    assert result["log"] is None  # a clean run removes its stack's log and keys from /tmp
     assert result["finished"] >= accounts * 0.9
     held = result["held_at_end"]
     assert held["worker"] is not None and held["worker"] >= accounts  # its state, by design
