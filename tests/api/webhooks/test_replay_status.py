@@ -23,10 +23,11 @@ from tests.api.webhooks.test_routes import status_event
 from worker.api.presence import Presence
 from worker.api.webhooks.quotas import Refused
 from worker.api.webhooks.replay import ReplayRunner
-from worker.api.webhooks.replay_status import ReplayBoard, ReplayProgress
+from worker.api.webhooks.replay_status import ReplayBoard
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.settings import Settings
+from worker.webhooks.replay_scan import ReplayProgress
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = pytest.mark.integration

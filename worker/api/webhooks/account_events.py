@@ -20,7 +20,6 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 
 from worker.api.webhooks.quotas import EVENT_SCANS, SCAN_TIME, busy, read_slots
-from worker.api.webhooks.replay import SEEK_MARGIN_S, event_of, occurred_since
 from worker.contract.webhook_events import WebhookEvent, from_error, from_status
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
@@ -28,6 +27,7 @@ from worker.engine.range_read import Span, partitions, read_range
 from worker.runtime.admission import NoRoom, TimeCharge
 from worker.runtime.logs import get_logger
 from worker.runtime.signed import SignedCodec
+from worker.webhooks.replay_scan import SEEK_MARGIN_S, event_of, occurred_since
 
 log = get_logger(__name__)
 

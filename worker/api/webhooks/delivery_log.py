@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, Literal
 
-from worker.api.webhooks.bodies import parse_rfc3339
 from worker.api.webhooks.delivery_log_scan import LogSlice
 from worker.contract.catalogue import ServiceError
 from worker.contract.delivery_log import AttemptRecord, DeliveryLogEntry
+from worker.contract.webhook_events import parse_rfc3339
 
 Status = Literal["succeeded", "failing", "pending", "failed"]
 STATUSES: Final[tuple[Status, ...]] = ("succeeded", "failing", "pending", "failed")

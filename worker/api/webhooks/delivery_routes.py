@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from worker.api.bodies import json_response, valid_id
 from worker.api.reading import request_id_of
-from worker.api.webhooks.bodies import json_object_body, parse_rfc3339
+from worker.api.webhooks.bodies import json_object_body
 from worker.api.webhooks.clients import WebhookClients
 from worker.api.webhooks.delivery_bodies import (
     DeliveryDetail,
@@ -45,7 +45,7 @@ from worker.api.webhooks.sends import SendBudget, new_send_id
 from worker.contract.catalogue import ServiceError
 from worker.contract.delivery_log import webhook_id
 from worker.contract.webhook_endpoints import EndpointRecord
-from worker.contract.webhook_events import EventCopy
+from worker.contract.webhook_events import EventCopy, parse_rfc3339
 from worker.runtime.admission import NoRoom
 from worker.runtime.logs import get_logger
 from worker.webhooks.samples import sample_event

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.api.bodies import DataResponse
 from worker.api.webhooks.account_events import FoundEvent
-from worker.api.webhooks.replay_status import ReplayProgress, ReplayState
 from worker.contract.messages import Identifier
+from worker.webhooks.replay_scan import ReplayProgress, ReplayState
 
 
 def _rfc3339(at: float) -> str:

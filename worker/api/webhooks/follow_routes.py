@@ -27,7 +27,6 @@ from worker.api.webhooks.account_events import (
     CursorCodec,
     CursorError,
 )
-from worker.api.webhooks.bodies import parse_rfc3339
 from worker.api.webhooks.creates import is_pending
 from worker.api.webhooks.follow_bodies import (
     AccountEventData,
@@ -37,12 +36,14 @@ from worker.api.webhooks.follow_bodies import (
 )
 from worker.api.webhooks.guard import Handler, guarded
 from worker.api.webhooks.replay import ReplayRunner
-from worker.api.webhooks.replay_status import REPLAY_ID_RE, ReplayBoard, ReplayProgress
+from worker.api.webhooks.replay_status import ReplayBoard
 from worker.api.webhooks.routes import ENDPOINT_ID_RULE, NOT_CONFIGURED, NOT_FOUND, WebhookClients
 from worker.contract.catalogue import ServiceError
+from worker.contract.webhook_events import parse_rfc3339
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoints import EndpointsTail
+from worker.webhooks.replay_scan import REPLAY_ID_RE, ReplayProgress
 
 log = get_logger(__name__)
 

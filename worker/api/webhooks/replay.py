@@ -31,8 +31,6 @@ from worker.webhooks.replay_scan import (
     ReplayProgress,
     ReplayScan,
     ReplayState,
-    event_of,
-    occurred_since,
     progress_record,
 )
 
@@ -363,10 +361,7 @@ __all__ = [
     "MAX_RUNNING",
     "PER_WORKSPACE",
     "REPLAY_TIMEOUT_S",
-    "SEEK_MARGIN_S",  # with event_of and occurred_since, for account_events
     "ReplayOutcome",
     "ReplayRunner",
-    "event_of",
     "new_replay_id",
-    "occurred_since",
 ]

@@ -228,10 +228,7 @@ __all__ = [
     "KEPT_FOR_S",
     "KEPT_PER_WORKSPACE",
     "MAX_TRACKED",
-    "REPLAY_ID_RE",
     "ReplayBoard",
     "ReplayCancel",
-    "ReplayProgress",
-    "ReplayState",
     "ending",
 ]

@@ -9,7 +9,7 @@ from typing import Any, Final
 from worker.api.webhooks import bodies, follow_routes, routes
 from worker.api.webhooks.follow_bodies import ReplayStatusResponse
 from worker.api.webhooks.quotas import ENDPOINT_QUOTA, TOO_MANY, EndpointLimits
-from worker.api.webhooks.replay_status import KEPT_FOR_S, KEPT_PER_WORKSPACE, REPLAY_ID_RE
+from worker.api.webhooks.replay_status import KEPT_FOR_S, KEPT_PER_WORKSPACE
 from worker.api.webhooks.urls import url_rule_text
 from worker.documents.openapi.parts import (
     EMPTY_BODY,
@@ -25,6 +25,7 @@ from worker.documents.openapi.parts import (
     path_item,
 )
 from worker.settings import Settings
+from worker.webhooks.replay_scan import REPLAY_ID_RE
 from worker.webhooks.targets import TargetPolicy
 
 ON_ENDPOINT: Final = ("EndpointId", "RequestId")
