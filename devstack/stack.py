@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -244,6 +245,7 @@ async def _run_stack(settings: DevSettings, stop: asyncio.Event, demo_accounts: 
         await asyncio.gather(*(asyncio.to_thread(c.stop, 10) for c in support))
         if broker is not None:
             broker.stop()
+        shutil.rmtree(keys_dir, ignore_errors=True)  # the dev keys and provider credential
         print("stack stopped", flush=True)
 
 

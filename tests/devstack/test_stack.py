@@ -26,8 +26,9 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-async def test_stack_up_flow_and_clean_ctrl_c() -> None:
-    async with running_stack("--demo-accounts", "2") as stack:
+async def test_stack_up_flow_and_clean_ctrl_c(tmp_path: Path) -> None:
+    async with running_stack("--demo-accounts", "2", TMPDIR=str(tmp_path)) as stack:
+        assert list(tmp_path.glob("passkey-stack-*"))  # noqa: ASYNC240 (a directory listing)
         assert "dev-key-ws-demo" in stack.banner
         await stack.until_worker_ready()
         deadline = time.monotonic() + 60
@@ -64,6 +65,8 @@ async def test_stack_up_flow_and_clean_ctrl_c() -> None:
         assert code in (0, 130)
         for name, port in stack.ports.items():
             assert not listening(port), f"{name} {port} still listening after Ctrl-C"
+        # Its keys and provider credential go with it.
+        assert not list(tmp_path.glob("passkey-stack-*"))  # noqa: ASYNC240
 
 
 def test_an_exited_component_is_restarted_with_a_doubling_backoff(
