@@ -13,7 +13,6 @@ import contextlib
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
@@ -23,11 +22,9 @@ from worker.api.webhooks.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refus
 from worker.api.webhooks.replay_status import PROGRESS_EVERY_S, ReplayBoard, ending
 from worker.contract.catalogue import ServiceError
 from worker.contract.webhook_endpoints import EndpointRecord
-from worker.engine.broker_health import BrokerHealth
 from worker.runtime.admission import Admission, Share, Slot
 from worker.runtime.logs import get_logger
 from worker.webhooks.replay_scan import (
-    SEEK_MARGIN_S,
     ReplayProgress,
     ReplayScan,
     ReplayState,
@@ -65,8 +62,7 @@ class ReplayOutcome:
 class ReplayRunner:
     """Runs replays as background tasks of this process (see the module docstring).
 
-    ``consumer_factory`` builds an unstarted, group-less consumer per scan; ``producer`` is
-    the front-end's started producer, ``health`` the process's broker health its sends report to.
+    ``scan``: the keyword arguments of the ``ReplayScan`` it runs (topics, clients, health).
     ``presence`` (when given) holds the workspace's quota across the live replicas: ``begin``
     claims a slot there before it starts a replay.
     """
@@ -74,35 +70,21 @@ class ReplayRunner:
     def __init__(
         self,
         *,
-        consumer_factory: Callable[[], Any],
-        producer: Any,
-        status_topic: str,
-        errors_topic: str,
-        replays_topic: str,
-        health: BrokerHealth | None = None,
         max_running: int = MAX_RUNNING,
         max_queued: int = MAX_QUEUED,
         per_workspace: int = PER_WORKSPACE,
         timeout_s: float = REPLAY_TIMEOUT_S,
-        seek_margin_s: float = SEEK_MARGIN_S,
         presence: Presence | None = None,
         board: ReplayBoard | None = None,
         progress_every_s: float = PROGRESS_EVERY_S,
+        **scan: Any,
     ) -> None:
         self._presence = presence
         self.board = board
         self._progress_every_s = progress_every_s
         self._cancelling: set[str] = set()  # replays here whose cancellation was asked for
         self._created: dict[str, float] = {}
-        self.scan = ReplayScan(
-            consumer_factory=consumer_factory,
-            producer=producer,
-            status_topic=status_topic,
-            errors_topic=errors_topic,
-            replays_topic=replays_topic,
-            health=health,
-            seek_margin_s=seek_margin_s,
-        )
+        self.scan = ReplayScan(**scan)
         # Replays admitted (running or queued) through the one admission rule: a workspace
         # holds at most ``per_workspace``, and a quarter stays for workspaces holding none.
         # Admitted replays run in arrival order, one per workspace at a time (its lock).

@@ -83,6 +83,9 @@ UNCONFIRMED: Final = (
 )
 
 Written = TypeVar("Written")
+Write = Callable[[WebhookClients, EndpointRecord], Awaitable[Written]]
+READ: Final = "get_webhook_endpoint_failed"
+UPDATE: Final = "update_webhook_endpoint_failed"
 
 
 class WebhookRoutes:
@@ -133,39 +136,24 @@ class WebhookRoutes:
         def route(path: str, handler: Handler, method: str, failure: str) -> Route:
             return Route(path, guarded(handler, failure, path, self._refused), methods=[method])
 
+        deliveries = self.delivery_log  # worker.api.webhooks.delivery_routes
         return [
             route(WEBHOOK_ENDPOINTS, self.create, "POST", "create_webhook_endpoint_failed"),
             route(WEBHOOK_ENDPOINTS, self.list_endpoints, "GET", "list_webhook_endpoints_failed"),
-            route(WEBHOOK_ENDPOINT, self.get, "GET", "get_webhook_endpoint_failed"),
-            route(WEBHOOK_ENDPOINT, self.update, "PATCH", "update_webhook_endpoint_failed"),
+            route(WEBHOOK_ENDPOINT, self.get, "GET", READ),
+            route(WEBHOOK_ENDPOINT, self.update, "PATCH", UPDATE),
             route(WEBHOOK_ENDPOINT, self.delete, "DELETE", "delete_webhook_endpoint_failed"),
             route(
-                WEBHOOK_DEACTIVATE,
-                self.deactivate,
-                "POST",
-                "deactivate_webhook_endpoint_failed",
+                WEBHOOK_DEACTIVATE, self.deactivate, "POST", "deactivate_webhook_endpoint_failed"
             ),
-            route(WEBHOOK_ACTIVATE, self.activate, "POST", "update_webhook_endpoint_failed"),
-            route(WEBHOOK_ROTATE, self.rotate, "POST", "update_webhook_endpoint_failed"),
-            route(
-                WEBHOOK_EXPIRE_PREVIOUS,
-                self.expire_previous,
-                "POST",
-                "update_webhook_endpoint_failed",
-            ),
-            route(WEBHOOK_REPLAY, self.replay, "POST", "update_webhook_endpoint_failed"),
-            *self._delivery_routes(route),
-        ]
-
-    def _delivery_routes(self, route: Callable[[str, Handler, str, str], Route]) -> list[Route]:
-        """The integrator's delivery routes (``worker.api.webhooks.delivery_routes``)."""
-        log_routes = self.delivery_log
-        read, send = "get_webhook_endpoint_failed", "update_webhook_endpoint_failed"
-        return [
-            route(WEBHOOK_DELIVERIES, log_routes.list_deliveries, "GET", read),
-            route(WEBHOOK_DELIVERY, log_routes.get, "GET", read),
-            route(WEBHOOK_RESEND, log_routes.resend, "POST", send),
-            route(WEBHOOK_TEST, log_routes.test, "POST", send),
+            route(WEBHOOK_ACTIVATE, self.activate, "POST", UPDATE),
+            route(WEBHOOK_ROTATE, self.rotate, "POST", UPDATE),
+            route(WEBHOOK_EXPIRE_PREVIOUS, self.expire_previous, "POST", UPDATE),
+            route(WEBHOOK_REPLAY, self.replay, "POST", UPDATE),
+            route(WEBHOOK_DELIVERIES, deliveries.list_deliveries, "GET", READ),
+            route(WEBHOOK_DELIVERY, deliveries.get, "GET", READ),
+            route(WEBHOOK_RESEND, deliveries.resend, "POST", UPDATE),
+            route(WEBHOOK_TEST, deliveries.test, "POST", UPDATE),
         ]
 
     async def endpoint_of(
@@ -254,6 +242,17 @@ class WebhookRoutes:
         async with lock:
             yield
 
+    async def _locked(
+        self, request: Request, failure: str, write: Write[Written]
+    ) -> tuple[str, EndpointRecord, Written]:
+        """The write routes' path: ``_current`` with an empty body, then ``write`` on the
+        endpoint found under its write lock, confirmed: the workspace, the endpoint before,
+        what ``write`` returned."""
+        clients, workspace_id, endpoint_id = await self._current(request, failure, body=True)
+        async with self._exclusive(workspace_id, endpoint_id):
+            current = self._find(clients, workspace_id, endpoint_id)
+            return workspace_id, current, await _confirmed(write(clients, current))
+
     async def _current(
         self, request: Request, failure: str, *, body: bool = False
     ) -> tuple[WebhookClients, str, str]:
@@ -305,14 +304,11 @@ class WebhookRoutes:
     # -- one endpoint ------------------------------------------------------------------------
 
     async def get(self, request: Request) -> Response:
-        clients, workspace_id, endpoint_id = await self._current(
-            request, "get_webhook_endpoint_failed"
-        )
-        record = self._find(clients, workspace_id, endpoint_id)
-        return _endpoint(request, record)
+        clients, workspace_id, endpoint_id = await self._current(request, READ)
+        return _endpoint(request, self._find(clients, workspace_id, endpoint_id))
 
     async def update(self, request: Request) -> Response:
-        failure = "update_webhook_endpoint_failed"
+        failure = UPDATE
         workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
         endpoint_id = self._endpoint_id(request)
@@ -343,50 +339,41 @@ class WebhookRoutes:
         return await self._set_status(request, "inactive", "deactivate_webhook_endpoint_failed")
 
     async def activate(self, request: Request) -> Response:
-        return await self._set_status(request, "active", "update_webhook_endpoint_failed")
+        return await self._set_status(request, "active", UPDATE)
 
     async def _set_status(self, request: Request, status: str, failure: str) -> Response:
-        clients, workspace_id, endpoint_id = await self._current(request, failure, body=True)
-        async with self._exclusive(workspace_id, endpoint_id):
-            current = self._find(clients, workspace_id, endpoint_id)
+        async def write(clients: WebhookClients, current: EndpointRecord) -> EndpointRecord:
             if status == "active" and current.status == "disabled" and clients.announcer:
                 # Before the write, under the id of the revision it writes (no second id).
                 announced = clients.announcer.announce(enabled_record(current))
                 await asyncio.wait_for(announced, self.wait_s)  # else the route's 500
-            record = await _confirmed(clients.store.set_status(current, status))
+            return await clients.store.set_status(current, status)
+
+        _, current, record = await self._locked(request, failure, write)
         self._secrets_dropped("trimmed", current, record)
         log.info("webhook_endpoint_status_set", endpoint_id=record.id, status=record.status)
         return _endpoint(request, record)
 
     async def delete(self, request: Request) -> Response:
-        clients, workspace_id, endpoint_id = await self._current(
-            request, "delete_webhook_endpoint_failed", body=True
+        workspace_id, current, _ = await self._locked(
+            request, "delete_webhook_endpoint_failed", lambda c, e: c.store.delete(e)
         )
-        async with self._exclusive(workspace_id, endpoint_id):
-            current = self._find(clients, workspace_id, endpoint_id)
-            await _confirmed(clients.store.delete(current))
-        log.info("webhook_endpoint_deleted", endpoint_id=endpoint_id, workspace_id=workspace_id)
+        log.info("webhook_endpoint_deleted", endpoint_id=current.id, workspace_id=workspace_id)
         return Response(status_code=204)
 
     async def rotate(self, request: Request) -> Response:
-        clients, workspace_id, endpoint_id = await self._current(
-            request, "update_webhook_endpoint_failed", body=True
+        workspace_id, current, (record, secret) = await self._locked(
+            request, UPDATE, lambda c, e: c.store.rotate(e)
         )
-        async with self._exclusive(workspace_id, endpoint_id):
-            current = self._find(clients, workspace_id, endpoint_id)
-            record, secret = await _confirmed(clients.store.rotate(current))
         self._secrets_dropped("rotated", current, record)
         log.info("webhook_secret_rotated", endpoint_id=record.id, workspace_id=workspace_id)
         return _with_secret(request, record, secret, status_code=200)
 
     async def expire_previous(self, request: Request) -> Response:
         """Only the current secret signs from now on (ends a rotation's overlap early)."""
-        clients, workspace_id, endpoint_id = await self._current(
-            request, "update_webhook_endpoint_failed", body=True
+        workspace_id, current, record = await self._locked(
+            request, UPDATE, lambda c, e: c.store.expire_previous(e)
         )
-        async with self._exclusive(workspace_id, endpoint_id):
-            current = self._find(clients, workspace_id, endpoint_id)
-            record = await _confirmed(clients.store.expire_previous(current))
         self._secrets_dropped("expired", current, record)
         log.info(
             "webhook_previous_secret_expired", endpoint_id=record.id, workspace_id=workspace_id
@@ -394,7 +381,7 @@ class WebhookRoutes:
         return _endpoint(request, record)
 
     async def replay(self, request: Request) -> Response:
-        failure = "update_webhook_endpoint_failed"
+        failure = UPDATE
         workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
         endpoint_id = self._endpoint_id(request)
