@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from worker.api.webhooks.quotas import QUOTAS
+from worker.runtime.metrics import Families
 
 _BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _METHODS: Final = frozenset({"GET", "POST", "OPTIONS", "HEAD", "PUT", "PATCH", "DELETE"})
@@ -70,93 +71,76 @@ class ApiMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.requests = Counter(
+        f = Families(registry)
+        self.requests = f.counter(
             "passkey_api_requests",
             "HTTP requests answered, by route template, method and status",
-            ["route", "method", "status"],
-            registry=registry,
+            ("route", "method", "status"),
         )
-        self.duration = Histogram(
+        self.duration = f.histogram(
             "passkey_api_request_duration_seconds",
             "Request received to response sent",
-            ["route", "method"],
+            ("route", "method"),
             buckets=_BUCKETS,
-            registry=registry,
         )
-        self.reply_timeouts = Counter(
+        self.reply_timeouts = f.counter(
             "passkey_api_reply_timeouts",
             "passkey-confirm requests answered 500 because no reply arrived in time",
-            registry=registry,
         )
-        self.query_timeouts = Counter(
+        self.query_timeouts = f.counter(
             "passkey_api_query_timeouts",
             "GET /auth requests answered 500 because the owner's answer did not arrive in time",
-            registry=registry,
         )
-        self.pending_replies = Gauge(
+        self.pending_replies = f.gauge(
             "passkey_api_pending_replies",
             "Requests currently waiting for their reply on auth.replies",
-            registry=registry,
         )
-        self.refusals = Counter(
+        self.refusals = f.counter(
             "passkey_api_refusals",
             "Connections and requests the front door refused, by reason",
-            ["reason"],
-            registry=registry,
+            ("reason",),
+            seed=REFUSAL_REASONS,
         )
-        for reason in REFUSAL_REASONS:
-            self.refusals.labels(reason)
-        self.ready = Gauge(
+        self.ready = f.gauge(
             "passkey_api_ready",
             "1 when the reply consumer is positioned (and the webhook registry caught up)",
-            registry=registry,
         )
-        # Quotas per workspace (worker/api/webhooks/quotas.py); every label value exported from
-        # start.
-        self.quota_refusals = Counter(
+        # Quotas per workspace (worker/api/webhooks/quotas.py).
+        self.quota_refusals = f.counter(
             "passkey_api_quota_refusals",
             "Webhook requests refused by a per-workspace quota or field limit, by quota",
-            ["quota"],
-            registry=registry,
+            ("quota",),
+            seed=QUOTAS,
         )
-        for quota in QUOTAS:
-            self.quota_refusals.labels(quota)
-        self.secrets_dropped = Counter(
+        self.secrets_dropped = f.counter(
             "passkey_api_webhook_secrets_dropped",
             "Signing secrets that stopped signing before their expiry: older than the previous"
             " one at a rotation (rotated), on request (expired), or of a record written before"
             " the bound (trimmed)",
-            ["reason"],
-            registry=registry,
+            ("reason",),
+            seed=("rotated", "expired", "trimmed"),
         )
-        for reason in ("rotated", "expired", "trimmed"):
-            self.secrets_dropped.labels(reason)
         # Idempotent confirms (worker/api/idempotency.py): bounded labels only, never a key.
-        self.idempotency_replays = Counter(
+        self.idempotency_replays = f.counter(
             "passkey_api_idempotency_replays",
             "passkey-confirm requests answered with the kept answer of their Idempotency-Key"
             " (no command sent)",
-            registry=registry,
         )
-        self.idempotency_refusals = Counter(
+        self.idempotency_refusals = f.counter(
             "passkey_api_idempotency_refusals",
             "passkey-confirm requests with an Idempotency-Key refused, by reason: in_progress"
             " (409), reused (409, another body or account), exhausted (429, workspace out of"
             " keys)",
-            ["reason"],
-            registry=registry,
+            ("reason",),
+            seed=IDEMPOTENCY_REFUSALS,
         )
-        for reason in IDEMPOTENCY_REFUSALS:
-            self.idempotency_refusals.labels(reason)
-        self.idempotency_keys_stored = Counter(
+        self.idempotency_keys_stored = f.counter(
             "passkey_api_idempotency_keys_stored",
             "Idempotency-Key answers this front-end kept (one per key that ran its command)",
-            registry=registry,
         )
-        self.replays_in_flight = Gauge(
+        self.replays_in_flight = f.gauge(
             "passkey_api_webhook_replays_in_flight",
             "Webhook replays running or waiting for a slot in this process",
-            registry=registry,
         )
 
     def export_key_usage(self, usage: KeyUsage) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -18,7 +18,7 @@ from worker.contract.catalogue import ServiceError
 from worker.contract.messages import COMMAND_TYPES
 from worker.dlq.letter import DLQ_REASONS
 from worker.engine.metrics import LATENCY_BUCKETS, LoopSeries
-from worker.runtime.metrics import WORKER_PREFIX
+from worker.runtime.metrics import WORKER_PREFIX, Families
 
 #: How a parked long-poll ended (``worker.auth.waits.END_REASONS``, which imports this module).
 WAIT_END_REASONS: tuple[str, ...] = ("changed", "timeout", "cap", "revoked", "stop")
@@ -77,91 +77,68 @@ class WorkerMetrics(LoopSeries):
             in_flight=("inflight_commands", "Commands dispatched and not yet settled"),
             records="Account records",
         )
-        self.commands = Counter(
-            "passkey_auth_commands",
-            "Commands applied, by type and outcome",
-            ["type", "outcome"],
-            registry=registry,
+        f = Families(registry)
+        self.commands = f.counter(
+            "passkey_auth_commands", "Commands applied, by type and outcome", ("type", "outcome")
         )
-        self.errors = Counter(
+        self.errors = f.counter(
             "passkey_auth_errors",
             "Catalogued errors produced, by code",
-            ["code", "numeric_code", "http_status"],
-            registry=registry,
+            ("code", "numeric_code", "http_status"),
+            seed=((code, str(numeric), str(http)) for code, http, numeric in WORKER_ERRORS),
         )
-        self.command_seconds = Histogram(
+        self.command_seconds = f.histogram(
             "passkey_auth_command_duration_seconds",
             "Record fetched to all outputs acknowledged",
-            ["type"],
+            ("type",),
             buckets=LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.provider_seconds = Histogram(
+        self.provider_seconds = f.histogram(
             "passkey_auth_provider_request_duration_seconds",
             "Provider calls incl. retries",
-            ["provider", "operation", "outcome"],
+            ("provider", "operation", "outcome"),
             buckets=LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.provider_retries = Counter(
+        self.provider_retries = f.counter(
             "passkey_auth_provider_retries",
             "Provider call retries after transient failures",
-            ["provider", "operation"],
-            registry=registry,
+            ("provider", "operation"),
         )
-        self.dlq = Counter(
+        self.dlq = f.counter(
             "passkey_auth_dlq_records",
             "Records sent to the DLQ, by dlq.reason: undecodable, or their handling failed "
             "for good",
-            ["reason"],
-            registry=registry,
+            ("reason",),
+            seed=DLQ_REASONS,
         )
-        self.forwarded = Counter(
+        self.forwarded = f.counter(
             "passkey_auth_commands_forwarded",
             "Commands that arrived off their key's home partition and were forwarded there",
-            ["type"],
-            registry=registry,
+            ("type",),
+            seed=COMMAND_TYPES,
         )
-        self.status_changes = Counter(
+        self.status_changes = f.counter(
             "passkey_auth_status_changes",
             "Status-change events published, by new status",
-            ["status"],
-            registry=registry,
+            ("status",),
         )
-        self.follow_up_expired = Counter(
-            "passkey_auth_follow_up_expired",
-            "Flows failed by the follow-up deadline",
-            registry=registry,
+        self.follow_up_expired = f.counter(
+            "passkey_auth_follow_up_expired", "Flows failed by the follow-up deadline"
         )
-        self.parked_waits = Gauge(
+        self.parked_waits = f.gauge(
             "passkey_auth_parked_waits",
             "Long-polls (get_auth_state with wait_ms) parked until their account changes",
-            registry=registry,
         )
-        self.parked_waits_ended = Counter(
+        self.parked_waits_ended = f.counter(
             "passkey_auth_parked_waits_ended",
             "Long-polls answered, by how their wait ended: changed, timeout, cap (answered at "
             "once past a cap), revoked (their partition left), stop",
-            ["reason"],
-            registry=registry,
+            ("reason",),
+            seed=WAIT_END_REASONS,
         )
-
         #: The duration series of each (provider, operation, outcome), looked up once: the
         #: configured providers, two operations and the fixed outcomes.
         self._provider_series: dict[tuple[str, str, str], Any] = {}
-        self._precreate()
-
-    def _precreate(self) -> None:
-        """Create the series the alerts watch at zero: ``increase()`` cannot count the first
-        sample of a series, so a DLQ record or an error right after start would go unseen."""
-        for reason in DLQ_REASONS:
-            self.dlq.labels(reason)
-        for command_type in COMMAND_TYPES:
-            self.forwarded.labels(command_type)
-        for reason in WAIT_END_REASONS:
-            self.parked_waits_ended.labels(reason)
-        for code, http_status, numeric_code in WORKER_ERRORS:
-            self.errors.labels(code, str(numeric_code), str(http_status))
 
     def export_breakers(self, breakers: Callable[[], Iterable[tuple[str, CircuitBreaker]]]) -> None:
         """Export the state of the providers' circuit breakers (``BreakerStates``)."""

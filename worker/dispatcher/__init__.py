@@ -16,7 +16,6 @@ __all__ = [
     "instrumentation",
     "intake",
     "metrics",
-    "migration",
     "pair_writes",
     "probing",
     "publish",

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict
 
 from worker.contract.delivery_log import AttemptRecord
 
-DeliveryStateName = Literal["pending", "delivered", "failed"]
 Outcome = Literal["delivered", "retry", "failed", "gone", "deferred"]
 """``deferred``: not attempted for want of a slot of ours (a connection, a lookup thread):
 nothing changes in the pair, no retry step is spent, the receiver is not charged."""
@@ -47,6 +46,11 @@ status, the cut ``last_error``, times)."""
 def state_key(endpoint_id: str, account_id: str) -> str:
     """The record key of a (endpoint, account) pair; ``/`` never occurs in an id."""
     return f"{endpoint_id}/{account_id}"
+
+
+def is_old_form(key: str) -> bool:
+    """Whether a due key is an old-form account record's (an account id, no ``/``)."""
+    return "/" not in key
 
 
 class Pending(BaseModel):
@@ -148,12 +152,9 @@ class QueueLimits:
     taken in."""
 
     def __post_init__(self) -> None:
-        if self.max_pending < 1:
-            raise ValueError("max_pending must be >= 1")
-        if self.max_pairs_per_endpoint < 1:
-            raise ValueError("max_pairs_per_endpoint must be >= 1")
-        if self.workspace_max_pending < 1:
-            raise ValueError("workspace_max_pending must be >= 1")
+        for name in ("max_pending", "max_pairs_per_endpoint", "workspace_max_pending"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
         if self.max_bytes < 2 * STATE_HEADROOM:
             raise ValueError(f"max_bytes must be >= {2 * STATE_HEADROOM}")
 
@@ -230,15 +231,7 @@ def remember(state: DeliveryState, delivery: Pending) -> DeliveryState:
 
 def refused(delivery: Pending, reason: str, *, now: float) -> Finished:
     """The end of a delivery that was never queued (``take_in`` said ``full``)."""
-    return Finished(
-        webhook_id=delivery.webhook_id,
-        event_type=delivery.event_type,
-        version=delivery.version,
-        attempts=0,
-        state="failed",
-        last_error=reason,
-        finished_at=now,
-    )
+    return _ended(delivery, 0, AttemptResult(None, reason), now)
 
 
 def marker(delivery: Pending) -> str:
@@ -270,12 +263,12 @@ def settle(
     head = state.queue[0]
     attempts = head.attempts + 1
     if result.ok:
-        return _finish(state, head, attempts, "delivered", result, now, "delivered")
+        return _finish(state, attempts, result, now, "delivered")
     if result.status == 410:
-        return _finish(state, head, attempts, "failed", result, now, "gone")
+        return _finish(state, attempts, result, now, "gone")
     failures = attempts  # every attempt so far failed
     if failures > len(schedule):
-        return _finish(state, head, attempts, "failed", result, now, "failed")
+        return _finish(state, attempts, result, now, "failed")
     wait = schedule[failures - 1] * (rng or random).uniform(1 - JITTER, 1 + JITTER)
     hint = result.retry_after_s
     if hint is not None and result.status in (429, 503) and math.isfinite(hint):
@@ -296,36 +289,39 @@ def settle(
 
 def fail_head(state: DeliveryState, reason: str, *, now: float) -> Settled:
     """The head fails without an attempt (its endpoint was deactivated, disabled or deleted)."""
-    head = state.queue[0]
-    return _finish(state, head, head.attempts, "failed", AttemptResult(None, reason), now, "failed")
+    return _finish(state, state.queue[0].attempts, AttemptResult(None, reason), now, "failed")
 
 
 def _finish(
-    state: DeliveryState,
-    head: Pending,
-    attempts: int,
-    final: Literal["delivered", "failed"],
-    result: AttemptResult,
-    now: float,
-    outcome: Outcome,
+    state: DeliveryState, attempts: int, result: AttemptResult, now: float, outcome: Outcome
 ) -> Settled:
-    done = Finished(
+    """The head ended: delivered when ``result`` is a 2xx, else failed."""
+    since = None if result.ok else (state.failing_since or now)
+    nxt = state.model_copy(update={"queue": _behind(state.queue, now), "failing_since": since})
+    done = _ended(state.queue[0], attempts, result, now)
+    return Settled(nxt, outcome, finished=done, base=state)
+
+
+def _ended(head: Pending, attempts: int, result: AttemptResult, now: float) -> Finished:
+    return Finished(
         webhook_id=head.webhook_id,
         event_type=head.event_type,
         version=head.version,
         attempts=attempts,
-        state=final,
+        state="delivered" if result.ok else "failed",
         last_status=result.status,
         last_error=_cut(result.error),
         finished_at=now,
     )
-    rest = state.queue[1:]
+
+
+def _behind(queue: tuple[Pending, ...], now: float) -> tuple[Pending, ...]:
+    """The deliveries behind the head that ended at ``now``: the next one waited behind it,
+    so it is due now, not at its old time."""
+    rest = queue[1:]
     if rest and rest[0].next_attempt_at > now:
-        # The next one waited behind this one: it is due now, not at its old time.
         rest = (rest[0].model_copy(update={"next_attempt_at": now}), *rest[1:])
-    since = None if final == "delivered" else (state.failing_since or now)
-    nxt = state.model_copy(update={"queue": rest, "failing_since": since})
-    return Settled(nxt, outcome, finished=done, base=state)
+    return rest
 
 
 def _cut(error: str | None) -> str | None:
@@ -342,12 +338,7 @@ def carry_over(current: DeliveryState, settled: Settled) -> DeliveryState:
     if settled.finished is None:
         queue = (settled.state.queue[0], *current.queue[1:])
     else:
-        queue = current.queue[1:]
-        if queue and queue[0].next_attempt_at > settled.finished.finished_at:
-            queue = (
-                queue[0].model_copy(update={"next_attempt_at": settled.finished.finished_at}),
-                *queue[1:],
-            )
+        queue = _behind(current.queue, settled.finished.finished_at)
     return current.model_copy(update={"queue": queue, "failing_since": settled.state.failing_since})
 
 

@@ -1,6 +1,6 @@
 """The dispatcher's state store: one delivery-state record per (endpoint, account) pair, in
 its account's partition, restored on assignment; the old one-record-per-account form is read
-and migrated (docs/operations.md, "Upgrading the delivery state")."""
+and migrated (``PairWrites.migrate``; docs/operations.md, "Upgrading the delivery state")."""
 
 from __future__ import annotations
 
@@ -54,27 +54,23 @@ def merge(newer: DeliveryState, older: DeliveryState) -> DeliveryState:
 
 
 class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
-    """Delivery states by pair key, a timer per pair whose queue waits, and the account
-    records of the old form still to migrate (a timer under the account id each).
+    """Delivery states by pair key, a timer per pair whose queue waits, and the old-form
+    account records still to migrate (a timer under the account id each).
 
-    ``defer`` keeps a pair's timer later than its head's due time (its endpoint has no room
-    now, ``worker.dispatcher.endpoint_gate``) until ``wake``; writes of the pair meanwhile keep that
-    later time, so a pair waiting for its endpoint does not run again on every event.
-    ``unsaved`` says which deliveries are in memory only (``worker.dispatcher.holds``).
-    ``park`` marks a pair its endpoint paused (back-off, ``Retry-After``, rate limit) until its
-    next follow-up; the mark goes with the pair, or with its partition when that is dropped.
-    ``claim`` takes a pair's timer away while its lane works on it (``release`` arms it once,
-    from the state the lane left): every step of a follow-up changes the pair, and arming at
-    each would only have the loop's sweep find it due, and its lane busy, again and again.
+    ``defer`` keeps a pair's timer later than its head's due time (its endpoint has no room,
+    ``endpoint_gate``) until ``wake``, through the pair's writes, so a pair waiting for its
+    endpoint does not run again on every event. ``unsaved``: the deliveries in memory only
+    (``holds``). ``park`` marks a pair its endpoint paused (back-off, ``Retry-After``, rate
+    limit) until its next follow-up. ``claim`` takes a pair's timer away while its lane works on
+    it (``release`` arms it once, from the state left): arming at each step would only have the
+    sweep find it due, and its lane busy, again and again.
 
-    Only pairs with something pending are held: ``put`` of an idle pair (``DeliveryState.idle``)
-    drops it, with its timer and deferral. Which pairs have a live record on the changelog is
-    known (``live``: written with a queue and not tombstoned since, or restored so), so that a
-    dropped pair's record is tombstoned (``stale``) and one never written needs no write at all.
-    Both sets, and the count of pending pairs per endpoint (``pending_pairs``), hold pending
-    pairs only (and stale ones until their tombstone is handed to the producer). The pending
-    deliveries of each workspace are counted too, over every owned partition
-    (``pending_deliveries``; ``QueueLimits.workspace_max_pending`` bounds it).
+    Only pairs with something pending are held: ``put`` of an idle pair drops it, with its
+    timer and deferral. ``live`` says which pairs have a value on the changelog, so a dropped
+    pair's record is tombstoned (``stale``) and one never written needs no write. The live set
+    and the pending pairs per endpoint (``pending_pairs``) hold pending pairs only (and stale
+    ones until their tombstone is handed over); ``pending_deliveries`` counts each workspace's
+    over every owned partition (``QueueLimits.workspace_max_pending`` bounds it).
     """
 
     def __init__(self, *, workspace_of: WorkspaceOf | None = None) -> None:
@@ -116,31 +112,19 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
             self._count_deliveries(partition, record.workspace_id, len(record.queue))
             if record.idle:
                 if isinstance(held.pop(key, None), DeliveryState):
-                    self._count(partition, record.endpoint_id, -1)
+                    _add(self._pending.setdefault(partition, Counter()), record.endpoint_id, -1)
                 self._deferred.pop(key, None)
                 self.unpark(partition, key)
                 self.timers.cancel(key)
                 return
             if not isinstance(held.get(key), DeliveryState):
-                self._count(partition, record.endpoint_id, +1)
+                _add(self._pending.setdefault(partition, Counter()), record.endpoint_id, +1)
         super().put(partition, record)
 
-    def _count(self, partition: int, endpoint_id: str, delta: int) -> None:
-        counts = self._pending.setdefault(partition, Counter())
-        counts[endpoint_id] += delta
-        if counts[endpoint_id] <= 0:
-            del counts[endpoint_id]
-
     def _count_deliveries(self, partition: int, workspace_id: str, delta: int) -> None:
-        if delta == 0:
-            return
-        counts = self._workspace_pending.setdefault(partition, Counter())
-        counts[workspace_id] += delta
-        self._workspace_total[workspace_id] += delta
-        if counts[workspace_id] <= 0:
-            del counts[workspace_id]
-        if self._workspace_total[workspace_id] <= 0:
-            del self._workspace_total[workspace_id]
+        if delta:
+            _add(self._workspace_pending.setdefault(partition, Counter()), workspace_id, delta)
+            _add(self._workspace_total, workspace_id, delta)
 
     def pending_deliveries(self, workspace_id: str) -> int:
         """How many deliveries of ``workspace_id`` wait in the pairs this store holds, every
@@ -242,9 +226,7 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
                 self.timers.cancel(key)  # a stale pair's tombstone: the next owner's
         self._pending.pop(partition, None)
         for workspace_id, count in self._workspace_pending.pop(partition, Counter()).items():
-            self._workspace_total[workspace_id] -= count
-            if self._workspace_total[workspace_id] <= 0:
-                del self._workspace_total[workspace_id]
+            _add(self._workspace_total, workspace_id, -count)
         self._parked.pop(partition, None)
         self.unsaved.drop(partition)
         super().drop(partition)
@@ -311,6 +293,13 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
 
     def _timer_keys(self, record: DeliveryState | AccountDeliveries) -> list[str]:
         return [self.key_of(record)]
+
+
+def _add(counts: Counter[str], key: str, delta: int) -> None:
+    """Count ``delta`` more of ``key``; a key at zero is not kept."""
+    counts[key] += delta
+    if counts[key] <= 0:
+        del counts[key]
 
 
 __all__ = [

@@ -1,6 +1,6 @@
 """One unit of dispatcher work, run by the shared consume loop: take an event in (fan out to
 each pair's queue, the event's offset held until each delivery is safe), attempt a due
-delivery, or migrate an account's old one-record state (``worker.dispatcher.migration``)
+delivery, or migrate an account's old one-record state (``PairWrites.migrate``)
 (docs/architecture.md, "Webhook fan-out"; its spans: docs/operations.md, "Tracing"). Its
 parts: the writes of pair states (``pair_writes``), refusals at take-in (``refusals``),
 disabling a failing endpoint (``disabling``)."""
@@ -27,6 +27,7 @@ from worker.dispatcher.delivery import (
     Settled,
     carry_over,
     fail_head,
+    is_old_form,
     marker,
     settle,
     state_key,
@@ -47,14 +48,13 @@ from worker.dispatcher.instrumentation import (
 )
 from worker.dispatcher.intake import Intake
 from worker.dispatcher.metrics import WebhookMetrics
-from worker.dispatcher.migration import Migration, is_old_form
 from worker.dispatcher.pair_writes import PairWrites
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.dispatcher.refusals import Refusals
 from worker.dispatcher.sender import ErrorKind, attempt_record
 from worker.engine.faults import Fault
 from worker.runtime import tracing
-from worker.runtime.logs import get_logger
+from worker.runtime.logs import get_logger, log_context
 from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoints import EndpointRegistry
 
@@ -106,27 +106,26 @@ class Dispatcher:
         self.metrics = metrics
         self._clock = clock
         self._rng = rng or random.Random()
+
+        def known(endpoint_id: str) -> bool:
+            return endpoints.workspace_of(endpoint_id) is not None  # not deleted
+
         self.gate = EndpointGate(
-            config.gate,
-            wake=store.wake,
-            metrics=metrics,
-            rng=self._rng,
-            known=self._known,
+            config.gate, wake=store.wake, metrics=metrics, rng=self._rng, known=known
         )
         self._instrument = Instrumentation(metrics)
         self._writes = PairWrites(store, publisher)
-        self._refusals = Refusals(store, publisher, self._writes, config.limits)
+        self._refusals = Refusals(store, publisher, self._writes)
         self.disabling = Disabling(
             writer=writer,
             gate=self.gate,
             publisher=publisher,
             metrics=metrics,
-            known=self._known,
+            known=known,
             disable_after_s=config.disable_after_s,
             announcer=announcer,
             probing=config.probe,
         )
-        self._migration = Migration(store, publisher, self._writes.write_now, self._instrument)
 
     # -- taking events in --------------------------------------------------------------------
 
@@ -137,22 +136,21 @@ class Dispatcher:
             return await self._instrument.run_record(msg, read, lambda: self._receive(msg, read))
 
     async def _receive(
-        self, msg: ConsumerRecord[bytes, bytes], read: Incoming | Undecodable
+        self, msg: ConsumerRecord[bytes, bytes], read: Incoming | Undecodable | Fault
     ) -> Received:
-        if isinstance(read, Undecodable):
-            await self._publisher.dead_letter_record(msg, Fault("undecodable", read.detail))
-            return DeadLettered("undecodable")
-        return await self._take_in(msg.partition, read.event, read.targets, replay=read.replay)
+        """Take ``read`` in; an undecodable record, or one whose taking-in failed for good
+        (``read`` its fault), goes to the DLQ as it came."""
+        if isinstance(read, Incoming):
+            return await self._take_in(msg.partition, read.event, read.targets, replay=read.replay)
+        fault = read if isinstance(read, Fault) else Fault("undecodable", read.detail)
+        await self._publisher.dead_letter_record(msg, fault)
+        return DeadLettered(fault.reason)
 
     # -- faults (worker.engine.consume_loop retried these first) --------------------------
 
     async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
         """A record whose taking-in failed for good: to the DLQ as it came."""
-        await self._instrument.run_record(msg, None, lambda: self._let_go(msg, fault))
-
-    async def _let_go(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> DeadLettered:
-        await self._publisher.dead_letter_record(msg, fault)
-        return DeadLettered(fault.reason)
+        await self._instrument.run_record(msg, None, lambda: self._receive(msg, fault))
 
     async def give_up(self, partition: int, key: str, fault: Fault) -> None:
         """A pair whose attempt keeps failing inside the dispatcher: its head delivery fails
@@ -166,8 +164,12 @@ class Dispatcher:
         head = None if state is None else state.head()
         if state is None or head is None:
             return
-        await self._instrument.run_give_up(
-            partition, state, head, lambda: self._fail_head(partition, key, state, head, fault)
+        await self._instrument.run_attempt(
+            partition,
+            state,
+            head,
+            lambda: self._fail_head(partition, key, state, head, fault),
+            sent=False,
         )
 
     async def _fail_head(
@@ -190,6 +192,7 @@ class Dispatcher:
         if not targets or workspace is None:
             return TakenIn()
         now = self._clock()
+        limits = self.config.limits
         traceparent, tracestate = tracing.current_traceparent()
         taken: list[tuple[DeliveryState, Pending]] = []
         full: list[tuple[DeliveryState, Pending]] = []
@@ -212,11 +215,13 @@ class Dispatcher:
                 tracestate=tracestate,
             )
             pair = self._pair(partition, endpoint, event.account_id)
-            if pair.idle and self._refusals.endpoint_full(partition, endpoint.id):
-                crowded.append((pair, delivery))
+            pairs = self.store.pending_pairs(partition, endpoint.id)
+            if pair.idle and pairs >= limits.max_pairs_per_endpoint:
+                crowded.append((pair, delivery))  # no new pair of the endpoint is opened
                 continue
-            state, verdict = take_in(pair, delivery, self.config.limits)
-            if verdict == "taken" and self._refusals.workspace_full(workspace, len(taken)):
+            state, verdict = take_in(pair, delivery, limits)
+            pending = self.store.pending_deliveries(workspace) + len(taken)
+            if verdict == "taken" and pending >= limits.workspace_max_pending:
                 over.append((pair, delivery))  # after the dedup: a duplicate is no new one
             elif verdict == "taken":
                 taken.append((state, delivery))
@@ -245,14 +250,11 @@ class Dispatcher:
                 ]
                 if late:
                     await self._writes.write_now(partition, late)
-        refused = await self._refusals.queue_full(partition, full, now) if full else ()
-        if crowded:
-            refused = (*refused, *await self._refusals.new_pairs(partition, crowded, now))
-        if over:
-            refused = (
-                *refused,
-                *await self._refusals.new_pairs(partition, over, now, workspace=True),
-            )
+        refused = (
+            *(await self._refusals.queue_full(partition, full, now) if full else ()),
+            *await self._refusals.new_pairs(partition, crowded, now),
+            *await self._refusals.new_pairs(partition, over, now, workspace=True),
+        )
         # Pairs whose new delivery is at the head are attempted at once: their first log entry
         # is the attempt's outcome. The others wait behind an earlier one: say so in the log.
         due: list[str] = []
@@ -285,7 +287,10 @@ class Dispatcher:
         """Attempt the pair's due deliveries, head first, until one is not due or its endpoint
         has no room; an old-form account record's key is migrated instead."""
         if is_old_form(key):
-            await self._migration.follow_up(partition, key)
+            with log_context(account_id=key, partition=partition):
+                if (pairs := await self._writes.migrate(partition, key)) is not None:
+                    self.metrics.state_migrated.inc()
+                    log.info("delivery_state_migrated", pairs=pairs)
             return
         # The pair's timer is armed once, when this ends, from the state it leaves.
         self.store.claim(key)
@@ -363,11 +368,13 @@ class Dispatcher:
             finally:
                 ours = result is not None and _our_capacity(result)
                 self.store.undefer(key)
+                paused = result is not None and result.status in (429, 503)
                 self.gate.release(
                     endpoint.id,
                     ok=None if result is None or ours else result.ok,
                     now=self._clock(),
-                    retry_after_s=None if result is None else _pause_asked(result),
+                    # A 429/503's ``Retry-After`` pauses the whole endpoint, not just this pair.
+                    retry_after_s=result.retry_after_s if result and paused else None,
                 )
         state = self.store.pair(partition, key) or state
         now = self._clock()
@@ -404,7 +411,7 @@ class Dispatcher:
             record = attempt_record(at, answer)
             result = AttemptResult(answer.status, error, answer.retry_after_s, record)
             if _our_capacity(result):
-                self.metrics.deferred("capacity")
+                self.metrics.deferrals.labels("capacity").inc()
                 return result  # not a request sent: no attempt counted
         except Exception as exc:
             # Whatever one attempt raises (an answer that broke the sender, a secret that does
@@ -472,19 +479,10 @@ class Dispatcher:
         if is_active(endpoint):
             await self.disabling.maybe_disable(endpoint, settled, now)
 
-    def _known(self, endpoint_id: str) -> bool:
-        """Whether the endpoint is in the registry (not deleted)."""
-        return self.endpoints.workspace_of(endpoint_id) is not None
-
 
 def _our_capacity(result: AttemptResult) -> bool:
     """The attempt found no slot of ours (``ErrorKind.CAPACITY``): nothing was sent."""
     return result.status is None and result.error == ErrorKind.CAPACITY
-
-
-def _pause_asked(result: AttemptResult) -> float | None:
-    """A ``Retry-After`` on 429/503 pauses the whole endpoint, not just this pair."""
-    return result.retry_after_s if result.status in (429, 503) else None
 
 
 __all__ = ["DispatchConfig", "Dispatcher", "EndpointWriter", "Sender", "Signer"]

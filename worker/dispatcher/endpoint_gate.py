@@ -12,8 +12,9 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
+from worker.dispatcher.metrics import WebhookMetrics
 from worker.runtime.admission import Admission as SlotPool
 from worker.runtime.admission import Share, Slot
 from worker.runtime.logs import get_logger
@@ -32,14 +33,6 @@ MAX_PARK_S = 3600.0
 #: Endpoint entries the gate may hold before it first sweeps out those it need not keep; a
 #: sweep happens when the entries double since the last one (``EndpointGate._sweep``).
 SWEEP_FLOOR = 64
-
-
-class GateMetrics(Protocol):
-    """The gate's series (``WebhookMetrics``)."""
-
-    def deferred(self, reason: DeferReason) -> None: ...
-
-    def backing_off(self, endpoints: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +116,10 @@ class _Endpoint:
         return self.tokens + (now - self.refilled_at) * self.rate_limit >= self.rate_limit
 
 
+_AT_REST = _Endpoint()
+"""What the gate knows of an endpoint it holds no entry for (read only)."""
+
+
 class EndpointGate:
     """The per-endpoint admission of attempts, in one dispatcher process."""
 
@@ -131,7 +128,7 @@ class EndpointGate:
         config: GateConfig,
         *,
         wake: Waker,
-        metrics: GateMetrics | None = None,
+        metrics: WebhookMetrics | None = None,
         rng: random.Random | None = None,
         known: Callable[[str], bool] | None = None,
     ) -> None:
@@ -152,10 +149,6 @@ class EndpointGate:
         """Endpoint entries held."""
         return len(self._endpoints)
 
-    def workspaces(self) -> int:
-        """Workspaces with an endpoint entry held."""
-        return len(self._workspace_endpoints)
-
     def connections(self, workspace_id: str) -> int:
         """Connection slots the workspace's attempts hold now."""
         return self._connections.held(workspace_id)
@@ -166,21 +159,17 @@ class EndpointGate:
         return self._connections.in_use
 
     def in_flight(self, endpoint_id: str) -> int:
-        held = self._endpoints.get(endpoint_id)
-        return 0 if held is None else held.in_flight
+        return self._endpoints.get(endpoint_id, _AT_REST).in_flight
 
     def waiting(self, endpoint_id: str) -> int:
-        held = self._endpoints.get(endpoint_id)
-        return 0 if held is None else len(held.waiters)
+        return len(self._endpoints.get(endpoint_id, _AT_REST).waiters)
 
     def backing_off(self, endpoint_id: str) -> bool:
-        held = self._endpoints.get(endpoint_id)
-        return held is not None and held.backing_off
+        return self._endpoints.get(endpoint_id, _AT_REST).backing_off
 
     def failing_since(self, endpoint_id: str) -> float | None:
         """Since when every attempt to the endpoint failed (in this process), or None."""
-        held = self._endpoints.get(endpoint_id)
-        return None if held is None else held.failing_since
+        return self._endpoints.get(endpoint_id, _AT_REST).failing_since
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -221,7 +210,7 @@ class EndpointGate:
         elif key not in e.waiters:
             e.waiters[key] = partition
         if self._metrics is not None:
-            self._metrics.deferred(reason)
+            self._metrics.deferrals.labels(reason).inc()
         if ready_at is not None and next(iter(e.waiters)) == key:
             return Admission(False, ready_at, reason)
         return Admission(False, now + self._park(e), reason)
@@ -430,7 +419,7 @@ class EndpointGate:
     def _set_backing_off(self, delta: int) -> None:
         self._backing_off += delta
         if self._metrics is not None:
-            self._metrics.backing_off(self._backing_off)
+            self._metrics.endpoints_backing_off.set(self._backing_off)
 
 
-__all__ = ["Admission", "DeferReason", "EndpointGate", "GateConfig", "GateMetrics", "Waker"]
+__all__ = ["Admission", "DeferReason", "EndpointGate", "GateConfig", "Waker"]

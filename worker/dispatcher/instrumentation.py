@@ -1,13 +1,13 @@
 """Tracing, logging and metrics around the dispatcher's handlers, as a middleware does them
-(the executor's are ``worker.auth.instrumentation``): the handlers return what a record, an
-attempt or a migration came to, and ``Instrumentation`` puts its identity on the span and in
-the log context around them, then counts and logs it. Counting from the result keeps each
-count after the writes the handler orders (a failure's DLQ copy before its state). Never in a
-span or the log context: an endpoint's URL (the attempt span keeps its host and port), a
-secret, a body."""
+(the executor's are ``worker.auth.instrumentation``): the handlers return what a record or an
+attempt came to, and ``Instrumentation`` puts its identity on the span and in the log context
+around them, then counts and logs it, so each count comes after the writes the handler orders
+(a failure's DLQ copy before its state). Never in a span or the log context: an endpoint's URL
+(the attempt span keeps its host and port), a secret, a body."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -101,24 +101,12 @@ class Attempted:
     result: AttemptResult | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Migrated:
-    """An old-form account record split into its pairs' records, then tombstoned."""
-
-    account_id: str
-    pairs: int
-
-
 class Instrumentation:
     """Runs a dispatcher handler with its record's or pair's identity in context, then
-    records what it came to: a handler that fails part way counts nothing, and its retry
-    counts what it comes to.
-
-    Left where they happen, as measures of one output rather than of a handler: the HTTP
-    request's own metrics (``Dispatcher._attempt``: timed around the sender's call, counted
-    for every request sent, whatever becomes of its outcome's writes), an endpoint's
-    disabling (its own write, made once: its line must not wait on the note after it), the
-    gate's deferrals and the state records' sizes (the publisher's)."""
+    records what it came to: a handler that fails part way counts nothing, its retry what it
+    comes to. Measures of one output stay where they happen: the HTTP request's (counted for
+    every request sent, whatever becomes of its writes), a disabling (its line must not wait
+    on the note after it), the gate's deferrals, the state records' sizes."""
 
     def __init__(self, metrics: WebhookMetrics) -> None:
         self.metrics = metrics
@@ -164,46 +152,29 @@ class Instrumentation:
         state: DeliveryState,
         head: Pending,
         handler: Callable[[], Awaitable[Attempted]],
+        *,
+        sent: bool = True,
     ) -> Attempted:
         """One attempt at the pair's head, in a CLIENT span whose parent is the trace of the
-        event the delivery came from (its context is stored with it)."""
-        with (
+        event the delivery came from (its context is stored with it). ``sent`` false: the head
+        of a pair whose attempts keep failing inside the dispatcher, failed without an attempt
+        (no span: nothing is sent)."""
+        spanned = (
             tracing.span(
                 ATTEMPT_SPAN,
                 kind=SpanKind.CLIENT,
                 parent=tracing.context_from_traceparent(head.traceparent, head.tracestate),
                 attributes=_attempt_attributes(state, head),
-            ) as span,
-            _pair_context(partition, state, head),
-        ):
+            )
+            if sent
+            else contextlib.nullcontext(None)
+        )
+        with spanned as span, _pair_context(partition, state, head):
             attempted = await handler()
-            if span.is_recording():
+            if span is not None and span.is_recording():
                 _attempt_outcome(span, attempted)
             self._record_attempt(attempted)
         return attempted
-
-    async def run_give_up(
-        self,
-        partition: int,
-        state: DeliveryState,
-        head: Pending,
-        handler: Callable[[], Awaitable[Attempted]],
-    ) -> None:
-        """The head of a pair whose attempts keep failing inside the dispatcher, failed
-        without an attempt (no span: nothing is sent)."""
-        with _pair_context(partition, state, head):
-            self._record_attempt(await handler())
-
-    async def run_migration(
-        self, partition: int, account_id: str, handler: Callable[[], Awaitable[Migrated | None]]
-    ) -> None:
-        with log_context(account_id=account_id, partition=partition):
-            migrated = await handler()
-            if migrated is not None:
-                self.metrics.state_migrated.inc()
-                log.info(
-                    "delivery_state_migrated", account_id=migrated.account_id, pairs=migrated.pairs
-                )
 
     def _record_received(
         self,
@@ -301,7 +272,6 @@ __all__ = [
     "DeadLettered",
     "Incoming",
     "Instrumentation",
-    "Migrated",
     "Received",
     "Refused",
     "TakenIn",

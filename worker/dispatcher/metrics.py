@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from worker.dispatcher.delivery import AttemptResult
 from worker.dlq.letter import DLQ_REASONS
 from worker.engine.metrics import LoopSeries
-from worker.runtime.metrics import WEBHOOK_PREFIX
+from worker.runtime.metrics import WEBHOOK_PREFIX, Families
 
 _ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0)
 _LATENCY_BUCKETS = (
@@ -39,111 +39,84 @@ class WebhookMetrics(LoopSeries):
             in_flight=("inflight_work", "Records and due deliveries not yet settled"),
             records="Delivery-state records",
         )
-        self.attempts = Counter(
+        f = Families(registry)
+        self.attempts = f.counter(
             "passkey_webhook_attempts",
             "Delivery attempts by result (delivered: 2xx; rejected: another status; error: "
             "no answer) and HTTP status class",
-            ["result", "status_class"],
-            registry=registry,
+            ("result", "status_class"),
+            seed=((result, cls) for result in RESULTS for cls in STATUS_CLASSES),
         )
-        self.attempt_errors = Counter(
+        self.attempt_errors = f.counter(
             "passkey_webhook_attempt_errors",
             "Attempts without an HTTP answer, by kind",
-            ["kind"],
-            registry=registry,
+            ("kind",),
+            seed=ERROR_KINDS,
         )
-        self.attempt_seconds = Histogram(
+        self.attempt_seconds = f.histogram(
             "passkey_webhook_attempt_duration_seconds",
             "One delivery attempt, request to answer",
             buckets=_ATTEMPT_BUCKETS,
-            registry=registry,
         )
-        self.delivery_latency = Histogram(
+        self.delivery_latency = f.histogram(
             "passkey_webhook_delivery_latency_seconds",
             "Event occurred to delivered (incl. retries)",
             buckets=_LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.taken_in = Counter(
-            "passkey_webhook_deliveries_taken_in",
-            "Deliveries scheduled from events",
-            registry=registry,
+        self.taken_in = f.counter(
+            "passkey_webhook_deliveries_taken_in", "Deliveries scheduled from events"
         )
-        self.retries = Counter(
-            "passkey_webhook_retries_scheduled",
-            "Failed attempts scheduled for a retry",
-            registry=registry,
+        self.retries = f.counter(
+            "passkey_webhook_retries_scheduled", "Failed attempts scheduled for a retry"
         )
-        self.failed = Counter(
+        self.failed = f.counter(
             "passkey_webhook_deliveries_failed",
             "Deliveries failed for good (retries used up, 410, endpoint inactive)",
-            registry=registry,
         )
-        self.disabled = Counter(
+        self.disabled = f.counter(
             "passkey_webhook_endpoints_disabled",
             "Endpoints disabled by the dispatcher (410 or continuous failure)",
-            registry=registry,
         )
-        self.undecodable = Counter(
+        self.undecodable = f.counter(
             "passkey_webhook_undecodable_events",
             "Event or replay records that could not be read (skipped)",
-            registry=registry,
         )
-        self.dlq = Counter(
+        self.dlq = f.counter(
             "passkey_webhook_dlq_records",
             "Input records (events, replay requests) sent to the webhook DLQ, by dlq.reason",
-            ["reason"],
-            registry=registry,
+            ("reason",),
+            seed=DLQ_REASONS,
         )
-        self.in_flight_attempts = Gauge(
-            "passkey_webhook_inflight_attempts", "HTTP attempts under way", registry=registry
+        self.in_flight_attempts = f.gauge(
+            "passkey_webhook_inflight_attempts", "HTTP attempts under way"
         )
-        self.deferrals = Counter(
+        self.deferrals = f.counter(
             "passkey_webhook_attempts_deferred",
             "Due deliveries put back because their endpoint had no room: its share of "
             "in-flight attempts taken (capacity), backing off after failures (backoff), or "
             "its rate limit reached (rate)",
-            ["reason"],
-            registry=registry,
+            ("reason",),
+            seed=DEFER_REASONS,
         )
-        self.endpoints_backing_off = Gauge(
+        self.endpoints_backing_off = f.gauge(
             "passkey_webhook_endpoints_backing_off",
             "Endpoints backing off as a whole after failing continuously (this process)",
-            registry=registry,
         )
-        self.queue_full = Counter(
+        self.queue_full = f.counter(
             "passkey_webhook_deliveries_refused",
             "Deliveries refused because their (endpoint, account) queue was full; each one "
             "failed into the webhook DLQ (reason queue_full)",
-            registry=registry,
         )
-        self.state_migrated = Counter(
+        self.state_migrated = f.counter(
             "passkey_webhook_state_migrated",
             "Old-form delivery-state records (one per account) split into per-pair records "
             "and tombstoned",
-            registry=registry,
         )
-        self.state_record_bytes = Histogram(
+        self.state_record_bytes = f.histogram(
             "passkey_webhook_state_record_bytes",
             "Size of each delivery-state record written",
             buckets=_RECORD_BUCKETS,
-            registry=registry,
         )
-        for reason in DEFER_REASONS:
-            self.deferrals.labels(reason)
-        for result in RESULTS:
-            for cls in STATUS_CLASSES:
-                self.attempts.labels(result, cls)
-        for kind in ERROR_KINDS:
-            self.attempt_errors.labels(kind)
-        for reason in DLQ_REASONS:
-            self.dlq.labels(reason)
-
-    def deferred(self, reason: str) -> None:
-        self.deferrals.labels(reason).inc()
-
-    def backing_off(self, endpoints: int) -> None:
-        self.endpoints_backing_off.set(endpoints)
 
     def attempt(self, result: AttemptResult, seconds: float) -> None:
         if result.ok:

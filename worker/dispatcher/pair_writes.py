@@ -1,12 +1,14 @@
 """Writing pairs' delivery states so that what they hold is safe: a write's acks release the
 share of their events' holds that the pairs' unsaved deliveries took, and an event held too
-long gets its pairs written (docs/architecture.md, "Webhook fan-out")."""
+long gets its pairs written (docs/architecture.md, "Webhook fan-out"); an old-form account
+record migrated to pair records."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
 
+from worker.dispatcher.delivery import state_key
 from worker.dispatcher.delivery_store import DeliveryStore
 from worker.dispatcher.holds import EventHold
 from worker.dispatcher.publish import DeliveryPublisher
@@ -62,6 +64,27 @@ class PairWrites:
         room): what it keeps in memory only is written now."""
         if self.store.unsaved.has(partition, key):
             await self.write_now(partition, [key])
+
+    async def migrate(self, partition: int, account_id: str) -> int | None:
+        """Write the pairs of an old-form account record (``delivery_store.AccountDeliveries``),
+        then tombstone its key; how many pairs were written (``None``: no such record). See
+        docs/operations.md, "Upgrading the delivery state". Remove on 2027-06-01, with the old
+        form's reading in ``delivery_store``, once no dispatcher older than pair records runs
+        anywhere or can come back by rollback; every partition of ``webhook.delivery-state``
+        was restored by a migrating dispatcher since the last old one stopped; and
+        ``passkey_webhook_state_migrated_total`` no longer rises on any deployment."""
+        legacy = self.store.legacy(partition, account_id)
+        if legacy is None:
+            return None
+        keys = [
+            key
+            for endpoint_id in legacy.endpoints
+            if self.store.pair(partition, key := state_key(endpoint_id, account_id)) is not None
+        ]
+        await self.write_now(partition, keys)
+        await self.publisher.tombstone(partition, account_id)
+        self.store.forget_legacy(partition, account_id)
+        return len(keys)
 
     def hold(self, partition: int) -> EventHold | None:
         """A hold on the event being taken in, shared by its deliveries; ``None`` outside

@@ -87,16 +87,6 @@ class DeliveryPublisher:
         self._log_lock = asyncio.Lock()
         self._log_sends: set[asyncio.Task[None]] = set()
 
-    async def persist(
-        self, partition: int, states: Sequence[DeliveryState], *, store: DeliveryStore
-    ) -> None:
-        """Store ``states`` and write them to their partition of the changelog; wait for the
-        acks. The store is updated before the first await, so a caller that computed
-        ``states`` from the store's current ones loses no concurrent change."""
-        for state in states:
-            store.put(partition, state)
-        await (await self.send_states(partition, [s.key for s in states], store=store))
-
     async def send_states(
         self, partition: int, keys: Sequence[str], *, store: DeliveryStore
     ) -> Awaitable[None]:
@@ -113,14 +103,7 @@ class DeliveryPublisher:
         """Delete ``key`` from the changelog (an old-form account record once migrated);
         wait for the ack."""
         async with self._lock(partition):
-            sent = await enqueue(
-                self._producer,
-                self._state_topic,
-                None,
-                key=key.encode(),
-                partition=partition,
-                headers=tracing.kafka_headers(),
-            )
+            sent = await self._send_state(partition, key, None)
         await acknowledged(self._producer, self._health, [sent])
 
     def _lock(self, partition: int) -> asyncio.Lock:
@@ -144,6 +127,9 @@ class DeliveryPublisher:
         store.written(partition, key, value=value is not None)
         if value is not None and self._on_state is not None:
             self._on_state(len(value))
+        return await self._send_state(partition, key, value)
+
+    async def _send_state(self, partition: int, key: str, value: bytes | None) -> Sent:
         return await enqueue(
             self._producer,
             self._state_topic,
@@ -297,17 +283,22 @@ class DeliveryPublisher:
         if self._log_flush_s > 0:
             await self._log_batched(entries)
             return
-        sent = [
-            await enqueue(
-                self._producer,
-                self._log_topic,
-                e.model_dump_json().encode(),
-                key=e.endpoint_id.encode(),
-                headers=tracing.kafka_headers(),
-            )
-            for e in entries
-        ]
+        sent = [await self._send_log(e.endpoint_id, e, tracing.kafka_headers()) for e in entries]
         await acknowledged(self._producer, self._health, sent)
+
+    async def _send_log(
+        self,
+        endpoint_id: str,
+        record: DeliveryLogEntry | DeliveryLogBatch,
+        headers: list[tuple[str, bytes]],
+    ) -> Sent:
+        return await enqueue(
+            self._producer,
+            self._log_topic,
+            record.model_dump_json().encode(),
+            key=endpoint_id.encode(),
+            headers=headers,
+        )
 
     async def _log_batched(self, entries: list[DeliveryLogEntry]) -> None:
         loop = asyncio.get_running_loop()
@@ -333,11 +324,11 @@ class DeliveryPublisher:
         batch.closed = True
         if self._log_open.get(endpoint_id) is batch:
             del self._log_open[endpoint_id]
-        task = asyncio.get_running_loop().create_task(self._send_log(endpoint_id, batch))
+        task = asyncio.get_running_loop().create_task(self._send_batch(endpoint_id, batch))
         self._log_sends.add(task)
         task.add_done_callback(self._log_sends.discard)
 
-    async def _send_log(self, endpoint_id: str, batch: _LogBatch) -> None:
+    async def _send_batch(self, endpoint_id: str, batch: _LogBatch) -> None:
         try:
             record: DeliveryLogEntry | DeliveryLogBatch = (
                 batch.entries[0]
@@ -347,13 +338,7 @@ class DeliveryPublisher:
             # Handed to the producer in the order the windows closed (the lock is FIFO), so
             # one endpoint's records keep their order.
             async with self._log_lock:
-                sent = await enqueue(
-                    self._producer,
-                    self._log_topic,
-                    record.model_dump_json().encode(),
-                    key=endpoint_id.encode(),
-                    headers=batch.headers,
-                )
+                sent = await self._send_log(endpoint_id, record, batch.headers)
             await acknowledged(self._producer, self._health, [sent])
         except BaseException as exc:
             if not batch.done.done():

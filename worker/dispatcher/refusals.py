@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from worker.dispatcher.delivery import DeliveryState, Pending, QueueLimits, refused, remember
+from worker.dispatcher.delivery import DeliveryState, Pending, refused, remember
 from worker.dispatcher.delivery_store import DeliveryStore
 from worker.dispatcher.instrumentation import Refused
 from worker.dispatcher.pair_writes import PairWrites
@@ -25,28 +25,11 @@ class Refusals:
     """Refuses deliveries on the lane that takes their event in."""
 
     def __init__(
-        self,
-        store: DeliveryStore,
-        publisher: DeliveryPublisher,
-        writes: PairWrites,
-        limits: QueueLimits,
+        self, store: DeliveryStore, publisher: DeliveryPublisher, writes: PairWrites
     ) -> None:
         self.store = store
         self._publisher = publisher
         self._writes = writes
-        self.limits = limits
-
-    def endpoint_full(self, partition: int, endpoint_id: str) -> bool:
-        """The endpoint has as many pairs with something pending in ``partition`` as it may
-        (``QueueLimits.max_pairs_per_endpoint``): no new pair of it is opened."""
-        cap = self.limits.max_pairs_per_endpoint
-        return self.store.pending_pairs(partition, endpoint_id) >= cap
-
-    def workspace_full(self, workspace_id: str, taking: int) -> bool:
-        """``workspace_id`` has as many deliveries pending in the process as it may
-        (``QueueLimits.workspace_max_pending``), counting ``taking`` more about to be stored."""
-        cap = self.limits.workspace_max_pending
-        return self.store.pending_deliveries(workspace_id) + taking >= cap
 
     async def queue_full(
         self, partition: int, full: list[tuple[DeliveryState, Pending]], now: float
@@ -54,10 +37,7 @@ class Refusals:
         """Deliveries whose pair's queue is full fail at once: DLQ copy and log entry first,
         then the pair remembers them (a crash in between refuses them again, never loses
         the failure)."""
-        for state, delivery in full:
-            finished = refused(delivery, "queue_full", now=now)
-            await self._publisher.dead_letter(state, delivery, finished)
-            await self._publisher.log_finished(state, delivery, finished)
+        await self._fail(full, "queue_full", now)
         for state, delivery in full:
             # Its queue may have drained meanwhile (its lane attempts while this one awaits):
             # a pair no longer held is idle, not the full one seen at take-in.
@@ -87,10 +67,7 @@ class Refusals:
         reason: Literal["endpoint_queue_full", "workspace_queue_full"] = (
             REFUSED_WORKSPACE_FULL if workspace else REFUSED_ENDPOINT_FULL
         )
-        for state, delivery in crowded:
-            finished = refused(delivery, reason, now=now)
-            await self._publisher.dead_letter(state, delivery, finished)
-            await self._publisher.log_finished(state, delivery, finished)
+        await self._fail(crowded, reason, now)
         return tuple(
             Refused(
                 state.endpoint_id,
@@ -103,3 +80,12 @@ class Refusals:
             )
             for state, delivery in crowded
         )
+
+    async def _fail(
+        self, refused_ones: list[tuple[DeliveryState, Pending]], reason: str, now: float
+    ) -> None:
+        """DLQ copy and log entry of each delivery refused, acknowledged."""
+        for state, delivery in refused_ones:
+            finished = refused(delivery, reason, now=now)
+            await self._publisher.dead_letter(state, delivery, finished)
+            await self._publisher.log_finished(state, delivery, finished)

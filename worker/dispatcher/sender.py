@@ -87,13 +87,10 @@ class ErrorKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class DeliveryResult:
-    """The outcome of one attempt: a status, or an ``error`` kind, never both.
-
-    ``body`` is at most the sender's cap (``truncated`` says whether more was sent);
-    ``retry_after_s`` is the answer's ``Retry-After`` for 429 and 503, in seconds from now,
-    at most the sender's ``retry_after_max_s``;
-    ``detail`` is a short, secret-free explanation (a block reason or an exception type).
-    """
+    """The outcome of one attempt: a status, or an ``error`` kind, never both. ``body`` is at
+    most the sender's cap (``truncated``: more was sent); ``retry_after_s`` is the answer's
+    ``Retry-After`` for 429 and 503, at most the sender's ``retry_after_max_s``; ``detail`` is a
+    short, secret-free explanation (a block reason or an exception type)."""
 
     status: int | None
     elapsed_s: float
@@ -110,11 +107,8 @@ class DeliveryResult:
 
 
 class VettingResolver:
-    """The sender's lookup: one DNS lookup per new connection, every address vetted.
-
-    ``lookup`` is injectable so tests can answer differently on each call (rebinding)
-    without a DNS server.
-    """
+    """The sender's lookup: one DNS lookup per new connection, every address vetted
+    (``lookup`` injectable, so tests answer differently on each call: rebinding)."""
 
     def __init__(self, policy: TargetPolicy, lookup: Lookup = system_lookup) -> None:
         self._policy = policy
@@ -147,14 +141,10 @@ def open_session(
     socket_factory: SocketFactory | None = None,
 ) -> Http1Client:
     """The dispatcher's one pooled client (its owner closes it), dialling vetted addresses
-    only: a new connection looks the name up once, and dials only what the policy accepted,
-    TLS verifying the URL's name (no rebinding between the check and the dial).
-
-    ``ssl_context`` replaces the default trust store (certificate and hostname verification
-    stay on); ``socket_factory(address, port)`` makes the sockets (tests use it to see what
-    is dialled without dialling). No proxy is ever used, no cookie kept, no body decoded:
-    the capped body is kept as sent.
-    """
+    only: a new connection looks the name up once and dials only what the policy accepted, TLS
+    verifying the URL's name (no rebinding between the check and the dial). ``ssl_context``
+    replaces the trust store (verification stays on); ``socket_factory(address, port)`` makes
+    the sockets (tests). No proxy is ever used, no cookie kept, no body decoded."""
     client = Http1Client(
         max_connections=max_connections,
         max_per_host=max_connections_per_host,
@@ -198,10 +188,6 @@ class Sender:
         self._timeout_s = timeout_s
         self._body_cap = body_cap
         self._retry_after_max_s = retry_after_max_s
-
-    @property
-    def policy(self) -> TargetPolicy:
-        return self._policy
 
     def _vetted(self, url: str) -> Target:
         """``url`` checked by ``validate_url`` (``BlockedTarget`` when refused) and parsed for

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from prometheus_client import (
     CollectorRegistry,
+    Counter,
     Gauge,
     GCCollector,
+    Histogram,
     PlatformCollector,
     ProcessCollector,
 )
@@ -23,6 +26,31 @@ METRIC_PREFIX: Final = "passkey_"
 WORKER_PREFIX: Final = f"{METRIC_PREFIX}auth_"
 API_PREFIX: Final = f"{METRIC_PREFIX}api_"
 WEBHOOK_PREFIX: Final = f"{METRIC_PREFIX}webhook_"
+
+
+class Families:
+    """A process's own families on its registry, each defined in one call. ``seed``: the label
+    values (a tuple each with several labels) created at zero, since ``increase()`` cannot
+    count a series' first sample and an alert would miss the first event after a start."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def counter(
+        self, name: str, doc: str, labels: Sequence[str] = (), *, seed: Iterable[object] = ()
+    ) -> Counter:
+        family = Counter(name, doc, labels, registry=self.registry)
+        for values in seed:
+            family.labels(*(values if isinstance(values, tuple) else (values,)))
+        return family
+
+    def gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, registry=self.registry)
+
+    def histogram(
+        self, name: str, doc: str, labels: Sequence[str] = (), *, buckets: Sequence[float]
+    ) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
 
 
 def export_process_metrics(registry: CollectorRegistry, service: str) -> None:
