@@ -65,6 +65,7 @@ from worker.startup import prologue
 from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
+from worker.webhooks.replay_scan import ReplayScan
 from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.targets import TargetPolicy
 
@@ -290,13 +291,16 @@ def webhook_clients(
         timeout_s=settings.webhook_deliveries_scan_timeout_s,
     )
     board = None if presence is None else ReplayBoard(presence)
-    replays = ReplayRunner(
+    scan = ReplayScan(
         consumer_factory=lambda: _view_reader(kafka),
         producer=producer,
         status_topic=topics.status,
         errors_topic=topics.errors,
         replays_topic=topics.webhook_replays,
         health=broker,
+    )
+    replays = ReplayRunner(
+        scan=scan,
         max_running=settings.webhook_replay_max_running,
         max_queued=settings.webhook_replay_max_queued,
         per_workspace=settings.webhook_replays_per_workspace,

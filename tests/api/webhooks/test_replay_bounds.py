@@ -22,6 +22,7 @@ from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.range_read import start_at
 from worker.settings import Settings
+from worker.webhooks.replay_scan import ReplayScan
 
 pytestmark = pytest.mark.integration
 
@@ -71,12 +72,16 @@ async def test_a_replay_since_now_reads_only_the_records_after_it(
     await producer.start()
     try:
         runner = ReplayRunner(
-            consumer_factory=lambda: build_consumer(settings.kafka_config(), fetch_max_wait_ms=50),
-            producer=producer,
-            status_topic=settings.topics.status,
-            errors_topic=settings.topics.errors,
-            replays_topic=settings.topics.webhook_replays,
-            seek_margin_s=MARGIN_S,
+            scan=ReplayScan(
+                consumer_factory=lambda: build_consumer(
+                    settings.kafka_config(), fetch_max_wait_ms=50
+                ),
+                producer=producer,
+                status_topic=settings.topics.status,
+                errors_topic=settings.topics.errors,
+                replays_topic=settings.topics.webhook_replays,
+                seek_margin_s=MARGIN_S,
+            ),
         )
         started = time.monotonic()
         replay_id = runner.start(endpoint(), since)
@@ -112,12 +117,16 @@ async def test_records_arriving_after_the_start_are_not_read(
     held = HeldProducer(producer)
     try:
         runner = ReplayRunner(
-            consumer_factory=lambda: build_consumer(settings.kafka_config(), fetch_max_wait_ms=50),
-            producer=held,
-            status_topic=settings.topics.status,
-            errors_topic=settings.topics.errors,
-            replays_topic=settings.topics.webhook_replays,
-            seek_margin_s=MARGIN_S,
+            scan=ReplayScan(
+                consumer_factory=lambda: build_consumer(
+                    settings.kafka_config(), fetch_max_wait_ms=50
+                ),
+                producer=held,
+                status_topic=settings.topics.status,
+                errors_topic=settings.topics.errors,
+                replays_topic=settings.topics.webhook_replays,
+                seek_margin_s=MARGIN_S,
+            ),
         )
         replay_id = runner.start(endpoint(), since)
         await wait_until(lambda: held.waiting == 1, what="the replay's first send")

@@ -27,7 +27,7 @@ from worker.api.webhooks.replay_status import ReplayBoard
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.settings import Settings
-from worker.webhooks.replay_scan import ReplayProgress
+from worker.webhooks.replay_scan import ReplayProgress, ReplayScan
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = pytest.mark.integration
@@ -227,13 +227,17 @@ async def test_a_cancellation_asked_on_another_replica_is_honoured_by_the_runner
     try:
         async with replica(settings, producer) as a, replica(settings, producer) as b:
             runner = ReplayRunner(
-                consumer_factory=lambda: SlowStart(
-                    build_consumer(settings.kafka_config(), fetch_max_wait_ms=50), 30.0, released
+                scan=ReplayScan(
+                    consumer_factory=lambda: SlowStart(
+                        build_consumer(settings.kafka_config(), fetch_max_wait_ms=50),
+                        30.0,
+                        released,
+                    ),
+                    producer=producer,
+                    status_topic=settings.topics.status,
+                    errors_topic=settings.topics.errors,
+                    replays_topic=settings.topics.webhook_replays,
                 ),
-                producer=producer,
-                status_topic=settings.topics.status,
-                errors_topic=settings.topics.errors,
-                replays_topic=settings.topics.webhook_replays,
                 board=a,
                 progress_every_s=0.2,
             )

@@ -44,6 +44,7 @@ from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore
+from worker.webhooks.replay_scan import ReplayScan
 from worker.webhooks.secrets_box import SecretsBox, generate_key
 
 pytestmark = pytest.mark.integration
@@ -801,11 +802,15 @@ async def test_a_replay_sends_again_what_an_outage_failed(
     try:
         producer = _AcksLostOnce(real, lost=2)
         runner = ReplayRunner(
-            consumer_factory=lambda: build_consumer(settings.kafka_config(), fetch_max_wait_ms=50),
-            producer=producer,
-            status_topic=settings.topics.status,
-            errors_topic=settings.topics.errors,
-            replays_topic=settings.topics.webhook_replays,
+            scan=ReplayScan(
+                consumer_factory=lambda: build_consumer(
+                    settings.kafka_config(), fetch_max_wait_ms=50
+                ),
+                producer=producer,
+                status_topic=settings.topics.status,
+                errors_topic=settings.topics.errors,
+                replays_topic=settings.topics.webhook_replays,
+            ),
         )
         outcome = await runner.wait(runner.start(endpoint, now - timedelta(hours=1)), timeout=60)
     finally:

@@ -62,7 +62,7 @@ class ReplayOutcome:
 class ReplayRunner:
     """Runs replays as background tasks of this process (see the module docstring).
 
-    ``scan``: the keyword arguments of the ``ReplayScan`` it runs (topics, clients, health).
+    ``scan``: the scan it runs (worker.webhooks.replay_scan, shared with the dispatcher's recovery).
     ``presence`` (when given) holds the workspace's quota across the live replicas: ``begin``
     claims a slot there before it starts a replay.
     """
@@ -77,14 +77,14 @@ class ReplayRunner:
         presence: Presence | None = None,
         board: ReplayBoard | None = None,
         progress_every_s: float = PROGRESS_EVERY_S,
-        **scan: Any,
+        scan: ReplayScan,
     ) -> None:
         self._presence = presence
         self.board = board
         self._progress_every_s = progress_every_s
         self._cancelling: set[str] = set()  # replays here whose cancellation was asked for
         self._created: dict[str, float] = {}
-        self.scan = ReplayScan(**scan)
+        self.scan = scan
         # Replays admitted (running or queued) through the one admission rule: a workspace
         # holds at most ``per_workspace``, and a quarter stays for workspaces holding none.
         # Admitted replays run in arrival order, one per workspace at a time (its lock).
