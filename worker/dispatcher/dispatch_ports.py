@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from worker.contract.webhook_endpoints import EndpointRecord, Recovery
+from worker.contract.webhook_endpoints import EndpointRecord
+from worker.dispatcher.disabling import Disabler
 from worker.dispatcher.sender import DeliveryResult
 
 
@@ -23,11 +24,7 @@ class Signer(Protocol):
     ) -> dict[str, str]: ...
 
 
-class EndpointWriter(Protocol):
-    """Disables endpoints (``EndpointStore``); its probing writes through ``update``."""
+class EndpointWriter(Disabler, Protocol):
+    """Disables endpoints and reads their secrets (``EndpointStore``)."""
 
     def signing_secrets(self, record: EndpointRecord) -> list[str]: ...
-
-    async def disable(
-        self, current: EndpointRecord, reason: str, recovery: Recovery | None = None
-    ) -> EndpointRecord: ...

@@ -1,9 +1,7 @@
 """One unit of dispatcher work, run by the shared consume loop: take an event in (fan out to
 each pair's queue, the event's offset held until each delivery is safe), attempt a due
 delivery, or migrate an account's old one-record state (``PairWrites.migrate``)
-(docs/architecture.md, "Webhook fan-out"; its spans: docs/operations.md, "Tracing"). Its
-parts: the writes of pair states (``pair_writes``), refusals at take-in (``refusals``),
-disabling a failing endpoint (``disabling``)."""
+(docs/architecture.md, "Webhook fan-out"; its spans: docs/operations.md, "Tracing")."""
 
 from __future__ import annotations
 
@@ -330,10 +328,9 @@ class Dispatcher:
                 if not admission.admitted:
                     self.store.defer(partition, key, admission.until)
                     if admission.reason != "capacity":
-                        # A pause (back-off, Retry-After, rate limit): written now. A wait
-                        # for a slot ends when an attempt ends, at a busy endpoint within
-                        # milliseconds; one that lasts (a hanging endpoint) is written when
-                        # its events' holds are overdue.
+                        # A pause (back-off, Retry-After, rate limit): written now. A wait for
+                        # a slot ends with an attempt, within milliseconds at a busy endpoint;
+                        # one that lasts (a hanging endpoint) is written by the overdue hold.
                         self.store.park(partition, key)
                         await self._writes.save_unsaved(partition, key)
                     return

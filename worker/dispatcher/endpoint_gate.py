@@ -38,11 +38,10 @@ SWEEP_FLOOR = 64
 @dataclass(frozen=True, slots=True)
 class GateConfig:
     """``max_in_flight``: attempts one endpoint may have under way at once (per process);
-    ``workspace_max_in_flight``: all the endpoints of one workspace together, within its
-    share of ``max_connections`` (the HTTP pool, ``connection_share``).
-    ``backoff_after``: failed attempts in a row that make an endpoint back off.
-    ``park_s``: the fallback wait of the first pair in line (a wake normally comes first);
-    pairs further back wait proportionally longer."""
+    ``workspace_max_in_flight``: all the endpoints of one workspace together, within its share
+    of ``max_connections`` (the HTTP pool). ``backoff_after``: failed attempts in a row that
+    make an endpoint back off. ``park_s``: the fallback wait of the first pair in line (a wake
+    normally comes first); pairs further back wait proportionally longer."""
 
     max_in_flight: int = 32
     workspace_max_in_flight: int = 64

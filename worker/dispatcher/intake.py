@@ -80,8 +80,7 @@ class Intake:
             event = decode(msg.value)
         except Exception as exc:
             # Nothing can be delivered from it: to the DLQ as it came, never fatal.
-            undecodable = Undecodable(type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:200]}")
-            return undecodable, None
+            return Undecodable(type(exc).__name__, f"{type(exc).__name__}: {str(exc)[:200]}"), None
         if event.workspace_id is None:
             return Incoming(event, ()), None
         return Incoming(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
@@ -156,7 +155,7 @@ class DeliveryPublisher:
                     one = await self._enqueue_state(partition, keys[i], store, resend=True)
 
     async def log_pending(self, taken: list[tuple[DeliveryState, Pending]], *, now: float) -> None:
-        entries = [self._entry(state, d, "pending", d.next_attempt_at, now) for state, d in taken]
+        entries = [self._entry(state, d, now) for state, d in taken]
         await self.log(entries)
 
     async def log_retry(
@@ -167,7 +166,7 @@ class DeliveryPublisher:
         now: float,
         attempt: AttemptRecord | None = None,
     ) -> None:
-        entry = self._entry(state, head, "pending", head.next_attempt_at, now, attempt)
+        entry = self._entry(state, head, now, attempt)
         await self.log([entry])
 
     async def log_finished(
@@ -178,9 +177,7 @@ class DeliveryPublisher:
         *,
         attempt: AttemptRecord | None = None,
     ) -> None:
-        entry = self._entry(
-            state, head, finished.state, None, finished.finished_at, attempt, finished=finished
-        )
+        entry = self._entry(state, head, finished.finished_at, attempt, finished)
         await self.log([entry])
 
     async def log_note(
@@ -247,15 +244,12 @@ class DeliveryPublisher:
         self,
         state: DeliveryState,
         delivery: Pending,
-        outcome: Literal["pending", "delivered", "failed"],
-        next_at: float | None,
         now: float,
         attempt: AttemptRecord | None = None,
-        *,
         finished: Finished | None = None,
     ) -> DeliveryLogEntry:
-        """The entry of ``delivery`` as it is, or as ``finished`` left it (its attempts and
-        last answer)."""
+        """The entry of ``delivery`` pending (due at its next attempt), or as ``finished`` left
+        it (its attempts and last answer)."""
         last = delivery if finished is None else finished
         return DeliveryLogEntry(
             webhook_id=delivery.webhook_id,
@@ -266,10 +260,10 @@ class DeliveryPublisher:
             event_id=delivery.event_id,
             version=delivery.version,
             attempts=last.attempts,
-            state=outcome,
+            state="pending" if finished is None else finished.state,
             last_status=last.last_status,
             last_error=last.last_error,
-            next_attempt_at=None if next_at is None else rfc3339(next_at),
+            next_attempt_at=None if finished is not None else rfc3339(delivery.next_attempt_at),
             updated_at=rfc3339(now),
             replay=delivery.replay,
             attempt=attempt,
