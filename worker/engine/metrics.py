@@ -6,9 +6,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from worker.runtime.metrics import Families
 
 
 class TailSkips(Collector):
@@ -47,57 +49,57 @@ class LoopSeries:
         records: str,
     ) -> None:
         self.registry = registry
-
-        def gauge(name: str, doc: str, *labels: str) -> Gauge:
-            return Gauge(f"{prefix}{name}", doc, labels, registry=registry)
-
-        def counter(name: str, doc: str, *labels: str) -> Counter:
-            return Counter(f"{prefix}{name}", doc, labels, registry=registry)
-
-        self.in_flight = gauge(*in_flight)
-        self.lag = gauge(
-            "consumer_lag", "High-water mark minus committed offset", "topic", "partition"
+        f, p = Families(registry), prefix
+        self.in_flight = f.gauge(f"{p}{in_flight[0]}", in_flight[1])
+        self.lag = f.gauge(
+            f"{p}consumer_lag", "High-water mark minus committed offset", ("topic", "partition")
         )
-        self.store_accounts = gauge("state_store_accounts", f"{records} held in memory")
-        self.restore_seconds = Histogram(
-            f"{prefix}state_restore_duration_seconds",
+        self.store_accounts = f.gauge(f"{p}state_store_accounts", f"{records} held in memory")
+        self.restore_seconds = f.histogram(
+            f"{p}state_restore_duration_seconds",
             "Time to restore one partition's state",
             buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-            registry=registry,
         )
-        self.restore_records = counter("state_restore_records", f"{records} read while restoring")
-        self.rebalances = counter("rebalances", "Partition assignment changes", "kind")
-        self.restore_undecodable = counter(
-            "state_restore_undecodable",
+        self.restore_records = f.counter(
+            f"{p}state_restore_records", f"{records} read while restoring"
+        )
+        self.rebalances = f.counter(
+            f"{p}rebalances",
+            "Partition assignment changes",
+            ("kind",),
+            seed=("assigned", "revoked"),
+        )
+        self.restore_undecodable = f.counter(
+            f"{p}state_restore_undecodable",
             f"{records} skipped while restoring because they could not be decoded",
         )
-        self.unit_failures = counter(
-            "unit_failures",
+        self.unit_failures = f.counter(
+            f"{p}unit_failures",
             "Units of work (a record, or a due key's follow-up) that raised: retried, then "
             "dead-lettered (records) or given up (follow-ups)",
-            "stage",
-            "outcome",
+            ("stage", "outcome"),
+            seed=(
+                ("record", "retried"),
+                ("record", "dead_lettered"),
+                ("follow_up", "retried"),
+                ("follow_up", "given_up"),
+            ),
         )
-        self.offset_gaps = counter(
-            "offset_gaps",
+        self.offset_gaps = f.counter(
+            f"{p}offset_gaps",
             "Offsets never seen below a fetched record, waited for and then passed (the "
             "broker handed out a record past one it had not stored; the log line names the "
             "topic)",
         )
-        self.key_pauses = counter(
-            "key_pauses",
+        self.key_pauses = f.counter(
+            f"{p}key_pauses",
             "Partitions paused because one lane key held its share of the in-flight bound "
             "(the partition_paused_for_key log line)",
         )
-        self.ready = gauge(f"{role}_ready", "1 once joined and restored")
-        self.heartbeat = gauge(
-            f"{role}_heartbeat_timestamp_seconds", "Last consume-loop iteration (epoch s)"
+        self.ready = f.gauge(f"{p}{role}_ready", "1 once joined and restored")
+        self.heartbeat = f.gauge(
+            f"{p}{role}_heartbeat_timestamp_seconds", "Last consume-loop iteration (epoch s)"
         )
-        for kind in ("assigned", "revoked"):
-            self.rebalances.labels(kind)
-        for stage in ("record", "follow_up"):
-            for outcome in ("retried", "dead_lettered" if stage == "record" else "given_up"):
-                self.unit_failures.labels(stage, outcome)
 
     def beat(self) -> None:
         self.heartbeat.set(time.time())

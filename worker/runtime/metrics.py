@@ -44,8 +44,8 @@ class Families:
             family.labels(*(values if isinstance(values, tuple) else (values,)))
         return family
 
-    def gauge(self, name: str, doc: str) -> Gauge:
-        return Gauge(name, doc, registry=self.registry)
+    def gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(name, doc, labels, registry=self.registry)
 
     def histogram(
         self, name: str, doc: str, labels: Sequence[str] = (), *, buckets: Sequence[float]
