@@ -55,6 +55,7 @@ from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.runtime import eventloop, logs
 from worker.runtime.process import on_stop_signals, tune_gc
 from worker.settings import Settings
+from worker.startup import RootOptions
 
 #: Header on every benchmark command naming the output roles the worker produces for it,
 #: comma-separated (``state``, ``replies``, ``status``); the ceiling produces exactly those.
@@ -215,9 +216,7 @@ async def run_worker_inproc(settings: Settings, stop: asyncio.Event) -> None:
     )
     await run_worker(
         settings,
-        stop=stop,
-        install_signals=False,
-        serve_probes=True,
+        RootOptions(stop=stop, install_signals=False),
         providers=ProviderRegistry([provider]),
     )
 

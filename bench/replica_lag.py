@@ -35,6 +35,7 @@ from worker.contract.messages import RegisterAccount
 from worker.documents.openapi.document import document_routes
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.settings import Settings
+from worker.startup import RootOptions
 
 SENT = "passkey_confirmation_sent"
 
@@ -111,7 +112,9 @@ async def measure(accounts: int, timeout_s: float, keys_dir: str) -> list[float]
             await ensure_topics(settings.kafka_config(), settings.topic_plan())
             stop = asyncio.Event()
             worker = asyncio.create_task(
-                run_worker(settings, stop=stop, install_signals=False, serve_probes=False)
+                run_worker(
+                    settings, RootOptions(stop=stop, install_signals=False, serve_probes=False)
+                )
             )
             names = [f"acc_lag_{uuid.uuid4().hex[:8]}" for _ in range(accounts)]
             await register(settings, names)

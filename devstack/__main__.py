@@ -39,10 +39,11 @@ def cmd_worker(settings: DevSettings, _: argparse.Namespace) -> int:
     from devstack.consumer import EmbeddedBrokerConsumer
     from worker.auth.app import run_worker
     from worker.runtime import tracing
+    from worker.startup import RootOptions
 
     tune_gc(settings.worker_gc_threshold)
     tracing.configure(tracing.SERVICE_WORKER)
-    worker = run_worker(settings, consumer_class=EmbeddedBrokerConsumer)
+    worker = run_worker(settings, RootOptions(consumer_class=EmbeddedBrokerConsumer))
     return run_until_signal(worker, settings.event_loop)
 
 
@@ -50,10 +51,11 @@ def cmd_webhooks(settings: DevSettings, _: argparse.Namespace) -> int:
     from devstack.consumer import EmbeddedBrokerConsumer
     from worker.dispatcher.app import run_dispatcher
     from worker.runtime import tracing
+    from worker.startup import RootOptions
 
     tune_gc(settings.worker_gc_threshold)
     tracing.configure(tracing.SERVICE_WEBHOOKS)
-    dispatcher = run_dispatcher(settings, consumer_class=EmbeddedBrokerConsumer)
+    dispatcher = run_dispatcher(settings, RootOptions(consumer_class=EmbeddedBrokerConsumer))
     return run_until_signal(dispatcher, settings.event_loop)
 
 

@@ -26,6 +26,7 @@ from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.tail import partitions_of
 from worker.settings import Settings
+from worker.startup import RootOptions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -168,22 +169,20 @@ async def running_loop(
 ) -> AsyncIterator[RunningWorker]:
     """A consuming process's main (``run_worker``, ``run_dispatcher``) in this event loop;
     yields once its loop owns and restored its partitions, stops it on exit. Its group
-    consumer is the development tools' (``devstack.consumer``) unless ``options`` names one."""
-    options.setdefault("consumer_class", EmbeddedBrokerConsumer)
+    consumer is the development tools' (``devstack.consumer``); ``options``: the root's own
+    keywords (``sender``)."""
     stop = asyncio.Event()
     registry = CollectorRegistry()
     holder: list[ConsumeLoop] = []
-    task = asyncio.create_task(
-        run(
-            settings,
-            registry=registry,
-            stop=stop,
-            install_signals=False,
-            serve_probes=False,
-            on_start=holder.append,
-            **options,
-        )
+    embedded = RootOptions(
+        registry=registry,
+        stop=stop,
+        install_signals=False,
+        serve_probes=False,
+        on_start=holder.append,
+        consumer_class=EmbeddedBrokerConsumer,
     )
+    task = asyncio.create_task(run(settings, embedded, **options))
     deadline = time.monotonic() + ready_timeout
     while not (holder and holder[0].ready and holder[0].active):
         if task.done():

@@ -6,14 +6,19 @@ model")."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
+from aiokafka import AIOKafkaConsumer
 from prometheus_client import CollectorRegistry
 
 from worker.contract.topics import Process, used_by
 from worker.engine.broker_health import BrokerHealth
-from worker.engine.kafka import KafkaConfig, verify_topics
+from worker.engine.consume_loop import ConsumeLoop
+from worker.engine.kafka import ConsumerClass, KafkaConfig, verify_topics
+from worker.engine.runner import LoopLimits, ProbeAddress, RunOptions, group_consumer
 from worker.runtime import tracing
 from worker.runtime.metrics import API_PREFIX, WEBHOOK_PREFIX, WORKER_PREFIX, export_process_metrics
 from worker.settings import Settings
@@ -24,6 +29,43 @@ _NAMES: Final = {
     "dispatcher": (tracing.SERVICE_WEBHOOKS, WEBHOOK_PREFIX),
     "api": (tracing.SERVICE_API, API_PREFIX),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class RootOptions:
+    """How a consuming composition root (``run_worker``, ``run_dispatcher``) is embedded; the
+    defaults are the process's own. Tests, the benchmark and the dev stack pass their registry,
+    ``stop`` event, no signal handlers or probes, an ``on_start`` hook or another group
+    consumer class (``worker.engine.kafka.ConsumerClass``)."""
+
+    registry: CollectorRegistry | None = None
+    stop: asyncio.Event | None = None
+    install_signals: bool = True
+    serve_probes: bool = True
+    on_start: Callable[[ConsumeLoop], None] | None = None
+    consumer_class: ConsumerClass = AIOKafkaConsumer
+
+    def consumer(
+        self, kafka: KafkaConfig, limits: LoopLimits, group: str, **extra: Any
+    ) -> AIOKafkaConsumer:
+        """The consume loop's group consumer (``group_consumer``), of ``consumer_class``."""
+        return group_consumer(kafka, limits, group, consumer_class=self.consumer_class, **extra)
+
+    def run(self, name: str, group: str, bootstrap: str, probes: ProbeAddress) -> RunOptions:
+        """The consume loop's ``RunOptions``; ``probes`` served only when ``serve_probes``."""
+        return RunOptions(
+            name=name,
+            group=group,
+            bootstrap=bootstrap,
+            probes=probes if self.serve_probes else None,
+            install_signals=self.install_signals,
+            stop=self.stop,
+            on_start=self.on_start,
+        )
+
+
+#: As ``python -m worker`` runs a root: a new registry, signal handlers, probes served.
+DEFAULTS: Final = RootOptions()
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from worker.engine.runner import CLOSE_STEP_TIMEOUT_S, shutdown_hard_limit
 from worker.runtime.probes import build_probe_app
 from worker.runtime.serving import serving
 from worker.settings import Settings
+from worker.startup import RootOptions
 
 pytestmark = pytest.mark.integration
 
@@ -70,11 +71,13 @@ async def test_fatal_lane_error_stops_the_worker_with_an_exception(
         task = asyncio.create_task(
             run_worker(
                 settings,
-                registry=CollectorRegistry(),
-                stop=asyncio.Event(),
-                install_signals=False,
-                serve_probes=False,
-                on_start=sabotage,
+                RootOptions(
+                    registry=CollectorRegistry(),
+                    stop=asyncio.Event(),
+                    install_signals=False,
+                    serve_probes=False,
+                    on_start=sabotage,
+                ),
             )
         )
         await b.send(register_cmd("acc-fatal", "ok-fatal"))

@@ -37,6 +37,7 @@ from worker.auth.app import run_worker
 from worker.contract.topics import Topics
 from worker.engine.consume_loop import ConsumeLoop
 from worker.settings import Settings
+from worker.startup import RootOptions
 
 
 def require_tool(name: str, install_hint: str, path: str | None = None) -> str:
@@ -165,11 +166,12 @@ async def serving_worker(settings: Settings) -> AsyncIterator[str]:
     task = asyncio.create_task(
         run_worker(
             settings,
-            registry=CollectorRegistry(),
-            stop=stop,
-            install_signals=False,
-            serve_probes=True,
-            on_start=holder.append,
+            RootOptions(
+                registry=CollectorRegistry(),
+                stop=stop,
+                install_signals=False,
+                on_start=holder.append,
+            ),
         ),
         name="live-worker",
     )

@@ -41,6 +41,7 @@ from worker.engine.topics import (
 )
 from worker.runtime.process import EX_CONFIG
 from worker.settings import Settings
+from worker.startup import RootOptions
 from worker.webhooks.secrets_box import generate_key
 
 # -- the decisions, on constructed observations -------------------------------------------------
@@ -225,7 +226,9 @@ async def listed(settings: Settings) -> set[str]:
 async def run_briefly(settings: Settings) -> None:
     """``run_worker`` as the process runs it; it must refuse before it ever starts."""
     await asyncio.wait_for(
-        run_worker(settings, stop=asyncio.Event(), install_signals=False, serve_probes=False),
+        run_worker(
+            settings, RootOptions(stop=asyncio.Event(), install_signals=False, serve_probes=False)
+        ),
         timeout=30,
     )
 
@@ -300,7 +303,8 @@ async def test_the_dispatcher_refuses_delivery_states_not_co_partitioned_with_it
     with pytest.raises(TopicsMisconfigured) as refused:
         await asyncio.wait_for(
             run_dispatcher(
-                settings, stop=asyncio.Event(), install_signals=False, serve_probes=False
+                settings,
+                RootOptions(stop=asyncio.Event(), install_signals=False, serve_probes=False),
             ),
             timeout=30,
         )

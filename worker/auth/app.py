@@ -3,12 +3,6 @@ else in the package builds a Kafka client, an HTTP client or a metrics registry.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-
-from aiokafka import AIOKafkaConsumer
-from prometheus_client import CollectorRegistry
-
 from worker.auth.execute import Executor
 from worker.auth.flow import Policy
 from worker.auth.metrics import WorkerMetrics
@@ -16,21 +10,18 @@ from worker.auth.provider import ProviderRegistry, build_http_client, build_regi
 from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
 from worker.auth.waits import WaitLimits
-from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.home_partition import Router
-from worker.engine.kafka import ConsumerClass, build_producer
+from worker.engine.kafka import build_producer
 from worker.engine.key_hash import KeyPartitioner
 from worker.engine.runner import (
     LoopSpec,
     ProbeAddress,
     ProcessParts,
-    RunOptions,
     consume_loop,
-    group_consumer,
     run_consume_loop,
 )
 from worker.settings import Settings
-from worker.startup import prologue
+from worker.startup import DEFAULTS, RootOptions, prologue
 
 
 def policy_from(settings: Settings, providers: set[str]) -> Policy:
@@ -47,21 +38,15 @@ def policy_from(settings: Settings, providers: set[str]) -> Policy:
 
 async def run_worker(
     settings: Settings,
+    options: RootOptions = DEFAULTS,
     *,
-    registry: CollectorRegistry | None = None,
-    stop: asyncio.Event | None = None,
-    install_signals: bool = True,
-    serve_probes: bool = True,
-    on_start: Callable[[ConsumeLoop], None] | None = None,
     providers: ProviderRegistry | None = None,
-    consumer_class: ConsumerClass = AIOKafkaConsumer,
 ) -> None:
     """One worker of the pool, until SIGTERM/SIGINT (or ``stop``). Raises on a fatal loop
     error so the process exits non-zero, and ``TopicsMisconfigured`` before it starts when its
     topics are not as specified. ``providers`` replaces the HTTP adapters built from
-    ``PROVIDER_URLS`` (the benchmark's in-process provider); ``consumer_class`` the group
-    consumer's class (``worker.engine.kafka.ConsumerClass``)."""
-    started = await prologue(settings, "worker", registry)
+    ``PROVIDER_URLS`` (the benchmark's in-process provider)."""
+    started = await prologue(settings, "worker", options.registry)
     registry, health, kafka = started.registry, started.health, started.kafka
     limits, topics = settings.loop_limits(), settings.topics
     metrics = WorkerMetrics(registry)
@@ -72,9 +57,7 @@ async def run_worker(
             settings, http, on_call=metrics.provider_call, on_retry=metrics.provider_retry
         )
     metrics.export_breakers(providers.breakers)
-    consumer = group_consumer(
-        kafka, limits, settings.kafka_consumer_group, consumer_class=consumer_class
-    )
+    consumer = options.consumer(kafka, limits, settings.kafka_consumer_group)
     store = StateStore()
     # Read on scrape, as the dispatcher's: setting it after every write summed the store's
     # partitions once per command (bench/README.md, "Floors").
@@ -111,28 +94,18 @@ async def run_worker(
         metrics=metrics,
         unordered=executor.unordered,
     )
-    probes = None
-    if serve_probes:
-        probes = ProbeAddress(
-            settings.worker_metrics_host, settings.worker_metrics_port, "worker-probes"
-        )
+    probes = ProbeAddress(
+        settings.worker_metrics_host, settings.worker_metrics_port, "worker-probes"
+    )
     await run_consume_loop(
         worker,
         ProcessParts(
-            producer=producer,
-            registry=registry,
-            health=health,
+            producer,
+            registry,
+            health,
             closers=(providers.aclose, http.aclose),
             # Parked long-polls are answered once the loop has ended, on the open producer.
             drains=(executor.waits.close,),
         ),
-        RunOptions(
-            name="worker",
-            group=settings.kafka_consumer_group,
-            bootstrap=kafka.bootstrap,
-            probes=probes,
-            install_signals=install_signals,
-            stop=stop,
-            on_start=on_start,
-        ),
+        options.run("worker", settings.kafka_consumer_group, kafka.bootstrap, probes),
     )

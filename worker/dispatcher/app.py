@@ -5,13 +5,11 @@ endpoints registry is read to its end first, so no event fans out against a part
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
-from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.partitioner import DefaultPartitioner
-from prometheus_client import CollectorRegistry
 
 from worker.dispatcher.delivery import QueueLimits, parse_schedule
 from worker.dispatcher.delivery_store import DeliveryStore
@@ -24,21 +22,19 @@ from worker.dispatcher.publish import DeliveryPublisher
 from worker.dispatcher.sender import Sender as HttpSender
 from worker.dispatcher.sender import open_session
 from worker.engine.consume_loop import ConsumeLoop
-from worker.engine.kafka import ConsumerClass, build_consumer, build_producer
+from worker.engine.kafka import build_consumer, build_producer
 from worker.engine.metrics import TailSkips
 from worker.engine.runner import (
     LoopSpec,
     ProbeAddress,
     ProcessParts,
-    RunOptions,
     consume_loop,
-    group_consumer,
     run_consume_loop,
 )
 from worker.runtime.logs import get_logger
 from worker.runtime.metrics import WEBHOOK_PREFIX
 from worker.settings import Settings
-from worker.startup import prologue
+from worker.startup import DEFAULTS, RootOptions, prologue
 from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
@@ -107,22 +103,13 @@ def queue_limits(settings: Settings) -> QueueLimits:
 
 
 async def run_dispatcher(
-    settings: Settings,
-    *,
-    registry: CollectorRegistry | None = None,
-    stop: asyncio.Event | None = None,
-    install_signals: bool = True,
-    serve_probes: bool = True,
-    on_start: Callable[[ConsumeLoop], None] | None = None,
-    sender: Sender | None = None,
-    consumer_class: ConsumerClass = AIOKafkaConsumer,
+    settings: Settings, options: RootOptions = DEFAULTS, *, sender: Sender | None = None
 ) -> None:
     """One dispatcher of the pool, until SIGTERM/SIGINT (or ``stop``); raises on a fatal loop
     error, and ``TopicsMisconfigured`` before it starts when its topics are not as specified.
-    ``sender`` replaces the HTTP sender built from settings (tests); ``consumer_class`` the
-    group consumer's class (``worker.engine.kafka.ConsumerClass``)."""
+    ``sender`` replaces the HTTP sender built from settings (tests)."""
     box = secrets_box(settings)
-    started = await prologue(settings, "dispatcher", registry)
+    started = await prologue(settings, "dispatcher", options.registry)
     registry, health, kafka = started.registry, started.health, started.kafka
     limits, topics = settings.loop_limits(), settings.topics
     metrics = WebhookMetrics(registry)
@@ -220,11 +207,10 @@ async def run_dispatcher(
     # Pairs held now, read at scrape time (idle pairs are dropped, so this follows what is
     # pending, not every account ever delivered).
     metrics.store_accounts.set_function(lambda: float(len(dispatcher.store)))
-    consumer = group_consumer(
+    consumer = options.consumer(
         kafka,
         limits,
         settings.webhook_consumer_group,
-        consumer_class=consumer_class,
         # The same partition number of every input topic to one member: an account's events
         # and replays, and its delivery state, live on one partition number.
         partition_assignment_strategy=(RangePartitionAssignor,),
@@ -255,27 +241,14 @@ async def run_dispatcher(
         if not await tail.wait_caught_up(ENDPOINTS_CATCH_UP_S):
             raise RuntimeError("the webhook endpoints topic could not be read to its end")
         probing = asyncio.create_task(prober.run())
-        probes = None
-        if serve_probes:
-            probes = ProbeAddress(
-                settings.webhook_metrics_host, settings.webhook_metrics_port, "webhook-probes"
-            )
+        probes = ProbeAddress(
+            settings.webhook_metrics_host, settings.webhook_metrics_port, "webhook-probes"
+        )
         await run_consume_loop(
             loop,
-            ProcessParts(
-                producer=producer,
-                registry=registry,
-                health=health,
-                closers=() if session is None else (session.close,),
-            ),
-            RunOptions(
-                name="dispatcher",
-                group=settings.webhook_consumer_group,
-                bootstrap=kafka.bootstrap,
-                probes=probes,
-                install_signals=install_signals,
-                stop=stop,
-                on_start=on_start,
+            ProcessParts(producer, registry, health, () if session is None else (session.close,)),
+            dataclasses.replace(
+                options.run("dispatcher", settings.webhook_consumer_group, kafka.bootstrap, probes),
                 also_ready=lambda: tail.running,
             ),
         )
