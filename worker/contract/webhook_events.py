@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Final
 
@@ -129,15 +129,7 @@ class EventCopy(BaseModel):
 
     @classmethod
     def of(cls, event: WebhookEvent, workspace_id: str) -> EventCopy:
-        return cls(
-            event_type=event.event_type,
-            event_id=event.event_id,
-            account_id=event.account_id,
-            workspace_id=workspace_id,
-            version=event.version,
-            occurred_at=event.occurred_at,
-            body=event.body,
-        )
+        return cls(**{**asdict(event), "workspace_id": workspace_id})
 
 
 def from_copy(value: bytes) -> WebhookEvent:

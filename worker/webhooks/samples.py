@@ -8,6 +8,7 @@ more properties; docs/api.md, "Sending a test")."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from typing import Final
@@ -82,15 +83,7 @@ def sample_event(event_type: str, *, workspace_id: str, now: float) -> WebhookEv
     envelope = json.loads(event.body)
     envelope[TEST_MARK] = True
     body = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
-    return WebhookEvent(
-        event_type=event.event_type,
-        event_id=event.event_id,
-        account_id=event.account_id,
-        workspace_id=workspace_id,
-        version=event.version,
-        occurred_at=event.occurred_at,
-        body=body,
-    )
+    return dataclasses.replace(event, workspace_id=workspace_id, body=body)
 
 
 def _operational_sample(
