@@ -1,11 +1,5 @@
-"""``python -m worker <command>``: the entry point of every production process.
-
-Commands: ``run`` (one worker of the pool), ``api`` (one front-end), ``webhooks`` (one webhook
-dispatcher), ``topics`` (create or check the topics: a deploy step), ``keys`` (the API key
-lifecycle), ``schemas`` (re-export ``schemas/`` and ``docs/flow.md``) and ``dlq`` (list, show
-and redrive dead letters). The development tools (the development broker, the simulator,
-``make run``'s stack, the demo) are ``python -m devstack``, and the benchmark is ``python -m
-bench``; neither is in this package."""
+"""``python -m worker <command>``: the entry point of every production process. The development
+tools are ``python -m devstack`` and the benchmark ``python -m bench``, neither in this package."""
 
 from __future__ import annotations
 

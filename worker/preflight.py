@@ -1,7 +1,5 @@
-"""Checks before a process starts: refuse a configuration that cannot be meant (a laptop's
-defaults in production, a credential that does not load), logged as ``startup_refused``
-with exit 2 rather than running against the wrong place (docs/operations.md, "Provider
-configuration")."""
+"""Checks before a process starts: a configuration that cannot be meant (a laptop's defaults in
+production, a credential that does not load) exits 2 rather than run against the wrong place."""
 
 from __future__ import annotations
 

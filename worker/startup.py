@@ -1,8 +1,5 @@
-"""The start-up prologue every composition root runs first (worker, dispatcher, front-end): the
-process's metrics registry with the standard families, its broker-health state exported on it,
-and its topics checked against the plan (created when ``KAFKA_AUTO_CREATE_TOPICS``), so no
-process starts against topics that are not as specified (docs/architecture.md, "The process
-model")."""
+"""The start-up prologue every composition root runs first: metrics registry, broker health, and the
+topics checked against the plan, so no process starts against topics not as specified."""
 
 from __future__ import annotations
 

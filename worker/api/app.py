@@ -1,6 +1,5 @@
-"""Composition root of a front-end process (``python -m worker api``): ``build_app`` wires the
-public app and the side door from clients built elsewhere, ``api_runtime`` builds those
-clients from settings, ``serve_api`` runs it all (docs/architecture.md, "The front-end")."""
+"""Composition root of a front-end process, ``python -m worker api`` (docs/architecture.md, "The
+front-end")."""
 
 from __future__ import annotations
 
@@ -132,9 +131,8 @@ def rate_limiter(settings: Settings, presence: Presence | None = None) -> RateLi
 
 
 def portal_tokens(settings: Settings) -> PortalTokens | None:
-    """The portal session tokens' signer: from ``API_PORTAL_SECRET``, else from
-    ``WEBHOOK_SECRETS_KEY`` (each replica has it already; the derivation's label keeps the
-    two uses apart), else ``None`` (no portal)."""
+    """The portal tokens' signer from ``API_PORTAL_SECRET``, else from ``WEBHOOK_SECRETS_KEY``
+    (the derivation's label keeps the two uses apart), else ``None`` (no portal)."""
     secret = settings.api_portal_secret or settings.webhook_secrets_key
     if secret is None:
         return None
@@ -261,10 +259,8 @@ def webhook_clients(
     shared: SharedConsumer | None = None,
     presence: Presence | None = None,
 ) -> WebhookClients | None:
-    """The unstarted webhook clients, or ``None`` (logged) without ``WEBHOOK_SECRETS_KEY``:
-    the endpoints' secrets can be neither sealed nor opened then. A malformed key raises
-    ``InvalidSecretsKey``, stopping the process (the key is never shown). The two tails read
-    through ``shared`` when given, else each through a consumer of its own."""
+    """The unstarted webhook clients, or ``None`` (logged) without ``WEBHOOK_SECRETS_KEY``, which
+    seals and opens the endpoints' secrets; a malformed key stops the process, never shown."""
     key = settings.webhook_secrets_key
     if key is None:
         log.error(
@@ -436,18 +432,11 @@ async def serve_api(
     on_started: Callable[[ApiRuntime], None] | None = None,
     documents: DocumentRoutes | None = None,
 ) -> None:
-    """One front-end process until SIGTERM/SIGINT, ``stop`` or cancellation.
-
-    Shutdown: stop accepting connections, let in-flight requests finish (up to the reply
-    timeout), then close the Kafka clients within one budget; a watchdog exits (70) if the
-    whole stop overruns its hard limit, a second signal at once (130). Raises if a Kafka tail
-    dies, so the process exits non-zero rather than serving stale data. ``settings.api_port``
-    0 picks a free port; the address is in ``runtime.base_url`` when ``on_started`` is called
-    (the side door's in ``runtime.metrics_url``). ``keys`` replaces the store read from
-    ``settings.api_keys_file``. ``install_signals=False`` leaves the signals to the caller
-    (in-process tests). ``documents``: as ``build_app``'s (``worker/cli.py`` passes the
-    OpenAPI document's route).
-    """
+    """One front-end process until SIGTERM/SIGINT, ``stop`` or cancellation: in-flight requests
+    finish (up to the reply timeout), then the Kafka clients close within one budget
+    (docs/architecture.md, "Bounded shutdown"). Raises if a Kafka tail dies, so the process
+    exits non-zero rather than serve stale data. ``settings.api_port`` 0 picks a free port
+    (``runtime.base_url`` when ``on_started`` is called)."""
     stop = stop if stop is not None else asyncio.Event()
     # Installed for the whole run, close steps included: a second signal exits at once (130).
     on_signal = graceful_then_forced(stop.set, hard_limit_s=shutdown_hard_limit(settings))

@@ -1,6 +1,5 @@
-"""Every JSON body the front-end answers, as pydantic models, and the request-id rule; the
-OpenAPI document publishes their schemas, so contract and responses cannot disagree. The
-confirm route returns the worker's ``AuthData`` unchanged, so both routes answer one shape."""
+"""Every JSON body the front-end answers, as the pydantic models the OpenAPI document publishes, so
+contract and responses cannot disagree; the confirm answers the worker's ``AuthData`` unchanged."""
 
 from __future__ import annotations
 

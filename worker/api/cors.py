@@ -1,6 +1,5 @@
-"""The front-end's CORS policy: the only copy of its origins, methods and headers, used by the
-middleware and the OpenAPI document. The key is meant for servers, so by default every
-preflight is refused (docs/api.md, "CORS")."""
+"""The front-end's CORS policy, the one copy the middleware and the OpenAPI document use. The key is
+meant for servers, so by default every preflight is refused (docs/api.md, "CORS")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Reading a request's credentials from its raw ASGI headers: the API key's header and an
-``Authorization: Bearer`` credential (a portal session token), without building Starlette's
-``Headers`` for every request."""
+"""A request's API key and ``Authorization: Bearer`` credential, read from its raw ASGI headers
+without building Starlette's ``Headers`` for every request."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``GET /v1/event-types``: the event catalogue (``worker.webhooks.event_types``) as an
-integrator reads it, authenticated and counted against the workspace's request rate like
-every other route. The catalogue is the same for every workspace and built once; only the
-``request_id`` differs between answers."""
+"""``GET /v1/event-types``: the event catalogue, authenticated and rate-counted like every route;
+built once, since only the ``request_id`` differs between workspaces' answers."""
 
 from __future__ import annotations
 

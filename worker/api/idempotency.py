@@ -1,11 +1,9 @@
-"""Idempotent confirms: an ``Idempotency-Key`` on ``POST .../passkey-confirm`` answers a repeat
-(same workspace, key, account and body, within 24 h) with the first answer and no second command.
-The replicas share the keys through the compacted ``api.idempotency`` topic: the first claim of a
-key in the topic's order wins on every replica alike, and a new key is admitted by the one
-admission rule (docs/architecture.md, "Idempotent confirms", "Admission").
+"""Idempotent confirms: a repeated ``Idempotency-Key`` (same workspace, key, account and body) gets
+the first answer and sends no second command. Replicas share the keys on the compacted
+``api.idempotency`` topic, where the first claim in the topic's order wins on every replica
+(docs/architecture.md, "Idempotent confirms").
 
-Over 500 lines: the record, the view every replica applies it to and a request's path through
-them are one protocol, read together."""
+Over 500 lines: the record, the view and a request's path through them are one protocol."""
 
 from __future__ import annotations
 
@@ -186,17 +184,10 @@ def record_key(workspace_id: str, digest: bytes, claim_id: str) -> bytes:
 
 
 class IdempotencyKeys(CompactedView):
-    """Every replica's view of the keys held, and this replica's claims (module docstring).
-
-    Every replica applies the records in the topic's order with the same rule (``_apply``),
-    so all agree on which claim holds a key: the first, unless it expired by the time of the
-    next one (answered: ``KEY_TTL_S``; unanswered: ``claim_ttl_s``), and an answer over a
-    claim (compaction may have removed its claim record); and on which claims the admission
-    rule refuses (``share``: ``per_workspace`` of the process's ``keys_max``, a quarter kept
-    for workspaces holding none). So that the counts it reads are the same on every replica,
-    the view changes only in the topic's order: the sweep tombstones expired keys and drops
-    them when it reads the tombstones back, and a claim given up stays counted until its
-    tombstone is read."""
+    """Every replica's view of the keys held, and this replica's claims. Every replica applies
+    the records in the topic's order with one rule (``_apply``), so all agree on which claim
+    holds a key and which the admission rule refuses; for the counts to agree too, the view
+    changes only in that order (docs/architecture.md, "Idempotent confirms")."""
 
     def __init__(
         self,
@@ -233,7 +224,6 @@ class IdempotencyKeys(CompactedView):
     # -- the view ----------------------------------------------------------------------------
 
     def held(self, workspace_id: str) -> int:
-        """The workspace's keys in the view."""
         keys = self._slots.get(workspace_id)
         return len(keys) if keys else 0
 
@@ -400,10 +390,8 @@ class IdempotencyKeys(CompactedView):
         return True
 
     def forget(self, claim: IdempotencyRecord) -> None:
-        """Tombstone ``claim`` in the background (a lost claim, or one whose request failed
-        before an answer: a later request with the key runs again). Here it is given up at
-        once, so a retry claims again, but it stays counted until its tombstone is read, as on
-        every other replica."""
+        """Tombstone ``claim`` in the background; given up here at once, so a retry claims
+        again, it stays counted until its tombstone is read, as on every replica."""
         keys = self._slots.get(claim.workspace_id)
         held = keys.get(bytes.fromhex(claim.key_sha256)) if keys else None
         if held is not None and held.claim_id == claim.claim_id and held.status == 0:
@@ -414,9 +402,7 @@ class IdempotencyKeys(CompactedView):
     # -- expiry ------------------------------------------------------------------------------
 
     async def sweep(self) -> None:
-        """Tombstone the expired keys (the view drops them when it reads the tombstones, in
-        the topic's order like every replica) and the lost claims whose requests are surely
-        over."""
+        """Tombstone the expired keys and the lost claims whose requests are surely over."""
         now = self._clock()
         gone = [
             record_key(workspace_id, digest, held.claim_id)
@@ -483,10 +469,9 @@ async def answer_once(
     run: Callable[[], Awaitable[Response]],
     metrics: ApiMetrics,
 ) -> Response:
-    """``run``'s answer, given once per key: a repeat gets the kept answer, another request
-    with the key 409, a new key the admission rule refuses (the workspace's share, the
-    process's cap) 429, each counted in ``metrics``. An error
-    ``run`` raises (no answer from the worker) gives the key up, so a retry runs again."""
+    """``run``'s answer, given once per key: a repeat gets the kept answer, another request with
+    the key 409, a new key the admission rule refuses 429; an error ``run`` raises gives the key
+    up, so a retry runs again."""
     if not keys.caught_up and not await keys.wait_caught_up(CLAIM_TIMEOUT_S):
         raise ServiceError.of(
             "run_auth_action_failed",

@@ -1,6 +1,5 @@
-"""Edits of the API keys file: create, disable, enable, rotate, delete; each a read-modify-
-write under a lock, replacing the file atomically, keeping fields it does not know, and
-writing only hashes (docs/operations.md, "API keys")."""
+"""Edits of the API keys file: each a read-modify-write under a lock, replacing the file atomically,
+keeping fields it does not know and writing only hashes (docs/operations.md, "API keys")."""
 
 from __future__ import annotations
 
@@ -190,11 +189,8 @@ def list_keys(path: Path) -> list[KeyInfo]:
 def create_key(
     path: Path, workspace_id: str, *, raw_key: str | None = None, key_id: str | None = None
 ) -> tuple[str, str]:
-    """Append a key for ``workspace_id`` to ``path`` (created if missing): a new random one
-    unless ``raw_key`` is given (the dev stack's well-known key).
-
-    Returns ``(key_id, raw_key)``; the raw key exists only in the return value.
-    """
+    """Append a key for ``workspace_id`` (new and random unless ``raw_key`` is given); the raw
+    key exists only in the returned ``(key_id, raw_key)``."""
     raw_key = raw_key or generate_key()
     with locked(path):
         document = _read(path)
@@ -204,9 +200,8 @@ def create_key(
 
 
 def set_active(path: Path, key_id: str, active: bool) -> KeyInfo:
-    """Disable (``active=False``) or enable a key. Enabling also clears a rotation's
-    ``expires_at``, so the key is valid again without limit. Either stamps ``changed_at``:
-    the key's portal sessions opened before it stay dead once it is enabled again."""
+    """Disable or enable a key (clearing a rotation's ``expires_at``); either stamps
+    ``changed_at``, so the key's portal sessions opened before stay dead once it is enabled."""
     with locked(path):
         document = _read(path)
         entry = _find(document, key_id, path)

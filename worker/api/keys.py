@@ -1,6 +1,5 @@
-"""Workspace API keys, stored as SHA-256 hashes only (a high-entropy token needs no slow
-password hash) and resolved in constant time; the file is re-read when it changes, and each
-key's last use is a metric, never a log line (docs/api.md, "API keys")."""
+"""Workspace API keys as SHA-256 hashes only (a high-entropy token needs no slow password hash),
+resolved in constant time; a key's last use is a metric, never a log line (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -114,17 +113,11 @@ def load_keys(path: Path) -> list[KeyEntry]:
 
 
 class KeyStore:
-    """Resolves a raw ``X-Api-Key`` to its workspace id.
-
-    ``resolve`` hashes the presented key once and compares the digest with every stored digest
-    using ``hmac.compare_digest``, without stopping at the first match, so the time taken does
-    not depend on which entry (if any) matched. Built from a file, the store reloads it when
-    its modification time or size changes (checked at most every ``reload_interval_s``); a
-    file that became malformed is logged and the previous keys stay in force.
-
-    Every presentation of a stored key, accepted or not, updates its ``last_used`` time: a
-    disabled key that is still presented shows a client that has not switched yet.
-    """
+    """Resolves a raw ``X-Api-Key`` to its workspace id, comparing its digest with every stored
+    one without stopping at a match, so the time taken does not tell which entry matched. A file
+    that became malformed is logged and the previous keys stay in force. Every presentation of
+    a stored key, accepted or not, is its ``last_used``: a disabled key still presented shows a
+    client that has not switched yet."""
 
     def __init__(
         self,
@@ -158,7 +151,7 @@ class KeyStore:
         return None if entry is None else entry.workspace_id
 
     def resolve_entry(self, raw_key: str) -> KeyEntry | None:
-        """The entry of an active, unexpired key, else ``None`` (as ``resolve``)."""
+        """The entry of an active, unexpired key, else ``None``."""
         self._maybe_reload()
         if not raw_key or len(raw_key) > MAX_KEY_LENGTH:
             return None
@@ -175,8 +168,7 @@ class KeyStore:
 
     def entry_in_force(self, key_id: str, workspace_id: str) -> KeyEntry | None:
         """The entry of key ``key_id`` of ``workspace_id`` while it is in the file, active and
-        unexpired: a portal session minted by it lives no longer than the key does, and is
-        checked against the entry's digest, creation and last change (``worker.api.portal``)."""
+        unexpired: a portal session minted by it lives no longer than the key."""
         self._maybe_reload()
         now = self._clock()
         for e in self._entries:

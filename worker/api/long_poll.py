@@ -1,6 +1,5 @@
-"""The long-poll of ``GET /v1/accounts/{account_id}/auth`` on the front-end's side: its two
-query parameters, checked, and the wait for the worker's answer given up as soon as the caller
-disconnects (docs/architecture.md, "Long-polls")."""
+"""The front-end's side of the ``GET .../auth`` long-poll: its query parameters, and the wait given
+up as soon as the caller disconnects (docs/architecture.md, "Long-polls")."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ class Wait:
     def query(
         self, command_id: str, request_id: str, workspace_id: str, account_id: str
     ) -> GetAuthState:
-        """The query, filled, not validated again: every field was checked (the ids by the
-        identifier rule, the workspace id when the keys file was read, the numbers here)."""
+        """The query, filled, not validated again: every field was checked already."""
         return GetAuthState.model_construct(
             command_id=command_id,
             request_id=request_id,
@@ -92,9 +90,7 @@ class Wait:
         self, request: Request, round_trip: Awaitable[CorrelatedReply | None]
     ) -> CorrelatedReply | None:
         """``round_trip``'s result; for a long-poll, ``CallerGone`` as soon as the caller
-        disconnected: the round trip is then cancelled, which frees its reply waiter (the
-        worker's parked wait ends at its own time, bounded by its caps; docs/architecture.md,
-        "Long-polls")."""
+        disconnected, the round trip then cancelled, which frees its reply waiter."""
         if not self.wait_s:
             return await round_trip
         answer = asyncio.ensure_future(round_trip)
@@ -112,10 +108,8 @@ class Wait:
 
 
 class LongPolls:
-    """The long-polls this front-end holds open, taken through the admission rule (owner: the
-    workspace): ``capacity`` in all (half the connections by default), a workspace's share of
-    it, a quarter kept for workspaces holding none. Past it a long-poll is answered at once,
-    as a plain GET: never refused, and its connection never held for the wait."""
+    """The long-polls this front-end holds open, through the admission rule (owner: the
+    workspace); past it a long-poll is answered at once as a plain GET, never refused."""
 
     def __init__(self, capacity: int) -> None:
         self.admission = Admission(
@@ -133,9 +127,8 @@ class LongPolls:
 
 
 async def _disconnected(request: Request) -> None:
-    """Returns when the caller's connection is gone (``http.disconnect``). A GET's body, if
-    any, is read and dropped; past the body deadline (408 from ``receive``) it stops
-    watching."""
+    """Returns when the caller's connection is gone; a GET's body, if any, is dropped, and past
+    the body deadline it stops watching."""
     while True:
         try:
             message = await request.receive()
@@ -149,9 +142,8 @@ async def _disconnected(request: Request) -> None:
 def auth_state(
     reply: CorrelatedReply, account_id: str, request_id: str, unavailable: str
 ) -> AuthState:
-    """The state a 200 reply for ``account_id`` carries, with the record's version; 404
-    ``not_found`` for the worker's 404, 500 ``get_auth_state_failed`` (``unavailable``) for a
-    reply that is not one (another status or account, no data or no version)."""
+    """The state and version a 200 reply for ``account_id`` carries; 404 for the worker's 404,
+    500 ``get_auth_state_failed`` for any other reply."""
     if reply.http_status == 404:
         raise ServiceError.of("not_found", "The account does not exist in this workspace.")
     found, version = reply.reply.body.data, reply.reply.version

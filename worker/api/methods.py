@@ -1,6 +1,5 @@
-"""Which methods a route takes and its ``Allow`` header (RFC 9110, 10.2.1), for the 405s and
-``OPTIONS`` answers of ``FrontDoor`` and for the OpenAPI document alike, so the two cannot
-drift."""
+"""Each route's methods and ``Allow`` header (RFC 9110, 10.2.1): one copy for ``FrontDoor``'s
+405s and ``OPTIONS`` answers and for the OpenAPI document, so the two cannot drift."""
 
 from __future__ import annotations
 

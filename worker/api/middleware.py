@@ -1,7 +1,6 @@
-"""``FrontDoor``, the ASGI layer every request passes first: request id, ``OPTIONS`` and 405,
-CORS, the 500 safety net, the body deadline, request metrics and the SERVER span. One layer
-covers 404s, probes and crashes alike; it calls the API's own routes directly, past
-Starlette's router (docs/architecture.md, "The front-end")."""
+"""``FrontDoor``, the ASGI layer every request passes first (request id, ``OPTIONS`` and 405, CORS,
+the 500 safety net, the body deadline, metrics, the SERVER span), so 404s, probes and crashes are
+covered alike; it calls the API's routes directly (docs/architecture.md, "The front-end")."""
 
 from __future__ import annotations
 
@@ -48,17 +47,10 @@ log = get_logger(__name__)
 
 
 class FrontDoor:
-    """Around the whole app (see the module docstring).
-
-    ``routes`` are the app's routes: a request's metrics label is the template of the one its
-    path matches (``unmatched`` otherwise), never the raw path, and the methods of the routes
-    sharing a template are what that path takes. Preflights are answered for the templates in
-    ``preflight_routes`` only; an ``OPTIONS`` to another known path, or without the preflight
-    headers, is answered with the path's ``Allow``. ``body_timeout_s`` bounds, from the
-    request's start, how long reading its body may take (``None``: unbounded). The endpoints
-    of the templates in ``direct_routes`` are called directly (their ``HEAD`` excepted), a
-    ``ServiceError`` they raise answered by ``on_service_error``.
-    """
+    """Around the whole app. A request's metrics label is its route's template (``unmatched``
+    otherwise), never the raw path; preflights are answered for ``preflight_routes`` only, any
+    other ``OPTIONS`` with the path's ``Allow``; ``body_timeout_s`` bounds reading the body from
+    the request's start; ``direct_routes`` are called directly (their ``HEAD`` excepted)."""
 
     def __init__(
         self,
@@ -161,9 +153,8 @@ class FrontDoor:
                         span.set_status(Status(StatusCode.ERROR))
 
     def _cors_origin(self, method: str, seen: Mapping[bytes, bytes]) -> str | None:
-        """The caller's ``Origin`` when it is allowed to read the response: an actual
-        cross-origin request, not a preflight (which sets its own headers, none when
-        refused)."""
+        """The caller's ``Origin`` when it may read the response (not on a preflight, which sets
+        its own headers)."""
         raw_origin = seen.get(b"origin")
         if not raw_origin:
             return None
@@ -210,8 +201,7 @@ class FrontDoor:
         )
 
     def _count(self, route: str, method: str, status: int, started: float) -> None:
-        """``passkey_api_requests_total`` and the duration histogram, through children
-        looked up once per label set."""
+        """The request metrics, through children looked up once per label set."""
         mlabel = method_label(method)
         counted = self._counted.get((route, mlabel, status))
         if counted is None:
@@ -268,8 +258,7 @@ def _stamped(
 
 
 def _read_headers(headers: Sequence[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
-    """The headers the front door reads (``_READ``), each at its first occurrence, in one
-    scan of the request's."""
+    """The headers the front door reads (``_READ``), in one scan of the request's."""
     seen: dict[bytes, bytes] = {}
     for name, value in headers:
         if name in _READ and name not in seen:
@@ -321,11 +310,8 @@ class _Stamped:
 
 
 def _receive_until(receive: Receive, timeout_s: float, started: float) -> Receive:
-    """``receive`` that raises 408 ``request_timeout`` once ``timeout_s`` have passed since
-    ``started`` (the request's start, ``time.perf_counter``): a body sent a byte at a time
-    must not hold a handler. A message that is there already (a body that came with its
-    head) is taken without arming a timer; only a ``receive`` that has to wait runs under
-    the deadline."""
+    """``receive`` that raises 408 once ``timeout_s`` have passed since the request's start, so a
+    body sent a byte at a time cannot hold a handler; only a ``receive`` that waits is timed."""
 
     async def receive_in_time() -> Message:
         steps = receive().__await__()

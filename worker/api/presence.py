@@ -1,11 +1,7 @@
-"""Which front-end replicas are live, and what each holds, so a workspace's limits hold across
-replicas (docs/operations.md, "Front-door limits" and "Quotas").
-
-Each replica writes a record under its id to the compacted, one-partition ``api.presence``
-topic every ``PRESENCE_INTERVAL_S`` (and when its replays change) and tails the topic; a
-replica is live while its newest record is younger than ``PRESENCE_TTL_S``. ``live`` divides
-the per-workspace rate; ``claim`` decides a replay start when this replica reads its own record
-back, against every other live replica's latest record before it (one order for all)."""
+"""Which front-end replicas are live and what each holds, so a workspace's limits hold across
+replicas (docs/operations.md, "Front-door limits"): each writes its record to the compacted
+``api.presence`` topic every ``PRESENCE_INTERVAL_S`` and tails it, live while its newest record is
+younger than ``PRESENCE_TTL_S``; ``claim`` orders replay starts by the topic (one order for all)."""
 
 from __future__ import annotations
 
@@ -59,10 +55,8 @@ class PresenceRecord(BaseModel):
 
 
 class Presence(CompactedView):
-    """This replica's heartbeat and its view of the others (see the module docstring).
-
-    ``consumer`` is unstarted and group-less (a ``SharedConsumer`` share); ``producer`` the
-    front-end's started producer. ``clock`` (wall clock, seconds) is injectable for tests."""
+    """This replica's heartbeat and its view of the others, on an unstarted group-less
+    ``consumer`` and the front-end's started ``producer``."""
 
     def __init__(
         self,
@@ -140,7 +134,6 @@ class Presence(CompactedView):
         return seq, record.model_dump_json().encode()
 
     async def beat(self) -> None:
-        """Write this replica's record now."""
         await self.send(self.replica_id, self._next()[1])
 
     async def forget_dead(self) -> None:

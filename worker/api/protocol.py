@@ -1,11 +1,8 @@
-"""The front-end's HTTP/1.1 connection: uvicorn's httptools protocol plus the head-size,
-header-count, time-out, pipelining and connection limits uvicorn lacks (docs/operations.md,
-"Front-door limits"; why: docs/architecture.md, "The front-end"). Refusals below the app are
-plain text with ``Connection: close``, then a linger, so the client reads the answer, not a
-reset.
+"""The front-end's HTTP/1.1 connection: uvicorn's httptools protocol plus the limits uvicorn lacks
+(docs/operations.md, "Front-door limits"). Refusals below the app are plain text with
+``Connection: close``, then a linger, so the client reads the answer, not a reset.
 
-Over 500 lines: one connection's life (admission, reads, pipelining, answers, refusals) is
-one class, whose parts share its state."""
+Over 500 lines: one connection's life is one class, whose parts share its state."""
 
 from __future__ import annotations
 
@@ -38,13 +35,11 @@ is held unparsed until an answer makes room: the connection holds at most this m
 requests plus one read (``READ_BYTES``), never a whole flood's worth."""
 
 READ_BYTES: Final = 8 * 1024
-"""The most one read of a connection brings in, so the most unparsed input a paused connection
-holds (the event loops read up to 256 KiB at a time into a plain protocol)."""
+"""The most one read brings in, so the most unparsed input a paused connection holds."""
 
 PIPELINED_BYTES: Final = 8 * 1024
-"""The most input parsed ahead of the request being answered (pipelined requests' heads and
-bodies): past it the connection is read no further until its pipeline is empty. With one read
-held unparsed, a connection holds at most 16 KiB of input beyond the request it is answering."""
+"""The most input parsed ahead of the request being answered: past it the connection is read no
+further until its pipeline is empty."""
 
 WRITE_TIMEOUT_S: Final = 30.0
 """Longest a peer may leave its answers unread: from the moment the unsent answer bytes pass
@@ -58,15 +53,8 @@ the last byte of a ``\\n\\r\\n``, which is what ``_slice_end`` counts (a superse
 
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    """The per-connection limits (settings ``API_MAX_HEADER_BYTES`` and the rest).
-
-    ``max_connections_per_client`` is a client address's share (an IPv6 client's /64) of
-    ``max_connections`` under the admission rule (``connection_share``), ``0`` for no share.
-    The address is the TCP peer's: behind a proxy or a load balancer that does not keep client
-    addresses (a Kubernetes Service with ``externalTrafficPolicy: Cluster``, an ingress, a
-    sidecar) every client shares the proxy's address, and the share is then the proxy's: raise
-    it or set ``0`` there.
-    """
+    """The per-connection limits (``API_MAX_HEADER_BYTES`` and the rest; docs/operations.md,
+    "Front-door limits")."""
 
     max_head_bytes: int
     max_headers: int
@@ -91,10 +79,8 @@ Refusal = Callable[[str], None]
 
 
 def connection_share(limits: ConnectionLimits) -> Share:
-    """The connections' share per client address: ``max_connections_per_client`` of
-    ``max_connections``, and a quarter of them (never so many that one address could not reach
-    its share) kept for addresses holding none, so addresses at their share leave room for new
-    ones. No share (``0``): one pool, first come."""
+    """A quarter of the connections (never so many that one address could not reach its share)
+    is kept for addresses holding none, so addresses at their share leave room for new ones."""
     capacity = limits.max_connections
     per_client = limits.max_connections_per_client
     if per_client <= 0:
@@ -104,14 +90,12 @@ def connection_share(limits: ConnectionLimits) -> Share:
 
 
 class _Policy:
-    """One server's limits, refusal counter and connection slots; a connection's slot is its
-    client address's (``client_key``; every connection's, ``*``, when there is no share)."""
+    """One server's limits, refusal counter and connection slots."""
 
     def __init__(self, limits: ConnectionLimits, on_refusal: Refusal) -> None:
         self.limits = limits
         self.on_refusal = on_refusal
         self.slots = Admission("connections", connection_share(limits), retry_after_s=1.0)
-        #: Refused connections draining now (``MAX_LINGERING`` at most).
         self.lingering = 0
 
     def owner(self, client: tuple[str, int] | None) -> str:
@@ -121,9 +105,8 @@ class _Policy:
 
 
 def client_key(host: str) -> str:
-    """The address a client's connections are counted under: an IPv4 address as it is, an
-    IPv6 one by its /64 (one host is commonly given a whole /64), an IPv4-mapped IPv6 address
-    as the IPv4 address."""
+    """An IPv6 client counts by its /64 (one host is commonly given a whole /64), an IPv4-mapped
+    one as its IPv4 address."""
     if ":" not in host:
         return host
     try:
@@ -161,7 +144,6 @@ def _slice_end(data: bytes, start: int, room: int) -> int:
 
 
 def plain_response(status: int, *, retry_after_s: int | None = None) -> bytes:
-    """A complete, minimal HTTP/1.1 response that closes the connection."""
     phrase = http.HTTPStatus(status).phrase
     body = f"{phrase}\n".encode()
     retry = b"" if retry_after_s is None else b"retry-after: %d\r\n" % retry_after_s
@@ -190,8 +172,8 @@ class _Flow(FlowControl):
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the module's limits; ``limited_protocol`` makes the
-    subclass a server uses (uvicorn instantiates the class itself, once per connection)."""
+    """uvicorn's httptools protocol with the module's limits (one subclass per server:
+    ``limited_protocol``)."""
 
     policy: ClassVar[_Policy]
 
@@ -206,10 +188,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.limits = self.policy.limits
         self._head_left = self.limits.max_head_bytes
         self._heads_read = 0
-        # What is being read: a head (from the connection's start or a request's first byte),
-        # a body (from the end of its head), or nothing. The phase's deadline is armed at the
-        # end of the first read that leaves it unfinished, so a request read in one go costs
-        # no timer.
+        # A phase's deadline is armed at the end of the first read that leaves it unfinished,
+        # so a request read in one go costs no timer.
         self._reading_head = False
         self._in_body = False
         self._timer: asyncio.TimerHandle | None = None
@@ -220,10 +200,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         # Input parsed since the pipeline was last empty: ``PIPELINED_BYTES`` bounds it.
         self._ahead = 0
         self._pump_scheduled = False
-        # The write deadline: armed while answers go unread (``WRITE_TIMEOUT_S``).
         self._write_timer: asyncio.TimerHandle | None = None
         self._slot: Slot | None = None
-        self._lingering = False  # counted in ``policy.lingering`` while it drains
+        self._lingering = False
         # The request being answered (uvicorn's ``cycle`` is the last one read).
         self._answering: RequestResponseCycle | None = None
 
@@ -262,7 +241,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     # -- reading: pipelining within its bound -------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        """Take a read, and parse as much of it as the pipeline has room for."""
         if self._refused:
             return
         if self._input_at < len(self._input):
@@ -274,8 +252,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._pump()
 
     def _holding(self) -> bool:
-        """Whether the connection must not be read now: input is held, or the pipeline is
-        full."""
         return self._input_at < len(self._input) or len(self.pipeline) >= self.limits.max_pipelined
 
     def _pump(self) -> None:
@@ -331,7 +307,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self._refuse(431, "header_too_large")
 
     def _feed(self, data: bytes | memoryview) -> None:
-        """``HttpToolsProtocol.data_received``, minus what a refusal already answered."""
         if self.transport.is_closing() or self._refused:
             return
         super().data_received(data if isinstance(data, bytes) else bytes(data))
@@ -406,7 +381,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().resume_writing()
 
     def _answer_abandoned(self) -> None:
-        """The answer under way can no longer be sent: its ``send`` returns at once."""
         cycle = self._answering
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
@@ -417,8 +391,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._close()
 
     def _close(self) -> None:
-        """Close, within the write deadline: a closing transport waits for its unsent bytes,
-        for as long as the peer leaves them unread."""
+        """A closing transport waits for its unsent bytes: the write deadline bounds it."""
         self.transport.close()
         self._write_deadline_if_unsent()
 
@@ -438,8 +411,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._write_timer = None
 
     def _write_expired(self) -> None:
-        """The peer left its answers unread for the write deadline: no answer can reach it,
-        so the connection is aborted (its unsent bytes dropped)."""
         self._write_timer = None
         self.policy.on_refusal("write_timeout")
         self._refused = True
@@ -452,7 +423,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     # -- time-outs and refusals --------------------------------------------------------------
 
     def _arm_timer(self) -> None:
-        """One timer at a time: the head's deadline while a head is read, else the body's."""
         if self._timer is not None:
             return
         if self._reading_head:
@@ -496,7 +466,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             cycle.keep_alive = False
             return
-        # No longer served: counted against neither limit.
         self.connections.discard(self)
         self._release_client_slot()
         self.flow.resume_reading()  # the linger drains what the client still sends
@@ -534,10 +503,8 @@ _READS: Final = _Reads()
 
 
 class BoundedReads(asyncio.BufferedProtocol):
-    """What the transport sees: reads of at most ``READ_BYTES`` handed on to the connection's
-    ``LimitedHttpProtocol`` (``http``). A buffered protocol is the one way to set the read size
-    on both loops (uvloop reads a plain ``asyncio.Protocol`` 256 KiB at a time, and only takes
-    a protocol that is not one as buffered)."""
+    """Reads of at most ``READ_BYTES`` handed to the connection's ``LimitedHttpProtocol``: a
+    buffered protocol is the one way to set the read size on both loops."""
 
     http_class: ClassVar[type[LimitedHttpProtocol]]
 
@@ -567,8 +534,7 @@ class BoundedReads(asyncio.BufferedProtocol):
 
 
 def limited_protocol(limits: ConnectionLimits, on_refusal: Refusal) -> type[asyncio.Protocol]:
-    """The protocol class for one server (uvicorn's ``Config(http=...)``, which is typed for a
-    plain protocol but only calls the class)."""
+    """The protocol class for one server (uvicorn's ``Config(http=...)``)."""
     http_class = type(
         "LimitedHttpProtocol", (LimitedHttpProtocol,), {"policy": _Policy(limits, on_refusal)}
     )

@@ -1,8 +1,5 @@
-"""What every route reads of a request: the id ``FrontDoor`` chose, a body bounded by
-``MAX_BODY_BYTES``, its JSON, and the account-id rule's wording. Below the contract's routes
-(``routes.py``) and the ``portal`` and ``webhooks`` subpackages, which all use it, so none of
-them imports a composition root (docs/architecture.md, "Where each concept lives in the
-code")."""
+"""What every route reads of a request (its id, a bounded body, its JSON, the account-id rule's
+wording), below the routes and the subpackages so that none of them imports a composition root."""
 
 from __future__ import annotations
 
@@ -51,9 +48,8 @@ def decode_json(raw: bytes) -> Any:
 
 
 async def check_body(request: Request) -> bytes:
-    """No body is required; an empty body, or any JSON object (ignored), is accepted. Empty
-    means no byte at all: whitespace alone is not JSON, and neither is anything else. The raw
-    body, for an ``Idempotency-Key``'s comparison."""
+    """The raw body (for an ``Idempotency-Key``'s comparison): none at all, or any JSON object
+    (ignored); whitespace alone is not JSON."""
     raw = await read_body(request)
     if raw and not isinstance(decode_json(raw), dict):
         raise ServiceError.of("invalid_request", "The request body must be a JSON object or empty.")

@@ -1,6 +1,5 @@
-"""Reply correlation: matches records on the replica's partition of auth.replies to the
-requests waiting for them, never another request's, without buffering, and without missing
-one (docs/architecture.md, "Replies to the waiting replica")."""
+"""Reply correlation: each record of the replica's auth.replies partitions reaches the request
+waiting for it, never another's, unbuffered and never missed (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -69,10 +68,8 @@ class PendingReply:
             self._future.set_exception(exc)
 
     async def until(self, limit: asyncio.Timeout) -> CorrelatedReply | None:
-        """The reply, or ``None`` once ``limit`` (the caller's active deadline on this task)
-        expired: the caller's one timer serves, none of its own, and the waiter is done with
-        then (unlike ``wait``, which can be called again). Raises ``ReplyError`` as ``wait``
-        does; another cancellation propagates."""
+        """The reply, or ``None`` once ``limit`` (the caller's active deadline) expired: the
+        caller's one timer serves, none of its own; the waiter is done with then."""
         future = self._future
         try:
             return await future
@@ -85,10 +82,8 @@ class PendingReply:
         return None
 
     async def wait(self, timeout: float) -> CorrelatedReply | None:
-        """The reply, or ``None`` when ``timeout`` seconds passed first.
-
-        Raises ``ReplyError`` when the reply was malformed or the router stopped.
-        """
+        """The reply, or ``None`` when ``timeout`` seconds passed first; ``ReplyError`` when the
+        reply was malformed or the router stopped."""
         try:
             return await asyncio.wait_for(asyncio.shield(self._future), timeout=max(timeout, 0))
         except TimeoutError:
@@ -96,13 +91,8 @@ class PendingReply:
 
 
 class ReplyRouter(TopicTail):
-    """Correlates auth.replies with waiting requests (see the module docstring).
-
-    ``consumer`` is an unstarted, group-less consumer (``build_consumer(kafka)``); the
-    router starts and closes it. ``ready`` is true once the replies present at start-up were
-    skipped and while the loop runs. ``gap_hold_s`` is the offset gap watch's hold
-    (``KafkaConfig.offset_gap_hold_s``; 0: none).
-    """
+    """Correlates auth.replies with waiting requests, on an unstarted group-less ``consumer``
+    it starts and closes; ``ready`` once the replies present at start-up were skipped."""
 
     def __init__(
         self,

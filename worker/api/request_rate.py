@@ -1,8 +1,6 @@
-"""The request rate per workspace: a token bucket per workspace in each process, refilled at
-the process's share of the rate (the rate and the burst divided by the live front-end replicas,
-``worker.api.presence``), so N replicas behind a balancer admit the rate in total, not N times
-it; spent by ``ApiRoutes.admit`` after the key resolves, with bounded memory
-(docs/operations.md, "Front-door limits")."""
+"""The request rate per workspace: a token bucket refilled at this process's share (rate and burst
+divided by the live replicas, ``worker.api.presence``), so N replicas admit the rate in total, not
+N times it (docs/operations.md, "Front-door limits")."""
 
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ class RateLimited(ServiceError):
     def after(
         cls, wait_s: float, message: str = "Too many requests for this workspace; retry after {} s."
     ) -> RateLimited:
-        """The refusal for a caller who must wait ``wait_s`` (rounded up to whole seconds,
-        at least 1: ``Retry-After`` takes whole seconds), told in ``message`` (``{}``: the
-        seconds)."""
+        """The refusal for a caller who must wait ``wait_s``, rounded up to whole seconds (at
+        least 1) as ``Retry-After`` takes them."""
         retry_after_s = max(1, math.ceil(wait_s))
         err = ServiceError.of("rate_limited", message.format(retry_after_s))
         return cls(
@@ -59,10 +56,8 @@ class _Bucket:
 
 
 class RateLimiter:
-    """Token buckets by key (the workspace id). ``replicas`` says how many front-end replicas
-    are live now (``None``: this one alone); each bucket refills at ``rate_per_s / replicas``
-    and holds at most ``burst / replicas`` (at least one token). ``clock`` is injectable for
-    tests."""
+    """Token buckets by key (the workspace id), each refilled at ``rate_per_s`` and holding at
+    most ``burst`` (at least one token), both over the live ``replicas``."""
 
     def __init__(
         self,

@@ -1,6 +1,5 @@
 """The contract's two routes and their checks, in the contract's order (docs/api.md, "Order of
-checks"); explicit checks and a generated OpenAPI document are why this is Starlette, not
-FastAPI (docs/architecture.md, "Design decisions")."""
+checks"); why Starlette, not FastAPI: docs/architecture.md, "Design decisions"."""
 
 from __future__ import annotations
 
@@ -74,9 +73,8 @@ def _error_headers(err: ServiceError) -> dict[str, str] | None:
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
-    """Routing raises 404 (no route): the contract's not_found, "the route does not exist". A
-    method the route does not take is answered 405 before routing (``FrontDoor``); should the
-    router raise it anyway, the answer is the same, with Starlette's ``Allow``."""
+    """The router's 404 as the contract's not_found; its 405 (``FrontDoor`` answers those first)
+    the same, with Starlette's ``Allow``."""
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 405:
         return error_response(
@@ -107,13 +105,9 @@ class _RoundTripFailed(Exception):
 
 
 class ApiRoutes:
-    """The handlers of both routes and the front-end's probe checks, over started clients.
-
-    ``producer`` is a started ``AIOKafkaProducer``; ``replies`` is started by the caller too.
-    Both routes are a round trip to the worker that owns the account's partition: the POST's
-    ``passkey_confirm``, the GET's ``get_auth_state`` query (docs/architecture.md, "The
-    front-end"); this process holds no account state.
-    """
+    """The handlers of both routes and the probe checks, over started clients: each route is a
+    round trip to the worker owning the account's partition; this process holds no account
+    state (docs/architecture.md, "The front-end")."""
 
     def __init__(
         self,
@@ -203,11 +197,8 @@ class ApiRoutes:
     # -- checks ------------------------------------------------------------------------------
 
     def authenticate(self, request: Request) -> str:
-        """The workspace of the request's API key, or of its portal session token
-        (``Authorization: Bearer``, used only without ``X-Api-Key``): the workspace never
-        comes from anywhere else. 401 when the key is missing, unknown or disabled; a portal
-        token is checked as ``portal_workspace`` says. The key's id is kept in the request's
-        state (``key_id``) for the routes that need it (portal sessions)."""
+        """The workspace of the request's API key, or of its portal session token (used only
+        without ``X-Api-Key``): the workspace never comes from anywhere else; 401 otherwise."""
         raw = header(request, b"x-api-key")
         if raw is None or not raw.strip():
             bearer = bearer_credential(request)
@@ -223,11 +214,8 @@ class ApiRoutes:
         return entry.workspace_id
 
     def portal_workspace(self, request: Request, token: str) -> str:
-        """The workspace of a portal session token: 401 ``portal_session_invalid`` unless it
-        is well formed, signed with this service's portal key, unexpired, its minting key
-        still in force and unchanged since, and the session not revoked; then 403
-        ``portal_scope_forbidden`` unless the route (its template, which ``FrontDoor`` put in
-        the request's state) is in the portal's scope."""
+        """The workspace of a portal session token in force (else 401), for a route in the
+        portal's scope (else 403)."""
         claims = session_claims(token, self.portal, self.keys, self.portal_revocations)
         if claims is None:
             raise ServiceError.of("portal_session_invalid")
@@ -236,9 +224,8 @@ class ApiRoutes:
         return claims.workspace_id
 
     def admit(self, workspace_id: str) -> None:
-        """Spend one of the workspace's requests from its rate (``worker.api.request_rate``);
-        429 with ``Retry-After`` when none is left. Only authenticated requests count, so an
-        unknown key cannot spend a workspace's rate."""
+        """Spend one of the workspace's requests from its rate (429 when none is left); only
+        authenticated requests count, so an unknown key cannot spend a workspace's rate."""
         if self.rate_limiter is not None:
             wait_s = self.rate_limiter.take(workspace_id)
             if wait_s > 0:
@@ -341,14 +328,10 @@ class ApiRoutes:
     async def _round_trip(
         self, command: PasskeyConfirm | GetAuthState, deadline: float
     ) -> CorrelatedReply | None:
-        """Produce ``command`` and wait for its reply until ``deadline``; ``None`` on time-out.
-        The waiter is registered before the command is produced, so the reply can not be
-        missed. The command carries the trace context of its PRODUCER span (``traceparent``,
-        ``tracestate`` headers); the wait is a span of its own. While Kafka is unreachable the
-        produce is retried until the deadline; the caller is then told to poll before retrying,
-        since a command handed to the producer may still reach the broker once it is back.
-        Raises ``_RoundTripFailed`` when the command was not queued in time or its reply was
-        unusable."""
+        """Produce ``command`` and wait for its reply until ``deadline`` (``None`` past it). The
+        waiter is registered before the produce, so the reply cannot be missed; a produce
+        retried until the deadline tells the caller to poll before retrying, since the command
+        may still reach the broker once it is back."""
         recording = tracing.recording()
         try:
             with self.replies.expect(command.command_id, command.request_id) as pending:
@@ -410,9 +393,8 @@ class ApiRoutes:
     # -- GET /v1/accounts/{account_id}/auth --------------------------------------------------
 
     async def account_auth(self, request: Request) -> Response:
-        """The account's state from its owner; with ``wait_s``, a long-poll the owner parks
-        (``worker.api.long_poll``), its reply deadline ``wait_s`` later. One request of the
-        rate limit, parked or not."""
+        """The account's state from its owner; with ``wait_s``, a long-poll the owner parks. One
+        request of the rate limit, parked or not."""
         account_id: str = request.path_params["account_id"]
         request_id = request_id_of(request)
         workspace_id = self.admitted_workspace(request)

@@ -1,6 +1,5 @@
-"""What one running front-end process holds (``ApiRuntime``) and its server loop: uvicorn on
-the limited public protocol, probes on a side door; a dead Kafka reader or an outage past its
-tolerance ends the process rather than serve stale data (docs/api.md, "Operations")."""
+"""One running front-end process (``ApiRuntime``) and its server loop; a dead Kafka reader or an
+outage past its tolerance ends the process rather than serve stale data (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -30,9 +29,8 @@ log = get_logger(__name__)
 
 @dataclass
 class ApiRuntime:
-    """Everything one front-end process runs; ``base_url`` (and ``metrics_url``, the side
-    door's) is set once the server listens. ``webhooks`` is ``None`` when the service has no
-    webhook secrets key; ``side_door`` serves ``/metrics`` and the probes."""
+    """Everything one front-end process runs; ``base_url`` and ``metrics_url`` are set once the
+    server listens."""
 
     settings: Settings
     app: Starlette
@@ -60,7 +58,6 @@ class ApiRuntime:
 
     @property
     def url(self) -> str:
-        """``base_url`` of a listening front-end."""
         if self.base_url is None:
             raise RuntimeError("the front-end is not listening yet")
         return self.base_url

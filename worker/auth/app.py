@@ -42,10 +42,8 @@ async def run_worker(
     *,
     providers: ProviderRegistry | None = None,
 ) -> None:
-    """One worker of the pool, until SIGTERM/SIGINT (or ``stop``). Raises on a fatal loop
-    error so the process exits non-zero, and ``TopicsMisconfigured`` before it starts when its
-    topics are not as specified. ``providers`` replaces the HTTP adapters built from
-    ``PROVIDER_URLS`` (the benchmark's in-process provider)."""
+    """One worker of the pool, until SIGTERM/SIGINT (or ``stop``); raises on a fatal loop error
+    so the process exits non-zero. ``providers`` replaces the HTTP adapters (benchmark)."""
     started = await prologue(settings, "worker", options.registry)
     registry, health, kafka = started.registry, started.health, started.kafka
     limits, topics = settings.loop_limits(), settings.topics

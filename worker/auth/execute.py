@@ -1,7 +1,6 @@
-"""The seams of one unit of work for one account: consume → decide (``worker.auth.flow``) →
-call the provider → publish, and the follow-up steps. No locks: the loop runs one unit per
-account at a time; a query runs beside its account's lane, which the publication window makes
-safe (docs/architecture.md, "A replica's cost follows its own traffic")."""
+"""The seams of one unit of work for one account: consume, decide (``worker.auth.flow``), call the
+provider, publish. No locks: the loop runs one unit per account at a time, and a query runs beside
+its account's lane, which the publication window makes safe (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -160,10 +159,9 @@ class Executor:
                     deciding.set_attribute("passkey.provider_call", decision.call)
         if decision.call is not None and decision.record is not None:
             intent = decision.record
-            # A confirm a previous owner of the partition may have sent already (it was
-            # below the partition's end when this worker was assigned it) is re-driven like
-            # a restored intent: the provider is asked first (docs/architecture.md,
-            # "Write-ahead intent"). Any other is new: nobody else can have sent it.
+            # A confirm a previous owner may have sent already (below the partition's end at
+            # assignment) is re-driven: the provider is asked first (docs/architecture.md,
+            # "Write-ahead intent").
             redrive = decision.call == "redrive_confirm" or self.store.inherited(
                 msg.topic, partition, msg.offset
             )
@@ -374,10 +372,9 @@ class Executor:
         return DeadLettered(kind, "failed")
 
     async def _keep_intent(self, partition: int, command: Command) -> None:
-        """Write the account's record with this command's confirm in flight before the command
-        is let go: once its offset is committed, the intent is all that tells a later owner
-        the provider may have heard of it (a copy of the command, forwarded or sent again,
-        is then re-driven, never confirmed blind). The only write of an intent."""
+        """Write the record with this command's confirm in flight before the command is let go:
+        once its offset is committed, the intent alone tells a later owner the provider may have
+        heard of it, so a copy is re-driven, never confirmed blind."""
         record = self.store.get(partition, command.account_id)
         if record is None or record.in_flight is None:
             return

@@ -1,8 +1,7 @@
-"""The worker's whole decision, read top to bottom: for each command kind, the provider's answer
-to a confirm, the follow-up and a dead letter, a pure function of (record, command, now, policy)
-→ ``Decision``, and the replies and events of its outcome; the I/O is ``worker.auth.execute``'s
-(docs/architecture.md, "The account flow", "The confirm decision table").
-Over 500 lines: the decision is one table, read in one place rather than across modules."""
+"""The worker's whole decision, read top to bottom: per command kind, a pure function of (record,
+command, now, policy) to a ``Decision`` with its replies and events; the I/O is
+``worker.auth.execute``'s (docs/architecture.md, "The confirm decision table").
+Over 500 lines: the decision is one table, read in one place."""
 
 from __future__ import annotations
 
@@ -89,9 +88,7 @@ def decide(
     policy: Policy,
     headcount: Headcount | None = None,
 ) -> Decision:
-    """Apply one command to one account record; mypy proves no command type is left out.
-    ``headcount``: what a ``register_account`` is held to the account quota by (None: not
-    counted)."""
+    """Apply one command to one account record; mypy proves no command type is left out."""
     match cmd:
         case PasskeyConfirm():
             return _confirm(record, cmd, now, policy)
@@ -239,10 +236,8 @@ def settle_confirm(
 
 
 def answer_query(record: AccountRecord | None, cmd: GetAuthState) -> Decision:
-    """The reply to a query, from the record as it is: never a provider call, a record, an
-    event or a dedup entry (answering twice is harmless). Unknown, deregistered and another
-    workspace's accounts answer the same 404, as ``GET .../auth`` does. ``version`` says how
-    new the answer is."""
+    """The reply to a query, from the record as it is: nothing written (answering twice is
+    harmless); unknown, deregistered and another workspace's accounts answer the same 404."""
     if record is None or record.deregistered or not is_owner(record, cmd):
         err, version = ServiceError.of("not_found"), None
         answer: AuthData | ErrorBody = error_body(err)
@@ -474,10 +469,8 @@ def dead_lettered(
 
 
 def is_owner(record: AccountRecord, cmd: Command) -> bool:
-    """Whether ``cmd`` comes from the workspace that owns ``record`` (a command that names no
-    workspace, the provider's observation, is the system's own). Anything another workspace
-    sends must leave the record, its dedup window and its in-flight confirm alone and be
-    answered exactly as for an account that does not exist."""
+    """Whether ``cmd`` comes from the workspace that owns ``record`` (a command naming none, the
+    provider's observation, is the system's own)."""
     workspace = workspace_id_of(cmd)
     return workspace is None or workspace == record.workspace_id
 
@@ -506,9 +499,8 @@ def earlier_outputs(record: AccountRecord, command_id: str, *, with_reply: bool)
 def failure(
     record: AccountRecord | None, cmd: Command, err: ServiceError, now: float, policy: Policy
 ) -> Decision:
-    """A failed command: error reply (confirm only) and error event; state unchanged. With a
-    record, the outcome is remembered in its window; without one (unknown or foreign
-    account) nothing is written."""
+    """A failed command: error reply (confirm only) and error event; state unchanged, nothing
+    written for an unknown or foreign account."""
     workspace_id = workspace_id_of(cmd) or (record.workspace_id if record is not None else None)
     return _unchanged(
         record,
@@ -684,7 +676,6 @@ def outputs(
 
 
 def error_of(code: str, http_status: int, numeric_code: int | None) -> ServiceError:
-    """Rebuild a catalogued error from its compact form (message from the catalogue)."""
     err = ServiceError.of(code, http_status=http_status)
     if numeric_code is not None and numeric_code != err.numeric_code:
         err = err.refine(numeric_code)

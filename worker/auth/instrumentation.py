@@ -1,6 +1,5 @@
-"""Tracing, logging and metrics around the executor's handlers, as a middleware: they return
-what a record came to (``Handled``); this puts the command's identity on the span and in the log
-context, counts and times it. A query is only counted and timed: its 404 is an answer."""
+"""Tracing, logging and metrics around the executor's handlers, as a middleware over what a record
+came to (``Handled``); a query is only counted and timed: its 404 is an answer."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The account flow's statuses and the one ``transitions`` machine every account shares: which
-status may follow which (docs/architecture.md, "The account flow"). ``docs/flow.md`` draws it
-(``worker.documents.flowchart``)."""
+"""The account flow's statuses and the one ``transitions`` machine every account shares
+(docs/architecture.md, "The account flow"; drawn in ``docs/flow.md``)."""
 
 from __future__ import annotations
 

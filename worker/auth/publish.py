@@ -1,6 +1,5 @@
-"""Every write of the worker, acknowledged before the offset may be committed, the state record
-on the command's own partition number (docs/architecture.md, "At-least-once delivery and the
-dedup window")."""
+"""Every write of the worker, acknowledged before the offset may be committed (docs/architecture.md,
+"At-least-once delivery and the dedup window")."""
 
 from __future__ import annotations
 
@@ -71,13 +70,8 @@ class Publisher:
         state_changed: bool,
         reply_to: int | None = None,
     ) -> None:
-        """Send the record (if it changed) and wait for its ack, then every output
-        concurrently; wait for all acks.
-
-        The record first: a caller that was answered can read its write back from any
-        front-end replica as soon as that replica's view has read this far (read-your-writes;
-        docs/architecture.md, "Guarantees"), never find the reply ahead of the state.
-        """
+        """The record (if it changed) acknowledged first, then every output: an answered caller
+        never finds the reply ahead of the state (read-your-writes; docs/architecture.md)."""
         futures: list[Sent] = []
         if state_changed and decision.record is not None:
             written = await self._send(

@@ -13,10 +13,8 @@ from worker.engine.timers import Timer
 
 
 class StateStore(PartitionedStore[AccountRecord]):
-    """The worker's account records, and the follow-up timers of the accounts in flow: a heap
-    by due time, so finding the due ones costs O(log n) each, not a scan of every account in
-    flow. It tracks the hand-over of each command partition (``inherited``): a confirm that a
-    previous owner may have sent is re-driven instead of sent blind."""
+    """The worker's account records, and the follow-up timers of the accounts in flow on a heap
+    by due time (O(log n) each, not a scan); ``inherited`` tracks each partition's hand-over."""
 
     tracks_handover: ClassVar[bool] = True
 

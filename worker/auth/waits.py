@@ -1,6 +1,5 @@
-"""Long-polls parked where the state lives, answered by the account's next stored version, their
-timer, their partition's revocation or the stop; each holds an admission slot until its answer
-is acknowledged, and past a cap is answered at once (docs/architecture.md, "Long-polls")."""
+"""Long-polls parked where the state lives; each holds an admission slot until its answer is
+acknowledged, and past a cap is answered at once (docs/architecture.md, "Long-polls")."""
 
 from __future__ import annotations
 
@@ -22,9 +21,7 @@ log = get_logger(__name__)
 #: series created at zero from ``WAIT_END_REASONS``).
 EndReason = Literal["changed", "timeout", "cap", "revoked", "stop"]
 
-#: Parked waits per process, per workspace and per account, unless the settings say otherwise
-#: (``WORKER_PARKED_WAITS_MAX``, ``WORKER_PARKED_WAITS_PER_WORKSPACE``,
-#: ``WORKER_PARKED_WAITS_PER_ACCOUNT``).
+#: Parked waits per process, per workspace and per account (``WORKER_PARKED_WAITS_*``).
 PARKED_MAX: Final = 10_000
 PARKED_PER_WORKSPACE: Final = 1_000
 PARKED_PER_ACCOUNT: Final = 64
@@ -177,9 +174,8 @@ class ParkedWaits:
             await asyncio.gather(*pending, return_exceptions=True)
 
     def _timed_out(self, wait: _Wait) -> None:
-        """The wait's time is up: answer with the state as it is, unless the account's
-        changed record is being sent right now; then once it is stored (its wake answers
-        first, with the new version, if it passes the wait's)."""
+        """The wait's time is up: answer with the state as it is, or, while the account's
+        changed record is being sent, once it is stored."""
         if wait.ended:
             return
         wait.timer = None

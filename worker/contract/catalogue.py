@@ -1,7 +1,6 @@
-"""The error catalogue: its rows (the contract's, in its order, conditions verbatim, and the
-service's own extensions in a 90000 block, kept apart; docs/api.md, "Errors" and "Service
-extensions"), looked up by code and status or by numeric code; ``ServiceError`` carries one.
-Messages come from here, so a reply re-sent for a redelivered command is byte-identical."""
+"""The error catalogue: the contract's rows in its order, conditions verbatim, and the service's own
+in a 90000 block (docs/api.md, "Errors"). Messages come from here, so a reply re-sent for a
+redelivered command is byte-identical."""
 
 from __future__ import annotations
 
@@ -236,12 +235,8 @@ class _Unset(Enum):
 def entry(
     code: str, http_status: int | Literal[_Unset.UNSET] | None = _Unset.UNSET
 ) -> CatalogueEntry:
-    """The row for ``code``.
-
-    ``http_status`` picks among a code's rows (``None`` selects the provider-detail row).
-    Without it, the row with the lowest real HTTP status wins, so ``entry("group_not_found")``
-    is the 404 row; a code that exists only as a provider detail returns that row.
-    """
+    """The row for ``code``: at ``http_status`` (``None``: the provider-detail row), else the
+    row with the lowest real HTTP status, else its provider-detail row."""
     rows = _BY_CODE.get(code)
     if rows is None:
         raise KeyError(f"unknown error code {code!r}: not in the error catalogue")
@@ -284,21 +279,12 @@ def _default_message(row: CatalogueEntry) -> str:
     return text
 
 
-# auto_exc=False: attrs would otherwise compare and hash exceptions by identity; a
-# ServiceError is a value (decisions and replays compare them).
 @attrs.frozen(auto_exc=False)
 class ServiceError(Exception):
-    """A catalogued failure: the contract's error object plus its HTTP status.
-
-    Construction validates against the catalogue, so an instance can only carry a real
-    (code, status) row and either that row's numeric code or a provider-detail refinement.
-    Equality and hashing are by value, which keeps decisions and replays comparable.
-
-    It is both a value and a raisable exception, so it is an ``attrs.frozen`` class rather than
-    a frozen dataclass: a frozen dataclass exception breaks as soon as the interpreter's own
-    Python code touches exception state (``contextlib`` assigns ``__traceback__``, ``add_note``
-    sets ``__notes__``), while attrs (>= 24.3) lets exactly those attributes through.
-    """
+    """A catalogued failure: the contract's error object plus its HTTP status, validated against
+    the catalogue on construction and compared by value (``auto_exc=False``: not by identity).
+    A value and a raisable exception, so ``attrs.frozen``: a frozen dataclass exception breaks
+    when ``contextlib`` or ``add_note`` set ``__traceback__``/``__notes__``; attrs lets them by."""
 
     code: str
     numeric_code: int
@@ -317,11 +303,8 @@ class ServiceError(Exception):
     def of(
         cls, code: str, message: str | None = None, *, http_status: int | None = None
     ) -> ServiceError:
-        """The catalogued error for ``code`` (at ``http_status`` when the code has several).
-
-        Raises KeyError for unknown codes and ValueError for provider-detail-only rows, which
-        have no HTTP status of their own and are applied with ``refine``.
-        """
+        """The catalogued error for ``code`` (at ``http_status`` when it has several);
+        provider-detail-only rows have no status of their own: they are applied with ``refine``."""
         row = entry(code) if http_status is None else entry(code, http_status)
         if row.http_status is None:
             raise ValueError(
@@ -336,8 +319,7 @@ class ServiceError(Exception):
         )
 
     def refine(self, numeric_code: int) -> ServiceError:
-        """A copy whose numeric code is a provider detail; status, code and message are kept
-        (the numeric code refines the cause without changing the HTTP status)."""
+        """A copy whose numeric code is a provider detail; status, code and message are kept."""
         if numeric_code not in PROVIDER_DETAIL_CODES:
             raise ValueError(
                 f"{numeric_code} is not a provider-detail numeric code"

@@ -1,8 +1,5 @@
-"""The front-end's ids as ints in memory: a canonical UUID (its command ids) as its 128-bit
-int, a ``req_<hex>`` (its request ids) as that number with bit 128 set; every other id as the
-string it is. An account's dedup window keeps its recent ids, and an int is about half the
-memory of its string; ``tests/contract/test_compact_ids.py`` holds this to the plain strings
-as the oracle: ``expand_id`` gives back exactly what ``compact_id`` took."""
+"""The front-end's ids as ints in memory (a canonical UUID as its 128-bit int, a ``req_<hex>`` with
+bit 128 set): the dedup window keeps recent ids, and an int is about half a string's memory."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The hard ceilings of a webhook endpoint record's fields: the configured limits
-(``WEBHOOK_*_MAX_*``) may not exceed them and apply to new input only, so a record written under
-a larger limit stays readable by every process."""
+"""The hard ceilings of a webhook endpoint record's fields: the configured limits may not exceed
+them and apply to new input only, so a record written under a larger limit stays readable."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The wire contract: every record the system reads or writes, as pydantic v2 models, exported
-to ``schemas/`` (docs/architecture.md, "Topics and messages"). ``decode_command`` is the one
-place raw bytes become a command, and it never raises: a poison record cannot reach the
-consume loop as an exception."""
+"""The wire contract: every record the system reads or writes, as pydantic v2 models exported to
+``schemas/``; ``decode_command`` never raises, so a poison record cannot crash the consume loop."""
 
 from __future__ import annotations
 
@@ -423,10 +421,7 @@ def _first_error(exc: ValidationError) -> str:
 
 
 def decode_command(key: bytes | None, value: bytes | None) -> Command | DecodeFailure:
-    """Bytes → typed command, or a precise failure. Never raises, whatever the bytes.
-
-    The record key must equal the body's ``account_id``.
-    """
+    """Bytes → typed command, or a precise failure; never raises, whatever the bytes."""
     try:
         return _decode_command(key, value)
     except Exception as exc:  # a net under the checks below: any bytes must give an answer

@@ -1,8 +1,6 @@
-"""One timestamp object per decoded record: the flow stamps a record and the outcome (or
-intent) that changed it with one ``now``, and decoding would give each its own float, so every
-account in the store would hold several equal floats where one does.
-``tests/contract/test_shared_timestamps.py`` holds the shared decode to the plain one (the same
-adapter without a validation context) as the oracle."""
+"""One timestamp object per decoded record: the flow stamps a record and the outcome that changed it
+with one ``now``, and plain decoding would give each its own float, so every account in the store
+would hold several equal floats where one does."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""``python -m worker dlq list|show|redrive``: what an operator does with dead letters
-(docs/operations.md, "Dead letters"). Reads are group-less and streamed; redrive writes only
-to the topics the worker and the dispatcher consume, since ``dlq.source`` is as hostile as
-the rest of a dead letter and must not steer a redrive into ``auth.state``."""
+"""``python -m worker dlq list|show|redrive`` (docs/operations.md, "Dead letters"). Redrive writes
+only to the topics the worker and the dispatcher consume: ``dlq.source`` is as hostile as the rest
+of a dead letter and must not steer a redrive into ``auth.state``."""
 
 from __future__ import annotations
 
@@ -238,8 +237,7 @@ async def show_letter(
 
 @dataclass
 class RedriveReport:
-    """Counts of one redrive: sent (or that would be) by target topic, skipped and failed by
-    why."""
+    """Counts of one redrive: sent by target topic, skipped and failed by why."""
 
     redriven: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
@@ -270,9 +268,8 @@ class Target:
 
 
 def plan(letter: DeadLetter, partitions: dict[str, int]) -> Target | str:
-    """The target of ``letter``, or why it is skipped. ``partitions``: the partition count of
-    each topic a redrive may write. A truncated letter (``DeadLetter.truncated``) is never
-    redriven: it is not the original record, and its source would read it as that."""
+    """The target of ``letter``, or why it is skipped. A truncated letter is never redriven: it
+    is not the original record, and its source would read it as that."""
     if letter.truncated:
         return f"truncated ({','.join(letter.truncated)}): not the original record, not redriven"
     source = letter.source

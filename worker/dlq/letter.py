@@ -1,7 +1,5 @@
-"""One dead letter as an operator sees it: its ``dlq.*`` headers, the filters of ``python -m
-worker dlq`` and renderings safe to print. Every byte of it is hostile, so nothing here raises
-on a record, fields are cut and control characters escaped (docs/operations.md, "Dead
-letters")."""
+"""One dead letter as an operator sees it. Every byte of it is hostile, so nothing here raises on
+a record, fields are cut and control characters escaped."""
 
 from __future__ import annotations
 
@@ -217,10 +215,8 @@ class DeadLetter:
 
     @property
     def truncated(self) -> tuple[str, ...]:
-        """The parts of the original (``key``, ``value``, ``headers``) this letter holds only
-        in part: a record too large for a dead letter was cut to fit (``dlq.truncated``), or
-        an older worker left its value out. Empty when the letter holds the original whole.
-        A ``dlq.truncated`` naming nothing known reads as ``("unknown",)``: never whole."""
+        """The parts of the original this letter holds only in part (cut to fit, or left out by
+        an older worker); a ``dlq.truncated`` naming nothing known reads as ``("unknown",)``."""
         raw = self.header(TRUNCATED)
         if raw is not None:
             named = raw.decode("ascii", "replace").split(",")[: len(PARTS) + 1]
@@ -232,9 +228,8 @@ class DeadLetter:
         return ()
 
     def original(self) -> dict[str, Any] | None:
-        """What a truncated letter says of its original: sizes in bytes and SHA-256 digests
-        (hex) of its key and value, its header count and bytes; None when it says nothing.
-        Only well-formed values are shown (a number, 64 hex digits)."""
+        """What a truncated letter says of its original (sizes, SHA-256 digests, header count),
+        well-formed values only; None when it says nothing."""
         if self.header(TRUNCATED) is None:
             return None
         fields = {

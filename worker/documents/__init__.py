@@ -1,6 +1,5 @@
-"""The documents made from the code, above every package they describe: the OpenAPI and
-AsyncAPI documents, the JSON Schema export (``python -m worker schemas``) and the flow diagram
-(docs/architecture.md, "Where each concept lives in the code")."""
+"""The documents made from the code (OpenAPI, AsyncAPI, the JSON Schema export, the flow diagram),
+above every package they describe."""
 
 __all__ = [
     "asyncapi",

@@ -1,6 +1,5 @@
-"""The account flow as a Mermaid ``stateDiagram-v2``, rendered from the ``transitions`` machine
-into ``docs/flow.md`` (``make schemas``); a test compares them, so the picture cannot drift
-from the transitions the worker takes."""
+"""The account flow as a Mermaid ``stateDiagram-v2`` rendered from the ``transitions`` machine into
+``docs/flow.md``; a test compares them, so the picture cannot drift."""
 
 from __future__ import annotations
 

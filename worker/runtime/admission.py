@@ -1,11 +1,7 @@
-"""One admission rule for every shared slot (docs/architecture.md, "Admission").
-
-An owner (a workspace; a client address without a key; a partition in the engine) holds at
-most ``per_owner`` of a pool's slots, and a slot beyond its first only while ``reserve`` stay
-free for owners holding none (``Share.admits``). Where a slot is spent in time (a scan, a
-read), the seconds held are charged to the owner's bucket (``TimeCharge``) and an owner in
-debt waits it out. Refusal is immediate (``NoRoom`` with a ``Retry-After``): nothing here
-waits, so waiting for a slot of ours is never a remote party's time."""
+"""One admission rule for every shared slot (docs/architecture.md, "Admission"): an owner holds at
+most ``per_owner`` of a pool, a slot beyond its first only while ``reserve`` stay free for owners
+holding none; time spent in a slot is charged to the owner (``TimeCharge``). Refusal is
+immediate (``NoRoom``): nothing here waits, so no remote party waits for our slot."""
 
 from __future__ import annotations
 

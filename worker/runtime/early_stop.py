@@ -1,10 +1,6 @@
-"""A stop asked for while a process is still starting ends it cleanly. Until the loop installs
-its own handlers (``worker.runtime.process.on_stop_signals``, which replace this one), SIGTERM
-would kill a starting process by its default action, a crash to whoever watches (an
-orchestrator scaling down a pod just started, a pool restarting a member). Each ``__main__``
-installs this before its heavy imports: a SIGTERM while the process imports, connects or
-restores raises ``SystemExit(0)``. Nothing is consumed, decided or produced before the loop's
-handlers are in place, so nothing is lost. SIGINT keeps Python's ``KeyboardInterrupt``."""
+"""A stop asked for while a process is still starting ends it cleanly (``SystemExit(0)``) rather
+than by SIGTERM's default action, a crash to whoever watches; nothing is consumed or produced
+before the loop installs its own handlers, so nothing is lost. SIGINT stays as it is."""
 
 from __future__ import annotations
 

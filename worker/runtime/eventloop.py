@@ -1,6 +1,5 @@
-"""The event loop of every ``python -m worker`` process: uvloop by default (the loop's own work
-done in C), the standard loop with ``EVENT_LOOP=asyncio`` to rule uvloop out when diagnosing
-(docs/architecture.md, "Design decisions")."""
+"""The event loop of every process: uvloop by default, the standard loop with ``EVENT_LOOP=asyncio``
+to rule uvloop out when diagnosing."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""One structlog stream per process (JSON in production), with the record's context, the span's
-``trace_id``/``span_id``, logger and service; the libraries' ``logging`` records are shaped
-the same. Secrets are never bound, and ``_redact`` drops any key that looks like one."""
+"""One structlog stream per process (JSON in production) with the record's context and trace ids;
+secrets are never bound, and ``_redact`` drops any key that looks like one."""
 
 from __future__ import annotations
 
@@ -32,10 +31,8 @@ _CONTEXT: ContextVar[Mapping[str, Any]] = ContextVar("passkey_log_context", defa
 
 
 class log_context:
-    """Binds ``fields`` to every line logged inside the block, in this task and the tasks it
-    starts; an inner block adds to an outer one. One context variable for all the fields, set
-    once and reset once: the record handlers bind a record's identity around each unit of
-    work, and structlog's ``bound_contextvars`` costs a variable and a token per field."""
+    """Binds ``fields`` to every line logged inside the block and the tasks it starts, in one
+    context variable (structlog's ``bound_contextvars`` costs one per field, per unit of work)."""
 
     __slots__ = ("_fields", "_token")
 

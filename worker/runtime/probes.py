@@ -1,6 +1,5 @@
-"""``/metrics``, ``/healthz`` and ``/readyz``: one implementation for every process's side door
-(the front-end mounts the health routes next to its API too, its ``/readyz`` without the
-details); each process supplies its checks."""
+"""``/metrics``, ``/healthz`` and ``/readyz``: one implementation for every process's side door;
+each process supplies its checks."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """``Retry-After`` (RFC 9110 §10.2.3) as a hostile peer may send it: never raises, always in
-``[0, max_s]`` or None, whatever the header holds (docs/architecture.md, "Bounded remote
-answers")."""
+``[0, max_s]`` or None (docs/architecture.md, "Bounded remote answers")."""
 
 from __future__ import annotations
 
@@ -23,11 +22,8 @@ _HUGE: Final = 1e15
 def parse_retry_after(
     value: str | None, *, max_s: float, now: datetime | None = None
 ) -> float | None:
-    """Seconds from ``now`` to wait, clamped to ``[0, max_s]``; None when absent or unreadable.
-
-    Delta-seconds of any length (a huge one is ``max_s``), or an HTTP-date (a past one is 0).
-    Negative numbers, non-ASCII digits and anything else are None.
-    """
+    """Seconds from ``now`` to wait, clamped to ``[0, max_s]``: delta-seconds of any length or an
+    HTTP-date; None for anything else (negative numbers, non-ASCII digits)."""
     if value is None:
         return None
     ceiling = max_s if math.isfinite(max_s) and max_s > 0 else 0.0

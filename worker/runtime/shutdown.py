@@ -1,8 +1,6 @@
-"""How every process stops within a bound (docs/architecture.md, "Bounded shutdown"): each
-close step is given a time and abandoned when it overruns, the steps of a close share one
-budget, and a watchdog armed by the first stop signal exits (code 70) if the whole stop
-overruns its hard limit; a second signal exits at once (130). So a process always ends by its
-own hand, with a log line naming what held it, before the orchestrator's SIGKILL."""
+"""How every process stops within a bound (docs/architecture.md, "Bounded shutdown"): each close
+step has a time and is abandoned past it, and a watchdog exits if the whole stop overruns, so a
+process ends by its own hand, naming what held it, before the orchestrator's SIGKILL."""
 
 from __future__ import annotations
 
@@ -24,12 +22,8 @@ EX_OVERRAN: Final = 70
 
 async def bounded(step: Awaitable[object], what: str, timeout: float) -> None:
     """Run a close step for at most ``timeout`` seconds; its failure is logged, never raised.
-
-    ``asyncio.wait`` rather than ``wait_for``: on time-out ``wait_for`` waits for the
-    cancelled step to finish, which a library that absorbs the cancellation (a rebalance in
-    the middle of ``consumer.stop()``) can make unbounded. Here the step is cancelled and
-    left behind; the process is about to exit.
-    """
+    Not ``wait_for``, which waits for the cancelled step to finish: a library that absorbs the
+    cancellation (a rebalance inside ``consumer.stop()``) makes that unbounded."""
     started = time.monotonic()
     task = asyncio.ensure_future(step)
     done, _ = await asyncio.wait({task}, timeout=timeout)
@@ -45,10 +39,9 @@ async def bounded(step: Awaitable[object], what: str, timeout: float) -> None:
 
 
 class CloseBudget:
-    """Close steps that share one budget: each is given what is left of ``total_s`` (counted
-    from the first step), and at least ``floor_s`` once it is spent, so a step that hangs
-    costs the ones after it their time, not their chance to run. The whole close therefore
-    takes at most ``total_s`` plus ``floor_s`` for each step."""
+    """Close steps that share one budget: each gets what is left of ``total_s``, and at least
+    ``floor_s``, so a step that hangs costs the ones after it their time, not their chance to
+    run; the close takes at most ``total_s`` plus ``floor_s`` per step."""
 
     def __init__(self, total_s: float, *, floor_s: float = 0.2) -> None:
         self.total_s = total_s

@@ -1,10 +1,7 @@
-"""The one codec of signed tokens the service hands out and reads back (account-event cursors,
-portal sessions): ``<prefix><payload>.<mac>``, the payload a kind's claims as compact JSON, both
-parts urlsafe base64 without padding, the MAC a truncated HMAC-SHA256 of prefix and payload.
-The prefix names the kind and its form's version; each kind signs under a key derived from the
-shared secret and its own label, so one kind's token never verifies as another's even under
-the same secret, and the configured secret itself signs nothing. The length and the form are
-checked before anything is decoded, the MAC (in constant time) before the payload is."""
+"""The one codec of signed tokens (cursors, portal sessions): ``<prefix><payload>.<mac>``, the
+MAC a truncated HMAC-SHA256 of both under a key derived per kind, so one kind's token never
+verifies as another's and the configured secret itself signs nothing. Length and form are
+checked before anything is decoded, the MAC (in constant time) before the payload."""
 
 from __future__ import annotations
 

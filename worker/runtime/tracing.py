@@ -1,10 +1,6 @@
 """OpenTelemetry: one trace from the caller's request through Kafka to the provider and every
-webhook. Spans are exported when the ``OTEL_*`` variables say so; otherwise each hop only
-passes the context on (docs/operations.md, "Tracing"), each record's as it came.
-
-Over 500 lines: the set-up, the spans and the headers that cross process boundaries share one
-process-wide state and the carried span, which one module keeps private.
-"""
+webhook; spans are exported when the ``OTEL_*`` variables say so, else each hop only passes the
+context on (docs/operations.md, "Tracing")."""
 
 from __future__ import annotations
 
@@ -113,13 +109,9 @@ def _otlp_endpoint(environ: Mapping[str, str]) -> str:
 
 
 def export_targets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """Where spans go under ``environ`` (default ``os.environ``), e.g.
-    ``("otlp http://collector:4318/v1/traces",)``; empty when nothing is exported.
-
-    Unlike the SDK's auto-configuration, an unset ``OTEL_TRACES_EXPORTER`` means "OTLP only if
-    an endpoint is set": a service without a collector must not retry localhost:4318 forever.
-    Raises ``ValueError`` for an exporter or protocol this package does not ship.
-    """
+    """Where spans go under ``environ``; empty when nothing is exported. Unlike the SDK's
+    auto-configuration, an unset ``OTEL_TRACES_EXPORTER`` means "OTLP only if an endpoint is
+    set": a service without a collector must not retry localhost:4318 forever."""
     env = os.environ if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return ()
@@ -173,15 +165,9 @@ def configure(
     processor: SpanProcessor | None = None,
     set_global: bool = True,
 ) -> Tracing:
-    """Set up tracing for this process (call once at start, before any client is built).
-
-    ``OTEL_SERVICE_NAME`` overrides ``default_service``; ``OTEL_RESOURCE_ATTRIBUTES`` adds to
-    the resource. ``processor`` is added beside those ``OTEL_*`` asks for, and spans are then
-    recorded: the tests pass a ``SimpleSpanProcessor`` over the SDK's ``InMemorySpanExporter``,
-    so a span is readable as soon as it ends; the benchmark a batching one whose exporter drops
-    every batch, to weigh what recording costs. ``set_global`` also makes the provider the
-    API's global one (only once per process; tests pass ``False``).
-    """
+    """Set up tracing for this process, once, before any client is built. ``processor`` is
+    added beside those ``OTEL_*`` asks for, and spans are then recorded (tests, the benchmark);
+    ``set_global`` makes the provider the API's global one (once per process)."""
     env = os.environ if environ is None else environ
     service = env.get("OTEL_SERVICE_NAME") or default_service
     targets = export_targets(env)
@@ -218,7 +204,6 @@ def reset() -> None:
 
 
 def recording() -> bool:
-    """Whether spans are recorded (an exporter is configured)."""
     return _state.recording
 
 
@@ -236,10 +221,8 @@ def new_root() -> SpanContext:
 
 
 class _Carried(NonRecordingSpan):
-    """A record's trace carried through this process unrecorded, with its outgoing headers
-    made once for all the records and requests of its command: its ``traceparent`` as it came
-    when that was a plain one (the same bytes ``kafka_headers`` would write), else on first
-    use."""
+    """A record's trace carried through this process unrecorded, its outgoing headers made once
+    for all the records and requests of its command."""
 
     def __init__(self, context: SpanContext, kafka: list[tuple[str, bytes]] | None) -> None:
         super().__init__(context)
@@ -285,8 +268,7 @@ class _Active:
 
 
 class _Current:
-    """A child span in a process that records nothing: no span at all. The block gets the
-    invalid span (``is_recording()`` false, like every span here) and the current context,
+    """A child span in a process that records nothing: no span at all; the current context,
     which carries the trace on, stays as it is."""
 
     __slots__ = ()
@@ -308,13 +290,9 @@ def span(
     parent: Context | None = None,
     attributes: Mapping[str, Any] | None = None,
 ) -> _Active | _Current:
-    """A span named ``name`` (low-cardinality: never an id), current inside the block.
-
-    ``parent`` is the extracted context of an incoming message (``context_from_*``; ``ROOT``
-    for a new trace); ``None`` means a child of the current span. Not recording: a child in
-    this process is the current span itself (nothing to do), and a span with an incoming
-    ``parent`` carries that parent's context on unchanged (a new root when it has none).
-    """
+    """A span named ``name`` (low-cardinality: never an id), current inside the block, child of
+    ``parent`` (an incoming message's context; ``ROOT``: a new trace) or of the current span.
+    Not recording, a span with an incoming ``parent`` carries that context on unchanged."""
     if not _state.recording:
         if parent is None:
             return _CURRENT
@@ -453,9 +431,7 @@ def _incoming(
     headers: Iterable[tuple[str, bytes]] | None,
 ) -> tuple[SpanContext, list[tuple[str, bytes]] | None]:
     """``incoming_span_context``, and the headers to carry it on when the record's
-    ``traceparent`` is a plain one (version 00, no ``tracestate``: what every hop of this
-    service writes), parsed here by the propagator's own rules; any other goes through the
-    propagator."""
+    ``traceparent`` is a plain one (parsed here by the propagator's rules; any other by it)."""
     raw, tracestate = _trace_headers(headers)
     if raw is None:
         return INVALID_SPAN_CONTEXT, None
@@ -488,8 +464,7 @@ def messaging(operation: str, topic: str | None = None) -> dict[str, Any]:
 
 def consume_span(msg: Any) -> _Active | _Current:
     """The CONSUMER span of processing one Kafka record, continuing the trace in its headers
-    (the worker's commands, the dispatcher's events). Recording nothing, the record's context
-    is carried on as it came (a new root when it has none)."""
+    (carried on as it came when nothing is recorded)."""
     if not _state.recording:
         incoming, carried = _incoming(msg.headers)
         if not incoming.is_valid:

@@ -1,7 +1,5 @@
-"""The portal page (``GET /portal``) and its two static files, read once from the package
-(``worker/api/portal/static``, shipped as package data) and served with a strict
-Content-Security-Policy: the page loads nothing from another origin, runs no inline script
-or style, and cannot be framed (docs/api.md, "The portal")."""
+"""The portal page (``GET /portal``) and its static files, read once from the package and served
+under a strict Content-Security-Policy (docs/api.md, "The portal")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Revoked portal sessions, shared by the front-end replicas on the compacted ``api.presence``
-topic, whose presence tail hands the ``ps_`` records here: ``ps_ws/<workspace>`` (sessions of
-the workspace issued until ``before_ms`` are dead) and ``ps_s/<workspace>/<session id>`` (one
-session; the key names the workspace, so another's id revokes nothing). A record lives while a
-token it names can (``API_PORTAL_SESSION_TTL_S``), then is tombstoned; bounded per workspace
-and in all, and a record read past a bound becomes its workspace's cut-off, so a bound only
-revokes more (docs/api.md, "The portal"; docs/architecture.md, "Resource bounds")."""
+"""Revoked portal sessions, shared by the replicas on the compacted ``api.presence`` topic:
+``ps_ws/<workspace>`` (its sessions issued until ``before_ms``) and ``ps_s/<workspace>/<session>``
+(the key names the workspace, so another's id revokes nothing). A record lives as long as a token
+it names can; past a bound a record becomes its workspace's cut-off: a bound only revokes more."""
 
 from __future__ import annotations
 
@@ -53,12 +50,8 @@ class PortalRevocation(BaseModel):
 
 
 class PortalRevocations(ViewPart):
-    """Every replica's view of the revoked sessions, and the writes to it (module docstring).
-
-    ``presence`` (unstarted; ``None``: this process's view only, as in apps built without
-    one) reads the topic, hands the ``ps_`` records here and writes this view's with its own
-    producer and broker health; ``ttl_s`` the longest session. ``clock`` (wall clock) is
-    injectable."""
+    """Every replica's view of the revoked sessions, and the writes to it; ``presence`` reads
+    and writes the topic (``None``: this process's view only)."""
 
     def __init__(
         self,
@@ -195,9 +188,8 @@ class PortalRevocations(ViewPart):
     # -- writing -----------------------------------------------------------------------------
 
     async def revoke_session(self, workspace_id: str, session_id: str) -> None:
-        """Revoke one session of ``workspace_id`` (its own: the record names the workspace);
-        held here at once, then written (acknowledged) for the other replicas. 429 while the
-        workspace holds ``per_workspace`` sessions revoked one by one."""
+        """Revoke one session of ``workspace_id``: held here at once, then written for the other
+        replicas; 429 while the workspace holds ``per_workspace`` revoked one by one."""
         held = self._sessions.get(workspace_id, {})
         if session_id not in held and len(held) >= self.per_workspace:
             raise RateLimited.after(
@@ -242,8 +234,7 @@ class PortalRevocations(ViewPart):
         return gone
 
     async def sweep(self) -> None:
-        """Drop the expired records here and tombstone them on the topic (every replica does;
-        a second tombstone of a key is harmless)."""
+        """Drop the expired records and tombstone them (every replica does: harmless twice)."""
         await self.tombstone(self.expired())
 
 
@@ -253,9 +244,8 @@ def session_claims(
     keys: KeyStore,
     revocations: PortalRevocations | None,
 ) -> PortalClaims | None:
-    """The claims of a portal session that is in force, else ``None``: the token verifies
-    (``tokens``: ``None`` without a portal secret), its key is in force and is the same key,
-    not disabled or enabled since (``PortalTokens.bound``), and it is not revoked."""
+    """The claims of a portal session in force (``PortalTokens.bound``) and not revoked, else
+    ``None``."""
     claims = None if tokens is None else tokens.verify(token)
     if claims is None or tokens is None:
         return None

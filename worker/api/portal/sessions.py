@@ -1,9 +1,6 @@
-"""``POST /v1/portal-sessions``: an API key asks for a portal URL for its workspace; ``DELETE
-/v1/portal-sessions/{session_id}`` and ``DELETE /v1/portal-sessions`` revoke one session or
-all those opened so far (docs/api.md, "The portal"). The answer holds a signed token
-(``worker.api.portal.tokens``) in the URL's fragment, which browsers never send to a server,
-so it reaches no access log; the URL is built on ``API_PUBLIC_BASE_URL`` (else relative), never
-on the request's ``Host``, and the answer is never cached (``Cache-Control: no-store``)."""
+"""Opening and revoking portal sessions (docs/api.md, "The portal"). The signed token rides in the
+URL's fragment, which browsers never send, so it reaches no access log; the URL is built on
+``API_PUBLIC_BASE_URL``, never on the request's ``Host``, and the answer is never cached."""
 
 from __future__ import annotations
 
@@ -77,12 +74,8 @@ class PortalSessionResponse(DataResponse[PortalSessionData]):
 
 
 class PortalSessions:
-    """The handlers. ``admitted_workspace`` is the front-end's key check and rate limit (a
-    portal token is refused there: minting and revoking are outside its scope); ``keys`` the
-    key store (a token is bound to the entry of the key that minted it); ``tokens`` is
-    ``None`` without a portal secret, and the routes then answer their 500; ``ttl_s`` is the
-    longest (and default) life of a session; ``public_base_url`` the origin of the URLs
-    answered (``None``: relative URLs)."""
+    """The handlers, behind the front-end's key check (a portal token may neither mint nor
+    revoke); without a portal secret (``tokens`` ``None``) they answer their 500."""
 
     def __init__(
         self,

@@ -1,11 +1,6 @@
-"""Portal session tokens: HMAC-signed, expiring, carrying their workspace, a session id, their
-issue time and the minting API key's id and *print* (a keyed digest of the key's stored hash
-and creation time). Each request re-checks them against the keys file: the key must be in
-force, the same key (a key deleted and created again under its id has another print) and not
-disabled or enabled since the token was issued (the entry's ``changed_at``); and against the
-revocations the replicas share (``worker.api.portal.revocations``). The signing key is
-derived from ``API_PORTAL_SECRET`` or else ``WEBHOOK_SECRETS_KEY``. Tokens are never logged and
-reach the page in the URL fragment (docs/architecture.md, "The portal")."""
+"""Portal session tokens (``worker.runtime.signed``), never logged, bound to the minting key's id
+and *print* (a keyed digest of its stored hash and creation time), so each request re-checks that
+the key is in force, unchanged since issue, and the session unrevoked (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""``GET /v1/accounts/{account_id}/events``: the account's status and error events from its home
-partition of auth.status and auth.errors, rendered as its webhooks are
-(``worker.contract.webhook_events``), so polling and webhooks agree. Bounded per request
-(``SCAN_RECORDS`` per topic, ``SCAN_TIMEOUT_S``, ``since`` within ``WINDOW_S``); reads take a
-slot through the admission rule (``MAX_SCANS`` per process, one per workspace, the seconds held
-charged to the workspace), so workspaces that loop on reads spend their own time, not the
-others' (docs/architecture.md, "Admission"); the next page resumes from a cursor signed with an
-HMAC, bound to the account and workspace (docs/architecture.md, "An account's event history")."""
+"""``GET /v1/accounts/{account_id}/events``: the account's status and error events, rendered as its
+webhooks are, so polling and webhooks agree. Each read is bounded and takes a slot through the
+admission rule, so workspaces that loop on reads spend their own time; the next page's cursor is
+signed and bound to account and workspace (docs/architecture.md, "An account's event history")."""
 
 from __future__ import annotations
 
@@ -138,9 +134,8 @@ class EventPage:
 
 
 class AccountEvents:
-    """Reads pages of an account's events (see the module docstring). ``consumer_factory``
-    builds an unstarted, group-less consumer per topic scanned; ``admission`` holds the reads'
-    slots (``max_scans``, one per workspace, ``time_charge`` charged; ``clock`` for tests)."""
+    """Reads pages of an account's events, a group-less consumer per topic scanned, each read
+    under ``admission`` (``max_scans``, one per workspace, ``time_charge`` charged)."""
 
     def __init__(
         self,
@@ -168,8 +163,7 @@ class AccountEvents:
     @contextlib.contextmanager
     def turn(self, workspace_id: str) -> Iterator[None]:
         """The workspace's read slot for the ``with`` block, or ``Refused`` (429 with the
-        admission's ``Retry-After``): the pool full, the workspace's one read under way, or
-        its read time spent."""
+        admission's ``Retry-After``)."""
         try:
             slot = self.admission.take(workspace_id)
         except NoRoom as exc:

@@ -1,6 +1,5 @@
-"""The started clients behind the webhook routes, in a module of their own so the route
-modules that take them (``routes``, ``delivery_routes``, ``follow_routes``) import it and not
-each other (tests/test_layers.py: no import cycles)."""
+"""The started clients behind the webhook routes, in a module of their own so the route modules
+import it and not each other."""
 
 from __future__ import annotations
 

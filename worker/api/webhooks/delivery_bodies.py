@@ -1,5 +1,4 @@
-"""The bodies of the delivery-log, resend and test-send routes (docs/api.md, "Reading the
-delivery log", "Resending one delivery", "Sending a test"), published like
+"""The bodies of the delivery-log, resend and test-send routes (docs/api.md), published like
 ``worker.api.webhooks.bodies``."""
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The delivery log as an integrator reads it: an endpoint's entries of one slice of its log
-partition (``worker.api.webhooks.delivery_log_scan.LogSlice``) grouped into deliveries, filtered
-and paged by a cursor that pins the slice its first page read, so pages of one cursor neither
-repeat nor skip a delivery while new ones arrive (docs/architecture.md, "The delivery log an
-integrator reads")."""
+"""The delivery log as an integrator reads it: a slice of the endpoint's log partition grouped into
+deliveries, paged by a cursor that pins the slice, so pages neither repeat nor skip a delivery
+while new ones arrive (docs/architecture.md, "The delivery log an integrator reads")."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ def delivery_id(entry: DeliveryLogEntry) -> str:
 
 
 def status_of(entry: DeliveryLogEntry) -> Status:
-    """``succeeded`` (delivered), ``failed`` (for good), ``failing`` (a failed attempt, a retry
-    due) or ``pending`` (not attempted yet)."""
+    """``succeeded``, ``failed`` (for good), ``failing`` (a retry due) or ``pending``."""
     if entry.state == "delivered":
         return "succeeded"
     if entry.state == "failed":
@@ -127,10 +124,8 @@ class Filters:
 
 @dataclass(frozen=True, slots=True)
 class Cursor:
-    """Where the next page starts: the slice (``partition``, ``[lo, hi)``) and the position
-    of the last delivery shown. Written ``c1.<partition>.<lo>.<hi>.<offset>.<index>``: opaque
-    to callers, and any value of that form is read (``CURSOR_PATTERN``), clamped to what a
-    page may read."""
+    """Where the next page starts: the slice (``partition``, ``[lo, hi)``) and the position of
+    the last delivery shown; opaque to callers, any value of its form read and clamped."""
 
     partition: int
     lo: int
@@ -178,7 +173,6 @@ def page(
 
 
 def find(found: LogSlice, wanted: str) -> Delivery | None:
-    """The delivery ``wanted`` in the slice, or ``None``."""
     return next((d for d in deliveries(found) if d.delivery_id == wanted), None)
 
 

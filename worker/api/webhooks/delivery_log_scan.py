@@ -1,9 +1,6 @@
-"""``GET .../deliveries`` as a bounded, on-demand scan of the endpoint's partition of the
-delivery log: a replica holds no log and a request costs at most ``window`` records
-(docs/architecture.md, "A replica's cost follows its own traffic"). Scans never queue: each
-takes a slot through the admission rule (``max_concurrent`` per process, one per workspace, the
-seconds held charged to the workspace) or is refused at once with ``NoRoom``, and runs on a
-consumer of its own (``DeliveryLogScan``; docs/architecture.md, "Admission")."""
+"""``GET .../deliveries`` as a bounded scan of the endpoint's delivery-log partition on demand: a
+replica holds no log, a request reads at most ``window`` records, and a scan never queues (an
+admission slot or ``NoRoom`` at once; docs/architecture.md, "Admission")."""
 
 from __future__ import annotations
 
@@ -36,10 +33,8 @@ class DeliveryScanFailed(Exception):
 
 
 class DeliveryLogScan:
-    """Reads one endpoint's entries of the delivery log from ``topic`` on demand (``read``),
-    each scan on a consumer of ``consumer_factory``'s (unstarted, group-less) while it holds its
-    ``admission`` slot (module docstring; ``clock`` for tests), so there are never more
-    consumers than ``max_concurrent``. ``window``: the most records a scan reads."""
+    """Reads one endpoint's entries of the delivery log on demand, each scan on a consumer of
+    its own while it holds its ``admission`` slot, so never more than ``max_concurrent``."""
 
     def __init__(
         self,
@@ -92,10 +87,9 @@ class DeliveryLogScan:
     async def read(
         self, endpoint_id: str, *, owner: str, upto: int | None, lo: int | None
     ) -> LogSlice:
-        """The endpoint's entries in ``[lo, upto)`` of its partition, with their positions:
-        ``upto`` ``None`` is the end now, ``lo`` ``None`` is ``window`` records before
-        ``upto`` (never before the partition's start). The scan is charged to ``owner`` (the
-        workspace); raises ``NoRoom`` at once when it has no slot, ``DeliveryScanFailed``."""
+        """The endpoint's entries in ``[lo, upto)`` of its partition (``None``: the end now, and
+        ``window`` records before ``upto``), charged to ``owner``; ``NoRoom`` at once without a
+        slot."""
         if not self._started:
             raise DeliveryScanFailed("not started")
         slot = self.admission.take(owner)  # NoRoom: refused now, never queued

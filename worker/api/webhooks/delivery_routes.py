@@ -1,9 +1,5 @@
-"""The integrator's delivery routes on one endpoint: the paged, filtered log, one delivery with
-every attempt, a resend and a test send (docs/api.md, "Reading the delivery log", "Resending
-one delivery", "Sending a test"). Each runs behind ``WebhookRoutes.endpoint_of`` (key, rate
-limit, configured, the endpoint of the key's workspace or the one 404); reads take a slot of
-the scan's admission for the workspace (else 429 with ``Retry-After`` at once), sends its
-``SendBudget``."""
+"""The integrator's delivery routes on one endpoint (docs/api.md), each behind
+``WebhookRoutes.endpoint_of``; reads take a scan slot (else 429 at once), sends a ``SendBudget``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The routes that follow what the webhooks do: a replay's state and its cancellation
-(``worker.api.webhooks.replay_status``), and an account's event history
-(``worker.api.webhooks.account_events``). Each runs in the webhook routes' wrapper
-(``worker.api.webhooks.guard``), behind the same key check and per-workspace rate limit, and
-answers another workspace's ids exactly as unknown ones (docs/api.md, "Following a replay",
-"Polling an account's events")."""
+"""The routes that follow the webhooks (a replay's state and cancellation, an account's events);
+another workspace's ids are answered exactly as unknown ones (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The wrapper every webhook route runs in: a quota's refusal answered with its catalogued error
-(and ``Retry-After`` where it has one), and any unexpected exception turned into the route's
-catalogued 500, logged without the request's body."""
+"""The wrapper every webhook route runs in: a quota's refusal answered as its catalogued error, any
+other exception as the route's catalogued 500, logged without the request's body."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Per-workspace quotas and field limits of the webhook routes, so no workspace can exhaust
-what all share; a refusal names the quota. The endpoint quota holds across replicas: a
-workspace's creates all land on one partition of the endpoints topic, and a create kept only
-when fewer than the quota of the workspace's endpoints precede it there is kept
-(docs/operations.md, "Quotas")."""
+"""Per-workspace quotas and field limits of the webhook routes; a refusal names the quota. The
+endpoint quota holds across replicas: a workspace's creates share one partition of the endpoints
+topic, and a create is kept only when fewer than the quota precede it there."""
 
 from __future__ import annotations
 
@@ -50,11 +48,9 @@ ENDPOINT_QUOTA: Final = "webhook_endpoint_quota_exceeded"
 #: a scan ends within its time-out (3 s deliveries, 5 s per topic of an account read), usually
 #: far sooner.
 SCAN_RETRY_AFTER_S: Final = 1
-#: The slot-seconds a workspace's deliveries scans and account-event reads may spend
-#: (``worker.runtime.admission.TimeCharge``): 10 s saved up covers a few full-length reads in a
-#: row (one page is ≤ 3-15 s, a usual one milliseconds), so a person paging never meets it;
-#: past it a workspace earns a quarter of a slot's time, so when four workspaces loop on reads
-#: and hold every slot, their reads use about one slot on average and leave three to the rest.
+#: The slot-seconds a workspace's scans and reads may spend: 10 s saved up covers a few
+#: full-length reads in a row, so a person paging never meets it; past it a workspace earns a
+#: quarter of a slot's time, so four workspaces looping on reads leave three slots to the rest.
 SCAN_TIME: Final = TimeCharge(rate=0.25, burst_s=10.0)
 
 
@@ -181,15 +177,10 @@ def _over_endpoint_quota(limit: int) -> Refused:
 
 @dataclass
 class EndpointQuota:
-    """Endpoints per workspace: what ``registry`` holds of the workspace plus the creates in
-    flight on this replica that it does not hold yet (each counted once, by id), checked
-    before a create; and, across replicas, ``kept`` after it.
-
-    ``positions`` (the endpoints tail's: where each endpoint's first record was read) and
-    ``partitions`` (the endpoints topic's partition count, 0 while unknown) order the creates:
-    every new endpoint of a workspace is given an id whose records land on the workspace's
-    partition, so that partition's offsets are the one order of the workspace's creates,
-    whichever replica wrote them."""
+    """Endpoints per workspace: the registry's plus this replica's creates in flight (each
+    counted once, by id), checked before a create; across replicas, ``kept`` after it. A new
+    endpoint's id lands its records on the workspace's partition, so that partition's offsets
+    are the one order of the workspace's creates, whichever replica wrote them."""
 
     registry: EndpointRegistry
     limit: int = 16
@@ -205,14 +196,10 @@ class EndpointQuota:
         return endpoint_id_on(partition_of(workspace_id, partitions), partitions)
 
     async def kept(self, workspace_id: str, endpoint_id: str, timeout_s: float) -> bool | None:
-        """Whether the written ``endpoint_id`` is within the quota: fewer than ``limit`` of
-        the workspace's live endpoints precede it (created earlier on its partition, or
-        elsewhere: before this scheme, by id). ``None`` when the registry did not read it back
-        within ``timeout_s``; ``True`` without ``positions``.
-
-        Holds across replicas: the tail reads the partition in order, so once it has read
-        this create it has read every create of the workspace before it; of any ``limit + 1``
-        endpoints kept, the last one would have seen ``limit`` before it."""
+        """Whether fewer than ``limit`` of the workspace's live endpoints precede the written
+        ``endpoint_id``; ``None`` when it was not read back within ``timeout_s``. Holds across
+        replicas: once the tail has read this create it has read every earlier one of the
+        workspace, so of any ``limit + 1`` kept, the last would have seen ``limit`` before it."""
         positions = self.positions
         if positions is None:
             return True

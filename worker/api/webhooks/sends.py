@@ -1,10 +1,6 @@
-"""Resends and test sends: one delivery queued on the replay topic, keyed by its account so the
-dispatcher's lane of the account takes it in behind the account's newer events, as a replay's
-are; from there it goes the normal delivery path (endpoint gate, signing, retries, the log).
-A resend carries the delivery's logged body and event id, so it goes out under the same
-webhook-id with the same bytes (Standard Webhooks' redelivery); a test send carries an example
-event (``worker.webhooks.samples``). Both are bounded per workspace by ``SendBudget``
-(docs/operations.md, "Quotas")."""
+"""Resends and test sends: one delivery queued on the replay topic, keyed by its account so its lane
+takes it behind the account's newer events. A resend carries the logged body and event id, so it
+goes out under the same webhook-id with the same bytes (docs/operations.md, "Quotas")."""
 
 from __future__ import annotations
 
@@ -37,10 +33,8 @@ def new_send_id(kind: Literal["resend", "test"]) -> str:
 
 
 class SendBudget:
-    """Resends and test sends per workspace: a token bucket each (``RateLimiter``, bounded
-    memory), refused with 429 ``rate_limited`` and ``Retry-After`` past it; ``per_minute``
-    0 admits every send. With ``replicas`` (the live front-ends, ``worker.api.presence``)
-    each process takes its share, so the budget holds across replicas."""
+    """Resends and test sends per workspace (a ``RateLimiter``; 429 past it); each process takes
+    its share of the live replicas', so the budget holds across replicas."""
 
     def __init__(
         self,

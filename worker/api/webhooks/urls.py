@@ -1,10 +1,6 @@
-"""The form of a webhook ``url`` as one regular expression, published as the schema's
-``pattern``, and the same form checked in linear time (docs/api.md, "Webhook endpoints").
-
-The pattern is not run on a whole URL: its path, query and fragment let a backtracking engine
-split a run of ``?`` two ways at every position (quadratic in its length).
-``url_form_allowed`` matches the pattern's authority (host and port, at most 259 characters)
-on its own and scans the rest once, character by character."""
+"""The form of a webhook ``url`` as one regular expression (the schema's ``pattern``), checked in
+linear time: run on a whole URL, its path, query and fragment let a backtracking engine split a
+run of ``?`` two ways at every position."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A provider's answer, bounded before anything reads it: body size, decompression and JSON
-depth, so an unusable body is empty and the status decides (docs/architecture.md, "Bounded
-remote answers")."""
+"""A provider's answer, bounded before anything reads it (size, decompression, JSON depth), so an
+unusable body is empty and the status decides (docs/architecture.md, "Bounded remote answers")."""
 
 from __future__ import annotations
 
@@ -38,14 +37,9 @@ _JSON_NESTING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOT
 
 @dataclass(frozen=True, slots=True)
 class ProviderAnswer:
-    """One HTTP answer of a provider, already bounded: what the adapter and the error table
-    read, whichever client produced it.
-
-    ``body`` is decoded and at most the cap (empty when unusable, see ``decoded_body``).
-    ``headers`` are as sent, looked up case-insensitively (a plain mapping given here is
-    copied into one); ``Content-Encoding`` and ``Content-Length`` describe the wire, not
-    ``body``.
-    """
+    """One HTTP answer of a provider, already bounded: ``body`` decoded and at most the cap
+    (empty when unusable); ``headers`` as sent (``Content-Encoding`` and ``Content-Length``
+    describe the wire, not ``body``)."""
 
     status: int
     body: bytes = b""
@@ -62,11 +56,8 @@ class ProviderAnswer:
 
 
 def decoded_body(raw: bytes, *, truncated: bool, coding: str | None, cap: int) -> bytes:
-    """The body the adapter may parse, at most ``cap`` bytes; empty when unusable.
-
-    Unusable: cut at the cap, a content coding other than gzip/deflate/identity (or a chain of
-    them), a corrupt or incomplete stream, or more than ``cap`` bytes once decompressed.
-    """
+    """The body the adapter may parse, at most ``cap`` bytes once decompressed; empty when
+    unusable (cut at the cap, an unknown or chained coding, a corrupt stream)."""
     if truncated or len(raw) > cap:
         return b""
     name = (coding or "").strip().lower()
@@ -92,12 +83,8 @@ def _inflate(raw: bytes, wbits: int, cap: int) -> bytes | None:
 
 
 def load_json(data: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> object:
-    """``data`` parsed as JSON, or None when it is not JSON within ``max_depth`` levels.
-
-    Never raises: invalid UTF-8, bad syntax and nesting deep enough to exhaust the parser's
-    recursion (``RecursionError``) are all just "not usable". The depth is checked before
-    parsing, cheaply when there are fewer brackets than allowed levels (every real answer).
-    """
+    """``data`` parsed as JSON, or None when it is not JSON within ``max_depth`` levels; never
+    raises (the depth is checked before parsing, which would exhaust its recursion)."""
     try:
         if _too_deep(data, max_depth):
             return None

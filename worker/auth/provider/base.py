@@ -1,6 +1,5 @@
-"""The provider seam: the two calls the worker needs (confirm, read the auth state), and one
-exception type, ``ProviderError``, already a catalogued error, so the decision never sees
-HTTP."""
+"""The provider seam: the two calls the worker needs and one exception, ``ProviderError``, already a
+catalogued error, so the decision never sees HTTP."""
 
 from __future__ import annotations
 
@@ -39,12 +38,8 @@ class ProviderAuthState:
 
 
 class ProviderError(Exception):
-    """A provider call failed; ``error`` is the catalogued error to answer with.
-
-    ``transient`` says the cause is temporary (timeouts, refused connections, 5xx, 429, an open
-    circuit), so trying again later may succeed. An adapter raises it only after spending its
-    own retry budget. ``retry_after`` is the provider's ``Retry-After`` hint in seconds, if any.
-    """
+    """A provider call failed, after the adapter's own retries; ``error`` is the catalogued error
+    to answer with, ``transient`` whether trying again later may succeed."""
 
     def __init__(
         self, error: ServiceError, *, transient: bool, retry_after: float | None = None
@@ -59,10 +54,8 @@ class ProviderError(Exception):
 
 
 class ProviderAdapter(Protocol):
-    """One provider, as the worker sees it. Implementations must be safe for concurrent use.
-
-    ``deadline`` is an absolute ``time.monotonic()`` value: no attempt or retry runs past it.
-    """
+    """One provider, safe for concurrent use; no attempt or retry runs past ``deadline`` (a
+    ``time.monotonic()`` value)."""
 
     name: str
 

@@ -1,6 +1,5 @@
-"""A circuit breaker per provider: after ``threshold`` transient failures in a row calls fail
-at once (502) instead of spending their deadline on time-outs, and after ``reset_s`` one probe
-call decides. A provider that answers "identity mismatch" is healthy: only transient ones count."""
+"""A circuit breaker per provider: after ``threshold`` transient failures in a row calls fail at
+once (502), and after ``reset_s`` one probe call decides; "identity mismatch" is healthy."""
 
 from __future__ import annotations
 

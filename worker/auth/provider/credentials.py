@@ -1,6 +1,5 @@
-"""A provider's credential header and client TLS; a credential file is re-read when it changes,
-so a rotated Secret takes effect without a restart. The value never reaches a repr, an
-exception or a log line (docs/operations.md, "Provider configuration")."""
+"""A provider's credential header and client TLS; a credential file is re-read when it changes (a
+rotated Secret needs no restart), and the value never reaches a repr, an exception or a log."""
 
 from __future__ import annotations
 
@@ -65,10 +64,7 @@ class Credential:
 
     @classmethod
     def for_provider(cls, name: str, connection: ProviderConnection) -> Credential | None:
-        """The credential of provider ``name``, or None when it has none configured.
-
-        Raises ``ProviderConfigError`` when the file cannot be read or the value is unusable.
-        """
+        """The credential of provider ``name``, or None when it has none configured."""
         if not connection.has_credential:
             return None
         return cls(
@@ -143,11 +139,8 @@ def _no_password() -> bytes:
 
 
 def client_tls(name: str, connection: ProviderConnection) -> ssl.SSLContext | None:
-    """The TLS context of provider ``name``: its CA bundle and client certificate, or None
-    when neither is configured (the client's default verification applies).
-
-    Raises ``ProviderConfigError`` naming the file that cannot be loaded.
-    """
+    """The TLS context of provider ``name`` (CA bundle, client certificate), or None for the
+    default verification; ``ProviderConfigError`` names a file that cannot be loaded."""
     cert, key, ca = connection.client_cert_file, connection.client_key_file, connection.ca_file
     if cert is None and ca is None:
         return None

@@ -54,11 +54,8 @@ _BY_TYPE: Final[dict[str, ServiceError]] = {
 
 
 def map_upstream_failure(failure: UpstreamFailure) -> ProviderError:
-    """Translate one upstream failure into a ``ProviderError`` carrying a catalogued error.
-
-    An answer is one the adapter could not use: any non-2xx status, or a 2xx whose body
-    does not parse (then it maps to 30010 like any unreadable answer).
-    """
+    """One upstream failure (a non-2xx answer, or a 2xx whose body does not parse: 30010) as a
+    ``ProviderError`` carrying a catalogued error."""
     if isinstance(failure, ProviderAnswer):
         return map_answer(failure.status, failure.body, failure.headers.get("Retry-After"))
     if isinstance(failure, CircuitOpenError | TimeoutError):

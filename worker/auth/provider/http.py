@@ -1,8 +1,6 @@
-"""The HTTP provider adapter, on one client built at start-up and shared by every adapter
-(docs/architecture.md, "The provider's wire contract"). An attempt raises nothing but a
-catalogued ``ProviderError``. The adapter writes each attempt's CLIENT span and ``traceparent``
-itself rather than instrumenting the HTTP client, so a process that exports nothing pays no
-span."""
+"""The HTTP provider adapter, on one client shared by every adapter (docs/architecture.md, "The
+provider's wire contract"); it writes each attempt's CLIENT span itself, so a process that exports
+nothing pays no span."""
 
 from __future__ import annotations
 

@@ -70,9 +70,8 @@ def build_registry(
     on_retry: RetryObserver | None = None,
 ) -> ProviderRegistry:
     """One HTTP adapter (with its own circuit breaker and credential) per entry of
-    ``PROVIDER_URLS``; a client of its own, which the registry closes, for a provider with TLS
-    material or timeouts of its own. Raises ``ProviderConfigError`` when a credential or
-    certificate cannot be loaded (``worker.preflight`` reports the same before a start)."""
+    ``PROVIDER_URLS``; a provider with TLS material or timeouts of its own gets its own client,
+    which the registry closes."""
     adapters: list[HttpProviderAdapter] = []
     owned: list[ProviderHttpClient] = []  # open no connection until their first request
     for name, url in settings.provider_urls.items():

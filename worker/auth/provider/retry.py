@@ -1,6 +1,5 @@
-"""Bounded retries of provider calls: exponential backoff with full jitter (a fleet that
-failed together does not retry together), ``Retry-After`` honoured up to the policy's bound,
-the breaker asked first, nothing past the caller's deadline."""
+"""Bounded retries of provider calls: backoff with full jitter (a fleet that failed together does
+not retry together), ``Retry-After`` honoured up to a bound, nothing past the caller's deadline."""
 
 from __future__ import annotations
 
@@ -27,11 +26,8 @@ _RNG = random.Random()
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How many attempts, and how long to wait between them.
-
-    ``retry_after_max_s`` bounds how long a ``Retry-After`` may make us wait (default: the
-    backoff ceiling); a provider asking for more ends the retries instead.
-    """
+    """How many attempts, and how long between them; a ``Retry-After`` over
+    ``retry_after_max_s`` (default: the backoff ceiling) ends the retries instead."""
 
     max_attempts: int = 4
     backoff_base_s: float = 0.05
@@ -73,12 +69,9 @@ async def call_with_retries(
     on_call: CallObserver | None = None,
     on_retry: RetryObserver | None = None,
 ) -> T:
-    """Run ``attempt`` until it succeeds, fails for good, or the attempts or deadline run out.
-
-    ``attempt`` performs one try and raises ``ProviderError`` (already mapped) on failure; it
-    is cut off at the deadline. The last failure is re-raised. ``on_call`` sees one outcome per
-    logical call; a cancelled call reports nothing (it has no outcome).
-    """
+    """Run ``attempt`` until it succeeds, fails for good, or the attempts or deadline run out,
+    re-raising the last ``ProviderError``; ``on_call`` sees one outcome per call (none when
+    cancelled)."""
     rng = rng or _RNG
     started = time.perf_counter()
     outcome: CallOutcome | None = None

@@ -1,6 +1,5 @@
-"""The provider client: the process's HTTP/1.1 client (``worker.runtime.http1``) answering the
-provider's own types (a bounded ``ProviderAnswer``, or a ``TransportFailure``), so nothing past
-it knows the HTTP client (docs/architecture.md, "Bounded remote answers")."""
+"""The provider client: the process's HTTP/1.1 client answering the provider's own types, so nothing
+past it knows the HTTP client (docs/architecture.md, "Bounded remote answers")."""
 
 from __future__ import annotations
 
@@ -35,12 +34,8 @@ __all__ = ["ProviderHttpClient"]
 
 
 class ProviderHttpClient:
-    """One pooled ``Http1Client`` (``max_connections`` in all), built at start-up and shared
-    by every adapter (adapters never close it). Redirects are never followed.
-
-    Connections are opened on the first request, inside the running event loop, so building
-    the client needs no loop.
-    """
+    """One pooled ``Http1Client`` shared by every adapter (adapters never close it); it connects
+    on the first request, so building it needs no loop."""
 
     def __init__(
         self,

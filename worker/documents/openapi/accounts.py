@@ -147,8 +147,6 @@ _EVENTS_FAILURES: Final = webhook_failures(
 
 
 def account_paths() -> dict[str, Any]:
-    """``POST .../passkey-confirm``, ``GET .../auth`` (``worker.api.routes``) and
-    ``GET .../events`` (``worker.api.webhooks.follow_routes``)."""
     data = {"account_id": "acc_demo_1", "status": "passkey_confirmation_sent"}
     data["auth_status"] = data["status"]
     confirmed = AuthResponse(request_id=EXAMPLE_RID, data=AuthData(**data))

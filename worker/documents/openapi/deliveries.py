@@ -1,7 +1,6 @@
-"""The OpenAPI table of the delivery routes (the log, one delivery, a resend, a test send), with
-examples and the links a stateful fuzzer follows from each answer naming a delivery. A
-resend's answer has none: the stateful phase may also start a scenario with an operation that
-has links, with a made-up endpoint id (a 404 that tests nothing new)."""
+"""The OpenAPI table of the delivery routes, with the links a stateful fuzzer follows from each
+answer naming a delivery; a resend's answer has none, since a scenario may start from it with a
+made-up endpoint id (a 404 that tests nothing new)."""
 
 from __future__ import annotations
 
@@ -137,8 +136,6 @@ def _queued(kind: str) -> dict[str, Any]:
 
 
 def delivery_paths() -> dict[str, Any]:
-    """``GET .../deliveries``, ``GET .../deliveries/{delivery_id}``, ``POST .../resend``,
-    ``POST .../test``."""
     page = {"request_id": _RID, "data": [_EXAMPLE_DELIVERY], "next_cursor": "c1.0.0.5000.4213.0"}
     attempts = [_EXAMPLE_ATTEMPT, {**_EXAMPLE_ATTEMPT, "status": 200, "response_excerpt": "ok"}]
     body = '{"type":"account.auth_status_changed","timestamp":"2026-01-01T00:00:00.000Z","data":{}}'

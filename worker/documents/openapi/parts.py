@@ -1,6 +1,5 @@
-"""What every route table of the OpenAPI document is made of: catalogued failures and their
-responses, JSON bodies and answers, parameters, links, one operation and one path item (with
-the ``OPTIONS`` every route has and its ``Allow``)."""
+"""What every route table of the OpenAPI document is made of: catalogued failures, JSON bodies,
+parameters, links, one operation and one path item (with its ``OPTIONS`` and ``Allow``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The OpenAPI table of the portal sessions routes (open one, revoke one, revoke all), and the
-``PortalSession`` bearer scheme the portal's routes accept besides the API key (docs/api.md,
-"The portal")."""
+"""The OpenAPI table of the portal sessions routes, and the ``PortalSession`` bearer scheme the
+portal's routes accept besides the API key."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The OpenAPI table of the webhook-endpoint routes: create and list, read, change and delete
-one, stop and resume its deliveries, rotate its signing secrets, replay its events and follow
-or cancel a replay; and the failures every webhook route shares."""
+"""The OpenAPI table of the webhook-endpoint routes, and the failures every webhook route
+shares."""
 
 from __future__ import annotations
 

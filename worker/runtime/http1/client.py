@@ -1,11 +1,7 @@
-"""The product's outbound HTTP/1.1 client: a bounded keep-alive pool per origin on the loop's
-transports, answers parsed by httptools; the provider client and the webhook sender are built
-on it (docs/architecture.md, "Outbound HTTP").
-
-It never follows a redirect and never retries a request, with one exception: a request
-written on a reused idle connection that the peer had closed (end of stream before any answer
-byte) is sent again once on a new connection, and only when its method is idempotent.
-"""
+"""The product's outbound HTTP/1.1 client: a bounded keep-alive pool per origin, answers parsed by
+httptools (docs/architecture.md, "Outbound HTTP"). It never follows a redirect nor retries, save
+once: an idempotent request written on a reused idle connection the peer had closed (end of
+stream before any answer byte) is sent again on a new connection."""
 
 from __future__ import annotations
 
@@ -89,19 +85,11 @@ class _Pool:
 
 
 class Http1Client:
-    """Requests over pooled keep-alive connections: at most ``max_connections`` open in all
-    and ``max_per_host`` per origin (0: no limit of its own); callers beyond wait, within
-    their connect time-out (``PoolTimeout`` past it: the wait was for the pool, not the
-    peer). ``request`` answers an ``Answer`` or raises an ``HttpError``.
-
-    Time-outs per phase: ``connect_s`` (waiting for a connection, the lookup, TCP and the TLS
-    handshake), ``headers_s`` (from the request written to the end of the answer's head) and
-    ``body_s`` (the body); a call's ``timeout_s`` bounds all of them together. ``headers``
-    are sent with every request unless the caller gives the same name. TLS uses
-    ``ssl_context`` (the system's trust store when None; a client certificate in it for
-    mTLS) and verifies the URL's host name, whatever address is dialled. ``resolve`` chooses
-    the addresses (the system resolver when None); ``socket_factory`` makes the sockets.
-    """
+    """Requests over pooled keep-alive connections: at most ``max_connections`` open in all and
+    ``max_per_host`` per origin; callers beyond wait within their connect time-out
+    (``PoolTimeout`` past it: the wait was for the pool, not the peer). Each phase has its
+    time-out (``connect_s``, ``headers_s``, ``body_s``), a call's ``timeout_s`` bounds them
+    together, and TLS verifies the URL's host name whatever address is dialled."""
 
     def __init__(
         self,
@@ -202,10 +190,8 @@ class Http1Client:
         return None, False
 
     async def _connect(self, origin: Origin, deadline: float) -> tuple[Connection, bool]:
-        """A new connection to ``origin`` (or an idle one freed while waiting: then true),
-        within the connect time-out: waiting for room in the pool, the lookup, TCP, TLS.
-        A time-out while waiting for room is a ``PoolTimeout`` (nothing was dialled: the
-        pool is ours, not the peer's); one in the lookup, TCP or TLS an ``HttpTimeout``."""
+        """A new connection to ``origin`` (or an idle one freed while waiting: then true) within
+        the connect time-out; a time-out waiting for room is a ``PoolTimeout``."""
         loop = asyncio.get_running_loop()
         budget = max(0.0, min(self.connect_s, deadline - loop.time()))
         dialling = False
@@ -262,8 +248,8 @@ class Http1Client:
             woken = True
 
     def _sweep(self, now: float) -> None:
-        """Close every connection idle for ``idle_s`` or more, or closed by its peer, of any
-        origin (run when a connection is about to be opened: rarely, and never per call)."""
+        """Close every connection idle for ``idle_s`` or closed by its peer (run only when a
+        connection is about to be opened, never per call)."""
         for origin, pool in list(self._pools.items()):
             while pool.idle and (
                 now - pool.idle[0].idle_since >= self._idle_s or not pool.idle[0].open

@@ -1,6 +1,5 @@
-"""One keep-alive HTTP/1.1 connection on the loop's transport, its answers parsed by httptools
-(llhttp, the parser uvicorn uses): one exchange at a time, each phase timed, the head and the
-body capped. What it refuses and why: docs/architecture.md, "Outbound HTTP"."""
+"""One keep-alive HTTP/1.1 connection parsed by httptools: one exchange at a time, each phase timed,
+head and body capped (docs/architecture.md, "Outbound HTTP")."""
 
 from __future__ import annotations
 
@@ -29,12 +28,8 @@ class _Stop(Exception):
 
 
 class Connection(asyncio.Protocol):
-    """A connection the pool lends to one request at a time (``exchange``).
-
-    ``open`` turns false as soon as the transport is lost (the peer closed an idle
-    connection) or anything unexpected arrives while idle; ``reusable`` says whether the last
-    answer was read to its end and both sides keep the connection alive.
-    """
+    """A connection the pool lends to one request at a time; ``open`` turns false as soon as
+    the transport is lost or anything unexpected arrives while idle."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

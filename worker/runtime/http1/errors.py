@@ -1,6 +1,5 @@
-"""Why an HTTP/1.1 exchange gave no answer: one class per cause, so each caller maps causes to
-its own failures (the provider's ``TransportFailure``, the webhook sender's ``ErrorKind``)
-without reading messages. None is an ``OSError``: a caller tells them from its own."""
+"""Why an HTTP/1.1 exchange gave no answer, one class per cause, so each caller maps causes without
+reading messages; none is an ``OSError``, so a caller tells them from its own."""
 
 from __future__ import annotations
 
@@ -56,10 +55,8 @@ class HttpTimeout(HttpError):
 
 
 class PoolTimeout(HttpTimeout):
-    """The call's connect time-out (or deadline) ran out while it waited for a place in the
-    client's own pool (``max_connections``, ``max_per_host``): nothing was dialled, so it says
-    nothing of the peer. A ``connect`` time-out still, for callers that do not tell them
-    apart; the webhook sender does (waiting for a slot of ours is not a receiver's failure)."""
+    """The connect time-out ran out waiting for the client's own pool: nothing was dialled, so
+    it says nothing of the peer (the webhook sender tells it from a receiver's failure)."""
 
     def __init__(self) -> None:
         super().__init__("connect")

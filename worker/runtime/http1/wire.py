@@ -1,6 +1,5 @@
-"""What goes on the wire: where a request goes (``Target``, parsed once) and its head, with
-every caller-given name and value checked so that nothing a caller passes can end a header
-line or the head (no request smuggling through a header or a URL)."""
+"""A request's target and head, every caller-given name and value checked so that nothing a caller
+passes can end a header line or the head (no request smuggling)."""
 
 from __future__ import annotations
 
