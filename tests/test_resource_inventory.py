@@ -189,8 +189,8 @@ NOT_GROWN: dict[str, str] = {
         "a body field: WEBHOOK_EVENT_TYPES_MAX_ITEMS"
     ),
     "engine/writes.py:Sent.headers": "one produced record's headers, built by the process",
-    "api/webhooks/delivery_bodies.py:DeliveryDetail.attempts_detail": (
     "engine/writes.py:RecordOptions.headers": "the same record's headers, handed to enqueue",
+    "api/webhooks/delivery_bodies.py:DeliveryDetail.attempts_detail": (
         "an answer: ≤ the delivery's entries in one bounded slice"
     ),
     "documents/openapi/deliveries.py:_EXAMPLE_ATTEMPT": "constant: a document example",
