@@ -313,8 +313,15 @@ async def test_auto_recover_is_set_on_create_and_update_and_cleared_probing_on_a
         endpoint = await create(http, auto_recover=False)
         assert endpoint["auto_recover"] is False and endpoint["recovery"] is None
         one = ONE.format(endpoint["id"])
-        bad = await http.patch(one, json={"auto_recover": None}, headers=headers())
-        assert bad.status_code == 400, bad.text
+        for value in (None, 0, 1, "false", "yes"):  # a JSON boolean only, never coerced
+            bad = await http.patch(one, json={"auto_recover": value}, headers=headers())
+            assert bad.status_code == 400, (value, bad.text)
+        created = await http.post(
+            ENDPOINTS,
+            json={"url": "https://hooks.example.com/in", "auto_recover": 0},
+            headers=headers(),
+        )
+        assert created.status_code == 400, created.text
         changed = ok(await http.patch(one, json={"auto_recover": True}, headers=headers()))
         assert changed["auto_recover"] is True
         # disabled by a dispatcher, with its probing: shown, and gone once activated

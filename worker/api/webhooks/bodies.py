@@ -13,6 +13,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     WithJsonSchema,
 )
@@ -133,7 +134,7 @@ class CreateEndpointBody(BaseModel):
     event_types: EventTypes = None
     description: Description = None
     rate_limit: RateLimitField = None
-    auto_recover: bool = Field(
+    auto_recover: StrictBool = Field(
         default=True, description="Re-enable it when it answers a probe after a disable."
     )
 
@@ -150,7 +151,7 @@ class UpdateEndpointBody(BaseModel):
     event_types: EventTypes = None
     description: Description = None
     rate_limit: RateLimitField = None
-    auto_recover: bool = Field(default=True, json_schema_extra=_no_default)
+    auto_recover: StrictBool = Field(default=True, json_schema_extra=_no_default)
 
     def changes(self) -> dict[str, Any]:
         """The fields the caller sent, with ``event_types`` as the record's tuple."""
