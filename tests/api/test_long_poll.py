@@ -237,7 +237,9 @@ async def test_a_caller_that_goes_away_frees_its_reply_waiter_at_once(
         )
         await writer.drain()
         await wait_until(lambda: api.replies.pending == 1, what="the long-poll waiting")
-        assert len(stand_in.queries) == 1 and stand_in.queries[0].wait_ms == 30_000
+        # The waiter is registered before the query is sent: wait for the worker's stand-in.
+        await wait_until(lambda: len(stand_in.queries) == 1, what="the query at the worker")
+        assert stand_in.queries[0].wait_ms == 30_000
         writer.close()
         await writer.wait_closed()
         # Freed long before its 30 s + 5 s deadline.
