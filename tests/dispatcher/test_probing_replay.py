@@ -27,7 +27,6 @@ from tests.webhooks.support import (
 )
 from worker.contract.delivery_log import webhook_id
 from worker.contract.webhook_endpoints import EndpointRecord, Recovery
-from worker.dispatcher.delivery import DeliveryState, Pending, enqueue
 from worker.dispatcher.disabling import ProbeConfig
 from worker.dispatcher.probing import Prober
 from worker.webhooks.endpoint_writes import EndpointStore
@@ -108,45 +107,6 @@ async def test_a_recovered_endpoint_receives_what_it_missed_under_its_webhook_id
     assert progress[-1].events_sent == len(missed) and progress[-1].endpoint_id == ep.id
 
 
-async def test_a_live_event_read_before_the_replay_waits_behind_what_was_missed(
-    make_settings: SettingsFactory,
-) -> None:
-    """Issue 49: an event of the account read after the re-enable, before the replay's records
-    (the next sweep, ``tick_s`` later, scans), does not reach the receiver ahead of the events
-    it missed while disabled."""
-    settings = dispatcher_settings(
-        make_settings,
-        webhook_retry_schedule_s="30",
-        webhook_probe_first_s=8.0,  # sweeps 4 s apart: the replay starts a sweep after the probe
-        webhook_probe_max_s=8.0,
-    )
-    healed = [False]
-    target = Receiver(answer=lambda body, _: 204 if healed[0] else 410)
-    watcher = Receiver()
-    account = new_account()
-    async with receiving(target), receiving(watcher), endpoint_store(settings) as store:
-        ep, secret = await store.create("ws_a", url=target.url, event_types=None, description=None)
-        target.secrets.append(secret)
-        _, watch_secret = await store.create(
-            "ws_a", url=watcher.url, event_types=("account.auth_status_changed",), description=None
-        )
-        watcher.secrets.append(watch_secret)
-        async with running_dispatcher(settings):
-            await publish_events(settings, [status_event(new_account(), 1)])  # 410: disabled
-            await wait_until(lambda: record(store, ep.id).status == "disabled")
-            await publish_events(settings, [status_event(account, v) for v in (1, 2, 3)])
-            await wait_until(lambda: len(delivered(watcher)) == 4)
-            healed[0] = True
-            await wait_until(lambda: record(store, ep.id).replaying, 30.0)
-            await publish_events(settings, [status_event(account, 4)])  # live, replay not read
-            await wait_until(lambda: len({d.webhook_id for d in delivered(target)}) >= 4, 30.0)
-            await wait_until(lambda: not record(store, ep.id).replaying)
-
-    versions = [d.body["data"]["version"] for d in delivered(target)]
-    # the scan may take the live event in too: the same webhook-id again, never an older after
-    assert versions[:4] == [1, 2, 3, 4] and versions == sorted(versions)
-
-
 async def test_a_recovery_left_unfinished_is_replayed_again_under_the_same_id(
     make_settings: SettingsFactory,
 ) -> None:
@@ -211,27 +171,3 @@ async def test_no_replay_when_the_owner_turned_recovery_off(
         await wait_until(lambda: record(store, ep.id).revision == off.revision)
         assert not record(store, ep.id).replaying
         assert prober.due(time.time()) == []
-
-
-def test_a_recovery_replay_goes_ahead_of_the_live_deliveries_never_attempted() -> None:
-    """The placement alone: behind a held (in-flight) head, an attempted delivery and earlier
-    replays, ahead of the never-attempted live ones; a plain delivery is appended."""
-
-    def pending(wid: str, replay: str | None = None, attempts: int = 0) -> Pending:
-        return Pending(
-            webhook_id=wid, event_type="t", event_id=wid, body="{}", occurred_at="",
-            enqueued_at=0.0, next_attempt_at=0.0, replay=replay, attempts=attempts,
-        )  # fmt: skip
-
-    def order(queue: tuple[Pending, ...], new: Pending, **how: bool) -> list[str]:
-        state = DeliveryState(endpoint_id="ep", account_id="acc", workspace_id="ws", queue=queue)
-        grown, taken = enqueue(state, new, **how)
-        assert taken
-        return [p.webhook_id for p in grown.queue]
-
-    live = (pending("l1"), pending("l2"))
-    assert order(live, pending("r1", "rp"), missed=True) == ["r1", "l1", "l2"]
-    assert order(live, pending("r1", "rp"), missed=True, held=True) == ["l1", "r1", "l2"]
-    assert order(live, pending("r1", "rp")) == ["l1", "l2", "r1"]
-    tried = (pending("l0", attempts=1), pending("r1", "rp"), *live)
-    assert order(tried, pending("r2", "rp"), missed=True) == ["l0", "r1", "r2", "l1", "l2"]

@@ -58,8 +58,6 @@ from worker.webhooks.endpoints import EndpointRegistry
 
 log = get_logger(__name__)
 
-REPLAYING_RECHECK_S = 1.0  # how often a live head held back by a recovery replay looks again
-
 
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
@@ -219,11 +217,7 @@ class Dispatcher:
             if pair.idle and pairs >= limits.max_pairs_per_endpoint:
                 crowded.append((pair, delivery))  # no new pair of the endpoint is opened
                 continue
-            recovery = endpoint.recovery
-            missed = replay is not None and recovery is not None and replay == recovery.replay_id
-            state, verdict = take_in(
-                pair, delivery, limits, missed=missed, held=self.store.claimed(pair.key)
-            )
+            state, verdict = take_in(pair, delivery, limits)
             pending = self.store.pending_deliveries(workspace) + len(taken)
             if verdict == "taken" and pending >= limits.workspace_max_pending:
                 over.append((pair, delivery))  # after the dedup: a duplicate is no new one
@@ -321,13 +315,6 @@ class Dispatcher:
                 await self._writes.save_unsaved(partition, key)
                 return  # armed at the head's own time when released
             endpoint = self.endpoints.get(state.workspace_id, endpoint_id)
-            if endpoint is not None and endpoint.replaying and head.replay is None:
-                # Nothing live before what it missed (docs/architecture.md, "Endpoints that
-                # heal"); the replay's records go ahead of this head. No await while claimed, so
-                # they never find it held (a held delivery is written by the overdue hold).
-                self.store.defer(partition, key, now + REPLAYING_RECHECK_S)
-                self.store.park(partition, key)
-                return
             if is_active(endpoint):
                 admission = self.gate.admit(
                     endpoint.id,
