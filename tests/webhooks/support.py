@@ -37,6 +37,7 @@ from worker.engine.tail import assign_all
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.endpoints import EndpointsTail
+from worker.webhooks.replay_scan import ReplayScan
 from worker.webhooks.signing import generate_secret
 
 
@@ -315,3 +316,24 @@ class CountingSender:
             return await self._inner.post(url, body, headers)
         finally:
             self.now[url] -= 1
+
+
+def replay_scan(
+    settings: Settings,
+    producer: Any,
+    *,
+    wrap: Callable[[Any], Any] = lambda consumer: consumer,
+    **options: Any,
+) -> ReplayScan:
+    """The replay scan on the settings' topics, its readers group-less consumers fetching with
+    a short wait (``wrap`` may stand in front of each), sending through ``producer``."""
+    return ReplayScan(
+        consumer_factory=lambda: wrap(
+            build_consumer(settings.kafka_config(), fetch_max_wait_ms=50)
+        ),
+        producer=producer,
+        status_topic=settings.topics.status,
+        errors_topic=settings.topics.errors,
+        replays_topic=settings.topics.webhook_replays,
+        **options,
+    )

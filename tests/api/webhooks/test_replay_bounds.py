@@ -16,13 +16,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tests.api.support import produce, wait_until
 from tests.api.webhooks.test_routes import read_all, status_event
+from tests.webhooks.support import replay_scan
 from worker.api.webhooks.replay import ReplayRunner
 from worker.contract.delivery_log import decode_replay
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.range_read import start_at
 from worker.settings import Settings
-from worker.webhooks.replay_scan import ReplayScan
 
 pytestmark = pytest.mark.integration
 
@@ -72,16 +72,7 @@ async def test_a_replay_since_now_reads_only_the_records_after_it(
     await producer.start()
     try:
         runner = ReplayRunner(
-            scan=ReplayScan(
-                consumer_factory=lambda: build_consumer(
-                    settings.kafka_config(), fetch_max_wait_ms=50
-                ),
-                producer=producer,
-                status_topic=settings.topics.status,
-                errors_topic=settings.topics.errors,
-                replays_topic=settings.topics.webhook_replays,
-                seek_margin_s=MARGIN_S,
-            ),
+            scan=replay_scan(settings, producer, seek_margin_s=MARGIN_S),
         )
         started = time.monotonic()
         replay_id = runner.start(endpoint(), since)
@@ -117,16 +108,7 @@ async def test_records_arriving_after_the_start_are_not_read(
     held = HeldProducer(producer)
     try:
         runner = ReplayRunner(
-            scan=ReplayScan(
-                consumer_factory=lambda: build_consumer(
-                    settings.kafka_config(), fetch_max_wait_ms=50
-                ),
-                producer=held,
-                status_topic=settings.topics.status,
-                errors_topic=settings.topics.errors,
-                replays_topic=settings.topics.webhook_replays,
-                seek_margin_s=MARGIN_S,
-            ),
+            scan=replay_scan(settings, held, seek_margin_s=MARGIN_S),
         )
         replay_id = runner.start(endpoint(), since)
         await wait_until(lambda: held.waiting == 1, what="the replay's first send")

@@ -20,6 +20,7 @@ from tests.api.conftest import ApiSettings
 from tests.api.support import KEY_B, headers, produce, running_api, wait_until
 from tests.api.test_api_http import assert_error
 from tests.api.webhooks.test_routes import status_event
+from tests.webhooks.support import replay_scan
 from worker.api.presence import Presence
 from worker.api.webhooks.quotas import Refused
 from worker.api.webhooks.replay import ReplayRunner
@@ -27,7 +28,7 @@ from worker.api.webhooks.replay_status import ReplayBoard
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.settings import Settings
-from worker.webhooks.replay_scan import ReplayProgress, ReplayScan
+from worker.webhooks.replay_scan import ReplayProgress
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = pytest.mark.integration
@@ -227,16 +228,8 @@ async def test_a_cancellation_asked_on_another_replica_is_honoured_by_the_runner
     try:
         async with replica(settings, producer) as a, replica(settings, producer) as b:
             runner = ReplayRunner(
-                scan=ReplayScan(
-                    consumer_factory=lambda: SlowStart(
-                        build_consumer(settings.kafka_config(), fetch_max_wait_ms=50),
-                        30.0,
-                        released,
-                    ),
-                    producer=producer,
-                    status_topic=settings.topics.status,
-                    errors_topic=settings.topics.errors,
-                    replays_topic=settings.topics.webhook_replays,
+                scan=replay_scan(
+                    settings, producer, wrap=lambda consumer: SlowStart(consumer, 30.0, released)
                 ),
                 board=a,
                 progress_every_s=0.2,

@@ -26,6 +26,7 @@ from tests.api.support import (
     wait_until,
 )
 from tests.api.test_api_http import assert_error
+from tests.webhooks.support import replay_scan
 from worker.api.app import ApiRuntime
 from worker.api.webhooks import creates
 from worker.api.webhooks.replay import ReplayRunner
@@ -44,7 +45,6 @@ from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore
-from worker.webhooks.replay_scan import ReplayScan
 from worker.webhooks.secrets_box import SecretsBox, generate_key
 
 pytestmark = pytest.mark.integration
@@ -809,15 +809,7 @@ async def test_a_replay_sends_again_what_an_outage_failed(
     try:
         producer = _AcksLostOnce(real, lost=2)
         runner = ReplayRunner(
-            scan=ReplayScan(
-                consumer_factory=lambda: build_consumer(
-                    settings.kafka_config(), fetch_max_wait_ms=50
-                ),
-                producer=producer,
-                status_topic=settings.topics.status,
-                errors_topic=settings.topics.errors,
-                replays_topic=settings.topics.webhook_replays,
-            ),
+            scan=replay_scan(settings, producer),
         )
         outcome = await runner.wait(runner.start(endpoint, now - timedelta(hours=1)), timeout=60)
     finally:
