@@ -28,8 +28,8 @@ from worker.contract.catalogue import (
     by_numeric,
     entry,
     export,
-    write_catalogue_json,
 )
+from worker.documents.export import write_all
 
 REPO = Path(__file__).resolve().parents[2]
 SEED_DIR = Path(__file__).resolve().parents[3] / "shared" / "seed"
@@ -159,10 +159,9 @@ def test_committed_json_matches_export() -> None:
     assert json.loads(CATALOGUE_JSON.read_text(encoding="utf-8")) == export()
 
 
-def test_write_catalogue_json_is_byte_identical_to_committed(tmp_path: Path) -> None:
-    out = tmp_path / "nested" / "error-catalogue.json"
-    write_catalogue_json(out)
-    text = out.read_text(encoding="utf-8")
+def test_the_written_catalogue_is_byte_identical_to_committed(tmp_path: Path) -> None:
+    write_all(tmp_path / "nested" / "schemas")
+    text = (tmp_path / "nested" / "schemas" / "error-catalogue.json").read_text(encoding="utf-8")
     assert text.endswith("]\n")
     assert text.startswith('[\n  {\n    "code": ')
     assert text == CATALOGUE_JSON.read_text(encoding="utf-8")

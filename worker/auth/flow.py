@@ -443,14 +443,14 @@ def dead_lettered(
     if command.account_id is None:
         return None, None
     body = error_body(err, detail)
-    event = error_event(
-        body,
+    event = AuthError(
         event_id=event_id,
         account_id=command.account_id,
         workspace_id=workspace_id,
         command_id=command.command_id,
         request_id=request_id,
         http_status=err.http_status,
+        error=body,
         occurred_at=occurred_at,
     )
     if command.command_id is None or request_id is None:
@@ -636,14 +636,14 @@ def outputs(
     answer: AuthData | ErrorBody
     if outcome.code is not None:
         answer = error_body(error_of(outcome.code, outcome.http_status, outcome.numeric_code))
-        failed = error_event(
-            answer,
+        failed = AuthError(
             event_id=event_id("error", account_id, command_id or ""),
             account_id=account_id,
             workspace_id=workspace_id,
             command_id=command_id,
             request_id=request_id,
             http_status=outcome.http_status,
+            error=answer,
             occurred_at=when,
         )
     else:
@@ -710,28 +710,4 @@ def reply(
         http_status=http_status,
         body=body,
         version=version,
-    )
-
-
-def error_event(
-    error: ErrorBody,
-    *,
-    event_id: str,
-    account_id: str,
-    workspace_id: str | None,
-    command_id: str | None,
-    request_id: str | None,
-    http_status: int,
-    occurred_at: str,
-) -> AuthError:
-    """The error event on auth.errors of one failed command (or dead-lettered record)."""
-    return AuthError(
-        event_id=event_id,
-        account_id=account_id,
-        workspace_id=workspace_id,
-        command_id=command_id,
-        request_id=request_id,
-        http_status=http_status,
-        error=error,
-        occurred_at=occurred_at,
     )

@@ -4,10 +4,8 @@ redelivered command is byte-identical."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Final, Literal
 
 import attrs
@@ -21,7 +19,6 @@ __all__ = [
     "by_numeric",
     "entry",
     "export",
-    "write_catalogue_json",
 ]
 
 
@@ -361,10 +358,3 @@ def export() -> list[dict[str, object]]:
             row["extension"] = True
         rows.append(row)
     return rows
-
-
-def write_catalogue_json(path: Path) -> None:
-    """Write ``export()`` as stable, diff-friendly JSON (indent 2, trailing newline)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(export(), indent=2, ensure_ascii=False) + "\n"
-    path.write_text(text, encoding="utf-8")

@@ -28,8 +28,7 @@ from worker.contract.webhook_events import WebhookEvent
 OPERATIONAL_EVENT_TYPES: Final = (EVENT_ENDPOINT_DISABLED, EVENT_ENDPOINT_ENABLED)
 #: Failures an ``endpoint.disabled`` event lists at most.
 MAX_LAST_FAILURES: Final = 5
-#: The record type on ``webhook.replays`` (the dispatcher's third input) that carries one.
-RECORD_TYPE: Final = "webhook_operational"
+#: How an ``OperationalRecord`` on ``webhook.replays`` (the dispatcher's third input) starts.
 _RECORD_MARK: Final = b'"type":"webhook_operational"'
 
 ShortText = Annotated[str, Field(max_length=512)]

@@ -497,7 +497,6 @@ async def test_build_http_client_uses_settings() -> None:
     async with build_http_client(settings) as built:
         assert (built.timeout_s, built.connect_timeout_s) == (1.5, 1.5)
         assert (built.max_connections, built.body_cap) == (7, 4096)
-        assert not built.follow_redirects
         assert built.headers["User-Agent"].startswith("passkey-auth-worker/")
     assert built.is_closed
 

@@ -35,7 +35,7 @@ __all__ = ["ProviderHttpClient"]
 
 class ProviderHttpClient:
     """One pooled ``Http1Client`` shared by every adapter (adapters never close it); it connects
-    on the first request, so building it needs no loop."""
+    on the first request, so building it needs no loop. A 3xx is an answer, never followed."""
 
     def __init__(
         self,
@@ -65,11 +65,6 @@ class ProviderHttpClient:
             headers=self.headers,
             ssl_context=tls,
         )
-
-    @property
-    def follow_redirects(self) -> bool:
-        """Always false: a 3xx is an answer the adapter cannot use, not a place to go."""
-        return False
 
     @property
     def is_closed(self) -> bool:
