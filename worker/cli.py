@@ -99,10 +99,6 @@ def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
-    return keys_cli.run(settings, args)
-
-
 def _deprecated_keys_form(argv: list[str]) -> list[str]:
     """``keys WORKSPACE [--file F]``, the deprecated short form, → ``keys create WORKSPACE
     [--file F]``, with a deprecation note on stderr, so scripts that use it keep working."""
@@ -250,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         "keys", help="API keys: list, create, disable, enable, rotate, delete (docs/api.md)"
     )
     keys_cli.add_arguments(keys)
-    keys.set_defaults(fn=cmd_keys)
+    keys.set_defaults(fn=keys_cli.run)
     add_dlq_parser(sub)
     return parser
 
