@@ -12,7 +12,7 @@ from worker.dispatcher.delivery import (
     DEFAULT_SCHEDULE_S,
     JITTER,
     STATE_HEADROOM,
-    AttemptResult,
+    DeliveryResult,
     DeliveryState,
     Pending,
     QueueLimits,
@@ -61,7 +61,7 @@ def test_a_replayed_event_is_taken_in_once_a_replay_request_once_more() -> None:
     assert taken
     state, taken = enqueue(state, pending(1))
     assert not taken and len(state.queue) == 1
-    delivered = settle(state, AttemptResult(200), now=NOW).state
+    delivered = settle(state, DeliveryResult(200), now=NOW).state
     _, taken = enqueue(delivered, pending(1))
     assert not taken, "a replay after delivery is dropped: seen keeps its webhook-id"
     replayed, taken = enqueue(delivered, pending(1, replay="rp_1"))
@@ -73,11 +73,11 @@ def test_only_the_head_is_attempted_and_the_next_is_due_when_it_ends() -> None:
     state = empty()
     for v in (1, 2, 3):
         state = enqueue(state, pending(v))[0]
-    retried = settle(state, AttemptResult(500), now=NOW, rng=random.Random(1))
+    retried = settle(state, DeliveryResult(500), now=NOW, rng=random.Random(1))
     assert retried.outcome == "retry"
     assert [p.version for p in retried.state.queue] == [1, 2, 3], "order is kept while retrying"
     assert retried.state.due_at() == retried.retry_at
-    done = settle(retried.state, AttemptResult(204), now=NOW + 10)
+    done = settle(retried.state, DeliveryResult(204), now=NOW + 10)
     assert done.outcome == "delivered"
     assert done.finished is not None and done.finished.attempts == 2
     assert [p.version for p in done.state.queue] == [2, 3]
@@ -89,13 +89,13 @@ def test_the_schedule_is_followed_with_jitter_then_the_delivery_fails() -> None:
     rng = random.Random(7)
     now = NOW
     for wait in DEFAULT_SCHEDULE_S:
-        step = settle(state, AttemptResult(None, "timeout"), now=now, rng=rng)
+        step = settle(state, DeliveryResult(None, error="timeout"), now=now, rng=rng)
         assert step.outcome == "retry" and step.retry_at is not None
         assert wait * (1 - JITTER) <= step.retry_at - now <= wait * (1 + JITTER)
         state, now = step.state, step.retry_at
     assert state.queue[0].attempts == len(DEFAULT_SCHEDULE_S)
     assert state.queue[0].first_failed_at == NOW
-    last = settle(state, AttemptResult(502), now=now)
+    last = settle(state, DeliveryResult(502), now=now)
     assert last.outcome == "failed" and last.state.queue == ()
     assert last.finished is not None
     assert (last.finished.state, last.finished.attempts) == ("failed", 8)
@@ -103,10 +103,10 @@ def test_the_schedule_is_followed_with_jitter_then_the_delivery_fails() -> None:
 
 def test_gone_fails_at_once_and_retry_after_is_honoured() -> None:
     state = enqueue(empty(), pending(1))[0]
-    assert settle(state, AttemptResult(410), now=NOW).outcome == "gone"
-    slow = settle(state, AttemptResult(429, retry_after_s=600.0), now=NOW, schedule=(5.0, 900.0))
+    assert settle(state, DeliveryResult(410), now=NOW).outcome == "gone"
+    slow = settle(state, DeliveryResult(429, retry_after_s=600.0), now=NOW, schedule=(5.0, 900.0))
     assert slow.retry_at == NOW + 600.0
-    ignored = settle(state, AttemptResult(500, retry_after_s=600.0), now=NOW, schedule=(5.0,))
+    ignored = settle(state, DeliveryResult(500, retry_after_s=600.0), now=NOW, schedule=(5.0,))
     assert ignored.retry_at is not None and ignored.retry_at < NOW + 10
 
 
@@ -115,7 +115,7 @@ def test_retry_after_never_waits_past_the_schedules_longest_step(hint: float) ->
     state = enqueue(empty(), pending(1))[0]
     for status in (429, 503):
         step = settle(
-            state, AttemptResult(status, retry_after_s=hint), now=NOW, schedule=(5.0, 900.0)
+            state, DeliveryResult(status, retry_after_s=hint), now=NOW, schedule=(5.0, 900.0)
         )
         assert step.outcome == "retry" and step.retry_at is not None
         assert NOW + 5.0 * (1 - JITTER) <= step.retry_at <= NOW + 900.0
@@ -125,25 +125,25 @@ def test_fail_head_records_the_reason_and_failing_since_spans_deliveries() -> No
     state = empty()
     for v in range(3):
         state = enqueue(state, pending(v))[0]
-    state = settle(state, AttemptResult(503), now=NOW).state
+    state = settle(state, DeliveryResult(503), now=NOW).state
     assert state.failing_since == NOW
     failed = fail_head(state, "endpoint_inactive", now=NOW + 50)
     assert failed.finished is not None
     assert (failed.finished.state, failed.finished.last_error) == ("failed", "endpoint_inactive")
     assert failed.state.failing_since == NOW, "a failure does not reset the clock"
-    ok = settle(failed.state, AttemptResult(200), now=NOW + 60)
+    ok = settle(failed.state, DeliveryResult(200), now=NOW + 60)
     assert ok.state.failing_since is None, "a success does"
 
 
 def test_an_outcome_carries_over_onto_what_was_taken_in_meanwhile() -> None:
     state = enqueue(empty(), pending(1))[0]
-    retried = settle(state, AttemptResult(500), now=NOW, rng=random.Random(2))
+    retried = settle(state, DeliveryResult(500), now=NOW, rng=random.Random(2))
     grown = enqueue(state, pending(2))[0]  # the account's lane, during the attempt
     merged = carry_over(grown, retried)
     assert [p.version for p in merged.queue] == [1, 2]
     assert merged.queue[0].attempts == 1 and merged.failing_since == NOW
     assert merged.seen == grown.seen
-    done = settle(merged, AttemptResult(200), now=NOW + 9)
+    done = settle(merged, DeliveryResult(200), now=NOW + 9)
     later = enqueue(merged, pending(3))[0]
     final = carry_over(later, done)
     assert [p.version for p in final.queue] == [2, 3]
@@ -165,7 +165,7 @@ def test_an_outcome_carried_over_onto_an_unchanged_state_is_the_settled_state(
     settled = (
         fail_head(state, "endpoint_deleted", now=NOW)
         if status is None
-        else settle(state, AttemptResult(status), now=NOW, rng=random.Random(3))
+        else settle(state, DeliveryResult(status), now=NOW, rng=random.Random(3))
     )
     same = carry_over(state, settled)
     assert same is settled.state, "nothing changed meanwhile: no copy"
@@ -205,7 +205,7 @@ def test_a_full_queue_refuses_the_newest_delivery_and_keeps_what_waits() -> None
     done = refused(pending(3), "queue_full", now=NOW)
     assert (done.state, done.attempts, done.last_error) == ("failed", 0, "queue_full")
     # once the head is delivered there is room again
-    room = settle(remembered, AttemptResult(200), now=NOW).state
+    room = settle(remembered, DeliveryResult(200), now=NOW).state
     assert take_in(room, pending(4), limits)[1] == "taken"
 
 
@@ -225,7 +225,7 @@ def test_a_record_never_passes_its_byte_bound_whatever_happens_to_it() -> None:
             state = remember(state, delivery)
         if state.queue and rng.random() < 0.3:
             error = "x" * rng.randrange(0, 5000)  # whatever a failure says, it is cut
-            state = settle(state, AttemptResult(None, error), now=NOW + v, rng=rng).state
+            state = settle(state, DeliveryResult(None, error=error), now=NOW + v, rng=rng).state
         sizes.append(len(state.model_dump_json()))
     assert max(sizes) <= limits.max_bytes
     assert max(sizes) > limits.max_bytes - 2 * STATE_HEADROOM, "the queue did fill up"

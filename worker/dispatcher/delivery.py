@@ -12,8 +12,6 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from worker.contract.delivery_log import AttemptRecord
-
 Outcome = Literal["delivered", "retry", "failed", "gone", "deferred"]
 """``deferred``: not attempted for want of a slot of ours (a connection, a lookup thread):
 nothing changes in the pair, no retry step is spent, the receiver is not charged."""
@@ -169,17 +167,25 @@ TakenIn = Literal["taken", "duplicate", "full"]
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptResult:
-    """What one HTTP attempt came back with (``worker.dispatcher.sender`` builds it)."""
+class DeliveryResult:
+    """What one attempt came to (``worker.dispatcher.sender`` builds it): a status, or an
+    ``error`` (a ``sender.ErrorKind``, or why a delivery ended without an attempt), never
+    both. ``body`` is at most the sender's cap (``truncated``: more was sent);
+    ``retry_after_s`` is the answer's ``Retry-After`` for 429 and 503, at most the sender's
+    ``retry_after_max_s``; ``detail`` is a short, secret-free explanation (a block reason or
+    an exception type)."""
 
     status: int | None
+    elapsed_s: float = 0.0
     error: str | None = None
+    detail: str | None = None
     retry_after_s: float | None = None
-    record: AttemptRecord | None = None
-    """What the delivery log keeps of the attempt (``worker.contract.delivery_log``)."""
+    body: bytes = b""
+    truncated: bool = False
 
     @property
     def ok(self) -> bool:
+        """A 2xx answer: the only kind of success in the Standard Webhooks sense."""
         return self.status is not None and 200 <= self.status < 300
 
 
@@ -231,7 +237,7 @@ def remember(state: DeliveryState, delivery: Pending) -> DeliveryState:
 
 def refused(delivery: Pending, reason: str, *, now: float) -> Finished:
     """The end of a delivery that was never queued (``take_in`` said ``full``)."""
-    return _ended(delivery, 0, AttemptResult(None, reason), now)
+    return _ended(delivery, 0, DeliveryResult(None, error=reason), now)
 
 
 def marker(delivery: Pending) -> str:
@@ -246,7 +252,7 @@ def marker(delivery: Pending) -> str:
 
 def settle(
     state: DeliveryState,
-    result: AttemptResult,
+    result: DeliveryResult,
     *,
     now: float,
     schedule: Sequence[float] = DEFAULT_SCHEDULE_S,
@@ -289,11 +295,13 @@ def settle(
 
 def fail_head(state: DeliveryState, reason: str, *, now: float) -> Settled:
     """The head fails without an attempt (its endpoint was deactivated, disabled or deleted)."""
-    return _finish(state, state.queue[0].attempts, AttemptResult(None, reason), now, "failed")
+    return _finish(
+        state, state.queue[0].attempts, DeliveryResult(None, error=reason), now, "failed"
+    )
 
 
 def _finish(
-    state: DeliveryState, attempts: int, result: AttemptResult, now: float, outcome: Outcome
+    state: DeliveryState, attempts: int, result: DeliveryResult, now: float, outcome: Outcome
 ) -> Settled:
     """The head ended: delivered when ``result`` is a 2xx, else failed."""
     since = None if result.ok else (state.failing_since or now)
@@ -302,7 +310,7 @@ def _finish(
     return Settled(nxt, outcome, finished=done, base=state)
 
 
-def _ended(head: Pending, attempts: int, result: AttemptResult, now: float) -> Finished:
+def _ended(head: Pending, attempts: int, result: DeliveryResult, now: float) -> Finished:
     return Finished(
         webhook_id=head.webhook_id,
         event_type=head.event_type,

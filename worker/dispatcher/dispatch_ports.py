@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from worker.contract.webhook_endpoints import EndpointRecord
+from worker.dispatcher.delivery import DeliveryResult
 from worker.dispatcher.disabling import Disabler
-from worker.dispatcher.sender import DeliveryResult
 
 
 class Sender(Protocol):

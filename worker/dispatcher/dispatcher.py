@@ -18,7 +18,7 @@ from worker.contract.delivery_log import AttemptRecord, webhook_id
 from worker.contract.webhook_endpoints import EndpointRecord, is_active
 from worker.contract.webhook_events import WebhookEvent
 from worker.dispatcher.delivery import (
-    AttemptResult,
+    DeliveryResult,
     DeliveryState,
     Pending,
     QueueLimits,
@@ -356,12 +356,13 @@ class Dispatcher:
     ) -> Attempted:
         """Attempt the head (its endpoint active), settle it, and write what it came to; an
         inactive or deleted endpoint's head fails without an attempt."""
-        result: AttemptResult | None = None
+        result: DeliveryResult | None = None
+        attempt: AttemptRecord | None = None
         if is_active(endpoint):
             # The head stays due while it is attempted; its pair is claimed (``follow_up``),
             # so no timer brings it back meanwhile.
             try:
-                result = await self._attempt(endpoint, head)
+                result, attempt = await self._attempt(endpoint, head)
             finally:
                 ours = result is not None and _our_capacity(result)
                 self.store.undefer(key)
@@ -388,11 +389,12 @@ class Dispatcher:
             settled = fail_head(state, reason, now=now)
         else:
             settled = settle(state, result, now=now, schedule=self.config.schedule, rng=self._rng)
-        attempt = None if result is None else result.record
         await self._apply(partition, key, endpoint, settled, head, attempt)
         return Attempted(head, settled, endpoint, result)
 
-    async def _attempt(self, endpoint: EndpointRecord, head: Pending) -> AttemptResult:
+    async def _attempt(
+        self, endpoint: EndpointRecord, head: Pending
+    ) -> tuple[DeliveryResult, AttemptRecord]:
         started = time.perf_counter()
         at = self._clock()
         self.metrics.in_flight_attempts.inc()
@@ -403,23 +405,21 @@ class Dispatcher:
                 **self._sign(secrets, head.webhook_id, int(at), body),
                 **tracing.http_headers(),
             }
-            answer = await self._sender.post(endpoint.url, body, headers)
-            error = None if answer.error is None else str(answer.error)
-            record = attempt_record(at, answer)
-            result = AttemptResult(answer.status, error, answer.retry_after_s, record)
+            result = await self._sender.post(endpoint.url, body, headers)
+            record = attempt_record(at, result)
             if _our_capacity(result):
                 self.metrics.deferrals.labels("capacity").inc()
-                return result  # not a request sent: no attempt counted
+                return result, record  # not a request sent: no attempt counted
         except Exception as exc:
             # Whatever one attempt raises (an answer that broke the sender, a secret that does
             # not decrypt) fails that attempt, retried on the schedule; never the loop.
             log.error("webhook_attempt_crashed", endpoint_id=endpoint.id, error=type(exc).__name__)
             kind = str(ErrorKind.INTERNAL)
-            result = AttemptResult(None, kind, record=attempt_record(at, None, kind))
+            result, record = DeliveryResult(None, error=kind), attempt_record(at, None, kind)
         finally:
             self.metrics.in_flight_attempts.dec()
         self.metrics.attempt(result, time.perf_counter() - started)
-        return result
+        return result, record
 
     async def _apply(
         self,
@@ -477,7 +477,7 @@ class Dispatcher:
             await self.disabling.maybe_disable(endpoint, settled, now)
 
 
-def _our_capacity(result: AttemptResult) -> bool:
+def _our_capacity(result: DeliveryResult) -> bool:
     """The attempt found no slot of ours (``ErrorKind.CAPACITY``): nothing was sent."""
     return result.status is None and result.error == ErrorKind.CAPACITY
 

@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.contract.webhook_events import WebhookEvent
-from worker.dispatcher.delivery import AttemptResult, DeliveryState, Pending, Settled
+from worker.dispatcher.delivery import DeliveryResult, DeliveryState, Pending, Settled
 from worker.dispatcher.metrics import WebhookMetrics
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger, log_context
@@ -98,7 +98,7 @@ class Attempted:
     head: Pending
     settled: Settled
     endpoint: EndpointRecord | None
-    result: AttemptResult | None = None
+    result: DeliveryResult | None = None
 
 
 class Instrumentation:

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from prometheus_client import CollectorRegistry
 
-from worker.dispatcher.delivery import AttemptResult
+from worker.dispatcher.delivery import DeliveryResult
 from worker.dlq.letter import DLQ_REASONS
 from worker.engine.metrics import LoopSeries
 from worker.runtime.metrics import WEBHOOK_PREFIX, Families
@@ -118,7 +118,7 @@ class WebhookMetrics(LoopSeries):
             buckets=_RECORD_BUCKETS,
         )
 
-    def attempt(self, result: AttemptResult, seconds: float) -> None:
+    def attempt(self, result: DeliveryResult, seconds: float) -> None:
         if result.ok:
             outcome = "delivered"
         elif result.status is not None:

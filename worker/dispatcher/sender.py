@@ -9,13 +9,12 @@ import ssl
 import time
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
 from worker.contract.delivery_log import AttemptRecord, excerpt
 from worker.contract.messages import rfc3339
-from worker.dispatcher.delivery import DEFAULT_SCHEDULE_S
+from worker.dispatcher.delivery import DEFAULT_SCHEDULE_S, DeliveryResult
 from worker.runtime.admission import NoRoom
 from worker.runtime.http1 import (
     DialFailed,
@@ -83,27 +82,6 @@ class ErrorKind(StrEnum):
     # its workspace no thread): nothing reached the receiver, so it is not the receiver's
     # failure; the dispatcher defers the attempt (``retry_after_s``: when to look again).
     CAPACITY = "capacity"
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryResult:
-    """The outcome of one attempt: a status, or an ``error`` kind, never both. ``body`` is at
-    most the sender's cap (``truncated``: more was sent); ``retry_after_s`` is the answer's
-    ``Retry-After`` for 429 and 503, at most the sender's ``retry_after_max_s``; ``detail`` is a
-    short, secret-free explanation (a block reason or an exception type)."""
-
-    status: int | None
-    elapsed_s: float
-    error: ErrorKind | None = None
-    detail: str | None = None
-    retry_after_s: float | None = None
-    body: bytes = b""
-    truncated: bool = False
-
-    @property
-    def ok(self) -> bool:
-        """A 2xx answer: the only kind of success in the Standard Webhooks sense."""
-        return self.status is not None and 200 <= self.status < 300
 
 
 class VettingResolver:
