@@ -34,6 +34,12 @@ _RECORD_MARK: Final = b'"type":"webhook_operational"'
 ShortText = Annotated[str, Field(max_length=512)]
 
 
+class _Strict(BaseModel):
+    """An event body's part: frozen, and no field the catalogue does not list."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
 def operational_event_id(endpoint_id: str, revision: int, event_type: str) -> str:
     """``evt_`` + 32 hex: the same for every announcement of one transition (see the module
     docstring)."""
@@ -41,10 +47,8 @@ def operational_event_id(endpoint_id: str, revision: int, event_type: str) -> st
     return f"evt_{digest[:32]}"
 
 
-class EndpointFailure(BaseModel):
+class EndpointFailure(_Strict):
     """One failed delivery attempt that led to the endpoint being disabled."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     at: str | None = Field(description="When the attempt failed (RFC 3339), when known.")
     status: int | None = Field(description="The HTTP status it answered; null: no answer.")
@@ -52,10 +56,8 @@ class EndpointFailure(BaseModel):
     attempts: int = Field(ge=0, description="Attempts made for that delivery so far.")
 
 
-class EndpointDisabledData(BaseModel):
+class EndpointDisabledData(_Strict):
     """``data`` of ``endpoint.disabled``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     event_id: str = Field(description="The event's id; the same on every resend.")
     workspace_id: Identifier
@@ -69,10 +71,8 @@ class EndpointDisabledData(BaseModel):
     occurred_at: str
 
 
-class EndpointEnabledData(BaseModel):
+class EndpointEnabledData(_Strict):
     """``data`` of ``endpoint.enabled``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     event_id: str = Field(description="The event's id; the same on every resend.")
     workspace_id: Identifier
@@ -86,10 +86,8 @@ class EndpointEnabledData(BaseModel):
     occurred_at: str
 
 
-class EndpointProbeData(BaseModel):
+class EndpointProbeData(_Strict):
     """``data`` of ``endpoint.probe``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     event_id: str = Field(description="The probe's id (its `webhook-id`): one per probe.")
     workspace_id: Identifier
@@ -99,35 +97,29 @@ class EndpointProbeData(BaseModel):
     occurred_at: str
 
 
-class EndpointDisabledEvent(BaseModel):
+class EndpointDisabledEvent(_Strict):
     """The webhook body of ``endpoint.disabled``: the dispatcher disabled one of the
     workspace's endpoints (it answered 410 Gone, or kept failing); sent to the workspace's
     other active endpoints that take it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: Literal["endpoint.disabled"] = "endpoint.disabled"
     timestamp: str
     data: EndpointDisabledData
 
 
-class EndpointEnabledEvent(BaseModel):
+class EndpointEnabledEvent(_Strict):
     """The webhook body of ``endpoint.enabled``: a disabled endpoint of the workspace was
     activated again (``POST .../activate``, or it answered a probe); sent to the workspace's
     other active endpoints that take it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: Literal["endpoint.enabled"] = "endpoint.enabled"
     timestamp: str
     data: EndpointEnabledData
 
 
-class EndpointProbeEvent(BaseModel):
+class EndpointProbeEvent(_Strict):
     """The webhook body of ``endpoint.probe``: sent, signed, to an endpoint the dispatcher
     disabled, on a backing-off schedule; a 2xx answer re-enables it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: Literal["endpoint.probe"] = "endpoint.probe"
     timestamp: str
