@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from aiokafka.errors import KafkaError
 
@@ -24,6 +24,7 @@ from worker.engine.broker_health import BrokerHealth
 from worker.engine.writes import send_retrying
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoints import EndpointRegistry
+from worker.webhooks.secrets_box import SecretsBox
 from worker.webhooks.signing import generate_secret
 
 log = get_logger(__name__)
@@ -32,36 +33,16 @@ log = get_logger(__name__)
 OPENED_MAX = 10_000
 
 
-class SecretCipher(Protocol):
-    """What the store needs of ``worker.webhooks.secrets_box``."""
-
-    def encrypt(self, plaintext: str, associated_data: bytes) -> str: ...
-
-    def decrypt(self, token: str, associated_data: bytes) -> str: ...
-
-
-class Producer(Protocol):
-    async def send(
-        self,
-        topic: str,
-        value: bytes | None,
-        *,
-        key: bytes,
-        partition: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> Any: ...
-
-
 class EndpointStore:
     """Creates, changes and deletes endpoints; reads go to ``registry`` directly."""
 
     def __init__(
         self,
         *,
-        producer: Producer,
+        producer: Any,
         topic: str,
         registry: EndpointRegistry,
-        cipher: SecretCipher,
+        cipher: SecretsBox,
         timeout_s: float = 5.0,
         overlap_s: float = 86_400.0,
         clock: Callable[[], float] = time.time,

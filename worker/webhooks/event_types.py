@@ -216,11 +216,6 @@ ENVELOPE_HEADERS: Final[dict[str, str]] = {
 }
 
 
-def by_name(name: str) -> EventType | None:
-    """The catalogue's entry for ``name``."""
-    return next((t for t in EVENT_CATALOGUE if t.name == name), None)
-
-
 def envelope() -> dict[str, Any]:
     """What every delivery carries around its body: the Standard Webhooks headers, with an
     example signed by ``signing.headers`` itself over the first type's example body."""
@@ -253,7 +248,6 @@ __all__ = [
     "EVENT_CATALOGUE",
     "EXAMPLE_SECRET",
     "EventType",
-    "by_name",
     "catalogue_document",
     "envelope",
 ]

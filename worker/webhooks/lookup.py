@@ -24,7 +24,6 @@ __all__ = [
     "BoundedLookup",
     "Lookup",
     "Resolve",
-    "lookup_share",
     "system_lookup",
     "system_resolve",
 ]
@@ -55,14 +54,6 @@ LOOKUP_FAILURE_TTL_S: Final = 30.0
 LOOKUP_FAILURES_KEPT: Final = 4096
 
 
-def lookup_share(threads: int, per_workspace: int) -> Share:
-    """The rule's numbers for ``threads`` lookup threads: a workspace holds at most
-    ``per_workspace`` (capped at ``threads``), and a quarter of them (at least one; none of
-    a single thread) stays for workspaces holding none, so however many workspaces sit at
-    their share, a newcomer's lookup still finds a thread."""
-    return Share.capped(threads, per_workspace)
-
-
 class BoundedLookup:
     """A ``Lookup`` that runs ``resolve`` (getaddrinfo) on ``threads`` threads of its own, not
     the event loop's default pool, which every other blocking call of the process shares.
@@ -70,7 +61,7 @@ class BoundedLookup:
     A thread blocked in getaddrinfo cannot be cancelled, so what bounds the harm is who holds
     the threads: a lookup takes a thread for the workspace in ``LOOKUP_WORKSPACE`` through
     the admission rule (``threads`` slots, at most ``per_workspace`` for one workspace, and a
-    quarter kept for workspaces holding none, ``lookup_share``), held until the thread
+    quarter kept for workspaces holding none, ``Share.capped``), held until the thread
     returns (callers that gave up included). A lookup with no thread for its workspace is
     refused at once (``NoRoom``, with a ``Retry-After``): nothing waits for a thread, and the
     caller (the webhook sender) defers its attempt instead of failing the receiver. A caller
@@ -100,7 +91,6 @@ class BoundedLookup:
         if threads < 1 or per_workspace < 1 or timeout_s <= 0 or failures_kept < 1:
             raise ValueError("threads, per_workspace, timeout_s and failures_kept must be > 0")
         self.threads = threads
-        self.per_workspace = per_workspace
         self.timeout_s = timeout_s
         self.failure_ttl_s = failure_ttl_s
         self._failures_kept = failures_kept
@@ -109,9 +99,7 @@ class BoundedLookup:
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._threads = Admission(
-            "webhook lookup threads",
-            lookup_share(threads, per_workspace),
-            retry_after_s=1.0,
+            "webhook lookup threads", Share.capped(threads, per_workspace), retry_after_s=1.0
         )
         self._running: dict[str, concurrent.futures.Future[Sequence[str]]] = {}
         self._failed: OrderedDict[str, tuple[float, int]] = OrderedDict()
@@ -120,10 +108,6 @@ class BoundedLookup:
         self.failed_fast = 0
         self.timed_out = 0
         self.refused = 0
-
-    @property
-    def share(self) -> Share:
-        return self._threads.share
 
     @property
     def threads_held(self) -> int:

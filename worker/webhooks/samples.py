@@ -33,41 +33,36 @@ def new_test_event_id() -> str:
 def example_record(event_type: str, *, workspace_id: str, event_id: str, now: float) -> bytes:
     """An example record of ``event_type`` as auth.status / auth.errors carry it."""
     occurred_at = rfc3339(now)
+    record: AuthStatusChanged | AuthError
     if event_type == EVENT_STATUS_CHANGED:
-        return (
-            AuthStatusChanged(
-                event_id=event_id,
-                account_id=TEST_ACCOUNT,
-                workspace_id=workspace_id,
-                previous_status="pending",
-                status="active",
-                auth_status="authenticated",
-                version=1,
-                occurred_at=occurred_at,
-            )
-            .model_dump_json()
-            .encode()
+        record = AuthStatusChanged(
+            event_id=event_id,
+            account_id=TEST_ACCOUNT,
+            workspace_id=workspace_id,
+            previous_status="pending",
+            status="active",
+            auth_status="authenticated",
+            version=1,
+            occurred_at=occurred_at,
         )
-    if event_type == EVENT_ERROR:
-        return (
-            AuthError(
-                event_id=event_id,
-                account_id=TEST_ACCOUNT,
-                workspace_id=workspace_id,
-                command_id=None,
-                request_id=None,
-                http_status=409,
-                error=ErrorBody(
-                    code="account_allocation_busy",
-                    numeric_code=20011,
-                    message="Account allocation lock is held; retry after a short delay.",
-                ),
-                occurred_at=occurred_at,
-            )
-            .model_dump_json()
-            .encode()
+    elif event_type == EVENT_ERROR:
+        record = AuthError(
+            event_id=event_id,
+            account_id=TEST_ACCOUNT,
+            workspace_id=workspace_id,
+            command_id=None,
+            request_id=None,
+            http_status=409,
+            error=ErrorBody(
+                code="account_allocation_busy",
+                numeric_code=20011,
+                message="Account allocation lock is held; retry after a short delay.",
+            ),
+            occurred_at=occurred_at,
         )
-    raise ValueError(f"unknown event type; one of {', '.join(EVENT_TYPES)}")
+    else:
+        raise ValueError(f"unknown event type; one of {', '.join(EVENT_TYPES)}")
+    return record.model_dump_json().encode()
 
 
 def sample_event(event_type: str, *, workspace_id: str, now: float) -> WebhookEvent:
@@ -75,11 +70,12 @@ def sample_event(event_type: str, *, workspace_id: str, now: float) -> WebhookEv
     with ``"test": true`` in its envelope; raises ``ValueError`` for an unknown type."""
     event_id = new_test_event_id()
     if event_type in OPERATIONAL_EXAMPLES:
-        return _operational_sample(
+        event = _operational_sample(
             event_type, workspace_id=workspace_id, event_id=event_id, now=now
         )
-    record = example_record(event_type, workspace_id=workspace_id, event_id=event_id, now=now)
-    event = (from_status if event_type == EVENT_STATUS_CHANGED else from_error)(record)
+    else:
+        record = example_record(event_type, workspace_id=workspace_id, event_id=event_id, now=now)
+        event = (from_status if event_type == EVENT_STATUS_CHANGED else from_error)(record)
     envelope = json.loads(event.body)
     envelope[TEST_MARK] = True
     body = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
@@ -90,16 +86,13 @@ def _operational_sample(
     event_type: str, *, workspace_id: str, event_id: str, now: float
 ) -> WebhookEvent:
     """An operational event's example (its body is its own model), made this workspace's and
-    this moment's, marked as a test."""
+    this moment's."""
     occurred_at = rfc3339(now)
     example = OPERATIONAL_EXAMPLES[event_type]
     data = example.data.model_copy(  # type: ignore[attr-defined]
         update={"event_id": event_id, "workspace_id": workspace_id, "occurred_at": occurred_at}
     )
-    envelope = example.model_copy(update={"timestamp": occurred_at, "data": data}).model_dump(
-        mode="json"
-    )
-    envelope[TEST_MARK] = True
+    body = example.model_copy(update={"timestamp": occurred_at, "data": data}).model_dump_json()
     return WebhookEvent(
         event_type=event_type,
         event_id=event_id,
@@ -107,7 +100,7 @@ def _operational_sample(
         workspace_id=workspace_id,
         version=None,
         occurred_at=occurred_at,
-        body=json.dumps(envelope, separators=(",", ":"), ensure_ascii=False),
+        body=body,
     )
 
 

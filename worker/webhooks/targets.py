@@ -173,7 +173,15 @@ def _host_rejection(host: str, policy: TargetPolicy) -> str | None:
     return None
 
 
-def _check_url(url: str, policy: TargetPolicy) -> URL:
+def validate_url(url: str, policy: TargetPolicy) -> URL:
+    """The parsed URL when its form is acceptable, else ``BlockedTarget``.
+
+    Absolute ``https`` (``http`` only with ``allow_http``), a host, no user or password
+    (credentials would be stored and logged as part of the URL), a port in range. A literal
+    address or ``localhost`` is judged at once; other names are judged on delivery, by their
+    addresses. The result is what the sender dials: it hands the HTTP client the parts parsed
+    here, so no second parser can disagree about the host.
+    """
     if len(url) > MAX_URL_LENGTH:
         raise BlockedTarget("url_too_long")
     try:
@@ -197,22 +205,10 @@ def _check_url(url: str, policy: TargetPolicy) -> URL:
     return parsed
 
 
-def validate_url(url: str, policy: TargetPolicy) -> URL:
-    """The parsed URL when its form is acceptable, else ``BlockedTarget``.
-
-    Absolute ``https`` (``http`` only with ``allow_http``), a host, no user or password
-    (credentials would be stored and logged as part of the URL), a port in range. A literal
-    address or ``localhost`` is judged at once; other names are judged on delivery, by their
-    addresses. The result is what the sender dials: it hands the HTTP client the parts parsed
-    here, so no second parser can disagree about the host.
-    """
-    return _check_url(url, policy)
-
-
 def url_rejection(url: str, policy: TargetPolicy) -> str | None:
     """The reason ``validate_url`` would refuse ``url``, or None: the API's create/update check."""
     try:
-        _check_url(url, policy)
+        validate_url(url, policy)
     except BlockedTarget as exc:
         return exc.reason
     return None
