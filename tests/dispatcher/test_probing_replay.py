@@ -8,6 +8,8 @@ turned recovery off."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,12 +27,19 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
+from worker.api.presence import Presence
+from worker.api.webhooks.replay_status import ReplayBoard
 from worker.contract.delivery_log import webhook_id
 from worker.contract.webhook_endpoints import EndpointRecord, Recovery
 from worker.dispatcher.disabling import ProbeConfig
 from worker.dispatcher.probing import Prober
 from worker.webhooks.endpoint_writes import EndpointStore
-from worker.webhooks.replay_scan import ReplayProgress, ReplayScan, recovery_replay_id
+from worker.webhooks.replay_scan import (
+    ReplayProgress,
+    ReplayScan,
+    progress_record,
+    recovery_replay_id,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +112,7 @@ async def test_a_recovered_endpoint_receives_what_it_missed_under_its_webhook_id
     assert healed_record.status == "active" and recovery.replaying is False
     assert recovery.replay_id == recovery_replay_id(ep.id, recovery.disabled_at)
     # readable as the front-end's replays are: its last progress record says done
-    assert progress and progress[-1].state == "done"
+    assert progress and progress[-1].state == "done" and progress[-1].recovery
     assert progress[-1].events_sent == len(missed) and progress[-1].endpoint_id == ep.id
 
 
@@ -171,3 +180,26 @@ async def test_no_replay_when_the_owner_turned_recovery_off(
         await wait_until(lambda: record(store, ep.id).revision == off.revision)
         assert not record(store, ep.id).replaying
         assert prober.due(time.time()) == []
+
+
+async def test_a_stalled_recovery_replay_says_a_dispatcher_stopped_and_that_it_resumes() -> None:
+    """A replay board read: a recovery's replay whose notes stopped is not said to be a
+    front-end replica's, and is said to be resumed (the marker stays set)."""
+    now = time.time()
+    board = ReplayBoard(Presence(None, "api.presence", None), clock=lambda: now + 60)
+    stamp = "2026-01-01T00:00:00Z"
+    ep = EndpointRecord(
+        id="ep_a", workspace_id="ws_a", url="http://x/", created_at=stamp, updated_at=stamp,
+        revision=1,
+    )  # fmt: skip
+    since = datetime.fromtimestamp(now, UTC)
+    for rid, recovery in (("rp_" + "1" * 32, True), ("rp_" + "2" * 32, False)):
+        record = progress_record(rid, ep, since, "running", now, recovery=recovery)
+        board.take(SimpleNamespace(key=rid.encode(), value=record.model_dump_json().encode()))
+    recovered = board.get("ws_a", "ep_a", "rp_" + "1" * 32)
+    fronted = board.get("ws_a", "ep_a", "rp_" + "2" * 32)
+    assert recovered is not None and recovered.state == "failed" and recovered.error
+    assert "dispatcher" in recovered.error and "resumes" in recovered.error
+    assert (
+        fronted is not None and fronted.error == "the front-end replica running the replay stopped"
+    )

@@ -34,9 +34,11 @@ from worker.runtime.logs import get_logger
 from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoints import EndpointRegistry
 from worker.webhooks.replay_scan import (
+    PROGRESS_EVERY_S,
     ReplayProgress,
     ReplayScan,
     ReplayState,
+    following,
     progress_record,
     recovery_replay_id,
 )
@@ -45,8 +47,6 @@ log = get_logger(__name__)
 
 #: Probes one workspace may have under way at once in one process.
 PER_WORKSPACE: Final = 2
-#: How often a recovery's replay writes its progress (the board reads a silent one as failed).
-PROGRESS_EVERY_S: Final = 1.0
 
 
 class ProbeWriter(Protocol):
@@ -207,18 +207,13 @@ class Prober:
         counts, created = [0, 0, 0], self._clock()
 
         async def note(state: ReplayState) -> None:
+            record = progress_record(rid, endpoint, since, state, created, counts, recovery=True)
             if self._progress is not None:
-                with contextlib.suppress(Exception):  # the next note says it again
-                    await self._progress(
-                        progress_record(rid, endpoint, since, state, created, counts)
-                    )
+                await self._progress(record)
 
-        async def follow() -> None:
-            while True:
-                await note("running")
-                await asyncio.sleep(PROGRESS_EVERY_S)
-
-        follower = asyncio.create_task(follow())
+        follower = asyncio.create_task(
+            following(lambda: note("running"), PROGRESS_EVERY_S, lambda: False)
+        )
         try:
             await self._scan.run(rid, endpoint, since, counts)
             follower.cancel()
@@ -227,7 +222,8 @@ class Prober:
                 await self._writer.update(
                     current, recovery=recovery.model_copy(update={"replaying": False})
                 )
-            await note("done")
+            with contextlib.suppress(Exception):  # a board that missed it reads it as stalled
+                await note("done")
             log.warning("endpoint_recovery_replayed", endpoint_id=endpoint.id, events=counts[0])
         except Exception as exc:
             log.error("endpoint_recovery_replay_failed", endpoint_id=endpoint.id, error=repr(exc))

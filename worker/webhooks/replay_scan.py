@@ -7,10 +7,11 @@ that heal"); the progress both write to the replay board is ``ReplayProgress``."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -38,6 +39,8 @@ SEEK_MARGIN_S: Final = 60.0
 DECODE_SLICE: Final = 100
 REPLAY_ID_RE: Final = re.compile(r"^rp_[0-9a-f]{32}$")
 ERROR_CHARS: Final = 200
+#: How often a running replay writes its progress (the board reads a silent one as stalled).
+PROGRESS_EVERY_S: Final = 1.0
 
 ReplayState = Literal["queued", "running", "done", "cancelled", "failed"]
 ENDED: Final = frozenset({"done", "cancelled", "failed"})
@@ -71,6 +74,7 @@ class ReplayProgress(BaseModel):
     updated_at: float
     error: str | None = Field(default=None, max_length=ERROR_CHARS)
     cancel_requested: bool = False
+    recovery: bool = False  # a dispatcher's, of what a recovered endpoint missed
 
     @property
     def ended(self) -> bool:
@@ -102,6 +106,16 @@ def progress_record(
         updated_at=time.time(),
         **more,
     )
+
+
+async def following(
+    write: Callable[[], Awaitable[object]], every_s: float, stop: Callable[[], bool]
+) -> None:
+    """A running replay's progress notes, the front-end's and the dispatcher's: ``write()``
+    every ``every_s`` (a failed one is said again by the next) until ``stop()``."""
+    while await asyncio.sleep(every_s, True) and not stop():
+        with contextlib.suppress(Exception):
+            await write()
 
 
 class ReplayScan:
@@ -233,12 +247,14 @@ def occurred_since(event: WebhookEvent, since: datetime) -> bool:
 
 __all__ = [
     "ENDED",
+    "PROGRESS_EVERY_S",
     "REPLAY_ID_RE",
     "SEEK_MARGIN_S",
     "ReplayProgress",
     "ReplayScan",
     "ReplayState",
     "event_of",
+    "following",
     "occurred_since",
     "progress_record",
     "recovery_replay_id",

@@ -7,7 +7,6 @@ runner went silent reads as failed (docs/architecture.md, "Following a replay").
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, Final, Literal
@@ -19,7 +18,13 @@ from worker.api.webhooks.quotas import REPLAY_CAPACITY, TOO_MANY, Refused
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
 from worker.engine.compacted_view import ViewPart
-from worker.webhooks.replay_scan import REPLAY_ID_RE, ReplayProgress, ReplayState
+from worker.webhooks.replay_scan import (
+    PROGRESS_EVERY_S,
+    REPLAY_ID_RE,
+    ReplayProgress,
+    ReplayState,
+    following,
+)
 
 #: Every key on ``api.presence`` that is a replay's (the presence tail hands them here).
 KEY_PREFIX: Final = b"rp_"
@@ -27,10 +32,10 @@ CANCEL_SUFFIX: Final = "/cancel"
 KEPT_PER_WORKSPACE: Final = 20
 KEPT_FOR_S: Final = 24 * 3600.0
 MAX_TRACKED: Final = 10_000
-#: How often a running replay writes its progress (and looks for a cancellation).
-PROGRESS_EVERY_S: Final = 1.0
 STALE_AFTER_S: Final = 15 * PROGRESS_EVERY_S
 SWEEP_EVERY_S: Final = 60.0
+STALLED: Final = "the front-end replica running the replay stopped"
+STALLED_RECOVERY: Final = "the dispatcher recovering the endpoint stopped; the next resumes it"
 
 
 class ReplayCancel(BaseModel):
@@ -55,7 +60,7 @@ def ending(outcome: str, cancel_asked: bool, timeout_s: float) -> tuple[ReplaySt
     if outcome == "timed_out":
         return "failed", f"timed out after {timeout_s:g} s"
     if outcome == "cancelled":
-        return "failed", "the front-end replica running the replay stopped"
+        return "failed", STALLED
     return "failed", "internal error"
 
 
@@ -136,13 +141,9 @@ class ReplayBoard(ViewPart):
             return None
         requested = progress.cancel_requested or replay_id in self._cancels
         if not progress.ended and now - progress.updated_at > self.stale_after_s:
-            return progress.model_copy(
-                update={
-                    "state": "failed",
-                    "error": "the front-end replica running the replay stopped",
-                    "cancel_requested": requested,
-                }
-            )
+            error = STALLED_RECOVERY if progress.recovery else STALLED
+            update = {"state": "failed", "error": error, "cancel_requested": requested}
+            return progress.model_copy(update=update)
         return progress.model_copy(update={"cancel_requested": requested})
 
     def cancel_requested(self, replay_id: str) -> bool:
@@ -184,19 +185,17 @@ class ReplayBoard(ViewPart):
         cancel: Callable[[], object],
         every_s: float,
     ) -> asyncio.Task[None]:
-        """A running replay's task: every ``every_s``, ``cancel`` it when a cancellation was
-        asked for (on any replica), else write ``progress()``."""
+        """A running replay's progress notes (``following``); ``cancel`` it instead once a
+        cancellation was asked for (on any replica)."""
 
-        async def follow() -> None:
-            while True:
-                await asyncio.sleep(every_s)
-                if self.cancel_requested(replay_id):
-                    cancel()
-                    return
-                with contextlib.suppress(Exception):  # the next write says it again
-                    await self.publish(progress())
+        def asked() -> bool:
+            if self.cancel_requested(replay_id):
+                cancel()
+                return True
+            return False
 
-        return asyncio.create_task(follow(), name=f"{replay_id}-progress")
+        write = following(lambda: self.publish(progress()), every_s, asked)
+        return asyncio.create_task(write, name=f"{replay_id}-progress")
 
     def expired(self) -> list[str]:
         """Replay ids past their keeping: older than ``kept_for_s``, or ended and beyond the
@@ -228,6 +227,7 @@ __all__ = [
     "KEPT_FOR_S",
     "KEPT_PER_WORKSPACE",
     "MAX_TRACKED",
+    "PROGRESS_EVERY_S",
     "ReplayBoard",
     "ReplayCancel",
     "ending",
