@@ -19,7 +19,7 @@ from worker.api.cors import CorsPolicy
 from worker.api.event_types import EVENT_TYPES_PATH, EventTypeRoutes
 from worker.api.idempotency import CLAIM_MARGIN_S, IdempotencyKeys
 from worker.api.keys import KeyStore
-from worker.api.metrics import ApiMetrics, ReplyReaderSeries
+from worker.api.metrics import ApiMetrics, KeyUsageCollector, ReplyReaderSeries
 from worker.api.middleware import FrontDoor
 from worker.api.portal.page import page_routes
 from worker.api.portal.revocations import PortalRevocations
@@ -160,7 +160,7 @@ def build_app(
     metrics = ApiMetrics(registry)
     metrics.pending_replies.set_function(lambda: float(replies.pending))
     registry.register(ReplyReaderSeries(replies))
-    metrics.export_key_usage(keys.last_used)
+    registry.register(KeyUsageCollector(keys.last_used))
     revocations = (
         PortalRevocations(None, ttl_s=settings.api_portal_session_ttl_s)
         if portal_revocations is None
@@ -255,9 +255,9 @@ def webhook_clients(
     settings: Settings,
     kafka: KafkaConfig,
     producer: Any,
-    broker: BrokerHealth | None = None,
-    shared: SharedConsumer | None = None,
-    presence: Presence | None = None,
+    broker: BrokerHealth,
+    shared: SharedConsumer,
+    presence: Presence,
 ) -> WebhookClients | None:
     """The unstarted webhook clients, or ``None`` (logged) without ``WEBHOOK_SECRETS_KEY``, which
     seals and opens the endpoints' secrets; a malformed key stops the process, never shown."""
@@ -269,7 +269,6 @@ def webhook_clients(
         )
         return None
     topics = settings.topics
-    shared = shared or view_consumer(kafka)
     endpoints = EndpointsTail(shared.share(), topics.webhook_endpoints)
     store = EndpointStore(
         producer=producer,
@@ -286,7 +285,7 @@ def webhook_clients(
         window=settings.webhook_deliveries_scan_records,
         timeout_s=settings.webhook_deliveries_scan_timeout_s,
     )
-    board = None if presence is None else ReplayBoard(presence)
+    board = ReplayBoard(presence)
     scan = ReplayScan(
         consumer_factory=lambda: _view_reader(kafka),
         producer=producer,

@@ -201,8 +201,6 @@ class IdempotencyKeys(CompactedView):
         keys_max: int = KEYS_MAX,
         health: BrokerHealth | None = None,
         ttl_s: float = KEY_TTL_S,
-        claim_timeout_s: float = CLAIM_TIMEOUT_S,
-        sweep_interval_s: float = SWEEP_INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(consumer, topic, producer, name="api-idempotency", health=health)
@@ -210,8 +208,6 @@ class IdempotencyKeys(CompactedView):
         self.share = Share.capped(keys_max, per_workspace)
         self._ttl_s = ttl_s
         self._claim_ttl_s = claim_ttl_s
-        self._claim_timeout_s = claim_timeout_s
-        self._sweep_interval_s = sweep_interval_s
         self._clock = clock
         #: workspace id -> SHA-256 of the key (32 bytes) -> the claim holding it.
         self._slots: dict[str, dict[bytes, Held]] = {}
@@ -356,7 +352,7 @@ class IdempotencyKeys(CompactedView):
                 claim.claim_id,
                 claim.record_key,
                 claim.model_dump_json().encode(),
-                self._claim_timeout_s,
+                CLAIM_TIMEOUT_S,
             )
         except Exception as exc:  # time-out or broker: nothing is claimed
             log.warning("api_idempotency_claim_failed", error=type(exc).__name__)
@@ -420,8 +416,7 @@ class IdempotencyKeys(CompactedView):
 
     async def start(self) -> None:
         await super().start()
-        interval = self._sweep_interval_s
-        self.chores.every(interval, self.sweep, timeout_s=interval)
+        self.chores.every(SWEEP_INTERVAL_S, self.sweep, timeout_s=SWEEP_INTERVAL_S)
 
 
 def _digest(key: str) -> bytes:

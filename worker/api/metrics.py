@@ -70,7 +70,6 @@ class ApiMetrics:
     """Every metric the front-end exports; tests build one per fresh registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
         f = Families(registry)
         self.requests = f.counter(
             "passkey_api_requests",
@@ -142,10 +141,6 @@ class ApiMetrics:
             "passkey_api_webhook_replays_in_flight",
             "Webhook replays running or waiting for a slot in this process",
         )
-
-    def export_key_usage(self, usage: KeyUsage) -> None:
-        """Export the last-used time of each API key (``KeyUsageCollector``)."""
-        self.registry.register(KeyUsageCollector(usage))
 
 
 class ReplyReaderSeries(Collector):

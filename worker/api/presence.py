@@ -68,14 +68,12 @@ class Presence(CompactedView):
         health: BrokerHealth | None = None,
         interval_s: float = PRESENCE_INTERVAL_S,
         ttl_s: float = PRESENCE_TTL_S,
-        claim_timeout_s: float = CLAIM_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(consumer, topic, producer, name="api-presence", health=health)
         self.replica_id = replica_id or new_replica_id()
         self._interval_s = interval_s
         self._ttl_s = ttl_s
-        self._claim_timeout_s = claim_timeout_s
         self._clock = clock
         self._seen: dict[str, PresenceRecord] = {}
         self._held: Counter[str] = Counter()  # this replica's replays, claims included
@@ -175,9 +173,7 @@ class Presence(CompactedView):
             self._claiming_for = workspace_id
             seq, value = self._next()
             try:
-                elsewhere = await self.send_read_back(
-                    seq, self.replica_id, value, self._claim_timeout_s
-                )
+                elsewhere = await self.send_read_back(seq, self.replica_id, value, CLAIM_TIMEOUT_S)
             except Exception:  # time-out or broker: refused, the slot given back
                 self.release(workspace_id)
                 return False

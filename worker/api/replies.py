@@ -130,7 +130,6 @@ class ReplyRouter(TopicTail):
         self._waiters: dict[str, PendingReply] = {}
         self.delivered = 0
         self.dropped_mismatch = 0
-        self.dropped_invalid = 0
 
     def _pick(self, partitions: list[int]) -> list[int]:
         """The partitions this replica reads: ``spread`` consecutive ones (wrapping) from the
@@ -254,7 +253,6 @@ class ReplyRouter(TopicTail):
             try:
                 reply = Reply.model_validate(obj)
             except ValidationError as exc:
-                self.dropped_invalid += 1
                 log.error(
                     "reply_invalid",
                     command_id=command_id,

@@ -115,7 +115,7 @@ async def test_scans_of_many_workspaces_run_at_once_bounded_by_max_concurrent(
     settings = make_settings(partitions=3)
     await ensure_topics(settings.kafka_config(), settings.topic_plan())
     delay = 0.3
-    built = 0
+    built = closed = 0
 
     class Paced:
         def __init__(self, inner: Any) -> None:
@@ -127,6 +127,11 @@ async def test_scans_of_many_workspaces_run_at_once_bounded_by_max_concurrent(
         async def getmany(self, *args: Any, **kwargs: Any) -> Any:
             await asyncio.sleep(delay)
             return await self._inner.getmany(*args, **kwargs)
+
+        async def stop(self) -> None:
+            nonlocal closed
+            closed += 1
+            await self._inner.stop()
 
     def factory() -> Any:
         nonlocal built
@@ -157,7 +162,7 @@ async def test_scans_of_many_workspaces_run_at_once_bounded_by_max_concurrent(
     finally:
         await scan.stop()
     assert (built, scan.peak_running, scan.scans) == (2, 2, 6)
-    assert scan.consumers == 0  # all closed by stop
+    assert closed == built  # all closed by stop
 
 
 async def test_scans_full_answer_429_with_retry_after_at_once_never_500(

@@ -15,12 +15,12 @@ from typing import Any, Final
 
 from aiokafka import TopicPartition
 
-from worker.api.webhooks.quotas import EVENT_SCANS, SCAN_TIME, busy, read_slots
+from worker.api.webhooks.quotas import EVENT_SCANS, busy, read_slots
 from worker.contract.webhook_events import WebhookEvent, from_error, from_status
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
 from worker.engine.range_read import Span, partitions, read_range
-from worker.runtime.admission import NoRoom, TimeCharge
+from worker.runtime.admission import NoRoom
 from worker.runtime.logs import get_logger
 from worker.runtime.signed import SignedCodec
 from worker.webhooks.replay_scan import SEEK_MARGIN_S, event_of, occurred_since
@@ -130,12 +130,11 @@ class EventPage:
     cursor: Cursor
     has_more: bool
     found_any: bool
-    records_read: int
 
 
 class AccountEvents:
     """Reads pages of an account's events, a group-less consumer per topic scanned, each read
-    under ``admission`` (``max_scans``, one per workspace, ``time_charge`` charged)."""
+    under ``admission`` (``MAX_SCANS``, one per workspace, ``SCAN_TIME`` charged)."""
 
     def __init__(
         self,
@@ -145,9 +144,6 @@ class AccountEvents:
         errors_topic: str,
         scan_records: int = SCAN_RECORDS,
         timeout_s: float = SCAN_TIMEOUT_S,
-        max_scans: int = MAX_SCANS,
-        time_charge: TimeCharge = SCAN_TIME,
-        clock: Callable[[], float] | None = None,
     ) -> None:
         self._consumer_factory = consumer_factory
         self._aside = AsideCloses()
@@ -155,7 +151,7 @@ class AccountEvents:
         self._errors_topic = errors_topic
         self.scan_records = scan_records
         self.timeout_s = timeout_s
-        self.admission = read_slots("account_event_reads", max_scans, time_charge, clock)
+        self.admission = read_slots("account_event_reads", MAX_SCANS)
         self._skip = skipping("account-events", log)
         #: Records read by every scan of this process: what the scans cost.
         self.records_read = 0
@@ -277,13 +273,7 @@ def _merge(
         errors=(errors.partition, next_offset(errors, "errors")),
     )
     more = not (status.span.complete and errors.span.complete) or len(taken) < len(candidates)
-    return EventPage(
-        events=taken,
-        cursor=cursor,
-        has_more=more,
-        found_any=bool(candidates),
-        records_read=0,
-    )
+    return EventPage(events=taken, cursor=cursor, has_more=more, found_any=bool(candidates))
 
 
 __all__ = [

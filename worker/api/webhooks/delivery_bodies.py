@@ -155,12 +155,6 @@ class TestSendBody(BaseModel):
     event_type: EventType = Field(description="One of the event types the service sends.")
 
 
-class ResendBody(BaseModel):
-    """Nothing to choose: the delivery is sent again as it was."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
 __all__ = [
     "AttemptData",
     "DeliveryDetail",
@@ -169,6 +163,5 @@ __all__ = [
     "DeliveryPageResponse",
     "QueuedData",
     "QueuedResponse",
-    "ResendBody",
     "TestSendBody",
 ]

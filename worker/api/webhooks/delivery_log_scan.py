@@ -14,12 +14,11 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 from pydantic import ValidationError
 
-from worker.api.webhooks.quotas import SCAN_TIME, read_slots
+from worker.api.webhooks.quotas import read_slots
 from worker.contract.delivery_log import DeliveryLogEntry, decode_log
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
 from worker.engine.range_read import partitions, read_range
-from worker.runtime.admission import TimeCharge
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
@@ -44,8 +43,6 @@ class DeliveryLogScan:
         window: int,
         timeout_s: float,
         max_concurrent: int = MAX_CONCURRENT_SCANS,
-        time_charge: TimeCharge = SCAN_TIME,
-        clock: Callable[[], float] | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
@@ -53,8 +50,7 @@ class DeliveryLogScan:
         self.topic = topic
         self.window = window
         self.timeout_s = timeout_s
-        self.max_concurrent = max_concurrent
-        self.admission = read_slots("deliveries_scans", max_concurrent, time_charge, clock)
+        self.admission = read_slots("deliveries_scans", max_concurrent)
         self._started = False
         self._idle: list[Any] = []
         # Every one built and not stopped: at most max_concurrent (one per admission slot).
@@ -62,15 +58,9 @@ class DeliveryLogScan:
         self._aside = AsideCloses()
         self._skip = skipping("delivery-log-scan", log)
         self.scans = 0
-        self.records_read = 0
         #: Scans under way now, and the most there were at once.
         self.running = 0
         self.peak_running = 0
-
-    @property
-    def consumers(self) -> int:
-        """Consumers built and open (at most ``max_concurrent``)."""
-        return len(self._consumers)
 
     async def start(self) -> None:
         self._started = True
@@ -174,7 +164,6 @@ class DeliveryLogScan:
             )
         )[tp]
         self.scans += 1
-        self.records_read += span.records
         return LogSlice(tp.partition, span.start, span.end if upto is None else upto, entries)
 
 
