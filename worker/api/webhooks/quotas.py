@@ -54,14 +54,12 @@ SCAN_RETRY_AFTER_S: Final = 1
 SCAN_TIME: Final = TimeCharge(rate=0.25, burst_s=10.0)
 
 
-def read_slots(
-    name: str, capacity: int, time_charge: TimeCharge, clock: Callable[[], float] | None
-) -> Admission:
+def read_slots(name: str, capacity: int) -> Admission:
     """The slots of a scan or read: ``capacity`` in the process, one per workspace at a time,
-    the seconds held charged to the workspace (``time_charge``), refused with
+    the seconds held charged to the workspace (``SCAN_TIME``), refused with
     ``SCAN_RETRY_AFTER_S``."""
     share = Share(capacity=capacity, per_owner=1)
-    return Admission(name, share, time=time_charge, retry_after_s=SCAN_RETRY_AFTER_S, clock=clock)
+    return Admission(name, share, time=SCAN_TIME, retry_after_s=SCAN_RETRY_AFTER_S)
 
 
 class Refused(Exception):
@@ -164,17 +162,6 @@ def endpoint_id_on(partition: int, partitions: int) -> str:
     raise RuntimeError(f"no endpoint id for partition {partition} of {partitions}")
 
 
-def _over_endpoint_quota(limit: int) -> Refused:
-    return Refused(
-        ENDPOINTS,
-        ServiceError.of(
-            ENDPOINT_QUOTA,
-            f"The workspace has reached its quota of {limit} webhook endpoints;"
-            " delete one before creating another. Nothing was created.",
-        ),
-    )
-
-
 @dataclass
 class EndpointQuota:
     """Endpoints per workspace: the registry's plus this replica's creates in flight (each
@@ -219,7 +206,14 @@ class EndpointQuota:
 
     def refused(self) -> Refused:
         """The refusal of a create over the quota."""
-        return _over_endpoint_quota(self.limit)
+        return Refused(
+            ENDPOINTS,
+            ServiceError.of(
+                ENDPOINT_QUOTA,
+                f"The workspace has reached its quota of {self.limit} webhook endpoints;"
+                " delete one before creating another. Nothing was created.",
+            ),
+        )
 
     def held(self, workspace_id: str) -> int:
         creating = self._creating.get(workspace_id, set())
@@ -230,7 +224,7 @@ class EndpointQuota:
     def slot(self, workspace_id: str, endpoint_id: str) -> Iterator[None]:
         """Hold a place for ``endpoint_id`` while it is written, or raise ``Refused``."""
         if self.held(workspace_id) >= self.limit:
-            raise _over_endpoint_quota(self.limit)
+            raise self.refused()
         creating = self._creating.setdefault(workspace_id, set())
         creating.add(endpoint_id)
         try:
