@@ -33,20 +33,14 @@ add_key = create_key
 KEY_RE = r"pk_[A-Za-z0-9_-]{43}"
 
 
-def workspace_of(store: KeyStore, raw_key: str) -> str | None:
-    """The workspace the front-end's key check (``resolve_entry``) finds for ``raw_key``."""
-    entry = store.resolve_entry(raw_key)
-    return None if entry is None else entry.workspace_id
-
-
 def test_resolve_by_workspace_and_rejects_unknown_disabled_and_odd_keys(tmp_path: Path) -> None:
     store = KeyStore.from_file(write_keys(tmp_path / "keys.json"))
     assert len(store) == 3
-    assert workspace_of(store, KEY_A) == "ws_a"
-    assert workspace_of(store, KEY_B) == "ws_b"
-    assert workspace_of(store, KEY_DISABLED) is None
+    assert store.resolve(KEY_A) == "ws_a"
+    assert store.resolve(KEY_B) == "ws_b"
+    assert store.resolve(KEY_DISABLED) is None
     for raw in ("", "pk_", KEY_A.upper(), KEY_A + " ", KEY_A[:-1], "x" * 10_000, "ключ"):
-        assert workspace_of(store, raw) is None
+        assert store.resolve(raw) is None
 
 
 def test_the_file_holds_hashes_only(tmp_path: Path) -> None:
@@ -56,7 +50,7 @@ def test_the_file_holds_hashes_only(tmp_path: Path) -> None:
     assert hash_key(KEY_A) in text
     assert re.fullmatch(r"[0-9a-f]{64}", hash_key(KEY_A))
     store = KeyStore([KeyEntry("ws_x", "k1", bytes.fromhex(hash_key("raw")))])
-    assert workspace_of(store, "raw") == "ws_x"
+    assert store.resolve("raw") == "ws_x"
 
 
 def test_generated_keys_are_prefixed_urlsafe_and_unique() -> None:
@@ -82,24 +76,24 @@ def test_malformed_file_is_refused_at_start_without_echoing_it(tmp_path: Path) -
 def test_reload_picks_up_new_and_disabled_keys_and_survives_a_bad_edit(tmp_path: Path) -> None:
     path = write_keys(tmp_path / "keys.json")
     store = KeyStore.from_file(path, reload_interval_s=0)
-    assert workspace_of(store, KEY_A) == "ws_a"
+    assert store.resolve(KEY_A) == "ws_a"
     _, fresh = add_key(path, "ws_c")
-    assert workspace_of(store, fresh) == "ws_c"
+    assert store.resolve(fresh) == "ws_c"
     doc = json.loads(path.read_text())
     for entry in doc["keys"]:
         if entry["key_id"] == "key_a":
             entry["active"] = False
     path.write_text(json.dumps(doc))
-    assert workspace_of(store, KEY_A) is None
+    assert store.resolve(KEY_A) is None
     path.write_text("{ broken")
-    assert workspace_of(store, fresh) == "ws_c"  # the last good keys stay in force
-    assert workspace_of(store, KEY_A) is None
+    assert store.resolve(fresh) == "ws_c"  # the last good keys stay in force
+    assert store.resolve(KEY_A) is None
 
 
 def test_no_keys_file_means_no_valid_key() -> None:
     store = KeyStore.from_file(None)
     assert len(store) == 0
-    assert workspace_of(store, KEY_A) is None
+    assert store.resolve(KEY_A) is None
 
 
 def test_a_key_id_twice_is_a_malformed_file(tmp_path: Path) -> None:
@@ -125,11 +119,11 @@ def test_an_expiring_key_is_valid_until_its_expiry_then_refused() -> None:
     clock = Clock(1_000.0)
     entry = KeyEntry("ws_a", "k_old", bytes.fromhex(hash_key("old")), expires_at=1_010.0)
     store = KeyStore([entry], clock=clock)
-    assert workspace_of(store, "old") == "ws_a"
+    assert store.resolve("old") == "ws_a"
     clock.now = 1_009.999
-    assert workspace_of(store, "old") == "ws_a"
+    assert store.resolve("old") == "ws_a"
     clock.now = 1_010.0
-    assert workspace_of(store, "old") is None
+    assert store.resolve("old") is None
 
 
 def test_last_used_records_every_presentation_of_a_stored_key_only(tmp_path: Path) -> None:
@@ -145,15 +139,15 @@ def test_last_used_records_every_presentation_of_a_stored_key_only(tmp_path: Pat
         clock=clock,
     )
     assert store.last_used() == []
-    assert workspace_of(store, "pk_unknown") is None
-    assert workspace_of(store, "") is None
+    assert store.resolve("pk_unknown") is None
+    assert store.resolve("") is None
     assert store.last_used() == []
-    workspace_of(store, KEY_A)
+    store.resolve(KEY_A)
     clock.now = 5_001.0
-    assert workspace_of(store, KEY_DISABLED) is None  # refused, but its client is still out there
+    assert store.resolve(KEY_DISABLED) is None  # refused, but its client is still out there
     assert sorted(store.last_used()) == [("key_a", "ws_a", 5_000.0), ("key_off", "ws_a", 5_001.0)]
     delete_key(path, "key_off")  # the reload forgets a deleted key's time
-    workspace_of(store, KEY_A)
+    store.resolve(KEY_A)
     assert store.last_used() == [("key_a", "ws_a", 5_001.0)]
 
 
@@ -170,15 +164,15 @@ def test_lifecycle_edits_keep_hashes_only_and_unknown_fields(tmp_path: Path) -> 
     path.write_text(json.dumps(doc))
 
     assert set_active(path, key_id, False).state() == "disabled"
-    assert workspace_of(KeyStore.from_file(path), raw) is None
+    assert KeyStore.from_file(path).resolve(raw) is None
     assert set_active(path, key_id, True).state() == "active"
-    assert workspace_of(KeyStore.from_file(path), raw) == "ws_new"
+    assert KeyStore.from_file(path).resolve(raw) == "ws_new"
 
     old, new_id, new_raw = rotate_key(path, key_id)
     assert (old.state(), old.replaced_by) == ("disabled", new_id)
     store = KeyStore.from_file(path)
-    assert workspace_of(store, raw) is None
-    assert workspace_of(store, new_raw) == "ws_new"
+    assert store.resolve(raw) is None
+    assert store.resolve(new_raw) == "ws_new"
 
     text = path.read_text()
     assert raw not in text and new_raw not in text
@@ -199,8 +193,8 @@ def test_rotate_with_grace_keeps_the_old_key_until_it_expires(tmp_path: Path) ->
     )
     assert old.state(old.expires_at) == "expired"
     store = KeyStore.from_file(path)
-    assert workspace_of(store, raw) == "ws_a"
-    assert workspace_of(store, new_raw) == "ws_a"
+    assert store.resolve(raw) == "ws_a"
+    assert store.resolve(new_raw) == "ws_a"
     # a second rotation with a longer grace never extends the first expiry
     again, _, _ = rotate_key(path, key_id, grace_s=7200)
     assert again.expires_at == old.expires_at
@@ -215,10 +209,10 @@ def test_delete_refuses_a_valid_key_without_force(tmp_path: Path) -> None:
     key_id, raw = create_key(path, "ws_a")
     with pytest.raises(KeyFileError, match="disable it first"):
         delete_key(path, key_id)
-    assert workspace_of(KeyStore.from_file(path), raw) == "ws_a"
+    assert KeyStore.from_file(path).resolve(raw) == "ws_a"
     assert delete_key(path, key_id, force=True).key_id == key_id
     assert list_keys(path) == []
-    assert workspace_of(KeyStore.from_file(path), raw) is None
+    assert KeyStore.from_file(path).resolve(raw) is None
 
 
 @pytest.mark.parametrize(
@@ -264,7 +258,7 @@ def test_concurrent_edits_lose_nothing(tmp_path: Path) -> None:
     stored = {k.key_id for k in list_keys(path)}
     assert stored == {key_id for key_id, _ in created}
     store = KeyStore.from_file(path)
-    assert all(workspace_of(store, raw) is not None for _, raw in created)
+    assert all(store.resolve(raw) is not None for _, raw in created)
 
 
 def test_a_held_lock_makes_an_edit_wait_then_give_up(tmp_path: Path) -> None:
@@ -321,7 +315,7 @@ def test_cli_create_prints_the_key_once_on_stdout(
     assert re.fullmatch(KEY_RE, raw)
     assert raw not in err
     assert "created key_new for workspace ws_new" in err and "shown only once" in err
-    assert workspace_of(KeyStore.from_file(path), raw) == "ws_new"
+    assert KeyStore.from_file(path).resolve(raw) == "ws_new"
     code, out, err = cli(capsys, "keys", "list")
     assert raw not in out + err  # never shown again
     assert hash_key(raw) not in out + err
@@ -334,8 +328,8 @@ def test_cli_legacy_form_still_creates(tmp_path: Path, capsys: pytest.CaptureFix
     assert "deprecated" in err and "keys create" in err
     store = KeyStore.from_file(other)
     assert len(store) == 4
-    assert workspace_of(store, out.strip()) == "ws_a"
-    assert workspace_of(store, KEY_B) == "ws_b"  # existing entries are kept
+    assert store.resolve(out.strip()) == "ws_a"
+    assert store.resolve(KEY_B) == "ws_b"  # existing entries are kept
 
 
 def test_cli_list_disable_enable_rotate_delete(
@@ -364,11 +358,11 @@ def test_cli_list_disable_enable_rotate_delete(
     code, out, _ = cli(capsys, "keys", "disable", "key_a", *f)
     assert code == 0
     assert out.startswith("disabled key_a (workspace ws_a): disabled")
-    assert workspace_of(KeyStore.from_file(path), KEY_A) is None
+    assert KeyStore.from_file(path).resolve(KEY_A) is None
 
     code, out, _ = cli(capsys, "keys", "enable", "key_a", *f)
     assert (code, out.startswith("enabled key_a (workspace ws_a): active")) == (0, True)
-    assert workspace_of(KeyStore.from_file(path), KEY_A) == "ws_a"
+    assert KeyStore.from_file(path).resolve(KEY_A) == "ws_a"
 
     code, out, err = cli(capsys, "keys", "rotate", "key_a", "--grace", "2h", *f)
     assert code == 0
@@ -387,7 +381,7 @@ def test_cli_list_disable_enable_rotate_delete(
 
     code, out, err = cli(capsys, "keys", "rotate", new_id, *f)
     assert code == 0 and f"{new_id} is disabled" in err
-    assert workspace_of(KeyStore.from_file(path), new_raw) is None
+    assert KeyStore.from_file(path).resolve(new_raw) is None
 
     code, out, err = cli(capsys, "keys", "delete", "key_b", *f)
     assert code == 1 and "disable it first" in err and out == ""

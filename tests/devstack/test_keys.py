@@ -13,6 +13,6 @@ def test_dev_keys_file(tmp_path: Path) -> None:
     path = dev_keys_file(tmp_path / "dev" / "keys.json")
     assert path == tmp_path / "dev" / "keys.json"
     assert DEV_KEY not in path.read_text()
-    entry = KeyStore.from_file(path).resolve_entry(DEV_KEY)
-    assert entry is not None and entry.workspace_id == DEV_WORKSPACE == "ws_demo"
+    store = KeyStore.from_file(path)
+    assert store.resolve(DEV_KEY) == DEV_WORKSPACE == "ws_demo"
     assert DEV_KEY == "dev-key-ws-demo"

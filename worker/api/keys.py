@@ -145,6 +145,11 @@ class KeyStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def resolve(self, raw_key: str) -> str | None:
+        """The workspace id of an active, unexpired key, else ``None``."""
+        entry = self.resolve_entry(raw_key)
+        return None if entry is None else entry.workspace_id
+
     def resolve_entry(self, raw_key: str) -> KeyEntry | None:
         """The entry of an active, unexpired key, else ``None``."""
         self._maybe_reload()
