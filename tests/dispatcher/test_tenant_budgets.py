@@ -137,7 +137,8 @@ async def test_four_workspaces_at_their_share_leave_connections_for_a_fifth() ->
             assert admit("ws_new", "ep_new", "acc_0")
             answer = await quick.post(receiver.url, b"{}", {})
             assert (answer.status, answer.error) == (204, None), answer
-            assert gate.connections_in_use == 13 <= config.max_connections
+            in_use = sum(gate.connections(ws) for ws in ["ws_0", "ws_1", "ws_2", "ws_3", "ws_new"])
+            assert in_use == 13 <= config.max_connections
         finally:
             for task in held:
                 task.cancel()

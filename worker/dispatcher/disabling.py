@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from worker.contract.delivery_log import NOTE_ENDPOINT_DISABLED
+from worker.contract.messages import rfc3339
 from worker.contract.operational_events import EndpointFailure, disabled_record
 from worker.contract.webhook_endpoints import EndpointRecord, Recovery
 from worker.dispatcher.delivery import Settled
-from worker.dispatcher.endpoint_gate import SWEEP_FLOOR
+from worker.dispatcher.endpoint_gate import SWEEP_FLOOR, EndpointGate
 from worker.dispatcher.metrics import WebhookMetrics
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.runtime.logs import get_logger
@@ -57,12 +57,6 @@ class ProbeConfig:
         )
 
 
-class FailingSince(Protocol):
-    """When an endpoint started failing, by this process's attempts (``EndpointGate``)."""
-
-    def failing_since(self, endpoint_id: str) -> float | None: ...
-
-
 class Disabling:
     """Successes per endpoint, and the decision to disable one after a failed attempt."""
 
@@ -70,7 +64,7 @@ class Disabling:
         self,
         *,
         writer: Disabler,
-        gate: FailingSince,
+        gate: EndpointGate,
         publisher: DeliveryPublisher,
         metrics: WebhookMetrics,
         known: Callable[[str], bool],
@@ -155,7 +149,7 @@ def _disabled(endpoint: EndpointRecord, reason: str, settled: Settled, since: fl
         f = settled.finished
         failures.append(
             EndpointFailure(
-                at=_rfc3339(f.finished_at),
+                at=rfc3339(f.finished_at),
                 status=f.last_status,
                 error=f.last_error,
                 attempts=f.attempts,
@@ -170,10 +164,6 @@ def _disabled(endpoint: EndpointRecord, reason: str, settled: Settled, since: fl
     return disabled_record(
         endpoint,
         reason,
-        failing_since=None if since is None else _rfc3339(since),
+        failing_since=None if since is None else rfc3339(since),
         failures=failures,
     )
-
-
-def _rfc3339(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

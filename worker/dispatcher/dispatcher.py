@@ -255,17 +255,11 @@ class Dispatcher:
         )
         # Pairs whose new delivery is at the head are attempted at once: their first log entry
         # is the attempt's outcome. The others wait behind an earlier one: say so in the log.
-        due: list[str] = []
-        waiting: list[tuple[DeliveryState, Pending]] = []
-        for state, delivery in taken:
-            head = state.queue[0]
-            if head.webhook_id == delivery.webhook_id and head.replay == delivery.replay:
-                due.append(state.key)
-            else:
-                waiting.append((state, delivery))
+        waiting = [(state, delivery) for state, delivery in taken if state.queue[0] is not delivery]
         if waiting:
             await self._publisher.log_pending(waiting, now=now)
-        return TakenIn(len(taken), refused, tuple(due))
+        due = tuple(state.key for state, delivery in taken if state.queue[0] is delivery)
+        return TakenIn(len(taken), refused, due)
 
     def _pair(self, partition: int, endpoint: EndpointRecord, account_id: str) -> DeliveryState:
         """The pair's state, labelled with the endpoint's own workspace."""

@@ -152,11 +152,6 @@ class EndpointGate:
         """Connection slots the workspace's attempts hold now."""
         return self._connections.held(workspace_id)
 
-    @property
-    def connections_in_use(self) -> int:
-        """Connection slots held by every workspace's attempts."""
-        return self._connections.in_use
-
     def in_flight(self, endpoint_id: str) -> int:
         return self._endpoints.get(endpoint_id, _AT_REST).in_flight
 
@@ -290,10 +285,7 @@ class EndpointGate:
         if ok:
             if e.backing_off:
                 log.info("endpoint_recovered", endpoint_id=endpoint_id, failures=e.failures)
-                self._set_backing_off(-1)
-            e.failures = 0
-            e.failing_since = None
-            e.blocked_until = 0.0
+            self._clear_failures(e)
         elif ok is False:
             e.failures += 1
             if e.failing_since is None:
@@ -342,12 +334,15 @@ class EndpointGate:
         elif revision > e.revision:
             # A changed endpoint (a new URL, re-activated): its failures are history.
             e.revision = revision
-            e.failures = 0
-            e.failing_since = None
-            if e.backing_off:
-                self._set_backing_off(-1)
-            e.blocked_until = 0.0
+            self._clear_failures(e)
         return e
+
+    def _clear_failures(self, e: _Endpoint) -> None:
+        if e.backing_off:
+            self._set_backing_off(-1)
+        e.failures = 0
+        e.failing_since = None
+        e.blocked_until = 0.0
 
     def _drop_if_idle(self, endpoint_id: str, now: float) -> None:
         """Forget the endpoint's entry when keeping it changes nothing (``at_rest``), or when

@@ -5,13 +5,13 @@ record migrated to pair records."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Sequence
 
 from worker.dispatcher.delivery import state_key
 from worker.dispatcher.delivery_store import DeliveryStore
 from worker.dispatcher.holds import EventHold
 from worker.dispatcher.publish import DeliveryPublisher
+from worker.engine.compacted_view import Chores
 from worker.engine.offsets import hold_record
 from worker.runtime.logs import get_logger
 
@@ -25,7 +25,7 @@ class PairWrites:
     def __init__(self, store: DeliveryStore, publisher: DeliveryPublisher) -> None:
         self.store = store
         self.publisher = publisher
-        self._background: set[asyncio.Task[None]] = set()
+        self._chores = Chores("dispatcher-writes")
 
     async def write(self, partition: int, keys: Sequence[str]) -> Awaitable[None]:
         """``send_states`` that also makes the pairs' unsaved deliveries safe: what waits for
@@ -93,18 +93,13 @@ class PairWrites:
 
         def overdue() -> None:
             if event_hold is not None and not event_hold.released:
-                self._spawn(self._write_overdue(event_hold))
+                self._chores.quietly(self._write_overdue(event_hold))
 
         hold = hold_record(on_overdue=overdue)
         if hold is None:
             return None
         event_hold = EventHold(hold, partition)
         return event_hold
-
-    def _spawn(self, work: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def _write_overdue(self, event_hold: EventHold) -> None:
         """An event held too long (its endpoint hangs, or its pair waits behind one): write

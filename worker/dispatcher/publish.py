@@ -22,6 +22,7 @@ from worker.contract.messages import rfc3339
 from worker.dispatcher.delivery import DeliveryState, Finished, Pending
 from worker.dispatcher.delivery_store import DeliveryStore
 from worker.engine.broker_health import BrokerHealth
+from worker.engine.compacted_view import Chores
 from worker.engine.dead_letter import DeadLetterLost, dead_letter, hand_over
 from worker.engine.faults import Fault
 from worker.engine.writes import Sent, acknowledged, enqueue
@@ -84,7 +85,7 @@ class DeliveryPublisher:
         self._log_flush_s = log_flush_s
         self._log_open: dict[str, _LogBatch] = {}
         self._log_lock = asyncio.Lock()
-        self._log_sends: set[asyncio.Task[None]] = set()
+        self._log_sends = Chores("delivery-log")
 
     async def send_states(
         self, partition: int, keys: Sequence[str], *, store: DeliveryStore
@@ -155,8 +156,7 @@ class DeliveryPublisher:
                     one = await self._enqueue_state(partition, keys[i], store, resend=True)
 
     async def log_pending(self, taken: list[tuple[DeliveryState, Pending]], *, now: float) -> None:
-        entries = [self._entry(state, d, now) for state, d in taken]
-        await self.log(entries)
+        await self.log([self._entry(state, d, now) for state, d in taken])
 
     async def log_retry(
         self,
@@ -166,8 +166,7 @@ class DeliveryPublisher:
         now: float,
         attempt: AttemptRecord | None = None,
     ) -> None:
-        entry = self._entry(state, head, now, attempt)
-        await self.log([entry])
+        await self.log([self._entry(state, head, now, attempt)])
 
     async def log_finished(
         self,
@@ -177,8 +176,7 @@ class DeliveryPublisher:
         *,
         attempt: AttemptRecord | None = None,
     ) -> None:
-        entry = self._entry(state, head, finished.finished_at, attempt, finished)
-        await self.log([entry])
+        await self.log([self._entry(state, head, finished.finished_at, attempt, finished)])
 
     async def log_note(
         self, *, endpoint_id: str, workspace_id: str, note: str, detail: str, now: float
@@ -318,9 +316,7 @@ class DeliveryPublisher:
         batch.closed = True
         if self._log_open.get(endpoint_id) is batch:
             del self._log_open[endpoint_id]
-        task = asyncio.get_running_loop().create_task(self._send_batch(endpoint_id, batch))
-        self._log_sends.add(task)
-        task.add_done_callback(self._log_sends.discard)
+        self._log_sends.quietly(self._send_batch(endpoint_id, batch))
 
     async def _send_batch(self, endpoint_id: str, batch: _LogBatch) -> None:
         try:
