@@ -35,6 +35,7 @@ from worker.webhooks.announcer import Announcer
 from worker.webhooks.endpoints import EndpointRegistry
 from worker.webhooks.replay_scan import (
     PROGRESS_EVERY_S,
+    REPLAY_TIMEOUT_S,
     ReplayProgress,
     ReplayScan,
     ReplayState,
@@ -75,6 +76,7 @@ class Prober:
         scan: ReplayScan | None = None,
         progress: Callable[[ReplayProgress], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
+        replay_budget_s: float = REPLAY_TIMEOUT_S,
     ) -> None:
         self._endpoints = endpoints
         self._writer = writer
@@ -87,6 +89,7 @@ class Prober:
         self._scan = scan  # none: a re-enabled endpoint is not replayed what it missed
         self._progress = progress
         self._clock = clock
+        self.replay_budget_s = replay_budget_s
         self.tick_s = min(5.0, config.first_s / 2)
         self.slots = Admission("webhook-probes", Share.capped(config.max_in_flight, PER_WORKSPACE))
         # Recoveries' replays: one a workspace, as the front-end runs them.
@@ -200,7 +203,8 @@ class Prober:
     async def _replay(self, endpoint: EndpointRecord) -> None:
         """Queue what ``endpoint`` missed since it was disabled, then clear ``replaying``. A
         failure or a stop leaves it set: the next sweep, here or on the next owner, scans
-        again under the same replay id."""
+        again under the same replay id; past ``replay_budget_s`` it notes where it stopped
+        (``resume``) and the next sweep reads on from there."""
         recovery = endpoint.recovery
         assert recovery is not None and recovery.replay_id is not None and self._scan
         rid, since = recovery.replay_id, datetime.fromtimestamp(recovery.disabled_at, UTC)
@@ -215,16 +219,19 @@ class Prober:
             following(lambda: note("running"), PROGRESS_EVERY_S, lambda: False)
         )
         try:
-            await self._scan.run(rid, endpoint, since, counts)
+            budget = time.monotonic() + self.replay_budget_s
+            left = await self._scan.run(
+                rid, endpoint, since, counts, start=recovery.resume, deadline=budget
+            )
             follower.cancel()
             current = self._endpoints.get(endpoint.workspace_id, endpoint.id)
             if current is not None and current.recovery == recovery:
-                await self._writer.update(
-                    current, recovery=recovery.model_copy(update={"replaying": False})
-                )
+                after = {"resume": left, "replaying": bool(left)}
+                await self._writer.update(current, recovery=recovery.model_copy(update=after))
+            ended = "endpoint_recovery_replay_paused" if left else "endpoint_recovery_replayed"
+            log.warning(ended, endpoint_id=endpoint.id, events=counts[0])
             with contextlib.suppress(Exception):  # a board that missed it reads it as stalled
-                await note("done")
-            log.warning("endpoint_recovery_replayed", endpoint_id=endpoint.id, events=counts[0])
+                await note("running" if left else "done")
         except Exception as exc:
             log.error("endpoint_recovery_replay_failed", endpoint_id=endpoint.id, error=repr(exc))
         finally:

@@ -41,6 +41,8 @@ REPLAY_ID_RE: Final = re.compile(r"^rp_[0-9a-f]{32}$")
 ERROR_CHARS: Final = 200
 #: How often a running replay writes its progress (the board reads a silent one as stalled).
 PROGRESS_EVERY_S: Final = 1.0
+#: A replay's time budget: the front-end's ends there, a recovery's resumes at the next sweep.
+REPLAY_TIMEOUT_S: Final = 300.0
 
 ReplayState = Literal["queued", "running", "done", "cancelled", "failed"]
 ENDED: Final = frozenset({"done", "cancelled", "failed"})
@@ -148,14 +150,24 @@ class ReplayScan:
         self.records_read = 0
 
     async def run(
-        self, replay_id: str, endpoint: EndpointRecord, since: datetime, counts: list[int]
-    ) -> None:
+        self,
+        replay_id: str,
+        endpoint: EndpointRecord,
+        since: datetime,
+        counts: list[int],
+        *,
+        start: dict[str, int] | None = None,
+        deadline: float | None = None,
+    ) -> dict[str, int]:
         """Read each topic's partitions from the first record stamped at or after ``since``
         less ``seek_margin_s`` (clocks that disagree) to their ends of now
         (``worker.engine.range_read``), on a consumer per topic (one assigned to a topic does
         not learn another's metadata). An event is replayed only when its ``occurred_at`` is
         at or after ``since`` too, so an index that starts early costs reading, never a wrong
-        delivery. ``counts`` (replayed and acknowledged, scanned, found) grows as it goes."""
+        delivery. ``counts`` (replayed and acknowledged, scanned, found) grows as it goes.
+        Past ``deadline`` (monotonic) it stops between fetches and answers where it stopped
+        (``topic:partition`` → offset, every record before it acknowledged), which ``start``
+        resumes from; ``{}`` once read to the end."""
 
         async def replay(tp: TopicPartition, records: list[Any]) -> None:
             self.records_read += len(records)
@@ -163,14 +175,27 @@ class ReplayScan:
             counts[0] += await self._batch(replay_id, endpoint, since, tp, records, counts)
 
         at = int((since.timestamp() - self._seek_margin_s) * 1000)
-        for topic in (self._status_topic, self._errors_topic):
+        topics: tuple[str, ...] = (self._status_topic, self._errors_topic)
+        start = start or {}
+        if any(k.startswith(f"{self._errors_topic}:") for k in start):
+            topics = topics[1:]  # auth.status was read to its end
+        for topic in topics:
             consumer = self._consumer_factory()
             await self.aside.start(consumer)  # a start cut short is closed aside
             try:
                 tps = await partitions(consumer, topic, deadline=time.monotonic() + 30.0)
-                await read_range(consumer, tps, replay, on_unreadable=self._skip, since_ms=at)
+                keys = {tp: f"{topic}:{tp.partition}" for tp in tps}
+                resumed = bool(start) and topic == topics[0]
+                spans = await read_range(
+                    consumer, tps, replay, on_unreadable=self._skip, deadline=deadline,
+                    offsets={tp: start.get(k, 0) for tp, k in keys.items()} if resumed else None,
+                    since_ms=None if resumed else at,
+                )  # fmt: skip
             finally:
                 await consumer.stop()
+            if not all(span.complete for span in spans.values()):
+                return {keys[tp]: span.next for tp, span in spans.items()}
+        return {}
 
     async def publish(self, topic: str, progress: ReplayProgress) -> None:
         """Write ``progress`` where every front-end's replay board reads it (``topic``:
@@ -249,6 +274,7 @@ __all__ = [
     "ENDED",
     "PROGRESS_EVERY_S",
     "REPLAY_ID_RE",
+    "REPLAY_TIMEOUT_S",
     "SEEK_MARGIN_S",
     "ReplayProgress",
     "ReplayScan",

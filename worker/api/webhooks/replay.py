@@ -25,6 +25,7 @@ from worker.contract.webhook_endpoints import EndpointRecord
 from worker.runtime.admission import Admission, Share, Slot
 from worker.runtime.logs import get_logger
 from worker.webhooks.replay_scan import (
+    REPLAY_TIMEOUT_S,
     ReplayProgress,
     ReplayScan,
     ReplayState,
@@ -38,7 +39,6 @@ MAX_QUEUED: Final = 8
 PER_WORKSPACE: Final = 2
 #: ``Retry-After`` of a refusal: a replay takes seconds to minutes (``timeout_s`` at most).
 RETRY_AFTER_S: Final = 30
-REPLAY_TIMEOUT_S: Final = 300.0
 _KEPT_OUTCOMES: Final = 256
 
 
