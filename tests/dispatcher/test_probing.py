@@ -8,6 +8,7 @@ deliveries is disabled again by the usual rule with a longer probe interval."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -271,3 +272,42 @@ async def test_probes_at_once_are_capped_per_workspace_by_the_admission_rule(
             assert prober.slots.in_use == 0  # every slot given back
         finally:
             await producer.stop()
+
+
+async def test_an_endpoint_disabled_before_recovery_existed_is_probed_from_now(
+    make_settings: SettingsFactory,
+) -> None:
+    """A disabled record with no ``recovery`` (written before probing existed): the dispatcher
+    starts its probing at the sweep, ``disabled_at`` now; not when its owner opted out."""
+    settings = dispatcher_settings(make_settings)
+    async with endpoint_store(settings) as store:
+        old, _ = await store.create(
+            "ws_a", url="http://127.0.0.1:9/", event_types=None, description=None
+        )
+        out, _ = await store.create(
+            "ws_a", url="http://127.0.0.1:9/", event_types=None, description=None
+        )
+        await store.update(old, status="disabled")
+        await store.update(out, status="disabled", auto_recover=False)
+        prober = Prober(
+            endpoints=store.registry,
+            writer=store,
+            sender=None,  # type: ignore[arg-type]
+            sign=None,  # type: ignore[arg-type]
+            publisher=None,  # type: ignore[arg-type]
+            owns=lambda _: True,
+            config=ProbeConfig(first_s=60.0),
+        )
+        before = time.time()
+        runner = asyncio.create_task(prober.run())
+        try:
+            await wait_until(lambda: current(store, "ws_a", old.id).recovery is not None)
+            await asyncio.sleep(2 * prober.tick_s)  # sweeps enough to have started the other
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+        started = current(store, "ws_a", old.id)
+        assert started.recovery is not None and started.status == "disabled"
+        assert before <= started.recovery.disabled_at <= time.time()
+        assert started.recovery.next_probe_at == started.recovery.disabled_at + 60.0
+        assert current(store, "ws_a", out.id).recovery is None

@@ -98,14 +98,15 @@ class Prober:
         self._running: dict[str, asyncio.Task[None]] = {}
 
     def due(self, now: float) -> list[EndpointRecord]:
-        """This process's disabled endpoints whose next probe is due, and its re-enabled ones
-        whose replay is still to queue; none already under way."""
+        """This process's disabled endpoints whose next probe is due or that have no probing
+        yet, and its re-enabled ones whose replay is still to queue; none already under way."""
 
         def due(e: EndpointRecord) -> bool:
             if e.replaying:
                 return self._scan is not None
-            probing = e.recovery if e.status == "disabled" and e.auto_recover else None
-            return probing is not None and (probing.next_probe_at or now + 1) <= now
+            if e.status != "disabled" or not e.auto_recover:
+                return False
+            return e.recovery is None or (e.recovery.next_probe_at or now + 1) <= now
 
         records = self._endpoints.records()
         return [e for e in records if due(e) and e.id not in self._running and self._owns(e.id)]
@@ -119,7 +120,8 @@ class Prober:
                 slot = (self.slots if probe else self.replays).take(endpoint.workspace_id)
             except NoRoom:
                 continue
-            task = asyncio.create_task((self._probe if probe else self._replay)(endpoint))
+            job = (self._probe if endpoint.recovery else self._start) if probe else self._replay
+            task = asyncio.create_task(job(endpoint))
             self._running[endpoint.id] = task
             task.add_done_callback(functools.partial(self._ended, endpoint.id, slot))
 
@@ -141,6 +143,13 @@ class Prober:
             await asyncio.gather(*tasks, return_exceptions=True)
             if self._scan is not None:
                 await self._scan.aside.drain()  # consumers whose start a cancel cut short
+
+    async def _start(self, endpoint: EndpointRecord) -> None:
+        """Probe from now an endpoint disabled with no probing (before recovery existed)."""
+        try:
+            await self._writer.update(endpoint, recovery=self.config.start(endpoint, self._clock()))
+        except Exception as exc:  # still due: the next sweep writes it again
+            log.error("endpoint_probe_failed", endpoint_id=endpoint.id, error=repr(exc))
 
     async def _probe(self, endpoint: EndpointRecord) -> None:
         try:
