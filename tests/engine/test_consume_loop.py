@@ -73,7 +73,7 @@ async def test_a_key_on_two_partitions_has_a_lane_on_each() -> None:
         metrics=cast(Any, _Metrics()),
         config=LoopConfig(topics=("t",), state_topic="s"),
     )
-    worker.active = {0, 1}
+    worker.pressure.active = {0, 1}
     worker._dispatch(TopicPartition("t", 1), _record(1, 5, b"acc"))
     worker._dispatch(TopicPartition("t", 0), _record(0, 7, b"acc"))
     for _ in range(100):
@@ -86,7 +86,7 @@ async def test_a_key_on_two_partitions_has_a_lane_on_each() -> None:
     handler.release.set()
     await asyncio.gather(*(lane.task for lane in list(worker.lanes.values()) if lane.task))
     assert worker.lanes == {}
-    assert worker.in_flight == 0
+    assert worker.pressure.in_flight == 0
 
 
 class _Holding(_HoldPartitionOne):
@@ -113,7 +113,7 @@ async def test_a_record_held_by_its_handler_is_not_committed_until_released() ->
         metrics=cast(Any, _Metrics()),
         config=LoopConfig(topics=("t",), state_topic="s", hold_overdue_s=0.05),
     )
-    worker.active = {0}
+    worker.pressure.active = {0}
     tp = TopicPartition("t", 0)
     worker._dispatch(tp, _record(0, 3, b"a"))
     worker._dispatch(tp, _record(0, 4, b"b"))

@@ -124,7 +124,7 @@ def _committed(loop: ConsumeLoop, settings: Settings) -> int:
 
 
 def _failures(loop: ConsumeLoop, outcome: str) -> float:
-    value = loop.metrics.registry.get_sample_value(  # type: ignore[attr-defined]
+    value = loop.metrics.registry.get_sample_value(
         "passkey_auth_unit_failures_total", {"stage": "record", "outcome": outcome}
     )
     return value or 0.0

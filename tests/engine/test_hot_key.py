@@ -51,7 +51,7 @@ class _Flood:
         assert msg.key is not None and msg.value is not None
         key = msg.key.decode()
         if self.loop is not None:
-            self.peak = max(self.peak, self.loop.in_flight)
+            self.peak = max(self.peak, self.loop.pressure.in_flight)
         if key == "hot":
             await asyncio.wait_for(self.release.wait(), 90)
         self.done[key].append(int(msg.value))
@@ -119,7 +119,7 @@ async def test_a_flooded_key_pauses_its_partition_only(make_settings: SettingsFa
         await producer.flush()
         await loop.consumer.start()
         running = asyncio.create_task(loop.run())
-        await _wait(lambda: loop.ready and loop.in_flight >= KEY_SHARE, 30, "the flood")
+        await _wait(lambda: loop.ready and loop.pressure.in_flight >= KEY_SHARE, 30, "the flood")
         for i in range(cool):
             await producer.send(topic, str(i).encode(), key=b"cool", partition=1)
         await producer.flush()
@@ -130,7 +130,7 @@ async def test_a_flooded_key_pauses_its_partition_only(make_settings: SettingsFa
         assert handler.done["cool"] == list(range(cool)), "all of cool, in order, meanwhile"
         assert handler.done["same"] == [], "same waits behind hot: its partition is paused"
         # cool, quick but 40 at once, may have met its own share: its pause ends at a poll
-        await _wait(lambda: loop.key_paused == {0}, 5, "partition 1 to flow")
+        await _wait(lambda: loop.pressure.key_paused == {0}, 5, "partition 1 to flow")
         paused = loop.consumer.paused()
         assert TopicPartition(topic, 0) in paused
         assert TopicPartition(topic, 1) not in paused
@@ -146,7 +146,7 @@ async def test_a_flooded_key_pauses_its_partition_only(make_settings: SettingsFa
         assert handler.done["hot"] == list(range(hot))
         assert handler.done["same"] == list(range(same))
         assert handler.done["cool"] == list(range(cool))
-        await _wait(lambda: not loop.key_paused, 5, "partition 0 to resume")
+        await _wait(lambda: not loop.pressure.key_paused, 5, "partition 0 to resume")
         await _wait(lambda: not loop.consumer.paused(), 5, "the consumer to resume")
         ends = {TopicPartition(topic, 0): hot + same, TopicPartition(topic, 1): cool}
         await _wait(
@@ -236,7 +236,7 @@ def _loop(handler: Any, consumer: _Consumer, **config: Any) -> ConsumeLoop:
         metrics=WorkerMetrics(CollectorRegistry()),
         config=LoopConfig(topics=("t",), state_topic="s", **config),
     )
-    loop.active = {0, 1}
+    loop.pressure.active = {0, 1}
     return loop
 
 
@@ -263,17 +263,17 @@ async def test_a_key_at_its_share_is_refused_and_its_partition_alone_paused() ->
     assert loop._dispatch(tp1, _record(1, 0, b"cool"))
     loop.pressure.apply()
     assert consumer.paused() == {tp0}
-    assert loop.key_paused == {0}
+    assert loop.pressure.key_paused == {0}
     assert loop.trackers[tp0].watermark() == 0 and loop.trackers[tp0].pending == 5
 
     handler.let("hot")
     await _settle(lambda: (0, "hot") not in loop.lanes)
     loop.pressure.apply()
     assert consumer.paused() == set()
-    assert loop.key_paused == set()
+    assert loop.pressure.key_paused == set()
     assert [o for k, o in handler.done if k == "hot"] == [0, 1, 2, 3]
     handler.let_all()
-    await _settle(lambda: loop.in_flight == 0)
+    await _settle(lambda: loop.pressure.in_flight == 0)
 
 
 async def test_hot_partition_resumes_at_half_the_share() -> None:
@@ -305,16 +305,16 @@ async def test_the_total_bound_is_hard_within_one_batch() -> None:
     consumer = _Consumer()
     handler = _Gates()
     loop = _loop(handler, consumer, max_in_flight=10, max_in_flight_per_key=10)
-    loop.active = set(range(12))
+    loop.pressure.active = set(range(12))
     tps = [TopicPartition("t", p) for p in range(12)]
     taken = [loop._dispatch(tps[i], _record(i, 0, f"k{i}".encode())) for i in range(12)]
     assert taken == [True] * 10 + [False] * 2
-    assert loop.in_flight == 10
+    assert loop.pressure.in_flight == 10
     loop.pressure.apply()
     assert consumer.paused() == set(tps)
     for i in range(10):
         handler.let(f"k{i}")
-    await _settle(lambda: loop.in_flight == 0)
+    await _settle(lambda: loop.pressure.in_flight == 0)
     loop.pressure.apply()
     assert consumer.paused() == set()
 
@@ -332,12 +332,12 @@ async def test_revocation_forgets_a_hot_partition_and_assignment_resumes_it() ->
     for i in range(3):
         loop._dispatch(tp0, _record(0, i, b"hot"))
     loop.pressure.apply()
-    assert loop.key_paused == {0}
+    assert loop.pressure.key_paused == {0}
     assert consumer.paused() == {tp0}
     await loop.on_partitions_revoked({tp0})
-    assert loop.key_paused == set()
+    assert loop.pressure.key_paused == set()
     assert loop.pressure.hot == {}
-    assert loop.in_flight == 0 and not loop.lanes
+    assert loop.pressure.in_flight == 0 and not loop.lanes
     # aiokafka forgets the pause with the assignment; the loop must not carry it over.
     consumer.paused_tps.clear()
     loop.active.add(0)

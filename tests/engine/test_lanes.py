@@ -69,11 +69,11 @@ async def test_a_due_key_runs_its_follow_up_after_the_record_and_outside_the_wat
         metrics=WorkerMetrics(CollectorRegistry()),
         config=LoopConfig(topics=("t",), state_topic="s"),
     )
-    loop.active = {0}
+    loop.pressure.active = {0}
     tp = TopicPartition("t", 0)
     assert loop._dispatch(tp, _record(0, b"acc_1", b"acc_2 acc_1"))
     assert loop._dispatch(tp, _record(1, b"acc_1", b""))
-    await _settle(lambda: loop.in_flight == 0 and not loop.lanes)
+    await _settle(lambda: loop.pressure.in_flight == 0 and not loop.lanes)
     acc_1 = [u for u in handler.units if u[0] == "record" or u[1] == (0, "acc_1")]
     assert acc_1 == [("record", 0), ("record", 1), ("follow_up", (0, "acc_1"))], "lane order"
     assert handler.units.index(("follow_up", (0, "acc_2"))) > 0, "after the record naming it"

@@ -53,11 +53,11 @@ async def test_21_keys_under_their_share_take_their_partitions_share_not_the_bou
             taken += loop._dispatch(tp0, _record(0, offset, f"acc_{key}".encode()))
             offset += 1
     assert taken == loop.pressure.partition_share.per_owner == 375
-    assert loop.in_flight == 375
+    assert loop.pressure.in_flight == 375
     assert loop.pressure.hot == {}, "no key reached its own share"
     loop.pressure.apply()
     assert consumer.paused() == {tp0}
-    assert loop.key_paused == {0}
+    assert loop.pressure.key_paused == {0}
 
     assert loop._dispatch(tp1, _record(1, 0, b"acc_fresh")), "another partition has room"
     loop.pressure.apply()
@@ -65,7 +65,7 @@ async def test_21_keys_under_their_share_take_their_partitions_share_not_the_bou
     handler.let("acc_fresh")
     await _settle(lambda: ("acc_fresh", 0) in handler.done)
     handler.let_all()
-    await _settle(lambda: loop.in_flight == 0)
+    await _settle(lambda: loop.pressure.in_flight == 0)
     loop.pressure.apply()
     assert consumer.paused() == set()
     assert loop.pressure.held == {}, "nothing is remembered of a partition holding nothing"
@@ -78,7 +78,7 @@ async def test_the_reserve_keeps_room_for_a_partition_holding_none() -> None:
     consumer = _Consumer()
     handler = _Gates()
     loop = _loop(handler, consumer)
-    loop.active = {0, 1, 2, 3}
+    loop.pressure.active = {0, 1, 2, 3}
     tps = [TopicPartition("t", p) for p in range(4)]
     for p in (0, 1):
         for i in range(400):
@@ -91,7 +91,7 @@ async def test_the_reserve_keeps_room_for_a_partition_holding_none() -> None:
     assert consumer.paused() == {tps[0], tps[1], tps[2]}
     await asyncio.sleep(0.01)  # every lane waits for its permit
     handler.let_all()
-    await _settle(lambda: loop.in_flight == 0)
+    await _settle(lambda: loop.pressure.in_flight == 0)
     loop.pressure.apply()
     assert consumer.paused() == set()
 
@@ -110,15 +110,15 @@ async def test_a_crowded_partition_resumes_at_half_its_share() -> None:
     assert consumer.paused() == {tp0}
     for n, key in enumerate(keys[: share - share // 2 - 1], start=1):
         handler.let(key)
-        await _settle(lambda: loop.in_flight == share - n)  # noqa: B023
+        await _settle(lambda: loop.pressure.in_flight == share - n)  # noqa: B023
         loop.pressure.apply()
         assert consumer.paused() == {tp0}, f"{share - n} of {share}: still paused"
     handler.let(keys[share - share // 2 - 1])
-    await _settle(lambda: loop.in_flight == share // 2)
+    await _settle(lambda: loop.pressure.in_flight == share // 2)
     loop.pressure.apply()
     assert consumer.paused() == set(), "half its share: resumed"
     handler.let_all()
-    await _settle(lambda: loop.in_flight == 0)
+    await _settle(lambda: loop.pressure.in_flight == 0)
 
 
 async def test_due_keys_of_a_crowded_partition_wait_for_the_next_sweep() -> None:
@@ -140,7 +140,7 @@ async def test_due_keys_of_a_crowded_partition_wait_for_the_next_sweep() -> None
     assert "due_0" in store.timers.live, "re-armed for the next sweep"
     await asyncio.sleep(0.01)  # every lane waits for its permit
     handler.let_all()
-    await _settle(lambda: loop.in_flight == 0)
+    await _settle(lambda: loop.pressure.in_flight == 0)
 
 
 # --- through the consume loop, on a real broker ----------------------------------------------
@@ -222,7 +222,7 @@ async def test_many_keys_of_one_partition_cannot_take_every_slot(
         await producer.flush()
         await loop.consumer.start()
         running = asyncio.create_task(loop.run())
-        await _wait(lambda: loop.ready and loop.in_flight >= share, 30, "the crowd")
+        await _wait(lambda: loop.ready and loop.pressure.in_flight >= share, 30, "the crowd")
         for i in range(cool):
             await producer.send(topic, str(i).encode(), key=b"cool", partition=1)
         await producer.flush()
@@ -232,7 +232,7 @@ async def test_many_keys_of_one_partition_cannot_take_every_slot(
         assert not any(handler.done[f"hot{k}"] for k in range(HOT_KEYS))
         assert loop.pressure.held.get(0) == share, "partition 0 holds its share, no more"
         assert loop.pressure.hot == {}, "no key is at its own share"
-        await _wait(lambda: loop.key_paused == {0}, 5, "partition 0 alone to be paused")
+        await _wait(lambda: loop.pressure.key_paused == {0}, 5, "partition 0 alone to be paused")
         assert TopicPartition(topic, 0) in loop.consumer.paused()
         assert TopicPartition(topic, 1) not in loop.consumer.paused()
 
@@ -245,7 +245,7 @@ async def test_many_keys_of_one_partition_cannot_take_every_slot(
         )
         for k in range(HOT_KEYS):
             assert handler.done[f"hot{k}"] == list(range(PER_HOT_KEY))
-        await _wait(lambda: not loop.key_paused, 5, "partition 0 to resume")
+        await _wait(lambda: not loop.pressure.key_paused, 5, "partition 0 to resume")
     finally:
         handler.release.set()
         loop.stop()

@@ -29,10 +29,14 @@ async def restore(
     store: LoopStore,
     state_topic: str,
     mine: list[TopicPartition],
-) -> tuple[Restored, dict[TopicPartition, int]]:
-    """Load the state of ``mine``'s partition numbers into ``store``; return what was read and
-    where each input of ``mine`` ends, read after the restore, so it covers every record whose
-    state the restore saw (only for a store that tracks the hand-over)."""
+) -> Restored:
+    """Load the state of ``mine``'s partition numbers into ``store`` and return what was read.
+    A store that tracks the hand-over is told where each input of ``mine`` ended, read after
+    the restore so it covers every record whose state the restore saw: what lies below may
+    have been fetched, and acted on, by a previous owner (docs/architecture.md, "Write-ahead
+    intent"). The restored records live as long as their partition, so they are kept out of
+    every future full collection, which otherwise re-scans all of them (bench/README.md, "Hot
+    spots found and removed")."""
     restorer = factory()
     await restorer.start()
     try:
@@ -44,26 +48,14 @@ async def restore(
         await restorer.stop()
     for partition, (records, _) in restored.items():
         store.load(partition, records)
-    return restored, ends
-
-
-def hand_over(store: LoopStore, ends: dict[TopicPartition, int]) -> None:
-    """Tell ``store`` where each input ended when the previous owners gave it up: what lies
-    below may have been fetched, and acted on, before (docs/architecture.md, "Write-ahead
-    intent")."""
     for tp, end in ends.items():
         store.handed_over(tp.topic, tp.partition, end)
-
-
-def freeze_restored() -> None:
-    """Restored records live as long as their partition: keep them out of every future full
-    collection, which otherwise re-scans all of them."""
-    # Measured in bench/README.md, "Hot spots found and removed".
     gc.freeze()
+    return restored
 
 
 def report_restored(metrics: Any, restored: Restored) -> None:
-    """The restore's series (``LoopMetrics``) and one log line per partition."""
+    """The restore's series (``LoopSeries``) and one log line per partition."""
     for partition, (_, stats) in restored.items():
         metrics.restore_seconds.observe(stats.seconds)
         metrics.restore_records.inc(stats.records)

@@ -34,7 +34,7 @@ class Commits:
         final_timeout_s: float,
     ) -> None:
         self.consumer = consumer
-        #: The loop's series (``LoopMetrics``): ``lag``.
+        #: The loop's series (``LoopSeries``): ``lag``.
         self.metrics = metrics
         self.hold_overdue_s = hold_overdue_s
         self.final_timeout_s = final_timeout_s

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,18 +18,13 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from worker.engine.assignment import (
-    RestoreConsumerFactory,
-    freeze_restored,
-    hand_over,
-    report_restored,
-    restore,
-)
+from worker.engine.assignment import RestoreConsumerFactory, report_restored, restore
 from worker.engine.commits import Commits
 from worker.engine.fetch import GapWatch, gap_logger
 from worker.engine.fetch import getmany as fetch_records
-from worker.engine.handler import Handler, LoopMetrics, LoopStore
+from worker.engine.handler import Handler, LoopStore
 from worker.engine.lanes import DUE, LOGGED_KEY_CHARS, Lane, LaneItem, Unreadable
+from worker.engine.metrics import LoopSeries
 from worker.engine.pressure import Pressure, input_partitions
 from worker.engine.units import Revoked, Units
 from worker.runtime.logs import get_logger
@@ -42,7 +37,7 @@ __all__ = [
     "ConsumeLoop",
     "Handler",
     "LoopConfig",
-    "LoopMetrics",
+    "LoopSeries",
     "LoopStore",
     "RestoreConsumerFactory",
     "Unreadable",
@@ -112,7 +107,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         consumer: AIOKafkaConsumer,
         restore_consumer: RestoreConsumerFactory,
         executor: Handler,
-        metrics: LoopMetrics,
+        metrics: LoopSeries,
         config: LoopConfig,
         unordered: Callable[[ConsumerRecord[bytes, bytes]], bool] | None = None,
     ) -> None:
@@ -164,23 +159,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         )
 
     @property
-    def in_flight(self) -> int:
-        """Records and due keys taken in and not yet let go (``Pressure.add``)."""
-        return self.pressure.in_flight
-
-    @property
     def active(self) -> set[int]:
         """Partition numbers assigned and restored: the only ones dispatched."""
         return self.pressure.active
-
-    @active.setter
-    def active(self, partitions: set[int]) -> None:
-        self.pressure.active = partitions
-
-    @property
-    def key_paused(self) -> set[int]:
-        """Partition numbers paused because a key of theirs holds its share."""
-        return self.pressure.key_paused
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -222,8 +203,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             if self._fatal is None:
                 await self.commits.final_commit()
             await self._cancel_lanes()
-            self.ready = False
-            self.metrics.ready.set(0)
+            self._set_ready(False)
         if self._fatal is not None:
             raise RuntimeError("consume loop failed") from self._fatal
 
@@ -295,7 +275,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         task.add_done_callback(self._aside_done)
 
     def _aside_done(self, task: asyncio.Task[None]) -> None:
-        self.pressure.aside_finished(self.asides.pop(task, None))
+        self.pressure.aside_finished(self.asides.pop(task))
 
     async def _run_aside(
         self, key: str, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]
@@ -377,11 +357,6 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
 
     # -- rebalance -----------------------------------------------------------------------------
 
-    def _owned(self, partitions: Iterable[int] | None = None) -> list[TopicPartition]:
-        """The input topic-partitions of ``partitions`` (default: every active one)."""
-        numbers = self.pressure.active if partitions is None else partitions
-        return input_partitions(self.config.topics, numbers)
-
     def _set_ready(self, ready: bool) -> None:
         self.ready = ready
         self.metrics.ready.set(1 if ready else 0)
@@ -422,11 +397,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 "assignment_ignored_stopping", partitions=sorted({tp.partition for tp in mine})
             )
             return
-        restored, ends = await restore(
-            self._restore_consumer, self.store, self.config.state_topic, mine
-        )
-        hand_over(self.store, ends)
-        freeze_restored()
+        restored = await restore(self._restore_consumer, self.store, self.config.state_topic, mine)
         report_restored(self.metrics, restored)
         self._activate(mine)
 
@@ -436,7 +407,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.pressure.active |= {tp.partition for tp in mine}
         self.metrics.store_accounts.set(len(self.store))
         if not self.pressure.paused:
-            self.consumer.resume(*(tp for tp in mine if tp.partition not in self.key_paused))
+            self.consumer.resume(
+                *(tp for tp in mine if tp.partition not in self.pressure.key_paused)
+            )
         self._set_ready(True)
 
     # -- draining ------------------------------------------------------------------------------
@@ -461,7 +434,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def _drain(self, grace: float) -> None:
         log.info("draining", in_flight=self.pressure.in_flight, grace_s=grace)
-        owned = self._owned()
+        owned = input_partitions(self.config.topics, self.pressure.active)
         if owned:
             self.consumer.pause(*owned)
         await self._wait_lanes(None, grace)

@@ -1,6 +1,6 @@
 """What the consume loop takes from the process it runs in: the ``Handler`` of each unit of
-work, the state store it restores and drops per partition, and the loop's metric series
-(docs/architecture.md, "The consume engine")."""
+work and the state store it restores and drops per partition (its metric series are a
+``worker.engine.metrics.LoopSeries``; docs/architecture.md, "The consume engine")."""
 
 from __future__ import annotations
 
@@ -51,21 +51,3 @@ class Handler(Protocol):
 
     async def give_up(self, partition: int, key: str, fault: Fault) -> None:
         """Set aside a due key whose follow-up failed for good (postpone it)."""
-
-
-class LoopMetrics(Protocol):
-    """The loop's own series (``WorkerMetrics``, ``WebhookMetrics``)."""
-
-    in_flight: Any
-    lag: Any
-    store_accounts: Any
-    restore_seconds: Any
-    restore_records: Any
-    restore_undecodable: Any
-    rebalances: Any
-    ready: Any
-    unit_failures: Any
-    offset_gaps: Any
-    key_pauses: Any
-
-    def beat(self) -> None: ...

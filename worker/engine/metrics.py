@@ -34,10 +34,9 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 
 
 class LoopSeries:
-    """The consume loop's own series (``worker.engine.consume_loop.LoopMetrics``), named per
-    process: ``{prefix}consumer_lag``, ``{prefix}{role}_ready`` ... The worker's are
-    ``passkey_auth_*``, the webhook dispatcher's ``passkey_webhook_*``; the meanings are the
-    same."""
+    """The consume loop's own series, named per process: ``{prefix}consumer_lag``,
+    ``{prefix}{role}_ready`` ... The worker's are ``passkey_auth_*``, the webhook dispatcher's
+    ``passkey_webhook_*``; the meanings are the same."""
 
     def __init__(
         self,

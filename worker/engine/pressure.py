@@ -71,7 +71,7 @@ class Pressure:
         self.consumer = consumer
         self.topics = topics
         self.lanes = lanes
-        #: The loop's series (``LoopMetrics``): ``in_flight``, ``key_pauses``.
+        #: The loop's series (``LoopSeries``): ``in_flight``, ``key_pauses``.
         self.metrics = metrics
         self.max_in_flight = max_in_flight
         self.key_share = key_share
@@ -158,12 +158,8 @@ class Pressure:
         _bump(self.aside_load, where, 1)
         self.heat_if_full(*where)
 
-    def aside_finished(self, where: tuple[int, str] | None) -> None:
-        """A query beside its lane is done (``None``: one the loop no longer knew)."""
-        if where is None:
-            self.in_flight -= 1
-            self.metrics.in_flight.set(self.in_flight)
-            return
+    def aside_finished(self, where: tuple[int, str]) -> None:
+        """A query beside its lane is done."""
         self.add(where[0], -1)
         _bump(self.aside_load, where, -1)
         self.cooled(*where)

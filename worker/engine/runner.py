@@ -21,7 +21,7 @@ from worker.engine.consume_loop import (
     ConsumeLoop,
     Handler,
     LoopConfig,
-    LoopMetrics,
+    LoopSeries,
 )
 from worker.engine.kafka import ConsumerClass, KafkaConfig, build_consumer
 from worker.runtime.eventloop import running_loop_name
@@ -241,7 +241,7 @@ def consume_loop(
     *,
     consumer: AIOKafkaConsumer,
     handler: Handler,
-    metrics: LoopMetrics,
+    metrics: LoopSeries,
     unordered: Callable[[ConsumerRecord[bytes, bytes]], bool] | None = None,
 ) -> ConsumeLoop:
     """The consume loop ``spec`` describes, on ``consumer`` (``group_consumer``), handing

@@ -49,10 +49,6 @@ class Units:
         self.attempts = attempts
         self.backoff = backoff
 
-    @property
-    def active(self) -> set[int]:
-        return self._active()
-
     async def run(self, key: str, partition: int, item: LaneItem) -> Iterable[str] | None:
         """Run one unit of work (a record, or ``key``'s follow-up when ``item`` is ``DUE``) so
         that a fault about it stays with it: retried with a pause, then recovered or given up.
@@ -82,7 +78,7 @@ class Units:
                     log.warning("unit_failed_retrying", error=repr(exc)[:300], **where)
                     self.metrics.unit_failures.labels(stage, "retried").inc()
                     await asyncio.sleep(self.backoff(attempt))
-                    if partition not in self.active:
+                    if partition not in self._active():
                         raise Revoked from exc
                     attempt += 1
                     continue
