@@ -110,7 +110,6 @@ def test_a_record_s_context_is_carried_as_the_propagator_reads_it(
     """Recording nothing, the worker reads a plain ``traceparent`` itself and writes it on as
     it came: the same context and the same outgoing headers as through the propagator."""
     expected = trace.get_current_span(tracing.context_from_headers(headers)).get_span_context()
-    assert tracing.incoming_span_context(headers) == expected
     assert not tracing.recording()
     with tracing.consume_span(_Record(headers)):
         carried = trace.get_current_span().get_span_context()
@@ -118,6 +117,7 @@ def test_a_record_s_context_is_carried_as_the_propagator_reads_it(
             assert carried == expected
         else:
             assert carried.is_valid, "a record without a usable context starts a trace"
+            assert carried.trace_id != int(CALLER[3:35], 16), "one the propagator refuses"
         assert tracing.kafka_headers() == tracing.kafka_headers(carried)
         assert tracing.http_headers() == tracing.http_headers(carried)
         assert tracing.kafka_headers()[0][1].decode() == tracing.http_headers()["traceparent"]

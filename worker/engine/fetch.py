@@ -44,8 +44,7 @@ class GapWatch:
         self.on_gap = on_gap
         self.hold_s = hold_s
         self._waiting: dict[TopicPartition, tuple[int, float]] = {}
-        #: Gaps that closed while held (the records came), and gaps given up on.
-        self.closed = 0
+        #: Gaps given up on.
         self.given_up = 0
 
     @property
@@ -79,8 +78,7 @@ class GapWatch:
                     self.on_gap(tp, expected, offset, now - since)
                 expected = offset + 1
             else:
-                if waiting.pop(tp, None) is not None:
-                    self.closed += 1
+                waiting.pop(tp, None)
         return {tp: records for tp, records in batch.items() if records}
 
 

@@ -279,9 +279,9 @@ async def _admin(kafka: KafkaConfig, attempts: int) -> AsyncIterator[AIOKafkaAdm
         await admin.close()
 
 
-async def _create_missing(admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec]) -> list[str]:
-    """Create the missing ones of ``specs`` with their configuration; returns their names.
-    Another process creating one first is fine; any other refusal raises."""
+async def _create_missing(admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec]) -> None:
+    """Create the missing ones of ``specs`` with their configuration. Another process creating
+    one first is fine; any other refusal raises."""
     existing = set(await admin.list_topics())
     missing = [
         NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=dict(s.configs))
@@ -289,7 +289,7 @@ async def _create_missing(admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec]
         if s.name not in existing
     ]
     if not missing:
-        return []
+        return
     response = await admin.create_topics(missing)
     failed = []
     for name, code, *message in response.topic_errors:  # (topic, code[, message]) by version
@@ -299,4 +299,3 @@ async def _create_missing(admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec]
     if failed:
         raise TopicsNotCreated("could not create " + "; ".join(failed))
     log.info("topics_created", topics=[t.name for t in missing])
-    return [t.name for t in missing]

@@ -65,7 +65,8 @@ def _answer(ok: bool, body: BaseModel) -> Response:
 
 
 class PublicReadiness(BaseModel):
-    """``/readyz`` on a public port: ready or not, nothing of why."""
+    """``/readyz`` on a public port, ready or not, nothing of why; and of a worker (ready: group
+    joined and every owned partition restored)."""
 
     ready: bool
 
@@ -75,12 +76,6 @@ class WorkerHealth(BaseModel):
 
     status: Literal["ok", "stalled"]
     heartbeat_age_s: float
-
-
-class WorkerReadiness(BaseModel):
-    """``/readyz`` of a worker: group joined and every owned partition restored."""
-
-    ready: bool
 
 
 def build_probe_app(
@@ -100,6 +95,6 @@ def build_probe_app(
 
     def readiness() -> tuple[bool, BaseModel]:
         ok = ready()
-        return ok, WorkerReadiness(ready=ok)
+        return ok, PublicReadiness(ready=ok)
 
     return Starlette(routes=Probes(registry, health=health, readiness=readiness).routes())

@@ -53,7 +53,6 @@ __all__ = [
     "current_traceparent",
     "export_targets",
     "http_headers",
-    "incoming_span_context",
     "kafka_headers",
     "new_root",
     "recording",
@@ -421,17 +420,13 @@ _NO_TRACE: Final = "0" * 32
 _NO_SPAN: Final = "0" * 16
 
 
-def incoming_span_context(headers: Iterable[tuple[str, bytes]] | None) -> SpanContext:
-    """The span context in a Kafka record's headers (invalid when it has none): what
-    ``context_from_headers`` finds, read without building a context."""
-    return _incoming(headers)[0]
-
-
 def _incoming(
     headers: Iterable[tuple[str, bytes]] | None,
 ) -> tuple[SpanContext, list[tuple[str, bytes]] | None]:
-    """``incoming_span_context``, and the headers to carry it on when the record's
-    ``traceparent`` is a plain one (parsed here by the propagator's rules; any other by it)."""
+    """The span context in a Kafka record's headers (invalid when it has none), what
+    ``context_from_headers`` finds, read without building a context; and the headers to carry
+    it on when the record's ``traceparent`` is a plain one (parsed here by the propagator's
+    rules; any other by it)."""
     raw, tracestate = _trace_headers(headers)
     if raw is None:
         return INVALID_SPAN_CONTEXT, None
