@@ -3,9 +3,9 @@ dead-lettered record carry the same error object in the same envelope."""
 
 from __future__ import annotations
 
-from worker.auth.flow import error_body, error_event, reply
+from worker.auth.flow import dead_lettered, error_body, reply
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import AuthData
+from worker.contract.messages import AuthData, DecodeFailure
 
 
 def test_an_error_body_adds_the_detail_after_the_catalogue_message() -> None:
@@ -30,15 +30,14 @@ def test_a_reply_carries_an_error_or_data_never_both() -> None:
 
 
 def test_an_error_event_carries_the_same_error_object() -> None:
-    body = error_body(ServiceError.of("invalid_request"), "bad")
-    event = error_event(
-        body,
+    unreadable = DecodeFailure("invalid", "bad", account_id="a", command_id="c", request_id="r")
+    event, answered = dead_lettered(
+        unreadable,
+        ServiceError.of("invalid_request"),
+        "bad",
         event_id="e",
-        account_id="a",
-        workspace_id=None,
-        command_id=None,
-        request_id=None,
-        http_status=400,
         occurred_at="2027-01-01T00:00:00Z",
     )
-    assert event.error is body and event.http_status == 400
+    assert event is not None and answered is not None
+    assert event.error is answered.body.error and event.http_status == 400
+    assert event.error == error_body(ServiceError.of("invalid_request"), "bad")
