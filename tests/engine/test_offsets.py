@@ -52,7 +52,9 @@ def test_a_held_offset_stops_the_watermark_until_every_hold_is_released() -> Non
     assert t.watermark() == 11, "one hold left"
     t.release(11)
     assert t.watermark() == 13
-    assert t.held == 0
+    t.dispatched(13)
+    t.finished(13)
+    assert t.watermark() == 14, "no hold is left behind"
 
 
 def test_a_hold_released_before_its_record_finishes_does_not_finish_it() -> None:

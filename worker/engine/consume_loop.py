@@ -22,7 +22,7 @@ from worker.engine.assignment import RestoreConsumerFactory, report_restored, re
 from worker.engine.commits import Commits
 from worker.engine.fetch import GapWatch, gap_logger
 from worker.engine.fetch import getmany as fetch_records
-from worker.engine.handler import Handler, LoopStore
+from worker.engine.handler import Handler
 from worker.engine.lanes import DUE, LOGGED_KEY_CHARS, Lane, LaneItem, Unreadable
 from worker.engine.metrics import LoopSeries
 from worker.engine.pressure import Pressure, input_partitions
@@ -30,20 +30,6 @@ from worker.engine.units import Revoked, Units
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
-
-#: What a process builds a loop from, named here whichever part of the engine defines it.
-__all__ = [
-    "FINAL_COMMIT_TIMEOUT_S",
-    "ConsumeLoop",
-    "Handler",
-    "LoopConfig",
-    "LoopSeries",
-    "LoopStore",
-    "RestoreConsumerFactory",
-    "Unreadable",
-    "default_key_share",
-]
-
 
 #: Upper bound of the last commit after the drain; part of ``runner.shutdown_hard_limit``.
 FINAL_COMMIT_TIMEOUT_S = 5.0

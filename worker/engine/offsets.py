@@ -58,11 +58,6 @@ class OffsetTracker:
     def pending(self) -> int:
         return len(self._order)
 
-    @property
-    def held(self) -> int:
-        """Offsets with at least one hold."""
-        return len(self._held)
-
 
 class Hold:
     """One reason the offset of a handled record may not be committed yet (``hold_record``).

@@ -16,14 +16,10 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from worker.engine.broker_health import BrokerHealth, metadata_probe
-from worker.engine.consume_loop import (
-    FINAL_COMMIT_TIMEOUT_S,
-    ConsumeLoop,
-    Handler,
-    LoopConfig,
-    LoopSeries,
-)
+from worker.engine.consume_loop import FINAL_COMMIT_TIMEOUT_S, ConsumeLoop, LoopConfig
+from worker.engine.handler import Handler
 from worker.engine.kafka import ConsumerClass, KafkaConfig, build_consumer
+from worker.engine.metrics import LoopSeries
 from worker.runtime.eventloop import running_loop_name
 from worker.runtime.logs import get_logger
 from worker.runtime.probes import build_probe_app

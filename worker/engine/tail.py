@@ -346,7 +346,6 @@ class ConsumerShare:
         self._arrived = asyncio.Event()
         self._failure: BaseException | None = None
         self._tps: list[TopicPartition] = []
-        self._paused: set[TopicPartition] = set()
 
     async def start(self) -> None:
         await self._hub._start()
@@ -370,17 +369,6 @@ class ConsumerShare:
     async def seek_to_beginning(self, *tps: TopicPartition) -> None:
         await self._hub._assign(self, tps or self._tps)
 
-    def pause(self, *tps: TopicPartition) -> None:
-        """As the consumer's: nothing more is fetched for ``tps``, nor handed over."""
-        self._paused.update(tps)
-        self._hub.consumer.pause(*tps)
-
-    def resume(self, *tps: TopicPartition) -> None:
-        self._paused.difference_update(tps)
-        self._hub.consumer.resume(*tps)
-        if self._pending:
-            self._arrived.set()
-
     def highwater(self, tp: TopicPartition) -> Any:
         return self._hub.consumer.highwater(tp)
 
@@ -399,11 +387,7 @@ class ConsumerShare:
         if self._failure is not None:
             raise self._failure
         self._arrived.clear()
-        if not self._paused:
-            batch, self._pending = self._pending, {}
-            return batch
-        batch = {tp: rs for tp, rs in self._pending.items() if tp not in self._paused}
-        self._pending = {tp: rs for tp, rs in self._pending.items() if tp in self._paused}
+        batch, self._pending = self._pending, {}
         return batch
 
     def _put(self, tp: TopicPartition, records: list[Any]) -> None:

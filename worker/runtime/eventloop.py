@@ -12,18 +12,14 @@ T = TypeVar("T")
 LoopName = Literal["uvloop", "asyncio"]
 
 
-def loop_factory(name: LoopName) -> Callable[[], asyncio.AbstractEventLoop]:
-    """A factory of new event loops of kind ``name``."""
+def run(main: Coroutine[Any, Any, T], name: LoopName) -> T:
+    """``asyncio.run(main)`` on a loop of kind ``name`` (uvloop imported only when asked for)."""
+    factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     if name == "uvloop":
         import uvloop
 
-        return uvloop.new_event_loop
-    return asyncio.new_event_loop
-
-
-def run(main: Coroutine[Any, Any, T], name: LoopName) -> T:
-    """``asyncio.run(main)`` on a loop of kind ``name``."""
-    with asyncio.Runner(loop_factory=loop_factory(name)) as runner:
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
 
 
