@@ -144,10 +144,6 @@ class EndpointGate:
         self._workspace_endpoints: dict[str, set[str]] = {}
         self._sweep_at = SWEEP_FLOOR
 
-    def __len__(self) -> int:
-        """Endpoint entries held."""
-        return len(self._endpoints)
-
     def connections(self, workspace_id: str) -> int:
         """Connection slots the workspace's attempts hold now."""
         return self._connections.held(workspace_id)

@@ -132,7 +132,7 @@ class WebhookMetrics(LoopSeries):
 
     def delivered(self, occurred_at: str, now: float) -> None:
         try:
-            occurred = datetime.fromisoformat(occurred_at.replace("Z", "+00:00")).timestamp()
+            occurred = datetime.fromisoformat(occurred_at).timestamp()
         except ValueError:
             return
         self.delivery_latency.observe(max(0.0, now - occurred))

@@ -5,20 +5,13 @@ process (docs/architecture.md, "Resource bounds")."""
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Literal
 
 from worker.dispatcher.delivery import DeliveryState, Pending, refused, remember
 from worker.dispatcher.delivery_store import DeliveryStore
 from worker.dispatcher.instrumentation import Refused
 from worker.dispatcher.pair_writes import PairWrites
 from worker.dispatcher.publish import DeliveryPublisher
-
-REFUSED_ENDPOINT_FULL: Final = "endpoint_queue_full"
-"""``last_error`` of a delivery refused because its endpoint has as many pending pairs in the
-partition as ``QueueLimits.max_pairs_per_endpoint`` allows."""
-REFUSED_WORKSPACE_FULL: Final = "workspace_queue_full"
-"""``last_error`` of a delivery refused because its workspace has as many deliveries pending
-in the process as ``QueueLimits.workspace_max_pending`` allows."""
 
 
 class Refusals:
@@ -65,7 +58,7 @@ class Refusals:
         same event read again after a crash is refused again under the same webhook-id (a
         second failure entry, never a lost one)."""
         reason: Literal["endpoint_queue_full", "workspace_queue_full"] = (
-            REFUSED_WORKSPACE_FULL if workspace else REFUSED_ENDPOINT_FULL
+            "workspace_queue_full" if workspace else "endpoint_queue_full"
         )
         await self._fail(crowded, reason, now)
         return tuple(

@@ -6,8 +6,7 @@ fan-out")."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -25,14 +24,6 @@ log = get_logger(__name__)
 GONE_REMEMBERED: Final = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class Tombstone:
-    """A deleted endpoint, remembered at the revision its deletion superseded."""
-
-    workspace_id: str
-    revision: int
-
-
 class EndpointRegistry:
     """Every endpoint by id and by workspace, at the highest revision seen.
 
@@ -44,20 +35,17 @@ class EndpointRegistry:
     def __init__(self, *, gone_remembered: int = GONE_REMEMBERED) -> None:
         self._by_id: dict[str, EndpointRecord] = {}
         self._by_workspace: dict[str, dict[str, EndpointRecord]] = {}
-        self._deleted: dict[str, Tombstone] = {}
+        # A writer's own deletions: endpoint id → the revision the deletion superseded.
+        self._deleted: dict[str, int] = {}
         self._gone: OrderedDict[str, None] = OrderedDict()
         self._gone_max = gone_remembered
-
-    def __len__(self) -> int:
-        return len(self._by_id)
 
     def apply(self, record: EndpointRecord) -> bool:
         """Hold ``record`` unless a newer revision (or a later deletion) is held already."""
         held = self._by_id.get(record.id)
         if held is not None and held.revision >= record.revision:
             return False
-        gone = self._deleted.get(record.id)
-        if gone is not None and gone.revision >= record.revision:
+        if self._deleted.get(record.id, 0) >= record.revision:
             return False
         self._by_id[record.id] = record
         self._by_workspace.setdefault(record.workspace_id, {})[record.id] = record
@@ -77,7 +65,7 @@ class EndpointRegistry:
         if revision is None:
             self._deleted.pop(endpoint_id, None)
         elif held is not None:
-            self._deleted[endpoint_id] = Tombstone(held.workspace_id, revision)
+            self._deleted[endpoint_id] = revision
         if valid_id(endpoint_id):
             self._gone[endpoint_id] = None
             self._gone.move_to_end(endpoint_id)
@@ -128,19 +116,10 @@ class EndpointRegistry:
 class EndpointsTail(TopicTail):
     """The registry kept current from ``webhook.endpoints`` (group-less, every partition)."""
 
-    def __init__(
-        self,
-        consumer: Any,
-        topic: str,
-        *,
-        registry: EndpointRegistry | None = None,
-        on_change: Callable[[EndpointRecord | None, str], None] | None = None,
-        idle_timeout_ms: int = 200,
-    ) -> None:
-        super().__init__(consumer, topic, name="webhook-endpoints", idle_timeout_ms=idle_timeout_ms)
-        self.registry = registry or EndpointRegistry()
+    def __init__(self, consumer: Any, topic: str) -> None:
+        super().__init__(consumer, topic, name="webhook-endpoints", idle_timeout_ms=200)
+        self.registry = EndpointRegistry()
         self.undecodable = 0
-        self._on_change = on_change
         #: (partition, offset) of the first record of each live endpoint this tail read: the
         #: order of creates within a partition (the front-end's endpoint quota).
         self.positions: dict[str, tuple[int, int]] = {}
@@ -152,8 +131,6 @@ class EndpointsTail(TopicTail):
                     endpoint_id = msg.key.decode("utf-8", "replace")
                     self.positions.pop(endpoint_id, None)
                     self.registry.delete(endpoint_id)
-                    if self._on_change is not None:
-                        self._on_change(None, endpoint_id)
                 continue
             try:
                 record = decode_endpoint(msg.value)
@@ -162,8 +139,7 @@ class EndpointsTail(TopicTail):
                 log.error("endpoint_record_undecodable", partition=msg.partition, offset=msg.offset)
                 continue
             self.positions.setdefault(record.id, (msg.partition, msg.offset))
-            if self.registry.apply(record) and self._on_change is not None:
-                self._on_change(record, record.id)
+            self.registry.apply(record)
 
 
-__all__ = ["GONE_REMEMBERED", "EndpointRegistry", "EndpointsTail", "Tombstone"]
+__all__ = ["GONE_REMEMBERED", "EndpointRegistry", "EndpointsTail"]
