@@ -9,12 +9,22 @@ from typing import Any, Final
 from starlette.requests import Request
 
 from worker.contract.catalogue import ServiceError
+from worker.contract.messages import valid_id
 
 MAX_BODY_BYTES: Final = 64 * 1024
 ACCOUNT_ID_RULE: Final = (
     "account_id must be 1-128 characters: a letter or digit, then letters, digits,"
     " '.', '_', ':', '@' or '-'"
 )
+
+
+def path_id(request: Request, name: str) -> str:
+    """The path parameter ``name`` in the identifier format (400 naming the rule otherwise)."""
+    value: str = request.path_params[name]
+    if not valid_id(value):
+        rule = ACCOUNT_ID_RULE.replace("account_id", name, 1)
+        raise ServiceError.of("invalid_request", f"Invalid path parameter: {rule}.")
+    return value
 
 
 def request_id_of(request: Request) -> str:

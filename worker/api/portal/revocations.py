@@ -83,10 +83,6 @@ class PortalRevocations(ViewPart):
         """Sessions held revoked one by one plus workspaces with a cut-off."""
         return self._tracked + len(self._cutoffs)
 
-    def revoked_in(self, workspace_id: str) -> int:
-        """The workspace's sessions held revoked one by one."""
-        return len(self._sessions.get(workspace_id, ()))
-
     # -- the check ---------------------------------------------------------------------------
 
     @property

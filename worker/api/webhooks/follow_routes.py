@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from worker.api.bodies import json_response, valid_id
-from worker.api.reading import ACCOUNT_ID_RULE, check_body, request_id_of
+from worker.api.bodies import json_response
+from worker.api.reading import check_body, path_id, request_id_of
 from worker.api.webhooks.account_events import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -33,7 +33,7 @@ from worker.api.webhooks.follow_bodies import (
 from worker.api.webhooks.guard import Handler, guarded
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.replay_status import ReplayBoard
-from worker.api.webhooks.routes import ENDPOINT_ID_RULE, NOT_CONFIGURED, NOT_FOUND, WebhookClients
+from worker.api.webhooks.routes import NOT_CONFIGURED, NOT_FOUND, WebhookClients
 from worker.contract.catalogue import ServiceError
 from worker.contract.webhook_events import parse_rfc3339
 from worker.engine.tail import TopicTail
@@ -131,10 +131,8 @@ class FollowRoutes:
         """Key, configured, ids well-formed, the endpoint of the workspace, the replay of the
         endpoint: (clients, the replay's progress); 404 for anything not the caller's."""
         clients, workspace_id = self._caller(request, failure)
-        endpoint_id: str = request.path_params["endpoint_id"]
+        endpoint_id = path_id(request, "endpoint_id")
         replay_id: str = request.path_params["replay_id"]
-        if not valid_id(endpoint_id):
-            raise ServiceError.of("invalid_request", f"Invalid path parameter: {ENDPOINT_ID_RULE}.")
         if REPLAY_ID_RE.fullmatch(replay_id) is None:
             raise ServiceError.of("invalid_request", f"Invalid path parameter: {REPLAY_ID_RULE}.")
         await self._ready(failure, clients.endpoints, clients.board.presence)
@@ -174,9 +172,7 @@ class FollowRoutes:
 
     async def account_events(self, request: Request) -> Response:
         clients, workspace_id = self._caller(request, _EVENTS_FAILURE)
-        account_id: str = request.path_params["account_id"]
-        if not valid_id(account_id):
-            raise ServiceError.of("invalid_request", f"Invalid path parameter: {ACCOUNT_ID_RULE}.")
+        account_id = path_id(request, "account_id")
         query = request.query_params
         for name in query:
             if name not in _QUERY:

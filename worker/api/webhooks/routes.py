@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from worker.api.bodies import json_response, valid_id
+from worker.api.bodies import json_response
 from worker.api.metrics import ApiMetrics
-from worker.api.reading import ACCOUNT_ID_RULE, check_body, request_id_of
+from worker.api.reading import ACCOUNT_ID_RULE, check_body, path_id, request_id_of
 from worker.api.webhooks import creates
 from worker.api.webhooks.bodies import (
     CreateEndpointBody,
@@ -215,14 +215,6 @@ class WebhookRoutes:
             )
 
     @staticmethod
-    def _endpoint_id(request: Request) -> str:
-        """The path's endpoint id, in the identifier format (400 otherwise, like account ids)."""
-        endpoint_id: str = request.path_params["endpoint_id"]
-        if not valid_id(endpoint_id):
-            raise ServiceError.of("invalid_request", f"Invalid path parameter: {ENDPOINT_ID_RULE}.")
-        return endpoint_id
-
-    @staticmethod
     def _find(clients: WebhookClients, workspace_id: str, endpoint_id: str) -> EndpointRecord:
         """The workspace's endpoint, or the one 404 (also for a create not yet admitted)."""
         record = clients.store.registry.get(workspace_id, endpoint_id)
@@ -260,7 +252,7 @@ class WebhookRoutes:
         registry ready. The caller looks the endpoint up (under the write lock for writes)."""
         workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
-        endpoint_id = self._endpoint_id(request)
+        endpoint_id = path_id(request, "endpoint_id")
         if body:
             await check_body(request)
         await self._ready(failure, clients.endpoints)
@@ -311,7 +303,7 @@ class WebhookRoutes:
         failure = UPDATE
         workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
-        endpoint_id = self._endpoint_id(request)
+        endpoint_id = path_id(request, "endpoint_id")
         body = await json_object_body(request, UpdateEndpointBody)
         changes = body.changes()
         if not changes:
@@ -384,7 +376,7 @@ class WebhookRoutes:
         failure = UPDATE
         workspace_id = self.admitted_workspace(request)
         clients = self._configured(failure)
-        endpoint_id = self._endpoint_id(request)
+        endpoint_id = path_id(request, "endpoint_id")
         body = await json_object_body(request, ReplayBody)
         await self._ready(failure, clients.endpoints)
         record = self._find(clients, workspace_id, endpoint_id)
