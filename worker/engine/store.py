@@ -109,8 +109,6 @@ async def restore_partitions(
     tps: list[TopicPartition],
     *,
     decode: Decoder[R],
-    idle_timeout_ms: int = 200,
-    batch: int = 10_000,
 ) -> dict[int, tuple[dict[str, R], RestoreStats]]:
     """Read every changelog partition in ``tps`` to its end (``catch_up``'s rule) on the
     group-less ``consumer``, keeping the last record per key; ``decode`` turns a value into
@@ -128,9 +126,7 @@ async def restore_partitions(
     collector_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        replayed = await catch_up(
-            consumer, tps, fold, idle_timeout_ms=idle_timeout_ms, max_records=batch
-        )
+        replayed = await catch_up(consumer, tps, fold)
     finally:
         if collector_was_enabled:
             gc.enable()
