@@ -4,6 +4,7 @@ context on (docs/operations.md, "Tracing")."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -266,20 +267,9 @@ class _Active:
             self.span.end()
 
 
-class _Current:
-    """A child span in a process that records nothing: no span at all; the current context,
-    which carries the trace on, stays as it is."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> Span:
-        return INVALID_SPAN
-
-    def __exit__(self, *_: object) -> None:
-        return None
-
-
-_CURRENT: Final = _Current()
+#: A child span in a process that records nothing: no span at all; the current context, which
+#: carries the trace on, stays as it is.
+_CURRENT: Final[contextlib.nullcontext[Span]] = contextlib.nullcontext(INVALID_SPAN)
 
 
 def span(
@@ -288,7 +278,7 @@ def span(
     kind: SpanKind = SpanKind.INTERNAL,
     parent: Context | None = None,
     attributes: Mapping[str, Any] | None = None,
-) -> _Active | _Current:
+) -> _Active | contextlib.nullcontext[Span]:
     """A span named ``name`` (low-cardinality: never an id), current inside the block, child of
     ``parent`` (an incoming message's context; ``ROOT``: a new trace) or of the current span.
     Not recording, a span with an incoming ``parent`` carries that context on unchanged."""
@@ -457,7 +447,7 @@ def messaging(operation: str, topic: str | None = None) -> dict[str, Any]:
     return attributes
 
 
-def consume_span(msg: Any) -> _Active | _Current:
+def consume_span(msg: Any) -> _Active | contextlib.nullcontext[Span]:
     """The CONSUMER span of processing one Kafka record, continuing the trace in its headers
     (carried on as it came when nothing is recorded)."""
     if not _state.recording:
