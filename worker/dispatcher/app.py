@@ -21,7 +21,6 @@ from worker.dispatcher.probing import Prober
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.dispatcher.sender import Sender as HttpSender
 from worker.dispatcher.sender import open_session
-from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.kafka import build_consumer, build_producer
 from worker.engine.metrics import TailSkips
 from worker.engine.runner import (
@@ -47,18 +46,6 @@ log = get_logger(__name__)
 
 #: How long start-up waits for the endpoints registry to be read to its end.
 ENDPOINTS_CATCH_UP_S = 60.0
-
-
-async def _stop_when_done(task: asyncio.Task[None], loop: ConsumeLoop) -> None:
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if not task.done():
-            raise  # this watcher was cancelled: the dispatcher is stopping anyway
-    except Exception:  # the tail logged it and keeps it in ``failure``
-        pass
-    log.error("endpoints_tail_stopped")
-    loop.stop()
 
 
 def secrets_box(settings: Settings) -> SecretsBox:
@@ -233,9 +220,14 @@ async def run_dispatcher(
         metrics=metrics,
     )
     await tail.start()
+
     # Without a current registry, events would be fanned out to a stale set of endpoints:
     # a dead tail stops the dispatcher, which then exits non-zero (restarted by Kubernetes).
-    watcher = asyncio.create_task(_stop_when_done(tail.task, loop))
+    def tail_stopped(_: asyncio.Task[None]) -> None:
+        log.error("endpoints_tail_stopped")
+        loop.stop()
+
+    tail.task.add_done_callback(tail_stopped)
     probing: asyncio.Task[None] | None = None
     try:
         if not await tail.wait_caught_up(ENDPOINTS_CATCH_UP_S):
@@ -253,7 +245,7 @@ async def run_dispatcher(
             ),
         )
     finally:
-        watcher.cancel()
+        tail.task.remove_done_callback(tail_stopped)
         if probing is not None:
             probing.cancel()
             await asyncio.gather(probing, return_exceptions=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
@@ -32,20 +33,16 @@ from worker.runtime.logs import get_logger
 log = get_logger(__name__)
 
 
+@dataclass(slots=True, eq=False)
 class _LogBatch:
     """Entries of one endpoint waiting for their window to close, and what their writers
     wait on."""
 
-    __slots__ = ("bytes", "closed", "done", "entries", "headers")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, headers: list[tuple[str, bytes]]) -> None:
-        self.entries: list[DeliveryLogEntry] = []
-        self.bytes = 0
-        self.done: asyncio.Future[None] = loop.create_future()
-        # Retrieved here too: writers that were cancelled no longer look at a failure.
-        self.done.add_done_callback(_retrieve)
-        self.headers = headers
-        self.closed = False
+    done: asyncio.Future[None]
+    headers: list[tuple[str, bytes]]
+    entries: list[DeliveryLogEntry] = field(default_factory=list)
+    bytes: int = 0
+    closed: bool = False
 
 
 def _size(entry: DeliveryLogEntry) -> int:
@@ -298,7 +295,10 @@ class DeliveryPublisher:
         for entry in entries:
             batch = self._log_open.get(entry.endpoint_id)
             if batch is None:
-                batch = self._log_open[entry.endpoint_id] = _LogBatch(loop, tracing.kafka_headers())
+                done = loop.create_future()
+                # Retrieved here too: writers that were cancelled no longer look at a failure.
+                done.add_done_callback(_retrieve)
+                batch = self._log_open[entry.endpoint_id] = _LogBatch(done, tracing.kafka_headers())
                 loop.call_later(self._log_flush_s, self._close_log, entry.endpoint_id, batch)
             batch.entries.append(entry)
             batch.bytes += _size(entry)

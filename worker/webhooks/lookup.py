@@ -68,8 +68,8 @@ class BoundedLookup:
     waits ``timeout_s`` at most for the answer, then fails with a DNS error
     (``socket.gaierror``, EAI_AGAIN) while the thread runs on. A host looked up while a
     lookup of it runs joins that one instead of taking a thread; a host whose lookup failed
-    or outlasted ``timeout_s`` fails at once for ``failure_ttl_s`` (at most ``failures_kept``
-    hosts are remembered, the oldest forgotten first). A lookup refused a thread does not
+    or outlasted ``timeout_s`` fails at once for ``failure_ttl_s`` (at most
+    ``LOOKUP_FAILURES_KEPT`` hosts are remembered, the oldest forgotten first). A lookup refused a thread does not
     mark the host: that says nothing of it.
 
     Safe to share between event loops (state, the admission included, under a thread lock).
@@ -84,16 +84,14 @@ class BoundedLookup:
         per_workspace: int = LOOKUP_THREADS_PER_WORKSPACE,
         timeout_s: float = LOOKUP_TIMEOUT_S,
         failure_ttl_s: float = LOOKUP_FAILURE_TTL_S,
-        failures_kept: int = LOOKUP_FAILURES_KEPT,
         resolve: Resolve = system_resolve,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if threads < 1 or per_workspace < 1 or timeout_s <= 0 or failures_kept < 1:
-            raise ValueError("threads, per_workspace, timeout_s and failures_kept must be > 0")
+        if threads < 1 or per_workspace < 1 or timeout_s <= 0:
+            raise ValueError("threads, per_workspace and timeout_s must be > 0")
         self.threads = threads
         self.timeout_s = timeout_s
         self.failure_ttl_s = failure_ttl_s
-        self._failures_kept = failures_kept
         self._resolve = resolve
         self._clock = clock
         self._lock = threading.Lock()
@@ -150,7 +148,7 @@ class BoundedLookup:
         with self._lock:
             self._failed[name] = (self._clock() + self.failure_ttl_s, errno)
             self._failed.move_to_end(name)
-            while len(self._failed) > self._failures_kept:
+            while len(self._failed) > LOOKUP_FAILURES_KEPT:
                 self._failed.popitem(last=False)
 
     def _start(
