@@ -35,8 +35,7 @@ async def restore(
     the restore so it covers every record whose state the restore saw: what lies below may
     have been fetched, and acted on, by a previous owner (docs/architecture.md, "Write-ahead
     intent"). The restored records live as long as their partition, so they are kept out of
-    every future full collection, which otherwise re-scans all of them (bench/README.md, "Hot
-    spots found and removed")."""
+    every future full collection, which otherwise re-scans all of them."""
     restorer = factory()
     await restorer.start()
     try:
@@ -50,7 +49,7 @@ async def restore(
         store.load(partition, records)
     for tp, end in ends.items():
         store.handed_over(tp.topic, tp.partition, end)
-    gc.freeze()
+    gc.freeze()  # measured in bench/README.md, "Hot spots found and removed"
     return restored
 
 
