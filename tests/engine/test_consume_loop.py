@@ -133,7 +133,7 @@ async def test_a_record_held_by_its_handler_is_not_committed_until_released() ->
     # revoked: the tracker goes, a late release is harmless and the offset was never passed
     del worker.trackers[tp]
     handler.holds[1].release()
-    assert not worker.holds
+    assert not worker.commits.holds
 
 
 # --- stopping during a rebalance ----------------------------------------------------------

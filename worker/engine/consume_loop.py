@@ -60,7 +60,6 @@ class LoopConfig:
     shutdown_grace_s: float = 20.0
     poll_timeout_ms: int = 100
     max_poll_records: int = 500
-    final_commit_timeout_s: float = FINAL_COMMIT_TIMEOUT_S
     record_attempts: int = 3
     retry_backoff_s: tuple[float, float] = (0.2, 2.0)
     hold_overdue_s: float = 2.0
@@ -111,10 +110,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             consumer,
             metrics=metrics,
             hold_overdue_s=config.hold_overdue_s,
-            final_timeout_s=config.final_commit_timeout_s,
+            final_timeout_s=FINAL_COMMIT_TIMEOUT_S,
         )
         self.trackers = self.commits.trackers
-        self.holds = self.commits.holds
         self.pressure = Pressure(
             consumer=consumer,
             topics=config.topics,
