@@ -13,6 +13,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -126,31 +127,21 @@ class _Full:
 FULL: Final = _Full()
 
 
+@dataclass(slots=True, eq=False)
 class Held:
     """One key as the view keeps it, compactly because every replica keeps every workspace's
     keys (docs/architecture.md, "Resource bounds"): no model per key, the hashes as raw
     bytes, the answer as its encoded body (deflated when that pays), nothing derivable."""
 
-    __slots__ = ("at", "body", "claim_id", "deflated", "print_", "status")
-
-    def __init__(
-        self,
-        claim_id: str,
-        print_: bytes,
-        at: float,
-        status: int = 0,
-        body: bytes = b"",
-        deflated: bool = False,
-    ) -> None:
-        self.claim_id = claim_id
-        #: SHA-256 of the account and the body (``fingerprint``), 32 bytes.
-        self.print_ = print_
-        self.at = at
-        #: The answer's status; 0 while the claim has none, ``GIVEN_UP`` once its request
-        #: gave it up here (its tombstone is on its way).
-        self.status = status
-        self.body = body
-        self.deflated = deflated
+    claim_id: str
+    #: SHA-256 of the account and the body (``fingerprint``), 32 bytes.
+    print_: bytes
+    at: float
+    #: The answer's status; 0 while the claim has none, ``GIVEN_UP`` once its request
+    #: gave it up here (its tombstone is on its way).
+    status: int = 0
+    body: bytes = b""
+    deflated: bool = False
 
     @classmethod
     def of(cls, record: IdempotencyRecord) -> Held:

@@ -32,9 +32,6 @@ REFUSAL_REASONS: Final = (
 "Front-door limits"). Never labelled by workspace: the label set stays this small."""
 
 IDEMPOTENCY_REFUSALS: Final = ("in_progress", "reused", "exhausted")
-"""``passkey_api_idempotency_refusals_total{reason}``: an ``Idempotency-Key`` another request
-holds and has not answered yet (409), one held for another body or account (409), a workspace
-out of keys (429). Never labelled by key or workspace."""
 
 
 #: ``(key_id, workspace_id, unix time)`` of each key presented (``KeyStore.last_used``).
@@ -144,10 +141,8 @@ class ApiMetrics:
 
 
 class ReplyReaderSeries(Collector):
-    """The reply reader, read at scrape time: ``passkey_api_reply_lag_records`` (replies on
-    its partition not read yet), ``passkey_api_reply_reader_keeping_up`` (0 while behind,
-    which also makes ``/readyz`` fail) and ``passkey_api_reply_offset_gaps_total`` (offsets
-    never seen that it had to pass, ``worker.engine.fetch.GapWatch``)."""
+    """The reply reader's series, read at scrape time (while it is behind, ``/readyz`` fails
+    too; the gaps are ``worker.engine.fetch.GapWatch``'s)."""
 
     def __init__(self, reader: Any) -> None:
         self._reader = reader

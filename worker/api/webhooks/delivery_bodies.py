@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from worker.api.bodies import DataResponse
 from worker.api.webhooks.delivery_log import Delivery, Status, status_of
-from worker.contract.delivery_log import AttemptRecord
+from worker.contract.delivery_log import AttemptRecord, DeliveryLogEntry
 from worker.contract.messages import Identifier
 from worker.contract.webhook_endpoints import EventType
 from worker.webhooks.samples import TEST_MARK
@@ -71,21 +71,13 @@ class DeliveryItem(BaseModel):
 
     @classmethod
     def fields_of(cls, delivery: Delivery) -> dict[str, object]:
+        """The latest entry's fields of the item's names, as logged, and the derived ones."""
         e = delivery.latest
-        return {
+        logged = DeliveryItem.model_fields.keys() & DeliveryLogEntry.model_fields.keys()
+        return e.model_dump(include=logged) | {
             "delivery_id": delivery.delivery_id,
-            "webhook_id": e.webhook_id,
-            "event_id": e.event_id,
-            "event_type": e.event_type,
-            "account_id": e.account_id,
-            "version": e.version,
             "status": status_of(e),
-            "attempts": e.attempts,
-            "last_status": e.last_status,
-            "last_error": e.last_error,
-            "next_attempt_at": e.next_attempt_at,
             "created_at": delivery.created_at,
-            "updated_at": e.updated_at,
             "replay_id": e.replay,
             "test": e.replay is not None and e.replay.startswith("ts_"),
         }

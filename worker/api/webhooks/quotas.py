@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Final
 
 from aiokafka.partitioner import murmur2
@@ -99,21 +99,14 @@ class EndpointLimits:
 
     @classmethod
     def of(cls, settings: Settings) -> EndpointLimits:
-        return cls(
-            url_max_chars=settings.webhook_url_max_chars,
-            description_max_chars=settings.webhook_description_max_chars,
-            event_types_max_items=settings.webhook_event_types_max_items,
-        )
+        """From the ``WEBHOOK_``-prefixed settings of the same names."""
+        return cls(**{f.name: getattr(settings, f"webhook_{f.name}") for f in fields(cls)})
 
     @classmethod
     def defaults(cls) -> EndpointLimits:
         """The settings' defaults, whatever the environment says (the published document)."""
-        fields = Settings.model_fields
-        return cls(
-            url_max_chars=fields["webhook_url_max_chars"].default,
-            description_max_chars=fields["webhook_description_max_chars"].default,
-            event_types_max_items=fields["webhook_event_types_max_items"].default,
-        )
+        defaults = Settings.model_fields
+        return cls(**{f.name: defaults[f"webhook_{f.name}"].default for f in fields(cls)})
 
     def check(
         self,

@@ -36,17 +36,11 @@ class SendBudget:
     """Resends and test sends per workspace (a ``RateLimiter``; 429 past it); each process takes
     its share of the live replicas', so the budget holds across replicas."""
 
-    def __init__(
-        self,
-        per_minute: int = SENDS_PER_MINUTE,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        replicas: Callable[[], int] | None = None,
-    ) -> None:
+    def __init__(self, per_minute: int, *, replicas: Callable[[], int] | None = None) -> None:
         self.per_minute = per_minute
         self.burst = max(1, per_minute // 3)
         self.limiter = (
-            RateLimiter(per_minute / 60.0, self.burst, clock=clock, replicas=replicas)
+            RateLimiter(per_minute / 60.0, self.burst, replicas=replicas)
             if per_minute > 0
             else None
         )
@@ -73,18 +67,11 @@ class DeliverySends:
     dispatcher's entries, written after it, are the later ones. (A replay record that then
     fails to be written leaves that entry pending; the answer says the outcome is unknown.)"""
 
-    def __init__(
-        self,
-        producer: Any,
-        topic: str,
-        *,
-        log_topic: str,
-        health: BrokerHealth | None = None,
-    ) -> None:
+    def __init__(self, producer: Any, topic: str, *, log_topic: str, health: BrokerHealth) -> None:
         self._producer = producer
         self._topic = topic
         self._log_topic = log_topic
-        self._health = health or BrokerHealth()
+        self._health = health
 
     async def queue(self, endpoint: EndpointRecord, copy: EventCopy, send_id: str) -> None:
         now = rfc3339(time.time())
