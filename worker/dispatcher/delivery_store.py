@@ -57,20 +57,12 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     """Delivery states by pair key, a timer per pair whose queue waits, and the old-form
     account records still to migrate (a timer under the account id each).
 
-    ``defer`` keeps a pair's timer later than its head's due time (its endpoint has no room,
-    ``endpoint_gate``) until ``wake``, through the pair's writes, so a pair waiting for its
-    endpoint does not run again on every event. ``unsaved``: the deliveries in memory only
-    (``holds``). ``park`` marks a pair its endpoint paused (back-off, ``Retry-After``, rate
-    limit) until its next follow-up. ``claim`` takes a pair's timer away while its lane works on
-    it (``release`` arms it once, from the state left): arming at each step would only have the
-    sweep find it due, and its lane busy, again and again.
-
-    Only pairs with something pending are held: ``put`` of an idle pair drops it, with its
-    timer and deferral. ``live`` says which pairs have a value on the changelog, so a dropped
-    pair's record is tombstoned (``stale``) and one never written needs no write. The live set
-    and the pending pairs per endpoint (``pending_pairs``) hold pending pairs only (and stale
-    ones until their tombstone is handed over); ``pending_deliveries`` counts each workspace's
-    over every owned partition (``QueueLimits.workspace_max_pending`` bounds it).
+    Only pairs with something pending are held (``put`` of an idle pair drops it); ``live``
+    says which have a value on the changelog, so a dropped pair's record is tombstoned
+    (``stale``) and one never written needs no write. ``defer`` keeps a pair waiting for its
+    endpoint from running again on every event; ``claim`` keeps the sweep from finding a pair
+    due, and its lane busy, again and again while the lane works on it. ``unsaved``: the
+    deliveries in memory only (``holds``).
     """
 
     def __init__(self, *, workspace_of: WorkspaceOf | None = None) -> None:
@@ -151,10 +143,6 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
 
     def parked(self, partition: int, key: str) -> bool:
         return key in self._parked.get(partition, ())
-
-    def parked_count(self) -> int:
-        """Pairs marked parked, every partition."""
-        return sum(len(keys) for keys in self._parked.values())
 
     def owns(self, partition: int) -> bool:
         """Whether ``partition`` is assigned here (restored and not dropped)."""

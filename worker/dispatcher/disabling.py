@@ -16,13 +16,10 @@ from worker.contract.operational_events import EndpointFailure, disabled_record
 from worker.contract.webhook_endpoints import EndpointRecord, Recovery
 from worker.dispatcher.delivery import Settled
 from worker.dispatcher.endpoint_gate import SWEEP_FLOOR, EndpointGate
+from worker.dispatcher.instrumentation import log
 from worker.dispatcher.metrics import WebhookMetrics
 from worker.dispatcher.publish import DeliveryPublisher
-from worker.runtime.logs import get_logger
 from worker.webhooks.announcer import Announcer
-
-# The lines are the dispatcher's: they keep its logger name, which dashboards and searches use.
-log = get_logger("worker.dispatcher.dispatcher")
 
 
 class Disabler(Protocol):

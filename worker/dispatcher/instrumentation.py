@@ -24,7 +24,8 @@ from worker.dispatcher.metrics import WebhookMetrics
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger, log_context
 
-# The lines are the dispatcher's: they keep its logger name, which dashboards and searches use.
+# The dispatcher's lines (here, ``disabling`` and ``pair_writes``) keep its logger name, which
+# dashboards and searches use.
 log = get_logger("worker.dispatcher.dispatcher")
 
 ATTEMPT_SPAN = "POST webhook"

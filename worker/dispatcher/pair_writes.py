@@ -10,13 +10,10 @@ from collections.abc import Awaitable, Sequence
 from worker.dispatcher.delivery import state_key
 from worker.dispatcher.delivery_store import DeliveryStore
 from worker.dispatcher.holds import EventHold
+from worker.dispatcher.instrumentation import log
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.engine.compacted_view import Chores
 from worker.engine.offsets import hold_record
-from worker.runtime.logs import get_logger
-
-# The lines are the dispatcher's: they keep its logger name, which dashboards and searches use.
-log = get_logger("worker.dispatcher.dispatcher")
 
 
 class PairWrites:
