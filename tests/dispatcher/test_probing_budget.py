@@ -62,6 +62,7 @@ async def test_a_recovery_replay_past_its_budget_is_resumed_where_it_stopped(
     make_settings: SettingsFactory,
 ) -> None:
     settings = dispatcher_settings(make_settings)
+    disabled_at = time.time() - 1.0  # before the events: they occur while it is disabled
     accounts = [new_account() for _ in range(10)]
     missed = [status_event(a, v) for v in range(1, MISSED // 10 + 1) for a in accounts]
     producer = build_producer(settings.kafka_config())
@@ -70,7 +71,6 @@ async def test_a_recovery_replay_past_its_budget_is_resumed_where_it_stopped(
         ep, _ = await store.create(
             "ws_a", url="http://127.0.0.1:9/", event_types=None, description=None
         )
-        disabled_at = time.time() - 1.0
         rid = recovery_replay_id(ep.id, disabled_at)
         left = Recovery(disabled_at=disabled_at, interval_s=1.0, replay_id=rid, replaying=True)
         await store.update(ep, recovery=left)  # active: as a probe's re-enable writes it

@@ -71,6 +71,7 @@ async def test_a_dispatcher_killed_mid_recovery_replay_is_finished_by_the_next(
 ) -> None:
     settings = dispatcher_settings(make_settings, webhook_retry_schedule_s="30")
     target, watcher = Receiver(), Receiver()  # watcher: an active endpoint, sees what was read
+    disabled_at = time.time() - 1.0  # before the events: they occur while it is disabled
     accounts = [new_account() for _ in range(6)]
     missed = [status_event(a, v) for v in range(1, MISSED // 6 + 1) for a in accounts]
     noise = [status_event(new_account(), 1, workspace="ws_b") for _ in range(NOISE)]
@@ -84,7 +85,6 @@ async def test_a_dispatcher_killed_mid_recovery_replay_is_finished_by_the_next(
             "ws_a", url=watcher.url, event_types=("account.auth_status_changed",), description=None
         )
         watcher.secrets.append(watch_secret)
-        disabled_at = time.time() - 1.0
         off = Recovery(disabled_at=disabled_at, interval_s=3600.0)  # no probe until we say
         await store.update(ep, status="disabled", recovery=off)
         rid = recovery_replay_id(ep.id, disabled_at)

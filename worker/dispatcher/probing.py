@@ -120,8 +120,7 @@ class Prober:
                 slot = (self.slots if probe else self.replays).take(endpoint.workspace_id)
             except NoRoom:
                 continue
-            job = (self._probe if endpoint.recovery else self._start) if probe else self._replay
-            task = asyncio.create_task(job(endpoint))
+            task = asyncio.create_task((self._probe if probe else self._replay)(endpoint))
             self._running[endpoint.id] = task
             task.add_done_callback(functools.partial(self._ended, endpoint.id, slot))
 
@@ -144,16 +143,13 @@ class Prober:
             if self._scan is not None:
                 await self._scan.aside.drain()  # consumers whose start a cancel cut short
 
-    async def _start(self, endpoint: EndpointRecord) -> None:
-        """Probe from now an endpoint disabled with no probing (before recovery existed)."""
-        try:
-            await self._writer.update(endpoint, recovery=self.config.start(endpoint, self._clock()))
-        except Exception as exc:  # still due: the next sweep writes it again
-            log.error("endpoint_probe_failed", endpoint_id=endpoint.id, error=repr(exc))
-
     async def _probe(self, endpoint: EndpointRecord) -> None:
         try:
-            await self._send_probe(endpoint)
+            if endpoint.recovery is None:  # disabled before probing existed: probed from now
+                started = self.config.start(endpoint, self._clock())
+                await self._writer.update(endpoint, recovery=started)
+            else:
+                await self._send_probe(endpoint)
         except Exception as exc:  # a write that failed: still due, the next sweep tries again
             log.error("endpoint_probe_failed", endpoint_id=endpoint.id, error=repr(exc))
 

@@ -165,9 +165,8 @@ class ReplayScan:
         not learn another's metadata). An event is replayed only when its ``occurred_at`` is
         at or after ``since`` too, so an index that starts early costs reading, never a wrong
         delivery. ``counts`` (replayed and acknowledged, scanned, found) grows as it goes.
-        Past ``deadline`` (monotonic) it stops between fetches and answers where it stopped
-        (``topic:partition`` → offset, every record before it acknowledged), which ``start``
-        resumes from; ``{}`` once read to the end."""
+        Past ``deadline`` it stops between fetches: where (``topic:partition`` → offset, all
+        before acknowledged), for ``start`` to resume from; ``{}`` once read to the end."""
 
         async def replay(tp: TopicPartition, records: list[Any]) -> None:
             self.records_read += len(records)
