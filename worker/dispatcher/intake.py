@@ -104,8 +104,6 @@ def operational_incoming(value: bytes, endpoints: EndpointRegistry) -> Incoming:
     targets = [
         e
         for e in endpoints.subscribers(record.workspace_id, record.event_type)
-        if e.id != record.endpoint_id
-        and e.event_types is not None
-        and record.event_type in e.event_types
+        if e.id != record.endpoint_id and e.event_types is not None
     ]
     return Incoming(record.event(), targets)

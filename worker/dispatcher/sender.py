@@ -183,17 +183,9 @@ class Sender:
         self._targets[url] = to
         return to
 
-    async def post(
-        self,
-        url: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        *,
-        timeout_s: float | None = None,
-    ) -> DeliveryResult:
-        """One attempt, bounded by ``timeout_s`` (the sender's default when None) in total."""
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> DeliveryResult:
+        """One attempt, bounded by the sender's ``timeout_s`` in total."""
         started = time.monotonic()
-        limit = self._timeout_s if timeout_s is None else timeout_s
         try:
             to = self._targets.get(url)
             if to is None:
@@ -204,7 +196,7 @@ class Sender:
                 headers=headers,
                 body=body,
                 body_cap=self._body_cap,
-                timeout_s=limit,
+                timeout_s=self._timeout_s,
             )
         except BlockedTarget as exc:
             return _failure(started, ErrorKind.BLOCKED, exc.reason)

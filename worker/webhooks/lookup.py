@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Final
 
-from worker.runtime.admission import Admission, NoRoom, Share, Slot
+from worker.runtime.admission import Admission, Share, Slot
 
 __all__ = [
     "LOOKUP_WORKSPACE",
@@ -69,12 +69,10 @@ class BoundedLookup:
     (``socket.gaierror``, EAI_AGAIN) while the thread runs on. A host looked up while a
     lookup of it runs joins that one instead of taking a thread; a host whose lookup failed
     or outlasted ``timeout_s`` fails at once for ``failure_ttl_s`` (at most
-    ``LOOKUP_FAILURES_KEPT`` hosts are remembered, the oldest forgotten first). A lookup refused a thread does not
-    mark the host: that says nothing of it.
+    ``LOOKUP_FAILURES_KEPT`` hosts are remembered, the oldest forgotten first). A lookup
+    refused a thread does not mark the host: that says nothing of it.
 
     Safe to share between event loops (state, the admission included, under a thread lock).
-    Counters: ``lookups`` (threads started), ``joined``, ``failed_fast`` (answered from the
-    memory of failures), ``timed_out``, ``refused``; ``threads_held`` and ``held(workspace)``.
     """
 
     def __init__(
@@ -101,11 +99,6 @@ class BoundedLookup:
         )
         self._running: dict[str, concurrent.futures.Future[Sequence[str]]] = {}
         self._failed: OrderedDict[str, tuple[float, int]] = OrderedDict()
-        self.lookups = 0
-        self.joined = 0
-        self.failed_fast = 0
-        self.timed_out = 0
-        self.refused = 0
 
     @property
     def threads_held(self) -> int:
@@ -126,7 +119,6 @@ class BoundedLookup:
             async with asyncio.timeout(self.timeout_s):
                 return list(await _on_this_loop(future))
         except TimeoutError:
-            self.timed_out += 1
             self._remember_failure(name, socket.EAI_AGAIN)
             raise socket.gaierror(
                 socket.EAI_AGAIN, f"lookup of {host!r} gave no answer in {self.timeout_s}s"
@@ -139,7 +131,6 @@ class BoundedLookup:
                 del self._failed[name]
                 failed = None
         if failed is not None:
-            self.failed_fast += 1
             raise socket.gaierror(failed[1], f"lookup of {host!r} failed recently")
 
     def _remember_failure(self, name: str, errno: int) -> None:
@@ -159,18 +150,13 @@ class BoundedLookup:
         with self._lock:
             running = self._running.get(name)
             if running is None:
-                try:
-                    slot = self._threads.take(workspace)
-                except NoRoom:
-                    self.refused += 1
-                    raise
+                slot = self._threads.take(workspace)
                 if self._executor is None:
                     self._executor = concurrent.futures.ThreadPoolExecutor(
                         max_workers=self.threads, thread_name_prefix="webhook-dns"
                     )
                 executor = self._executor
         if running is not None:
-            self.joined += 1
             return running
         # Never queued inside the executor: a thread was taken for it.
         try:
@@ -179,7 +165,6 @@ class BoundedLookup:
             with self._lock:
                 slot.release()
             raise
-        self.lookups += 1
         with self._lock:
             self._running[name] = future
         future.add_done_callback(lambda f: self._ended(name, slot, f))
