@@ -29,13 +29,12 @@ from worker.dispatcher.sender import (
     DeliveryResult,
     ErrorKind,
     Sender,
-    VettingResolver,
     open_session,
 )
 from worker.runtime.http1 import Http1Client
 from worker.webhooks.lookup import Lookup, system_lookup
 from worker.webhooks.signing import generate_secret, headers
-from worker.webhooks.targets import BlockedTarget, TargetPolicy
+from worker.webhooks.targets import BlockedTarget, TargetPolicy, resolve_target
 
 LAX = TargetPolicy(allow_http=True, allow_private=True)
 DEFAULT = TargetPolicy()
@@ -368,22 +367,24 @@ async def test_rebinding_dials_only_the_checked_address() -> None:
 
 async def test_resolver_makes_one_lookup_and_returns_its_vetted_answer() -> None:
     calls, lookup = fixed(["8.8.8.8", "2001:4860:4860::8888"], ["10.0.0.1"])
-    resolver = VettingResolver(DEFAULT, lookup)
-    results = await resolver.resolve("hooks.test", 443)
+    results = await resolve_target("hooks.test", 443, DEFAULT, lookup)
     assert [(str(ip), ip.version) for ip in results] == [
         ("8.8.8.8", 4),
         ("2001:4860:4860::8888", 6),
     ]
     assert calls == ["hooks.test"]
     with pytest.raises(BlockedTarget):
-        await resolver.resolve("hooks.test", 443)
+        await resolve_target("hooks.test", 443, DEFAULT, lookup)
+    literal = await resolve_target("8.8.4.4", 443, DEFAULT, lookup)
+    assert [str(ip) for ip in literal] == ["8.8.4.4"]
+    assert calls == ["hooks.test", "hooks.test"], "a literal address is judged with no lookup"
 
 
 async def test_resolver_with_the_system_lookup_blocks_localhost() -> None:
     with pytest.raises(BlockedTarget) as caught:
-        await VettingResolver(DEFAULT).resolve("localhost", 80)
+        await resolve_target("localhost", 80, DEFAULT)
     assert caught.value.reason == "target_loopback"
-    lax = await VettingResolver(LAX).resolve("localhost", 80)
+    lax = await resolve_target("localhost", 80, LAX)
     assert lax and all(ip.is_loopback for ip in lax)
 
 

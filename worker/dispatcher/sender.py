@@ -4,7 +4,7 @@ vetted addresses only (one lookup, no rebinding), never raising, with the receiv
 
 from __future__ import annotations
 
-import ipaddress
+import functools
 import ssl
 import time
 import weakref
@@ -35,9 +35,7 @@ from worker.runtime.retry_after import parse_retry_after
 from worker.webhooks.lookup import Lookup, system_lookup
 from worker.webhooks.targets import (
     BlockedTarget,
-    IPAddress,
     TargetPolicy,
-    check_address,
     resolve_target,
     validate_url,
 )
@@ -49,7 +47,6 @@ __all__ = [
     "DeliveryResult",
     "ErrorKind",
     "Sender",
-    "VettingResolver",
     "attempt_record",
     "open_session",
 ]
@@ -84,26 +81,6 @@ class ErrorKind(StrEnum):
     CAPACITY = "capacity"
 
 
-class VettingResolver:
-    """The sender's lookup: one DNS lookup per new connection, every address vetted
-    (``lookup`` injectable, so tests answer differently on each call: rebinding)."""
-
-    def __init__(self, policy: TargetPolicy, lookup: Lookup = system_lookup) -> None:
-        self._policy = policy
-        self._lookup = lookup
-
-    async def resolve(self, host: str, port: int) -> list[IPAddress]:
-        """The addresses to dial, in the lookup's order, once the policy accepted every one
-        (``BlockedTarget`` otherwise; a failed lookup is an ``OSError``). A literal address
-        is judged as it is, with no lookup."""
-        try:
-            literal = ipaddress.ip_address(host)
-        except ValueError:
-            return await resolve_target(host, port, self._policy, self._lookup)
-        check_address(literal, self._policy)
-        return [literal]
-
-
 # Clients built by ``open_session``, with their policy: ``Sender`` refuses any other,
 # since a plain client would dial whatever DNS says.
 _VETTED: weakref.WeakKeyDictionary[Http1Client, TargetPolicy] = weakref.WeakKeyDictionary()
@@ -133,7 +110,7 @@ def open_session(
         body_cap=DEFAULT_BODY_CAP,
         headers=DEFAULT_HEADERS,
         ssl_context=ssl_context,
-        resolve=VettingResolver(policy, lookup).resolve,
+        resolve=functools.partial(resolve_target, policy=policy, lookup=lookup),
         socket_factory=socket_factory,
     )
     _VETTED[client] = policy

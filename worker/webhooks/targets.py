@@ -217,12 +217,16 @@ def url_rejection(url: str, policy: TargetPolicy) -> str | None:
 async def resolve_target(
     host: str, port: int, policy: TargetPolicy, lookup: Lookup = system_lookup
 ) -> list[IPAddress]:
-    """The addresses ``host`` resolves to, after one lookup, if the policy accepts EVERY one.
+    """The addresses ``host`` resolves to, after one lookup, if the policy accepts EVERY one;
+    a literal address is judged as it is, with no lookup.
 
     All must pass, not just one: which of several addresses a client dials is not ours to
     choose (happy eyeballs, retries), and a name that mixes public and private addresses is
     an attack or a misconfiguration. An empty answer is an ``OSError`` (a DNS failure).
     """
+    if (literal := _parse_address(host)) is not None:
+        check_address(literal, policy)
+        return [literal]
     addresses: list[IPAddress] = []
     for text in await lookup(host, port):
         ip = _parse_address(text)
