@@ -49,7 +49,6 @@ ENDPOINTS_CATCH_UP_S = 60.0
 
 
 def secrets_box(settings: Settings) -> SecretsBox:
-    """The endpoint-secret cipher; ``WEBHOOK_SECRETS_KEY`` is required."""
     if settings.webhook_secrets_key is None:
         raise RuntimeError("WEBHOOK_SECRETS_KEY is not set (base64 of 32 random bytes)")
     return SecretsBox(settings.webhook_secrets_key.get_secret_value())
@@ -79,8 +78,6 @@ def gate_config(settings: Settings) -> GateConfig:
 
 
 def queue_limits(settings: Settings) -> QueueLimits:
-    """One pair's queue, one endpoint's pending pairs per partition, one workspace's pending
-    deliveries per process."""
     return QueueLimits(
         max_pending=settings.webhook_pair_max_pending,
         max_bytes=settings.webhook_pair_max_bytes,

@@ -224,8 +224,6 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
             1 for p in self._parts.values() for r in p.values() if isinstance(r, DeliveryState)
         )
 
-    # -- timers ------------------------------------------------------------------------------
-
     def claim(self, key: str) -> None:
         """The pair's lane works on it: no timer until ``release`` (its follow-up re-reads the
         pair at every step, so nothing the pair's writes arm meanwhile is needed)."""

@@ -125,8 +125,6 @@ class Dispatcher:
             probing=config.probe,
         )
 
-    # -- taking events in --------------------------------------------------------------------
-
     async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> list[str]:
         """Take one record in; returns the (endpoint, account) keys due at once."""
         with tracing.consume_span(msg):
@@ -143,8 +141,6 @@ class Dispatcher:
         fault = read if isinstance(read, Fault) else Fault("undecodable", read.detail)
         await self._publisher.dead_letter_record(msg, fault)
         return DeadLettered(fault.reason)
-
-    # -- faults (worker.engine.consume_loop retried these first) --------------------------
 
     async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
         """A record whose taking-in failed for good: to the DLQ as it came."""
@@ -272,8 +268,6 @@ class Dispatcher:
         if state.workspace_id != endpoint.workspace_id:
             return state.model_copy(update={"workspace_id": endpoint.workspace_id})
         return state
-
-    # -- attempting deliveries ---------------------------------------------------------------
 
     async def follow_up(self, partition: int, key: str) -> None:
         """Attempt the pair's due deliveries, head first, until one is not due or its endpoint

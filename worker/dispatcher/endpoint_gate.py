@@ -161,8 +161,6 @@ class EndpointGate:
         """Since when every attempt to the endpoint failed (in this process), or None."""
         return self._endpoints.get(endpoint_id, _AT_REST).failing_since
 
-    # -- admission ---------------------------------------------------------------------------
-
     def admit(
         self,
         endpoint_id: str,
@@ -262,8 +260,6 @@ class EndpointGate:
             return max(1, beyond)
         return beyond
 
-    # -- outcomes ----------------------------------------------------------------------------
-
     def release(
         self,
         endpoint_id: str,
@@ -318,8 +314,6 @@ class EndpointGate:
         if e.woken.pop(key, None) is not None:
             self._wake_next(e, now)
         self._drop_if_idle(endpoint_id, now)
-
-    # -- internals ---------------------------------------------------------------------------
 
     def _of(self, endpoint_id: str, revision: int, now: float) -> _Endpoint:
         e = self._endpoints.get(endpoint_id)

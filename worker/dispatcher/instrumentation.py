@@ -31,9 +31,6 @@ log = get_logger("worker.dispatcher.dispatcher")
 ATTEMPT_SPAN = "POST webhook"
 
 
-# -- what a record was read as -------------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
 class Incoming:
     """An event read from its record: the endpoints it goes to (none: nothing to do) and,
@@ -51,9 +48,6 @@ class Undecodable:
 
     error: str
     detail: str
-
-
-# -- what a handler came to ----------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,8 +58,6 @@ class EndpointStore:
         self._clock = clock
         self._opened: dict[tuple[str, str], str] = {}
 
-    # -- writes ------------------------------------------------------------------------------
-
     async def create(
         self,
         workspace_id: str,
@@ -151,8 +149,6 @@ class EndpointStore:
         await self._send(current.id, None, "delete_webhook_endpoint_failed")
         self.registry.delete(current.id, revision=current.revision + 1)
 
-    # -- secrets -----------------------------------------------------------------------------
-
     def signing_secrets(self, record: EndpointRecord) -> list[str]:
         """The secrets in clear that sign a delivery now, newest first. Each ciphertext is
         opened once per process: the dispatcher signs every attempt with them."""
@@ -172,8 +168,6 @@ class EndpointStore:
         return StoredSecret(
             ciphertext=self._cipher.encrypt(secret, endpoint_id.encode()), created_at=stamp
         )
-
-    # -- I/O ---------------------------------------------------------------------------------
 
     async def _write(self, record: EndpointRecord, failure_code: str) -> EndpointRecord:
         """Produce ``record`` trimmed to its live secrets, apply it here, and return it."""
