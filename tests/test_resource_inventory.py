@@ -203,7 +203,7 @@ NOT_GROWN: dict[str, str] = {
         "one event's field: ≤ MAX_LAST_FAILURES (5)"
     ),
     "api/webhooks/follow_bodies.py:AccountEventData.body": "one event's body, as written",
-    "contract/webhook_endpoints.py:Recovery.resume": "one record's field: ≤ MAX_RESUME (1024)",
+    "contract/webhook_endpoints.py:Recovery.resume": "one offset per partition of one topic",
     "api/webhooks/account_events.py:EventPage.events": "one page: ≤ MAX_LIMIT (100) events",
     # -- operator tools (python -m worker dlq|keys): run by hand, not fed by outside input --
     "dlq/cli.py:RedriveReport.redriven": "operator CLI: counts by target topic",

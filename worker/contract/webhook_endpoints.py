@@ -42,8 +42,6 @@ MAX_SIGNING_SECRETS: Final = 2
 DescriptionText = Annotated[str, Field(max_length=DESCRIPTION_MAX_CHARS_CEILING)]
 UrlText = Annotated[str, Field(min_length=1, max_length=URL_MAX_CHARS_CEILING)]
 MAX_RATE_LIMIT: Final = 10_000
-#: A recovery replay's resume positions: one per partition of the topic it stopped in.
-MAX_RESUME: Final = 1024
 RateLimit = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT, strict=True)]
 """Svix's ``rateLimit``: attempts per second at most to the endpoint (per dispatcher process)."""
 
@@ -109,9 +107,8 @@ class Recovery(BaseModel):
     )
     resume: dict[str, int] = Field(
         default_factory=dict,
-        max_length=MAX_RESUME,
         description="Where that replay's scan stopped at its time budget (topic:partition to"
-        " offset): the next sweep reads on from there.",
+        " offset, one per partition of the topic): the next sweep reads on from there.",
     )
 
 
