@@ -100,15 +100,11 @@ class _Endpoint:
     def backing_off(self) -> bool:
         return self.blocked_until > 0.0
 
-    @property
-    def busy(self) -> bool:
-        """An attempt under way, or pairs in line or woken."""
-        return self.in_flight > 0 or bool(self.waiters) or bool(self.woken)
-
     def at_rest(self, now: float) -> bool:
-        """Nothing here a fresh entry would not have: not busy, no failures (so no back-off
-        and no failing-since), and a full rate-limit bucket."""
-        if self.busy or self.failures or self.blocked_until > 0.0:
+        """Nothing here a fresh entry would not have: no attempt under way, no pair in line
+        or woken, no failures (so no back-off and no failing-since), and a full rate-limit
+        bucket."""
+        if self.held or self.waiters or self.woken or self.failures or self.blocked_until > 0.0:
             return False
         if self.rate_limit is None:
             return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -77,7 +78,7 @@ class DeliveryPublisher:
         self._state_topic = state_topic
         self._log_topic = log_topic
         self._dlq_topic = dlq_topic
-        self._locks: dict[int, asyncio.Lock] = {}
+        self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._on_state = on_state
         self._log_flush_s = log_flush_s
         self._log_open: dict[str, _LogBatch] = {}
@@ -91,7 +92,7 @@ class DeliveryPublisher:
         tombstone for a pair that went idle, ``DeliveryStore.stale``); returns what waits for
         the acks. Call it after ``store.put``. During an outage the wait re-sends the store's
         latest states, under the same lock."""
-        lock = self._lock(partition)
+        lock = self._locks[partition]
         async with lock:
             sent = [await self._enqueue_state(partition, key, store) for key in keys]
         return self._acked_states(sent, partition, keys, store, lock)
@@ -99,15 +100,9 @@ class DeliveryPublisher:
     async def tombstone(self, partition: int, key: str) -> None:
         """Delete ``key`` from the changelog (an old-form account record once migrated);
         wait for the ack."""
-        async with self._lock(partition):
+        async with self._locks[partition]:
             sent = await self._send_state(partition, key, None)
         await acknowledged(self._producer, self._health, [sent])
-
-    def _lock(self, partition: int) -> asyncio.Lock:
-        lock = self._locks.get(partition)
-        if lock is None:
-            lock = self._locks[partition] = asyncio.Lock()
-        return lock
 
     async def _enqueue_state(
         self, partition: int, key: str, store: DeliveryStore, *, resend: bool = False
