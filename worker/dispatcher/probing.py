@@ -3,9 +3,9 @@ the member holding the partition its operational events are keyed to sends it a 
 ``endpoint.probe`` when ``recovery.next_probe_at`` is due; any answer but a 2xx doubles the
 wait (up to ``max_s``, for ``for_s``), a 2xx re-enables it (``endpoint.enabled``, reason
 ``recovered``) with ``recovery.replaying`` set: that member then queues the events it missed
-since ``disabled_at`` under one replay id (the same after a crash: no new ids), progress on the
-replay board, and clears it. Each probe is a delivery-log entry of its own; probes and replays
-at once: the admission rule, per workspace."""
+since ``disabled_at`` under one replay id (the same after a crash or its time budget: no new
+ids), progress on the replay board, and clears it. Each probe is a delivery-log entry of its
+own; probes and replays at once: the admission rule, per workspace."""
 
 from __future__ import annotations
 
