@@ -1,6 +1,6 @@
 """Example events of every type the service sends, built from the same models and the same
-rendering as the real ones (``worker.contract.webhook_events``), for ``POST .../test`` (a test
-send).
+rendering as the real ones (the catalogue's, ``worker.webhooks.event_types``), for
+``POST .../test`` (a test send).
 A test send's body is marked ``"test": true`` at the top level of the Standard Webhooks
 envelope, beside ``type``, ``timestamp`` and ``data``: ``data`` stays exactly the event's
 published schema, and receivers that do not know the field ignore it (the envelope allows
@@ -16,7 +16,8 @@ from typing import Final
 from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
 from worker.contract.operational_events import EXAMPLES as OPERATIONAL_EXAMPLES
 from worker.contract.webhook_endpoints import EVENT_ERROR, EVENT_STATUS_CHANGED, EVENT_TYPES
-from worker.contract.webhook_events import WebhookEvent, from_error, from_status
+from worker.contract.webhook_events import WebhookEvent
+from worker.webhooks.event_types import EVENT_CATALOGUE
 
 TEST_ACCOUNT: Final = "acc_test_send"
 """The account id of every test event: its own (endpoint, account) lane, so a test send
@@ -70,21 +71,19 @@ def sample_event(event_type: str, *, workspace_id: str, now: float) -> WebhookEv
     with ``"test": true`` in its envelope; raises ``ValueError`` for an unknown type."""
     event_id = new_test_event_id()
     if event_type in OPERATIONAL_EXAMPLES:
-        event = _operational_sample(
+        record = _operational_record(
             event_type, workspace_id=workspace_id, event_id=event_id, now=now
         )
     else:
         record = example_record(event_type, workspace_id=workspace_id, event_id=event_id, now=now)
-        event = (from_status if event_type == EVENT_STATUS_CHANGED else from_error)(record)
+    event = next(t for t in EVENT_CATALOGUE if t.name == event_type).render(record)
     envelope = json.loads(event.body)
     envelope[TEST_MARK] = True
     body = json.dumps(envelope, separators=(",", ":"), ensure_ascii=False)
-    return dataclasses.replace(event, workspace_id=workspace_id, body=body)
+    return dataclasses.replace(event, account_id=TEST_ACCOUNT, workspace_id=workspace_id, body=body)
 
 
-def _operational_sample(
-    event_type: str, *, workspace_id: str, event_id: str, now: float
-) -> WebhookEvent:
+def _operational_record(event_type: str, *, workspace_id: str, event_id: str, now: float) -> bytes:
     """An operational event's example (its body is its own model), made this workspace's and
     this moment's."""
     occurred_at = rfc3339(now)
@@ -92,15 +91,10 @@ def _operational_sample(
     data = example.data.model_copy(  # type: ignore[attr-defined]
         update={"event_id": event_id, "workspace_id": workspace_id, "occurred_at": occurred_at}
     )
-    body = example.model_copy(update={"timestamp": occurred_at, "data": data}).model_dump_json()
-    return WebhookEvent(
-        event_type=event_type,
-        event_id=event_id,
-        account_id=TEST_ACCOUNT,
-        workspace_id=workspace_id,
-        version=None,
-        occurred_at=occurred_at,
-        body=body,
+    return (
+        example.model_copy(update={"timestamp": occurred_at, "data": data})
+        .model_dump_json()
+        .encode()
     )
 
 
