@@ -42,7 +42,6 @@ def dispatcher(
         publisher=NotingPublisher(),  # type: ignore[arg-type]
         config=DispatchConfig(
             status_topic="auth.status",
-            errors_topic="auth.errors",
             replay_topic="webhook.replays",
             schedule=(60.0,),
             disable_after_s=5 * 86400.0,

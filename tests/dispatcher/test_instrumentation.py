@@ -144,7 +144,6 @@ class Setup:
             publisher=self.publisher,  # type: ignore[arg-type]
             config=DispatchConfig(
                 status_topic=STATUS,
-                errors_topic="auth.errors",
                 replay_topic="webhook.replays",
                 schedule=schedule,
                 disable_after_s=10 * 86400.0,

@@ -77,7 +77,6 @@ def dispatcher(
         publisher=publisher,  # type: ignore[arg-type]
         config=DispatchConfig(
             status_topic=STATUS,
-            errors_topic="auth.errors",
             replay_topic="webhook.replays",
             schedule=(60.0, 60.0),
             disable_after_s=5 * 86400.0,

@@ -151,7 +151,6 @@ async def run_dispatcher(
         publisher=publisher,
         config=DispatchConfig(
             status_topic=topics.status,
-            errors_topic=topics.errors,
             replay_topic=topics.webhook_replays,
             schedule=schedule,
             disable_after_s=settings.webhook_disable_after_s,

@@ -196,7 +196,6 @@ class Settled:
     state: DeliveryState
     outcome: Outcome
     finished: Finished | None = None
-    retry_at: float | None = None
     base: DeliveryState | None = None
     """The state the outcome was decided from: ``carry_over`` onto it is ``state`` itself."""
 
@@ -290,7 +289,7 @@ def settle(
         }
     )
     nxt = state.model_copy(update={"queue": (retried, *state.queue[1:]), "failing_since": since})
-    return Settled(nxt, "retry", retry_at=now + wait, base=state)
+    return Settled(nxt, "retry", base=state)
 
 
 def fail_head(state: DeliveryState, reason: str, *, now: float) -> Settled:

@@ -62,7 +62,6 @@ log = get_logger(__name__)
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
     status_topic: str
-    errors_topic: str
     replay_topic: str
     schedule: tuple[float, ...]
     disable_after_s: float
@@ -370,7 +369,7 @@ class Dispatcher:
             # failures and disable clock untouched.
             wait = (result.retry_after_s or 1.0) * self._rng.uniform(1.0, 1.5)
             self.store.defer(partition, key, now + wait)
-            deferred = Settled(state, "deferred", retry_at=now + wait, base=state)
+            deferred = Settled(state, "deferred", base=state)
             return Attempted(head, deferred, endpoint, result)
         if result is None:
             reason = "endpoint_deleted" if endpoint is None else f"endpoint_{endpoint.status}"
