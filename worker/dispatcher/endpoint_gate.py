@@ -144,14 +144,8 @@ class EndpointGate:
         """Connection slots the workspace's attempts hold now."""
         return self._connections.held(workspace_id)
 
-    def in_flight(self, endpoint_id: str) -> int:
-        return self._endpoints.get(endpoint_id, _AT_REST).in_flight
-
     def waiting(self, endpoint_id: str) -> int:
         return len(self._endpoints.get(endpoint_id, _AT_REST).waiters)
-
-    def backing_off(self, endpoint_id: str) -> bool:
-        return self._endpoints.get(endpoint_id, _AT_REST).backing_off
 
     def failing_since(self, endpoint_id: str) -> float | None:
         """Since when every attempt to the endpoint failed (in this process), or None."""
