@@ -96,21 +96,16 @@ async def dead_letter(
 ) -> Sent:
     """Hand ``msg`` to the dead-letter ``topic`` with ``fault`` in its headers, cut to fit
     (the module docstring); never refused for the record's size by us, and a refusal by the
-    producer or the broker falls back to the minimal form (``LetterSent``). Any ``dlq.*``
-    headers of an earlier dead-lettering (which a redrive carries) are dropped from the
-    original's."""
+    producer or the broker falls back to the minimal form (``LetterSent``): its coordinates
+    (``dlq.source``), the fault's reason, exception class, fingerprint and attempts, and the
+    original's sizes and SHA-256 digests (``dlq.truncated``: every part cut); an empty key and
+    value. Any ``dlq.*`` headers of an earlier dead-lettering (which a redrive carries) are
+    dropped from the original's."""
     source = (msg.topic, msg.partition, msg.offset)
     full = letter_parts(msg.key, msg.value, msg.headers, fault, source)
-    return await hand_over(producer, topic, full, minimal_parts(msg, fault))
-
-
-def minimal_parts(msg: ConsumerRecord[bytes, bytes], fault: Fault) -> Parts:
-    """The smallest dead letter of ``msg``: its coordinates (``dlq.source``), the fault's
-    reason, exception class, fingerprint and attempts, and the original's sizes and SHA-256
-    digests (``dlq.truncated``: every part cut); an empty key and value."""
-    source = (msg.topic, msg.partition, msg.offset)
     short = replace(fault, detail=MINIMAL_DETAIL)
-    return letter_parts(msg.key, msg.value, msg.headers, short, source, room=0)
+    minimal = letter_parts(msg.key, msg.value, msg.headers, short, source, room=0)
+    return await hand_over(producer, topic, full, minimal)
 
 
 async def hand_over(producer: Any, topic: str, parts: Parts, minimal: Parts | None) -> LetterSent:
@@ -140,7 +135,7 @@ def letter_parts(
     source: tuple[str, int, int],
     *,
     room: int = ORIGINAL_BYTES,
-) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+) -> Parts:
     """The key, value and headers of the dead letter of a record (``key``, ``value``, its
     headers ``original``) that failed with ``fault`` at ``source``: the original whole when
     it fits in ``room`` bytes, else cut to fit with the truncation headers."""
@@ -249,5 +244,4 @@ __all__ = [
     "LetterSent",
     "dead_letter",
     "letter_parts",
-    "minimal_parts",
 ]
