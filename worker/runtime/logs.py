@@ -63,15 +63,11 @@ def merge_log_context(_: Any, __: str, event: MutableMapping[str, Any]) -> Mutab
 
 
 class _NamedPrintLogger(structlog.PrintLogger):
-    """structlog's ``PrintLogger`` that knows the name it was asked for."""
+    """structlog's ``PrintLogger`` that knows the name it was asked for (``get_logger(name)``)."""
 
-    def __init__(self, name: str | None) -> None:
+    def __init__(self, name: object = None) -> None:
         super().__init__(sys.stderr)
-        self.name = name
-
-
-def _named(*args: Any) -> _NamedPrintLogger:
-    return _NamedPrintLogger(str(args[0]) if args else None)
+        self.name = None if name is None else str(name)
 
 
 def _logger_name(logger: Any, _: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -133,7 +129,7 @@ def configure(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=_named,
+        logger_factory=_NamedPrintLogger,
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)
