@@ -8,26 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from worker.contract.delivery_log import NOTE_ENDPOINT_DISABLED
 from worker.contract.messages import rfc3339
 from worker.contract.operational_events import EndpointFailure, disabled_record
 from worker.contract.webhook_endpoints import EndpointRecord, Recovery
 from worker.dispatcher.delivery import Settled
+from worker.dispatcher.dispatch_ports import EndpointWriter
 from worker.dispatcher.endpoint_gate import SWEEP_FLOOR, EndpointGate
 from worker.dispatcher.instrumentation import log
 from worker.dispatcher.metrics import WebhookMetrics
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.webhooks.announcer import Announcer
-
-
-class Disabler(Protocol):
-    """Disables endpoints (``EndpointStore``)."""
-
-    async def disable(
-        self, current: EndpointRecord, reason: str, recovery: Recovery | None = None
-    ) -> EndpointRecord: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +53,7 @@ class Disabling:
     def __init__(
         self,
         *,
-        writer: Disabler,
+        writer: EndpointWriter,
         gate: EndpointGate,
         publisher: DeliveryPublisher,
         metrics: WebhookMetrics,

@@ -4,12 +4,11 @@ benchmarks can hand it their own."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_endpoints import EndpointRecord, Recovery
 from worker.dispatcher.delivery import DeliveryResult
-from worker.dispatcher.disabling import Disabler
 
 
 class Sender(Protocol):
@@ -18,13 +17,15 @@ class Sender(Protocol):
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> DeliveryResult: ...
 
 
-class Signer(Protocol):
-    def __call__(
-        self, secrets: Sequence[str], webhook_id: str, timestamp: int, body: bytes
-    ) -> dict[str, str]: ...
+Signer = Callable[[Sequence[str], str, int, bytes], dict[str, str]]
+"""(secrets, webhook-id, timestamp, body) → the signed delivery's headers (``signing.headers``)."""
 
 
-class EndpointWriter(Disabler, Protocol):
+class EndpointWriter(Protocol):
     """Disables endpoints and reads their secrets (``EndpointStore``)."""
+
+    async def disable(
+        self, current: EndpointRecord, reason: str, recovery: Recovery | None = None
+    ) -> EndpointRecord: ...
 
     def signing_secrets(self, record: EndpointRecord) -> list[str]: ...

@@ -77,7 +77,6 @@ class Refusals:
     async def _fail(
         self, refused_ones: list[tuple[DeliveryState, Pending]], reason: str, now: float
     ) -> None:
-        """DLQ copy and log entry of each delivery refused, acknowledged."""
         for state, delivery in refused_ones:
             finished = refused(delivery, reason, now=now)
             await self._publisher.dead_letter(state, delivery, finished)
