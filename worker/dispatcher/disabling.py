@@ -94,10 +94,8 @@ class Disabling:
         reason = None
         # Failing since the earliest evidence: the pair's own (kept in its record) or the
         # endpoint's as a whole (this process's attempts to any of its pairs).
-        known = [
-            t for t in (settled.state.failing_since, self._gate.failing_since(endpoint.id)) if t
-        ]
-        since = min(known) if known else None
+        evidence = (settled.state.failing_since, self._gate.failing_since(endpoint.id))
+        since = min((t for t in evidence if t), default=None)
         if settled.outcome == "gone":
             reason = "the endpoint answered 410 Gone"
         elif since is not None and now - since >= self.disable_after_s:
@@ -133,22 +131,14 @@ class Disabling:
 
 def _disabled(endpoint: EndpointRecord, reason: str, settled: Settled, since: float | None) -> Any:
     """The ``endpoint.disabled`` announcement: the failure that decided it."""
-    head = settled.state.head()
+    finished = settled.finished
+    last = finished or settled.state.head()  # the delivery that ended, or the one retrying
     failures = []
-    if settled.finished is not None:
-        f = settled.finished
+    if last is not None:
+        at = None if finished is None else rfc3339(finished.finished_at)
         failures.append(
             EndpointFailure(
-                at=rfc3339(f.finished_at),
-                status=f.last_status,
-                error=f.last_error,
-                attempts=f.attempts,
-            )
-        )
-    elif head is not None:
-        failures.append(
-            EndpointFailure(
-                at=None, status=head.last_status, error=head.last_error, attempts=head.attempts
+                at=at, status=last.last_status, error=last.last_error, attempts=last.attempts
             )
         )
     return disabled_record(
