@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -38,23 +38,21 @@ class ApiRuntime:
     replies: ReplyRouter
     keys: KeyStore
     registry: CollectorRegistry
-    webhooks: WebhookClients | None = None
+    webhooks: WebhookClients | None
+    broker: BrokerHealth
+    side_door: Starlette
+    metrics: ApiMetrics
+    #: The replicas' presence (``worker.api.presence``) and ``Idempotency-Key``s.
+    presence: TopicTail
+    idempotency: TopicTail
     base_url: str | None = None
-    broker: BrokerHealth = field(default_factory=BrokerHealth)
-    side_door: Starlette | None = None
-    metrics: ApiMetrics | None = None
     metrics_url: str | None = None
-    #: The replicas' presence (``worker.api.presence``); ``None`` in apps built without it.
-    presence: TopicTail | None = None
-    #: The replicas' ``Idempotency-Key``s (``worker.api.idempotency``); ``None`` likewise.
-    idempotency: TopicTail | None = None
 
     @property
     def tails(self) -> tuple[TopicTail, ...]:
         """Every Kafka reader whose end stops the process."""
         extra = () if self.webhooks is None else self.webhooks.tails
-        own = tuple(t for t in (self.presence, self.idempotency) if t is not None)
-        return (self.replies, *own, *extra)
+        return (self.replies, self.presence, self.idempotency, *extra)
 
     @property
     def url(self) -> str:
@@ -116,9 +114,6 @@ async def serve_runtime(
     """Serve ``runtime.app`` (and its side door) until ``stop``, a server failure or a Kafka
     reader's end."""
     settings = runtime.settings
-    if runtime.side_door is None:
-        await _serve_api(runtime, stop, on_started)
-        return
     async with serving(
         runtime.side_door,
         host=settings.api_metrics_host,
@@ -133,8 +128,7 @@ async def _serve_api(
     runtime: ApiRuntime, stop: asyncio.Event, on_started: Callable[[ApiRuntime], None] | None
 ) -> None:
     settings = runtime.settings
-    metrics = runtime.metrics
-    refusals = None if metrics is None else metrics.refusals
+    refusals = runtime.metrics.refusals
     server = EmbeddedServer(
         uvicorn.Config(
             runtime.app,
@@ -142,7 +136,7 @@ async def _serve_api(
             port=settings.api_port,
             http=limited_protocol(
                 connection_limits(settings),
-                lambda reason: None if refusals is None else refusals.labels(reason).inc(),
+                lambda reason: refusals.labels(reason).inc(),
             ),
             ws="none",
             log_config=None,  # uvicorn's records go through worker.runtime.logs like every other

@@ -65,14 +65,8 @@ class Unsaved:
     def take(self, partition: int, keys: list[str]) -> list[tuple[str, str, EventHold]]:
         """Every unsaved delivery of ``keys`` (no longer unsaved): a write of those pairs
         about to be sent makes them safe once acknowledged."""
-        pairs = self._parts.get(partition)
-        if not pairs:
-            return []
-        taken = []
-        for key in keys:
-            for mark, hold in pairs.pop(key, {}).items():
-                taken.append((key, mark, hold))
-        return taken
+        pairs = self._parts.get(partition, {})
+        return [(key, mark, hold) for key in keys for mark, hold in pairs.pop(key, {}).items()]
 
     def put_back(self, partition: int, taken: list[tuple[str, str, EventHold]]) -> None:
         """A write that failed: its deliveries are unsaved again."""

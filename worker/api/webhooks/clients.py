@@ -24,13 +24,13 @@ class WebhookClients:
     store: EndpointStore
     deliveries: DeliveryLogScan
     replays: ReplayRunner
-    #: Announces ``endpoint.enabled`` (``worker.webhooks.announcer``); ``None``: not at all.
-    announcer: Announcer | None = None
+    #: Announces ``endpoint.enabled`` (``worker.webhooks.announcer``).
+    announcer: Announcer
     #: Replays' progress, an account's events and their cursors (``follow_routes``).
-    board: ReplayBoard | None = None
-    events: AccountEvents | None = None
-    cursors: CursorCodec | None = None
-    sends: DeliverySends | None = None
+    board: ReplayBoard
+    events: AccountEvents
+    cursors: CursorCodec
+    sends: DeliverySends
 
     @property
     def tails(self) -> tuple[TopicTail, ...]:

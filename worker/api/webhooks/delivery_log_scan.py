@@ -106,8 +106,6 @@ class DeliveryLogScan:
 
     async def _take(self) -> Any:
         """An idle consumer, or a new one (the admission slot held bounds how many)."""
-        if not self._started:
-            raise DeliveryScanFailed("not started")
         if self._idle:
             return self._idle.pop()
         return await self._build()

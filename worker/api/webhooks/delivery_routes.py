@@ -36,6 +36,7 @@ from worker.api.webhooks.delivery_log import (
     page,
 )
 from worker.api.webhooks.delivery_log_scan import DeliveryScanFailed, LogSlice
+from worker.api.webhooks.guard import READ, UPDATE
 from worker.api.webhooks.quotas import DELIVERY_SCANS, busy
 from worker.api.webhooks.sends import SendBudget, new_send_id
 from worker.contract.catalogue import ServiceError
@@ -52,8 +53,6 @@ WEBHOOK_DELIVERY: Final = "/v1/webhook-endpoints/{endpoint_id}/deliveries/{deliv
 WEBHOOK_RESEND: Final = "/v1/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/resend"
 WEBHOOK_TEST: Final = "/v1/webhook-endpoints/{endpoint_id}/test"
 DELIVERY_ROUTES: Final = (WEBHOOK_DELIVERY, WEBHOOK_RESEND, WEBHOOK_TEST)
-READ_FAILED: Final = "get_webhook_endpoint_failed"
-SEND_FAILED: Final = "update_webhook_endpoint_failed"
 DELIVERY_NOT_FOUND: Final = (
     "The delivery does not exist in this endpoint's recent log (or the endpoint in this workspace)."
 )
@@ -117,10 +116,10 @@ class DeliveryRoutes:
         except NoRoom as exc:
             raise busy(DELIVERY_SCANS, "deliveries scan", exc) from None
         except DeliveryScanFailed:
-            raise ServiceError.of(READ_FAILED, UNAVAILABLE) from None
+            raise ServiceError.of(READ, UNAVAILABLE) from None
 
     async def list_deliveries(self, request: Request) -> Response:
-        clients, workspace_id, record = await self._endpoint_of(request, READ_FAILED)
+        clients, workspace_id, record = await self._endpoint_of(request, READ)
         filters, limit, cursor_text = filters_of(request)
         cursor = None
         if cursor_text is not None:
@@ -156,12 +155,12 @@ class DeliveryRoutes:
         return clients, record, delivery
 
     async def get(self, request: Request) -> Response:
-        _, _, delivery = await self._delivery(request, READ_FAILED)
+        _, _, delivery = await self._delivery(request, READ)
         data = DeliveryDetail.of_detail(delivery)
         return json_response(DeliveryDetailResponse(request_id=request_id_of(request), data=data))
 
     async def resend(self, request: Request) -> Response:
-        clients, record, delivery = await self._delivery(request, SEND_FAILED, body=True)
+        clients, record, delivery = await self._delivery(request, UPDATE, body=True)
         latest = delivery.latest
         if delivery.body is None or not latest.account_id:
             raise ServiceError.of(
@@ -182,7 +181,7 @@ class DeliveryRoutes:
         return await self._queue(request, clients, record, copy, "resend")
 
     async def test(self, request: Request) -> Response:
-        clients, _, record = await self._endpoint_of(request, SEND_FAILED)
+        clients, _, record = await self._endpoint_of(request, UPDATE)
         body = await json_object_body(request, TestSendBody)
         self.budget.spend(record.workspace_id)
         event = sample_event(body.event_type, workspace_id=record.workspace_id, now=time.time())
@@ -198,15 +197,12 @@ class DeliveryRoutes:
         kind: str,
     ) -> Response:
         send_id = new_send_id("resend" if kind == "resend" else "test")
-        sends = clients.sends
-        if sends is None:
-            raise ServiceError.of(SEND_FAILED)
         try:
             async with asyncio.timeout(SEND_TIMEOUT_S):
-                await sends.queue(record, copy, send_id)
+                await clients.sends.queue(record, copy, send_id)
         except TimeoutError:
             raise ServiceError.of(
-                SEND_FAILED,
+                UPDATE,
                 "The send was not confirmed in time and may still be delivered; read the"
                 " delivery log before retrying.",
             ) from None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 from starlette.requests import Request
@@ -19,8 +18,6 @@ from worker.api.webhooks.account_events import (
     MAX_LIMIT,
     WINDOW_EXCEEDED,
     WINDOW_S,
-    AccountEvents,
-    CursorCodec,
     CursorError,
 )
 from worker.api.webhooks.creates import is_pending
@@ -30,15 +27,12 @@ from worker.api.webhooks.follow_bodies import (
     ReplayStatusData,
     ReplayStatusResponse,
 )
-from worker.api.webhooks.guard import Handler, guarded
-from worker.api.webhooks.replay import ReplayRunner
-from worker.api.webhooks.replay_status import ReplayBoard
+from worker.api.webhooks.guard import READ, UPDATE, Handler, guarded
 from worker.api.webhooks.routes import NOT_CONFIGURED, NOT_FOUND, WebhookClients
 from worker.contract.catalogue import ServiceError
 from worker.contract.webhook_events import parse_rfc3339
 from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
-from worker.webhooks.endpoints import EndpointsTail
 from worker.webhooks.replay_scan import REPLAY_ID_RE, ReplayProgress
 
 log = get_logger(__name__)
@@ -57,31 +51,6 @@ REPLAY_ID_RULE: Final = "replay_id must be rp_ followed by 32 lowercase hexadeci
 #: replay started on another replica a moment ago).
 RECENT_WAIT_S: Final = 0.5
 _QUERY: Final = frozenset({"cursor", "limit", "since"})
-_REPLAY_FAILURE: Final = "get_webhook_endpoint_failed"
-_CANCEL_FAILURE: Final = "update_webhook_endpoint_failed"
-_EVENTS_FAILURE: Final = "get_webhook_endpoint_failed"
-
-
-@dataclass(frozen=True)
-class FollowClients:
-    """What the routes read: the endpoint registry, the replays' board, the runner (to cancel
-    one of its own at once), the account-event reader and its cursors."""
-
-    endpoints: EndpointsTail
-    board: ReplayBoard
-    replays: ReplayRunner
-    events: AccountEvents
-    cursors: CursorCodec
-
-    @classmethod
-    def of(cls, clients: WebhookClients | None) -> FollowClients | None:
-        """The webhook clients' parts these routes use; ``None`` when any is missing."""
-        if clients is None:
-            return None
-        board, events, cursors = clients.board, clients.events, clients.cursors
-        if board is None or events is None or cursors is None:
-            return None
-        return cls(clients.endpoints, board, clients.replays, events, cursors)
 
 
 class FollowRoutes:
@@ -91,7 +60,7 @@ class FollowRoutes:
     def __init__(
         self,
         *,
-        clients: FollowClients | None,
+        clients: WebhookClients | None,
         admitted_workspace: Callable[[Request], str],
         wait_s: float,
         refused: Callable[[str], None] = lambda _: None,
@@ -106,14 +75,14 @@ class FollowRoutes:
             return Route(path, guarded(handler, failure, path, self._refused), methods=[method])
 
         return [
-            route(WEBHOOK_REPLAY_STATUS, self.replay_status, "GET", _REPLAY_FAILURE),
-            route(WEBHOOK_REPLAY_CANCEL, self.cancel_replay, "POST", _CANCEL_FAILURE),
-            route(ACCOUNT_EVENTS, self.account_events, "GET", _EVENTS_FAILURE),
+            route(WEBHOOK_REPLAY_STATUS, self.replay_status, "GET", READ),
+            route(WEBHOOK_REPLAY_CANCEL, self.cancel_replay, "POST", UPDATE),
+            route(ACCOUNT_EVENTS, self.account_events, "GET", READ),
         ]
 
     # -- checks ------------------------------------------------------------------------------
 
-    def _caller(self, request: Request, failure: str) -> tuple[FollowClients, str]:
+    def _caller(self, request: Request, failure: str) -> tuple[WebhookClients, str]:
         """The clients and the key's workspace (key check and rate limit first)."""
         workspace_id = self.admitted_workspace(request)
         if self.clients is None:
@@ -127,7 +96,9 @@ class FollowRoutes:
             if not tail.running:
                 raise ServiceError.of(failure, "Not available right now.")
 
-    async def _replay(self, request: Request, failure: str) -> tuple[FollowClients, ReplayProgress]:
+    async def _replay(
+        self, request: Request, failure: str
+    ) -> tuple[WebhookClients, ReplayProgress]:
         """Key, configured, ids well-formed, the endpoint of the workspace, the replay of the
         endpoint: (clients, the replay's progress); 404 for anything not the caller's."""
         clients, workspace_id = self._caller(request, failure)
@@ -150,13 +121,13 @@ class FollowRoutes:
     # -- replays -----------------------------------------------------------------------------
 
     async def replay_status(self, request: Request) -> Response:
-        return _status(request, (await self._replay(request, _REPLAY_FAILURE))[1])
+        return _status(request, (await self._replay(request, READ))[1])
 
     async def cancel_replay(self, request: Request) -> Response:
         """Ask for the replay's cancellation: 202 while it runs (the replica running it stops
         within a progress interval), 200 with the replay unchanged once it has ended."""
         await check_body(request)
-        clients, progress = await self._replay(request, _CANCEL_FAILURE)
+        clients, progress = await self._replay(request, UPDATE)
         if progress.ended:
             return _status(request, progress)
         await clients.board.request_cancel(progress)
@@ -171,7 +142,7 @@ class FollowRoutes:
     # -- an account's events -----------------------------------------------------------------
 
     async def account_events(self, request: Request) -> Response:
-        clients, workspace_id = self._caller(request, _EVENTS_FAILURE)
+        clients, workspace_id = self._caller(request, READ)
         account_id = path_id(request, "account_id")
         query = request.query_params
         for name in query:
@@ -250,4 +221,4 @@ def _now() -> float:
     return time.time()
 
 
-__all__ = ["ACCOUNT_EVENTS", "FOLLOW_ROUTES", "FollowClients", "FollowRoutes"]
+__all__ = ["ACCOUNT_EVENTS", "FOLLOW_ROUTES", "FollowRoutes"]

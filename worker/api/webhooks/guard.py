@@ -4,6 +4,7 @@ other exception as the route's catalogued 500, logged without the request's body
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -17,6 +18,9 @@ from worker.runtime.logs import get_logger
 log = get_logger("worker.api.webhooks.routes")
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: The catalogued 500s of the webhook routes: of a read, and of a change (sends included).
+READ: Final = "get_webhook_endpoint_failed"
+UPDATE: Final = "update_webhook_endpoint_failed"
 
 
 def guarded(
