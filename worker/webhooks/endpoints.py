@@ -119,7 +119,6 @@ class EndpointsTail(TopicTail):
     def __init__(self, consumer: Any, topic: str) -> None:
         super().__init__(consumer, topic, name="webhook-endpoints", idle_timeout_ms=200)
         self.registry = EndpointRegistry()
-        self.undecodable = 0
         #: (partition, offset) of the first record of each live endpoint this tail read: the
         #: order of creates within a partition (the front-end's endpoint quota).
         self.positions: dict[str, tuple[int, int]] = {}
@@ -135,7 +134,6 @@ class EndpointsTail(TopicTail):
             try:
                 record = decode_endpoint(msg.value)
             except ValidationError:
-                self.undecodable += 1
                 log.error("endpoint_record_undecodable", partition=msg.partition, offset=msg.offset)
                 continue
             self.positions.setdefault(record.id, (msg.partition, msg.offset))
