@@ -199,6 +199,7 @@ NOT_GROWN: dict[str, str] = {
     "engine/topics.py:TopicObservation.configs": "one DescribeConfigs answer of an operator check",
     "dispatcher/delivery_store.py:AccountDeliveries.endpoints": "old-form record, read to migrate",
     "dispatcher/publish.py:_LogBatch.entries": "one log batch: ≤ LOG_BATCH_MAX (200) entries",
+    "dispatcher/publish.py:_LogBatch.headers": "one log batch's record headers, built here",
     "contract/operational_events.py:EndpointDisabledData.last_failures": (
         "one event's field: ≤ MAX_LAST_FAILURES (5)"
     ),
