@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from worker.api.cors import CorsPolicy
-from worker.api.event_types import EVENT_TYPES_PATH, EventTypeRoutes
+from worker.api.event_types import EVENT_TYPES_PATH, event_type_routes
 from worker.api.idempotency import CLAIM_MARGIN_S, IdempotencyKeys
 from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics, KeyUsageCollector, ReplyReaderSeries
@@ -44,7 +44,7 @@ from worker.api.server import (
 )
 from worker.api.webhooks.account_events import AccountEvents, CursorCodec
 from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
-from worker.api.webhooks.follow_routes import FOLLOW_ROUTES, FollowClients, FollowRoutes
+from worker.api.webhooks.follow_routes import FOLLOW_ROUTES, FollowRoutes
 from worker.api.webhooks.quotas import EndpointLimits
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.replay_status import ReplayBoard
@@ -190,7 +190,7 @@ def build_app(
         allow_private=settings.webhook_allow_private_targets,
     )
     follow = FollowRoutes(
-        clients=FollowClients.of(webhooks),
+        clients=webhooks,
         admitted_workspace=api.admitted_workspace,
         wait_s=settings.webhook_store_timeout_s,
         refused=lambda quota: metrics.quota_refusals.labels(quota).inc(),
@@ -223,7 +223,7 @@ def build_app(
         *hooks.routes(),
         *sessions.routes(),
         *page_routes(),
-        *EventTypeRoutes(api.admitted_workspace).routes(),
+        *event_type_routes(api.admitted_workspace),
         *follow.routes(),
         *probes.health_routes(),
         *(documents(limits, policy) if documents is not None else ()),
@@ -391,9 +391,7 @@ async def api_runtime(
         ]
         if webhooks is not None:
             clients += [(tail.name, tail) for tail in webhooks.tails]
-            clients.append(("deliveries", webhooks.deliveries))
-            if webhooks.board is not None:
-                clients.append(("replay_board", webhooks.board))
+            clients += [("deliveries", webhooks.deliveries), ("replay_board", webhooks.board)]
         for name, client in clients:
             await client.start()
             started.append((f"{name}_stop", client.stop))

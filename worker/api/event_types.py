@@ -75,28 +75,24 @@ def _data_json() -> str:
     )
 
 
-class EventTypeRoutes:
+def event_type_routes(admitted_workspace: Callable[[Request], str]) -> list[Route]:
     """The catalogue's route; ``admitted_workspace`` is ``ApiRoutes.admitted_workspace`` (the
     key's workspace, once its rate admits the request)."""
+    data = _data_json()
 
-    def __init__(self, admitted_workspace: Callable[[Request], str]) -> None:
-        self._admitted_workspace = admitted_workspace
-        self._data = _data_json()
-
-    def routes(self) -> list[Route]:
-        return [Route(EVENT_TYPES_PATH, self.event_types, methods=["GET"])]
-
-    async def event_types(self, request: Request) -> Response:
-        self._admitted_workspace(request)
+    async def event_types(request: Request) -> Response:
+        admitted_workspace(request)
         request_id = json.dumps(request_id_of(request))
-        body = f'{{"request_id":{request_id},"data":{self._data}}}'
+        body = f'{{"request_id":{request_id},"data":{data}}}'
         return Response(body.encode("utf-8"), media_type=JSONResponse.media_type)
+
+    return [Route(EVENT_TYPES_PATH, event_types, methods=["GET"])]
 
 
 __all__ = [
     "EVENT_TYPES_PATH",
     "EventCatalogue",
     "EventTypeEntry",
-    "EventTypeRoutes",
     "EventTypesResponse",
+    "event_type_routes",
 ]

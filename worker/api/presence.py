@@ -66,14 +66,10 @@ class Presence(CompactedView):
         *,
         replica_id: str | None = None,
         health: BrokerHealth | None = None,
-        interval_s: float = PRESENCE_INTERVAL_S,
-        ttl_s: float = PRESENCE_TTL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(consumer, topic, producer, name="api-presence", health=health)
         self.replica_id = replica_id or new_replica_id()
-        self._interval_s = interval_s
-        self._ttl_s = ttl_s
         self._clock = clock
         self._seen: dict[str, PresenceRecord] = {}
         self._held: Counter[str] = Counter()  # this replica's replays, claims included
@@ -93,7 +89,7 @@ class Presence(CompactedView):
             for r in self._seen.values()
             # A record from the future (a wrong clock, or a forged record) is not live: it
             # would count for ever and never be forgotten.
-            if r.replica_id != self.replica_id and abs(now - r.at) < self._ttl_s
+            if r.replica_id != self.replica_id and abs(now - r.at) < PRESENCE_TTL_S
         )
 
     def live(self) -> int:
@@ -149,7 +145,9 @@ class Presence(CompactedView):
     async def start(self) -> None:
         await super().start()
         await self.beat()
-        self.chores.every(self._interval_s, self._beat_and_forget, timeout_s=self._interval_s * 4)
+        self.chores.every(
+            PRESENCE_INTERVAL_S, self._beat_and_forget, timeout_s=PRESENCE_INTERVAL_S * 4
+        )
 
     async def stop(self) -> None:
         """Stop beating and tombstone this replica's key (best effort: the TTL covers a

@@ -99,11 +99,8 @@ class ReplyRouter(TopicTail):
         consumer: Any,
         topic: str,
         *,
-        idle_timeout_ms: int = 200,
-        max_records: int = 2000,
         partition: int | None = None,
         spread: int = 1,
-        rng: random.Random | None = None,
         behind_after_s: float = 5.0,
         gap_hold_s: float = GAP_HOLD_S,
     ) -> None:
@@ -111,8 +108,8 @@ class ReplyRouter(TopicTail):
             consumer,
             topic,
             name="reply-router",
-            idle_timeout_ms=idle_timeout_ms,
-            max_records=max_records,
+            idle_timeout_ms=200,
+            max_records=2000,
             only=self._pick,
             gaps=(
                 GapWatch(gap_logger(log, "reply-router"), hold_s=gap_hold_s)
@@ -126,7 +123,7 @@ class ReplyRouter(TopicTail):
         self._lagging_since: float | None = None
         self._reported_behind = False
         self._wanted = partition
-        self._rng = rng or random.SystemRandom()
+        self._rng = random.SystemRandom()
         self._waiters: dict[str, PendingReply] = {}
         self.delivered = 0
         self.dropped_mismatch = 0

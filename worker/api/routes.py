@@ -131,9 +131,7 @@ class ApiRoutes:
         self.producer = producer
         #: Verifies portal session tokens (``None``: no portal secret, every token refused).
         self.portal = portal
-        #: The portal sessions revoked, shared by the replicas (``worker.api.portal``).
         self.portal_revocations = portal_revocations
-        #: The replicas' shared ``Idempotency-Key``s (``worker.api.idempotency``).
         self.idempotency = idempotency
         self.rate_limiter = rate_limiter
         #: The replicas' presence (``worker.api.presence``): the rate limit's share needs it.
@@ -146,7 +144,6 @@ class ApiRoutes:
         self.reply_timeout_s = reply_timeout_s
         #: The longest a long-poll waits here (``API_LONG_POLL_MAX_S``).
         self.long_poll_max_s = long_poll_max_s
-        #: Long-polls held open, by workspace (``worker.api.long_poll.LongPolls``).
         self.long_polls = long_poll.LongPolls(long_poll_slots)
         self.webhook_tails = webhook_tails
         self._send_span = f"send {commands_topic}"

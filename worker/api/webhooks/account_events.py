@@ -143,14 +143,12 @@ class AccountEvents:
         status_topic: str,
         errors_topic: str,
         scan_records: int = SCAN_RECORDS,
-        timeout_s: float = SCAN_TIMEOUT_S,
     ) -> None:
         self._consumer_factory = consumer_factory
         self._aside = AsideCloses()
         self._status_topic = status_topic
         self._errors_topic = errors_topic
         self.scan_records = scan_records
-        self.timeout_s = timeout_s
         self.admission = read_slots("account_event_reads", MAX_SCANS)
         self._skip = skipping("account-events", log)
         #: Records read by every scan of this process: what the scans cost.
@@ -177,13 +175,13 @@ class AccountEvents:
         limit: int,
     ) -> EventPage:
         """The next ``limit`` events at most from ``cursor`` (or from ``since``)."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + SCAN_TIMEOUT_S
         start_ms = None
         if cursor is None:
             start = since or datetime.now(UTC) - timedelta(seconds=WINDOW_S)
             start_ms = int((start.timestamp() - SEEK_MARGIN_S) * 1000)
         # The reads stop at ``deadline``; this bounds the broker calls around them too.
-        async with asyncio.timeout(2 * self.timeout_s + 5):
+        async with asyncio.timeout(2 * SCAN_TIMEOUT_S + 5):
             status, errors = [
                 await self._read(topic, workspace_id, account_id, at, start_ms, since, deadline)
                 for topic, at in (

@@ -9,6 +9,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Final, TypeVar
 
 from starlette.requests import Request
@@ -41,9 +42,9 @@ from worker.api.webhooks.delivery_routes import (
     WEBHOOK_TEST,
     DeliveryRoutes,
 )
-from worker.api.webhooks.guard import Handler, guarded
+from worker.api.webhooks.guard import READ, UPDATE, Handler, guarded
 from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota
-from worker.api.webhooks.sends import SENDS_PER_MINUTE, SendBudget
+from worker.api.webhooks.sends import SendBudget
 from worker.api.webhooks.urls import url_form_allowed, url_rule_text
 from worker.contract.catalogue import ServiceError
 from worker.contract.operational_events import enabled_record
@@ -84,8 +85,6 @@ UNCONFIRMED: Final = (
 
 Written = TypeVar("Written")
 Write = Callable[[WebhookClients, EndpointRecord], Awaitable[Written]]
-READ: Final = "get_webhook_endpoint_failed"
-UPDATE: Final = "update_webhook_endpoint_failed"
 
 
 class WebhookRoutes:
@@ -102,17 +101,17 @@ class WebhookRoutes:
         admitted_workspace: Callable[[Request], str],
         policy: TargetPolicy,
         wait_s: float,
-        limits: EndpointLimits | None = None,
-        endpoints_per_workspace: int = 16,
-        metrics: ApiMetrics | None = None,
-        sends_per_minute: int = SENDS_PER_MINUTE,
-        replicas: Callable[[], int] | None = None,
+        limits: EndpointLimits,
+        endpoints_per_workspace: int,
+        metrics: ApiMetrics,
+        sends_per_minute: int,
+        replicas: Callable[[], int] | None,
     ) -> None:
         self.clients = clients
         self.admitted_workspace = admitted_workspace
         self.policy = policy
         self.wait_s = wait_s
-        self.limits = limits or EndpointLimits.defaults()
+        self.limits = limits
         self.metrics = metrics
         self.quota = (
             None
@@ -137,16 +136,15 @@ class WebhookRoutes:
             return Route(path, guarded(handler, failure, path, self._refused), methods=[method])
 
         deliveries = self.delivery_log  # worker.api.webhooks.delivery_routes
+        off = "deactivate_webhook_endpoint_failed"
         return [
             route(WEBHOOK_ENDPOINTS, self.create, "POST", "create_webhook_endpoint_failed"),
             route(WEBHOOK_ENDPOINTS, self.list_endpoints, "GET", "list_webhook_endpoints_failed"),
             route(WEBHOOK_ENDPOINT, self.get, "GET", READ),
             route(WEBHOOK_ENDPOINT, self.update, "PATCH", UPDATE),
             route(WEBHOOK_ENDPOINT, self.delete, "DELETE", "delete_webhook_endpoint_failed"),
-            route(
-                WEBHOOK_DEACTIVATE, self.deactivate, "POST", "deactivate_webhook_endpoint_failed"
-            ),
-            route(WEBHOOK_ACTIVATE, self.activate, "POST", UPDATE),
+            route(WEBHOOK_DEACTIVATE, partial(self.set_status, "inactive", off), "POST", off),
+            route(WEBHOOK_ACTIVATE, partial(self.set_status, "active", UPDATE), "POST", UPDATE),
             route(WEBHOOK_ROTATE, self.rotate, "POST", UPDATE),
             route(WEBHOOK_EXPIRE_PREVIOUS, self.expire_previous, "POST", UPDATE),
             route(WEBHOOK_REPLAY, self.replay, "POST", UPDATE),
@@ -166,8 +164,7 @@ class WebhookRoutes:
     # -- checks ------------------------------------------------------------------------------
 
     def _refused(self, quota: str) -> None:
-        if self.metrics is not None:
-            self.metrics.quota_refusals.labels(quota).inc()
+        self.metrics.quota_refusals.labels(quota).inc()
 
     def _secrets_dropped(self, reason: str, before: EndpointRecord, after: EndpointRecord) -> None:
         """Count the secrets ``before`` held unexpired that ``after`` no longer holds."""
@@ -178,7 +175,7 @@ class WebhookRoutes:
             for s in before.secrets
             if (s.expires_at is None or s.expires_at > now) and s.ciphertext not in kept
         )
-        if dropped and self.metrics is not None:
+        if dropped:
             self.metrics.secrets_dropped.labels(reason).inc(dropped)
 
     def _configured(self, failure: str) -> WebhookClients:
@@ -327,15 +324,11 @@ class WebhookRoutes:
         log.info("webhook_endpoint_updated", endpoint_id=record.id, fields=sorted(changes))
         return _endpoint(request, record)
 
-    async def deactivate(self, request: Request) -> Response:
-        return await self._set_status(request, "inactive", "deactivate_webhook_endpoint_failed")
+    async def set_status(self, status: str, failure: str, request: Request) -> Response:
+        """``.../deactivate`` and ``.../activate``."""
 
-    async def activate(self, request: Request) -> Response:
-        return await self._set_status(request, "active", UPDATE)
-
-    async def _set_status(self, request: Request, status: str, failure: str) -> Response:
         async def write(clients: WebhookClients, current: EndpointRecord) -> EndpointRecord:
-            if status == "active" and current.status == "disabled" and clients.announcer:
+            if status == "active" and current.status == "disabled":
                 # Before the write, under the id of the revision it writes (no second id).
                 announced = clients.announcer.announce(enabled_record(current))
                 await asyncio.wait_for(announced, self.wait_s)  # else the route's 500
