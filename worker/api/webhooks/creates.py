@@ -66,7 +66,7 @@ async def create(
     """The active endpoint and its secret, or ``Refused`` (the quota) or the create's 500.
     This replica's check (registry + its creates in flight) comes before any write; the
     pending record's check across replicas before the one write a dispatcher delivers after."""
-    await sweep(store, quota, workspace_id)
+    await sweep(store, workspace_id)
     endpoint_id = quota.new_id(workspace_id)
     with quota.slot(workspace_id, endpoint_id):
         stamp = now_rfc3339()
@@ -104,7 +104,7 @@ async def create(
     return record, secret
 
 
-async def sweep(store: EndpointStore, quota: EndpointQuota, workspace_id: str) -> None:
+async def sweep(store: EndpointStore, workspace_id: str) -> None:
     """Delete the workspace's pending endpoints older than ``STALE_S`` (none, usually); stops
     at the first delete that fails (the broker is away: the create will fail too)."""
     now = time.time()
