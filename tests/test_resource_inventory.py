@@ -205,6 +205,8 @@ NOT_GROWN: dict[str, str] = {
     ),
     "api/webhooks/follow_bodies.py:AccountEventData.body": "one event's body, as written",
     "contract/webhook_endpoints.py:Recovery.resume": "one offset per partition of one topic",
+    "contract/webhook_endpoints.py:Recovery.replays_end": "one offset per partition of one"
+    " topic (webhook.replays)",
     "api/webhooks/account_events.py:EventPage.events": "one page: ≤ MAX_LIMIT (100) events",
     # -- operator tools (python -m worker dlq|keys): run by hand, not fed by outside input --
     "dlq/cli.py:RedriveReport.redriven": "operator CLI: counts by target topic",

@@ -7,6 +7,7 @@ turned recovery off."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -33,6 +34,7 @@ from worker.contract.delivery_log import webhook_id
 from worker.contract.webhook_endpoints import EndpointRecord, Recovery
 from worker.dispatcher.disabling import ProbeConfig
 from worker.dispatcher.probing import Prober
+from worker.engine.kafka import build_producer
 from worker.webhooks.endpoint_writes import EndpointStore
 from worker.webhooks.replay_scan import (
     ReplayProgress,
@@ -114,6 +116,66 @@ async def test_a_recovered_endpoint_receives_what_it_missed_under_its_webhook_id
     # readable as the front-end's replays are: its last progress record says done
     assert progress and progress[-1].state == "done" and progress[-1].recovery
     assert progress[-1].events_sent == len(missed) and progress[-1].endpoint_id == ep.id
+
+
+async def test_events_arriving_during_a_recovery_reach_the_receiver_after_what_it_missed(
+    make_settings: SettingsFactory,
+) -> None:
+    """Issue 49: the accounts' events keep arriving, one a version every 50 ms, from before
+    the disable to well after the recovery's replay was queued; each account's events reach the
+    receiver (the first delivery of each webhook-id) in version order, none missing. A live
+    delivery waits while the replay is queued, then until this dispatcher has taken
+    webhook.replays in to where it ended (``recovery.replays_end``)."""
+    settings = dispatcher_settings(
+        make_settings,
+        webhook_retry_schedule_s="30",
+        webhook_probe_first_s=0.5,
+        webhook_probe_max_s=0.5,
+    )
+    healed = [False]
+    target = Receiver(answer=lambda body, _: 204 if healed[0] else 410)
+    accounts = [new_account() for _ in range(3)]
+    published: dict[str, list[str]] = {a: [] for a in accounts}
+    after_recovery = [0]  # rounds published since the replay was queued
+
+    async def keep_publishing(producer: Any, ep_id: str) -> None:
+        for version in range(1, 400):  # bounded: ~20 s of rounds at most
+            for account in accounts:
+                event = status_event(account, version)
+                await producer.send_and_wait(
+                    settings.topics.status, event.model_dump_json().encode(),
+                    key=account.encode(),
+                )  # fmt: skip
+                published[account].append(webhook_id(event.event_id, ep_id))
+            if version == 3:
+                healed[0] = True  # 1-3 missed while disabled; the probe re-enables it
+            recovery = record(store, ep_id).recovery
+            after_recovery[0] += bool(recovery and recovery.replay_id and not recovery.replaying)
+            if after_recovery[0] >= 20:
+                return
+            await asyncio.sleep(0.05)
+
+    async with receiving(target), endpoint_store(settings) as store:
+        ep, secret = await store.create("ws_a", url=target.url, event_types=None, description=None)
+        target.secrets.append(secret)
+        async with running_dispatcher(settings):
+            await publish_events(settings, [status_event(new_account(), 1)])  # 410: disabled
+            await wait_until(lambda: record(store, ep.id).status == "disabled")
+            producer = build_producer(settings.kafka_config())
+            await producer.start()
+            try:
+                await keep_publishing(producer, ep.id)
+            finally:
+                await producer.stop()
+            want = {w for ids in published.values() for w in ids}
+            await wait_until(lambda: want <= {d.webhook_id for d in delivered(target)}, 60.0)
+
+    assert after_recovery[0] >= 20, "the recovery's replay was queued while events arrived"
+    for account, ids in published.items():
+        firsts = list(dict.fromkeys(d.webhook_id for d in delivered(target)))
+        mine = [w for w in firsts if w in set(ids)]
+        versions = [ids.index(w) + 1 for w in mine]
+        assert versions == list(range(1, len(ids) + 1)), (account, versions)
 
 
 async def test_a_recovery_left_unfinished_is_replayed_again_under_the_same_id(

@@ -110,6 +110,12 @@ class Recovery(BaseModel):
         description="Where that replay's scan stopped at its time budget (topic:partition to"
         " offset, one per partition of the topic): the next sweep reads on from there.",
     )
+    replays_end: dict[int, int] = Field(
+        default_factory=dict,
+        description="Where each webhook.replays partition ended once that replay was queued"
+        " (partition to offset): a live delivery to it of an account on a partition waits"
+        " until its dispatcher has taken in that partition's records to there.",
+    )
 
 
 class EndpointRecord(BaseModel):

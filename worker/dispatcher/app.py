@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import functools
 
+from aiokafka import TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.partitioner import DefaultPartitioner
 
@@ -214,6 +215,9 @@ async def run_dispatcher(
         consumer=consumer,
         handler=dispatcher,
         metrics=metrics,
+    )
+    dispatcher.missed_first.replays_taken = lambda p: loop.completed(
+        TopicPartition(topics.webhook_replays, p)
     )
     await tail.start()
 

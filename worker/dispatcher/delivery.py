@@ -200,25 +200,39 @@ class Settled:
     """The state the outcome was decided from: ``carry_over`` onto it is ``state`` itself."""
 
 
-def enqueue(state: DeliveryState, delivery: Pending) -> tuple[DeliveryState, bool]:
+def enqueue(
+    state: DeliveryState, delivery: Pending, *, missed: bool = False, held: bool = False
+) -> tuple[DeliveryState, bool]:
     """Append ``delivery`` unless its webhook-id was taken in already (a replay of the same
     event after a crash or rebalance). A ``/replay`` request carries its own ``replay`` id and
-    is taken in once per request, under the event's original webhook-id."""
+    is taken in once per request, under the event's original webhook-id. ``missed``: a
+    recovery's replay (docs/architecture.md, "Endpoints that heal"), older than the live
+    deliveries never attempted at the tail, goes ahead of them (behind a ``held`` head, one in
+    flight); no replay nor attempted delivery changes place."""
     mark = marker(delivery)
     if mark in state.seen or any(marker(p) == mark for p in state.queue):
         return state, False
     seen = (*state.seen, mark)[-SEEN_KEPT:]
-    return state.model_copy(update={"queue": (*state.queue, delivery), "seen": seen}), True
+    queue, at = state.queue, len(state.queue)
+    while missed and at > int(held) and queue[at - 1].replay is None and not queue[at - 1].attempts:
+        at -= 1
+    queue = (*queue[:at], delivery, *queue[at:])
+    return state.model_copy(update={"queue": queue, "seen": seen}), True
 
 
 def take_in(
-    state: DeliveryState, delivery: Pending, limits: QueueLimits
+    state: DeliveryState,
+    delivery: Pending,
+    limits: QueueLimits,
+    *,
+    missed: bool = False,
+    held: bool = False,
 ) -> tuple[DeliveryState, TakenIn]:
     """``enqueue`` within ``limits``. ``full``: the delivery is refused and ``state`` comes
     back unchanged; the caller fails the delivery (webhook DLQ, log entry), then has the
     pair ``remember`` it so that the same event read again after a crash is not refused
     twice."""
-    grown, accepted = enqueue(state, delivery)
+    grown, accepted = enqueue(state, delivery, missed=missed, held=held)
     if not accepted:
         return state, "duplicate"
     if limits.fits(grown):

@@ -46,6 +46,7 @@ from worker.dispatcher.instrumentation import (
 )
 from worker.dispatcher.intake import Intake
 from worker.dispatcher.metrics import WebhookMetrics
+from worker.dispatcher.missed_first import RECHECK_S, MissedFirst
 from worker.dispatcher.pair_writes import PairWrites
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.dispatcher.refusals import Refusals
@@ -93,6 +94,7 @@ class Dispatcher:
         endpoints_to_end: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
+        self.missed_first = MissedFirst(endpoints)
         self.endpoints = endpoints
         self._intake = Intake(endpoints, config.status_topic, config.replay_topic, endpoints_to_end)
         self._writer = writer
@@ -157,13 +159,17 @@ class Dispatcher:
         head = None if state is None else state.head()
         if state is None or head is None:
             return
-        await self._instrument.run_attempt(
-            partition,
-            state,
-            head,
-            lambda: self._fail_head(partition, key, state, head, fault),
-            sent=False,
-        )
+        self.missed_first.settling.add(key)
+        try:
+            await self._instrument.run_attempt(
+                partition,
+                state,
+                head,
+                lambda: self._fail_head(partition, key, state, head, fault),
+                sent=False,
+            )
+        finally:
+            self.missed_first.settling.discard(key)
 
     async def _fail_head(
         self, partition: int, key: str, state: DeliveryState, head: Pending, fault: Fault
@@ -212,7 +218,9 @@ class Dispatcher:
             if pair.idle and pairs >= limits.max_pairs_per_endpoint:
                 crowded.append((pair, delivery))  # no new pair of the endpoint is opened
                 continue
-            state, verdict = take_in(pair, delivery, limits)
+            missed = self.missed_first.missed(endpoint, replay)
+            ahead = pair.key in self.missed_first.settling
+            state, verdict = take_in(pair, delivery, limits, missed=missed, held=ahead)
             pending = self.store.pending_deliveries(workspace) + len(taken)
             if verdict == "taken" and pending >= limits.workspace_max_pending:
                 over.append((pair, delivery))  # after the dedup: a duplicate is no new one
@@ -277,14 +285,16 @@ class Dispatcher:
                     self.metrics.state_migrated.inc()
                     log.info("delivery_state_migrated", pairs=pairs)
             return
+        behind = await self.missed_first.behind(partition, key)
         # The pair's timer is armed once, when this ends, from the state it leaves.
         self.store.claim(key)
         try:
-            await self._follow_up(partition, key)
+            await self._follow_up(partition, key, behind)
         finally:
             self.store.release(partition, key)
+            self.missed_first.settling.discard(key)  # whatever its attempt raised
 
-    async def _follow_up(self, partition: int, key: str) -> None:
+    async def _follow_up(self, partition: int, key: str, behind: bool) -> None:
         endpoint_id, _, _ = key.partition("/")
         self.store.unpark(partition, key)
         while True:
@@ -302,6 +312,11 @@ class Dispatcher:
                 await self._writes.save_unsaved(partition, key)
                 return  # armed at the head's own time when released
             endpoint = self.endpoints.get(state.workspace_id, endpoint_id)
+            if self.missed_first.waits(head, endpoint, behind):
+                # Held in the pair, not failed; a missed event taken in goes ahead of it.
+                self.store.defer(partition, key, now + RECHECK_S)
+                self.store.park(partition, key)
+                return
             if is_active(endpoint):
                 admission = self.gate.admit(
                     endpoint.id,
@@ -323,12 +338,14 @@ class Dispatcher:
                     return
             else:
                 self.gate.forget(endpoint_id, key, now)
+            self.missed_first.settling.add(key)  # dropped once settled, or by follow_up
             attempted = await self._instrument.run_attempt(
                 partition,
                 state,
                 head,
                 functools.partial(self._attempt_head, partition, key, state, head, endpoint, now),
             )
+            self.missed_first.settling.discard(key)
             if attempted.settled.outcome == "deferred":
                 return  # its timer is armed at the deferral when the pair is released
 
@@ -438,6 +455,7 @@ class Dispatcher:
             # acknowledged makes it safe; then its event's hold is released.
             unsaved = self.store.unsaved.settled(partition, key, marker(head))
         self.store.put(partition, merged)  # an idle pair is dropped (``DeliveryState.idle``)
+        self.missed_first.settling.discard(key)  # settled: a missed event may go ahead of next
         if unsaved is not None and finished is not None:
             if finished.state == "delivered":
                 self.disabling.succeeded(merged.endpoint_id, now)

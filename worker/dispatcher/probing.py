@@ -4,8 +4,8 @@ the member holding the partition its operational events are keyed to sends it a 
 wait (up to ``max_s``, for ``for_s``), a 2xx re-enables it (``endpoint.enabled``, reason
 ``recovered``) with ``recovery.replaying`` set: that member then queues the events it missed
 since ``disabled_at`` under one replay id (the same after a crash or its time budget: no new
-ids), progress on the replay board, and clears it. Each probe is a delivery-log entry of its
-own; probes and replays at once: the admission rule, per workspace."""
+ids), progress on the replay board, and clears it with where webhook.replays then ended
+(``replays_end``). Each probe is a delivery-log entry; probes and replays: admission rule."""
 
 from __future__ import annotations
 
@@ -229,9 +229,13 @@ class Prober:
                 rid, endpoint, since, counts, start=recovery.resume, deadline=budget
             )
             follower.cancel()
+            # Done: where webhook.replays ends now, past every record queued, cleared with
+            # ``replaying`` in one write; each member's live deliveries wait until its own
+            # consumption passes its partition's end (docs/architecture.md).
+            ends = {} if left else await self._scan.ends()
             current = self._endpoints.get(endpoint.workspace_id, endpoint.id)
             if current is not None and current.recovery == recovery:
-                after = {"resume": left, "replaying": bool(left)}
+                after = {"resume": left, "replaying": bool(left), "replays_end": ends}
                 await self._writer.update(current, recovery=recovery.model_copy(update=after))
             ended = "endpoint_recovery_replay_paused" if left else "endpoint_recovery_replayed"
             log.warning(ended, endpoint_id=endpoint.id, events=counts[0])

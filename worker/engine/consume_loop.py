@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from worker.engine.assignment import RestoreConsumerFactory, report_restored, restore
@@ -146,6 +146,19 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
     def active(self) -> set[int]:
         """Partition numbers assigned and restored: the only ones dispatched."""
         return self.pressure.active
+
+    async def completed(self, tp: TopicPartition) -> int | None:
+        """How far this member has handled ``tp``: its completion watermark, or before it
+        dispatched a record of it, its position (the commit it took it from, every record
+        below finished by a previous owner); ``None`` when not assigned here."""
+        tracker = self.trackers.get(tp)
+        mark = None if tracker is None else tracker.watermark()
+        if mark is not None:
+            return mark
+        try:
+            return int(await self.consumer.position(tp))
+        except IllegalStateError:
+            return None
 
     # -- lifecycle -----------------------------------------------------------------------------
 

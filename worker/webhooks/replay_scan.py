@@ -23,6 +23,7 @@ from worker.contract.messages import Identifier
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.contract.webhook_events import WebhookEvent, from_error, from_status, parse_rfc3339
 from worker.engine.broker_health import BrokerHealth
+from worker.engine.catch_up import high_water_marks
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
 from worker.engine.range_read import partitions, read_range
@@ -195,6 +196,19 @@ class ReplayScan:
             if not all(span.complete for span in spans.values()):
                 return {keys[tp]: span.next for tp, span in spans.items()}
         return {}
+
+    async def ends(self) -> dict[int, int]:
+        """Where each webhook.replays partition ends now (partition → high-water mark): read
+        after a scan's records were acknowledged, past all it queued, a killed run's too."""
+        consumer = self._consumer_factory()
+        await self.aside.start(consumer)
+        try:
+            tps = await partitions(consumer, self._replays_topic, deadline=time.monotonic() + 30.0)
+            return {
+                tp.partition: end for tp, end in (await high_water_marks(consumer, tps)).items()
+            }
+        finally:
+            await consumer.stop()
 
     async def publish(self, topic: str, progress: ReplayProgress) -> None:
         """Write ``progress`` where every front-end's replay board reads it (``topic``:
