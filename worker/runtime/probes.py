@@ -65,8 +65,7 @@ def _answer(ok: bool, body: BaseModel) -> Response:
 
 
 class PublicReadiness(BaseModel):
-    """``/readyz`` on a public port, ready or not, nothing of why; and of a worker (ready: group
-    joined and every owned partition restored)."""
+    """``/readyz`` on a public port, ready or not, nothing of why (a worker: group joined)."""
 
     ready: bool
 
