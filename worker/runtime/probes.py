@@ -65,7 +65,7 @@ def _answer(ok: bool, body: BaseModel) -> Response:
 
 
 class PublicReadiness(BaseModel):
-    """``/readyz`` on a public port, ready or not, nothing of why (a worker: group joined)."""
+    """``/readyz`` on a public port, ready or not, nothing of why (a worker: joined, restored)."""
 
     ready: bool
 
