@@ -37,6 +37,9 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     assert front["records_per_confirm"]["auth.replies"] == 1.0
     assert front["provider_calls_per_confirm"] >= 1.0
     assert len(result["ratio"]) == 1 and result["stack_us_spread"]["median"] > 0
+    # The product's three processes apart from the dev stack's: their sum, and less.
+    product = sum(front["cpu"][name]["total_us"] for name in ("front-end", "worker", "dispatcher"))
+    assert front["product_total_us"] == product < front["stack_total_us"]
     (floor,) = result["floor"]
     assert floor["answered"] == 300 and floor["rate"] > 0
     assert floor["cpu"]["total_us"] > 0 and {"user_us", "system_us"} <= set(floor["cpu"])

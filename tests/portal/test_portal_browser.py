@@ -108,6 +108,12 @@ async def api(stack: RunningStack, method: str, path: str, **kwargs: Any) -> Any
         return resp.json() if resp.content else None
 
 
+def warnings_of(stack: RunningStack, most: int = 40) -> str:
+    """The stack's last ``most`` warning and error lines, to tell why a wait ran out."""
+    lines = [x for x in stack.log().splitlines() if "warn" in x.lower() or "error" in x.lower()]
+    return "\n".join(lines[-most:])
+
+
 async def demo_endpoint(stack: RunningStack) -> dict[str, Any]:
     endpoints = (await api(stack, "GET", ENDPOINTS))["data"]
     demo: dict[str, Any] = next(e for e in endpoints if "demo receiver" in (e["description"] or ""))
@@ -209,7 +215,10 @@ async def test_a_receivers_answer_holding_markup_is_shown_as_text(
         while not (await api(stack, "GET", f"{one}/deliveries/{queued['delivery_id']}"))["data"][
             "attempts_detail"
         ]:
-            assert time.monotonic() < deadline, "the failing attempt never reached the log"
+            assert time.monotonic() < deadline, (
+                "the failing attempt never reached the log; the stack's last warnings:\n"
+                + warnings_of(stack)
+            )
             await _sleep(0.5)
         page, requested = await open_portal(browser, await session_url(stack))
         # The page opens on the first endpoint; choose this one once it has.
