@@ -16,6 +16,7 @@ __all__ = [
     "instrumentation",
     "intake",
     "metrics",
+    "missed_first",
     "pair_writes",
     "probing",
     "publish",
