@@ -15,7 +15,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from tests.api.conftest import ApiSettings
 from tests.api.support import headers, produce, responder, running_api, wait_until
-from worker.api.replies import ReplyError, ReplyRouter
+from worker.api.replies import CorrelatedReply, PendingReply, ReplyError, ReplyRouter
 from worker.contract.messages import Reply
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.settings import Settings
@@ -137,6 +137,12 @@ async def test_a_replica_reading_several_partitions_names_them_in_turn(
         assert api.replies.pending == 0
 
 
+async def reply_within(waiter: PendingReply, seconds: float) -> CorrelatedReply | None:
+    """The reply as a request handler waits for it: under its deadline (``PendingReply.until``)."""
+    async with asyncio.timeout(seconds) as limit:
+        return await waiter.until(limit)
+
+
 async def started_router(settings: Settings, **kw: Any) -> ReplyRouter:
     """A router on partition 0 of the replies topic; the tests produce there."""
     await ensure_topics(settings.kafka_config(), settings.topic_plan())
@@ -156,6 +162,7 @@ async def test_only_the_matching_request_id_is_delivered(make_settings: Any) -> 
         cid = str(uuid.uuid4())
         with router.expect(cid, "req-right") as waiter:
             assert router.pending == 1
+            before = router.records
             await produce(
                 settings,
                 settings.topics.replies,
@@ -168,7 +175,8 @@ async def test_only_the_matching_request_id_is_delivered(make_settings: Any) -> 
                     (b"acc_1", None),
                 ],
             )
-            assert await waiter.wait(0.5) is None
+            await wait_until(lambda: router.records >= before + 5)
+            assert not waiter.done
             assert router.dropped_mismatch == 1
             await produce(
                 settings,
@@ -176,7 +184,7 @@ async def test_only_the_matching_request_id_is_delivered(make_settings: Any) -> 
                 partition=REPLIES_PARTITION,
                 records=[(b"acc_1", reply_bytes(cid, "req-right"))],
             )
-            got = await waiter.wait(10)
+            got = await reply_within(waiter, 10)
             assert got is not None
             assert got.reply.command_id == cid
             assert got.body["request_id"] == "req-right"
@@ -191,12 +199,12 @@ async def test_waiters_are_removed_on_timeout_cancel_and_error(make_settings: An
     router = await started_router(settings)
     try:
         with router.expect("c-timeout", "r1") as waiter:
-            assert await waiter.wait(0.05) is None
+            assert await reply_within(waiter, 0.05) is None
         assert router.pending == 0
 
         async def wait_forever() -> None:
             with router.expect("c-cancel", "r2") as w:
-                await w.wait(3600)
+                await reply_within(w, 3600)
 
         task = asyncio.create_task(wait_forever())
         await wait_until(lambda: router.pending == 1)
@@ -260,7 +268,7 @@ async def test_backlog_is_skipped_before_ready_and_new_replies_flow(make_setting
                 partition=REPLIES_PARTITION,
                 records=[(b"acc_7", reply_bytes("new-1", "req-new-1"))],
             )
-            got = await waiter.wait(10)
+            got = await reply_within(waiter, 10)
         assert got is not None
         assert got.reply.request_id == "req-new-1"
         print(f"skipped a 20000-reply backlog in {took:.2f}s")
@@ -310,7 +318,7 @@ async def test_a_dying_consumer_fails_waiters_fast_and_turns_unready() -> None:
     await router.start()
     assert await router.wait_caught_up(5)
     with router.expect("c1", "r1") as waiter, pytest.raises(ReplyError):
-        await waiter.wait(10)
+        await reply_within(waiter, 10)
     assert not router.ready
     assert isinstance(router.failure, KafkaConnectionError)
     with pytest.raises(ReplyError):
@@ -335,7 +343,7 @@ async def test_replies_are_matched_and_duplicates_dropped(
             partition=REPLIES_PARTITION,
             records=records + records,
         )  # each twice
-        got = await asyncio.gather(*(w.wait(10) for w in waiters))
+        got = await asyncio.gather(*(reply_within(w, 10) for w in waiters))
         for w in waiters:
             w.__exit__(None, None, None)
         assert [g.reply.account_id for g in got if g is not None] == [a for _, _, a in ids]
@@ -411,7 +419,7 @@ async def test_replies_written_by_several_producers_all_reach_their_waiters(
 
     try:
         await asyncio.gather(*(write(p, n) for n, p in enumerate(producers)))
-        got = await asyncio.gather(*(w.wait(10) for w in waiters))
+        got = await asyncio.gather(*(reply_within(w, 10) for w in waiters))
         missing = sum(reply is None for reply in got)
         for w in waiters:
             w.__exit__(None, None, None)

@@ -149,4 +149,5 @@ async def _read_replies(values: list[bytes | None]) -> None:
     router.handle(records)
     # The invalid reply failed the waiter: its caller is answered, not left hanging.
     with pytest.raises(ReplyError):
-        await waiter.wait(0)
+        async with asyncio.timeout(1) as limit:
+            await waiter.until(limit)

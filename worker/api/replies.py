@@ -81,14 +81,6 @@ class PendingReply:
             return future.result()
         return None
 
-    async def wait(self, timeout: float) -> CorrelatedReply | None:
-        """The reply, or ``None`` when ``timeout`` seconds passed first; ``ReplyError`` when the
-        reply was malformed or the router stopped."""
-        try:
-            return await asyncio.wait_for(asyncio.shield(self._future), timeout=max(timeout, 0))
-        except TimeoutError:
-            return None
-
 
 class ReplyRouter(TopicTail):
     """Correlates auth.replies with waiting requests, on an unstarted group-less ``consumer``
