@@ -35,8 +35,8 @@ from worker.contract.topics import Topics, TopicSizing, topic_plan
 from worker.engine.topics import TopicPlan
 
 if TYPE_CHECKING:  # imported where used: every command reads settings, few build clients
+    from worker.engine.consume_loop import LoopConfig
     from worker.engine.kafka import KafkaConfig
-    from worker.engine.runner import LoopLimits
     from worker.runtime.logs import LogConfig
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -571,16 +571,40 @@ class Settings(BaseSettings):
         """Every topic as ``topics create`` makes it and the start-up check expects it."""
         return topic_plan(self.topics, self.topic_sizing())
 
-    def loop_limits(self) -> LoopLimits:
-        """The budgets of this process's consume loop."""
-        from worker.engine.runner import LoopLimits
+    def loop_config(self, process: Literal["worker", "dispatcher"]) -> LoopConfig:
+        """The consume loop of ``process``: its inputs, changelog and bounds, and the budgets
+        both loops share (a rebalance drains for the grace, at most 30 s; a failing record's
+        pauses double from ``RECORD_RETRY_BACKOFF_S`` up to ten times it)."""
+        from worker.engine.consume_loop import LoopConfig
 
-        return LoopLimits(
+        grace, backoff = self.worker_shutdown_grace_s, self.record_retry_backoff_s
+        topics = self.topics
+        shared = LoopConfig(
+            topics=(topics.commands,),
+            state_topic=topics.state,
+            max_in_flight=self.worker_max_in_flight,
+            max_in_flight_per_key=self.worker_max_in_flight_per_key,
             commit_interval_s=self.worker_commit_interval_ms / 1000,
-            shutdown_grace_s=self.worker_shutdown_grace_s,
+            rebalance_budget_s=min(grace, 30.0),
+            shutdown_grace_s=grace,
             max_poll_records=self.kafka_max_poll_records,
             record_attempts=self.record_max_attempts,
-            record_retry_backoff_s=self.record_retry_backoff_s,
+            retry_backoff_s=(backoff, backoff * 10),
+            gap_hold_s=self.kafka_offset_gap_hold_s,
+        )
+        if process == "worker":
+            return shared
+        return dataclasses.replace(
+            shared,
+            topics=(topics.status, topics.errors, topics.webhook_replays),
+            state_topic=topics.webhook_state,
+            max_in_flight=self.webhook_max_in_flight,
+            max_in_flight_per_key=self.webhook_max_in_flight_per_key,
+            # A pair waiting for room at its endpoint is woken through a timer: the sweep's
+            # interval is the most such a wake waits.
+            timer_interval_s=self.webhook_timer_interval_s,
+            # 0 holds nothing in memory: the loop's default age then.
+            hold_overdue_s=self.webhook_take_in_hold_s or shared.hold_overdue_s,
         )
 
     def log_config(self) -> LogConfig:

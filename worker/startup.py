@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 
 from worker.contract.topics import Process, used_by
 from worker.engine.broker_health import BrokerHealth
-from worker.engine.consume_loop import ConsumeLoop
+from worker.engine.consume_loop import ConsumeLoop, LoopConfig
 from worker.engine.kafka import ConsumerClass, KafkaConfig, verify_topics
-from worker.engine.runner import LoopLimits, ProbeAddress, RunOptions, group_consumer
+from worker.engine.runner import ProbeAddress, RunOptions, group_consumer
 from worker.runtime import tracing
 from worker.runtime.metrics import API_PREFIX, WEBHOOK_PREFIX, WORKER_PREFIX, export_process_metrics
 from worker.settings import Settings
@@ -43,10 +43,10 @@ class RootOptions:
     consumer_class: ConsumerClass = AIOKafkaConsumer
 
     def consumer(
-        self, kafka: KafkaConfig, limits: LoopLimits, group: str, **extra: Any
+        self, kafka: KafkaConfig, config: LoopConfig, group: str, **extra: Any
     ) -> AIOKafkaConsumer:
         """The consume loop's group consumer (``group_consumer``), of ``consumer_class``."""
-        return group_consumer(kafka, limits, group, consumer_class=self.consumer_class, **extra)
+        return group_consumer(kafka, config, group, consumer_class=self.consumer_class, **extra)
 
     def run(self, name: str, group: str, bootstrap: str, probes: ProbeAddress) -> RunOptions:
         """The consume loop's ``RunOptions``; ``probes`` served only when ``serve_probes``."""

@@ -38,7 +38,7 @@ async def owned_after_peer_stops(make_settings: SettingsFactory, cls: ConsumerCl
     for _ in range(2):
         member = group_consumer(
             settings.kafka_config(),
-            settings.loop_limits(),
+            settings.loop_config("worker"),
             settings.kafka_consumer_group,
             consumer_class=cls,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -17,7 +18,7 @@ from worker.engine.consume_loop import ConsumeLoop, LoopConfig
 from worker.engine.faults import Fault
 from worker.engine.kafka import build_consumer, ensure_topics
 from worker.engine.offsets import Hold, hold_record
-from worker.engine.runner import LoopSpec, consume_loop, group_consumer
+from worker.engine.runner import consume_loop, group_consumer
 
 # --- lanes ---------------------------------------------------------------------------------
 
@@ -200,11 +201,11 @@ async def test_stop_does_not_wait_for_a_rebalance_another_member_holds_up(
     holder.subscribe([settings.topics.commands], listener=holder_listener)
     await holder.start()
     polling = asyncio.create_task(_poll_forever(holder))
+    config = replace(settings.loop_config("worker"), max_in_flight=10)
     loop = consume_loop(
         kafka,
-        settings.loop_limits(),
-        LoopSpec((settings.topics.commands,), settings.topics.state, max_in_flight=10),
-        consumer=group_consumer(kafka, settings.loop_limits(), group),
+        config,
+        consumer=group_consumer(kafka, config, group),
         handler=_Idle(),
         metrics=WorkerMetrics(CollectorRegistry()),
     )

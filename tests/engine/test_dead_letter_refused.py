@@ -34,7 +34,7 @@ from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.dead_letter import MINIMAL_DETAIL, DeadLetterLost, dead_letter
 from worker.engine.faults import Fault
 from worker.engine.kafka import build_producer, ensure_topics
-from worker.engine.runner import LoopSpec, consume_loop, group_consumer
+from worker.engine.runner import consume_loop, group_consumer
 from worker.engine.writes import acknowledged, record_size
 from worker.settings import Settings
 
@@ -97,11 +97,11 @@ async def _running(
     await producer.send_and_wait(topic, b"1", key=b"good")
     small = _SmallDeadLetterTopic(producer, settings.topics.dlq, limit)
     handler = _DeadLettering(small, settings.topics.dlq)
+    config = replace(settings.loop_config("worker"), max_in_flight=100)
     loop = consume_loop(
         kafka,
-        settings.loop_limits(),
-        LoopSpec((topic,), settings.topics.state, max_in_flight=100),
-        consumer=group_consumer(kafka, settings.loop_limits(), settings.kafka_consumer_group),
+        config,
+        consumer=group_consumer(kafka, config, settings.kafka_consumer_group),
         handler=handler,
         metrics=WorkerMetrics(CollectorRegistry()),
     )

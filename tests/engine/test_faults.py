@@ -33,7 +33,7 @@ from worker.engine.faults import (
     is_process_fault,
 )
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.runner import LoopSpec, consume_loop, group_consumer
+from worker.engine.runner import consume_loop, group_consumer
 from worker.engine.tail import TopicTail
 from worker.engine.writes import MAX_RECORD_BYTES, enqueue
 
@@ -230,11 +230,11 @@ async def _loop(
                 await producer.send_and_wait(settings.topics.commands, value, key=key.encode())
     finally:
         await producer.stop()
+    config = replace(settings.loop_config("worker"), max_in_flight=100)
     loop = consume_loop(
         kafka,
-        settings.loop_limits(),
-        LoopSpec((settings.topics.commands,), settings.topics.state, max_in_flight=100),
-        consumer=group_consumer(kafka, settings.loop_limits(), settings.kafka_consumer_group),
+        config,
+        consumer=group_consumer(kafka, config, settings.kafka_consumer_group),
         handler=handler,
         metrics=WorkerMetrics(CollectorRegistry()),
     )

@@ -24,7 +24,7 @@ from worker.engine.consume_loop import ConsumeLoop, LoopConfig
 from worker.engine.fetch import GapWatch, getmany, skipping
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.offsets import OffsetTracker
-from worker.engine.runner import LoopLimits, LoopSpec, consume_loop
+from worker.engine.runner import consume_loop
 from worker.runtime.logs import get_logger
 from worker.settings import Settings
 
@@ -237,11 +237,11 @@ async def test_a_revocation_during_a_periodic_commit_does_not_end_periodic_commi
 def test_the_gap_hold_is_a_setting_and_zero_turns_the_watch_off(hold_s: float) -> None:
     """``KAFKA_OFFSET_GAP_HOLD_S`` reaches the consume loop and the reply reader; at 0 neither
     carries a watch (Kafka has no gap to wait for)."""
-    kafka = Settings(kafka_offset_gap_hold_s=hold_s).kafka_config()
+    settings = Settings(kafka_offset_gap_hold_s=hold_s)
+    kafka = settings.kafka_config()
     loop = consume_loop(
         kafka,
-        LoopLimits(),
-        LoopSpec(("t",), "s", max_in_flight=10),
+        settings.loop_config("worker"),
         consumer=cast(Any, None),
         handler=cast(Any, type("H", (), {"store": None})()),
         metrics=cast(Any, None),

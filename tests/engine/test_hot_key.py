@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -20,7 +21,7 @@ from worker.auth.store import StateStore
 from worker.engine.consume_loop import ConsumeLoop, LoopConfig
 from worker.engine.faults import Fault
 from worker.engine.kafka import build_producer, ensure_topics
-from worker.engine.runner import LoopSpec, consume_loop, group_consumer
+from worker.engine.runner import consume_loop, group_consumer
 
 MAX_IN_FLIGHT = 40
 KEY_SHARE = 8
@@ -96,16 +97,15 @@ async def test_a_flooded_key_pauses_its_partition_only(make_settings: SettingsFa
     metrics = WorkerMetrics(CollectorRegistry())
     gauge = _PeakGauge()
     cast(Any, metrics).in_flight = gauge
+    config = replace(
+        settings.loop_config("worker"),
+        max_in_flight=MAX_IN_FLIGHT,
+        max_in_flight_per_key=KEY_SHARE,
+    )
     loop = consume_loop(
         kafka,
-        settings.loop_limits(),
-        LoopSpec(
-            (topic,),
-            settings.topics.state,
-            max_in_flight=MAX_IN_FLIGHT,
-            max_in_flight_per_key=KEY_SHARE,
-        ),
-        consumer=group_consumer(kafka, settings.loop_limits(), settings.kafka_consumer_group),
+        config,
+        consumer=group_consumer(kafka, config, settings.kafka_consumer_group),
         handler=handler,
         metrics=metrics,
     )

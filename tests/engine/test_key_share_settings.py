@@ -16,14 +16,9 @@ from pydantic import ValidationError
 
 from tests.engine.test_hot_key import _Consumer, _Gates, _loop, _record, _settle
 from worker.dispatcher.app import queue_limits
-from worker.engine.runner import LoopSpec
 from worker.settings import Settings
 
 PACKAGE = Path(__file__).resolve().parents[2] / "worker"
-
-
-def _spec(settings: Settings, share: int | None) -> LoopSpec:
-    return LoopSpec(topics=("t",), state_topic="s", max_in_flight=1000, max_in_flight_per_key=share)
 
 
 def test_the_key_shares_are_unset_by_default_and_read_from_the_environment(
@@ -32,14 +27,14 @@ def test_the_key_shares_are_unset_by_default_and_read_from_the_environment(
     default = Settings()
     assert default.worker_max_in_flight_per_key is None
     assert default.webhook_max_in_flight_per_key is None
-    limits = default.loop_limits()
-    assert _spec(default, default.worker_max_in_flight_per_key).config(limits).key_share == 50
+    assert default.loop_config("worker").key_share == 50
+    assert default.loop_config("dispatcher").key_share == 50
 
     monkeypatch.setenv("WORKER_MAX_IN_FLIGHT_PER_KEY", "7")
     monkeypatch.setenv("WEBHOOK_MAX_IN_FLIGHT_PER_KEY", "9")
     set_ = Settings()
-    assert _spec(set_, set_.worker_max_in_flight_per_key).config(limits).key_share == 7
-    assert _spec(set_, set_.webhook_max_in_flight_per_key).config(limits).key_share == 9
+    assert set_.loop_config("worker").key_share == 7
+    assert set_.loop_config("dispatcher").key_share == 9
 
 
 @pytest.mark.parametrize(
@@ -66,22 +61,19 @@ def test_the_pairs_per_endpoint_reach_the_dispatchers_queue_limits(
 
 
 @pytest.mark.parametrize(
-    ("root", "setting"),
-    [
-        ("auth/app.py", "worker_max_in_flight_per_key"),
-        ("dispatcher/app.py", "webhook_max_in_flight_per_key"),
-    ],
+    ("root", "process"), [("auth/app.py", "worker"), ("dispatcher/app.py", "dispatcher")]
 )
-def test_each_composition_root_passes_its_key_share(root: str, setting: str) -> None:
+def test_each_composition_root_runs_its_loop_as_the_settings_describe_it(
+    root: str, process: str
+) -> None:
+    """Its key share included (the test above): the loop's config is only built there."""
     tree = ast.parse((PACKAGE / root).read_text())
-    passed = [
-        ast.unparse(keyword.value)
+    built = [
+        ast.unparse(node)
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "LoopSpec"
-        for keyword in node.keywords
-        if keyword.arg == "max_in_flight_per_key"
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "settings.loop_config"
     ]
-    assert passed == [f"settings.{setting}"]
+    assert built == [f"settings.loop_config('{process}')"]
 
 
 async def test_each_pause_for_a_key_is_counted_once() -> None:

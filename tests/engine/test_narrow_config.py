@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from worker.engine.consume_loop import LoopConfig
 from worker.engine.kafka import KafkaConfig
-from worker.engine.runner import LoopLimits
 from worker.runtime.logs import LogConfig
 from worker.settings import DEFAULT_BOOTSTRAP, Settings
 
@@ -117,7 +117,8 @@ def test_the_narrow_configs_default_to_the_settings_defaults() -> None:
     """Built directly (tests, tools), a narrow config behaves as the defaults of ``Settings``."""
     defaults = Settings.model_construct()
     assert defaults.kafka_config() == KafkaConfig(bootstrap=DEFAULT_BOOTSTRAP)
-    assert defaults.loop_limits() == LoopLimits()
+    topics = defaults.topics
+    assert defaults.loop_config("worker") == LoopConfig((topics.commands,), topics.state)
     assert defaults.log_config() == LogConfig()
 
 
@@ -147,10 +148,27 @@ def test_the_settings_reach_the_narrow_configs() -> None:
         300,
     )
     assert "hunter2" not in repr(kafka), "the password stays out of any log line"
-    limits = settings.loop_limits()
-    assert (limits.commit_interval_s, limits.shutdown_grace_s, limits.record_attempts) == (
-        0.05,
-        5.0,
-        2,
-    )
+    for process in ("worker", "dispatcher"):
+        loop = settings.loop_config(process)
+        assert (loop.commit_interval_s, loop.shutdown_grace_s, loop.record_attempts) == (
+            0.05,
+            5.0,
+            2,
+        )
     assert settings.log_config().level == "WARNING"
+
+
+def test_the_dispatchers_loop_reads_its_own_topics_and_bounds() -> None:
+    """Its inputs share partition numbers; a take-in hold of 0 keeps the loop's default age."""
+    settings = Settings(
+        webhook_max_in_flight=40, webhook_timer_interval_s=0.01, webhook_take_in_hold_s=3.0
+    )
+    loop, topics = settings.loop_config("dispatcher"), settings.topics
+    assert loop.topics == (topics.status, topics.errors, topics.webhook_replays)
+    assert (loop.state_topic, loop.max_in_flight, loop.timer_interval_s, loop.hold_overdue_s) == (
+        topics.webhook_state,
+        40,
+        0.01,
+        3.0,
+    )
+    assert Settings(webhook_take_in_hold_s=0).loop_config("dispatcher").hold_overdue_s == 2.0

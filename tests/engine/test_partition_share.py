@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.faults import Fault
 from worker.engine.kafka import build_producer, ensure_topics
 from worker.engine.pressure import partition_shares
-from worker.engine.runner import LoopSpec, consume_loop, group_consumer
+from worker.engine.runner import consume_loop, group_consumer
 
 
 def test_a_partitions_share_is_the_bound_split_for_two_with_a_quarter_kept() -> None:
@@ -200,16 +201,15 @@ async def test_many_keys_of_one_partition_cannot_take_every_slot(
     producer = build_producer(kafka)
     await producer.start()
     handler = _Crowd()
+    config = replace(
+        settings.loop_config("worker"),
+        max_in_flight=MAX_IN_FLIGHT,
+        max_in_flight_per_key=KEY_SHARE,
+    )
     loop: ConsumeLoop = consume_loop(
         kafka,
-        settings.loop_limits(),
-        LoopSpec(
-            (topic,),
-            settings.topics.state,
-            max_in_flight=MAX_IN_FLIGHT,
-            max_in_flight_per_key=KEY_SHARE,
-        ),
-        consumer=group_consumer(kafka, settings.loop_limits(), settings.kafka_consumer_group),
+        config,
+        consumer=group_consumer(kafka, config, settings.kafka_consumer_group),
         handler=handler,
         metrics=WorkerMetrics(CollectorRegistry()),
     )

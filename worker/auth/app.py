@@ -13,13 +13,7 @@ from worker.auth.waits import WaitLimits
 from worker.engine.home_partition import Router
 from worker.engine.kafka import build_producer
 from worker.engine.key_hash import KeyPartitioner
-from worker.engine.runner import (
-    LoopSpec,
-    ProbeAddress,
-    ProcessParts,
-    consume_loop,
-    run_consume_loop,
-)
+from worker.engine.runner import ProbeAddress, ProcessParts, consume_loop, run_consume_loop
 from worker.settings import Settings
 from worker.startup import DEFAULTS, RootOptions, prologue
 
@@ -46,7 +40,7 @@ async def run_worker(
     so the process exits non-zero. ``providers`` replaces the HTTP adapters (benchmark)."""
     started = await prologue(settings, "worker", options.registry)
     registry, health, kafka = started.registry, started.health, started.kafka
-    limits, topics = settings.loop_limits(), settings.topics
+    config, topics = settings.loop_config("worker"), settings.topics
     metrics = WorkerMetrics(registry)
     producer = build_producer(kafka, partitioner=KeyPartitioner())
     http = build_http_client(settings)
@@ -55,7 +49,7 @@ async def run_worker(
             settings, http, on_call=metrics.provider_call, on_retry=metrics.provider_retry
         )
     metrics.export_breakers(providers.breakers)
-    consumer = options.consumer(kafka, limits, settings.kafka_consumer_group)
+    consumer = options.consumer(kafka, config, settings.kafka_consumer_group)
     store = StateStore()
     # Read on scrape, as the dispatcher's: setting it after every write summed the store's
     # partitions once per command (bench/README.md, "Floors").
@@ -80,13 +74,7 @@ async def run_worker(
     )
     worker = consume_loop(
         kafka,
-        limits,
-        LoopSpec(
-            topics=(topics.commands,),
-            state_topic=topics.state,
-            max_in_flight=settings.worker_max_in_flight,
-            max_in_flight_per_key=settings.worker_max_in_flight_per_key,
-        ),
+        config,
         consumer=consumer,
         handler=executor,
         metrics=metrics,

@@ -24,13 +24,7 @@ from worker.dispatcher.sender import Sender as HttpSender
 from worker.dispatcher.sender import open_session
 from worker.engine.kafka import build_consumer, build_producer
 from worker.engine.metrics import TailSkips
-from worker.engine.runner import (
-    LoopSpec,
-    ProbeAddress,
-    ProcessParts,
-    consume_loop,
-    run_consume_loop,
-)
+from worker.engine.runner import ProbeAddress, ProcessParts, consume_loop, run_consume_loop
 from worker.runtime.logs import get_logger
 from worker.runtime.metrics import WEBHOOK_PREFIX
 from worker.settings import Settings
@@ -96,7 +90,7 @@ async def run_dispatcher(
     box = secrets_box(settings)
     started = await prologue(settings, "dispatcher", options.registry)
     registry, health, kafka = started.registry, started.health, started.kafka
-    limits, topics = settings.loop_limits(), settings.topics
+    config, topics = settings.loop_config("dispatcher"), settings.topics
     metrics = WebhookMetrics(registry)
     producer = build_producer(kafka)
     tail = EndpointsTail(build_consumer(kafka, enable_auto_commit=False), topics.webhook_endpoints)
@@ -193,29 +187,13 @@ async def run_dispatcher(
     metrics.store_accounts.set_function(lambda: float(len(dispatcher.store)))
     consumer = options.consumer(
         kafka,
-        limits,
+        config,
         settings.webhook_consumer_group,
         # The same partition number of every input topic to one member: an account's events
         # and replays, and its delivery state, live on one partition number.
         partition_assignment_strategy=(RangePartitionAssignor,),
     )
-    loop = consume_loop(
-        kafka,
-        limits,
-        LoopSpec(
-            topics=(topics.status, topics.errors, topics.webhook_replays),
-            state_topic=topics.webhook_state,
-            max_in_flight=settings.webhook_max_in_flight,
-            max_in_flight_per_key=settings.webhook_max_in_flight_per_key,
-            # A pair waiting for room at its endpoint is woken through a timer: the sweep's
-            # interval is the most such a wake waits.
-            timer_interval_s=settings.webhook_timer_interval_s,
-            hold_overdue_s=settings.webhook_take_in_hold_s or None,
-        ),
-        consumer=consumer,
-        handler=dispatcher,
-        metrics=metrics,
-    )
+    loop = consume_loop(kafka, config, consumer=consumer, handler=dispatcher, metrics=metrics)
     dispatcher.missed_first.replays_taken = lambda p: loop.completed(
         TopicPartition(topics.webhook_replays, p)
     )

@@ -56,7 +56,7 @@ class LoopConfig:
     max_in_flight: int = 1000
     commit_interval_s: float = 0.2
     timer_interval_s: float = 0.25
-    rebalance_budget_s: float = 10.0
+    rebalance_budget_s: float = 20.0
     shutdown_grace_s: float = 20.0
     poll_timeout_ms: int = 100
     max_poll_records: int = 500

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -158,23 +157,9 @@ async def _stop_when(event: asyncio.Event, loop: ConsumeLoop) -> None:
     loop.stop()
 
 
-@dataclass(frozen=True, slots=True)
-class LoopLimits:
-    """The budgets every consume loop of a process shares: how often it commits, how long it
-    drains on a stop (``WORKER_SHUTDOWN_GRACE_S``), how many records a poll brings, and how a
-    failing record is retried (``RECORD_MAX_ATTEMPTS``, ``RECORD_RETRY_BACKOFF_S``). The
-    defaults are the settings'."""
-
-    commit_interval_s: float = 0.2
-    shutdown_grace_s: float = 20.0
-    max_poll_records: int = 500
-    record_attempts: int = 3
-    record_retry_backoff_s: float = 0.2
-
-
 def group_consumer(
     kafka: KafkaConfig,
-    limits: LoopLimits,
+    config: LoopConfig,
     group_id: str,
     *,
     consumer_class: ConsumerClass = AIOKafkaConsumer,
@@ -183,64 +168,29 @@ def group_consumer(
     """The consumer of a consume loop: the group's liveness and rebalance timeouts are sized
     from the drain grace, so a member that drains on revocation is not thrown out for it.
     ``consumer_class``: see ``worker.engine.kafka.ConsumerClass``."""
-    grace_ms = int(limits.shutdown_grace_s * 1000)
+    grace_ms = int(config.shutdown_grace_s * 1000)
     return build_consumer(
         kafka,
         consumer_class=consumer_class,
         group_id=group_id,
         session_timeout_ms=kafka.session_timeout_ms,
         heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-        max_poll_interval_ms=max(300_000, int(limits.shutdown_grace_s * 2000)),
+        max_poll_interval_ms=max(300_000, int(config.shutdown_grace_s * 2000)),
         rebalance_timeout_ms=max(kafka.session_timeout_ms, grace_ms),
         **extra,
     )
 
 
-@dataclass(frozen=True, slots=True)
-class LoopSpec:
-    """What one process's consume loop reads and the bounds its process sets (``LoopConfig``
-    says what each means; ``None``: the loop's default); the budgets every loop shares are the
-    process's ``LoopLimits``."""
-
-    topics: tuple[str, ...]
-    state_topic: str
-    max_in_flight: int
-    timer_interval_s: float | None = None
-    hold_overdue_s: float | None = None
-    max_in_flight_per_key: int | None = None
-
-    def config(self, limits: LoopLimits) -> LoopConfig:
-        backoff = limits.record_retry_backoff_s
-        optional: dict[str, Any] = {
-            "timer_interval_s": self.timer_interval_s,
-            "hold_overdue_s": self.hold_overdue_s,
-        }
-        return LoopConfig(
-            topics=self.topics,
-            state_topic=self.state_topic,
-            max_in_flight=self.max_in_flight,
-            max_in_flight_per_key=self.max_in_flight_per_key,
-            commit_interval_s=limits.commit_interval_s,
-            rebalance_budget_s=min(limits.shutdown_grace_s, 30.0),
-            shutdown_grace_s=limits.shutdown_grace_s,
-            max_poll_records=limits.max_poll_records,
-            record_attempts=limits.record_attempts,
-            retry_backoff_s=(backoff, backoff * 10),
-            **{k: v for k, v in optional.items() if v is not None},  # else the loop's defaults
-        )
-
-
 def consume_loop(
     kafka: KafkaConfig,
-    limits: LoopLimits,
-    spec: LoopSpec,
+    config: LoopConfig,
     *,
     consumer: AIOKafkaConsumer,
     handler: Handler,
     metrics: LoopSeries,
     unordered: Callable[[ConsumerRecord[bytes, bytes]], bool] | None = None,
 ) -> ConsumeLoop:
-    """The consume loop ``spec`` describes, on ``consumer`` (``group_consumer``), handing
+    """The consume loop ``config`` describes, on ``consumer`` (``group_consumer``), handing
     records to ``handler``; ``unordered`` picks the records run beside their key's lane
     (``ConsumeLoop``). Its state is restored through group-less consumers of ``kafka``."""
     return ConsumeLoop(
@@ -248,6 +198,6 @@ def consume_loop(
         restore_consumer=lambda: build_consumer(kafka, enable_auto_commit=False),
         executor=handler,
         metrics=metrics,
-        config=dataclasses.replace(spec.config(limits), gap_hold_s=kafka.offset_gap_hold_s),
+        config=config,
         unordered=unordered,
     )
