@@ -299,7 +299,6 @@ def webhook_clients(
         max_running=settings.webhook_replay_max_running,
         max_queued=settings.webhook_replay_max_queued,
         per_workspace=settings.webhook_replays_per_workspace,
-        presence=presence,
         board=board,
     )
     events = AccountEvents(

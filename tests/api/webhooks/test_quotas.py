@@ -28,6 +28,7 @@ from tests.api.webhooks.test_routes import (
     hooks,
     ok,
     read_all,
+    replay_ended,
     status_event,
 )
 from worker.api.app import ApiRuntime
@@ -235,19 +236,21 @@ async def test_replays_per_workspace_and_the_other_workspace_still_served(
             assert "quota" in message and "Nothing was started" in message
             assert refused.headers["retry-after"] == "30"
             assert refusals(registry, quotas.REPLAYS) == 1
-            assert hooks(api).replays.in_flight("ws_a") == 2
+            assert hooks(api).replays.active == 2  # ws_a's two
 
             other = ok(await replay(http, theirs["id"], KEY_B), 202)["replay_id"]
-            outcome = await hooks(api).replays.wait(other, timeout=30)
-            assert outcome is not None and (outcome.state, outcome.replayed) == ("finished", 1)
+            ended = await replay_ended(api, theirs["id"], other, "ws_b")
+            assert (ended.state, ended.events_sent) == ("done", 1)
             await wait_until(lambda: held.held == 1, what="ws_a's first replay holding")
-            assert hooks(api).replays.in_flight("ws_a") == 2  # still both in flight
+            # ws_b's slot is given back once its task is done, a moment after its last record
+            await wait_until(lambda: hooks(api).replays.active == 2, what="ws_a's two in flight")
             assert registry.get_sample_value("passkey_api_webhook_replays_in_flight") == 2
         finally:
             held.released.set()
         for replay_id in started:
-            done = await hooks(api).replays.wait(replay_id, timeout=30)
-            assert done is not None and (done.state, done.replayed) == ("finished", 1)
+            done = await replay_ended(api, mine["id"], replay_id)
+            assert (done.state, done.events_sent) == ("done", 1)
+        await wait_until(lambda: hooks(api).replays.active == 0, what="the slots given back")
         # the quota is free again
         ok(await replay(http, mine["id"]), 202)
 
@@ -304,8 +307,9 @@ async def test_a_workspace_at_its_share_of_replays_leaves_a_place_for_another(
             assert_error(refused, 429, *TOO_MANY)
             assert int(refused.headers["retry-after"]) > 0
             assert refusals(registry, quotas.REPLAY_CAPACITY) == 1
-            ok(await replay(http, theirs["id"], KEY_B), 202)
-            assert hooks(api).replays.in_flight("ws_b") == 1
+            queued = ok(await replay(http, theirs["id"], KEY_B), 202)["replay_id"]
+            progress = hooks(api).board.get("ws_b", theirs["id"], queued)
+            assert progress is not None and not progress.ended  # in flight behind ws_a's
         finally:
             held.released.set()
 

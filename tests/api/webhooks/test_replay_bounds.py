@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.api.support import produce, wait_until
 from tests.api.webhooks.test_routes import read_all, status_event
 from tests.webhooks.support import replay_scan
-from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.replay import new_replay_id
 from worker.contract.delivery_log import decode_replay
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
@@ -71,22 +71,18 @@ async def test_a_replay_since_now_reads_only_the_records_after_it(
     producer = build_producer(settings.kafka_config())
     await producer.start()
     try:
-        runner = ReplayRunner(
-            scan=replay_scan(settings, producer, seek_margin_s=MARGIN_S),
-        )
+        scan = replay_scan(settings, producer, seek_margin_s=MARGIN_S)
+        counts = [0, 0, 0]  # replayed, scanned, found
         started = time.monotonic()
-        replay_id = runner.start(endpoint(), since)
-        outcome = await runner.wait(replay_id, timeout=60)
+        async with asyncio.timeout(60):
+            assert await scan.run(new_replay_id(), endpoint(), since, counts) == {}  # to the end
         seconds = time.monotonic() - started
     finally:
         await producer.stop()
-    assert outcome is not None and outcome.state == "finished", outcome
-    print(
-        f"\nreplay since now after {OLD} old events: fetched {runner.records_read}, {seconds:.2f}s"
-    )
-    assert outcome.replayed == NEW
-    assert runner.records_read == outcome.scanned
-    assert runner.records_read <= NEW, f"fetched {runner.records_read} records, not only the new"
+    print(f"\nreplay since now after {OLD} old events: fetched {scan.records_read}, {seconds:.2f}s")
+    assert counts[0] == NEW
+    assert scan.records_read == counts[1]
+    assert scan.records_read <= NEW, f"fetched {scan.records_read} records, not only the new"
     sent = [
         decode_replay(m.value) for m in await read_all(settings, settings.topics.webhook_replays)
     ]
@@ -107,20 +103,19 @@ async def test_records_arriving_after_the_start_are_not_read(
     await producer.start()
     held = HeldProducer(producer)
     try:
-        runner = ReplayRunner(
-            scan=replay_scan(settings, held, seek_margin_s=MARGIN_S),
-        )
-        replay_id = runner.start(endpoint(), since)
+        scan = replay_scan(settings, held, seek_margin_s=MARGIN_S)
+        counts = [0, 0, 0]  # replayed, scanned, found
+        running = asyncio.create_task(scan.run(new_replay_id(), endpoint(), since, counts))
         await wait_until(lambda: held.waiting == 1, what="the replay's first send")
         late = events("ws_a", datetime.now(UTC), 500, "late")
         await produce(settings, settings.topics.status, late)
         held.release.set()
-        outcome = await runner.wait(replay_id, timeout=60)
+        async with asyncio.timeout(60):
+            assert await running == {}  # read to the end
     finally:
         held.release.set()
         await producer.stop()
-    assert outcome is not None and outcome.state == "finished", outcome
-    assert (outcome.replayed, outcome.scanned) == (3, 3)
+    assert counts[:2] == [3, 3]
 
 
 class HeldProducer:

@@ -29,7 +29,7 @@ from tests.api.test_api_http import assert_error
 from tests.webhooks.support import replay_scan
 from worker.api.app import ApiRuntime
 from worker.api.webhooks import creates
-from worker.api.webhooks.replay import ReplayRunner
+from worker.api.webhooks.replay import new_replay_id
 from worker.api.webhooks.routes import WebhookClients
 from worker.contract.delivery_log import DeliveryLogEntry, Replay, decode_replay
 from worker.contract.messages import AuthError, AuthStatusChanged, ErrorBody, rfc3339
@@ -45,6 +45,7 @@ from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.tail import assign_all
 from worker.settings import Settings
 from worker.webhooks.endpoint_writes import EndpointStore
+from worker.webhooks.replay_scan import ReplayProgress
 from worker.webhooks.secrets_box import SecretsBox, generate_key
 
 pytestmark = pytest.mark.integration
@@ -81,6 +82,21 @@ def hook_settings(api_settings: ApiSettings) -> Callable[..., Settings]:
 def hooks(api: ApiRuntime) -> WebhookClients:
     assert api.webhooks is not None
     return api.webhooks
+
+
+async def replay_ended(
+    api: ApiRuntime, endpoint_id: str, replay_id: str, workspace_id: str = "ws_a"
+) -> ReplayProgress:
+    """The replay's end as the replica's board reads it (what ``GET .../replays/{id}`` answers)."""
+    board = hooks(api).board
+    await wait_until(
+        lambda: (got := board.get(workspace_id, endpoint_id, replay_id)) is not None and got.ended,
+        timeout=60,
+        what=f"replay {replay_id} ended",
+    )
+    ended = board.get(workspace_id, endpoint_id, replay_id)
+    assert ended is not None
+    return ended
 
 
 def ok(resp: httpx.Response, status: int = 200) -> Any:
@@ -163,8 +179,8 @@ async def test_every_route_of_the_table(hook_settings: Callable[..., Settings]) 
         assert deleted.headers["x-request-id"] == "del-1"
         assert_error(await http.get(one, headers=headers()), 404, "not_found", 10001)
         assert ok(await http.get(ENDPOINTS, headers=headers())) == []
-        outcome = await hooks(api).replays.wait(accepted["replay_id"], timeout=30)
-        assert outcome is not None and outcome.state == "finished"
+        ended = await replay_ended(api, endpoint_id, accepted["replay_id"])
+        assert ended.state == "done"
 
 
 async def test_endpoints_survive_a_restart(hook_settings: Callable[..., Settings]) -> None:
@@ -398,7 +414,7 @@ async def test_hostile_values_are_400_not_500(hook_settings: Callable[..., Setti
             assert ok(resp, 202)["since"] == echoed, since
             # the replays end at once (nothing to scan that late, or little that early):
             # one workspace may hold only two in flight
-            await wait_until(lambda: hooks(api).replays.in_flight("ws_a") == 0, what="replay")
+            await wait_until(lambda: hooks(api).replays.active == 0, what="replay")
 
 
 async def test_private_http_targets_when_the_policy_allows_them(
@@ -721,8 +737,8 @@ async def test_replay_produces_the_endpoints_events_since(
                 202,
             )
             replay_ids[endpoint["id"]] = accepted["replay_id"]
-        outcomes = [await hooks(api).replays.wait(rid, timeout=60) for rid in replay_ids.values()]
-        assert [(o.state, o.replayed) for o in outcomes if o] == [("finished", 4), ("finished", 5)]
+        ended = [await replay_ended(api, eid, rid) for eid, rid in replay_ids.items()]
+        assert [(p.state, p.events_sent) for p in ended] == [("done", 4), ("done", 5)]
 
     sources = {
         "status": {
@@ -808,13 +824,13 @@ async def test_a_replay_sends_again_what_an_outage_failed(
     await real.start()
     try:
         producer = _AcksLostOnce(real, lost=2)
-        runner = ReplayRunner(
-            scan=replay_scan(settings, producer),
-        )
-        outcome = await runner.wait(runner.start(endpoint, now - timedelta(hours=1)), timeout=60)
+        counts = [0, 0, 0]  # replayed, scanned, found
+        scan = replay_scan(settings, producer)
+        async with asyncio.timeout(60):
+            assert await scan.run(new_replay_id(), endpoint, now - timedelta(hours=1), counts) == {}
     finally:
         await real.stop()
-    assert outcome is not None and (outcome.state, outcome.replayed) == ("finished", 3)
+    assert counts[0] == 3
     assert producer.lost == 0
     replayed = [
         decode_replay(m.value) for m in await read_all(settings, settings.topics.webhook_replays)

@@ -12,12 +12,10 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from worker.api.presence import Presence
 from worker.api.webhooks.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
 from worker.api.webhooks.replay_status import PROGRESS_EVERY_S, ReplayBoard, ending
 from worker.contract.catalogue import ServiceError
@@ -39,7 +37,6 @@ MAX_QUEUED: Final = 8
 PER_WORKSPACE: Final = 2
 #: ``Retry-After`` of a refusal: a replay takes seconds to minutes (``timeout_s`` at most).
 RETRY_AFTER_S: Final = 30
-_KEPT_OUTCOMES: Final = 256
 
 
 def new_replay_id() -> str:
@@ -63,8 +60,8 @@ class ReplayRunner:
     """Runs replays as background tasks of this process (see the module docstring).
 
     ``scan``: the scan it runs (worker.webhooks.replay_scan, shared with the dispatcher's recovery).
-    ``presence`` (when given) holds the workspace's quota across the live replicas: ``begin``
-    claims a slot there before it starts a replay.
+    ``board``: where its replays' progress is written; the board's presence holds the
+    workspace's quota across the live replicas, a slot claimed there before a replay starts.
     """
 
     def __init__(
@@ -74,12 +71,10 @@ class ReplayRunner:
         max_queued: int = MAX_QUEUED,
         per_workspace: int = PER_WORKSPACE,
         timeout_s: float = REPLAY_TIMEOUT_S,
-        presence: Presence | None = None,
-        board: ReplayBoard | None = None,
+        board: ReplayBoard,
         progress_every_s: float = PROGRESS_EVERY_S,
         scan: ReplayScan,
     ) -> None:
-        self._presence = presence
         self.board = board
         self._progress_every_s = progress_every_s
         self._cancelling: set[str] = set()  # replays here whose cancellation was asked for
@@ -99,45 +94,40 @@ class ReplayRunner:
         self._per_workspace = per_workspace
         self._timeout_s = timeout_s
         self._tasks: dict[str, asyncio.Task[ReplayOutcome]] = {}
-        self._outcomes: OrderedDict[str, ReplayOutcome] = OrderedDict()
-        # Per workspace with a replay in flight: how many, and the lock they run under.
-        self._workspaces: dict[str, tuple[int, asyncio.Lock]] = {}
-
-    @property
-    def records_read(self) -> int:
-        """Records fetched by every replay of this process: what the scans cost."""
-        return self.scan.records_read
+        # Per workspace with a replay admitted (``_admission.held``): the lock they run under.
+        self._workspaces: dict[str, asyncio.Lock] = {}
 
     @property
     def active(self) -> int:
         """Replays running or waiting for a slot."""
         return len(self._tasks)
 
-    def in_flight(self, workspace_id: str) -> int:
-        """The workspace's replays running or waiting on this process."""
-        return self._workspaces.get(workspace_id, (0, None))[0]
-
     async def begin(self, endpoint: EndpointRecord, since: datetime) -> str:
-        """``start``, with the workspace's slot claimed across the live replicas first (when
-        this runner has a ``presence``); raises ``Refused`` (429) as ``start`` does, and when
-        the other replicas hold the workspace's quota."""
+        """Queue a replay of ``endpoint``'s events since ``since``; its id.
+
+        Raises ``Refused`` (429, ``Retry-After``) when the workspace already has
+        ``per_workspace`` replays in flight (here, or across the live replicas), or this
+        process ``max_running + max_queued``: a limit, not a fault of the request, so retrying
+        later is the right reaction.
+        """
         workspace_id = endpoint.workspace_id
         self._refuse_over(workspace_id)
-        claimed = False
-        if self._presence is not None:
-            if not await self._presence.claim(workspace_id, self._per_workspace):
-                raise _over_quota(self._per_workspace)
-            claimed = True
+        if not await self.board.presence.claim(workspace_id, self._per_workspace):
+            raise _over_quota(self._per_workspace)
         replay_id = new_replay_id()
-        try:
-            if self.board is not None:  # readable on every replica before the 202
-                await self.board.publish(self._progress(replay_id, endpoint, since, "queued"))
-            return self.start(endpoint, since, claimed=claimed, replay_id=replay_id)
+        try:  # readable on every replica before the 202
+            await self.board.publish(self._progress(replay_id, endpoint, since, "queued"))
+            self._refuse_over(workspace_id)  # again: others may have been admitted meanwhile
+            self._admitted[replay_id] = self._admission.take(workspace_id)
         except BaseException:
             self._created.pop(replay_id, None)
-            if claimed and self._presence is not None:
-                self._presence.release(workspace_id)
+            self.board.presence.release(workspace_id)
             raise
+        lock = self._workspaces.setdefault(workspace_id, asyncio.Lock())
+        task = asyncio.create_task(self._run(replay_id, endpoint, since, lock), name=replay_id)
+        self._tasks[replay_id] = task
+        task.add_done_callback(lambda _: self._ended(replay_id, workspace_id))
+        return replay_id
 
     def _refuse_over(self, workspace_id: str) -> None:
         """``Refused`` when the admission rule has no room for one more of the workspace's."""
@@ -155,50 +145,12 @@ class ReplayRunner:
                 RETRY_AFTER_S,
             )
 
-    def start(
-        self,
-        endpoint: EndpointRecord,
-        since: datetime,
-        *,
-        claimed: bool = False,
-        replay_id: str | None = None,
-    ) -> str:
-        """Queue a replay of ``endpoint``'s events since ``since``; its id.
-
-        Raises ``Refused`` (429, ``Retry-After``) when the workspace already has
-        ``per_workspace`` replays in flight, or this process ``max_running + max_queued``:
-        a limit, not a fault of the request, so retrying later is the right reaction.
-        """
-        workspace_id = endpoint.workspace_id
-        count, lock = self._workspaces.get(workspace_id, (0, asyncio.Lock()))
-        self._refuse_over(workspace_id)
-        replay_id = replay_id or new_replay_id()
-        self._admitted[replay_id] = self._admission.take(workspace_id)
-        self._workspaces[workspace_id] = (count + 1, lock)
-        task = asyncio.create_task(self._run(replay_id, endpoint, since, lock), name=replay_id)
-        self._tasks[replay_id] = task
-        task.add_done_callback(lambda _: self._ended(replay_id, workspace_id, claimed))
-        return replay_id
-
-    def _ended(self, replay_id: str, workspace_id: str, claimed: bool = False) -> None:
-        if claimed and self._presence is not None:
-            self._presence.release(workspace_id)
+    def _ended(self, replay_id: str, workspace_id: str) -> None:
+        self.board.presence.release(workspace_id)
         self._tasks.pop(replay_id, None)
-        admitted = self._admitted.pop(replay_id, None)
-        if admitted is not None:
-            admitted.release()
-        count, lock = self._workspaces.pop(workspace_id, (1, None))
-        if count > 1 and lock is not None:
-            self._workspaces[workspace_id] = (count - 1, lock)
-
-    async def wait(self, replay_id: str, timeout: float | None = None) -> ReplayOutcome | None:
-        """The outcome of a replay of this process, waiting for it when it still runs;
-        ``None`` when unknown (or forgotten: only the last few are kept)."""
-        task = self._tasks.get(replay_id)
-        if task is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), timeout)
-        return self._outcomes.get(replay_id)
+        self._admitted.pop(replay_id).release()
+        if self._admission.held(workspace_id) == 0:
+            del self._workspaces[workspace_id]
 
     def cancel(self, replay_id: str) -> bool:
         """Cancel a replay of this process (asked for on any replica); whether it ran here."""
@@ -227,7 +179,12 @@ class ReplayRunner:
         started = time.perf_counter()
         state: Literal["finished", "timed_out", "failed", "cancelled"] = "failed"
         phase: list[ReplayState] = ["queued"]
-        follower = self._follow(replay_id, endpoint, since, counts, phase)
+        follower = self.board.follow(  # the replay's progress writes, and its cancellation
+            replay_id,
+            lambda: self._progress(replay_id, endpoint, since, phase[0], counts),
+            lambda: self.cancel(replay_id),
+            self._progress_every_s,
+        )
         try:
             async with turn, self._slots:
                 phase[0] = "running"
@@ -256,10 +213,8 @@ class ReplayRunner:
                 scanned=counts[1],
                 seconds=round(time.perf_counter() - started, 3),
             )
-            self._remember(outcome)
-            if follower is not None:
-                follower.cancel()
-                await self._ended_status(endpoint, since, outcome, counts[2])
+            follower.cancel()
+            await self._ended_status(endpoint, since, outcome, counts[2])
             self._cancelling.discard(replay_id)
             log.info(
                 "webhook_replay_ended",
@@ -287,29 +242,10 @@ class ReplayRunner:
         created = self._created.setdefault(replay_id, time.time())
         return progress_record(replay_id, endpoint, since, state, created, counts, **more)
 
-    def _follow(
-        self,
-        replay_id: str,
-        endpoint: EndpointRecord,
-        since: datetime,
-        counts: list[int],
-        phase: list[ReplayState],
-    ) -> asyncio.Task[None] | None:
-        """The replay's progress writes, and its cancellation when any replica asks."""
-        if self.board is None:
-            return None
-        return self.board.follow(  # held by ``_run``, which cancels it
-            replay_id,
-            lambda: self._progress(replay_id, endpoint, since, phase[0], counts),
-            lambda: self.cancel(replay_id),
-            self._progress_every_s,
-        )
-
     async def _ended_status(
         self, endpoint: EndpointRecord, since: datetime, outcome: ReplayOutcome, found: int
     ) -> None:
         """Write how the replay ended (shielded: written when it was cancelled too)."""
-        assert self.board is not None
         rid = outcome.replay_id
         state, error = ending(outcome.state, rid in self._cancelling, self._timeout_s)
         failed = 0 if state in ("done", "cancelled") else max(found - outcome.replayed, 0)
@@ -319,11 +255,6 @@ class ReplayRunner:
         self._created.pop(rid, None)
         with contextlib.suppress(BaseException):
             await asyncio.shield(asyncio.ensure_future(self.board.publish(done)))
-
-    def _remember(self, outcome: ReplayOutcome) -> None:
-        self._outcomes[outcome.replay_id] = outcome
-        while len(self._outcomes) > _KEPT_OUTCOMES:
-            self._outcomes.popitem(last=False)
 
 
 def _over_quota(count: int) -> Refused:
