@@ -310,7 +310,6 @@ def webhook_clients(
         deliveries=deliveries,
         replays=replays,
         announcer=Announcer(producer, topics.webhook_replays, broker),
-        board=board,
         events=events,
         cursors=CursorCodec(key.get_secret_value().encode()),
         sends=DeliverySends(
@@ -390,7 +389,8 @@ async def api_runtime(
         ]
         if webhooks is not None:
             clients += [(tail.name, tail) for tail in webhooks.tails]
-            clients += [("deliveries", webhooks.deliveries), ("replay_board", webhooks.board)]
+            clients += [("deliveries", webhooks.deliveries)]
+            clients += [("replay_board", webhooks.replays.board)]
         for name, client in clients:
             await client.start()
             started.append((f"{name}_stop", client.stop))

@@ -308,7 +308,7 @@ async def test_a_workspace_at_its_share_of_replays_leaves_a_place_for_another(
             assert int(refused.headers["retry-after"]) > 0
             assert refusals(registry, quotas.REPLAY_CAPACITY) == 1
             queued = ok(await replay(http, theirs["id"], KEY_B), 202)["replay_id"]
-            progress = hooks(api).board.get("ws_b", theirs["id"], queued)
+            progress = hooks(api).replays.board.get("ws_b", theirs["id"], queued)
             assert progress is not None and not progress.ended  # in flight behind ws_a's
         finally:
             held.released.set()

@@ -88,7 +88,7 @@ async def replay_ended(
     api: ApiRuntime, endpoint_id: str, replay_id: str, workspace_id: str = "ws_a"
 ) -> ReplayProgress:
     """The replay's end as the replica's board reads it (what ``GET .../replays/{id}`` answers)."""
-    board = hooks(api).board
+    board = hooks(api).replays.board
     await wait_until(
         lambda: (got := board.get(workspace_id, endpoint_id, replay_id)) is not None and got.ended,
         timeout=60,

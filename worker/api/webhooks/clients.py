@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from worker.api.webhooks.account_events import AccountEvents, CursorCodec
 from worker.api.webhooks.delivery_log_scan import DeliveryLogScan
 from worker.api.webhooks.replay import ReplayRunner
-from worker.api.webhooks.replay_status import ReplayBoard
 from worker.api.webhooks.sends import DeliverySends
 from worker.engine.tail import TopicTail
 from worker.webhooks.announcer import Announcer
@@ -26,8 +25,8 @@ class WebhookClients:
     replays: ReplayRunner
     #: Announces ``endpoint.enabled`` (``worker.webhooks.announcer``).
     announcer: Announcer
-    #: Replays' progress, an account's events and their cursors (``follow_routes``).
-    board: ReplayBoard
+    #: An account's events and their cursors (``follow_routes``; a replay's progress is on
+    #: ``replays.board``).
     events: AccountEvents
     cursors: CursorCodec
     sends: DeliverySends

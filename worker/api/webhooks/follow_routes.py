@@ -106,14 +106,14 @@ class FollowRoutes:
         replay_id: str = request.path_params["replay_id"]
         if REPLAY_ID_RE.fullmatch(replay_id) is None:
             raise ServiceError.of("invalid_request", f"Invalid path parameter: {REPLAY_ID_RULE}.")
-        await self._ready(failure, clients.endpoints, clients.board.presence)
+        await self._ready(failure, clients.endpoints, clients.replays.board.presence)
         endpoint = clients.endpoints.registry.get(workspace_id, endpoint_id)
         if endpoint is None or is_pending(endpoint):
             raise ServiceError.of("not_found", NOT_FOUND)
-        progress = clients.board.get(workspace_id, endpoint_id, replay_id)
+        progress = clients.replays.board.get(workspace_id, endpoint_id, replay_id)
         if progress is None:
-            await clients.board.seen(replay_id, RECENT_WAIT_S)
-            progress = clients.board.get(workspace_id, endpoint_id, replay_id)
+            await clients.replays.board.seen(replay_id, RECENT_WAIT_S)
+            progress = clients.replays.board.get(workspace_id, endpoint_id, replay_id)
             if progress is None:
                 raise ServiceError.of("not_found", REPLAY_NOT_FOUND)
         return clients, progress
@@ -130,7 +130,7 @@ class FollowRoutes:
         clients, progress = await self._replay(request, UPDATE)
         if progress.ended:
             return _status(request, progress)
-        await clients.board.request_cancel(progress)
+        await clients.replays.board.request_cancel(progress)
         clients.replays.cancel(progress.replay_id)  # at once when it runs here
         log.info(
             "webhook_replay_cancel_requested",
