@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -42,18 +41,6 @@ RETRY_AFTER_S: Final = 30
 def new_replay_id() -> str:
     """``rp_`` + 32 hex characters: one per request, carried by every record it produces."""
     return f"rp_{uuid.uuid4().hex}"
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayOutcome:
-    """How one replay ended: ``replayed`` records produced out of ``scanned`` events read."""
-
-    replay_id: str
-    endpoint_id: str
-    state: Literal["finished", "timed_out", "failed", "cancelled"]
-    replayed: int
-    scanned: int
-    seconds: float
 
 
 class ReplayRunner:
@@ -93,7 +80,7 @@ class ReplayRunner:
         self._admitted: dict[str, Slot] = {}
         self._per_workspace = per_workspace
         self._timeout_s = timeout_s
-        self._tasks: dict[str, asyncio.Task[ReplayOutcome]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         # Per workspace with a replay admitted (``_admission.held``): the lock they run under.
         self._workspaces: dict[str, asyncio.Lock] = {}
 
@@ -173,7 +160,7 @@ class ReplayRunner:
 
     async def _run(
         self, replay_id: str, endpoint: EndpointRecord, since: datetime, turn: asyncio.Lock
-    ) -> ReplayOutcome:
+    ) -> None:
         # replayed (acknowledged), scanned, found: kept outside the scan so a time-out can tell
         counts = [0, 0, 0]
         started = time.perf_counter()
@@ -205,16 +192,9 @@ class ReplayRunner:
                 error=repr(exc),
             )
         finally:
-            outcome = ReplayOutcome(
-                replay_id=replay_id,
-                endpoint_id=endpoint.id,
-                state=state,
-                replayed=counts[0],
-                scanned=counts[1],
-                seconds=round(time.perf_counter() - started, 3),
-            )
+            seconds = round(time.perf_counter() - started, 3)
             follower.cancel()
-            await self._ended_status(endpoint, since, outcome, counts[2])
+            await self._ended_status(replay_id, endpoint, since, state, counts)
             self._cancelling.discard(replay_id)
             log.info(
                 "webhook_replay_ended",
@@ -222,11 +202,10 @@ class ReplayRunner:
                 endpoint_id=endpoint.id,
                 workspace_id=endpoint.workspace_id,
                 state=state,
-                events_replayed=outcome.replayed,
-                events_scanned=outcome.scanned,
-                seconds=outcome.seconds,
+                events_replayed=counts[0],
+                events_scanned=counts[1],
+                seconds=seconds,
             )
-        return outcome
 
     # -- progress, where every replica reads it -------------------------------------------------
 
@@ -243,13 +222,11 @@ class ReplayRunner:
         return progress_record(replay_id, endpoint, since, state, created, counts, **more)
 
     async def _ended_status(
-        self, endpoint: EndpointRecord, since: datetime, outcome: ReplayOutcome, found: int
+        self, rid: str, endpoint: EndpointRecord, since: datetime, outcome: str, counts: list[int]
     ) -> None:
         """Write how the replay ended (shielded: written when it was cancelled too)."""
-        rid = outcome.replay_id
-        state, error = ending(outcome.state, rid in self._cancelling, self._timeout_s)
-        failed = 0 if state in ("done", "cancelled") else max(found - outcome.replayed, 0)
-        counts = [outcome.replayed, outcome.scanned, found]
+        state, error = ending(outcome, rid in self._cancelling, self._timeout_s)
+        failed = 0 if state in ("done", "cancelled") else max(counts[2] - counts[0], 0)
         more = {"events_failed": failed, "error": error}
         done = self._progress(rid, endpoint, since, state, counts, **more)
         self._created.pop(rid, None)
@@ -274,7 +251,6 @@ __all__ = [
     "MAX_RUNNING",
     "PER_WORKSPACE",
     "REPLAY_TIMEOUT_S",
-    "ReplayOutcome",
     "ReplayRunner",
     "new_replay_id",
 ]

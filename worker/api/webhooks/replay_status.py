@@ -51,8 +51,8 @@ class ReplayCancel(BaseModel):
 
 
 def ending(outcome: str, cancel_asked: bool, timeout_s: float) -> tuple[ReplayState, str | None]:
-    """The public state (and error) of a replay that ended as ``outcome`` (the runner's
-    ``ReplayOutcome.state``): a cancellation nobody asked for is the replica stopping."""
+    """The public state (and error) of a replay the runner ended as ``outcome`` (finished,
+    timed_out, failed, cancelled): a cancellation nobody asked for is the replica stopping."""
     if outcome == "finished":
         return "done", None
     if outcome == "cancelled" and cancel_asked:
