@@ -8,7 +8,13 @@ import random
 
 import pytest
 
-from worker.dispatcher.endpoint_gate import MAX_PARK_S, Admission, EndpointGate, GateConfig
+from worker.dispatcher.endpoint_gate import (
+    MAX_PARK_S,
+    WAKE_HOLD_S,
+    Admission,
+    EndpointGate,
+    GateConfig,
+)
 
 NOW = 1_800_000_000.0
 
@@ -273,3 +279,69 @@ def test_an_idle_endpoint_keeps_what_it_learnt_and_a_forgotten_one_starts_as_new
     g.release("ep_2", ok=True, now=NOW)
     assert "ep_2" in g._endpoints, "its bucket is not full yet"
     assert not admit(g, "ep_2/b", NOW + 0.5, rate=1).admitted, "the rate limit still holds"
+
+
+class CountingEntries(dict[str, object]):
+    """The gate's endpoint entries, counting how often one is looked up."""
+
+    lookups = 0
+
+    def __getitem__(self, key: str) -> object:
+        self.lookups += 1
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: object = None) -> object:
+        self.lookups += 1
+        return super().get(key, default)
+
+
+def test_a_release_in_a_workspace_of_a_thousand_endpoints_looks_at_a_few() -> None:
+    """A workspace at its share with a pair waiting at each of a thousand endpoints: a slot
+    freed wakes one pair, and finding it looks at a few endpoints' entries, not every
+    endpoint's once per endpoint (which made a big workspace's fan-out crawl)."""
+    wakes = Wakes()
+    g = gate(wakes, max_in_flight=2, workspace_max_in_flight=4)
+
+    def try_(endpoint: str, now: float = NOW) -> bool:
+        return g.admit(
+            endpoint,
+            revision=1,
+            rate_limit=None,
+            partition=0,
+            key=f"{endpoint}/a",
+            now=now,
+            workspace_id="ws_big",
+        ).admitted
+
+    admitted = [try_(f"ep_{i:04}") for i in range(1000)]
+    assert admitted.count(True) == 4
+    g._endpoints = entries = CountingEntries(g._endpoints)  # type: ignore[assignment]
+    g.release("ep_0000", ok=True, now=NOW + 1)
+    assert wakes.keys == ["ep_0004/a"], "one slot freed, the next in line woken"
+    assert entries.lookups < 100, entries.lookups
+    assert try_("ep_0004", NOW + 1.1)
+
+
+def test_a_woken_pair_that_does_not_come_frees_its_workspaces_slot_in_time() -> None:
+    """A pair woken at one endpoint that never comes (its partition went elsewhere) holds the
+    workspace's slot at most ``WAKE_HOLD_S``, even when nothing touches its endpoint again."""
+    wakes = Wakes()
+    g = gate(wakes, max_in_flight=2, workspace_max_in_flight=3)
+
+    def try_(endpoint: str, now: float = NOW) -> bool:
+        return g.admit(
+            endpoint,
+            revision=1,
+            rate_limit=None,
+            partition=0,
+            key=f"{endpoint}/a",
+            now=now,
+            workspace_id="ws_a",
+        ).admitted
+
+    assert all(try_(ep) for ep in ("ep_1", "ep_2", "ep_3"))
+    assert not try_("ep_4")
+    g.release("ep_1", ok=True, now=NOW + 1)
+    assert wakes.keys == ["ep_4/a"]
+    assert not try_("ep_5", NOW + 1.5), "ep_4's pair holds the slot it was woken for"
+    assert try_("ep_5", NOW + 1 + WAKE_HOLD_S + 1), "it never came: the workspace's slot is free"

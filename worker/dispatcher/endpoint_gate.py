@@ -79,6 +79,7 @@ class Admission:
 
 @dataclass(slots=True)
 class _Endpoint:
+    endpoint_id: str = ""
     revision: int = 0
     workspace: str = ""
     held: list[Slot] = field(default_factory=list)
@@ -138,6 +139,9 @@ class EndpointGate:
         self._backing_off = 0
         self._connections = SlotPool("webhook connections", config.connection_share())
         self._workspace_endpoints: dict[str, set[str]] = {}
+        # Each workspace's endpoints that were given a wake (those still holding one are what
+        # ``_workspace_free`` counts): a few, not every endpoint of a big workspace.
+        self._waking: dict[str, set[str]] = {}
         self._sweep_at = SWEEP_FLOOR
 
     def connections(self, workspace_id: str) -> int:
@@ -171,7 +175,10 @@ class EndpointGate:
         e.rate_limit = rate_limit
         if e.workspace != workspace_id:
             self._workspace_endpoints.get(e.workspace, set()).discard(endpoint_id)
+            self._waking.get(e.workspace, set()).discard(endpoint_id)
             e.workspace = workspace_id
+            if e.woken:
+                self._waking.setdefault(workspace_id, set()).add(endpoint_id)
         self._workspace_endpoints.setdefault(workspace_id, set()).add(endpoint_id)
         was_woken = e.woken.pop(key, None) is not None
         reason, ready_at = self._refusal(e, key, now, was_woken)
@@ -206,7 +213,7 @@ class EndpointGate:
         if now < e.blocked_until:
             return "backoff", e.blocked_until
         self._expire_wakes(e, now)
-        if e.in_flight + len(e.woken) >= self._cap(e) or self._workspace_free(e) <= 0:
+        if e.in_flight + len(e.woken) >= self._cap(e) or self._workspace_free(e, now) <= 0:
             return "capacity", None
         if not was_woken and key not in e.waiters and len(e.waiters) > len(e.woken):
             # Others wait already and there is room: they go first (woken now), and this one
@@ -232,12 +239,20 @@ class EndpointGate:
     def _cap(self, e: _Endpoint) -> int:
         return 1 if e.backing_off else self.config.max_in_flight
 
-    def _workspace_free(self, e: _Endpoint) -> int:
+    def _workspace_free(self, e: _Endpoint, now: float) -> int:
         """Slots the endpoint's workspace has left of its share: its attempts under way and
-        its woken pairs (every endpoint of it) count against it."""
-        woken = sum(
-            len(self._endpoints[x].woken) for x in self._workspace_endpoints.get(e.workspace, ())
-        )
+        its woken pairs (at any endpoint of it; expired wakes dropped on the way) count
+        against it. Only the endpoints given a wake are looked at, at most the share of them:
+        the cost does not grow with the workspace's endpoints."""
+        waking = self._waking.get(e.workspace, set())
+        woken = 0
+        for endpoint_id in list(waking):
+            x = self._endpoints.get(endpoint_id)
+            if x is not None and x.workspace == e.workspace:
+                self._expire_wakes(x, now)
+                woken += len(x.woken)
+            if x is None or x.workspace != e.workspace or not x.woken:
+                waking.discard(endpoint_id)
         used = self._connections.held(e.workspace) + woken
         return self._connections.share.per_owner - used
 
@@ -288,10 +303,17 @@ class EndpointGate:
                     self._set_backing_off(+1)
                 e.blocked_until = max(e.blocked_until, now + pause)
         self._wake_next(e, now)
-        # The slot freed is the workspace's too: its other endpoints' lines may go on.
+        # The slot freed is the workspace's too: its other endpoints' lines may go on, those
+        # with a pair not yet woken, until it has no room left (the rest are not looked at: a
+        # release costs the same in a workspace of a thousand endpoints as in one of two).
+        room = self._workspace_free(e, now)  # its expired wakes dropped first
         for other in sorted(self._workspace_endpoints.get(e.workspace, ())):
-            if other != endpoint_id:
-                self._wake_next(self._endpoints[other], now)
+            if room <= 0 or self._pool_room(e.workspace) <= 0:
+                break
+            x = self._endpoints[other]
+            if other != endpoint_id and len(x.waiters) > len(x.woken):
+                self._wake_next(x, now)
+                room = self._workspace_free(e, now)
         self._drop_if_idle(endpoint_id, now)
 
     def forget(self, endpoint_id: str, key: str, now: float) -> None:
@@ -310,7 +332,7 @@ class EndpointGate:
         if e is None:
             if len(self._endpoints) >= self._sweep_at:
                 self._sweep(now)
-            e = self._endpoints[endpoint_id] = _Endpoint(revision=revision)
+            e = self._endpoints[endpoint_id] = _Endpoint(endpoint_id, revision)
         elif revision > e.revision:
             # A changed endpoint (a new URL, re-activated): its failures are history.
             e.revision = revision
@@ -337,11 +359,13 @@ class EndpointGate:
         del self._endpoints[endpoint_id]
         if e.backing_off:
             self._set_backing_off(-1)
+        self._waking.get(e.workspace, set()).discard(endpoint_id)
         peers = self._workspace_endpoints.get(e.workspace)
         if peers is not None:
             peers.discard(endpoint_id)
             if not peers:
                 del self._workspace_endpoints[e.workspace]
+                self._waking.pop(e.workspace, None)
 
     def _sweep(self, now: float) -> None:
         """Drop every entry ``_drop_if_idle`` would; the next sweep comes when what is left
@@ -361,7 +385,7 @@ class EndpointGate:
         at = max(now, e.blocked_until)
         free = min(
             self._cap(e) - e.in_flight - len(e.woken),
-            self._workspace_free(e),
+            self._workspace_free(e, now),
             self._pool_room(e.workspace),
         )
         if e.rate_limit is not None:
@@ -379,6 +403,7 @@ class EndpointGate:
                 continue
             if self._wake(partition, key, at):
                 e.woken[key] = at + WAKE_HOLD_S
+                self._waking.setdefault(e.workspace, set()).add(e.endpoint_id)
                 free -= 1
             else:
                 gone.append(key)  # gone from this process: nothing to wake
