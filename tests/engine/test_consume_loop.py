@@ -6,19 +6,29 @@ import asyncio
 from dataclasses import replace
 from typing import Any, cast
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
+from devstack.broker import free_port
 from tests.conftest import SettingsFactory
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
+from worker.engine.broker_health import BrokerHealth
 from worker.engine.consume_loop import ConsumeLoop, LoopConfig
 from worker.engine.faults import Fault
-from worker.engine.kafka import build_consumer, ensure_topics
+from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.engine.offsets import Hold, hold_record
-from worker.engine.runner import consume_loop, group_consumer
+from worker.engine.runner import (
+    ProbeAddress,
+    ProcessParts,
+    RunOptions,
+    consume_loop,
+    group_consumer,
+    run_consume_loop,
+)
 
 # --- lanes ---------------------------------------------------------------------------------
 
@@ -235,3 +245,39 @@ async def test_stop_does_not_wait_for_a_rebalance_another_member_holds_up(
 async def _poll_forever(consumer: AIOKafkaConsumer) -> None:
     while True:
         await consumer.getmany(timeout_ms=100)
+
+
+async def test_readyz_follows_the_process_own_condition(make_settings: SettingsFactory) -> None:
+    """``ProcessParts.also_ready`` (the dispatcher's: its endpoints tail runs) keeps
+    ``/readyz`` red while false, however ready the loop and the broker are."""
+    settings = make_settings(partitions=1)
+    kafka = settings.kafka_config()
+    await ensure_topics(kafka, settings.topic_plan())
+    config, group = settings.loop_config("worker"), settings.kafka_consumer_group
+    loop = consume_loop(
+        kafka,
+        config,
+        consumer=group_consumer(kafka, config, group),
+        handler=_Idle(),
+        metrics=WorkerMetrics(CollectorRegistry()),
+    )
+    own, port, stop = [False], free_port(), asyncio.Event()
+    parts = ProcessParts(
+        build_producer(kafka), CollectorRegistry(), BrokerHealth(), also_ready=lambda: own[0]
+    )
+    probes = ProbeAddress("127.0.0.1", port, "probes")
+    run = RunOptions("worker", group, kafka.bootstrap, probes, install_signals=False, stop=stop)
+    running = asyncio.create_task(run_consume_loop(loop, parts, run))
+    try:
+        for _ in range(300):
+            if loop.ready or running.done():
+                break
+            await asyncio.sleep(0.1)
+        assert loop.ready, "the loop never took its partition"
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            assert (await client.get("/readyz")).status_code == 503
+            own[0] = True
+            assert (await client.get("/readyz")).status_code == 200
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 60)

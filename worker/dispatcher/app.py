@@ -5,7 +5,6 @@ endpoints registry is read to its end first, so no event fans out against a part
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 
 from aiokafka import TopicPartition
@@ -93,7 +92,7 @@ async def run_dispatcher(
     config, topics = settings.loop_config("dispatcher"), settings.topics
     metrics = WebhookMetrics(registry)
     producer = build_producer(kafka)
-    tail = EndpointsTail(build_consumer(kafka, enable_auto_commit=False), topics.webhook_endpoints)
+    tail = EndpointsTail(build_consumer(kafka), topics.webhook_endpoints)
     registry.register(TailSkips(WEBHOOK_PREFIX, lambda: (tail,)))
     schedule = parse_schedule(settings.webhook_retry_schedule_s)
     session = None
@@ -214,13 +213,11 @@ async def run_dispatcher(
         probes = ProbeAddress(
             settings.webhook_metrics_host, settings.webhook_metrics_port, "webhook-probes"
         )
+        closers = () if session is None else (session.close,)
         await run_consume_loop(
             loop,
-            ProcessParts(producer, registry, health, () if session is None else (session.close,)),
-            dataclasses.replace(
-                options.run("dispatcher", settings.webhook_consumer_group, kafka.bootstrap, probes),
-                also_ready=lambda: tail.running,
-            ),
+            ProcessParts(producer, registry, health, closers, also_ready=lambda: tail.running),
+            options.run("dispatcher", settings.webhook_consumer_group, kafka.bootstrap, probes),
         )
     finally:
         tail.task.remove_done_callback(tail_stopped)

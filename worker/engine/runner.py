@@ -46,21 +46,22 @@ class ProcessParts:
     ``run_consume_loop`` starts ``producer`` and the consumer and closes them at the end, then
     runs ``closers``; ``drains`` run after the loop, before the clients close (answers still
     owed go out on the open producer). ``health`` is probed through the producer's client and
-    turns ``/readyz`` red during an outage; ``registry`` is what ``/metrics`` serves."""
+    turns ``/readyz`` red during an outage, as ``also_ready`` (the process's other conditions)
+    does when false; ``registry`` is what ``/metrics`` serves."""
 
     producer: AIOKafkaProducer
     registry: CollectorRegistry
     health: BrokerHealth
     closers: Sequence[Callable[[], Awaitable[None]]] = ()
     drains: Sequence[Callable[[], Awaitable[None]]] = ()
+    also_ready: Callable[[], bool] = _always_ready
 
 
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """How one run of a consume loop is named (``name``: of its start and stop log events;
     ``group``, ``bootstrap``: for the start log), served (``probes``; ``None``: none) and
-    stopped (``stop`` set: as by a signal); ``on_start`` runs once the clients started, and
-    ``also_ready`` adds the process's other conditions to ``/readyz``."""
+    stopped (``stop`` set: as by a signal); ``on_start`` runs once the clients started."""
 
     name: str
     group: str
@@ -69,7 +70,6 @@ class RunOptions:
     install_signals: bool = True
     stop: asyncio.Event | None = None
     on_start: Callable[[ConsumeLoop], None] | None = None
-    also_ready: Callable[[], bool] = _always_ready
 
 
 async def run_consume_loop(loop: ConsumeLoop, parts: ProcessParts, run: RunOptions) -> None:
@@ -79,7 +79,7 @@ async def run_consume_loop(loop: ConsumeLoop, parts: ProcessParts, run: RunOptio
     consumer, producer, health = loop.consumer, parts.producer, parts.health
     served: contextlib.AbstractAsyncContextManager[object] = contextlib.nullcontext()
     if run.probes is not None:
-        also_ready = run.also_ready
+        also_ready = parts.also_ready
         app = build_probe_app(
             parts.registry,
             last_beat=lambda: loop.last_beat,
@@ -195,7 +195,7 @@ def consume_loop(
     (``ConsumeLoop``). Its state is restored through group-less consumers of ``kafka``."""
     return ConsumeLoop(
         consumer=consumer,
-        restore_consumer=lambda: build_consumer(kafka, enable_auto_commit=False),
+        restore_consumer=lambda: build_consumer(kafka),
         executor=handler,
         metrics=metrics,
         config=config,
