@@ -117,8 +117,6 @@ class ReplyRouter(TopicTail):
         self._wanted = partition
         self._rng = random.SystemRandom()
         self._waiters: dict[str, PendingReply] = {}
-        self.delivered = 0
-        self.dropped_mismatch = 0
 
     def _pick(self, partitions: list[int]) -> list[int]:
         """The partitions this replica reads: ``spread`` consecutive ones (wrapping) from the
@@ -231,7 +229,6 @@ class ReplyRouter(TopicTail):
             if waiter is None or waiter.done:
                 continue
             if obj.get("request_id") != waiter.request_id:
-                self.dropped_mismatch += 1
                 log.warning(
                     "reply_request_id_mismatch",
                     command_id=command_id,
@@ -251,7 +248,6 @@ class ReplyRouter(TopicTail):
                 )
                 waiter._fail(ReplyError("the worker's reply could not be decoded"))
                 continue
-            self.delivered += 1
             waiter._deliver(CorrelatedReply(reply, dict(obj["body"])))
 
     def on_failure(self, exc: BaseException) -> None:
