@@ -89,8 +89,6 @@ class ReplayBoard(ViewPart):
         self.stale_after_s = stale_after_s
         self._replays: dict[str, ReplayProgress] = {}
         self._cancels: set[str] = set()
-        #: Records of replays past ``max_tracked``, ignored (and counted).
-        self.ignored = 0
 
     def __len__(self) -> int:
         return len(self._replays)
@@ -116,7 +114,6 @@ class ReplayBoard(ViewPart):
         """Keep ``progress``; false when it is of a new replay and ``max_tracked`` are held."""
         held = self._replays.get(progress.replay_id)
         if held is None and len(self._replays) >= self.max_tracked:
-            self.ignored += 1
             return False
         if held is not None and held.ended and not progress.ended:
             return True  # a late progress record never reopens an ended replay
