@@ -57,10 +57,6 @@ class DeliveryLogScan:
         self._consumers: list[Any] = []
         self._aside = AsideCloses()
         self._skip = skipping("delivery-log-scan", log)
-        self.scans = 0
-        #: Scans under way now, and the most there were at once.
-        self.running = 0
-        self.peak_running = 0
 
     async def start(self) -> None:
         self._started = True
@@ -88,12 +84,9 @@ class DeliveryLogScan:
             with slot:  # released after the consumer is given back (same step, no await)
                 async with asyncio.timeout(self.timeout_s):
                     consumer = await self._take()
-                    self.running += 1
-                    self.peak_running = max(self.peak_running, self.running)
                     try:
                         return await self._slice(consumer, endpoint_id, upto, lo, deadline)
                     finally:
-                        self.running -= 1
                         self._give_back(consumer)
         except TimeoutError:
             log.warning("delivery_scan_timeout", endpoint_id=endpoint_id, timeout_s=self.timeout_s)
@@ -161,7 +154,6 @@ class DeliveryLogScan:
                 max_records=None if upto is None or low is None else upto - low,
             )
         )[tp]
-        self.scans += 1
         return LogSlice(tp.partition, span.start, span.end if upto is None else upto, entries)
 
 
