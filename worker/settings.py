@@ -590,7 +590,6 @@ class Settings(BaseSettings):
             max_poll_records=self.kafka_max_poll_records,
             record_attempts=self.record_max_attempts,
             retry_backoff_s=(backoff, backoff * 10),
-            gap_hold_s=self.kafka_offset_gap_hold_s,
         )
         if process == "worker":
             return shared

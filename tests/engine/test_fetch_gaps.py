@@ -262,4 +262,3 @@ def test_the_product_holds_no_gap_by_default() -> None:
     """Kafka has no offset gap, so a product process on a real cluster runs no watch unless
     told to; the dev tools and the fixtures set it for the embedded broker."""
     assert Settings().kafka_config().offset_gap_hold_s == 0
-    assert LoopConfig(("t",), "s").gap_hold_s == 0

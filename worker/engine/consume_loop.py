@@ -64,9 +64,6 @@ class LoopConfig:
     retry_backoff_s: tuple[float, float] = (0.2, 2.0)
     hold_overdue_s: float = 2.0
     """Age at which a record's unreleased hold gets its ``on_overdue`` call."""
-    gap_hold_s: float = 0.0
-    """How long an offset never seen below a fetched record is waited for before the loop
-    goes on past it, reported (``worker.engine.fetch.GapWatch``); 0: no watch."""
     max_in_flight_per_key: int | None = None
     """The share of ``max_in_flight`` one lane key (partition, key) may hold, queued and
     running; ``None``: ``default_key_share``. A key at its share pauses its partition only."""
@@ -95,6 +92,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         metrics: LoopSeries,
         config: LoopConfig,
         unordered: Callable[[ConsumerRecord[bytes, bytes]], bool] | None = None,
+        gap_hold_s: float = 0.0,  # KafkaConfig.offset_gap_hold_s
     ) -> None:
         self.consumer = consumer
         self._unordered = unordered
@@ -136,9 +134,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.gaps = (
             GapWatch(
                 gap_logger(log, "consume-loop", lambda: metrics.offset_gaps.inc()),
-                hold_s=config.gap_hold_s,
+                hold_s=gap_hold_s,
             )
-            if config.gap_hold_s > 0
+            if gap_hold_s > 0
             else None
         )
 

@@ -200,4 +200,5 @@ def consume_loop(
         metrics=metrics,
         config=config,
         unordered=unordered,
+        gap_hold_s=kafka.offset_gap_hold_s,
     )
