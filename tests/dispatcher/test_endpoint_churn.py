@@ -12,6 +12,7 @@ from tests.dispatcher.test_instrumentation import AnsweringSender, NotingPublish
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.dispatcher.delivery import DeliveryState, Pending, state_key
 from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.dispatch_ports import Ports
 from worker.dispatcher.dispatcher import DispatchConfig, Dispatcher
 from worker.dispatcher.endpoint_gate import SWEEP_FLOOR
 from worker.dispatcher.metrics import WebhookMetrics
@@ -35,11 +36,13 @@ def dispatcher(
     store = DeliveryStore(workspace_of=endpoints.workspace_of)
     built = Dispatcher(
         store=store,
-        endpoints=endpoints,
-        writer=Writer(),
-        sender=sender,
-        sign=lambda secrets, wid, ts, body: {"webhook-id": wid},
-        publisher=NotingPublisher(),  # type: ignore[arg-type]
+        ports=Ports(
+            endpoints=endpoints,
+            writer=Writer(),
+            sender=sender,
+            sign=lambda secrets, wid, ts, body: {"webhook-id": wid},
+            publisher=NotingPublisher(),  # type: ignore[arg-type]
+        ),
         config=DispatchConfig(
             status_topic="auth.status",
             replay_topic="webhook.replays",

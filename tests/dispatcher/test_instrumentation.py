@@ -25,6 +25,7 @@ from worker.contract.delivery_log import Replay, webhook_id
 from worker.contract.webhook_endpoints import EndpointRecord, EndpointStatus
 from worker.dispatcher.delivery import DeliveryState, Finished, Pending, QueueLimits
 from worker.dispatcher.delivery_store import AccountDeliveries, DeliveryStore
+from worker.dispatcher.dispatch_ports import Ports
 from worker.dispatcher.dispatcher import DispatchConfig, Dispatcher
 from worker.dispatcher.metrics import WebhookMetrics
 from worker.dispatcher.sender import DeliveryResult
@@ -108,6 +109,9 @@ class Writer:
     ) -> EndpointRecord:
         return current.model_copy(update={"status": "disabled", "disabled_reason": reason})
 
+    async def update(self, current: EndpointRecord, **fields: Any) -> EndpointRecord:
+        return current.model_copy(update=fields)
+
 
 class Setup:
     def __init__(
@@ -137,11 +141,13 @@ class Setup:
         self.store = DeliveryStore()
         self.dispatcher = Dispatcher(
             store=self.store,
-            endpoints=self.endpoints,
-            writer=Writer(),
-            sender=self.sender,
-            sign=lambda secrets, wid, ts, body: {"webhook-id": wid},
-            publisher=self.publisher,  # type: ignore[arg-type]
+            ports=Ports(
+                endpoints=self.endpoints,
+                writer=Writer(),
+                sender=self.sender,
+                sign=lambda secrets, wid, ts, body: {"webhook-id": wid},
+                publisher=self.publisher,  # type: ignore[arg-type]
+            ),
             config=DispatchConfig(
                 status_topic=STATUS,
                 replay_topic="webhook.replays",

@@ -34,6 +34,7 @@ from worker.contract.operational_events import (
 )
 from worker.contract.webhook_endpoints import EndpointRecord, EventType, Recovery
 from worker.dispatcher.disabling import ProbeConfig
+from worker.dispatcher.dispatch_ports import Ports
 from worker.dispatcher.probing import PER_WORKSPACE, Prober
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.dispatcher.sender import DeliveryResult
@@ -248,15 +249,17 @@ async def test_probes_at_once_are_capped_per_workspace_by_the_admission_rule(
                     )
                     await store.disable(ep, "test", due)
             prober = Prober(
-                endpoints=store.registry,
-                writer=store,
-                sender=sender,
-                sign=signed_headers,
-                publisher=DeliveryPublisher(
-                    producer,
-                    state_topic=settings.topics.webhook_state,
-                    log_topic=settings.topics.webhook_deliveries,
-                    dlq_topic=settings.topics.webhook_dlq,
+                ports=Ports(
+                    endpoints=store.registry,
+                    writer=store,
+                    sender=sender,
+                    sign=signed_headers,
+                    publisher=DeliveryPublisher(
+                        producer,
+                        state_topic=settings.topics.webhook_state,
+                        log_topic=settings.topics.webhook_deliveries,
+                        dlq_topic=settings.topics.webhook_dlq,
+                    ),
                 ),
                 owns=lambda _: True,
                 config=ProbeConfig(first_s=0.2, max_in_flight=16),
@@ -290,11 +293,7 @@ async def test_an_endpoint_disabled_before_recovery_existed_is_probed_from_now(
         await store.update(old, status="disabled")
         await store.update(out, status="disabled", auto_recover=False)
         prober = Prober(
-            endpoints=store.registry,
-            writer=store,
-            sender=None,  # type: ignore[arg-type]
-            sign=None,  # type: ignore[arg-type]
-            publisher=None,  # type: ignore[arg-type]
+            ports=Ports(store.registry, store, None, None, None),  # type: ignore[arg-type]
             owns=lambda _: True,
             config=ProbeConfig(first_s=60.0),
         )

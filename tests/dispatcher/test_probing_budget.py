@@ -18,6 +18,7 @@ from worker.contract.delivery_log import Replay
 from worker.contract.messages import AuthStatusChanged
 from worker.contract.webhook_endpoints import Recovery
 from worker.dispatcher.disabling import ProbeConfig
+from worker.dispatcher.dispatch_ports import Ports
 from worker.dispatcher.probing import Prober
 from worker.engine.kafka import build_consumer, build_producer
 from worker.settings import Settings
@@ -85,11 +86,7 @@ async def test_a_recovery_replay_past_its_budget_is_resumed_where_it_stopped(
             replays_topic=settings.topics.webhook_replays,
         )
         prober = Prober(
-            endpoints=store.registry,
-            writer=store,
-            sender=None,  # type: ignore[arg-type]
-            sign=None,  # type: ignore[arg-type]
-            publisher=None,  # type: ignore[arg-type]
+            ports=Ports(store.registry, store, None, None, None),  # type: ignore[arg-type]
             owns=lambda _: True,
             config=ProbeConfig(first_s=0.2),
             scan=scan,

@@ -33,6 +33,7 @@ from worker.api.webhooks.replay_status import ReplayBoard
 from worker.contract.delivery_log import webhook_id
 from worker.contract.webhook_endpoints import EndpointRecord, Recovery
 from worker.dispatcher.disabling import ProbeConfig
+from worker.dispatcher.dispatch_ports import Ports
 from worker.dispatcher.probing import Prober
 from worker.engine.kafka import build_producer
 from worker.webhooks.endpoint_writes import EndpointStore
@@ -221,11 +222,7 @@ async def test_no_replay_when_the_owner_turned_recovery_off(
         left = Recovery(disabled_at=1.0, interval_s=1.0, replay_id="rp_" + "0" * 32, replaying=True)
         on = await store.update(ep, recovery=left)
         prober = Prober(
-            endpoints=store.registry,
-            writer=store,
-            sender=None,  # type: ignore[arg-type]
-            sign=None,  # type: ignore[arg-type]
-            publisher=None,  # type: ignore[arg-type]
+            ports=Ports(store.registry, store, None, None, None),  # type: ignore[arg-type]
             owns=lambda _: True,
             config=ProbeConfig(),
             scan=ReplayScan(

@@ -22,6 +22,7 @@ from tests.webhooks.support import Hanging, hanging, receiving, status_event, wa
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.dispatcher.delivery import DeliveryState, Finished, Pending, QueueLimits, state_key
 from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.dispatch_ports import Ports
 from worker.dispatcher.dispatcher import DispatchConfig, Dispatcher
 from worker.dispatcher.endpoint_gate import EndpointGate, GateConfig
 from worker.dispatcher.metrics import WebhookMetrics
@@ -70,11 +71,13 @@ def dispatcher(
     metrics = CollectorRegistry()
     built = Dispatcher(
         store=store,
-        endpoints=registry,
-        writer=Writer(),
-        sender=sender,
-        sign=lambda secrets, wid, ts, body: {"webhook-id": wid},
-        publisher=publisher,  # type: ignore[arg-type]
+        ports=Ports(
+            endpoints=registry,
+            writer=Writer(),
+            sender=sender,
+            sign=lambda secrets, wid, ts, body: {"webhook-id": wid},
+            publisher=publisher,  # type: ignore[arg-type]
+        ),
         config=DispatchConfig(
             status_topic=STATUS,
             replay_topic="webhook.replays",

@@ -14,7 +14,8 @@ from aiokafka.partitioner import DefaultPartitioner
 from worker.dispatcher.delivery import QueueLimits, parse_schedule
 from worker.dispatcher.delivery_store import DeliveryStore
 from worker.dispatcher.disabling import ProbeConfig
-from worker.dispatcher.dispatcher import DispatchConfig, Dispatcher, Sender
+from worker.dispatcher.dispatch_ports import Ports, Sender
+from worker.dispatcher.dispatcher import DispatchConfig, Dispatcher
 from worker.dispatcher.endpoint_gate import GateConfig
 from worker.dispatcher.metrics import WebhookMetrics
 from worker.dispatcher.probing import Prober
@@ -133,16 +134,13 @@ async def run_dispatcher(
         log_flush_s=settings.webhook_log_flush_s,
     )
     announcer = Announcer(producer, topics.webhook_replays, health)
+    ports = Ports(tail.registry, writer, sender, signed_headers, publisher, announcer)
     dispatcher = Dispatcher(
         store=DeliveryStore(workspace_of=tail.registry.workspace_of),
-        endpoints=tail.registry,
+        ports=ports,
         endpoints_to_end=functools.partial(
             tail.read_to_end, timeout=settings.webhook_store_timeout_s
         ),
-        writer=writer,
-        sender=sender,
-        sign=signed_headers,
-        publisher=publisher,
         config=DispatchConfig(
             status_topic=topics.status,
             replay_topic=topics.webhook_replays,
@@ -154,7 +152,6 @@ async def run_dispatcher(
             probe=probe,
         ),
         metrics=metrics,
-        announcer=announcer,
     )
     # An endpoint's probing is the member's holding the partition its operational events
     # are keyed to (its id on webhook.replays), as the producer's partitioner places them.
@@ -170,14 +167,9 @@ async def run_dispatcher(
     )
     every = list(range(next(s.partitions for s in plan if s.name == topics.webhook_replays)))
     prober = Prober(
-        endpoints=tail.registry,
-        writer=writer,
-        sender=sender,
-        sign=signed_headers,
-        publisher=publisher,
+        ports=ports,
         owns=lambda i: dispatcher.store.owns(DefaultPartitioner()(i.encode(), every, every)),
         config=probe,
-        announcer=announcer,
         scan=scan,
         progress=functools.partial(scan.publish, topics.api_presence),
     )

@@ -33,7 +33,7 @@ from worker.dispatcher.delivery import (
 )
 from worker.dispatcher.delivery_store import DeliveryStore
 from worker.dispatcher.disabling import Disabling, ProbeConfig
-from worker.dispatcher.dispatch_ports import EndpointWriter, Sender, Signer
+from worker.dispatcher.dispatch_ports import Ports
 from worker.dispatcher.endpoint_gate import EndpointGate, GateConfig
 from worker.dispatcher.instrumentation import (
     Attempted,
@@ -48,14 +48,11 @@ from worker.dispatcher.intake import Intake
 from worker.dispatcher.metrics import WebhookMetrics
 from worker.dispatcher.missed_first import RECHECK_S, MissedFirst
 from worker.dispatcher.pair_writes import PairWrites
-from worker.dispatcher.publish import DeliveryPublisher
 from worker.dispatcher.refusals import Refusals
 from worker.dispatcher.sender import ErrorKind, attempt_record
 from worker.engine.faults import Fault
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger, log_context
-from worker.webhooks.announcer import Announcer
-from worker.webhooks.endpoints import EndpointRegistry
 
 log = get_logger(__name__)
 
@@ -81,26 +78,20 @@ class Dispatcher:
         self,
         *,
         store: DeliveryStore,
-        endpoints: EndpointRegistry,
-        writer: EndpointWriter,
-        sender: Sender,
-        sign: Signer,
-        publisher: DeliveryPublisher,
+        ports: Ports,
         config: DispatchConfig,
         metrics: WebhookMetrics,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
-        announcer: Announcer | None = None,
         endpoints_to_end: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
+        endpoints, publisher = ports.endpoints, ports.publisher
         self.missed_first = MissedFirst(endpoints)
         self.endpoints = endpoints
-        self._intake = Intake(endpoints, config.status_topic, config.replay_topic, endpoints_to_end)
-        self._writer = writer
-        self._sender = sender
-        self._sign = sign
+        self._ports = ports
         self._publisher = publisher
+        self._intake = Intake(endpoints, config.status_topic, config.replay_topic, endpoints_to_end)
         self.config = config
         self.metrics = metrics
         self._clock = clock
@@ -116,13 +107,13 @@ class Dispatcher:
         self._writes = PairWrites(store, publisher)
         self._refusals = Refusals(store, publisher, self._writes)
         self.disabling = Disabling(
-            writer=writer,
+            writer=ports.writer,
             gate=self.gate,
             publisher=publisher,
             metrics=metrics,
             known=known,
             disable_after_s=config.disable_after_s,
-            announcer=announcer,
+            announcer=ports.announcer,
             probing=config.probe,
         )
 
@@ -404,12 +395,12 @@ class Dispatcher:
         self.metrics.in_flight_attempts.inc()
         try:
             body = head.body.encode()
-            secrets = self._writer.signing_secrets(endpoint)
+            secrets = self._ports.writer.signing_secrets(endpoint)
             headers = {
-                **self._sign(secrets, head.webhook_id, int(at), body),
+                **self._ports.sign(secrets, head.webhook_id, int(at), body),
                 **tracing.http_headers(),
             }
-            result = await self._sender.post(endpoint.url, body, headers)
+            result = await self._ports.sender.post(endpoint.url, body, headers)
             record = attempt_record(at, result)
             if _our_capacity(result):
                 self.metrics.deferrals.labels("capacity").inc()
@@ -487,4 +478,4 @@ def _our_capacity(result: DeliveryResult) -> bool:
     return result.status is None and result.error == ErrorKind.CAPACITY
 
 
-__all__ = ["DispatchConfig", "Dispatcher", "EndpointWriter", "Sender", "Signer"]
+__all__ = ["DispatchConfig", "Dispatcher"]

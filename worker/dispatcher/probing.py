@@ -15,7 +15,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Final
 
 from worker.contract.delivery_log import DeliveryLogEntry
 from worker.contract.messages import rfc3339
@@ -26,13 +26,10 @@ from worker.contract.webhook_endpoints import (
     ProbeAnswer,
 )
 from worker.dispatcher.disabling import ProbeConfig
-from worker.dispatcher.dispatch_ports import Sender, Signer
-from worker.dispatcher.publish import DeliveryPublisher
+from worker.dispatcher.dispatch_ports import Ports
 from worker.dispatcher.sender import ErrorKind, attempt_record
 from worker.runtime.admission import Admission, NoRoom, Share, Slot
 from worker.runtime.logs import get_logger
-from worker.webhooks.announcer import Announcer
-from worker.webhooks.endpoints import EndpointRegistry
 from worker.webhooks.replay_scan import (
     PROGRESS_EVERY_S,
     REPLAY_TIMEOUT_S,
@@ -50,14 +47,6 @@ log = get_logger(__name__)
 PER_WORKSPACE: Final = 2
 
 
-class ProbeWriter(Protocol):
-    """What probing needs of ``EndpointStore``."""
-
-    def signing_secrets(self, record: EndpointRecord) -> list[str]: ...
-
-    async def update(self, current: EndpointRecord, **fields: Any) -> EndpointRecord: ...
-
-
 class Prober:
     """Looks for due probes every ``tick_s`` (``run``); ``owns`` says whether an endpoint's
     probing is this process's."""
@@ -65,27 +54,19 @@ class Prober:
     def __init__(
         self,
         *,
-        endpoints: EndpointRegistry,
-        writer: ProbeWriter,
-        sender: Sender,
-        sign: Signer,
-        publisher: DeliveryPublisher,
+        ports: Ports,
         owns: Callable[[str], bool],
         config: ProbeConfig,
-        announcer: Announcer | None = None,
         scan: ReplayScan | None = None,
         progress: Callable[[ReplayProgress], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
         replay_budget_s: float = REPLAY_TIMEOUT_S,
     ) -> None:
-        self._endpoints = endpoints
-        self._writer = writer
-        self._sender = sender
-        self._sign = sign
-        self._publisher = publisher
+        self._ports = ports
+        self._endpoints = ports.endpoints
+        self._writer = ports.writer
         self._owns = owns
         self.config = config
-        self._announcer = announcer
         self._scan = scan  # none: a re-enabled endpoint is not replayed what it missed
         self._progress = progress
         self._clock = clock
@@ -160,8 +141,8 @@ class Prober:
         probe_id, body = probe_body(endpoint, rfc3339(recovery.disabled_at), n, rfc3339(at))
         try:
             secrets = self._writer.signing_secrets(endpoint)
-            headers = self._sign(secrets, probe_id, int(at), body.encode())
-            answer = await self._sender.post(endpoint.url, body.encode(), headers)
+            headers = self._ports.sign(secrets, probe_id, int(at), body.encode())
+            answer = await self._ports.sender.post(endpoint.url, body.encode(), headers)
             if answer.status is None and answer.error == ErrorKind.CAPACITY:
                 return  # nothing sent (no slot of ours): due again at the next sweep
             record = attempt_record(at, answer)
@@ -182,11 +163,11 @@ class Prober:
             state="delivered" if ok else "failed", last_status=status, last_error=error,
             updated_at=rfc3339(now), attempt=record, body=body, occurred_at=answered.at,
         )  # fmt: skip
-        await self._publisher.log([entry])
+        await self._ports.publisher.log([entry])
         after = {"probes": n, "last_probe": answered}
         if ok:
-            if self._announcer is not None:  # before the write, as a disable is announced
-                await self._announcer.announce(enabled_record(current, reason="recovered"))
+            if self._ports.announcer is not None:  # before the write, as a disable is announced
+                await self._ports.announcer.announce(enabled_record(current, reason="recovered"))
             after |= {"next_probe_at": None, "recovered_at": now}
             if self._scan is not None:  # its replay, queued by the next sweep
                 rid = recovery_replay_id(current.id, recovery.disabled_at)
@@ -248,4 +229,4 @@ class Prober:
             await asyncio.gather(follower, return_exceptions=True)
 
 
-__all__ = ["PER_WORKSPACE", "ProbeWriter", "Prober"]
+__all__ = ["PER_WORKSPACE", "Prober"]
