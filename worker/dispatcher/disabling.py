@@ -15,12 +15,10 @@ from worker.contract.messages import rfc3339
 from worker.contract.operational_events import EndpointFailure, disabled_record
 from worker.contract.webhook_endpoints import EndpointRecord, Recovery
 from worker.dispatcher.delivery import Settled
-from worker.dispatcher.dispatch_ports import EndpointWriter
+from worker.dispatcher.dispatch_ports import Ports
 from worker.dispatcher.endpoint_gate import SWEEP_FLOOR, EndpointGate
 from worker.dispatcher.instrumentation import log
 from worker.dispatcher.metrics import WebhookMetrics
-from worker.dispatcher.publish import DeliveryPublisher
-from worker.webhooks.announcer import Announcer
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,20 +51,16 @@ class Disabling:
     def __init__(
         self,
         *,
-        writer: EndpointWriter,
+        ports: Ports,
         gate: EndpointGate,
-        publisher: DeliveryPublisher,
         metrics: WebhookMetrics,
         known: Callable[[str], bool],
         disable_after_s: float,
-        announcer: Announcer | None = None,
         probing: ProbeConfig | None = None,
     ) -> None:
-        self._writer = writer
+        self._ports = ports
         self._probing = probing or ProbeConfig()
-        self._announcer = announcer
         self._gate = gate
-        self._publisher = publisher
         self.metrics = metrics
         self._known = known
         self.disable_after_s = disable_after_s
@@ -105,11 +99,11 @@ class Disabling:
         if reason is None:
             return
         try:
-            if self._announcer is not None:
+            if self._ports.announcer is not None:
                 # Before the write: announced under the id of the revision it writes, so a
                 # crash in between announces the same id again on the next try.
-                await self._announcer.announce(_disabled(endpoint, reason, settled, since))
-            await self._writer.disable(endpoint, reason, self._probing.start(endpoint, now))
+                await self._ports.announcer.announce(_disabled(endpoint, reason, settled, since))
+            await self._ports.writer.disable(endpoint, reason, self._probing.start(endpoint, now))
         except Exception as exc:  # the next failure tries again; never fatal for a lane
             log.error("endpoint_disable_failed", endpoint_id=endpoint.id, error=repr(exc))
             return
@@ -120,7 +114,7 @@ class Disabling:
             workspace_id=endpoint.workspace_id,
             reason=reason,
         )
-        await self._publisher.log_note(
+        await self._ports.publisher.log_note(
             endpoint_id=endpoint.id,
             workspace_id=endpoint.workspace_id,
             note=NOTE_ENDPOINT_DISABLED,

@@ -107,13 +107,11 @@ class Dispatcher:
         self._writes = PairWrites(store, publisher)
         self._refusals = Refusals(store, publisher, self._writes)
         self.disabling = Disabling(
-            writer=ports.writer,
+            ports=ports,
             gate=self.gate,
-            publisher=publisher,
             metrics=metrics,
             known=known,
             disable_after_s=config.disable_after_s,
-            announcer=ports.announcer,
             probing=config.probe,
         )
 
