@@ -9,7 +9,6 @@ import functools
 
 from aiokafka import TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.partitioner import DefaultPartitioner
 
 from worker.dispatcher.delivery import QueueLimits, parse_schedule
 from worker.dispatcher.delivery_store import DeliveryStore
@@ -22,6 +21,7 @@ from worker.dispatcher.probing import Prober
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.dispatcher.sender import Sender as HttpSender
 from worker.dispatcher.sender import open_session
+from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_consumer, build_producer
 from worker.engine.metrics import TailSkips
 from worker.engine.runner import ProbeAddress, ProcessParts, consume_loop, run_consume_loop
@@ -153,9 +153,6 @@ async def run_dispatcher(
         ),
         metrics=metrics,
     )
-    # An endpoint's probing is the member's holding the partition its operational events
-    # are keyed to (its id on webhook.replays), as the producer's partitioner places them.
-    plan = settings.topic_plan().specs
     # A re-enabled endpoint's missed events: scanned as the front-end's replays are.
     scan = ReplayScan(
         consumer_factory=lambda: build_consumer(kafka),
@@ -165,10 +162,13 @@ async def run_dispatcher(
         replays_topic=topics.webhook_replays,
         health=health,
     )
-    every = list(range(next(s.partitions for s in plan if s.name == topics.webhook_replays)))
+    # An endpoint's probing is the member's holding the partition its operational events
+    # are keyed to (its id on webhook.replays), as the producer's partitioner places them.
+    plan = settings.topic_plan().specs
+    replays = next(s.partitions for s in plan if s.name == topics.webhook_replays)
     prober = Prober(
         ports=ports,
-        owns=lambda i: dispatcher.store.owns(DefaultPartitioner()(i.encode(), every, every)),
+        owns=lambda i: dispatcher.store.owns(home_partition(i.encode(), replays)),
         config=probe,
         scan=scan,
         progress=functools.partial(scan.publish, topics.api_presence),
