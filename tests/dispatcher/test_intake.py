@@ -10,18 +10,22 @@ from aiokafka.structs import ConsumerRecord
 from tests.webhooks.support import status_event
 from tests.webhooks.test_endpoints import record
 from worker.contract.delivery_log import Replay
+from worker.contract.webhook_endpoints import EndpointRecord
 from worker.dispatcher.instrumentation import Incoming
 from worker.dispatcher.intake import Intake
 from worker.webhooks.endpoints import EndpointRegistry
+from worker.webhooks.replay_scan import recovery_replay_id
 
 STATUS = "auth.status"
 REPLAYS = "webhook.replays"
 
 
-def replay_message(endpoint_id: str, *, workspace: str = "ws_a") -> ConsumerRecord[bytes, bytes]:
+def replay_message(
+    endpoint_id: str, *, workspace: str = "ws_a", replay_id: str = "rpl_1"
+) -> ConsumerRecord[bytes, bytes]:
     event = status_event("acc_1", 1, workspace=workspace)
     value = Replay(
-        replay_id="rpl_1",
+        replay_id=replay_id,
         endpoint_id=endpoint_id,
         workspace_id=workspace,
         source="status",
@@ -115,3 +119,44 @@ def test_a_tombstone_whose_key_is_no_endpoint_id_is_not_remembered() -> None:
         registry.delete(key)
         assert not registry.known(key)
     assert registry.known("ep_kept"), "the junk keys pushed out nothing"
+
+
+DISABLED_AT = 1_795_000_000.0
+
+
+def disabled(endpoint_id: str, revision: int) -> EndpointRecord:
+    return record(
+        endpoint_id,
+        revision,
+        status="disabled",
+        disabled_reason="failing",
+        recovery={"disabled_at": DISABLED_AT, "interval_s": 300.0},
+    )
+
+
+async def test_a_recovery_replay_read_while_the_registry_still_holds_the_disable_reads_on() -> None:
+    """Another member's registry can lag the write that re-enabled the endpoint; the recovery's
+    replay, queued after that write, makes it read to the end rather than fail the missed
+    event as "endpoint disabled"."""
+    registry = EndpointRegistry()
+    registry.apply(disabled("ep_back", 1))
+    rid = recovery_replay_id("ep_back", DISABLED_AT)
+    enabled = record("ep_back", 2, recovery={"disabled_at": DISABLED_AT, "interval_s": 300.0})
+    catch_up = CatchUp(registry, enabled)
+    read = await intake(registry, catch_up).read_current(replay_message("ep_back", replay_id=rid))
+    assert catch_up.calls == 1
+    assert isinstance(read, Incoming) and [t.status for t in read.targets] == ["active"]
+
+
+async def test_a_replay_of_an_endpoint_really_disabled_costs_no_catch_up_read() -> None:
+    """An owner's replay to a disabled endpoint, or a recovery's of an earlier disable (the
+    endpoint failed again since), is no sign of a stale view: it goes as the registry says."""
+    registry = EndpointRegistry()
+    registry.apply(disabled("ep_down", 1))
+    catch_up = CatchUp(registry)
+    reader = intake(registry, catch_up)
+    earlier = recovery_replay_id("ep_down", DISABLED_AT - 3600)
+    for rid in ("rp_" + "0" * 32, earlier):
+        read = await reader.read_current(replay_message("ep_down", replay_id=rid))
+        assert isinstance(read, Incoming) and [t.status for t in read.targets] == ["disabled"]
+    assert catch_up.calls == 0

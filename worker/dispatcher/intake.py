@@ -15,6 +15,7 @@ from worker.contract.webhook_events import WebhookEvent, from_copy, from_error, 
 from worker.dispatcher.instrumentation import Incoming, Undecodable
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoints import EndpointRegistry
+from worker.webhooks.replay_scan import recovery_replay_id
 
 log = get_logger(__name__)
 
@@ -40,12 +41,15 @@ class Intake:
         the registry holds for another workspace, or saw deleted, needs no second look: one
         ListOffsets request per queued replay of a deleted endpoint saved."""
         read, replay = self._decode(msg)
-        if (
-            replay is None
-            or self.endpoints_to_end is None
-            or not isinstance(read, Incoming)
-            or read.targets
-        ):
+        if replay is None or self.endpoints_to_end is None or not isinstance(read, Incoming):
+            return read
+        if self._recovery_seen_disabled(replay):
+            # The recovery re-enabled the endpoint before it queued this replay, but another
+            # member's registry may not have read that write yet: read to the end once, so a
+            # missed event is not failed as "endpoint disabled" by a stale view.
+            await self.endpoints_to_end()
+            return self._replay_to(read.event, replay)
+        if read.targets:
             return read
         current = True
         if not self.endpoints.known(replay.endpoint_id):
@@ -59,6 +63,17 @@ class Intake:
                 registry_current=current,
             )
         return read
+
+    def _recovery_seen_disabled(self, replay: Replay) -> bool:
+        """``replay`` is the recovery of the disable this registry still holds: a stale view,
+        since the recovery's replay is queued only after its endpoint was written active."""
+        held = self.endpoints.get(replay.workspace_id, replay.endpoint_id)
+        return (
+            held is not None
+            and held.status == "disabled"
+            and held.recovery is not None
+            and recovery_replay_id(held.id, held.recovery.disabled_at) == replay.replay_id
+        )
 
     def _decode(
         self, msg: ConsumerRecord[bytes, bytes]
