@@ -424,18 +424,22 @@ def _inflate(packed: bytes) -> bytes:
     return unpacker.decompress(packed) + unpacker.flush()
 
 
+def _refused(
+    metrics: ApiMetrics, request_id: str, reason: str, code: str, retry_after_s: int | None = None
+) -> Response:
+    """A request refused for its key, counted by ``reason``."""
+    metrics.idempotency_refusals.labels(reason).inc()
+    headers = None if retry_after_s is None else {"Retry-After": str(retry_after_s)}
+    return error_response(request_id, ServiceError.of(code), headers)
+
+
 def _replayed(held: Held, print_: str, request_id: str, metrics: ApiMetrics) -> Response:
     """The answer to a request whose key another request holds."""
     if held.print_ != bytes.fromhex(print_):
-        metrics.idempotency_refusals.labels("reused").inc()
-        return error_response(request_id, ServiceError.of("idempotency_key_reused"))
+        return _refused(metrics, request_id, "reused", "idempotency_key_reused")
     if not held.answered:
-        metrics.idempotency_refusals.labels("in_progress").inc()
-        return error_response(
-            request_id,
-            ServiceError.of("idempotency_key_in_progress"),
-            headers={"Retry-After": str(IN_PROGRESS_RETRY_S)},
-        )
+        code = "idempotency_key_in_progress"
+        return _refused(metrics, request_id, "in_progress", code, IN_PROGRESS_RETRY_S)
     metrics.idempotency_replays.inc()
     return Response(
         held.answer_body(),
@@ -468,12 +472,8 @@ async def answer_once(
         return _replayed(held, print_, request_id, metrics)
 
     def exhausted() -> Response:
-        metrics.idempotency_refusals.labels("exhausted").inc()
-        return error_response(
-            request_id,
-            ServiceError.of("idempotency_keys_exhausted"),
-            headers={"Retry-After": str(EXHAUSTED_RETRY_S)},
-        )
+        code = "idempotency_keys_exhausted"
+        return _refused(metrics, request_id, "exhausted", code, EXHAUSTED_RETRY_S)
 
     if not keys.admits(workspace_id):
         return exhausted()

@@ -72,6 +72,11 @@ class Refused(Exception):
         self.error = error
         self.retry_after_s = retry_after_s
 
+    @classmethod
+    def too_many(cls, quota: str, message: str, retry_after_s: int) -> Refused:
+        """A 429 (``rate_limited``); ``message`` says which limit and when to retry."""
+        return cls(quota, ServiceError.of(TOO_MANY, message), retry_after_s)
+
 
 def busy(quota: str, what: str, exc: NoRoom) -> Refused:
     """The 429 of a scan or read the admission rule refused (``NoRoom``), with its
@@ -82,11 +87,8 @@ def busy(quota: str, what: str, exc: NoRoom) -> Refused:
         reason = f"this workspace's last {what} (one at a time) is still being answered"
     else:
         reason = f"every {what} slot of this service is in use"
-    return Refused(
-        quota,
-        ServiceError.of(TOO_MANY, f"Not now: {reason}; retry after the Retry-After seconds."),
-        exc.retry_after_s,
-    )
+    message = f"Not now: {reason}; retry after the Retry-After seconds."
+    return Refused.too_many(quota, message, exc.retry_after_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,10 @@ import contextlib
 import time
 import uuid
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
-from worker.api.webhooks.quotas import REPLAY_CAPACITY, REPLAYS, TOO_MANY, Refused
+from worker.api.webhooks.quotas import REPLAY_CAPACITY, REPLAYS, Refused
 from worker.api.webhooks.replay_status import PROGRESS_EVERY_S, ReplayBoard, ending
-from worker.contract.catalogue import ServiceError
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.runtime.admission import Admission, Share, Slot
 from worker.runtime.logs import get_logger
@@ -34,7 +33,7 @@ log = get_logger(__name__)
 MAX_RUNNING: Final = 2
 MAX_QUEUED: Final = 8
 PER_WORKSPACE: Final = 2
-#: ``Retry-After`` of a refusal: a replay takes seconds to minutes (``timeout_s`` at most).
+#: ``Retry-After`` of a refusal: a replay takes seconds to minutes (``REPLAY_TIMEOUT_S`` at most).
 RETRY_AFTER_S: Final = 30
 
 
@@ -57,7 +56,6 @@ class ReplayRunner:
         max_running: int = MAX_RUNNING,
         max_queued: int = MAX_QUEUED,
         per_workspace: int = PER_WORKSPACE,
-        timeout_s: float = REPLAY_TIMEOUT_S,
         board: ReplayBoard,
         progress_every_s: float = PROGRESS_EVERY_S,
         scan: ReplayScan,
@@ -65,7 +63,6 @@ class ReplayRunner:
         self.board = board
         self._progress_every_s = progress_every_s
         self._cancelling: set[str] = set()  # replays here whose cancellation was asked for
-        self._created: dict[str, float] = {}
         self.scan = scan
         # Replays admitted (running or queued) through the one admission rule: a workspace
         # holds at most ``per_workspace``, and a quarter stays for workspaces holding none.
@@ -79,7 +76,6 @@ class ReplayRunner:
         )
         self._admitted: dict[str, Slot] = {}
         self._per_workspace = per_workspace
-        self._timeout_s = timeout_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
         # Per workspace with a replay admitted (``_admission.held``): the lock they run under.
         self._workspaces: dict[str, asyncio.Lock] = {}
@@ -101,17 +97,17 @@ class ReplayRunner:
         self._refuse_over(workspace_id)
         if not await self.board.presence.claim(workspace_id, self._per_workspace):
             raise _over_quota(self._per_workspace)
-        replay_id = new_replay_id()
+        replay_id, created = new_replay_id(), time.time()
         try:  # readable on every replica before the 202
-            await self.board.publish(self._progress(replay_id, endpoint, since, "queued"))
+            queued = progress_record(replay_id, endpoint, since, "queued", created)
+            await self.board.publish(queued)
             self._refuse_over(workspace_id)  # again: others may have been admitted meanwhile
             self._admitted[replay_id] = self._admission.take(workspace_id)
         except BaseException:
-            self._created.pop(replay_id, None)
             self.board.presence.release(workspace_id)
             raise
         lock = self._workspaces.setdefault(workspace_id, asyncio.Lock())
-        task = asyncio.create_task(self._run(replay_id, endpoint, since, lock), name=replay_id)
+        task = asyncio.create_task(self._run(queued, endpoint, since, lock), name=replay_id)
         self._tasks[replay_id] = task
         task.add_done_callback(lambda _: self._ended(replay_id, workspace_id))
         return replay_id
@@ -122,13 +118,10 @@ class ReplayRunner:
         if count >= self._per_workspace:
             raise _over_quota(count)
         if self._admission.share.refusal(count, self._admission.in_use) is not None:
-            raise Refused(
+            raise Refused.too_many(
                 REPLAY_CAPACITY,
-                ServiceError.of(
-                    TOO_MANY,
-                    "Too many replays are in progress on this service; retry shortly."
-                    " Nothing was started.",
-                ),
+                "Too many replays are in progress on this service; retry shortly."
+                " Nothing was started.",
                 RETRY_AFTER_S,
             )
 
@@ -159,8 +152,11 @@ class ReplayRunner:
     # -- one replay ---------------------------------------------------------------------------
 
     async def _run(
-        self, replay_id: str, endpoint: EndpointRecord, since: datetime, turn: asyncio.Lock
+        self, queued: ReplayProgress, endpoint: EndpointRecord, since: datetime, turn: asyncio.Lock
     ) -> None:
+        """Run the replay ``queued`` announced; each of its records keeps that one's
+        ``created_at``."""
+        replay_id, created = queued.replay_id, queued.created_at
         # replayed (acknowledged), scanned, found: kept outside the scan so a time-out can tell
         counts = [0, 0, 0]
         started = time.perf_counter()
@@ -168,7 +164,7 @@ class ReplayRunner:
         phase: list[ReplayState] = ["queued"]
         follower = self.board.follow(  # the replay's progress writes, and its cancellation
             replay_id,
-            lambda: self._progress(replay_id, endpoint, since, phase[0], counts),
+            lambda: progress_record(replay_id, endpoint, since, phase[0], created, counts),
             lambda: self.cancel(replay_id),
             self._progress_every_s,
         )
@@ -176,7 +172,7 @@ class ReplayRunner:
             async with turn, self._slots:
                 phase[0] = "running"
                 try:
-                    async with asyncio.timeout(self._timeout_s):
+                    async with asyncio.timeout(REPLAY_TIMEOUT_S):
                         await self.scan.run(replay_id, endpoint, since, counts)
                     state = "finished"
                 except TimeoutError:
@@ -194,7 +190,9 @@ class ReplayRunner:
         finally:
             seconds = round(time.perf_counter() - started, 3)
             follower.cancel()
-            await self._ended_status(replay_id, endpoint, since, state, counts)
+            done = self._ending(queued, endpoint, since, state, counts)
+            with contextlib.suppress(BaseException):  # shielded: written when cancelled too
+                await asyncio.shield(asyncio.ensure_future(self.board.publish(done)))
             self._cancelling.discard(replay_id)
             log.info(
                 "webhook_replay_ended",
@@ -209,39 +207,27 @@ class ReplayRunner:
 
     # -- progress, where every replica reads it -------------------------------------------------
 
-    def _progress(
+    def _ending(
         self,
-        replay_id: str,
+        queued: ReplayProgress,
         endpoint: EndpointRecord,
         since: datetime,
-        state: ReplayState,
-        counts: list[int] | None = None,
-        **more: Any,
+        outcome: str,
+        counts: list[int],
     ) -> ReplayProgress:
-        created = self._created.setdefault(replay_id, time.time())
-        return progress_record(replay_id, endpoint, since, state, created, counts, **more)
-
-    async def _ended_status(
-        self, rid: str, endpoint: EndpointRecord, since: datetime, outcome: str, counts: list[int]
-    ) -> None:
-        """Write how the replay ended (shielded: written when it was cancelled too)."""
-        state, error = ending(outcome, rid in self._cancelling, self._timeout_s)
+        """The record of how the replay ended."""
+        rid = queued.replay_id
+        state, error = ending(outcome, rid in self._cancelling, REPLAY_TIMEOUT_S)
         failed = 0 if state in ("done", "cancelled") else max(counts[2] - counts[0], 0)
         more = {"events_failed": failed, "error": error}
-        done = self._progress(rid, endpoint, since, state, counts, **more)
-        self._created.pop(rid, None)
-        with contextlib.suppress(BaseException):
-            await asyncio.shield(asyncio.ensure_future(self.board.publish(done)))
+        return progress_record(rid, endpoint, since, state, queued.created_at, counts, **more)
 
 
 def _over_quota(count: int) -> Refused:
-    return Refused(
+    return Refused.too_many(
         REPLAYS,
-        ServiceError.of(
-            TOO_MANY,
-            f"The workspace already has {count} replays in progress, its quota;"
-            " retry when one has ended. Nothing was started.",
-        ),
+        f"The workspace already has {count} replays in progress, its quota;"
+        " retry when one has ended. Nothing was started.",
         RETRY_AFTER_S,
     )
 

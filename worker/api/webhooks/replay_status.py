@@ -14,8 +14,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.api.presence import Presence
-from worker.api.webhooks.quotas import REPLAY_CAPACITY, TOO_MANY, Refused
-from worker.contract.catalogue import ServiceError
+from worker.api.webhooks.quotas import REPLAY_CAPACITY, Refused
 from worker.contract.messages import Identifier
 from worker.engine.compacted_view import ViewPart
 from worker.webhooks.replay_scan import (
@@ -157,12 +156,9 @@ class ReplayBoard(ViewPart):
         """Write ``progress`` (acknowledged) and apply it here at once (read-your-writes);
         ``Refused`` (429), nothing written, for a new replay while ``max_tracked`` are held."""
         if not self._apply(progress):
-            raise Refused(
+            raise Refused.too_many(
                 REPLAY_CAPACITY,
-                ServiceError.of(
-                    TOO_MANY,
-                    "Too many replays are kept on this service; retry later. Nothing was started.",
-                ),
+                "Too many replays are kept on this service; retry later. Nothing was started.",
                 60,
             )
         await self.send(progress.replay_id, progress.model_dump_json().encode())

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import Any, Final, Literal
 
 from worker.api.request_rate import RateLimiter
-from worker.api.webhooks.quotas import TOO_MANY, Refused
-from worker.contract.catalogue import ServiceError
+from worker.api.webhooks.quotas import Refused
 from worker.contract.delivery_log import DeliveryLogEntry, Replay, webhook_id
 from worker.contract.messages import rfc3339
 from worker.contract.webhook_endpoints import EndpointRecord
@@ -50,13 +49,10 @@ class SendBudget:
             return
         wait = self.limiter.take(workspace_id)
         if wait > 0:
-            raise Refused(
+            raise Refused.too_many(
                 SENDS,
-                ServiceError.of(
-                    TOO_MANY,
-                    f"The workspace queued its {self.per_minute} resends and test sends of"
-                    " this minute; retry after Retry-After seconds. Nothing was queued.",
-                ),
+                f"The workspace queued its {self.per_minute} resends and test sends of this"
+                " minute; retry after Retry-After seconds. Nothing was queued.",
                 max(1, int(wait + 0.999)),
             )
 
