@@ -44,12 +44,12 @@ from worker.contract.delivery_log import (
 )
 from worker.contract.messages import rfc3339
 from worker.contract.webhook_events import WebhookEvent, from_status
-from worker.dispatcher.app import target_policy
 from worker.dispatcher.sender import Sender, open_session
 from worker.runtime import eventloop, logs
 from worker.runtime.process import on_stop_signals, tune_gc
 from worker.settings import Settings
 from worker.webhooks.signing import SECRET_PREFIX
+from worker.webhooks.targets import TargetPolicy
 
 
 class DispatcherFloor:
@@ -66,7 +66,7 @@ class DispatcherFloor:
     async def run(self, stop: asyncio.Event) -> None:
         s = self.settings
         session = open_session(
-            target_policy(s),
+            TargetPolicy.of(s),
             max_connections=s.webhook_max_connections,
             max_connections_per_host=s.webhook_max_connections_per_host,
         )

@@ -27,9 +27,10 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.dispatcher.app import run_dispatcher, target_policy
+from worker.dispatcher.app import run_dispatcher
 from worker.dispatcher.sender import DeliveryResult, Sender, open_session
 from worker.webhooks.secrets_box import generate_key
+from worker.webhooks.targets import TargetPolicy
 
 pytestmark = pytest.mark.integration
 
@@ -167,7 +168,7 @@ async def test_an_attempt_that_raises_fails_that_attempt_only(
         receiving(healthy),
         receiving(doomed),
         endpoint_store(settings) as store,
-        open_session(target_policy(settings)) as session,
+        open_session(TargetPolicy.of(settings)) as session,
     ):
         await create_endpoint(store, "ws_a", doomed.url)
         _, secret = await create_endpoint(store, "ws_a", healthy.url)

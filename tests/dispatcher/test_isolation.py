@@ -36,13 +36,13 @@ from worker.auth.flow import Policy, decide
 from worker.contract.delivery_log import webhook_id
 from worker.contract.messages import AccountRecord, AuthError, AuthStatusChanged, PasskeyConfirm
 from worker.contract.webhook_events import from_status
-from worker.dispatcher.app import target_policy
 from worker.dispatcher.delivery import DeliveryState, Pending, state_key
 from worker.dispatcher.delivery_store import AccountDeliveries
 from worker.dispatcher.sender import Sender, open_session
 from worker.engine.home_partition import home_partition
 from worker.engine.kafka import build_producer
 from worker.settings import Settings
+from worker.webhooks.targets import TargetPolicy
 
 pytestmark = pytest.mark.integration
 
@@ -242,7 +242,7 @@ async def test_a_hanging_endpoint_holds_its_share_and_its_neighbour_gets_everyth
     healthy = Receiver()
     stuck = Hanging()
     accounts = [new_account() for _ in range(40)]
-    session = open_session(target_policy(settings))
+    session = open_session(TargetPolicy.of(settings))
     sender = CountingSender(Sender(session, timeout_s=settings.webhook_timeout_s))
     try:
         async with (

@@ -81,9 +81,7 @@ async def test_a_recovery_replay_past_its_budget_is_resumed_where_it_stopped(
                 build_consumer(settings.kafka_config(), fetch_max_wait_ms=50)
             ),
             producer=producer,
-            status_topic=settings.topics.status,
-            errors_topic=settings.topics.errors,
-            replays_topic=settings.topics.webhook_replays,
+            topics=settings.topics,
         )
         prober = Prober(
             ports=Ports(store.registry, store, None, None, None),  # type: ignore[arg-type]

@@ -228,9 +228,7 @@ async def test_no_replay_when_the_owner_turned_recovery_off(
             scan=ReplayScan(
                 consumer_factory=lambda: None,
                 producer=None,
-                status_topic=settings.topics.status,
-                errors_topic=settings.topics.errors,
-                replays_topic=settings.topics.webhook_replays,
+                topics=settings.topics,
             ),
         )
         await wait_until(lambda: record(store, ep.id).revision == on.revision)

@@ -332,8 +332,6 @@ def replay_scan(
             build_consumer(settings.kafka_config(), fetch_max_wait_ms=50)
         ),
         producer=producer,
-        status_topic=settings.topics.status,
-        errors_topic=settings.topics.errors,
-        replays_topic=settings.topics.webhook_replays,
+        topics=settings.topics,
         **options,
     )

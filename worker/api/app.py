@@ -99,7 +99,7 @@ often than that (figures: bench/README.md)."""
 def view_consumer(kafka: KafkaConfig) -> SharedConsumer:
     """The consumer the front-end's read models share (the replies keep their own, whose
     fetches bound each round trip's latency on a broker that holds a fetch for its wait)."""
-    return SharedConsumer(_view_reader(kafka), idle_timeout_ms=200)
+    return SharedConsumer(_view_reader(kafka))
 
 
 def _view_reader(kafka: KafkaConfig) -> AIOKafkaConsumer:
@@ -185,10 +185,7 @@ def build_app(
     )
     metrics.ready.set_function(lambda: 1.0 if api.readiness()[0] else 0.0)
     limits = EndpointLimits.of(settings)
-    policy = TargetPolicy(
-        allow_http=settings.webhook_allow_http,
-        allow_private=settings.webhook_allow_private_targets,
-    )
+    policy = TargetPolicy.of(settings)
     follow = FollowRoutes(
         clients=webhooks,
         admitted_workspace=api.admitted_workspace,
@@ -289,9 +286,7 @@ def webhook_clients(
     scan = ReplayScan(
         consumer_factory=lambda: _view_reader(kafka),
         producer=producer,
-        status_topic=topics.status,
-        errors_topic=topics.errors,
-        replays_topic=topics.webhook_replays,
+        topics=topics,
         health=broker,
     )
     replays = ReplayRunner(
@@ -301,9 +296,7 @@ def webhook_clients(
         per_workspace=settings.webhook_replays_per_workspace,
         board=board,
     )
-    events = AccountEvents(
-        lambda: _view_reader(kafka), status_topic=topics.status, errors_topic=topics.errors
-    )
+    events = AccountEvents(lambda: _view_reader(kafka), topics=topics)
     return WebhookClients(
         endpoints=endpoints,
         store=store,

@@ -100,8 +100,6 @@ class ReplyRouter(TopicTail):
             consumer,
             topic,
             name="reply-router",
-            idle_timeout_ms=200,
-            max_records=2000,
             only=self._pick,
             gaps=(
                 GapWatch(gap_logger(log, "reply-router"), hold_s=gap_hold_s)

@@ -49,13 +49,6 @@ def secrets_box(settings: Settings) -> SecretsBox:
     return SecretsBox(settings.webhook_secrets_key.get_secret_value())
 
 
-def target_policy(settings: Settings) -> TargetPolicy:
-    return TargetPolicy(
-        allow_http=settings.webhook_allow_http,
-        allow_private=settings.webhook_allow_private_targets,
-    )
-
-
 def gate_config(settings: Settings) -> GateConfig:
     """Each endpoint's share: a waiting pair's fallback wait is one attempt's time-out (by
     then a slot has been freed and its wake given, or the wake went nowhere)."""
@@ -99,7 +92,7 @@ async def run_dispatcher(
     session = None
     if sender is None:
         session = open_session(
-            target_policy(settings),
+            TargetPolicy.of(settings),
             max_connections=settings.webhook_max_connections,
             max_connections_per_host=settings.webhook_max_connections_per_host,
         )
@@ -157,9 +150,7 @@ async def run_dispatcher(
     scan = ReplayScan(
         consumer_factory=lambda: build_consumer(kafka),
         producer=producer,
-        status_topic=topics.status,
-        errors_topic=topics.errors,
-        replays_topic=topics.webhook_replays,
+        topics=topics,
         health=health,
     )
     # An endpoint's probing is the member's holding the partition its operational events

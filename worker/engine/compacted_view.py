@@ -101,7 +101,7 @@ class CompactedView(TopicTail, Decoding):
         name: str,
         health: BrokerHealth | None = None,
     ) -> None:
-        super().__init__(consumer, topic, name=name, idle_timeout_ms=200)
+        super().__init__(consumer, topic, name=name)
         self.producer = producer
         self.health = health or BrokerHealth()
         self.chores = Chores(name)

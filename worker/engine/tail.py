@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
@@ -20,6 +20,12 @@ from worker.engine.fetch import getmany as fetch_records
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
+
+#: A tail's fetch: its wait for records (ms) and the most records it takes
+#: (``SHARED_MAX_RECORDS``: a shared consumer's, which serves several tails).
+IDLE_TIMEOUT_MS: Final = 200
+MAX_RECORDS: Final = 2000
+SHARED_MAX_RECORDS: Final = 5000
 
 
 async def partitions_of(
@@ -77,8 +83,6 @@ class TopicTail:
         topic: str,
         *,
         name: str,
-        idle_timeout_ms: int = 200,
-        max_records: int = 2000,
         only: Callable[[list[int]], list[int]] | None = None,
         gaps: GapWatch | None = None,
     ) -> None:
@@ -91,8 +95,6 @@ class TopicTail:
         #: fetching is behind however small its lag looks.
         self.last_fetch = time.monotonic()
         self.name = name
-        self._idle_timeout_ms = idle_timeout_ms
-        self._max_records = max_records
         self._caught_up = asyncio.Event()
         #: Notified after every fetch the loop handled (``read_to_end`` waits on it).
         self._fetched = asyncio.Condition()
@@ -221,8 +223,8 @@ class TopicTail:
                 self.consumer,
                 self._tps,
                 self._take,
-                idle_timeout_ms=self._idle_timeout_ms,
-                max_records=self._max_records,
+                idle_timeout_ms=IDLE_TIMEOUT_MS,
+                max_records=MAX_RECORDS,
                 assign=False,  # start() did
                 on_unreadable=skip,
                 gaps=self.gaps,
@@ -239,8 +241,8 @@ class TopicTail:
             while True:
                 batch = await fetch_records(
                     self.consumer,
-                    timeout_ms=self._idle_timeout_ms,
-                    max_records=self._max_records,
+                    timeout_ms=IDLE_TIMEOUT_MS,
+                    max_records=MAX_RECORDS,
                     on_unreadable=skip,
                     owned=self._tps,
                     gaps=self.gaps,
@@ -268,10 +270,8 @@ class SharedConsumer:
     ``consumer`` is unstarted: the first share's ``start`` starts it, the last one's ``stop``
     closes it; a fetch failure fails every share's ``getmany``."""
 
-    def __init__(self, consumer: Any, *, idle_timeout_ms: int = 200, max_records: int = 5000):
+    def __init__(self, consumer: Any) -> None:
         self.consumer = consumer
-        self._idle_timeout_ms = idle_timeout_ms
-        self._max_records = max_records
         self._owner: dict[TopicPartition, ConsumerShare] = {}
         self._lock = asyncio.Lock()
         self._users = 0
@@ -319,8 +319,8 @@ class SharedConsumer:
                 async with self._lock:
                     batch = await fetch_records(
                         self.consumer,
-                        timeout_ms=self._idle_timeout_ms,
-                        max_records=self._max_records,
+                        timeout_ms=IDLE_TIMEOUT_MS,
+                        max_records=SHARED_MAX_RECORDS,
                         on_unreadable=skip,
                     )
                 for tp, records in batch.items():

@@ -117,7 +117,7 @@ class EndpointsTail(TopicTail):
     """The registry kept current from ``webhook.endpoints`` (group-less, every partition)."""
 
     def __init__(self, consumer: Any, topic: str) -> None:
-        super().__init__(consumer, topic, name="webhook-endpoints", idle_timeout_ms=200)
+        super().__init__(consumer, topic, name="webhook-endpoints")
         self.registry = EndpointRegistry()
         #: (partition, offset) of the first record of each live endpoint this tail read: the
         #: order of creates within a partition (the front-end's endpoint quota).

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from worker.contract.delivery_log import Replay
 from worker.contract.messages import Identifier
+from worker.contract.topics import Topics
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.contract.webhook_events import WebhookEvent, from_error, from_status, parse_rfc3339
 from worker.engine.broker_health import BrokerHealth
@@ -122,26 +123,24 @@ async def following(
 
 
 class ReplayScan:
-    """Scans for replays. ``consumer_factory`` builds an unstarted, group-less consumer per
-    topic scanned; ``producer`` is the process's started producer, ``health`` the broker
-    health its sends report to."""
+    """Scans for replays (of ``topics``: reads status and errors, writes webhook_replays).
+    ``consumer_factory`` builds an unstarted, group-less consumer per topic scanned;
+    ``producer`` is the process's started producer, ``health`` its sends' broker health."""
 
     def __init__(
         self,
         *,
         consumer_factory: Callable[[], Any],
         producer: Any,
-        status_topic: str,
-        errors_topic: str,
-        replays_topic: str,
+        topics: Topics,
         health: BrokerHealth | None = None,
         seek_margin_s: float = SEEK_MARGIN_S,
     ) -> None:
         self._consumer_factory = consumer_factory
         self._producer = producer
-        self._status_topic = status_topic
-        self._errors_topic = errors_topic
-        self._replays_topic = replays_topic
+        self._status_topic = topics.status
+        self._errors_topic = topics.errors
+        self._replays_topic = topics.webhook_replays
         self._health = health or BrokerHealth()
         self._seek_margin_s = seek_margin_s
         self.aside = AsideCloses()  # scans' consumers whose start a cancel cut short

@@ -13,6 +13,7 @@ from typing import Final
 
 from yarl import URL
 
+from worker.settings import Settings
 from worker.webhooks.lookup import Lookup, system_lookup
 
 __all__ = [
@@ -85,6 +86,11 @@ class TargetPolicy:
 
     allow_http: bool = False  # WEBHOOK_ALLOW_HTTP
     allow_private: bool = False  # WEBHOOK_ALLOW_PRIVATE_TARGETS
+
+    @classmethod
+    def of(cls, settings: Settings) -> TargetPolicy:
+        """The policy the settings name: the front-end's check and the dispatcher's delivery."""
+        return cls(settings.webhook_allow_http, settings.webhook_allow_private_targets)
 
 
 class BlockedTarget(Exception):

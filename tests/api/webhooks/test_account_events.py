@@ -233,8 +233,7 @@ async def test_a_huge_scan_is_read_a_bounded_slice_per_request(
     )
     reader = AccountEvents(
         lambda: build_consumer(settings.kafka_config(), fetch_max_wait_ms=50),
-        status_topic=settings.topics.status,
-        errors_topic=settings.topics.errors,
+        topics=settings.topics,
         scan_records=500,
     )
     first = await reader.page("ws_a", account, cursor=None, since=None, limit=10)

@@ -16,6 +16,7 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 
 from worker.api.webhooks.quotas import EVENT_SCANS, busy, read_slots
+from worker.contract.topics import Topics
 from worker.contract.webhook_events import WebhookEvent, from_error, from_status
 from worker.engine.client_start import AsideCloses
 from worker.engine.fetch import skipping
@@ -140,14 +141,13 @@ class AccountEvents:
         self,
         consumer_factory: Callable[[], Any],
         *,
-        status_topic: str,
-        errors_topic: str,
+        topics: Topics,
         scan_records: int = SCAN_RECORDS,
     ) -> None:
         self._consumer_factory = consumer_factory
         self._aside = AsideCloses()
-        self._status_topic = status_topic
-        self._errors_topic = errors_topic
+        self._status_topic = topics.status
+        self._errors_topic = topics.errors
         self.scan_records = scan_records
         self.admission = read_slots("account_event_reads", MAX_SCANS)
         self._skip = skipping("account-events", log)
