@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,27 +16,30 @@ from worker.runtime import eventloop, logs, tracing
 from worker.runtime.process import run_subcommand, run_until_signal, tune_gc
 from worker.settings import Settings
 
+Main = Callable[[], Coroutine[Any, Any, None]]
 
-def _trace(service: str) -> None:
-    """Tracing of a serving process, from OTEL_* (``worker.runtime.tracing``); says where spans
-    go."""
-    setup = tracing.configure(service)
+
+def _serve(settings: Settings, args: argparse.Namespace, run: Main, providers: bool = False) -> int:
+    """A serving process (``run``, ``api``, ``webhooks``): refused by the preflight, else the GC
+    tuned and tracing from OTEL_* (``worker.runtime.tracing``, saying where spans go), then
+    ``run()`` until a signal."""
+    if (refused := preflight.refuse(settings, args.command, providers=providers)) is not None:
+        return refused
+    tune_gc(settings.worker_gc_threshold)
+    setup = tracing.configure(args.service)
     logs.get_logger(__name__).info(
         "tracing_configured",
         service=setup.service,
         exporters=list(setup.targets) or None,
         mode="exporting" if setup.recording else "propagating only",
     )
+    return run_until_signal(run(), settings.event_loop)
 
 
-def cmd_run(settings: Settings, _: argparse.Namespace) -> int:
+def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     from worker.auth.app import run_worker
 
-    if (refused := preflight.refuse(settings, "run", providers=True)) is not None:
-        return refused
-    tune_gc(settings.worker_gc_threshold)
-    _trace(tracing.SERVICE_WORKER)
-    return run_until_signal(run_worker(settings), settings.event_loop)
+    return _serve(settings, args, lambda: run_worker(settings), providers=True)
 
 
 def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
@@ -70,25 +73,17 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_api(settings: Settings, _: argparse.Namespace) -> int:
+def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
     from worker.api.app import serve_api
     from worker.documents.openapi.document import document_routes
 
-    if (refused := preflight.refuse(settings, "api")) is not None:
-        return refused
-    tune_gc(settings.worker_gc_threshold)
-    _trace(tracing.SERVICE_API)
-    return run_until_signal(serve_api(settings, documents=document_routes), settings.event_loop)
+    return _serve(settings, args, lambda: serve_api(settings, documents=document_routes))
 
 
-def cmd_webhooks(settings: Settings, _: argparse.Namespace) -> int:
+def cmd_webhooks(settings: Settings, args: argparse.Namespace) -> int:
     from worker.dispatcher.app import run_dispatcher
 
-    if (refused := preflight.refuse(settings, "webhooks")) is not None:
-        return refused
-    tune_gc(settings.worker_gc_threshold)
-    _trace(tracing.SERVICE_WEBHOOKS)
-    return run_until_signal(run_dispatcher(settings), settings.event_loop)
+    return _serve(settings, args, lambda: run_dispatcher(settings))
 
 
 def cmd_schemas(_: Settings, args: argparse.Namespace) -> int:

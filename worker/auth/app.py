@@ -3,6 +3,8 @@ else in the package builds a Kafka client, an HTTP client or a metrics registry.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from worker.auth.execute import Executor
 from worker.auth.flow import Policy
 from worker.auth.metrics import WorkerMetrics
@@ -19,15 +21,9 @@ from worker.startup import DEFAULTS, RootOptions, prologue
 
 
 def policy_from(settings: Settings, providers: set[str]) -> Policy:
-    return Policy(
-        providers=frozenset(providers),
-        dedup_window=settings.worker_dedup_window,
-        follow_up_poll_s=settings.worker_follow_up_poll_s,
-        follow_up_poll_max_s=settings.worker_follow_up_poll_max_s,
-        follow_up_deadline_s=settings.worker_follow_up_deadline_s,
-        command_deadline_s=settings.worker_command_deadline_s,
-        accounts_per_workspace=settings.worker_accounts_per_workspace,
-    )
+    """The decision's knobs: the ``WORKER_``-prefixed settings of the same names."""
+    knobs = {f.name: getattr(settings, f"worker_{f.name}") for f in fields(Policy)[1:]}
+    return Policy(frozenset(providers), **knobs)  # ``providers``, the first field, apart
 
 
 async def run_worker(

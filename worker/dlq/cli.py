@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
@@ -98,8 +98,14 @@ class Query:
     limit: int = DEFAULT_LIMIT
 
 
-def _consumer(kafka: KafkaConfig) -> AIOKafkaConsumer:
-    return build_consumer(kafka, group_id=None, client_id="passkey-dlq")
+@contextlib.asynccontextmanager
+async def _consumer(kafka: KafkaConfig) -> AsyncIterator[AIOKafkaConsumer]:
+    consumer = build_consumer(kafka, group_id=None, client_id="passkey-dlq")
+    try:
+        await consumer.start()
+        yield consumer
+    finally:
+        await consumer.stop()
 
 
 async def _assign(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
@@ -172,17 +178,16 @@ async def _selected(
         await take(letter)
         return True
 
-    consumer = _consumer(kafka)
-    try:
-        await consumer.start()
+    async with _consumer(kafka) as consumer:
         await scan(consumer, query.topic, visit)
-    finally:
-        await consumer.stop()
     return read, selected, more
 
 
-def _limit_note(more: bool, limit: int) -> str:
-    return f"; stopped at --limit {limit}, more records match" if more else ""
+def _summary(query: Query, counts: tuple[int, int, bool], verb: str) -> str:
+    """The closing line of ``list`` and ``redrive``: records read, selected, and the limit."""
+    read, selected, more = counts
+    note = f"; stopped at --limit {query.limit}, more records match" if more else ""
+    return f"{selected} of {read} records of {query.topic} {verb}{note}"
 
 
 async def list_letters(
@@ -196,11 +201,8 @@ async def list_letters(
         line = json.dumps(letter.summary()) if as_json else letter.line()
         print(line, file=out)
 
-    read, selected, more = await _selected(settings.kafka_config(), query, take)
-    print(
-        f"{selected} of {read} records of {query.topic} listed{_limit_note(more, query.limit)}",
-        file=err,
-    )
+    counts = await _selected(settings.kafka_config(), query, take)
+    print(_summary(query, counts, "listed"), file=err)
     return 0
 
 
@@ -215,12 +217,8 @@ async def show_letter(
     err: TextIO,
 ) -> int:
     """``dlq show``: every header and the value of one record; 1 when there is none."""
-    consumer = _consumer(settings.kafka_config())
-    try:
-        await consumer.start()
+    async with _consumer(settings.kafka_config()) as consumer:
         letter = await fetch(consumer, topic, *at)
-    finally:
-        await consumer.stop()
     if letter is None:
         print(f"no record at {at[0]}:{at[1]} of {topic}", file=err)
         return 1
@@ -359,7 +357,7 @@ async def redrive(
     try:
         if producer is not None:
             await producer.start()
-        read, selected, more = await _selected(kafka, query, redriver)
+        counts = await _selected(kafka, query, redriver)
     finally:
         # what was sent is printed even when the scan failed half-way
         with contextlib.suppress(KafkaError):
@@ -369,11 +367,8 @@ async def redrive(
     report = redriver.report
     for row in report.lines(dry_run=dry_run):
         print(row, file=err)
-    print(
-        f"{selected} of {read} records of {query.topic} selected{_limit_note(more, query.limit)}",
-        file=err,
-    )
-    if more and not dry_run:
+    print(_summary(query, counts, "selected"), file=err)
+    if counts[2] and not dry_run:  # more records matched than the limit
         print(
             "a second run with the same filters sends these again: narrow it with --since",
             file=err,

@@ -90,11 +90,9 @@ class Position:
             topic, partition, offset = raw.decode("ascii").rsplit(":", 2)
         except (UnicodeDecodeError, ValueError):
             return None
-        if not (_TOPIC.fullmatch(topic) and _NUMBER.fullmatch(partition)):
-            return None
-        if not _NUMBER.fullmatch(offset):
-            return None
-        return cls(topic, int(partition), int(offset))
+        if _TOPIC.fullmatch(topic) and _NUMBER.fullmatch(partition) and _NUMBER.fullmatch(offset):
+            return cls(topic, int(partition), int(offset))
+        return None
 
 
 def parse_at(text: str) -> tuple[int, int]:
@@ -168,11 +166,7 @@ class DeadLetter:
 
     def header(self, name: str) -> bytes | None:
         """The last header of that name: the engine's ``dlq.*`` follow the original's."""
-        found: bytes | None = None
-        for key, value in self.headers:
-            if key == name:
-                found = value
-        return found
+        return next((value for key, value in reversed(self.headers) if key == name), None)
 
     def text(self, name: str, limit: int = FIELD_CHARS) -> str | None:
         raw = self.header(name)
@@ -349,19 +343,22 @@ def printable(raw: bytes, limit: int, *, newlines: bool = False) -> str:
     """``raw`` for a terminal: UTF-8 text with control and invisible characters escaped, or
     ``hex:…`` when it is not UTF-8; cut to ``limit`` characters with a trailing ``…``."""
     head = raw[: limit * 4 + 4]
-    try:
-        text = raw.decode("utf-8") if len(raw) <= len(head) else _decode_head(raw, head)
-    except UnicodeDecodeError:
+    text = _utf8(raw, head)
+    if text is None:
         cut = raw[: limit // 2]
         return "hex:" + cut.hex() + ("…" if len(cut) < len(raw) else "")
     shown = escape(text[:limit], newlines=newlines)
     return shown + ("…" if len(text) > limit or len(head) < len(raw) else "")
 
 
-def _decode_head(raw: bytes, head: bytes) -> str:
-    """The text of the first bytes of a long ``raw``, having checked the whole is UTF-8."""
-    raw.decode("utf-8")
-    return head.decode("utf-8", errors="ignore")
+def _utf8(raw: bytes, cut: bytes) -> str | None:
+    """The text of ``cut``, the first bytes of ``raw``, when the whole of ``raw`` is UTF-8
+    (a character cut in two at the end dropped); None when it is not."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return cut.decode("utf-8", errors="ignore")
 
 
 def escape(text: str, *, newlines: bool = False) -> str:
@@ -382,15 +379,9 @@ def blob(raw: bytes | None, limit: int | None) -> dict[str, Any] | None:
     if raw is None:
         return None
     cut = raw if limit is None else raw[:limit]
-    out: dict[str, Any]
-    try:
-        raw.decode("utf-8")
-        out = {"utf8": cut.decode("utf-8", errors="ignore")}
-    except UnicodeDecodeError:
-        out = {"base64": base64.b64encode(cut).decode("ascii")}
-    out["size"] = len(raw)
-    out["truncated"] = len(cut) < len(raw)
-    return out
+    text = _utf8(raw, cut)
+    body = {"utf8": text} if text is not None else {"base64": base64.b64encode(cut).decode()}
+    return {**body, "size": len(raw), "truncated": len(cut) < len(raw)}
 
 
 def value_text(raw: bytes | None, limit: int | None) -> tuple[str, str]:
@@ -400,14 +391,12 @@ def value_text(raw: bytes | None, limit: int | None) -> tuple[str, str]:
         return "null", ""
     cut = raw if limit is None else raw[:limit]
     more = f", first {len(cut)} shown; --full prints all" if len(cut) < len(raw) else ""
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
+    text = _utf8(raw, cut)
+    if text is None:
         encoded = base64.b64encode(cut).decode("ascii")
         lines = [encoded[i : i + 76] for i in range(0, len(encoded), 76)]
         return f"{len(raw)} bytes, not UTF-8, base64{more}", "\n".join(lines)
-    text = escape(cut.decode("utf-8", errors="ignore"), newlines=True)
-    return f"{len(raw)} bytes, UTF-8{more}", text
+    return f"{len(raw)} bytes, UTF-8{more}", escape(text, newlines=True)
 
 
 def show_text(letter: DeadLetter, *, limit: int | None) -> str:
