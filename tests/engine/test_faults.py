@@ -130,7 +130,7 @@ def test_a_read_model_skips_the_record_it_cannot_apply_and_keeps_the_rest() -> N
 
 class _Collecting(TopicTail):
     def __init__(self, consumer: Any, topic: str) -> None:
-        super().__init__(consumer, topic, name="collecting", idle_timeout_ms=50)
+        super().__init__(consumer, topic, name="collecting")
         self.values: list[bytes] = []
 
     def handle(self, records: list[Any]) -> None:
