@@ -98,7 +98,13 @@ async def running_stack(*args: str, **env: str) -> AsyncIterator[RunningStack]:
             **env,
         }
     )
-    with tempfile.NamedTemporaryFile("w+", suffix=".log", encoding="utf-8") as stderr:
+    # The stack's own temporary files (its keys directory) go in a directory removed on exit:
+    # a stack killed below (SIGKILL) cannot remove them itself.
+    with (
+        tempfile.TemporaryDirectory(prefix="passkey-test-", ignore_cleanup_errors=True) as scratch,
+        tempfile.NamedTemporaryFile("w+", suffix=".log", encoding="utf-8") as stderr,
+    ):
+        environ["TMPDIR"] = env.get("TMPDIR", scratch)
         proc = subprocess.Popen(
             [sys.executable, "-m", "devstack", "stack", *args],
             env=environ,
