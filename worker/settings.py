@@ -286,8 +286,8 @@ class Settings(BaseSettings):
     api_reply_partitions: int = Field(default=1, ge=1)
     """How many auth.replies partitions this replica reads, consecutive from API_REPLY_PARTITION
     (wrapping); its commands name them in turn. More than one spreads its replies, for a broker
-    whose fetch cost grows with a partition's size (the embedded one); more readers of a partition
-    read each other's replies."""
+    whose fetch cost grows with a partition's size (docs/architecture.md); more readers of a
+    partition read each other's replies."""
     api_cors_origins: list[str] = Field(default_factory=list)
 
     # --- API front door: connection limits, rate limit, metrics listener -----------------
