@@ -17,6 +17,7 @@ from tests.conftest import SettingsFactory
 from tests.webhooks.processes import dispatcher_settings
 from tests.webhooks.support import (
     Receiver,
+    endpoint_of,
     endpoint_store,
     new_account,
     publish_events,
@@ -72,14 +73,8 @@ async def test_a_disabled_endpoint_is_probed_backing_off_and_re_enabled_by_a_2xx
     )
     watcher = Receiver()
     async with receiving(target), receiving(watcher), endpoint_store(settings) as store:
-        ep, secret = await store.create(
-            "ws_a", url=target.url, event_types=None, description="orders"
-        )
-        _, watch_secret = await store.create(
-            "ws_a", url=watcher.url, event_types=OPS, description=None
-        )
-        target.secrets.append(secret)
-        watcher.secrets.append(watch_secret)
+        ep = await endpoint_of(store, target, description="orders")
+        await endpoint_of(store, watcher, event_types=OPS)
         async with running_dispatcher(settings):
             await publish_events(settings, [status_event(new_account(), 1)])
             await wait_until(lambda: len(probes(target)) >= 2)
@@ -194,8 +189,7 @@ async def test_a_receiver_taking_probes_but_failing_deliveries_is_disabled_again
     flaky = Receiver(answer=lambda body, _: 204 if body["type"] == "endpoint.probe" else 500)
     seen: list[EndpointRecord] = []
     async with receiving(flaky), endpoint_store(settings) as store:
-        ep, secret = await store.create("ws_a", url=flaky.url, event_types=None, description=None)
-        flaky.secrets.append(secret)
+        ep = await endpoint_of(store, flaky)
         async with running_dispatcher(settings):
             for _ in range(200):  # events keep coming; bounded
                 await publish_events(settings, [status_event(new_account(), 1)])

@@ -18,6 +18,7 @@ from tests.conftest import SettingsFactory
 from tests.webhooks.processes import DispatcherPool, dispatcher_settings
 from tests.webhooks.support import (
     Receiver,
+    endpoint_of,
     endpoint_store,
     new_account,
     read_topic,
@@ -79,12 +80,8 @@ async def test_a_dispatcher_killed_mid_recovery_replay_is_finished_by_the_next(
     mixed = [e for i, m in enumerate(missed) for e in (m, *noise[i * step : (i + 1) * step])]
     pool = DispatcherPool(settings, 1, tmp_path, WEBHOOK_PROBE_FIRST_S="0.5")
     async with receiving(target), receiving(watcher), endpoint_store(settings) as store:
-        ep, secret = await store.create("ws_a", url=target.url, event_types=None, description=None)
-        target.secrets.append(secret)
-        _, watch_secret = await store.create(
-            "ws_a", url=watcher.url, event_types=("account.auth_status_changed",), description=None
-        )
-        watcher.secrets.append(watch_secret)
+        ep = await endpoint_of(store, target)
+        await endpoint_of(store, watcher, event_types=("account.auth_status_changed",))
         off = Recovery(disabled_at=disabled_at, interval_s=3600.0)  # no probe until we say
         await store.update(ep, status="disabled", recovery=off)
         rid = recovery_replay_id(ep.id, disabled_at)

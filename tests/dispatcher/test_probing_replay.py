@@ -19,6 +19,7 @@ from tests.conftest import SettingsFactory
 from tests.webhooks.processes import dispatcher_settings
 from tests.webhooks.support import (
     Receiver,
+    endpoint_of,
     endpoint_store,
     new_account,
     publish_events,
@@ -82,12 +83,8 @@ async def test_a_recovered_endpoint_receives_what_it_missed_under_its_webhook_id
     watcher = Receiver()  # an active endpoint of the workspace: sees when events were read
     accounts = [new_account(), new_account()]
     async with receiving(target), receiving(watcher), endpoint_store(settings) as store:
-        ep, secret = await store.create("ws_a", url=target.url, event_types=None, description=None)
-        target.secrets.append(secret)
-        _, watch_secret = await store.create(
-            "ws_a", url=watcher.url, event_types=("account.auth_status_changed",), description=None
-        )
-        watcher.secrets.append(watch_secret)
+        ep = await endpoint_of(store, target)
+        await endpoint_of(store, watcher, event_types=("account.auth_status_changed",))
         async with running_dispatcher(settings):
             await publish_events(settings, [status_event(new_account(), 1)])  # 410: disabled
             await wait_until(lambda: record(store, ep.id).status == "disabled")
@@ -157,8 +154,7 @@ async def test_events_arriving_during_a_recovery_reach_the_receiver_after_what_i
             await asyncio.sleep(0.05)
 
     async with receiving(target), endpoint_store(settings) as store:
-        ep, secret = await store.create("ws_a", url=target.url, event_types=None, description=None)
-        target.secrets.append(secret)
+        ep = await endpoint_of(store, target)
         async with running_dispatcher(settings):
             await publish_events(settings, [status_event(new_account(), 1)])  # 410: disabled
             await wait_until(lambda: record(store, ep.id).status == "disabled")
@@ -188,8 +184,7 @@ async def test_a_recovery_left_unfinished_is_replayed_again_under_the_same_id(
     target = Receiver()
     account = new_account()
     async with receiving(target), endpoint_store(settings) as store:
-        ep, secret = await store.create("ws_a", url=target.url, event_types=None, description=None)
-        target.secrets.append(secret)
+        ep = await endpoint_of(store, target)
         disabled_at = time.time() - 1.0
         events = [status_event(account, v) for v in (1, 2)]
         await publish_events(settings, events)  # occurred while it was disabled

@@ -147,6 +147,15 @@ async def create_endpoint(
     )
 
 
+async def endpoint_of(
+    store: EndpointStore, receiver: Receiver, *, workspace: str = "ws_a", **fields: Any
+) -> EndpointRecord:
+    """An endpoint of ``workspace`` at ``receiver``, which verifies with its secret."""
+    record, secret = await create_endpoint(store, workspace, receiver.url, **fields)
+    receiver.secrets.append(secret)
+    return record
+
+
 def status_event(account_id: str, version: int, *, workspace: str = "ws_a") -> AuthStatusChanged:
     statuses = ["passkey_confirmation", "passkey_confirmation_sent", "authorized", "failed"]
     status = statuses[min(version, len(statuses) - 1)]
