@@ -15,7 +15,8 @@ Per fetched batch of auth.commands, as one task (batches overlap, at most
   to the producer, ONE wait for their acks, then every reply and event, ONE wait: the
   contract's order (a reply only after its state record is acknowledged, docs/architecture.md
   "Guarantees") shared by the batch instead of waited for per command; the store updated
-  after the states' acks; the batch's offsets committed in fetch order (``floor_loop``).
+  after the states' acks; the offsets committed in fetch order at the worker's cadence
+  (``floor_loop``).
 
 Left out, as from the floor: the engine's lanes, pressure and watermark bookkeeping, the
 write-ahead intent, timers and follow-up polls, instrumentation (metrics, spans, per-command
@@ -101,6 +102,7 @@ class BatchedWorker:
                 limit=self.settings.worker_max_in_flight,
                 max_records=self.settings.kafka_max_poll_records,
                 stop=stop,
+                commit_interval_s=self.settings.worker_commit_interval_ms / 1000,
             )
         finally:
             await self.providers.aclose()

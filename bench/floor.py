@@ -6,20 +6,25 @@ For every fetched batch of auth.commands, as one task (batches overlap, at most
 ``WORKER_MAX_IN_FLIGHT`` commands in flight, as the worker):
 
 * decode each command with the worker's own wire types (``decode_command``);
-* a registration: remember the account's provider and reference (a plain dict: no store,
-  no dedup window, no timers), write its state record and its status event;
+* each account's commands in order, across overlapping batches too: an account an earlier
+  batch is still settling waits for that batch (so a repeat confirm is never decided on the
+  registered record, and never calls the provider a second time);
+* a registration: the account's state record and its status event;
 * a first confirm: the provider call the worker makes for it (``POST .../passkey/confirm``
   with the command id as idempotency key) through the worker's own client
   (``build_http_client``: the same HTTP client, pool, time-outs and body cap), the answer
   parsed as JSON; then its state record, its reply (the worker's ``Reply``, so the bench
   matches it as the worker's) and its status event. A repeat confirm: state record and reply;
-* every record of the batch handed to the producer at once, ONE wait for all their acks, then
-  the batch's offsets committed (in fetch order, only once every earlier batch is done).
+* the state record is the worker's (``AccountRecord``, ``encode_record``): what a new owner
+  restores, with the follow-up timers and the dedup window of the last
+  ``WORKER_DEDUP_WINDOW`` outcomes, so it is the worker's size;
+* the batch's state records handed to the producer, ONE wait for their acks, then its replies
+  and events, ONE more: the contract's order (a reply only once its state record is
+  acknowledged, docs/architecture.md "Guarantees"), shared by the batch;
+* offsets committed at the worker's cadence (``WORKER_COMMIT_INTERVAL_MS``, ``floor_loop``).
 
-No decision, no retries, no breaker, no write-ahead, no state-before-reply ordering, no
-metrics, spans or logs per command: what the worker adds above this is what the ratio counts.
-The state record is a small JSON object (account, provider, reference, status, version,
-command), not the worker's full record with its dedup window.
+No decision table, no retries, no breaker, no write-ahead intent, no timers or follow-up polls,
+no metrics, spans or logs per command: what the worker adds above this is what the ratio counts.
 """
 
 from __future__ import annotations
@@ -27,37 +32,43 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote
 
 from bench.floor_loop import Batch, group_clients, serve_batches
 from worker.auth.provider import build_http_client
 from worker.auth.provider.transport import ProviderHttpClient
+from worker.contract.compact_ids import compact_id
 from worker.contract.messages import (
+    AccountRecord,
     AuthData,
     AuthStatusChanged,
+    FollowUp,
+    Outcome,
     PasskeyConfirm,
     RegisterAccount,
     Reply,
     ReplyBody,
     decode_command,
+    encode_record,
     event_id,
     rfc3339,
 )
 from worker.settings import Settings
 
+#: One record to produce: (topic, key, value, partition or None for the key's).
+Out = tuple[str, bytes, bytes, int | None]
+
 
 @dataclass(slots=True)
-class Account:
-    """What the floor keeps per account: enough to call the provider and number versions."""
+class Lane:
+    """One account's commands of one batch, in fetch order, and what they came to."""
 
-    workspace_id: str
-    provider: str
-    ref: str
-    status: str
-    version: int
-    confirmed: bool = False
+    partition: int
+    commands: list[RegisterAccount | PasskeyConfirm] = field(default_factory=list)
+    states: list[Out] = field(default_factory=list)
+    outputs: list[Out] = field(default_factory=list)
 
 
 class WorkerFloor:
@@ -71,132 +82,167 @@ class WorkerFloor:
         )
         self.http: ProviderHttpClient = build_http_client(settings)
         self.urls = {name: url.rstrip("/") for name, url in settings.provider_urls.items()}
-        self.accounts: dict[str, Account] = {}
+        self.records: dict[str, AccountRecord] = {}
+        # Accounts an unfinished batch is settling, with that batch's end.
+        self.busy: dict[str, asyncio.Future[None]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
         try:
             await serve_batches(
                 self.producer,
                 self.consumer,
                 self.handle,
-                limit=self.settings.worker_max_in_flight,
-                max_records=self.settings.kafka_max_poll_records,
+                limit=s.worker_max_in_flight,
+                max_records=s.kafka_max_poll_records,
                 stop=stop,
+                commit_interval_s=s.worker_commit_interval_ms / 1000,
             )
         finally:
             await self.http.aclose()
 
     async def handle(self, batch: Batch) -> None:
-        """Every command of ``batch``: calls concurrently, then all records, one ack wait."""
-        records: list[tuple[str, bytes, bytes, int | None]] = []
-        calls: list[asyncio.Task[tuple[int, dict[str, Any]]]] = []
-        confirms: list[tuple[PasskeyConfirm, Account, int]] = []
+        """Settle every account of ``batch`` (provider calls concurrent across accounts), then
+        the states with one ack wait, then the replies and events with one more."""
+        lanes: dict[str, Lane] = {}
         for tp, msgs in batch.items():
             for msg in msgs:
                 command = decode_command(msg.key, msg.value)
-                if isinstance(command, RegisterAccount):
-                    records.extend(self.register(command, tp.partition))
-                elif isinstance(command, PasskeyConfirm):
-                    account = self.accounts.get(command.account_id)
-                    if account is None:
-                        continue  # the benchmark registers every account first
-                    if account.confirmed:
-                        records.extend(self.repeat(command, account, tp.partition))
-                        continue
-                    account.confirmed = True
-                    confirms.append((command, account, tp.partition))
-                    calls.append(asyncio.create_task(self.confirm(command, account)))
-        if calls:
-            answers = await asyncio.gather(*calls)
-            for (command, account, partition), (status, body) in zip(
-                confirms, answers, strict=True
-            ):
-                records.extend(self.confirmed(command, account, partition, status, body))
-        futures = [
-            await self.producer.send(topic, value, key=key, partition=partition)
-            for topic, key, value, partition in records
-        ]
+                if isinstance(command, RegisterAccount | PasskeyConfirm):
+                    lane = lanes.get(command.account_id)
+                    if lane is None:
+                        lane = lanes[command.account_id] = Lane(tp.partition)
+                    lane.commands.append(command)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waits: list[asyncio.Task[None]] = []
+        try:
+            for account_id, lane in lanes.items():
+                earlier = self.busy.get(account_id)
+                self.busy[account_id] = done
+                if earlier is None and not any(self._calls(c) for c in lane.commands):
+                    for command in lane.commands:
+                        self._settle(lane, command, None)
+                else:
+                    waits.append(asyncio.create_task(self._lane(earlier, lane)))
+            await asyncio.gather(*waits)
+            await self._send([out for lane in lanes.values() for out in lane.states])
+            await self._send([out for lane in lanes.values() for out in lane.outputs])
+        finally:
+            for account_id in lanes:
+                if self.busy.get(account_id) is done:
+                    del self.busy[account_id]
+            done.set_result(None)
+
+    async def _send(self, records: list[Out]) -> None:
+        send = self.producer.send
+        futures = [await send(t, v, key=k, partition=p) for t, k, v, p in records]
         await asyncio.gather(*futures)
 
-    async def confirm(
-        self, command: PasskeyConfirm, account: Account
-    ) -> tuple[int, dict[str, Any]]:
-        """The worker's provider call for a first confirm; (status, JSON body or {})."""
+    def _calls(self, command: RegisterAccount | PasskeyConfirm) -> bool:
+        """A first confirm: the account's record awaits its challenge's confirmation."""
+        record = self.records.get(command.account_id)
+        return isinstance(command, PasskeyConfirm) and record is not None and record.version == 1
+
+    async def _lane(self, earlier: asyncio.Future[None] | None, lane: Lane) -> None:
+        if earlier is not None:
+            await asyncio.shield(earlier)
+        for command in lane.commands:
+            answer = await self._confirm(command) if self._calls(command) else None
+            self._settle(lane, command, answer)
+
+    async def _confirm(self, command: RegisterAccount | PasskeyConfirm) -> tuple[int, Any]:
+        """The worker's provider call for a first confirm; (status, JSON body or None)."""
+        record = self.records[command.account_id]
         headers = {"Idempotency-Key": command.command_id, "Accept": "application/json"}
+        ref = quote(record.provider_account_ref or "", safe="")
+        url = f"{self.urls[record.provider or '']}/v1/accounts/{ref}/passkey/confirm"
         try:
-            url = f"{self.urls[account.provider]}/v1/accounts/{quote(account.ref, safe='')}"
-            answer = await self.http.request("POST", url + "/passkey/confirm", headers=headers)
-            body = json.loads(answer.body) if answer.ok else {}
+            answer = await self.http.request("POST", url, headers=headers)
+            return answer.status, json.loads(answer.body) if answer.ok else None
         except Exception:  # a minimal service answers a failed call, it does not crash
-            return 502, {}
-        return answer.status, body if isinstance(body, dict) else {}
+            return 502, None
 
-    def register(
-        self, command: RegisterAccount, partition: int
-    ) -> list[tuple[str, bytes, bytes, int | None]]:
-        account = Account(
-            command.workspace_id,
-            command.provider or "",
-            command.provider_account_ref or "",
-            command.status,
-            1,
-        )
-        self.accounts[command.account_id] = account
-        return [
-            self.state(command.account_id, account, command.command_id, partition),
-            self.event(command.account_id, account, None, command.command_id),
-        ]
-
-    def repeat(
-        self, command: PasskeyConfirm, account: Account, partition: int
-    ) -> list[tuple[str, bytes, bytes, int | None]]:
-        return [
-            self.state(command.account_id, account, command.command_id, partition),
-            self.reply(command, account, 200),
-        ]
-
-    def confirmed(
-        self,
-        command: PasskeyConfirm,
-        account: Account,
-        partition: int,
-        status: int,
-        body: dict[str, Any],
-    ) -> list[tuple[str, bytes, bytes, int | None]]:
-        new = body.get("status")
+    def _settle(
+        self, lane: Lane, command: RegisterAccount | PasskeyConfirm, answer: tuple[int, Any] | None
+    ) -> None:
+        """What ``command`` comes to: the account's new record (seen by its next command at
+        once), its state record, reply and event."""
+        now = time.time()
+        if isinstance(command, RegisterAccount):
+            registered = AccountRecord(
+                account_id=command.account_id,
+                workspace_id=command.workspace_id,
+                status=command.status,
+                auth_status=command.status,
+                version=1,
+                updated_at=now,
+                provider=command.provider,
+                provider_account_ref=command.provider_account_ref,
+            )
+            outcome = self._outcome(command.command_id, None, registered, None, now)
+            lane.outputs.append(self._event(self._keep(lane, registered, outcome), None, command))
+            return
+        record = self.records.get(command.account_id)
+        if record is None:
+            return  # the benchmark registers every account first
+        if answer is None:  # a repeat: "already sent", remembered in the window
+            self._keep(lane, record, self._outcome(command.command_id, command, record, None, now))
+            lane.outputs.append(self._reply(command, record, 200))
+            return
+        status, body = answer
+        new = body.get("status") if isinstance(body, dict) else None
         if not (200 <= status < 300 and isinstance(new, str)):
-            return [self.reply(command, account, 502)]
-        previous = account.status
-        account.status, account.version = new, account.version + 1
-        return [
-            self.state(command.account_id, account, command.command_id, partition),
-            self.reply(command, account, 200),
-            self.event(command.account_id, account, previous, command.command_id),
-        ]
+            lane.outputs.append(self._reply(command, record, 502))
+            return
+        s = self.settings
+        changed = replace(
+            record,
+            status=new,
+            auth_status=new,
+            version=record.version + 1,
+            updated_at=now,
+            follow_up=FollowUp(
+                deadline_at=now + s.worker_follow_up_deadline_s,
+                next_poll_at=now + s.worker_follow_up_poll_s,
+            ),
+        )
+        outcome = self._outcome(command.command_id, command, changed, record.status, now)
+        kept = self._keep(lane, changed, outcome)
+        lane.outputs.append(self._reply(command, kept, 200))
+        lane.outputs.append(self._event(kept, record.status, command))
 
-    def state(
-        self, account_id: str, account: Account, command_id: str, partition: int
-    ) -> tuple[str, bytes, bytes, int | None]:
-        value = json.dumps(
-            {
-                "account_id": account_id,
-                "workspace_id": account.workspace_id,
-                "provider": account.provider,
-                "provider_account_ref": account.ref,
-                "status": account.status,
-                "version": account.version,
-                "command_id": command_id,
-                "updated_at": time.time(),
-            },
-            separators=(",", ":"),
-        ).encode()
-        return self.topics.state, account_id.encode(), value, partition
+    @staticmethod
+    def _outcome(
+        command_id: str,
+        confirm: PasskeyConfirm | None,
+        record: AccountRecord,
+        previous: str | None,
+        now: float,
+    ) -> Outcome:
+        return Outcome(
+            cid=compact_id(command_id),
+            rid=None if confirm is None else compact_id(confirm.request_id),
+            http_status=200,
+            status=record.status,
+            auth_status=record.auth_status,
+            version=record.version,
+            at=now,
+            previous_status=previous,
+            changed=confirm is None or previous is not None,
+        )
 
-    def reply(
-        self, command: PasskeyConfirm, account: Account, http_status: int
-    ) -> tuple[str, bytes, bytes, int | None]:
+    def _keep(self, lane: Lane, record: AccountRecord, outcome: Outcome) -> AccountRecord:
+        """``record`` with ``outcome`` in its dedup window, kept and written."""
+        window = self.settings.worker_dedup_window
+        kept = replace(record, recent=(*record.recent, outcome)[-window:])
+        self.records[kept.account_id] = kept
+        key = kept.account_id.encode()
+        lane.states.append((self.topics.state, key, encode_record(kept), lane.partition))
+        return kept
+
+    def _reply(self, command: PasskeyConfirm, record: AccountRecord, http_status: int) -> Out:
         data = AuthData(
-            account_id=command.account_id, status=account.status, auth_status=account.status
+            account_id=command.account_id, status=record.status, auth_status=record.auth_status
         )
         reply = Reply(
             command_id=command.command_id,
@@ -204,26 +250,30 @@ class WorkerFloor:
             account_id=command.account_id,
             http_status=http_status,
             body=ReplyBody(request_id=command.request_id, data=data),
-            version=account.version,
+            version=record.version,
         )
         value = reply.model_dump_json(exclude_none=True).encode()
         return self.topics.replies, command.account_id.encode(), value, None
 
-    def event(
-        self, account_id: str, account: Account, previous: str | None, command_id: str
-    ) -> tuple[str, bytes, bytes, int | None]:
+    def _event(
+        self,
+        record: AccountRecord,
+        previous: str | None,
+        command: RegisterAccount | PasskeyConfirm,
+    ) -> Out:
         ev = AuthStatusChanged(
-            event_id=event_id("status", account_id, account.version),
-            account_id=account_id,
-            workspace_id=account.workspace_id,
+            event_id=event_id("status", record.account_id, record.version),
+            account_id=record.account_id,
+            workspace_id=record.workspace_id,
             previous_status=previous,
-            status=account.status,
-            auth_status=account.status,
-            version=account.version,
-            occurred_at=rfc3339(time.time()),
-            command_id=command_id,
+            status=record.status,
+            auth_status=record.auth_status,
+            version=record.version,
+            occurred_at=rfc3339(record.updated_at),
+            command_id=command.command_id,
+            request_id=command.request_id if isinstance(command, PasskeyConfirm) else None,
         )
-        return self.topics.status, account_id.encode(), ev.model_dump_json().encode(), None
+        return self.topics.status, record.account_id.encode(), ev.model_dump_json().encode(), None
 
 
 async def run_floor(settings: Settings, stop: asyncio.Event) -> None:

@@ -1,12 +1,14 @@
 """The consume loop both floors share (``bench.floor``, ``bench.webhook_floor``): fetch a batch,
-hand it to ``handle`` as a task, commit each batch's offsets once its task is done, in order,
-with at most ``limit`` records in flight. What a minimal service does between fetch and commit,
-and nothing more."""
+hand it to ``handle`` as a task, commit the offsets of the batches done (in fetch order) at the
+processes' cadence (``WORKER_COMMIT_INTERVAL_MS``, which the worker and the dispatcher both
+commit at), with at most ``limit`` records in flight. What a minimal service does between fetch
+and commit, and nothing more."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -28,19 +30,28 @@ async def consume_in_batches(
     limit: int,
     max_records: int,
     stop: asyncio.Event,
+    commit_interval_s: float,
 ) -> None:
     """Run until ``stop``; prints ``assigned N`` once the group gave partitions (the bench
-    waits for that line). Tasks still pending at the end are cancelled."""
+    waits for that line). Offsets of finished batches are committed together once
+    ``commit_interval_s`` passed since the last commit, as the processes do (not per batch).
+    Tasks still pending at the end are cancelled."""
     pending: deque[tuple[asyncio.Task[None], dict[TopicPartition, int], int]] = deque()
+    done: dict[TopicPartition, int] = {}
     in_flight = 0
     announced = False
+    last_commit = time.monotonic()
     try:
         while not stop.is_set():
             while pending and (pending[0][0].done() or in_flight >= limit):
                 task, offsets, n = pending.popleft()
                 await task
                 in_flight -= n
-                await consumer.commit(offsets)
+                done.update(offsets)
+            if done and time.monotonic() - last_commit >= commit_interval_s:
+                await consumer.commit(done)
+                done = {}
+                last_commit = time.monotonic()
             batch = await consumer.getmany(timeout_ms=100, max_records=max_records)
             if not announced and consumer.assignment():
                 print(f"assigned {len(consumer.assignment())}", flush=True)
@@ -80,12 +91,20 @@ async def serve_batches(
     limit: int,
     max_records: int,
     stop: asyncio.Event,
+    commit_interval_s: float,
 ) -> None:
     """Start both clients, ``consume_in_batches`` until ``stop``, stop both."""
     await producer.start()
     await consumer.start()
     try:
-        await consume_in_batches(consumer, handle, limit=limit, max_records=max_records, stop=stop)
+        await consume_in_batches(
+            consumer,
+            handle,
+            limit=limit,
+            max_records=max_records,
+            stop=stop,
+            commit_interval_s=commit_interval_s,
+        )
     finally:
         with contextlib.suppress(Exception):
             await consumer.stop()

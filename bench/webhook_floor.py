@@ -11,35 +11,43 @@ For every fetched batch of auth.status, as one task (batches overlap, at most
 * signed per Standard Webhooks (HMAC-SHA256 of ``id.timestamp.body``, base64; the secret
   decoded once), POSTed through the dispatcher's own client (``open_session`` with the
   dispatcher's pool limits and target policy, ``Sender`` with its time-out and body cap);
-  one account's events one after another, accounts concurrently;
-* one delivery-log entry per delivery (the dispatcher's ``DeliveryLogEntry``), the batch's
-  entries of the endpoint in records of at most ``LOG_BATCH_MAX`` (``DeliveryLogBatch``), as
-  the dispatcher's flush window batches them; one wait for their acks, then the batch's
-  offsets committed (in fetch order).
+* one account's events one after another, across overlapping batches too: an event is sent
+  only once the account's earlier one is settled (answered and its log entry acknowledged,
+  as the dispatcher settles a pair's head before it attempts the next); accounts concurrently;
+* one delivery-log entry per delivery with the fields the dispatcher writes for a finished
+  one (``DeliveryLogEntry`` with its ``attempt``, the ``body`` a resend sends, ``occurred_at``),
+  the entries written within the dispatcher's window (``WEBHOOK_LOG_FLUSH_S``) in one record
+  (``DeliveryLogBatch``, at most ``LOG_BATCH_MAX`` entries or ``LOG_BATCH_BYTES``), whichever
+  batch they came from; the offsets committed at the dispatcher's cadence (``floor_loop``).
 
 One endpoint, given in the environment (``FLOOR_ENDPOINT_ID``, ``FLOOR_ENDPOINT_URL``,
 ``FLOOR_WORKSPACE_ID``, ``BENCH_WEBHOOK_SECRET``): no endpoint registry, no delivery state,
-no retries or endpoint gate, no metrics, spans or logs per delivery. Each of those is what
-the ratio counts.
+no retries or endpoint gate, no pending entries for a delivery waiting behind its account's
+earlier one, no metrics, spans or logs per delivery. Each of those is what the ratio counts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import hmac
 import os
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 from bench.floor_loop import Batch, group_clients, serve_batches
 from bench.webhook_receiver import SECRET_ENV
 from worker.contract.delivery_log import (
+    LOG_BATCH_BYTES,
     LOG_BATCH_MAX,
+    AttemptRecord,
     DeliveryLogBatch,
     DeliveryLogEntry,
+    excerpt,
     webhook_id,
 )
 from worker.contract.messages import rfc3339
@@ -52,6 +60,15 @@ from worker.webhooks.signing import SECRET_PREFIX
 from worker.webhooks.targets import TargetPolicy
 
 
+@dataclass(slots=True, eq=False)
+class LogRecord:
+    """The entries of one window, and what their writers wait on (its record's ack)."""
+
+    acked: asyncio.Future[None]
+    entries: list[DeliveryLogEntry] = field(default_factory=list)
+    bytes: int = 0
+
+
 class DispatcherFloor:
     def __init__(self, settings: Settings, endpoint_id: str, url: str, workspace: str) -> None:
         self.settings = settings
@@ -62,6 +79,10 @@ class DispatcherFloor:
         self.producer, self.consumer = group_clients(
             settings, settings.topics.status, settings.webhook_consumer_group
         )
+        # Accounts an unfinished batch is delivering, with that batch's lane of the account.
+        self.busy: dict[str, asyncio.Task[None]] = {}
+        self.window: LogRecord | None = None
+        self.writes: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.settings
@@ -79,53 +100,60 @@ class DispatcherFloor:
                 limit=s.webhook_max_in_flight,
                 max_records=s.kafka_max_poll_records,
                 stop=stop,
+                commit_interval_s=s.worker_commit_interval_ms / 1000,
             )
         finally:
             await session.close()
 
     async def handle(self, batch: Batch) -> None:
-        """Deliver ``batch`` (per account in order), then log it, one ack wait."""
+        """Deliver ``batch``: each account's events in order after its earlier batch's."""
         lanes: dict[str, list[WebhookEvent]] = defaultdict(list)
         for msgs in batch.values():
             for msg in msgs:
                 event = from_status(msg.value or b"")
                 if event.workspace_id == self.workspace:
                     lanes[event.account_id].append(event)
-        done = await asyncio.gather(*(self.lane(events) for events in lanes.values()))
-        entries = [entry for lane in done for entry in lane]
-        futures = []
-        for i in range(0, len(entries), LOG_BATCH_MAX):
-            chunk = entries[i : i + LOG_BATCH_MAX]
-            record = (
-                chunk[0]
-                if len(chunk) == 1
-                else DeliveryLogBatch(endpoint_id=self.endpoint_id, entries=tuple(chunk))
-            )
-            futures.append(
-                await self.producer.send(
-                    self.settings.topics.webhook_deliveries,
-                    record.model_dump_json().encode(),
-                    key=self.endpoint_id.encode(),
-                )
-            )
-        await asyncio.gather(*futures)
+        tasks = []
+        for account, events in lanes.items():
+            task = asyncio.create_task(self.lane(self.busy.get(account), events))
+            self.busy[account] = task
+            task.add_done_callback(functools.partial(self._release, account))
+            tasks.append(task)
+        await asyncio.gather(*tasks)
 
-    async def lane(self, events: list[WebhookEvent]) -> list[DeliveryLogEntry]:
-        return [await self.deliver(event) for event in events]
+    def _release(self, account: str, task: asyncio.Task[None]) -> None:
+        if self.busy.get(account) is task:
+            del self.busy[account]
+
+    async def lane(self, earlier: asyncio.Task[None] | None, events: list[WebhookEvent]) -> None:
+        if earlier is not None:
+            await asyncio.shield(earlier)
+        for event in events:
+            await self.log(await self.deliver(event))
 
     async def deliver(self, event: WebhookEvent) -> DeliveryLogEntry:
         wid = webhook_id(event.event_id, self.endpoint_id)
         body = event.body.encode()
-        stamp = int(time.time())
-        content = f"{wid}.{stamp}.".encode() + body
+        at = time.time()
+        content = f"{wid}.{int(at)}.".encode() + body
         signature = base64.b64encode(hmac.digest(self.key, content, hashlib.sha256)).decode()
         headers = {
             "webhook-id": wid,
-            "webhook-timestamp": str(stamp),
+            "webhook-timestamp": str(int(at)),
             "webhook-signature": f"v1,{signature}",
             "content-type": "application/json",
         }
         answer = await self.sender.post(self.url, body, headers)
+        text, cut = excerpt(answer.body, truncated=answer.truncated)
+        error = None if answer.error is None else str(answer.error)
+        attempt = AttemptRecord(
+            at=rfc3339(at),
+            status=answer.status,
+            latency_ms=max(0, round(answer.elapsed_s * 1000)),
+            response_excerpt=text or None,
+            response_truncated=cut,
+            error_kind=None if error is None else error[:64],
+        )
         return DeliveryLogEntry(
             webhook_id=wid,
             endpoint_id=self.endpoint_id,
@@ -137,9 +165,54 @@ class DispatcherFloor:
             attempts=1,
             state="delivered" if answer.ok else "failed",
             last_status=answer.status,
-            last_error=None if answer.error is None else str(answer.error),
+            last_error=error,
             updated_at=rfc3339(time.time()),
+            attempt=attempt,
+            body=event.body,
+            occurred_at=event.occurred_at,
         )
+
+    async def log(self, entry: DeliveryLogEntry) -> None:
+        """Put ``entry`` in the open window's record (opened by the first entry, written when
+        the window closes or the record is full); wait for that record's ack."""
+        window = self.window
+        if window is None:
+            window = self.window = LogRecord(asyncio.get_running_loop().create_future())
+            flush_s = self.settings.webhook_log_flush_s
+            asyncio.get_running_loop().call_later(flush_s, self._close, window)
+        window.entries.append(entry)
+        window.bytes += len(entry.body or "") + 1024
+        if len(window.entries) >= LOG_BATCH_MAX or window.bytes >= LOG_BATCH_BYTES:
+            self._close(window)
+        await asyncio.shield(window.acked)
+
+    def _close(self, window: LogRecord) -> None:
+        if self.window is not window:
+            return  # closed already (full)
+        self.window = None
+        task = asyncio.create_task(self._write(window))
+        self.writes.add(task)
+        task.add_done_callback(self.writes.discard)
+
+    async def _write(self, window: LogRecord) -> None:
+        entries = window.entries
+        record = (
+            entries[0]
+            if len(entries) == 1
+            else DeliveryLogBatch(endpoint_id=self.endpoint_id, entries=tuple(entries))
+        )
+        try:
+            await (
+                await self.producer.send(
+                    self.settings.topics.webhook_deliveries,
+                    record.model_dump_json().encode(),
+                    key=self.endpoint_id.encode(),
+                )
+            )
+        except Exception as exc:  # its writers see it; the floor has no re-send
+            window.acked.set_exception(exc)
+            return
+        window.acked.set_result(None)
 
 
 async def _main(settings: Settings) -> None:
