@@ -4,14 +4,14 @@ reads (docs/architecture.md, "Webhook fan-out"); the highest ``revision`` wins."
 
 from __future__ import annotations
 
+import time
 import uuid
-from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.contract.endpoint_ceilings import DESCRIPTION_MAX_CHARS_CEILING, URL_MAX_CHARS_CEILING
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, rfc3339
 
 EVENT_STATUS_CHANGED: Final = "account.auth_status_changed"
 EVENT_ERROR: Final = "account.auth_error"
@@ -47,7 +47,7 @@ RateLimit = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT, strict=True)]
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return rfc3339(time.time())
 
 
 def new_endpoint_id() -> str:

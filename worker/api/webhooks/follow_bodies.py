@@ -4,19 +4,14 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.api.bodies import DataResponse
 from worker.api.webhooks.account_events import FoundEvent
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, rfc3339
 from worker.webhooks.replay_scan import ReplayProgress, ReplayState
-
-
-def _rfc3339(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class ReplayStatusData(BaseModel):
@@ -68,7 +63,7 @@ class ReplayStatusData(BaseModel):
     def of(cls, progress: ReplayProgress) -> ReplayStatusData:
         times = {"created_at", "updated_at"}
         fields = progress.model_dump(include=cls.model_fields.keys() - times)
-        return cls(**fields, **{name: _rfc3339(getattr(progress, name)) for name in times})
+        return cls(**fields, **{name: rfc3339(getattr(progress, name)) for name in times})
 
 
 class ReplayStatusResponse(DataResponse[ReplayStatusData]):
