@@ -96,13 +96,8 @@ the front-end), and the read models, which tolerate a few more milliseconds of l
 often than that (figures: bench/README.md)."""
 
 
-def view_consumer(kafka: KafkaConfig) -> SharedConsumer:
-    """The consumer the front-end's read models share (the replies keep their own, whose
-    fetches bound each round trip's latency on a broker that holds a fetch for its wait)."""
-    return SharedConsumer(_view_reader(kafka))
-
-
 def _view_reader(kafka: KafkaConfig) -> AIOKafkaConsumer:
+    """A consumer of the read models and scans, waiting at least ``VIEW_FETCH_MIN_WAIT_MS``."""
     return build_consumer(
         kafka, fetch_max_wait_ms=max(kafka.fetch_max_wait_ms, VIEW_FETCH_MIN_WAIT_MS)
     )
@@ -324,13 +319,10 @@ async def api_runtime(
     webhooks_on = settings.webhook_secrets_key is not None
     begun = await prologue(settings, "api", registry, webhooks=webhooks_on)
     registry, broker, kafka = begun.registry, begun.health, begun.kafka
-    keys = (
-        keys
-        if keys is not None
-        else KeyStore.from_file(
+    if keys is None:
+        keys = KeyStore.from_file(
             settings.api_keys_file, reload_interval_s=settings.api_keys_reload_s
         )
-    )
     if not len(keys):
         log.warning("api_no_keys", keys_file=str(settings.api_keys_file))
     topics = settings.topics
@@ -342,7 +334,9 @@ async def api_runtime(
         spread=settings.api_reply_partitions,
         gap_hold_s=kafka.offset_gap_hold_s,
     )
-    shared = view_consumer(kafka)
+    # The read models share one consumer (the replies keep their own, whose fetches bound each
+    # round trip's latency on a broker that holds a fetch for its wait).
+    shared = SharedConsumer(_view_reader(kafka))
     presence = Presence(shared.share(), topics.api_presence, producer, health=broker)
     idempotency = IdempotencyKeys(
         shared.share(),

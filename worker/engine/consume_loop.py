@@ -267,10 +267,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.pressure.aside_started(where)
         task = asyncio.create_task(self._run_aside(key, tp, msg))
         self.asides[task] = where
-        task.add_done_callback(self._aside_done)
-
-    def _aside_done(self, task: asyncio.Task[None]) -> None:
-        self.pressure.aside_finished(self.asides.pop(task))
+        task.add_done_callback(lambda done: self.pressure.aside_finished(self.asides.pop(done)))
 
     async def _run_aside(
         self, key: str, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]

@@ -36,10 +36,6 @@ class ProbeAddress:
     name: str
 
 
-def _always_ready() -> bool:
-    return True
-
-
 @dataclass(frozen=True, slots=True)
 class ProcessParts:
     """The clients a consuming process runs its loop with, built by the caller:
@@ -54,7 +50,7 @@ class ProcessParts:
     health: BrokerHealth
     closers: Sequence[Callable[[], Awaitable[None]]] = ()
     drains: Sequence[Callable[[], Awaitable[None]]] = ()
-    also_ready: Callable[[], bool] = _always_ready
+    also_ready: Callable[[], bool] = lambda: True
 
 
 @dataclass(frozen=True, slots=True)
