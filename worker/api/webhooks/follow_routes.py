@@ -4,7 +4,6 @@ another workspace's ids are answered exactly as unknown ones (docs/api.md)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Final
 
 from starlette.requests import Request
@@ -20,18 +19,16 @@ from worker.api.webhooks.account_events import (
     WINDOW_S,
     CursorError,
 )
-from worker.api.webhooks.creates import is_pending
+from worker.api.webhooks.clients import WebhookClients
 from worker.api.webhooks.follow_bodies import (
     AccountEventData,
     AccountEventsResponse,
     ReplayStatusData,
     ReplayStatusResponse,
 )
-from worker.api.webhooks.guard import READ, UPDATE, Handler, guarded
-from worker.api.webhooks.routes import NOT_CONFIGURED, NOT_FOUND, WebhookClients
+from worker.api.webhooks.guard import READ, UPDATE, WebhookHandlers
 from worker.contract.catalogue import ServiceError
 from worker.contract.webhook_events import parse_rfc3339
-from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
 from worker.webhooks.replay_scan import REPLAY_ID_RE, ReplayProgress
 
@@ -53,27 +50,11 @@ RECENT_WAIT_S: Final = 0.5
 _QUERY: Final = frozenset({"cursor", "limit", "since"})
 
 
-class FollowRoutes:
-    """The handlers; ``clients`` is ``None`` without webhooks (every route answers its 500).
-    ``admitted_workspace`` is the key check and rate limit; ``refused`` counts quota refusals."""
-
-    def __init__(
-        self,
-        *,
-        clients: WebhookClients | None,
-        admitted_workspace: Callable[[Request], str],
-        wait_s: float,
-        refused: Callable[[str], None] = lambda _: None,
-    ) -> None:
-        self.clients = clients
-        self.admitted_workspace = admitted_workspace
-        self.wait_s = wait_s
-        self._refused = refused
+class FollowRoutes(WebhookHandlers):
+    """The handlers (``WebhookHandlers``) of a replay's status and an account's events."""
 
     def routes(self) -> list[Route]:
-        def route(path: str, handler: Handler, method: str, failure: str) -> Route:
-            return Route(path, guarded(handler, failure, path, self._refused), methods=[method])
-
+        route = self.route
         return [
             route(WEBHOOK_REPLAY_STATUS, self.replay_status, "GET", READ),
             route(WEBHOOK_REPLAY_CANCEL, self.cancel_replay, "POST", UPDATE),
@@ -81,20 +62,6 @@ class FollowRoutes:
         ]
 
     # -- checks ------------------------------------------------------------------------------
-
-    def _caller(self, request: Request, failure: str) -> tuple[WebhookClients, str]:
-        """The clients and the key's workspace (key check and rate limit first)."""
-        workspace_id = self.admitted_workspace(request)
-        if self.clients is None:
-            raise ServiceError.of(failure, NOT_CONFIGURED)
-        return self.clients, workspace_id
-
-    async def _ready(self, failure: str, *tails: TopicTail) -> None:
-        for tail in tails:
-            if not tail.caught_up and not await tail.wait_caught_up(self.wait_s):
-                raise ServiceError.of(failure, "Not available yet; retry shortly.")
-            if not tail.running:
-                raise ServiceError.of(failure, "Not available right now.")
 
     async def _replay(
         self, request: Request, failure: str
@@ -107,9 +74,7 @@ class FollowRoutes:
         if REPLAY_ID_RE.fullmatch(replay_id) is None:
             raise ServiceError.of("invalid_request", f"Invalid path parameter: {REPLAY_ID_RULE}.")
         await self._ready(failure, clients.endpoints, clients.replays.board.presence)
-        endpoint = clients.endpoints.registry.get(workspace_id, endpoint_id)
-        if endpoint is None or is_pending(endpoint):
-            raise ServiceError.of("not_found", NOT_FOUND)
+        self._find(clients, workspace_id, endpoint_id)
         progress = clients.replays.board.get(workspace_id, endpoint_id, replay_id)
         if progress is None:
             await clients.replays.board.seen(replay_id, RECENT_WAIT_S)

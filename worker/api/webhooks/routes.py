@@ -42,14 +42,13 @@ from worker.api.webhooks.delivery_routes import (
     WEBHOOK_TEST,
     DeliveryRoutes,
 )
-from worker.api.webhooks.guard import READ, UPDATE, Handler, guarded
+from worker.api.webhooks.guard import READ, UPDATE, WebhookHandlers
 from worker.api.webhooks.quotas import EndpointLimits, EndpointQuota
 from worker.api.webhooks.sends import SendBudget
 from worker.api.webhooks.urls import url_form_allowed, url_rule_text
 from worker.contract.catalogue import ServiceError
 from worker.contract.operational_events import enabled_record
 from worker.contract.webhook_endpoints import EndpointRecord
-from worker.engine.tail import TopicTail
 from worker.runtime.logs import get_logger
 from worker.webhooks.targets import BlockedTarget, TargetPolicy, validate_url
 
@@ -74,8 +73,6 @@ WEBHOOK_ROUTES: Final = (
     WEBHOOK_REPLAY,
     *DELIVERY_ROUTES,
 )
-NOT_CONFIGURED: Final = "The service is not configured for webhooks; nothing was changed."
-NOT_FOUND: Final = "The webhook endpoint does not exist in this workspace."
 ENDPOINT_ID_RULE: Final = ACCOUNT_ID_RULE.replace("account_id", "endpoint_id", 1)
 
 UNCONFIRMED: Final = (
@@ -87,12 +84,12 @@ Written = TypeVar("Written")
 Write = Callable[[WebhookClients, EndpointRecord], Awaitable[Written]]
 
 
-class WebhookRoutes:
-    """The handlers; ``clients`` is ``None`` when the service has no secrets key, and every
-    route then answers its 500. ``admitted_workspace`` is the front-end's key check and rate
-    limit (``ApiRoutes.admitted_workspace``); ``wait_s`` bounds how long a request waits for
-    the registry to catch up at start-up; ``limits`` and ``endpoints_per_workspace`` are the
+class WebhookRoutes(WebhookHandlers):
+    """The handlers (``WebhookHandlers``); ``limits`` and ``endpoints_per_workspace`` are the
     quotas (``worker.api.webhooks.quotas``), whose refusals ``metrics`` counts."""
+
+    NOT_YET = "The webhook endpoints are not available yet; retry shortly."
+    DOWN = "The webhook endpoints are not available."
 
     def __init__(
         self,
@@ -107,10 +104,13 @@ class WebhookRoutes:
         sends_per_minute: int,
         replicas: Callable[[], int] | None,
     ) -> None:
-        self.clients = clients
-        self.admitted_workspace = admitted_workspace
+        super().__init__(
+            clients=clients,
+            admitted_workspace=admitted_workspace,
+            wait_s=wait_s,
+            refused=lambda quota: metrics.quota_refusals.labels(quota).inc(),
+        )
         self.policy = policy
-        self.wait_s = wait_s
         self.limits = limits
         self.metrics = metrics
         self.quota = (
@@ -132,9 +132,7 @@ class WebhookRoutes:
         )
 
     def routes(self) -> list[Route]:
-        def route(path: str, handler: Handler, method: str, failure: str) -> Route:
-            return Route(path, guarded(handler, failure, path, self._refused), methods=[method])
-
+        route = self.route
         deliveries = self.delivery_log  # worker.api.webhooks.delivery_routes
         off = "deactivate_webhook_endpoint_failed"
         return [
@@ -163,9 +161,6 @@ class WebhookRoutes:
 
     # -- checks ------------------------------------------------------------------------------
 
-    def _refused(self, quota: str) -> None:
-        self.metrics.quota_refusals.labels(quota).inc()
-
     def _secrets_dropped(self, reason: str, before: EndpointRecord, after: EndpointRecord) -> None:
         """Count the secrets ``before`` held unexpired that ``after`` no longer holds."""
         now = time.time()
@@ -177,21 +172,6 @@ class WebhookRoutes:
         )
         if dropped:
             self.metrics.secrets_dropped.labels(reason).inc(dropped)
-
-    def _configured(self, failure: str) -> WebhookClients:
-        if self.clients is None:
-            raise ServiceError.of(failure, NOT_CONFIGURED)
-        return self.clients
-
-    async def _ready(self, failure: str, *tails: TopicTail) -> None:
-        """The read models are caught up (waiting up to ``wait_s`` at start-up) and alive."""
-        for tail in tails:
-            if not tail.caught_up and not await tail.wait_caught_up(self.wait_s):
-                raise ServiceError.of(
-                    failure, "The webhook endpoints are not available yet; retry shortly."
-                )
-            if not tail.running:
-                raise ServiceError.of(failure, "The webhook endpoints are not available.")
 
     def _check_url(self, url: str) -> None:
         """The SSRF check of ``worker.webhooks.targets``, then the form the API document
@@ -210,14 +190,6 @@ class WebhookRoutes:
                 "The url is not allowed as a webhook target: url_form_not_allowed (it must be"
                 f" {url_rule_text(allow_http=allow_http)}).",
             )
-
-    @staticmethod
-    def _find(clients: WebhookClients, workspace_id: str, endpoint_id: str) -> EndpointRecord:
-        """The workspace's endpoint, or the one 404 (also for a create not yet admitted)."""
-        record = clients.store.registry.get(workspace_id, endpoint_id)
-        if record is None or is_pending(record):
-            raise ServiceError.of("not_found", NOT_FOUND)
-        return record
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, workspace_id: str, endpoint_id: str) -> AsyncIterator[None]:
@@ -247,8 +219,7 @@ class WebhookRoutes:
     ) -> tuple[WebhookClients, str, str]:
         """The common head of the routes on one endpoint: key, configured, optional body,
         registry ready. The caller looks the endpoint up (under the write lock for writes)."""
-        workspace_id = self.admitted_workspace(request)
-        clients = self._configured(failure)
+        clients, workspace_id = self._caller(request, failure)
         endpoint_id = path_id(request, "endpoint_id")
         if body:
             await check_body(request)
@@ -259,8 +230,7 @@ class WebhookRoutes:
 
     async def create(self, request: Request) -> Response:
         failure = "create_webhook_endpoint_failed"
-        workspace_id = self.admitted_workspace(request)
-        clients = self._configured(failure)
+        clients, workspace_id = self._caller(request, failure)
         body = await json_object_body(request, CreateEndpointBody)
         self.limits.check(url=body.url, description=body.description, event_types=body.event_types)
         self._check_url(body.url)
@@ -278,8 +248,7 @@ class WebhookRoutes:
         return _with_secret(request, record, secret, status_code=201)
 
     async def list_endpoints(self, request: Request) -> Response:
-        workspace_id = self.admitted_workspace(request)
-        clients = self._configured("list_webhook_endpoints_failed")
+        clients, workspace_id = self._caller(request, "list_webhook_endpoints_failed")
         await self._ready("list_webhook_endpoints_failed", clients.endpoints)
         records = [
             r for r in clients.store.registry.of_workspace(workspace_id) if not is_pending(r)
@@ -298,8 +267,7 @@ class WebhookRoutes:
 
     async def update(self, request: Request) -> Response:
         failure = UPDATE
-        workspace_id = self.admitted_workspace(request)
-        clients = self._configured(failure)
+        clients, workspace_id = self._caller(request, failure)
         endpoint_id = path_id(request, "endpoint_id")
         body = await json_object_body(request, UpdateEndpointBody)
         changes = body.changes()
@@ -367,8 +335,7 @@ class WebhookRoutes:
 
     async def replay(self, request: Request) -> Response:
         failure = UPDATE
-        workspace_id = self.admitted_workspace(request)
-        clients = self._configured(failure)
+        clients, workspace_id = self._caller(request, failure)
         endpoint_id = path_id(request, "endpoint_id")
         body = await json_object_body(request, ReplayBody)
         await self._ready(failure, clients.endpoints)
