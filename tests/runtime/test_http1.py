@@ -331,7 +331,8 @@ async def test_a_dripped_body_ends_at_the_body_time_out() -> None:
         with pytest.raises(HttpTimeout) as caught:
             await call(server.url, body_s=0.3)
         assert caught.value.phase == "body"
-        assert asyncio.get_running_loop().time() - started < 2.0
+        # Well before the drip's 10 s end, with room for a loaded machine.
+        assert asyncio.get_running_loop().time() - started < 5.0
     assert 2 <= len(dripped) < 200
 
 
@@ -354,7 +355,8 @@ async def test_a_calls_time_out_bounds_every_phase() -> None:
         started = asyncio.get_running_loop().time()
         with pytest.raises(HttpTimeout):
             await client.request("GET", server.url, timeout_s=0.2)
-        assert asyncio.get_running_loop().time() - started < 1.0
+        # Before the 5 s answer, with room for a loaded machine.
+        assert asyncio.get_running_loop().time() - started < 4.0
 
 
 # -- the pool ------------------------------------------------------------------------------------
