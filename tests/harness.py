@@ -101,7 +101,9 @@ class Bus:
     def errors(self, **match: Any) -> list[dict[str, Any]]:
         return self.of(self.settings.topics.errors, **match)
 
-    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 60.0) -> None:
+        """Pump until ``predicate`` holds; ``timeout`` only ends a wait that would fail anyway
+        (generous: a loaded machine answers late, not wrongly)."""
         deadline = time.monotonic() + timeout
         while not predicate():
             if time.monotonic() > deadline:
@@ -111,7 +113,7 @@ class Bus:
                 )
             await self.pump()
 
-    async def reply_to(self, command_id: str, timeout: float = 20.0) -> dict[str, Any]:
+    async def reply_to(self, command_id: str, timeout: float = 60.0) -> dict[str, Any]:
         await self.wait_for(lambda: bool(self.replies(command_id=command_id)), timeout)
         return self.replies(command_id=command_id)[0]
 

@@ -66,8 +66,9 @@ def headers(key: str = KEY_A, **extra: str) -> dict[str, str]:
 
 
 async def wait_until(
-    predicate: Callable[[], bool], *, timeout: float = 20.0, what: str = "condition"
+    predicate: Callable[[], bool], *, timeout: float = 60.0, what: str = "condition"
 ) -> None:
+    """Until ``predicate`` holds; ``timeout`` only ends a wait that would fail anyway."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
