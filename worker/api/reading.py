@@ -18,12 +18,21 @@ ACCOUNT_ID_RULE: Final = (
 )
 
 
+def invalid_path(rule: str) -> ServiceError:
+    """The 400 of a malformed path parameter, naming the ``rule`` it breaks."""
+    return ServiceError.of("invalid_request", f"Invalid path parameter: {rule}.")
+
+
+def invalid_query(rule: str) -> ServiceError:
+    """The 400 of a malformed query parameter, naming the ``rule`` it breaks."""
+    return ServiceError.of("invalid_request", f"Invalid query parameter: {rule}.")
+
+
 def path_id(request: Request, name: str) -> str:
     """The path parameter ``name`` in the identifier format (400 naming the rule otherwise)."""
     value: str = request.path_params[name]
     if not valid_id(value):
-        rule = ACCOUNT_ID_RULE.replace("account_id", name, 1)
-        raise ServiceError.of("invalid_request", f"Invalid path parameter: {rule}.")
+        raise invalid_path(ACCOUNT_ID_RULE.replace("account_id", name, 1))
     return value
 
 

@@ -36,7 +36,7 @@ from worker.api.keys import KeyStore
 from worker.api.metrics import ApiMetrics
 from worker.api.portal.revocations import PortalRevocations, session_claims
 from worker.api.portal.tokens import PortalTokens, in_portal_scope
-from worker.api.reading import ACCOUNT_ID_RULE, check_body, request_id_of
+from worker.api.reading import ACCOUNT_ID_RULE, check_body, invalid_path, request_id_of
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
 from worker.api.request_rate import RateLimited, RateLimiter
 from worker.contract.catalogue import ServiceError
@@ -92,7 +92,7 @@ EXCEPTION_HANDLERS: Final[dict[Any, Callable[[Request, Exception], Awaitable[Res
 
 def check_account_id(account_id: str) -> None:
     if not valid_id(account_id):
-        raise ServiceError.of("invalid_request", f"Invalid path parameter: {ACCOUNT_ID_RULE}.")
+        raise invalid_path(ACCOUNT_ID_RULE)
 
 
 class _RoundTripFailed(Exception):

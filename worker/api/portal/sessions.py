@@ -18,7 +18,7 @@ from worker.api.bodies import DataResponse, json_response
 from worker.api.keys import KeyStore
 from worker.api.portal.revocations import PortalRevocations
 from worker.api.portal.tokens import SESSION_ID_RE, PortalTokens
-from worker.api.reading import request_id_of
+from worker.api.reading import invalid_path, request_id_of
 from worker.api.webhooks.bodies import json_object_body
 from worker.contract.catalogue import ServiceError
 from worker.contract.messages import Identifier
@@ -146,7 +146,7 @@ class PortalSessions:
         workspace_id = self.admitted_workspace(request)
         session_id: str = request.path_params["session_id"]
         if SESSION_ID_RE.fullmatch(session_id) is None:
-            raise ServiceError.of("invalid_request", f"Invalid path parameter: {SESSION_ID_RULE}.")
+            raise invalid_path(SESSION_ID_RULE)
         if self.tokens is None:
             raise self._no_portal("there are no sessions to revoke")
         await self.revocations.revoke_session(workspace_id, session_id)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, Literal
 
+from worker.api.reading import invalid_query
 from worker.api.webhooks.delivery_log_scan import LogSlice
 from worker.contract.catalogue import ServiceError
 from worker.contract.delivery_log import AttemptRecord, DeliveryLogEntry
@@ -141,10 +142,7 @@ _CURSOR: Final = re.compile(CURSOR_PATTERN.replace("^", "").replace("$", ""))
 
 
 def bad_cursor() -> ServiceError:
-    return ServiceError.of(
-        "invalid_request",
-        "Invalid query parameter: cursor must be a next_cursor this route answered.",
-    )
+    return invalid_query("cursor must be a next_cursor this route answered")
 
 
 def decode_cursor(text: str, *, window: int) -> Cursor:

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from worker.api.bodies import json_response, valid_id
-from worker.api.reading import request_id_of
+from worker.api.reading import invalid_path, invalid_query, request_id_of
 from worker.api.webhooks.bodies import json_object_body
 from worker.api.webhooks.clients import WebhookClients
 from worker.api.webhooks.delivery_bodies import (
@@ -63,31 +63,27 @@ SEND_TIMEOUT_S: Final = 10.0
 EndpointOf = Callable[..., Awaitable[tuple[WebhookClients, str, EndpointRecord]]]
 
 
-def _invalid_query(rule: str) -> ServiceError:
-    return ServiceError.of("invalid_request", f"Invalid query parameter: {rule}.")
-
-
 def filters_of(request: Request) -> tuple[Filters, int, str | None]:
     """The list's filters, page size and cursor from the query; 400 for any malformed one."""
     query = request.query_params
     status = query.get("status")
     if status is not None and status not in STATUSES:
-        raise _invalid_query(f"status must be one of {', '.join(STATUSES)}")
+        raise invalid_query(f"status must be one of {', '.join(STATUSES)}")
     event_type = query.get("event_type")
     if event_type is not None and not 0 < len(event_type) <= 128:
-        raise _invalid_query("event_type must be 1 to 128 characters")
+        raise invalid_query("event_type must be 1 to 128 characters")
     account_id = query.get("account_id")
     if account_id is not None and not valid_id(account_id):
-        raise _invalid_query("account_id must match the identifier format")
+        raise invalid_query("account_id must match the identifier format")
     since, until = (_instant(query.get(name), name) for name in ("since", "until"))
     limit_text = query.get("limit")
     limit = PAGE_DEFAULT
     if limit_text is not None:
         if not (limit_text.isascii() and limit_text.isdigit() and len(limit_text) <= 3):
-            raise _invalid_query(f"limit must be an integer from 1 to {PAGE_MAX}")
+            raise invalid_query(f"limit must be an integer from 1 to {PAGE_MAX}")
         limit = int(limit_text)
         if not 1 <= limit <= PAGE_MAX:
-            raise _invalid_query(f"limit must be an integer from 1 to {PAGE_MAX}")
+            raise invalid_query(f"limit must be an integer from 1 to {PAGE_MAX}")
     filters = Filters(status, event_type, account_id, since, until)
     return filters, limit, query.get("cursor")
 
@@ -98,7 +94,7 @@ def _instant(value: str | None, name: str) -> datetime | None:
     try:
         return parse_rfc3339(value)
     except ValueError:
-        raise _invalid_query(f"{name} must be an RFC 3339 date-time") from None
+        raise invalid_query(f"{name} must be an RFC 3339 date-time") from None
 
 
 class DeliveryRoutes:
@@ -147,7 +143,7 @@ class DeliveryRoutes:
         clients, workspace_id, record = await self._endpoint_of(request, failure, body=body)
         wanted: str = request.path_params["delivery_id"]
         if not valid_id(wanted):
-            raise _invalid_path()
+            raise invalid_path("delivery_id must be a delivery id this endpoint's log shows")
         found = await self._read(clients, workspace_id, record, upto=None, lo=None)
         delivery = find(found, wanted)
         if delivery is None or delivery.latest.workspace_id != workspace_id:
@@ -225,13 +221,6 @@ class DeliveryRoutes:
             kind="resend" if kind == "resend" else "test",
         )
         return json_response(QueuedResponse(request_id=request_id_of(request), data=data), 202)
-
-
-def _invalid_path() -> ServiceError:
-    return ServiceError.of(
-        "invalid_request",
-        "Invalid path parameter: delivery_id must be a delivery id this endpoint's log shows.",
-    )
 
 
 __all__ = [

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from worker.api.bodies import json_response
-from worker.api.reading import check_body, path_id, request_id_of
+from worker.api.reading import check_body, invalid_path, invalid_query, path_id, request_id_of
 from worker.api.webhooks.account_events import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
@@ -72,7 +72,7 @@ class FollowRoutes(WebhookHandlers):
         endpoint_id = path_id(request, "endpoint_id")
         replay_id: str = request.path_params["replay_id"]
         if REPLAY_ID_RE.fullmatch(replay_id) is None:
-            raise ServiceError.of("invalid_request", f"Invalid path parameter: {REPLAY_ID_RULE}.")
+            raise invalid_path(REPLAY_ID_RULE)
         await self._ready(failure, clients.endpoints, clients.replays.board.presence)
         self._find(clients, workspace_id, endpoint_id)
         progress = clients.replays.board.get(workspace_id, endpoint_id, replay_id)
@@ -127,19 +127,16 @@ class FollowRoutes(WebhookHandlers):
                     cursor_text, account_id=account_id, workspace_id=workspace_id
                 )
             except CursorError:
-                raise ServiceError.of(
-                    "invalid_request",
-                    "Invalid query parameter: cursor is not one this service issued for this"
-                    " account (pass next_cursor unchanged).",
+                raise invalid_query(
+                    "cursor is not one this service issued for this account (pass next_cursor"
+                    " unchanged)"
                 ) from None
         since = None
         if since_text is not None:
             try:
                 since = parse_rfc3339(since_text)
             except ValueError as exc:
-                raise ServiceError.of(
-                    "invalid_request", f"Invalid query parameter: since {exc}."
-                ) from None
+                raise invalid_query(f"since {exc}") from None
             if cursor is not None:
                 since = None
             elif since.timestamp() < _now() - WINDOW_S:
@@ -150,10 +147,8 @@ class FollowRoutes(WebhookHandlers):
                     workspace_id, account_id, cursor=cursor, since=since, limit=limit
                 )
             except CursorError:
-                raise ServiceError.of(
-                    "invalid_request",
-                    "Invalid query parameter: cursor no longer applies (the topics changed);"
-                    " start again without it.",
+                raise invalid_query(
+                    "cursor no longer applies (the topics changed); start again without it"
                 ) from None
         if cursor is None and not page.found_any and not page.has_more:
             raise ServiceError.of("not_found", NO_EVENTS)
@@ -176,9 +171,7 @@ def _limit(text: str | None) -> int:
     if text is None:
         return DEFAULT_LIMIT
     if not (text.isascii() and text.isdigit()) or len(text) > 4 or not 1 <= int(text) <= MAX_LIMIT:
-        raise ServiceError.of(
-            "invalid_request", f"Invalid query parameter: limit must be 1-{MAX_LIMIT}."
-        )
+        raise invalid_query(f"limit must be 1-{MAX_LIMIT}")
     return int(text)
 
 
