@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 async def test_python_m_worker_api_serves_and_stops_on_sigterm(api_settings: ApiSettings) -> None:
     """SIGTERM while a confirm waits for its reply: the request still gets its answer (500
-    after the 1 s reply timeout, nothing is cut off), then the process exits 0."""
-    settings = api_settings(api_reply_timeout_s=1.0)
+    after the 2 s reply timeout, nothing is cut off), then the process exits 0."""
+    settings = api_settings(api_reply_timeout_s=2.0)
     await ensure_topics(settings.kafka_config(), settings.topic_plan())
     port, metrics_port = free_port(), free_port()
     env = (
@@ -42,7 +42,7 @@ async def test_python_m_worker_api_serves_and_stops_on_sigterm(api_settings: Api
             "API_PORT": str(port),
             "API_METRICS_PORT": str(metrics_port),
             "API_KEYS_FILE": str(settings.api_keys_file),
-            "API_REPLY_TIMEOUT_S": "1.0",
+            "API_REPLY_TIMEOUT_S": "2.0",
             "COMMANDS_PARTITIONS": "3",
             "OTHER_PARTITIONS": "3",
             "LOG_FORMAT": "console",
@@ -82,7 +82,12 @@ async def test_python_m_worker_api_serves_and_stops_on_sigterm(api_settings: Api
             in_flight = asyncio.create_task(
                 http.post("/v1/accounts/acc_1/auth/passkey-confirm", headers=headers())
             )
-            await asyncio.sleep(0.3)
+            # The signal once the confirm waits in the process (a fixed pause could signal
+            # before a loaded machine's process had read it).
+            pending = "\npasskey_api_pending_replies 1.0\n"
+            while pending not in (await http.get(f"http://127.0.0.1:{metrics_port}/metrics")).text:
+                assert not in_flight.done(), "the confirm was answered before it was seen waiting"
+                await asyncio.sleep(0.02)
             proc.send_signal(signal.SIGTERM)
             resp = await in_flight
             assert resp.status_code == 500
