@@ -345,3 +345,43 @@ def test_a_woken_pair_that_does_not_come_frees_its_workspaces_slot_in_time() -> 
     assert wakes.keys == ["ep_4/a"]
     assert not try_("ep_5", NOW + 1.5), "ep_4's pair holds the slot it was woken for"
     assert try_("ep_5", NOW + 1 + WAKE_HOLD_S + 1), "it never came: the workspace's slot is free"
+
+
+def test_a_release_looks_only_at_endpoints_with_pairs_in_line() -> None:
+    """Forty endpoints of one workspace each with an attempt under way and nobody in line:
+    a release looks at none of the others (it sorted and read every endpoint of the
+    workspace that ever had an attempt, per release)."""
+    wakes = Wakes()
+    g = gate(wakes, max_in_flight=1, workspace_max_in_flight=64)
+    for i in range(40):
+        ep = f"ep_{i:02}"
+        assert g.admit(
+            ep, revision=1, rate_limit=None, partition=0, key=f"{ep}/a", now=NOW, workspace_id="ws"
+        ).admitted
+    g._endpoints = entries = CountingEntries(g._endpoints)  # type: ignore[assignment]
+    g.release("ep_00", ok=True, now=NOW + 1)
+    assert entries.lookups < 5, entries.lookups
+    assert wakes.calls == []
+
+
+def test_a_new_pair_at_a_full_endpoint_is_lined_up_as_admit_would() -> None:
+    """``line_up`` puts a new pair of an endpoint at its cap in line without a slot asked
+    (``admit`` decides anything else): it is woken in its turn and then admitted."""
+    wakes = Wakes()
+    g = gate(wakes)
+
+    def line_up(key: str, now: float = NOW, revision: int = 1) -> Admission | None:
+        return g.line_up("ep_1", revision=revision, partition=0, key=key, now=now)
+
+    assert line_up("ep_1/a") is None, "no entry: admit decides"
+    assert admit(g, "ep_1/a").admitted
+    assert line_up("ep_1/b") is None, "room for one more"
+    assert admit(g, "ep_1/b").admitted
+    assert line_up("ep_1/c", revision=2) is None, "a changed endpoint: admit decides"
+    c = line_up("ep_1/c")
+    assert c is not None and (c.admitted, c.reason) == (False, "capacity") and c.until > NOW
+    assert g.waiting("ep_1") == 1
+    assert not admit(g, "ep_1/d").admitted, "d queues behind c"
+    g.release("ep_1", ok=True, now=NOW + 1)
+    assert wakes.keys == ["ep_1/c"], "c, lined up first, is woken first"
+    assert admit(g, "ep_1/c", NOW + 1.1).admitted

@@ -254,6 +254,36 @@ async def test_an_event_behind_a_waiting_delivery_is_taken_in_and_not_due(
     assert s.value("passkey_webhook_deliveries_taken_in_total") == 1
 
 
+async def test_a_new_pair_of_an_endpoint_at_its_cap_waits_in_line_and_is_not_due() -> None:
+    """Its endpoint's attempts at their cap: the event's new pair is put in the endpoint's
+    line at take-in (one deferral counted), not handed back due to be refused by a
+    follow-up; a slot freed wakes it and it is delivered."""
+    s = Setup()
+    gate = s.dispatcher.gate
+    for i in range(gate.config.max_in_flight):
+        one = gate.admit(
+            "ep_1",
+            revision=1,
+            rate_limit=None,
+            partition=PARTITION,
+            key=f"ep_1/busy{i}",
+            now=NOW,
+            workspace_id="ws_a",
+        )
+        assert one.admitted
+    msg, _ = event_message()
+    assert await asyncio.wait_for(s.dispatcher.handle(msg), 5) == []
+    assert gate.waiting("ep_1") == 1
+    assert s.value("passkey_webhook_attempts_deferred_total", reason="capacity") == 1
+    assert s.sender.urls == []
+
+    gate.release("ep_1", ok=True, now=NOW)
+    assert s.store.pop_due(NOW + 1, retry_at=NOW + 2) == ("ep_1/acc_1", PARTITION), "woken"
+    await asyncio.wait_for(s.dispatcher.follow_up(PARTITION, "ep_1/acc_1"), 5)
+    assert s.sender.urls == [URL]
+    assert s.store.pair(PARTITION, "ep_1/acc_1") is None, "delivered"
+
+
 async def test_an_event_nobody_takes_is_neither_counted_nor_attributed(
     spans: InMemorySpanExporter,
 ) -> None:

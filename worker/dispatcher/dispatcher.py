@@ -5,7 +5,6 @@ delivery, or migrate an account's old one-record state (``PairWrites.migrate``)
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import random
 import time
@@ -183,6 +182,7 @@ class Dispatcher:
         limits = self.config.limits
         traceparent, tracestate = tracing.current_traceparent()
         taken: list[tuple[DeliveryState, Pending]] = []
+        endpoints: dict[str, EndpointRecord] = {}  # the taken pairs'
         full: list[tuple[DeliveryState, Pending]] = []
         crowded: list[tuple[DeliveryState, Pending]] = []
         over: list[tuple[DeliveryState, Pending]] = []  # past the workspace's cap
@@ -215,12 +215,19 @@ class Dispatcher:
                 over.append((pair, delivery))  # after the dedup: a duplicate is no new one
             elif verdict == "taken":
                 taken.append((state, delivery))
+                endpoints[state.key] = endpoint
             elif verdict == "full":
                 full.append((state, delivery))
+        lined: set[str] = set()
         if taken:
             # Stored before the first await: the pairs' lanes settle onto these states.
             for state, _ in taken:
                 self.store.put(partition, state)
+            lined = {
+                state.key
+                for state, delivery in taken
+                if self._lined_up(partition, state, delivery, endpoints[state.key], now)
+            }
             held = self._writes.hold(partition) if self.config.hold_s > 0 else None
             if held is None:
                 await self._writes.write_now(partition, [s.key for s, _ in taken])
@@ -250,8 +257,42 @@ class Dispatcher:
         waiting = [(state, delivery) for state, delivery in taken if state.queue[0] is not delivery]
         if waiting:
             await self._publisher.log_pending(waiting, now=now)
-        due = tuple(state.key for state, delivery in taken if state.queue[0] is delivery)
+        due = tuple(
+            state.key
+            for state, delivery in taken
+            if state.queue[0] is delivery and state.key not in lined
+        )
         return TakenIn(len(taken), refused, due)
+
+    def _lined_up(
+        self,
+        partition: int,
+        state: DeliveryState,
+        delivery: Pending,
+        endpoint: EndpointRecord,
+        now: float,
+    ) -> bool:
+        """A new pair (``delivery`` alone in it, live) of an endpoint with no slot now waits
+        in the endpoint's line for its wake, the gate asked once: no follow-up runs only to
+        be refused (``EndpointGate.line_up``)."""
+        if len(state.queue) != 1 or state.queue[0] is not delivery or delivery.replay:
+            return False
+        if not is_active(endpoint) or endpoint.replaying or endpoint.recovery is not None:
+            return False  # its follow-up decides (a head held back, or failed unattempted)
+        if self.store.claimed(state.key):
+            return False  # its lane works on it: it attempts the delivery next
+        admission = self.gate.line_up(
+            endpoint.id,
+            revision=endpoint.revision,
+            partition=partition,
+            key=state.key,
+            now=now,
+            workspace_id=endpoint.workspace_id,
+        )
+        if admission is None:
+            return False
+        self.store.defer(partition, state.key, admission.until)
+        return True
 
     def _pair(self, partition: int, endpoint: EndpointRecord, account_id: str) -> DeliveryState:
         """The pair's state, labelled with the endpoint's own workspace."""
@@ -274,7 +315,8 @@ class Dispatcher:
                     self.metrics.state_migrated.inc()
                     log.info("delivery_state_migrated", pairs=pairs)
             return
-        behind = await self.missed_first.behind(partition, key)
+        end = self.missed_first.replays_end(partition, key)
+        behind = end is not None and await self.missed_first.behind(partition, end)
         # The pair's timer is armed once, when this ends, from the state it leaves.
         self.store.claim(key)
         try:
@@ -456,17 +498,20 @@ class Dispatcher:
                 await self.disabling.maybe_disable(endpoint, settled, now)
             return
         written = await self._writes.write(partition, [key])
+        logged: Awaitable[None] | None = None
         if finished is None:
             # A retry or a delivery: its log entry only informs ``GET .../deliveries``, so it
-            # goes out beside the state instead of before it.
+            # goes out beside the state instead of before it (both handed over, then waited
+            # for one after the other: no task of their own).
             logged = self._publisher.log_retry(merged, merged.queue[0], now=now, attempt=attempt)
-            await asyncio.gather(written, logged)
         elif finished.state == "delivered":
             self.disabling.succeeded(merged.endpoint_id, now)
             logged = self._publisher.log_finished(merged, head, finished, attempt=attempt)
-            await asyncio.gather(written, logged)
-        else:
+        try:
             await written
+        finally:
+            if logged is not None:
+                await logged
         if is_active(endpoint):
             await self.disabling.maybe_disable(endpoint, settled, now)
 

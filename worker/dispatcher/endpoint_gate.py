@@ -138,6 +138,8 @@ class EndpointGate:
         self._endpoints: dict[str, _Endpoint] = {}
         self._backing_off = 0
         self._connections = SlotPool("webhook connections", config.connection_share())
+        # Each workspace's endpoints that had pairs put in line (pruned once their line is
+        # empty, when a release looks): a release wakes other endpoints' lines from these.
         self._workspace_endpoints: dict[str, set[str]] = {}
         # Each workspace's endpoints that were given a wake (those still holding one are what
         # ``_workspace_free`` counts): a few, not every endpoint of a big workspace.
@@ -177,9 +179,10 @@ class EndpointGate:
             self._workspace_endpoints.get(e.workspace, set()).discard(endpoint_id)
             self._waking.get(e.workspace, set()).discard(endpoint_id)
             e.workspace = workspace_id
+            if e.waiters:
+                self._workspace_endpoints.setdefault(workspace_id, set()).add(endpoint_id)
             if e.woken:
                 self._waking.setdefault(workspace_id, set()).add(endpoint_id)
-        self._workspace_endpoints.setdefault(workspace_id, set()).add(endpoint_id)
         was_woken = e.woken.pop(key, None) is not None
         reason, ready_at = self._refusal(e, key, now, was_woken)
         if reason is None:
@@ -188,12 +191,55 @@ class EndpointGate:
             self._wake_next(e, now)
             LOOKUP_WORKSPACE.set(e.workspace)
             return Admission(True)
+        return self._line(e, key, partition, now, reason, ready_at, was_woken=was_woken)
+
+    def line_up(
+        self,
+        endpoint_id: str,
+        *,
+        revision: int,
+        partition: int,
+        key: str,
+        now: float,
+        workspace_id: str = "",
+    ) -> Admission | None:
+        """Put a pair taken in at an endpoint that has no slot for it (its attempts under way
+        and woken pairs at its cap or its workspace's, or others in line first) in line, as
+        ``admit`` would: the pair waits for its wake without a follow-up that asks first.
+        ``None``: the endpoint may have room, or its entry is not as ``admit`` would leave it
+        (``admit`` decides)."""
+        e = self._endpoints.get(endpoint_id)
+        if e is None or (e.revision, e.workspace) != (revision, workspace_id):
+            return None
+        if key in e.woken or now < e.blocked_until:
+            return None
+        self._expire_wakes(e, now)
+        if e.in_flight + len(e.woken) < self._cap(e) and self._workspace_free(e, now) > 0:
+            if key in e.waiters or len(e.waiters) <= len(e.woken):
+                return None
+            self._wake_next(e, now)  # others wait and there is room: they go first
+        return self._line(e, key, partition, now, "capacity", None, was_woken=False)
+
+    def _line(
+        self,
+        e: _Endpoint,
+        key: str,
+        partition: int,
+        now: float,
+        reason: DeferReason,
+        ready_at: float | None,
+        *,
+        was_woken: bool,
+    ) -> Admission:
+        """The pair waits in the endpoint's line: until when, and why."""
+        endpoint_id = e.endpoint_id
         if was_woken:
             # It was woken for a slot someone else took: first in line again.
             e.waiters[key] = partition
             e.waiters.move_to_end(key, last=False)
         elif key not in e.waiters:
             e.waiters[key] = partition
+        self._workspace_endpoints.setdefault(e.workspace, set()).add(endpoint_id)
         if self._metrics is not None:
             self._metrics.deferrals.labels(reason).inc()
         if ready_at is not None and next(iter(e.waiters)) == key:
@@ -306,14 +352,19 @@ class EndpointGate:
         # The slot freed is the workspace's too: its other endpoints' lines may go on, those
         # with a pair not yet woken, until it has no room left (the rest are not looked at: a
         # release costs the same in a workspace of a thousand endpoints as in one of two).
+        lined = self._workspace_endpoints.get(e.workspace)
         room = self._workspace_free(e, now)  # its expired wakes dropped first
-        for other in sorted(self._workspace_endpoints.get(e.workspace, ())):
-            if room <= 0 or self._pool_room(e.workspace) <= 0:
-                break
-            x = self._endpoints[other]
-            if other != endpoint_id and len(x.waiters) > len(x.woken):
-                self._wake_next(x, now)
-                room = self._workspace_free(e, now)
+        if lined and room > 0:
+            for other in sorted(lined):
+                x = self._endpoints.get(other)
+                if x is None or x.workspace != e.workspace or not x.waiters:
+                    lined.discard(other)  # its line is empty: not looked at again
+                    continue
+                if room <= 0 or self._pool_room(e.workspace) <= 0:
+                    break
+                if other != endpoint_id and len(x.waiters) > len(x.woken):
+                    self._wake_next(x, now)
+                    room = self._workspace_free(e, now)
         self._drop_if_idle(endpoint_id, now)
 
     def forget(self, endpoint_id: str, key: str, now: float) -> None:

@@ -29,17 +29,23 @@ class MissedFirst:
         recovery = endpoint.recovery
         return replay is not None and recovery is not None and replay == recovery.replay_id
 
-    async def behind(self, partition: int, key: str) -> bool:
-        """Whether this member has taken webhook.replays in short of where ``partition``
-        ended when the pair's endpoint's recovery replay was queued (``replays_end``): the
-        account's missed events are on that partition number. Positions only grow: a no stays
-        a no. Asked before the pair is claimed."""
+    def replays_end(self, partition: int, key: str) -> int | None:
+        """Where ``partition`` of webhook.replays ended when the pair's endpoint's recovery
+        replay was queued (``None``: no recovery of it, or none to wait for here): the
+        account's missed events are on that partition number. Asked before the pair is
+        claimed; synchronous, so a pair of an endpoint never recovered costs no await."""
+        if self.replays_taken is None:
+            return None
         endpoint_id = key.partition("/")[0]
         workspace = self._endpoints.workspace_of(endpoint_id)
         endpoint = None if workspace is None else self._endpoints.get(workspace, endpoint_id)
         recovery = None if endpoint is None else endpoint.recovery
-        end = None if recovery is None else recovery.replays_end.get(partition)
-        if end is None or self.replays_taken is None:
+        return None if recovery is None else recovery.replays_end.get(partition)
+
+    async def behind(self, partition: int, end: int) -> bool:
+        """Whether this member has taken webhook.replays in short of ``end``
+        (``replays_end``). Positions only grow: a no stays a no."""
+        if self.replays_taken is None:
             return False
         taken = await self.replays_taken(partition)
         return taken is None or taken < end

@@ -57,6 +57,10 @@ def _retrieve(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
+async def _all(waits: list[asyncio.Future[None]]) -> None:
+    await asyncio.gather(*(asyncio.shield(w) for w in waits))
+
+
 class DeliveryPublisher:
     """The dispatcher's one producer, built at start-up."""
 
@@ -147,28 +151,30 @@ class DeliveryPublisher:
                 async with lock:
                     one = await self._enqueue_state(partition, keys[i], store, resend=True)
 
-    async def log_pending(self, taken: list[tuple[DeliveryState, Pending]], *, now: float) -> None:
-        await self.log([self._entry(state, d, now) for state, d in taken])
+    def log_pending(
+        self, taken: list[tuple[DeliveryState, Pending]], *, now: float
+    ) -> Awaitable[None]:
+        return self.logging([self._entry(state, d, now) for state, d in taken])
 
-    async def log_retry(
+    def log_retry(
         self,
         state: DeliveryState,
         head: Pending,
         *,
         now: float,
         attempt: AttemptRecord | None = None,
-    ) -> None:
-        await self.log([self._entry(state, head, now, attempt)])
+    ) -> Awaitable[None]:
+        return self.logging([self._entry(state, head, now, attempt)])
 
-    async def log_finished(
+    def log_finished(
         self,
         state: DeliveryState,
         head: Pending,
         finished: Finished,
         *,
         attempt: AttemptRecord | None = None,
-    ) -> None:
-        await self.log([self._entry(state, head, finished.finished_at, attempt, finished)])
+    ) -> Awaitable[None]:
+        return self.logging([self._entry(state, head, finished.finished_at, attempt, finished)])
 
     async def log_note(
         self, *, endpoint_id: str, workspace_id: str, note: str, detail: str, now: float
@@ -264,9 +270,20 @@ class DeliveryPublisher:
     async def log(self, entries: list[DeliveryLogEntry]) -> None:
         """Write ``entries`` (in their window's record, if batching); wait for the acks. Also
         the prober's way to log a probe as an attempt of its own."""
+        await self.logging(entries)
+
+    def logging(self, entries: list[DeliveryLogEntry]) -> Awaitable[None]:
+        """``log``, the entries put in their window at once when batching: what it returns
+        waits for the acks, beside another write, with no task of its own."""
         if self._log_flush_s > 0:
-            await self._log_batched(entries)
-            return
+            waits = self._batched(entries)
+            # Shielded: a writer that is cancelled must not cancel the others' wait.
+            if len(waits) == 1:
+                return asyncio.shield(waits[0])
+            return _all(waits)
+        return self._log_each(entries)
+
+    async def _log_each(self, entries: list[DeliveryLogEntry]) -> None:
         sent = [await self._send_log(e.endpoint_id, e, tracing.kafka_headers()) for e in entries]
         await acknowledged(self._producer, self._health, sent)
 
@@ -284,7 +301,8 @@ class DeliveryPublisher:
             headers=headers,
         )
 
-    async def _log_batched(self, entries: list[DeliveryLogEntry]) -> None:
+    def _batched(self, entries: list[DeliveryLogEntry]) -> list[asyncio.Future[None]]:
+        """Put ``entries`` in their endpoints' open windows; the windows' futures."""
         loop = asyncio.get_running_loop()
         waits: list[asyncio.Future[None]] = []
         for entry in entries:
@@ -301,8 +319,7 @@ class DeliveryPublisher:
                 waits.append(batch.done)
             if len(batch.entries) >= LOG_BATCH_MAX or batch.bytes >= LOG_BATCH_BYTES:
                 self._close_log(entry.endpoint_id, batch)
-        # Shielded: a writer that is cancelled must not cancel the others' wait.
-        await asyncio.gather(*(asyncio.shield(w) for w in waits))
+        return waits
 
     def _close_log(self, endpoint_id: str, batch: _LogBatch) -> None:
         """The window closed (or the batch is full): send it, once."""
