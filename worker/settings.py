@@ -31,6 +31,7 @@ from worker.contract.endpoint_ceilings import (
     EVENT_TYPES_MAX_ITEMS_CEILING,
     URL_MAX_CHARS_CEILING,
 )
+from worker.contract.messages import validation_problems
 from worker.contract.topics import Topics, TopicSizing, topic_plan
 from worker.engine.topics import TopicPlan
 
@@ -529,10 +530,7 @@ class Settings(BaseSettings):
                 try:
                     self.providers[name] = ProviderConnection.from_env(name)
                 except ValidationError as exc:
-                    problems = "; ".join(
-                        f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
-                        for e in exc.errors(include_url=False, include_input=False)
-                    )
+                    problems = "; ".join(validation_problems(exc))
                     raise ValueError(f"{provider_env_prefix(name)}*: {problems}") from None
         return self
 

@@ -15,7 +15,7 @@ from typing import Annotated, Final
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from worker.contract.messages import ID_PATTERN
+from worker.contract.messages import ID_PATTERN, validation_problems
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
@@ -85,9 +85,8 @@ def parse_keys_file(path: Path) -> KeysFile:
     try:
         parsed = KeysFile.model_validate_json(path.read_bytes())
     except ValidationError as exc:
-        err = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ValueError(f"{path}: invalid keys file at {where}: {err['msg']}") from None
+        problem = validation_problems(exc, "")[0]
+        raise ValueError(f"{path}: invalid keys file at {problem}") from None
     seen: set[str] = set()
     for entry in parsed.keys:
         if entry.key_id in seen:

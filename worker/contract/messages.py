@@ -414,10 +414,13 @@ def _readable_id(obj: dict[str, Any], name: str) -> str | None:
     return value if isinstance(value, str) and valid_id(value) else None
 
 
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(p) for p in err["loc"]) or "value"
-    return f"{where}: {err['msg']}"
+def validation_problems(exc: ValidationError, whole: str = "value") -> list[str]:
+    """Each error of ``exc`` as ``where: why`` (``whole`` where it is the whole input), never
+    the value: it may hold a secret or be anything at all."""
+    return [
+        f"{'.'.join(str(part) for part in err['loc']) or whole}: {err['msg']}"
+        for err in exc.errors(include_url=False, include_input=False)
+    ]
 
 
 def decode_command(key: bytes | None, value: bytes | None) -> Command | DecodeFailure:
@@ -458,7 +461,7 @@ def _decode_command(key: bytes | None, value: bytes | None) -> Command | DecodeF
     try:
         command = _command_adapter.validate_python(obj)
     except ValidationError as exc:
-        return DecodeFailure("invalid", _first_error(exc), **ids)
+        return DecodeFailure("invalid", validation_problems(exc)[0], **ids)
     if key != command.account_id.encode():
         # Without the right key the record may sit in another account's partition, and
         # per-account order could not be guaranteed.

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from worker.api.bodies import DataResponse
 from worker.api.reading import decode_json, read_body
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, validation_problems
 from worker.contract.webhook_endpoints import (
     EndpointRecord,
     EndpointStatus,
@@ -87,10 +87,7 @@ RateLimitField = Annotated[
 
 def invalid_body(exc: ValidationError) -> ServiceError:
     """400 naming each bad field and why, never the value (a URL may carry a token)."""
-    problems = []
-    for err in exc.errors(include_url=False, include_input=False)[:5]:
-        where = ".".join(str(part) for part in err["loc"]) or "body"
-        problems.append(f"{where}: {err['msg']}")
+    problems = validation_problems(exc, "body")[:5]
     return ServiceError.of("invalid_request", "Invalid request body: " + "; ".join(problems) + ".")
 
 
