@@ -2,7 +2,11 @@
 
 Everything runs on this machine, over loopback: an embedded broker, the provider simulator
 (``python -m devstack simulator``, its own process), and one scenario after another, each on
-fresh topics and a fresh consumer group, each contender in its own process(es):
+fresh topics and a fresh consumer group, each contender in its own process(es); ``--rounds``
+times, the order reversed every other round (so neither a process nor its floor always runs
+first), each figure the median over the rounds; every CPU window ends by the same rule
+(``--settle-s`` after the last reply and status event); ``--rate`` runs them all at one
+offered rate:
 
 ==================  ======================================================================
 ceiling             pass-through consumer: decodes nothing, calls nothing, produces the same
@@ -46,6 +50,7 @@ import math
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -224,6 +229,27 @@ def build_parser() -> argparse.ArgumentParser:
         "the command path only; lower it to include the follow-up polls",
     )
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="runs of every scenario, the order reversed each round so no contender always "
+        "goes first (default 2; --quick 1); figures are the medians over the rounds",
+    )
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.3,
+        help="every scenario's CPU window ends this long after its last reply and status "
+        "event arrived (0.3: past one commit interval), the same rule for all",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="send the main scenarios' confirms open-loop at this rate (commands/s), so "
+        "every contender is measured at the same offered rate (default: as fast as possible)",
+    )
+    p.add_argument(
         "--phase-timeout", type=float, default=300.0, help="bound of each phase in seconds"
     )
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "bench")
@@ -283,6 +309,7 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
         "curve_seconds": 3.0 if quick else 20.0,
         "memory_sizes": [20_000, 100_000] if quick else [100_000, 1_000_000],
         "restore_records": 20_000 if quick else 200_000,
+        "rounds": 1 if quick else 2,
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -527,6 +554,7 @@ class Bench:
                     await generator
                 await outputs.pump(timeout_ms=50)
                 progress.update(outputs.matched)
+            await self._settle(procs, outputs, workload, deadline)
             after = self.snapshot(procs)
             calls = await self.sim_calls() - calls
             progress.close(outputs.matched)
@@ -549,6 +577,21 @@ class Bench:
             if outputs is not None:
                 await outputs.close()
             await self._delete_topics(topics)
+
+    async def _settle(
+        self, procs: list[Proc], outputs: Outputs, workload: Workload, deadline: float
+    ) -> None:
+        """The same end of the CPU window for every contender: every status event of the run
+        arrived (one per registration and per first confirm), then ``--settle-s`` more, so
+        the tail each one leaves after its last reply (events, the last commit) is counted
+        alike."""
+        events = workload.registered + min(workload.commands, workload.registered)
+        while outputs.status_events < events and time.monotonic() < deadline:
+            self._check_alive(procs)
+            await outputs.pump(timeout_ms=50)
+        end = time.monotonic() + self.args.settle_s
+        while time.monotonic() < end:
+            await outputs.pump(timeout_ms=max(1, round((end - time.monotonic()) * 1000)))
 
     def _check_alive(self, procs: list[Proc]) -> None:
         for proc in procs:
@@ -652,6 +695,9 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 "max_in_flight": args.max_in_flight,
                 "follow_up_poll_s": args.follow_up_poll_s,
                 "curve_seconds": args.curve_seconds,
+                "rounds": args.rounds,
+                "settle_s": args.settle_s,
+                "rate": args.rate,
                 "gc_threshold": Settings.model_fields["worker_gc_threshold"].default
                 if args.gc_threshold is None
                 else args.gc_threshold,
@@ -661,21 +707,38 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         "scenarios": {},
         "failures": {},
         "latency_curve": [],
+        "order": [],
     }
     with EmbeddedBroker() as broker:
         broker_pid = broker._proc.pid if broker._proc is not None else None
         bench = Bench(args, broker.bootstrap, broker_pid, log_dir, tag)
         try:
             await bench.start_simulator()
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for i in range(args.rounds):
+                # Reversed every other round: no contender always runs first (or last).
+                order = args.scenarios if i % 2 == 0 else args.scenarios[::-1]
+                for name in order:
+                    sc = SCENARIOS[name]
+                    if args.mix == "spread":
+                        sc = dataclasses.replace(sc, mix="spread")
+                    if args.rate is not None:
+                        sc = dataclasses.replace(sc, rate=args.rate)
+                    label = name if args.rounds == 1 else f"{name}-r{i + 1}"
+                    results["order"].append(label)
+                    try:
+                        runs.setdefault(name, []).append(await bench.run_scenario(sc, label))
+                    except ScenarioFailed as exc:
+                        print(f"\n[{label}] FAILED: {exc}", file=sys.stderr)
+                        results["failures"][label] = str(exc)
             for name in args.scenarios:
-                sc = SCENARIOS[name]
-                if args.mix == "spread":
-                    sc = dataclasses.replace(sc, mix="spread")
-                try:
-                    results["scenarios"][name] = await bench.run_scenario(sc)
-                except ScenarioFailed as exc:
-                    print(f"\n[{name}] FAILED: {exc}", file=sys.stderr)
-                    results["failures"][name] = str(exc)
+                if name in runs:
+                    results["scenarios"][name] = combine(name, runs[name])
+            if args.rounds > 1:
+                results["cpu_ratios_by_round"] = [
+                    cpu_ratios({n: r[i] for n, r in runs.items() if len(r) > i})
+                    for i in range(args.rounds)
+                ]
             max_rate = args.max_rate or max(
                 (results["scenarios"].get(n, {}).get("throughput", 0.0) for n in HTTP_WORKERS_1P),
                 default=0.0,
@@ -724,6 +787,26 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     results["targets"] = targets(results, args)
     results["meta"]["seconds"] = round(time.monotonic() - args.t0, 1)
     return results
+
+
+def combine(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One scenario's figure over its rounds: the first round's record with the medians of
+    its rate and CPU figures, every round's kept under ``rounds``."""
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(runs[0], name=name, complete=all(r["complete"] for r in runs))
+    for key in (
+        "throughput",
+        "replies_per_s",
+        "cpu_us_per_command",
+        "cpu_us_per_command_user",
+        "cpu_us_per_command_sys",
+    ):
+        out[key] = round(statistics.median(r[key] for r in runs), 1)
+    out["rounds"] = [
+        {k: r[k] for k in ("name", "throughput", "cpu_us_per_command", "complete")} for r in runs
+    ]
+    return out
 
 
 def ratios(scenarios: dict[str, Any]) -> dict[str, float]:
@@ -921,6 +1004,11 @@ def table(results: dict[str, Any]) -> str:
         reason = why.strip().splitlines()[-1] if why.strip() else "failed"
         rows.append(f"| {name} | FAILED: {reason[:120]} |" + " |" * 12)
     out = ["\n".join(rows)]
+    by_round = results.get("cpu_ratios_by_round", [])
+    for name in by_cpu if by_round else ():
+        for kind in by_cpu[name]:
+            each = " / ".join(fmt(r.get(name, {}).get(kind), ".2f") for r in by_round)
+            out.append(f"{name} CPU ÷ {kind}, each round (order reversed each round): {each}")
     if results["latency_curve"]:
         curve = [
             "| offered | offered cmd/s | achieved cmd/s | p50 ms | p95 ms | p99 ms | max ms "

@@ -23,8 +23,10 @@ no network, a receiver that does nothing.
 
 0. *Floor* (unless ``--no-floor``): the same count of events, pre-loaded on topics of their
    own, drained by the dispatcher's floor (``bench.webhook_floor``: render, sign, POST with
-   the dispatcher's client, one delivery-log entry per delivery, batched; nothing else), in
-   its own process before the dispatcher starts; its CPU per delivery as in phase 1, and the
+   the dispatcher's client, each account in order, the dispatcher's log entries in its
+   window's records; nothing else), in its own process, once before the dispatcher starts
+   and once after its max-rate run (so neither always runs first); its CPU per delivery as
+   in phase 1 (the same window rule: first to last arrival), the mean of both runs, and the
    dispatcher's ÷ the floor's printed after the table.
 
 Every phase is bounded in count and time (``--phase-timeout``). Writes ``--out`` (JSON) and
@@ -42,6 +44,7 @@ import json
 import math
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -459,14 +462,15 @@ class HookBench:
         out["dispatcher_peak_rss_mb"] = round(proc_peak_rss(self.dispatcher.pid) / 2**20, 1)
         return out
 
-    async def floor_rate(self, tag: str) -> dict[str, Any]:
+    async def floor_rate(self, tag: str, when: str = "before") -> dict[str, Any]:
         """The same pre-loaded count drained by the dispatcher's floor, on topics of its own
-        (the dispatcher, when running, sees none of them)."""
+        (the dispatcher, when running, sees none of them); ``when``: before or after the
+        dispatcher's max-rate run."""
         a = self.args
-        topics = topics_named(f"hooks-{tag}-floor")
+        topics = topics_named(f"hooks-{tag}-floor-{when}")
         floor_settings = self.settings.model_copy(update={"topics": topics})
         await ensure_topics(floor_settings.kafka_config(), floor_settings.topic_plan())
-        events = Events("floor", a.events, a.versions)
+        events = Events(f"floor-{when}", a.events, a.versions)
         print(f"floor: producing {events.count:,} events ...", file=sys.stderr)
         await self.preload(events, topics)
         assert self.endpoint is not None
@@ -474,7 +478,7 @@ class HookBench:
             f"TOPIC_{f.upper()}": getattr(topics, f) for f in Topics.model_fields
         }
         env |= {
-            "WEBHOOK_CONSUMER_GROUP": f"hooks-{tag}-floor.group",
+            "WEBHOOK_CONSUMER_GROUP": f"hooks-{tag}-floor-{when}.group",
             "FLOOR_ENDPOINT_ID": self.endpoint.id,
             "FLOOR_ENDPOINT_URL": self.endpoint.url,
             "FLOOR_WORKSPACE_ID": WORKSPACE,
@@ -482,8 +486,10 @@ class HookBench:
         }
         self.floor = start_proc("floor", ["-m", "bench.webhook_floor"], env, self.log_dir)
         try:
-            out = await self.drain(events, self.floor, None, label="[floor] delivered")
+            label = f"[floor, {when}] delivered"
+            out = await self.drain(events, self.floor, None, label=label)
             out["floor_peak_rss_mb"] = round(proc_peak_rss(self.floor.pid) / 2**20, 1)
+            out["when"] = when
         finally:
             await asyncio.to_thread(stop_procs, [self.floor])
             self.floor = None
@@ -760,13 +766,18 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             port = free_port()
             await bench.create_endpoint(f"http://127.0.0.1:{port}/hooks")
             await asyncio.to_thread(bench.start_receiver, port)
-            if not args.no_floor:
+            floors: list[dict[str, Any]] = []
+
+            async def floor_round(when: str) -> None:
                 try:
-                    results["floor"] = await bench.floor_rate(tag)
+                    floors.append(await bench.floor_rate(tag, when))
                 except PhaseFailed as exc:
-                    print(f"\n[floor] FAILED: {exc}", file=sys.stderr)
-                    results["failures"]["floor"] = str(exc)
+                    print(f"\n[floor, {when}] FAILED: {exc}", file=sys.stderr)
+                    results["failures"][f"floor-{when}"] = str(exc)
                 await bench.take_arrivals()  # the floor's arrivals are not the dispatcher's
+
+            if not args.no_floor:
+                await floor_round("before")
             max_rate = args.max_rate
             if max_rate is None:
                 try:
@@ -775,8 +786,13 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 except PhaseFailed as exc:
                     print(f"\n[max rate] FAILED: {exc}", file=sys.stderr)
                     results["failures"]["max_rate"] = str(exc)
+                if not args.no_floor:
+                    # The floor again after the dispatcher (which idles now, its input
+                    # drained): neither one always runs first.
+                    await floor_round("after")
             else:
                 bench.start_dispatcher()
+            results["floor"] = combine_floors(floors)
             if max_rate and bench.dispatcher is not None:
                 await bench.wait_dispatcher_ready()
                 for i, fraction in enumerate(args.fractions):
@@ -803,6 +819,30 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     results["by_floor"] = by_floor(results)
     results["meta"]["seconds"] = round(time.monotonic() - args.t0, 1)
     return results
+
+
+def combine_floors(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The floor's figure from its runs before and after the dispatcher's: the first run's
+    record with the means of their rates and CPU per delivery, each run under ``runs``."""
+    if len(runs) <= 1:
+        return runs[0] if runs else None
+    out = dict(runs[0], complete=all(r["complete"] for r in runs))
+    out["deliveries_per_s"] = round(statistics.mean(r["deliveries_per_s"] for r in runs), 1)
+    cpus = [r["cpu_us_per_delivery"] for r in runs if r.get("cpu_us_per_delivery")]
+    if cpus:
+        out["cpu_us_per_delivery"] = {
+            k: round(statistics.mean(c[k] for c in cpus), 1) for k in ("user", "system", "total")
+        }
+    out["runs"] = [
+        {
+            "when": r["when"],
+            "deliveries_per_s": r["deliveries_per_s"],
+            "cpu_us_per_delivery": (r.get("cpu_us_per_delivery") or {}).get("total"),
+            "complete": r["complete"],
+        }
+        for r in runs
+    ]
+    return out
 
 
 def by_floor(results: dict[str, Any]) -> dict[str, Any] | None:
@@ -916,6 +956,12 @@ def table(results: dict[str, Any]) -> str:
             )
         )
     out = ["\n".join(rows)]
+    floor_runs = (results.get("floor") or {}).get("runs", [])
+    if floor_runs:
+        each = ", ".join(
+            f"{r['when']} the dispatcher {fmt(r['cpu_us_per_delivery'])}" for r in floor_runs
+        )
+        out.append(f"floor CPU µs per delivery, {each} (the floor row: their mean)")
     ratio = results.get("by_floor")
     if ratio and ratio["cpu_ratio"] is not None:
         out.append(

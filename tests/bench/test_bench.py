@@ -107,6 +107,7 @@ def test_the_batched_contender_keeps_each_accounts_order_across_batches(tmp_path
     for an earlier batch made 0.041 calls per command here, not 0.033)."""
     argv = [
         *("--scenarios", "batched-spread", "--commands", "3000", "--accounts", "100"),
+        *("--rounds", "1"),
         *("--latency-ms", "300", "--jitter-ms", "0"),
         *("--curve=", "--memory-sizes=", "--restore-records", "0", "--no-plot"),
         *("--phase-timeout", "60", "--out-dir", str(tmp_path)),
@@ -118,3 +119,26 @@ def test_the_batched_contender_keeps_each_accounts_order_across_batches(tmp_path
     assert s["complete"] and s["replies"] == s["commands"] == 3000
     assert s["ok_share"] == 1.0, s["http_status"]
     assert s["provider_calls_per_command"] == round(100 / 3000, 3)  # one call per account
+
+
+@pytest.mark.slow
+def test_rounds_alternate_the_order_and_take_the_median(tmp_path: Path) -> None:
+    """A process and its floor each run first once: the order is reversed every other round;
+    each scenario's figure is the median of its rounds, every round's ratio printed."""
+    argv = [
+        *("--scenarios", "floor,batched", "--commands", "300", "--accounts", "100"),
+        *("--rounds", "2", "--settle-s", "0.2"),
+        *("--curve=", "--memory-sizes=", "--restore-records", "0", "--no-plot"),
+        *("--phase-timeout", "60", "--out-dir", str(tmp_path)),
+    ]
+    done = run_bench("bench", *argv, timeout=240)
+    results: dict[str, Any] = json.loads((tmp_path / "results.json").read_text())
+    assert not results["failures"]
+    assert results["order"] == ["floor-r1", "batched-r1", "batched-r2", "floor-r2"]
+    floor = results["scenarios"]["floor"]
+    assert [r["name"] for r in floor["rounds"]] == ["floor-r1", "floor-r2"]
+    cpus = sorted(r["cpu_us_per_command"] for r in floor["rounds"])
+    assert floor["cpu_us_per_command"] == round(sum(cpus) / 2, 1)
+    [first, second] = results["cpu_ratios_by_round"]
+    assert first["batched"]["floor"] > 0 and second["batched"]["floor"] > 0
+    assert "batched CPU ÷ floor, each round" in done.stdout

@@ -48,6 +48,14 @@ def test_tiny_webhook_bench_run_delivers_everything(tmp_path: Path) -> None:
     assert floor["complete"] and floor["delivered"] == floor["events"] == 500
     assert floor["verified"] == floor["requests"] >= 500 and floor["verify_failed"] == 0
     assert floor["duplicates"] == 0 and floor["cpu_us_per_delivery"]["total"] > 0
+    # Once before the dispatcher and once after it, so neither always runs first; the mean.
+    assert [(r["when"], r["complete"]) for r in floor["runs"]] == [
+        ("before", True),
+        ("after", True),
+    ]
+    totals = [r["cpu_us_per_delivery"] for r in floor["runs"]]
+    assert floor["cpu_us_per_delivery"]["total"] == round(sum(totals) / 2, 1)
+    assert "before the dispatcher" in done.stdout and "after the dispatcher" in done.stdout
     by_floor = results["by_floor"]
     assert by_floor["floor_us"] == floor["cpu_us_per_delivery"]["total"]
     assert by_floor["cpu_ratio"] > 0 and "dispatcher ÷ floor" in done.stdout
