@@ -214,8 +214,6 @@ class ParkedWaits:
             await self._publisher.publish(
                 wait.partition, decision, state_changed=False, reply_to=wait.reply_to
             )
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # the caller's own deadline answers it
             log.warning(
                 "parked_answer_failed",

@@ -254,8 +254,6 @@ class TopicTail:
                 async with self._fetched:
                     self._fetched.notify_all()
                 await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             self.failure = exc
             log.error("tail_failed", tail=self.name, topic=self.topic, error=repr(exc))
@@ -328,8 +326,6 @@ class SharedConsumer:
                     if share is not None:
                         share._put(tp, records)
                 await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             for share in set(self._owner.values()):
                 share._fail(exc)

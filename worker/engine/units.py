@@ -67,10 +67,8 @@ class Units:
                     await self.executor.follow_up(partition, key)
                     return None
                 return await self._handle(item)
-            except asyncio.CancelledError:
-                raise
             except BaseException as exc:
-                if is_process_fault(exc):
+                if is_process_fault(exc):  # a cancellation among them: not an Exception
                     raise
                 where = {"stage": stage, "key": key[:LOGGED_KEY_CHARS], "partition": partition}
                 where |= {"attempt": attempt, "offset": getattr(item, "offset", None)}
@@ -126,10 +124,8 @@ class Units:
         self.metrics.unit_failures.labels("follow_up", "given_up").inc()
         try:
             await self.executor.give_up(partition, key, fault)
-        except asyncio.CancelledError:
-            raise
         except BaseException as exc:
-            if is_process_fault(exc):
+            if is_process_fault(exc):  # a cancellation among them: not an Exception
                 raise
             log.error(
                 "give_up_failed",
