@@ -194,6 +194,9 @@ REQUEST_TIMEOUT_MS = int(os.environ.get("OUTAGE_REQUEST_TIMEOUT_MS", "3000"))
 ACCOUNTS = 120
 COMMANDS = 240
 REPLY_TIMEOUT_S = 4.0
+#: What an answer may take past the front-end's time-out on a loaded machine; less than a Kafka
+#: request time-out, so an answer that waited one out on top of the reply's is still caught.
+ANSWER_SLACK_S = 2.0
 
 
 @pytest.fixture
@@ -327,14 +330,15 @@ async def test_processes_ride_out_a_frozen_broker(
             os.kill(own_broker.pid, signal.SIGSTOP)
             frozen_at = time.monotonic()
             try:
-                await asyncio.sleep(REQUEST_TIMEOUT_MS / 1000 + 2.5)
-                # Alive but not ready. A GET is a query to the account's owner through Kafka
-                # (docs/architecture.md, "A replica's cost follows its own traffic"): it answers
-                # the catalogued retry-shortly 500 within its time-out, and a POST is told to
-                # poll before retrying.
+                # Alive but not ready, once each noticed (a failed request or its probe: a few
+                # seconds, longer on a loaded machine; the freeze lasts until all did). A GET
+                # is a query to the account's owner through Kafka (docs/architecture.md, "A
+                # replica's cost follows its own traffic"): it answers the catalogued
+                # retry-shortly 500 within its time-out, and a POST is told to poll before
+                # retrying.
                 for name, url in probes.items():
+                    await wait_status(http, f"{url}/readyz", 503, timeout=60)
                     assert await status(http, f"{url}/healthz") == 200, name
-                    assert await status(http, f"{url}/readyz") == 503, name
                 headers = {"X-Api-Key": DEV_KEY}
                 started = time.monotonic()
                 got = await http.get(
@@ -342,7 +346,7 @@ async def test_processes_ride_out_a_frozen_broker(
                     headers=headers,
                     timeout=REPLY_TIMEOUT_S + 5,
                 )
-                assert time.monotonic() - started <= REPLY_TIMEOUT_S + 1.0
+                assert time.monotonic() - started <= REPLY_TIMEOUT_S + ANSWER_SLACK_S
                 assert got.status_code == 500, got.text
                 assert got.json()["error"]["code"] == "get_auth_state_failed"
                 started = time.monotonic()
@@ -351,7 +355,7 @@ async def test_processes_ride_out_a_frozen_broker(
                     headers=headers,
                     timeout=REPLY_TIMEOUT_S + 5,
                 )
-                assert time.monotonic() - started <= REPLY_TIMEOUT_S + 1.0
+                assert time.monotonic() - started <= REPLY_TIMEOUT_S + ANSWER_SLACK_S
                 assert posted.status_code == 500, posted.text
                 error = posted.json()["error"]
                 assert error["code"] == "run_auth_action_failed"
@@ -384,7 +388,7 @@ async def test_processes_ride_out_a_frozen_broker(
                 assert got.json()["error"]["code"] == "get_auth_state_failed", got.text
                 assert time.monotonic() < deadline, "reads never came back after the outage"
             await producing
-            await b.until_answered(sent, timeout=60)
+            await b.until_answered(sent, timeout=120)
             alive: dict[str, int] = {
                 f"worker-{i}": p.pid
                 for i, p in enumerate(pool.procs)
