@@ -33,10 +33,14 @@ async def test_a_poll_right_after_a_confirm_never_shows_the_status_before_it(
         api_rate_limit_per_s=0,  # hundreds of polls at once from one workspace: a load test
     )
     accounts = [f"acc_{uuid.uuid4().hex[:8]}" for _ in range(40)]
+    # A connection idle past 2 s is not reused: the front-end closes idle ones at 5 s (uvicorn's
+    # keep-alive), and a request sent on one as it closes fails unanswered (httpx.ReadError).
+    # A round of 20 leaves some idle for seconds on a loaded machine.
+    keep = httpx.Limits(keepalive_expiry=2.0)
     async with (
         running_worker(settings),
         running_api(settings) as api,
-        httpx.AsyncClient(base_url=api.url, timeout=15) as http,
+        httpx.AsyncClient(base_url=api.url, timeout=15, limits=keep) as http,
     ):
         for account in accounts:
             await register(settings, account, f"ok-{account}")
