@@ -61,7 +61,9 @@ async def test_answers_are_passed_through_unchanged(sim_url: str) -> None:
 
 
 async def test_a_slow_answer_is_a_read_timeout_and_transient(sim_url: str) -> None:
-    async with ProviderHttpClient(timeout_s=0.1, max_connections=2) as c:
+    # The connect has seconds (a loaded machine may take more than 0.1 s to dial); the read,
+    # 0.1 s of the simulator's 500 ms.
+    async with ProviderHttpClient(timeout_s=0.1, connect_timeout_s=5.0, max_connections=2) as c:
         with pytest.raises(TimedOut) as caught:
             await c.request("GET", f"{sim_url}/v1/accounts/sim-slow-1/auth-state")
         assert caught.value.phase == "read"
