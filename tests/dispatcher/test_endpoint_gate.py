@@ -370,8 +370,8 @@ def test_a_new_pair_at_a_full_endpoint_is_lined_up_as_admit_would() -> None:
     wakes = Wakes()
     g = gate(wakes)
 
-    def line_up(key: str, now: float = NOW, revision: int = 1) -> Admission | None:
-        return g.line_up("ep_1", revision=revision, partition=0, key=key, now=now)
+    def line_up(key: str, now: float = NOW, revision: int = 1) -> float | None:
+        return g.line_up("ep_1", revision, "", 0, key, now)
 
     assert line_up("ep_1/a") is None, "no entry: admit decides"
     assert admit(g, "ep_1/a").admitted
@@ -379,7 +379,8 @@ def test_a_new_pair_at_a_full_endpoint_is_lined_up_as_admit_would() -> None:
     assert admit(g, "ep_1/b").admitted
     assert line_up("ep_1/c", revision=2) is None, "a changed endpoint: admit decides"
     c = line_up("ep_1/c")
-    assert c is not None and (c.admitted, c.reason) == (False, "capacity") and c.until > NOW
+    assert c is not None and c > NOW, "until when it waits, in case no wake comes"
+    assert g.line_up("ep_1", 1, "ws_other", 0, "ep_1/c", NOW) is None, "another workspace's"
     assert g.waiting("ep_1") == 1
     assert not admit(g, "ep_1/d").admitted, "d queues behind c"
     g.release("ep_1", ok=True, now=NOW + 1)

@@ -182,7 +182,6 @@ class Dispatcher:
         limits = self.config.limits
         traceparent, tracestate = tracing.current_traceparent()
         taken: list[tuple[DeliveryState, Pending]] = []
-        endpoints: dict[str, EndpointRecord] = {}  # the taken pairs'
         full: list[tuple[DeliveryState, Pending]] = []
         crowded: list[tuple[DeliveryState, Pending]] = []
         over: list[tuple[DeliveryState, Pending]] = []  # past the workspace's cap
@@ -215,19 +214,14 @@ class Dispatcher:
                 over.append((pair, delivery))  # after the dedup: a duplicate is no new one
             elif verdict == "taken":
                 taken.append((state, delivery))
-                endpoints[state.key] = endpoint
             elif verdict == "full":
                 full.append((state, delivery))
-        lined: set[str] = set()
+        # Stored before the first await: the pairs' lanes settle onto these states.
+        for state, _ in taken:
+            self.store.put(partition, state)
+        by_id = {endpoint.id: endpoint for endpoint in targets}
+        lined = {s.key for s, d in taken if s.queue[0] is d and self._lined_up(partition, s, by_id)}
         if taken:
-            # Stored before the first await: the pairs' lanes settle onto these states.
-            for state, _ in taken:
-                self.store.put(partition, state)
-            lined = {
-                state.key
-                for state, delivery in taken
-                if self._lined_up(partition, state, delivery, endpoints[state.key], now)
-            }
             held = self._writes.hold(partition) if self.config.hold_s > 0 else None
             if held is None:
                 await self._writes.write_now(partition, [s.key for s, _ in taken])
@@ -257,42 +251,23 @@ class Dispatcher:
         waiting = [(state, delivery) for state, delivery in taken if state.queue[0] is not delivery]
         if waiting:
             await self._publisher.log_pending(waiting, now=now)
-        due = tuple(
-            state.key
-            for state, delivery in taken
-            if state.queue[0] is delivery and state.key not in lined
-        )
+        due = tuple(s.key for s, d in taken if s.queue[0] is d and s.key not in lined)
         return TakenIn(len(taken), refused, due)
 
     def _lined_up(
-        self,
-        partition: int,
-        state: DeliveryState,
-        delivery: Pending,
-        endpoint: EndpointRecord,
-        now: float,
+        self, partition: int, state: DeliveryState, by_id: dict[str, EndpointRecord]
     ) -> bool:
-        """A new pair (``delivery`` alone in it, live) of an endpoint with no slot now waits
-        in the endpoint's line for its wake, the gate asked once: no follow-up runs only to
-        be refused (``EndpointGate.line_up``)."""
-        if len(state.queue) != 1 or state.queue[0] is not delivery or delivery.replay:
+        """A new live pair of an active endpoint with no slot waits in its line, the gate asked
+        once (``EndpointGate.line_up``); a head a follow-up may hold back is left to it."""
+        key, now, ep = state.key, self._clock(), by_id[state.endpoint_id]
+        if len(state.queue) > 1 or state.queue[0].replay or self.store.claimed(key):
             return False
-        if not is_active(endpoint) or endpoint.replaying or endpoint.recovery is not None:
-            return False  # its follow-up decides (a head held back, or failed unattempted)
-        if self.store.claimed(state.key):
-            return False  # its lane works on it: it attempts the delivery next
-        admission = self.gate.line_up(
-            endpoint.id,
-            revision=endpoint.revision,
-            partition=partition,
-            key=state.key,
-            now=now,
-            workspace_id=endpoint.workspace_id,
-        )
-        if admission is None:
+        if not is_active(ep) or ep.replaying or ep.recovery is not None:
             return False
-        self.store.defer(partition, state.key, admission.until)
-        return True
+        until = self.gate.line_up(ep.id, ep.revision, ep.workspace_id, partition, key, now)
+        if until is not None:
+            self.store.defer(partition, key, until)
+        return until is not None
 
     def _pair(self, partition: int, endpoint: EndpointRecord, account_id: str) -> DeliveryState:
         """The pair's state, labelled with the endpoint's own workspace."""
@@ -501,8 +476,7 @@ class Dispatcher:
         logged: Awaitable[None] | None = None
         if finished is None:
             # A retry or a delivery: its log entry only informs ``GET .../deliveries``, so it
-            # goes out beside the state instead of before it (both handed over, then waited
-            # for one after the other: no task of their own).
+            # goes out beside the state instead of before it (no task of their own).
             logged = self._publisher.log_retry(merged, merged.queue[0], now=now, attempt=attempt)
         elif finished.state == "delivered":
             self.disabling.succeeded(merged.endpoint_id, now)

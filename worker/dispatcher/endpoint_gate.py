@@ -194,22 +194,14 @@ class EndpointGate:
         return self._line(e, key, partition, now, reason, ready_at, was_woken=was_woken)
 
     def line_up(
-        self,
-        endpoint_id: str,
-        *,
-        revision: int,
-        partition: int,
-        key: str,
-        now: float,
-        workspace_id: str = "",
-    ) -> Admission | None:
-        """Put a pair taken in at an endpoint that has no slot for it (its attempts under way
-        and woken pairs at its cap or its workspace's, or others in line first) in line, as
-        ``admit`` would: the pair waits for its wake without a follow-up that asks first.
-        ``None``: the endpoint may have room, or its entry is not as ``admit`` would leave it
-        (``admit`` decides)."""
+        self, endpoint_id: str, revision: int, workspace: str, partition: int, key: str, now: float
+    ) -> float | None:
+        """Put a new pair of an endpoint with no slot for it (its attempts and woken pairs at
+        its cap or its workspace's, or others in line first) in line as ``admit`` would, and
+        say until when it waits; ``None``: ``admit`` decides (it may have room, or its entry
+        is not as ``admit`` leaves it). The pair is woken in turn, no follow-up asks first."""
         e = self._endpoints.get(endpoint_id)
-        if e is None or (e.revision, e.workspace) != (revision, workspace_id):
+        if e is None or (e.revision, e.workspace) != (revision, workspace):
             return None
         if key in e.woken or now < e.blocked_until:
             return None
@@ -218,7 +210,7 @@ class EndpointGate:
             if key in e.waiters or len(e.waiters) <= len(e.woken):
                 return None
             self._wake_next(e, now)  # others wait and there is room: they go first
-        return self._line(e, key, partition, now, "capacity", None, was_woken=False)
+        return self._line(e, key, partition, now, "capacity", None, was_woken=False).until
 
     def _line(
         self,
