@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 
 from aiokafka.structs import ConsumerRecord
 from opentelemetry.trace import SpanKind
@@ -73,34 +73,27 @@ class Clock:
         return time.monotonic() + (epoch_deadline - time.time())
 
 
+@dataclass(eq=False, kw_only=True)
 class Executor:
     """The seams in one place: decide (pure), call the provider, publish."""
 
-    def __init__(
-        self,
-        *,
-        store: StateStore,
-        publisher: Publisher,
-        providers: ProviderRegistry,
-        policy: Policy,
-        metrics: WorkerMetrics,
-        router: Router,
-        clock: Clock | None = None,
-        write_ahead: bool = False,
-        wait_limits: WaitLimits | None = None,
-    ) -> None:
-        self.store = store
-        self.write_ahead = write_ahead
-        self.router = router
-        self.publisher = publisher
-        self.providers = providers
-        self.policy = policy
-        self.metrics = metrics
-        self.clock = clock or Clock()
-        self._instrument = Instrumentation(metrics)
+    store: StateStore
+    publisher: Publisher
+    providers: ProviderRegistry
+    policy: Policy
+    metrics: WorkerMetrics
+    router: Router
+    clock: Clock = field(default_factory=Clock)
+    write_ahead: bool = False
+    wait_limits: InitVar[WaitLimits | None] = None
+
+    def __post_init__(self, wait_limits: WaitLimits | None) -> None:
+        self._instrument = Instrumentation(self.metrics)
         self._windows: dict[tuple[int, str], asyncio.Future[None]] = {}
         #: Parked long-polls (``worker.auth.waits``), answered from ``_publish``'s next version.
-        self.waits = ParkedWaits(store, publisher, metrics, self._windows.get, wait_limits)
+        self.waits = ParkedWaits(
+            self.store, self.publisher, self.metrics, self._windows.get, wait_limits
+        )
 
     def unordered(self, msg: ConsumerRecord[bytes, bytes]) -> bool:
         """Whether ``msg`` is a query for an account of its own partition, which the consume

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -28,26 +29,18 @@ class Revoked(Exception):
     """The partition of a unit being retried was revoked: its next owner retries it."""
 
 
+@dataclass(eq=False)
 class Units:
     """Runs units of work for one loop. ``active`` is read at each retry: a unit of a partition
     let go meanwhile stops retrying (``Revoked``)."""
 
-    def __init__(
-        self,
-        executor: Handler,
-        *,
-        metrics: Any,
-        commits: Commits,
-        active: Callable[[], set[int]],
-        attempts: int,
-        backoff: Callable[[int], float],
-    ) -> None:
-        self.executor = executor
-        self.metrics = metrics
-        self.commits = commits
-        self._active = active
-        self.attempts = attempts
-        self.backoff = backoff
+    executor: Handler
+    _: KW_ONLY
+    metrics: Any
+    commits: Commits
+    active: Callable[[], set[int]]
+    attempts: int
+    backoff: Callable[[int], float]
 
     async def run(self, key: str, partition: int, item: LaneItem) -> Iterable[str] | None:
         """Run one unit of work (a record, or ``key``'s follow-up when ``item`` is ``DUE``) so
@@ -76,7 +69,7 @@ class Units:
                     log.warning("unit_failed_retrying", error=repr(exc)[:300], **where)
                     self.metrics.unit_failures.labels(stage, "retried").inc()
                     await asyncio.sleep(self.backoff(attempt))
-                    if partition not in self._active():
+                    if partition not in self.active():
                         raise Revoked from exc
                     attempt += 1
                     continue
