@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka.errors import KafkaError
@@ -33,29 +34,20 @@ log = get_logger(__name__)
 OPENED_MAX = 10_000
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class EndpointStore:
     """Creates, changes and deletes endpoints; reads go to ``registry`` directly."""
 
-    def __init__(
-        self,
-        *,
-        producer: Any,
-        topic: str,
-        registry: EndpointRegistry,
-        cipher: SecretsBox,
-        timeout_s: float = 5.0,
-        overlap_s: float = 86_400.0,
-        clock: Callable[[], float] = time.time,
-        health: BrokerHealth | None = None,
-    ) -> None:
-        self._producer = producer
-        self._health = health or BrokerHealth()
-        self._topic = topic
-        self.registry = registry
-        self._cipher = cipher
-        self._timeout_s = timeout_s
-        self._overlap_s = overlap_s
-        self._clock = clock
+    producer: Any
+    topic: str
+    registry: EndpointRegistry
+    cipher: SecretsBox
+    timeout_s: float = 5.0
+    overlap_s: float = 86_400.0
+    clock: Callable[[], float] = time.time
+    health: BrokerHealth = field(default_factory=BrokerHealth)
+
+    def __post_init__(self) -> None:
         self._opened: dict[tuple[str, str], str] = {}
 
     async def create(
@@ -124,13 +116,13 @@ class EndpointStore:
     async def rotate(self, current: EndpointRecord) -> tuple[EndpointRecord, str]:
         """A new secret; the current one keeps signing beside it for ``overlap_s`` more (or
         less, when it was already expiring), and every older one stops signing now."""
-        now = self._clock()
+        now = self.clock()
         secret = generate_secret()
         stamp = now_rfc3339()
         previous: tuple[StoredSecret, ...] = ()
         live = current.live_secrets(now)
-        if live and self._overlap_s > 0:
-            until = now + self._overlap_s
+        if live and self.overlap_s > 0:
+            until = now + self.overlap_s
             held = live[0].expires_at
             previous = (live[0].model_copy(update={"expires_at": min(until, held or until)}),)
         record = current.changed(secrets=(self._seal(current.id, secret, stamp), *previous))
@@ -139,7 +131,7 @@ class EndpointStore:
     async def expire_previous(self, current: EndpointRecord) -> EndpointRecord:
         """Only the current secret signs from now on; nothing is written when it is the
         only one held already."""
-        live = current.live_secrets(self._clock())
+        live = current.live_secrets(self.clock())
         if len(current.secrets) <= 1 or not live:
             return current
         record = current.changed(secrets=(live[0],))
@@ -153,11 +145,11 @@ class EndpointStore:
         """The secrets in clear that sign a delivery now, newest first. Each ciphertext is
         opened once per process: the dispatcher signs every attempt with them."""
         opened = []
-        for sealed in record.live_secrets(self._clock()):
+        for sealed in record.live_secrets(self.clock()):
             key = (record.id, sealed.ciphertext)
             secret = self._opened.get(key)
             if secret is None:
-                secret = self._cipher.decrypt(sealed.ciphertext, record.id.encode())
+                secret = self.cipher.decrypt(sealed.ciphertext, record.id.encode())
                 if len(self._opened) >= OPENED_MAX:
                     self._opened.clear()
                 self._opened[key] = secret
@@ -166,21 +158,21 @@ class EndpointStore:
 
     def _seal(self, endpoint_id: str, secret: str, stamp: str) -> StoredSecret:
         return StoredSecret(
-            ciphertext=self._cipher.encrypt(secret, endpoint_id.encode()), created_at=stamp
+            ciphertext=self.cipher.encrypt(secret, endpoint_id.encode()), created_at=stamp
         )
 
     async def _write(self, record: EndpointRecord, failure_code: str) -> EndpointRecord:
         """Produce ``record`` trimmed to its live secrets, apply it here, and return it."""
-        record = record.trimmed(self._clock())
+        record = record.trimmed(self.clock())
         await self._send(record.id, record.model_dump_json().encode(), failure_code)
         self.registry.apply(record)
         return record
 
     async def _send(self, endpoint_id: str, value: bytes | None, failure_code: str) -> None:
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(self.timeout_s):
                 await send_retrying(
-                    self._producer, self._health, self._topic, value, key=endpoint_id.encode()
+                    self.producer, self.health, self.topic, value, key=endpoint_id.encode()
                 )
         except (KafkaError, TimeoutError) as exc:
             log.error("endpoint_write_failed", endpoint_id=endpoint_id, error=repr(exc))

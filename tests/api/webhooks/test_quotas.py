@@ -579,8 +579,8 @@ class HeldCreate:
 
 def hold_create(api: ApiRuntime, settings: Settings, workspace: str) -> HeldCreate:
     store = hooks(api).store
-    held = HeldCreate(store._producer, settings.topics.webhook_endpoints, workspace)
-    store._producer = held  # the store writes through it from now on
+    held = HeldCreate(store.producer, settings.topics.webhook_endpoints, workspace)
+    store.producer = held  # the store writes through it from now on
     return held
 
 
