@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -21,25 +22,19 @@ from worker.runtime.logs import get_logger
 log = get_logger("worker.engine.consume_loop")
 
 
+@dataclass(eq=False)
 class Commits:
     """The trackers of the owned input partitions (one per topic-partition, made on its first
     dispatched record) and the holds taken on them, in the order they were taken."""
 
-    def __init__(
-        self,
-        consumer: AIOKafkaConsumer,
-        *,
-        metrics: Any,
-        hold_overdue_s: float,
-        final_timeout_s: float,
-    ) -> None:
-        self.consumer = consumer
-        #: The loop's series (``LoopSeries``): ``lag``.
-        self.metrics = metrics
-        self.hold_overdue_s = hold_overdue_s
-        self.final_timeout_s = final_timeout_s
-        self.trackers: dict[TopicPartition, OffsetTracker] = {}
-        self.holds: deque[Hold] = deque()
+    consumer: AIOKafkaConsumer
+    _: KW_ONLY
+    #: The loop's series (``LoopSeries``): ``lag``.
+    metrics: Any
+    hold_overdue_s: float
+    final_timeout_s: float
+    trackers: dict[TopicPartition, OffsetTracker] = field(default_factory=dict, init=False)
+    holds: deque[Hold] = field(default_factory=deque, init=False)
 
     def tracker(self, tp: TopicPartition) -> OffsetTracker:
         """The tracker of ``tp``, made on first use (not ``setdefault``: that would build one

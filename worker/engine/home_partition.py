@@ -5,6 +5,7 @@ partitioner is forwarded there (docs/architecture.md, "Keys, compaction and co-p
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import KW_ONLY, dataclass
 
 from worker.engine.key_hash import key_hash
 
@@ -44,25 +45,20 @@ def forwarded_from(headers: Collection[tuple[str, bytes]]) -> str | None:
     return None
 
 
+@dataclass(frozen=True, eq=False)
 class Router:
     """Home partitions of one topic's keys, by the partition count of the consumer's metadata
     (the count the producers' partitioners used, following partitions added later), the
     setting only before metadata is known (``COMMANDS_PARTITIONS`` sizes new topics only)."""
 
-    def __init__(
-        self,
-        topic: str,
-        *,
-        partitions_for_topic: Callable[[str], Collection[int] | None],
-        fallback: int,
-    ) -> None:
-        self.topic = topic
-        self._partitions_for_topic = partitions_for_topic
-        self._fallback = fallback
+    topic: str
+    _: KW_ONLY
+    partitions_for_topic: Callable[[str], Collection[int] | None]
+    fallback: int
 
     def partitions(self) -> int:
-        known = self._partitions_for_topic(self.topic)
-        return len(known) if known else self._fallback
+        known = self.partitions_for_topic(self.topic)
+        return len(known) if known else self.fallback
 
     def home(self, key: bytes) -> int:
         return home_partition(key, self.partitions())

@@ -5,6 +5,7 @@ URL's fragment, which browsers never send, so it reaches no access log; the URL 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Annotated, Final
@@ -73,26 +74,18 @@ class PortalSessionResponse(DataResponse[PortalSessionData]):
     """Success: the portal session."""
 
 
+@dataclass(eq=False, kw_only=True)
 class PortalSessions:
     """The handlers, behind the front-end's key check (a portal token may neither mint nor
     revoke); without a portal secret (``tokens`` ``None``) they answer their 500."""
 
-    def __init__(
-        self,
-        *,
-        admitted_workspace: Callable[[Request], str],
-        keys: KeyStore,
-        tokens: PortalTokens | None,
-        revocations: PortalRevocations,
-        ttl_s: float,
-        public_base_url: str | None = None,
-    ) -> None:
-        self.admitted_workspace = admitted_workspace
-        self.keys = keys
-        self.tokens = tokens
-        self.revocations = revocations
-        self.ttl_s = ttl_s
-        self.public_base_url = public_base_url or ""
+    admitted_workspace: Callable[[Request], str]
+    keys: KeyStore
+    tokens: PortalTokens | None
+    revocations: PortalRevocations
+    ttl_s: float
+    #: ``API_PUBLIC_BASE_URL``; ``None``: the page's URL is relative.
+    public_base_url: str | None = None
 
     def routes(self) -> list[Route]:
         return [
@@ -130,7 +123,7 @@ class PortalSessions:
             expires_at=expires,
         )
         data = PortalSessionData(
-            url=f"{self.public_base_url}{PORTAL_PAGE}#token={minted.token}",
+            url=f"{self.public_base_url or ''}{PORTAL_PAGE}#token={minted.token}",
             session_id=minted.session_id,
             workspace_id=workspace_id,
             expires_at=expires,
