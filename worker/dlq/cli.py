@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Final, TextIO
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -265,7 +265,7 @@ class Target:
         return f"{self.topic}:{'keyed' if self.partition is None else self.partition}"
 
 
-def plan(letter: DeadLetter, partitions: dict[str, int]) -> Target | str:
+def plan(letter: DeadLetter, partitions: Mapping[str, int]) -> Target | str:
     """The target of ``letter``, or why it is skipped. A truncated letter is never redriven: it
     is not the original record, and its source would read it as that."""
     if letter.truncated:
@@ -283,36 +283,33 @@ def plan(letter: DeadLetter, partitions: dict[str, int]) -> Target | str:
     return Target(source.topic, source.partition if source.partition < count else None)
 
 
+@dataclass(eq=False)
 class Redriver:
     """Sends dead letters back (or, dry, only says where), counting every outcome."""
 
-    def __init__(
-        self,
-        producer: AIOKafkaProducer | None,
-        partitions: dict[str, int],
-        *,
-        out: TextIO,
-    ) -> None:
-        self._producer = producer
-        self._partitions = partitions
-        self._out = out
+    producer: AIOKafkaProducer | None
+    partitions: Mapping[str, int]
+    _: KW_ONLY
+    out: TextIO
+    report: RedriveReport = field(default_factory=RedriveReport, init=False)
+
+    def __post_init__(self) -> None:
         self._pending: list[tuple[str, Target, asyncio.Future[Any]]] = []
         self._pending_bytes = 0
-        self.report = RedriveReport()
 
     async def __call__(self, letter: DeadLetter) -> None:
-        target = plan(letter, self._partitions)
+        target = plan(letter, self.partitions)
         if isinstance(target, str):
             self.report.skipped[target] += 1
-            print(f"skipped\t{letter.at}\t{target}", file=self._out)
+            print(f"skipped\t{letter.at}\t{target}", file=self.out)
             return
-        if self._producer is None:
+        if self.producer is None:
             self.report.redriven[target.topic] += 1
-            print(f"would redrive\t{letter.at}\t-> {target}", file=self._out)
+            print(f"would redrive\t{letter.at}\t-> {target}", file=self.out)
             return
         headers = [*letter.original_headers(), (REDRIVEN, str(letter.position).encode())]
         try:
-            sent = await self._producer.send(
+            sent = await self.producer.send(
                 target.topic,
                 letter.value,
                 key=letter.key,
@@ -338,11 +335,11 @@ class Redriver:
                 continue
             self.report.redriven[target.topic] += 1
             where = f"{target.topic}:{metadata.partition}:{metadata.offset}"
-            print(f"redriven\t{at}\t-> {where}", file=self._out)
+            print(f"redriven\t{at}\t-> {where}", file=self.out)
 
     def _failed(self, at: str, exc: KafkaError) -> None:
         self.report.failed[type(exc).__name__] += 1
-        print(f"failed\t{at}\t{type(exc).__name__}", file=self._out)
+        print(f"failed\t{at}\t{type(exc).__name__}", file=self.out)
 
 
 async def redrive(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Final
 
 from aiokafka.client import ConnectionGroup
@@ -42,21 +43,16 @@ class BrokerOutageExceeded(ProcessFault):
     """The cluster has been unreachable for longer than the tolerance: the process ends."""
 
 
+@dataclass(eq=False)
 class BrokerHealth:
     """When the current outage began (``None``: the cluster answers), for one process."""
 
-    def __init__(
-        self,
-        tolerance_s: float = 300.0,
-        *,
-        name: str = "process",
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.tolerance_s = tolerance_s
-        self.name = name
-        self._clock = clock
-        self.outage_started: float | None = None
-        self.outages = 0
+    tolerance_s: float = 300.0
+    _: KW_ONLY
+    name: str = "process"
+    clock: Callable[[], float] = time.monotonic
+    outage_started: float | None = field(default=None, init=False)
+    outages: int = field(default=0, init=False)
 
     # -- what happened -------------------------------------------------------------------------
 
@@ -64,7 +60,7 @@ class BrokerHealth:
         """A request failed for an outage reason: the outage begins now unless it already
         had."""
         if self.outage_started is None:
-            self.outage_started = self._clock()
+            self.outage_started = self.clock()
             self.outages += 1
             log.warning(
                 "kafka_unreachable",
@@ -82,7 +78,7 @@ class BrokerHealth:
             log.info(
                 "kafka_reachable_again",
                 process=self.name,
-                outage_s=round(self._clock() - started, 3),
+                outage_s=round(self.clock() - started, 3),
             )
 
     # -- what it means -------------------------------------------------------------------------
@@ -94,7 +90,7 @@ class BrokerHealth:
     def outage_seconds(self) -> float:
         """How long the current outage has lasted (0 while the cluster answers)."""
         started = self.outage_started
-        return 0.0 if started is None else max(0.0, self._clock() - started)
+        return 0.0 if started is None else max(0.0, self.clock() - started)
 
     @property
     def exceeded(self) -> bool:

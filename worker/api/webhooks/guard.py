@@ -4,7 +4,8 @@ other exception as the route's catalogued 500, logged without the request's body
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Final
+from dataclasses import dataclass
+from typing import ClassVar, Final
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -65,6 +66,7 @@ def guarded(
     return endpoint
 
 
+@dataclass(eq=False, kw_only=True)
 class WebhookHandlers:
     """What the handlers of every webhook route start from: ``clients`` is ``None`` when the
     service has no secrets key, and every route then answers its 500; ``admitted_workspace`` is
@@ -73,24 +75,16 @@ class WebhookHandlers:
     counts quota refusals."""
 
     #: The 500's messages while a read model catches up at start-up, and once it has stopped.
-    NOT_YET = "Not available yet; retry shortly."
-    DOWN = "Not available right now."
+    NOT_YET: ClassVar[str] = "Not available yet; retry shortly."
+    DOWN: ClassVar[str] = "Not available right now."
 
-    def __init__(
-        self,
-        *,
-        clients: WebhookClients | None,
-        admitted_workspace: Callable[[Request], str],
-        wait_s: float,
-        refused: Callable[[str], None],
-    ) -> None:
-        self.clients = clients
-        self.admitted_workspace = admitted_workspace
-        self.wait_s = wait_s
-        self._refused = refused
+    clients: WebhookClients | None
+    admitted_workspace: Callable[[Request], str]
+    wait_s: float
+    refused: Callable[[str], None]
 
     def route(self, path: str, handler: Handler, method: str, failure: str) -> Route:
-        return Route(path, guarded(handler, failure, path, self._refused), methods=[method])
+        return Route(path, guarded(handler, failure, path, self.refused), methods=[method])
 
     def _caller(self, request: Request, failure: str) -> tuple[WebhookClients, str]:
         """The clients and the key's workspace (key check and rate limit first)."""
