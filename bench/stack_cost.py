@@ -5,9 +5,13 @@ process of the whole stack, in Kafka records and provider requests, and its late
 broker, simulator, worker, dispatcher, receiver, front-end) on spare loopback ports and the
 ceiling (``bench.api_ceiling``) next to it, then:
 
-1. closed loop, ``--connections`` keep-alive connections, ``--requests`` POSTs per phase,
-   ``--rounds`` times ceiling, Kafka floor, front-end, back to back: CPU per POST of each from
-   ``/proc/<pid>/stat`` (user and system apart); the Kafka floor (``bench.kafka_floor``, on
+1. ``--rounds`` times front-end, Kafka floor, ceiling, back to back, the order reversed every
+   other round (so neither the front-end nor its floor always runs first): the front-end
+   closed loop, ``--connections`` keep-alive connections, ``--requests`` POSTs; the ceiling
+   open loop at the rate the front-end just reached (``--ceiling-requests``, default as many),
+   so both are at one offered rate; CPU per POST of each from ``/proc/<pid>/stat`` (user and
+   system apart), the front-end's and the ceiling's over their load alone (the same window
+   rule); the Kafka floor (``bench.kafka_floor``, on
    the stack's broker) is the same count of requests, as many in flight, doing only a POST's
    Kafka part, with its requester's CPU per request; for the front-end phases also every stack
    process's CPU per confirm (the phase plus ``--settle-s`` for the asynchronous tail: status
@@ -365,32 +369,47 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         floor_runs: dict[str, list[dict[str, Any]]] = {client: [] for client in floors}
         frontend_runs: list[dict[str, Any]] = []
         fake = iter(range(10**9, 2 * 10**9))
-        for _ in range(args.rounds):
+
+        async def ceiling_phase() -> None:
+            """The ceiling at the rate the front-end last reached: paced alike, both pay the
+            same wake-ups per request (closed loop it ran at many times the front-end's rate,
+            where one wake-up serves many requests)."""
+            rate = frontend_runs[-1]["rate"]
+            n = args.ceiling_requests or args.requests
             window = CpuWindow({"ceiling": ceiling.pid})
             loadavg = os.getloadavg()[0]
             window.start()
-            n = args.ceiling_requests
-            load = await closed_loop(ceiling_port, fake, n, args.connections, DEV_KEY)
+            load = await open_loop(ceiling_port, fake, rate, (n + 0.5) / rate, DEV_KEY, limit=n)
             window.stop()
             ceiling_runs.append(
                 load
                 | {
-                    "cpu": per_request(window, n)["ceiling"],
+                    "cpu": per_request(window, load["requests"])["ceiling"],
                     "loadavg_1m": loadavg,
                     "window_s": window.wall,
                 }
             )
 
+        async def floor_phases() -> None:
             for client, floor in floors.items():
                 pids = floor.pids | {"broker": stack.pids["broker"]}
                 floor_runs[client].append(await floor_phase(floor, floor_n, CpuWindow(pids)))
 
+        for i in range(args.rounds):
+            if i % 2:
+                await ceiling_phase()
+                await floor_phases()
             calls = await sim_calls(stack.ports["simulator"])
             spy = profiler(args.profile, stack.pids["front-end"], len(frontend_runs))
             window = CpuWindow(stack.pids)
+            # The front-end's own figure ends with its load, as the ceiling's does; the
+            # stack's window also takes the settle, for the worker's and dispatcher's tail.
+            own = CpuWindow({"front-end": stack.pids["front-end"]})
             loadavg = os.getloadavg()[0]
             window.start()
+            own.start()
             load = await closed_loop(api, numbers, args.requests, args.connections, DEV_KEY)
+            own.stop()
             await asyncio.sleep(args.settle_s)
             window.stop()
             if spy is not None:
@@ -414,8 +433,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     "records_total_per_confirm": sum(records.values()) / args.requests,
                     "provider_calls_per_confirm": calls / args.requests,
                     "loadavg_1m": loadavg,
+                    "frontend_cpu": per_request(own, args.requests)["front-end"],
+                    "frontend_window_s": own.wall,
+                    "first": i % 2 == 0,
                 }
             )
+            if i % 2 == 0:
+                await floor_phases()
+                await ceiling_phase()
         max_rate = statistics.median(r["rate"] for r in frontend_runs)
         latency = []
         for fraction in args.fractions if args.latency_s > 0 else []:
@@ -463,7 +488,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     # A run too short for the ceiling to use one clock tick of CPU has no ratio (None), not
     # an infinite one: /proc counts CPU in 10 ms ticks.
     ratios = [
-        f["cpu"]["front-end"]["total_us"] / c["cpu"]["total_us"] if c["cpu"]["total_us"] else None
+        frontend_us(f) / c["cpu"]["total_us"] if c["cpu"]["total_us"] else None
         for c, f in zip(ceiling_runs, frontend_runs, strict=True)
     ]
     idle_cores = {name: (u + s) / idle.wall for name, (u, s) in idle.spent.items()}
@@ -489,13 +514,20 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         if (runs := floor_runs.get("confluent"))
         else None,
         "ceiling_us_spread": spread([c["cpu"]["total_us"] for c in ceiling_runs]),
-        "frontend_us_spread": spread([f["cpu"]["front-end"]["total_us"] for f in frontend_runs]),
+        "frontend_us_spread": spread([frontend_us(f) for f in frontend_runs]),
         "stack_us_spread": spread([f["stack_total_us"] for f in frontend_runs]),
         "product_us_spread": spread([f["product_total_us"] for f in frontend_runs]),
         "max_rate": max_rate,
         "latency": latency,
         "provider_latency_ms": args.provider_latency_ms,
     }
+
+
+def frontend_us(run: dict[str, Any]) -> float:
+    """The front-end's CPU per POST over its load alone (a run from before that figure: over
+    the stack's window, settle included)."""
+    own = run.get("frontend_cpu") or run["cpu"]["front-end"]
+    return float(own["total_us"])
 
 
 def baseline_figures(result: dict[str, Any]) -> dict[str, float]:
@@ -514,7 +546,7 @@ def baseline_figures(result: dict[str, Any]) -> dict[str, float]:
         # From the rounds, not ``frontend_by_floor``: a tree from before it has the parts.
         "front-end ÷ floor": median(
             [
-                f["cpu"]["front-end"]["total_us"] / (c["cpu"]["total_us"] + u)
+                frontend_us(f) / (c["cpu"]["total_us"] + u)
                 for c, f, u in zip(
                     result["ceiling"], runs, result.get("floor_us", []), strict=False
                 )
@@ -549,16 +581,17 @@ def floor_figures(
     floor_us = [f["cpu"]["total_us"] for f in floor_runs]
     idle = idle_cores or {}
 
-    def busy(total_us: float, cores: float, run: dict[str, Any], n: int) -> float | None:
-        if "window_s" not in run or not n:
+    def busy(
+        total_us: float, cores: float, run: dict[str, Any], n: int, key: str = "window_s"
+    ) -> float | None:
+        if key not in run or not n:
             return None
-        return float(total_us - cores * run["window_s"] * 1e6 / n)
+        return float(total_us - cores * run[key] * 1e6 / n)
 
     busy_ratios: list[float | None] = []
     for c, f, u in zip(ceiling_runs, frontend_runs, floor_runs, strict=False):
-        fe = busy(
-            f["cpu"]["front-end"]["total_us"], idle.get("front-end", 0.0), f, f.get("requests", 0)
-        )
+        wall = "frontend_window_s" if "frontend_window_s" in f else "window_s"
+        fe = busy(frontend_us(f), idle.get("front-end", 0.0), f, f.get("requests", 0), wall)
         ce = busy(c["cpu"]["total_us"], idle.get("ceiling", 0.0), c, c.get("requests", 0))
         fl = busy(u["cpu"]["total_us"], idle.get(f"floor-{client}", 0.0), u, u.get("requests", 0))
         busy_ratios.append(
@@ -572,9 +605,7 @@ def floor_figures(
     # The front-end ÷ its floor (the HTTP ceiling + the Kafka floor): what of its CPU per POST
     # is its own code, next to front-end ÷ ceiling.
     by_floor = [
-        f["cpu"]["front-end"]["total_us"] / (c["cpu"]["total_us"] + u)
-        if c["cpu"]["total_us"] + u
-        else None
+        frontend_us(f) / (c["cpu"]["total_us"] + u) if c["cpu"]["total_us"] + u else None
         for c, f, u in zip(ceiling_runs, frontend_runs, floor_us, strict=False)
     ]
     return {
@@ -584,8 +615,7 @@ def floor_figures(
         "frontend_by_floor_spread": spread([r for r in by_floor if r is not None]),
         "floor_ratio_spread": spread([r for r in floor_ratios if r is not None]),
         "frontend_minus_floor_us": [
-            f["cpu"]["front-end"]["total_us"] - u
-            for f, u in zip(frontend_runs, floor_us, strict=False)
+            frontend_us(f) - u for f, u in zip(frontend_runs, floor_us, strict=False)
         ],
         "floor_us_spread": spread(floor_us),
         "frontend_by_floor_busy": busy_ratios,
@@ -627,11 +657,10 @@ def report(result: dict[str, Any]) -> str:
         + " / ".join(f"{c['cpu']['total_us']:,.0f}" for c in result["ceiling"]),
         "front-end CPU/POST µs "
         + " / ".join(
-            f"{f['cpu']['front-end']['total_us']:,.0f} "
-            f"(u {f['cpu']['front-end']['user_us']:,.0f}"
-            f" s {f['cpu']['front-end']['system_us']:,.0f})"
-            for f in result["frontend"]
-        ),
+            f"{own['total_us']:,.0f} (u {own['user_us']:,.0f} s {own['system_us']:,.0f})"
+            for own in (f.get("frontend_cpu") or f["cpu"]["front-end"] for f in result["frontend"])
+        )
+        + " (over its load; the ceiling paced at its rate, rounds alternating in order)",
         f"front-end ÷ ceiling  {ratio['min']:.2f}-{ratio['max']:.2f}x"
         f"  target ≤ {TARGET_RATIO}x  {'OK' if ratio['median'] <= TARGET_RATIO else 'MISS'}",
         *(
@@ -735,7 +764,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.stack_cost", description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=1500)
-    parser.add_argument("--ceiling-requests", type=int, default=5000)
+    parser.add_argument(
+        "--ceiling-requests",
+        type=int,
+        default=None,
+        help="POSTs of each ceiling phase, paced at the front-end's rate (default --requests)",
+    )
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle window (fetch loops)")
     parser.add_argument("--settle-s", type=float, default=3.0)

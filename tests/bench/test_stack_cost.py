@@ -31,6 +31,12 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     (front,) = result["frontend"]
     assert ceiling["statuses"] == {"200": 600}
     assert front["statuses"] == {"200": 60}
+    # The ceiling paced at the rate the front-end reached, which ran first in round one; the
+    # front-end's own figure over its load alone, as the ceiling's.
+    assert ceiling["offered_rate"] == front["rate"] and front["first"]
+    assert front["frontend_window_s"] < front["window_s"]  # the stack's takes the settle
+    (ratio,) = result["ratio"]
+    assert ratio == pytest.approx(front["frontend_cpu"]["total_us"] / ceiling["cpu"]["total_us"])
     assert {"user_us", "system_us", "total_us"} <= set(ceiling["cpu"])
     assert set(front["cpu"]) == ROLES
     assert front["records_per_confirm"]["auth.commands"] == 1.0
@@ -48,7 +54,7 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     assert floor_ratio is not None and floor_ratio > 1
     assert len(result["frontend_minus_floor_us"]) == 1
     (by_floor,) = result["frontend_by_floor"]
-    assert by_floor == front["cpu"]["front-end"]["total_us"] / (
+    assert by_floor == front["frontend_cpu"]["total_us"] / (
         ceiling["cpu"]["total_us"] + result["floor_us"][0]
     )
     # Each side's idle cost left out: smaller than the front-end's whole CPU, and the same
@@ -57,7 +63,8 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     assert {"ceiling", "floor-aiokafka", "front-end"} <= set(idle)
     (busy_ratio,) = result["frontend_by_floor_busy"]
     fe_busy = (
-        front["cpu"]["front-end"]["total_us"] - idle["front-end"] * front["window_s"] * 1e6 / 60
+        front["frontend_cpu"]["total_us"]
+        - idle["front-end"] * front["frontend_window_s"] * 1e6 / 60
     )
     ce_busy = ceiling["cpu"]["total_us"] - idle["ceiling"] * ceiling["window_s"] * 1e6 / 600
     fl_busy = (
