@@ -12,8 +12,10 @@ comparison is between designs, not GC settings. SIGTERM/SIGINT stop the process 
   ``bench-out`` header (the record count and topics the worker produces for that command), the
   command's own bytes as value. Upper bound for the Kafka I/O alone.
 * ``floor``: the worker's floor (``bench.floor``): the same provider call per first confirm
-  through the worker's own HTTP client, the same output records, one ack wait and one commit
-  per fetched batch; no decision, store or instrumentation.
+  through the worker's own HTTP client, the same output records (the worker's state record),
+  per fetched batch the states then one ack wait, the replies and events then one more; each
+  account in order across batches; commits at the worker's cadence; no decision table,
+  retries or instrumentation.
 * ``batched``: the worker's own decision, adapter and records in the floor's shape
   (``bench.batched``): what the contract's work costs when a fetched batch is the unit of work.
 * ``baseline``: the partition-ordered loop a plain aiokafka service would be: per partition, one

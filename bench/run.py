@@ -12,8 +12,9 @@ offered rate:
 ceiling             pass-through consumer: decodes nothing, calls nothing, produces the same
                     records per command as the worker (``bench.proc``)
 floor               the worker's floor: decodes, makes the worker's provider call with its
-                    HTTP client, produces state, reply and event, one ack wait and commit per
-                    batch; no decision, store or instrumentation (``bench.floor``)
+                    HTTP client, the worker's state record, then reply and event, per batch
+                    (states acknowledged first); each account in order; commits every 0.2 s;
+                    no decision table, retries or instrumentation (``bench.floor``)
 batched             the worker's decision, provider adapter and full records in the floor's
                     shape: per batch, states then one ack wait, replies and events then one
                     more; no engine lanes or instrumentation (``bench.batched``)
