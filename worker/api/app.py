@@ -171,7 +171,7 @@ def build_app(
         long_poll_max_s=settings.api_long_poll_max_s,
         long_poll_slots=settings.api_max_connections // 2,
         webhook_tails=None if webhooks is None else webhooks.tails,
-        broker=broker,
+        broker=broker or BrokerHealth(),
         rate_limiter=rate_limiter(settings, presence),
         presence=presence,
         portal=portal_tokens(settings),

@@ -10,6 +10,7 @@ import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -104,50 +105,35 @@ class _RoundTripFailed(Exception):
         self.queued = queued
 
 
+@dataclass(eq=False, kw_only=True)
 class ApiRoutes:
     """The handlers of both routes and the probe checks, over started clients: each route is a
     round trip to the worker owning the account's partition; this process holds no account
     state (docs/architecture.md, "The front-end")."""
 
-    def __init__(
-        self,
-        *,
-        producer: Any,
-        replies: ReplyRouter,
-        keys: KeyStore,
-        metrics: ApiMetrics,
-        commands_topic: str,
-        reply_timeout_s: float,
-        long_poll_max_s: float = MAX_WAIT_MS / 1000,
-        long_poll_slots: int = 500,
-        webhook_tails: Sequence[TopicTail] | None = None,
-        broker: BrokerHealth | None = None,
-        rate_limiter: RateLimiter | None = None,
-        presence: TopicTail | None = None,
-        portal: PortalTokens | None = None,
-        idempotency: IdempotencyKeys | None = None,
-        portal_revocations: PortalRevocations | None = None,
-    ) -> None:
-        self.producer = producer
-        #: Verifies portal session tokens (``None``: no portal secret, every token refused).
-        self.portal = portal
-        self.portal_revocations = portal_revocations
-        self.idempotency = idempotency
-        self.rate_limiter = rate_limiter
-        #: The replicas' presence (``worker.api.presence``): the rate limit's share needs it.
-        self.presence = presence
-        self.broker = broker or BrokerHealth()
-        self.replies = replies
-        self.keys = keys
-        self.metrics = metrics
-        self.commands_topic = commands_topic
-        self.reply_timeout_s = reply_timeout_s
-        #: The longest a long-poll waits here (``API_LONG_POLL_MAX_S``).
-        self.long_poll_max_s = long_poll_max_s
+    producer: Any
+    replies: ReplyRouter
+    keys: KeyStore
+    metrics: ApiMetrics
+    commands_topic: str
+    reply_timeout_s: float
+    #: The longest a long-poll waits here (``API_LONG_POLL_MAX_S``).
+    long_poll_max_s: float = MAX_WAIT_MS / 1000
+    long_poll_slots: InitVar[int] = 500
+    webhook_tails: Sequence[TopicTail] | None = None
+    broker: BrokerHealth = field(default_factory=BrokerHealth)
+    rate_limiter: RateLimiter | None = None
+    #: The replicas' presence (``worker.api.presence``): the rate limit's share needs it.
+    presence: TopicTail | None = None
+    #: Verifies portal session tokens (``None``: no portal secret, every token refused).
+    portal: PortalTokens | None = None
+    idempotency: IdempotencyKeys | None = None
+    portal_revocations: PortalRevocations | None = None
+
+    def __post_init__(self, long_poll_slots: int) -> None:
         self.long_polls = long_poll.LongPolls(long_poll_slots)
-        self.webhook_tails = webhook_tails
-        self._send_span = f"send {commands_topic}"
-        self._receive_span = f"receive {replies.topic}"
+        self._send_span = f"send {self.commands_topic}"
+        self._receive_span = f"receive {self.replies.topic}"
 
     @functools.cached_property
     def _reply_headers(self) -> Iterator[tuple[str, bytes]]:

@@ -6,7 +6,8 @@ partition; a partition at its share, or a key at its share, pauses that partitio
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -53,32 +54,25 @@ def _bump(counts: dict[Any, int], key: Any, by: int) -> None:
         counts.pop(key, None)
 
 
+@dataclass(eq=False, kw_only=True)
 class Pressure:
     """What is in flight and what it holds up. ``lanes`` is the loop's own map (read, never
     written here): a key's load is its lane's queue, the running item included, and its
     queries running beside the lane (``aside_load``)."""
 
-    def __init__(
-        self,
-        *,
-        consumer: AIOKafkaConsumer,
-        topics: tuple[str, ...],
-        lanes: dict[tuple[int, str], Lane],
-        metrics: Any,
-        max_in_flight: int,
-        key_share: int,
-    ) -> None:
-        self.consumer = consumer
-        self.topics = topics
-        self.lanes = lanes
-        #: The loop's series (``LoopSeries``): ``in_flight``, ``key_pauses``.
-        self.metrics = metrics
-        self.max_in_flight = max_in_flight
-        self.key_share = key_share
+    consumer: AIOKafkaConsumer
+    topics: tuple[str, ...]
+    lanes: Mapping[tuple[int, str], Lane]
+    #: The loop's series (``LoopSeries``): ``in_flight``, ``key_pauses``.
+    metrics: Any
+    max_in_flight: int
+    key_share: int
+
+    def __post_init__(self) -> None:
         #: A hot key's partition resumes once every hot key of it is down to this.
-        self.key_resume_at = key_share // 2
+        self.key_resume_at = self.key_share // 2
         #: Each partition's share of the bound (``partition_shares``): owner = the partition.
-        self.partition_share, self.partition_resume = partition_shares(max_in_flight)
+        self.partition_share, self.partition_resume = partition_shares(self.max_in_flight)
         self.in_flight = 0
         #: What each partition holds of ``in_flight`` (only partitions holding some).
         self.held: dict[int, int] = {}
