@@ -21,9 +21,6 @@ from aiokafka.errors import (
 
 from worker.engine.broker_health import BrokerHealth, is_outage
 from worker.engine.faults import RecordRejected
-from worker.runtime.logs import get_logger
-
-log = get_logger(__name__)
 
 #: The largest record (value, key and headers) any process writes: below the producer's
 #: ``max_request_size`` (aiokafka's default, 1 MiB) with room for the batch's framing. Checked
