@@ -115,12 +115,38 @@ async def flows(
     assert [r.status_code for r in answers] == [200] * n, [r.text for r in answers][:3]
     deadline = time.monotonic() + 60
     while len(receiver.status_changes(set(accounts), 2)) < n:
-        assert time.monotonic() < deadline, "the victim's endpoint missed status changes"
+        got = len(receiver.status_changes(set(accounts), 2))
+        assert time.monotonic() < deadline, (
+            f"the victim's endpoint got {got} of {n} status changes\n{stack.log()[-4000:]}"
+        )
         await asyncio.sleep(0.1)
     return [
         a.at - datetime.fromisoformat(a.body["timestamp"]).timestamp()
         for a in receiver.status_changes(set(accounts), 2)
     ]
+
+
+async def dispatcher_knows(
+    stack: RunningStack, client: httpx.AsyncClient, receiver: Receiver, endpoint: str
+) -> None:
+    """Until the dispatcher holds ``endpoint`` active: it fans an event out to the endpoints its
+    registry holds active when it reads the event (docs/architecture.md, "Webhook fan-out"),
+    and a create is written pending, then activated, so on a loaded machine its registry can
+    read the activation after the first flows' events. A test send arrives once it holds the
+    endpoint active; one taken in while it still held the pending record fails unattempted
+    (``endpoint_inactive``), so another is sent every few seconds until one arrives."""
+    test = f"/v1/webhook-endpoints/{endpoint}/test"
+    deadline = time.monotonic() + 60
+    send_at = time.monotonic()
+    while not any(a.body.get("test") for a in receiver.arrivals):
+        now = time.monotonic()
+        if now > deadline:
+            raise AssertionError(f"no test send came\n{stack.log()[-6000:]}")
+        if now >= send_at:
+            sent = await client.post(test, json={"event_type": "account.auth_status_changed"})
+            assert sent.status_code in (202, 429), sent.text  # 429: the send budget; next round
+            send_at = now + 5
+        await asyncio.sleep(0.1)
 
 
 async def test_a_hostile_workspace_stops_slows_and_sees_nothing_of_another(
@@ -142,6 +168,7 @@ async def test_a_hostile_workspace_stops_slows_and_sees_nothing_of_another(
         created = await client.post("/v1/webhook-endpoints", json={"url": victim_url})
         assert created.status_code == 201, created.text
         victim.secret = created.json()["data"]["secret"]
+        await dispatcher_knows(stack, client, victim, created.json()["data"]["id"])
         alone = await flows(stack, client, victim, "acc_alone", 20)
 
         # The hostile workspace: endpoints in a loop, one of them hanging.
