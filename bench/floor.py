@@ -119,11 +119,9 @@ class WorkerFloor:
             for account_id, lane in lanes.items():
                 earlier = self.busy.get(account_id)
                 self.busy[account_id] = done
-                if earlier is None and not any(self._calls(c) for c in lane.commands):
-                    for command in lane.commands:
-                        self._settle(lane, command, None)
-                else:
-                    waits.append(asyncio.create_task(self._lane(earlier, lane)))
+                start = 0 if earlier is not None else self._settle_until_call(lane)
+                if start < len(lane.commands):
+                    waits.append(asyncio.create_task(self._lane(earlier, lane, start)))
             await asyncio.gather(*waits)
             await self._send([out for lane in lanes.values() for out in lane.states])
             await self._send([out for lane in lanes.values() for out in lane.outputs])
@@ -143,10 +141,19 @@ class WorkerFloor:
         record = self.records.get(command.account_id)
         return isinstance(command, PasskeyConfirm) and record is not None and record.version == 1
 
-    async def _lane(self, earlier: asyncio.Future[None] | None, lane: Lane) -> None:
+    def _settle_until_call(self, lane: Lane) -> int:
+        """Settle ``lane``'s commands without awaiting up to the first that calls the
+        provider; returns its index (the rest is a task of its own)."""
+        for i, command in enumerate(lane.commands):
+            if self._calls(command):
+                return i
+            self._settle(lane, command, None)
+        return len(lane.commands)
+
+    async def _lane(self, earlier: asyncio.Future[None] | None, lane: Lane, start: int) -> None:
         if earlier is not None:
             await asyncio.shield(earlier)
-        for command in lane.commands:
+        for command in lane.commands[start:]:
             answer = await self._confirm(command) if self._calls(command) else None
             self._settle(lane, command, answer)
 

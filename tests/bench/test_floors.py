@@ -255,3 +255,38 @@ async def test_the_floors_commit_at_the_processes_cadence_not_per_batch(
         assert await consumer.committed(tp) is None
     finally:
         await consumer.stop()
+
+
+async def test_the_worker_floor_calls_the_provider_for_a_confirm_fetched_with_its_registration(
+    make_settings: SettingsFactory, simulator: str
+) -> None:
+    """A registration and its account's first confirm in one batch: the confirm is settled on
+    the registered record, so it calls the provider and answers the confirmed version."""
+    settings = make_settings(partitions=1, provider_urls={"simulator": simulator})
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    floor = WorkerFloor(settings)
+    await floor.producer.start()
+    register = RegisterAccount(
+        command_id="reg-floor-2",
+        workspace_id="ws_floor",
+        account_id="acc-floor-2",
+        provider="simulator",
+        provider_account_ref="ref-floor-2",
+        status="passkey_confirmation",
+    )
+    confirm = PasskeyConfirm(
+        command_id="cmd-floor-2",
+        request_id="req-floor-2",
+        workspace_id="ws_floor",
+        account_id="acc-floor-2",
+        issued_at=datetime.now(UTC),
+    )
+    values = [(c.account_id, c.model_dump_json().encode()) for c in (register, confirm)]
+    try:
+        await floor.handle(_batch(settings.topics.commands, values))
+    finally:
+        await floor.producer.stop()
+        await floor.consumer.stop()
+        await floor.http.aclose()
+    [reply] = [json.loads(r.value) for r in await _read(settings, settings.topics.replies, 1)]
+    assert (reply["command_id"], reply["http_status"], reply["version"]) == ("cmd-floor-2", 200, 2)
