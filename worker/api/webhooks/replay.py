@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from dataclasses import InitVar, dataclass
 from datetime import datetime
 from typing import Final, Literal
 
@@ -42,6 +43,7 @@ def new_replay_id() -> str:
     return f"rp_{uuid.uuid4().hex}"
 
 
+@dataclass(eq=False, kw_only=True)
 class ReplayRunner:
     """Runs replays as background tasks of this process (see the module docstring).
 
@@ -50,20 +52,15 @@ class ReplayRunner:
     workspace's quota across the live replicas, a slot claimed there before a replay starts.
     """
 
-    def __init__(
-        self,
-        *,
-        max_running: int = MAX_RUNNING,
-        max_queued: int = MAX_QUEUED,
-        per_workspace: int = PER_WORKSPACE,
-        board: ReplayBoard,
-        progress_every_s: float = PROGRESS_EVERY_S,
-        scan: ReplayScan,
-    ) -> None:
-        self.board = board
-        self._progress_every_s = progress_every_s
+    board: ReplayBoard
+    scan: ReplayScan
+    max_running: InitVar[int] = MAX_RUNNING
+    max_queued: InitVar[int] = MAX_QUEUED
+    per_workspace: int = PER_WORKSPACE
+    progress_every_s: float = PROGRESS_EVERY_S
+
+    def __post_init__(self, max_running: int, max_queued: int) -> None:
         self._cancelling: set[str] = set()  # replays here whose cancellation was asked for
-        self.scan = scan
         # Replays admitted (running or queued) through the one admission rule: a workspace
         # holds at most ``per_workspace``, and a quarter stays for workspaces holding none.
         # Admitted replays run in arrival order, one per workspace at a time (its lock).
@@ -71,11 +68,10 @@ class ReplayRunner:
         capacity = max_running + max_queued
         self._admission = Admission(
             "webhook-replays",
-            Share.capped(capacity, per_workspace),
+            Share.capped(capacity, self.per_workspace),
             retry_after_s=RETRY_AFTER_S,
         )
         self._admitted: dict[str, Slot] = {}
-        self._per_workspace = per_workspace
         self._tasks: dict[str, asyncio.Task[None]] = {}
         # Per workspace with a replay admitted (``_admission.held``): the lock they run under.
         self._workspaces: dict[str, asyncio.Lock] = {}
@@ -95,8 +91,8 @@ class ReplayRunner:
         """
         workspace_id = endpoint.workspace_id
         self._refuse_over(workspace_id)
-        if not await self.board.presence.claim(workspace_id, self._per_workspace):
-            raise _over_quota(self._per_workspace)
+        if not await self.board.presence.claim(workspace_id, self.per_workspace):
+            raise _over_quota(self.per_workspace)
         replay_id, created = new_replay_id(), time.time()
         try:  # readable on every replica before the 202
             queued = progress_record(replay_id, endpoint, since, "queued", created)
@@ -115,7 +111,7 @@ class ReplayRunner:
     def _refuse_over(self, workspace_id: str) -> None:
         """``Refused`` when the admission rule has no room for one more of the workspace's."""
         count = self._admission.held(workspace_id)
-        if count >= self._per_workspace:
+        if count >= self.per_workspace:
             raise _over_quota(count)
         if self._admission.share.refusal(count, self._admission.in_use) is not None:
             raise Refused.too_many(
@@ -166,7 +162,7 @@ class ReplayRunner:
             replay_id,
             lambda: progress_record(replay_id, endpoint, since, phase[0], created, counts),
             lambda: self.cancel(replay_id),
-            self._progress_every_s,
+            self.progress_every_s,
         )
         try:
             async with turn, self._slots:
