@@ -121,6 +121,14 @@ async def test_a_replay_started_on_one_replica_is_followed_on_another(
         b_endpoint = data(
             await http_one.post(ENDPOINTS, json={"url": URL}, headers=headers(KEY_B)), 201
         )["id"]
+        # asked of the other replica: it has read ws_b's endpoint (else its 404 is the endpoint's)
+        await wait_until(
+            lambda: (
+                two.webhooks is not None
+                and two.webhooks.store.registry.get("ws_b", b_endpoint) is not None
+            ),
+            what="ws_b's endpoint on the other replica",
+        )
         theirs = f"{ENDPOINTS}/{b_endpoint}/replays/{accepted['replay_id']}"
         pairs = [
             # ws_b on ws_a's endpoint: as on an endpoint that does not exist
