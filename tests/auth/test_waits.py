@@ -301,7 +301,7 @@ async def test_a_slot_is_held_until_the_answer_is_sent() -> None:
             await gate.wait()
             sent.append(partition)
 
-    executor.waits._publisher = Slow()
+    executor.waits.publisher = Slow()
     msg = query(after=1)
     await executor.handle(msg)
     two = record("passkey_confirmation_sent", 2)

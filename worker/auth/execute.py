@@ -92,7 +92,7 @@ class Executor:
         self._windows: dict[tuple[int, str], asyncio.Future[None]] = {}
         #: Parked long-polls (``worker.auth.waits``), answered from ``_publish``'s next version.
         self.waits = ParkedWaits(
-            self.store, self.publisher, self.metrics, self._windows.get, wait_limits
+            self.store, self.publisher, self.metrics, self._windows.get, wait_limits or WaitLimits()
         )
 
     def unordered(self, msg: ConsumerRecord[bytes, bytes]) -> bool:

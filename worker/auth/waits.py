@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
 from worker.auth.flow import Decision, answer_query, is_owner
@@ -75,23 +75,18 @@ class _Wait:
         return self.partition, self.query.account_id
 
 
+@dataclass(eq=False)
 class ParkedWaits:
     """The worker's parked long-polls (see the module docstring)."""
 
-    def __init__(
-        self,
-        store: StateStore,
-        publisher: Answers,
-        metrics: WorkerMetrics,
-        window_of: WindowOf,
-        limits: WaitLimits | None = None,
-    ) -> None:
-        self.limits = limits or WaitLimits()
-        self._store = store
-        self._publisher = publisher
-        self._metrics = metrics
-        self._window_of = window_of
-        store.before_drop = self.revoked
+    store: StateStore
+    publisher: Answers
+    metrics: WorkerMetrics
+    window_of: WindowOf
+    limits: WaitLimits = field(default_factory=WaitLimits)
+
+    def __post_init__(self) -> None:
+        self.store.before_drop = self.revoked
         self.admission = Admission("parked_waits", self.limits.share())
         #: ≤ ``per_account`` per (partition, account); all ≤ the process's cap (admission).
         self.waits: dict[tuple[int, str], list[_Wait]] = {}
@@ -137,7 +132,7 @@ class ParkedWaits:
         )
         self.waits.setdefault(key, []).append(wait)
         self.parked += 1
-        self._metrics.parked_waits.inc()
+        self.metrics.parked_waits.inc()
         return True
 
     # -- ending -------------------------------------------------------------------------------
@@ -155,7 +150,7 @@ class ParkedWaits:
         callers ask again, and the new owner answers)."""
         for key in [k for k in self.waits if k[0] == partition]:
             for wait in list(self.waits.get(key, ())):
-                self._end(wait, "revoked", self._store.get(partition, key[1]))
+                self._end(wait, "revoked", self.store.get(partition, key[1]))
 
     async def close(self, budget_s: float = STOP_BUDGET_S) -> None:
         """The process stops: answer every wait with the state as it is and wait (within
@@ -163,7 +158,7 @@ class ParkedWaits:
         self._closed = True
         for key in list(self.waits):
             for wait in list(self.waits.get(key, ())):
-                self._end(wait, "stop", self._store.get(*key))
+                self._end(wait, "stop", self.store.get(*key))
         if not self.sends:
             return
         _, pending = await asyncio.wait(set(self.sends), timeout=budget_s)
@@ -179,7 +174,7 @@ class ParkedWaits:
         if wait.ended:
             return
         wait.timer = None
-        window = self._window_of(wait.key)
+        window = self.window_of(wait.key)
         if window is not None and not window.done():
             window.add_done_callback(lambda _: self._end_as_is(wait, "timeout"))
             return
@@ -187,7 +182,7 @@ class ParkedWaits:
 
     def _end_as_is(self, wait: _Wait, reason: EndReason) -> None:
         if not wait.ended:
-            self._end(wait, reason, self._store.get(*wait.key))
+            self._end(wait, reason, self.store.get(*wait.key))
 
     def _end(self, wait: _Wait, reason: EndReason, record: AccountRecord | None) -> None:
         if wait.ended:
@@ -202,7 +197,7 @@ class ParkedWaits:
             if not waiting:
                 del self.waits[wait.key]
         self.parked -= 1
-        self._metrics.parked_waits.dec()
+        self.metrics.parked_waits.dec()
         self._ended(reason)
         decision = answer_query(record, wait.query)
         task = asyncio.get_running_loop().create_task(self._answer(wait, decision))
@@ -211,7 +206,7 @@ class ParkedWaits:
 
     async def _answer(self, wait: _Wait, decision: Decision) -> None:
         try:
-            await self._publisher.publish(
+            await self.publisher.publish(
                 wait.partition, decision, state_changed=False, reply_to=wait.reply_to
             )
         except Exception as exc:  # the caller's own deadline answers it
@@ -225,4 +220,4 @@ class ParkedWaits:
             wait.slot.release()
 
     def _ended(self, reason: EndReason) -> None:
-        self._metrics.parked_waits_ended.labels(reason).inc()
+        self.metrics.parked_waits_ended.labels(reason).inc()
