@@ -12,6 +12,7 @@ import hashlib
 import re
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -122,27 +123,19 @@ async def following(
             await write()
 
 
+@dataclass(eq=False, kw_only=True)
 class ReplayScan:
     """Scans for replays (of ``topics``: reads status and errors, writes webhook_replays).
     ``consumer_factory`` builds an unstarted, group-less consumer per topic scanned;
     ``producer`` is the process's started producer, ``health`` its sends' broker health."""
 
-    def __init__(
-        self,
-        *,
-        consumer_factory: Callable[[], Any],
-        producer: Any,
-        topics: Topics,
-        health: BrokerHealth | None = None,
-        seek_margin_s: float = SEEK_MARGIN_S,
-    ) -> None:
-        self._consumer_factory = consumer_factory
-        self._producer = producer
-        self._status_topic = topics.status
-        self._errors_topic = topics.errors
-        self._replays_topic = topics.webhook_replays
-        self._health = health or BrokerHealth()
-        self._seek_margin_s = seek_margin_s
+    consumer_factory: Callable[[], Any]
+    producer: Any
+    topics: Topics
+    health: BrokerHealth = field(default_factory=BrokerHealth)
+    seek_margin_s: float = SEEK_MARGIN_S
+
+    def __post_init__(self) -> None:
         self.aside = AsideCloses()  # scans' consumers whose start a cancel cut short
         self._skip = skipping("webhook-replay", log)
         #: Records fetched by every scan of this process (all workspaces' events are read,
@@ -173,13 +166,13 @@ class ReplayScan:
             counts[1] += len(records)
             counts[0] += await self._batch(replay_id, endpoint, since, tp, records, counts)
 
-        at = int((since.timestamp() - self._seek_margin_s) * 1000)
-        topics: tuple[str, ...] = (self._status_topic, self._errors_topic)
+        at = int((since.timestamp() - self.seek_margin_s) * 1000)
+        topics: tuple[str, ...] = (self.topics.status, self.topics.errors)
         start = start or {}
-        if any(k.startswith(f"{self._errors_topic}:") for k in start):
+        if any(k.startswith(f"{self.topics.errors}:") for k in start):
             topics = topics[1:]  # auth.status was read to its end
         for topic in topics:
-            consumer = self._consumer_factory()
+            consumer = self.consumer_factory()
             await self.aside.start(consumer)  # a start cut short is closed aside
             try:
                 tps = await partitions(consumer, topic, deadline=time.monotonic() + 30.0)
@@ -199,10 +192,12 @@ class ReplayScan:
     async def ends(self) -> dict[int, int]:
         """Where each webhook.replays partition ends now (partition → high-water mark): read
         after a scan's records were acknowledged, past all it queued, a killed run's too."""
-        consumer = self._consumer_factory()
+        consumer = self.consumer_factory()
         await self.aside.start(consumer)
         try:
-            tps = await partitions(consumer, self._replays_topic, deadline=time.monotonic() + 30.0)
+            tps = await partitions(
+                consumer, self.topics.webhook_replays, deadline=time.monotonic() + 30.0
+            )
             return {
                 tp.partition: end for tp, end in (await high_water_marks(consumer, tps)).items()
             }
@@ -214,7 +209,7 @@ class ReplayScan:
         ``api.presence``, key: its replay id), acknowledged: a scan run by the dispatcher."""
         value = progress.model_dump_json().encode()
         key = progress.replay_id.encode()
-        await send_retrying(self._producer, self._health, topic, value, key=key, partition=0)
+        await send_retrying(self.producer, self.health, topic, value, key=key, partition=0)
 
     async def _batch(
         self,
@@ -229,7 +224,7 @@ class ReplayScan:
         partition number the event was on (its account's lane); wait for the acks, sending
         again what an outage failed (a lost record would be a silently missing delivery)."""
         source: Literal["status", "errors"] = (
-            "status" if tp.topic == self._status_topic else "errors"
+            "status" if tp.topic == self.topics.status else "errors"
         )
         decode = from_status if source == "status" else from_error
         sent = []
@@ -256,14 +251,14 @@ class ReplayScan:
             )
             sent.append(
                 await enqueue(
-                    self._producer,
-                    self._replays_topic,
+                    self.producer,
+                    self.topics.webhook_replays,
                     replay.model_dump_json().encode(),
                     key=event.account_id.encode(),
                     partition=msg.partition,
                 )
             )
-        await acknowledged(self._producer, self._health, sent)
+        await acknowledged(self.producer, self.health, sent)
         return len(sent)
 
 

@@ -187,7 +187,7 @@ class HeldReplays:
 def hold_replays(api: ApiRuntime, settings: Settings, workspace: str) -> HeldReplays:
     runner = hooks(api).replays
     held = HeldReplays(api.producer, settings.topics.webhook_replays, workspace)
-    runner.scan._producer = held  # the runner's scan sends through it from now on
+    runner.scan.producer = held  # the runner's scan sends through it from now on
     return held
 
 
