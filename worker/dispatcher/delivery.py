@@ -160,32 +160,7 @@ class QueueLimits:
         """Whether ``state`` (a queue with the new delivery in it) may be taken in."""
         if len(state.queue) > self.max_pending:
             return False
-        room = self.max_bytes - STATE_HEADROOM
-        # Most records are far below the bound: an upper bound of their JSON's length says so
-        # without serialising them; one near it is measured.
-        return _json_bound(state) <= room or len(state.model_dump_json()) <= room
-
-
-_ESCAPED: Final = 6
-"""The most characters JSON spells one character of a string with (``\\u001f``)."""
-_PENDING_REST: Final = 512
-"""A pending delivery's JSON beside its strings and integers: names, floats, nulls, commas."""
-_STATE_REST: Final = 256
-"""A pair record's JSON beside its ids, queue and markers."""
-
-
-def _json_bound(state: DeliveryState) -> int:
-    """At least ``len(state.model_dump_json())``, from the lengths of its strings."""
-    chars = len(state.endpoint_id) + len(state.account_id) + len(state.workspace_id)
-    chars += sum(len(m) for m in state.seen)
-    rest = _STATE_REST + 3 * len(state.seen)
-    for p in state.queue:
-        chars += len(p.webhook_id) + len(p.event_type) + len(p.event_id) + len(p.body)
-        chars += len(p.occurred_at) + len(p.last_error or "") + len(p.replay or "")
-        chars += len(p.traceparent or "") + len(p.tracestate or "")
-        rest += _PENDING_REST + len(str(p.version)) + len(str(p.attempts))
-        rest += len(str(p.last_status))
-    return _ESCAPED * chars + rest
+        return len(state.model_dump_json()) <= self.max_bytes - STATE_HEADROOM
 
 
 TakenIn = Literal["taken", "duplicate", "full"]
