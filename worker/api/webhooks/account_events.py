@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -133,22 +133,18 @@ class EventPage:
     found_any: bool
 
 
+@dataclass(eq=False)
 class AccountEvents:
     """Reads pages of an account's events, a group-less consumer per topic scanned, each read
     under ``admission`` (``MAX_SCANS``, one per workspace, ``SCAN_TIME`` charged)."""
 
-    def __init__(
-        self,
-        consumer_factory: Callable[[], Any],
-        *,
-        topics: Topics,
-        scan_records: int = SCAN_RECORDS,
-    ) -> None:
-        self._consumer_factory = consumer_factory
+    consumer_factory: Callable[[], Any]
+    _: KW_ONLY
+    topics: Topics
+    scan_records: int = SCAN_RECORDS
+
+    def __post_init__(self) -> None:
         self._aside = AsideCloses()
-        self._status_topic = topics.status
-        self._errors_topic = topics.errors
-        self.scan_records = scan_records
         self.admission = read_slots("account_event_reads", MAX_SCANS)
         self._skip = skipping("account-events", log)
         #: Records read by every scan of this process: what the scans cost.
@@ -185,8 +181,8 @@ class AccountEvents:
             status, errors = [
                 await self._read(topic, workspace_id, account_id, at, start_ms, since, deadline)
                 for topic, at in (
-                    (self._status_topic, None if cursor is None else cursor.status),
-                    (self._errors_topic, None if cursor is None else cursor.errors),
+                    (self.topics.status, None if cursor is None else cursor.status),
+                    (self.topics.errors, None if cursor is None else cursor.errors),
                 )
             ]
         return _merge(workspace_id, account_id, status, errors, limit)
@@ -201,7 +197,7 @@ class AccountEvents:
         since: datetime | None,
         deadline: float,
     ) -> _TopicRead:
-        consumer = self._consumer_factory()
+        consumer = self.consumer_factory()
         await self._aside.start(consumer)  # a start cut short is closed aside
         try:
             key = account_id.encode()
@@ -209,7 +205,7 @@ class AccountEvents:
             if at is not None and at[0] != tp.partition:
                 raise CursorError("the topic's partitions changed")
             found: list[FoundEvent] = []
-            source = "status" if topic == self._status_topic else "errors"
+            source = "status" if topic == self.topics.status else "errors"
             decode = from_status if source == "status" else from_error
 
             def keep(_: TopicPartition, records: list[Any]) -> None:
