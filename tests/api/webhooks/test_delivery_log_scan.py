@@ -86,8 +86,8 @@ async def test_a_slow_workspace_does_not_turn_another_workspaces_deliveries_into
         scan = hooks(api).deliveries
         entered = asyncio.Event()
         slow = {TopicPartition(settings.topics.webhook_deliveries, slow_partition)}
-        real = scan._factory
-        scan._factory = lambda: SlowPartition(real(), slow, entered)
+        real = scan.consumer_factory
+        scan.consumer_factory = lambda: SlowPartition(real(), slow, entered)
         await scan.stop()
         await scan.start()
 
@@ -190,8 +190,8 @@ async def test_scans_full_answer_429_with_retry_after_at_once_never_500(
             TopicPartition(settings.topics.webhook_deliveries, p)
             for p in range(settings.other_partitions)
         }
-        real = scan._factory
-        scan._factory = lambda: SlowPartition(real(), every, entered)
+        real = scan.consumer_factory
+        scan.consumer_factory = lambda: SlowPartition(real(), every, entered)
         await scan.stop()
         await scan.start()
         hanging = [

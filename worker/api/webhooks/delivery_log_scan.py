@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass
 from typing import Any, Final
 
 from aiokafka import TopicPartition
@@ -31,25 +31,21 @@ class DeliveryScanFailed(Exception):
     """The scan did not finish in time or the broker failed it; the route answers 500."""
 
 
+@dataclass(eq=False)
 class DeliveryLogScan:
     """Reads one endpoint's entries of the delivery log on demand, each scan on a consumer of
     its own while it holds its ``admission`` slot, so never more than ``max_concurrent``."""
 
-    def __init__(
-        self,
-        consumer_factory: Callable[[], Any],
-        topic: str,
-        *,
-        window: int,
-        timeout_s: float,
-        max_concurrent: int = MAX_CONCURRENT_SCANS,
-    ) -> None:
+    consumer_factory: Callable[[], Any]
+    topic: str
+    _: KW_ONLY
+    window: int
+    timeout_s: float
+    max_concurrent: InitVar[int] = MAX_CONCURRENT_SCANS
+
+    def __post_init__(self, max_concurrent: int) -> None:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
-        self._factory = consumer_factory
-        self.topic = topic
-        self.window = window
-        self.timeout_s = timeout_s
         self.admission = read_slots("deliveries_scans", max_concurrent)
         self._started = False
         self._idle: list[Any] = []
@@ -108,7 +104,7 @@ class DeliveryLogScan:
             self._idle.append(consumer)
 
     async def _build(self) -> Any:
-        consumer = self._factory()
+        consumer = self.consumer_factory()
         # Cancelled (the request's time-out) or failed while starting: closed aside, so a
         # half-started consumer holds no connection.
         await self._aside.start(consumer)
