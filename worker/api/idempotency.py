@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from worker.api.bodies import error_response
 from worker.api.metrics import ApiMetrics
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, TopicRecord
 from worker.engine.broker_health import BrokerHealth
 from worker.engine.compacted_view import CompactedView
 from worker.runtime.admission import Share
@@ -99,14 +99,11 @@ class StoredAnswer(BaseModel):
     body: str = Field(max_length=ANSWER_MAX_BYTES)
 
 
-class IdempotencyRecord(BaseModel):
+class IdempotencyRecord(TopicRecord):
     """The value on ``api.idempotency`` (key: ``workspace_id/key_sha256/claim_id``): a request's
     claim of a key, then (same record key) its answer. The key itself is never stored."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
     type: Literal["api_idempotency"] = "api_idempotency"
-    schema_version: Literal[1] = 1
     workspace_id: Identifier
     key_sha256: str = Field(pattern="^[0-9a-f]{64}$")
     claim_id: Identifier

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, TopicRecord
 from worker.engine.broker_health import BrokerHealth
 from worker.engine.compacted_view import CompactedView
 
@@ -39,15 +39,12 @@ def new_replica_id() -> str:
     return f"api_{uuid.uuid4().hex}"
 
 
-class PresenceRecord(BaseModel):
+class PresenceRecord(TopicRecord):
     """The value on ``api.presence`` (key: ``replica_id``): a front-end replica is live, and
     holds ``replays`` (workspace id -> replays running or waiting, claims being decided
     included)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
     type: Literal["api_presence"] = "api_presence"
-    schema_version: Literal[1] = 1
     replica_id: Identifier
     at: float = Field(description="When written: Unix seconds, the writer's clock.")
     seq: int = Field(ge=0, description="The writer's record counter since it started.")

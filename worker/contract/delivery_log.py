@@ -12,6 +12,8 @@ from typing import Annotated, Final, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from worker.contract.messages import TopicRecord
+
 EXCERPT_BYTES: Final = 256
 """Bytes of an answer's body the log keeps per attempt (the sender reads at most its own cap,
 ``DEFAULT_BODY_CAP``, of which this is the start)."""
@@ -65,13 +67,10 @@ NOTE_ENDPOINT_DISABLED: Final = "endpoint.disabled"
 endpoint (410, or failing for the configured period)."""
 
 
-class DeliveryLogEntry(BaseModel):
+class DeliveryLogEntry(TopicRecord):
     """One state of one delivery on the delivery log (key: endpoint id; latest wins)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
     type: Literal["webhook_delivery"] = "webhook_delivery"
-    schema_version: Literal[1] = 1
     webhook_id: str
     endpoint_id: str
     workspace_id: str
@@ -102,15 +101,12 @@ at most ``MAX_RECORD_BYTES``, and an attempt's excerpt): far below the broker's 
 limit. A batch is sent once it is over."""
 
 
-class DeliveryLogBatch(BaseModel):
+class DeliveryLogBatch(TopicRecord):
     """Entries of one endpoint's delivery log written within one flush window, oldest first
     (key: endpoint id), in one record instead of one each; latest wins per webhook-id as for
     single entries."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
     type: Literal["webhook_delivery_batch"] = "webhook_delivery_batch"
-    schema_version: Literal[1] = 1
     endpoint_id: str
     entries: tuple[DeliveryLogEntry, ...] = Field(min_length=1, max_length=LOG_BATCH_MAX)
 
@@ -133,16 +129,13 @@ def decode_log(value: bytes) -> tuple[DeliveryLogEntry, ...]:
     return record.entries if isinstance(record, DeliveryLogBatch) else (record,)
 
 
-class Replay(BaseModel):
+class Replay(TopicRecord):
     """A ``POST .../replay`` request for one event and one endpoint (on the replay topic,
     key: account id, so it reaches the lane of the account like the event itself did).
     ``source`` ``webhook``: ``event`` is an ``EventCopy`` (a resend or a test send,
     ``worker.api.webhooks.sends``), not a record of auth.status / auth.errors."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
     type: Literal["webhook_replay"] = "webhook_replay"
-    schema_version: Literal[1] = 1
     replay_id: str = Field(max_length=64)
     endpoint_id: str
     workspace_id: str

@@ -55,6 +55,16 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+class TopicRecord(BaseModel):
+    """A record the product keeps on a topic of its own: frozen, fields it does not know (a
+    newer writer's) ignored, named by its ``type`` (a literal in each subclass), version 1."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: str
+    schema_version: Literal[1] = 1
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, str_max_length=4096)
 

@@ -15,7 +15,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, TopicRecord
 from worker.contract.webhook_endpoints import (
     EVENT_ENDPOINT_DISABLED,
     EVENT_ENDPOINT_ENABLED,
@@ -176,15 +176,12 @@ EXAMPLES: Final[dict[str, BaseModel]] = {
 }
 
 
-class OperationalRecord(BaseModel):
+class OperationalRecord(TopicRecord):
     """An operational event on ``webhook.replays`` (key: the subject endpoint's id, which is
     the lane its deliveries are ordered in, like an account's): the dispatcher that reads it
     fans ``body`` out to the workspace's other subscribed endpoints."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
     type: Literal["webhook_operational"] = "webhook_operational"
-    schema_version: Literal[1] = 1
     event_type: Literal["endpoint.disabled", "endpoint.enabled"]
     event_id: str = Field(max_length=64)
     workspace_id: Identifier

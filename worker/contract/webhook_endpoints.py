@@ -11,7 +11,7 @@ from typing import Annotated, Any, Final, Literal, TypeGuard
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker.contract.endpoint_ceilings import DESCRIPTION_MAX_CHARS_CEILING, URL_MAX_CHARS_CEILING
-from worker.contract.messages import Identifier, rfc3339
+from worker.contract.messages import Identifier, TopicRecord, rfc3339
 
 EVENT_STATUS_CHANGED: Final = "account.auth_status_changed"
 EVENT_ERROR: Final = "account.auth_error"
@@ -118,13 +118,10 @@ class Recovery(BaseModel):
     )
 
 
-class EndpointRecord(BaseModel):
+class EndpointRecord(TopicRecord):
     """The value on ``webhook.endpoints`` (key: ``id``). Secrets never leave it in clear."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
     type: Literal["webhook_endpoint"] = "webhook_endpoint"
-    schema_version: Literal[1] = 1
     id: Identifier
     workspace_id: Identifier
     url: UrlText

@@ -17,10 +17,10 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from aiokafka import TopicPartition
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from worker.contract.delivery_log import Replay
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, TopicRecord
 from worker.contract.topics import Topics
 from worker.contract.webhook_endpoints import EndpointRecord
 from worker.contract.webhook_events import WebhookEvent, from_error, from_status, parse_rfc3339
@@ -59,13 +59,10 @@ def recovery_replay_id(endpoint_id: str, disabled_at: float) -> str:
     return f"rp_{digest[:32]}"
 
 
-class ReplayProgress(BaseModel):
+class ReplayProgress(TopicRecord):
     """One replay's state and counts (value on ``api.presence``, key: ``replay_id``)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
     type: Literal["webhook_replay_status"] = "webhook_replay_status"
-    schema_version: Literal[1] = 1
     replay_id: str = Field(pattern=REPLAY_ID_RE.pattern)
     workspace_id: Identifier
     endpoint_id: Identifier

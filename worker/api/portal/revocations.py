@@ -9,13 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from worker.api.keys import KeyStore
 from worker.api.portal.tokens import SESSION_ID_RE, PortalClaims, PortalTokens
 from worker.api.presence import Presence
 from worker.api.request_rate import RateLimited
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, TopicRecord
 from worker.engine.compacted_view import ViewPart
 
 #: Every key on ``api.presence`` that is a portal revocation's.
@@ -29,14 +29,11 @@ MAX_TRACKED: Final = 50_000
 MAX_WORKSPACES: Final = 10_000
 
 
-class PortalRevocation(BaseModel):
+class PortalRevocation(TopicRecord):
     """The value under a ``ps_`` key: a workspace's cut-off (``session_id`` null: sessions
     issued at or before ``before_ms`` are dead) or one session revoked."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
     type: Literal["portal_revocation"] = "portal_revocation"
-    schema_version: Literal[1] = 1
     workspace_id: Identifier
     session_id: str | None = Field(default=None, pattern=SESSION_ID_RE.pattern)
     before_ms: int = Field(ge=0, description="When revoked: Unix milliseconds, writer's clock.")

@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from worker.api.presence import Presence
 from worker.api.webhooks.quotas import REPLAY_CAPACITY, Refused
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, TopicRecord
 from worker.engine.compacted_view import ViewPart
 from worker.webhooks.replay_scan import (
     PROGRESS_EVERY_S,
@@ -37,13 +37,10 @@ STALLED: Final = "the front-end replica running the replay stopped"
 STALLED_RECOVERY: Final = "the dispatcher recovering the endpoint stopped; the next resumes it"
 
 
-class ReplayCancel(BaseModel):
+class ReplayCancel(TopicRecord):
     """A request to cancel a replay (key: ``<replay id>/cancel``)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
     type: Literal["webhook_replay_cancel"] = "webhook_replay_cancel"
-    schema_version: Literal[1] = 1
     replay_id: str = Field(pattern=REPLAY_ID_RE.pattern)
     workspace_id: Identifier
     at: float
