@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse
 
 from worker.api.ids import new_request_id as new_request_id  # the request-id rule, with valid_id
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import AuthData, ErrorBody, Identifier
+from worker.contract.messages import AuthData, ErrorBody, Identifier, Strict
 from worker.contract.messages import valid_id as valid_id  # account ids, caller request ids
 
 # The models' docstrings are their descriptions in the OpenAPI document: written for callers.
@@ -65,10 +65,8 @@ class ErrorObject(ErrorBody):
     message: Annotated[str, Field(description="Human-readable; do not branch on it.")]
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(Strict):
     """Every failure, exactly this shape: no ``data``, no other field."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     request_id: Identifier
     error: ErrorObject

@@ -16,14 +16,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from worker.api.bodies import error_response
 from worker.api.metrics import ApiMetrics
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import Identifier, TopicRecord
+from worker.contract.messages import Identifier, Strict, TopicRecord
 from worker.engine.broker_health import BrokerHealth
 from worker.engine.compacted_view import CompactedView
 from worker.runtime.admission import Share
@@ -90,10 +90,8 @@ def fingerprint(account_id: str, body: bytes) -> str:
     return digest.hexdigest()
 
 
-class StoredAnswer(BaseModel):
+class StoredAnswer(Strict):
     """The first answer to a key: its status and the exact JSON body sent."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     status: int = Field(ge=200, le=599)
     body: str = Field(max_length=ANSWER_MAX_BYTES)

@@ -65,6 +65,12 @@ class TopicRecord(BaseModel):
     schema_version: Literal[1] = 1
 
 
+class Strict(BaseModel):
+    """A body the product defines whole: frozen, and no field it does not list."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, str_max_length=4096)
 

@@ -13,9 +13,9 @@ import json
 from collections.abc import Sequence
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from worker.contract.messages import Identifier, TopicRecord
+from worker.contract.messages import Identifier, Strict, TopicRecord
 from worker.contract.webhook_endpoints import (
     EVENT_ENDPOINT_DISABLED,
     EVENT_ENDPOINT_ENABLED,
@@ -34,12 +34,6 @@ _RECORD_MARK: Final = b'"type":"webhook_operational"'
 ShortText = Annotated[str, Field(max_length=512)]
 
 
-class _Strict(BaseModel):
-    """An event body's part: frozen, and no field the catalogue does not list."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
 def operational_event_id(endpoint_id: str, revision: int, event_type: str) -> str:
     """``evt_`` + 32 hex: the same for every announcement of one transition (see the module
     docstring)."""
@@ -47,7 +41,7 @@ def operational_event_id(endpoint_id: str, revision: int, event_type: str) -> st
     return f"evt_{digest[:32]}"
 
 
-class EndpointFailure(_Strict):
+class EndpointFailure(Strict):
     """One failed delivery attempt that led to the endpoint being disabled."""
 
     at: str | None = Field(description="When the attempt failed (RFC 3339), when known.")
@@ -56,7 +50,7 @@ class EndpointFailure(_Strict):
     attempts: int = Field(ge=0, description="Attempts made for that delivery so far.")
 
 
-class EndpointDisabledData(_Strict):
+class EndpointDisabledData(Strict):
     """``data`` of ``endpoint.disabled``."""
 
     event_id: str = Field(description="The event's id; the same on every resend.")
@@ -71,7 +65,7 @@ class EndpointDisabledData(_Strict):
     occurred_at: str
 
 
-class EndpointEnabledData(_Strict):
+class EndpointEnabledData(Strict):
     """``data`` of ``endpoint.enabled``."""
 
     event_id: str = Field(description="The event's id; the same on every resend.")
@@ -86,7 +80,7 @@ class EndpointEnabledData(_Strict):
     occurred_at: str
 
 
-class EndpointProbeData(_Strict):
+class EndpointProbeData(Strict):
     """``data`` of ``endpoint.probe``."""
 
     event_id: str = Field(description="The probe's id (its `webhook-id`): one per probe.")
@@ -97,7 +91,7 @@ class EndpointProbeData(_Strict):
     occurred_at: str
 
 
-class EndpointDisabledEvent(_Strict):
+class EndpointDisabledEvent(Strict):
     """The webhook body of ``endpoint.disabled``: the dispatcher disabled one of the
     workspace's endpoints (it answered 410 Gone, or kept failing); sent to the workspace's
     other active endpoints that take it."""
@@ -107,7 +101,7 @@ class EndpointDisabledEvent(_Strict):
     data: EndpointDisabledData
 
 
-class EndpointEnabledEvent(_Strict):
+class EndpointEnabledEvent(Strict):
     """The webhook body of ``endpoint.enabled``: a disabled endpoint of the workspace was
     activated again (``POST .../activate``, or it answered a probe); sent to the workspace's
     other active endpoints that take it."""
@@ -117,7 +111,7 @@ class EndpointEnabledEvent(_Strict):
     data: EndpointEnabledData
 
 
-class EndpointProbeEvent(_Strict):
+class EndpointProbeEvent(Strict):
     """The webhook body of ``endpoint.probe``: sent, signed, to an endpoint the dispatcher
     disabled, on a backing-off schedule; a 2xx answer re-enables it."""
 

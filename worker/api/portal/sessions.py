@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -22,7 +22,7 @@ from worker.api.portal.tokens import SESSION_ID_RE, PortalTokens
 from worker.api.reading import invalid_path, request_id_of
 from worker.api.webhooks.bodies import json_object_body
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, Strict
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
@@ -36,11 +36,9 @@ MIN_TTL_S: Final = 60
 FAILURE: Final = "create_portal_session_failed"
 
 
-class PortalSessionBody(BaseModel):
+class PortalSessionBody(Strict):
     """Optional: a shorter life for the session than the service's
     `API_PORTAL_SESSION_TTL_S` (default 1 h)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     ttl_s: Annotated[
         int | None,
@@ -52,11 +50,9 @@ class PortalSessionBody(BaseModel):
     ] = None
 
 
-class PortalSessionData(BaseModel):
+class PortalSessionData(Strict):
     """A portal session: open `url` in a browser. The token is in the URL's fragment
     (`#token=`), which browsers never send to a server; treat the URL as a password."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str = Field(
         description="The page's URL with the session token in its fragment: on the service's"

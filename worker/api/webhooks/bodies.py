@@ -22,7 +22,7 @@ from starlette.requests import Request
 from worker.api.bodies import DataResponse
 from worker.api.reading import decode_json, read_body
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import Identifier, validation_problems
+from worker.contract.messages import Identifier, Strict, validation_problems
 from worker.contract.webhook_endpoints import (
     EndpointRecord,
     EndpointStatus,
@@ -122,10 +122,8 @@ def _no_default(schema: dict[str, Any]) -> None:
 # -- requests ---------------------------------------------------------------------------------
 
 
-class CreateEndpointBody(BaseModel):
+class CreateEndpointBody(Strict):
     """Create a webhook endpoint."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: UrlField
     event_types: EventTypes = None
@@ -161,10 +159,8 @@ class UpdateEndpointBody(BaseModel):
         return out
 
 
-class ReplayBody(BaseModel):
+class ReplayBody(Strict):
     """Re-send the endpoint's events that occurred at or after `since`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     since: Rfc3339
 
@@ -172,10 +168,8 @@ class ReplayBody(BaseModel):
 # -- responses --------------------------------------------------------------------------------
 
 
-class EndpointData(BaseModel):
+class EndpointData(Strict):
     """A webhook endpoint. Its signing secret is shown only when created or rotated."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     id: Identifier
     workspace_id: Identifier
@@ -220,10 +214,8 @@ class EndpointListResponse(DataResponse[list[EndpointData]]):
     """Success: the workspace's endpoints, oldest first."""
 
 
-class ReplayData(BaseModel):
+class ReplayData(Strict):
     """The replay that was started."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     replay_id: str
     endpoint_id: Identifier

@@ -10,15 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from worker.api.bodies import DataResponse
 from worker.api.webhooks.delivery_log import Delivery, Status, status_of
 from worker.contract.delivery_log import AttemptRecord, DeliveryLogEntry
-from worker.contract.messages import Identifier
+from worker.contract.messages import Identifier, Strict
 from worker.contract.webhook_endpoints import EventType
 from worker.webhooks.samples import TEST_MARK
 
 
-class AttemptData(BaseModel):
+class AttemptData(Strict):
     """One HTTP attempt of a delivery."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     at: str = Field(description="When the attempt started (RFC 3339).")
     status: int | None = Field(description="The receiver's HTTP status; `null` if none came.")
@@ -40,10 +38,8 @@ class AttemptData(BaseModel):
         return cls(**record.model_dump())
 
 
-class DeliveryItem(BaseModel):
+class DeliveryItem(Strict):
     """One delivery to the endpoint: its latest state in the log."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     delivery_id: str = Field(
         description="The delivery: its `webhook_id`, followed by `.` and the replay, resend"
@@ -120,10 +116,8 @@ class DeliveryDetailResponse(DataResponse[DeliveryDetail]):
     """Success: the delivery."""
 
 
-class QueuedData(BaseModel):
+class QueuedData(Strict):
     """What was queued: the new delivery, behind the account's newer events."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     delivery_id: str = Field(description="The queued delivery, as the log will show it.")
     webhook_id: str = Field(description="The `webhook-id` it is sent under.")
