@@ -139,7 +139,7 @@ class FollowRoutes(WebhookHandlers):
                 raise invalid_query(f"since {exc}") from None
             if cursor is not None:
                 since = None
-            elif since.timestamp() < _now() - WINDOW_S:
+            elif since.timestamp() < time.time() - WINDOW_S:
                 raise ServiceError.of(WINDOW_EXCEEDED)
         with clients.events.turn(workspace_id):
             try:
@@ -173,10 +173,6 @@ def _limit(text: str | None) -> int:
     if not (text.isascii() and text.isdigit()) or len(text) > 4 or not 1 <= int(text) <= MAX_LIMIT:
         raise invalid_query(f"limit must be 1-{MAX_LIMIT}")
     return int(text)
-
-
-def _now() -> float:
-    return time.time()
 
 
 __all__ = ["ACCOUNT_EVENTS", "FOLLOW_ROUTES", "FollowRoutes"]
