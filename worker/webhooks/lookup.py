@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
+from dataclasses import InitVar, dataclass
 from typing import Final
 
 from worker.runtime.admission import Admission, Share, Slot
@@ -54,6 +55,7 @@ LOOKUP_FAILURE_TTL_S: Final = 30.0
 LOOKUP_FAILURES_KEPT: Final = 4096
 
 
+@dataclass(eq=False, kw_only=True)
 class BoundedLookup:
     """A ``Lookup`` that runs ``resolve`` (getaddrinfo) on ``threads`` threads of its own, not
     the event loop's default pool, which every other blocking call of the process shares.
@@ -75,27 +77,20 @@ class BoundedLookup:
     Safe to share between event loops (state, the admission included, under a thread lock).
     """
 
-    def __init__(
-        self,
-        *,
-        threads: int = LOOKUP_THREADS,
-        per_workspace: int = LOOKUP_THREADS_PER_WORKSPACE,
-        timeout_s: float = LOOKUP_TIMEOUT_S,
-        failure_ttl_s: float = LOOKUP_FAILURE_TTL_S,
-        resolve: Resolve = system_resolve,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if threads < 1 or per_workspace < 1 or timeout_s <= 0:
+    threads: int = LOOKUP_THREADS
+    per_workspace: InitVar[int] = LOOKUP_THREADS_PER_WORKSPACE
+    timeout_s: float = LOOKUP_TIMEOUT_S
+    failure_ttl_s: float = LOOKUP_FAILURE_TTL_S
+    resolve: Resolve = system_resolve
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self, per_workspace: int) -> None:
+        if self.threads < 1 or per_workspace < 1 or self.timeout_s <= 0:
             raise ValueError("threads, per_workspace and timeout_s must be > 0")
-        self.threads = threads
-        self.timeout_s = timeout_s
-        self.failure_ttl_s = failure_ttl_s
-        self._resolve = resolve
-        self._clock = clock
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._threads = Admission(
-            "webhook lookup threads", Share.capped(threads, per_workspace), retry_after_s=1.0
+            "webhook lookup threads", Share.capped(self.threads, per_workspace), retry_after_s=1.0
         )
         self._running: dict[str, concurrent.futures.Future[Sequence[str]]] = {}
         self._failed: OrderedDict[str, tuple[float, int]] = OrderedDict()
@@ -127,7 +122,7 @@ class BoundedLookup:
     def _fail_if_failing(self, name: str, host: str) -> None:
         with self._lock:
             failed = self._failed.get(name)
-            if failed is not None and failed[0] <= self._clock():
+            if failed is not None and failed[0] <= self.clock():
                 del self._failed[name]
                 failed = None
         if failed is not None:
@@ -137,7 +132,7 @@ class BoundedLookup:
         if self.failure_ttl_s <= 0:
             return
         with self._lock:
-            self._failed[name] = (self._clock() + self.failure_ttl_s, errno)
+            self._failed[name] = (self.clock() + self.failure_ttl_s, errno)
             self._failed.move_to_end(name)
             while len(self._failed) > LOOKUP_FAILURES_KEPT:
                 self._failed.popitem(last=False)
@@ -160,7 +155,7 @@ class BoundedLookup:
             return running
         # Never queued inside the executor: a thread was taken for it.
         try:
-            future = executor.submit(self._resolve, host, port)
+            future = executor.submit(self.resolve, host, port)
         except BaseException:  # closed meanwhile: the thread taken is given back
             with self._lock:
                 slot.release()
