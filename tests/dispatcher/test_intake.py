@@ -10,7 +10,7 @@ from aiokafka.structs import ConsumerRecord
 from tests.webhooks.support import status_event
 from tests.webhooks.test_endpoints import record
 from worker.contract.delivery_log import Replay
-from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_endpoints import PENDING, EndpointRecord
 from worker.dispatcher.instrumentation import Incoming
 from worker.dispatcher.intake import Intake
 from worker.webhooks.endpoints import EndpointRegistry
@@ -159,4 +159,26 @@ async def test_a_replay_of_an_endpoint_really_disabled_costs_no_catch_up_read() 
     for rid in ("rp_" + "0" * 32, earlier):
         read = await reader.read_current(replay_message("ep_down", replay_id=rid))
         assert isinstance(read, Incoming) and [t.status for t in read.targets] == ["disabled"]
+    assert catch_up.calls == 0
+
+
+async def test_a_send_read_while_the_registry_holds_its_endpoint_still_pending_reads_on() -> None:
+    """A test send right after a create: the front-end took it in once it read the activation,
+    this member's registry may still hold the pending record; reading to the end finds the
+    endpoint active rather than failing the send as "endpoint inactive" (it did, 2 of 12 tries
+    through the dev stack)."""
+    registry = EndpointRegistry()
+    registry.apply(record("ep_fresh", 1, status="inactive", disabled_reason=PENDING))
+    catch_up = CatchUp(registry, record("ep_fresh", 2))
+    read = await intake(registry, catch_up).read_current(replay_message("ep_fresh"))
+    assert catch_up.calls == 1
+    assert isinstance(read, Incoming) and [t.status for t in read.targets] == ["active"]
+
+
+async def test_a_send_to_an_endpoint_its_owner_deactivated_costs_no_catch_up_read() -> None:
+    registry = EndpointRegistry()
+    registry.apply(record("ep_off", 1, status="inactive"))
+    catch_up = CatchUp(registry)
+    read = await intake(registry, catch_up).read_current(replay_message("ep_off"))
+    assert isinstance(read, Incoming) and [t.status for t in read.targets] == ["inactive"]
     assert catch_up.calls == 0

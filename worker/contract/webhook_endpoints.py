@@ -173,6 +173,16 @@ class EndpointRecord(TopicRecord):
         )
 
 
+#: ``disabled_reason`` of an endpoint written before its quota check across replicas passed
+#: (docs/architecture.md, "Endpoint creates and the quota").
+PENDING: Final = "pending_create"
+
+
+def is_pending(record: EndpointRecord) -> bool:
+    """Whether ``record`` is a create whose quota check has not passed: never an endpoint."""
+    return record.status == "inactive" and record.disabled_reason == PENDING
+
+
 def is_active(endpoint: EndpointRecord | None) -> TypeGuard[EndpointRecord]:
     """Whether deliveries go out to ``endpoint``: it exists (not deleted) and is active."""
     return endpoint is not None and endpoint.status == "active"
@@ -192,6 +202,7 @@ __all__ = [
     "EVENT_TYPES",
     "MAX_RATE_LIMIT",
     "MAX_SIGNING_SECRETS",
+    "PENDING",
     "EndpointRecord",
     "EndpointStatus",
     "EventType",
@@ -201,6 +212,7 @@ __all__ = [
     "StoredSecret",
     "decode_endpoint",
     "is_active",
+    "is_pending",
     "new_endpoint_id",
     "now_rfc3339",
 ]

@@ -11,6 +11,7 @@ from aiokafka.structs import ConsumerRecord
 
 from worker.contract.delivery_log import Replay, decode_replay
 from worker.contract.operational_events import OperationalRecord, is_operational
+from worker.contract.webhook_endpoints import is_pending
 from worker.contract.webhook_events import WebhookEvent, from_copy, from_error, from_status
 from worker.dispatcher.instrumentation import Incoming, Undecodable
 from worker.runtime.logs import get_logger
@@ -36,8 +37,9 @@ class Intake:
 
     async def read_current(self, msg: ConsumerRecord[bytes, bytes]) -> Incoming | Undecodable:
         """The record's event and its endpoints (``_decode``); for a replay whose endpoint the
-        registry has never read, that endpoint looked up again once the registry's tail read to
-        the end. Still lacking: deleted, or another workspace's; it goes nowhere. An endpoint
+        registry has never read, or holds as a create still pending (the front-end that took the
+        send in had read its activation), that endpoint looked up again once the registry's
+        tail read to the end. Still lacking: deleted, or another workspace's; it goes nowhere. An endpoint
         the registry holds for another workspace, or saw deleted, needs no second look: one
         ListOffsets request per queued replay of a deleted endpoint saved."""
         read, replay = self._decode(msg)
@@ -49,10 +51,12 @@ class Intake:
             # missed event is not failed as "endpoint disabled" by a stale view.
             await self.endpoints_to_end()
             return self._replay_to(read.event, replay)
-        if read.targets:
+        if read.targets and not is_pending(read.targets[0]):
             return read
         current = True
-        if not self.endpoints.known(replay.endpoint_id):
+        if read.targets or not self.endpoints.known(replay.endpoint_id):
+            # Held as a create still pending here, it was active on the front-end that took
+            # this send in: this registry is behind the activation.
             current = await self.endpoints_to_end()
             read = self._replay_to(read.event, replay)
         if not read.targets:

@@ -14,14 +14,18 @@ from typing import Final
 
 from worker.api.webhooks.quotas import EndpointQuota
 from worker.contract.catalogue import ServiceError
-from worker.contract.webhook_endpoints import EndpointRecord, EventType, now_rfc3339
+from worker.contract.webhook_endpoints import (
+    PENDING,
+    EndpointRecord,
+    EventType,
+    is_pending,
+    now_rfc3339,
+)
 from worker.runtime.logs import get_logger
 from worker.webhooks.endpoint_writes import EndpointStore
 
 log = get_logger("worker.api.webhooks.routes")
 
-#: ``disabled_reason`` of an endpoint written before its quota check across replicas passed.
-PENDING: Final = "pending_create"
 #: Age past which a pending endpoint is no create in progress on any replica (a create takes at
 #: most three store time-outs and a registry wait; the margin covers replicas' clock skew).
 STALE_S: Final = 120.0
@@ -37,11 +41,6 @@ UNCONFIRMED: Final = (
     "The new endpoint passed its checks but its activation was not confirmed in time; it may"
     " still appear. Read the webhook endpoints before retrying."
 )
-
-
-def is_pending(record: EndpointRecord) -> bool:
-    """Whether ``record`` is a create whose quota check has not passed: never an endpoint."""
-    return record.status == "inactive" and record.disabled_reason == PENDING
 
 
 @dataclass(frozen=True, slots=True)
