@@ -8,6 +8,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Final
 
 import attrs
@@ -47,34 +48,28 @@ class RateLimited(ServiceError):
         )
 
 
+@dataclass(slots=True, eq=False)
 class _Bucket:
-    __slots__ = ("tokens", "updated")
-
-    def __init__(self, tokens: float, updated: float) -> None:
-        self.tokens = tokens
-        self.updated = updated
+    tokens: float
+    updated: float
 
 
+@dataclass(eq=False)
 class RateLimiter:
     """Token buckets by key (the workspace id), each refilled at ``rate_per_s`` and holding at
     most ``burst`` (at least one token), both over the live ``replicas``."""
 
-    def __init__(
-        self,
-        rate_per_s: float,
-        burst: int,
-        *,
-        max_buckets: int = MAX_BUCKETS,
-        clock: Callable[[], float] = time.monotonic,
-        replicas: Callable[[], int] | None = None,
-    ) -> None:
-        if rate_per_s <= 0 or burst < 1 or max_buckets < 1:
+    rate_per_s: float
+    burst: float
+    _: KW_ONLY
+    max_buckets: int = MAX_BUCKETS
+    clock: Callable[[], float] = time.monotonic
+    replicas: Callable[[], int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.rate_per_s <= 0 or self.burst < 1 or self.max_buckets < 1:
             raise ValueError("rate_per_s must be > 0, burst and max_buckets >= 1")
-        self.rate_per_s = rate_per_s
-        self.burst = float(burst)
-        self.max_buckets = max_buckets
-        self._clock = clock
-        self._replicas = replicas
+        self.burst = float(self.burst)
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
 
     def __len__(self) -> int:
@@ -83,12 +78,12 @@ class RateLimiter:
     def share(self) -> tuple[float, float]:
         """This process's rate and burst now: the configured ones divided by the live
         replicas (the burst never below one token)."""
-        n = max(1, self._replicas()) if self._replicas is not None else 1
+        n = max(1, self.replicas()) if self.replicas is not None else 1
         return self.rate_per_s / n, max(1.0, self.burst / n)
 
     def take(self, key: str) -> float:
         """Take a token for ``key``: 0.0 when one was there, else the seconds until one is."""
-        now = self._clock()
+        now = self.clock()
         rate, burst = self.share()
         self._evict_full(now, burst / rate)  # an untouched bucket is full after that
         bucket = self._buckets.get(key)
