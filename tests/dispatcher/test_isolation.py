@@ -30,6 +30,7 @@ from tests.webhooks.support import (
     receiving,
     running_dispatcher,
     status_event,
+    wait_for_count,
     wait_until,
 )
 from worker.auth.flow import Policy, decide
@@ -122,7 +123,7 @@ async def test_a_thousand_endpoints_make_a_thousand_small_records(
                 settings, [*big_events, status_event(other_account, 1, workspace="ws_other")]
             )
             await wait_until(lambda: len(other.verified_once()) == 1, timeout=60)
-            await wait_until(lambda: len(crowd.verified_once()) == 2000, timeout=120)
+            await wait_for_count(lambda: len(crowd.verified_once()), 2000)
             assert not running.task.done(), "the dispatcher keeps running"
         records = await read_topic(settings, settings.topics.webhook_state)
 

@@ -193,12 +193,30 @@ def running_dispatcher(
     return running_loop(run_dispatcher, settings, ready_timeout=ready_timeout, sender=sender)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+async def wait_until(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
+    """Until ``predicate`` holds; the bound only ends a test that fails anyway, so it leaves
+    room for a loaded machine."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met in time")
         await asyncio.sleep(0.05)
+
+
+async def wait_for_count(
+    count: Callable[[], int], target: int, *, stalled_s: float = 60.0, cap_s: float = 240.0
+) -> None:
+    """Until ``count()`` reaches ``target``, for as long as it keeps growing: a slow machine
+    takes longer, a stuck one stops the wait once nothing came for ``stalled_s``."""
+    started = last_change = time.monotonic()
+    seen = count()
+    while seen < target:
+        now = time.monotonic()
+        if now - last_change > stalled_s or now - started > cap_s:
+            raise TimeoutError(f"{seen} of {target} after {now - started:.0f} s")
+        await asyncio.sleep(0.05)
+        if (current := count()) != seen:
+            seen, last_change = current, time.monotonic()
 
 
 def new_account() -> str:
