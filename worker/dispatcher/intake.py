@@ -39,9 +39,9 @@ class Intake:
         """The record's event and its endpoints (``_decode``); for a replay whose endpoint the
         registry has never read, or holds as a create still pending (the front-end that took the
         send in had read its activation), that endpoint looked up again once the registry's
-        tail read to the end. Still lacking: deleted, or another workspace's; it goes nowhere. An endpoint
-        the registry holds for another workspace, or saw deleted, needs no second look: one
-        ListOffsets request per queued replay of a deleted endpoint saved."""
+        tail read to the end. Still lacking: deleted, or another workspace's; it goes nowhere.
+        An endpoint the registry holds for another workspace, or saw deleted, needs no second
+        look: one ListOffsets request per queued replay of a deleted endpoint saved."""
         read, replay = self._decode(msg)
         if replay is None or self.endpoints_to_end is None or not isinstance(read, Incoming):
             return read
