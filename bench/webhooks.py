@@ -347,6 +347,9 @@ class HookBench:
         }
         if self.args.max_in_flight is not None:
             env["WEBHOOK_MAX_IN_FLIGHT"] = str(self.args.max_in_flight)
+        # The max-rate backlog is one workspace's: past the default cap (10,000 waiting) the
+        # run would measure refusals, then wait out its time-out for deliveries never made.
+        env["WEBHOOK_WORKSPACE_MAX_PENDING"] = str(max(10_000, 2 * self.args.events))
         env.update({f"TOPIC_{f.upper()}": getattr(s.topics, f) for f in Topics.model_fields})
         return env
 
