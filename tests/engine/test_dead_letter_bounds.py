@@ -158,7 +158,7 @@ async def test_a_truncated_letter_is_never_redriven() -> None:
     redriver = Redriver(_Capturing(), {"auth.commands": 3}, out=out)
     await redriver(letter)
     assert redriver.report.skipped == {why: 1}
-    assert redriver._producer.sent == []  # type: ignore[union-attr]
+    assert redriver.producer.sent == []  # type: ignore[union-attr]
     assert "[truncated: key]" in letter.line()
     original = letter.summary()["original"]
     assert original["key_bytes"] == len(HUGE_KEY)
