@@ -7,6 +7,7 @@ is tests/api/test_long_poll.py)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from typing import Any
 
@@ -312,3 +313,59 @@ async def test_a_slot_is_held_until_the_answer_is_sent() -> None:
     gate.set()
     await asyncio.wait_for(asyncio.gather(*executor.waits.sends), 5)
     assert sent and executor.waits.admission.in_use == 0 and not executor.waits.sends
+
+
+async def test_time_outs_due_within_one_slot_are_answered_together_never_early() -> None:
+    """Twenty waits of 2 s parked 8 ms apart: their time-outs fall in a few slots (0.2 s
+    apart, a tenth of the wait), each slot answered in one pass, each wait no earlier than its
+    own 2 s and at most one slot late; the slots go with their waits. One timer per wait
+    answered them in twenty passes."""
+    accounts = [f"acc_{n}" for n in range(20)]
+    executor, _, recorder, metrics = setup(
+        *(record("passkey_confirmation", 1, account=a) for a in accounts)
+    )
+    loop = asyncio.get_running_loop()
+    answered_at: list[float] = []
+    publish = recorder.publish
+
+    async def stamped(*args: Any, **kw: Any) -> None:
+        answered_at.append(loop.time())
+        await publish(*args, **kw)
+
+    recorder.publish = stamped  # type: ignore[method-assign]
+    parked_at: list[float] = []
+    for account in accounts:
+        parked_at.append(loop.time())
+        await executor.handle(query(account=account, after=1, wait_ms=2000))
+        await asyncio.sleep(0.008)
+    slots = len(executor.waits.slots)
+    assert 1 <= slots <= 1 + (parked_at[-1] - parked_at[0]) / 0.2 + 1
+    for _ in range(500):
+        if len(recorder.replies) == len(accounts):
+            break
+        await asyncio.sleep(0.01)
+    assert len(recorder.replies) == len(accounts) and ended(metrics, "timeout") == len(accounts)
+    times = sorted(answered_at)
+    passes = 1 + sum(b - a > 0.003 for a, b in itertools.pairwise(times))
+    assert passes <= slots < len(accounts), "one pass per slot"
+    assert min(answered_at) >= parked_at[0] + 2.0, "never before its wait"
+    assert max(answered_at) <= parked_at[-1] + 2.0 + 0.2 + 0.5  # one slot late, and room
+    assert executor.waits.slots == {} and parked(metrics) == 0
+
+
+async def test_a_wait_answered_by_its_change_leaves_its_slot_and_the_last_one_frees_it() -> None:
+    executor, store, recorder, _ = setup(
+        record("passkey_confirmation", 1), record("passkey_confirmation", 1, account="acc_2")
+    )
+    one, two = query(after=1, wait_ms=30_000), query(account="acc_2", after=1, wait_ms=30_000)
+    await executor.handle(one)
+    await executor.handle(two)
+    ((waits, _),) = executor.waits.slots.values()  # both in the one 1 s slot
+    assert len(waits) == 2
+    for msg, account in ((one, "acc_1"), (two, "acc_2")):
+        before = store.get(msg.partition, account)
+        sent = record("passkey_confirmation_sent", 2, account=account)
+        await executor._publish(msg.partition, before, Decision(verdict="ok", record=sent))
+        await settle()
+    assert [r.version for r, _ in recorder.replies] == [2, 2]
+    assert executor.waits.slots == {}, "no timer left for waits already answered"

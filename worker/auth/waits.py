@@ -4,6 +4,7 @@ acknowledged, and past a cap is answered at once (docs/architecture.md, "Long-po
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
@@ -27,6 +28,11 @@ PARKED_PER_WORKSPACE: Final = 1_000
 PARKED_PER_ACCOUNT: Final = 64
 #: How long the stop waits for the last answers to be acknowledged before the producer closes.
 STOP_BUDGET_S: Final = 5.0
+#: A wait's time-out may come this share of its wait late, at most ``SLACK_MAX_S``: time-outs
+#: due within one slot are answered together, one timer, one pass and one produce request for
+#: them, and their callers' next asks arrive together (docs/architecture.md, "Long-polls").
+SLACK_SHARE: Final = 0.1
+SLACK_MAX_S: Final = 1.0
 
 
 class Answers(Protocol):
@@ -68,7 +74,8 @@ class _Wait:
     reply_to: int | None
     slot: Slot
     ended: bool = False
-    timer: asyncio.TimerHandle | None = None
+    #: The slot (its due time) whose timer answers this wait when its time is up.
+    due: float | None = None
 
     @property
     def key(self) -> tuple[int, str]:
@@ -90,6 +97,8 @@ class ParkedWaits:
         self.admission = Admission("parked_waits", self.limits.share())
         #: ≤ ``per_account`` per (partition, account); all ≤ the process's cap (admission).
         self.waits: dict[tuple[int, str], list[_Wait]] = {}
+        #: The parked waits by the slot their time-out falls in, and each slot's one timer.
+        self.slots: dict[float, tuple[set[_Wait], asyncio.TimerHandle]] = {}
         #: Answers being sent; each holds its wait's slot until acknowledged.
         self.sends: set[asyncio.Task[None]] = set()
         self.parked = 0
@@ -127,9 +136,7 @@ class ParkedWaits:
             self._ended("cap")
             return False
         wait = _Wait(partition, query, after, reply_to, slot)
-        wait.timer = asyncio.get_running_loop().call_later(
-            query.wait_ms / 1000, self._timed_out, wait
-        )
+        self._arm(wait, query.wait_ms / 1000)
         self.waits.setdefault(key, []).append(wait)
         self.parked += 1
         self.metrics.parked_waits.inc()
@@ -168,12 +175,41 @@ class ParkedWaits:
             log.warning("parked_answers_abandoned", answers=len(pending))
             await asyncio.gather(*pending, return_exceptions=True)
 
+    def _arm(self, wait: _Wait, wait_s: float) -> None:
+        """Put ``wait`` in the slot its time-out falls in: the first slot boundary past its
+        time, slots ``min(SLACK_SHARE * wait_s, SLACK_MAX_S)`` apart."""
+        loop = asyncio.get_running_loop()
+        slack = min(SLACK_SHARE * wait_s, SLACK_MAX_S)
+        deadline = loop.time() + wait_s
+        due = math.ceil(deadline / slack) * slack if slack > 0 else deadline
+        held = self.slots.get(due)
+        if held is None:
+            held = self.slots[due] = (set(), loop.call_at(due, self._slot_due, due))
+        held[0].add(wait)
+        wait.due = due
+
+    def _slot_due(self, due: float) -> None:
+        """A slot's time is up: every wait in it timed out, answered in this one pass."""
+        waits, _ = self.slots.pop(due, (set(), None))
+        for wait in waits:
+            wait.due = None
+            self._timed_out(wait)
+
+    def _disarm(self, wait: _Wait) -> None:
+        if wait.due is None:
+            return
+        waits, timer = self.slots[wait.due]
+        waits.discard(wait)
+        if not waits:
+            timer.cancel()
+            del self.slots[wait.due]
+        wait.due = None
+
     def _timed_out(self, wait: _Wait) -> None:
         """The wait's time is up: answer with the state as it is, or, while the account's
         changed record is being sent, once it is stored."""
         if wait.ended:
             return
-        wait.timer = None
         window = self.window_of(wait.key)
         if window is not None and not window.done():
             window.add_done_callback(lambda _: self._end_as_is(wait, "timeout"))
@@ -188,9 +224,7 @@ class ParkedWaits:
         if wait.ended:
             return
         wait.ended = True
-        if wait.timer is not None:
-            wait.timer.cancel()
-            wait.timer = None
+        self._disarm(wait)
         waiting = self.waits.get(wait.key)
         if waiting is not None:
             waiting.remove(wait)
