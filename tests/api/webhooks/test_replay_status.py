@@ -25,7 +25,7 @@ from worker.api.presence import Presence
 from worker.api.webhooks.quotas import Refused
 from worker.api.webhooks.replay import ReplayRunner
 from worker.api.webhooks.replay_status import ReplayBoard
-from worker.contract.webhook_endpoints import EndpointRecord
+from worker.contract.webhook_endpoints import EndpointRecord, is_active
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
 from worker.settings import Settings
 from worker.webhooks.replay_scan import ReplayProgress
@@ -101,7 +101,7 @@ async def test_a_replay_started_on_one_replica_is_followed_on_another(
         await wait_until(
             lambda: (
                 two.webhooks is not None
-                and two.webhooks.store.registry.get("ws_a", endpoint) is not None
+                and is_active(two.webhooks.store.registry.get("ws_a", endpoint))
             ),
             what="registry",
         )
@@ -121,11 +121,12 @@ async def test_a_replay_started_on_one_replica_is_followed_on_another(
         b_endpoint = data(
             await http_one.post(ENDPOINTS, json={"url": URL}, headers=headers(KEY_B)), 201
         )["id"]
-        # asked of the other replica: it has read ws_b's endpoint (else its 404 is the endpoint's)
+        # asked of the other replica: it has read ws_b's endpoint active (while it holds the
+        # create's pending record, its 404 is the endpoint's)
         await wait_until(
             lambda: (
                 two.webhooks is not None
-                and two.webhooks.store.registry.get("ws_b", b_endpoint) is not None
+                and is_active(two.webhooks.store.registry.get("ws_b", b_endpoint))
             ),
             what="ws_b's endpoint on the other replica",
         )
