@@ -48,10 +48,24 @@ def gate(wakes: Wakes, **config: float) -> EndpointGate:
 
 
 def admit(
-    g: EndpointGate, key: str, now: float = NOW, *, rate: int | None = None, revision: int = 1
+    g: EndpointGate,
+    key: str,
+    now: float = NOW,
+    *,
+    rate: int | None = None,
+    revision: int = 1,
+    workspace: str = "",
 ) -> Admission:
     endpoint = key.partition("/")[0]
-    return g.admit(endpoint, revision=revision, rate_limit=rate, partition=0, key=key, now=now)
+    return g.admit(
+        endpoint,
+        revision=revision,
+        rate_limit=rate,
+        partition=0,
+        key=key,
+        now=now,
+        workspace_id=workspace,
+    )
 
 
 def test_an_endpoint_holds_at_most_its_share_and_waiting_pairs_come_in_turn() -> None:
@@ -91,15 +105,7 @@ def test_a_workspace_holds_at_most_its_share_over_all_its_endpoints() -> None:
     g = gate(wakes, max_in_flight=2, workspace_max_in_flight=3)
 
     def try_(endpoint: str, pair: str, workspace: str = "ws_evil", now: float = NOW) -> bool:
-        return g.admit(
-            endpoint,
-            revision=1,
-            rate_limit=None,
-            partition=0,
-            key=f"{endpoint}/{pair}",
-            now=now,
-            workspace_id=workspace,
-        ).admitted
+        return admit(g, f"{endpoint}/{pair}", now, workspace=workspace).admitted
 
     admitted = [try_(ep, p) for ep in ("ep_1", "ep_2", "ep_3") for p in ("a", "b")]
     assert admitted.count(True) == 3, admitted  # not 3 endpoints x 2
@@ -226,15 +232,7 @@ def test_endpoints_created_and_deleted_leave_a_bounded_gate() -> None:
         endpoint = f"ep_{i}"
         registry.add(endpoint)
         now = NOW + i
-        assert g.admit(
-            endpoint,
-            revision=1,
-            rate_limit=None,
-            partition=0,
-            key=f"{endpoint}/a",
-            now=now,
-            workspace_id="ws_churn",
-        ).admitted
+        assert admit(g, f"{endpoint}/a", now, workspace="ws_churn").admitted
         g.release(endpoint, ok=False, now=now)
         registry.discard(endpoint)  # deleted: no attempt under way, no pair will come back
     assert len(g._endpoints) <= 64, len(g._endpoints)
@@ -303,15 +301,7 @@ def test_a_release_in_a_workspace_of_a_thousand_endpoints_looks_at_a_few() -> No
     g = gate(wakes, max_in_flight=2, workspace_max_in_flight=4)
 
     def try_(endpoint: str, now: float = NOW) -> bool:
-        return g.admit(
-            endpoint,
-            revision=1,
-            rate_limit=None,
-            partition=0,
-            key=f"{endpoint}/a",
-            now=now,
-            workspace_id="ws_big",
-        ).admitted
+        return admit(g, f"{endpoint}/a", now, workspace="ws_big").admitted
 
     admitted = [try_(f"ep_{i:04}") for i in range(1000)]
     assert admitted.count(True) == 4
@@ -329,15 +319,7 @@ def test_a_woken_pair_that_does_not_come_frees_its_workspaces_slot_in_time() -> 
     g = gate(wakes, max_in_flight=2, workspace_max_in_flight=3)
 
     def try_(endpoint: str, now: float = NOW) -> bool:
-        return g.admit(
-            endpoint,
-            revision=1,
-            rate_limit=None,
-            partition=0,
-            key=f"{endpoint}/a",
-            now=now,
-            workspace_id="ws_a",
-        ).admitted
+        return admit(g, f"{endpoint}/a", now, workspace="ws_a").admitted
 
     assert all(try_(ep) for ep in ("ep_1", "ep_2", "ep_3"))
     assert not try_("ep_4")
@@ -355,9 +337,7 @@ def test_a_release_looks_only_at_endpoints_with_pairs_in_line() -> None:
     g = gate(wakes, max_in_flight=1, workspace_max_in_flight=64)
     for i in range(40):
         ep = f"ep_{i:02}"
-        assert g.admit(
-            ep, revision=1, rate_limit=None, partition=0, key=f"{ep}/a", now=NOW, workspace_id="ws"
-        ).admitted
+        assert admit(g, f"{ep}/a", workspace="ws").admitted
     g._endpoints = entries = CountingEntries(g._endpoints)  # type: ignore[assignment]
     g.release("ep_00", ok=True, now=NOW + 1)
     assert entries.lookups < 5, entries.lookups
