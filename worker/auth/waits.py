@@ -189,8 +189,9 @@ class ParkedWaits:
         wait.due = due
 
     def _slot_due(self, due: float) -> None:
-        """A slot's time is up: every wait in it timed out, answered in this one pass."""
-        waits, _ = self.slots.pop(due, (set(), None))
+        """A slot's time is up: every wait in it timed out, answered in this one pass (a slot
+        emptied earlier took its timer with it)."""
+        waits, _ = self.slots.pop(due)
         for wait in waits:
             wait.due = None
             self._timed_out(wait)
