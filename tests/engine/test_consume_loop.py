@@ -19,7 +19,7 @@ from worker.auth.store import StateStore
 from worker.engine.broker_health import BrokerHealth
 from worker.engine.consume_loop import ConsumeLoop, LoopConfig
 from worker.engine.faults import Fault
-from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.engine.kafka import KafkaConfig, build_consumer, build_producer, ensure_topics
 from worker.engine.offsets import Hold, hold_record
 from worker.engine.runner import (
     ProbeAddress,
@@ -212,13 +212,7 @@ async def test_stop_does_not_wait_for_a_rebalance_another_member_holds_up(
     await holder.start()
     polling = asyncio.create_task(_poll_forever(holder))
     config = replace(settings.loop_config("worker"), max_in_flight=10)
-    loop = consume_loop(
-        kafka,
-        config,
-        consumer=group_consumer(kafka, config, group),
-        handler=_Idle(),
-        metrics=WorkerMetrics(CollectorRegistry()),
-    )
+    loop = _idle_loop(kafka, config, group)
     running: asyncio.Task[None] | None = None
     try:
         await asyncio.wait_for(holder_listener.assigned.wait(), 30)
@@ -244,6 +238,17 @@ async def test_stop_does_not_wait_for_a_rebalance_another_member_holds_up(
         await asyncio.wait({asyncio.ensure_future(loop.consumer.stop())}, timeout=10)
 
 
+def _idle_loop(kafka: KafkaConfig, config: LoopConfig, group: str) -> ConsumeLoop:
+    """A consume loop of ``group`` whose handler does nothing."""
+    return consume_loop(
+        kafka,
+        config,
+        consumer=group_consumer(kafka, config, group),
+        handler=_Idle(),
+        metrics=WorkerMetrics(CollectorRegistry()),
+    )
+
+
 async def _poll_forever(consumer: AIOKafkaConsumer) -> None:
     while True:
         await consumer.getmany(timeout_ms=100)
@@ -256,13 +261,7 @@ async def test_readyz_follows_the_process_own_condition(make_settings: SettingsF
     kafka = settings.kafka_config()
     await ensure_topics(kafka, settings.topic_plan())
     config, group = settings.loop_config("worker"), settings.kafka_consumer_group
-    loop = consume_loop(
-        kafka,
-        config,
-        consumer=group_consumer(kafka, config, group),
-        handler=_Idle(),
-        metrics=WorkerMetrics(CollectorRegistry()),
-    )
+    loop = _idle_loop(kafka, config, group)
     own, port, stop = [False], free_port(), asyncio.Event()
     parts = ProcessParts(
         build_producer(kafka), CollectorRegistry(), BrokerHealth(), also_ready=lambda: own[0]
