@@ -155,17 +155,15 @@ class ParkedWaits:
     def revoked(self, partition: int) -> None:
         """``partition`` is being dropped: answer its waits with the state as it is (their
         callers ask again, and the new owner answers)."""
-        for key in [k for k in self.waits if k[0] == partition]:
-            for wait in list(self.waits.get(key, ())):
-                self._end(wait, "revoked", self.store.get(partition, key[1]))
+        for wait in [w for key, ws in self.waits.items() if key[0] == partition for w in ws]:
+            self._end_as_is(wait, "revoked")
 
     async def close(self, budget_s: float = STOP_BUDGET_S) -> None:
         """The process stops: answer every wait with the state as it is and wait (within
         ``budget_s``) for the answers to be acknowledged, before the producer closes."""
         self._closed = True
-        for key in list(self.waits):
-            for wait in list(self.waits.get(key, ())):
-                self._end(wait, "stop", self.store.get(*key))
+        for wait in [w for ws in self.waits.values() for w in ws]:
+            self._end_as_is(wait, "stop")
         if not self.sends:
             return
         _, pending = await asyncio.wait(set(self.sends), timeout=budget_s)
@@ -190,7 +188,7 @@ class ParkedWaits:
 
     def _slot_due(self, due: float) -> None:
         """A slot's time is up: every wait in it timed out, answered in this one pass (a slot
-        emptied earlier took its timer with it)."""
+        emptied earlier took its timer with it; its waits are all parked)."""
         waits, _ = self.slots.pop(due)
         for wait in waits:
             wait.due = None
@@ -209,8 +207,6 @@ class ParkedWaits:
     def _timed_out(self, wait: _Wait) -> None:
         """The wait's time is up: answer with the state as it is, or, while the account's
         changed record is being sent, once it is stored."""
-        if wait.ended:
-            return
         window = self.window_of(wait.key)
         if window is not None and not window.done():
             window.add_done_callback(lambda _: self._end_as_is(wait, "timeout"))
@@ -218,8 +214,7 @@ class ParkedWaits:
         self._end_as_is(wait, "timeout")
 
     def _end_as_is(self, wait: _Wait, reason: EndReason) -> None:
-        if not wait.ended:
-            self._end(wait, reason, self.store.get(*wait.key))
+        self._end(wait, reason, self.store.get(*wait.key))
 
     def _end(self, wait: _Wait, reason: EndReason, record: AccountRecord | None) -> None:
         if wait.ended:
