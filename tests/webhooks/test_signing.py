@@ -136,10 +136,17 @@ def test_24_and_64_byte_secrets_are_accepted() -> None:
         Webhook(secret).verify(BODY, sent, json_parse=False)
 
 
-@pytest.mark.parametrize("webhook_id", ["", "msg.1", "msg 1", "msg\n1", "msg\u00e91"])
+@pytest.mark.parametrize(
+    "webhook_id", ["", "msg.1", "msg 1", "msg\n1", "msg\u00e91", "msg\x7f", "msg_1\n", "\t"]
+)
 def test_unsafe_webhook_ids_are_refused(webhook_id: str) -> None:
     with pytest.raises(ValueError, match="webhook_id"):
         sign([generate_secret()], webhook_id, 1, BODY)
+
+
+def test_every_printable_character_but_the_dot_may_be_in_a_webhook_id() -> None:
+    printable = "".join(chr(c) for c in range(ord("!"), ord("~") + 1) if chr(c) != ".")
+    assert sign([generate_secret()], printable, 1, BODY).startswith("v1,")
 
 
 @pytest.mark.parametrize("timestamp", [-1, True, 1.5])
