@@ -107,12 +107,22 @@ def _drain(stack: RunningStack, into: list[str]) -> None:
             into.append(line)
 
 
+#: The stack's DISPATCHER_FETCH_MAX_WAIT_MS in this module (the dev stack's default is 5 s).
+DISPATCHER_WAIT_MS = 250
+
+
 @pytest.fixture(scope="module")
 async def attacked(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Attacked]:
     keys = tmp_path_factory.mktemp("attacks") / "keys.json"
     create_key(keys, DEV_WORKSPACE, raw_key=DEV_KEY, key_id="key_dev_demo")
     _, other_key = create_key(keys, OTHER_WORKSPACE, key_id="key_other")
-    async with running_stack("--demo-accounts", "1", API_KEYS_FILE=str(keys)) as stack:
+    # The dispatcher's wait is pinned: what it holds at once is one fetch's worth (test 4).
+    async with running_stack(
+        "--demo-accounts",
+        "1",
+        API_KEYS_FILE=str(keys),
+        DISPATCHER_FETCH_MAX_WAIT_MS=str(DISPATCHER_WAIT_MS),
+    ) as stack:
         lines: list[str] = []
         threading.Thread(target=_drain, args=(stack, lines), daemon=True).start()
         await stack.until_worker_ready()
@@ -327,7 +337,7 @@ async def test_confirms_on_made_up_accounts_leave_the_dispatcher_small(
             await asyncio.sleep(0.5)
     grown = peak_rss - baseline
     # What it holds at once is what is pending: about one fetch's worth of events (the flood's
-    # rate times the dispatcher's fetch wait, 250 ms on the dev stack), never the accounts seen.
+    # rate times the dispatcher's fetch wait, DISPATCHER_WAIT_MS here), never the accounts seen.
     assert peak_state <= MADE_UP // 10, peak_state
     assert grown < 30 * MIB, f"the dispatcher grew {grown / MIB:.1f} MiB"
     await attacked.other_served("127.0.0.1")

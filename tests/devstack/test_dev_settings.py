@@ -21,7 +21,7 @@ def test_the_dev_stack_sets_what_the_embedded_broker_needs() -> None:
     assert dev.commands_partitions == dev.other_partitions == EMBEDDED_PARTITIONS == 48
     assert product.commands_partitions == product.other_partitions == 12
     assert {s.partitions for s in topic_specs(dev.topics, dev.topic_sizing())} >= {48}
-    assert dev.dispatcher_fetch_max_wait_ms == EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS == 250
+    assert dev.dispatcher_fetch_max_wait_ms == EMBEDDED_DISPATCHER_FETCH_MAX_WAIT_MS == 5000
     assert dev.kafka_offset_gap_hold_s == EMBEDDED_OFFSET_GAP_HOLD_S > 0
 
 
