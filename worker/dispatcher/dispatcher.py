@@ -243,8 +243,8 @@ class Dispatcher:
                     await self._writes.write_now(partition, late)
         refused = (
             *(await self._refusals.queue_full(partition, full, now) if full else ()),
-            *await self._refusals.new_pairs(partition, crowded, now),
-            *await self._refusals.new_pairs(partition, over, now, workspace=True),
+            *(await self._refusals.new_pairs(partition, crowded, now) if crowded else ()),
+            *(await self._refusals.new_pairs(partition, over, now, workspace=True) if over else ()),
         )
         # Pairs whose new delivery is at the head are attempted at once: their first log entry
         # is the attempt's outcome. The others wait behind an earlier one: say so in the log.
