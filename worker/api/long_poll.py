@@ -1,11 +1,13 @@
-"""The front-end's side of the ``GET .../auth`` long-poll: its query parameters, and the wait given
-up as soon as the caller disconnects (docs/architecture.md, "Long-polls")."""
+"""The front-end's side of the ``GET .../auth`` long-poll: its query parameters, its query sent on
+the send grid, and the wait given up as soon as the caller disconnects (docs/architecture.md,
+"Long-polls")."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -30,6 +32,9 @@ _AFTER_RULE: Final = "after_version must be one integer from 0 to 2^53."
 #: A JSON number (no ``nan``, ``inf``, ``1_0`` or spaces, which ``float`` would take).
 _NUMBER: Final = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 _WAIT_RULE: Final = f"wait_s must be one number of seconds from 0 to {MAX_WAIT_MS // 1000}."
+#: A long-poll's query leaves at the next multiple of this (monotonic clock): the asks of a burst
+#: (the callers of one time-out slot asking again) reach the owner in one fetch, not one each.
+SEND_GRID_S: Final = 0.05
 
 
 class CallerGone(Exception):
@@ -89,11 +94,12 @@ class Wait:
     async def unless_gone(
         self, request: Request, round_trip: Awaitable[CorrelatedReply | None]
     ) -> CorrelatedReply | None:
-        """``round_trip``'s result; for a long-poll, ``CallerGone`` as soon as the caller
-        disconnected, the round trip then cancelled, which frees its reply waiter."""
+        """``round_trip``'s result; for a long-poll, started on the send grid, and
+        ``CallerGone`` as soon as the caller disconnected, the round trip then cancelled, which
+        frees its reply waiter."""
         if not self.wait_s:
             return await round_trip
-        answer = asyncio.ensure_future(round_trip)
+        answer = asyncio.ensure_future(_on_grid(round_trip))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -124,6 +130,18 @@ class LongPolls:
             return wait, self.admission.take(workspace_id)
         except NoRoom:
             return replace(wait, wait_s=0.0), None
+
+
+async def _on_grid(round_trip: Awaitable[CorrelatedReply | None]) -> CorrelatedReply | None:
+    """``round_trip`` from the next ``SEND_GRID_S`` boundary on; never, if cancelled before."""
+    now = asyncio.get_running_loop().time()
+    try:
+        await asyncio.sleep(math.ceil(now / SEND_GRID_S) * SEND_GRID_S - now)
+    except asyncio.CancelledError:
+        if isinstance(round_trip, Coroutine):
+            round_trip.close()
+        raise
+    return await round_trip
 
 
 async def _disconnected(request: Request) -> None:
