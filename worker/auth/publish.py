@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
-from pydantic import BaseModel
 
 from worker.auth.flow import Decision
 from worker.contract.messages import AccountRecord, AuthError, Reply, encode_record
@@ -47,9 +46,6 @@ class Publisher:
             headers=tracing.kafka_headers() if headers is None else headers,
         )
 
-    async def _model(self, topic: str, key: str, model: BaseModel) -> Sent:
-        return await self._send(topic, key, model.model_dump_json(exclude_none=False).encode())
-
     async def persist(self, partition: int, record: AccountRecord) -> None:
         """Write one state record and wait for the ack (an intent left unsettled)."""
         await send_retrying(
@@ -71,30 +67,34 @@ class Publisher:
         reply_to: int | None = None,
     ) -> None:
         """The record (if it changed) acknowledged first, then every output: an answered caller
-        never finds the reply ahead of the state (read-your-writes; docs/architecture.md)."""
+        never finds the reply ahead of the state (read-your-writes; docs/architecture.md).
+        Its records carry one trace context, so their headers are looked up once."""
         futures: list[Sent] = []
+        headers = tracing.kafka_headers()
         if state_changed and decision.record is not None:
+            record = decision.record
+            state = encode_record(record)
             written = await self._send(
-                self._topics.state,
-                decision.record.account_id,
-                encode_record(decision.record),
-                partition=partition,
+                self._topics.state, record.account_id, state, partition=partition, headers=headers
             )
             if decision.reply is not None:
                 await acknowledged(self._producer, self.health, [written])
             else:
                 futures.append(written)
         if decision.reply is not None:
-            futures.append(await self._reply(decision.reply, reply_to))
-        if decision.status_event is not None:
-            ev = decision.status_event
-            futures.append(await self._model(self._topics.status, ev.account_id, ev))
-        if decision.error_event is not None:
-            err = decision.error_event
-            futures.append(await self._model(self._topics.errors, err.account_id, err))
+            futures.append(await self._reply(decision.reply, reply_to, headers))
+        for topic, event in (
+            (self._topics.status, decision.status_event),
+            (self._topics.errors, decision.error_event),
+        ):
+            if event is not None:
+                body = event.model_dump_json().encode()
+                futures.append(await self._send(topic, event.account_id, body, headers=headers))
         await acknowledged(self._producer, self.health, futures)
 
-    async def _reply(self, reply: Reply, wanted: int | None) -> Sent:
+    async def _reply(
+        self, reply: Reply, wanted: int | None, headers: list[tuple[str, bytes]] | None = None
+    ) -> Sent:
         """``reply`` to partition ``wanted`` when auth.replies has it; otherwise keyed: a
         sender's stale or bad header must not fail the command."""
         if wanted is not None and self._reply_partitions is None:
@@ -103,7 +103,9 @@ class Publisher:
             )
         target = wanted if wanted in (self._reply_partitions or ()) else None
         body = reply.model_dump_json(exclude_none=True).encode()
-        return await self._send(self._topics.replies, reply.account_id, body, partition=target)
+        return await self._send(
+            self._topics.replies, reply.account_id, body, partition=target, headers=headers
+        )
 
     async def forward(self, msg: ConsumerRecord[bytes, bytes], partition: int) -> None:
         """Re-produce a command unchanged to ``partition`` of its own topic, with a header
@@ -137,9 +139,8 @@ class Publisher:
         record's ids could be read; returns once all are acknowledged."""
         futures = [await dead_letter(self._producer, self._topics.dlq, msg, fault)]
         if error_event is not None:
-            futures.append(
-                await self._model(self._topics.errors, error_event.account_id, error_event)
-            )
+            body = error_event.model_dump_json().encode()
+            futures.append(await self._send(self._topics.errors, error_event.account_id, body))
         if reply is not None:
             futures.append(await self._reply(reply, reply_to))
         await acknowledged(self._producer, self.health, futures)

@@ -125,9 +125,11 @@ async def _answer(call: Awaitable[Any], topic: str) -> tuple[Any, KafkaError | N
 def record_size(
     value: bytes | None, key: bytes | None, headers: Sequence[tuple[str, bytes]] | None
 ) -> int:
-    """What a record weighs against ``MAX_RECORD_BYTES``."""
-    extra = sum(len(k) + len(v) for k, v in headers) if headers else 0
-    return len(value or b"") + len(key or b"") + extra
+    """What a record weighs against ``MAX_RECORD_BYTES`` (a loop: cheaper than a generator)."""
+    size = len(value or b"") + len(key or b"")
+    for name, header in headers or ():
+        size += len(name) + len(header)
+    return size
 
 
 async def send_retrying(
