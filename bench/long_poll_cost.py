@@ -2,7 +2,7 @@
 same number long-polling (``after_version``, ``wait_s``) accounts that do not change, in one
 run, the worker's CPU read from /proc.
 
-    python -m bench.long_poll_cost --callers 500 --clients 4 --seconds 180 --rounds 2
+    python -m bench.long_poll_cost --callers 500 --clients 4 --seconds 120 --idle-s 60 --rounds 2
 
 For each phase it starts ``python -m devstack stack`` (what ``make run`` runs) afresh on
 spare loopback ports with its own keys file, registers ``--workspaces`` workspaces of
@@ -12,8 +12,10 @@ run in ``--clients`` processes, each caller on its own keep-alive connection spe
 enough HTTP (``bench.stack.Connection``), so the harness is not what limits the load offered;
 the rates offered and answered are printed.
 
-Phases alternate (idle, poll, long-poll, then the reverse) so a drift of the machine favours
-neither; the idle phase gives the worker's own cost, which the comparison subtracts. A poller
+Phases alternate (poll, long-poll, then the reverse) so a drift of the machine favours
+neither. Each first measures its own stack idle for ``--idle-s``, the worker's own cost, which
+the comparison subtracts: fresh stacks' idle costs differ by as much as the long-polls cost, so
+each phase is taken above its own, and each round's ratio is given beside the mean's. A poller
 asks on its own one-second grid (the grids spread over the first second). A long-poller asks
 once plainly, then again and again with the version it got and ``wait_s`` = ``--wait-s``; the
 first asks are spread over one wait, so the deadlines are spread as a population's would be,
@@ -36,9 +38,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench.common import REPO_ROOT, base_env
-from bench.stack import Connection, cpu_of, start_stack, stop_process
+from bench.stack import Connection, Stack, cpu_of, start_stack, stop_process
 
-MODES: Final = ("idle", "poll", "long-poll")
+MODES: Final = ("poll", "long-poll")
 #: A caller whose answer came back unchanged sooner than this (its long-poll was not held:
 #: past a share) waits a second before it asks again, as docs/api.md's login loop does.
 EARLY_S: Final = 1.0
@@ -71,14 +73,26 @@ class Tally:
 
 @dataclass
 class Phase:
+    """One stack's phase: ``cpu_s`` over ``seconds`` with its callers, ``idle_cpu_s`` over
+    ``idle_s`` before they started."""
+
     mode: str
     seconds: float
     cpu_s: dict[str, float]
     tally: Tally
     load_avg: float
+    idle_s: float
+    idle_cpu_s: dict[str, float]
 
     def cores(self, role: str = "worker") -> float:
         return self.cpu_s[role] / self.seconds
+
+    def idle_cores(self, role: str = "worker") -> float:
+        return self.idle_cpu_s[role] / self.idle_s
+
+    def above_idle(self, role: str = "worker") -> float:
+        """CPU seconds above what the same stack spent idle over as many seconds."""
+        return self.cpu_s[role] - self.idle_cores(role) * self.seconds
 
 
 def first_ask(index: int, callers: int, mode: str, wait_s: float) -> float:
@@ -88,30 +102,42 @@ def first_ask(index: int, callers: int, mode: str, wait_s: float) -> float:
     return span * index / max(1, callers)
 
 
+def _ratio(long_poll: float, poll: float) -> float:
+    return long_poll / poll if poll > 0 else float("nan")
+
+
 def summarize(phases: list[Phase]) -> dict[str, Any]:
-    """Per mode: the worker's cores (CPU seconds over wall seconds of that mode's phases),
-    what polling and long-polling cost above idle, and their ratio; offered and answered
-    GETs a second."""
+    """Per mode: the worker's cores (CPU seconds over wall seconds of that mode's phases), the
+    same stacks' idle cores, the cores above them and the CPU per answered GET; offered and
+    answered GETs a second. Then what polling and long-polling cost above idle, their ratio,
+    and each round's (a poll and a long-poll phase in run order)."""
     out: dict[str, Any] = {"modes": {}}
     for mode in MODES:
         mine = [p for p in phases if p.mode == mode]
         seconds = sum(p.seconds for p in mine)
         if not seconds:
             continue
+        above = sum(p.above_idle() for p in mine)
+        answered = sum(p.tally.answered for p in mine)
         out["modes"][mode] = {
             "seconds": seconds,
             "cores": {r: sum(p.cpu_s[r] for p in mine) / seconds for r in ROLES},
+            "idle_cores": sum(p.idle_cpu_s["worker"] for p in mine) / sum(p.idle_s for p in mine),
+            "above_idle": above / seconds,
+            "us_per_answer": above / answered * 1e6 if answered else float("nan"),
             "offered_per_s": sum(p.tally.sent for p in mine) / seconds,
-            "answered_per_s": sum(p.tally.answered for p in mine) / seconds,
+            "answered_per_s": answered / seconds,
         }
     modes = out["modes"]
-    if {"idle", "poll", "long-poll"} <= modes.keys():
-        idle = modes["idle"]["cores"]["worker"]
-        poll = modes["poll"]["cores"]["worker"] - idle
-        wait = modes["long-poll"]["cores"]["worker"] - idle
-        out["poll_above_idle"] = poll
-        out["long_poll_above_idle"] = wait
-        out["ratio"] = wait / poll if poll > 0 else float("nan")
+    if set(MODES) <= modes.keys():
+        out["poll_above_idle"] = modes["poll"]["above_idle"]
+        out["long_poll_above_idle"] = modes["long-poll"]["above_idle"]
+        out["ratio"] = _ratio(out["long_poll_above_idle"], out["poll_above_idle"])
+        rounds = [phases[i : i + 2] for i in range(0, len(phases) - 1, 2)]
+        out["round_ratios"] = [
+            _ratio(*(sum(p.above_idle() for p in r if p.mode == m) for m in MODES[::-1]))
+            for r in rounds
+        ]
     return out
 
 
@@ -262,26 +288,29 @@ def load_avg() -> float:
 def phase(
     args: argparse.Namespace, mode: str, port: int, pairs_file: Path, pids: dict[str, int]
 ) -> Phase:
-    """One phase: the client processes start, ask from ``start``, are counted and the stack's
-    CPU read from ``start + warm-up`` to ``end``."""
-    warmup = 0.0 if mode == "idle" else args.warmup_s
+    """One phase: the stack's CPU read over ``--idle-s`` idle; then the client processes
+    start, ask from ``start``, are counted and the stack's CPU read from ``start + warm-up``
+    to ``end``."""
+    idle_before = {r: sum(cpu_of(pids[r])) for r in ROLES}
+    idle_from = time.time()
+    time.sleep(args.idle_s)
+    idle_s = time.time() - idle_from
+    idle = {r: sum(cpu_of(pids[r])) - idle_before[r] for r in ROLES}
+    warmup = args.warmup_s
     start = time.time() + 3.0  # the clients' start-up is outside the phase
     end = start + warmup + args.seconds
     clients: list[subprocess.Popen[bytes]] = []
-    if mode != "idle":
-        callers = args.poll_callers if mode == "poll" and args.poll_callers else args.callers
-        share = -(-callers // args.clients)
-        for first in range(0, callers, share):
-            argv = [sys.executable, "-m", "bench.long_poll_cost", "callers"]
-            argv += ["--port", str(port), "--mode", mode, "--pairs-file", str(pairs_file)]
-            argv += ["--start", repr(start), "--end", repr(end), "--warmup-s", str(warmup)]
-            argv += ["--first", str(first), "--count", str(min(share, callers - first))]
-            argv += ["--total", str(callers), "--wait-s", str(args.wait_s)]
-            clients.append(
-                subprocess.Popen(
-                    argv, cwd=REPO_ROOT, env=base_env(), stdout=subprocess.PIPE, stdin=None
-                )
-            )
+    callers = args.poll_callers if mode == "poll" and args.poll_callers else args.callers
+    share = -(-callers // args.clients)
+    for first in range(0, callers, share):
+        argv = [sys.executable, "-m", "bench.long_poll_cost", "callers"]
+        argv += ["--port", str(port), "--mode", mode, "--pairs-file", str(pairs_file)]
+        argv += ["--start", repr(start), "--end", repr(end), "--warmup-s", str(warmup)]
+        argv += ["--first", str(first), "--count", str(min(share, callers - first))]
+        argv += ["--total", str(callers), "--wait-s", str(args.wait_s)]
+        clients.append(
+            subprocess.Popen(argv, cwd=REPO_ROOT, env=base_env(), stdout=subprocess.PIPE)
+        )
     time.sleep(max(0.0, start + warmup - time.time()))
     before = {r: sum(cpu_of(pids[r])) for r in ROLES}
     loads = []
@@ -295,7 +324,7 @@ def phase(
         got = json.loads(out.decode().strip().splitlines()[-1])
         got["statuses"] = Counter(got["statuses"])
         tally.add(Tally(**got))
-    return Phase(mode, args.seconds, spent, tally, sum(loads) / len(loads))
+    return Phase(mode, args.seconds, spent, tally, sum(loads) / len(loads), idle_s, idle)
 
 
 def report(done: Phase) -> str:
@@ -303,10 +332,22 @@ def report(done: Phase) -> str:
     return (
         f"{done.mode:>9}: offered {t.sent / done.seconds:.1f}/s answered"
         f" {t.answered / done.seconds:.1f}/s ({dict(t.statuses)}, {t.errors} errors,"
-        f" {t.early} early); worker {done.cores():.3f} cores, front-end"
+        f" {t.early} early); worker {done.cores():.4f} cores ({done.idle_cores():.4f}"
+        f" idle, {done.above_idle() / max(1, t.answered) * 1e6:.0f} us an answer), front-end"
         f" {done.cores('front-end'):.3f}, broker {done.cores('broker'):.3f}; clients"
         f" {t.cpu_s:.1f} CPU s; load {done.load_avg:.2f}"
     )
+
+
+def _start(workdir: Path, keys: Path, timeout_s: float, env: dict[str, str]) -> Stack:
+    """The stack, started again (twice at most) when it did not come up: its ports are picked
+    free, but another process on the machine may take one before the stack binds it."""
+    for _ in range(2):
+        try:
+            return start_stack(1, workdir, keys, timeout_s, env)
+        except RuntimeError as exc:
+            print(f"stack start failed ({exc}); again", flush=True)
+    return start_stack(1, workdir, keys, timeout_s, env)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -324,7 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "API_MAX_CONNECTIONS": str(max(1000, 4 * args.callers)),
                 "API_MAX_CONNECTIONS_PER_CLIENT": "0",
             }
-            stack = start_stack(1, workdir, keys, args.start_timeout_s, connections)
+            stack = _start(workdir, keys, args.start_timeout_s, connections)
             try:
                 port = stack.ports["api"]
                 bootstrap = f"127.0.0.1:{stack.ports['broker']}"
@@ -338,6 +379,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = summarize(phases)
     summary["phases"] = [
         {"mode": p.mode, "seconds": p.seconds, "cpu_s": p.cpu_s, "load_avg": p.load_avg}
+        | {"idle_s": p.idle_s, "idle_cpu_s": p.idle_cpu_s}
         | {"cores": {r: p.cores(r) for r in ROLES}, "tally": p.tally.as_dict()}
         for p in phases
     ]
@@ -356,8 +398,11 @@ def main() -> None:
         "what the same query rate costs polled",
     )
     parser.add_argument("--clients", type=int, default=4, help="client processes")
-    parser.add_argument("--seconds", type=float, default=180.0, help="measured, per phase")
+    parser.add_argument("--seconds", type=float, default=120.0, help="measured, per phase")
     parser.add_argument("--warmup-s", type=float, default=30.0)
+    parser.add_argument(
+        "--idle-s", type=float, default=60.0, help="each stack measured idle first, per phase"
+    )
     parser.add_argument("--wait-s", type=float, default=30.0, help="each long-poll's wait_s")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workspaces", type=int, default=10)
@@ -367,7 +412,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command")
     callers = sub.add_parser("callers", help="(internal) one client process's callers")
     callers.add_argument("--port", type=int, required=True)
-    callers.add_argument("--mode", choices=MODES[1:], required=True)
+    callers.add_argument("--mode", choices=MODES, required=True)
     callers.add_argument("--pairs-file", required=True)
     callers.add_argument("--start", type=float, required=True)
     callers.add_argument("--end", type=float, required=True)

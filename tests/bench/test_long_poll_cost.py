@@ -95,24 +95,27 @@ def test_first_asks_are_spread_over_a_second_or_one_wait() -> None:
     assert [first_ask(i, 4, "long-poll", 30) for i in range(4)] == [0, 7.5, 15, 22.5]
 
 
-def phase(mode: str, worker_cpu_s: float, sent: int) -> Phase:
+def phase(mode: str, worker_cpu_s: float, sent: int, idle_cpu_s: float) -> Phase:
+    """100 s with its callers, after 50 s idle."""
     cpu = {"worker": worker_cpu_s, "front-end": 0.0, "broker": 0.0}
-    return Phase(mode, 100.0, cpu, Tally(sent=sent, answered=sent), load_avg=1.0)
+    idle = {"worker": idle_cpu_s, "front-end": 0.0, "broker": 0.0}
+    tally = Tally(sent=sent, answered=sent)
+    return Phase(mode, 100.0, cpu, tally, load_avg=1.0, idle_s=50.0, idle_cpu_s=idle)
 
 
-def test_the_summary_compares_each_mode_above_idle() -> None:
+def test_each_phase_is_taken_above_its_own_stack_idle() -> None:
     phases = [
-        phase("idle", 4.0, 0),
-        phase("poll", 14.0, 50_000),
-        phase("long-poll", 4.6, 1_700),
-        phase("long-poll", 4.4, 1_600),
-        phase("poll", 16.0, 49_000),
-        phase("idle", 6.0, 0),
+        phase("poll", 14.0, 50_000, 2.0),  # idle 0.04 cores: 10 CPU s above it
+        phase("long-poll", 6.5, 1_700, 3.0),  # idle 0.06 cores: 0.5 CPU s above it
+        phase("long-poll", 4.6, 1_600, 2.0),  # 0.6 CPU s
+        phase("poll", 13.0, 49_000, 2.5),  # 8 CPU s
     ]
     summary = summarize(phases)
-    assert summary["modes"]["idle"]["cores"]["worker"] == pytest.approx(0.05)
-    assert summary["poll_above_idle"] == pytest.approx(0.10)
-    assert summary["long_poll_above_idle"] == pytest.approx(-0.005)
-    assert summary["ratio"] == pytest.approx(-0.05)
+    assert summary["modes"]["poll"]["idle_cores"] == pytest.approx(0.045)
+    assert summary["poll_above_idle"] == pytest.approx(0.09)
+    assert summary["long_poll_above_idle"] == pytest.approx(0.0055)
+    assert summary["ratio"] == pytest.approx(0.0055 / 0.09)
+    assert summary["round_ratios"] == pytest.approx([0.05, 0.075])
+    assert summary["modes"]["long-poll"]["us_per_answer"] == pytest.approx(1.1 / 3_300 * 1e6)
     assert summary["modes"]["poll"]["offered_per_s"] == pytest.approx(495)
     assert summary["modes"]["long-poll"]["answered_per_s"] == pytest.approx(16.5)
