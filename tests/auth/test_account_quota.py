@@ -127,10 +127,11 @@ def test_the_store_counts_live_accounts_per_workspace_and_partition_boundedly() 
     store.drop(1)
     assert store.live_accounts == {0: {"ws_c": 1}}
     # a new account being published counts from its decision on, until it is stored
-    with store.joining(0, "ws_c", counted=True):
+    with store.joining(0, "ws_c"):
         assert store.workspace_accounts(0, "ws_c") == 2
-        with store.joining(0, "ws_c", counted=False):
-            assert store.workspace_accounts(0, "ws_c") == 2
+        with store.joining(0, "ws_c"):  # two side by side (one lane per account)
+            assert store.workspace_accounts(0, "ws_c") == 3
+        assert store.workspace_accounts(0, "ws_c") == 2
     assert store.workspace_accounts(0, "ws_c") == 1
     assert store.joining_accounts == {}
 

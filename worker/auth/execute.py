@@ -168,7 +168,8 @@ class Executor:
             record = intent
         # A new account is counted from its decision on (``StateStore.joining``).
         new = isinstance(command, RegisterAccount) and joins(record, decision)
-        with self.store.joining(partition, workspace_id_of(command) or "", counted=new):
+        workspace = workspace_id_of(command) or ""
+        with self.store.joining(partition, workspace) if new else contextlib.nullcontext():
             await self._publish(partition, record, decision, reply_to=reply_partition(msg.headers))
         return Decided(command, decision.verdict, decision.error)
 

@@ -39,12 +39,9 @@ class StateStore(PartitionedStore[AccountRecord]):
         return stored + self.joining_accounts.get((partition, workspace_id), 0)
 
     @contextlib.contextmanager
-    def joining(self, partition: int, workspace_id: str, *, counted: bool) -> Iterator[None]:
-        """A new live account of ``workspace_id`` is being published (when ``counted``):
-        counted meanwhile."""
-        if not counted:
-            yield
-            return
+    def joining(self, partition: int, workspace_id: str) -> Iterator[None]:
+        """A new live account of ``workspace_id`` is being published: counted meanwhile.
+        Entered for new accounts only: a generator per command costs more than the count."""
         key = (partition, workspace_id)
         self.joining_accounts[key] = self.joining_accounts.get(key, 0) + 1
         try:
