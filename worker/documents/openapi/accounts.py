@@ -87,7 +87,7 @@ _LONG_POLL: Final = (
         "after_version",
         "query",
         "The `data.version` the caller saw last. With `wait_s`, the answer comes as soon"
-        " as the account's version is above it (at once if it already is). Without it, a"
+        " as the account's version is above it (within 50 ms if it already is). Without it, a"
         " long-poll waits past the version the account has when the query arrives.",
         {"type": "integer", "minimum": 0, "maximum": 2**53},
         example=0,
