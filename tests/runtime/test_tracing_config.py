@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, TraceState
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from worker.runtime import tracing
 
@@ -121,3 +123,41 @@ def test_a_record_s_context_is_carried_as_the_propagator_reads_it(
         assert tracing.kafka_headers() == tracing.kafka_headers(carried)
         assert tracing.http_headers() == tracing.http_headers(carried)
         assert tracing.kafka_headers()[0][1].decode() == tracing.http_headers()["traceparent"]
+
+
+@pytest.mark.parametrize(
+    ("traceparent", "tracestate"),
+    [
+        (CALLER, None),
+        (CALLER, "a=1,b=2"),
+        (CALLER.upper(), None),
+        ("00-" + "0" * 32 + CALLER[35:], None),
+        (CALLER[:36] + "0" * 16 + CALLER[52:], None),
+        ("ff" + CALLER[2:], None),
+        (CALLER + "-x", None),
+        ("01" + CALLER[2:] + "-future", None),
+        (" " + CALLER, None),
+        (CALLER[:-1], None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_stored_header_values_give_the_propagator_s_context_and_go_on_as_they_came(
+    traceparent: str | None, tracestate: str | None
+) -> None:
+    """A webhook attempt's stored ``traceparent``: the parent the propagator reads, and,
+    recording nothing, carried on in the attempt's request as it was stored."""
+    carrier = {k: v for k, v in (("traceparent", traceparent), ("tracestate", tracestate)) if v}
+    expected = trace.get_current_span(
+        TraceContextTextMapPropagator().extract(carrier, context=Context())
+    ).get_span_context()
+    parent = tracing.context_from_traceparent(traceparent, tracestate)
+    assert trace.get_current_span(parent).get_span_context() == expected
+    assert not tracing.recording()
+    with tracing.span("attempt", kind=SpanKind.CLIENT, parent=parent):
+        sent = tracing.http_headers()
+        assert tracing.current_traceparent() == (sent["traceparent"], sent.get("tracestate"))
+    if expected.is_valid:
+        assert sent == tracing.http_headers(expected)
+    else:
+        assert sent["traceparent"].endswith("-00"), "a new root, not sampled"

@@ -27,7 +27,6 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import (
     INVALID_SPAN,
-    INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
     Span,
     SpanContext,
@@ -212,26 +211,21 @@ def recording() -> bool:
 
 def new_root() -> SpanContext:
     """A fresh trace and span id, not sampled: the non-recording start of a trace."""
-    return SpanContext(
-        _ids.generate_trace_id(),
-        _ids.generate_span_id(),
-        is_remote=False,
-        trace_flags=TraceFlags(TraceFlags.DEFAULT),
-    )
+    return SpanContext(_ids.generate_trace_id(), _ids.generate_span_id(), is_remote=False)
 
 
 class _Carried(NonRecordingSpan):
-    """A record's trace carried through this process unrecorded, its outgoing headers made once
-    for all the records and requests of its command."""
+    """A trace carried through this process unrecorded, its outgoing headers made once for all
+    the records and requests of its command or attempt (``http``: as they came, when known)."""
 
-    def __init__(self, context: SpanContext, kafka: list[tuple[str, bytes]] | None) -> None:
+    def __init__(self, context: SpanContext, http: dict[str, str] | None = None) -> None:
         super().__init__(context)
-        self._kafka = kafka
-        self._http: dict[str, str] | None = None
+        self._http = http
+        self._kafka: list[tuple[str, bytes]] | None = None
 
     def kafka(self) -> list[tuple[str, bytes]]:
         if self._kafka is None:
-            self._kafka = [(k, v.encode("ascii")) for k, v in _carried(self._context)]
+            self._kafka = [(k, v.encode("ascii")) for k, v in self.http().items()]
         return self._kafka
 
     def http(self) -> dict[str, str]:
@@ -285,9 +279,11 @@ def span(
     if not _state.recording:
         if parent is None:
             return _CURRENT
-        incoming = trace.get_current_span(parent).get_span_context()
-        carried = incoming if incoming.is_valid else new_root()
-        return _Active(NonRecordingSpan(carried), end=False)
+        carried = trace.get_current_span(parent)
+        if type(carried) is not _Carried:
+            incoming = carried.get_span_context()
+            carried = _Carried(incoming if incoming.is_valid else new_root())
+        return _Active(carried, end=False)
     assert _state.tracer is not None
     started = _state.tracer.start_span(
         name,
@@ -370,24 +366,20 @@ def http_headers(span_context: SpanContext | None = None) -> dict[str, str]:
 
 def current_traceparent() -> tuple[str | None, str | None]:
     """(traceparent, tracestate) of the current span, for storing with deferred work."""
-    carried = dict(_carried(trace.get_current_span().get_span_context()))
+    carried = http_headers()
     return carried.get(TRACEPARENT), carried.get(TRACESTATE)
 
 
 def context_from_traceparent(traceparent: str | None, tracestate: str | None = None) -> Context:
     """The parent context of W3C header values; ``ROOT`` when absent or malformed."""
-    if not traceparent:
-        return ROOT
-    carrier = {TRACEPARENT: traceparent}
-    if tracestate:
-        carrier[TRACESTATE] = tracestate
-    return _propagator.extract(carrier, context=Context())
+    carried = _parse(traceparent, tracestate) if traceparent else None
+    return ROOT if carried is None else trace.set_span_in_context(carried, Context())
 
 
 def context_from_headers(headers: Iterable[tuple[str, bytes]] | None) -> Context:
     """The parent context in a Kafka record's headers (``ROOT`` when it has none)."""
-    raw, tracestate = _trace_headers(headers)
-    return context_from_traceparent(None if raw is None else raw.decode("latin-1"), tracestate)
+    carried = _incoming(headers)
+    return ROOT if carried is None else trace.set_span_in_context(carried, Context())
 
 
 def _trace_headers(headers: Iterable[tuple[str, bytes]] | None) -> tuple[bytes | None, str | None]:
@@ -410,32 +402,34 @@ _NO_TRACE: Final = "0" * 32
 _NO_SPAN: Final = "0" * 16
 
 
-def _incoming(
-    headers: Iterable[tuple[str, bytes]] | None,
-) -> tuple[SpanContext, list[tuple[str, bytes]] | None]:
-    """The span context in a Kafka record's headers (invalid when it has none), what
-    ``context_from_headers`` finds, read without building a context; and the headers to carry
-    it on when the record's ``traceparent`` is a plain one (parsed here by the propagator's
-    rules; any other by it)."""
-    raw, tracestate = _trace_headers(headers)
-    if raw is None:
-        return INVALID_SPAN_CONTEXT, None
-    traceparent = raw.decode("latin-1")
-    if tracestate is None and len(traceparent) == 55:
+def _parse(traceparent: str, tracestate: str | None) -> _Carried | None:
+    """The trace W3C header values carry (None: none valid). A plain ``traceparent``, alone,
+    is parsed here by the propagator's rules and carried on as it came; any other by it."""
+    if not tracestate and len(traceparent) == 55:
         plain = _PLAIN_TRACEPARENT.fullmatch(traceparent)
         if plain is not None:
             trace_id, span_id, flags = plain.groups()
             if trace_id == _NO_TRACE or span_id == _NO_SPAN:
-                return INVALID_SPAN_CONTEXT, None
+                return None
             context = SpanContext(
                 int(trace_id, 16),
                 int(span_id, 16),
                 is_remote=True,
                 trace_flags=TraceFlags(int(flags, 16)),
             )
-            return context, [(TRACEPARENT, raw)]
-    parent = context_from_traceparent(traceparent, tracestate)
-    return trace.get_current_span(parent).get_span_context(), None
+            return _Carried(context, {TRACEPARENT: traceparent})
+    carrier = {TRACEPARENT: traceparent}
+    if tracestate:
+        carrier[TRACESTATE] = tracestate
+    parent = _propagator.extract(carrier, context=Context())
+    context = trace.get_current_span(parent).get_span_context()
+    return _Carried(context) if context.is_valid else None
+
+
+def _incoming(headers: Iterable[tuple[str, bytes]] | None) -> _Carried | None:
+    """The trace a Kafka record's headers carry (None: none), read without building a context."""
+    raw, tracestate = _trace_headers(headers)
+    return None if raw is None else _parse(raw.decode("latin-1"), tracestate)
 
 
 def messaging(operation: str, topic: str | None = None) -> dict[str, Any]:
@@ -451,10 +445,8 @@ def consume_span(msg: Any) -> _Active | contextlib.nullcontext[Span]:
     """The CONSUMER span of processing one Kafka record, continuing the trace in its headers
     (carried on as it came when nothing is recorded)."""
     if not _state.recording:
-        incoming, carried = _incoming(msg.headers)
-        if not incoming.is_valid:
-            incoming, carried = new_root(), None
-        return _Active(_Carried(incoming, carried), end=False)
+        carried = _incoming(msg.headers)
+        return _Active(_Carried(new_root()) if carried is None else carried, end=False)
     return span(
         f"process {msg.topic}",
         kind=SpanKind.CONSUMER,
