@@ -521,6 +521,58 @@ async def test_the_header_names_remembered_are_bounded(monkeypatch: pytest.Monke
         assert all(f"X-H{n}: {n}\r\n".encode() in head for n in range(5))
 
 
+def _parsed_by_urlsplit(url: str) -> object:
+    """``parse_url`` without its remembered origins: what ``urlsplit`` and ``target`` make."""
+    try:
+        return wire._parse_url(url)
+    except InvalidRequest as exc:
+        return ("refused", exc.reason)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://p.test/v1/accounts/ref_1/confirm",
+        "HTTPS://P.test:8443/a?b=1&c=%20",
+        "http://p.test:80/a??b",
+        "http://p.test/a?",
+        "http://p.test/a#frag",
+        "http://p.test/a b",
+        "http://p.test/\u00e9t\u00e9",
+        "http://p.test/a\tb",
+        "http://b\u00fccher.test/x",
+        "http://[::1]:8080/x",
+        "http://[::1/x",
+        "http://p.test:99999/x",
+        "http://user:pw@p.test/x",
+        "ftp://p.test/x",
+        "http:///x",
+        " http://p.test/x",
+        "a/b://p.test/x",
+        "http:/x://p.test/y",
+    ],
+)
+def test_a_url_s_remembered_origin_parses_it_as_urlsplit_does(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wire, "_ORIGINS", {})
+    for _ in range(2):  # the second finds its origin remembered
+        try:
+            parsed: object = wire.parse_url(url)
+        except InvalidRequest as exc:
+            parsed = ("refused", exc.reason)
+        assert parsed == _parsed_by_urlsplit(url)
+
+
+def test_the_origins_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wire, "_ORIGINS", {})
+    monkeypatch.setattr(wire, "_ORIGINS_KEPT", 2)
+    for _ in range(2):
+        for n in range(5):
+            assert wire.parse_url(f"http://h{n}.test:81/x/{n}").origin.host == f"h{n}.test"
+    assert len(wire._ORIGINS) == 2
+
+
 async def test_a_closed_client_refuses_requests() -> None:
     client = Http1Client()
     await client.aclose()

@@ -66,8 +66,32 @@ def target(scheme: str, host: str, port: int, path_qs: str, authority: str) -> T
     return Target(Origin(scheme == "https", host, port), path.encode("ascii"), _ascii(authority))
 
 
+#: ``scheme://authority`` and a path (and query) sent as it is: printable ASCII, no fragment,
+#: no empty query, which is what ``urlsplit`` and ``target`` would make of it.
+_PLAIN_URL: Final = re.compile(r"([^/?#]+://[^/?#]+)(/[!-\"$->@-~]*(?:\?[!-\"$-~]+)?)")
+#: Origins parsed once: ``scheme://authority`` → (origin, ``Host`` value). Callers use a
+#: handful of base URLs; past ``_ORIGINS_KEPT`` an origin is parsed on every use.
+_ORIGINS: dict[str, tuple[Origin, bytes]] = {}
+_ORIGINS_KEPT: Final = 256
+
+
 def parse_url(url: str) -> Target:
-    """``url`` (absolute, http or https, no user or password) as a ``Target``."""
+    """``url`` (absolute, http or https, no user or password) as a ``Target``; the origin of a
+    plain one is parsed once (a provider's URLs share a few)."""
+    plain = _PLAIN_URL.fullmatch(url)
+    if plain is None:
+        return _parse_url(url)
+    base, path = plain.groups()
+    known = _ORIGINS.get(base)
+    if known is None:
+        origin, _, authority = _parse_url(base + "/")
+        known = (origin, authority)
+        if len(_ORIGINS) < _ORIGINS_KEPT:
+            _ORIGINS[base] = known
+    return Target(known[0], path.encode("ascii"), known[1])
+
+
+def _parse_url(url: str) -> Target:
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
