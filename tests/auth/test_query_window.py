@@ -9,9 +9,11 @@ import asyncio
 import uuid
 from typing import Any
 
+import pytest
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
+from worker.auth import execute
 from worker.auth.execute import Executor
 from worker.auth.flow import Decision, Policy
 from worker.auth.metrics import WorkerMetrics
@@ -111,3 +113,26 @@ async def test_a_query_outside_any_window_answers_at_once() -> None:
     await asyncio.wait_for(executor.handle(query_record(partition)), 5)
     (reply,) = publisher.replies
     assert (reply.http_status, reply.version) == (200, 4)
+
+
+async def test_a_query_run_aside_is_decoded_once_and_those_kept_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    partition = home_partition(b"acc_1", PARTITIONS)
+    store = StateStore()
+    store.load(partition, {"acc_1": record("authorized", 4)})
+    publisher = HeldPublisher()
+    executor = executor_over(store, publisher)
+    msg = query_record(partition)
+    assert executor.unordered(msg)
+    assert [kept for kept, _ in executor._decoded.values()] == [msg]
+    await asyncio.wait_for(executor.handle(msg), 5)
+    assert executor._decoded == {}, "handed to handle, not kept"
+    (reply,) = publisher.replies
+    assert reply.version == 4
+    monkeypatch.setattr(execute, "DECODED_KEPT", 2)
+    asides = [query_record(partition) for _ in range(5)]
+    assert all(executor.unordered(m) for m in asides)  # their asides never run
+    assert 0 < len(executor._decoded) <= 2
+    await asyncio.wait_for(executor.handle(asides[0]), 5)  # dropped: decoded again
+    assert len(publisher.replies) == 2

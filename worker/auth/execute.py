@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import InitVar, dataclass, field
+from typing import Final
 
 from aiokafka.structs import ConsumerRecord
 from opentelemetry.trace import SpanKind
@@ -61,6 +62,10 @@ from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
 
+#: Queries ``unordered`` decoded, kept for their ``handle``; past this many (asides let go
+#: before they ran) the kept ones are dropped, and decoded again if they do run.
+DECODED_KEPT: Final = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Clock:
@@ -90,6 +95,7 @@ class Executor:
     def __post_init__(self, wait_limits: WaitLimits | None) -> None:
         self._instrument = Instrumentation(self.metrics)
         self._windows: dict[tuple[int, str], asyncio.Future[None]] = {}
+        self._decoded: dict[int, tuple[ConsumerRecord[bytes, bytes], GetAuthState]] = {}
         #: Parked long-polls (``worker.auth.waits``), answered from ``_publish``'s next version.
         self.waits = ParkedWaits(
             self.store, self.publisher, self.metrics, self._windows.get, wait_limits or WaitLimits()
@@ -101,10 +107,13 @@ class Executor:
         value = msg.value
         if value is None or msg.key is None or b'"get_auth_state"' not in value:
             return False
-        return (
-            isinstance(decode_command(msg.key, value), GetAuthState)
-            and self.router.home(msg.key) == msg.partition
-        )
+        query = decode_command(msg.key, value)
+        if not isinstance(query, GetAuthState) or self.router.home(msg.key) != msg.partition:
+            return False
+        if len(self._decoded) >= DECODED_KEPT:
+            self._decoded.clear()
+        self._decoded[id(msg)] = (msg, query)  # the record kept: its id is not reused meanwhile
+        return True
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -112,7 +121,8 @@ class Executor:
         """Apply one record of auth.commands; returns once every output is acknowledged."""
         with tracing.consume_span(msg):
             started = time.perf_counter()
-            command = decode_command(msg.key, msg.value)
+            kept = self._decoded.pop(id(msg), None)
+            command = kept[1] if kept is not None else decode_command(msg.key, msg.value)
             await self._instrument.run(
                 msg, command, lambda: self._handle(msg, command), started=started
             )
