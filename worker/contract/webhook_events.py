@@ -94,12 +94,11 @@ def from_error(value: bytes) -> WebhookEvent:
 def _event(
     event_type: str, event: AuthStatusChanged | AuthError, version: int | None
 ) -> WebhookEvent:
-    data = event.model_dump(mode="json", exclude=set(WIRE_ONLY))
-    body = json.dumps(
-        {"type": event_type, "timestamp": event.occurred_at, "data": data},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    # pydantic writes ``data`` as ``json.dumps`` (compact, not ASCII-escaped) would write the
+    # model's dump, without making that dump first.
+    data = event.model_dump_json(exclude=set(WIRE_ONLY))
+    timestamp = json.dumps(event.occurred_at, ensure_ascii=False)
+    body = f'{{"type":"{event_type}","timestamp":{timestamp},"data":{data}}}'
     return WebhookEvent(
         event_type=event_type,
         event_id=event.event_id,
