@@ -13,9 +13,12 @@ enough HTTP (``bench.stack.Connection``), so the harness is not what limits the 
 the rates offered and answered are printed.
 
 Phases alternate (poll, long-poll, then the reverse) so a drift of the machine favours
-neither. Each first measures its own stack idle for ``--idle-s``, the worker's own cost, which
-the comparison subtracts: fresh stacks' idle costs differ by as much as the long-polls cost, so
-each phase is taken above its own, and each round's ratio is given beside the mean's. A poller
+neither. Each measures its own stack idle, the worker's own cost, which the comparison
+subtracts: half of ``--idle-s`` before its callers start and half after they stopped and the
+worker's last waits ended (``--wait-s`` and its slack later), and takes the phase above the
+two windows' mean, since an idle stack's cost drifts (its empty fetches' cadence on the
+embedded broker) by as much as the long-polls cost. Each round's ratio is given beside the
+mean's, with the rounds' standard error. A poller
 asks on its own one-second grid (the grids spread over the first second). A long-poller asks
 once plainly, then again and again with the version it got and ``wait_s`` = ``--wait-s``; the
 first asks are spread over one wait, so the deadlines are spread as a population's would be,
@@ -28,6 +31,7 @@ import argparse
 import asyncio
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,7 +78,8 @@ class Tally:
 @dataclass
 class Phase:
     """One stack's phase: ``cpu_s`` over ``seconds`` with its callers, ``idle_cpu_s`` over
-    ``idle_s`` before they started."""
+    ``idle_s``, the idle windows before and after them together; ``idle_drift``: the worker's
+    cores after less before."""
 
     mode: str
     seconds: float
@@ -83,6 +88,7 @@ class Phase:
     load_avg: float
     idle_s: float
     idle_cpu_s: dict[str, float]
+    idle_drift: float = 0.0
 
     def cores(self, role: str = "worker") -> float:
         return self.cpu_s[role] / self.seconds
@@ -104,6 +110,12 @@ def first_ask(index: int, callers: int, mode: str, wait_s: float) -> float:
 
 def _ratio(long_poll: float, poll: float) -> float:
     return long_poll / poll if poll > 0 else float("nan")
+
+
+def drain_s(mode: str, wait_s: float) -> float:
+    """After the callers stop, how long until the worker holds no wait of theirs: a parked
+    wait ends at its time-out, at most a tenth of it (1 s at most) late."""
+    return (wait_s + min(wait_s / 10, 1.0) if mode == "long-poll" else 0.0) + 2.0
 
 
 def summarize(phases: list[Phase]) -> dict[str, Any]:
@@ -134,10 +146,12 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
         out["long_poll_above_idle"] = modes["long-poll"]["above_idle"]
         out["ratio"] = _ratio(out["long_poll_above_idle"], out["poll_above_idle"])
         rounds = [phases[i : i + 2] for i in range(0, len(phases) - 1, 2)]
-        out["round_ratios"] = [
+        ratios = out["round_ratios"] = [
             _ratio(*(sum(p.above_idle() for p in r if p.mode == m) for m in MODES[::-1]))
             for r in rounds
         ]
+        if len(ratios) > 1:
+            out["round_ratio_stderr"] = statistics.stdev(ratios) / len(ratios) ** 0.5
     return out
 
 
@@ -288,14 +302,10 @@ def load_avg() -> float:
 def phase(
     args: argparse.Namespace, mode: str, port: int, pairs_file: Path, pids: dict[str, int]
 ) -> Phase:
-    """One phase: the stack's CPU read over ``--idle-s`` idle; then the client processes
-    start, ask from ``start``, are counted and the stack's CPU read from ``start + warm-up``
-    to ``end``."""
-    idle_before = {r: sum(cpu_of(pids[r])) for r in ROLES}
-    idle_from = time.time()
-    time.sleep(args.idle_s)
-    idle_s = time.time() - idle_from
-    idle = {r: sum(cpu_of(pids[r])) - idle_before[r] for r in ROLES}
+    """One phase: the stack's CPU read idle over half of ``--idle-s``; then the client
+    processes start, ask from ``start``, are counted and the stack's CPU read from ``start +
+    warm-up`` to ``end``; once they stopped and the worker's waits ended, idle again."""
+    before_s, idle_before = idle_window(pids, args.idle_s / 2)
     warmup = args.warmup_s
     start = time.time() + 3.0  # the clients' start-up is outside the phase
     end = start + warmup + args.seconds
@@ -324,7 +334,20 @@ def phase(
         got = json.loads(out.decode().strip().splitlines()[-1])
         got["statuses"] = Counter(got["statuses"])
         tally.add(Tally(**got))
-    return Phase(mode, args.seconds, spent, tally, sum(loads) / len(loads), idle_s, idle)
+    time.sleep(max(0.0, end + drain_s(mode, args.wait_s) - time.time()))
+    after_s, idle_after = idle_window(pids, args.idle_s / 2)
+    idle = {r: idle_before[r] + idle_after[r] for r in ROLES}
+    drift = idle_after["worker"] / after_s - idle_before["worker"] / before_s
+    load = sum(loads) / len(loads)
+    return Phase(mode, args.seconds, spent, tally, load, before_s + after_s, idle, drift)
+
+
+def idle_window(pids: dict[str, int], seconds: float) -> tuple[float, dict[str, float]]:
+    """The stack's CPU seconds by role over ``seconds`` of nothing asked, and its length."""
+    before = {r: sum(cpu_of(pids[r])) for r in ROLES}
+    since = time.time()
+    time.sleep(seconds)
+    return time.time() - since, {r: sum(cpu_of(pids[r])) - before[r] for r in ROLES}
 
 
 def report(done: Phase) -> str:
@@ -333,7 +356,8 @@ def report(done: Phase) -> str:
         f"{done.mode:>9}: offered {t.sent / done.seconds:.1f}/s answered"
         f" {t.answered / done.seconds:.1f}/s ({dict(t.statuses)}, {t.errors} errors,"
         f" {t.early} early); worker {done.cores():.4f} cores ({done.idle_cores():.4f}"
-        f" idle, {done.above_idle() / max(1, t.answered) * 1e6:.0f} us an answer), front-end"
+        f" idle, drift {done.idle_drift:+.4f},"
+        f" {done.above_idle() / max(1, t.answered) * 1e6:.0f} us an answer), front-end"
         f" {done.cores('front-end'):.3f}, broker {done.cores('broker'):.3f}; clients"
         f" {t.cpu_s:.1f} CPU s; load {done.load_avg:.2f}"
     )
@@ -379,7 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = summarize(phases)
     summary["phases"] = [
         {"mode": p.mode, "seconds": p.seconds, "cpu_s": p.cpu_s, "load_avg": p.load_avg}
-        | {"idle_s": p.idle_s, "idle_cpu_s": p.idle_cpu_s}
+        | {"idle_s": p.idle_s, "idle_cpu_s": p.idle_cpu_s, "idle_drift": p.idle_drift}
         | {"cores": {r: p.cores(r) for r in ROLES}, "tally": p.tally.as_dict()}
         for p in phases
     ]
@@ -401,7 +425,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0, help="measured, per phase")
     parser.add_argument("--warmup-s", type=float, default=30.0)
     parser.add_argument(
-        "--idle-s", type=float, default=60.0, help="each stack measured idle first, per phase"
+        "--idle-s",
+        type=float,
+        default=60.0,
+        help="each stack measured idle, per phase: half before its callers, half after",
     )
     parser.add_argument("--wait-s", type=float, default=30.0, help="each long-poll's wait_s")
     parser.add_argument("--rounds", type=int, default=2)

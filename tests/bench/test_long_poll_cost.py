@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
 
-from bench.long_poll_cost import Phase, Tally, caller, first_ask, summarize
+from bench.long_poll_cost import Phase, Tally, caller, drain_s, first_ask, summarize
 
 Answer = Callable[[str], Awaitable[int]]
 
@@ -96,7 +97,7 @@ def test_first_asks_are_spread_over_a_second_or_one_wait() -> None:
 
 
 def phase(mode: str, worker_cpu_s: float, sent: int, idle_cpu_s: float) -> Phase:
-    """100 s with its callers, after 50 s idle."""
+    """100 s with its callers, 50 s idle around them."""
     cpu = {"worker": worker_cpu_s, "front-end": 0.0, "broker": 0.0}
     idle = {"worker": idle_cpu_s, "front-end": 0.0, "broker": 0.0}
     tally = Tally(sent=sent, answered=sent)
@@ -116,6 +117,15 @@ def test_each_phase_is_taken_above_its_own_stack_idle() -> None:
     assert summary["long_poll_above_idle"] == pytest.approx(0.0055)
     assert summary["ratio"] == pytest.approx(0.0055 / 0.09)
     assert summary["round_ratios"] == pytest.approx([0.05, 0.075])
+    assert summary["round_ratio_stderr"] == pytest.approx(statistics.stdev([0.05, 0.075]) / 2**0.5)
     assert summary["modes"]["long-poll"]["us_per_answer"] == pytest.approx(1.1 / 3_300 * 1e6)
     assert summary["modes"]["poll"]["offered_per_s"] == pytest.approx(495)
     assert summary["modes"]["long-poll"]["answered_per_s"] == pytest.approx(16.5)
+
+
+def test_the_idle_after_a_long_poll_phase_starts_once_its_last_waits_ended() -> None:
+    # A wait parked just before the callers stopped ends at its time-out, at most a tenth of
+    # it (1 s at most) late: the idle window after it must not count those answers.
+    assert drain_s("long-poll", 30) >= 31
+    assert drain_s("long-poll", 3) >= 3.3
+    assert drain_s("poll", 30) < 5
