@@ -8,7 +8,7 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -26,14 +26,44 @@ class ReplyError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class CorrelatedReply:
-    """A reply for one command: the validated message and its ``body`` exactly as received."""
+    """A reply for one command: the validated message and its ``body``'s JSON, the response."""
 
     reply: Reply
-    body: dict[str, Any]
+    body: bytes
 
     @property
     def http_status(self) -> int:
         return self.reply.http_status
+
+
+_JSON: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+"""``JSONResponse``'s encoding, built once."""
+_BODY: Final = b',"body":'
+
+
+def body_json(value: bytes, obj: dict[str, Any]) -> bytes:
+    """The ``body`` of the reply record ``value`` (``obj`` decoded from it), passed through as
+    its bytes when the record is laid out as the worker writes it (compact; ``body`` after
+    scalar fields and before at most one scalar field), else re-encoded: the response is the
+    reply's body unchanged (docs/architecture.md, "The picture")."""
+    keys = list(obj)
+    at = keys.index("body")
+    before, after = keys[:at], keys[at + 1 :]
+    if (
+        before
+        and len(after) <= 1
+        and not any(isinstance(obj[k], dict | list) for k in (*before, *after))
+    ):
+        start = value.find(_BODY) + len(_BODY)
+        tail = (
+            b"}"
+            if not after
+            else b",%s:%s}"
+            % (_JSON.encode(after[0]).encode(), _JSON.encode(obj[after[0]]).encode())
+        )
+        if start >= len(_BODY) and value.endswith(tail) and len(value) - len(tail) > start:
+            return value[start : len(value) - len(tail)]
+    return _JSON.encode(obj["body"]).encode()
 
 
 class PendingReply:
@@ -246,7 +276,7 @@ class ReplyRouter(TopicTail):
                 )
                 waiter._fail(ReplyError("the worker's reply could not be decoded"))
                 continue
-            waiter._deliver(CorrelatedReply(reply, dict(obj["body"])))
+            waiter._deliver(CorrelatedReply(reply, body_json(msg.value, obj)))
 
     def on_failure(self, exc: BaseException) -> None:
         for waiter in list(self._waiters.values()):

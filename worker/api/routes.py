@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import functools
 import itertools
-import json
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import InitVar, dataclass, field
@@ -54,9 +53,6 @@ log = get_logger(__name__)
 PASSKEY_CONFIRM: Final = "/v1/accounts/{account_id}/auth/passkey-confirm"
 ACCOUNT_AUTH: Final = "/v1/accounts/{account_id}/auth"
 API_ROUTES: Final = (PASSKEY_CONFIRM, ACCOUNT_AUTH)
-_JSON: Final = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-"""``JSONResponse``'s encoding, built once (``json.dumps`` with its arguments builds an
-encoder per call)."""
 
 
 async def on_service_error(request: Request, exc: Exception) -> Response:
@@ -292,7 +288,7 @@ class ApiRoutes:
             raise ServiceError.of("run_auth_action_failed", check_hint)
         # The worker's reply, unchanged: it already is the contract's envelope.
         return Response(
-            _JSON.encode(reply.body).encode(),
+            reply.body,
             status_code=reply.http_status,
             media_type=JSONResponse.media_type,
         )
