@@ -196,7 +196,7 @@ class BatchedWorker:
             self.store[step.decision.record.account_id] = step.decision.record
 
     async def _call(self, intent: AccountRecord, *, redrive: bool) -> ProviderOutcome:
-        """The worker's provider call for the confirm in flight (``Executor._call_provider``)."""
+        """The worker's provider call for the confirm in flight (``Executor._resolve``)."""
         flight = intent.in_flight
         if flight is None:
             raise ValueError("no confirm in flight")

@@ -95,10 +95,8 @@ NOT_GROWN: dict[str, str] = {
     " keeps (rp_, ps_): filled at start-up",
     "runtime/tracing.py:_Carried._kafka": "one message's fields: a command's trace headers",
     "runtime/tracing.py:_Carried._http": "one message's fields: a command's trace headers",
-    "auth/instrumentation.py:Instrumentation._series": "one entry per (command type, verdict):"
-    " both fixed sets of the code",
-    "auth/metrics.py:WorkerMetrics._provider_series": "one entry per (provider, operation,"
-    " outcome): the configured providers, two operations, the fixed outcomes",
+    "auth/metrics.py:WorkerMetrics._children": "one entry per series looked up: fixed label"
+    " sets of the code (types, verdicts, statuses, catalogued errors) and the providers",
     "engine/tail.py:TopicTail._fetched": "a condition: its waiters are read_to_end calls,"
     " one per record the dispatcher is taking in, bounded by its consume loop, and"
     " CompactedView.until calls, one per replay-follow request (connections), each timed",

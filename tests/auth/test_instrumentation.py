@@ -240,3 +240,19 @@ async def test_an_expired_flow_is_counted_in_a_trace_of_its_own(
     assert s.value("passkey_auth_follow_up_expired_total") == 1
     await asyncio.wait_for(s.executor.follow_up(HOME, "acc_1"), 5)
     assert s.value("passkey_auth_follow_up_expired_total") == 1, "a failed flow is not followed"
+
+
+def test_a_series_is_looked_up_once_per_label_set() -> None:
+    """``WorkerMetrics.child``: the series ``labels`` gives, kept once per (family, labels), so
+    its cache holds no more than the series the family itself exports."""
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics(registry)
+    for _ in range(3):
+        metrics.child(metrics.status_changes, "sent").inc()
+        metrics.child(metrics.errors, "provider_timeout", "1003", "504").inc()
+    metrics.status_changes.labels("sent").inc()
+    assert metrics.child(metrics.status_changes, "sent") is metrics.status_changes.labels("sent")
+    assert len(metrics._children) == 2
+    assert registry.get_sample_value("passkey_auth_status_changes_total", {"status": "sent"}) == 4
+    labels = {"code": "provider_timeout", "numeric_code": "1003", "http_status": "504"}
+    assert registry.get_sample_value("passkey_auth_errors_total", labels) == 3

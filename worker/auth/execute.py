@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable
 from dataclasses import InitVar, dataclass, field
 from typing import Final
 
@@ -123,23 +123,26 @@ class Executor:
             started = time.perf_counter()
             kept = self._decoded.pop(id(msg), None)
             command = kept[1] if kept is not None else decode_command(msg.key, msg.value)
-            await self._instrument.run(
-                msg, command, lambda: self._handle(msg, command), started=started
-            )
+            with self._instrument.scope(msg, command):
+                self._instrument.record(msg, await self._handle(msg, command), started)
 
-    async def _handle(
+    def _handle(
         self, msg: ConsumerRecord[bytes, bytes], command: Command | DecodeFailure
-    ) -> Handled:
+    ) -> Awaitable[Handled]:
+        """The coroutine of what ``msg`` comes to (not one around it: a frame fewer)."""
         if isinstance(command, DecodeFailure):
-            fault = Fault(reason=command.reason, detail=command.detail)
-            await self._dead_letter(msg, fault, command, ServiceError.of("invalid_request"))
-            return DeadLettered("unknown", "invalid")
+            return self._invalid(msg, command)
         home = msg.partition if msg.key is None else self.router.home(msg.key)
         if home != msg.partition:
-            return await self._route_home(msg, command, home)
+            return self._route_home(msg, command, home)
         if isinstance(command, GetAuthState):
-            return await self._answer(msg, command)
-        return await self._apply(msg, command)
+            return self._answer(msg, command)
+        return self._apply(msg, command)
+
+    async def _invalid(self, msg: ConsumerRecord[bytes, bytes], failed: DecodeFailure) -> Handled:
+        fault = Fault(reason=failed.reason, detail=failed.detail)
+        await self._dead_letter(msg, fault, failed, ServiceError.of("invalid_request"))
+        return DeadLettered("unknown", "invalid")
 
     async def _apply(self, msg: ConsumerRecord[bytes, bytes], command: Command) -> Decided:
         partition = msg.partition
@@ -217,37 +220,35 @@ class Executor:
         return Forwarded(command, home)
 
     async def _resolve(self, record: AccountRecord, *, redrive: bool) -> Decision:
-        """Finish the confirm in ``record.in_flight`` with the provider's answer."""
-        result = await self._call_provider(record, redrive=redrive)
-        return settle_confirm(record, result, now=self.clock.now(), policy=self.policy)
-
-    async def _call_provider(self, record: AccountRecord, *, redrive: bool) -> ProviderOutcome:
-        """The provider's answer to the confirm in flight, always with its command_id as the
-        idempotency key (a re-drive asks the state first: ``redriven``); never raises."""
+        """Finish the confirm in ``record.in_flight`` with the provider's answer, asked always
+        with its command_id as the idempotency key (a re-drive asks the state first:
+        ``redriven``); a failed call is an answer, never raised."""
         intent = record.in_flight
         if intent is None:
             raise ValueError("no confirm in flight")
         adapter = self.providers.get(record.provider or "")
-        if adapter is None:
-            return ServiceError.of("provider_adapter_not_found")
-        deadline = self.clock.to_monotonic(intent.deadline)
-        ref = record.provider_account_ref or ""
+        result: ProviderOutcome | None = None
         try:
-            if redrive:
-                seen = await adapter.get_auth_state(ref, deadline=deadline)
-                log.info("confirm_redriven", provider_status=seen.status)
-                answered = redriven(seen)
-                if answered is not None:
-                    return answered
-            return await adapter.confirm_passkey(
-                ref, idempotency_key=intent.command_id, deadline=deadline
-            )
+            if adapter is None:
+                result = ServiceError.of("provider_adapter_not_found")
+            else:
+                deadline = self.clock.to_monotonic(intent.deadline)
+                ref = record.provider_account_ref or ""
+                if redrive:
+                    seen = await adapter.get_auth_state(ref, deadline=deadline)
+                    log.info("confirm_redriven", provider_status=seen.status)
+                    result = redriven(seen)
+                if result is None:
+                    result = await adapter.confirm_passkey(
+                        ref, idempotency_key=intent.command_id, deadline=deadline
+                    )
         except ProviderError as exc:
-            return exc.error
+            result = exc.error
         except Exception:
             # An unexpected fault is answered (500), not lost and not retried forever.
             log.exception("provider_call_crashed")
-            return ServiceError.of("run_auth_action_failed")
+            result = ServiceError.of("run_auth_action_failed")
+        return settle_confirm(record, result, now=self.clock.now(), policy=self.policy)
 
     # -- follow-up -----------------------------------------------------------------------------
 
@@ -325,45 +326,43 @@ class Executor:
                     | {"messaging.batch.message_count": len(outputs), "passkey.outputs": outputs}
                 )
             record = decision.record if changed else None
-            with self._window(partition, record):
+            if record is None:
                 await self.publisher.publish(
-                    partition, decision, state_changed=changed, reply_to=reply_to
+                    partition, decision, state_changed=False, reply_to=reply_to
                 )
-                if record is not None:
+            else:
+                # The account's publication window while its new version is sent and stored
+                # (one at a time: its lane's); a query of the account waits for it to close.
+                key = (partition, record.account_id)
+                window = self._windows[key] = asyncio.get_running_loop().create_future()
+                try:
+                    await self.publisher.publish(
+                        partition, decision, state_changed=True, reply_to=reply_to
+                    )
                     self.store.put(partition, record)
                     self.waits.changed(partition, record)  # they wait for this version
+                finally:
+                    if self._windows.get(key) is window:
+                        del self._windows[key]
+                    window.set_result(None)
         if decision.verdict == "duplicate":
             return
         if decision.status_event is not None:
-            self.metrics.status_changes.labels(decision.status_event.status).inc()
+            self.metrics.child(self.metrics.status_changes, decision.status_event.status).inc()
         if (e := decision.error_event) is not None:
-            self.metrics.errors.labels(
-                e.error.code, str(e.error.numeric_code), str(e.http_status)
-            ).inc()
+            error = e.error
+            labels = (error.code, str(error.numeric_code), str(e.http_status))
+            self.metrics.child(self.metrics.errors, *labels).inc()
 
     # -- faults ---------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _window(self, partition: int, record: AccountRecord | None) -> Iterator[None]:
-        """The publication window of ``record``'s account while its new version is sent and
-        stored (one at a time: its lane's); a query of the account waits for it to close."""
-        if record is None:
-            yield
-            return
-        key = (partition, record.account_id)
-        future = self._windows[key] = asyncio.get_running_loop().create_future()
-        try:
-            yield
-        finally:
-            if self._windows.get(key) is future:
-                del self._windows[key]
-            future.set_result(None)
 
     async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
         """A command whose handling failed for good (the consume loop retried it): to the DLQ,
         with a catalogued 500 to its caller and in auth.errors, so nobody waits it out."""
         command = decode_command(msg.key, msg.value)
-        await self._instrument.run(msg, command, lambda: self._let_go(msg, command, fault))
+        started = time.perf_counter()
+        with self._instrument.scope(msg, command):
+            self._instrument.record(msg, await self._let_go(msg, command, fault), started)
 
     async def _let_go(
         self, msg: ConsumerRecord[bytes, bytes], command: Command | DecodeFailure, fault: Fault

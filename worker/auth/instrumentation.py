@@ -3,10 +3,11 @@ came to (``Handled``); a query is only counted and timed: its 404 is an answer."
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Final, Literal
 
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
@@ -60,43 +61,31 @@ class Expired:
     account_id: str
 
 
+#: The scope of a record handled without its ids in the log context.
+_BARE: Final[contextlib.nullcontext[None]] = contextlib.nullcontext()
+
+
 class Instrumentation:
-    """Runs a handler with its command in context, then records what it came to."""
+    """A handler's command in context (``scope``), then what it came to (``record``)."""
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self.metrics = metrics
-        #: The count and duration series of each (command type, verdict), looked up once:
-        #: both are fixed sets (``COMMAND_TYPES``, ``Verdict``).
-        self._series: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def _count(self, command_type: str, verdict: str, started: float) -> None:
         """One command of ``command_type`` came to ``verdict``: counted and timed."""
-        series = self._series.get((command_type, verdict))
-        if series is None:
-            series = self._series[(command_type, verdict)] = (
-                self.metrics.commands.labels(command_type, verdict),
-                self.metrics.command_seconds.labels(command_type),
-            )
-        series[0].inc()
-        series[1].observe(time.perf_counter() - started)
+        metrics = self.metrics
+        metrics.child(metrics.commands, command_type, verdict).inc()
+        metrics.child(metrics.command_seconds, command_type).observe(time.perf_counter() - started)
 
-    async def run(
-        self,
-        msg: ConsumerRecord[bytes, bytes],
-        command: Command | DecodeFailure,
-        handler: Callable[[], Awaitable[Handled]],
-        *,
-        started: float | None = None,
-    ) -> Handled:
-        """``handler``'s result, instrumented. ``started`` is when the record was taken up (the
-        duration counts from it; by default, from now). The span is the caller's: a command's
-        CONSUMER span, none for a record let go after its retries."""
-        if started is None:
-            started = time.perf_counter()
+    def scope(
+        self, msg: ConsumerRecord[bytes, bytes], command: Command | DecodeFailure
+    ) -> log_context | contextlib.nullcontext[None]:
+        """The block a record's handler runs in: a command's ids on the caller's span (a
+        command's CONSUMER span, none for a record let go after its retries) and in the log
+        context of everything logged meanwhile; a query, or a record that is no command, runs
+        bare. A context, not a coroutine around the handler: a frame fewer on every resume."""
         if isinstance(command, DecodeFailure | GetAuthState):
-            handled = await handler()
-            self._record(msg, handled, started)
-            return handled
+            return _BARE
         span = trace.get_current_span() if tracing.recording() else None
         if span is not None and span.is_recording():
             span.set_attributes(
@@ -106,16 +95,13 @@ class Instrumentation:
                     "passkey.command_id": command.command_id,
                 }
             )
-        with log_context(
+        return log_context(
             account_id=command.account_id,
             command_id=command.command_id,
             request_id=request_id_of(command),
             partition=msg.partition,
             offset=msg.offset,
-        ):
-            handled = await handler()
-            self._record(msg, handled, started)
-        return handled
+        )
 
     async def run_follow_up(
         self, partition: int, account_id: str, step: Callable[[], Awaitable[Expired | None]]
@@ -132,7 +118,9 @@ class Instrumentation:
                 self.metrics.follow_up_expired.inc()
                 log.info("follow_up_expired")
 
-    def _record(self, msg: ConsumerRecord[bytes, bytes], handled: Handled, started: float) -> None:
+    def record(self, msg: ConsumerRecord[bytes, bytes], handled: Handled, started: float) -> None:
+        """What ``msg`` came to, counted (timed from ``started``, when it was taken up) and
+        logged; inside ``scope``."""
         metrics = self.metrics
         match handled:
             case Decided(command=GetAuthState() as query, verdict=verdict):

@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from worker.auth.provider.breaker import BREAKER_STATES, CircuitBreaker
@@ -136,9 +137,18 @@ class WorkerMetrics(LoopSeries):
             ("reason",),
             seed=WAIT_END_REASONS,
         )
-        #: The duration series of each (provider, operation, outcome), looked up once: the
-        #: configured providers, two operations and the fixed outcomes.
-        self._provider_series: dict[tuple[str, str, str], Any] = {}
+        #: Each (family, label values) series ``child`` looked up: fixed sets of the code
+        #: (command types, verdicts, statuses, catalogued errors, outcomes) and the
+        #: configured providers.
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
+
+    def child(self, family: MetricWrapperBase, *values: str) -> Any:
+        """``family.labels(*values)``, looked up once: a cached series' increment costs about
+        a quarter of a ``labels`` call and its increment."""
+        series = self._children.get((family, values))
+        if series is None:
+            series = self._children[(family, values)] = family.labels(*values)
+        return series
 
     def export_breakers(self, breakers: Callable[[], Iterable[tuple[str, CircuitBreaker]]]) -> None:
         """Export the state of the providers' circuit breakers (``BreakerStates``)."""
@@ -146,12 +156,7 @@ class WorkerMetrics(LoopSeries):
 
     def provider_call(self, provider: str, operation: str, outcome: str, seconds: float) -> None:
         """Observer hook handed to provider adapters (they never see the registry)."""
-        series = self._provider_series.get((provider, operation, outcome))
-        if series is None:
-            series = self._provider_series[(provider, operation, outcome)] = (
-                self.provider_seconds.labels(provider, operation, outcome)
-            )
-        series.observe(seconds)
+        self.child(self.provider_seconds, provider, operation, outcome).observe(seconds)
 
     def provider_retry(self, provider: str, operation: str) -> None:
         self.provider_retries.labels(provider, operation).inc()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
@@ -28,7 +30,7 @@ class Publisher:
         self._reply_partitions: frozenset[int] | None = None
         self.health = health or BrokerHealth()
 
-    async def _send(
+    def _send(
         self,
         topic: str,
         key: str,
@@ -36,8 +38,9 @@ class Publisher:
         *,
         partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
-    ) -> Sent:
-        return await enqueue(
+    ) -> Awaitable[Sent]:
+        """``enqueue``'s own coroutine, not one around it: a frame fewer per record."""
+        return enqueue(
             self._producer,
             topic,
             value,

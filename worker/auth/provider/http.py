@@ -11,7 +11,7 @@ import ssl
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import quote, urlsplit
 
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from worker import __version__
 from worker.auth.provider.answer import ProviderAnswer, load_json
@@ -217,8 +217,18 @@ class HttpProviderAdapter:
                 kind=SpanKind.CLIENT,
                 attributes=self._span_attributes(operation, method, template, attempts),
             ) as client_span:
-                try:
-                    return await self._attempt(method, url, headers, client_span)
+                try:  # one request and its answer read
+                    sent = {**headers, **tracing.http_headers()}
+                    if self._credential is not None:
+                        sent.update(self._credential.headers())
+                    async with self._gate:
+                        answer = await self._client.request(method, url, headers=sent)
+                    if client_span.is_recording():
+                        client_span.set_attribute("http.response.status_code", answer.status)
+                        if answer.status >= 400:
+                            client_span.set_attribute("error.type", str(answer.status))
+                            client_span.set_status(Status(StatusCode.ERROR))
+                    return parse_auth_state(answer)
                 except ProviderError:
                     raise
                 except Exception as exc:
@@ -252,22 +262,6 @@ class HttpProviderAdapter:
             raise
         except Exception as exc:  # a metric hook or the breaker: still the call's failure
             raise map_unexpected(exc) from exc
-
-    async def _attempt(
-        self, method: str, url: str, headers: dict[str, str], client_span: Span
-    ) -> ProviderAuthState:
-        """One request and its answer read; raises ``ProviderError`` or whatever broke."""
-        sent = {**headers, **tracing.http_headers()}
-        if self._credential is not None:
-            sent.update(self._credential.headers())
-        async with self._gate:
-            answer = await self._client.request(method, url, headers=sent)
-        if client_span.is_recording():
-            client_span.set_attribute("http.response.status_code", answer.status)
-            if answer.status >= 400:
-                client_span.set_attribute("error.type", str(answer.status))
-                client_span.set_status(Status(StatusCode.ERROR))
-        return parse_auth_state(answer)
 
     def _span_attributes(
         self, operation: str, method: str, template: str, attempt: int
