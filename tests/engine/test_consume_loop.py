@@ -34,7 +34,7 @@ from worker.engine.runner import (
 
 
 class _Gauge:
-    def set(self, value: float) -> None:
+    def set_function(self, read: Any) -> None:
         pass
 
 

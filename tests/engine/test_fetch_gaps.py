@@ -16,10 +16,12 @@ from typing import Any, cast
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
+from prometheus_client import CollectorRegistry
 
 from devstack.settings import EMBEDDED_OFFSET_GAP_HOLD_S, DevSettings
 from tests.conftest import SettingsFactory
 from worker.api.replies import ReplyRouter
+from worker.auth.metrics import WorkerMetrics
 from worker.engine.consume_loop import ConsumeLoop, LoopConfig
 from worker.engine.fetch import GapWatch, getmany, skipping
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
@@ -209,7 +211,7 @@ async def test_a_revocation_during_a_periodic_commit_does_not_end_periodic_commi
         consumer=cast(Any, None),
         restore_consumer=cast(Any, None),
         executor=cast(Any, type("H", (), {"store": None})()),
-        metrics=cast(Any, None),
+        metrics=WorkerMetrics(CollectorRegistry()),
         config=LoopConfig(topics=("t",), state_topic="s"),
     )
     loop.consumer = loop.commits.consumer = cast(Any, _CommitRevokes(loop))
@@ -247,7 +249,7 @@ def test_the_gap_hold_is_a_setting_and_zero_turns_the_watch_off(hold_s: float) -
         settings.loop_config("worker"),
         consumer=cast(Any, None),
         handler=cast(Any, type("H", (), {"store": None})()),
-        metrics=cast(Any, None),
+        metrics=WorkerMetrics(CollectorRegistry()),
     )
     router = ReplyRouter(None, "replies", gap_hold_s=kafka.offset_gap_hold_s)
     for gaps in (loop.gaps, router.gaps):

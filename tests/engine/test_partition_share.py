@@ -55,6 +55,8 @@ async def test_21_keys_under_their_share_take_their_partitions_share_not_the_bou
             offset += 1
     assert taken == loop.pressure.partition_share.per_owner == 375
     assert loop.pressure.in_flight == 375
+    gauge = "passkey_auth_inflight_commands"
+    assert loop.metrics.registry.get_sample_value(gauge) == 375, "the gauge reads the count"
     assert loop.pressure.hot == {}, "no key reached its own share"
     loop.pressure.apply()
     assert consumer.paused() == {tp0}
@@ -70,6 +72,7 @@ async def test_21_keys_under_their_share_take_their_partitions_share_not_the_bou
     loop.pressure.apply()
     assert consumer.paused() == set()
     assert loop.pressure.held == {}, "nothing is remembered of a partition holding nothing"
+    assert loop.metrics.registry.get_sample_value(gauge) == 0
 
 
 async def test_the_reserve_keeps_room_for_a_partition_holding_none() -> None:

@@ -74,6 +74,8 @@ class Pressure:
         #: Each partition's share of the bound (``partition_shares``): owner = the partition.
         self.partition_share, self.partition_resume = partition_shares(self.max_in_flight)
         self.in_flight = 0
+        # Read when scraped: nothing to set per record taken in or let go.
+        self.metrics.in_flight.set_function(lambda: self.in_flight)
         #: What each partition holds of ``in_flight`` (only partitions holding some).
         self.held: dict[int, int] = {}
         #: Partitions the rule refused (at their share, or the reserve reached), until the
@@ -93,10 +95,8 @@ class Pressure:
         self.paused = False
 
     def add(self, partition: int, count: int) -> None:
-        """Records and due keys of ``partition`` taken in (``count`` > 0) or let go (< 0):
-        the gauge follows."""
+        """Records and due keys of ``partition`` taken in (``count`` > 0) or let go (< 0)."""
         self.in_flight += count
-        self.metrics.in_flight.set(self.in_flight)
         _bump(self.held, partition, count)
 
     def admits(self, partition: int) -> bool:
