@@ -179,7 +179,6 @@ NOT_GROWN: dict[str, str] = {
     " workspace)",
     # -- values: one message, answer or report, bounded where it is parsed or built --
     "api/keys.py:KeysFile.keys": "the operator's keys file, parsed at start-up and on reload",
-    "api/replies.py:CorrelatedReply.body": "one reply's body, bounded by MAX_RECORD_BYTES",
     "api/replies.py:ReplyRouter._next_offset": (
         "one position per partition the replica reads, at most the topic's partition count"
     ),
