@@ -64,6 +64,7 @@ def test_the_records_own_escapes_are_kept() -> None:
         b'{"type":"reply","body":{"a":1},"version":3,"more":1}',  # two fields after body
         b'{"type":"reply","body":{"a":1},"version":3.50}',  # a number written otherwise
         b'{"type":"reply","body":{"a":"\\u00e9"}}\n',  # trailing whitespace
+        b'{"type":"reply","body":{"x":1},"body":{"y":2}}',  # a repeated key: the last counts
     ],
 )
 def test_another_layout_is_re_encoded_to_the_same_body(value: bytes) -> None:

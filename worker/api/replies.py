@@ -52,6 +52,7 @@ def body_json(value: bytes, obj: dict[str, Any]) -> bytes:
     if (
         before
         and len(after) <= 1
+        and value.count(_BODY) == 1  # a second "body" (a repeated key) is not cut out
         and not any(isinstance(obj[k], dict | list) for k in (*before, *after))
     ):
         start = value.find(_BODY) + len(_BODY)
