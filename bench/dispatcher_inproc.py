@@ -333,7 +333,7 @@ def main() -> None:
                 figures[name].append(got["us_per_delivery"])
                 print(
                     f"round {r + 1} {name} ({tree}): {got['us_per_delivery']:.1f} µs/delivery, "
-                    f"{got['records_per_delivery']:.2f} records/delivery",
+                    f"{got['records_per_delivery']:.4f} records/delivery",
                     flush=True,
                 )
     for name, values in figures.items():
