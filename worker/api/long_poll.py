@@ -33,7 +33,8 @@ _AFTER_RULE: Final = "after_version must be one integer from 0 to 2^53."
 _NUMBER: Final = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 _WAIT_RULE: Final = f"wait_s must be one number of seconds from 0 to {MAX_WAIT_MS // 1000}."
 #: A long-poll's query leaves at the next multiple of this (monotonic clock): the asks of a burst
-#: (one time-out slot's callers asking again) reach the owner in one or two fetches, not one each.
+#: (one time-out slot's callers asking again) leave in one produce request (the front-end's
+#: producer does not linger) and reach the owner in one fetch, not one each.
 SEND_GRID_S: Final = 0.05
 
 
