@@ -26,10 +26,14 @@ class HeldProducer:
     def __init__(self) -> None:
         self.handed: list[tuple[str, bytes | None]] = []
         self.pending: list[asyncio.Future[Any]] = []
+        self.partitions: list[int | None] = []
 
-    async def send(self, topic: str, value: bytes | None, **_: Any) -> asyncio.Future[Any]:
+    async def send(
+        self, topic: str, value: bytes | None, *, partition: int | None = None, **_: Any
+    ) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.handed.append((topic, value))
+        self.partitions.append(partition)
         self.pending.append(future)
         return future
 
@@ -120,3 +124,19 @@ async def test_a_cancelled_command_sends_nothing_more() -> None:
     await settle()
     assert producer.topics() == ["auth.state"], "its reply is not sent for a caller gone"
     assert task.cancelled()
+
+
+async def test_answers_are_all_handed_over_before_one_acknowledgement_wait() -> None:
+    """A slot's time-out answers (``Publisher.answer``): every reply handed to the producer at
+    once, each to its reply partition (a partition auth.replies lacks: by key), and the call
+    returns only once all are acknowledged."""
+    producer = HeldProducer()
+    publisher = Publisher(producer, Topics())
+    replies = [(decision(f"acc_{n}").reply, n) for n in (0, 1, 2, 7)]
+    sent = asyncio.create_task(publisher.answer([(r, to) for r, to in replies if r]))
+    await settle()
+    assert producer.topics() == ["auth.replies"] * 4, "all handed over before any ack"
+    assert producer.partitions == [0, 1, 2, None]
+    assert not sent.done()
+    assert producer.ack() == 4
+    await asyncio.wait_for(sent, 5)

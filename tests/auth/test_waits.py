@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka.structs import ConsumerRecord
@@ -20,7 +21,7 @@ from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderRegistry
 from worker.auth.store import StateStore
 from worker.auth.waits import WaitLimits
-from worker.contract.messages import AccountRecord, GetAuthState
+from worker.contract.messages import AccountRecord, GetAuthState, Reply
 from worker.engine.home_partition import REPLY_PARTITION, Router, home_partition
 
 PARTITIONS = 3
@@ -32,6 +33,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.replies: list[tuple[Any, int | None]] = []
+        self.batches: list[int] = []
         self.hold = False
         self.release = asyncio.Event()
         self.sending = asyncio.Event()
@@ -46,6 +48,12 @@ class Recorder:
         if decision.reply is not None:
             self.replies.append((decision.reply, reply_to))
             self.answered.set()
+
+    async def answer(self, replies: Sequence[tuple[Reply, int | None]]) -> None:
+        """The parked waits' answers: each call is one batch."""
+        self.batches.append(len(replies))
+        self.replies.extend(replies)
+        self.answered.set()
 
 
 def record(status: str, version: int, *, account: str = "acc_1", ws: str = "ws_a") -> AccountRecord:
@@ -296,11 +304,9 @@ async def test_a_slot_is_held_until_the_answer_is_sent() -> None:
     sent: list[int] = []
 
     class Slow:
-        async def publish(
-            self, partition: int, decision: Decision, *, state_changed: bool, reply_to: int | None
-        ) -> None:
+        async def answer(self, replies: Sequence[tuple[Reply, int | None]]) -> None:
             await gate.wait()
-            sent.append(partition)
+            sent.extend(to or 0 for _, to in replies)
 
     executor.waits.publisher = Slow()
     msg = query(after=1)
@@ -326,13 +332,13 @@ async def test_time_outs_due_within_one_slot_are_answered_together_never_early()
     )
     loop = asyncio.get_running_loop()
     answered_at: list[float] = []
-    publish = recorder.publish
+    answer = recorder.answer
 
-    async def stamped(*args: Any, **kw: Any) -> None:
-        answered_at.append(loop.time())
-        await publish(*args, **kw)
+    async def stamped(replies: Sequence[tuple[Reply, int | None]]) -> None:
+        answered_at.extend(loop.time() for _ in replies)
+        await answer(replies)
 
-    recorder.publish = stamped  # type: ignore[method-assign]
+    recorder.answer = stamped  # type: ignore[method-assign]
     parked_at: list[float] = []
     for account in accounts:
         parked_at.append(loop.time())
@@ -348,6 +354,7 @@ async def test_time_outs_due_within_one_slot_are_answered_together_never_early()
     times = sorted(answered_at)
     passes = 1 + sum(b - a > 0.003 for a, b in itertools.pairwise(times))
     assert passes <= slots < len(accounts), "one pass per slot"
+    assert len(recorder.batches) <= slots, "a slot's answers sent by one task, one call"
     assert min(answered_at) >= parked_at[0] + 2.0, "never before its wait"
     assert max(answered_at) <= parked_at[-1] + 2.0 + 0.2 + 0.5  # one slot late, and room
     assert executor.waits.slots == {} and parked(metrics) == 0
@@ -369,3 +376,35 @@ async def test_a_wait_answered_by_its_change_leaves_its_slot_and_the_last_one_fr
         await settle()
     assert [r.version for r, _ in recorder.replies] == [2, 2]
     assert executor.waits.slots == {}, "no timer left for waits already answered"
+
+
+async def test_a_slots_time_outs_leave_in_one_task_and_one_acknowledged_send() -> None:
+    """Twelve waits of one slot: one answer task, one ``answer`` call carrying all twelve
+    (handed over together, one acknowledgement wait), each slot held until it returns."""
+    accounts = [f"acc_{n}" for n in range(12)]
+    executor, _, recorder, metrics = setup(
+        *(record("passkey_confirmation", 1, account=a) for a in accounts)
+    )
+    for account in accounts:
+        await executor.handle(query(account=account, after=1, wait_ms=30_000))
+    ((waits, _),) = executor.waits.slots.values()
+    assert len(waits) == len(accounts)
+    gate = asyncio.Event()
+    answer = recorder.answer
+
+    async def held(replies: Sequence[tuple[Reply, int | None]]) -> None:
+        await gate.wait()
+        await answer(replies)
+
+    recorder.answer = held  # type: ignore[method-assign]
+    (due,) = executor.waits.slots
+    executor.waits.slots[due][1].cancel()
+    executor.waits._slot_due(due)  # the slot's timer, run now
+    await settle()
+    assert len(executor.waits.sends) == 1, "one task for the slot's answers"
+    assert executor.waits.admission.in_use == len(accounts), "held until acknowledged"
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*executor.waits.sends), 5)
+    assert recorder.batches == [len(accounts)] and ended(metrics, "timeout") == len(accounts)
+    assert sorted(r.account_id for r, _ in recorder.replies) == sorted(accounts)
+    assert {to for _, to in recorder.replies} == {2} and executor.waits.admission.in_use == 0

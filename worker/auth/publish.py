@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
@@ -94,6 +94,14 @@ class Publisher:
                 body = event.model_dump_json().encode()
                 futures.append(await self._send(topic, event.account_id, body, headers=headers))
         await acknowledged(self._producer, self.health, futures)
+
+    async def answer(self, replies: Sequence[tuple[Reply, int | None]]) -> None:
+        """Queries' replies (each to its ``reply-partition``), all handed over before one
+        acknowledgement wait: a slot's time-outs leave together (docs/architecture.md,
+        "Long-polls")."""
+        headers = tracing.kafka_headers()
+        sent = [await self._reply(reply, to, headers) for reply, to in replies]
+        await acknowledged(self._producer, self.health, sent)
 
     async def _reply(
         self, reply: Reply, wanted: int | None, headers: list[tuple[str, bytes]] | None = None

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
-from worker.auth.flow import Decision, answer_query, is_owner
+from worker.auth.flow import answer_query, is_owner
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
-from worker.contract.messages import AccountRecord, GetAuthState
+from worker.contract.messages import AccountRecord, GetAuthState, Reply
 from worker.runtime.admission import Admission, NoRoom, Share, Slot
 from worker.runtime.logs import get_logger
 
@@ -38,9 +38,7 @@ SLACK_MAX_S: Final = 1.0
 class Answers(Protocol):
     """Where the answers go: the executor's ``Publisher``."""
 
-    async def publish(
-        self, partition: int, decision: Decision, *, state_changed: bool, reply_to: int | None
-    ) -> None: ...
+    async def answer(self, replies: Sequence[tuple[Reply, int | None]]) -> None: ...
 
 
 #: The account's open publication window, if any (``Executor._windows``).
@@ -99,8 +97,10 @@ class ParkedWaits:
         self.waits: dict[tuple[int, str], list[_Wait]] = {}
         #: The parked waits by the slot their time-out falls in, and each slot's one timer.
         self.slots: dict[float, tuple[set[_Wait], asyncio.TimerHandle]] = {}
-        #: Answers being sent; each holds its wait's slot until acknowledged.
+        #: Answers being sent, one task for those ended in one pass (a slot's time-outs);
+        #: each holds its waits' slots until acknowledged. ``_batch``: the one still open.
         self.sends: set[asyncio.Task[None]] = set()
+        self._batch: list[tuple[_Wait, Reply]] | None = None
         self.parked = 0
         self._closed = False
 
@@ -229,25 +229,33 @@ class ParkedWaits:
         self.parked -= 1
         self.metrics.parked_waits.dec()
         self._ended(reason)
-        decision = answer_query(record, wait.query)
-        task = asyncio.get_running_loop().create_task(self._answer(wait, decision))
-        self.sends.add(task)
-        task.add_done_callback(self.sends.discard)
+        reply = answer_query(record, wait.query).reply
+        assert reply is not None  # a query's decision is its reply
+        if self._batch is None:  # the first answer of this pass: its task takes the rest too
+            self._batch = []
+            task = asyncio.get_running_loop().create_task(self._answer(self._batch))
+            self.sends.add(task)
+            task.add_done_callback(self.sends.discard)
+        self._batch.append((wait, reply))
 
-    async def _answer(self, wait: _Wait, decision: Decision) -> None:
+    async def _answer(self, batch: list[tuple[_Wait, Reply]]) -> None:
+        """The answers ended before this task's first step, sent together and acknowledged
+        under one wait."""
+        if self._batch is batch:
+            self._batch = None
         try:
-            await self.publisher.publish(
-                wait.partition, decision, state_changed=False, reply_to=wait.reply_to
-            )
-        except Exception as exc:  # the caller's own deadline answers it
-            log.warning(
-                "parked_answer_failed",
-                account_id=wait.query.account_id,
-                command_id=wait.query.command_id,
-                error=repr(exc),
-            )
+            await self.publisher.answer([(reply, wait.reply_to) for wait, reply in batch])
+        except Exception as exc:  # the callers' own deadlines answer them
+            for wait, _ in batch:
+                log.warning(
+                    "parked_answer_failed",
+                    account_id=wait.query.account_id,
+                    command_id=wait.query.command_id,
+                    error=repr(exc),
+                )
         finally:
-            wait.slot.release()
+            for wait, _ in batch:
+                wait.slot.release()
 
     def _ended(self, reason: EndReason) -> None:
         self.metrics.parked_waits_ended.labels(reason).inc()
