@@ -132,8 +132,8 @@ async def test_answers_are_all_handed_over_before_one_acknowledgement_wait() -> 
     returns only once all are acknowledged."""
     producer = HeldProducer()
     publisher = Publisher(producer, Topics())
-    replies = [(decision(f"acc_{n}").reply, n) for n in (0, 1, 2, 7)]
-    sent = asyncio.create_task(publisher.answer([(r, to) for r, to in replies if r]))
+    answers = [(decision(f"acc_{n}"), n) for n in (0, 1, 2, 7)]
+    sent = asyncio.create_task(publisher.answer(answers))
     await settle()
     assert producer.topics() == ["auth.replies"] * 4, "all handed over before any ack"
     assert producer.partitions == [0, 1, 2, None]

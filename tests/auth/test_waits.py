@@ -21,7 +21,7 @@ from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderRegistry
 from worker.auth.store import StateStore
 from worker.auth.waits import WaitLimits
-from worker.contract.messages import AccountRecord, GetAuthState, Reply
+from worker.contract.messages import AccountRecord, GetAuthState
 from worker.engine.home_partition import REPLY_PARTITION, Router, home_partition
 
 PARTITIONS = 3
@@ -49,10 +49,10 @@ class Recorder:
             self.replies.append((decision.reply, reply_to))
             self.answered.set()
 
-    async def answer(self, replies: Sequence[tuple[Reply, int | None]]) -> None:
+    async def answer(self, answers: Sequence[tuple[Decision, int | None]]) -> None:
         """The parked waits' answers: each call is one batch."""
-        self.batches.append(len(replies))
-        self.replies.extend(replies)
+        self.batches.append(len(answers))
+        self.replies.extend((decision.reply, to) for decision, to in answers)
         self.answered.set()
 
 
@@ -304,9 +304,9 @@ async def test_a_slot_is_held_until_the_answer_is_sent() -> None:
     sent: list[int] = []
 
     class Slow:
-        async def answer(self, replies: Sequence[tuple[Reply, int | None]]) -> None:
+        async def answer(self, answers: Sequence[tuple[Decision, int | None]]) -> None:
             await gate.wait()
-            sent.extend(to or 0 for _, to in replies)
+            sent.extend(to or 0 for _, to in answers)
 
     executor.waits.publisher = Slow()
     msg = query(after=1)
@@ -334,9 +334,9 @@ async def test_time_outs_due_within_one_slot_are_answered_together_never_early()
     answered_at: list[float] = []
     answer = recorder.answer
 
-    async def stamped(replies: Sequence[tuple[Reply, int | None]]) -> None:
-        answered_at.extend(loop.time() for _ in replies)
-        await answer(replies)
+    async def stamped(answers: Sequence[tuple[Decision, int | None]]) -> None:
+        answered_at.extend(loop.time() for _ in answers)
+        await answer(answers)
 
     recorder.answer = stamped  # type: ignore[method-assign]
     parked_at: list[float] = []
@@ -392,9 +392,9 @@ async def test_a_slots_time_outs_leave_in_one_task_and_one_acknowledged_send() -
     gate = asyncio.Event()
     answer = recorder.answer
 
-    async def held(replies: Sequence[tuple[Reply, int | None]]) -> None:
+    async def held(answers: Sequence[tuple[Decision, int | None]]) -> None:
         await gate.wait()
-        await answer(replies)
+        await answer(answers)
 
     recorder.answer = held  # type: ignore[method-assign]
     (due,) = executor.waits.slots

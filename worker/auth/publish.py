@@ -95,12 +95,12 @@ class Publisher:
                 futures.append(await self._send(topic, event.account_id, body, headers=headers))
         await acknowledged(self._producer, self.health, futures)
 
-    async def answer(self, replies: Sequence[tuple[Reply, int | None]]) -> None:
+    async def answer(self, answers: Sequence[tuple[Decision, int | None]]) -> None:
         """Queries' replies (each to its ``reply-partition``), all handed over before one
         acknowledgement wait: a slot's time-outs leave together (docs/architecture.md,
         "Long-polls")."""
         headers = tracing.kafka_headers()
-        sent = [await self._reply(reply, to, headers) for reply, to in replies]
+        sent = [await self._reply(d.reply, to, headers) for d, to in answers if d.reply]
         await acknowledged(self._producer, self.health, sent)
 
     async def _reply(

@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
-from worker.auth.flow import answer_query, is_owner
+from worker.auth.flow import Decision, answer_query, is_owner
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
-from worker.contract.messages import AccountRecord, GetAuthState, Reply
+from worker.contract.messages import AccountRecord, GetAuthState
 from worker.runtime.admission import Admission, NoRoom, Share, Slot
 from worker.runtime.logs import get_logger
 
@@ -38,7 +38,7 @@ SLACK_MAX_S: Final = 1.0
 class Answers(Protocol):
     """Where the answers go: the executor's ``Publisher``."""
 
-    async def answer(self, replies: Sequence[tuple[Reply, int | None]]) -> None: ...
+    async def answer(self, answers: Sequence[tuple[Decision, int | None]]) -> None: ...
 
 
 #: The account's open publication window, if any (``Executor._windows``).
@@ -100,7 +100,7 @@ class ParkedWaits:
         #: Answers being sent, one task for those ended in one pass (a slot's time-outs);
         #: each holds its waits' slots until acknowledged. ``_batch``: the one still open.
         self.sends: set[asyncio.Task[None]] = set()
-        self._batch: list[tuple[_Wait, Reply]] | None = None
+        self._batch: list[tuple[_Wait, Decision]] | None = None
         self.parked = 0
         self._closed = False
 
@@ -229,22 +229,19 @@ class ParkedWaits:
         self.parked -= 1
         self.metrics.parked_waits.dec()
         self._ended(reason)
-        reply = answer_query(record, wait.query).reply
-        assert reply is not None  # a query's decision is its reply
+        decision = answer_query(record, wait.query)
         if self._batch is None:  # the first answer of this pass: its task takes the rest too
             self._batch = []
             task = asyncio.get_running_loop().create_task(self._answer(self._batch))
             self.sends.add(task)
             task.add_done_callback(self.sends.discard)
-        self._batch.append((wait, reply))
+        self._batch.append((wait, decision))
 
-    async def _answer(self, batch: list[tuple[_Wait, Reply]]) -> None:
-        """The answers ended before this task's first step, sent together and acknowledged
-        under one wait."""
-        if self._batch is batch:
-            self._batch = None
+    async def _answer(self, batch: list[tuple[_Wait, Decision]]) -> None:
+        """The answers ended before this task's first step (its batch), under one ack wait."""
+        self._batch = None
         try:
-            await self.publisher.answer([(reply, wait.reply_to) for wait, reply in batch])
+            await self.publisher.answer([(decision, wait.reply_to) for wait, decision in batch])
         except Exception as exc:  # the callers' own deadlines answer them
             for wait, _ in batch:
                 log.warning(
