@@ -308,7 +308,7 @@ async def test_a_slot_is_held_until_the_answer_is_sent() -> None:
             await gate.wait()
             sent.extend(to or 0 for _, to in answers)
 
-    executor.waits.publisher = Slow()
+    executor.waits.publisher = Slow()  # type: ignore[assignment]
     msg = query(after=1)
     await executor.handle(msg)
     two = record("passkey_confirmation_sent", 2)

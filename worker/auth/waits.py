@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Literal, Protocol
+from typing import Final, Literal
 
 from worker.auth.flow import Decision, answer_query, is_owner
 from worker.auth.metrics import WorkerMetrics
+from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
 from worker.contract.messages import AccountRecord, GetAuthState
 from worker.runtime.admission import Admission, NoRoom, Share, Slot
@@ -33,12 +34,6 @@ STOP_BUDGET_S: Final = 5.0
 #: them, and their callers' next asks arrive together (docs/architecture.md, "Long-polls").
 SLACK_SHARE: Final = 0.1
 SLACK_MAX_S: Final = 1.0
-
-
-class Answers(Protocol):
-    """Where the answers go: the executor's ``Publisher``."""
-
-    async def answer(self, answers: Sequence[tuple[Decision, int | None]]) -> None: ...
 
 
 #: The account's open publication window, if any (``Executor._windows``).
@@ -85,7 +80,7 @@ class ParkedWaits:
     """The worker's parked long-polls (see the module docstring)."""
 
     store: StateStore
-    publisher: Answers
+    publisher: Publisher
     metrics: WorkerMetrics
     window_of: WindowOf
     limits: WaitLimits = field(default_factory=WaitLimits)
