@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka.structs import ConsumerRecord
@@ -18,6 +19,7 @@ from worker.auth.execute import Executor
 from worker.auth.flow import Decision, Policy
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderRegistry
+from worker.auth.publish import Output
 from worker.auth.store import StateStore
 from worker.auth.waits import WaitLimits
 from worker.contract.messages import AccountRecord, GetAuthState
@@ -46,6 +48,12 @@ class Recorder:
         if decision.reply is not None:
             self.replies.append((decision.reply, reply_to))
             self.answered.set()
+
+    async def publish_all(self, partition: int, outputs: Sequence[Output]) -> None:
+        for out in outputs:
+            await self.publish(
+                partition, out.decision, state_changed=out.state_changed, reply_to=out.reply_to
+            )
 
 
 def record(status: str, version: int, *, account: str = "acc_1", ws: str = "ws_a") -> AccountRecord:

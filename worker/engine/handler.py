@@ -34,7 +34,12 @@ class LoopStore(Protocol):
 class Handler(Protocol):
     """One unit of work per record or due key: the worker's ``Executor``, the dispatcher's
     ``Dispatcher``. A unit that raises is retried, then recovered or given up; only a process
-    fault (``worker.engine.faults.is_process_fault``), here or in ``recover``, ends the process."""
+    fault (``worker.engine.faults.is_process_fault``), here or in ``recover``, ends the process.
+
+    A handler may also have ``async handle_batch(records, finished)``: the loop then hands it,
+    as one unit, the records of a fetched partition whose keys have nothing in flight (one
+    per key); it calls ``finished(records)`` with those whose outputs are acknowledged, and
+    the rest go to ``handle`` once it returns (docs/architecture.md, "Per-account lanes")."""
 
     @property
     def store(self) -> LoopStore: ...
