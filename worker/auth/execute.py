@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import InitVar, dataclass, field
 from functools import partial
 from typing import Final
@@ -437,7 +437,7 @@ class Executor:
         decision: Decision,
         *,
         reply_to: int | None = None,
-    ) -> Awaitable[None]:
+    ) -> Coroutine[None, None, None]:
         """One decision's outputs (``_publish_all``)."""
         changed = decision.record is not None and decision.record is not before
         return self._publish_all(partition, [Output(decision, changed, reply_to)])
