@@ -1,6 +1,8 @@
 """The seams of one unit of work for one account: consume, decide (``worker.auth.flow``), call the
 provider, publish. No locks: the loop runs one unit per account at a time, and a query runs beside
-its account's lane, which the publication window makes safe (docs/architecture.md)."""
+its account's lane, which the publication window makes safe (docs/architecture.md).
+
+Over 500 lines: a record's path and a fetched batch's share their steps (decide, call, publish)."""
 
 from __future__ import annotations
 
@@ -224,20 +226,22 @@ class Executor:
     async def handle_batch(
         self,
         msgs: Sequence[ConsumerRecord[bytes, bytes]],
-        finished: Callable[[list[ConsumerRecord[bytes, bytes]]], None],
+        release: Callable[[list[ConsumerRecord[bytes, bytes]], bool], None],
     ) -> None:
         """Records of one partition whose accounts have nothing else in flight, as one unit
         of work (docs/architecture.md, "Per-account lanes"): each command decided as
         ``_apply`` does, the provider calls concurrent, and what is decided published in
         rounds, a round's states acknowledged under one wait, then its replies and events
-        under one more; ``finished`` is told each round's records. Left to ``handle`` (never
-        told finished): all but plain commands on their home partition with no intent to
+        under one more, its records then released as finished. Released at once to
+        ``handle`` instead: all but plain commands on their home partition with no intent to
         re-drive (all, under the write-ahead intent), a command whose handling raised (its
         intent stored as a retry of it finds it), a round whose publication failed."""
         if self.write_ahead:
+            release(list(msgs), False)
             return
         started = time.perf_counter()
         ready: list[_Step] = []
+        left: list[ConsumerRecord[bytes, bytes]] = []
         calls: list[asyncio.Future[Decision]] = []
         arrived = asyncio.Event()
 
@@ -256,6 +260,7 @@ class Executor:
                     and unsettled_intent(r, command)
                 )
             ):
+                left.append(msg)
                 continue
             try:
                 with tracing.consume_span(msg):  # the command's trace, on its outputs and call
@@ -269,8 +274,10 @@ class Executor:
             except Exception as exc:
                 if is_process_fault(exc):
                     raise
+                left.append(msg)
                 continue
             ready.append(step)
+        release(left, False)
         waiting = len(calls)
         try:
             while ready or waiting:
@@ -280,7 +287,7 @@ class Executor:
                     continue
                 steps, ready[:] = ready[:], []
                 waiting -= sum(1 for step in steps if step.call is not None)
-                await self._publish_round(msgs[0].partition, steps, finished, started)
+                await self._publish_round(msgs[0].partition, steps, release, started)
         finally:
             for pending in calls:
                 pending.cancel()
@@ -289,16 +296,17 @@ class Executor:
         self,
         partition: int,
         steps: list[_Step],
-        finished: Callable[[list[ConsumerRecord[bytes, bytes]]], None],
+        release: Callable[[list[ConsumerRecord[bytes, bytes]], bool], None],
         started: float,
     ) -> None:
-        """One round of ``handle_batch``: the steps whose call raised are left out."""
+        """One round of ``handle_batch``: a step whose call raised is released to ``handle``."""
         settled: list[_Step] = []
         for step in steps:
             if isinstance(step.call, asyncio.Future):
                 if (failed := step.call.exception()) is not None:
                     if is_process_fault(failed):
                         raise failed
+                    release([step.msg], False)
                     continue
                 step.decision = step.call.result()
             settled.append(step)
@@ -308,8 +316,9 @@ class Executor:
             if is_process_fault(exc):
                 raise
             log.warning("batch_publish_failed", records=len(settled), error=repr(exc)[:300])
+            release([step.msg for step in settled], False)
             return
-        finished([step.msg for step in settled])
+        release([step.msg for step in settled], True)
         for step in settled:  # a command's log context only for a failure's log line
             handled = Decided(step.command, step.decision.verdict, step.decision.error)
             scope = self._instrument.scope if handled.error else _bare

@@ -90,10 +90,10 @@ class Publisher:
         reply and event under one more: an answered caller never finds the reply ahead of the
         state (read-your-writes; docs/architecture.md). With no reply, one wait for all."""
         futures: list[Sent] = []
-        state, current = self._topics.state, tracing.kafka_headers()
+        state = self._topics.state
         for out in outputs:
             if out.headers is None:
-                out.headers = current
+                out.headers = tracing.kafka_headers()  # the last answer reused: cheap again
             if out.state_changed and (record := out.decision.record) is not None:
                 futures.append(
                     await self._send(

@@ -4,7 +4,8 @@ assignment. The loop owns order, concurrency, offsets and rebalances; what a rec
 the ``Handler``'s (docs/architecture.md, "The consume engine", "Per-account lanes", "Watermark
 commits", "Rebalances", "Failure handling"). Its parts: what a lane holds (``lanes``), the
 in-flight bound and each key's share of it (``pressure``), one unit of work and its retries
-(``units``), the watermark commits (``commits``), taking partitions on (``assignment``)."""
+(``units``), the watermark commits (``commits``), taking partitions on (``assignment``).
+Over 500 lines: dispatch, lanes, batch units and rebalances share the loop's state."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ log = get_logger(__name__)
 #: The records of one fetched partition handed to ``Handler.handle_batch`` as one unit of
 #: work, each with its key and the lane the unit holds for it.
 Unit: TypeAlias = list[tuple[str, Lane, ConsumerRecord[bytes, bytes]]]
-Finished: TypeAlias = Callable[[list[ConsumerRecord[bytes, bytes]]], None]
-Batch: TypeAlias = Callable[[list[ConsumerRecord[bytes, bytes]], Finished], Awaitable[None]]
+Release: TypeAlias = Callable[[list[ConsumerRecord[bytes, bytes]], bool], None]
+Batch: TypeAlias = Callable[[list[ConsumerRecord[bytes, bytes]], Release], Awaitable[None]]
 
 #: Upper bound of the last commit after the drain; part of ``runner.shutdown_hard_limit``.
 FINAL_COMMIT_TIMEOUT_S = 5.0
@@ -331,24 +332,26 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
     async def _run_unit(self, unit: Unit) -> None:
         """The first record of each of ``unit``'s lanes, one per key, as one unit of work
         (``Handler.handle_batch``; docs/architecture.md, "Per-account lanes"). A record it
-        says finished counts as finished and its lane goes on; one it left (and the key's
-        records behind it) goes on through ``_drain_lane``. Cancelled (revoked past its
+        lets go (``release``) goes on: finished, its key's next records, or not, the record
+        and those behind it, through ``_drain_lane`` (retried, dead-lettered); so does any
+        it had not let go when it returns. Cancelled (revoked past its
         budget, stopping), it finishes nothing more: the next owner replays the rest."""
         held = {id(msg): (key, lane) for key, lane, msg in unit}
 
-        def finished(msgs: list[ConsumerRecord[bytes, bytes]]) -> None:
+        def release(msgs: list[ConsumerRecord[bytes, bytes]], finished: bool) -> None:
             for msg in msgs:
                 key, lane = held.pop(id(msg))
-                tracker = self.trackers.get(TopicPartition(msg.topic, msg.partition))
-                if tracker is not None:
-                    tracker.finished(msg.offset)
-                lane.items.popleft()
-                self.pressure.add(lane.partition, -1)
+                if finished:
+                    tracker = self.trackers.get(TopicPartition(msg.topic, msg.partition))
+                    if tracker is not None:
+                        tracker.finished(msg.offset)
+                    lane.items.popleft()
+                    self.pressure.add(lane.partition, -1)
                 self._go_on(key, lane)
 
         try:
             assert self._batch is not None  # a unit is made only for a handler with one
-            await self._batch([msg for _, _, msg in unit], finished)
+            await self._batch([msg for _, _, msg in unit], release)
         except BaseException as exc:
             if is_process_fault(exc):
                 for key, lane in held.values():
