@@ -263,7 +263,8 @@ class Executor:
                 left.append(msg)
                 continue
             try:
-                with tracing.consume_span(msg):  # the command's trace, on its outputs and call
+                # The command's trace and log context, on its outputs and its call's task.
+                with tracing.consume_span(msg), self._instrument.scope(msg, command):
                     step = self._decide(msg, command, None)
                     step.headers = tracing.kafka_headers()
                     if step.call is not None:
