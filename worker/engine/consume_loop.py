@@ -507,10 +507,11 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._wait_lanes(None, grace)
 
     def _tasks(self, partitions: set[int] | None = None) -> list[asyncio.Task[None]]:
-        """The running lanes and queries beside them of ``partitions`` (all when None)."""
+        """The running lanes (a batch unit once for all its lanes) and queries beside them of
+        ``partitions`` (all when None)."""
         mine = [(lane.partition, lane.task) for lane in self.lanes.values() if lane.task]
         mine += [(p, task) for task, (p, _) in self.asides.items()]
-        return [t for p, t in mine if partitions is None or p in partitions]
+        return list(dict.fromkeys(t for p, t in mine if partitions is None or p in partitions))
 
     async def _cancel_lanes(self) -> None:
         tasks = self._tasks()
