@@ -72,8 +72,8 @@ def uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-async def registered(b: Bus, accounts: list[str]) -> None:
-    commands = [register_cmd(a, uid("ok")) for a in accounts]
+async def registered(b: Bus, accounts: list[str], ref: str | None = None) -> None:
+    commands = [register_cmd(a, ref or uid("ok")) for a in accounts]
     for cmd in commands:
         await b.send(cmd)
     ids = {cmd.command_id for cmd in commands}
@@ -174,3 +174,19 @@ async def test_a_parked_long_poll_is_answered_by_the_batchs_version(
         answer = await b.reply_to(query.command_id, timeout=20)
         assert answer["body"]["data"]["status"] == "passkey_confirmation_sent"
         assert max(states_per_wait(events, settings, accounts)) > 1, "from the batch"
+
+
+async def test_a_record_a_batch_leaves_does_not_wait_for_its_slow_calls(
+    make_settings: Any, simulator: str
+) -> None:
+    """A register fetched with a confirm whose provider is slow goes to the per-record path at
+    once: it is decided and published while the confirm's call is still out."""
+    settings = make_settings(provider_urls={"simulator": simulator}, partitions=1)
+    slow = uid("acc")
+    async with bus(settings) as b, running_worker(settings):
+        await registered(b, [slow], ref=uid("sim-slow"))
+        confirm, newcomer = confirm_cmd(slow), register_cmd(uid("acc"), uid("ok"))
+        await send_at_once(b, [confirm, newcomer])
+        await b.wait_for(lambda: bool(b.status_events(command_id=newcomer.command_id)))
+        assert not b.replies(command_id=confirm.command_id), "the slow call still out"
+        assert (await b.reply_to(confirm.command_id))["http_status"] == 200
