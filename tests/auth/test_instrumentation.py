@@ -47,6 +47,9 @@ class NotingPublisher:
     async def publish(self, partition: int, decision: Any, **_: Any) -> None:
         self._note("publish")
 
+    async def publish_all(self, partition: int, outputs: Any) -> None:
+        self._note("publish")
+
     async def persist(self, partition: int, record: AccountRecord) -> None:
         self._note("persist")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from worker.auth.execute import Executor
 from worker.auth.flow import Decision, Policy
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderRegistry
+from worker.auth.publish import Output
 from worker.auth.store import StateStore
 from worker.contract.messages import AccountRecord, GetAuthState
 from worker.engine.home_partition import Router, home_partition
@@ -41,6 +43,12 @@ class HeldPublisher:
             await self.release.wait()
         if decision.reply is not None:
             self.replies.append(decision.reply)
+
+    async def publish_all(self, partition: int, outputs: Sequence[Output]) -> None:
+        for out in outputs:
+            await self.publish(
+                partition, out.decision, state_changed=out.state_changed, reply_to=out.reply_to
+            )
 
 
 def record(status: str, version: int) -> AccountRecord:

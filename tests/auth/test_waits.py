@@ -19,6 +19,7 @@ from worker.auth.execute import Executor
 from worker.auth.flow import Decision, Policy
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderRegistry
+from worker.auth.publish import Output
 from worker.auth.store import StateStore
 from worker.auth.waits import WaitLimits
 from worker.contract.messages import AccountRecord, GetAuthState
@@ -54,6 +55,12 @@ class Recorder:
         self.batches.append(len(answers))
         self.replies.extend((decision.reply, to) for decision, to in answers)
         self.answered.set()
+
+    async def publish_all(self, partition: int, outputs: Sequence[Output]) -> None:
+        for out in outputs:
+            await self.publish(
+                partition, out.decision, state_changed=out.state_changed, reply_to=out.reply_to
+            )
 
 
 def record(status: str, version: int, *, account: str = "acc_1", ws: str = "ws_a") -> AccountRecord:

@@ -1,14 +1,17 @@
 """The seams of one unit of work for one account: consume, decide (``worker.auth.flow``), call the
 provider, publish. No locks: the loop runs one unit per account at a time, and a query runs beside
-its account's lane, which the publication window makes safe (docs/architecture.md)."""
+its account's lane, which the publication window makes safe (docs/architecture.md).
+
+Over 500 lines: a record's path and a fetched batch's share their steps (decide, call, publish)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import InitVar, dataclass, field
+from functools import partial
 from typing import Final
 
 from aiokafka.structs import ConsumerRecord
@@ -40,7 +43,7 @@ from worker.auth.instrumentation import (
 )
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderError, ProviderRegistry
-from worker.auth.publish import Publisher
+from worker.auth.publish import Output, Publisher
 from worker.auth.store import StateStore
 from worker.auth.waits import ParkedWaits, WaitLimits
 from worker.contract.catalogue import ServiceError
@@ -55,7 +58,7 @@ from worker.contract.messages import (
     rfc3339,
     workspace_id_of,
 )
-from worker.engine.faults import Fault, RecordRejected
+from worker.engine.faults import Fault, RecordRejected, is_process_fault
 from worker.engine.home_partition import Router, forwarded_from, reply_partition
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
@@ -76,6 +79,30 @@ class Clock:
 
     def to_monotonic(self, epoch_deadline: float) -> float:
         return time.monotonic() + (epoch_deadline - time.time())
+
+
+def _bare(*_: object) -> contextlib.nullcontext[None]:
+    return contextlib.nullcontext()
+
+
+@dataclass(eq=False, slots=True)
+class _Step:
+    """One command decided: its account's record before (the intent while a confirm is
+    settled), its decision (its provider call's once ``call`` is awaited), and the trace
+    headers of its outputs (``None``: the current context's)."""
+
+    msg: ConsumerRecord[bytes, bytes]
+    command: Command
+    before: AccountRecord | None
+    decision: Decision
+    call: Awaitable[Decision] | None = None
+    headers: list[tuple[str, bytes]] | None = None
+
+    def output(self) -> Output:
+        record = self.decision.record
+        changed = record is not None and record is not self.before
+        reply_to = reply_partition(self.msg.headers)
+        return Output(self.decision, changed, reply_to, self.headers)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -150,11 +177,34 @@ class Executor:
         if record is not None and unsettled_intent(record, command):
             settled = await self._resolve(record, redrive=True)
             await self._publish(partition, record, settled)
-            record = settled.record
         headcount = None
         if isinstance(command, RegisterAccount):
             live = self.store.workspace_accounts(partition, command.workspace_id)
             headcount = Headcount(live=live, partitions=self.router.partitions())
+        step = self._decide(msg, command, headcount)
+        if step.call is not None:
+            if self.write_ahead and step.decision.call == "confirm_passkey" and step.before:
+                try:
+                    await self.publisher.persist(partition, step.before)
+                except BaseException:
+                    if isinstance(step.call, Coroutine):
+                        step.call.close()  # never started: a retry re-drives the intent
+                    raise
+            step.decision = await step.call
+        # A new account is counted from its decision on (``StateStore.joining``).
+        new = isinstance(command, RegisterAccount) and joins(step.before, step.decision)
+        workspace = workspace_id_of(command) or ""
+        with self.store.joining(partition, workspace) if new else contextlib.nullcontext():
+            await self._publish_all(partition, [step.output()])
+        return Decided(command, step.decision.verdict, step.decision.error)
+
+    def _decide(
+        self, msg: ConsumerRecord[bytes, bytes], command: Command, headcount: Headcount | None
+    ) -> _Step:
+        """Decide ``command`` on its account's stored record; a confirm to settle with the
+        provider has its intent stored and its call (``_resolve``) made, not awaited."""
+        partition = msg.partition
+        record = self.store.get(partition, command.account_id)
         with tracing.span("decide") as deciding:
             decision = decide(
                 record, command, now=self.clock.now(), policy=self.policy, headcount=headcount
@@ -163,28 +213,123 @@ class Executor:
                 deciding.set_attribute("passkey.verdict", decision.verdict)
                 if decision.call is not None:
                     deciding.set_attribute("passkey.provider_call", decision.call)
+        step = _Step(msg, command, record, decision)
         if decision.call is not None and decision.record is not None:
-            intent = decision.record
             # A confirm a previous owner may have sent already (below the partition's end at
             # assignment) is re-driven: the provider is asked first (docs/architecture.md,
-            # "Write-ahead intent").
+            # "Write-ahead intent"). The intent is kept in memory: a retry of this record
+            # re-drives it, and ``recover`` writes it if the record is let go unsettled.
+            # Written before the call only while older versions share the group (``_apply``).
+            step.before = intent = decision.record
             redrive = decision.call == "redrive_confirm" or self.store.inherited(
                 msg.topic, partition, msg.offset
             )
-            # The intent is kept in memory: a retry of this record re-drives it, and
-            # ``recover`` writes it if the record is let go with the confirm unsettled.
-            # Written before the call only while older versions share the group.
-            if self.write_ahead and decision.call == "confirm_passkey":
-                await self.publisher.persist(partition, intent)
             self.store.put(partition, intent)
-            decision = await self._resolve(intent, redrive=redrive)
-            record = intent
-        # A new account is counted from its decision on (``StateStore.joining``).
-        new = isinstance(command, RegisterAccount) and joins(record, decision)
-        workspace = workspace_id_of(command) or ""
-        with self.store.joining(partition, workspace) if new else contextlib.nullcontext():
-            await self._publish(partition, record, decision, reply_to=reply_partition(msg.headers))
-        return Decided(command, decision.verdict, decision.error)
+            step.call = self._resolve(intent, redrive=redrive)
+        return step
+
+    async def handle_batch(
+        self,
+        msgs: Sequence[ConsumerRecord[bytes, bytes]],
+        release: Callable[[list[ConsumerRecord[bytes, bytes]], bool], None],
+    ) -> None:
+        """Records of one partition whose accounts have nothing else in flight, as one unit
+        of work (docs/architecture.md, "Per-account lanes"): each command decided as
+        ``_apply`` does, the provider calls concurrent, and what is decided published in
+        rounds, a round's states acknowledged under one wait, then its replies and events
+        under one more, its records then released as finished. Released at once to
+        ``handle`` instead: all but plain commands on their home partition with no intent to
+        re-drive (all, under the write-ahead intent), a command whose handling raised (its
+        intent stored as a retry of it finds it), a round whose publication failed."""
+        if self.write_ahead:
+            release(list(msgs), False)
+            return
+        started = time.perf_counter()
+        ready: list[_Step] = []
+        left: list[ConsumerRecord[bytes, bytes]] = []
+        calls: list[asyncio.Future[Decision]] = []
+        arrived = asyncio.Event()
+
+        def arrive(step: _Step, _: object) -> None:
+            ready.append(step)
+            arrived.set()
+
+        for msg in msgs:
+            command = decode_command(msg.key, msg.value)
+            if (
+                isinstance(command, DecodeFailure | GetAuthState | RegisterAccount)
+                or msg.key is None
+                or self.router.home(msg.key) != msg.partition
+                or (
+                    (r := self.store.get(msg.partition, command.account_id)) is not None
+                    and unsettled_intent(r, command)
+                )
+            ):
+                left.append(msg)
+                continue
+            try:
+                # The command's trace and log context, on its outputs and its call's task.
+                with tracing.consume_span(msg), self._instrument.scope(msg, command):
+                    step = self._decide(msg, command, None)
+                    step.headers = tracing.kafka_headers()
+                    if step.call is not None:
+                        call = step.call = asyncio.ensure_future(step.call)
+                        call.add_done_callback(partial(arrive, step))
+                        calls.append(call)
+                        continue
+            except Exception as exc:
+                if is_process_fault(exc):
+                    raise
+                left.append(msg)
+                continue
+            ready.append(step)
+        release(left, False)
+        waiting = len(calls)
+        try:
+            while ready or waiting:
+                if not ready:
+                    arrived.clear()
+                    await arrived.wait()
+                    continue
+                steps, ready[:] = ready[:], []
+                waiting -= sum(1 for step in steps if step.call is not None)
+                await self._publish_round(msgs[0].partition, steps, release, started)
+        finally:
+            for pending in calls:
+                pending.cancel()
+
+    async def _publish_round(
+        self,
+        partition: int,
+        steps: list[_Step],
+        release: Callable[[list[ConsumerRecord[bytes, bytes]], bool], None],
+        started: float,
+    ) -> None:
+        """One round of ``handle_batch``: a step whose call raised is released to ``handle``."""
+        settled: list[_Step] = []
+        for step in steps:
+            if isinstance(step.call, asyncio.Future):
+                if (failed := step.call.exception()) is not None:
+                    if is_process_fault(failed):
+                        raise failed
+                    release([step.msg], False)
+                    continue
+                step.decision = step.call.result()
+            settled.append(step)
+        try:
+            await self._publish_all(partition, [step.output() for step in settled])
+        except Exception as exc:
+            if is_process_fault(exc):
+                raise
+            log.warning("batch_publish_failed", records=len(settled), error=repr(exc)[:300])
+            release([step.msg for step in settled], False)
+            return
+        release([step.msg for step in settled], True)
+        for step in settled:  # a command's log context only for a failure's log line
+            handled = Decided(step.command, step.decision.verdict, step.decision.error)
+            scope = self._instrument.scope if handled.error else _bare
+            with scope(step.msg, step.command):
+                self._instrument.record(step.msg, handled, started)
 
     async def _answer(self, msg: ConsumerRecord[bytes, bytes], query: GetAuthState) -> Decided:
         """Answer a query from the store, after the account's open publication window; park a
@@ -300,59 +445,66 @@ class Executor:
 
     # -- outputs -------------------------------------------------------------------------------
 
-    async def _publish(
+    def _publish(
         self,
         partition: int,
         before: AccountRecord | None,
         decision: Decision,
         *,
         reply_to: int | None = None,
-    ) -> None:
+    ) -> Coroutine[None, None, None]:
+        """One decision's outputs (``_publish_all``)."""
         changed = decision.record is not None and decision.record is not before
+        return self._publish_all(partition, [Output(decision, changed, reply_to)])
+
+    async def _publish_all(self, partition: int, outputs: Sequence[Output]) -> None:
+        """Send ``outputs`` (``Publisher.publish_all``), then store their records and answer
+        the long-polls waiting for them. Each account's publication window is open while its
+        new version is sent and stored (one at a time: its lane's); a query of the account
+        waits for it to close."""
         with tracing.span("send", kind=SpanKind.PRODUCER) as sending:
             if sending.is_recording():
-                outputs = [
+                names = [
                     name
+                    for out in outputs
                     for name, present in (
-                        ("state", changed),
-                        ("reply", decision.reply is not None),
-                        ("status", decision.status_event is not None),
-                        ("error", decision.error_event is not None),
+                        ("state", out.state_changed),
+                        ("reply", out.decision.reply is not None),
+                        ("status", out.decision.status_event is not None),
+                        ("error", out.decision.error_event is not None),
                     )
                     if present
                 ]
                 sending.set_attributes(
                     tracing.messaging("send")
-                    | {"messaging.batch.message_count": len(outputs), "passkey.outputs": outputs}
+                    | {"messaging.batch.message_count": len(names), "passkey.outputs": names}
                 )
-            record = decision.record if changed else None
-            if record is None:
-                await self.publisher.publish(
-                    partition, decision, state_changed=False, reply_to=reply_to
-                )
-            else:
-                # The account's publication window while its new version is sent and stored
-                # (one at a time: its lane's); a query of the account waits for it to close.
+            records = [r for o in outputs if o.state_changed and (r := o.decision.record)]
+            loop = asyncio.get_running_loop()
+            windows: dict[tuple[int, str], asyncio.Future[None]] = {}
+            for record in records:
                 key = (partition, record.account_id)
-                window = self._windows[key] = asyncio.get_running_loop().create_future()
-                try:
-                    await self.publisher.publish(
-                        partition, decision, state_changed=True, reply_to=reply_to
-                    )
+                windows[key] = self._windows[key] = loop.create_future()
+            try:
+                await self.publisher.publish_all(partition, outputs)
+                for record in records:
                     self.store.put(partition, record)
                     self.waits.changed(partition, record)  # they wait for this version
-                finally:
+            finally:
+                for key, window in windows.items():
                     if self._windows.get(key) is window:
                         del self._windows[key]
                     window.set_result(None)
-        if decision.verdict == "duplicate":
-            return
-        if decision.status_event is not None:
-            self.metrics.child(self.metrics.status_changes, decision.status_event.status).inc()
-        if (e := decision.error_event) is not None:
-            error = e.error
-            labels = (error.code, str(error.numeric_code), str(e.http_status))
-            self.metrics.child(self.metrics.errors, *labels).inc()
+        for out in outputs:
+            decision = out.decision
+            if decision.verdict == "duplicate":
+                continue
+            if decision.status_event is not None:
+                self.metrics.child(self.metrics.status_changes, decision.status_event.status).inc()
+            if (e := decision.error_event) is not None:
+                error = e.error
+                labels = (error.code, str(error.numeric_code), str(e.http_status))
+                self.metrics.child(self.metrics.errors, *labels).inc()
 
     # -- faults ---------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
@@ -17,6 +18,18 @@ from worker.engine.faults import Fault
 from worker.engine.home_partition import FORWARDED_FROM
 from worker.engine.writes import Sent, acknowledged, enqueue, send_retrying
 from worker.runtime import tracing
+
+
+@dataclass(slots=True)
+class Output:
+    """What one decision publishes: its record when ``state_changed``, its reply (to partition
+    ``reply_to`` of auth.replies when it has it) and events, with trace ``headers`` (``None``:
+    the current context's)."""
+
+    decision: Decision
+    state_changed: bool
+    reply_to: int | None = None
+    headers: list[tuple[str, bytes]] | None = None
 
 
 class Publisher:
@@ -69,30 +82,42 @@ class Publisher:
         state_changed: bool,
         reply_to: int | None = None,
     ) -> None:
-        """The record (if it changed) acknowledged first, then every output: an answered caller
-        never finds the reply ahead of the state (read-your-writes; docs/architecture.md).
-        Its records carry one trace context, so their headers are looked up once."""
+        """One decision's outputs (``publish_all``)."""
+        await self.publish_all(partition, [Output(decision, state_changed, reply_to)])
+
+    async def publish_all(self, partition: int, outputs: Sequence[Output]) -> None:
+        """The changed records of ``outputs`` acknowledged first, under one wait, then every
+        reply and event under one more: an answered caller never finds the reply ahead of the
+        state (read-your-writes; docs/architecture.md). With no reply, one wait for all."""
         futures: list[Sent] = []
-        headers = tracing.kafka_headers()
-        if state_changed and decision.record is not None:
-            record = decision.record
-            state = encode_record(record)
-            written = await self._send(
-                self._topics.state, record.account_id, state, partition=partition, headers=headers
-            )
+        state = self._topics.state
+        for out in outputs:
+            if out.headers is None:
+                out.headers = tracing.kafka_headers()  # the last answer reused: cheap again
+            if out.state_changed and (record := out.decision.record) is not None:
+                futures.append(
+                    await self._send(
+                        state,
+                        record.account_id,
+                        encode_record(record),
+                        partition=partition,
+                        headers=out.headers,
+                    )
+                )
+        if futures and any(out.decision.reply is not None for out in outputs):
+            await acknowledged(self._producer, self.health, futures)
+            futures = []
+        for out in outputs:
+            decision, headers = out.decision, out.headers
             if decision.reply is not None:
-                await acknowledged(self._producer, self.health, [written])
-            else:
-                futures.append(written)
-        if decision.reply is not None:
-            futures.append(await self._reply(decision.reply, reply_to, headers))
-        for topic, event in (
-            (self._topics.status, decision.status_event),
-            (self._topics.errors, decision.error_event),
-        ):
-            if event is not None:
-                body = event.model_dump_json().encode()
-                futures.append(await self._send(topic, event.account_id, body, headers=headers))
+                futures.append(await self._reply(decision.reply, out.reply_to, headers))
+            for topic, event in (
+                (self._topics.status, decision.status_event),
+                (self._topics.errors, decision.error_event),
+            ):
+                if event is not None:
+                    body = event.model_dump_json().encode()
+                    futures.append(await self._send(topic, event.account_id, body, headers=headers))
         await acknowledged(self._producer, self.health, futures)
 
     async def answer(self, answers: Sequence[tuple[Decision, int | None]]) -> None:

@@ -4,7 +4,8 @@ assignment. The loop owns order, concurrency, offsets and rebalances; what a rec
 the ``Handler``'s (docs/architecture.md, "The consume engine", "Per-account lanes", "Watermark
 commits", "Rebalances", "Failure handling"). Its parts: what a lane holds (``lanes``), the
 in-flight bound and each key's share of it (``pressure``), one unit of work and its retries
-(``units``), the watermark commits (``commits``), taking partitions on (``assignment``)."""
+(``units``), the watermark commits (``commits``), taking partitions on (``assignment``).
+Over 500 lines: dispatch, lanes, batch units and rebalances share the loop's state."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
@@ -20,6 +21,7 @@ from aiokafka.structs import ConsumerRecord
 
 from worker.engine.assignment import RestoreConsumerFactory, report_restored, restore
 from worker.engine.commits import Commits
+from worker.engine.faults import is_process_fault
 from worker.engine.fetch import GapWatch, gap_logger
 from worker.engine.fetch import getmany as fetch_records
 from worker.engine.handler import Handler
@@ -30,6 +32,12 @@ from worker.engine.units import Revoked, Units
 from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
+
+#: The records of one fetched partition handed to ``Handler.handle_batch`` as one unit of
+#: work, each with its key and the lane the unit holds for it.
+Unit: TypeAlias = list[tuple[str, Lane, ConsumerRecord[bytes, bytes]]]
+Release: TypeAlias = Callable[[list[ConsumerRecord[bytes, bytes]], bool], None]
+Batch: TypeAlias = Callable[[list[ConsumerRecord[bytes, bytes]], Release], Awaitable[None]]
 
 #: Upper bound of the last commit after the drain; part of ``runner.shutdown_hard_limit``.
 FINAL_COMMIT_TIMEOUT_S = 5.0
@@ -100,6 +108,8 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.asides: dict[asyncio.Task[None], tuple[int, str]] = {}
         self._restore_consumer = restore_consumer
         self.executor = executor
+        #: The handler's batch entry, if it has one (``Handler`` describes it).
+        self._batch: Batch | None = getattr(executor, "handle_batch", None)
         self.store = executor.store
         self.metrics = metrics
         self.config = config
@@ -180,14 +190,8 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 self.beat()
                 batch = await self._poll(stop_requested)
                 for tp, records in batch.items():
-                    if tp.partition not in self.pressure.active:
-                        continue  # revoked while the fetch was in flight; the next owner has it
-                    for msg in records:
-                        if not self._dispatch(tp, msg):
-                            # No room: the partition is read again from this record once
-                            # it resumes (aiokafka drops what it buffered past it).
-                            self._seek_back(tp, msg.offset)
-                            break
+                    if tp.partition in self.pressure.active:  # else revoked meanwhile
+                        self._hand(tp, records)
                 self.pressure.apply()
             if self._fatal is None:
                 await self._drain(self.config.shutdown_grace_s)
@@ -242,9 +246,27 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
 
     # -- dispatch ------------------------------------------------------------------------------
 
-    def _dispatch(self, tp: TopicPartition, msg: ConsumerRecord[bytes, bytes]) -> bool:
+    def _hand(self, tp: TopicPartition, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        """Dispatch one partition's fetched records, those whose keys have no lane as one unit
+        when the handler takes batches."""
+        unit: Unit | None = None if self._batch is None else []
+        for msg in records:
+            if not self._dispatch(tp, msg, unit):
+                # No room: the partition is read again from this record once it resumes
+                # (aiokafka drops what it buffered past it).
+                self._seek_back(tp, msg.offset)
+                return
+
+    def _dispatch(
+        self,
+        tp: TopicPartition,
+        msg: ConsumerRecord[bytes, bytes],
+        unit: Unit | None = None,
+    ) -> bool:
         """Hand ``msg`` to its lane (or run it beside); False, and nothing done, when there is
-        no room for it (``Pressure.room``): the caller reads the partition again from it later."""
+        no room for it (``Pressure.room``): the caller reads the partition again from it later.
+        With a ``unit`` (the handler's batch entry), a record whose key has no lane joins it:
+        its lane is held by the unit's task (``_run_unit``), later records queue behind it."""
         key = msg.key.decode("utf-8", "replace") if msg.key else f"\0no-key:{tp.partition}"
         if not self.pressure.room(tp.partition, key):
             return False
@@ -252,7 +274,12 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         if self._unordered is not None and self._unordered(msg):
             self._aside(key, tp, msg)
             return True
-        self._enqueue(key, tp.partition, msg)
+        if unit is None or (tp.partition, key) in self.lanes or isinstance(msg, Unreadable):
+            self._enqueue(key, tp.partition, msg)
+            return True
+        lane = self._enqueue(key, tp.partition, msg, run=False)
+        lane.task = unit[0][1].task if unit else asyncio.create_task(self._run_unit(unit))
+        unit.append((key, lane, msg))
         return True
 
     def _seek_back(self, tp: TopicPartition, offset: int) -> None:
@@ -291,15 +318,59 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self._fatal = exc
         self._stopping.set()
 
-    def _enqueue(self, key: str, partition: int, item: LaneItem) -> None:
+    def _enqueue(self, key: str, partition: int, item: LaneItem, *, run: bool = True) -> Lane:
         self.pressure.add(partition, 1)
         lane = self.lanes.get((partition, key))
         if lane is None:
             lane = self.lanes[(partition, key)] = Lane(partition)
         lane.items.append(item)
         self.pressure.heat_if_full(partition, key)
-        if lane.task is None:
+        if run and lane.task is None:
             lane.task = asyncio.create_task(self._drain_lane(key, lane))
+        return lane
+
+    async def _run_unit(self, unit: Unit) -> None:
+        """The first record of each of ``unit``'s lanes, one per key, as one unit of work
+        (``Handler.handle_batch``; docs/architecture.md, "Per-account lanes"). A record it
+        lets go (``release``) goes on: finished, its key's next records, or not, the record
+        and those behind it, through ``_drain_lane`` (retried, dead-lettered); so does any
+        it had not let go when it returns. Cancelled (revoked past its
+        budget, stopping), it finishes nothing more: the next owner replays the rest."""
+        held = {id(msg): (key, lane) for key, lane, msg in unit}
+
+        def release(msgs: list[ConsumerRecord[bytes, bytes]], finished: bool) -> None:
+            for msg in msgs:
+                key, lane = held.pop(id(msg))
+                if finished:
+                    tracker = self.trackers.get(TopicPartition(msg.topic, msg.partition))
+                    if tracker is not None:
+                        tracker.finished(msg.offset)
+                    lane.items.popleft()
+                    self.pressure.add(lane.partition, -1)
+                self._go_on(key, lane)
+
+        try:
+            assert self._batch is not None  # a unit is made only for a handler with one
+            await self._batch([msg for _, _, msg in unit], release)
+        except BaseException as exc:
+            if is_process_fault(exc):
+                for key, lane in held.values():
+                    self._close_lane(key, lane)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                self._fail("lane_failed", unit[0][0], exc)
+                return
+            log.warning("batch_failed", records=len(held), error=repr(exc)[:300])
+        for key, lane in held.values():  # each left to its lane, retried on its own
+            self._go_on(key, lane)
+
+    def _go_on(self, key: str, lane: Lane) -> None:
+        """A lane its unit let go: drained by a task of its own, or closed if empty."""
+        lane.task = None
+        if lane.items:
+            lane.task = asyncio.create_task(self._drain_lane(key, lane))
+        else:
+            self._close_lane(key, lane)
 
     async def _drain_lane(self, key: str, lane: Lane) -> None:
         pressure = self.pressure
@@ -323,11 +394,15 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         except BaseException as exc:
             self._fail("lane_failed", key, exc)
         finally:
-            pressure.add(lane.partition, -len(lane.items))
-            if self.lanes.get((lane.partition, key)) is lane:
-                del self.lanes[(lane.partition, key)]
-            lane.items.clear()
-            pressure.cooled(lane.partition, key)
+            self._close_lane(key, lane)
+
+    def _close_lane(self, key: str, lane: Lane) -> None:
+        """Let ``lane`` go with what it still holds (nothing once drained)."""
+        self.pressure.add(lane.partition, -len(lane.items))
+        if self.lanes.get((lane.partition, key)) is lane:
+            del self.lanes[(lane.partition, key)]
+        lane.items.clear()
+        self.pressure.cooled(lane.partition, key)
 
     async def _sweep_timers(self) -> None:
         """Enqueue a follow-up for every idle account whose poll or deadline is due; a busy one
@@ -432,10 +507,11 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._wait_lanes(None, grace)
 
     def _tasks(self, partitions: set[int] | None = None) -> list[asyncio.Task[None]]:
-        """The running lanes and queries beside them of ``partitions`` (all when None)."""
+        """The running lanes (a batch unit once for all its lanes) and queries beside them of
+        ``partitions`` (all when None)."""
         mine = [(lane.partition, lane.task) for lane in self.lanes.values() if lane.task]
         mine += [(p, task) for task, (p, _) in self.asides.items()]
-        return [t for p, t in mine if partitions is None or p in partitions]
+        return list(dict.fromkeys(t for p, t in mine if partitions is None or p in partitions))
 
     async def _cancel_lanes(self) -> None:
         tasks = self._tasks()

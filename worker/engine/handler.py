@@ -34,7 +34,14 @@ class LoopStore(Protocol):
 class Handler(Protocol):
     """One unit of work per record or due key: the worker's ``Executor``, the dispatcher's
     ``Dispatcher``. A unit that raises is retried, then recovered or given up; only a process
-    fault (``worker.engine.faults.is_process_fault``), here or in ``recover``, ends the process."""
+    fault (``worker.engine.faults.is_process_fault``), here or in ``recover``, ends the process.
+
+    A handler may also have ``async handle_batch(records, release)``: the loop then hands it,
+    as one unit, the records of a fetched partition whose keys have nothing in flight (one
+    per key); it lets each go as soon as it can, ``release(records, True)`` once their
+    outputs are acknowledged, ``release(records, False)`` for ``handle`` to take them (its
+    key's later records behind them); those not let go when it returns go to ``handle``
+    (docs/architecture.md, "Per-account lanes")."""
 
     @property
     def store(self) -> LoopStore: ...
