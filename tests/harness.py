@@ -161,6 +161,20 @@ class RunningWorker:
     registry: CollectorRegistry
 
 
+async def loop_until(
+    predicate: Callable[[], bool], task: asyncio.Task[None], timeout: float
+) -> None:
+    """Until ``predicate`` holds; fails at once if the consume loop's ``task`` ended, and past
+    ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if task.done():
+            task.result()
+            raise AssertionError("the loop ended")
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
 @contextlib.asynccontextmanager
 async def running_loop(
     run: Callable[..., Coroutine[Any, Any, None]],

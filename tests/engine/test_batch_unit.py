@@ -17,6 +17,7 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import SettingsFactory
+from tests.harness import loop_until
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
 from worker.engine.consume_loop import ConsumeLoop
@@ -116,16 +117,6 @@ async def _loop(
         await producer.stop()
 
 
-async def _until(predicate: Callable[[], bool], task: asyncio.Task[None], timeout: float) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if task.done():
-            task.result()
-            raise AssertionError("the loop ended")
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 def _committed(loop: ConsumeLoop) -> int:
     tracker = next(iter(loop.trackers.values()), None)
     return -1 if tracker is None or tracker.committed is None else tracker.committed
@@ -137,7 +128,7 @@ async def test_a_fetched_partition_runs_as_one_unit_and_each_key_keeps_its_order
     handler = _Batches()
     records = [("a", b"1"), ("b", b"1"), ("c", b"1"), ("a", b"2"), ("b", b"2")]
     async with _loop(make_settings, handler, records) as (loop, task, _):
-        await _until(lambda: _committed(loop) == 5, task, 30)
+        await loop_until(lambda: _committed(loop) == 5, task, 30)
         assert handler.units[0] == [("a", b"1"), ("b", b"1"), ("c", b"1")], "one unit, one a key"
         assert len(handler.units) == 1, "the keys' later records go through their lanes"
         for key in "ab":
@@ -153,14 +144,14 @@ async def test_a_key_held_by_one_unit_keeps_its_order_across_a_second(
     handler = _Batches()
     handler.held["a"] = release = asyncio.Event()
     async with _loop(make_settings, handler, [("a", b"1"), ("b", b"1")]) as (loop, task, more):
-        await _until(lambda: ("b", b"1") in handler.done, task, 30)
+        await loop_until(lambda: ("b", b"1") in handler.done, task, 30)
         await more([("a", b"2"), ("d", b"1")])
-        await _until(lambda: ("d", b"1") in handler.done, task, 30)
+        await loop_until(lambda: ("d", b"1") in handler.done, task, 30)
         assert handler.units[1] == [("d", b"1")], "a's record waits behind a's unit"
         assert not [v for k, v in handler.done if k == "a"]
         assert _committed(loop) <= 0, "a's first record holds the watermark"
         release.set()
-        await _until(lambda: _committed(loop) == 4, task, 30)
+        await loop_until(lambda: _committed(loop) == 4, task, 30)
         assert [v for k, v in handler.done if k == "a"] == [b"1", b"2"]
 
 
@@ -173,10 +164,10 @@ async def test_a_record_the_unit_leaves_is_retried_and_dead_lettered_alone(
     handler.held["c"] = release = asyncio.Event()
     records = [("a", b"1"), ("bad", b"poison"), ("c", b"1"), ("bad", b"after")]
     async with _loop(make_settings, handler, records) as (loop, task, _):
-        await _until(lambda: ("bad", b"after") in handler.done, task, 30)
+        await loop_until(lambda: ("bad", b"after") in handler.done, task, 30)
         assert [k for k, _ in handler.done] == ["a", "bad"], "c still held by its unit"
         release.set()
-        await _until(lambda: _committed(loop) == 4, task, 30)
+        await loop_until(lambda: _committed(loop) == 4, task, 30)
         assert handler.units == [[("a", b"1"), ("bad", b"poison"), ("c", b"1")]]
         assert handler.attempts[1] == loop.config.record_attempts
         [(key, fault)] = handler.recovered
@@ -191,7 +182,7 @@ async def test_a_revocation_mid_unit_commits_what_it_finished_and_nothing_more(
     handler.held["b"] = asyncio.Event()  # never released: cancelled past the budget
     records = [("a", b"1"), ("b", b"1"), ("c", b"1"), ("b", b"2")]
     async with _loop(make_settings, handler, records) as (loop, task, _):
-        await _until(lambda: len(handler.done) == 2, task, 30)
+        await loop_until(lambda: len(handler.done) == 2, task, 30)
         tp = next(iter(loop.trackers))
         committed: list[int] = []
         commit = loop.consumer.commit

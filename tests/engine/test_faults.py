@@ -16,7 +16,7 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import SettingsFactory
-from tests.harness import bus, confirm_cmd, register_cmd, running_worker
+from tests.harness import bus, confirm_cmd, loop_until, register_cmd, running_worker
 from tests.unparsable import produce_unparsable
 from worker.auth import flow
 from worker.auth.metrics import WorkerMetrics
@@ -256,16 +256,6 @@ async def _loop(
         await loop.consumer.stop()
 
 
-async def _until(predicate: Callable[[], bool], task: asyncio.Task[None], timeout: float) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if task.done():
-            task.result()
-            raise AssertionError("the loop ended")
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.integration
 async def test_a_record_that_raises_is_retried_then_dead_lettered_and_its_key_goes_on(
     make_settings: SettingsFactory,
@@ -279,7 +269,7 @@ async def test_a_record_that_raises_is_retried_then_dead_lettered_and_its_key_go
         ("good", b"3"),
     ]
     async with _loop(make_settings, handler, records) as (loop, task, committed):
-        await _until(lambda: committed() == 5, task, 30)
+        await loop_until(lambda: committed() == 5, task, 30)
         assert not task.done()
         assert [v for k, v in handler.handled if k == "good"] == [b"1", b"2", b"3"]
         assert [v for k, v in handler.handled if k == "bad"] == [b"after"]
@@ -303,7 +293,7 @@ async def test_a_record_the_client_cannot_parse_is_dead_lettered_by_offset(
     handler = _Flaky({})
     records = [("a", b"1"), ("b", UNPARSABLE), ("a", b"2"), ("c", b"3")]
     async with _loop(make_settings, handler, records) as (_, task, committed):
-        await _until(lambda: committed() == 4, task, 30)
+        await loop_until(lambda: committed() == 4, task, 30)
         assert [v for _, v in handler.handled] == [b"1", b"2", b"3"]
         [(key, offset, fault)] = handler.recovered
         assert (key, offset) == ("", 1)  # its key could not be read either
@@ -319,7 +309,7 @@ async def test_a_rejected_output_is_not_retried(make_settings: SettingsFactory) 
         task,
         committed,
     ):
-        await _until(lambda: committed() == 2, task, 30)
+        await loop_until(lambda: committed() == 2, task, 30)
         [(_, _, fault)] = handler.recovered
         assert handler.attempts[0] == 1
         assert fault.reason == "output_too_large"

@@ -239,9 +239,10 @@ class Executor:
         rounds, a round's states acknowledged under one wait, then its replies and events
         under one more, its records then released as finished. Released at once to
         ``handle`` instead: all but plain commands on their home partition with no intent to
-        re-drive (all, under the write-ahead intent), a command whose handling raised (its
-        intent stored as a retry of it finds it), a round whose publication failed."""
-        if self.write_ahead:
+        re-drive (all, under the write-ahead intent, and while spans are recorded: each command
+        then keeps its one span tree), a command whose handling raised (its intent stored as a
+        retry of it finds it), a round whose publication failed."""
+        if self.write_ahead or tracing.recording():
             release(list(msgs), False)
             return
         started = time.perf_counter()
