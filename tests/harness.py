@@ -9,7 +9,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,12 @@ from prometheus_client import CollectorRegistry
 from devstack.consumer import EmbeddedBrokerConsumer
 from tests.cluster import kafka_env
 from worker.auth.app import run_worker
+from worker.auth.metrics import WorkerMetrics
 from worker.contract.messages import PasskeyConfirm, RegisterAccount
 from worker.contract.topics import Topics
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
+from worker.engine.runner import consume_loop, group_consumer
 from worker.engine.tail import partitions_of
 from worker.settings import Settings
 from worker.startup import RootOptions
@@ -159,6 +161,21 @@ class RunningWorker:
     stop: asyncio.Event
     worker: ConsumeLoop
     registry: CollectorRegistry
+
+
+def engine_loop(kafka: Any, settings: Settings, handler: Any, **config: Any) -> ConsumeLoop:
+    """A worker consume loop over ``handler`` in the settings' group, at most 100 records in
+    flight and fast retries (0.01 s, then 0.05 s); ``config``: more ``LoopConfig`` fields."""
+    loop_config = replace(settings.loop_config("worker"), max_in_flight=100)
+    loop = consume_loop(
+        kafka,
+        loop_config,
+        consumer=group_consumer(kafka, loop_config, settings.kafka_consumer_group),
+        handler=handler,
+        metrics=WorkerMetrics(CollectorRegistry()),
+    )
+    loop.config = replace(loop.config, retry_backoff_s=(0.01, 0.05), **config)
+    return loop
 
 
 async def loop_until(

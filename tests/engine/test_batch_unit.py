@@ -9,21 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
-from prometheus_client import CollectorRegistry
 
 from tests.conftest import SettingsFactory
-from tests.harness import loop_until
-from worker.auth.metrics import WorkerMetrics
+from tests.harness import engine_loop, loop_until
 from worker.auth.store import StateStore
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.faults import Fault
 from worker.engine.kafka import build_producer, ensure_topics
-from worker.engine.runner import consume_loop, group_consumer
 
 pytestmark = pytest.mark.integration
 
@@ -96,15 +92,7 @@ async def _loop(
         await asyncio.gather(*sent)
 
     await produce(records)
-    config = replace(settings.loop_config("worker"), max_in_flight=100)
-    loop = consume_loop(
-        kafka,
-        config,
-        consumer=group_consumer(kafka, config, settings.kafka_consumer_group),
-        handler=handler,
-        metrics=WorkerMetrics(CollectorRegistry()),
-    )
-    loop.config = replace(loop.config, retry_backoff_s=(0.01, 0.05), rebalance_budget_s=0.5)
+    loop = engine_loop(kafka, settings, handler, rebalance_budget_s=0.5)
     await loop.consumer.start()
     task = asyncio.create_task(loop.run())
     try:

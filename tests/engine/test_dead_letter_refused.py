@@ -16,25 +16,22 @@ import asyncio
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
-from prometheus_client import CollectorRegistry
 
 from tests.conftest import SettingsFactory
-from tests.engine.test_faults import _Flaky, _until
+from tests.engine.test_faults import _Flaky
+from tests.harness import engine_loop, loop_until
 from tests.webhooks.support import read_topic
-from worker.auth.metrics import WorkerMetrics
 from worker.engine.broker_health import BrokerHealth
 from worker.engine.consume_loop import ConsumeLoop
 from worker.engine.dead_letter import MINIMAL_DETAIL, DeadLetterLost, dead_letter
 from worker.engine.faults import Fault
 from worker.engine.kafka import build_producer, ensure_topics
-from worker.engine.runner import consume_loop, group_consumer
 from worker.engine.writes import acknowledged, record_size
 from worker.settings import Settings
 
@@ -97,15 +94,7 @@ async def _running(
     await producer.send_and_wait(topic, b"1", key=b"good")
     small = _SmallDeadLetterTopic(producer, settings.topics.dlq, limit)
     handler = _DeadLettering(small, settings.topics.dlq)
-    config = replace(settings.loop_config("worker"), max_in_flight=100)
-    loop = consume_loop(
-        kafka,
-        config,
-        consumer=group_consumer(kafka, config, settings.kafka_consumer_group),
-        handler=handler,
-        metrics=WorkerMetrics(CollectorRegistry()),
-    )
-    loop.config = replace(loop.config, retry_backoff_s=(0.01, 0.05))
+    loop = engine_loop(kafka, settings, handler)
     await loop.consumer.start()
     task = asyncio.create_task(loop.run())
     try:
@@ -135,7 +124,7 @@ async def test_a_refused_dead_letter_is_sent_again_in_its_minimal_form(
     make_settings: SettingsFactory,
 ) -> None:
     async with _running(make_settings, limit=2000) as (settings, loop, task, handler):
-        await _until(lambda: _committed(loop, settings) == 2, task, 30)
+        await loop_until(lambda: _committed(loop, settings) == 2, task, 30)
         assert not task.done(), "the loop goes on"
         assert handler.handled == [("good", b"1")], "the next good record is processed"
         [refused] = handler.producer.refused
@@ -163,7 +152,7 @@ async def test_a_dead_letter_refused_even_in_its_minimal_form_is_counted_and_let
     make_settings: SettingsFactory,
 ) -> None:
     async with _running(make_settings, limit=100) as (settings, loop, task, handler):
-        await _until(lambda: _committed(loop, settings) == 2, task, 30)
+        await loop_until(lambda: _committed(loop, settings) == 2, task, 30)
         assert not task.done(), "the loop goes on"
         assert handler.handled == [("good", b"1")]
         assert len(handler.producer.refused) == 2, "the full letter, then the minimal one"

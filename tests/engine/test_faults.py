@@ -6,20 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
-from prometheus_client import CollectorRegistry
 
 from tests.conftest import SettingsFactory
-from tests.harness import bus, confirm_cmd, loop_until, register_cmd, running_worker
+from tests.harness import bus, confirm_cmd, engine_loop, loop_until, register_cmd, running_worker
 from tests.unparsable import produce_unparsable
 from worker.auth import flow
-from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
 from worker.engine.broker_health import BrokerOutageExceeded
 from worker.engine.consume_loop import ConsumeLoop
@@ -33,7 +30,6 @@ from worker.engine.faults import (
     is_process_fault,
 )
 from worker.engine.kafka import build_consumer, build_producer, ensure_topics
-from worker.engine.runner import consume_loop, group_consumer
 from worker.engine.tail import TopicTail
 from worker.engine.writes import MAX_RECORD_BYTES, enqueue
 
@@ -230,15 +226,7 @@ async def _loop(
                 await producer.send_and_wait(settings.topics.commands, value, key=key.encode())
     finally:
         await producer.stop()
-    config = replace(settings.loop_config("worker"), max_in_flight=100)
-    loop = consume_loop(
-        kafka,
-        config,
-        consumer=group_consumer(kafka, config, settings.kafka_consumer_group),
-        handler=handler,
-        metrics=WorkerMetrics(CollectorRegistry()),
-    )
-    loop.config = replace(loop.config, retry_backoff_s=(0.01, 0.05))
+    loop = engine_loop(kafka, settings, handler)
     tp = TopicPartition(settings.topics.commands, 0)
     await loop.consumer.start()
     task = asyncio.create_task(loop.run())
