@@ -163,9 +163,14 @@ class RunningWorker:
     registry: CollectorRegistry
 
 
-def engine_loop(kafka: Any, settings: Settings, handler: Any, **config: Any) -> ConsumeLoop:
+@contextlib.asynccontextmanager
+async def engine_loop(
+    kafka: Any, settings: Settings, handler: Any, **config: Any
+) -> AsyncIterator[tuple[ConsumeLoop, asyncio.Task[None]]]:
     """A worker consume loop over ``handler`` in the settings' group, at most 100 records in
-    flight and fast retries (0.01 s, then 0.05 s); ``config``: more ``LoopConfig`` fields."""
+    flight and fast retries (0.01 s, then 0.05 s; ``config``: more ``LoopConfig`` fields),
+    consuming in a task for the block; then stopped (its task given 30 s) and its consumer
+    closed."""
     loop_config = replace(settings.loop_config("worker"), max_in_flight=100)
     loop = consume_loop(
         kafka,
@@ -175,7 +180,15 @@ def engine_loop(kafka: Any, settings: Settings, handler: Any, **config: Any) -> 
         metrics=WorkerMetrics(CollectorRegistry()),
     )
     loop.config = replace(loop.config, retry_backoff_s=(0.01, 0.05), **config)
-    return loop
+    await loop.consumer.start()
+    task = asyncio.create_task(loop.run())
+    try:
+        yield loop, task
+    finally:
+        loop.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 30)
+        await loop.consumer.stop()
 
 
 async def loop_until(

@@ -92,16 +92,10 @@ async def _loop(
         await asyncio.gather(*sent)
 
     await produce(records)
-    loop = engine_loop(kafka, settings, handler, rebalance_budget_s=0.5)
-    await loop.consumer.start()
-    task = asyncio.create_task(loop.run())
     try:
-        yield loop, task, lambda more: asyncio.ensure_future(produce(more))
+        async with engine_loop(kafka, settings, handler, rebalance_budget_s=0.5) as (loop, task):
+            yield loop, task, lambda more: asyncio.ensure_future(produce(more))
     finally:
-        loop.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 30)
-        await loop.consumer.stop()
         await producer.stop()
 
 

@@ -94,16 +94,10 @@ async def _running(
     await producer.send_and_wait(topic, b"1", key=b"good")
     small = _SmallDeadLetterTopic(producer, settings.topics.dlq, limit)
     handler = _DeadLettering(small, settings.topics.dlq)
-    loop = engine_loop(kafka, settings, handler)
-    await loop.consumer.start()
-    task = asyncio.create_task(loop.run())
     try:
-        yield settings, loop, task, handler
+        async with engine_loop(kafka, settings, handler) as (loop, task):
+            yield settings, loop, task, handler
     finally:
-        loop.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 30)
-        await loop.consumer.stop()
         await producer.stop()
 
 

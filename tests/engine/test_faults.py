@@ -226,22 +226,14 @@ async def _loop(
                 await producer.send_and_wait(settings.topics.commands, value, key=key.encode())
     finally:
         await producer.stop()
-    loop = engine_loop(kafka, settings, handler)
     tp = TopicPartition(settings.topics.commands, 0)
-    await loop.consumer.start()
-    task = asyncio.create_task(loop.run())
-    try:
+    async with engine_loop(kafka, settings, handler) as (loop, task):
 
         def offset() -> int:
             tracker = loop.trackers.get(tp)
             return -1 if tracker is None or tracker.committed is None else tracker.committed
 
         yield loop, task, offset
-    finally:
-        loop.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 30)
-        await loop.consumer.stop()
 
 
 @pytest.mark.integration
