@@ -14,6 +14,7 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
+from tests.harness import register_cmd
 from worker.auth import execute
 from worker.auth.execute import Executor
 from worker.auth.flow import Decision, Policy
@@ -21,7 +22,7 @@ from worker.auth.metrics import WorkerMetrics
 from worker.auth.provider import ProviderRegistry
 from worker.auth.publish import Output
 from worker.auth.store import StateStore
-from worker.contract.messages import AccountRecord, GetAuthState
+from worker.contract.messages import AccountRecord, GetAuthState, RegisterAccount
 from worker.engine.home_partition import Router, home_partition
 
 PARTITIONS = 3
@@ -144,3 +145,23 @@ async def test_a_query_run_aside_is_decoded_once_and_those_kept_are_bounded(
     assert 0 < len(executor._decoded) <= 2
     await asyncio.wait_for(executor.handle(asides[0]), 5)  # dropped: decoded again
     assert len(publisher.replies) == 2
+
+
+async def test_a_record_a_batch_leaves_is_decoded_once() -> None:
+    """A register goes to the per-record path (its headcount); ``handle`` takes the command
+    the batch decoded instead of decoding the record again."""
+    partition = home_partition(b"acc_1", PARTITIONS)
+    publisher = HeldPublisher()
+    publisher.release.set()  # nothing held here
+    executor = executor_over(StateStore(), publisher)
+    value = register_cmd("acc_1", "ref_1").model_dump_json()
+    msg: ConsumerRecord[bytes, bytes] = ConsumerRecord(
+        "auth.commands", partition, 8, 0, 0, b"acc_1", value.encode(), None, 5, len(value), []
+    )
+    left: list[tuple[list[Any], bool]] = []
+    await executor.handle_batch([msg], lambda msgs, finished: left.append((msgs, finished)))
+    assert left == [([msg], False)]
+    [(kept, command)] = executor._decoded.values()
+    assert kept is msg and isinstance(command, RegisterAccount)
+    await asyncio.wait_for(executor.handle(msg), 5)
+    assert executor._decoded == {}, "handed to handle, not kept"

@@ -65,8 +65,9 @@ from worker.runtime.logs import get_logger
 
 log = get_logger(__name__)
 
-#: Queries ``unordered`` decoded, kept for their ``handle``; past this many (asides let go
-#: before they ran) the kept ones are dropped, and decoded again if they do run.
+#: Records decoded before their ``handle`` (queries run aside, records a batch leaves), kept
+#: for it; past this many (records let go before they ran) the kept ones are dropped, and
+#: decoded again if they do run.
 DECODED_KEPT: Final = 1024
 
 
@@ -122,7 +123,7 @@ class Executor:
     def __post_init__(self, wait_limits: WaitLimits | None) -> None:
         self._instrument = Instrumentation(self.metrics)
         self._windows: dict[tuple[int, str], asyncio.Future[None]] = {}
-        self._decoded: dict[int, tuple[ConsumerRecord[bytes, bytes], GetAuthState]] = {}
+        self._decoded: dict[int, tuple[ConsumerRecord[bytes, bytes], Command | DecodeFailure]] = {}
         #: Parked long-polls (``worker.auth.waits``), answered from ``_publish``'s next version.
         self.waits = ParkedWaits(
             self.store, self.publisher, self.metrics, self._windows.get, wait_limits or WaitLimits()
@@ -137,10 +138,15 @@ class Executor:
         query = decode_command(msg.key, value)
         if not isinstance(query, GetAuthState) or self.router.home(msg.key) != msg.partition:
             return False
+        self._keep(msg, query)
+        return True
+
+    def _keep(self, msg: ConsumerRecord[bytes, bytes], command: Command | DecodeFailure) -> None:
+        """``msg`` decoded already, for its ``handle`` (a query run aside, a record a batch
+        leaves): at most ``DECODED_KEPT``; one dropped is decoded again."""
         if len(self._decoded) >= DECODED_KEPT:
             self._decoded.clear()
-        self._decoded[id(msg)] = (msg, query)  # the record kept: its id is not reused meanwhile
-        return True
+        self._decoded[id(msg)] = (msg, command)  # the record kept: its id is not reused meanwhile
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -267,6 +273,7 @@ class Executor:
                 )
             ):
                 left.append(msg)
+                self._keep(msg, command)
                 continue
             try:
                 # The command's trace and log context, on its outputs and its call's task.
@@ -282,6 +289,7 @@ class Executor:
                 if is_process_fault(exc):
                     raise
                 left.append(msg)
+                self._keep(msg, command)
                 continue
             ready.append(step)
         release(left, False)
