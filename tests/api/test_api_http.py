@@ -603,6 +603,7 @@ async def test_probes_and_metrics(api_settings: ApiSettings) -> None:
             "passkey_api_request_duration_seconds",
             "passkey_api_reply_timeouts_total",
             "passkey_api_query_timeouts_total",
+            "passkey_api_query_failures_total",
             "passkey_api_pending_replies",
             "passkey_api_ready",
             "passkey_api_kafka_outage_seconds",

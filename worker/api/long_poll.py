@@ -158,11 +158,9 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-def auth_state(
-    reply: CorrelatedReply, account_id: str, request_id: str, unavailable: str
-) -> AuthState:
+def auth_state(reply: CorrelatedReply, account_id: str, request_id: str) -> AuthState | None:
     """The state and version a 200 reply for ``account_id`` carries; 404 for the worker's 404,
-    500 ``get_auth_state_failed`` for any other reply."""
+    ``None`` (logged) for any other reply: the route answers it 500 and counts it."""
     if reply.http_status == 404:
         raise ServiceError.of("not_found", "The account does not exist in this workspace.")
     found, version = reply.reply.body.data, reply.reply.version
@@ -173,7 +171,7 @@ def auth_state(
         or version is None
     ):
         log.error("api_query_bad_reply", request_id=request_id, status=reply.http_status)
-        raise ServiceError.of("get_auth_state_failed", unavailable)
+        return None
     return AuthState(
         account_id=account_id, status=found.status, auth_status=found.auth_status, version=version
     )

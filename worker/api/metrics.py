@@ -32,6 +32,9 @@ REFUSAL_REASONS: Final = (
 "Front-door limits"). Never labelled by workspace: the label set stays this small."""
 
 IDEMPOTENCY_REFUSALS: Final = ("in_progress", "reused", "exhausted")
+#: ``passkey_api_query_failures_total{reason}``: why a GET /auth answered 500
+#: ``get_auth_state_failed`` (docs/api.md, "Metrics").
+QUERY_FAILURES: Final = ("not_ready", "not_queued", "deadline", "bad_reply")
 
 
 #: ``(key_id, workspace_id, unix time)`` of each key presented (``KeyStore.last_used``).
@@ -86,6 +89,15 @@ class ApiMetrics:
         self.query_timeouts = f.counter(
             "passkey_api_query_timeouts",
             "GET /auth requests answered 500 because the owner's answer did not arrive in time",
+        )
+        self.query_failures = f.counter(
+            "passkey_api_query_failures",
+            "GET /auth requests answered 500 get_auth_state_failed, by reason: not_ready (reply"
+            " consumer not positioned by the deadline), not_queued (the query not acknowledged"
+            " by Kafka in time), deadline (no answer in time: passkey_api_query_timeouts_total),"
+            " bad_reply (an answer that could not be used, or the reply consumer stopped)",
+            ("reason",),
+            seed=QUERY_FAILURES,
         )
         self.pending_replies = f.gauge(
             "passkey_api_pending_replies",

@@ -380,10 +380,12 @@ class ApiRoutes:
         check_account_id(account_id)
         wait = long_poll.Wait.of(request).at_most(self.long_poll_max_s)
         wait, slot = self.long_polls.admit(workspace_id, wait)
+        failed = self.metrics.query_failures.labels  # each 500 counted by its cause
         with slot or contextlib.nullcontext():
             deadline = time.monotonic() + wait.wait_s + self.reply_timeout_s
             replies = self.replies
             if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
+                failed("not_ready").inc()
                 raise ServiceError.of(
                     "get_auth_state_failed",
                     "The authentication state is not available yet (reply consumer not ready);"
@@ -393,16 +395,21 @@ class ApiRoutes:
             unavailable = "The authentication state is not available; retry shortly."
             try:
                 reply = await wait.unless_gone(request, self._round_trip(query, deadline))
-            except _RoundTripFailed:
+            except _RoundTripFailed as exc:
+                failed("bad_reply" if exc.queued else "not_queued").inc()
                 raise ServiceError.of("get_auth_state_failed", unavailable) from None
             except long_poll.CallerGone:
                 return Response(status_code=long_poll.CALLER_GONE)
             if reply is None:
                 self.metrics.query_timeouts.inc()
+                failed("deadline").inc()
                 self._no_reply("api_query_timeout", query, wait.wait_s + self.reply_timeout_s)
                 raise ServiceError.of(
                     "get_auth_state_failed",
                     f"No answer within {wait.wait_s + self.reply_timeout_s:g} s. {unavailable}",
                 )
-        data = long_poll.auth_state(reply, account_id, request_id, unavailable)
+        data = long_poll.auth_state(reply, account_id, request_id)
+        if data is None:
+            failed("bad_reply").inc()
+            raise ServiceError.of("get_auth_state_failed", unavailable)
         return json_response(AuthStateResponse(request_id=request_id, data=data))
