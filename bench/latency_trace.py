@@ -13,15 +13,21 @@ clock of record timestamps), keyed by the command record's partition and offset:
 ``issued``     the command's ``issued_at`` (the open-loop schedule)
 ``produced``   its record's timestamp (the load generator's producer)
 ``fetched``    the consume loop's fetch returned it
-``start``      ``Executor.handle`` began on its lane
+``start``      ``Executor.handle`` began on its lane, or the batch unit holding it began
+               (``Executor.handle_batch``)
 ``call``       the provider adapter's call began (``HttpProviderAdapter._call``)
 ``request``    the HTTP request began (after the adapter's connection gate)
 ``answer``     the HTTP answer was read
 ``called``     the adapter's call returned
 ``sent:T``     a record to topic T was handed to the producer (the reply's is its timestamp)
 ``acked:N``    an acknowledgement wait over N records returned (``ack:N`` when it began)
-``end``        ``Executor.handle`` returned (every output acknowledged)
+``end``        ``Executor.handle`` returned, or the command's round of its batch was published
+               (every output acknowledged)
 =============  ===============================================================================
+
+A batch unit's command gets its own steps from its decision on: its provider call's task
+inherits them; the sends and acknowledgement waits of its round are noted on every command of
+the round. A command the unit lets go unfinished is traced by ``Executor.handle`` instead.
 """
 
 from __future__ import annotations
@@ -44,6 +50,15 @@ from typing import Any
 #: The command being handled in this task: its steps.
 _current: contextvars.ContextVar[list[tuple[str, float]] | None] = contextvars.ContextVar(
     "latency_trace_command", default=None
+)
+
+#: The batch unit being handled in this task: when it began, and its commands' steps by
+#: ``id`` of their records.
+_batch: contextvars.ContextVar[tuple[float, dict[int, tuple[Any, list[tuple[str, float]]]]] | None]
+_batch = contextvars.ContextVar("latency_trace_batch", default=None)
+#: The steps of every command of the round being published in this task.
+_round: contextvars.ContextVar[list[list[tuple[str, float]]] | None] = contextvars.ContextVar(
+    "latency_trace_round", default=None
 )
 
 YOUNG_SAMPLES = int(os.environ.get("LATENCY_TRACE_YOUNG", "0"))
@@ -172,6 +187,68 @@ class Trace:
 
         execute.Executor.handle = traced_handle  # type: ignore[method-assign]
 
+        def note(msg: Any, steps: list[tuple[str, float]]) -> None:
+            trace.commands.append(
+                {
+                    "partition": msg.partition,
+                    "offset": msg.offset,
+                    "value": msg.value,
+                    "produced": msg.timestamp / 1000.0,
+                    "fetched": trace.fetched.pop((msg.partition, msg.offset), math.nan),
+                    "steps": steps,
+                }
+            )
+
+        handle_batch = execute.Executor.handle_batch
+
+        async def traced_handle_batch(self: Any, msgs: Any, release: Any) -> None:
+            entries: dict[int, tuple[Any, list[tuple[str, float]]]] = {}
+
+            def traced_release(records: list[Any], finished: bool) -> None:
+                if not finished:  # ``handle`` traces it
+                    for msg in records:
+                        entries.pop(id(msg), None)
+                release(records, finished)
+
+            token = _batch.set((time.time(), entries))
+            try:
+                await handle_batch(self, msgs, traced_release)
+            finally:
+                _batch.reset(token)
+
+        execute.Executor.handle_batch = traced_handle_batch  # type: ignore[method-assign]
+
+        decide = execute.Executor._decide
+
+        def traced_decide(self: Any, msg: Any, command: Any, headcount: Any) -> Any:
+            unit = _batch.get()
+            if unit is not None:
+                steps = [("start", unit[0])]
+                unit[1][id(msg)] = (msg, steps)
+                _current.set(steps)  # the provider call's task, made next, inherits it
+            return decide(self, msg, command, headcount)
+
+        execute.Executor._decide = traced_decide  # type: ignore[method-assign]
+
+        publish_round = execute.Executor._publish_round
+
+        async def traced_publish_round(self: Any, partition: int, steps: Any, *rest: Any) -> None:
+            unit = _batch.get()
+            chosen = [unit[1][id(s.msg)] for s in steps if unit and id(s.msg) in unit[1]]
+            token, round_token = _current.set(None), _round.set([c[1] for c in chosen])
+            try:
+                await publish_round(self, partition, steps, *rest)
+            finally:
+                _current.reset(token)
+                _round.reset(round_token)
+                now = time.time()
+                for msg, command_steps in chosen:
+                    if unit is not None and unit[1].pop(id(msg), None) is not None:
+                        command_steps.append(("end", now))
+                        note(msg, command_steps)
+
+        execute.Executor._publish_round = traced_publish_round  # type: ignore[method-assign,assignment]
+
         def around(owner: Any, name: str, before: str, after: str) -> None:
             inner = getattr(owner, name)
 
@@ -192,10 +269,14 @@ class Trace:
 
         send = publish.Publisher._send
 
-        async def traced_send(self: Any, topic: str, *args: Any, **kwargs: Any) -> Any:
+        def noted(step: str) -> None:
             steps = _current.get()
-            if steps is not None:
-                steps.append((f"sent:{topic.rsplit('.', 1)[-1]}", time.time()))
+            now = time.time()
+            for each in [steps] if steps is not None else _round.get() or []:
+                each.append((step, now))
+
+        async def traced_send(self: Any, topic: str, *args: Any, **kwargs: Any) -> Any:
+            noted(f"sent:{topic.rsplit('.', 1)[-1]}")
             return await send(self, topic, *args, **kwargs)
 
         publish.Publisher._send = traced_send  # type: ignore[method-assign]
@@ -203,15 +284,12 @@ class Trace:
         acknowledged = getattr(publish, "acknowledged")  # noqa: B009 (not exported)
 
         async def traced_acknowledged(producer: Any, health: Any, futures: Any) -> Any:
-            steps = _current.get()
             n = len(futures)
-            if steps is not None:
-                steps.append((f"ack:{n}", time.time()))
+            noted(f"ack:{n}")
             try:
                 return await acknowledged(producer, health, futures)
             finally:
-                if steps is not None:
-                    steps.append((f"acked:{n}", time.time()))
+                noted(f"acked:{n}")
 
         setattr(publish, "acknowledged", traced_acknowledged)  # noqa: B010
 
@@ -264,15 +342,18 @@ SEGMENTS: tuple[tuple[str, str, str], ...] = (
     ("HTTP (request → answer)", "request", "answer"),
     ("adapter (answer → called)", "answer", "called"),
     ("to the state send (called → sent:state)", "called", "sent:state"),
-    ("state ack (sent:state → acked:1)", "sent:state", "acked:1"),
-    ("to the reply (acked:1 → sent:replies)", "acked:1", "sent:replies"),
+    ("state ack (sent:state → acked)", "sent:state", "acked"),
+    ("to the reply (acked → sent:replies)", "acked", "sent:replies"),
 )
 
 
 def _points(c: dict[str, Any]) -> dict[str, float]:
+    """Each step's first time; ``acked``: the first acknowledgement after the state's send."""
     points = {"issued": c["issued"], "produced": c["produced"], "fetched": c["fetched"]}
     for name, t in c["steps"]:
         points.setdefault(name, t)
+        if name.startswith("acked:") and "sent:state" in points:
+            points.setdefault("acked", t)
     return points
 
 
