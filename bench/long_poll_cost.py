@@ -29,7 +29,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
+import os
+import re
 import resource
 import statistics
 import subprocess
@@ -41,15 +45,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import httpx
+
 from bench.common import REPO_ROOT, base_env
-from bench.stack import Connection, Stack, cpu_of, start_stack, stop_process
+from bench.stack import Connection, Stack, start_stack, stop_process
 
 MODES: Final = ("poll", "long-poll")
 #: A caller whose answer came back unchanged sooner than this (its long-poll was not held:
 #: past a share) waits a second before it asks again, as docs/api.md's login loop does.
 EARLY_S: Final = 1.0
 #: Stack processes whose CPU each phase reads, by bench.stack's role names.
-ROLES: Final = ("worker", "front-end", "broker")
+ROLES: Final = ("worker", "front-end", "broker", "dispatcher")
+#: The yardstick of the machine's drift: the dispatcher's work does not depend on the GETs
+#: (no account changes), yet its CPU moves with the idle worker's (bench/README.md).
+REFERENCE: Final = "dispatcher"
+_FAILURE: Final = re.compile(r'^passkey_api_query_failures_total\{reason="(\w+)"\} (\S+)$', re.M)
 
 
 @dataclass
@@ -89,6 +99,11 @@ class Phase:
     idle_s: float
     idle_cpu_s: dict[str, float]
     idle_drift: float = 0.0
+    #: The idle windows in parts, each ``(seconds, CPU seconds by role)``: what the fit of
+    #: ``elasticity`` reads.
+    idle_parts: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    #: The front-end's GET /auth 500s by cause over the phase (``passkey_api_query_failures``).
+    failures: dict[str, int] = field(default_factory=dict)
 
     def cores(self, role: str = "worker") -> float:
         return self.cpu_s[role] / self.seconds
@@ -96,9 +111,34 @@ class Phase:
     def idle_cores(self, role: str = "worker") -> float:
         return self.idle_cpu_s[role] / self.idle_s
 
-    def above_idle(self, role: str = "worker") -> float:
-        """CPU seconds above what the same stack spent idle over as many seconds."""
-        return self.cpu_s[role] - self.idle_cores(role) * self.seconds
+    def price(self) -> float:
+        """How much more CPU the reference's unchanged work took with the callers than idle."""
+        return self.cores(REFERENCE) / self.idle_cores(REFERENCE)
+
+    def above_idle(self, role: str = "worker", elasticity: float = 0.0) -> float:
+        """CPU seconds above what the same stack spent idle over as many seconds, that idle
+        cost taken ``price ** elasticity`` times (0: raw; ``elasticity()``: the machine's
+        drift taken out)."""
+        idle = self.idle_cores(role) * math.pow(self.price(), elasticity)
+        return self.cpu_s[role] - idle * self.seconds
+
+
+def elasticity(phases: list[Phase]) -> float:
+    """How the idle worker's CPU follows the reference's: the slope of log(worker cores) on
+    log(reference cores) over the idle windows' parts, each phase's about its own means (the
+    stacks differ; the drift within one is what is corrected); 0 if nothing moved."""
+    points: list[tuple[float, float]] = []
+    for p in phases:
+        logs = [
+            (math.log(cpu[REFERENCE] / s), math.log(cpu["worker"] / s))
+            for s, cpu in p.idle_parts
+            if cpu[REFERENCE] > 0 and cpu["worker"] > 0
+        ]
+        if len(logs) > 1:
+            mx, my = (statistics.fmean(v) for v in zip(*logs, strict=True))
+            points += [(x - mx, y - my) for x, y in logs]
+    sxx = sum(x * x for x, _ in points)
+    return sum(x * y for x, y in points) / sxx if sxx > 0 else 0.0
 
 
 def first_ask(index: int, callers: int, mode: str, wait_s: float) -> float:
@@ -122,7 +162,8 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
     """Per mode: the worker's cores (CPU seconds over wall seconds of that mode's phases), the
     same stacks' idle cores, the cores above them and the CPU per answered GET; offered and
     answered GETs a second. Then what polling and long-polling cost above idle, their ratio,
-    and each round's (a poll and a long-poll phase in run order)."""
+    and each round's (a poll and a long-poll phase in run order); each also ``_corrected``
+    for the machine's drift (``elasticity``, ``Phase.above_idle``)."""
     out: dict[str, Any] = {"modes": {}}
     for mode in MODES:
         mine = [p for p in phases if p.mode == mode]
@@ -139,19 +180,32 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
             "us_per_answer": above / answered * 1e6 if answered else float("nan"),
             "offered_per_s": sum(p.tally.sent for p in mine) / seconds,
             "answered_per_s": answered / seconds,
+            "query_failures": dict(sum((Counter(p.failures) for p in mine), Counter())),
         }
     modes = out["modes"]
     if set(MODES) <= modes.keys():
-        out["poll_above_idle"] = modes["poll"]["above_idle"]
-        out["long_poll_above_idle"] = modes["long-poll"]["above_idle"]
-        out["ratio"] = _ratio(out["long_poll_above_idle"], out["poll_above_idle"])
         rounds = [phases[i : i + 2] for i in range(0, len(phases) - 1, 2)]
-        ratios = out["round_ratios"] = [
-            _ratio(*(sum(p.above_idle() for p in r if p.mode == m) for m in MODES[::-1]))
-            for r in rounds
-        ]
-        if len(ratios) > 1:
-            out["round_ratio_stderr"] = statistics.stdev(ratios) / len(ratios) ** 0.5
+        fitted = out["elasticity"] = elasticity(phases)
+        for tail, e in (("", 0.0), ("_corrected", fitted)):
+            cost = {
+                m: sum(p.above_idle(elasticity=e) for p in phases if p.mode == m)
+                / modes[m]["seconds"]
+                for m in MODES
+            }
+            out["poll_above_idle" + tail] = cost["poll"]
+            out["long_poll_above_idle" + tail] = cost["long-poll"]
+            out["ratio" + tail] = _ratio(cost["long-poll"], cost["poll"])
+            ratios = out["round_ratios" + tail] = [
+                _ratio(
+                    *(
+                        sum(p.above_idle(elasticity=e) for p in r if p.mode == m)
+                        for m in MODES[::-1]
+                    )
+                )
+                for r in rounds
+            ]
+            if len(ratios) > 1:
+                out["round_ratio_stderr" + tail] = statistics.stdev(ratios) / len(ratios) ** 0.5
     return out
 
 
@@ -305,7 +359,7 @@ def phase(
     """One phase: the stack's CPU read idle over half of ``--idle-s``; then the client
     processes start, ask from ``start``, are counted and the stack's CPU read from ``start +
     warm-up`` to ``end``; once they stopped and the worker's waits ended, idle again."""
-    before_s, idle_before = idle_window(pids, args.idle_s / 2)
+    parts = idle_window(pids, args.idle_s / 2, args.idle_parts)
     warmup = args.warmup_s
     start = time.time() + 3.0  # the clients' start-up is outside the phase
     end = start + warmup + args.seconds
@@ -322,12 +376,12 @@ def phase(
             subprocess.Popen(argv, cwd=REPO_ROOT, env=base_env(), stdout=subprocess.PIPE)
         )
     time.sleep(max(0.0, start + warmup - time.time()))
-    before = {r: sum(cpu_of(pids[r])) for r in ROLES}
+    before = {r: run_s(pids[r]) for r in ROLES}
     loads = []
     while (left := end - time.time()) > 0:
         time.sleep(min(left, 10.0))
         loads.append(load_avg())
-    spent = {r: sum(cpu_of(pids[r])) - before[r] for r in ROLES}
+    spent = {r: run_s(pids[r]) - before[r] for r in ROLES}
     tally = Tally()
     for client in clients:
         out, _ = client.communicate(timeout=60)
@@ -335,19 +389,47 @@ def phase(
         got["statuses"] = Counter(got["statuses"])
         tally.add(Tally(**got))
     time.sleep(max(0.0, end + drain_s(mode, args.wait_s) - time.time()))
-    after_s, idle_after = idle_window(pids, args.idle_s / 2)
-    idle = {r: idle_before[r] + idle_after[r] for r in ROLES}
-    drift = idle_after["worker"] / after_s - idle_before["worker"] / before_s
+    after = idle_window(pids, args.idle_s / 2, args.idle_parts)
+    drift = _cores(after) - _cores(parts)
+    parts += after
+    idle = {r: sum(cpu[r] for _, cpu in parts) for r in ROLES}
+    idle_s = sum(s for s, _ in parts)
     load = sum(loads) / len(loads)
-    return Phase(mode, args.seconds, spent, tally, load, before_s + after_s, idle, drift)
+    return Phase(mode, args.seconds, spent, tally, load, idle_s, idle, drift, parts)
 
 
-def idle_window(pids: dict[str, int], seconds: float) -> tuple[float, dict[str, float]]:
-    """The stack's CPU seconds by role over ``seconds`` of nothing asked, and its length."""
-    before = {r: sum(cpu_of(pids[r])) for r in ROLES}
-    since = time.time()
-    time.sleep(seconds)
-    return time.time() - since, {r: sum(cpu_of(pids[r])) - before[r] for r in ROLES}
+def _cores(parts: list[tuple[float, dict[str, float]]], role: str = "worker") -> float:
+    return sum(cpu[role] for _, cpu in parts) / sum(s for s, _ in parts)
+
+
+def run_s(pid: int) -> float:
+    """CPU seconds ``pid``'s threads have run, to the nanosecond (/proc schedstat): in clock
+    ticks a 10 s part of an idle window of a process at 0.02 cores would be 20 +/- 1."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
+
+
+def idle_window(
+    pids: dict[str, int], seconds: float, parts: int
+) -> list[tuple[float, dict[str, float]]]:
+    """The stack's CPU seconds by role over ``seconds`` of nothing asked, in ``parts``, each
+    with its length."""
+    out = []
+    for _ in range(parts):
+        before = {r: run_s(pids[r]) for r in ROLES}
+        since = time.time()
+        time.sleep(seconds / parts)
+        out.append((time.time() - since, {r: run_s(pids[r]) - before[r] for r in ROLES}))
+    return out
+
+
+def query_failures(metrics_port: int) -> Counter[str]:
+    """The front-end's GET /auth 500s so far by cause, scraped: the stack's logs go with it."""
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    return Counter({m[1]: int(float(m[2])) for m in _FAILURE.finditer(text)})
 
 
 def report(done: Phase) -> str:
@@ -357,7 +439,9 @@ def report(done: Phase) -> str:
         f" {t.answered / done.seconds:.1f}/s ({dict(t.statuses)}, {t.errors} errors,"
         f" {t.early} early); worker {done.cores():.4f} cores ({done.idle_cores():.4f}"
         f" idle, drift {done.idle_drift:+.4f},"
-        f" {done.above_idle() / max(1, t.answered) * 1e6:.0f} us an answer), front-end"
+        f" {done.above_idle() / max(1, t.answered) * 1e6:.0f} us an answer; the reference's"
+        f" price x{done.price():.3f}), 500s by cause"
+        f" {done.failures}, front-end"
         f" {done.cores('front-end'):.3f}, broker {done.cores('broker'):.3f}; clients"
         f" {t.cpu_s:.1f} CPU s; load {done.load_avg:.2f}"
     )
@@ -395,7 +479,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 bootstrap = f"127.0.0.1:{stack.ports['broker']}"
                 asyncio.run(register(bootstrap, pairs, args.workspaces))
                 asyncio.run(until_known(port, pairs, args.start_timeout_s))
+                failed = query_failures(stack.ports["api_metrics"])
                 done = phase(args, mode, port, pairs_file, stack.pids)
+                done.failures = dict(query_failures(stack.ports["api_metrics"]) - failed)
             finally:
                 stop_process(stack.proc)
             print(report(done), flush=True)
@@ -404,6 +490,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary["phases"] = [
         {"mode": p.mode, "seconds": p.seconds, "cpu_s": p.cpu_s, "load_avg": p.load_avg}
         | {"idle_s": p.idle_s, "idle_cpu_s": p.idle_cpu_s, "idle_drift": p.idle_drift}
+        | {"idle_parts": p.idle_parts, "price": p.price()}
+        | {"query_failures": p.failures}
         | {"cores": {r: p.cores(r) for r in ROLES}, "tally": p.tally.as_dict()}
         for p in phases
     ]
@@ -429,6 +517,9 @@ def main() -> None:
         type=float,
         default=60.0,
         help="each stack measured idle, per phase: half before its callers, half after",
+    )
+    parser.add_argument(
+        "--idle-parts", type=int, default=6, help="each half in parts, for the drift's fit"
     )
     parser.add_argument("--wait-s", type=float, default=30.0, help="each long-poll's wait_s")
     parser.add_argument("--rounds", type=int, default=2)
