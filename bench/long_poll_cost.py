@@ -16,9 +16,12 @@ Phases alternate (poll, long-poll, then the reverse) so a drift of the machine f
 neither. Each measures its own stack idle, the worker's own cost, which the comparison
 subtracts: half of ``--idle-s`` before its callers start and half after they stopped and the
 worker's last waits ended (``--wait-s`` and its slack later), and takes the phase above the
-two windows' mean, since an idle stack's cost drifts (its empty fetches' cadence on the
-embedded broker) by as much as the long-polls cost. Each round's ratio is given beside the
-mean's, with the rounds' standard error. A poller
+two windows' mean. An idle stack's cost drifts by as much as the long-polls cost, and every
+process's CPU for the same work moves together, so each figure is also given corrected: the
+idle cost scaled by how the dispatcher's CPU (its work does not depend on the GETs) moved,
+to a power fitted over the idle windows' parts (``elasticity``); the raw figures are kept.
+Each round's ratio is given beside the mean's, with the rounds' standard error, and each
+phase's GET /auth 500s by cause, read from the front-end's metrics. A poller
 asks on its own one-second grid (the grids spread over the first second). A long-poller asks
 once plainly, then again and again with the version it got and ``wait_s`` = ``--wait-s``; the
 first asks are spread over one wait, so the deadlines are spread as a population's would be,
