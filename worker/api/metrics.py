@@ -32,8 +32,7 @@ REFUSAL_REASONS: Final = (
 "Front-door limits"). Never labelled by workspace: the label set stays this small."""
 
 IDEMPOTENCY_REFUSALS: Final = ("in_progress", "reused", "exhausted")
-#: ``passkey_api_query_failures_total{reason}``: why a GET /auth answered 500
-#: ``get_auth_state_failed`` (docs/api.md, "Metrics").
+#: ``passkey_api_query_failures_total{reason}`` (docs/api.md, "Operations").
 QUERY_FAILURES: Final = ("not_ready", "not_queued", "deadline", "bad_reply")
 
 
@@ -93,9 +92,8 @@ class ApiMetrics:
         self.query_failures = f.counter(
             "passkey_api_query_failures",
             "GET /auth requests answered 500 get_auth_state_failed, by reason: not_ready (reply"
-            " consumer not positioned by the deadline), not_queued (the query not acknowledged"
-            " by Kafka in time), deadline (no answer in time: passkey_api_query_timeouts_total),"
-            " bad_reply (an answer that could not be used, or the reply consumer stopped)",
+            " consumer not positioned), not_queued (query not acknowledged by Kafka), deadline"
+            " (no answer in time), bad_reply (an unusable answer, or the reply consumer stopped)",
             ("reason",),
             seed=QUERY_FAILURES,
         )
