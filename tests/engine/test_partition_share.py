@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
@@ -259,4 +259,75 @@ async def test_many_keys_of_one_partition_cannot_take_every_slot(
                 running.cancel()
             await asyncio.gather(running, return_exceptions=True)
         await asyncio.wait({asyncio.ensure_future(loop.consumer.stop())}, timeout=10)
+        await producer.stop()
+
+
+class _Asking(AIOKafkaConsumer):  # type: ignore[misc]
+    """A consumer that notes each fetch's ``max_records`` with what was in flight then."""
+
+    loop: ConsumeLoop | None = None
+
+    def __init__(self, *topics: str, **options: Any) -> None:
+        super().__init__(*topics, **options)
+        self.asked: list[tuple[int, int]] = []
+
+    async def getmany(self, *tps: TopicPartition, **options: Any) -> Any:
+        if self.loop is not None:
+            self.asked.append((options["max_records"], self.loop.pressure.in_flight))
+        return await super().getmany(*tps, **options)
+
+
+@pytest.mark.integration
+async def test_a_fetch_asks_only_for_what_the_rule_still_admits(
+    make_settings: SettingsFactory,
+) -> None:
+    """Six partitions of ten slow records, a bound of 40 (a quarter, 10, kept for partitions
+    holding none): a fetch asks for at most what partitions holding some may still take
+    (30 - in flight, at least one), so no batch of records is fetched only to be refused and
+    read again. Before, a fetch asked for the whole room to the bound (40 - in flight): the
+    rule refused the last ten, and their partitions were read again."""
+    partitions, each = 6, 10
+    settings = make_settings(partitions=partitions)
+    kafka = settings.kafka_config()
+    await ensure_topics(kafka, settings.topic_plan())
+    topic = settings.topics.commands
+    producer = build_producer(kafka)
+    await producer.start()
+    handler = _Crowd()
+    config = replace(
+        settings.loop_config("worker"), max_in_flight=MAX_IN_FLIGHT, max_in_flight_per_key=KEY_SHARE
+    )
+    consumer = group_consumer(kafka, config, settings.kafka_consumer_group, consumer_class=_Asking)
+    metrics = WorkerMetrics(CollectorRegistry())
+    loop = consume_loop(kafka, config, consumer=consumer, handler=handler, metrics=metrics)
+    assert isinstance(consumer, _Asking)
+    consumer.loop = loop
+    share = loop.pressure.partition_share
+    admitted = share.capacity - share.reserve
+    assert admitted == 30
+    running: asyncio.Task[None] | None = None
+    try:
+        for p in range(partitions):
+            for i in range(each):
+                await producer.send(topic, str(i).encode(), key=f"hot{p}_{i}".encode(), partition=p)
+        await producer.flush()
+        await consumer.start()
+        running = asyncio.create_task(loop.run())
+        await _wait(lambda: loop.pressure.in_flight >= admitted, 30, "the slow records")
+        handler.release.set()
+        total = partitions * each
+        await _wait(lambda: sum(map(len, handler.done.values())) == total, 30, "every record")
+        assert all(handler.done[f"hot{p}_{i}"] == [i] for p in range(partitions) for i in range(10))
+        asked = consumer.asked
+        assert asked, "the loop fetched"
+        assert all(n <= max(1, admitted - held) for n, held in asked), asked
+    finally:
+        handler.release.set()
+        loop.stop()
+        if running is not None:
+            await asyncio.wait({running}, timeout=15)
+            if not running.done():
+                running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        await asyncio.wait({asyncio.ensure_future(consumer.stop())}, timeout=10)
         await producer.stop()

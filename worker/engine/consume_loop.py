@@ -213,12 +213,11 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         bound during a rebalance (up to the slowest member's rejoin), which a SIGTERM must not.
         Nothing is lost: records leave aiokafka's buffer only after that wait, and offsets of
         records never dispatched are never committed."""
-        room = self.config.max_in_flight - self.pressure.in_flight
         fetch = asyncio.ensure_future(
             fetch_records(
                 self.consumer,
                 timeout_ms=self.config.poll_timeout_ms,
-                max_records=max(1, min(self.config.max_poll_records, room)),
+                max_records=min(self.config.max_poll_records, self.pressure.fetchable()),
                 on_unreadable=Unreadable.of,
                 gaps=self.gaps,
             )

@@ -103,6 +103,13 @@ class Pressure:
         """Whether ``partition`` may take one more of the bound (``partition_share``)."""
         return self.partition_share.admits(self.held.get(partition, 0), self.in_flight)
 
+    def fetchable(self) -> int:
+        """How many records one fetch may bring: what the rule still admits of partitions
+        holding some (up to the reserve), at least one (the reserve's, for a partition holding
+        none). A record past it would be refused, and its partition read again from there."""
+        share = self.partition_share
+        return max(1, share.capacity - share.reserve - self.in_flight)
+
     def room(self, partition: int, key: str) -> bool:
         """Whether a fetched record of ``key`` may be dispatched within the in-flight bound, the
         key's share and the partition's (the admission rule). A key or a partition at its share
