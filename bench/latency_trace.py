@@ -164,29 +164,6 @@ class Trace:
 
         setattr(consume_loop, "fetch_records", fetch_records)  # noqa: B010
 
-        handle = execute.Executor.handle
-
-        async def traced_handle(self: Any, msg: Any) -> None:
-            steps: list[tuple[str, float]] = [("start", time.time())]
-            token = _current.set(steps)
-            try:
-                await handle(self, msg)
-            finally:
-                steps.append(("end", time.time()))
-                _current.reset(token)
-                trace.commands.append(
-                    {
-                        "partition": msg.partition,
-                        "offset": msg.offset,
-                        "value": msg.value,
-                        "produced": msg.timestamp / 1000.0,
-                        "fetched": trace.fetched.pop((msg.partition, msg.offset), math.nan),
-                        "steps": steps,
-                    }
-                )
-
-        execute.Executor.handle = traced_handle  # type: ignore[method-assign]
-
         def note(msg: Any, steps: list[tuple[str, float]]) -> None:
             trace.commands.append(
                 {
@@ -198,6 +175,20 @@ class Trace:
                     "steps": steps,
                 }
             )
+
+        handle = execute.Executor.handle
+
+        async def traced_handle(self: Any, msg: Any) -> None:
+            steps: list[tuple[str, float]] = [("start", time.time())]
+            token = _current.set(steps)
+            try:
+                await handle(self, msg)
+            finally:
+                steps.append(("end", time.time()))
+                _current.reset(token)
+                note(msg, steps)
+
+        execute.Executor.handle = traced_handle  # type: ignore[method-assign]
 
         handle_batch = execute.Executor.handle_batch
 

@@ -191,6 +191,18 @@ async def engine_loop(
         await loop.consumer.stop()
 
 
+async def stop_loop(loop: ConsumeLoop, running: asyncio.Task[None] | None, consumer: Any) -> None:
+    """Stop a consume loop started by hand: its task given 15 s, then cancelled, and
+    ``consumer`` given 10 s to close."""
+    loop.stop()
+    if running is not None:
+        await asyncio.wait({running}, timeout=15)
+        if not running.done():
+            running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    await asyncio.wait({asyncio.ensure_future(consumer.stop())}, timeout=10)
+
+
 async def loop_until(
     predicate: Callable[[], bool], task: asyncio.Task[None], timeout: float
 ) -> None:

@@ -16,6 +16,7 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import SettingsFactory
+from tests.harness import stop_loop
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
 from worker.engine.consume_loop import ConsumeLoop, LoopConfig
@@ -147,13 +148,7 @@ async def test_a_flooded_key_pauses_its_partition_only(make_settings: SettingsFa
         assert handler.peak <= MAX_IN_FLIGHT
     finally:
         handler.release.set()
-        loop.stop()
-        if running is not None:
-            await asyncio.wait({running}, timeout=15)
-            if not running.done():
-                running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
-        await asyncio.wait({asyncio.ensure_future(loop.consumer.stop())}, timeout=10)
+        await stop_loop(loop, running, loop.consumer)
         await producer.stop()
 
 

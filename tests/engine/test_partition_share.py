@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.conftest import SettingsFactory
 from tests.engine.test_hot_key import _Consumer, _Gates, _loop, _record, _settle
+from tests.harness import stop_loop
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.store import StateStore
 from worker.engine.consume_loop import ConsumeLoop
@@ -252,13 +253,7 @@ async def test_many_keys_of_one_partition_cannot_take_every_slot(
         await _wait(lambda: not loop.pressure.key_paused, 30, "partition 0 to resume")
     finally:
         handler.release.set()
-        loop.stop()
-        if running is not None:
-            await asyncio.wait({running}, timeout=15)
-            if not running.done():
-                running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
-        await asyncio.wait({asyncio.ensure_future(loop.consumer.stop())}, timeout=10)
+        await stop_loop(loop, running, loop.consumer)
         await producer.stop()
 
 
@@ -323,11 +318,5 @@ async def test_a_fetch_asks_only_for_what_the_rule_still_admits(
         assert all(n <= max(1, admitted - held) for n, held in asked), asked
     finally:
         handler.release.set()
-        loop.stop()
-        if running is not None:
-            await asyncio.wait({running}, timeout=15)
-            if not running.done():
-                running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
-        await asyncio.wait({asyncio.ensure_future(consumer.stop())}, timeout=10)
+        await stop_loop(loop, running, consumer)
         await producer.stop()
