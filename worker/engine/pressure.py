@@ -107,8 +107,7 @@ class Pressure:
         """How many records one fetch may bring: what the rule still admits of partitions
         holding some (up to the reserve), at least one (the reserve's, for a partition holding
         none). A record past it would be refused, and its partition read again from there."""
-        share = self.partition_share
-        return max(1, share.capacity - share.reserve - self.in_flight)
+        return max(1, self.partition_share.above_reserve(self.in_flight))
 
     def room(self, partition: int, key: str) -> bool:
         """Whether a fetched record of ``key`` may be dispatched within the in-flight bound, the

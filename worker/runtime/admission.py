@@ -66,7 +66,12 @@ class Share:
         """Whether an owner holding ``held`` of the ``in_use`` slots may take one more."""
         if in_use >= self.capacity or held >= self.per_owner:
             return False
-        return held == 0 or self.capacity - in_use - 1 >= self.reserve
+        return held == 0 or self.above_reserve(in_use) >= 1
+
+    def above_reserve(self, in_use: int) -> int:
+        """Slots owners already holding some may still take, all together: those above the
+        reserve."""
+        return max(0, self.capacity - self.reserve - in_use)
 
     def refusal(self, held: int, in_use: int) -> str | None:
         """Why ``admits`` says no (``full`` or ``share``), None when it says yes."""
