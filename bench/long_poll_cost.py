@@ -36,7 +36,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import resource
 import statistics
 import subprocess
@@ -51,7 +50,7 @@ from typing import Any, Final
 import httpx
 
 from bench.common import REPO_ROOT, base_env
-from bench.stack import Connection, Stack, start_stack, stop_process
+from bench.stack import Connection, Stack, samples_of, start_stack, stop_process
 
 MODES: Final = ("poll", "long-poll")
 #: A caller whose answer came back unchanged sooner than this (its long-poll was not held:
@@ -62,7 +61,6 @@ ROLES: Final = ("worker", "front-end", "broker", "dispatcher")
 #: The yardstick of the machine's drift: the dispatcher's work does not depend on the GETs
 #: (no account changes), yet its CPU moves with the idle worker's (bench/README.md).
 REFERENCE: Final = "dispatcher"
-_FAILURE: Final = re.compile(r'^passkey_api_query_failures_total\{reason="(\w+)"\} (\S+)$', re.M)
 
 
 @dataclass
@@ -432,7 +430,13 @@ def idle_window(
 def query_failures(metrics_port: int) -> Counter[str]:
     """The front-end's GET /auth 500s so far by cause, scraped: the stack's logs go with it."""
     text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-    return Counter({m[1]: int(float(m[2])) for m in _FAILURE.finditer(text)})
+    return Counter(
+        {
+            dict(labels)["reason"]: int(value)
+            for (name, labels), value in samples_of(text).items()
+            if name == "passkey_api_query_failures_total"
+        }
+    )
 
 
 def report(done: Phase) -> str:

@@ -32,10 +32,17 @@ from typing import Any
 
 import httpx
 from aiokafka import TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import REPO_ROOT, run_meta
-from bench.stack import Connection, cpu_of, percentile, start_stack, stop_process
+from bench.stack import (
+    Connection,
+    Samples,
+    cpu_of,
+    percentile,
+    samples_of,
+    start_stack,
+    stop_process,
+)
 from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
 from worker.contract.messages import RegisterAccount
 from worker.engine.catch_up import catch_up
@@ -290,19 +297,15 @@ async def sample(pids: dict[str, int], soak: Soak, every_s: float, stop: asyncio
             await asyncio.wait_for(stop.wait(), every_s)
 
 
-async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """A process's metrics page at the end of the run, each sample by (name, labels); empty when
-    the page cannot be read. Parsed with prometheus-client's own parser."""
+async def scrape(port: int) -> Samples:
+    """A process's metrics page at the end of the run (``samples_of``); empty when the page
+    cannot be read."""
     async with httpx.AsyncClient(timeout=5) as client:
         try:
             text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
         except httpx.HTTPError:
             return {}
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+    return samples_of(text)
 
 
 async def held_in_memory(ports: dict[str, int]) -> dict[str, float | None]:

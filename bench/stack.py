@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Final
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import REPO_ROOT, base_env
 from devstack.broker import free_port
@@ -43,6 +44,19 @@ def cpu_of(pid: int) -> tuple[float, float]:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def samples_of(exposition: str) -> Samples:
+    """A process's metrics page, each sample by (name, sorted labels), parsed with
+    prometheus-client's own parser."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
 
 
 def children_of(pid: int) -> list[int]:
