@@ -48,7 +48,6 @@ import dataclasses
 import itertools
 import json
 import math
-import re
 import shutil
 import signal
 import statistics
@@ -91,6 +90,7 @@ from bench.load import (
 )
 from bench.memory import restore_rate, store_memory
 from bench.procs import Proc, start_proc, start_profiler, stop_procs
+from bench.stack import samples_of
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, EMBEDDED_OFFSET_GAP_HOLD_S
 from worker.contract.topics import Topics
@@ -102,6 +102,8 @@ WORKER_DEFAULT_IN_FLIGHT: int = Settings.model_fields["worker_max_in_flight"].de
 WINDOW: int = Settings.model_fields["worker_dedup_window"].default
 HTTP_WORKERS_1P = ("worker-1p",)
 HTTP_WORKERS = ("worker-1p", "worker-2p")
+#: The sample a worker's /metrics shows once it has been assigned partitions.
+ASSIGNED = ("passkey_auth_rebalances_total", (("kind", "assigned"),))
 Kind = Literal["ceiling", "floor", "batched", "baseline", "worker"]
 Provider = Literal["http", "inproc"]
 
@@ -473,10 +475,7 @@ class Bench:
                     base = f"http://127.0.0.1:{proc.port}"
                     if (await self.http.get(f"{base}/readyz")).status_code == 200:
                         text = (await self.http.get(f"{base}/metrics")).text
-                        m = re.search(
-                            r'passkey_auth_rebalances_total\{kind="assigned"\} (\S+)', text
-                        )
-                        if m and float(m.group(1)) >= 1:
+                        if samples_of(text).get(ASSIGNED, 0.0) >= 1:
                             ready += 1
             if ready == len(procs):
                 return

@@ -69,6 +69,7 @@ from bench.load import (
     proc_user_sys_s,
 )
 from bench.procs import Proc, start_proc, start_profiler, stop_procs
+from bench.stack import samples_of
 from bench.webhook_receiver import SECRET_ENV
 from devstack.broker import EmbeddedBroker, free_port, wait_for_port
 from devstack.settings import EMBEDDED_FETCH_MAX_WAIT_MS, EMBEDDED_OFFSET_GAP_HOLD_S
@@ -639,12 +640,11 @@ class HookBench:
             "passkey_webhook_attempts_total",
             "passkey_webhook_inflight_work",
         )
-        out: dict[str, float] = {}
-        for line in answer.text.splitlines():
-            name, _, value = line.rpartition(" ")
-            if name.startswith(wanted) and not line.startswith("#"):
-                out[name] = float(value)
-        return out
+        return {
+            name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else ""): value
+            for (name, labels), value in samples_of(answer.text).items()
+            if name.startswith(wanted)
+        }
 
     async def _send_open_loop(
         self,
