@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
@@ -367,6 +369,45 @@ async def test_time_outs_due_within_one_slot_are_answered_together_never_early()
     assert executor.waits.slots == {} and parked(metrics) == 0
 
 
+async def test_the_slots_are_a_tenth_of_the_wait_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A time-out may come a tenth of its wait late: at ``wait_s`` 30 waits due 0.5 s and
+    2.5 s after a first share its 3 s slot (one timer, one pass, one send); at 5 s the slots
+    are 0.5 s apart, and waits due 0.6 s apart across a boundary do not share one. The clock
+    is read as set, so no wait is timed."""
+    accounts = [f"acc_{n}" for n in range(5)]
+    executor, store, recorder, _ = setup(
+        *(record("passkey_confirmation", 1, account=a) for a in accounts)
+    )
+    loop = asyncio.get_running_loop()
+    waits = executor.waits
+
+    def park_at(at: float, account: str, wait_ms: int) -> None:
+        msg = query(account=account, after=1, wait_ms=wait_ms)
+        parsed = GetAuthState.model_validate_json(msg.value)
+        with monkeypatch.context() as patch:
+            patch.setattr(loop, "time", lambda: at)
+            assert waits.park(msg.partition, parsed, store.get(msg.partition, account), 2)
+
+    async def run_slots() -> None:
+        for due in sorted(waits.slots):
+            waits.slots[due][1].cancel()
+            waits._slot_due(due)  # the slot's timer, run now: one pass
+            await settle()
+
+    past_boundary = math.floor(loop.time() / 3) * 3 + 3.25
+    for offset, account in zip((0.0, 0.5, 2.5), accounts, strict=False):
+        park_at(past_boundary + offset, account, 30_000)
+    assert len(waits.slots) == 1, "due within 3 s, one slot at wait_s 30"
+    await run_slots()
+    assert recorder.batches == [3], "one pass, one send"
+    boundary = math.floor(loop.time() / 0.5) * 0.5 + 1.0
+    park_at(boundary - 0.3, accounts[3], 5_000)
+    park_at(boundary + 0.3, accounts[4], 5_000)
+    assert len(waits.slots) == 2, "a slot at wait_s 5 is 0.5 s wide"
+    await run_slots()
+    assert recorder.batches == [3, 1, 1] and waits.slots == {}
+
+
 async def test_a_wait_answered_by_its_change_leaves_its_slot_and_the_last_one_frees_it() -> None:
     executor, store, recorder, _ = setup(
         record("passkey_confirmation", 1), record("passkey_confirmation", 1, account="acc_2")
@@ -374,7 +415,7 @@ async def test_a_wait_answered_by_its_change_leaves_its_slot_and_the_last_one_fr
     one, two = query(after=1, wait_ms=30_000), query(account="acc_2", after=1, wait_ms=30_000)
     await executor.handle(one)
     await executor.handle(two)
-    ((waits, _),) = executor.waits.slots.values()  # both in the one 1 s slot
+    ((waits, _),) = executor.waits.slots.values()  # both in the one 3 s slot
     assert len(waits) == 2
     for msg, account in ((one, "acc_1"), (two, "acc_2")):
         before = store.get(msg.partition, account)

@@ -40,7 +40,7 @@ from worker.api.reading import ACCOUNT_ID_RULE, check_body, invalid_path, reques
 from worker.api.replies import CorrelatedReply, ReplyError, ReplyRouter
 from worker.api.request_rate import RateLimited, RateLimiter
 from worker.contract.catalogue import ServiceError
-from worker.contract.messages import MAX_WAIT_MS, GetAuthState, PasskeyConfirm
+from worker.contract.messages import MAX_WAIT_MS, SLACK_SHARE, GetAuthState, PasskeyConfirm
 from worker.engine.broker_health import BrokerHealth
 from worker.engine.home_partition import REPLY_PARTITION
 from worker.engine.tail import TopicTail
@@ -382,7 +382,8 @@ class ApiRoutes:
         wait, slot = self.long_polls.admit(workspace_id, wait)
         failed = self.metrics.query_failures.labels  # each 500 counted by its cause
         with slot or contextlib.nullcontext():
-            deadline = time.monotonic() + wait.wait_s + self.reply_timeout_s
+            within_s = wait.wait_s * (1 + SLACK_SHARE) + self.reply_timeout_s
+            deadline = time.monotonic() + within_s
             replies = self.replies
             if not replies.ready and not await replies.wait_caught_up(deadline - time.monotonic()):
                 failed("not_ready").inc()
@@ -403,10 +404,9 @@ class ApiRoutes:
             if reply is None:
                 self.metrics.query_timeouts.inc()
                 failed("deadline").inc()
-                self._no_reply("api_query_timeout", query, wait.wait_s + self.reply_timeout_s)
+                self._no_reply("api_query_timeout", query, within_s)
                 raise ServiceError.of(
-                    "get_auth_state_failed",
-                    f"No answer within {wait.wait_s + self.reply_timeout_s:g} s. {unavailable}",
+                    "get_auth_state_failed", f"No answer within {within_s:g} s. {unavailable}"
                 )
         data = long_poll.auth_state(reply, account_id, request_id)
         if data is None:

@@ -13,7 +13,7 @@ from worker.auth.flow import Decision, answer_query, is_owner
 from worker.auth.metrics import WorkerMetrics
 from worker.auth.publish import Publisher
 from worker.auth.store import StateStore
-from worker.contract.messages import AccountRecord, GetAuthState
+from worker.contract.messages import SLACK_SHARE, AccountRecord, GetAuthState
 from worker.runtime.admission import Admission, NoRoom, Share, Slot
 from worker.runtime.logs import get_logger
 
@@ -29,11 +29,6 @@ PARKED_PER_WORKSPACE: Final = 1_000
 PARKED_PER_ACCOUNT: Final = 64
 #: How long the stop waits for the last answers to be acknowledged before the producer closes.
 STOP_BUDGET_S: Final = 5.0
-#: A wait's time-out may come this share of its wait late, at most ``SLACK_MAX_S``: time-outs
-#: due within one slot are answered together, one timer, one pass and one produce request for
-#: them, and their callers' next asks arrive together (docs/architecture.md, "Long-polls").
-SLACK_SHARE: Final = 0.1
-SLACK_MAX_S: Final = 1.0
 
 
 #: The account's open publication window, if any (``Executor._windows``).
@@ -170,9 +165,11 @@ class ParkedWaits:
 
     def _arm(self, wait: _Wait, wait_s: float) -> None:
         """Put ``wait`` in the slot its time-out falls in: the first slot boundary past its
-        time, slots ``min(SLACK_SHARE * wait_s, SLACK_MAX_S)`` apart."""
+        time, slots ``SLACK_SHARE * wait_s`` apart (3 s at 30 s). Time-outs of one slot are
+        answered in one pass and one produce request, and their callers' next asks arrive
+        together; a time-out says nothing changed, so its lateness goes unseen."""
         loop = asyncio.get_running_loop()
-        slack = min(SLACK_SHARE * wait_s, SLACK_MAX_S)
+        slack = SLACK_SHARE * wait_s
         deadline = loop.time() + wait_s
         due = math.ceil(deadline / slack) * slack if slack > 0 else deadline
         held = self.slots.get(due)

@@ -126,8 +126,10 @@ class DeregisterAccount(_Message):
     account_id: Identifier
 
 
-#: The longest a query may ask to be parked (``GetAuthState.wait_ms``): 30 s.
+#: The longest a query may ask to be parked (``GetAuthState.wait_ms``): 30 s; its time-out may
+#: come ``SLACK_SHARE`` of it late (docs/architecture.md, "Long-polls").
 MAX_WAIT_MS = 30_000
+SLACK_SHARE = 0.1
 
 
 class GetAuthState(_Message):
