@@ -51,6 +51,7 @@ import httpx
 
 from bench.common import REPO_ROOT, base_env
 from bench.stack import Connection, Stack, samples_of, start_stack, stop_process
+from worker.contract.messages import SLACK_SHARE
 
 MODES: Final = ("poll", "long-poll")
 #: A caller whose answer came back unchanged sooner than this (its long-poll was not held:
@@ -155,8 +156,8 @@ def _ratio(long_poll: float, poll: float) -> float:
 
 def drain_s(mode: str, wait_s: float) -> float:
     """After the callers stop, how long until the worker holds no wait of theirs: a parked
-    wait ends at its time-out, at most a tenth of it (1 s at most) late."""
-    return (wait_s + min(wait_s / 10, 1.0) if mode == "long-poll" else 0.0) + 2.0
+    wait ends at its time-out, at most a tenth of it late (``SLACK_SHARE``)."""
+    return (wait_s * (1 + SLACK_SHARE) if mode == "long-poll" else 0.0) + 2.0
 
 
 def summarize(phases: list[Phase]) -> dict[str, Any]:

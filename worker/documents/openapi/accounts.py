@@ -97,9 +97,9 @@ _LONG_POLL: Final = (
         "query",
         "Seconds to wait for a change past `after_version` (a long-poll). The answer is"
         " the state once the version passes it, or after `wait_s` (never sooner, at most a"
-        " tenth of it and 1 s later) the state as it is then (the same `version`): ask again"
-        " with it. Without it, or 0, the answer is"
-        " immediate; a deployment may wait less (`API_LONG_POLL_MAX_S`), then answers"
+        " tenth of it later) the state as it is then (the same `version`): ask again with it;"
+        " let the HTTP client wait `wait_s` + a tenth + a margin. Without it, or 0, the answer"
+        " is immediate; a deployment may wait less (`API_LONG_POLL_MAX_S`), then answers"
         " after that long. A long-poll is one request of the workspace's rate limit. When too"
         " many wait at once (per account, per workspace, per worker) it is answered at"
         " once with the current state, never refused.",
