@@ -320,3 +320,30 @@ async def test_a_fetch_asks_only_for_what_the_rule_still_admits(
         handler.release.set()
         await stop_loop(loop, running, consumer)
         await producer.stop()
+
+
+async def test_a_fetch_from_one_partition_asks_no_more_than_its_share_admits() -> None:
+    """All of a fetch may come from one partition (always, on one): it asks for no more than
+    the rule admits of that partition, so none of it is refused and read again. Before, it
+    asked for the room above the reserve (750 of 1,000 with nothing in flight) where one
+    partition takes 375."""
+    handler = _Gates()
+    loop = _loop(handler, _Consumer())
+    pressure = loop.pressure
+    pressure.active = {0}
+    tp = TopicPartition("t", 0)
+    taken = 0
+    for first in (100, None):
+        asked = pressure.fetchable()
+        assert asked == 375 - taken
+        for _ in range(first or asked):  # every record asked for is admitted
+            assert loop._dispatch(tp, _record(0, taken, f"acc_{taken}".encode()))
+            taken += 1
+    assert taken == pressure.held[0] == 375
+    assert pressure.fetchable() == 1, "at least one"
+    assert not loop._dispatch(tp, _record(0, taken, b"acc_more")), "the share is full"
+    pressure.active = {0, 1}
+    assert pressure.fetchable() == 375, "partition 1, holding none, may take its share"
+    await _settle(lambda: len(handler.permits) == 375)
+    handler.let_all()
+    await _settle(lambda: pressure.in_flight == 0)

@@ -130,3 +130,16 @@ def test_a_capped_share_keeps_a_quarter_for_owners_holding_none(
     share = Share.capped(capacity, per_owner)
     assert (share.per_owner, share.reserve) == expected
     assert Share.split(capacity, owners=4).reserve == share.reserve
+
+
+def test_an_owners_room_is_what_admits_grants_one_after_another() -> None:
+    """``Share.room``: the slots one owner may still take, counted as ``admits`` grants them in
+    turn (the first of an owner holding none may be the reserve's), for every small case."""
+    for capacity, per_owner, reserve in ((1, 1, 0), (4, 2, 1), (10, 3, 2), (40, 15, 10)):
+        share = Share(capacity=capacity, per_owner=per_owner, reserve=reserve)
+        for in_use in range(capacity + 1):
+            for held in range(min(in_use, per_owner + 1) + 1):
+                granted = 0
+                while share.admits(held + granted, in_use + granted):
+                    granted += 1
+                assert share.room(held, in_use) == granted, (share, held, in_use)

@@ -104,10 +104,12 @@ class Pressure:
         return self.partition_share.admits(self.held.get(partition, 0), self.in_flight)
 
     def fetchable(self) -> int:
-        """How many records one fetch may bring: what the rule still admits of partitions
-        holding some (up to the reserve), at least one (the reserve's, for a partition holding
-        none). A record past it would be refused, and its partition read again from there."""
-        return max(1, self.partition_share.above_reserve(self.in_flight))
+        """How many records one fetch may bring: the most the rule still admits of one partition
+        read (a fetch may bring them all from one; ``Share.room``), at least one. A record past
+        it would be refused, and its partition read again from there."""
+        share, in_flight = self.partition_share, self.in_flight
+        rooms = [share.room(self.held.get(p, 0), in_flight) for p in self.active - self.key_paused]
+        return max(1, max(rooms, default=share.above_reserve(in_flight)))
 
     def room(self, partition: int, key: str) -> bool:
         """Whether a fetched record of ``key`` may be dispatched within the in-flight bound, the

@@ -68,6 +68,15 @@ class Share:
             return False
         return held == 0 or self.above_reserve(in_use) >= 1
 
+    def room(self, held: int, in_use: int) -> int:
+        """How many more slots one owner holding ``held`` of the ``in_use`` may take, one
+        after another as ``admits`` says (its first, holding none, may be the reserve's)."""
+        if not self.admits(held, in_use):
+            return 0
+        if held == 0:
+            return 1 + min(self.per_owner - 1, self.above_reserve(in_use + 1))
+        return min(self.per_owner - held, self.above_reserve(in_use))
+
     def above_reserve(self, in_use: int) -> int:
         """Slots owners already holding some may still take, all together: those above the
         reserve."""
