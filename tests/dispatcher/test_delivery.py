@@ -237,6 +237,30 @@ def test_a_record_never_passes_its_byte_bound_whatever_happens_to_it() -> None:
     assert take_in(empty(), too_big, limits)[1] == "full", "one delivery past the bound alone"
 
 
+def test_the_byte_bound_is_of_the_record_as_written_whatever_its_text() -> None:
+    """``fits`` decides on the record's bytes as written to the changelog, not its characters,
+    also for bodies of 4-byte characters, escaped quotes and control characters (6 bytes
+    each): it says exactly what measuring the record says, near the bound too."""
+    limits = QueueLimits(max_pending=1000, max_bytes=32 * 1024)
+    limit = limits.max_bytes - STATE_HEADROOM
+    rng = random.Random(7)
+    texts = ("\U0001f600", "é", '"', "\\", "\x01", "x")
+    state = empty()
+    sizes, near = [], 0
+    for v in range(300):
+        body = "".join(rng.choice(texts) for _ in range(rng.randrange(1, 1500)))
+        grown, _ = enqueue(state, big(v, 0).model_copy(update={"body": body}))
+        exact = len(grown.model_dump_json().encode()) <= limit
+        assert limits.fits(grown) == exact
+        near += limit - 4096 < len(grown.model_dump_json().encode()) < limit + 4096
+        state, verdict = take_in(state, big(v, 0).model_copy(update={"body": body}), limits)
+        if verdict == "full":
+            state = settle(state, DeliveryResult(200), now=NOW + v).state
+        sizes.append(len(state.model_dump_json().encode()))
+    assert max(sizes) <= limit, "bytes, not characters, are bounded"
+    assert near > 10, "the bound was tried near its edge"
+
+
 def test_queue_limits_reject_nonsense() -> None:
     with pytest.raises(ValueError, match="max_pending"):
         QueueLimits(max_pending=0)

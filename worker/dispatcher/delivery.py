@@ -157,10 +157,11 @@ class QueueLimits:
             raise ValueError(f"max_bytes must be >= {2 * STATE_HEADROOM}")
 
     def fits(self, state: DeliveryState) -> bool:
-        """Whether ``state`` (a queue with the new delivery in it) may be taken in."""
+        """Whether ``state`` (a queue with the new delivery in it) may be taken in: its record's
+        bytes as written (a character of a body may take up to 6 of them)."""
         if len(state.queue) > self.max_pending:
             return False
-        return len(state.model_dump_json()) <= self.max_bytes - STATE_HEADROOM
+        return len(state.model_dump_json().encode()) <= self.max_bytes - STATE_HEADROOM
 
 
 TakenIn = Literal["taken", "duplicate", "full"]
