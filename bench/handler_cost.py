@@ -1,20 +1,21 @@
 """CPU per confirm of three handlers, in one process, with Kafka and the provider answered in
 process (``python -m bench.handler_cost``): the floor's, the batched contender's, and the
-worker's own per-command ``Executor``.
+worker's own ``Executor``.
 
 ``python -m bench`` measures the contenders end to end on a shared machine, where single
 figures move by ±20 %. This takes the I/O out: the same synthetic fetched batches of
 registrations, then of first confirms, go through ``WorkerFloor.handle``,
-``BatchedWorker.handle`` and, for ``executor``, every record of a batch through the
-worker's ``Executor.handle`` at once (one task each, as the consume loop's lanes run them,
-but without the loop: no lanes, pressure or watermarks). The producer acknowledges in the
+``BatchedWorker.handle`` and, for ``executor``, each partition's records of a batch through
+the worker's ``Executor.handle_batch`` as one unit of work, as the consume loop hands them
+over (a record it lets go then through ``Executor.handle``, as its lane would), but without
+the loop: no lanes, pressure or watermarks. The producer acknowledges in the
 next loop turn; the HTTP client answers 200 after one loop turn (the provider adapters keep
 their retry loop, breaker, deadline and gate around it). What is left is each handler's own
 Python work per confirm: batched - floor is what the worker's decision, adapter and records
-cost above the floor's; executor - batched what its per-command handling adds
-(instrumentation, tracing, per-command publication and ack waits, the store);
-bench/README.md, "The worker's decisions in the floor's shape". Rounds alternate and the
-best round of each is reported, as ``timeit`` does. Reports numbers; asserts nothing.
+cost above the floor's; executor - batched what its own handling adds (instrumentation,
+tracing, the unit's rounds of publication and ack waits, the store); bench/README.md,
+"The worker's decisions in the floor's shape". Rounds alternate and the best round of each
+is reported, as ``timeit`` does. Reports numbers; asserts nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import gc
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -124,8 +125,8 @@ def _chunks(commands: list[tuple[bytes, bytes]], size: int, topic: str) -> list[
 
 class WorkerHandler:
     """The worker's ``Executor`` built as ``worker.auth.app`` builds it (store, publisher,
-    adapters with their metric hooks, policy, router, metrics), records of a batch handled
-    concurrently, one task each."""
+    adapters with their metric hooks, policy, router, metrics), driven per fetched batch
+    as the consume loop drives it."""
 
     def __init__(self, settings: Settings, producer: Producer, provider: Provider) -> None:
         metrics = WorkerMetrics(CollectorRegistry())
@@ -146,9 +147,20 @@ class WorkerHandler:
         )
 
     async def handle(self, batch: Batch) -> None:
+        """Each partition's records as the consume loop hands them over: one unit of work
+        (``Executor.handle_batch``; every key in these batches is distinct, as the loop's
+        units are), a record it lets go unfinished then through ``handle`` as its lane runs
+        it."""
+        lanes: list[Awaitable[None]] = []
+
+        def release(msgs: list[ConsumerRecord[bytes, bytes]], finished: bool) -> None:
+            if not finished:
+                lanes.extend(self.executor.handle(msg) for msg in msgs)
+
         await asyncio.gather(
-            *(self.executor.handle(msg) for msgs in batch.values() for msg in msgs)
+            *(self.executor.handle_batch(msgs, release) for msgs in batch.values())
         )
+        await asyncio.gather(*lanes)
 
 
 async def one_round(kind: str, n: int, size: int, tag: str) -> dict[str, Any]:
