@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 import sys
 import uuid
@@ -51,8 +53,22 @@ def event_id(*parts: object) -> str:
 
 
 def rfc3339(ts: float) -> str:
-    """Epoch seconds → RFC 3339 UTC with millisecond precision and a ``Z`` suffix."""
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Epoch seconds → RFC 3339 UTC with millisecond precision and a ``Z`` suffix: what
+    ``datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")`` writes (rounded to
+    the microsecond half to even, then cut to the millisecond), its whole second made once
+    for the records of that second (several a delivery)."""
+    frac, whole = math.modf(ts)
+    us = round(frac * 1e6)
+    if us >= 1_000_000:
+        whole, us = whole + 1.0, us - 1_000_000
+    elif us < 0:
+        whole, us = whole - 1.0, us + 1_000_000
+    return f"{_second(whole)}.{us // 1000:03d}Z"
+
+
+@functools.lru_cache(maxsize=8)
+def _second(whole: float) -> str:
+    return datetime.fromtimestamp(whole, UTC).isoformat()[:19]
 
 
 class TopicRecord(BaseModel):
