@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import functools
-import math
 import re
 import sys
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -25,6 +23,7 @@ from pydantic_core import core_schema, from_json
 
 from worker.contract.compact_ids import CompactId, compact_id, expand_id
 from worker.contract.shared_timestamps import RecordTimestamp, SharedTimestamp
+from worker.contract.shared_timestamps import rfc3339 as rfc3339  # where it was
 
 SCHEMA_VERSION: Literal[1] = 1
 MAX_RECORD_BYTES = 64 * 1024
@@ -50,25 +49,6 @@ EVENT_NAMESPACE = uuid.UUID("6f1c3b0e-2a52-4c1e-9d43-7b8f4b8f0d11")
 def event_id(*parts: object) -> str:
     """Deterministic event id from its cause (e.g. ``"status", account_id, version``)."""
     return str(uuid.uuid5(EVENT_NAMESPACE, ":".join(str(p) for p in parts)))
-
-
-def rfc3339(ts: float) -> str:
-    """Epoch seconds → RFC 3339 UTC with millisecond precision and a ``Z`` suffix: what
-    ``datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")`` writes (rounded to
-    the microsecond half to even, then cut to the millisecond), its whole second made once
-    for the records of that second (several a delivery)."""
-    frac, whole = math.modf(ts)
-    us = round(frac * 1e6)
-    if us >= 1_000_000:
-        whole, us = whole + 1.0, us - 1_000_000
-    elif us < 0:
-        whole, us = whole - 1.0, us + 1_000_000
-    return f"{_second(whole)}.{us // 1000:03d}Z"
-
-
-@functools.lru_cache(maxsize=8)
-def _second(whole: float) -> str:
-    return datetime.fromtimestamp(whole, UTC).isoformat()[:19]
 
 
 class TopicRecord(BaseModel):
