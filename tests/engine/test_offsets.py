@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
+from aiokafka import TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.engine.offsets import OffsetTracker, hold_record
+from worker.engine.offsets import Hold, OffsetTracker, hold_record
 
 
 def test_watermark_waits_for_the_oldest_unfinished_record() -> None:
@@ -96,3 +100,31 @@ def test_the_watermark_never_passes_a_held_or_unfinished_offset(
 
 def test_no_hold_outside_the_consume_loop() -> None:
     assert hold_record() is None
+
+
+class _Owner:
+    hold: Hold | None = None
+
+
+def _owned_hold(tracker: OffsetTracker) -> tuple[Hold, weakref.ref[_Owner]]:
+    """A hold whose overdue callback refers to its owner, which refers back to the hold."""
+    owner = _Owner()
+    owner.hold = Hold(tracker, TopicPartition("t", 0), 5, on_overdue=lambda: print(owner.hold))
+    return owner.hold, weakref.ref(owner)
+
+
+def test_a_released_hold_lets_go_of_an_owner_that_refers_back_to_it() -> None:
+    """An owner whose overdue callback refers to its own hold (the dispatcher's event hold)
+    is freed on release by reference counting, not left to the cyclic collector."""
+    tracker = OffsetTracker()
+    tracker.dispatched(5)
+    gc.disable()
+    try:
+        hold, owner = _owned_hold(tracker)
+        assert owner() is not None
+        hold.release()
+        assert owner() is None
+    finally:
+        gc.enable()
+    tracker.finished(5)
+    assert tracker.watermark() == 6

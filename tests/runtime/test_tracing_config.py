@@ -3,12 +3,14 @@ round trip, the W3C tracestate cut, and the log processor's ids."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind, TraceState
+from opentelemetry.trace import SpanContext, SpanKind, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from worker.runtime import tracing
@@ -161,3 +163,27 @@ def test_stored_header_values_give_the_propagator_s_context_and_go_on_as_they_ca
         assert sent == tracing.http_headers(expected)
     else:
         assert sent["traceparent"].endswith("-00"), "a new root, not sampled"
+
+
+def test_a_stored_traceparent_is_read_into_its_context_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recording nothing, an attempt sends its stored plain ``traceparent`` on as it came
+    without building its context (once per delivery); a log line's ids still read it."""
+    built: list[object] = []
+    real = SpanContext
+
+    def counted(*args: Any, **kwargs: Any) -> SpanContext:
+        built.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tracing, "SpanContext", counted)
+    assert not tracing.recording()
+    parent = tracing.context_from_traceparent(CALLER)
+    with tracing.span("attempt", kind=SpanKind.CLIENT, parent=parent):
+        assert tracing.http_headers() == {"traceparent": CALLER}
+        assert tracing.kafka_headers() == [("traceparent", CALLER.encode())]
+        assert built == []
+        event = tracing.add_trace_ids(None, "info", {})
+    assert event == {"trace_id": CALLER[3:35], "span_id": CALLER[36:52]}
+    assert len(built) == 1

@@ -7,7 +7,7 @@ import re
 import sys
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -23,6 +23,7 @@ from pydantic_core import core_schema, from_json
 
 from worker.contract.compact_ids import CompactId, compact_id, expand_id
 from worker.contract.shared_timestamps import RecordTimestamp, SharedTimestamp
+from worker.contract.shared_timestamps import rfc3339 as rfc3339  # where it was
 
 SCHEMA_VERSION: Literal[1] = 1
 MAX_RECORD_BYTES = 64 * 1024
@@ -48,11 +49,6 @@ EVENT_NAMESPACE = uuid.UUID("6f1c3b0e-2a52-4c1e-9d43-7b8f4b8f0d11")
 def event_id(*parts: object) -> str:
     """Deterministic event id from its cause (e.g. ``"status", account_id, version``)."""
     return str(uuid.uuid5(EVENT_NAMESPACE, ":".join(str(p) for p in parts)))
-
-
-def rfc3339(ts: float) -> str:
-    """Epoch seconds → RFC 3339 UTC with millisecond precision and a ``Z`` suffix."""
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class TopicRecord(BaseModel):

@@ -104,18 +104,18 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
             self._count_deliveries(partition, record.workspace_id, len(record.queue))
             if record.idle:
                 if isinstance(held.pop(key, None), DeliveryState):
-                    _add(self._pending.setdefault(partition, Counter()), record.endpoint_id, -1)
+                    _add(_of(self._pending, partition), record.endpoint_id, -1)
                 self._deferred.pop(key, None)
                 self.unpark(partition, key)
                 self.timers.cancel(key)
                 return
             if not isinstance(held.get(key), DeliveryState):
-                _add(self._pending.setdefault(partition, Counter()), record.endpoint_id, +1)
+                _add(_of(self._pending, partition), record.endpoint_id, +1)
         super().put(partition, record)
 
     def _count_deliveries(self, partition: int, workspace_id: str, delta: int) -> None:
         if delta:
-            _add(self._workspace_pending.setdefault(partition, Counter()), workspace_id, delta)
+            _add(_of(self._workspace_pending, partition), workspace_id, delta)
             _add(self._workspace_total, workspace_id, delta)
 
     def pending_deliveries(self, workspace_id: str) -> int:
@@ -126,7 +126,8 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
     def pending_pairs(self, partition: int, endpoint_id: str) -> int:
         """How many pairs of ``endpoint_id`` with something pending this store holds in
         ``partition`` (``QueueLimits.max_pairs_per_endpoint`` bounds it)."""
-        return self._pending.get(partition, Counter())[endpoint_id]
+        counts = self._pending.get(partition)
+        return 0 if counts is None else counts[endpoint_id]
 
     def park(self, partition: int, key: str) -> None:
         """The pair's endpoint paused it (back-off, ``Retry-After``, rate limit): a delivery
@@ -279,6 +280,14 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
 
     def _timer_keys(self, record: DeliveryState | AccountDeliveries) -> list[str]:
         return [self.key_of(record)]
+
+
+def _of(table: dict[int, Counter[str]], partition: int) -> Counter[str]:
+    """The partition's counts, made at its first use (not a ``Counter`` made per call)."""
+    counts = table.get(partition)
+    if counts is None:
+        counts = table[partition] = Counter()
+    return counts
 
 
 def _add(counts: Counter[str], key: str, delta: int) -> None:

@@ -82,8 +82,11 @@ class Hold:
         tracker.hold(offset)
 
     def release(self) -> None:
+        """Also drops ``on_overdue``, moot now: a callback that refers back to its hold (its
+        owner's state does) would otherwise keep both alive until the cyclic collector ran."""
         if not self.released:
             self.released = True
+            self.on_overdue = None
             self._tracker.release(self.offset)
 
     def holds(self, tracker: OffsetTracker | None) -> bool:

@@ -216,12 +216,25 @@ def new_root() -> SpanContext:
 
 class _Carried(NonRecordingSpan):
     """A trace carried through this process unrecorded, its outgoing headers made once for all
-    the records and requests of its command or attempt (``http``: as they came, when known)."""
+    the records and requests of its command or attempt (``http``: as they came, when known).
+    A plain ``traceparent`` (``context`` None) is read into its context only when that is asked
+    for (a log line, a child span): an attempt sends it on as it came."""
 
-    def __init__(self, context: SpanContext, http: dict[str, str] | None = None) -> None:
-        super().__init__(context)
+    def __init__(self, context: SpanContext | None, http: dict[str, str] | None = None) -> None:
+        super().__init__(context)  # type: ignore[arg-type]
         self._http = http
         self._kafka: list[tuple[str, bytes]] | None = None
+
+    def get_span_context(self) -> SpanContext:
+        if self._context is None:
+            plain = self._http[TRACEPARENT]
+            self._context = SpanContext(
+                int(plain[3:35], 16),
+                int(plain[36:52], 16),
+                is_remote=True,
+                trace_flags=TraceFlags(int(plain[53:55], 16)),
+            )
+        return self._context
 
     def kafka(self) -> list[tuple[str, bytes]]:
         if self._kafka is None:
@@ -408,16 +421,9 @@ def _parse(traceparent: str, tracestate: str | None) -> _Carried | None:
     if not tracestate and len(traceparent) == 55:
         plain = _PLAIN_TRACEPARENT.fullmatch(traceparent)
         if plain is not None:
-            trace_id, span_id, flags = plain.groups()
-            if trace_id == _NO_TRACE or span_id == _NO_SPAN:
+            if plain[1] == _NO_TRACE or plain[2] == _NO_SPAN:
                 return None
-            context = SpanContext(
-                int(trace_id, 16),
-                int(span_id, 16),
-                is_remote=True,
-                trace_flags=TraceFlags(int(flags, 16)),
-            )
-            return _Carried(context, {TRACEPARENT: traceparent})
+            return _Carried(None, {TRACEPARENT: traceparent})
     carrier = {TRACEPARENT: traceparent}
     if tracestate:
         carrier[TRACESTATE] = tracestate
