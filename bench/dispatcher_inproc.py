@@ -183,6 +183,7 @@ class Harness:
         self.failures: list[str] = []
         self._holds: deque[Any] = deque()
         self._offsets = [0] * PARTITIONS
+        self._trackers: dict[int, Any] = {}  # one a partition, as the loop keeps
 
     async def _handle(self, partition: int, value: bytes) -> list[str]:
         """``handle`` as the loop runs it: the record's offset tracked, its holds kept."""
@@ -191,7 +192,9 @@ class Harness:
         offsets = importlib.import_module("worker.engine.offsets")
         offset = self._offsets[partition]
         self._offsets[partition] += 1
-        tracker = offsets.OffsetTracker()
+        tracker = self._trackers.get(partition)
+        if tracker is None:
+            tracker = self._trackers[partition] = offsets.OffsetTracker()
         tracker.dispatched(offset)
         msg = self._record(STATUS, partition, offset, 0, 0, b"k", value, None, 1, len(value), [])
         tp = TopicPartition(STATUS, partition)
@@ -217,7 +220,10 @@ class Harness:
             self.failures.append(repr(task.exception()))
 
     def _sweep(self) -> None:
-        """The loop's timer sweep: each due pair without a running lane gets one."""
+        """The loop's timer sweep: each due pair without a running lane gets one; and its
+        commit tick's: the released holds at the front let go (``Commits.overdue_holds``)."""
+        while self._holds and self._holds[0].released:
+            self._holds.popleft()
         now = time.time()
         while (due := self.store.pop_due(now, retry_at=now + 0.005)) is not None:
             key, partition = due
