@@ -97,8 +97,9 @@ NOT_GROWN: dict[str, str] = {
     "runtime/tracing.py:_Carried._http": "one message's fields: a command's trace headers",
     "auth/execute.py:_Step.headers": "one command's fields: its outputs' trace headers",
     "auth/publish.py:Output.headers": "one decision's fields: its records' trace headers",
-    "auth/metrics.py:WorkerMetrics._children": "one entry per series looked up: fixed label"
-    " sets of the code (types, verdicts, statuses, catalogued errors) and the providers",
+    "engine/metrics.py:LoopSeries._children": "one entry per series looked up: fixed label"
+    " sets of the code (types, verdicts, statuses, outcomes, catalogued errors, reasons) and"
+    " the providers",
     "engine/tail.py:TopicTail._fetched": "a condition: its waiters are read_to_end calls,"
     " one per record the dispatcher is taking in, bounded by its consume loop, and"
     " CompactedView.until calls, one per replay-follow request (connections), each timed",

@@ -580,3 +580,21 @@ async def test_an_old_form_record_migrated_is_counted_and_logged(
     assert s.value("passkey_webhook_state_migrated_total") == 1
     await asyncio.wait_for(s.dispatcher.follow_up(PARTITION, "acc_9"), 5)
     assert s.value("passkey_webhook_state_migrated_total") == 1, "migrated once"
+
+
+def test_an_attempt_counts_into_a_series_looked_up_once() -> None:
+    """``WebhookMetrics.attempt`` counts through the consume loop's ``LoopSeries.child``: one
+    series kept per label set, and the count is the same as through ``labels``."""
+    registry = CollectorRegistry()
+    metrics = WebhookMetrics(registry)
+    for _ in range(3):
+        metrics.attempt(DeliveryResult(204), 0.01)
+        metrics.attempt(DeliveryResult(None, error="timeout"), 0.01)
+    assert metrics.child(metrics.attempts, "delivered", "2xx") is metrics.attempts.labels(
+        "delivered", "2xx"
+    )
+    assert len(metrics._children) == 3
+    sample, attempts = registry.get_sample_value, "passkey_webhook_attempts_total"
+    assert sample(attempts, {"result": "delivered", "status_class": "2xx"}) == 3
+    assert sample(attempts, {"result": "error", "status_class": "none"}) == 3
+    assert sample("passkey_webhook_attempt_errors_total", {"kind": "timeout"}) == 3

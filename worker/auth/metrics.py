@@ -7,11 +7,9 @@ account id. A test scrapes a live worker and compares the names with ``deploy/me
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from worker.auth.provider.breaker import BREAKER_STATES, CircuitBreaker
@@ -137,18 +135,6 @@ class WorkerMetrics(LoopSeries):
             ("reason",),
             seed=WAIT_END_REASONS,
         )
-        #: Each (family, label values) series ``child`` looked up: fixed sets of the code
-        #: (command types, verdicts, statuses, catalogued errors, outcomes) and the
-        #: configured providers.
-        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
-
-    def child(self, family: MetricWrapperBase, *values: str) -> Any:
-        """``family.labels(*values)``, looked up once: a cached series' increment costs about
-        a quarter of a ``labels`` call and its increment."""
-        series = self._children.get((family, values))
-        if series is None:
-            series = self._children[(family, values)] = family.labels(*values)
-        return series
 
     def export_breakers(self, breakers: Callable[[], Iterable[tuple[str, CircuitBreaker]]]) -> None:
         """Export the state of the providers' circuit breakers (``BreakerStates``)."""

@@ -418,7 +418,7 @@ class Dispatcher:
             result = await self._ports.sender.post(endpoint.url, body, headers)
             record = attempt_record(at, result)
             if _our_capacity(result):
-                self.metrics.deferrals.labels("capacity").inc()
+                self.metrics.child(self.metrics.deferrals, "capacity").inc()
                 return result, record  # not a request sent: no attempt counted
         except Exception as exc:
             # Whatever one attempt raises (an answer that broke the sender, a secret that does

@@ -233,7 +233,7 @@ class EndpointGate:
             e.waiters[key] = partition
         self._workspace_endpoints.setdefault(e.workspace, set()).add(endpoint_id)
         if self._metrics is not None:
-            self._metrics.deferrals.labels(reason).inc()
+            self._metrics.child(self._metrics.deferrals, reason).inc()
         if ready_at is not None and next(iter(e.waiters)) == key:
             return Admission(False, ready_at, reason)
         return Admission(False, now + self._park(e), reason)

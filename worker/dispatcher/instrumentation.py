@@ -203,7 +203,7 @@ class Instrumentation:
                         offset=msg.offset,
                         error=read.error,
                     )
-                metrics.dlq.labels(reason).inc()
+                metrics.child(metrics.dlq, reason).inc()
 
     def _record_attempt(self, attempted: Attempted) -> None:
         finished = attempted.settled.finished

@@ -126,8 +126,8 @@ class WebhookMetrics(LoopSeries):
         else:
             outcome = "error"
             kind = result.error if result.error in ERROR_KINDS else "other"
-            self.attempt_errors.labels(kind).inc()
-        self.attempts.labels(outcome, status_class(result.status)).inc()
+            self.child(self.attempt_errors, kind).inc()
+        self.child(self.attempts, outcome, status_class(result.status)).inc()
         self.attempt_seconds.observe(seconds)
 
     def delivered(self, occurred_at: str, now: float) -> None:

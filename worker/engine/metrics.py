@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from worker.runtime.metrics import Families
@@ -99,6 +100,18 @@ class LoopSeries:
         self.heartbeat = f.gauge(
             f"{p}{role}_heartbeat_timestamp_seconds", "Last consume-loop iteration (epoch s)"
         )
+        #: Each (family, label values) series ``child`` looked up: fixed sets of the code
+        #: (command types, verdicts, statuses, outcomes, catalogued errors and reasons) and
+        #: the configured providers.
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
+
+    def child(self, family: MetricWrapperBase, *values: str) -> Any:
+        """``family.labels(*values)``, looked up once: a cached series' increment costs about
+        a quarter of a ``labels`` call and its increment."""
+        series = self._children.get((family, values))
+        if series is None:
+            series = self._children[(family, values)] = family.labels(*values)
+        return series
 
     def beat(self) -> None:
         self.heartbeat.set(time.time())
