@@ -76,6 +76,10 @@ def test_tiny_stack_cost_run_has_every_figure(tmp_path: Path) -> None:
     figures = baseline_figures(result)
     assert figures["front-end ÷ floor"] == by_floor
     assert {"stack µs/confirm", "worker µs/confirm", "p99 ms at 50%"} <= set(figures)
+    assert figures["product µs/confirm"] == product
+    # A baseline tree's rounds from before the product's figure: summed from its processes.
+    older = {**result, "frontend": [{k: v for k, v in front.items() if k != "product_total_us"}]}
+    assert baseline_figures(older)["product µs/confirm"] == pytest.approx(product)
     confluent = result["floor_confluent"]
     (floor,) = confluent["runs"]
     assert floor["answered"] == 300 and floor["cpu"]["total_us"] > 0
