@@ -423,9 +423,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 | {
                     "cpu": cpu,
                     "stack_total_us": sum(c["total_us"] for c in cpu.values()),
-                    "product_total_us": sum(
-                        c["total_us"] for name, c in cpu.items() if name in PRODUCT
-                    ),
+                    "product_total_us": product_sum(cpu),
                     "window_s": window.wall,
                     "records_per_confirm": {
                         t: n / args.requests for t, n in sorted(records.items())
@@ -530,15 +528,19 @@ def frontend_us(run: dict[str, Any]) -> float:
     return float(own["total_us"])
 
 
+def product_sum(cpu: dict[str, dict[str, float]]) -> float:
+    """The product's processes' CPU per confirm in one round's per-process figures (summed in
+    the report's order: float sums depend on it)."""
+    return sum(c["total_us"] for name, c in cpu.items() if name in PRODUCT)
+
+
 def product_us(run: dict[str, Any]) -> float | None:
     """The product's three processes' CPU per confirm in a front-end round; a tree from before
     that figure (237ce6f) has the processes' own, so it is summed from them alike."""
     if run.get("product_total_us") is not None:
         return float(run["product_total_us"])
     cpu = run.get("cpu", {})
-    if not all(name in cpu for name in PRODUCT):
-        return None
-    return float(sum(cpu[name]["total_us"] for name in PRODUCT))
+    return product_sum(cpu) if all(name in cpu for name in PRODUCT) else None
 
 
 def baseline_figures(result: dict[str, Any]) -> dict[str, float]:
