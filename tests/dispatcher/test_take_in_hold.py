@@ -1,7 +1,8 @@
 """What a delivery costs in delivery-state records, and that the saving loses nothing
 (docs/architecture.md, "Webhook fan-out"): a delivery that succeeds at its first attempt is
 never written to ``webhook.delivery-state`` (its event's offset stays uncommitted until it is
-delivered), a delivery that fails once has its pair written, and a dispatcher SIGKILLed while
+delivered), a delivery that fails once has its pair written, a delivery's first log entry is
+its outcome or ``pending`` beside its pair's record, and a dispatcher SIGKILLed while
 deliveries are in flight delivers every event after its restart under one webhook-id per
 (event, endpoint)."""
 
@@ -33,8 +34,9 @@ from tests.webhooks.support import (
     status_event,
     wait_until,
 )
-from worker.contract.delivery_log import webhook_id
+from worker.contract.delivery_log import DeliveryLogEntry, decode_log, webhook_id
 from worker.dispatcher.delivery import DeliveryState, state_key
+from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -136,6 +138,96 @@ async def test_a_hanging_endpoint_has_its_pairs_written_once_the_hold_is_overdue
             assert status and server.open >= 1, "committed while the attempt is under way"
     state = DeliveryState.model_validate_json(found[-1])
     assert [p.version for p in state.queue] == [1]
+
+
+async def log_entries(settings: Settings) -> dict[str, list[DeliveryLogEntry]]:
+    """Every delivery-log entry written, by webhook-id, in the order written."""
+    out: dict[str, list[DeliveryLogEntry]] = defaultdict(list)
+    for record in await read_topic(settings, settings.topics.webhook_deliveries):
+        for entry in decode_log(record.value or b""):
+            out[entry.webhook_id].append(entry)
+    return out
+
+
+async def test_a_delivery_attempted_within_its_hold_has_its_outcome_as_its_first_log_entry(
+    make_settings: SettingsFactory,
+) -> None:
+    """Events queued behind their account's earlier one, whose attempt is under way, and
+    delivered within the hold: each delivery's log has one entry, its outcome; no ``pending``
+    entry was written for a delivery that was never written to its pair's record."""
+    settings = dispatcher_settings(make_settings, webhook_take_in_hold_s=30.0)
+    slow = SlowReceiver(delay_s=0.3)
+    accounts = [new_account() for _ in range(3)]
+    events = [status_event(a, v) for a in accounts for v in (1, 2, 3)]
+    async with receiving(slow), endpoint_store(settings) as store:
+        endpoint, secret = await create_endpoint(store, "ws_a", slow.url)
+        slow.secrets.append(secret)
+        async with running_dispatcher(settings):
+            await publish_events(settings, events)
+            await wait_until(lambda: len(slow.verified_once()) == len(events), timeout=30)
+        log = await log_entries(settings)
+        written = await read_topic(settings, settings.topics.webhook_state)
+
+    assert not written, "every delivery settled within its hold: no pair written"
+    ids = {webhook_id(ev.event_id, endpoint.id) for ev in events}
+    assert set(log) == ids
+    for entries in log.values():
+        assert [(e.state, e.attempts) for e in entries] == [("delivered", 1)]
+
+
+async def test_a_retried_head_and_the_delivery_behind_it_are_each_logged_once_per_step(
+    make_settings: SettingsFactory,
+) -> None:
+    """The head fails once and waits for its retry; the event behind it is then written in
+    its pair's record at once, its ``pending`` entry beside it. The head's own retry entry is
+    not written a second time as a ``pending`` one."""
+    settings = dispatcher_settings(
+        make_settings,
+        webhook_take_in_hold_s=30.0,
+        webhook_retry_schedule_s="1,1",
+        webhook_endpoint_backoff_after=1000,
+    )
+    flaky = Receiver(answer=fail_once)
+    account = new_account()
+    first, second = status_event(account, 1), status_event(account, 2)
+    async with receiving(flaky), endpoint_store(settings) as store:
+        endpoint, secret = await create_endpoint(store, "ws_a", flaky.url)
+        flaky.secrets.append(secret)
+        async with running_dispatcher(settings):
+            await publish_events(settings, [first])
+            await wait_until(lambda: len(flaky.seen) == 1, timeout=15)
+            await publish_events(settings, [second])
+            await wait_until(lambda: len(flaky.verified_once()) == 2, timeout=30)
+        log = await log_entries(settings)
+
+    head = [(e.state, e.attempts) for e in log[webhook_id(first.event_id, endpoint.id)]]
+    behind = [(e.state, e.attempts) for e in log[webhook_id(second.event_id, endpoint.id)]]
+    assert head == [("pending", 1), ("delivered", 2)]
+    # written behind a head waiting for its retry: pending; then its own first try fails too
+    assert behind == [("pending", 0), ("pending", 1), ("delivered", 2)]
+
+
+async def test_a_delivery_waiting_past_its_hold_is_logged_pending_with_its_pair(
+    make_settings: SettingsFactory,
+) -> None:
+    """Behind a head whose attempt hangs, a delivery is not attempted soon: once the hold is
+    overdue its pair is written, and its ``pending`` entry shows it in the log meanwhile."""
+    settings = dispatcher_settings(make_settings, webhook_timeout_s=5.0, webhook_take_in_hold_s=0.5)
+    server = Hanging()
+    account = new_account()
+    first, second = status_event(account, 1), status_event(account, 2)
+    async with hanging(server), endpoint_store(settings) as store:
+        endpoint, _ = await create_endpoint(store, "ws_a", server.url)
+        behind = webhook_id(second.event_id, endpoint.id)
+        async with running_dispatcher(settings):
+            await publish_events(settings, [first, second])
+            deadline = time.monotonic() + 20
+            log: dict[str, list[DeliveryLogEntry]] = {}
+            while behind not in log and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+                log = await log_entries(settings)
+            assert server.open >= 1, "logged while the head's attempt still hangs"
+    assert [(e.state, e.attempts) for e in log[behind]] == [("pending", 0)]
 
 
 @dataclass

@@ -103,7 +103,7 @@ class Dispatcher:
             config.gate, wake=store.wake, metrics=metrics, rng=self._rng, known=known
         )
         self._instrument = Instrumentation(metrics)
-        self._writes = PairWrites(store, publisher)
+        self._writes = PairWrites(store, publisher, clock)
         self._refusals = Refusals(store, publisher, self._writes)
         self.disabling = Disabling(
             ports=ports,
@@ -221,8 +221,8 @@ class Dispatcher:
             self.store.put(partition, state)
         by_id = {endpoint.id: endpoint for endpoint in targets}
         lined = {s.key for s, d in taken if s.queue[0] is d and self._lined_up(partition, s, by_id)}
+        held = self._writes.hold(partition) if taken and self.config.hold_s > 0 else None
         if taken:
-            held = self._writes.hold(partition) if self.config.hold_s > 0 else None
             if held is None:
                 await self._writes.write_now(partition, [s.key for s, _ in taken])
             else:
@@ -246,10 +246,10 @@ class Dispatcher:
             *(await self._refusals.new_pairs(partition, crowded, now) if crowded else ()),
             *(await self._refusals.new_pairs(partition, over, now, workspace=True) if over else ()),
         )
-        # Pairs whose new delivery is at the head are attempted at once: their first log entry
-        # is the attempt's outcome. The others wait behind an earlier one: say so in the log.
+        # A delivery's first log entry is its attempt's outcome, or ``pending`` once its pair
+        # is written with it (``PairWrites.write``). Written at once, unheld: say so now.
         waiting = [(state, delivery) for state, delivery in taken if state.queue[0] is not delivery]
-        if waiting:
+        if waiting and held is None:
             await self._publisher.log_pending(waiting, now=now)
         due = tuple(s.key for s, d in taken if s.queue[0] is d and s.key not in lined)
         return TakenIn(len(taken), refused, due)
@@ -472,7 +472,7 @@ class Dispatcher:
             if is_active(endpoint):
                 await self.disabling.maybe_disable(endpoint, settled, now)
             return
-        written = await self._writes.write(partition, [key])
+        written = await self._writes.write(partition, [key], logged=marker(head))
         logged: Awaitable[None] | None = None
         if finished is None:
             # A retry or a delivery: its log entry only informs ``GET .../deliveries``, so it

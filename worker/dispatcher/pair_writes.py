@@ -1,13 +1,14 @@
 """Writing pairs' delivery states so that what they hold is safe: a write's acks release the
-share of their events' holds that the pairs' unsaved deliveries took, and an event held too
-long gets its pairs written (docs/architecture.md, "Webhook fan-out"); an old-form account
-record migrated to pair records."""
+share of their events' holds that the pairs' unsaved deliveries took (each logged ``pending``
+beside it), and an event held too long gets its pairs written (docs/architecture.md, "Webhook
+fan-out"); an old-form account record migrated to pair records."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 
-from worker.dispatcher.delivery import state_key
+from worker.dispatcher.delivery import DeliveryState, Pending, marker, state_key
 from worker.dispatcher.delivery_store import DeliveryStore
 from worker.dispatcher.holds import EventHold
 from worker.dispatcher.instrumentation import log
@@ -19,14 +20,24 @@ from worker.engine.offsets import hold_record
 class PairWrites:
     """The dispatcher's writes of pair states, and the holds of the events being taken in."""
 
-    def __init__(self, store: DeliveryStore, publisher: DeliveryPublisher) -> None:
+    def __init__(
+        self,
+        store: DeliveryStore,
+        publisher: DeliveryPublisher,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.publisher = publisher
+        self._clock = clock
         self._chores = Chores("dispatcher-writes")
 
-    async def write(self, partition: int, keys: Sequence[str]) -> Awaitable[None]:
+    async def write(
+        self, partition: int, keys: Sequence[str], *, logged: str | None = None
+    ) -> Awaitable[None]:
         """``send_states`` that also makes the pairs' unsaved deliveries safe: what waits for
-        the acks then releases their share of their events' holds."""
+        the acks then releases their share of their events' holds. Each unsaved delivery
+        written here gets its first delivery-log entry, ``pending``, beside its record, but
+        the one marked ``logged`` (the head whose attempt the caller logs)."""
         taken = self.store.unsaved.take(partition, list(keys))
         try:
             written = await self.publisher.send_states(partition, keys, store=self.store)
@@ -35,11 +46,29 @@ class PairWrites:
             raise
         if not taken:
             return written
-        return self._released_when(written, partition, taken)
+        first = self._first_entries(partition, taken, logged)
+        return self._released_when(written, first, partition, taken)
+
+    def _first_entries(
+        self, partition: int, taken: list[tuple[str, str, EventHold]], logged: str | None
+    ) -> Awaitable[None] | None:
+        """The ``pending`` entries of the deliveries a write makes durable before any attempt
+        of theirs is logged: one taken in and attempted within its hold never needs one."""
+        marks: dict[str, set[str]] = {}
+        for key, mark, _ in taken:
+            if mark != logged:
+                marks.setdefault(key, set()).add(mark)
+        first: list[tuple[DeliveryState, Pending]] = []
+        for key, ours in marks.items():
+            state = self.store.pair(partition, key)
+            if state is not None:
+                first.extend((state, d) for d in state.queue if marker(d) in ours)
+        return self.publisher.log_pending(first, now=self._clock()) if first else None
 
     async def _released_when(
         self,
         written: Awaitable[None],
+        first: Awaitable[None] | None,
         partition: int,
         taken: list[tuple[str, str, EventHold]],
     ) -> None:
@@ -48,6 +77,9 @@ class PairWrites:
         except BaseException:
             self.store.unsaved.put_back(partition, taken)
             raise
+        finally:
+            if first is not None:
+                await first
         for _, _, event_hold in taken:
             event_hold.done()
 
