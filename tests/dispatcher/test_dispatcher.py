@@ -19,13 +19,13 @@ from tests.webhooks.support import (
     endpoint_store,
     new_account,
     publish_events,
-    read_topic,
+    read_log,
     receiving,
     running_dispatcher,
     status_event,
     wait_until,
 )
-from worker.contract.delivery_log import decode_log, webhook_id
+from worker.contract.delivery_log import webhook_id
 from worker.webhooks.secrets_box import generate_key
 
 pytestmark = pytest.mark.integration
@@ -156,13 +156,8 @@ async def test_a_failing_endpoint_delays_no_one_and_gone_disables(
         disabled = store.registry.get("ws_a", ep_gone.id)
         assert disabled is not None and disabled.disabled_reason is not None
         assert "410" in disabled.disabled_reason
-        log = await read_topic(settings, settings.topics.webhook_deliveries)
-    notes = [
-        entry
-        for r in log
-        for entry in decode_log(r.value or b"")
-        if entry.event_type == "endpoint.disabled"
-    ]
+        log = await read_log(settings)
+    notes = [entry for entry in log if entry.event_type == "endpoint.disabled"]
     assert [(n.endpoint_id, n.state) for n in notes] == [(ep_gone.id, "failed")]
     assert notes[0].last_error is not None and "410" in notes[0].last_error
     # The 503 endpoint's second event waits behind its first (retry in 30 s): not attempted.

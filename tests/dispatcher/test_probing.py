@@ -21,13 +21,12 @@ from tests.webhooks.support import (
     endpoint_store,
     new_account,
     publish_events,
-    read_topic,
+    read_log,
     receiving,
     running_dispatcher,
     status_event,
     wait_until,
 )
-from worker.contract.delivery_log import decode_log
 from worker.contract.operational_events import (
     EndpointDisabledEvent,
     EndpointEnabledEvent,
@@ -86,12 +85,7 @@ async def test_a_disabled_endpoint_is_probed_backing_off_and_re_enabled_by_a_2xx
             probe_answer[0] = 204
             await wait_until(lambda: current(store, "ws_a", ep.id).status == "active")
             await wait_until(lambda: len(watcher.seen) >= 2)
-        log = [
-            e
-            for r in await read_topic(settings, settings.topics.webhook_deliveries)
-            for e in decode_log(r.value)
-            if e.endpoint_id == ep.id
-        ]
+        log = [e for e in await read_log(settings) if e.endpoint_id == ep.id]
 
     assert failing.status == "disabled" and failing.recovery is not None
     assert failing.recovery.interval_s == 0.6  # 0.3 doubled, at its cap

@@ -28,13 +28,14 @@ from tests.webhooks.support import (
     hanging,
     new_account,
     publish_events,
+    read_log,
     read_topic,
     receiving,
     running_dispatcher,
     status_event,
     wait_until,
 )
-from worker.contract.delivery_log import DeliveryLogEntry, decode_log, webhook_id
+from worker.contract.delivery_log import DeliveryLogEntry, webhook_id
 from worker.dispatcher.delivery import DeliveryState, state_key
 from worker.settings import Settings
 
@@ -143,9 +144,8 @@ async def test_a_hanging_endpoint_has_its_pairs_written_once_the_hold_is_overdue
 async def log_entries(settings: Settings) -> dict[str, list[DeliveryLogEntry]]:
     """Every delivery-log entry written, by webhook-id, in the order written."""
     out: dict[str, list[DeliveryLogEntry]] = defaultdict(list)
-    for record in await read_topic(settings, settings.topics.webhook_deliveries):
-        for entry in decode_log(record.value or b""):
-            out[entry.webhook_id].append(entry)
+    for entry in await read_log(settings):
+        out[entry.webhook_id].append(entry)
     return out
 
 

@@ -22,6 +22,7 @@ from standardwebhooks.webhooks import Webhook
 
 from tests.harness import RunningWorker, running_loop
 from tests.webhooks import published_schemas
+from worker.contract.delivery_log import DeliveryLogEntry, decode_log
 from worker.contract.messages import AuthStatusChanged, event_id
 from worker.contract.webhook_endpoints import (
     EndpointRecord,
@@ -283,6 +284,12 @@ async def read_topic(settings: Settings, topic: str) -> list[Any]:
     finally:
         await consumer.stop()
     return out
+
+
+async def read_log(settings: Settings) -> list[DeliveryLogEntry]:
+    """Every delivery-log entry written, a batch record's in its order (``read_topic``)."""
+    records = await read_topic(settings, settings.topics.webhook_deliveries)
+    return [entry for r in records for entry in decode_log(r.value or b"")]
 
 
 @dataclass

@@ -248,8 +248,7 @@ class Dispatcher:
         )
         # A delivery's first log entry is its attempt's outcome, or ``pending`` once its pair
         # is written with it (``PairWrites.write``). Written at once, unheld: say so now.
-        waiting = [(state, delivery) for state, delivery in taken if state.queue[0] is not delivery]
-        if waiting and held is None:
+        if held is None and (waiting := [(s, d) for s, d in taken if s.queue[0] is not d]):
             await self._publisher.log_pending(waiting, now=now)
         due = tuple(s.key for s, d in taken if s.queue[0] is d and s.key not in lined)
         return TakenIn(len(taken), refused, due)
