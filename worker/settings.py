@@ -413,8 +413,9 @@ class Settings(BaseSettings):
     """Failed attempts in a row after which an endpoint backs off as a whole (one probe at a time,
     pauses doubling from WEBHOOK_ENDPOINT_BACKOFF_BASE_S)."""
     webhook_timer_interval_s: float = Field(default=0.005, gt=0, le=1.0)
-    """How often the dispatcher looks for due deliveries; also the most a pair woken for a free slot
-    at its endpoint waits to run."""
+    """How often the dispatcher looks for due deliveries (retries, pauses that end, rate-limit
+    tokens); a pair woken for a free slot at its endpoint is looked for at once
+    (``ConsumeLoop.sweep_soon``)."""
     webhook_endpoint_backoff_base_s: float = Field(default=1.0, gt=0)
     webhook_endpoint_backoff_max_s: float = Field(default=60.0, gt=0)
     webhook_max_connections: int = Field(default=256, ge=1)

@@ -270,6 +270,30 @@ async def test_a_hanging_endpoint_holds_its_share_and_its_neighbour_gets_everyth
     assert deferred > 0, "the hanging endpoint's other pairs waited without a lane"
 
 
+async def test_a_pair_woken_for_a_freed_slot_is_attempted_at_once_not_at_the_next_tick(
+    make_settings: SettingsFactory,
+) -> None:
+    """An endpoint of one slot and eight accounts' events: each pair waits in the endpoint's
+    line and is woken when the attempt before it ends, and the loop looks for it at once
+    (``ConsumeLoop.sweep_soon``), not at its next timer sweep. The sweep is stretched to a
+    minute here (past the setting's bound of 1 s) so that a wake cannot pass for a tick:
+    before, each woken pair waited for one."""
+    settings = settings_for(make_settings, webhook_endpoint_max_in_flight=1)
+    settings = settings.model_copy(update={"webhook_timer_interval_s": 60.0})
+    receiver = Receiver()
+    accounts = [new_account() for _ in range(8)]
+    async with receiving(receiver), endpoint_store(settings) as store:
+        ep, secret = await create_endpoint(store, "ws_a", receiver.url)
+        receiver.secrets.append(secret)
+        async with running_dispatcher(settings) as running:
+            events = [status_event(a, 1) for a in accounts]
+            await publish_events(settings, events)
+            await wait_until(lambda: len(receiver.verified_once()) == len(events), timeout=45)
+            waited = sample(running, "passkey_webhook_attempts_deferred_total", reason="capacity")
+    assert set(receiver.verified_once()) == {webhook_id(ev.event_id, ep.id) for ev in events}
+    assert waited > 0, "pairs waited in the endpoint's line for its one slot"
+
+
 def legacy_pending(event: AuthStatusChanged, endpoint_id: str) -> Pending:
     hook = from_status(event.model_dump_json().encode())
     return Pending(

@@ -179,6 +179,8 @@ async def run_dispatcher(
     dispatcher.missed_first.replays_taken = lambda p: loop.completed(
         TopicPartition(topics.webhook_replays, p)
     )
+    # A pair woken for a freed slot at its endpoint is looked for at once, not at the tick.
+    dispatcher.store.sweep_soon = loop.sweep_soon
     await tail.start()
 
     # Without a current registry, events would be fanned out to a stale set of endpoints:

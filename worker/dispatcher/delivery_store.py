@@ -256,12 +256,15 @@ class DeliveryStore(PartitionedStore[DeliveryState | AccountDeliveries]):
 
     def wake(self, partition: int, key: str, at: float) -> bool:
         """Make a deferred pair due at ``at`` (or its head's due time, if later); False when
-        this store holds nothing to attempt for it."""
+        this store holds nothing to attempt for it. The loop looks for it at its next turn
+        (``sweep_soon``): the slot it was woken for is held idle until it comes."""
         state = self.pair(partition, key)
         if state is None or state.head() is None:
             return False
         self._deferred[key] = at
         self._arm(partition, state)
+        if key not in self._claimed:
+            self.sweep_soon()  # a sweep finds nothing before ``at``: the tick then does
         return True
 
     def _arm(self, partition: int, record: DeliveryState | AccountDeliveries) -> None:

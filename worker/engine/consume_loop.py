@@ -140,6 +140,10 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.ready = False
         self.last_beat = time.monotonic()
         self._stopping = asyncio.Event()
+        #: The sweep ``sweep_soon`` scheduled, not run yet; None when none is, or the loop is
+        #: not running (``_sweeps``).
+        self._soon: asyncio.Handle | None = None
+        self._sweeps = False
         self._fatal: BaseException | None = None
         self.gaps = (
             GapWatch(
@@ -178,6 +182,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         """Consume until ``stop()``; raises when a lane failed (the process must exit)."""
         self.consumer.subscribe(list(self.config.topics), listener=self)
         stop_requested = asyncio.ensure_future(self._stopping.wait())
+        self._sweeps = True
         helpers = [
             asyncio.create_task(
                 self._every(self.config.commit_interval_s, self.commits.commit_tick)
@@ -196,6 +201,10 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
             if self._fatal is None:
                 await self._drain(self.config.shutdown_grace_s)
         finally:
+            self._sweeps = False
+            if self._soon is not None:
+                self._soon.cancel()
+                self._soon = None
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -403,7 +412,24 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         lane.items.clear()
         self.pressure.cooled(lane.partition, key)
 
+    def sweep_soon(self) -> None:
+        """Sweep the store's timers at the event loop's next turn, not at the next tick: a key
+        was made due now from outside its lane (``PartitionedStore.sweep_soon``). Calls within
+        one turn share one sweep; none once the loop has stopped."""
+        if self._sweeps and self._soon is None:
+            self._soon = asyncio.get_running_loop().call_soon(self._sweep_now)
+
+    def _sweep_now(self) -> None:
+        self._soon = None
+        try:
+            self._sweep_due()
+        except Exception as exc:  # as ``_every``: a bug must not pass in silence
+            log.error("periodic_task_failed", task="sweep_soon", error=repr(exc)[:300])
+
     async def _sweep_timers(self) -> None:
+        self._sweep_due()
+
+    def _sweep_due(self) -> None:
         """Enqueue a follow-up for every idle account whose poll or deadline is due; a busy one
         (its lane runs), one of a partition not active or at its share, and all still due at
         the in-flight limit, are retried one interval later."""

@@ -36,6 +36,11 @@ class PartitionedStore(ABC, Generic[R]):
         self._parts: dict[int, dict[str, R]] = {}
         self._handover: dict[tuple[str, int], int] = {}
         self.timers = TimerQueue()
+        #: Ask the consume loop sweeping these timers to look for due keys at the event
+        #: loop's next turn instead of its next tick: for a key made due by something other
+        #: than its own lane (a freed slot at a webhook endpoint). The composition root sets
+        #: it to the loop's ``ConsumeLoop.sweep_soon``.
+        self.sweep_soon: Callable[[], None] = _unswept
 
     @staticmethod
     @abstractmethod
@@ -93,6 +98,10 @@ class PartitionedStore(ABC, Generic[R]):
 
     def __len__(self) -> int:
         return sum(len(p) for p in self._parts.values())
+
+
+def _unswept() -> None:
+    """No loop sweeps this store yet: its next sweep finds the key."""
 
 
 @dataclass(frozen=True, slots=True)
