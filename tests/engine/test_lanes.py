@@ -13,6 +13,7 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from worker.auth.metrics import WorkerMetrics
+from worker.auth.store import StateStore
 from worker.engine.consume_loop import ConsumeLoop, LoopConfig
 from worker.engine.faults import Fault
 from worker.engine.lanes import DUE, Due, Lane
@@ -80,3 +81,25 @@ async def test_a_due_key_runs_its_follow_up_after_the_record_and_outside_the_wat
     assert len(handler.units) == 4
     tracker = loop.trackers[tp]
     assert tracker.watermark() == 2 and tracker.pending == 0
+
+
+async def test_a_sweep_asked_for_when_the_loop_is_not_running_enqueues_nothing() -> None:
+    """``sweep_soon`` (a store's key made due from outside its lane) sweeps at the next turn
+    only while the loop runs: a loop not started, or stopped, starts no lane for it."""
+    handler = _Handler()
+    handler.store = StateStore()
+    loop = ConsumeLoop(
+        consumer=cast(Any, None),
+        restore_consumer=cast(Any, None),
+        executor=cast(Any, handler),
+        metrics=WorkerMetrics(CollectorRegistry()),
+        config=LoopConfig(topics=("t",), state_topic="s"),
+    )
+    loop.pressure.active = {0}
+    handler.store.timers.arm("acc_1", 0, 0.0)
+    loop.sweep_soon()
+    await asyncio.sleep(0.01)
+    assert not loop.lanes and handler.units == []
+    await loop._sweep_timers()  # the tick still finds it
+    await _settle(lambda: not loop.lanes)
+    assert handler.units == [("follow_up", (0, "acc_1"))]
