@@ -77,6 +77,8 @@ class Pool:
             PROVIDER_MAX_ATTEMPTS="2",
             WORKER_FOLLOW_UP_POLL_S="0.3",
             LOG_LEVEL=os.environ.get("CHAOS_WORKER_LOG_LEVEL", "INFO"),
+            # aiokafka's joins and rebalances, to read a stalled group from the logs
+            LOG_LIBRARY_LEVEL=os.environ.get("CHAOS_LIBRARY_LOG_LEVEL", "INFO"),
         )
 
     def start(self, i: int) -> None:
@@ -113,6 +115,14 @@ class Pool:
         if path is None or not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def tails(self, lines: int = 15) -> str:
+        """The last lines of each member's current log, and where all the logs are kept."""
+        parts = [f"worker logs in {self.log_dir}"]
+        for i, path in enumerate(self.log_paths):
+            parts.append(f"--- worker {i} ({path.name if path else 'never started'}) ---")
+            parts.append(self.log_tail(i, lines))
+        return "\n".join(parts)
 
     def stop_all(self) -> list[int | None]:
         codes = []
@@ -155,7 +165,12 @@ async def test_chaos_pool_survives_kills(make_settings: Any, simulator: str) -> 
         try:
             await pool.wait_ready()
             sent, dupes, bad_values = await _produce(b, rng, accounts, pool)
-            await b.until_answered(sent, timeout=180)
+            try:
+                await b.until_answered(sent, timeout=180)
+            except AssertionError as exc:
+                # A stall (a group that never finished its rebalance, once on a loaded CI
+                # machine) is read from the members' logs: name them and show their ends.
+                raise AssertionError(f"{exc}\n{pool.tails()}") from None
             # A malformed record sent after its partition's last command has no reply to wait
             # for: wait for the dead letters themselves (a slower machine writes them later).
             await b.wait_for(lambda: dead_lettered(b, bad_values), 120)
