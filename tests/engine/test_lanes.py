@@ -45,6 +45,17 @@ def _record(offset: int, key: bytes, value: bytes) -> ConsumerRecord[bytes, byte
     return ConsumerRecord("t", 0, offset, 0, 0, key, value, None, len(key), len(value), [])
 
 
+def _loop(handler: _Handler) -> ConsumeLoop:
+    """A loop over ``handler`` that is never run: its lanes and timers are driven by hand."""
+    return ConsumeLoop(
+        consumer=cast(Any, None),
+        restore_consumer=cast(Any, None),
+        executor=cast(Any, handler),
+        metrics=WorkerMetrics(CollectorRegistry()),
+        config=LoopConfig(topics=("t",), state_topic="s"),
+    )
+
+
 async def _settle(done: Callable[[], bool]) -> None:
     for _ in range(500):
         if done():
@@ -63,13 +74,7 @@ def test_the_due_marker_is_one_value_apart_from_any_record() -> None:
 
 async def test_a_due_key_runs_its_follow_up_after_the_record_and_outside_the_watermark() -> None:
     handler = _Handler()
-    loop = ConsumeLoop(
-        consumer=cast(Any, None),
-        restore_consumer=cast(Any, None),
-        executor=cast(Any, handler),
-        metrics=WorkerMetrics(CollectorRegistry()),
-        config=LoopConfig(topics=("t",), state_topic="s"),
-    )
+    loop = _loop(handler)
     loop.pressure.active = {0}
     tp = TopicPartition("t", 0)
     assert loop._dispatch(tp, _record(0, b"acc_1", b"acc_2 acc_1"))
@@ -88,13 +93,7 @@ async def test_a_sweep_asked_for_when_the_loop_is_not_running_enqueues_nothing()
     only while the loop runs: a loop not started, or stopped, starts no lane for it."""
     handler = _Handler()
     handler.store = StateStore()
-    loop = ConsumeLoop(
-        consumer=cast(Any, None),
-        restore_consumer=cast(Any, None),
-        executor=cast(Any, handler),
-        metrics=WorkerMetrics(CollectorRegistry()),
-        config=LoopConfig(topics=("t",), state_topic="s"),
-    )
+    loop = _loop(handler)
     loop.pressure.active = {0}
     handler.store.timers.arm("acc_1", 0, 0.0)
     loop.sweep_soon()
