@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -116,10 +117,12 @@ class Pool:
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
-    def tails(self, lines: int = 15) -> str:
-        """The last lines of each member's current log, and where all the logs are kept."""
+    def tails(self, members: Iterable[int] | None = None, lines: int = 40) -> str:
+        """The last lines of the members' current logs (all: ``None``), and where all the
+        logs are kept."""
         parts = [f"worker logs in {self.log_dir}"]
-        for i, path in enumerate(self.log_paths):
+        for i in range(len(self.log_paths)) if members is None else members:
+            path = self.log_paths[i]
             parts.append(f"--- worker {i} ({path.name if path else 'never started'}) ---")
             parts.append(self.log_tail(i, lines))
         return "\n".join(parts)
@@ -170,7 +173,7 @@ async def test_chaos_pool_survives_kills(make_settings: Any, simulator: str) -> 
             except AssertionError as exc:
                 # A stall (a group that never finished its rebalance, once on a loaded CI
                 # machine) is read from the members' logs: name them and show their ends.
-                raise AssertionError(f"{exc}\n{pool.tails()}") from None
+                raise AssertionError(f"{exc}\n{pool.tails(lines=15)}") from None
             # A malformed record sent after its partition's last command has no reply to wait
             # for: wait for the dead letters themselves (a slower machine writes them later).
             await b.wait_for(lambda: dead_lettered(b, bad_values), 120)
@@ -182,9 +185,7 @@ async def test_chaos_pool_survives_kills(make_settings: Any, simulator: str) -> 
         await _check_simulator(simulator, sent, refs)
         print(f"SIGTERM to exit, seconds: {pool.stop_seconds}")
         unclean = [i for i, code in enumerate(codes) if code != 0]
-        assert not unclean, f"workers exited {codes} at the end; last log lines:\n" + "\n".join(
-            f"--- worker {i} ---\n{pool.log_tail(i)}" for i in unclean
-        )
+        assert not unclean, f"workers exited {codes} at the end:\n{pool.tails(unclean)}"
         print(
             f"chaos ok: commands={len(sent)} duplicates={dupes} malformed={len(bad_values)} "
             f"kills={KILLS} starts={pool.starts}"
