@@ -145,6 +145,28 @@ def test_a_woken_pair_that_does_not_come_frees_its_slot_in_time() -> None:
     assert admit(g, "ep_1/c", NOW + 10).admitted, "b never came: the hold expired"
 
 
+def test_a_pair_whose_wake_ran_out_is_first_in_line_again() -> None:
+    """A woken pair leaves the line for its wake; when the wake runs out unused, the pair is
+    back at the front (before those that came after it) and counts as waiting throughout."""
+    wakes = Wakes()
+    g = gate(wakes, max_in_flight=1)
+    assert admit(g, "ep_1/a").admitted
+    for key in ("ep_1/b", "ep_1/c", "ep_1/d"):
+        assert not admit(g, key).admitted
+    g.release("ep_1", ok=True, now=NOW + 1)
+    assert wakes.keys == ["ep_1/b"]
+    assert g.waiting("ep_1") == 3, "b, woken, is still waiting for its attempt"
+    late = NOW + 1 + WAKE_HOLD_S + 0.5
+    assert not admit(g, "ep_1/e", late).admitted, "those in line go first"
+    assert wakes.keys == ["ep_1/b", "ep_1/b"], "b again, not c: its wake ran out, not its turn"
+    assert admit(g, "ep_1/b", late + 0.1).admitted
+    for n, key in enumerate(("ep_1/c", "ep_1/d", "ep_1/e"), start=2):
+        g.release("ep_1", ok=True, now=late + n)
+        assert wakes.keys[-1] == key
+        assert admit(g, key, late + n + 0.1).admitted
+    assert g.waiting("ep_1") == 0
+
+
 def test_a_failing_endpoint_backs_off_as_a_whole_then_probes_one_at_a_time() -> None:
     wakes = Wakes()
     g = gate(wakes, max_in_flight=4, backoff_after=3, backoff_base_s=1.0, backoff_max_s=8.0)

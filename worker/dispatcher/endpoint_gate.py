@@ -8,6 +8,7 @@ holds something (``EndpointGate._drop_if_idle``, ``_sweep``)."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import OrderedDict
 from collections.abc import Callable
@@ -89,8 +90,14 @@ class _Endpoint:
     rate_limit: int | None = None
     tokens: float = 0.0
     refilled_at: float = 0.0
+    # The line: pairs not yet woken, first come first (key -> partition). A woken pair leaves
+    # it for ``woken`` (key -> (until, partition)), and comes back to its front when its wake
+    # runs out or the slot it was woken for was taken: each wake is at the line's front, so
+    # neither costs a walk past the pairs woken before it.
     waiters: OrderedDict[str, int] = field(default_factory=OrderedDict)
-    woken: dict[str, float] = field(default_factory=dict)
+    woken: dict[str, tuple[float, int]] = field(default_factory=dict)
+    wakes_end: float = math.inf
+    """No wake runs out before this (the earliest ``until`` of ``woken``, or earlier)."""
 
     @property
     def in_flight(self) -> int:
@@ -151,7 +158,9 @@ class EndpointGate:
         return self._connections.held(workspace_id)
 
     def waiting(self, endpoint_id: str) -> int:
-        return len(self._endpoints.get(endpoint_id, _AT_REST).waiters)
+        """Pairs in the endpoint's line, those woken and not yet come included."""
+        e = self._endpoints.get(endpoint_id, _AT_REST)
+        return len(e.waiters) + len(e.woken)
 
     def failing_since(self, endpoint_id: str) -> float | None:
         """Since when every attempt to the endpoint failed (in this process), or None."""
@@ -207,7 +216,7 @@ class EndpointGate:
             return None
         self._expire_wakes(e, now)
         if e.in_flight + len(e.woken) < self._cap(e) and self._workspace_free(e, now) > 0:
-            if key in e.waiters or len(e.waiters) <= len(e.woken):
+            if key in e.waiters or not e.waiters:
                 return None
             self._wake_next(e, now)  # others wait and there is room: they go first
         return self._line(e, key, partition, now, "capacity", None, was_woken=False).until
@@ -234,14 +243,14 @@ class EndpointGate:
         self._workspace_endpoints.setdefault(e.workspace, set()).add(endpoint_id)
         if self._metrics is not None:
             self._metrics.child(self._metrics.deferrals, reason).inc()
-        if ready_at is not None and next(iter(e.waiters)) == key:
+        if ready_at is not None and next(iter(e.waiters)) == key and (was_woken or not e.woken):
             return Admission(False, ready_at, reason)
         return Admission(False, now + self._park(e), reason)
 
     def _park(self, e: _Endpoint) -> float:
         """The fallback wait of a queued pair: longer the further back in line it is (a wake
         comes in turn), so a long line does not come back all at once."""
-        line = len(e.waiters) / max(self._cap(e), 1)
+        line = (len(e.waiters) + len(e.woken)) / max(self._cap(e), 1)
         return min(MAX_PARK_S, self.config.park_s * (1.0 + line)) * self._rng.uniform(1.0, 1.5)
 
     def _refusal(
@@ -253,7 +262,7 @@ class EndpointGate:
         self._expire_wakes(e, now)
         if e.in_flight + len(e.woken) >= self._cap(e) or self._workspace_free(e, now) <= 0:
             return "capacity", None
-        if not was_woken and key not in e.waiters and len(e.waiters) > len(e.woken):
+        if not was_woken and key not in e.waiters and e.waiters:
             # Others wait already and there is room: they go first (woken now), and this one
             # queues behind them.
             self._wake_next(e, now)
@@ -354,7 +363,7 @@ class EndpointGate:
                     continue
                 if room <= 0 or self._pool_room(e.workspace) <= 0:
                     break
-                if other != endpoint_id and len(x.waiters) > len(x.woken):
+                if other != endpoint_id and x.waiters:
                     self._wake_next(x, now)
                     room = self._workspace_free(e, now)
         self._drop_if_idle(endpoint_id, now)
@@ -396,8 +405,7 @@ class EndpointGate:
         e = self._endpoints.get(endpoint_id)
         if e is None:
             return
-        gone = self._known is not None and not self._known(endpoint_id)
-        if not (e.at_rest(now) or (gone and e.in_flight == 0)):
+        if not e.at_rest(now) and (e.in_flight or self._known is None or self._known(endpoint_id)):
             return
         del self._endpoints[endpoint_id]
         if e.backing_off:
@@ -425,12 +433,11 @@ class EndpointGate:
         if not e.waiters:
             return
         self._expire_wakes(e, now)
+        free = self._cap(e) - e.in_flight - len(e.woken)
+        if free <= 0:
+            return  # a busy endpoint's every admit and release: its workspace not looked at
         at = max(now, e.blocked_until)
-        free = min(
-            self._cap(e) - e.in_flight - len(e.woken),
-            self._workspace_free(e, now),
-            self._pool_room(e.workspace),
-        )
+        free = min(free, self._workspace_free(e, now), self._pool_room(e.workspace))
         if e.rate_limit is not None:
             self._refill(e, now)
             if e.tokens < 1.0:
@@ -438,25 +445,27 @@ class EndpointGate:
                 free = min(free, 1)
             else:
                 free = min(free, int(e.tokens))
-        gone = []
-        for key, partition in e.waiters.items():  # the line is long; stop once served
-            if free <= 0:
-                break
-            if key in e.woken:
-                continue
-            if self._wake(partition, key, at):
-                e.woken[key] = at + WAKE_HOLD_S
+        while free > 0 and e.waiters:
+            key, partition = e.waiters.popitem(last=False)
+            if self._wake(partition, key, at):  # else gone from this process: out of line
+                until = at + WAKE_HOLD_S
+                e.woken[key] = (until, partition)
+                e.wakes_end = min(e.wakes_end, until)
                 self._waking.setdefault(e.workspace, set()).add(e.endpoint_id)
                 free -= 1
-            else:
-                gone.append(key)  # gone from this process: nothing to wake
-        for key in gone:
-            del e.waiters[key]
 
     def _expire_wakes(self, e: _Endpoint, now: float) -> None:
-        if e.woken:
-            for key in [k for k, until in e.woken.items() if until <= now]:
-                del e.woken[key]
+        """Wakes that ran out give their slots back; their pairs are first in line again."""
+        if now < e.wakes_end:
+            return
+        ended = [(k, partition) for k, (until, partition) in e.woken.items() if until <= now]
+        for key, partition in reversed(ended):
+            del e.woken[key]
+            e.waiters[key] = partition
+            e.waiters.move_to_end(key, last=False)
+        e.wakes_end = min((until for until, _ in e.woken.values()), default=math.inf)
+        if ended:
+            self._workspace_endpoints.setdefault(e.workspace, set()).add(e.endpoint_id)
 
     def _set_backing_off(self, delta: int) -> None:
         self._backing_off += delta
