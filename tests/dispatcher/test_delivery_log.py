@@ -92,6 +92,64 @@ async def test_entries_of_one_window_share_a_record_and_the_view_reads_both_form
     assert [(e.endpoint_id, e.state) for e in read["ep_quiet"]] == [("ep_quiet", "delivered")]
 
 
+async def test_a_writer_cancelled_in_its_window_leaves_the_others_waiting(
+    make_settings: SettingsFactory,
+) -> None:
+    """Writers of one window wait each on their own: one cancelled (its lane revoked) stops
+    waiting alone; the others still wait for the record's ack, and its entry is written."""
+    settings = make_settings()
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer = build_producer(settings.kafka_config())
+    await producer.start()
+    try:
+        publisher = DeliveryPublisher(
+            producer,
+            state_topic=settings.topics.webhook_state,
+            log_topic=settings.topics.webhook_deliveries,
+            dlq_topic=settings.topics.webhook_dlq,
+            log_flush_s=0.2,
+        )
+        state = DeliveryState(endpoint_id="ep_1", account_id="acc_1", workspace_id="ws_a")
+        writers = [
+            asyncio.ensure_future(publisher.log_finished(state, pending(n), delivered(n)))
+            for n in range(4)
+        ]
+        await asyncio.sleep(0)
+        writers[0].cancel()
+        await asyncio.gather(*writers[1:])
+        assert writers[0].cancelled()
+        assert not any(w.cancelled() for w in writers[1:])
+    finally:
+        await producer.stop()
+    records = await read_topic(settings, settings.topics.webhook_deliveries)
+    entries = [e for r in records for e in decode_log(r.value)]
+    assert [e.webhook_id for e in entries] == [f"msg_{n}" for n in range(4)]
+
+
+async def test_a_window_that_cannot_be_written_fails_each_of_its_writers(
+    make_settings: SettingsFactory,
+) -> None:
+    """The window's record refused (its producer gone): every writer waiting on it gets the
+    failure, none waits on for ever."""
+    settings = make_settings()
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer = build_producer(settings.kafka_config())
+    await producer.start()
+    publisher = DeliveryPublisher(
+        producer,
+        state_topic=settings.topics.webhook_state,
+        log_topic=settings.topics.webhook_deliveries,
+        dlq_topic=settings.topics.webhook_dlq,
+        log_flush_s=0.2,
+    )
+    state = DeliveryState(endpoint_id="ep_1", account_id="acc_1", workspace_id="ws_a")
+    writers = [publisher.log_finished(state, pending(n), delivered(n)) for n in range(3)]
+    await producer.stop()
+    outcomes = await asyncio.wait_for(asyncio.gather(*writers, return_exceptions=True), 30)
+    assert all(isinstance(o, Exception) for o in outcomes), outcomes
+    assert len({type(o) for o in outcomes}) == 1, "the one failure of their one record"
+
+
 def _entry(endpoint_id: str, n: int) -> DeliveryLogEntry:
     return DeliveryLogEntry(
         webhook_id=f"msg_{n}",

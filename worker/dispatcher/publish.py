@@ -36,14 +36,28 @@ log = get_logger(__name__)
 
 @dataclass(slots=True, eq=False)
 class _LogBatch:
-    """Entries of one endpoint waiting for their window to close, and what their writers
-    wait on."""
+    """Entries of one endpoint waiting for their window to close, and a future per writer
+    that waits on them: a writer that is cancelled cancels its own wait, not the others'."""
 
-    done: asyncio.Future[None]
     headers: list[tuple[str, bytes]]
     entries: list[DeliveryLogEntry] = field(default_factory=list)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
     bytes: int = 0
     closed: bool = False
+
+    def settle(self, exc: BaseException | None) -> None:
+        """Tell each writer still waiting how the batch's write ended. A failure is marked
+        retrieved at once: a writer that stopped looking is not reported at collection."""
+        for waiter in self.waiters:
+            if waiter.done():
+                continue  # its writer was cancelled
+            if exc is None:
+                waiter.set_result(None)
+            elif isinstance(exc, asyncio.CancelledError):
+                waiter.cancel()
+            else:
+                waiter.set_exception(exc)
+                waiter.exception()
 
 
 def _size(entry: DeliveryLogEntry) -> int:
@@ -52,13 +66,8 @@ def _size(entry: DeliveryLogEntry) -> int:
     return len(entry.body or "") + 2 * len(excerpt or "") + 1024
 
 
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
 async def _all(waits: list[asyncio.Future[None]]) -> None:
-    await asyncio.gather(*(asyncio.shield(w) for w in waits))
+    await asyncio.gather(*waits)
 
 
 class DeliveryPublisher:
@@ -277,10 +286,7 @@ class DeliveryPublisher:
         waits for the acks, beside another write, with no task of its own."""
         if self._log_flush_s > 0:
             waits = self._batched(entries)
-            # Shielded: a writer that is cancelled must not cancel the others' wait.
-            if len(waits) == 1:
-                return asyncio.shield(waits[0])
-            return _all(waits)
+            return waits[0] if len(waits) == 1 else _all(waits)
         return self._log_each(entries)
 
     async def _log_each(self, entries: list[DeliveryLogEntry]) -> None:
@@ -302,23 +308,24 @@ class DeliveryPublisher:
         )
 
     def _batched(self, entries: list[DeliveryLogEntry]) -> list[asyncio.Future[None]]:
-        """Put ``entries`` in their endpoints' open windows; the windows' futures."""
+        """Put ``entries`` in their endpoints' open windows; this writer's wait on each window
+        (a batch closed here is sent by a task not yet started, so its waiters are all in)."""
         loop = asyncio.get_running_loop()
-        waits: list[asyncio.Future[None]] = []
+        batches: list[_LogBatch] = []
         for entry in entries:
             batch = self._log_open.get(entry.endpoint_id)
             if batch is None:
-                done = loop.create_future()
-                # Retrieved here too: writers that were cancelled no longer look at a failure.
-                done.add_done_callback(_retrieve)
-                batch = self._log_open[entry.endpoint_id] = _LogBatch(done, tracing.kafka_headers())
+                batch = self._log_open[entry.endpoint_id] = _LogBatch(tracing.kafka_headers())
                 loop.call_later(self._log_flush_s, self._close_log, entry.endpoint_id, batch)
             batch.entries.append(entry)
             batch.bytes += _size(entry)
-            if batch.done not in waits:
-                waits.append(batch.done)
+            if not any(b is batch for b in batches):
+                batches.append(batch)
             if len(batch.entries) >= LOG_BATCH_MAX or batch.bytes >= LOG_BATCH_BYTES:
                 self._close_log(entry.endpoint_id, batch)
+        waits = [loop.create_future() for _ in batches]
+        for batch, wait in zip(batches, waits, strict=True):
+            batch.waiters.append(wait)
         return waits
 
     def _close_log(self, endpoint_id: str, batch: _LogBatch) -> None:
@@ -343,10 +350,8 @@ class DeliveryPublisher:
                 sent = await self._send_log(endpoint_id, record, batch.headers)
             await acknowledged(self._producer, self._health, [sent])
         except BaseException as exc:
-            if not batch.done.done():
-                batch.done.set_exception(exc)
+            batch.settle(exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
         else:
-            if not batch.done.done():
-                batch.done.set_result(None)
+            batch.settle(None)
