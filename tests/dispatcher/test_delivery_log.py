@@ -6,10 +6,13 @@ hostile batch is refused whole."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+from collections.abc import AsyncIterator
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
 from tests.conftest import SettingsFactory
@@ -25,6 +28,7 @@ from worker.contract.delivery_log import (
 from worker.dispatcher.delivery import DeliveryState, Finished, Pending
 from worker.dispatcher.publish import DeliveryPublisher
 from worker.engine.kafka import build_producer, ensure_topics
+from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +44,30 @@ def pending(n: int) -> Pending:
         enqueued_at=0.0,
         next_attempt_at=0.0,
     )
+
+
+@contextlib.asynccontextmanager
+async def publishing(
+    settings: Settings, log_flush_s: float
+) -> AsyncIterator[tuple[AIOKafkaProducer, DeliveryPublisher]]:
+    """A publisher batching its log per ``log_flush_s`` on a started producer (stopped after),
+    its topics made."""
+    await ensure_topics(settings.kafka_config(), settings.topic_plan())
+    producer = build_producer(settings.kafka_config())
+    await producer.start()
+    try:
+        yield (
+            producer,
+            DeliveryPublisher(
+                producer,
+                state_topic=settings.topics.webhook_state,
+                log_topic=settings.topics.webhook_deliveries,
+                dlq_topic=settings.topics.webhook_dlq,
+                log_flush_s=log_flush_s,
+            ),
+        )
+    finally:
+        await producer.stop()
 
 
 def delivered(n: int) -> Finished:
@@ -58,17 +86,7 @@ async def test_entries_of_one_window_share_a_record_and_the_view_reads_both_form
     make_settings: SettingsFactory,
 ) -> None:
     settings = make_settings()
-    await ensure_topics(settings.kafka_config(), settings.topic_plan())
-    producer = build_producer(settings.kafka_config())
-    await producer.start()
-    try:
-        publisher = DeliveryPublisher(
-            producer,
-            state_topic=settings.topics.webhook_state,
-            log_topic=settings.topics.webhook_deliveries,
-            dlq_topic=settings.topics.webhook_dlq,
-            log_flush_s=0.05,
-        )
+    async with publishing(settings, 0.05) as (_, publisher):
         busy = DeliveryState(endpoint_id="ep_busy", account_id="acc_1", workspace_id="ws_a")
         quiet = DeliveryState(endpoint_id="ep_quiet", account_id="acc_1", workspace_id="ws_a")
         # 5 writers at once to one endpoint, 1 to another: both wait for their record's ack
@@ -76,8 +94,6 @@ async def test_entries_of_one_window_share_a_record_and_the_view_reads_both_form
             *(publisher.log_finished(busy, pending(n), delivered(n)) for n in range(5)),
             publisher.log_finished(quiet, pending(9), delivered(9)),
         )
-    finally:
-        await producer.stop()
     records = await read_topic(settings, settings.topics.webhook_deliveries)
 
     by_key = {r.key.decode(): r.value for r in records}
@@ -98,17 +114,7 @@ async def test_a_writer_cancelled_in_its_window_leaves_the_others_waiting(
     """Writers of one window wait each on their own: one cancelled (its lane revoked) stops
     waiting alone; the others still wait for the record's ack, and its entry is written."""
     settings = make_settings()
-    await ensure_topics(settings.kafka_config(), settings.topic_plan())
-    producer = build_producer(settings.kafka_config())
-    await producer.start()
-    try:
-        publisher = DeliveryPublisher(
-            producer,
-            state_topic=settings.topics.webhook_state,
-            log_topic=settings.topics.webhook_deliveries,
-            dlq_topic=settings.topics.webhook_dlq,
-            log_flush_s=0.2,
-        )
+    async with publishing(settings, 0.2) as (_, publisher):
         state = DeliveryState(endpoint_id="ep_1", account_id="acc_1", workspace_id="ws_a")
         writers = [
             asyncio.ensure_future(publisher.log_finished(state, pending(n), delivered(n)))
@@ -119,8 +125,6 @@ async def test_a_writer_cancelled_in_its_window_leaves_the_others_waiting(
         await asyncio.gather(*writers[1:])
         assert writers[0].cancelled()
         assert not any(w.cancelled() for w in writers[1:])
-    finally:
-        await producer.stop()
     records = await read_topic(settings, settings.topics.webhook_deliveries)
     entries = [e for r in records for e in decode_log(r.value)]
     assert [e.webhook_id for e in entries] == [f"msg_{n}" for n in range(4)]
@@ -131,21 +135,11 @@ async def test_a_window_that_cannot_be_written_fails_each_of_its_writers(
 ) -> None:
     """The window's record refused (its producer gone): every writer waiting on it gets the
     failure, none waits on for ever."""
-    settings = make_settings()
-    await ensure_topics(settings.kafka_config(), settings.topic_plan())
-    producer = build_producer(settings.kafka_config())
-    await producer.start()
-    publisher = DeliveryPublisher(
-        producer,
-        state_topic=settings.topics.webhook_state,
-        log_topic=settings.topics.webhook_deliveries,
-        dlq_topic=settings.topics.webhook_dlq,
-        log_flush_s=0.2,
-    )
-    state = DeliveryState(endpoint_id="ep_1", account_id="acc_1", workspace_id="ws_a")
-    writers = [publisher.log_finished(state, pending(n), delivered(n)) for n in range(3)]
-    await producer.stop()
-    outcomes = await asyncio.wait_for(asyncio.gather(*writers, return_exceptions=True), 30)
+    async with publishing(make_settings(), 0.2) as (producer, publisher):
+        state = DeliveryState(endpoint_id="ep_1", account_id="acc_1", workspace_id="ws_a")
+        writers = [publisher.log_finished(state, pending(n), delivered(n)) for n in range(3)]
+        await producer.stop()
+        outcomes = await asyncio.wait_for(asyncio.gather(*writers, return_exceptions=True), 30)
     assert all(isinstance(o, Exception) for o in outcomes), outcomes
     assert len({type(o) for o in outcomes}) == 1, "the one failure of their one record"
 
@@ -192,18 +186,8 @@ async def test_a_batch_of_large_entries_is_closed_by_its_bytes(
     """Entries carry their body: a window of large ones goes out in several records, each
     under ``LOG_BATCH_BYTES`` and the broker's limit, in order, each entry once."""
     settings = make_settings()
-    await ensure_topics(settings.kafka_config(), settings.topic_plan())
-    producer = build_producer(settings.kafka_config())
-    await producer.start()
     big = "x" * 60_000  # an event body near the event model's limit
-    try:
-        publisher = DeliveryPublisher(
-            producer,
-            state_topic=settings.topics.webhook_state,
-            log_topic=settings.topics.webhook_deliveries,
-            dlq_topic=settings.topics.webhook_dlq,
-            log_flush_s=0.5,
-        )
+    async with publishing(settings, 0.5) as (_, publisher):
         state = DeliveryState(endpoint_id="ep_big", account_id="acc_1", workspace_id="ws_a")
         await asyncio.gather(
             *(
@@ -213,8 +197,6 @@ async def test_a_batch_of_large_entries_is_closed_by_its_bytes(
                 for n in range(20)
             )
         )
-    finally:
-        await producer.stop()
     records = await read_topic(settings, settings.topics.webhook_deliveries)
     assert len(records) > 1
     assert all(len(r.value) <= LOG_BATCH_BYTES + 64 * 1024 for r in records)
