@@ -7,6 +7,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from worker.dispatcher.endpoint_gate import (
     MAX_PARK_S,
@@ -388,3 +391,65 @@ def test_a_new_pair_at_a_full_endpoint_is_lined_up_as_admit_would() -> None:
     g.release("ep_1", ok=True, now=NOW + 1)
     assert wakes.keys == ["ep_1/c"], "c, lined up first, is woken first"
     assert admit(g, "ep_1/c", NOW + 1.1).admitted
+
+
+class GateLine(RuleBasedStateMachine):
+    """Random asks, ends, forgets and clock steps at one endpoint with two slots: every pair
+    refused and still asking is in the line exactly once (waiting, or woken), the slots and
+    wakes stay within the cap, and an attempt that ends wakes pairs for all the room it
+    leaves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = gate(Wakes(), max_in_flight=2)
+        self.now = NOW
+        self.running: list[str] = []  # pairs holding a slot
+        self.asking: set[str] = set()  # pairs refused, neither admitted since nor forgotten
+
+    @rule(pair=st.sampled_from("abcdef"))
+    def ask(self, pair: str) -> None:
+        key = f"ep_1/{pair}"
+        if key in self.running:
+            return
+        if admit(self.gate, key, self.now).admitted:
+            self.running.append(key)
+            self.asking.discard(key)
+        else:
+            self.asking.add(key)
+
+    @rule(data=st.data())
+    def end(self, data: st.DataObject) -> None:
+        if not self.running:
+            return
+        self.running.remove(data.draw(st.sampled_from(self.running)))
+        self.gate.release("ep_1", ok=True, now=self.now)
+        e = self.gate._endpoints.get("ep_1")
+        if e is not None and e.waiters:
+            assert e.in_flight + len(e.woken) == 2, "room left while pairs wait unwoken"
+
+    @rule(pair=st.sampled_from("abcdef"))
+    def forget(self, pair: str) -> None:
+        key = f"ep_1/{pair}"
+        if key in self.asking:
+            self.asking.discard(key)
+            self.gate.forget("ep_1", key, self.now)
+
+    @rule(seconds=st.sampled_from([0.1, 1.0, WAKE_HOLD_S + 0.1]))
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+
+    @invariant()
+    def every_asking_pair_is_in_line_once(self) -> None:
+        e = self.gate._endpoints.get("ep_1")
+        waiting = set() if e is None else set(e.waiters)
+        woken = set() if e is None else set(e.woken)
+        assert not waiting & woken
+        assert waiting | woken == self.asking
+        assert self.gate.waiting("ep_1") == len(self.asking)
+        if e is not None:
+            assert e.in_flight == len(self.running)
+            assert e.in_flight + len(e.woken) <= 2
+
+
+TestGateLine = GateLine.TestCase
+TestGateLine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
