@@ -170,6 +170,36 @@ def test_a_pair_whose_wake_ran_out_is_first_in_line_again() -> None:
     assert g.waiting("ep_1") == 0
 
 
+def test_a_pair_whose_wake_ran_out_is_woken_again_by_the_next_release() -> None:
+    """Alone in line, its wake run out unused: the next attempt that ends wakes it again
+    (found by ``GateLine``: the wake was looked for only among pairs never woken)."""
+    wakes = Wakes()
+    g = gate(wakes, max_in_flight=2)
+    assert admit(g, "ep_1/a").admitted and admit(g, "ep_1/b").admitted
+    assert not admit(g, "ep_1/c").admitted
+    g.release("ep_1", ok=True, now=NOW + 1)
+    assert wakes.keys == ["ep_1/c"]
+    g.release("ep_1", ok=True, now=NOW + 1 + WAKE_HOLD_S + 0.1)
+    assert wakes.keys == ["ep_1/c", "ep_1/c"], "woken again, not left to its fallback time"
+
+
+def test_a_wake_at_one_endpoint_counts_against_its_workspace_while_another_comes_and_goes() -> None:
+    """A pair woken at one endpoint holds its workspace's slot while another endpoint of the
+    workspace is admitted, ends and is forgotten (found by ``WorkspaceLines``: the wake was
+    dropped from the workspace's count with the other endpoint's entry)."""
+    g = gate(Wakes(), max_in_flight=2, workspace_max_in_flight=3)
+
+    def try_(key: str) -> bool:
+        return admit(g, key, NOW, workspace="ws").admitted
+
+    assert try_("ep_1/a") and try_("ep_1/b") and not try_("ep_1/c")
+    g.release("ep_1", ok=True, now=NOW)  # c woken: ep_1/a and c's wake hold two of three
+    assert try_("ep_2/a")
+    g.release("ep_2", ok=True, now=NOW)  # ep_2 at rest: its entry goes
+    assert try_("ep_2/a")
+    assert not try_("ep_2/b"), "the workspace's third slot is ep_2/a's; c's wake holds one"
+
+
 def test_a_failing_endpoint_backs_off_as_a_whole_then_probes_one_at_a_time() -> None:
     wakes = Wakes()
     g = gate(wakes, max_in_flight=4, backoff_after=3, backoff_base_s=1.0, backoff_max_s=8.0)
@@ -453,3 +483,65 @@ class GateLine(RuleBasedStateMachine):
 
 TestGateLine = GateLine.TestCase
 TestGateLine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+class WorkspaceLines(RuleBasedStateMachine):
+    """The same at two endpoints of one workspace (two slots each, three for the workspace):
+    no pair lost from its endpoint's line, the workspace's share held, and an attempt that
+    ends leaves no room while a pair of the workspace waits unwoken."""
+
+    ENDPOINTS = ("ep_1", "ep_2")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = gate(Wakes(), max_in_flight=2, workspace_max_in_flight=3)
+        self.now = NOW
+        self.running: list[str] = []
+        self.asking: set[str] = set()
+
+    @rule(endpoint=st.sampled_from(ENDPOINTS), pair=st.sampled_from("abcd"))
+    def ask(self, endpoint: str, pair: str) -> None:
+        key = f"{endpoint}/{pair}"
+        if key in self.running:
+            return
+        if admit(self.gate, key, self.now, workspace="ws").admitted:
+            self.running.append(key)
+            self.asking.discard(key)
+        else:
+            self.asking.add(key)
+
+    @rule(data=st.data())
+    def end(self, data: st.DataObject) -> None:
+        if not self.running:
+            return
+        key = data.draw(st.sampled_from(self.running))
+        self.running.remove(key)
+        self.gate.release(key.partition("/")[0], ok=True, now=self.now)
+        entries = [self.gate._endpoints.get(ep) for ep in self.ENDPOINTS]
+        live = [e for e in entries if e is not None]
+        busy = sum(e.in_flight + len(e.woken) for e in live)
+        for e in live:
+            if e.waiters:
+                assert busy == 3 or e.in_flight + len(e.woken) == 2, "room left unwoken"
+
+    @rule(seconds=st.sampled_from([0.1, 1.0, WAKE_HOLD_S + 0.1]))
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+
+    @invariant()
+    def every_asking_pair_is_in_its_line_once(self) -> None:
+        busy = 0
+        for endpoint in self.ENDPOINTS:
+            e = self.gate._endpoints.get(endpoint)
+            waiting = set() if e is None else set(e.waiters)
+            woken = set() if e is None else set(e.woken)
+            assert not waiting & woken
+            assert waiting | woken == {k for k in self.asking if k.startswith(endpoint + "/")}
+            if e is not None:
+                assert e.in_flight + len(e.woken) <= 2
+                busy += e.in_flight + len(e.woken)
+        assert busy <= 3
+
+
+TestWorkspaceLines = WorkspaceLines.TestCase
+TestWorkspaceLines.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

@@ -358,7 +358,7 @@ class EndpointGate:
         if lined and room > 0:
             for other in sorted(lined):
                 x = self._endpoints.get(other)
-                if x is None or x.workspace != e.workspace or not x.waiters:
+                if x is None or x.workspace != e.workspace or not (x.waiters or x.woken):
                     lined.discard(other)  # its line is empty: not looked at again
                     continue
                 if room <= 0 or self._pool_room(e.workspace) <= 0:
@@ -430,9 +430,9 @@ class EndpointGate:
         """Wake the first waiting pairs for the room the endpoint has (each woken pair holds
         its slot until it comes, at most ``WAKE_HOLD_S``): now, or when a pause or the next
         rate-limit token ends."""
+        self._expire_wakes(e, now)  # first: a pair whose wake ran out is in line again
         if not e.waiters:
             return
-        self._expire_wakes(e, now)
         free = self._cap(e) - e.in_flight - len(e.woken)
         if free <= 0:
             return  # a busy endpoint's every admit and release: its workspace not looked at
