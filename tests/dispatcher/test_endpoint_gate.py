@@ -172,7 +172,7 @@ def test_a_pair_whose_wake_ran_out_is_first_in_line_again() -> None:
 
 def test_a_pair_whose_wake_ran_out_is_woken_again_by_the_next_release() -> None:
     """Alone in line, its wake run out unused: the next attempt that ends wakes it again
-    (found by ``GateLine``: the wake was looked for only among pairs never woken)."""
+    (found by ``Lines``: the wake was looked for only among pairs never woken)."""
     wakes = Wakes()
     g = gate(wakes, max_in_flight=2)
     assert admit(g, "ep_1/a").admitted and admit(g, "ep_1/b").admitted
@@ -423,85 +423,25 @@ def test_a_new_pair_at_a_full_endpoint_is_lined_up_as_admit_would() -> None:
     assert admit(g, "ep_1/c", NOW + 1.1).admitted
 
 
-class GateLine(RuleBasedStateMachine):
-    """Random asks, ends, forgets and clock steps at one endpoint with two slots: every pair
-    refused and still asking is in the line exactly once (waiting, or woken), the slots and
-    wakes stay within the cap, and an attempt that ends wakes pairs for all the room it
-    leaves."""
+class Lines(RuleBasedStateMachine):
+    """Random asks, ends, forgets and clock steps at ``ENDPOINTS`` of one workspace, two slots
+    each and ``SHARE`` for the workspace: every pair refused and still asking is in its
+    endpoint's line exactly once (waiting, or woken), slots and wakes stay within the caps, and
+    an attempt that ends leaves no room while a pair waits unwoken."""
+
+    ENDPOINTS: tuple[str, ...] = ("ep_1",)
+    SHARE = 48  # the default workspace's share: not reached by one endpoint
 
     def __init__(self) -> None:
         super().__init__()
-        self.gate = gate(Wakes(), max_in_flight=2)
+        self.gate = gate(Wakes(), max_in_flight=2, workspace_max_in_flight=self.SHARE)
         self.now = NOW
         self.running: list[str] = []  # pairs holding a slot
         self.asking: set[str] = set()  # pairs refused, neither admitted since nor forgotten
 
-    @rule(pair=st.sampled_from("abcdef"))
-    def ask(self, pair: str) -> None:
-        key = f"ep_1/{pair}"
-        if key in self.running:
-            return
-        if admit(self.gate, key, self.now).admitted:
-            self.running.append(key)
-            self.asking.discard(key)
-        else:
-            self.asking.add(key)
-
-    @rule(data=st.data())
-    def end(self, data: st.DataObject) -> None:
-        if not self.running:
-            return
-        self.running.remove(data.draw(st.sampled_from(self.running)))
-        self.gate.release("ep_1", ok=True, now=self.now)
-        e = self.gate._endpoints.get("ep_1")
-        if e is not None and e.waiters:
-            assert e.in_flight + len(e.woken) == 2, "room left while pairs wait unwoken"
-
-    @rule(pair=st.sampled_from("abcdef"))
-    def forget(self, pair: str) -> None:
-        key = f"ep_1/{pair}"
-        if key in self.asking:
-            self.asking.discard(key)
-            self.gate.forget("ep_1", key, self.now)
-
-    @rule(seconds=st.sampled_from([0.1, 1.0, WAKE_HOLD_S + 0.1]))
-    def tick(self, seconds: float) -> None:
-        self.now += seconds
-
-    @invariant()
-    def every_asking_pair_is_in_line_once(self) -> None:
-        e = self.gate._endpoints.get("ep_1")
-        waiting = set() if e is None else set(e.waiters)
-        woken = set() if e is None else set(e.woken)
-        assert not waiting & woken
-        assert waiting | woken == self.asking
-        assert self.gate.waiting("ep_1") == len(self.asking)
-        if e is not None:
-            assert e.in_flight == len(self.running)
-            assert e.in_flight + len(e.woken) <= 2
-
-
-TestGateLine = GateLine.TestCase
-TestGateLine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
-
-
-class WorkspaceLines(RuleBasedStateMachine):
-    """The same at two endpoints of one workspace (two slots each, three for the workspace):
-    no pair lost from its endpoint's line, the workspace's share held, and an attempt that
-    ends leaves no room while a pair of the workspace waits unwoken."""
-
-    ENDPOINTS = ("ep_1", "ep_2")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = gate(Wakes(), max_in_flight=2, workspace_max_in_flight=3)
-        self.now = NOW
-        self.running: list[str] = []
-        self.asking: set[str] = set()
-
-    @rule(endpoint=st.sampled_from(ENDPOINTS), pair=st.sampled_from("abcd"))
-    def ask(self, endpoint: str, pair: str) -> None:
-        key = f"{endpoint}/{pair}"
+    @rule(data=st.data(), pair=st.sampled_from("abcdef"))
+    def ask(self, data: st.DataObject, pair: str) -> None:
+        key = f"{data.draw(st.sampled_from(self.ENDPOINTS))}/{pair}"
         if key in self.running:
             return
         if admit(self.gate, key, self.now, workspace="ws").admitted:
@@ -517,12 +457,18 @@ class WorkspaceLines(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(self.running))
         self.running.remove(key)
         self.gate.release(key.partition("/")[0], ok=True, now=self.now)
-        entries = [self.gate._endpoints.get(ep) for ep in self.ENDPOINTS]
-        live = [e for e in entries if e is not None]
+        live = [e for ep in self.ENDPOINTS if (e := self.gate._endpoints.get(ep)) is not None]
         busy = sum(e.in_flight + len(e.woken) for e in live)
         for e in live:
             if e.waiters:
-                assert busy == 3 or e.in_flight + len(e.woken) == 2, "room left unwoken"
+                full = e.in_flight + len(e.woken) == 2
+                assert full or busy == self.SHARE, "room left while pairs wait unwoken"
+
+    @rule(pair=st.sampled_from("abcdef"))
+    def forget(self, pair: str) -> None:
+        for key in [k for k in self.asking if k.endswith(f"/{pair}")][:1]:
+            self.asking.discard(key)
+            self.gate.forget(key.partition("/")[0], key, self.now)
 
     @rule(seconds=st.sampled_from([0.1, 1.0, WAKE_HOLD_S + 0.1]))
     def tick(self, seconds: float) -> None:
@@ -538,10 +484,22 @@ class WorkspaceLines(RuleBasedStateMachine):
             assert not waiting & woken
             assert waiting | woken == {k for k in self.asking if k.startswith(endpoint + "/")}
             if e is not None:
+                assert e.in_flight == sum(k.startswith(endpoint + "/") for k in self.running)
                 assert e.in_flight + len(e.woken) <= 2
                 busy += e.in_flight + len(e.woken)
-        assert busy <= 3
+        assert busy <= self.SHARE
+        assert sum(self.gate.waiting(ep) for ep in self.ENDPOINTS) == len(self.asking)
 
 
+class WorkspaceLines(Lines):
+    """The same at two endpoints whose workspace has three slots."""
+
+    ENDPOINTS = ("ep_1", "ep_2")
+    SHARE = 3
+
+
+STATEFUL = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestLines = Lines.TestCase
+TestLines.settings = STATEFUL
 TestWorkspaceLines = WorkspaceLines.TestCase
-TestWorkspaceLines.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestWorkspaceLines.settings = STATEFUL
