@@ -188,7 +188,7 @@ class EndpointGate:
             self._workspace_endpoints.get(e.workspace, set()).discard(endpoint_id)
             self._waking.get(e.workspace, set()).discard(endpoint_id)
             e.workspace = workspace_id
-            if e.waiters:
+            if e.waiters or e.woken:
                 self._workspace_endpoints.setdefault(workspace_id, set()).add(endpoint_id)
             if e.woken:
                 self._waking.setdefault(workspace_id, set()).add(endpoint_id)
@@ -464,8 +464,6 @@ class EndpointGate:
             e.waiters[key] = partition
             e.waiters.move_to_end(key, last=False)
         e.wakes_end = min((until for until, _ in e.woken.values()), default=math.inf)
-        if ended:
-            self._workspace_endpoints.setdefault(e.workspace, set()).add(e.endpoint_id)
 
     def _set_backing_off(self, delta: int) -> None:
         self._backing_off += delta
