@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -116,7 +117,7 @@ def test_a_record_s_context_is_carried_as_the_propagator_reads_it(
     expected = trace.get_current_span(tracing.context_from_headers(headers)).get_span_context()
     assert not tracing.recording()
     with tracing.consume_span(_Record(headers)):
-        carried = trace.get_current_span().get_span_context()
+        carried = tracing.current_span().get_span_context()
         if expected.is_valid:
             assert carried == expected
         else:
@@ -159,10 +160,53 @@ def test_stored_header_values_give_the_propagator_s_context_and_go_on_as_they_ca
     with tracing.span("attempt", kind=SpanKind.CLIENT, parent=parent):
         sent = tracing.http_headers()
         assert tracing.current_traceparent() == (sent["traceparent"], sent.get("tracestate"))
+    with tracing.span_from(traceparent, tracestate, "attempt", kind=SpanKind.CLIENT):
+        sent_from = tracing.http_headers()
     if expected.is_valid:
-        assert sent == tracing.http_headers(expected)
+        assert sent == sent_from == tracing.http_headers(expected)
     else:
         assert sent["traceparent"].endswith("-00"), "a new root, not sampled"
+        assert sent_from["traceparent"].endswith("-00")
+        assert sent_from["traceparent"] != sent["traceparent"], "each a trace of its own"
+        assert _plain(sent_from["traceparent"]).is_valid
+
+
+def _plain(traceparent: str) -> SpanContext:
+    carrier = {"traceparent": traceparent}
+    parent = TraceContextTextMapPropagator().extract(carrier, context=Context())
+    return trace.get_current_span(parent).get_span_context()
+
+
+def test_recording_nothing_the_carried_trace_builds_no_opentelemetry_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recording nothing, a record's trace and an attempt's stored one are made current
+    without an OpenTelemetry context built and attached for each (the dispatcher does both
+    per delivery, the front door one per request); headers and log ids still carry them, and
+    each block leaves the trace that was current before it."""
+    attached: list[Context] = []
+    real_attach = otel_context.attach
+
+    def attach(context: Context) -> object:
+        attached.append(context)
+        return real_attach(context)
+
+    monkeypatch.setattr(otel_context, "attach", attach)
+    assert not tracing.recording()
+    with tracing.consume_span(_Record([])):
+        minted = tracing.http_headers()["traceparent"]
+        assert _plain(minted).is_valid and minted.endswith("-00")
+        with tracing.span_from(CALLER, None, "attempt", kind=SpanKind.CLIENT):
+            assert tracing.current_traceparent() == (CALLER, None)
+            assert tracing.kafka_headers() == [("traceparent", CALLER.encode())]
+            event = tracing.add_trace_ids(None, "info", {})
+            assert event == {"trace_id": CALLER[3:35], "span_id": CALLER[36:52]}
+        with tracing.span("decide"):
+            assert tracing.http_headers()["traceparent"] == minted
+        assert tracing.current_traceparent() == (minted, None)
+    assert tracing.current_span() is trace.INVALID_SPAN
+    assert tracing.http_headers() == {}
+    assert attached == []
 
 
 def test_a_stored_traceparent_is_read_into_its_context_only_when_asked(

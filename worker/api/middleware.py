@@ -184,13 +184,11 @@ class FrontDoor:
             name = self._span_names[key] = f"{method} {template}"
         traceparent = seen.get(b"traceparent")
         tracestate = seen.get(b"tracestate")
-        return tracing.span(
+        return tracing.span_from(
+            None if traceparent is None else traceparent.decode("latin-1"),
+            None if tracestate is None else tracestate.decode("latin-1"),
             name,
             kind=SpanKind.SERVER,
-            parent=tracing.context_from_traceparent(
-                None if traceparent is None else traceparent.decode("latin-1"),
-                None if tracestate is None else tracestate.decode("latin-1"),
-            ),
             attributes={
                 "http.request.method": method,
                 "http.route": template or "",

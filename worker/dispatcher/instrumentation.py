@@ -115,7 +115,7 @@ class Instrumentation:
         """``handler``'s pairs due at once, the record taken in or dead-lettered. ``read`` is
         what the record was read as (``None``: not read, a record let go after its retries).
         The span is the caller's: an event's CONSUMER span, none for a record let go."""
-        span = trace.get_current_span()
+        span = tracing.current_span()
         context: dict[str, object] = {
             "topic": msg.topic,
             "partition": msg.partition,
@@ -155,10 +155,11 @@ class Instrumentation:
         of a pair whose attempts keep failing inside the dispatcher, failed without an attempt
         (no span: nothing is sent)."""
         spanned = (
-            tracing.span(
+            tracing.span_from(
+                head.traceparent,
+                head.tracestate,
                 ATTEMPT_SPAN,
                 kind=SpanKind.CLIENT,
-                parent=tracing.context_from_traceparent(head.traceparent, head.tracestate),
                 attributes=_attempt_attributes(state, head),
             )
             if sent

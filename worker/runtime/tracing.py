@@ -8,7 +8,7 @@ import contextlib
 import os
 import re
 from collections.abc import Iterable, Mapping
-from contextvars import Token
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
@@ -50,14 +50,15 @@ __all__ = [
     "configure",
     "context_from_headers",
     "context_from_traceparent",
+    "current_span",
     "current_traceparent",
     "export_targets",
     "http_headers",
     "kafka_headers",
-    "new_root",
     "recording",
     "reset",
     "span",
+    "span_from",
 ]
 
 SERVICE_WORKER: Final = "passkey-worker"
@@ -209,9 +210,11 @@ def recording() -> bool:
 # -- spans -------------------------------------------------------------------------------------
 
 
-def new_root() -> SpanContext:
-    """A fresh trace and span id, not sampled: the non-recording start of a trace."""
-    return SpanContext(_ids.generate_trace_id(), _ids.generate_span_id(), is_remote=False)
+def _fresh() -> _Carried:
+    """A new trace, not sampled, carried on unrecorded: its ``traceparent`` written at once
+    (it is what goes on), its context read back from it only when asked for."""
+    trace_id, span_id = _ids.generate_trace_id(), _ids.generate_span_id()
+    return _Carried(None, {TRACEPARENT: f"00-{trace_id:032x}-{span_id:016x}-00"})
 
 
 class _Carried(NonRecordingSpan):
@@ -247,15 +250,45 @@ class _Carried(NonRecordingSpan):
         return self._http
 
 
+#: The trace carried through this process unrecorded (``_Carried``), made current by ``_Carry``:
+#: one context variable instead of an OpenTelemetry context built, attached and detached for
+#: every record, request and attempt. Never set while spans are recorded.
+_CARRIED: Final[ContextVar[_Carried | None]] = ContextVar("passkey_carried_trace", default=None)
+
+
+def current_span() -> Span:
+    """The current span: the trace carried here unrecorded, else OpenTelemetry's current one."""
+    carried = _CARRIED.get()
+    return trace.get_current_span() if carried is None else carried
+
+
+class _Carry:
+    """Makes ``span`` the carried trace for the block (recording nothing: no end, no status)."""
+
+    __slots__ = ("_token", "span")
+
+    def __init__(self, span: _Carried) -> None:
+        self.span = span
+        self._token: Token[_Carried | None] | None = None
+
+    def __enter__(self) -> Span:
+        self._token = _CARRIED.set(self.span)
+        return self.span
+
+    def __exit__(self, *_: object) -> None:
+        if self._token is not None:
+            _CARRIED.reset(self._token)
+            self._token = None
+
+
 class _Active:
-    """Makes ``span`` current for the block; ends it (if ``end``) and records an escaping
+    """Makes a recorded ``span`` current for the block; ends it and records an escaping
     exception on it. A class rather than ``@contextmanager``: this runs per command."""
 
-    __slots__ = ("_end", "_token", "span")
+    __slots__ = ("_token", "span")
 
-    def __init__(self, span: Span, *, end: bool) -> None:
+    def __init__(self, span: Span) -> None:
         self.span = span
-        self._end = end
         self._token: Token[Context] | None = None
 
     def __enter__(self) -> Span:
@@ -267,11 +300,10 @@ class _Active:
     ) -> None:
         if self._token is not None:
             otel_context.detach(self._token)
-        if self._end:
-            if isinstance(e, Exception) and self.span.is_recording():
-                self.span.record_exception(e)
-                self.span.set_status(Status(StatusCode.ERROR, type(e).__name__))
-            self.span.end()
+        if isinstance(e, Exception) and self.span.is_recording():
+            self.span.record_exception(e)
+            self.span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+        self.span.end()
 
 
 #: A child span in a process that records nothing: no span at all; the current context, which
@@ -285,7 +317,7 @@ def span(
     kind: SpanKind = SpanKind.INTERNAL,
     parent: Context | None = None,
     attributes: Mapping[str, Any] | None = None,
-) -> _Active | contextlib.nullcontext[Span]:
+) -> _Active | _Carry | contextlib.nullcontext[Span]:
     """A span named ``name`` (low-cardinality: never an id), current inside the block, child of
     ``parent`` (an incoming message's context; ``ROOT``: a new trace) or of the current span.
     Not recording, a span with an incoming ``parent`` carries that context on unchanged."""
@@ -295,10 +327,16 @@ def span(
         carried = trace.get_current_span(parent)
         if type(carried) is not _Carried:
             incoming = carried.get_span_context()
-            carried = _Carried(incoming if incoming.is_valid else new_root())
-        return _Active(carried, end=False)
+            carried = _Carried(incoming) if incoming.is_valid else _fresh()
+        return _Carry(carried)
+    return _Active(_start(name, kind, parent, attributes))
+
+
+def _start(
+    name: str, kind: SpanKind, parent: Context | None, attributes: Mapping[str, Any] | None
+) -> Span:
     assert _state.tracer is not None
-    started = _state.tracer.start_span(
+    return _state.tracer.start_span(
         name,
         context=parent,
         kind=kind,
@@ -306,7 +344,24 @@ def span(
         record_exception=False,  # ``_Active`` records it once
         set_status_on_exception=False,
     )
-    return _Active(started, end=True)
+
+
+def span_from(
+    traceparent: str | None,
+    tracestate: str | None,
+    name: str,
+    *,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+) -> _Active | _Carry:
+    """``span`` whose parent is W3C header values (``context_from_traceparent``; a new trace
+    when absent or malformed). Recording nothing, they are carried on as they came without a
+    context built for them: a request's or a stored delivery's, once each."""
+    if _state.recording:
+        parent = context_from_traceparent(traceparent, tracestate)
+        return _Active(_start(name, kind, parent, attributes))
+    carried = _parse(traceparent, tracestate) if traceparent else None
+    return _Carry(_fresh() if carried is None else carried)
 
 
 # -- crossing process boundaries ---------------------------------------------------------------
@@ -354,7 +409,7 @@ def kafka_headers(span_context: SpanContext | None = None) -> list[tuple[str, by
     same (one command writes several records under one span); callers must not mutate it."""
     global _last_kafka
     if span_context is None:
-        current = trace.get_current_span()
+        current = current_span()
         if type(current) is _Carried:
             return current.kafka()
         ctx = current.get_span_context()
@@ -370,7 +425,7 @@ def kafka_headers(span_context: SpanContext | None = None) -> list[tuple[str, by
 def http_headers(span_context: SpanContext | None = None) -> dict[str, str]:
     """The same as HTTP request headers; callers must not mutate the answer."""
     if span_context is None:
-        current = trace.get_current_span()
+        current = current_span()
         if type(current) is _Carried:
             return current.http()
         span_context = current.get_span_context()
@@ -447,12 +502,12 @@ def messaging(operation: str, topic: str | None = None) -> dict[str, Any]:
     return attributes
 
 
-def consume_span(msg: Any) -> _Active | contextlib.nullcontext[Span]:
+def consume_span(msg: Any) -> _Active | _Carry | contextlib.nullcontext[Span]:
     """The CONSUMER span of processing one Kafka record, continuing the trace in its headers
     (carried on as it came when nothing is recorded)."""
     if not _state.recording:
         carried = _incoming(msg.headers)
-        return _Active(_Carried(new_root()) if carried is None else carried, end=False)
+        return _Carry(_fresh() if carried is None else carried)
     return span(
         f"process {msg.topic}",
         kind=SpanKind.CONSUMER,
@@ -470,7 +525,7 @@ def consume_span(msg: Any) -> _Active | contextlib.nullcontext[Span]:
 
 def add_trace_ids(_: Any, __: str, event: Any) -> Any:
     """structlog processor: ``trace_id`` and ``span_id`` of the current span, when valid."""
-    ctx = trace.get_current_span().get_span_context()
+    ctx = current_span().get_span_context()
     if ctx.is_valid:
         event.setdefault("trace_id", f"{ctx.trace_id:032x}")
         event.setdefault("span_id", f"{ctx.span_id:016x}")
