@@ -216,6 +216,7 @@ NOT_GROWN: dict[str, str] = {
     "runtime/admission.py:Admission.refused": "one count per fixed refusal reason",
     # -- one call's scratch state --
     "runtime/logs.py:log_context._token": "a ContextVar token of one `with` block",
+    "runtime/tracing.py:_Carry._token": "a ContextVar token of one `with` block",
 }
 
 
