@@ -43,7 +43,7 @@ from devstack.keys import DEV_KEY, DEV_WORKSPACE, dev_keys_file
 from devstack.settings import EMBEDDED_API_FETCH_MAX_WAIT_MS, DevSettings
 from worker.dispatcher.app import secrets_box
 from worker.engine.kafka import build_producer, ensure_topics
-from worker.runtime import tracing
+from worker.runtime import trace_export
 from worker.runtime.logs import get_logger
 from worker.runtime.process import on_stop_signals
 from worker.webhooks.endpoint_writes import EndpointStore
@@ -352,7 +352,7 @@ async def portal_url(settings: DevSettings) -> str:
 def _traces_line() -> list[str]:
     """One banner line when OTEL_* sends traces somewhere (the children inherit it)."""
     try:
-        targets = tracing.export_targets()
+        targets = trace_export.export_targets()
     except ValueError as exc:
         return [f"  traces            not exported: {exc}"]
     if not targets:

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from worker.runtime import tracing
+from worker.runtime import trace_export, tracing
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -36,7 +36,7 @@ CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 def test_export_targets_follow_the_otel_variables(
     env: dict[str, str], targets: tuple[str, ...]
 ) -> None:
-    assert tracing.export_targets(env) == targets
+    assert trace_export.export_targets(env) == targets
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def test_export_targets_follow_the_otel_variables(
 )
 def test_what_is_not_installed_is_refused(env: dict[str, str]) -> None:
     with pytest.raises(ValueError, match=r"otlp|http/protobuf"):
-        tracing.export_targets(env)
+        trace_export.export_targets(env)
 
 
 def test_not_recording_passes_the_callers_context_through() -> None:

@@ -13,5 +13,6 @@ __all__ = [
     "serving",
     "shutdown",
     "signed",
+    "trace_export",
     "tracing",
 ]
