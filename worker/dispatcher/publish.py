@@ -319,7 +319,7 @@ class DeliveryPublisher:
                 loop.call_later(self._log_flush_s, self._close_log, entry.endpoint_id, batch)
             batch.entries.append(entry)
             batch.bytes += _size(entry)
-            if not any(b is batch for b in batches):
+            if batch not in batches:  # compared by identity (eq=False)
                 batches.append(batch)
             if len(batch.entries) >= LOG_BATCH_MAX or batch.bytes >= LOG_BATCH_BYTES:
                 self._close_log(entry.endpoint_id, batch)
