@@ -5,7 +5,6 @@ delivery, or migrate an account's old one-record state (``PairWrites.migrate``)
 
 from __future__ import annotations
 
-import functools
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -118,7 +117,8 @@ class Dispatcher:
         """Take one record in; returns the (endpoint, account) keys due at once."""
         with tracing.consume_span(msg):
             read = await self._intake.read_current(msg)
-            return await self._instrument.run_record(msg, read, lambda: self._receive(msg, read))
+            with self._instrument.record(msg, read) as block:
+                return block.done(await self._receive(msg, read))
 
     async def _receive(
         self, msg: ConsumerRecord[bytes, bytes], read: Incoming | Undecodable | Fault
@@ -133,7 +133,8 @@ class Dispatcher:
 
     async def recover(self, msg: ConsumerRecord[bytes, bytes], fault: Fault) -> None:
         """A record whose taking-in failed for good: to the DLQ as it came."""
-        await self._instrument.run_record(msg, None, lambda: self._receive(msg, fault))
+        with self._instrument.record(msg, None) as block:
+            block.done(await self._receive(msg, fault))
 
     async def give_up(self, partition: int, key: str, fault: Fault) -> None:
         """A pair whose attempt keeps failing inside the dispatcher: its head delivery fails
@@ -149,13 +150,8 @@ class Dispatcher:
             return
         self.missed_first.settling.add(key)
         try:
-            await self._instrument.run_attempt(
-                partition,
-                state,
-                head,
-                lambda: self._fail_head(partition, key, state, head, fault),
-                sent=False,
-            )
+            with self._instrument.attempt(partition, state, head, sent=False) as block:
+                block.done(await self._fail_head(partition, key, state, head, fault))
         finally:
             self.missed_first.settling.discard(key)
 
@@ -344,12 +340,10 @@ class Dispatcher:
             else:
                 self.gate.forget(endpoint_id, key, now)
             self.missed_first.settling.add(key)  # dropped once settled, or by follow_up
-            attempted = await self._instrument.run_attempt(
-                partition,
-                state,
-                head,
-                functools.partial(self._attempt_head, partition, key, state, head, endpoint, now),
-            )
+            with self._instrument.attempt(partition, state, head) as block:
+                attempted = block.done(
+                    await self._attempt_head(partition, key, state, head, endpoint, now)
+                )
             self.missed_first.settling.discard(key)
             if attempted.settled.outcome == "deferred":
                 return  # its timer is armed at the deferral when the pair is released

@@ -1,15 +1,16 @@
-"""Tracing, logging and metrics around the dispatcher's handlers, as a middleware does them
-(the executor's are ``worker.auth.instrumentation``): the handlers return what a record or an
-attempt came to, and ``Instrumentation`` puts its identity on the span and in the log context
-around them, then counts and logs it, so each count comes after the writes the handler orders
-(a failure's DLQ copy before its state). Never in a span or the log context: an endpoint's URL
-(the attempt span keeps its host and port), a secret, a body."""
+"""Tracing, logging and metrics around the dispatcher's handlers, in blocks as a middleware
+would put them (the executor's are ``worker.auth.instrumentation``): the handlers return what
+a record or an attempt came to, and ``Instrumentation``'s block puts its identity on the span
+and in the log context around them, then counts and logs it, so each count comes after the
+writes the handler orders (a failure's DLQ copy before its state). Never in a span or the log
+context: an endpoint's URL (the attempt span keeps its host and port), a secret, a body."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -97,24 +98,24 @@ class Attempted:
 
 
 class Instrumentation:
-    """Runs a dispatcher handler with its record's or pair's identity in context, then
-    records what it came to: a handler that fails part way counts nothing, its retry what it
-    comes to. Measures of one output stay where they happen: the HTTP request's (counted for
-    every request sent, whatever becomes of its writes), a disabling (its line must not wait
-    on the note after it), the gate's deferrals, the state records' sizes."""
+    """Puts a dispatcher handler's record or pair identity in context around it, then records
+    what it came to: a block whose handler fails part way counts nothing, its retry what it
+    comes to. Blocks (``record``, ``attempt``), not wrappers awaiting the handler: a wrapper's
+    coroutine is one more frame for every delivery to pass through at each suspension
+    (bench/README.md, "Session 27"). Measures of one output stay where they happen: the HTTP
+    request's (counted for every request sent, whatever becomes of its writes), a disabling
+    (its line must not wait on the note after it), the gate's deferrals, the state records'
+    sizes."""
 
     def __init__(self, metrics: WebhookMetrics) -> None:
         self.metrics = metrics
 
-    async def run_record(
-        self,
-        msg: ConsumerRecord[bytes, bytes],
-        read: Incoming | Undecodable | None,
-        handler: Callable[[], Awaitable[Received]],
-    ) -> list[str]:
-        """``handler``'s pairs due at once, the record taken in or dead-lettered. ``read`` is
-        what the record was read as (``None``: not read, a record let go after its retries).
-        The span is the caller's: an event's CONSUMER span, none for a record let go."""
+    def record(
+        self, msg: ConsumerRecord[bytes, bytes], read: Incoming | Undecodable | None
+    ) -> RecordBlock:
+        """The block a record is taken in or dead-lettered in. ``read`` is what the record was
+        read as (``None``: not read, a record let go after its retries). The span is the
+        caller's: an event's CONSUMER span, none for a record let go."""
         span = tracing.current_span()
         context: dict[str, object] = {
             "topic": msg.topic,
@@ -133,27 +134,15 @@ class Instrumentation:
                 "event_id": event.event_id,
                 "event_type": event.event_type,
             }
-        with log_context(**context):
-            received = await handler()
-            self._record_received(msg, read, received)
-        due = list(received.due) if isinstance(received, TakenIn) else []
-        if span.is_recording():
-            span.set_attribute("passkey.webhook.due", len(due))
-        return due
+        return RecordBlock(self.metrics, msg, read, span, log_context(**context))
 
-    async def run_attempt(
-        self,
-        partition: int,
-        state: DeliveryState,
-        head: Pending,
-        handler: Callable[[], Awaitable[Attempted]],
-        *,
-        sent: bool = True,
-    ) -> Attempted:
-        """One attempt at the pair's head, in a CLIENT span whose parent is the trace of the
-        event the delivery came from (its context is stored with it). ``sent`` false: the head
-        of a pair whose attempts keep failing inside the dispatcher, failed without an attempt
-        (no span: nothing is sent)."""
+    def attempt(
+        self, partition: int, state: DeliveryState, head: Pending, *, sent: bool = True
+    ) -> AttemptBlock:
+        """The block of one attempt at the pair's head, in a CLIENT span whose parent is the
+        trace of the event the delivery came from (its context is stored with it). ``sent``
+        false: the head of a pair whose attempts keep failing inside the dispatcher, failed
+        without an attempt (no span: nothing is sent)."""
         spanned = (
             tracing.span_from(
                 head.traceparent,
@@ -163,59 +152,119 @@ class Instrumentation:
                 attributes=_attempt_attributes(state, head),
             )
             if sent
-            else contextlib.nullcontext(None)
+            else None
         )
-        with spanned as span, _pair_context(partition, state, head):
-            attempted = await handler()
-            if span is not None and span.is_recording():
-                _attempt_outcome(span, attempted)
-            self._record_attempt(attempted)
-        return attempted
+        return AttemptBlock(self.metrics, spanned, _pair_context(partition, state, head))
 
-    def _record_received(
+
+class RecordBlock:
+    """``Instrumentation.record``'s block: the record's identity in the log context; ``done``
+    counts and logs what the record came to."""
+
+    __slots__ = ("_context", "_metrics", "_msg", "_read", "_span")
+
+    def __init__(
         self,
+        metrics: WebhookMetrics,
         msg: ConsumerRecord[bytes, bytes],
         read: Incoming | Undecodable | None,
-        received: Received,
+        span: trace.Span,
+        context: log_context,
     ) -> None:
-        metrics = self.metrics
-        match received:
-            case TakenIn(taken=taken, refused=refused):
-                if taken:
-                    metrics.taken_in.inc(taken)
-                for one in refused:
-                    metrics.failed.inc()
-                    metrics.queue_full.inc()
-                    log.warning(
-                        "delivery_refused",
-                        reason=one.reason,
-                        endpoint_id=one.endpoint_id,
-                        account_id=one.account_id,
-                        webhook_id=one.webhook_id,
-                        pending=one.pending,
-                    )
-            case DeadLettered(reason=reason):
-                if isinstance(read, Undecodable):
-                    metrics.undecodable.inc()
-                    log.error(
-                        "event_undecodable",
-                        topic=msg.topic,
-                        partition=msg.partition,
-                        offset=msg.offset,
-                        error=read.error,
-                    )
-                metrics.child(metrics.dlq, reason).inc()
+        self._metrics, self._msg, self._read, self._span = metrics, msg, read, span
+        self._context = context
 
-    def _record_attempt(self, attempted: Attempted) -> None:
-        finished = attempted.settled.finished
-        if attempted.settled.outcome == "deferred":
-            return  # counted as a deferral where it was decided (``Dispatcher._attempt``)
-        if finished is None:
-            self.metrics.retries.inc()
-        elif finished.state == "failed":
-            self.metrics.failed.inc()
+    def __enter__(self) -> RecordBlock:
+        self._context.__enter__()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._context.__exit__()
+
+    def done(self, received: Received) -> list[str]:
+        """``received`` counted and logged; the pairs due at once."""
+        metrics, msg = self._metrics, self._msg
+        if isinstance(received, TakenIn):
+            if received.taken:
+                metrics.taken_in.inc(received.taken)
+            for one in received.refused:
+                metrics.failed.inc()
+                metrics.queue_full.inc()
+                log.warning(
+                    "delivery_refused",
+                    reason=one.reason,
+                    endpoint_id=one.endpoint_id,
+                    account_id=one.account_id,
+                    webhook_id=one.webhook_id,
+                    pending=one.pending,
+                )
+            due = list(received.due)
         else:
-            self.metrics.delivered(attempted.head.occurred_at, finished.finished_at)
+            if isinstance(self._read, Undecodable):
+                metrics.undecodable.inc()
+                log.error(
+                    "event_undecodable",
+                    topic=msg.topic,
+                    partition=msg.partition,
+                    offset=msg.offset,
+                    error=self._read.error,
+                )
+            metrics.child(metrics.dlq, received.reason).inc()
+            due = []
+        if self._span.is_recording():
+            self._span.set_attribute("passkey.webhook.due", len(due))
+        return due
+
+
+class AttemptBlock:
+    """``Instrumentation.attempt``'s block: the attempt's span (an exception escaping the
+    block is recorded on it) and the pair's identity in the log context; ``done`` puts the
+    outcome on the span and counts it."""
+
+    __slots__ = ("_context", "_metrics", "_spanned", "span")
+
+    def __init__(
+        self,
+        metrics: WebhookMetrics,
+        spanned: AbstractContextManager[trace.Span] | None,
+        context: log_context,
+    ) -> None:
+        self._metrics, self._spanned, self._context = metrics, spanned, context
+        self.span: trace.Span | None = None
+
+    def __enter__(self) -> AttemptBlock:
+        if self._spanned is not None:
+            self.span = self._spanned.__enter__()
+        self._context.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._context.__exit__()
+        if self._spanned is not None:
+            self._spanned.__exit__(kind, exc, tb)
+
+    def done(self, attempted: Attempted) -> Attempted:
+        """``attempted`` on the span and counted: a deferral was counted where it was decided
+        (``Dispatcher._attempt``)."""
+        span = self.span
+        if span is not None and span.is_recording():
+            _attempt_outcome(span, attempted)
+        settled = attempted.settled
+        if settled.outcome == "deferred":
+            return attempted
+        finished = settled.finished
+        if finished is None:
+            self._metrics.retries.inc()
+        elif finished.state == "failed":
+            self._metrics.failed.inc()
+        else:
+            self._metrics.delivered(attempted.head.occurred_at, finished.finished_at)
+        return attempted
 
 
 def _pair_context(partition: int, state: DeliveryState, head: Pending) -> log_context:
@@ -264,11 +313,13 @@ def _attempt_outcome(span: trace.Span, attempted: Attempted) -> None:
 
 __all__ = [
     "ATTEMPT_SPAN",
+    "AttemptBlock",
     "Attempted",
     "DeadLettered",
     "Incoming",
     "Instrumentation",
     "Received",
+    "RecordBlock",
     "Refused",
     "TakenIn",
     "Undecodable",
