@@ -350,6 +350,24 @@ async def test_a_dripped_head_ends_at_the_headers_time_out() -> None:
         assert caught.value.phase == "headers"
 
 
+async def test_a_calls_time_out_running_out_in_the_body_is_told_as_the_body_phase() -> None:
+    """The call's time-out comes before each phase's own: the exchange keeps the one timer it
+    armed for the head (``Connection._arm``), which still names the phase it ran out in."""
+
+    async def drip(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        for _ in range(200):
+            writer.write(b"z")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        return False
+
+    async with serving(drip) as server, Http1Client() as client:
+        with pytest.raises(HttpTimeout) as caught:
+            await client.request("GET", server.url, timeout_s=0.3)
+        assert caught.value.phase == "body"
+
+
 async def test_a_calls_time_out_bounds_every_phase() -> None:
     async with serving(always(OK, hold_s=5.0)) as server, Http1Client() as client:
         started = asyncio.get_running_loop().time()

@@ -44,6 +44,8 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._waiter: asyncio.Future[Exchange] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._phase = "headers"
+        self._timed_to_deadline = False  # the timer runs out at ``_deadline`` itself
         self._deadline = 0.0
         self._body_s = 0.0
         self._cap = 0
@@ -203,19 +205,31 @@ class Connection(asyncio.Protocol):
         return self._waiter is not None
 
     def _arm(self, seconds: float, phase: str) -> None:
+        """Time ``phase`` out after ``seconds`` or at the deadline, whichever is first. A
+        timer already running out at the deadline is kept when the next phase would too (the
+        usual case: each phase's own limit is longer than the exchange's whole time-out), so
+        an exchange arms one timer, not one per phase."""
+        self._phase = phase
+        left = self._deadline - self._loop.time()
+        if seconds >= left and self._timed_to_deadline and self._timer is not None:
+            return
         if self._timer is not None:
             self._timer.cancel()
-        left = self._deadline - self._loop.time()
-        self._timer = self._loop.call_later(max(0.0, min(seconds, left)), self._expired, phase)
+        self._timed_to_deadline = seconds >= left
+        self._timer = self._loop.call_later(max(0.0, min(seconds, left)), self._expired)
 
-    def _expired(self, phase: str) -> None:
+    def _expired(self) -> None:
         self._timer = None
-        self._fail(HttpTimeout("body" if phase == "body" else "headers"))
+        self._fail(HttpTimeout("body" if self._phase == "body" else "headers"))
 
-    def _finish(self, truncated: bool) -> None:
+    def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._timed_to_deadline = False
+
+    def _finish(self, truncated: bool) -> None:
+        self._disarm()
         waiter, self._waiter = self._waiter, None
         if truncated:
             self.reusable = False
@@ -223,9 +237,7 @@ class Connection(asyncio.Protocol):
             waiter.set_result((self._status, self._fields, b"".join(self._chunks), truncated))
 
     def _fail(self, failure: Exception) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(failure)
