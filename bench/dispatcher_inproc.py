@@ -140,7 +140,15 @@ class Harness:
             self.sender: Any = Answering(sender_mod.DeliveryResult(204, 0.001))
         else:
             policy = importlib.import_module("worker.webhooks.targets").TargetPolicy(True, True)
-            self.session = sender_mod.open_session(policy)
+            # The pool the dispatcher builds from its settings' defaults (``run_dispatcher``):
+            # with open_session's own smaller per-host default, attempts the gate admits
+            # would wait for a connection, which the process never does.
+            fields = importlib.import_module("worker.settings").Settings.model_fields
+            self.session = sender_mod.open_session(
+                policy,
+                max_connections=fields["webhook_max_connections"].default,
+                max_connections_per_host=fields["webhook_max_connections_per_host"].default,
+            )
             self.sender = sender_mod.Sender(self.session)
         self.producer = Acked()
         metrics = _module("metrics").WebhookMetrics(CollectorRegistry())

@@ -135,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-in-flight", type=int, default=None, help="WEBHOOK_MAX_IN_FLIGHT (worker default)"
     )
     p.add_argument(
+        "--take-in-hold-s",
+        type=float,
+        default=None,
+        help="WEBHOOK_TAKE_IN_HOLD_S (the dispatcher's default)",
+    )
+    p.add_argument(
         "--verify",
         action="store_true",
         help="the receiver verifies every signature with standardwebhooks (costs its CPU)",
@@ -348,6 +354,8 @@ class HookBench:
         }
         if self.args.max_in_flight is not None:
             env["WEBHOOK_MAX_IN_FLIGHT"] = str(self.args.max_in_flight)
+        if self.args.take_in_hold_s is not None:
+            env["WEBHOOK_TAKE_IN_HOLD_S"] = str(self.args.take_in_hold_s)
         # The max-rate backlog is one workspace's: past the default cap (10,000 waiting) the
         # run would measure refusals, then wait out its time-out for deliveries never made.
         env["WEBHOOK_WORKSPACE_MAX_PENDING"] = str(max(10_000, 2 * self.args.events))
@@ -733,6 +741,9 @@ async def run_all(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 "partitions": args.partitions,
                 "max_in_flight": args.max_in_flight
                 or Settings.model_fields["webhook_max_in_flight"].default,
+                "take_in_hold_s": Settings.model_fields["webhook_take_in_hold_s"].default
+                if args.take_in_hold_s is None
+                else args.take_in_hold_s,
                 "verify": args.verify,
                 "endpoints": 1,
                 "noisy_rate": args.noisy_rate,

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from bench.webhooks import Events
+from bench.webhooks import Events, HookBench, build_parser
 from tests.bench import run_bench
 from worker.contract.messages import AuthStatusChanged
+from worker.settings import Settings
+from worker.webhooks.secrets_box import generate_key
 
 
 def test_events_interleave_accounts_and_count_versions_up() -> None:
@@ -29,6 +31,19 @@ def test_events_interleave_accounts_and_count_versions_up() -> None:
     ]
     assert [e.event_id for e in decoded] == list(events.ids())
     assert decoded[0].occurred_at.endswith("Z")
+
+
+def test_the_take_in_hold_asked_for_reaches_the_dispatcher_and_none_leaves_its_default(
+    tmp_path: Path,
+) -> None:
+    """``--take-in-hold-s`` prices the hold (bench/README.md, "Session 27"): the dispatcher gets
+    it; without it, the bench's environment passes no ``WEBHOOK_*`` of its own."""
+    settings = Settings(kafka_bootstrap_servers="127.0.0.1:9", webhook_secrets_key=generate_key())
+    asked = build_parser().parse_args(["--take-in-hold-s", "10"])
+    held = HookBench(asked, settings, None, tmp_path)
+    assert held.dispatcher_env()["WEBHOOK_TAKE_IN_HOLD_S"] == "10.0"
+    plain = HookBench(build_parser().parse_args([]), settings, None, tmp_path)
+    assert "WEBHOOK_TAKE_IN_HOLD_S" not in plain.dispatcher_env()
 
 
 @pytest.mark.slow
