@@ -235,7 +235,12 @@ class AttemptBlock:
     def __enter__(self) -> AttemptBlock:
         if self._spanned is not None:
             self.span = self._spanned.__enter__()
-        self._context.__enter__()
+        try:
+            self._context.__enter__()
+        except BaseException as exc:  # the span entered is left, as a ``with`` would leave it
+            if self._spanned is not None:
+                self._spanned.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def __exit__(
