@@ -100,8 +100,6 @@ NOT_GROWN: dict[str, str] = {
     "engine/metrics.py:LoopSeries._children": "one entry per series looked up: fixed label"
     " sets of the code (types, verdicts, statuses, outcomes, catalogued errors, reasons) and"
     " the providers",
-    "runtime/metrics.py:_Histogram._buckets": "one value per bucket bound of the family's"
-    " code-fixed buckets, made with the series",
     "engine/tail.py:TopicTail._fetched": "a condition: its waiters are read_to_end calls,"
     " one per record the dispatcher is taking in, bounded by its consume loop, and"
     " CompactedView.until calls, one per replay-follow request (connections), each timed",
