@@ -465,6 +465,41 @@ async def test_a_delivery_carries_its_pair_everywhere_and_its_latency_is_observe
     no_url_anywhere(logged, s.publisher.calls)
 
 
+class HeldSender(AnsweringSender):
+    """Answers once ``go`` is set; ``fail``: raises instead (an answer that broke the sender)."""
+
+    def __init__(self, *, fail: bool = False) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+        self.fail = fail
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> DeliveryResult:
+        await self.go.wait()
+        if self.fail:
+            raise RuntimeError("broke")
+        return await super().post(url, body, headers)
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["answered", "raised"])
+async def test_the_attempts_under_way_are_read_when_scraped(fail: bool) -> None:
+    """``passkey_webhook_inflight_attempts`` is the dispatcher's count, read at the scrape:
+    one while an attempt waits for its answer, none once it ended, however it ended."""
+    sender = HeldSender(fail=fail)
+    s = Setup(sender=sender)
+    msg, _ = event_message()
+    (key,) = await asyncio.wait_for(s.dispatcher.handle(msg), 5)
+    assert s.value("passkey_webhook_inflight_attempts") == 0
+    attempt = asyncio.create_task(s.dispatcher.follow_up(PARTITION, key))
+    for _ in range(100):
+        if s.value("passkey_webhook_inflight_attempts") == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert s.value("passkey_webhook_inflight_attempts") == 1
+    sender.go.set()
+    await asyncio.wait_for(attempt, 5)
+    assert s.value("passkey_webhook_inflight_attempts") == 0
+
+
 async def test_a_rejected_attempt_is_counted_as_a_retry(
     spans: InMemorySpanExporter,
 ) -> None:

@@ -102,6 +102,9 @@ class Dispatcher:
             config.gate, wake=store.wake, metrics=metrics, rng=self._rng, known=known
         )
         self._instrument = Instrumentation(metrics)
+        self.attempting = 0
+        """HTTP attempts under way; read when scraped (nothing written per attempt)."""
+        metrics.in_flight_attempts.set_function(lambda: self.attempting)
         self._writes = PairWrites(store, publisher, clock)
         self._refusals = Refusals(store, publisher, self._writes)
         self.disabling = Disabling(
@@ -400,7 +403,7 @@ class Dispatcher:
     ) -> tuple[DeliveryResult, AttemptRecord]:
         started = time.perf_counter()
         at = self._clock()
-        self.metrics.in_flight_attempts.inc()
+        self.attempting += 1
         try:
             body = head.body.encode()
             secrets = self._ports.writer.signing_secrets(endpoint)
@@ -420,7 +423,7 @@ class Dispatcher:
             kind = str(ErrorKind.INTERNAL)
             result, record = DeliveryResult(None, error=kind), attempt_record(at, None, kind)
         finally:
-            self.metrics.in_flight_attempts.dec()
+            self.attempting -= 1
         self.metrics.attempt(result, time.perf_counter() - started)
         return result, record
 

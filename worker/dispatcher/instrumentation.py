@@ -101,8 +101,8 @@ class Instrumentation:
     """Puts a dispatcher handler's record or pair identity in context around it, then records
     what it came to: a block whose handler fails part way counts nothing, its retry what it
     comes to. Blocks (``record``, ``attempt``), not wrappers awaiting the handler: a wrapper's
-    coroutine is one more frame for every delivery to pass through at each suspension
-    (bench/README.md, "Session 27"). Measures of one output stay where they happen: the HTTP
+    coroutine is one more frame for every delivery to pass through at each suspension.
+    Measures of one output stay where they happen: the HTTP
     request's (counted for every request sent, whatever becomes of its writes), a disabling
     (its line must not wait on the note after it), the gate's deferrals, the state records'
     sizes."""
