@@ -30,6 +30,9 @@ class PairWrites:
         self.publisher = publisher
         self._clock = clock
         self._chores = Chores("dispatcher-writes")
+        self._overdue: dict[int, list[EventHold]] = {}
+        """Per partition, the holds whose overdue call came since its write was started: one
+        write for all of them (``_write_overdue`` takes them at its first step)."""
 
     async def write(
         self, partition: int, keys: Sequence[str], *, logged: str | None = None
@@ -122,7 +125,11 @@ class PairWrites:
 
         def overdue() -> None:
             if event_hold is not None and not event_hold.released:
-                self._chores.quietly(self._write_overdue(event_hold))
+                due = self._overdue.get(partition)
+                if due is None:
+                    due = self._overdue[partition] = []
+                    self._chores.quietly(self._write_overdue(partition))
+                due.append(event_hold)
 
         hold = hold_record(on_overdue=overdue)
         if hold is None:
@@ -130,11 +137,14 @@ class PairWrites:
         event_hold = EventHold(hold, partition)
         return event_hold
 
-    async def _write_overdue(self, event_hold: EventHold) -> None:
-        """An event held too long (its endpoint hangs, or its pair waits behind one): write
-        the pairs that still keep its deliveries in memory only, so its offset goes free."""
-        partition = event_hold.partition
-        keys = sorted(k for k in event_hold.keys if self.store.unsaved.has(partition, k))
+    async def _write_overdue(self, partition: int) -> None:
+        """Events held too long (their endpoint hangs, or their pairs wait behind one): write
+        the pairs that still keep their deliveries in memory only, so their offsets go free.
+        The events of one partition whose holds came due in one commit tick (a backlog's, by
+        the thousand) are written together: one write, each pair once."""
+        holds = self._overdue.pop(partition, [])
+        unsaved = self.store.unsaved
+        keys = sorted({k for hold in holds for k in hold.keys if unsaved.has(partition, k)})
         if not keys:
             return
         try:
