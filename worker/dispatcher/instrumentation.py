@@ -102,10 +102,9 @@ class Instrumentation:
     what it came to: a block whose handler fails part way counts nothing, its retry what it
     comes to. Blocks (``record``, ``attempt``), not wrappers awaiting the handler: a wrapper's
     coroutine is one more frame for every delivery to pass through at each suspension.
-    Measures of one output stay where they happen: the HTTP
-    request's (counted for every request sent, whatever becomes of its writes), a disabling
-    (its line must not wait on the note after it), the gate's deferrals, the state records'
-    sizes."""
+    Measures of one output stay where they happen: the HTTP request's (counted for every
+    request sent, whatever becomes of its writes), a disabling (its line must not wait on the
+    note after it), the gate's deferrals, the state records' sizes."""
 
     def __init__(self, metrics: WebhookMetrics) -> None:
         self.metrics = metrics
