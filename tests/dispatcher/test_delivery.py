@@ -6,11 +6,14 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker.contract.delivery_log import webhook_id
 from worker.dispatcher.delivery import (
     DEFAULT_SCHEDULE_S,
     JITTER,
+    PENDING_TEXT,
     STATE_HEADROOM,
     DeliveryResult,
     DeliveryState,
@@ -19,6 +22,7 @@ from worker.dispatcher.delivery import (
     carry_over,
     enqueue,
     fail_head,
+    most_bytes,
     parse_schedule,
     refused,
     remember,
@@ -259,6 +263,89 @@ def test_the_byte_bound_is_of_the_record_as_written_whatever_its_text() -> None:
         sizes.append(len(state.model_dump_json().encode()))
     assert max(sizes) <= limit, "bytes, not characters, are bounded"
     assert near > 10, "the bound was tried near its edge"
+
+
+_TEXT = st.text(st.sampled_from(("\U0001f600", "\u2028", "é", '"', "\\", "\x01", "\x7f", "x")))
+_FLOAT = st.floats(allow_nan=True, allow_infinity=True)
+_INT = st.integers(min_value=-(10**30), max_value=10**30)
+_PENDING = st.builds(
+    Pending,
+    webhook_id=_TEXT,
+    event_type=_TEXT,
+    event_id=_TEXT,
+    version=st.none() | _INT,
+    body=_TEXT,
+    occurred_at=_TEXT,
+    enqueued_at=_FLOAT,
+    attempts=_INT,
+    next_attempt_at=_FLOAT,
+    first_failed_at=st.none() | _FLOAT,
+    last_status=st.none() | _INT,
+    last_error=st.none() | _TEXT,
+    replay=st.none() | _TEXT,
+    traceparent=st.none() | _TEXT,
+    tracestate=st.none() | _TEXT,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.builds(
+        DeliveryState,
+        endpoint_id=_TEXT,
+        account_id=_TEXT,
+        workspace_id=_TEXT,
+        queue=st.lists(_PENDING, max_size=4).map(tuple),
+        seen=st.lists(_TEXT, max_size=8).map(tuple),
+        failing_since=st.none() | _FLOAT,
+    )
+)
+def test_the_bound_summed_from_the_strings_is_never_below_the_record_as_written(
+    state: DeliveryState,
+) -> None:
+    """``fits`` takes a delivery in unmeasured when ``most_bytes`` is within the bound: so it
+    must never say less than the record's bytes as written, whatever its characters (escaped,
+    4-byte, line separators) and numbers (``None`` for an int it cannot bound)."""
+    written = len(state.model_dump_json().encode())
+    most = most_bytes(state)
+    huge = any(
+        n is not None and abs(n) >= 10**20
+        for d in state.queue
+        for n in (d.version, d.attempts, d.last_status)
+    )
+    assert (most is None) == huge
+    assert most is None or most >= written
+
+
+@pytest.mark.parametrize("char", ["\x01", '"', "\\", "\u2028", "\U0001f600", "é", "x"])
+@pytest.mark.parametrize("field", [*PENDING_TEXT, "seen"])
+def test_the_summed_bound_holds_for_a_long_string_of_the_costliest_characters(
+    char: str, field: str
+) -> None:
+    """Two thousand of one character in one string: the frame's slack cannot hide a wrong
+    bytes-a-character (a control character is written as six)."""
+    text = char * 2000
+    if field == "seen":
+        state = empty().model_copy(update={"seen": (text,)})
+    else:
+        state, _ = enqueue(empty(), pending(1).model_copy(update={field: text}))
+    most = most_bytes(state)
+    assert most is not None and most >= len(state.model_dump_json().encode())
+
+
+def test_a_record_bounded_only_by_measuring_is_measured() -> None:
+    """Near the bound the summed bound is too coarse (six bytes a character): the record is
+    measured, and a queue whose bound passes the limit still fits when its bytes do."""
+    limits = QueueLimits(max_pending=1000, max_bytes=32 * 1024)
+    room = limits.max_bytes - STATE_HEADROOM
+    state, _ = enqueue(empty(), big(1, room // 2))
+    most = most_bytes(state)
+    assert most is not None and most > room, "the bound alone would refuse it"
+    assert len(state.model_dump_json().encode()) <= room
+    assert limits.fits(state)
+    huge = pending(10**25)
+    grown, _ = enqueue(empty(), huge)
+    assert most_bytes(grown) is None and limits.fits(grown), "a huge version is measured"
 
 
 def test_queue_limits_reject_nonsense() -> None:
