@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import random
 import re
 import shutil
 import statistics
@@ -186,6 +187,47 @@ def median(values: list[float]) -> float:
     return statistics.median(real) if real else math.nan
 
 
+INTERVAL = 0.90
+"""The share of bootstrap resamples the printed interval of a ratio spans."""
+RESAMPLES = 2000
+
+
+def ratio_interval(
+    current: list[float], baseline: list[float], *, resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float] | None:
+    """A bootstrap interval (``INTERVAL``) of current's median ÷ baseline's: the rounds drawn
+    again with replacement, as pairs (round i of each tree, run one after the other) when both
+    sides have every round, else each side on its own; ``None`` below three rounds a side. The
+    draws are seeded, so the same runs print the same interval."""
+    pairs = [
+        (c, b)
+        for c, b in zip(current, baseline, strict=False)
+        if not (math.isnan(c) or math.isnan(b))
+    ]
+    cur = [v for v in current if not math.isnan(v)]
+    base = [v for v in baseline if not math.isnan(v)]
+    paired = len(pairs) == len(current) == len(baseline)
+    if min(len(cur), len(base)) < 3:
+        return None
+    rng = random.Random(seed)
+    ratios: list[float] = []
+    for _ in range(resamples):
+        if paired:
+            drawn = rng.choices(pairs, k=len(pairs))
+            top = statistics.median(c for c, _ in drawn)
+            bottom = statistics.median(b for _, b in drawn)
+        else:
+            top = statistics.median(rng.choices(cur, k=len(cur)))
+            bottom = statistics.median(rng.choices(base, k=len(base)))
+        if bottom:
+            ratios.append(top / bottom)
+    if not ratios:
+        return None
+    ratios.sort()
+    tail = (1 - INTERVAL) / 2
+    return ratios[int(tail * (len(ratios) - 1))], ratios[int((1 - tail) * (len(ratios) - 1))]
+
+
 def run(
     *,
     module: str,
@@ -299,8 +341,8 @@ def compare(
     names = list(dict.fromkeys(n for side in runs.values() for r in side for n in r))
     rows = [
         f"| figure | current (each run) | baseline {ref} = {commit[:8]} (each run) "
-        "| current ÷ baseline (medians) |",
-        "|---|---|---|---:|",
+        f"| current ÷ baseline (medians) | its {INTERVAL * 100:.0f} % interval (bootstrap) |",
+        "|---|---|---|---:|---|",
     ]
     ratios: dict[str, float] = {}
 
@@ -308,19 +350,57 @@ def compare(
         return " / ".join(_num(r.get(name, math.nan)) for r in runs[side]) or "-"
 
     for name in names:
-        cur = median([r.get(name, math.nan) for r in runs["current"]])
-        base = median([r.get(name, math.nan) for r in runs["baseline"]])
+        values = {
+            side: [_value(r.get(name)) for r in runs[side]] for side in ("current", "baseline")
+        }
+        cur, base = median(values["current"]), median(values["baseline"])
         ratio = cur / base if base and not math.isnan(cur) and not math.isnan(base) else math.nan
         if not math.isnan(ratio):
             ratios[name] = round(ratio, 3)
+        interval = ratio_interval(values["current"], values["baseline"])
         rows.append(
             f"| {name} | {cells('current', name)} | {cells('baseline', name)} "
-            f"| {'-' if math.isnan(ratio) else f'{ratio:.3f}'} |"
+            f"| {'-' if math.isnan(ratio) else f'{ratio:.3f}'} "
+            f"| {'-' if interval is None else f'{interval[0]:.3f} to {interval[1]:.3f}'} |"
         )
     return "\n".join(rows), ratios
+
+
+def _value(v: float | None) -> float:
+    return math.nan if v is None else float(v)
 
 
 def _num(v: float | None) -> str:
     if v is None or math.isnan(v):
         return "-"
     return f"{v:,.1f}" if abs(v) < 100 else f"{v:,.0f}"
+
+
+def pool(summaries: Sequence[Path]) -> tuple[str, dict[str, float]]:
+    """The table of several runs' ``--baseline-json`` summaries pooled: their rounds side by
+    side as one run's (a pair stays a pair); they must be of the same baseline commit."""
+    loaded = [json.loads(Path(path).read_text()) for path in summaries]
+    commits = {summary["commit"] for summary in loaded}
+    if len(commits) != 1:
+        raise SystemExit(f"the summaries are of different baselines: {sorted(commits)}")
+    runs: dict[str, list[dict[str, float]]] = {"current": [], "baseline": []}
+    for summary in loaded:
+        for side in runs:
+            runs[side].extend(summary["runs"][side])
+    return compare(runs, loaded[0]["ref"], loaded[0]["commit"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.baseline",
+        description="Pool the rounds of several --baseline-json summaries into one table.",
+    )
+    parser.add_argument("summaries", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    table, _ = pool(args.summaries)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,6 +4,7 @@ of a tree against its own commit, checked for completeness only (no timings)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,61 @@ def test_webhooks_against_its_own_head_prints_the_ratio(tmp_path: Path) -> None:
         assert figures["dispatcher CPU µs/delivery"] > 0
     assert result["ratios"]["dispatcher CPU µs/delivery"] > 0
     assert "| dispatcher CPU µs/delivery |" in done.stdout
+
+
+def test_the_ratios_interval_is_drawn_from_the_rounds_in_pairs_and_seeded() -> None:
+    """Each round of a tree ran beside the other tree's round of the same index: drawn as pairs,
+    a slowdown both shared (here round 3) widens the interval less than drawing each tree's
+    rounds on their own would; the same rounds print the same interval."""
+    shared = [1.0, 1.1, 1.6, 0.9, 1.0, 1.2, 0.95, 1.05]
+    current = [200 * s for s in shared]
+    base = [300 * s * (1.02 if i % 2 else 0.98) for i, s in enumerate(shared)]
+    paired = baseline.ratio_interval(current, base)
+    assert paired is not None
+    low, high = paired
+    assert low <= statistics.median(current) / statistics.median(base) <= high
+    assert high < 0.75, "a third cheaper in every pair: the interval stays below three quarters"
+    unpaired = baseline.ratio_interval(current, [*base, 300.0])  # not one round a side each
+    assert unpaired is not None and unpaired[1] - unpaired[0] > high - low
+    assert baseline.ratio_interval(current, base) == paired, "seeded"
+    assert baseline.ratio_interval([1.0, 2.0], [1.0, 2.0]) is None, "two rounds tell nothing"
+    same = baseline.ratio_interval([5.0] * 4, [5.0] * 4)
+    assert same == (1.0, 1.0)
+
+
+def test_the_table_prints_each_ratio_with_its_interval_and_a_zero_is_a_figure() -> None:
+    runs = {
+        "current": [{"a": 0.0, "b": 10.0}, {"a": 0.0, "b": 11.0}, {"a": 0.0, "b": 12.0}, {}],
+        "baseline": [{"a": 1.0, "b": 20.0}, {"a": 1.0, "b": 21.0}, {"a": 1.0, "b": 22.0}, {}],
+    }
+    table, ratios = baseline.compare(runs, "REF", "0123456789")
+    assert "90 % interval (bootstrap)" in table
+    row_a = next(line for line in table.splitlines() if line.startswith("| a |"))
+    assert row_a.endswith("| 0.000 | 0.000 to 0.000 |"), "zero is measured, not missing"
+    row_b = next(line for line in table.splitlines() if line.startswith("| b |"))
+    assert "| 0.524 |" in row_b and row_b.count(" to ") == 1
+    assert ratios == {"a": 0.0, "b": 0.524}
+    assert baseline.compare({**runs, "baseline": runs["baseline"][:2]}, "REF", "0")[0].endswith(
+        "| - |"
+    ), "two rounds of a side: no interval"
+
+
+def test_summaries_of_one_baseline_are_pooled_pair_by_pair(tmp_path: Path) -> None:
+    def summary(name: str, commit: str, current: list[float], base: list[float]) -> Path:
+        path = tmp_path / name
+        runs = {
+            "current": [{"cpu": v} for v in current],
+            "baseline": [{"cpu": v} for v in base],
+        }
+        path.write_text(json.dumps({"ref": "R", "commit": commit, "runs": runs}))
+        return path
+
+    first = summary("a.json", "c0ffee", [200.0, 210.0, 190.0], [300.0, 310.0, 290.0])
+    second = summary("b.json", "c0ffee", [250.0, 240.0], [330.0, 320.0])
+    table, ratios = baseline.pool([first, second])
+    assert "| cpu | 200 / 210 / 190 / 250 / 240 | 300 / 310 / 290 / 330 / 320 |" in table
+    assert ratios == {"cpu": round(210 / 310, 3)}
+    assert " to " in table, "five pairs: an interval"
+    other = summary("c.json", "decade", [1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
+    with pytest.raises(SystemExit, match="different baselines"):
+        baseline.pool([first, other])
