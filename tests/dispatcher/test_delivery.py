@@ -343,6 +343,13 @@ def test_a_record_bounded_only_by_measuring_is_measured() -> None:
     assert most is not None and most > room, "the bound alone would refuse it"
     assert len(state.model_dump_json().encode()) <= room
     assert limits.fits(state)
+    several = state
+    for v in (2, 3, 4):
+        several, _ = enqueue(several, pending(v))
+    stopped, whole = most_bytes(several, limit=100), most_bytes(several)
+    assert stopped is not None and whole is not None
+    assert 100 < stopped < whole, "summed only until past the limit"
+    assert limits.fits(several), "and then measured"
     huge = pending(10**25)
     grown, _ = enqueue(empty(), huge)
     assert most_bytes(grown) is None and limits.fits(grown), "a huge version is measured"

@@ -162,7 +162,7 @@ class QueueLimits:
         if len(state.queue) > self.max_pending:
             return False
         room = self.max_bytes - STATE_HEADROOM
-        most = most_bytes(state)
+        most = most_bytes(state, limit=room)
         if most is not None and most <= room:
             return True  # even written at its longest it fits: not measured (a dump a take-in)
         return len(state.model_dump_json().encode()) <= room
@@ -191,9 +191,11 @@ STATE_FRAME: Final = 512
 characters, at most: its field names, ``type``, its version, ``failing_since``."""
 
 
-def most_bytes(state: DeliveryState) -> int | None:
+def most_bytes(state: DeliveryState, *, limit: int | None = None) -> int | None:
     """At most the bytes of ``state``'s record as written, summed from its strings' lengths
-    without writing it; ``None`` when a number in it is too large to bound that way."""
+    without writing it; ``None`` when a number in it is too large to bound that way. With
+    ``limit``, the sum stops once past it (and is then more than ``limit``, not the bound):
+    a full pair is not summed to its end before it is measured anyway."""
     total = STATE_FRAME + ESCAPED_CHAR_BYTES * (
         len(state.endpoint_id) + len(state.account_id) + len(state.workspace_id)
     )
@@ -214,6 +216,8 @@ def most_bytes(state: DeliveryState) -> int | None:
             + len(delivery.tracestate or "")
         )
         total += PENDING_FRAME + 1 + ESCAPED_CHAR_BYTES * chars
+        if limit is not None and total > limit:
+            return total
     return total
 
 
