@@ -195,7 +195,7 @@ def most_bytes(state: DeliveryState, *, limit: int | None = None) -> int | None:
     """At most the bytes of ``state``'s record as written, summed from its strings' lengths
     without writing it; ``None`` when a number in it is too large to bound that way. With
     ``limit``, the sum stops once past it (and is then more than ``limit``, not the bound):
-    a full pair is not summed to its end before it is measured anyway."""
+    a full pair is not summed to its end before it is written out anyway."""
     total = STATE_FRAME + ESCAPED_CHAR_BYTES * (
         len(state.endpoint_id) + len(state.account_id) + len(state.workspace_id)
     )
