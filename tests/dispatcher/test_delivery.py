@@ -333,6 +333,18 @@ def test_the_summed_bound_holds_for_a_long_string_of_the_costliest_characters(
     assert most is not None and most >= len(state.model_dump_json().encode())
 
 
+@pytest.mark.parametrize(
+    "field",
+    [n for n, f in Pending.model_fields.items() if f.annotation in (int, int | None)],
+)
+def test_every_int_of_a_pending_too_large_to_bound_is_measured(field: str) -> None:
+    """``most_bytes`` checks the ints it knows by name: an int field of ``Pending`` it did not
+    check would let a huge number through the 24-character frame."""
+    state, _ = enqueue(empty(), pending(1).model_copy(update={field: 10**25}))
+    assert most_bytes(state) is None
+    assert QueueLimits().fits(state) == (len(state.model_dump_json().encode()) <= 256 * 1024)
+
+
 def test_a_record_bounded_only_by_measuring_is_measured() -> None:
     """Near the bound the summed bound is too coarse (six bytes a character): the record is
     measured, and a queue whose bound passes the limit still fits when its bytes do."""
