@@ -147,6 +147,91 @@ async def test_a_record_held_by_its_handler_is_not_committed_until_released() ->
     assert not worker.commits.holds
 
 
+class _FlushReleases(_Holding):
+    """Releases its records' holds only in ``flush`` (its writes no unit waits for)."""
+
+    async def flush(self) -> None:
+        await asyncio.sleep(0)
+        for hold in self.holds:
+            hold.release()
+
+
+class _Series:
+    """A metric family that takes what the loop writes."""
+
+    def labels(self, *_: str) -> _Series:
+        return self
+
+    def inc(self) -> None:
+        pass
+
+    def set(self, _: float) -> None:
+        pass
+
+    def remove(self, *_: str) -> None:
+        pass
+
+
+class _LoopMetrics(_Metrics):
+    rebalances = store_accounts = lag = _Series()
+
+
+class _Committing:
+    """The consumer as the loop uses it to pause, commit and read lag: notes each commit."""
+
+    def __init__(self) -> None:
+        self.committed: list[dict[TopicPartition, int]] = []
+
+    def pause(self, *_: TopicPartition) -> None:
+        pass
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.committed.append(dict(offsets))
+
+    def highwater(self, tp: TopicPartition) -> None:
+        return None
+
+
+@pytest.mark.parametrize("how", ["revoked", "stopped"])
+async def test_the_handlers_flush_runs_after_its_lanes_and_before_the_commit(how: str) -> None:
+    """Writes a handler started that no unit waits for (the dispatcher's successes' log
+    entries) release their records' holds once acknowledged: the loop waits for them (its
+    ``flush``) after the lanes, so the commit of a revocation or a stop passes them."""
+    handler = _FlushReleases()
+    consumer = _Committing()
+    worker = ConsumeLoop(
+        consumer=cast(Any, consumer),
+        restore_consumer=cast(Any, None),
+        executor=handler,
+        metrics=cast(Any, _LoopMetrics()),
+        config=LoopConfig(topics=("t",), state_topic="s"),
+    )
+    worker.pressure.active = {0}
+    tp = TopicPartition("t", 0)
+    worker._dispatch(tp, _record(0, 3, b"a"))
+    worker._dispatch(tp, _record(0, 4, b"b"))
+    for _ in range(100):
+        if len(handler.done) == 2 and not worker.lanes:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.trackers[tp].watermark() == 3, "handled, still held by their writes"
+    if how == "revoked":
+        worker.store = cast(Any, _DroppingStore())
+        await worker.on_partitions_revoked({tp})
+    else:
+        await worker._drain(1.0)
+        await worker.commits.final_commit()
+    assert consumer.committed == [{tp: 5}], "committed past both, once their writes were"
+
+
+class _DroppingStore:
+    def drop(self, partition: int) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+
 # --- stopping during a rebalance ----------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ class Chores:
     def __init__(self, name: str) -> None:
         self.name = name
         self._tasks: set[asyncio.Task[object]] = set()
+        self._writes: set[asyncio.Task[object]] = set()
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -73,7 +74,16 @@ class Chores:
 
     def quietly(self, write: Coroutine[Any, Any, object]) -> None:
         """Run ``write`` aside: its caller has moved on, so a failure is logged, not raised."""
-        self._spawn(write, "write").add_done_callback(self._failed)
+        task = self._spawn(write, "write")
+        task.add_done_callback(self._failed)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def settled(self) -> None:
+        """Wait until no write run ``quietly`` is under way (those started meanwhile too),
+        however each ends."""
+        while self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
 
     def _failed(self, task: asyncio.Task[object]) -> None:
         if not task.cancelled() and (exc := task.exception()) is not None:

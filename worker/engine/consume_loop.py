@@ -108,8 +108,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.asides: dict[asyncio.Task[None], tuple[int, str]] = {}
         self._restore_consumer = restore_consumer
         self.executor = executor
-        #: The handler's batch entry, if it has one (``Handler`` describes it).
+        #: The handler's batch entry and its writes' flush, if it has them (``Handler``).
         self._batch: Batch | None = getattr(executor, "handle_batch", None)
+        self._flush: Callable[[], Awaitable[None]] | None = getattr(executor, "flush", None)
         self.store = executor.store
         self.metrics = metrics
         self.config = config
@@ -461,6 +462,7 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         parts = {tp.partition for tp in mine}
         self.pressure.active -= parts
         await self._wait_lanes(parts, self.config.rebalance_budget_s)
+        await self._flushed(self.config.rebalance_budget_s)
         await self.commits.revoked(mine)
         for p in parts:
             self.store.drop(p)
@@ -530,6 +532,20 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         if owned:
             self.consumer.pause(*owned)
         await self._wait_lanes(None, grace)
+        await self._flushed(grace)
+
+    async def _flushed(self, budget: float) -> None:
+        """The handler's writes no unit waits for, before the loop commits: what they hold
+        is committed past once they are acknowledged; one cut short (past ``budget``, or
+        failed) leaves its offsets uncommitted, to be read again."""
+        if self._flush is None:
+            return
+        try:
+            await asyncio.wait_for(self._flush(), budget)
+        except TimeoutError:
+            log.warning("writes_abandoned", budget_s=budget)
+        except Exception as exc:
+            log.error("writes_failed", error=repr(exc)[:300])
 
     def _tasks(self, partitions: set[int] | None = None) -> list[asyncio.Task[None]]:
         """The running lanes (a batch unit once for all its lanes) and queries beside them of

@@ -41,7 +41,9 @@ class Handler(Protocol):
     per key); it lets each go as soon as it can, ``release(records, True)`` once their
     outputs are acknowledged, ``release(records, False)`` for ``handle`` to take them (its
     key's later records behind them); those not let go when it returns go to ``handle``
-    (docs/architecture.md, "Per-account lanes")."""
+    (docs/architecture.md, "Per-account lanes"). And ``async flush()``: writes it started
+    that no unit waits for (each releasing a held offset once acknowledged), waited for after
+    the lanes and before the loop commits at a revocation or a stop."""
 
     @property
     def store(self) -> LoopStore: ...
