@@ -95,6 +95,9 @@ class DeliveryLogEntry(TopicRecord):
 
 LOG_BATCH_MAX: Final = 200
 """Entries one delivery-log record holds at most."""
+LOG_UNACKED_MAX: Final = 4 * LOG_BATCH_MAX
+"""Successes' entries the dispatcher may have under way with no writer waiting for them (each
+holds its event's offset until acknowledged); past it, a pair that settles waits for its own."""
 LOG_BATCH_BYTES: Final = 512 * 1024
 """About the most bytes of entries one delivery-log record holds (an entry carries its body,
 at most ``MAX_RECORD_BYTES``, and an attempt's excerpt): far below the broker's record

@@ -139,6 +139,10 @@ class Dispatcher:
         with self._instrument.record(msg, None) as block:
             block.done(await self._receive(msg, fault))
 
+    async def flush(self) -> None:
+        """The log entries under way that hold events' offsets, before the loop commits."""
+        await self._publisher.flush()
+
     async def give_up(self, partition: int, key: str, fault: Fault) -> None:
         """A pair whose attempt keeps failing inside the dispatcher: its head delivery fails
         (to the DLQ and the delivery log, replayable), so the deliveries behind it go on. An
@@ -290,8 +294,7 @@ class Dispatcher:
             return
         end = self.missed_first.replays_end(partition, key)
         behind = end is not None and await self.missed_first.behind(partition, end)
-        # The pair's timer is armed once, when this ends, from the state it leaves.
-        self.store.claim(key)
+        self.store.claim(key)  # its timer is armed once, when released, from the state left
         try:
             await self._follow_up(partition, key, behind)
         finally:
@@ -442,8 +445,7 @@ class Dispatcher:
         if finished is not None and finished.state == "failed":
             # A failure's record (DLQ copy, log entry) is acknowledged before the state that
             # drops the delivery: a crash in between repeats the attempt under the same
-            # webhook-id instead of losing the failure. It is counted from what the attempt came
-            # to (``worker.dispatcher.instrumentation``), after all this.
+            # webhook-id, the failure is not lost. Counted after all this (instrumentation).
             await self._publisher.dead_letter(state, head, finished)
             await self._publisher.log_finished(state, head, finished, attempt=attempt)
         # The account's lane may have taken deliveries in meanwhile: carry the outcome over
@@ -452,17 +454,20 @@ class Dispatcher:
         merged = carry_over(current, settled)
         unsaved = None
         if finished is not None and merged.failing_since == current.failing_since:
-            # A delivery that was never written and is now settled: the changelog never had
-            # it, so there is nothing to drop there. Its log entry (and DLQ copy) being
-            # acknowledged makes it safe; then its event's hold is released.
+            # Never written and now settled: nothing to drop on the changelog. Its log entry
+            # (and DLQ copy) acknowledged makes it safe: its event's hold is released then (a
+            # success's, without the pair waiting for it: ``DeliveryPublisher.log_success``).
             unsaved = self.store.unsaved.settled(partition, key, marker(head))
         self.store.put(partition, merged)  # an idle pair is dropped (``DeliveryState.idle``)
         self.missed_first.settling.discard(key)  # settled: a missed event may go ahead of next
         if unsaved is not None and finished is not None:
             if finished.state == "delivered":
                 self.disabling.succeeded(merged.endpoint_id, now)
-                await self._publisher.log_finished(merged, head, finished, attempt=attempt)
-            unsaved.done()
+                pub = self._publisher
+                if wait := pub.log_success(merged, head, finished, unsaved, attempt=attempt):
+                    await wait
+            else:
+                unsaved.done()
             if self.store.stale(partition, key):
                 await self._writes.write_now(partition, [key])  # its tombstone
             if is_active(endpoint):

@@ -16,6 +16,7 @@ from aiokafka.structs import ConsumerRecord
 from worker.contract.delivery_log import (
     LOG_BATCH_BYTES,
     LOG_BATCH_MAX,
+    LOG_UNACKED_MAX,
     AttemptRecord,
     DeliveryLogBatch,
     DeliveryLogEntry,
@@ -23,10 +24,11 @@ from worker.contract.delivery_log import (
 from worker.contract.messages import rfc3339
 from worker.dispatcher.delivery import DeliveryState, Finished, Pending
 from worker.dispatcher.delivery_store import DeliveryStore
+from worker.dispatcher.holds import EventHold
 from worker.engine.broker_health import BrokerHealth
 from worker.engine.compacted_view import Chores
 from worker.engine.dead_letter import DeadLetterLost, dead_letter, hand_over
-from worker.engine.faults import Fault
+from worker.engine.faults import Fault, is_process_fault
 from worker.engine.writes import Sent, acknowledged, enqueue
 from worker.runtime import tracing
 from worker.runtime.logs import get_logger
@@ -36,18 +38,24 @@ log = get_logger(__name__)
 
 @dataclass(slots=True, eq=False)
 class _LogBatch:
-    """Entries of one endpoint waiting for their window to close, and a future per writer
-    that waits on them: a writer that is cancelled cancels its own wait, not the others'."""
+    """Entries of one endpoint waiting for their window to close, a future per writer that
+    waits on them (a writer that is cancelled cancels its own wait, not the others'), and the
+    event holds its successes' entries release once it is acknowledged (``log_success``)."""
 
     headers: list[tuple[str, bytes]]
     entries: list[DeliveryLogEntry] = field(default_factory=list)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    holds: list[EventHold] = field(default_factory=list)
     bytes: int = 0
     closed: bool = False
 
     def settle(self, exc: BaseException | None) -> None:
-        """Tell each writer still waiting how the batch's write ended. A failure is marked
-        retrieved at once: a writer that stopped looking is not reported at collection."""
+        """Release the holds once written; tell each writer still waiting how the batch's
+        write ended. A failure is marked retrieved at once: a writer that stopped looking is
+        not reported at collection."""
+        if exc is None:
+            for hold in self.holds:
+                hold.done()
         for waiter in self.waiters:
             if waiter.done():
                 continue  # its writer was cancelled
@@ -97,6 +105,10 @@ class DeliveryPublisher:
         self._log_open: dict[str, _LogBatch] = {}
         self._log_lock = asyncio.Lock()
         self._log_sends = Chores("delivery-log")
+        self._unacked = 0
+        """Successes' entries not yet acknowledged, that no writer waits for."""
+        self._fault: BaseException | None = None
+        """A process fault a log write nobody waited for met: raised by the next one."""
 
     async def send_states(
         self, partition: int, keys: Sequence[str], *, store: DeliveryStore
@@ -184,6 +196,48 @@ class DeliveryPublisher:
         attempt: AttemptRecord | None = None,
     ) -> Awaitable[None]:
         return self.logging([self._entry(state, head, finished.finished_at, attempt, finished)])
+
+    def log_success(
+        self,
+        state: DeliveryState,
+        head: Pending,
+        finished: Finished,
+        hold: EventHold,
+        *,
+        attempt: AttemptRecord | None = None,
+    ) -> Awaitable[None] | None:
+        """The entry of a delivery settled in memory only (never written to its pair), put
+        in its window with the event ``hold`` its acknowledgement releases: nobody waits for
+        it (``None``), unless ``LOG_UNACKED_MAX`` such entries are under way, then what it
+        returns waits for its window's record. Without windows, what it returns writes it
+        and releases the hold. ``flush`` waits for them all."""
+        if self._fault is not None:
+            raise self._fault
+        entry = self._entry(state, head, finished.finished_at, attempt, finished)
+        if self._log_flush_s <= 0:
+            return self._written_then(entry, hold)
+        batch = self._window(entry)
+        batch.holds.append(hold)
+        self._unacked += 1
+        if self._unacked <= LOG_UNACKED_MAX:
+            return None
+        wait = asyncio.get_running_loop().create_future()
+        batch.waiters.append(wait)
+        return wait
+
+    async def _written_then(self, entry: DeliveryLogEntry, hold: EventHold) -> None:
+        await self._log_each([entry])
+        hold.done()
+
+    async def flush(self) -> None:
+        """Send every open window now and wait for every log record under way: what the
+        consume loop waits for, after its lanes, before it commits (a revocation, a stop).
+        Raises the fault a write nobody waited for met, if any."""
+        for endpoint_id, batch in list(self._log_open.items()):
+            self._close_log(endpoint_id, batch)
+        await self._log_sends.settled()
+        if self._fault is not None:
+            raise self._fault
 
     async def log_note(
         self, *, endpoint_id: str, workspace_id: str, note: str, detail: str, now: float
@@ -313,20 +367,29 @@ class DeliveryPublisher:
         loop = asyncio.get_running_loop()
         batches: list[_LogBatch] = []
         for entry in entries:
-            batch = self._log_open.get(entry.endpoint_id)
-            if batch is None:
-                batch = self._log_open[entry.endpoint_id] = _LogBatch(tracing.kafka_headers())
-                loop.call_later(self._log_flush_s, self._close_log, entry.endpoint_id, batch)
-            batch.entries.append(entry)
-            batch.bytes += _size(entry)
+            batch = self._window(entry)
             if batch not in batches:  # compared by identity (eq=False)
                 batches.append(batch)
-            if len(batch.entries) >= LOG_BATCH_MAX or batch.bytes >= LOG_BATCH_BYTES:
-                self._close_log(entry.endpoint_id, batch)
         waits = [loop.create_future() for _ in batches]
         for batch, wait in zip(batches, waits, strict=True):
             batch.waiters.append(wait)
         return waits
+
+    def _window(self, entry: DeliveryLogEntry) -> _LogBatch:
+        """The open window ``entry`` was put in (closed at once if it is full now: sent by a
+        task not yet started, so what its caller adds to it goes with it)."""
+        endpoint_id = entry.endpoint_id
+        batch = self._log_open.get(endpoint_id)
+        if batch is None:
+            batch = self._log_open[endpoint_id] = _LogBatch(tracing.kafka_headers())
+            asyncio.get_running_loop().call_later(
+                self._log_flush_s, self._close_log, endpoint_id, batch
+            )
+        batch.entries.append(entry)
+        batch.bytes += _size(entry)
+        if len(batch.entries) >= LOG_BATCH_MAX or batch.bytes >= LOG_BATCH_BYTES:
+            self._close_log(endpoint_id, batch)
+        return batch
 
     def _close_log(self, endpoint_id: str, batch: _LogBatch) -> None:
         """The window closed (or the batch is full): send it, once."""
@@ -353,5 +416,13 @@ class DeliveryPublisher:
             batch.settle(exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
+            if batch.holds:
+                # Their events stay uncommitted (read again, delivered again under the same
+                # webhook-id); a fault of the process is raised by the next write.
+                log.error("delivery_log_write_failed", entries=len(batch.holds), error=repr(exc))
+                if is_process_fault(exc):
+                    self._fault = exc
         else:
             batch.settle(None)
+        finally:
+            self._unacked -= len(batch.holds)
