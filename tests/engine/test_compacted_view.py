@@ -187,6 +187,34 @@ async def test_a_failed_background_write_is_logged_and_stop_is_bounded(
     await until(lambda: len(chores) == 0)
 
 
+async def test_settled_waits_for_the_writes_so_far_however_they_end_not_for_later_ones() -> None:
+    """What a consume loop's flush stands on: the writes under way when it asks, failed ones
+    included; a busy owner's later writes do not keep it waiting."""
+    chores = Chores("test-chores")
+    first, later = asyncio.Event(), asyncio.Event()
+    ended: list[str] = []
+
+    async def write(done: asyncio.Event, name: str, fail: bool = False) -> None:
+        await done.wait()
+        ended.append(name)
+        if fail:
+            raise ConnectionError("broker gone")
+
+    chores.quietly(write(first, "ok"))
+    chores.quietly(write(first, "failed", fail=True))
+    settling = asyncio.ensure_future(chores.settled())
+    await asyncio.sleep(0)  # it asked
+    chores.quietly(write(later, "later"))  # started after the ask
+    await asyncio.sleep(0.01)
+    assert not settling.done(), "the writes so far are still under way"
+    first.set()
+    async with asyncio.timeout(OUTER_S):
+        await settling
+    assert sorted(ended) == ["failed", "ok"]
+    later.set()
+    await until(lambda: len(chores) == 0)
+
+
 async def test_a_quiet_send_of_a_view_not_running_is_not_made(
     settings: Settings, producer: Any
 ) -> None:

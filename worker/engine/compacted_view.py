@@ -80,10 +80,10 @@ class Chores:
         task.add_done_callback(self._writes.discard)
 
     async def settled(self) -> None:
-        """Wait until no write run ``quietly`` is under way (those started meanwhile too),
-        however each ends."""
-        while self._writes:
-            await asyncio.gather(*self._writes, return_exceptions=True)
+        """Wait for the writes run ``quietly`` so far, however each ends; not for those
+        started meanwhile (a busy owner always has one under way)."""
+        if self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
 
     def _failed(self, task: asyncio.Task[object]) -> None:
         if not task.cancelled() and (exc := task.exception()) is not None:
