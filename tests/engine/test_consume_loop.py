@@ -115,6 +115,19 @@ class _Holding(_HoldPartitionOne):
         self.done.append((msg.partition, msg.offset))
 
 
+async def _two_records_handled(worker: ConsumeLoop, handler: _Holding) -> TopicPartition:
+    """Offsets 3 and 4 of partition 0 dispatched and handled (each held by its handler)."""
+    worker.pressure.active = {0}
+    tp = TopicPartition("t", 0)
+    worker._dispatch(tp, _record(0, 3, b"a"))
+    worker._dispatch(tp, _record(0, 4, b"b"))
+    for _ in range(100):
+        if len(handler.done) == 2 and not worker.lanes:
+            break
+        await asyncio.sleep(0.01)
+    return tp
+
+
 async def test_a_record_held_by_its_handler_is_not_committed_until_released() -> None:
     handler = _Holding()
     worker = ConsumeLoop(
@@ -124,14 +137,7 @@ async def test_a_record_held_by_its_handler_is_not_committed_until_released() ->
         metrics=cast(Any, _Metrics()),
         config=LoopConfig(topics=("t",), state_topic="s", hold_overdue_s=0.05),
     )
-    worker.pressure.active = {0}
-    tp = TopicPartition("t", 0)
-    worker._dispatch(tp, _record(0, 3, b"a"))
-    worker._dispatch(tp, _record(0, 4, b"b"))
-    for _ in range(100):
-        if len(handler.done) == 2 and not worker.lanes:
-            break
-        await asyncio.sleep(0.01)
+    tp = await _two_records_handled(worker, handler)
     assert worker.lanes == {}, "both handled"
     assert worker.trackers[tp].watermark() == 3, "handled, but held"
     handler.holds[0].release()
@@ -206,14 +212,7 @@ async def test_the_handlers_flush_runs_after_its_lanes_and_before_the_commit(how
         metrics=cast(Any, _LoopMetrics()),
         config=LoopConfig(topics=("t",), state_topic="s"),
     )
-    worker.pressure.active = {0}
-    tp = TopicPartition("t", 0)
-    worker._dispatch(tp, _record(0, 3, b"a"))
-    worker._dispatch(tp, _record(0, 4, b"b"))
-    for _ in range(100):
-        if len(handler.done) == 2 and not worker.lanes:
-            break
-        await asyncio.sleep(0.01)
+    tp = await _two_records_handled(worker, handler)
     assert worker.trackers[tp].watermark() == 3, "handled, still held by their writes"
     if how == "revoked":
         worker.store = cast(Any, _DroppingStore())
