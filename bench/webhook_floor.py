@@ -79,8 +79,9 @@ class DispatcherFloor:
         self.producer, self.consumer = group_clients(
             settings, settings.topics.status, settings.webhook_consumer_group
         )
-        # Accounts an unfinished batch is delivering, with that batch's lane of the account.
-        self.busy: dict[str, asyncio.Task[None]] = {}
+        # Accounts an unfinished batch is delivering, with when that batch's lane of the account
+        # has every event of it answered.
+        self.busy: dict[str, asyncio.Future[None]] = {}
         self.window: LogRecord | None = None
         self.writes: set[asyncio.Task[None]] = set()
 
@@ -115,21 +116,35 @@ class DispatcherFloor:
                     lanes[event.account_id].append(event)
         tasks = []
         for account, events in lanes.items():
-            task = asyncio.create_task(self.lane(self.busy.get(account), events))
-            self.busy[account] = task
-            task.add_done_callback(functools.partial(self._release, account))
-            tasks.append(task)
+            answered = asyncio.get_running_loop().create_future()
+            tasks.append(asyncio.create_task(self.lane(self.busy.get(account), events, answered)))
+            self.busy[account] = answered
+            answered.add_done_callback(functools.partial(self._release, account))
         await asyncio.gather(*tasks)
 
-    def _release(self, account: str, task: asyncio.Task[None]) -> None:
-        if self.busy.get(account) is task:
+    def _release(self, account: str, answered: asyncio.Future[None]) -> None:
+        if self.busy.get(account) is answered:
             del self.busy[account]
 
-    async def lane(self, earlier: asyncio.Task[None] | None, events: list[WebhookEvent]) -> None:
-        if earlier is not None:
-            await asyncio.shield(earlier)
-        for event in events:
-            await self.log(await self.deliver(event))
+    async def lane(
+        self,
+        earlier: asyncio.Future[None] | None,
+        events: list[WebhookEvent],
+        answered: asyncio.Future[None],
+    ) -> None:
+        """An account's events in order, each sent once the earlier one is answered (its
+        entry put in its log window, as the dispatcher puts a success's); done, so the batch's
+        offsets may be committed, once every entry's record is acknowledged."""
+        acked: list[asyncio.Future[None]] = []
+        try:
+            if earlier is not None:
+                await asyncio.shield(earlier)
+            for event in events:
+                acked.append(self.log(await self.deliver(event)))
+        finally:
+            if not answered.done():
+                answered.set_result(None)
+        await asyncio.gather(*(asyncio.shield(a) for a in dict.fromkeys(acked)))
 
     async def deliver(self, event: WebhookEvent) -> DeliveryLogEntry:
         wid = webhook_id(event.event_id, self.endpoint_id)
@@ -172,9 +187,9 @@ class DispatcherFloor:
             occurred_at=event.occurred_at,
         )
 
-    async def log(self, entry: DeliveryLogEntry) -> None:
+    def log(self, entry: DeliveryLogEntry) -> asyncio.Future[None]:
         """Put ``entry`` in the open window's record (opened by the first entry, written when
-        the window closes or the record is full); wait for that record's ack."""
+        the window closes or the record is full); what is set once that record is acked."""
         window = self.window
         if window is None:
             window = self.window = LogRecord(asyncio.get_running_loop().create_future())
@@ -184,7 +199,7 @@ class DispatcherFloor:
         window.bytes += len(entry.body or "") + 1024
         if len(window.entries) >= LOG_BATCH_MAX or window.bytes >= LOG_BATCH_BYTES:
             self._close(window)
-        await asyncio.shield(window.acked)
+        return window.acked
 
     def _close(self, window: LogRecord) -> None:
         if self.window is not window:
