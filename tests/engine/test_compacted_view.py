@@ -215,6 +215,25 @@ async def test_settled_waits_for_the_writes_so_far_however_they_end_not_for_late
     await until(lambda: len(chores) == 0)
 
 
+async def test_a_settled_wait_cut_short_leaves_the_writes_running() -> None:
+    """A consume loop's flush past its budget is cancelled: the writes it waited for go on
+    (their holds are released when they end), they are not cancelled with it."""
+    chores = Chores("test-chores")
+    done = asyncio.Event()
+    ended: list[str] = []
+
+    async def write() -> None:
+        await done.wait()
+        ended.append("written")
+
+    chores.quietly(write())
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(chores.settled(), 0.05)
+    done.set()
+    await until(lambda: len(chores) == 0)
+    assert ended == ["written"]
+
+
 async def test_a_quiet_send_of_a_view_not_running_is_not_made(
     settings: Settings, producer: Any
 ) -> None:

@@ -81,9 +81,11 @@ class Chores:
 
     async def settled(self) -> None:
         """Wait for the writes run ``quietly`` so far, however each ends; not for those
-        started meanwhile (a busy owner always has one under way)."""
+        started meanwhile (a busy owner always has one under way). A wait cut short (its
+        caller's time-out) leaves them running: ``asyncio.wait``, not ``gather``, which would
+        cancel them with it."""
         if self._writes:
-            await asyncio.gather(*list(self._writes), return_exceptions=True)
+            await asyncio.wait(list(self._writes))
 
     def _failed(self, task: asyncio.Task[object]) -> None:
         if not task.cancelled() and (exc := task.exception()) is not None:
