@@ -223,6 +223,43 @@ async def test_the_handlers_flush_runs_after_its_lanes_and_before_the_commit(how
     assert consumer.committed == [{tp: 5}], "committed past both, once their writes were"
 
 
+class _StuckThenFlushing(_HoldPartitionOne):
+    """A record that never finishes, and a flush that would take a while."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushed = False
+
+    async def handle(self, msg: ConsumerRecord[bytes, bytes]) -> None:
+        await asyncio.Event().wait()
+
+    async def flush(self) -> None:
+        await asyncio.sleep(0.05)
+        self.flushed = True
+
+
+async def test_the_flush_at_a_revocation_gets_only_what_the_lanes_left_of_the_budget() -> None:
+    """One budget for the lanes and the flush together: lanes that used it all up leave the
+    flush none, so a revocation is not held twice the budget."""
+    handler = _StuckThenFlushing()
+    worker = ConsumeLoop(
+        consumer=cast(Any, _Committing()),
+        restore_consumer=cast(Any, None),
+        executor=handler,
+        metrics=cast(Any, _LoopMetrics()),
+        config=LoopConfig(topics=("t",), state_topic="s", rebalance_budget_s=0.2),
+    )
+    worker.pressure.active = {0}
+    tp = TopicPartition("t", 0)
+    worker._dispatch(tp, _record(0, 3, b"a"))
+    for _ in range(5):
+        await asyncio.sleep(0)  # its lane is in the record now
+    assert worker.lanes, "the record runs"
+    worker.store = cast(Any, _DroppingStore())
+    await worker.on_partitions_revoked({tp})
+    assert not handler.flushed, "the flush was cut short: the lanes had used the budget"
+
+
 class _DroppingStore:
     def drop(self, partition: int) -> None:
         pass

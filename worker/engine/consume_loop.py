@@ -461,8 +461,9 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.metrics.rebalances.labels("revoked").inc()
         parts = {tp.partition for tp in mine}
         self.pressure.active -= parts
+        deadline = time.monotonic() + self.config.rebalance_budget_s
         await self._wait_lanes(parts, self.config.rebalance_budget_s)
-        await self._flushed(self.config.rebalance_budget_s)
+        await self._flushed(deadline)
         await self.commits.revoked(mine)
         for p in parts:
             self.store.drop(p)
@@ -531,19 +532,21 @@ class ConsumeLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         owned = input_partitions(self.config.topics, self.pressure.active)
         if owned:
             self.consumer.pause(*owned)
+        deadline = time.monotonic() + grace
         await self._wait_lanes(None, grace)
-        await self._flushed(grace)
+        await self._flushed(deadline)
 
-    async def _flushed(self, budget: float) -> None:
-        """The handler's writes no unit waits for, before the loop commits: what they hold
-        is committed past once they are acknowledged; one cut short (past ``budget``, or
-        failed) leaves its offsets uncommitted, to be read again."""
+    async def _flushed(self, deadline: float) -> None:
+        """The handler's writes no unit waits for, before the loop commits, within what is
+        left of the lanes' budget (``deadline``): what they hold is committed past once they
+        are acknowledged; one cut short (or failed) leaves its offsets uncommitted, to be
+        read again."""
         if self._flush is None:
             return
         try:
-            await asyncio.wait_for(self._flush(), budget)
+            await asyncio.wait_for(self._flush(), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
-            log.warning("writes_abandoned", budget_s=budget)
+            log.warning("writes_abandoned")
         except Exception as exc:
             log.error("writes_failed", error=repr(exc)[:300])
 
